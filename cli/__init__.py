@@ -1,0 +1,1 @@
+"""Command-line tools: `pilot` (run programs under the shim) and later `pilotctl`."""

@@ -1,0 +1,1 @@
+"""pilotd: the daemon that owns the GPU and serves the shim's remoted CUDA calls."""

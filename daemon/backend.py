@@ -1,0 +1,143 @@
+"""The device layer the daemon drives: one interface, two implementations.
+
+`cuda` (backend_cuda.py) runs on a real GPU through cuda-python's driver API; `sim`
+(backend_sim.py) keeps memory in host RAM and runs kernels through Python emulations, so the
+whole path can be tested on machines without a GPU.
+
+Conventions every backend follows:
+- Device pointers are plain ints. Streams, events, modules and functions are opaque objects the
+  backend hands out; the session layer maps them to the integer handles clients see.
+- `None` as a stream means the vGPU's own stream, which the vGPU thread passes explicitly.
+- Failures raise BackendError carrying a cudaError_t value (the runtime's numbering, which is what
+  the shim returns to the program). Backends never return error codes.
+- Calls are made from vGPU threads; `bind_thread(device)` is called once in each before any other
+  call, so a backend can make its context current there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# cudaError_t values the daemon produces itself (driver_types.h, CUDA 13).
+CUDA_SUCCESS = 0
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_MEMORY_ALLOCATION = 2
+CUDA_ERROR_INITIALIZATION = 3
+CUDA_ERROR_INVALID_CONFIGURATION = 9
+CUDA_ERROR_INVALID_DEVICE_POINTER = 17
+CUDA_ERROR_INVALID_MEMCPY_DIRECTION = 21
+CUDA_ERROR_NO_DEVICE = 100
+CUDA_ERROR_INVALID_DEVICE = 101
+CUDA_ERROR_INVALID_DEVICE_FUNCTION = 98
+CUDA_ERROR_INVALID_IMAGE = 200
+CUDA_ERROR_INVALID_RESOURCE_HANDLE = 400
+CUDA_ERROR_NOT_FOUND = 500  # cudaErrorSymbolNotFound
+CUDA_ERROR_NOT_READY = 600
+CUDA_ERROR_ILLEGAL_ADDRESS = 700
+CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701
+CUDA_ERROR_LAUNCH_TIMEOUT = 702
+CUDA_ERROR_ASSERT = 710
+CUDA_ERROR_HARDWARE_STACK = 714
+CUDA_ERROR_ILLEGAL_INSTRUCTION = 715
+CUDA_ERROR_MISALIGNED_ADDRESS = 716
+CUDA_ERROR_INVALID_ADDRESS_SPACE = 717
+CUDA_ERROR_INVALID_PC = 718
+CUDA_ERROR_LAUNCH_FAILURE = 719
+CUDA_ERROR_NOT_SUPPORTED = 801
+CUDA_ERROR_UNKNOWN = 999
+
+# Errors after which CUDA's context is unusable: they stay with the session ("sticky").
+STICKY_ERRORS = frozenset({
+    CUDA_ERROR_ILLEGAL_ADDRESS,
+    CUDA_ERROR_LAUNCH_TIMEOUT,
+    CUDA_ERROR_ASSERT,
+    CUDA_ERROR_HARDWARE_STACK,
+    CUDA_ERROR_ILLEGAL_INSTRUCTION,
+    CUDA_ERROR_MISALIGNED_ADDRESS,
+    CUDA_ERROR_INVALID_ADDRESS_SPACE,
+    CUDA_ERROR_INVALID_PC,
+    CUDA_ERROR_LAUNCH_FAILURE,
+    214,  # cudaErrorECCUncorrectable
+})
+
+
+class BackendError(Exception):
+    """A device call failed; `code` is the cudaError_t the client will see."""
+
+    def __init__(self, code: int, message: str = "") -> None:
+        super().__init__(f"cudaError {code}: {message}" if message else f"cudaError {code}")
+        self.code = code
+
+
+@dataclass
+class DeviceInfo:
+    name: str
+    uuid: bytes  # 16 bytes
+    total_mem: int
+    driver_version: int
+    attrs: dict[int, int] = field(default_factory=dict)  # cudaDeviceAttr -> value
+
+
+@dataclass
+class FunctionInfo:
+    handle: Any
+    params: list[tuple[int, int]]  # (offset, size) per parameter, in order
+    max_threads_per_block: int
+    static_shared_bytes: int
+    max_dynamic_shared_bytes: int
+    arg_bytes: int = field(init=False)  # size of the packed argument buffer
+
+    def __post_init__(self) -> None:
+        self.arg_bytes = max((off + size for off, size in self.params), default=0)
+
+
+class Backend(Protocol):
+    name: str
+
+    # device
+    def device_count(self) -> int: ...
+    def bind_thread(self, device: int) -> None: ...
+    def device_info(self, device: int) -> DeviceInfo: ...
+    def mem_get_info(self, device: int) -> tuple[int, int]: ...
+
+    # memory
+    def mem_alloc(self, size: int) -> int: ...
+    def mem_free(self, ptr: int) -> None: ...
+    def memcpy_htod(self, dst: int, src: Any, count: int, stream: Any) -> None:
+        """Copy `count` bytes from a host buffer (buffer protocol). Returns once `src` may be
+        reused (the driver staged it); the device write may still be pending on `stream`."""
+    def memcpy_dtoh(self, dst: Any, src: int, count: int, stream: Any) -> None:
+        """Copy into a writable host buffer; returns when the bytes are there."""
+    def memcpy_dtod(self, dst: int, src: int, count: int, stream: Any) -> None: ...
+    def memset_d8(self, ptr: int, value: int, count: int, stream: Any) -> None: ...
+    def host_register(self, address: int, size: int) -> None:
+        """Pin a host range of the daemon (staging shared memory) for DMA."""
+    def host_unregister(self, address: int) -> None: ...
+
+    # streams and events
+    def stream_create(self, flags: int, priority: int) -> Any: ...
+    def stream_destroy(self, stream: Any) -> None: ...
+    def stream_synchronize(self, stream: Any) -> None: ...
+    def stream_query(self, stream: Any) -> bool: ...
+    def stream_wait_event(self, stream: Any, event: Any) -> None: ...
+    def event_create(self, flags: int) -> Any: ...
+    def event_destroy(self, event: Any) -> None: ...
+    def event_record(self, event: Any, stream: Any) -> None: ...
+    def event_synchronize(self, event: Any) -> None: ...
+    def event_query(self, event: Any) -> bool: ...
+    def event_elapsed_ms(self, start: Any, end: Any) -> float: ...
+
+    # execution
+    def module_load(self, image: bytes) -> Any: ...
+    def module_unload(self, module: Any) -> None: ...
+    def function_get(self, module: Any, name: str) -> FunctionInfo: ...
+    def launch(
+        self,
+        function: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_bytes: int,
+        stream: Any,
+        args: bytes,
+    ) -> None: ...

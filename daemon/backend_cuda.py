@@ -1,0 +1,571 @@
+"""The real-GPU backend: backend.Backend over cuda-python's driver API (cuda.bindings.driver).
+
+Why the driver API and not the runtime: the daemon must load the client's fatbin images itself
+(cuModuleLoadData), launch from a packed parameter buffer it received over the wire
+(CU_LAUNCH_PARAM_BUFFER_POINTER), and make one context current per vGPU thread; the runtime
+API hides all three. Each device's *primary* context is used, so anything else in the daemon
+that touches the runtime (NVML helpers, tests) shares the same context and allocations.
+
+cuda-python is imported inside the constructor, so `import pilot.daemon.backend_cuda` works on
+machines without it (CI, the sim backend's tests).
+
+Handle conventions: device pointers are ints; streams, events, modules and functions are the
+binding's CUstream/CUevent/CUmodule/CUfunction objects. Device indexes are positions in the
+`devices` list the backend was built with (like CUDA_VISIBLE_DEVICES), not raw ordinals.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pilot.daemon.backend import (
+    CUDA_ERROR_INVALID_DEVICE,
+    CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_NOT_READY,
+    CUDA_ERROR_UNKNOWN,
+    BackendError,
+    DeviceInfo,
+    FunctionInfo,
+)
+
+# --------------------------------------------------------------------------------------------
+# Error funnel
+# --------------------------------------------------------------------------------------------
+
+# CUresult -> (cudaError_t, runtime name) wherever the runtime's name or number differs from
+# the driver's. Checked against CUDA 13.0 cuda.h and driver_types.h: every CUresult not listed
+# here has a cudaError_t of the same number whose name is the driver's in CamelCase
+# (CUDA_ERROR_ILLEGAL_ADDRESS 700 = cudaErrorIllegalAddress 700), so unlisted codes pass through
+# unchanged. tests/unit/test_backend_cuda.py re-checks this against the headers when present.
+DRIVER_TO_RUNTIME: dict[int, tuple[int, str]] = {
+    2: (2, "cudaErrorMemoryAllocation"),  # CUDA_ERROR_OUT_OF_MEMORY
+    3: (3, "cudaErrorInitializationError"),  # CUDA_ERROR_NOT_INITIALIZED
+    4: (4, "cudaErrorCudartUnloading"),  # CUDA_ERROR_DEINITIALIZED
+    46: (46, "cudaErrorDevicesUnavailable"),  # CUDA_ERROR_DEVICE_UNAVAILABLE
+    200: (200, "cudaErrorInvalidKernelImage"),  # CUDA_ERROR_INVALID_IMAGE
+    201: (201, "cudaErrorDeviceUninitialized"),  # CUDA_ERROR_INVALID_CONTEXT
+    202: (
+        CUDA_ERROR_UNKNOWN,
+        "cudaErrorUnknown",
+    ),  # CUDA_ERROR_CONTEXT_ALREADY_CURRENT: no runtime value
+    205: (205, "cudaErrorMapBufferObjectFailed"),  # CUDA_ERROR_MAP_FAILED
+    206: (206, "cudaErrorUnmapBufferObjectFailed"),  # CUDA_ERROR_UNMAP_FAILED
+    209: (209, "cudaErrorNoKernelImageForDevice"),  # CUDA_ERROR_NO_BINARY_FOR_GPU
+    216: (216, "cudaErrorDeviceAlreadyInUse"),  # CUDA_ERROR_CONTEXT_ALREADY_IN_USE
+    400: (400, "cudaErrorInvalidResourceHandle"),  # CUDA_ERROR_INVALID_HANDLE
+    500: (500, "cudaErrorSymbolNotFound"),  # CUDA_ERROR_NOT_FOUND
+    708: (708, "cudaErrorSetOnActiveProcess"),  # CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE
+    719: (719, "cudaErrorLaunchFailure"),  # CUDA_ERROR_LAUNCH_FAILED
+    916: (CUDA_ERROR_UNKNOWN, "cudaErrorUnknown"),  # CUDA_ERROR_KEY_ROTATION: no runtime value
+}
+
+# (driver call, CUresult) -> cudaError_t where the runtime reports a call's failure differently
+# from the generic mapping: cudaLaunchKernel on a kernel the image lacks gives
+# cudaErrorInvalidDeviceFunction, not cudaErrorSymbolNotFound.
+CALL_OVERRIDES: dict[tuple[str, int], int] = {
+    ("cuModuleGetFunction", 500): 98,  # cudaErrorInvalidDeviceFunction
+}
+
+# What cudart reports when there is no driver library at all: cudaErrorInsufficientDriver.
+_NO_DRIVER = 35
+
+# CUresult values the backend branches on; same numbers as the cudaError_t ones.
+_CU_ERROR_INVALID_VALUE = CUDA_ERROR_INVALID_VALUE
+_CU_ERROR_NOT_READY = CUDA_ERROR_NOT_READY
+
+
+def _describe(err: Any) -> tuple[str, str]:
+    """The driver's own name and text for a CUresult; never raises (it runs on error paths)."""
+    code = int(err)
+    try:
+        from cuda.bindings import driver as cu
+
+        name_res = cu.cuGetErrorName(err)
+        text_res = cu.cuGetErrorString(err)
+    except Exception:  # describing an error must not raise another
+        return f"CUresult {code}", "unknown error"
+    name = name_res[1] if not name_res[0] and name_res[1] else f"CUresult {code}".encode()
+    text = text_res[1] if not text_res[0] and text_res[1] else b"unknown error"
+    if isinstance(name, bytes):
+        name = name.decode(errors="replace")
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return str(name), str(text)
+
+
+def error(err: Any, call: str = "") -> BackendError:
+    """Build the BackendError for a failed CUresult: runtime numbering, driver's wording."""
+    code = int(err)
+    runtime = CALL_OVERRIDES.get((call, code))
+    if runtime is None:
+        runtime = DRIVER_TO_RUNTIME.get(code, (code, ""))[0]
+    name, text = _describe(err)
+    message = f"{name}: {text}"
+    return BackendError(runtime, f"{call}: {message}" if call else message)
+
+
+def check(result: tuple[Any, ...], call: str = "") -> Any:
+    """The one error funnel. cuda-python calls return (CUresult, *values); raise on failure,
+    otherwise return None, the single value, or the tuple of values.
+
+    CUresult is an int subclass (IntEnum or cuda-python's FastEnum), so success is falsy.
+    """
+    err = result[0]
+    if err:
+        raise error(err, call)
+    n = len(result)
+    if n == 2:
+        return result[1]
+    if n == 1:
+        return None
+    return result[1:]
+
+
+# --------------------------------------------------------------------------------------------
+# Zero-copy host buffers
+# --------------------------------------------------------------------------------------------
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's Py_buffer (part of the stable ABI since 3.11), filled by PyObject_GetBuffer.
+
+    Why not ctypes.from_buffer: it refuses read-only objects (bytes, zmq frames), and
+    from_buffer_copy copies. PyObject_GetBuffer exports any contiguous buffer, read-only or
+    not, without copying, and pins it (no resize/close) until PyBuffer_Release.
+    """
+
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_void_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_PyBUF_SIMPLE = 0  # contiguous bytes, read-only allowed
+_PyBUF_WRITABLE = 1
+
+# A private PyDLL handle (the same lookup ctypes.pythonapi does), so setting argtypes here
+# cannot clash with other users of ctypes.pythonapi. PyDLL holds the GIL and raises the
+# Python exception PyObject_GetBuffer sets (BufferError, TypeError).
+_pyapi = ctypes.PyDLL(None)
+_get_buffer = _pyapi.PyObject_GetBuffer
+_get_buffer.argtypes = (ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)
+_get_buffer.restype = ctypes.c_int
+_release_buffer = _pyapi.PyBuffer_Release
+_release_buffer.argtypes = (ctypes.POINTER(_PyBuffer),)
+_release_buffer.restype = None
+
+
+def _export(obj: Any, count: int, writable: bool) -> _PyBuffer:
+    """Export `obj`'s buffer and check it holds `count` bytes; the caller must release it."""
+    view = _PyBuffer()
+    try:
+        _get_buffer(obj, ctypes.byref(view), _PyBUF_WRITABLE if writable else _PyBUF_SIMPLE)
+    except (BufferError, TypeError, ValueError) as exc:
+        kind = "a writable" if writable else "a contiguous"
+        raise BackendError(
+            CUDA_ERROR_INVALID_VALUE, f"host buffer is not {kind} buffer: {exc}"
+        ) from None
+    if view.len < count:
+        _release_buffer(ctypes.byref(view))
+        raise BackendError(
+            CUDA_ERROR_INVALID_VALUE, f"host buffer holds {view.len} bytes, copy needs {count}"
+        )
+    return view
+
+
+# --------------------------------------------------------------------------------------------
+# Packed kernel parameters
+# --------------------------------------------------------------------------------------------
+
+# cuda.h: CU_LAUNCH_PARAM_END_AS_INT 0x00, CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT 0x01,
+# CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT 0x02 (ABI constants).
+_LAUNCH_PARAM_END = 0
+_LAUNCH_PARAM_BUFFER_POINTER = 1
+_LAUNCH_PARAM_BUFFER_SIZE = 2
+
+
+class _PackedArgs(ctypes.Structure):
+    """cuLaunchKernel's `extra` array and the size_t it points at, in one block of memory.
+
+    The first five fields are the void* array {BUFFER_POINTER, buf, BUFFER_SIZE, &size, END}.
+    `buf` is a c_char_p field: assigning a bytes object stores a pointer to the bytes' own
+    storage (no copy) and keeps a reference to it in the structure, so the parameter buffer is
+    alive until the next assignment, i.e. past cuLaunchKernel's return, when the driver has
+    copied the parameters. One instance per thread, reused: cuda-python drops the GIL during
+    the launch, so a shared instance could be rewritten under a launch in progress.
+    """
+
+    _fields_ = [
+        ("tag_pointer", ctypes.c_void_p),
+        ("buf", ctypes.c_char_p),
+        ("tag_size", ctypes.c_void_p),
+        ("size_ptr", ctypes.c_void_p),
+        ("end", ctypes.c_void_p),
+        ("size", ctypes.c_size_t),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        base = ctypes.addressof(self)
+        self.tag_pointer = _LAUNCH_PARAM_BUFFER_POINTER
+        self.tag_size = _LAUNCH_PARAM_BUFFER_SIZE
+        self.size_ptr = base + _PackedArgs.size.offset
+        self.end = _LAUNCH_PARAM_END
+        self.extra = base  # what cuLaunchKernel's `extra` (a void_ptr) receives
+
+
+_FATBIN_MAGIC = b"\x50\xed\x55\xba"  # 0xBA55ED50 little-endian
+_ELF_MAGIC = b"\x7fELF"
+
+
+# --------------------------------------------------------------------------------------------
+# The backend
+# --------------------------------------------------------------------------------------------
+
+
+class CudaBackend:
+    """backend.Backend on real GPUs; see the module docstring for the conventions."""
+
+    name = "cuda"
+
+    def __init__(self, devices: list[int] | None = None) -> None:
+        from cuda.bindings import driver as cu
+
+        self._cu: Any = cu
+        # Hot-path bindings, looked up once.
+        self._launch_kernel = cu.cuLaunchKernel
+        self._htod = cu.cuMemcpyHtoDAsync
+        self._dtoh = cu.cuMemcpyDtoHAsync
+        self._sync = cu.cuStreamSynchronize
+
+        try:
+            init = cu.cuInit(0)
+        except Exception as exc:  # the binding raises when libcuda.so.1 cannot be loaded
+            raise BackendError(_NO_DRIVER, f"cuInit: {type(exc).__name__}: {exc}") from exc
+        check(init, "cuInit")
+        count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        ordinals = list(range(count)) if devices is None else list(devices)
+        for ordinal in ordinals:
+            if not 0 <= ordinal < count:
+                raise BackendError(CUDA_ERROR_INVALID_DEVICE, f"device {ordinal} of {count}")
+        self._devices: list[Any] = []  # CUdevice per index
+        self._contexts: list[Any] = []  # retained primary CUcontext per index
+        for ordinal in ordinals:
+            dev = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+            self._contexts.append(
+                check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            )
+            self._devices.append(dev)
+        self._tls = threading.local()  # .device: bound index; .packed: _PackedArgs
+        # Registered (pinned) host ranges as (start, end); replaced whole, never mutated, so
+        # copy threads read it without a lock.
+        self._pinned: tuple[tuple[int, int], ...] = ()
+        self._pinned_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Release the primary contexts (not in the interface; for orderly daemon shutdown)."""
+        cu = self._cu
+        devices, self._devices, self._contexts = self._devices, [], []
+        for dev in devices:
+            check(cu.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
+
+    # ---- device ------------------------------------------------------------------------------
+
+    def device_count(self) -> int:
+        return len(self._contexts)
+
+    def _index(self, device: int) -> int:
+        if not 0 <= device < len(self._contexts):
+            raise BackendError(
+                CUDA_ERROR_INVALID_DEVICE, f"device {device} of {len(self._contexts)}"
+            )
+        return device
+
+    def bind_thread(self, device: int) -> None:
+        check(self._cu.cuCtxSetCurrent(self._contexts[self._index(device)]), "cuCtxSetCurrent")
+        self._tls.device = device
+
+    @contextmanager
+    def _context(self, device: int) -> Iterator[None]:
+        """Run a block with `device`'s context current, restoring the thread's own afterwards."""
+        if getattr(self._tls, "device", None) == device:
+            yield
+            return
+        cu = self._cu
+        check(cu.cuCtxPushCurrent(self._contexts[self._index(device)]), "cuCtxPushCurrent")
+        try:
+            yield
+        finally:
+            check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
+
+    def device_info(self, device: int) -> DeviceInfo:
+        cu = self._cu
+        dev = self._devices[self._index(device)]
+        raw_name = check(cu.cuDeviceGetName(256, dev), "cuDeviceGetName")
+        name = bytes(raw_name).split(b"\0", 1)[0].decode(errors="replace")
+        uuid = bytes(check(cu.cuDeviceGetUuid(dev), "cuDeviceGetUuid").bytes)[:16]
+        total = check(cu.cuDeviceTotalMem(dev), "cuDeviceTotalMem")
+        version = check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
+        # cudaDeviceAttr shares CUdevice_attribute's numbering (checked in the CUDA 13.0
+        # headers: all 80 attributes named alike have equal values; the rest differ only in
+        # spelling, e.g. cudaDevAttrMaxTexture1DWidth = CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH
+        # = 21), so keys are usable as cudaDeviceAttr. Attributes this driver rejects are skipped.
+        attrs: dict[int, int] = {}
+        for attr in cu.CUdevice_attribute:
+            value = int(attr)
+            if value in attrs or attr.name == "CU_DEVICE_ATTRIBUTE_MAX":
+                continue
+            res = cu.cuDeviceGetAttribute(attr, dev)
+            if not res[0]:
+                attrs[value] = int(res[1])
+        return DeviceInfo(
+            name=name, uuid=uuid, total_mem=int(total), driver_version=int(version), attrs=attrs
+        )
+
+    def mem_get_info(self, device: int) -> tuple[int, int]:
+        with self._context(device):
+            free, total = check(self._cu.cuMemGetInfo(), "cuMemGetInfo")
+        return int(free), int(total)
+
+    # ---- memory ------------------------------------------------------------------------------
+
+    def mem_alloc(self, size: int) -> int:
+        if size == 0:
+            return 0  # cudaMalloc(&p, 0) succeeds with p = NULL; the driver would refuse
+        return int(check(self._cu.cuMemAlloc(size), "cuMemAlloc"))
+
+    def mem_free(self, ptr: int) -> None:
+        if ptr == 0:
+            return  # cudaFree(NULL) is a no-op
+        check(self._cu.cuMemFree(ptr), "cuMemFree")
+
+    def _is_pinned(self, address: int, count: int) -> bool:
+        end = address + count
+        for start, stop in self._pinned:
+            if address < stop and start < end:
+                return True
+        return False
+
+    def memcpy_htod(self, dst: int, src: Any, count: int, stream: Any) -> None:
+        """Pageable sources: cuMemcpyHtoDAsync returns once the driver has staged the bytes.
+        Registered sources are DMA'd straight from `src` after the call returns, so those copies
+        wait for the stream before `src` is handed back for reuse."""
+        if count <= 0:
+            if count < 0:
+                raise BackendError(CUDA_ERROR_INVALID_VALUE, f"negative count {count}")
+            return
+        view = _export(src, count, writable=False)
+        try:
+            address = view.buf
+            check(self._htod(dst, address, count, stream), "cuMemcpyHtoDAsync")
+            if self._pinned and self._is_pinned(address, count):
+                check(self._sync(stream), "cuStreamSynchronize")
+        finally:
+            _release_buffer(ctypes.byref(view))
+
+    def memcpy_dtoh(self, dst: Any, src: int, count: int, stream: Any) -> None:
+        if count <= 0:
+            if count < 0:
+                raise BackendError(CUDA_ERROR_INVALID_VALUE, f"negative count {count}")
+            return
+        if type(dst) is bytearray and len(dst) >= count:
+            # Hot path (small copies travel back in the reply): a fresh bytearray is pageable,
+            # and an async copy to pageable memory returns only once the data is there, so no
+            # stream synchronize is needed; cuda-python takes the buffer without a copy.
+            check(self._dtoh(dst, src, count, stream), "cuMemcpyDtoHAsync")
+            return
+        view = _export(dst, count, writable=True)
+        try:
+            check(self._dtoh(view.buf, src, count, stream), "cuMemcpyDtoHAsync")
+            check(self._sync(stream), "cuStreamSynchronize")
+        finally:
+            _release_buffer(ctypes.byref(view))
+
+    def memcpy_dtod(self, dst: int, src: int, count: int, stream: Any) -> None:
+        if count:
+            check(self._cu.cuMemcpyDtoDAsync(dst, src, count, stream), "cuMemcpyDtoDAsync")
+
+    def memset_d8(self, ptr: int, value: int, count: int, stream: Any) -> None:
+        if count:
+            # cudaMemset takes an int and uses its low byte.
+            check(self._cu.cuMemsetD8Async(ptr, value & 0xFF, count, stream), "cuMemsetD8Async")
+
+    def host_register(self, address: int, size: int) -> None:
+        """Pin with CU_MEMHOSTREGISTER_PORTABLE (1) rather than 0: with several devices the
+        staging memory must count as pinned in every primary context, not only the current one
+        (otherwise other devices' copies fall back to staged, pageable-speed transfers). The
+        driver needs a current context; a thread not bound yet borrows the first device's."""
+        cu = self._cu
+        with self._context(getattr(self._tls, "device", 0)):
+            check(
+                cu.cuMemHostRegister(address, size, cu.CU_MEMHOSTREGISTER_PORTABLE),
+                "cuMemHostRegister",
+            )
+        with self._pinned_lock:
+            self._pinned = (*self._pinned, (address, address + size))
+
+    def host_unregister(self, address: int) -> None:
+        with self._context(getattr(self._tls, "device", 0)):
+            check(self._cu.cuMemHostUnregister(address), "cuMemHostUnregister")
+        # Forget the range only once the driver has let go of it, so a copy racing with this
+        # call still synchronizes.
+        with self._pinned_lock:
+            self._pinned = tuple(r for r in self._pinned if r[0] != address)
+
+    # ---- streams and events ------------------------------------------------------------------
+    # Runtime and driver flags share values (driver_types.h vs cuda.h, CUDA 13.0):
+    # cudaStreamNonBlocking 1 = CU_STREAM_NON_BLOCKING; cudaEventBlockingSync 1,
+    # cudaEventDisableTiming 2, cudaEventInterprocess 4 = CU_EVENT_* of the same values.
+
+    def stream_create(self, flags: int, priority: int) -> Any:
+        return check(
+            self._cu.cuStreamCreateWithPriority(flags, priority), "cuStreamCreateWithPriority"
+        )
+
+    def stream_destroy(self, stream: Any) -> None:
+        check(self._cu.cuStreamDestroy(stream), "cuStreamDestroy")
+
+    def stream_synchronize(self, stream: Any) -> None:
+        check(self._sync(stream), "cuStreamSynchronize")
+
+    def stream_query(self, stream: Any) -> bool:
+        return self._ready(self._cu.cuStreamQuery(stream), "cuStreamQuery")
+
+    def stream_wait_event(self, stream: Any, event: Any) -> None:
+        check(self._cu.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
+
+    def event_create(self, flags: int) -> Any:
+        return check(self._cu.cuEventCreate(flags), "cuEventCreate")
+
+    def event_destroy(self, event: Any) -> None:
+        check(self._cu.cuEventDestroy(event), "cuEventDestroy")
+
+    def event_record(self, event: Any, stream: Any) -> None:
+        check(self._cu.cuEventRecord(event, stream), "cuEventRecord")
+
+    def event_synchronize(self, event: Any) -> None:
+        check(self._cu.cuEventSynchronize(event), "cuEventSynchronize")
+
+    def event_query(self, event: Any) -> bool:
+        return self._ready(self._cu.cuEventQuery(event), "cuEventQuery")
+
+    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+        # The binding returns (CUresult, float milliseconds).
+        return float(check(self._cu.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
+
+    @staticmethod
+    def _ready(result: tuple[Any, ...], call: str) -> bool:
+        err = result[0]
+        if not err:
+            return True
+        if int(err) == _CU_ERROR_NOT_READY:
+            return False
+        raise error(err, call)
+
+    # ---- execution ---------------------------------------------------------------------------
+
+    def module_load(self, image: bytes) -> Any:
+        """cuda-python takes the image as any buffer-protocol object and holds the export only
+        for the call, which is all the driver needs (it copies what it keeps). Fatbins and
+        cubins carry their own length; PTX text is read up to a NUL, so a PTX image without one
+        gets it appended here rather than letting the driver read past the buffer."""
+        head = bytes(image[:4])
+        if head not in (_FATBIN_MAGIC, _ELF_MAGIC) and (len(image) == 0 or image[-1] != 0):
+            image = bytes(image) + b"\0"
+        return check(self._cu.cuModuleLoadData(image), "cuModuleLoadData")
+
+    def module_unload(self, module: Any) -> None:
+        check(self._cu.cuModuleUnload(module), "cuModuleUnload")
+
+    def function_get(self, module: Any, name: str) -> FunctionInfo:
+        cu = self._cu
+        func = check(cu.cuModuleGetFunction(module, name.encode()), "cuModuleGetFunction")
+        # Attributes first: under lazy loading (CUDA_MODULE_LOADING=LAZY, the default) they
+        # load the function, after which every query below is answered.
+        attr = cu.CUfunction_attribute
+        max_threads = check(
+            cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, func),
+            "cuFuncGetAttribute",
+        )
+        static_shared = check(
+            cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, func),
+            "cuFuncGetAttribute",
+        )
+        max_dynamic = check(
+            cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, func),
+            "cuFuncGetAttribute",
+        )
+        # No parameter-count API exists: indexes past the last parameter give
+        # CUDA_ERROR_INVALID_VALUE. The bound is the 32764-byte parameter limit, so a driver
+        # misbehaving cannot loop us forever.
+        params: list[tuple[int, int]] = []
+        for index in range(32768):
+            res = cu.cuFuncGetParamInfo(func, index)
+            if res[0]:
+                if int(res[0]) == _CU_ERROR_INVALID_VALUE:
+                    break
+                raise error(res[0], "cuFuncGetParamInfo")
+            params.append((int(res[1]), int(res[2])))
+        return FunctionInfo(
+            handle=func,
+            params=params,
+            max_threads_per_block=int(max_threads),
+            static_shared_bytes=int(static_shared),
+            max_dynamic_shared_bytes=int(max_dynamic),
+        )
+
+    def launch(
+        self,
+        function: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_bytes: int,
+        stream: Any,
+        args: bytes,
+    ) -> None:
+        """Launch from the packed parameter buffer (kernelParams NULL, `extra` set), so the
+        bytes the client packed go to the driver as they are. Accepts a FunctionInfo or its
+        handle. Hot path: one reused per-thread _PackedArgs, no other allocation for bytes args.
+        """
+        if type(function) is FunctionInfo:
+            function = function.handle
+        size = len(args)
+        if size:
+            tls = self._tls
+            try:
+                packed = tls.packed
+            except AttributeError:
+                packed = tls.packed = _PackedArgs()
+            packed.buf = args if type(args) is bytes else bytes(args)
+            packed.size = size
+            extra = packed.extra
+        else:
+            extra = 0  # a kernel without parameters takes no buffer
+        gx, gy, gz = grid
+        bx, by, bz = block
+        try:
+            err = self._launch_kernel(
+                function, gx, gy, gz, bx, by, bz, shared_bytes, stream, None, extra
+            )[0]
+        except (OverflowError, TypeError, ValueError) as exc:  # negative or oversized numbers
+            # CUDA 13's runtime reports a bad launch shape as cudaErrorInvalidValue (seen natively
+            # on the H100), the driver's own code: no remapping.
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"cuLaunchKernel: {exc}") from None
+        if err:
+            raise error(err, "cuLaunchKernel")
+
+
+__all__ = ["CALL_OVERRIDES", "DRIVER_TO_RUNTIME", "CudaBackend", "check", "error"]

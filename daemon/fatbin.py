@@ -1,0 +1,287 @@
+"""Read CUDA fatbin images and the kernel parameter layouts inside their device ELFs.
+
+The shim ships each image `__cudaRegisterFatBinary` registers; the daemon needs to know how big it
+is, which entries it holds, and how each kernel's parameters are laid out (to cut the packed
+argument buffer into parameters when no driver is there to ask, as in the sim backend).
+
+Formats (little endian; checked against nvcc 13.0 output, see tests/unit/test_fatbin.py):
+- image header: u32 magic 0xBA55ED50, u16 version, u16 header_size, u64 fat_size.
+- entry header (64 bytes, PTX entries carry 16 more): u16 kind (1 PTX, 2 ELF), u16 ?, u32
+  header_size, u64 payload_size, u32 compressed_size, u32 ?, u16 minor, u16 major, u32 arch,
+  u32 name_offset, u32 name_len, u64 flags (0x8000: zstd-compressed), u64 0,
+  u64 decompressed_size. payload_size may include padding after compressed_size bytes.
+- `.nv.info.<fn>` sections hold attribute records `u8 format, u8 attr` + value; format 1 has no
+  value, 2 and 3 a 2-byte value, 4 a u16 size and that many bytes.
+  - 0x17 KPARAM_INFO: u32 index, u16 ordinal, u16 offset, u32 word; size = (word >> 18) & 0x3fff.
+  - 0x45 (used instead of 0x17 once a kernel's parameters exceed 4096 bytes): u32 index,
+    u16 ordinal, u16 offset, u32 size.
+  - 0x05 MAX_THREADS: u32 x, y, z from `__launch_bounds__` / `__maxntid__`.
+  Records come in any order (reverse ordinal in whole-program builds, forward under -rdc).
+- Kernels are the ELF's FUNC symbols with st_other bit 0x10 (STO_CUDA_ENTRY): under -rdc,
+  non-inlined `__device__` functions get `.nv.info.<fn>` sections too.
+
+Compressed entries are reported, not decompressed (no zstd in the standard library of 3.11).
+Every malformed input raises ValueError; no IndexError or struct.error escapes.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+FATBIN_MAGIC = 0xBA55ED50
+KIND_PTX = 1
+KIND_ELF = 2
+FLAG_COMPRESSED = 0x8000
+
+EIFMT_NVAL = 0x01
+EIFMT_BVAL = 0x02
+EIFMT_HVAL = 0x03
+EIFMT_SVAL = 0x04
+EIATTR_MAX_THREADS = 0x05
+EIATTR_KPARAM_INFO = 0x17
+EIATTR_KPARAM_INFO_V2 = 0x45  # our name; layout checked on nvcc 13 output
+
+STO_CUDA_ENTRY = 0x10
+_SHT_SYMTAB = 2
+_SHT_NOBITS = 8
+_STT_FUNC = 2
+
+_IMAGE_HEADER = struct.Struct("<IHHQ")
+_ENTRY_HEADER = struct.Struct("<HHIQIIHHIIIQQQ")
+_ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
+_SECTION_HEADER = struct.Struct("<IIQQQQIIQQ")
+_SYMBOL = struct.Struct("<IBBHQQ")
+_KPARAM = struct.Struct("<IHHI")
+_MAX_THREADS = struct.Struct("<III")
+
+
+@dataclass(frozen=True)
+class FatbinEntry:
+    """One entry of an image. `payload` holds the stored bytes (compressed if `compressed`)."""
+
+    kind: int
+    arch: int  # SM or compute version, e.g. 75, 90
+    version: tuple[int, int]  # (major, minor) of the entry format, e.g. ELF 1.8, PTX ISA 9.0
+    flags: int
+    offset: int  # of the entry header, from the start of the image
+    payload: bytes
+    decompressed_size: int
+
+    @property
+    def compressed(self) -> bool:
+        return bool(self.flags & FLAG_COMPRESSED)
+
+    @property
+    def is_elf(self) -> bool:
+        return self.kind == KIND_ELF
+
+    @property
+    def is_ptx(self) -> bool:
+        return self.kind == KIND_PTX
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    name: str
+    params: list[tuple[int, int]]  # (offset, size), by ordinal
+    max_threads: int | None = None  # x*y*z of __launch_bounds__/__maxntid__, if given
+
+
+@dataclass(frozen=True)
+class ElfSection:
+    name: str
+    type: int
+    link: int
+    data: bytes
+
+
+def _unpack(fmt: struct.Struct, buf: bytes | memoryview, offset: int, what: str) -> tuple:
+    if offset < 0 or offset + fmt.size > len(buf):
+        raise ValueError(f"truncated {what} at offset {offset} ({len(buf)} bytes available)")
+    return fmt.unpack_from(buf, offset)
+
+
+# ---- fatbin images -------------------------------------------------------------------------
+
+def image_size(buf: bytes | memoryview) -> int:
+    """Total size of the image starting at `buf[0]`; only its 16-byte header must be present."""
+    magic, _version, header_size, fat_size = _unpack(_IMAGE_HEADER, buf, 0, "fatbin header")
+    if magic != FATBIN_MAGIC:
+        raise ValueError(f"bad fatbin magic {magic:#010x} (expected {FATBIN_MAGIC:#010x})")
+    if header_size < _IMAGE_HEADER.size:
+        raise ValueError(f"fatbin header size {header_size} is below {_IMAGE_HEADER.size}")
+    return header_size + fat_size
+
+
+def parse_entries(image: bytes | memoryview) -> list[FatbinEntry]:
+    """Split an image into entries. Bytes after the image's own size are ignored."""
+    size = image_size(image)
+    if size > len(image):
+        raise ValueError(f"fatbin image truncated: header says {size} bytes, got {len(image)}")
+    data = bytes(image[:size])
+    offset = _IMAGE_HEADER.unpack_from(data, 0)[2]
+    entries: list[FatbinEntry] = []
+    while offset < size:
+        if not any(data[offset:]):
+            break  # zero padding after the last entry
+        (kind, _u1, header_size, payload_size, compressed_size, _u2, minor, major, arch,
+         _name_off, _name_len, flags, _zero, decompressed_size) = _unpack(
+            _ENTRY_HEADER, data, offset, "fatbin entry header")
+        if header_size < _ENTRY_HEADER.size:
+            raise ValueError(f"fatbin entry at {offset}: header size {header_size} too small")
+        start = offset + header_size
+        end = start + payload_size
+        if end > size:
+            raise ValueError(f"fatbin entry at {offset}: payload of {payload_size} bytes "
+                             f"overruns the image ({size} bytes)")
+        stored = payload_size
+        if flags & FLAG_COMPRESSED and compressed_size:
+            if compressed_size > payload_size:
+                raise ValueError(f"fatbin entry at {offset}: compressed size {compressed_size} "
+                                 f"exceeds payload size {payload_size}")
+            stored = compressed_size
+        entries.append(FatbinEntry(kind=kind, arch=arch, version=(major, minor), flags=flags,
+                                   offset=offset, payload=data[start:start + stored],
+                                   decompressed_size=decompressed_size))
+        offset = end
+    return entries
+
+
+def iter_images(section: bytes | memoryview, align: int = 8) -> Iterator[bytes]:
+    """Walk the images laid one after another in an executable's `.nv_fatbin` section."""
+    offset = 0
+    while offset < len(section):
+        if not any(section[offset:offset + _IMAGE_HEADER.size]):
+            offset += align  # alignment padding between images
+            continue
+        size = image_size(section[offset:])
+        if offset + size > len(section):
+            raise ValueError(f"fatbin image at {offset} overruns the section")
+        yield bytes(section[offset:offset + size])
+        offset += -(-size // align) * align
+
+
+# ---- device ELF ----------------------------------------------------------------------------
+
+def elf_sections(elf: bytes | memoryview) -> list[ElfSection]:
+    """Sections of a little-endian ELF64 file (device code or the host executable)."""
+    if len(elf) < 16 or bytes(elf[:4]) != b"\x7fELF":
+        raise ValueError("not an ELF file")
+    if elf[4] != 2 or elf[5] != 1:
+        raise ValueError("only little-endian ELF64 is supported")
+    fields = _unpack(_ELF_HEADER, elf, 0, "ELF header")
+    shoff, shentsize, shnum, shstrndx = fields[6], fields[11], fields[12], fields[13]
+    if shnum == 0:
+        return []
+    if shentsize < _SECTION_HEADER.size:
+        raise ValueError(f"ELF section header size {shentsize} too small")
+    raw = []
+    for i in range(shnum):
+        (name, typ, _flags, _addr, offset, size, link, _info, _align,
+         _entsize) = _unpack(_SECTION_HEADER, elf, shoff + i * shentsize, "ELF section header")
+        if typ == _SHT_NOBITS:
+            size = 0
+        if offset + size > len(elf):
+            raise ValueError(f"ELF section {i} overruns the file")
+        raw.append((name, typ, link, bytes(elf[offset:offset + size])))
+    if shstrndx >= shnum:
+        raise ValueError(f"ELF section name table index {shstrndx} out of range")
+    names = raw[shstrndx][3]
+    return [ElfSection(_cstring(names, n, "section name"), t, link, d) for n, t, link, d in raw]
+
+
+def _cstring(table: bytes, offset: int, what: str) -> str:
+    end = table.find(b"\0", offset)
+    if offset >= len(table) or end < 0:
+        raise ValueError(f"ELF {what} offset {offset} outside its string table")
+    return table[offset:end].decode("utf-8", "replace")
+
+
+def _entry_functions(sections: list[ElfSection]) -> list[str]:
+    names: list[str] = []
+    for sec in sections:
+        if sec.type != _SHT_SYMTAB:
+            continue
+        if sec.link >= len(sections):
+            raise ValueError("ELF symbol table links to a missing string table")
+        strtab = sections[sec.link].data
+        for pos in range(0, len(sec.data) - _SYMBOL.size + 1, _SYMBOL.size):
+            name, info, other, _shndx, _value, _size = _SYMBOL.unpack_from(sec.data, pos)
+            if info & 0xF == _STT_FUNC and other & STO_CUDA_ENTRY:
+                names.append(_cstring(strtab, name, "symbol name"))
+    return names
+
+
+def nv_info_records(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """Yield (format, attribute, value bytes) for each record of an `.nv.info*` section."""
+    pos = 0
+    while pos < len(data):
+        if pos + 2 > len(data):
+            raise ValueError(f"truncated .nv.info record at {pos}")
+        fmt, attr = data[pos], data[pos + 1]
+        if fmt == EIFMT_NVAL:
+            value, pos = b"", pos + 2
+        elif fmt in (EIFMT_BVAL, EIFMT_HVAL):
+            value, pos = data[pos + 2:pos + 4], pos + 4
+        elif fmt == EIFMT_SVAL:
+            (size,) = _unpack(struct.Struct("<H"), data, pos + 2, ".nv.info record size")
+            value, pos = data[pos + 4:pos + 4 + size], pos + 4 + size
+        else:
+            raise ValueError(f"unknown .nv.info record format {fmt:#x} at {pos}")
+        if pos > len(data):
+            raise ValueError(f"truncated .nv.info record (attribute {attr:#x})")
+        yield fmt, attr, value
+
+
+def _kernel_info(name: str, nv_info: bytes) -> KernelInfo:
+    by_ordinal: dict[int, tuple[int, int]] = {}
+    max_threads = None
+    for fmt, attr, value in nv_info_records(nv_info):
+        if fmt != EIFMT_SVAL:
+            continue
+        if attr in (EIATTR_KPARAM_INFO, EIATTR_KPARAM_INFO_V2):
+            _index, ordinal, offset, word = _unpack(_KPARAM, value, 0, "KPARAM_INFO record")
+            size = (word >> 18) & 0x3FFF if attr == EIATTR_KPARAM_INFO else word
+            if ordinal in by_ordinal:
+                raise ValueError(f"{name}: parameter {ordinal} described twice")
+            by_ordinal[ordinal] = (offset, size)
+        elif attr == EIATTR_MAX_THREADS:
+            x, y, z = _unpack(_MAX_THREADS, value, 0, "MAX_THREADS record")
+            max_threads = x * y * z
+    if sorted(by_ordinal) != list(range(len(by_ordinal))):
+        raise ValueError(f"{name}: parameter ordinals {sorted(by_ordinal)} are not 0..n-1")
+    return KernelInfo(name, [by_ordinal[i] for i in range(len(by_ordinal))], max_threads)
+
+
+def elf_kernels(elf: bytes | memoryview) -> dict[str, KernelInfo]:
+    """Kernels (entry functions) of a device ELF with their parameter layouts."""
+    sections = elf_sections(elf)
+    info = {s.name[len(".nv.info."):]: s.data for s in sections
+            if s.name.startswith(".nv.info.")}
+    return {name: _kernel_info(name, info.get(name, b"")) for name in _entry_functions(sections)}
+
+
+# ---- whole images --------------------------------------------------------------------------
+
+def kernel_infos_in_image(image: bytes | memoryview) -> dict[str, KernelInfo]:
+    """Kernels of every uncompressed ELF entry; layouts are the same for every arch, so the
+    first entry naming a kernel wins."""
+    entries = parse_entries(image)
+    elves = [e for e in entries if e.is_elf]
+    readable = [e for e in elves if not e.compressed]
+    if elves and not readable:
+        raise ValueError("every ELF entry is compressed (built with -Xfatbin -compress-all?)")
+    if not elves and any(e.is_ptx for e in entries):
+        raise ValueError("PTX-only image: no ELF entry to read kernel parameters from")
+    kernels: dict[str, KernelInfo] = {}
+    for entry in readable:
+        for name, info in elf_kernels(entry.payload).items():
+            kernels.setdefault(name, info)
+    return kernels
+
+
+def kernels_in_image(image: bytes | memoryview) -> dict[str, list[tuple[int, int]]]:
+    """Kernel name -> [(offset, size)] per parameter, for every kernel in the image."""
+    return {name: info.params for name, info in kernel_infos_in_image(image).items()}

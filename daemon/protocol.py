@@ -1,0 +1,52 @@
+"""The wire protocol as the daemon sees it: structs and opcodes from shim/pilot_proto.h via cffi.
+
+Nothing here restates a layout: `pilot.shim._proto` is compiled from the same header the shim
+compiles, so a struct that changes there changes here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pilot.shim._proto import ffi, lib
+
+ENVELOPE_SIZE = ffi.sizeof("pilot_envelope")
+REPLY_HDR_SIZE = ffi.sizeof("pilot_reply_hdr")
+
+
+class ProtocolError(Exception):
+    """A message that does not follow the protocol; logged and answered or dropped, never fatal."""
+
+
+def parse(ctype: str, frame: Any) -> Any:
+    """View a frame as a `ctype` struct (no copy). Rejects frames shorter than the struct."""
+    size = ffi.sizeof(ctype)
+    if len(frame) < size:
+        raise ProtocolError(f"{ctype}: body of {len(frame)} bytes, expected {size}")
+    return ffi.from_buffer(ctype + " *", frame)
+
+
+def new(ctype: str) -> Any:
+    """A zeroed reply struct."""
+    return ffi.new(ctype + " *")
+
+
+def to_bytes(cdata: Any) -> bytes:
+    return ffi.buffer(cdata)[:]
+
+
+def op_names() -> dict[int, str]:
+    """Opcode number -> enum name (PILOT_OP_MALLOC ...), for logs and metrics."""
+    return {
+        getattr(lib, name): name
+        for name in dir(lib)
+        if name.startswith("PILOT_OP_") and isinstance(getattr(lib, name), int)
+    }
+
+
+def socket_path(for_daemon: bool) -> str:
+    """The default socket path rule, shared with the shim (shim/socket_path.c)."""
+    buf = ffi.new("char[]", 4096)
+    if lib.pilot_socket_path(1 if for_daemon else 0, buf, 4096) != 0:
+        raise ValueError("socket path too long")
+    return ffi.string(buf).decode()

@@ -1,0 +1,199 @@
+"""A session: one client process, its identity from the kernel, and everything it owns.
+
+A session's state belongs to the vGPU thread that serves it; other threads only read
+counters for reports. Device pointers, streams, events, modules and functions are reachable
+only through their owner's tables, which is what keeps tenants apart at the API level.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backend import (
+    CUDA_ERROR_INVALID_RESOURCE_HANDLE,
+    CUDA_ERROR_INVALID_VALUE,
+    STICKY_ERRORS,
+    Backend,
+    BackendError,
+    FunctionInfo,
+)
+
+log = logging.getLogger("pilot.session")
+
+FIRST_HANDLE = 0x10  # 0, 1 and 2 are CUDA's default, legacy and per-thread streams
+
+
+@dataclass
+class Credentials:
+    uid: int
+    gid: int
+    pid: int
+
+    @classmethod
+    def from_peer_address(cls, peer: str | None) -> Credentials:
+        """libzmq appends ':uid:gid:pid' (SO_PEERCRED) to an IPC peer's address."""
+        if not peer:
+            raise ValueError("no peer credentials on the connection")
+        parts = peer.rsplit(":", 3)
+        if len(parts) != 4:
+            raise ValueError(f"no peer credentials in {peer!r}")
+        return cls(uid=int(parts[1]), gid=int(parts[2]), pid=int(parts[3]))
+
+
+def read_cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+@dataclass
+class StreamState:
+    """A program stream; `blocking` streams synchronize with the legacy default stream."""
+
+    obj: Any
+    blocking: bool
+    seen_legacy_gen: int = 0  # legacy-stream generation this stream already waits for
+    join_event: Any = None
+
+
+@dataclass
+class Session:
+    id: int
+    creds: Credentials
+    vgpu: int
+    device: int
+    cmdline: str = ""
+    started: float = field(default_factory=time.time)
+    identity: int | None = None  # the vGPU endpoint connection attached to this session
+
+    # Owned by the vGPU thread.
+    allocations: dict[int, int] = field(default_factory=dict)
+    _bases: list[int] = field(default_factory=list)
+    streams: dict[int, StreamState] = field(default_factory=dict)
+    events: dict[int, Any] = field(default_factory=dict)
+    modules: dict[int, Any] = field(default_factory=dict)
+    functions: dict[int, FunctionInfo] = field(default_factory=dict)
+    staging: Any = None
+    deferred: int = 0  # first error of an asynchronous call, until a synchronizing call
+    sticky: int = 0
+    legacy_gen: int = 0
+    legacy_event: Any = None
+    # Blocking streams with work issued since the legacy stream last joined them.
+    dirty_blocking: dict[int, StreamState] = field(default_factory=dict)
+    calls: int = 0
+    device_bytes: int = 0
+    _next_handle: int = FIRST_HANDLE
+
+    # ---- handles ----
+    def new_handle(self) -> int:
+        h = self._next_handle
+        self._next_handle += 1
+        return h
+
+    def stream(self, handle: int) -> StreamState:
+        try:
+            return self.streams[handle]
+        except KeyError:
+            raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"no stream {handle:#x}") from None
+
+    def event(self, handle: int) -> Any:
+        try:
+            return self.events[handle]
+        except KeyError:
+            raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"no event {handle:#x}") from None
+
+    # ---- memory ----
+    def add_allocation(self, ptr: int, size: int) -> None:
+        self.allocations[ptr] = size
+        bisect.insort(self._bases, ptr)
+        self.device_bytes += size
+
+    def remove_allocation(self, ptr: int) -> int:
+        size = self.allocations.pop(ptr, None)
+        if size is None:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{ptr:#x} is not an allocation of this session")
+        del self._bases[bisect.bisect_left(self._bases, ptr)]
+        self.device_bytes -= size
+        return size
+
+    def check_range(self, ptr: int, count: int) -> None:
+        """Raise unless [ptr, ptr+count) lies inside one allocation of this session."""
+        i = bisect.bisect_right(self._bases, ptr) - 1
+        if i >= 0:
+            base = self._bases[i]
+            if ptr + count <= base + self.allocations[base]:
+                return
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"[{ptr:#x}, +{count}) is not memory of this session")
+
+    # ---- errors ----
+    def note_async_error(self, code: int) -> None:
+        if code in STICKY_ERRORS:
+            self.sticky = self.sticky or code
+        elif not self.deferred:
+            self.deferred = code
+
+    def take_deferred(self) -> int:
+        if self.sticky:
+            return self.sticky
+        code, self.deferred = self.deferred, 0
+        return code
+
+    # ---- teardown ----
+    def release(self, backend: Backend) -> None:
+        """Free everything the session owns. Best effort: one failure does not stop the rest."""
+
+        def attempt(what: str, fn: Any, *args: Any) -> None:
+            try:
+                fn(*args)
+            except Exception as exc:
+                log.warning("session %d: releasing %s failed: %s", self.id, what, exc)
+
+        for st in self.streams.values():
+            attempt("stream sync", backend.stream_synchronize, st.obj)
+        for ptr in list(self.allocations):
+            attempt("memory", backend.mem_free, ptr)
+            self.remove_allocation(ptr)
+        for ev in self.events.values():
+            attempt("event", backend.event_destroy, ev)
+        for st in self.streams.values():
+            if st.join_event is not None:
+                attempt("event", backend.event_destroy, st.join_event)
+            attempt("stream", backend.stream_destroy, st.obj)
+        if self.legacy_event is not None:
+            attempt("event", backend.event_destroy, self.legacy_event)
+        for mod in self.modules.values():
+            attempt("module", backend.module_unload, mod)
+        if self.staging is not None:
+            attempt("staging", self.staging.close, backend)
+        self.events.clear()
+        self.streams.clear()
+        self.modules.clear()
+        self.functions.clear()
+        self.staging = None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "session": self.id,
+            "pid": self.creds.pid,
+            "uid": self.creds.uid,
+            "gid": self.creds.gid,
+            "vgpu": self.vgpu,
+            "device": self.device,
+            "cmdline": self.cmdline,
+            "started": self.started,
+            "device_bytes": self.device_bytes,
+            "allocations": len(self.allocations),
+            "streams": len(self.streams),
+            "events": len(self.events),
+            "modules": len(self.modules),
+            "calls": self.calls,
+            "state": "error" if self.sticky else "active",
+            "alive": os.path.exists(f"/proc/{self.creds.pid}"),
+        }

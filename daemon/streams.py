@@ -1,0 +1,60 @@
+"""CUDA's legacy default stream, kept per session on top of non-blocking daemon streams.
+
+The daemon never uses CUDA's real null stream (it is shared by the whole context, so every
+tenant would wait on every other). Instead stream 0 of a session is its vGPU's stream, and the
+implicit ordering of the legacy stream is rebuilt with events:
+- work on stream 0 first waits for the work already issued on the session's blocking streams;
+- work on a blocking stream first waits for the work already issued on stream 0.
+Each join costs an event record and a stream wait, and only happens when work alternates.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .session import Session
+
+if TYPE_CHECKING:
+    from .vgpu import VGpu
+
+EVENT_DISABLE_TIMING = 2
+
+
+def join_blocking_into_legacy(vg: VGpu, s: Session) -> None:
+    if not s.dirty_blocking:
+        return
+    backend = vg.backend
+    for st in s.dirty_blocking.values():
+        if st.join_event is None:
+            st.join_event = backend.event_create(EVENT_DISABLE_TIMING)
+        backend.event_record(st.join_event, st.obj)
+        backend.stream_wait_event(vg.stream, st.join_event)
+    s.dirty_blocking.clear()
+
+
+def stream_for_work(vg: VGpu, s: Session, handle: int) -> Any:
+    """The backend stream on which to issue work for a program stream handle."""
+    if handle == 0:
+        if s.dirty_blocking:
+            join_blocking_into_legacy(vg, s)
+        s.legacy_gen += 1
+        return vg.stream
+    st = s.stream(handle)
+    if st.blocking:
+        if st.seen_legacy_gen != s.legacy_gen:
+            backend = vg.backend
+            if s.legacy_event is None:
+                s.legacy_event = backend.event_create(EVENT_DISABLE_TIMING)
+            backend.event_record(s.legacy_event, vg.stream)
+            backend.stream_wait_event(st.obj, s.legacy_event)
+            st.seen_legacy_gen = s.legacy_gen
+        s.dirty_blocking[handle] = st
+    return st.obj
+
+
+def synchronize_session(vg: VGpu, s: Session) -> None:
+    """cudaDeviceSynchronize for one session: its streams and its vGPU's stream, not the GPU."""
+    for st in s.streams.values():
+        vg.backend.stream_synchronize(st.obj)
+    s.dirty_blocking.clear()
+    vg.backend.stream_synchronize(vg.stream)

@@ -1,0 +1,1 @@
+"""Memory policies (MFit, AMFit, MAdvise) and Salus lane admission: issues to come."""

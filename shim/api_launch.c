@@ -1,0 +1,140 @@
+/* Kernel launches: the <<<>>> machinery (push/pop of the call configuration, __cudaGetKernel,
+ * __cudaLaunchKernel) and cudaLaunchKernel. Arguments are packed into one buffer with the
+ * parameter offsets and sizes the daemon reported for the kernel (cuFuncGetParamInfo), so
+ * structs, chars and doubles arrive byte for byte. A launch is posted without waiting: errors
+ * the shim can see (launch configuration) return at once, as in CUDA; the rest surface at the
+ * next synchronizing call. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "shim.h"
+
+#define CONFIG_STACK 16
+
+struct call_config {
+    dim3 grid, block;
+    size_t shared;
+    cudaStream_t stream;
+};
+
+static __thread struct call_config t_configs[CONFIG_STACK];
+static __thread int t_depth;
+
+PILOT_EXPORT unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t shared,
+                                                  struct CUstream_st *stream)
+{
+    if (t_depth >= CONFIG_STACK)
+        return 1;
+    t_configs[t_depth++] = (struct call_config){grid, block, shared, (cudaStream_t)stream};
+    return 0;
+}
+
+PILOT_EXPORT cudaError_t __cudaPopCallConfiguration(dim3 *grid, dim3 *block, size_t *shared,
+                                                    void *stream)
+{
+    if (t_depth <= 0)
+        return cudaErrorMissingConfiguration;
+    const struct call_config *c = &t_configs[--t_depth];
+    *grid = c->grid;
+    *block = c->block;
+    *shared = c->shared;
+    *(cudaStream_t *)stream = c->stream;
+    return cudaSuccess;
+}
+
+static int attr(int index, int fallback)
+{
+    const pilot_rep_device_info *info = pilot_device_info();
+    int v = info ? info->attrs[index] : 0;
+    return v > 0 ? v : fallback;
+}
+
+/* The checks CUDA makes before a launch reaches the device. CUDA 13's runtime reports a launch
+ * shape no kernel could run as cudaErrorInvalidValue (seen natively on the H100), not
+ * cudaErrorInvalidConfiguration as older runtimes did. */
+static cudaError_t check_config(dim3 grid, dim3 block, const struct pilot_kernel_launch_info *k)
+{
+    if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z)
+        return cudaErrorInvalidValue;
+    if (grid.x > (unsigned)attr(cudaDevAttrMaxGridDimX, 0x7fffffff) ||
+        grid.y > (unsigned)attr(cudaDevAttrMaxGridDimY, 65535) ||
+        grid.z > (unsigned)attr(cudaDevAttrMaxGridDimZ, 65535))
+        return cudaErrorInvalidValue;
+    if (block.x > (unsigned)attr(cudaDevAttrMaxBlockDimX, 1024) ||
+        block.y > (unsigned)attr(cudaDevAttrMaxBlockDimY, 1024) ||
+        block.z > (unsigned)attr(cudaDevAttrMaxBlockDimZ, 64))
+        return cudaErrorInvalidValue;
+    uint64_t threads = (uint64_t)block.x * block.y * block.z;
+    if (threads > (uint64_t)attr(cudaDevAttrMaxThreadsPerBlock, 1024))
+        return cudaErrorInvalidValue;
+    if (k->max_threads_per_block > 0 && threads > (uint64_t)k->max_threads_per_block)
+        return cudaErrorInvalidValue; /* past __launch_bounds__: also InvalidValue natively */
+    return cudaSuccess;
+}
+
+static cudaError_t launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, void **args,
+                          size_t shared, cudaStream_t stream)
+{
+    PILOT_REQUIRE_SESSION();
+    if (!kernel)
+        PILOT_RETURN(cudaErrorInvalidDeviceFunction);
+    cudaError_t err = pilot_kernel_resolve(kernel);
+    if (err)
+        PILOT_RETURN(err);
+    struct pilot_kernel_launch_info k;
+    pilot_kernel_info(kernel, &k);
+    if ((err = check_config(grid, block, &k)))
+        PILOT_RETURN(err);
+    if (shared > UINT32_MAX)
+        PILOT_RETURN(cudaErrorInvalidValue);
+
+    unsigned char stack_buf[4096];
+    unsigned char *buf = k.arg_bytes <= sizeof stack_buf ? stack_buf : malloc(k.arg_bytes);
+    if (!buf)
+        PILOT_RETURN(cudaErrorMemoryAllocation);
+    if (k.nparams && !args) {
+        if (buf != stack_buf)
+            free(buf);
+        PILOT_RETURN(cudaErrorInvalidValue);
+    }
+    memset(buf, 0, k.arg_bytes);
+    for (uint32_t i = 0; i < k.nparams; i++)
+        memcpy(buf + k.params[i].offset, args[i], k.params[i].size);
+
+    pilot_req_launch req = {
+        .function = k.function,
+        .stream = pilot_stream_handle(stream),
+        .grid = {grid.x, grid.y, grid.z},
+        .block = {block.x, block.y, block.z},
+        .shared_bytes = (uint32_t)shared,
+        .arg_bytes = k.arg_bytes,
+    };
+    err = pilot_post(PILOT_OP_LAUNCH, &req, sizeof req, buf, k.arg_bytes);
+    if (buf != stack_buf)
+        free(buf);
+    PILOT_RETURN(err);
+}
+
+PILOT_EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void **args,
+                                            size_t shared, cudaStream_t stream)
+{
+    return launch((struct pilot_kernel *)kernel, grid, block, args, shared, stream);
+}
+
+PILOT_EXPORT cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block,
+                                                 void **args, size_t shared, cudaStream_t stream)
+{
+    /* Per-thread default streams come with issue 3; until then stream 0 is the legacy stream. */
+    return launch((struct pilot_kernel *)kernel, grid, block, args, shared, stream);
+}
+
+PILOT_EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args,
+                                          size_t shared, cudaStream_t stream)
+{
+    /* func is a host stub (the usual case) or a cudaKernel_t this shim handed out. */
+    struct pilot_kernel *k = pilot_kernel_from_host(func);
+    if (!k)
+        k = pilot_kernel_from_handle(func);
+    return launch(k, grid, block, args, shared, stream);
+}

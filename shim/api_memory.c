@@ -1,0 +1,303 @@
+/* Device memory: allocation, copies in all four directions, memsets.
+ *
+ * Copies up to PILOT_INLINE_MAX bytes travel inside the message. Larger pageable copies go
+ * through the session's staging area, shared memory the daemon has pinned (cuMemHostRegister):
+ * the transfer is cut into slot-sized chunks and pipelined, so the shim copies chunk i+1 into one
+ * slot while the daemon DMAs chunk i from another. Like CUDA with pageable memory, such copies
+ * return once the host buffer may be reused (H2D) or holds the data (D2H). */
+#include <fcntl.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "shim.h"
+
+static struct {
+    pthread_mutex_t lock;
+    uint8_t *base;
+    uint64_t slot_bytes;
+    uint32_t slots;
+} g_stage = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+void pilot_staging_forget(void)
+{
+    /* After fork the mapping belongs to the parent's session; the child opens its own. */
+    pthread_mutex_init(&g_stage.lock, NULL);
+    if (g_stage.base)
+        munmap(g_stage.base, g_stage.slot_bytes * g_stage.slots);
+    g_stage.base = NULL;
+}
+
+static cudaError_t staging_open(void)
+{
+    cudaError_t err = cudaSuccess;
+    pthread_mutex_lock(&g_stage.lock);
+    if (!g_stage.base) {
+        pilot_req_staging_open req = {.min_bytes = 0};
+        pilot_rep_staging rep;
+        err = pilot_call(PILOT_OP_STAGING_OPEN, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0,
+                         NULL);
+        if (err == cudaSuccess) {
+            rep.path[sizeof rep.path - 1] = 0;
+            size_t size = rep.slot_bytes * rep.slots;
+            int fd = open(rep.path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+            void *p = fd >= 0 ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                              : MAP_FAILED;
+            if (fd >= 0) {
+                close(fd);
+                unlink(rep.path); /* both sides have it mapped; nothing left behind on a crash */
+            }
+            if (p == MAP_FAILED || !rep.slots || !rep.slot_bytes) {
+                LOG_ERROR("cannot map the staging area %s", rep.path);
+                err = cudaErrorMemoryAllocation;
+            } else {
+                g_stage.base = p;
+                g_stage.slot_bytes = rep.slot_bytes;
+                g_stage.slots = rep.slots;
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_stage.lock);
+    return err;
+}
+
+static uint64_t min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
+static cudaError_t staged_h2d(uint64_t dst, const uint8_t *src, uint64_t count, uint64_t stream,
+                              uint32_t sync)
+{
+    cudaError_t err = staging_open();
+    if (err)
+        return err;
+    if ((err = pilot_lock_session()))
+        return err;
+    const uint64_t slot = g_stage.slot_bytes, nchunks = (count + slot - 1) / slot;
+    uint32_t outstanding = 0;
+    cudaError_t first = cudaSuccess;
+    pilot_rep_status rep;
+    for (uint64_t i = 0; i < nchunks && first == cudaSuccess; i++) {
+        if (outstanding == g_stage.slots) {
+            first = pilot_recv_locked(&rep, sizeof rep);
+            outstanding--;
+            if (first)
+                break;
+        }
+        uint64_t off = i * slot, len = min_u64(slot, count - off);
+        uint32_t s = (uint32_t)(i % g_stage.slots);
+        pilot_copy(g_stage.base + s * slot, src + off, len);
+        pilot_req_memcpy req = {.dst = dst + off, .count = len, .stream = stream, .slot = s,
+                                .sync = sync};
+        first = pilot_send_locked(PILOT_OP_MEMCPY_H2D_STAGED, 0, &req, sizeof req, NULL, 0);
+        if (first == cudaSuccess)
+            outstanding++;
+    }
+    while (outstanding-- > 0) {
+        cudaError_t e = pilot_recv_locked(&rep, sizeof rep);
+        if (first == cudaSuccess)
+            first = e;
+        if (e == cudaErrorDevicesUnavailable)
+            break;
+    }
+    pilot_unlock_session();
+    return first;
+}
+
+static cudaError_t staged_d2h(uint8_t *dst, uint64_t src, uint64_t count, uint64_t stream,
+                              uint32_t sync)
+{
+    cudaError_t err = staging_open();
+    if (err)
+        return err;
+    if ((err = pilot_lock_session()))
+        return err;
+    const uint64_t slot = g_stage.slot_bytes, nchunks = (count + slot - 1) / slot;
+    uint64_t sent = 0;
+    uint32_t outstanding = 0;
+    cudaError_t first = cudaSuccess;
+    pilot_rep_status rep;
+    for (; sent < nchunks && sent < g_stage.slots && first == cudaSuccess; sent++) {
+        uint64_t off = sent * slot;
+        pilot_req_memcpy req = {.src = src + off, .count = min_u64(slot, count - off),
+                                .stream = stream, .slot = (uint32_t)sent, .sync = sync};
+        first = pilot_send_locked(PILOT_OP_MEMCPY_D2H_STAGED, 0, &req, sizeof req, NULL, 0);
+        if (first == cudaSuccess)
+            outstanding++;
+    }
+    for (uint64_t i = 0; i < nchunks && outstanding > 0; i++) {
+        cudaError_t e = pilot_recv_locked(&rep, sizeof rep);
+        outstanding--;
+        if (e != cudaSuccess) {
+            if (first == cudaSuccess)
+                first = e;
+            if (e == cudaErrorDevicesUnavailable)
+                break;
+            continue; /* drain what is in flight */
+        }
+        if (first != cudaSuccess)
+            continue;
+        uint64_t off = i * slot, len = min_u64(slot, count - off);
+        uint32_t s = (uint32_t)(i % g_stage.slots);
+        pilot_copy(dst + off, g_stage.base + s * slot, len);
+        if (sent < nchunks) {
+            uint64_t noff = sent * slot;
+            pilot_req_memcpy req = {.src = src + noff, .count = min_u64(slot, count - noff),
+                                    .stream = stream, .slot = s, .sync = sync};
+            first = pilot_send_locked(PILOT_OP_MEMCPY_D2H_STAGED, 0, &req, sizeof req, NULL, 0);
+            if (first == cudaSuccess) {
+                outstanding++;
+                sent++;
+            }
+        }
+    }
+    pilot_unlock_session();
+    return first;
+}
+
+PILOT_EXPORT cudaError_t cudaMalloc(void **ptr, size_t size)
+{
+    if (!ptr)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    *ptr = NULL;
+    PILOT_REQUIRE_SESSION();
+    if (size == 0)
+        return cudaSuccess;
+    pilot_req_malloc req = {.size = size};
+    pilot_rep_u64 rep;
+    cudaError_t err =
+        pilot_call(PILOT_OP_MALLOC, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
+    if (err == cudaSuccess) {
+        *ptr = (void *)(uintptr_t)rep.value;
+        pilot_alloc_add(rep.value, size);
+    }
+    PILOT_RETURN(err);
+}
+
+PILOT_EXPORT cudaError_t cudaFree(void *ptr)
+{
+    PILOT_REQUIRE_SESSION();
+    if (!ptr)
+        return cudaSuccess;
+    pilot_req_free req = {.ptr = (uintptr_t)ptr};
+    cudaError_t err = pilot_call(PILOT_OP_FREE, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+    if (err == cudaSuccess)
+        pilot_alloc_remove((uintptr_t)ptr);
+    PILOT_RETURN(err);
+}
+
+PILOT_EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+    PILOT_REQUIRE_SESSION();
+    pilot_rep_u64 rep;
+    cudaError_t err =
+        pilot_call(PILOT_OP_MEM_GET_INFO, NULL, 0, NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
+    if (err == cudaSuccess) {
+        if (free_bytes)
+            *free_bytes = rep.value;
+        if (total_bytes)
+            *total_bytes = rep.value2;
+    }
+    PILOT_RETURN(err);
+}
+
+/* Resolves cudaMemcpyDefault from the session's allocations; rejects unknown kinds. */
+static cudaError_t resolve_kind(enum cudaMemcpyKind *kind, const void *dst, const void *src)
+{
+    if (*kind == cudaMemcpyDefault) {
+        int d = pilot_alloc_is_device((uintptr_t)dst), s = pilot_alloc_is_device((uintptr_t)src);
+        *kind = s ? (d ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                  : (d ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
+    }
+    if ((unsigned)*kind > cudaMemcpyDeviceToDevice)
+        return cudaErrorInvalidMemcpyDirection;
+    return cudaSuccess;
+}
+
+static cudaError_t copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                        uint64_t stream, int sync)
+{
+    cudaError_t err = resolve_kind(&kind, dst, src);
+    if (err)
+        return err;
+    if (count == 0)
+        return cudaSuccess;
+    if (!dst || !src)
+        return cudaErrorInvalidValue;
+    uint64_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    pilot_req_memcpy req = {.dst = d, .src = s, .count = count, .stream = stream, .sync = (uint32_t)sync};
+    switch (kind) {
+    case cudaMemcpyHostToHost:
+        memmove(dst, src, count);
+        return cudaSuccess;
+    case cudaMemcpyHostToDevice:
+        if (!pilot_alloc_contains(d, count))
+            return cudaErrorInvalidValue;
+        if (count > PILOT_INLINE_MAX)
+            return staged_h2d(d, src, count, stream, (uint32_t)sync);
+        if (!sync) /* the message holds the data: the host buffer is free to reuse at once */
+            return pilot_post(PILOT_OP_MEMCPY_H2D, &req, sizeof req, src, count);
+        return pilot_call(PILOT_OP_MEMCPY_H2D, &req, sizeof req, src, count, NULL, 0, NULL, 0, NULL);
+    case cudaMemcpyDeviceToHost: {
+        if (!pilot_alloc_contains(s, count))
+            return cudaErrorInvalidValue;
+        if (count > PILOT_INLINE_MAX)
+            return staged_d2h(dst, s, count, stream, (uint32_t)sync);
+        pilot_rep_status rep;
+        size_t got = 0;
+        err = pilot_call(PILOT_OP_MEMCPY_D2H, &req, sizeof req, NULL, 0, &rep, sizeof rep, dst,
+                         count, &got);
+        if (err == cudaSuccess && got != count)
+            err = cudaErrorUnknown;
+        return err;
+    }
+    default: /* device to device */
+        if (!pilot_alloc_contains(d, count) || !pilot_alloc_contains(s, count))
+            return cudaErrorInvalidValue;
+        if (!sync)
+            return pilot_post(PILOT_OP_MEMCPY_D2D, &req, sizeof req, NULL, 0);
+        return pilot_call(PILOT_OP_MEMCPY_D2D, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+    }
+}
+
+PILOT_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t count,
+                                    enum cudaMemcpyKind kind)
+{
+    PILOT_REQUIRE_SESSION();
+    PILOT_RETURN(copy(dst, src, count, kind, 0, 1));
+}
+
+PILOT_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
+                                         enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    PILOT_REQUIRE_SESSION();
+    PILOT_RETURN(copy(dst, src, count, kind, pilot_stream_handle(stream), 0));
+}
+
+static cudaError_t set(void *ptr, int value, size_t count, uint64_t stream, int sync)
+{
+    if (count == 0)
+        return cudaSuccess;
+    if (!pilot_alloc_contains((uintptr_t)ptr, count))
+        return cudaErrorInvalidValue;
+    pilot_req_memset req = {.ptr = (uintptr_t)ptr, .count = count, .stream = stream,
+                            .value = value, .sync = (uint32_t)sync};
+    if (!sync)
+        return pilot_post(PILOT_OP_MEMSET, &req, sizeof req, NULL, 0);
+    return pilot_call(PILOT_OP_MEMSET, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+}
+
+PILOT_EXPORT cudaError_t cudaMemset(void *ptr, int value, size_t count)
+{
+    PILOT_REQUIRE_SESSION();
+    PILOT_RETURN(set(ptr, value, count, 0, 1));
+}
+
+PILOT_EXPORT cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t stream)
+{
+    PILOT_REQUIRE_SESSION();
+    PILOT_RETURN(set(ptr, value, count, pilot_stream_handle(stream), 0));
+}

@@ -1,0 +1,142 @@
+"""The shim's build script, run at install time by setup.py (through cffi's setuptools hook).
+
+It produces two artefacts from one protocol header, shim/pilot_proto.h:
+- `pilot.shim._proto`: a cffi module (API mode, so the C compiler checks every struct layout the
+  daemon reads) exposing the protocol structs, the socket-path rule and the vGPU endpoint server
+  (shim/vgpu_server.c) to the daemon;
+- `libpilot.so`: the shim, a plain C shared library (no libpython) with SONAME libcudart.so.13 and
+  a version script, so that a preloaded libpilot.so satisfies programs linked with
+  `-cudart shared` and the real libcudart is never mapped.
+
+The stubs for every libcudart export the shim does not implement, and the error-name table, are
+generated from shim/cudart_exports.tsv and shim/cuda_errors.tsv by hack/gen_shim_tables.py into
+the build directory (rebuilt each build, never committed).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from cffi import FFI
+
+SHIM_DIR = Path(__file__).resolve().parent
+REPO_DIR = SHIM_DIR.parent
+PROTO_HEADER = SHIM_DIR / "pilot_proto.h"
+
+# Hand-written shim sources, in link order. Generated ones are added by build_shim().
+SHIM_SOURCES = [
+    "log.c",
+    "socket_path.c",
+    "zmtp.c",
+    "transport.c",
+    "error_state.c",
+    "alloc_table.c",
+    "parallel_copy.c",
+    "registry.c",
+    "api_device.c",
+    "api_memory.c",
+    "api_launch.c",
+    "api_stream.c",
+    "device_props.c",
+]
+C_FLAGS = ["-std=gnu11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"]
+
+
+def _cdef_text(header: Path, marker: str) -> str:
+    """The plain-C part of a header between its /* <marker>_BEGIN */ and _END comments."""
+    text = header.read_text()
+    match = re.search(rf"/\* {marker}_BEGIN \*/(.*)/\* {marker}_END \*/", text, re.S)
+    if not match:
+        raise RuntimeError(f"{header}: {marker} markers missing")
+    return re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S)
+
+
+def _make_ffi() -> FFI:
+    ffi = FFI()
+    ffi.cdef(_cdef_text(PROTO_HEADER, "PILOT_CDEF"))
+    ffi.cdef(_cdef_text(SHIM_DIR / "vgpu_server.h", "PILOT_SRV_CDEF"))
+    ffi.cdef("int pilot_socket_path(int for_daemon, char *buf, size_t len);")
+    ffi.set_source(
+        "pilot.shim._proto",
+        '#include "pilot_proto.h"\n#include "socket_path.h"\n#include "vgpu_server.h"\n',
+        sources=[str(SHIM_DIR / "socket_path.c"), str(SHIM_DIR / "vgpu_server.c")],
+        include_dirs=[str(SHIM_DIR)],
+        extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],
+    )
+    return ffi
+
+
+ffi = _make_ffi()
+
+
+def cuda_include_dir() -> Path:
+    """Where cuda_runtime_api.h lives: $CUDA_HOME, $CUDA_PATH, nvcc's toolkit, /usr/local/cuda."""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(os.path.realpath(nvcc)).parent.parent))
+    candidates.append("/usr/local/cuda")
+    for root in candidates:
+        if root and (Path(root) / "include" / "cuda_runtime_api.h").exists():
+            return Path(root) / "include"
+    raise RuntimeError(
+        "pilot: CUDA 13 headers not found (looked in $CUDA_HOME, $CUDA_PATH, nvcc's toolkit and "
+        "/usr/local/cuda); install the CUDA toolkit or set CUDA_HOME"
+    )
+
+
+def generate_tables(out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, str(REPO_DIR / "hack" / "gen_shim_tables.py"), str(out_dir)],
+        check=True,
+    )
+    return [out_dir / "stubs.c", out_dir / "errors.c"]
+
+
+def build_shim(compiler, out_dir: str, build_temp: str = "build/shim") -> Path:
+    """Compile libpilot.so into out_dir with a setuptools/distutils CCompiler."""
+    gen_dir = Path(build_temp) / "shim_gen"
+    generated = generate_tables(gen_dir)
+    sources = [str(SHIM_DIR / s) for s in SHIM_SOURCES] + [str(p) for p in generated]
+    include_dirs = [str(SHIM_DIR), str(gen_dir), str(cuda_include_dir())]
+    objects = compiler.compile(
+        sources,
+        output_dir=str(Path(build_temp) / "shim_obj"),
+        include_dirs=include_dirs,
+        extra_postargs=C_FLAGS,
+    )
+    target = Path(out_dir) / "libpilot.so"
+    compiler.link_shared_object(
+        objects,
+        str(target),
+        libraries=["pthread", "dl", "rt"],
+        extra_postargs=[
+            "-Wl,-soname,libcudart.so.13",
+            f"-Wl,--version-script={SHIM_DIR / 'libcudart.map'}",
+            "-Wl,--no-undefined",
+            "-Wl,-z,now",
+        ],
+    )
+    return target
+
+
+def main() -> None:
+    """Build libpilot.so by hand, for development: python3 shim/build.py OUT_DIR."""
+    from setuptools._distutils.ccompiler import new_compiler
+    from setuptools._distutils.sysconfig import customize_compiler
+
+    compiler = new_compiler()
+    customize_compiler(compiler)
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "build")
+    out.mkdir(parents=True, exist_ok=True)
+    print(build_shim(compiler, str(out), build_temp=str(out / "tmp")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+/*
+ * pilot wire protocol: the one definition of every message between libpilot.so and pilotd.
+ *
+ * The shim compiles this header; the daemon reads the part between PILOT_CDEF_BEGIN and
+ * PILOT_CDEF_END through cffi (pilot.shim._proto, built in API mode so the C compiler checks
+ * every struct layout the daemon uses). That part stays plain: fixed-width types, structs,
+ * enums, integer #defines. Includes and static asserts live outside it.
+ *
+ * Framing (ZMTP/3.0 multipart, DEALER client -> ROUTER daemon):
+ *   frame 0: pilot_envelope          (the ROUTER adds the peer's identity frame in front)
+ *   frame 1: request body, the struct named for the opcode below
+ *   frame 2: optional payload (inline copy data, fatbin image, packed kernel arguments, names)
+ * A reply echoes the envelope (same opcode and seq), then a body that starts with
+ * pilot_reply_hdr, then an optional payload (data of a small device-to-host copy, param info).
+ *
+ * Opcodes are numbered in blocks that follow the CUDA runtime reference manual, as cricket's
+ * IDL does: 1 session, 100 device management, 140 error handling, 250 streams, 280 events,
+ * 310 execution control, 400 memory, 500 unified memory. Unassigned numbers are reserved.
+ */
+#ifndef PILOT_PROTO_H
+#define PILOT_PROTO_H
+
+#include <stdint.h>
+
+/* PILOT_CDEF_BEGIN */
+
+#define PILOT_PROTO_VERSION 1
+#define PILOT_ENDPOINT_MAX 256
+#define PILOT_NAME_MAX 256
+#define PILOT_ATTR_COUNT 160          /* covers every cudaDeviceAttr value of CUDA 13.0 (max 147) */
+#define PILOT_INLINE_MAX 65536        /* copies up to this size travel inside the message */
+#define PILOT_MAX_PARAMS 1024         /* kernel parameters the daemon reports for one function */
+
+/* Envelope flags. */
+#define PILOT_F_NO_REPLY 1            /* asynchronous call: the daemon sends no reply */
+
+enum pilot_op {
+    /* 1: session */
+    PILOT_OP_HELLO = 1,               /* main socket: open a session, get its vGPU endpoint */
+    PILOT_OP_ATTACH = 2,              /* vGPU socket: first message on a session's connection */
+    PILOT_OP_BYE = 3,                 /* orderly exit: release everything the session owns */
+    PILOT_OP_STAGING_OPEN = 4,        /* map the session's pinned shared-memory staging area */
+    PILOT_OP_SESSIONS = 10,           /* main socket: list sessions (JSON payload in reply) */
+
+    /* 100: device management */
+    PILOT_OP_DEVICE_INFO = 101,
+    PILOT_OP_DEVICE_SYNCHRONIZE = 102,
+    PILOT_OP_DEVICE_RESET = 103,
+    /* 104-139 reserved: cudaSetDevice on other GPUs, limits, cache config, flags (issue 3) */
+
+    /* 140: error handling: served inside the shim, no messages */
+
+    /* 250: stream management */
+    PILOT_OP_STREAM_CREATE = 250,
+    PILOT_OP_STREAM_DESTROY = 251,
+    PILOT_OP_STREAM_SYNCHRONIZE = 252,
+    PILOT_OP_STREAM_QUERY = 253,
+    PILOT_OP_STREAM_WAIT_EVENT = 254,
+    /* 255-279 reserved: host callbacks, priorities, attach (issues 3, 4) */
+
+    /* 280: event management */
+    PILOT_OP_EVENT_CREATE = 280,
+    PILOT_OP_EVENT_RECORD = 281,
+    PILOT_OP_EVENT_SYNCHRONIZE = 282,
+    PILOT_OP_EVENT_QUERY = 283,
+    PILOT_OP_EVENT_ELAPSED = 284,
+    PILOT_OP_EVENT_DESTROY = 285,
+
+    /* 310: execution control */
+    PILOT_OP_MODULE_LOAD = 310,
+    PILOT_OP_FUNCTION_GET = 311,
+    PILOT_OP_LAUNCH = 312,
+    /* 313-399 reserved: cooperative launch, function attributes, occupancy (issue 3) */
+
+    /* 400: memory management */
+    PILOT_OP_MALLOC = 400,
+    PILOT_OP_FREE = 401,
+    PILOT_OP_MEMCPY_H2D = 402,        /* inline data in frame 2 */
+    PILOT_OP_MEMCPY_D2H = 403,        /* inline data back in the reply's frame 2 */
+    PILOT_OP_MEMCPY_D2D = 404,
+    PILOT_OP_MEMCPY_H2D_STAGED = 405, /* one chunk from a staging slot */
+    PILOT_OP_MEMCPY_D2H_STAGED = 406, /* one chunk into a staging slot */
+    PILOT_OP_MEMSET = 407,
+    PILOT_OP_MEM_GET_INFO = 408
+    /* 409-499 reserved: symbols, pinned host memory, 2D copies, peer copies (issue 3) */
+    /* 500-599 reserved: unified memory (issue 4) */
+};
+
+/* cudaMemcpyKind values, as the daemon sees them. */
+enum pilot_copy_kind {
+    PILOT_COPY_H2H = 0,
+    PILOT_COPY_H2D = 1,
+    PILOT_COPY_D2H = 2,
+    PILOT_COPY_D2D = 3,
+    PILOT_COPY_DEFAULT = 4
+};
+
+typedef struct pilot_envelope {
+    uint16_t version;                 /* PILOT_PROTO_VERSION */
+    uint16_t opcode;                  /* enum pilot_op */
+    uint32_t flags;                   /* PILOT_F_* */
+    uint64_t seq;                     /* chosen by the client, echoed in the reply */
+    uint64_t session;                 /* 0 in HELLO; checked against the peer's credentials */
+} pilot_envelope;
+
+/* Every reply body starts with this. err is the call's own cudaError_t; deferred is the first
+ * error an earlier asynchronous call of this session raised since the last reply (0 if none). */
+typedef struct pilot_reply_hdr {
+    int32_t err;
+    int32_t deferred;
+} pilot_reply_hdr;
+
+/* Reusable reply shapes (cricket's int_result / ptr_result). */
+typedef struct pilot_rep_status {
+    pilot_reply_hdr hdr;
+} pilot_rep_status;
+
+typedef struct pilot_rep_u64 {
+    pilot_reply_hdr hdr;
+    uint64_t value;
+    uint64_t value2;
+} pilot_rep_u64;
+
+/* ---- session ---- */
+typedef struct pilot_req_hello {
+    uint32_t proto_version;
+    uint32_t cuda_abi;                /* CUDART_VERSION the shim was built for, e.g. 13000 */
+} pilot_req_hello;
+
+typedef struct pilot_rep_hello {
+    pilot_reply_hdr hdr;
+    uint64_t session;
+    uint32_t vgpu;
+    int32_t device;                   /* ordinal of the GPU the session runs on */
+    char endpoint[PILOT_ENDPOINT_MAX];/* vGPU socket path to attach to */
+} pilot_rep_hello;
+
+typedef struct pilot_req_staging_open {
+    uint64_t min_bytes;
+} pilot_req_staging_open;
+
+typedef struct pilot_rep_staging {
+    pilot_reply_hdr hdr;
+    uint64_t slot_bytes;
+    uint32_t slots;
+    uint32_t reserved;
+    char path[PILOT_ENDPOINT_MAX];    /* shared-memory file, owned by the client's uid */
+} pilot_rep_staging;
+
+/* ---- device ---- */
+typedef struct pilot_req_device {
+    int32_t device;
+    uint32_t reserved;
+} pilot_req_device;
+
+typedef struct pilot_rep_device_info {
+    pilot_reply_hdr hdr;
+    int32_t device_count;
+    int32_t driver_version;
+    uint64_t total_mem;               /* the capacity pilot grants, not necessarily the card's */
+    char name[PILOT_NAME_MAX];
+    uint8_t uuid[16];
+    int32_t attrs[PILOT_ATTR_COUNT];  /* indexed by cudaDeviceAttr; 0 where not reported */
+} pilot_rep_device_info;
+
+/* ---- streams and events ---- */
+typedef struct pilot_req_stream_create {
+    uint32_t flags;
+    int32_t priority;
+} pilot_req_stream_create;
+
+typedef struct pilot_req_handle {     /* one stream or event handle: destroy, sync, query */
+    uint64_t handle;
+} pilot_req_handle;
+
+typedef struct pilot_req_stream_wait_event {
+    uint64_t stream;
+    uint64_t event;
+    uint32_t flags;
+    uint32_t reserved;
+} pilot_req_stream_wait_event;
+
+typedef struct pilot_req_event_create {
+    uint32_t flags;
+    uint32_t reserved;
+} pilot_req_event_create;
+
+typedef struct pilot_req_event_record {
+    uint64_t event;
+    uint64_t stream;
+} pilot_req_event_record;
+
+typedef struct pilot_req_event_elapsed {
+    uint64_t start;
+    uint64_t end;
+} pilot_req_event_elapsed;
+
+typedef struct pilot_rep_elapsed {
+    pilot_reply_hdr hdr;
+    float ms;
+    uint32_t reserved;
+} pilot_rep_elapsed;
+
+/* ---- execution control ---- */
+typedef struct pilot_req_module_load {  /* frame 2: the fatbin image */
+    uint64_t image_size;
+} pilot_req_module_load;
+
+typedef struct pilot_req_function_get { /* frame 2: the kernel's (mangled) name */
+    uint64_t module;
+} pilot_req_function_get;
+
+typedef struct pilot_param_info {
+    uint32_t offset;
+    uint32_t size;
+} pilot_param_info;
+
+typedef struct pilot_rep_function {     /* frame 2: nparams pilot_param_info */
+    pilot_reply_hdr hdr;
+    uint64_t function;
+    uint32_t nparams;
+    uint32_t arg_bytes;               /* size of the packed argument buffer */
+    int32_t max_threads_per_block;    /* cuFuncGetAttribute(MAX_THREADS_PER_BLOCK) */
+    int32_t static_shared_bytes;
+    int32_t max_dynamic_shared_bytes;
+    uint32_t reserved;
+} pilot_rep_function;
+
+typedef struct pilot_req_launch {       /* frame 2: packed arguments, arg_bytes long */
+    uint64_t function;
+    uint64_t stream;
+    uint32_t grid[3];
+    uint32_t block[3];
+    uint32_t shared_bytes;
+    uint32_t arg_bytes;
+} pilot_req_launch;
+
+/* ---- memory ---- */
+typedef struct pilot_req_malloc {
+    uint64_t size;
+} pilot_req_malloc;
+
+typedef struct pilot_req_free {
+    uint64_t ptr;
+} pilot_req_free;
+
+typedef struct pilot_req_memcpy {       /* H2D, D2H, D2D, and staged chunks */
+    uint64_t dst;
+    uint64_t src;
+    uint64_t count;
+    uint64_t stream;
+    uint32_t slot;                    /* staging slot for the _STAGED opcodes */
+    uint32_t sync;                    /* 1: cudaMemcpy (host-synchronous), 0: async */
+} pilot_req_memcpy;
+
+typedef struct pilot_req_memset {
+    uint64_t ptr;
+    uint64_t count;
+    uint64_t stream;
+    int32_t value;
+    uint32_t sync;
+} pilot_req_memset;
+
+/* PILOT_CDEF_END */
+
+/* Stream handle values the shim never hands out: CUDA's special streams. */
+#define PILOT_STREAM_LEGACY 0x1u
+#define PILOT_STREAM_PER_THREAD 0x2u
+
+#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(pilot_envelope) == 24, "envelope layout");
+_Static_assert(sizeof(pilot_reply_hdr) == 8, "reply header layout");
+_Static_assert(sizeof(pilot_req_launch) == 48, "launch layout");
+_Static_assert(sizeof(pilot_req_memcpy) == 40, "memcpy layout");
+#endif
+
+#endif /* PILOT_PROTO_H */

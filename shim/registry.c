@@ -1,0 +1,250 @@
+/* Fatbins and kernels the program registers (nvcc's static constructors), and their lazy
+ * resolution in the daemon: an image is uploaded and loaded (once per session) the first time
+ * one of its kernels launches, and each kernel's parameter layout is fetched once. Registration
+ * never talks to the daemon, so programs start even before pilotd is reachable. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "shim.h"
+
+#define FATBIN_WRAPPER_MAGIC 0x466243B1u
+#define FATBIN_MAGIC 0xBA55ED50u
+#define BUCKETS 1024u
+
+struct fatbin_wrapper {
+    int magic;
+    int version;
+    const unsigned long long *data;
+    void *filename_or_fatbins;
+};
+
+struct fatbin_header {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t header_size;
+    uint64_t fat_size;
+};
+
+struct pilot_image {
+    const void *data;
+    size_t size;
+    uint64_t module; /* daemon handle, 0 until loaded */
+    int dead;        /* unregistered (library unloaded) */
+};
+
+struct pilot_kernel {
+    const void *host_fun;
+    struct pilot_image *image;
+    char *name;
+    int resolved;
+    uint64_t function;
+    uint32_t nparams, arg_bytes;
+    pilot_param_info *params;
+    int32_t max_threads_per_block, max_dynamic_shared_bytes;
+    struct pilot_kernel *next_by_host, *next_by_handle;
+};
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct pilot_kernel *g_by_host[BUCKETS];
+static struct pilot_kernel *g_by_handle[BUCKETS];
+
+static unsigned bucket(const void *p)
+{
+    uintptr_t x = (uintptr_t)p;
+    x ^= x >> 17;
+    x *= 0x9E3779B97F4A7C15ull;
+    return (unsigned)(x >> 40) % BUCKETS;
+}
+
+PILOT_EXPORT void **__cudaRegisterFatBinary(void *fat_cubin)
+{
+    const struct fatbin_wrapper *w = fat_cubin;
+    struct pilot_image *img = calloc(1, sizeof *img);
+    if (!img)
+        return NULL;
+    if (w && (unsigned)w->magic == FATBIN_WRAPPER_MAGIC && w->data) {
+        const struct fatbin_header *h = (const void *)w->data;
+        if (h->magic == FATBIN_MAGIC) {
+            img->data = h;
+            img->size = h->header_size + h->fat_size;
+        }
+    }
+    if (!img->data)
+        LOG_WARN("unrecognised fatbin wrapper at %p; its kernels cannot launch", fat_cubin);
+    return (void **)img;
+}
+
+PILOT_EXPORT void __cudaRegisterFatBinaryEnd(void **handle)
+{
+    (void)handle;
+}
+
+PILOT_EXPORT char __cudaInitModule(void **handle)
+{
+    (void)handle;
+    return 1;
+}
+
+PILOT_EXPORT void __cudaRegisterFunction(void **handle, const char *host_fun, char *device_fun,
+                                         const char *device_name, int thread_limit, void *tid,
+                                         void *bid, void *bdim, void *gdim, int *wsize)
+{
+    (void)device_fun, (void)thread_limit, (void)tid, (void)bid, (void)bdim, (void)gdim, (void)wsize;
+    struct pilot_kernel *k = calloc(1, sizeof *k);
+    if (!k || !device_name)
+        return;
+    k->host_fun = host_fun;
+    k->image = (struct pilot_image *)handle;
+    k->name = strdup(device_name);
+    pthread_mutex_lock(&g_lock);
+    unsigned b = bucket(host_fun);
+    k->next_by_host = g_by_host[b];
+    g_by_host[b] = k;
+    b = bucket(k);
+    k->next_by_handle = g_by_handle[b];
+    g_by_handle[b] = k;
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void unlink_image_kernels(struct pilot_kernel **table, struct pilot_image *img, int by_host)
+{
+    for (unsigned b = 0; b < BUCKETS; b++) {
+        struct pilot_kernel **pp = &table[b];
+        while (*pp) {
+            struct pilot_kernel *k = *pp;
+            if (k->image == img)
+                *pp = by_host ? k->next_by_host : k->next_by_handle;
+            else
+                pp = by_host ? &k->next_by_host : &k->next_by_handle;
+        }
+    }
+}
+
+PILOT_EXPORT void __cudaUnregisterFatBinary(void **handle)
+{
+    struct pilot_image *img = (struct pilot_image *)handle;
+    if (!img)
+        return;
+    /* A library being unloaded: its host stubs may be reused by the next one, so forget its
+     * kernels. The records themselves are leaked on purpose: another thread may hold one. The
+     * daemon releases the module with the session. */
+    pthread_mutex_lock(&g_lock);
+    img->dead = 1;
+    unlink_image_kernels(g_by_host, img, 1);
+    unlink_image_kernels(g_by_handle, img, 0);
+    pthread_mutex_unlock(&g_lock);
+}
+
+struct pilot_kernel *pilot_kernel_from_host(const void *host_fun)
+{
+    pthread_mutex_lock(&g_lock);
+    struct pilot_kernel *k = g_by_host[bucket(host_fun)];
+    while (k && k->host_fun != host_fun)
+        k = k->next_by_host;
+    pthread_mutex_unlock(&g_lock);
+    return k;
+}
+
+struct pilot_kernel *pilot_kernel_from_handle(const void *handle)
+{
+    pthread_mutex_lock(&g_lock);
+    struct pilot_kernel *k = g_by_handle[bucket(handle)];
+    while (k && (const void *)k != handle)
+        k = k->next_by_handle;
+    pthread_mutex_unlock(&g_lock);
+    return k;
+}
+
+PILOT_EXPORT cudaError_t __cudaGetKernel(cudaKernel_t *out, const void *host_fun)
+{
+    struct pilot_kernel *k = pilot_kernel_from_host(host_fun);
+    if (!out)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    *out = (cudaKernel_t)k;
+    PILOT_RETURN(k ? cudaSuccess : cudaErrorInvalidDeviceFunction);
+}
+
+static cudaError_t load_image(struct pilot_image *img)
+{
+    if (img->module)
+        return cudaSuccess;
+    if (!img->data || img->dead)
+        return cudaErrorInvalidKernelImage;
+    pilot_req_module_load req = {.image_size = img->size};
+    pilot_rep_u64 rep;
+    cudaError_t err = pilot_call(PILOT_OP_MODULE_LOAD, &req, sizeof req, img->data, img->size, &rep,
+                                 sizeof rep, NULL, 0, NULL);
+    if (err == cudaSuccess)
+        img->module = rep.value;
+    return err;
+}
+
+cudaError_t pilot_kernel_resolve(struct pilot_kernel *k)
+{
+    static pthread_mutex_t resolve_lock = PTHREAD_MUTEX_INITIALIZER;
+    if (__atomic_load_n(&k->resolved, __ATOMIC_ACQUIRE))
+        return cudaSuccess;
+    pthread_mutex_lock(&resolve_lock);
+    cudaError_t err = cudaSuccess;
+    if (!k->resolved) {
+        err = load_image(k->image);
+        if (err == cudaSuccess) {
+            pilot_req_function_get req = {.module = k->image->module};
+            pilot_rep_function rep;
+            size_t cap = PILOT_MAX_PARAMS * sizeof(pilot_param_info), got = 0;
+            pilot_param_info *params = malloc(cap);
+            if (!params) {
+                err = cudaErrorMemoryAllocation;
+            } else {
+                err = pilot_call(PILOT_OP_FUNCTION_GET, &req, sizeof req, k->name, strlen(k->name),
+                                 &rep, sizeof rep, params, cap, &got);
+                if (err == cudaSuccess && got != rep.nparams * sizeof(pilot_param_info))
+                    err = cudaErrorInvalidDeviceFunction;
+            }
+            if (err == cudaSuccess) {
+                free(k->params);
+                k->params = params;
+                k->nparams = rep.nparams;
+                k->arg_bytes = rep.arg_bytes;
+                k->function = rep.function;
+                k->max_threads_per_block = rep.max_threads_per_block;
+                k->max_dynamic_shared_bytes = rep.max_dynamic_shared_bytes;
+                __atomic_store_n(&k->resolved, 1, __ATOMIC_RELEASE);
+            } else {
+                free(params);
+                LOG_WARN("kernel %s: cannot resolve in pilotd (%s)", k->name, cudaGetErrorName(err));
+            }
+        }
+    }
+    pthread_mutex_unlock(&resolve_lock);
+    return err;
+}
+
+void pilot_kernel_info(const struct pilot_kernel *k, struct pilot_kernel_launch_info *out)
+{
+    out->function = k->function;
+    out->nparams = k->nparams;
+    out->arg_bytes = k->arg_bytes;
+    out->params = k->params;
+    out->max_threads_per_block = k->max_threads_per_block;
+    out->max_dynamic_shared_bytes = k->max_dynamic_shared_bytes;
+}
+
+static void forget_table(struct pilot_kernel **table)
+{
+    for (unsigned b = 0; b < BUCKETS; b++)
+        for (struct pilot_kernel *k = table[b]; k; k = k->next_by_host) {
+            k->resolved = 0;
+            k->function = 0;
+            if (k->image)
+                k->image->module = 0;
+        }
+}
+
+void pilot_registry_forget_session(void)
+{
+    pthread_mutex_init(&g_lock, NULL);
+    forget_table(g_by_host);
+}

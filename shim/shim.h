@@ -1,0 +1,102 @@
+/* Internal interface between the shim's modules. Nothing here is exported (-fvisibility=hidden
+ * plus the version script); the exported CUDA entry points live in api_*.c. */
+#ifndef PILOT_SHIM_H
+#define PILOT_SHIM_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pilot_proto.h"
+
+#define PILOT_EXPORT __attribute__((visibility("default")))
+
+/* ---- transport.c: the session with pilotd ---- */
+
+/* Opens the session if needed (HELLO on the main socket, ATTACH on the vGPU socket, device info).
+ * Returns cudaSuccess or the error every call gets while the daemon cannot be reached. */
+cudaError_t pilot_ensure_session(void);
+
+/* One synchronous call: sends the request (and an optional payload), waits for the reply,
+ * copies its body into rep (rep_len bytes; shorter bodies are zero-filled) and its payload into
+ * out/out_cap (*out_len gets the payload length; NULL if none wanted). Returns the call's error:
+ * the reply's err, else an asynchronous error it delivered, else cudaSuccess. */
+cudaError_t pilot_call(uint16_t op, const void *req, size_t req_len, const void *payload,
+                       size_t payload_len, void *rep, size_t rep_len, void *out, size_t out_cap,
+                       size_t *out_len);
+
+/* Asynchronous call: sent, no reply; errors come back with a later synchronizing reply. */
+cudaError_t pilot_post(uint16_t op, const void *req, size_t req_len, const void *payload,
+                       size_t payload_len);
+
+/* For pipelined transfers: hold the connection across several sends and receives. */
+cudaError_t pilot_lock_session(void);
+void pilot_unlock_session(void);
+cudaError_t pilot_send_locked(uint16_t op, uint32_t flags, const void *req, size_t req_len,
+                              const void *payload, size_t payload_len);
+cudaError_t pilot_recv_locked(void *rep, size_t rep_len);
+
+/* What the daemon said about the session's device at connect time. */
+const pilot_rep_device_info *pilot_device_info(void);
+int pilot_session_device(void);
+
+/* ---- error_state.c: CUDA's error state ---- */
+cudaError_t pilot_set_error(cudaError_t err); /* records err as the thread's last error */
+cudaError_t pilot_sticky_error(void);         /* the process's sticky error, or cudaSuccess */
+void pilot_note_async_error(cudaError_t err);  /* an error delivered from an earlier async call */
+int pilot_error_is_sticky(cudaError_t err);
+#define PILOT_RETURN(expr) return pilot_set_error(expr)
+/* Fails fast with the sticky error, or with the connection error. */
+#define PILOT_REQUIRE_SESSION()                              \
+    do {                                                     \
+        cudaError_t e_ = pilot_sticky_error();               \
+        if (e_ == cudaSuccess)                               \
+            e_ = pilot_ensure_session();                     \
+        if (e_ != cudaSuccess)                               \
+            return pilot_set_error(e_);                      \
+    } while (0)
+
+/* ---- alloc_table.c: the session's device allocations, mirrored ---- */
+void pilot_alloc_add(uint64_t base, uint64_t size);
+int pilot_alloc_remove(uint64_t base); /* 0 if base was an allocation's start */
+/* 1 if [ptr, ptr+count) lies inside one device allocation. */
+int pilot_alloc_contains(uint64_t ptr, uint64_t count);
+int pilot_alloc_is_device(uint64_t ptr);
+void pilot_alloc_clear(void);
+
+/* ---- registry.c: fatbins and kernels registered by the program ---- */
+struct pilot_kernel;
+struct pilot_kernel *pilot_kernel_from_host(const void *host_fun);
+struct pilot_kernel *pilot_kernel_from_handle(const void *handle); /* a cudaKernel_t we issued */
+/* Loads the kernel's image and fetches its parameter layout on first use. */
+cudaError_t pilot_kernel_resolve(struct pilot_kernel *k);
+void pilot_registry_forget_session(void); /* after fork or reset: nothing is loaded any more */
+
+struct pilot_kernel_launch_info {
+    uint64_t function;
+    uint32_t nparams;
+    uint32_t arg_bytes;
+    const pilot_param_info *params;
+    int32_t max_threads_per_block;
+    int32_t max_dynamic_shared_bytes;
+};
+void pilot_kernel_info(const struct pilot_kernel *k, struct pilot_kernel_launch_info *out);
+
+/* ---- parallel_copy.c ---- */
+void pilot_copy(void *dst, const void *src, size_t len); /* memcpy, on two threads when large */
+void pilot_copy_forget(void);                            /* after fork */
+
+/* ---- api_memory.c ---- */
+void pilot_staging_forget(void); /* after fork: the staging area is the parent's */
+
+/* ---- device_props.c ---- */
+void pilot_fill_device_prop(struct cudaDeviceProp *prop, const pilot_rep_device_info *info);
+
+/* ---- streams (api_stream.c) ---- */
+uint64_t pilot_stream_handle(cudaStream_t stream); /* 0 for the legacy/per-thread default */
+
+/* ---- generated from shim/cuda_errors.tsv (errors.c in the build dir) ---- */
+const char *pilot_error_name(int code);
+const char *pilot_error_string(int code);
+
+#endif

@@ -1,0 +1,15 @@
+/* The default socket path rule, shared by the shim and the daemon (compiled into both). */
+#ifndef PILOT_SOCKET_PATH_H
+#define PILOT_SOCKET_PATH_H
+#include <stddef.h>
+
+#define PILOT_SOCKET_ENV "PILOT_SOCKET"
+#define PILOT_SYSTEM_SOCKET "/run/pilot/pilot.sock"
+
+/* Writes the socket path into buf. $PILOT_SOCKET wins. Otherwise a daemon run by root uses
+ * /run/pilot/pilot.sock and one run by an ordinary user $XDG_RUNTIME_DIR/pilot/pilot.sock
+ * (/tmp/pilot-UID/pilot.sock without XDG_RUNTIME_DIR). A client uses its user's own daemon
+ * when that socket exists, else the system daemon's. Returns 0, or -1 if buf is too small. */
+int pilot_socket_path(int for_daemon, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,50 @@
+/* The daemon's data-plane endpoint: a ZMTP/3.0 ROUTER-side server on a UNIX socket, driven by
+ * one vGPU thread (compiled into pilot.shim._proto, called through cffi with the GIL released).
+ *
+ * Why not libzmq here: libzmq moves every message through its I/O thread, which costs two extra
+ * thread wake-ups per direction on the hot path of every synchronous CUDA call. This server reads
+ * and writes the connections on the calling thread, spinning briefly before it sleeps. It speaks
+ * the same wire protocol (any ZeroMQ DEALER can connect) and takes each peer's uid/gid/pid from
+ * the kernel (SO_PEERCRED) when it accepts the connection.
+ *
+ * The declarations between the CDEF markers are read by cffi. */
+#ifndef PILOT_VGPU_SERVER_H
+#define PILOT_VGPU_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* PILOT_SRV_CDEF_BEGIN */
+typedef struct pilot_srv pilot_srv;
+
+typedef struct pilot_srv_msg {
+    uint32_t conn;     /* connection id, never reused by one server */
+    uint32_t nframes;  /* 1..4 */
+    const uint8_t *frame[4];
+    uint64_t len[4];
+} pilot_srv_msg;
+
+/* Binds and listens on path. control_fd (or -1) is watched too: wait() reports it readable. */
+pilot_srv *pilot_srv_open(const char *path, int control_fd, char *err, size_t errlen);
+void pilot_srv_close(pilot_srv *s);
+
+/* Waits for requests: first spins up to spin_us without sleeping, then sleeps up to timeout_ms
+ * (-1: no limit). Fills up to max messages and returns their number (0 on timeout or control),
+ * or -1 on a fatal error. *control is set to 1 when control_fd is readable. Frames point into
+ * the server's buffers and stay valid until the next call of pilot_srv_wait. */
+int pilot_srv_wait(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *out, int max,
+                   int *control);
+
+/* Sends a 2- or 3-frame message (f2 may be NULL) to a connection. A peer that does not read its
+ * replies for a second is disconnected. Returns 0, or -1 if the connection is gone. */
+int pilot_srv_send(pilot_srv *s, uint32_t conn, const void *f0, size_t l0, const void *f1,
+                   size_t l1, const void *f2, size_t l2);
+
+/* The kernel's credentials of a connection's peer. Returns 0, or -1 if the connection is gone. */
+int pilot_srv_peer(pilot_srv *s, uint32_t conn, uint32_t *uid, uint32_t *gid, int32_t *pid);
+
+/* Number of open connections (for reports and tests). */
+int pilot_srv_connections(pilot_srv *s);
+/* PILOT_SRV_CDEF_END */
+
+#endif

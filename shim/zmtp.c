@@ -1,0 +1,275 @@
+#include "zmtp.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FLAG_MORE 0x01
+#define FLAG_LONG 0x02
+#define FLAG_COMMAND 0x04
+
+static int write_all(int fd, struct iovec *iov, int iovcnt)
+{
+    while (iovcnt > 0) {
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
+        ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        while (iovcnt > 0 && (size_t)n >= iov->iov_len) {
+            n -= (ssize_t)iov->iov_len;
+            iov++;
+            iovcnt--;
+        }
+        if (iovcnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + n;
+            iov->iov_len -= (size_t)n;
+        }
+    }
+    return 0;
+}
+
+static int read_all(int fd, void *buf, size_t len)
+{
+    char *p = buf;
+    while (len > 0) {
+        ssize_t n = recv(fd, p, len, 0);
+        if (n == 0)
+            return -ECONNRESET;
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Reads one frame header; returns 0 and fills flags/size. */
+static int read_frame_header(int fd, uint8_t *flags, uint64_t *size)
+{
+    uint8_t hdr[9];
+    int rc = read_all(fd, hdr, 2);
+    if (rc)
+        return rc;
+    *flags = hdr[0];
+    if (!(hdr[0] & FLAG_LONG)) {
+        *size = hdr[1];
+        return 0;
+    }
+    rc = read_all(fd, hdr + 2, 7);
+    if (rc)
+        return rc;
+    uint64_t s = 0;
+    for (int i = 1; i < 9; i++)
+        s = (s << 8) | hdr[i];
+    *size = s;
+    return 0;
+}
+
+static size_t encode_frame_header(uint8_t *out, uint8_t flags, uint64_t size)
+{
+    if (size <= 255) {
+        out[0] = flags;
+        out[1] = (uint8_t)size;
+        return 2;
+    }
+    out[0] = flags | FLAG_LONG;
+    for (int i = 8; i >= 1; i--) {
+        out[i] = (uint8_t)size;
+        size >>= 8;
+    }
+    return 9;
+}
+
+static int ensure_cap(struct zmtp_conn *c, size_t need)
+{
+    if (need <= c->cap)
+        return 0;
+    size_t cap = c->cap ? c->cap : 4096;
+    while (cap < need)
+        cap *= 2;
+    uint8_t *nb = realloc(c->buf, cap);
+    if (!nb)
+        return -ENOMEM;
+    c->buf = nb;
+    c->cap = cap;
+    return 0;
+}
+
+static int discard(int fd, uint64_t size)
+{
+    char sink[256];
+    while (size > 0) {
+        size_t n = size > sizeof sink ? sizeof sink : (size_t)size;
+        int rc = read_all(fd, sink, n);
+        if (rc)
+            return rc;
+        size -= n;
+    }
+    return 0;
+}
+
+static int handshake(struct zmtp_conn *c)
+{
+    /* Greeting: signature, version 3.0, mechanism NULL, as-server 0, filler. */
+    uint8_t greeting[64] = {0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 0};
+    memcpy(greeting + 12, "NULL", 4);
+    /* READY command with Socket-Type=DEALER. */
+    static const char ready_body[] = "\x05READY\x0bSocket-Type\x00\x00\x00\x06" "DEALER";
+    uint8_t ready_hdr[2] = {FLAG_COMMAND, sizeof ready_body - 1};
+    struct iovec iov[3] = {
+        {greeting, sizeof greeting},
+        {ready_hdr, sizeof ready_hdr},
+        {(void *)ready_body, sizeof ready_body - 1},
+    };
+    int rc = write_all(c->fd, iov, 3);
+    if (rc)
+        return rc;
+
+    uint8_t peer[64];
+    rc = read_all(c->fd, peer, sizeof peer);
+    if (rc)
+        return rc;
+    if (peer[0] != 0xff || peer[9] != 0x7f || peer[10] < 3 || memcmp(peer + 12, "NULL", 5) != 0)
+        return -EPROTO;
+    /* The peer's READY command (properties are not needed). */
+    uint8_t flags;
+    uint64_t size;
+    rc = read_frame_header(c->fd, &flags, &size);
+    if (rc)
+        return rc;
+    if (!(flags & FLAG_COMMAND) || size < 6 || size > 4096)
+        return -EPROTO;
+    if ((rc = ensure_cap(c, (size_t)size)))
+        return rc;
+    rc = read_all(c->fd, c->buf, (size_t)size);
+    if (rc)
+        return rc;
+    if (c->buf[0] != 5 || memcmp(c->buf + 1, "READY", 5) != 0)
+        return -EPROTO;
+    return 0;
+}
+
+int zmtp_connect(struct zmtp_conn *c, const char *path)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    c->fd = -1;
+    if (strlen(path) >= sizeof addr.sun_path)
+        return -ENAMETOOLONG;
+    strcpy(addr.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        int err = errno;
+        close(fd);
+        return -err;
+    }
+    c->fd = fd;
+    int rc = handshake(c);
+    if (rc) {
+        zmtp_close(c);
+        return rc;
+    }
+    return 0;
+}
+
+void zmtp_close(struct zmtp_conn *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    free(c->buf);
+    c->buf = NULL;
+    c->cap = 0;
+}
+
+int zmtp_send(struct zmtp_conn *c, const struct zmtp_frame *frames, int nframes)
+{
+    uint8_t hdrs[ZMTP_MAX_FRAMES][9];
+    struct iovec iov[2 * ZMTP_MAX_FRAMES];
+    int n = 0;
+    if (c->fd < 0)
+        return -ENOTCONN;
+    if (nframes < 1 || nframes > ZMTP_MAX_FRAMES)
+        return -EINVAL;
+    for (int i = 0; i < nframes; i++) {
+        uint8_t flags = i + 1 < nframes ? FLAG_MORE : 0;
+        size_t hl = encode_frame_header(hdrs[i], flags, frames[i].len);
+        iov[n].iov_base = hdrs[i];
+        iov[n++].iov_len = hl;
+        if (frames[i].len) {
+            iov[n].iov_base = (void *)frames[i].data;
+            iov[n++].iov_len = frames[i].len;
+        }
+    }
+    return write_all(c->fd, iov, n);
+}
+
+/* Replies to short calls arrive within tens of microseconds: polling for that long avoids the
+ * scheduler's wake-up latency. Longer waits (a synchronize on a long kernel) then block. */
+static void spin_until_readable(int fd, int spin_us)
+{
+    struct timespec t0, t;
+    char b;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        if (recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) != -1 || errno != EAGAIN)
+            return;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 >= spin_us)
+            return;
+    }
+}
+
+int zmtp_recv(struct zmtp_conn *c, struct zmtp_frame *frames, int max_frames)
+{
+    size_t offsets[ZMTP_MAX_FRAMES];
+    size_t lens[ZMTP_MAX_FRAMES];
+    size_t used = 0;
+    int count = 0;
+    if (c->fd < 0)
+        return -ENOTCONN;
+    if (c->spin_us > 0)
+        spin_until_readable(c->fd, c->spin_us);
+    for (;;) {
+        uint8_t flags;
+        uint64_t size;
+        int rc = read_frame_header(c->fd, &flags, &size);
+        if (rc)
+            return rc;
+        if (flags & FLAG_COMMAND) { /* PING and friends: not used by pilotd; skip */
+            if ((rc = discard(c->fd, size)))
+                return rc;
+            continue;
+        }
+        if (count >= max_frames || count >= ZMTP_MAX_FRAMES || size > (1ull << 40))
+            return -EPROTO;
+        if ((rc = ensure_cap(c, used + (size_t)size + 1)))
+            return rc;
+        if ((rc = read_all(c->fd, c->buf + used, (size_t)size)))
+            return rc;
+        offsets[count] = used;
+        lens[count] = (size_t)size;
+        used += (size_t)size;
+        used = (used + 7) & ~(size_t)7; /* keep each frame 8-byte aligned for struct access */
+        count++;
+        if (!(flags & FLAG_MORE))
+            break;
+    }
+    for (int i = 0; i < count; i++) {
+        frames[i].data = c->buf + offsets[i];
+        frames[i].len = lens[i];
+    }
+    return count;
+}

@@ -1,0 +1,38 @@
+/* A minimal ZMTP/3.0 DEALER peer over a UNIX stream socket: enough to talk to pilotd's libzmq
+ * ROUTER sockets without loading libzmq (and its I/O threads) into the user's program.
+ * Blocking I/O on the caller's thread; a closed peer shows as an error at once, never a hang.
+ * NULL security mechanism only (the daemon authenticates by the kernel's peer credentials). */
+#ifndef PILOT_ZMTP_H
+#define PILOT_ZMTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ZMTP_MAX_FRAMES 4
+
+struct zmtp_conn {
+    int fd;
+    int spin_us; /* poll this long for a reply before sleeping */
+    /* receive buffer for one whole multipart message */
+    uint8_t *buf;
+    size_t cap;
+};
+
+struct zmtp_frame {
+    const void *data;
+    size_t len;
+};
+
+/* Connects to a UNIX socket path and completes the ZMTP handshake. Returns 0 or -errno
+ * (-EPROTO when the peer does not speak ZMTP/3 with the NULL mechanism). */
+int zmtp_connect(struct zmtp_conn *c, const char *path);
+void zmtp_close(struct zmtp_conn *c);
+
+/* Sends one multipart message. Returns 0 or -errno (-EPIPE when the daemon went away). */
+int zmtp_send(struct zmtp_conn *c, const struct zmtp_frame *frames, int nframes);
+
+/* Receives one multipart message into the connection's buffer; frames point into it and stay
+ * valid until the next zmtp_recv. Returns the number of frames or -errno. */
+int zmtp_recv(struct zmtp_conn *c, struct zmtp_frame *frames, int max_frames);
+
+#endif

@@ -1,0 +1,259 @@
+"""Fixtures for the CUDA test programs: build them once, run a sim daemon, run them under pilot.
+
+- `app_binaries`: every tests/apps/*.cu built with `nvcc -cudart shared -O2` (two at a time);
+  skips everything that needs it when nvcc is missing.
+- `pilotd`: one `pilotd --backend sim` for the session, serving tests/apps/sim_kernels.py.
+- `pilot_client_env`: the environment of a program under pilot (LD_PRELOAD, PILOT_SOCKET).
+- `run_under_pilot(prog, *args, timeout=60, env=None)`: runs a built program in that
+  environment, returns the CompletedProcess (text mode).
+- `daemon_log()`: the tail of the daemon's output, for failure messages.
+- `pilot_sessions()`: `pilot sessions --json` against the session's daemon, parsed.
+
+PILOT_APPS_NATIVE=1 runs the programs without pilot, on the machine's own GPU and libcudart,
+to check the expected outputs against real CUDA; tests that need the shim or the daemon skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+APPS_DIR = Path(__file__).resolve().parent
+GPU_DIR = APPS_DIR.parent / "gpu"
+# name -> source; the two tests/gpu programs are self-checking and also run on the H100.
+SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
+           ("vector_add", "kernel_args", "copies", "memset", "streams_events", "errors")}
+SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
+PROGRAMS = tuple(SOURCES)
+NVCC_FLAGS = ("-cudart", "shared", "-O2", "-Wno-deprecated-gpu-targets")
+NVCC = shutil.which("nvcc") or next(
+    (p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc") if Path(p).exists()), None)
+NATIVE = os.environ.get("PILOT_APPS_NATIVE") == "1"
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Build:
+    """What nvcc made of one program."""
+
+    exe: Path
+    command: list[str]
+    output: str  # nvcc's stdout and stderr
+
+
+def _python_entry_point(module: str, func: str = "main") -> list[str]:
+    return [sys.executable, "-c", f"import sys; from {module} import {func}; sys.exit({func}())"]
+
+
+def _command(script: str, module: str) -> list[str]:
+    """The console script `script` of this interpreter's environment, else the one on PATH, else
+    its entry point (pyproject.toml's [project.scripts]) run by this interpreter."""
+    beside = Path(sys.executable).parent / script
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which(script)
+    return [found] if found else _python_entry_point(module)
+
+
+PILOT = _command("pilot", "pilot.cli.pilot")
+PILOTD = _command("pilotd", "pilot.daemon.main")
+
+
+@pytest.fixture(scope="session")
+def app_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
+    """Build every program once. Fails (with nvcc's output) if any does not compile."""
+    if NVCC is None:
+        pytest.skip("nvcc not found: the CUDA test programs cannot be built")
+    nvcc = NVCC
+    out_dir = tmp_path_factory.mktemp("apps-bin")
+
+    def build(name: str) -> tuple[str, Build, int]:
+        exe = out_dir / name
+        cmd = [nvcc, *NVCC_FLAGS, "-o", str(exe), str(SOURCES[name])]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        return name, Build(exe, cmd, proc.stdout + proc.stderr), proc.returncode
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(build, PROGRAMS))
+    failed = [f"$ {' '.join(b.command)}\n{b.output}" for _, b, rc in results if rc != 0]
+    if failed:
+        pytest.fail("nvcc failed:\n" + "\n".join(failed), pytrace=False)
+    return {name: b for name, b, _ in results}
+
+
+@pytest.fixture(scope="session")
+def app_binaries(app_builds: dict[str, Build]) -> dict[str, Path]:
+    return {name: b.exe for name, b in app_builds.items()}
+
+
+@pytest.fixture(scope="session")
+def shim_path() -> str:
+    """Absolute path of libpilot.so, from `pilot shim-path`."""
+    if NATIVE:
+        pytest.skip("PILOT_APPS_NATIVE=1: no shim")
+    proc = subprocess.run([*PILOT, "shim-path"], capture_output=True, text=True, timeout=60)
+    path = proc.stdout.strip()
+    if proc.returncode != 0 or not path:
+        pytest.fail(f"`pilot shim-path` failed (rc {proc.returncode}):\n{proc.stderr}",
+                    pytrace=False)
+    if not os.path.isabs(path) or not os.path.isfile(path):
+        pytest.fail(f"`pilot shim-path` printed {path!r}: not an absolute path to a file",
+                    pytrace=False)
+    return path
+
+
+def _clean_env() -> dict[str, str]:
+    """This process's environment without anything that would change how a program loads."""
+    return {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "LD_DEBUG")}
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen[str]
+    socket: str
+    log: list[str] = field(default_factory=list)  # stdout and stderr lines, as they came
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "".join(self.log[-lines:])
+
+
+@pytest.fixture(scope="session")
+def pilotd() -> Iterator[Daemon]:
+    """A sim daemon for the whole session; waits for its `pilotd ready` line."""
+    if NATIVE:
+        pytest.skip("PILOT_APPS_NATIVE=1: no daemon")
+    workdir = tempfile.mkdtemp(prefix="pilot-apps-")  # short: unix socket paths max 107 bytes
+    socket = os.path.join(workdir, "pilot.sock")
+    cmd = [*PILOTD, "--backend", "sim", "--socket", socket,
+           "--sim-kernels", str(APPS_DIR / "sim_kernels.py"),
+           "--sim-kernels", str(GPU_DIR / "sim_kernels.py")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=_clean_env())
+    daemon = Daemon(proc, socket)
+    ready = threading.Event()
+
+    def pump() -> None:  # keeps the pipe drained for the daemon's whole life
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            daemon.log.append(line)
+            if "pilotd ready" in line:
+                ready.set()
+
+    reader = threading.Thread(target=pump, name="pilotd-log", daemon=True)
+    reader.start()
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not ready.wait(0.05):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            why = (f"exited with {proc.returncode}" if proc.poll() is not None
+                   else f"printed no 'pilotd ready' within {READY_TIMEOUT_S:.0f} s")
+            _stop(proc)
+            reader.join(5)
+            shutil.rmtree(workdir, ignore_errors=True)
+            pytest.fail(f"pilotd {why}\n$ {' '.join(cmd)}\n{daemon.log_tail(200)}",
+                        pytrace=False)
+    try:
+        yield daemon
+    finally:
+        killed = _stop(proc)
+        reader.join(5)
+        shutil.rmtree(workdir, ignore_errors=True)
+        if killed:
+            pytest.fail(f"pilotd ignored SIGTERM for {STOP_TIMEOUT_S:.0f} s and was killed\n"
+                        f"{daemon.log_tail()}", pytrace=False)
+
+
+def _stop(proc: subprocess.Popen[str]) -> bool:
+    """SIGTERM, wait, SIGKILL. True if it had to be killed."""
+    if proc.poll() is not None:
+        return False
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(STOP_TIMEOUT_S)
+        return False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return True
+
+
+@pytest.fixture
+def pilot_client_env(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The environment of a program run under pilot: LD_PRELOAD and PILOT_SOCKET set (nothing
+    added with PILOT_APPS_NATIVE=1)."""
+    env = _clean_env()
+    if not NATIVE:
+        daemon: Daemon = request.getfixturevalue("pilotd")
+        env.update(LD_PRELOAD=request.getfixturevalue("shim_path"), PILOT_SOCKET=daemon.socket)
+    return env
+
+
+@pytest.fixture
+def daemon_log(request: pytest.FixtureRequest) -> Callable[[], str]:
+    """daemon_log() -> the last lines the session's daemon printed."""
+    if NATIVE:
+        return lambda: "(PILOT_APPS_NATIVE=1: no daemon)"
+    daemon: Daemon = request.getfixturevalue("pilotd")
+    return daemon.log_tail
+
+
+RunUnderPilot = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture
+def run_under_pilot(app_binaries: dict[str, Path], pilot_client_env: dict[str, str],
+                    daemon_log: Callable[[], str]) -> RunUnderPilot:
+    """run_under_pilot(prog, *args, timeout=60, env=None) -> CompletedProcess with text
+    stdout/stderr. `env` adds or overrides variables. A run past `timeout` fails the test with
+    what the program had printed and the daemon's log."""
+
+    def run(prog: str, *args: str, timeout: float = 60,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        cmd = [str(app_binaries[prog]), *args]
+        try:
+            return subprocess.run(cmd, env={**pilot_client_env, **(env or {})},
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"{prog} {' '.join(args)}: no exit within {timeout} s\n"
+                        f"stdout:\n{_text(exc.stdout)}\nstderr:\n{_text(exc.stderr)}\n"
+                        f"pilotd log:\n{daemon_log()}", pytrace=False)
+
+    return run
+
+
+def _text(data: str | bytes | None) -> str:
+    if isinstance(data, bytes):
+        return data.decode(errors="replace")
+    return data or ""
+
+
+@pytest.fixture
+def pilot_sessions(pilotd: Daemon) -> Callable[[], list[dict[str, Any]]]:
+    """pilot_sessions() -> the daemon's live sessions (`pilot sessions --json`)."""
+
+    def sessions() -> list[dict[str, Any]]:
+        env = {**_clean_env(), "PILOT_SOCKET": pilotd.socket}
+        proc = subprocess.run([*PILOT, "sessions", "--json"], env=env, capture_output=True,
+                              text=True, timeout=30)
+        if proc.returncode != 0:
+            pytest.fail(f"`pilot sessions --json` failed (rc {proc.returncode}):\n{proc.stderr}",
+                        pytrace=False)
+        listed = json.loads(proc.stdout)
+        assert isinstance(listed, list), f"sessions --json printed {proc.stdout!r}"
+        return listed
+
+    return sessions

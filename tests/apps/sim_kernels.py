@@ -1,0 +1,170 @@
+"""Sim-backend emulations of every kernel in tests/apps/*.cu.
+
+Loaded by `pilotd --backend sim --sim-kernels tests/apps/sim_kernels.py`. Each function
+computes exactly what its CUDA kernel computes for the launch shape it is given (threads
+past gridDim*blockDim do nothing; bounds checks as in the kernel), with float32 math done in
+numpy float32, one rounding per operation, as the kernels do (they use no FMA-contractible
+expressions, or spell the roundings out with __fmul_rn/__fadd_rn).
+
+Parameter layouts (offset, size), as the fatbins' .nv.info report them for sm_75 builds:
+  vadd            (0,8) (8,8) (16,8) (24,4)
+  args_kernel     (0,24) (24,1) (26,2) (32,8) (40,4) (48,8) (56,8) (64,8)
+  big_kernel      (0,4) (8,104) (112,1) (120,8) (128,8)
+  noargs_kernel   none
+  produce         (0,8) (8,4)
+  consume         (0,8) (8,8) (16,4)
+  touch           (0,8) (8,4)
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from pilot.daemon.sim_kernels import SimLaunch, sim_kernel
+
+F32 = np.float32
+
+
+def _threads_x(k: SimLaunch) -> int:
+    """Distinct values of blockIdx.x * blockDim.x + threadIdx.x in this launch."""
+    return k.grid[0] * k.block[0]
+
+
+def _one_per_element(k: SimLaunch, n: int) -> int:
+    """Elements written by `i = blockIdx.x*blockDim.x + threadIdx.x; if (i < n)`: a prefix."""
+    return max(0, min(n, _threads_x(k)))
+
+
+def _wrap_i32(v: int) -> int:
+    return (v + 2**31) % 2**32 - 2**31
+
+
+def _f32_array(k: SimLaunch, addr: int, count: int) -> np.ndarray:
+    """Zero-copy float32 view of `count` elements of device memory at `addr`."""
+    return np.frombuffer(k.view(addr, 4 * count), dtype=np.float32)
+
+
+# ---- vector_add.cu ----
+
+@sim_kernel("_Z4vaddPKfS0_Pfi")
+def vadd(k: SimLaunch) -> None:
+    """c[i] = a[i] + b[i] for i < n covered by the grid."""
+    a, b, c, n = k.ptr(0), k.ptr(1), k.ptr(2), k.i32(3)
+    count = _one_per_element(k, n)
+    if count == 0:
+        return
+    out = _f32_array(k, c, count)
+    np.add(_f32_array(k, a, count), _f32_array(k, b, count), out=out)
+
+
+# ---- kernel_args.cu ----
+
+# struct S {int a; double b; char c[3];}: 24 bytes
+_S = struct.Struct("<i4xd3b5x")
+# struct Out, fields s_a .. sum_small (bytes 0-99; the trailing pad int is not written)
+_OUT = struct.Struct("<i3idiidffQQQddqi")
+assert _S.size == 24 and _OUT.size == 100
+_U64 = 2**64 - 1
+# struct Big fields as (offset, size): tag, d0, s[3], i0, name[13], u, f[5], tail, d1, last[3]
+_BIG_FIELDS = (
+    (0, 1), (8, 8), (16, 6), (24, 4), (28, 13), (48, 8), (56, 20), (76, 1), (80, 8), (88, 12),
+)
+
+
+@sim_kernel("_Z11args_kernel1ScsdfyPKiP3Out")
+def args_kernel(k: SimLaunch) -> None:
+    """Thread (0,0) writes every parameter and some derived values into *out."""
+    s_a, s_b, s_c0, s_c1, s_c2 = _S.unpack(k.params[0])
+    ch, sh, d, f = k.i8(1), k.i16(2), k.f64(3), k.f32(4)
+    (u,) = k.arg(5, "<Q")
+    in_ptr, out_ptr = k.ptr(6), k.ptr(7)
+    if _threads_x(k) == 0:
+        return
+    in0, in1, in2 = struct.unpack("<3i", k.read(in_ptr, 12))
+    f32 = F32(f)
+    k.write(out_ptr, _OUT.pack(
+        s_a, s_c0, s_c1, s_c2,
+        s_b,
+        ch,
+        sh,
+        d,
+        f,
+        float(f32 * F32(1.5)),
+        u,
+        (u ^ 0xFFFFFFFF00000000) & _U64,
+        u >> 7,
+        s_b + d,
+        d * float(f32),
+        in0 + in1 + in2,
+        _wrap_i32(s_a + ch + sh),
+    ))
+
+
+@sim_kernel("_Z10big_kerneli3BigcPS_Px")
+def big_kernel(k: SimLaunch) -> None:
+    """Thread (0,0) copies every field of the 104-byte struct and sums some scalars."""
+    before = k.i32(0)
+    big = k.params[1]
+    after = k.i8(2)
+    out_ptr, extra_ptr = k.ptr(3), k.ptr(4)
+    if _threads_x(k) == 0:
+        return
+    for offset, size in _BIG_FIELDS:
+        k.write(out_ptr + offset, big[offset:offset + size])
+    (i0,) = struct.unpack_from("<i", big, 24)
+    last = struct.unpack_from("<3i", big, 88)
+    k.write(extra_ptr, struct.pack("<3q", before, after, sum(last) + i0 + before + after))
+
+
+@sim_kernel("_Z13noargs_kernelv")
+def noargs_kernel(k: SimLaunch) -> None:
+    """An empty kernel."""
+
+
+# ---- streams_events.cu ----
+
+@sim_kernel("_Z7producePfi")
+def produce(k: SimLaunch) -> None:
+    """x[i] = __fadd_rn(__fmul_rn((float)i, 0.1f), 1.0f) for i < n covered by the grid."""
+    x, n = k.ptr(0), k.i32(1)
+    count = _one_per_element(k, n)
+    if count == 0:
+        return
+    out = _f32_array(k, x, count)
+    np.multiply(np.arange(count, dtype=np.float32), F32(0.1), out=out)
+    np.add(out, F32(1.0), out=out)
+
+
+@sim_kernel("_Z7consumePKfPfi")
+def consume(k: SimLaunch) -> None:
+    """Grid-stride loop: y[i] = __fsub_rn(__fmul_rn(x[i], 3.3f), 0.7f) for every i < n."""
+    x, y, n = k.ptr(0), k.ptr(1), k.i32(2)
+    if n <= 0 or _threads_x(k) == 0:
+        return
+    out = _f32_array(k, y, n)
+    np.multiply(_f32_array(k, x, n), F32(3.3), out=out)
+    np.subtract(out, F32(0.7), out=out)
+
+
+# ---- errors.cu ----
+
+@sim_kernel("_Z7boundedPi")
+def bounded(k: SimLaunch) -> None:
+    """p[blockIdx.x * blockDim.x + threadIdx.x] = threadIdx.x over the whole grid."""
+    p = k.ptr(0)
+    per_block, blocks = k.block[0] * k.block[1] * k.block[2], k.grid[0] * k.grid[1] * k.grid[2]
+    out = np.frombuffer(k.view(p, 4 * per_block * blocks), dtype=np.int32)
+    out[:] = np.tile(np.arange(k.block[0], dtype=np.int32), blocks * k.block[1] * k.block[2])
+
+@sim_kernel("_Z5touchPii")
+def touch(k: SimLaunch) -> None:
+    """p[i] = 3 * i + 1 for i < n covered by the grid."""
+    p, n = k.ptr(0), k.i32(1)
+    count = _one_per_element(k, n)
+    if count == 0:
+        return
+    out = np.frombuffer(k.view(p, 4 * count), dtype=np.int32)
+    np.multiply(np.arange(count, dtype=np.int32), np.int32(3), out=out)
+    np.add(out, np.int32(1), out=out)

@@ -1,0 +1,434 @@
+"""The CUDA test programs of tests/apps, run under pilot against a sim daemon.
+
+Every expected line is computed here, independently of the programs (CI has no GPU to run
+them natively): float32 math with numpy float32, sums in float64 in the programs' order,
+formatted with C's printf formats. The error names are what the programs print natively on an
+H100 (CUDA 13.0 runtime, driver 580.159): pilot has to report the same ones.
+`PILOT_APPS_NATIVE=1 pytest tests/apps` on a GPU machine checks all of this against real CUDA.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pytest
+
+F32 = np.float32
+MiB = 1 << 20
+COPY_SIZES = (1, 3, 4096, 65535, 65536, 65537, MiB + 7, 16 * MiB, 64 * MiB + 1, 256 * MiB)
+
+Sessions = Callable[[], list[dict[str, Any]]]
+RunUnderPilot = Callable[..., "subprocess.CompletedProcess[str]"]
+DaemonLog = Callable[[], str]
+
+
+class Daemon(Protocol):
+    """What the tests use of conftest's `pilotd` fixture."""
+
+    proc: subprocess.Popen[str]
+
+    def log_tail(self, lines: int = 40) -> str: ...
+
+
+def check_output(proc: subprocess.CompletedProcess[str], expected: list[str],
+                 daemon_log: DaemonLog) -> None:
+    """The program exited 0 and printed exactly `expected` on stdout."""
+    got = proc.stdout.splitlines()
+    if proc.returncode == 0 and got == expected:
+        return
+    diff = [f"  line {i}: got {g!r}, want {w!r}"
+            for i, (g, w) in enumerate(zip(got, expected, strict=False)) if g != w]
+    if len(got) != len(expected):
+        diff.append(f"  {len(got)} lines, want {len(expected)}")
+    pytest.fail(f"{' '.join(map(str, proc.args))}: rc {proc.returncode}\n" + "\n".join(diff[:20])
+                + f"\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+                + f"\npilotd log:\n{daemon_log()}", pytrace=False)
+
+
+def cfmt(fmt: str, value: float) -> str:
+    """printf formatting of one value (Python's % follows C for these conversions)."""
+    return fmt % value
+
+
+def seq_sum(values: np.ndarray) -> float:
+    """`double sum = 0; for (...) sum += (double)v[i];` in the same order."""
+    return float(np.cumsum(values.astype(np.float64))[-1])
+
+
+# ---- expected outputs ----
+
+def expected_vector_add() -> list[str]:
+    n = 1 << 20
+    i = np.arange(n)
+    a = i.astype(F32) * F32(0.1)
+    b = (i % 1024).astype(F32) * F32(1.5)
+    c = a + b
+    partial = np.zeros(n, dtype=F32)
+    partial[:384] = c[:384]  # vadd<<<3, 128>>>(..., n)
+    partial[1000:1300] = c[1000:1300]  # vadd<<<2, 256>>>(a+1000, ..., 300)
+    return [
+        f"n {n}",
+        f"c[1] {cfmt('%.9g', c[1])}",
+        f"c[777777] {cfmt('%.9g', c[777777])}",
+        f"c[n-1] {cfmt('%.9g', c[n - 1])}",
+        "mismatches 0",
+        f"checksum {cfmt('%.17g', seq_sum(c))}",
+        f"partial_nonzero {np.count_nonzero(partial)}",
+        "partial_wrong 0",
+        f"partial_checksum {cfmt('%.17g', seq_sum(partial))}",
+        "PASS",
+    ]
+
+
+def expected_kernel_args() -> list[str]:
+    s_a, s_b, s_c = -123456789, 3.141592653589793, (ord("x"), ord("y"), ord("z"))
+    ch, sh, d, f = ord("Z"), -12345, -2.5e-300, F32(1.1)
+    u = 0xFEDCBA9876543210
+    ins = (2000000000, 2000000000, -7)
+    big_f = [F32(k + 1) / F32(7.0) for k in range(5)]
+    i0, last, before, after = 0x12345678, (1, -2, 2147483647), -99, ord("q")
+    return [
+        f"s.a {s_a}",
+        f"s.b {cfmt('%.17g', s_b)}",
+        "s.c {} {} {}".format(*s_c),
+        f"ch {ch}",
+        f"sh {sh}",
+        f"d {cfmt('%.17g', d)}",
+        f"f {cfmt('%.9g', f)}",
+        f"f*1.5f {cfmt('%.9g', f * F32(1.5))}",
+        f"u {u}",
+        f"u^mask {u ^ 0xFFFFFFFF00000000}",
+        f"u>>7 {u >> 7}",
+        f"s.b+d {cfmt('%.17g', s_b + d)}",
+        f"d*f {cfmt('%.17g', d * float(f))}",
+        f"in_sum {sum(ins)}",
+        f"sum_small {s_a + ch + sh}",
+        "sizeof(Big) 104",
+        f"big.tag {ord('T')}",
+        f"big.d0 {cfmt('%.17g', 1.0 / 3.0)}",
+        "big.s -1 32767 -32768",
+        f"big.i0 {i0}",
+        "big.name pilot-kernel",
+        f"big.u {2**64 - 59}",
+        "big.f " + " ".join(cfmt("%.9g", v) for v in big_f),
+        f"big.tail {ord('!')}",
+        f"big.d1 {cfmt('%.17g', -6.02214076e23)}",
+        "big.last {} {} {}".format(*last),
+        f"before {before} after {after} sum {sum(last) + i0 + before + after}",
+        "noargs ok",
+        "PASS",
+    ]
+
+
+def copy_pattern_sum(size: int, rnd: int) -> int:
+    """Sum of the bytes (size + 7*rnd + 131*i) & 0xff, i < size: any 256 in a row sum to
+    0 + 1 + ... + 255, since 131 is odd."""
+    start = (size + 7 * rnd) & 0xFF
+    tail = sum((start + 131 * i) & 0xFF for i in range(size % 256))
+    return size // 256 * (255 * 256 // 2) + tail
+
+
+def expected_copies(sizes: tuple[int, ...]) -> list[str]:
+    return [f"size {s}: ok sum {copy_pattern_sum(s, 3)}" for s in sizes] + ["PASS"]
+
+
+def expected_memset() -> list[str]:
+    sizes = (0, 1, 7, 4096, 65537, MiB + 3)
+    offsets = (0, 1, 13)
+    values = (0, 0x7F, 0xFF, 0x1AB, -1, 256, 0x5A5A5A01)
+    lines, case = [], 0
+    for mode in ("sync", "async"):
+        for size in sizes:
+            for off in offsets:
+                value = values[case % len(values)]
+                case += 1
+                lines.append(f"{mode} size {size} off {off} value {value} -> "
+                             f"0x{value & 0xFF:02x}: ok")
+    return [*lines, "PASS"]
+
+
+def expected_streams_events() -> list[str]:
+    n = 300000
+    x = np.arange(n, dtype=F32) * F32(0.1) + F32(1.0)  # one float32 rounding per operation
+    y = x * F32(3.3) - F32(0.7)
+    return [
+        "event query after sync: cudaSuccess",
+        "stream query s1: cudaSuccess",
+        "stream query s2: cudaSuccess",
+        "event query untimed: cudaSuccess",
+        "elapsed start->stop >= 0: yes",
+        "elapsed start->produced >= 0: yes",
+        "elapsed with disable-timing event: cudaErrorInvalidResourceHandle",
+        "last error after that: cudaErrorInvalidResourceHandle",
+        f"y[0] {cfmt('%.9g', y[0])} y[n-1] {cfmt('%.9g', y[n - 1])}",
+        "wrong 0",
+        f"checksum {cfmt('%.17g', seq_sum(y))}",
+        "destroyed",
+        "PASS",
+    ]
+
+
+VALID_COPY = "valid copy afterwards: ok"
+ERROR_SCENARIOS: dict[str, list[str]] = {
+    # CUDA 13.0 + driver 580 say cudaErrorInvalidValue for every bad launch shape.
+    "launch_config": [
+        "block of 2048 threads: cudaErrorInvalidValue",
+        "last error again: cudaSuccess",
+        "block of 32x32x2 threads: cudaErrorInvalidValue",
+        "block z of 128: cudaErrorInvalidValue",
+        "grid of 0 blocks: cudaErrorInvalidValue",
+        "grid y of 65536: cudaErrorInvalidValue",
+        "last error again: cudaSuccess",
+        "valid launch: cudaSuccess",
+        "synchronize: cudaSuccess",
+        f"valid launch sum {3 * sum(range(64)) + 64}",
+        "PASS",
+    ],
+    # Past the kernel's __launch_bounds__: CUDA 13 on the H100 says cudaErrorInvalidValue too.
+    "launch_bounds": [
+        "256 threads, bounds 128: cudaErrorInvalidValue",
+        "128 threads, bounds 128: cudaSuccess",
+        "synchronize: cudaSuccess",
+        f"bounded sum {2 * sum(range(128))}",
+        "PASS",
+    ],
+    "use_after_free": [
+        "memcpy D2H from freed: cudaErrorInvalidValue",
+        "memcpy H2D to freed: cudaErrorInvalidValue",
+        "memset freed: cudaErrorInvalidValue",
+        "second free: cudaErrorInvalidValue",
+        "last error: cudaErrorInvalidValue",
+        "last error again: cudaSuccess",
+        VALID_COPY,
+        "PASS",
+    ],
+    "copy_oob": [
+        "H2D 8192 into 4096: cudaErrorInvalidValue",
+        "D2H 8192 from 4096: cudaErrorInvalidValue",
+        "H2D 200 at offset 4000: cudaErrorInvalidValue",
+        "memset 8192 on 4096: cudaErrorInvalidValue",
+        "last error: cudaErrorInvalidValue",
+        "last error again: cudaSuccess",
+        VALID_COPY,
+        "PASS",
+    ],
+    "bad_free": [
+        "free interior pointer: cudaErrorInvalidValue",
+        "free host pointer: cudaErrorInvalidValue",
+        "free NULL: cudaSuccess",
+        "free real pointer: cudaSuccess",
+        VALID_COPY,
+        "PASS",
+    ],
+    "device_props": [
+        f"{check}: yes" for check in (
+            "device count >= 1",
+            "current device is 0",
+            "name non-empty",
+            "major >= 1",
+            "totalGlobalMem > 0",
+            "warpSize == 32",
+            "maxThreadsPerBlock == 1024",
+            "attribute MaxThreadsPerBlock == 1024",
+            "runtime version >= 13000",
+            "driver version >= runtime version",
+            "0 < free <= total",
+            "memory info total <= totalGlobalMem",
+        )
+    ] + ["PASS"],
+}
+
+
+# ---- the expected outputs themselves (no GPU, no daemon needed) ----
+
+def test_expected_outputs_match_native_h100_run() -> None:
+    """Spot values printed by the programs on an H100 natively (CUDA 13.0, driver 580.159):
+    guards the Python recomputation of the expected lines."""
+    assert expected_vector_add()[5] == "checksum 55780049863.537811"
+    assert expected_vector_add()[8] == "partial_checksum 245481.60022008419"
+    assert "d*f -2.7500000596046449e-300" in expected_kernel_args()
+    assert "big.d1 -6.0221407599999999e+23" in expected_kernel_args()
+    assert "before -99 after 113 sum 2452903556" in expected_kernel_args()
+    assert expected_streams_events()[8:11] == [
+        "y[0] 2.5999999 y[n-1] 99002.2656", "wrong 0", "checksum 14850730325.579453"]
+    assert expected_copies((65537, 256 * MiB))[:2] == [
+        "size 65537: ok sum 8355862", "size 268435456: ok sum 34225520640"]
+
+
+def test_programs_compile_warning_free(app_builds: dict[str, Any]) -> None:
+    noisy = {name: b for name, b in app_builds.items() if "warning" in b.output.lower()}
+    assert not noisy, "nvcc warned:\n" + "\n".join(
+        f"$ {' '.join(b.command)}\n{b.output}" for b in noisy.values())
+
+
+# ---- the programs under pilot ----
+
+def test_vector_add(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
+    check_output(run_under_pilot("vector_add"), expected_vector_add(), daemon_log)
+
+
+def test_kernel_args(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
+    check_output(run_under_pilot("kernel_args"), expected_kernel_args(), daemon_log)
+
+
+def test_copies_sizes_from_argv(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
+    sizes = (5, 131072, 2 * MiB + 1)
+    check_output(run_under_pilot("copies", *map(str, sizes)), expected_copies(sizes), daemon_log)
+
+
+def test_copies_all_sizes(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
+    """The full list, up to 256 MiB (3.4 s natively on an H100)."""
+    check_output(run_under_pilot("copies", timeout=300), expected_copies(COPY_SIZES), daemon_log)
+
+
+def test_memset(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
+    check_output(run_under_pilot("memset"), expected_memset(), daemon_log)
+
+
+def test_streams_events(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
+    check_output(run_under_pilot("streams_events"), expected_streams_events(), daemon_log)
+
+
+@pytest.mark.parametrize("scenario", sorted(ERROR_SCENARIOS))
+def test_errors(scenario: str, run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
+    check_output(run_under_pilot("errors", scenario), ERROR_SCENARIOS[scenario], daemon_log)
+
+
+def test_two_programs_at_once(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
+    """Two tenants on one daemon at the same time both get their own, right results."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        vadd = pool.submit(run_under_pilot, "vector_add")
+        args = pool.submit(run_under_pilot, "kernel_args")
+        check_output(vadd.result(), expected_vector_add(), daemon_log)
+        check_output(args.result(), expected_kernel_args(), daemon_log)
+
+
+def test_daemon_absent(run_under_pilot: RunUnderPilot, shim_path: str, tmp_path: Path) -> None:
+    """No daemon at PILOT_SOCKET: every call fails with a defined error, a message says why,
+    and the program still exits normally, quickly. (shim_path: skips natively.)"""
+    started = time.monotonic()
+    proc = run_under_pilot("errors", "daemon_absent", timeout=20,
+                           env={"PILOT_SOCKET": str(tmp_path / "nobody.sock")})
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1:] == ["PASS"], proc.stdout
+    assert proc.stdout.splitlines()[0] in (
+        "cudaMalloc: cudaErrorInitializationError", "cudaMalloc: cudaErrorNoDevice"), proc.stdout
+    assert "pilot: cannot reach pilotd" in proc.stderr, proc.stderr
+    assert elapsed < 5.0, f"took {elapsed:.1f} s to give up on a missing daemon"
+
+
+def test_real_libcudart_never_loaded(run_under_pilot: RunUnderPilot, shim_path: str,
+                                     daemon_log: DaemonLog) -> None:
+    """The preloaded shim satisfies the program's libcudart.so.13: the loader maps no real
+    libcudart (LD_DEBUG=files would show 'file=libcudart.so.13 ... generating link map' and
+    'calling init: /usr/local/cuda/.../libcudart.so.13')."""
+    proc = run_under_pilot("vector_add", env={"LD_DEBUG": "files"})
+    check_output(proc, expected_vector_add(), daemon_log)
+    assert shim_path in proc.stderr, "LD_DEBUG=files printed nothing about the preloaded shim"
+    others = [line.replace(shim_path, "<shim>") for line in proc.stderr.splitlines()]
+    loaded = [line for line in others
+              if re.search(r"/\S*libcudart\.so", line)
+              or re.search(r"file=libcudart\.so\S*\s.*generating link map", line)]
+    assert not loaded, "the real libcudart was loaded:\n" + "\n".join(loaded)
+
+
+def test_killed_mid_copy(app_binaries: dict[str, Path], pilot_client_env: dict[str, str],
+                         pilot_sessions: Sessions, pilotd: Daemon, tmp_path: Path) -> None:
+    """SIGKILL a client in the middle of 256 MiB copies: within 1 s its session is gone and
+    the device memory it held is released."""
+    before = pilot_sessions()
+    bytes_before = sum(s["device_bytes"] for s in before)
+    stderr_path = tmp_path / "stderr.txt"
+    with stderr_path.open("w") as stderr:
+        proc = subprocess.Popen([str(app_binaries["errors"]), "killed_mid_copy"],
+                                env=pilot_client_env, stdout=subprocess.PIPE, stderr=stderr,
+                                text=True)
+    try:
+        first = _first_line(proc, timeout=60)
+        assert first == "copying", (
+            f"got {first!r}\nstderr:\n{stderr_path.read_text()}\npilotd:\n{pilotd.log_tail()}")
+        mine = [s for s in pilot_sessions() if s["pid"] == proc.pid]
+        assert len(mine) == 1, f"no single session for pid {proc.pid}: {pilot_sessions()}"
+        assert mine[0]["device_bytes"] >= 256 * MiB, mine[0]
+
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        killed_at = time.monotonic()
+        sessions: list[dict[str, Any]] = []
+        # Poll for 1.0 s: the last query may start just before the deadline.
+        while True:
+            asked_at = time.monotonic()
+            if asked_at - killed_at > 1.0:
+                pytest.fail(f"session of pid {proc.pid} still listed 1 s after SIGKILL: "
+                            f"{sessions}\npilotd log:\n{pilotd.log_tail()}", pytrace=False)
+            sessions = pilot_sessions()
+            if not any(s["pid"] == proc.pid for s in sessions):
+                break
+            time.sleep(0.02)
+        assert sum(s["device_bytes"] for s in sessions) == bytes_before, sessions
+        assert pilotd.proc.poll() is None, "pilotd died:\n" + pilotd.log_tail()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _first_line(proc: subprocess.Popen[str], timeout: float) -> str | None:
+    """The first stdout line of `proc`, or None if none comes within `timeout` s."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        lines.put(proc.stdout.readline())
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        return lines.get(timeout=timeout).rstrip("\n")
+    except queue.Empty:
+        return None
+
+
+def test_every_kernel_has_an_emulation(app_binaries: dict[str, Path]) -> None:
+    """Every kernel of the programs has an emulation in sim_kernels.py. Kernels are found
+    through their host stubs, `_Z<len>__device_stub_<kernel name>...` (nm)."""
+    sim_kernels = pytest.importorskip("pilot.daemon.sim_kernels")
+    here = Path(__file__).parent
+    registry = sim_kernels.load_kernel_files([here / "sim_kernels.py",
+                                              here.parent / "gpu" / "sim_kernels.py"])
+    kernels: set[str] = set()
+    for exe in app_binaries.values():
+        nm = subprocess.run(["nm", "--defined-only", str(exe)], capture_output=True, text=True,
+                            check=True)
+        symbols = {parts[-1] for parts in map(str.split, nm.stdout.splitlines()) if parts}
+        for sym in symbols:
+            m = re.match(r"_Z(\d+)__device_stub__", sym)
+            if m is None:
+                continue
+            start = len("_Z") + len(m.group(1))
+            rest = sym[start:start + int(m.group(1))][len("__device_stub__"):]
+            found = {"_" + rest, rest} & symbols  # C++ kernels: "_Z...", extern "C": name
+            assert len(found) == 1, f"{exe.name}: cannot tell the kernel of stub {sym}"
+            kernels |= found
+    assert len(kernels) == 13, sorted(kernels)  # 8 in tests/apps, 5 in tests/gpu
+    assert sorted(kernels - set(registry.names())) == []
+
+
+@pytest.mark.parametrize("program", ["matmul_tiled", "multistream"])
+def test_gpu_programs_check_themselves_under_sim(run_under_pilot: Callable[..., Any], program: str) -> None:
+    """tests/gpu's SGEMM (exact CPU reference) and 4-stream pipeline with legacy-stream ordering."""
+    proc = run_under_pilot(program, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.rstrip().splitlines()[-1] == "PASS"

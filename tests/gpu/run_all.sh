@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The one command to run on the GPU machine, from the repository root:
+#
+#   bash tests/gpu/run_all.sh
+#
+# Stages, each run even when an earlier one failed (each failure is reported; the exit status is
+# non-zero if any stage failed):
+#   1. wheels   .whl/*.whl (pyzmq, cffi, pycparser) into $PILOT_SITE with pip --target
+#   2. install  pilot from this tree into $PILOT_SITE (tests/gpu/run_compare.sh --install-only)
+#   3. smoke    tests/gpu/backend_cuda_smoke.py: the CUDA backend against the driver
+#   4. compare  tests/gpu/run_compare.sh --no-install: every test program natively and under
+#               pilot, stdout compared byte for byte
+#   5. bench    bench/bench.py --start-daemon: native vs pilot costs and bandwidths
+# Everything printed is also in $OUT/run_all.log; the compare and bench tables come last.
+# Files under $OUT (default /tmp/pilot-gpu-out): run_all.log, compare.md, compare.log,
+# pilotd-compare.log, bench.md, bench.json, pilotd-bench.log.
+#
+# Environment: OUT, PILOT_SITE (default /tmp/site), PYTHON (default python3), NVCC_ARCH
+# (default sm_90), SMOKE_TIMEOUT / COMPARE_TIMEOUT / BENCH_TIMEOUT (seconds per stage),
+# BENCH_ARGS (extra bench.py arguments, e.g. "--repeats 2").
+set -u -o pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OUT=${OUT:-/tmp/pilot-gpu-out}
+PILOT_SITE=${PILOT_SITE:-/tmp/site}
+PYTHON=${PYTHON:-python3}
+SMOKE_TIMEOUT=${SMOKE_TIMEOUT:-120}
+COMPARE_TIMEOUT=${COMPARE_TIMEOUT:-240}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-150}
+BENCH_ARGS=${BENCH_ARGS:-}
+export OUT PILOT_SITE PYTHON
+export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+
+STAGES=()
+FAILED=0
+
+# stage NAME COMMAND...: runs it, records "NAME: ok/FAILED (rc) in N s"
+stage() {
+    local name=$1 rc t0=$SECONDS
+    shift
+    printf '\n==================== %s: %s\n' "$name" "$*"
+    "$@"
+    rc=$?
+    if [ "$rc" = 0 ]; then
+        STAGES+=("$name: ok in $((SECONDS - t0)) s")
+    else
+        STAGES+=("$name: FAILED (rc $rc$([ "$rc" = 124 ] && echo ', timed out')) in $((SECONDS - t0)) s")
+        FAILED=1
+    fi
+    printf '==================== %s: rc %s in %s s\n' "$name" "$rc" "$((SECONDS - t0))"
+    return 0
+}
+
+# shellcheck disable=SC2317  # called through stage
+install_wheels() {
+    local wheels=("$REPO"/.whl/*.whl)
+    if [ ! -e "${wheels[0]}" ]; then
+        echo "no wheels in $REPO/.whl: relying on the interpreter's own pyzmq/cffi/pycparser"
+    else
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$PILOT_SITE" "${wheels[@]}" || return 1
+    fi
+    "$PYTHON" -c 'import zmq, cffi, pycparser; print("zmq", zmq.__version__, "cffi", cffi.__version__)'
+}
+
+# shellcheck disable=SC2317  # called from main
+environment() {
+    echo "repo $REPO, OUT $OUT, PYTHONPATH $PYTHONPATH"
+    nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv 2>&1
+    nvcc --version 2>&1 | tail -n 2
+    "$PYTHON" -c 'import sys, setuptools; print("python", sys.version.split()[0], "setuptools", setuptools.__version__)' 2>&1
+    return 0
+}
+
+main() {
+    cd "$REPO" || return 1
+    echo "run_all.sh starting $(date -u +%FT%TZ) on $(hostname)"
+    environment
+    stage wheels install_wheels
+    stage install bash tests/gpu/run_compare.sh --install-only
+    stage smoke timeout -k 10 "$SMOKE_TIMEOUT" "$PYTHON" tests/gpu/backend_cuda_smoke.py
+    stage compare timeout -k 20 "$COMPARE_TIMEOUT" bash tests/gpu/run_compare.sh --no-install
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
+    stage bench timeout -k 20 "$BENCH_TIMEOUT" "$PYTHON" bench/bench.py --start-daemon \
+        --out "$OUT/bench.md" --json "$OUT/bench.json" --daemon-log "$OUT/pilotd-bench.log" $BENCH_ARGS
+
+    printf '\n==================== results\n\n'
+    for f in compare.md bench.md; do
+        if [ -f "$OUT/$f" ]; then
+            cat "$OUT/$f"
+        else
+            echo "($f was not written)"
+        fi
+        echo
+    done
+    echo "stages:"
+    printf '  %s\n' "${STAGES[@]}"
+    if [ "$FAILED" = 0 ]; then echo "run_all: every stage passed"; else echo "run_all: SOME STAGE FAILED"; fi
+    return "$FAILED"
+}
+
+main "$@" 2>&1 | tee "$OUT/run_all.log"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,384 @@
+#!/usr/bin/env bash
+# Runs every CUDA test program natively and under pilot on a real GPU and compares their stdout
+# byte for byte. Usage (from anywhere; the repository is this script's ../..):
+#
+#   tests/gpu/run_compare.sh                 install pilot, then compare
+#   tests/gpu/run_compare.sh --install-only  only install pilot (run_all.sh's first stage)
+#   tests/gpu/run_compare.sh --no-install    pilot is already installed in $PILOT_SITE
+#
+# Environment:
+#   OUT            where results go (default /tmp/pilot-gpu-out): compare.md (the table),
+#                  compare.log (every output in full, diffs), pilotd-compare.log (daemon's log)
+#   PILOT_SITE     install target, put first on PYTHONPATH (default /tmp/site, where the wheels
+#                  of .whl/ go too)
+#   PYTHON         interpreter (default python3)
+#   NVCC_ARCH      default sm_90
+#   PILOT_BACKEND  daemon backend (default cuda). With sim, set PILOT_SIM_KERNELS to a
+#                  space-separated list of emulation files; COMPARE_DRY_RUN=1 then also runs the
+#                  "native" side under pilot (for machines without a GPU: checks this script)
+#   NATIVE_RERUN   1 (default): run each program natively twice and check that its output is
+#                  the same both times (a program whose output varies cannot be compared)
+#
+# Programs: tests/apps/*.cu and tests/gpu/{matmul_tiled,multistream}.cu, built with
+# `nvcc -cudart shared -O2 -arch=$NVCC_ARCH`. errors.cu runs once per scenario below; copies.cu
+# with no argument runs its full default size list. No program's stdout may vary between runs:
+# all of them print only exact results, error names and booleans (timings go to stderr), so any
+# difference is a pilot bug. Two scenarios only make sense under pilot and are checked on their
+# own: errors daemon_absent with a PILOT_SOCKET nobody listens on (a non-success error name and a
+# clean, quick exit), and errors killed_mid_copy (SIGKILL once it prints `copying`; its session
+# must be gone from `pilot sessions --json` within 1 s).
+#
+# Exit status: 0 when every comparison and check passed, 1 otherwise, 2 when pilot could not be
+# installed or the daemon not started.
+set -u -o pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OUT=${OUT:-/tmp/pilot-gpu-out}
+PILOT_SITE=${PILOT_SITE:-/tmp/site}
+PYTHON=${PYTHON:-python3}
+NVCC_ARCH=${NVCC_ARCH:-sm_90}
+PILOT_BACKEND=${PILOT_BACKEND:-cuda}
+PILOT_SIM_KERNELS=${PILOT_SIM_KERNELS:-}
+COMPARE_DRY_RUN=${COMPARE_DRY_RUN:-0}
+NATIVE_RERUN=${NATIVE_RERUN:-1}
+RUN_TIMEOUT=${RUN_TIMEOUT:-300}
+SOCK_DIR=/tmp/pilot-gpu
+SOCK=$SOCK_DIR/pilot.sock
+ERROR_SCENARIOS=(launch_config launch_bounds use_after_free copy_oob bad_free device_props)
+
+export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+
+mode=compare
+case "${1:-}" in
+    --install-only) mode=install ;;
+    --no-install) mode=noinstall ;;
+    "") ;;
+    *) echo "usage: $0 [--install-only|--no-install]" >&2; exit 2 ;;
+esac
+
+say() { printf '[compare] %s\n' "$*" >&2; }
+
+# ---- installing pilot ----
+
+# pip --target from the source tree, without build isolation or an index (the GPU machine has
+# no network): setuptools and wheel come from the interpreter, cffi and pycparser from the
+# wheels in $PILOT_SITE. If that fails, `setup.py build` into a scratch dir and copy the package.
+install_pilot() {
+    local scratch
+    say "installing pilot from $REPO into $PILOT_SITE"
+    mkdir -p "$PILOT_SITE"
+    if (cd "$REPO" && "$PYTHON" -m pip install -q --no-build-isolation --no-deps --no-index \
+            --no-cache-dir --upgrade --target "$PILOT_SITE" .); then
+        say "pip install --target worked"
+    else
+        say "pip install --target failed; falling back to setup.py build"
+        scratch=$(mktemp -d /tmp/pilotbuild.XXXXXX)
+        if ! (cd "$REPO" && "$PYTHON" setup.py -q build --build-base "$scratch/build" \
+                --build-lib "$scratch/lib"); then
+            say "setup.py build failed too"
+            return 1
+        fi
+        rm -rf "$PILOT_SITE/pilot"
+        cp -r "$scratch/lib/pilot" "$PILOT_SITE/" || return 1
+        rm -rf "$scratch"
+    fi
+    check_install
+}
+
+check_install() {
+    "$PYTHON" -c 'import zmq, cffi; import pilot.daemon.protocol, pilot.cli.client
+from pilot.shim import shim_path; print("pilot", pilot.__file__, "shim", shim_path(), "zmq", zmq.__version__)' \
+        || { say "pilot is not importable from PYTHONPATH=$PYTHONPATH"; return 1; }
+}
+
+if [ "$mode" != noinstall ]; then
+    install_pilot || exit 2
+    [ "$mode" = install ] && exit 0
+else
+    check_install || exit 2
+fi
+
+mkdir -p "$OUT"
+LOG=$OUT/compare.log
+MD=$OUT/compare.md
+DAEMON_LOG=$OUT/pilotd-compare.log
+: >"$LOG"
+WORK=$(mktemp -d /tmp/pilot-compare.XXXXXX)
+BIN=$WORK/bin
+mkdir -p "$BIN"
+DAEMON_PID=
+
+log() { printf '%s\n' "$*" >>"$LOG"; }
+
+stop_daemon() {
+    [ -n "$DAEMON_PID" ] || return 0
+    if kill -0 "$DAEMON_PID" 2>/dev/null; then
+        kill -TERM "$DAEMON_PID" 2>/dev/null
+        for _ in $(seq 100); do
+            kill -0 "$DAEMON_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        if kill -0 "$DAEMON_PID" 2>/dev/null; then
+            say "pilotd ignored SIGTERM for 10 s: SIGKILL"
+            kill -KILL "$DAEMON_PID" 2>/dev/null
+        fi
+    fi
+    wait "$DAEMON_PID" 2>/dev/null
+    say "pilotd exited with $?; its log is $DAEMON_LOG"
+    DAEMON_PID=
+}
+
+# shellcheck disable=SC2317  # called by the EXIT trap
+cleanup() {
+    stop_daemon
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+SHIM=$("$PYTHON" -m pilot.cli.pilot shim-path) || { say "pilot shim-path failed"; exit 2; }
+say "shim: $SHIM"
+
+# ---- building ----
+
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+SOURCES=("$REPO"/tests/apps/*.cu "$REPO/tests/gpu/matmul_tiled.cu" "$REPO/tests/gpu/multistream.cu")
+build_failed=0
+say "building ${#SOURCES[@]} programs with $NVCC -arch=$NVCC_ARCH"
+declare -A build_pid=()
+for src in "${SOURCES[@]}"; do
+    name=$(basename "$src" .cu)
+    "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$BIN/$name" "$src" >"$WORK/$name.build" 2>&1 &
+    build_pid[$name]=$!
+done
+for name in "${!build_pid[@]}"; do
+    if ! wait "${build_pid[$name]}"; then
+        say "nvcc failed for $name"
+        build_failed=1
+    fi
+    if [ -s "$WORK/$name.build" ]; then
+        log "### nvcc output for $name"
+        cat "$WORK/$name.build" >>"$LOG"
+    fi
+done
+
+# ---- the daemon ----
+
+mkdir -p "$SOCK_DIR"
+rm -f "$SOCK"
+daemon_args=(--backend "$PILOT_BACKEND" --socket "$SOCK")
+for f in $PILOT_SIM_KERNELS; do daemon_args+=(--sim-kernels "$f"); done
+say "starting pilotd ${daemon_args[*]}"
+env -u LD_PRELOAD -u PILOT_SOCKET "$PYTHON" -m pilot.daemon "${daemon_args[@]}" >"$DAEMON_LOG" 2>&1 &
+DAEMON_PID=$!
+ready=0
+for _ in $(seq 600); do  # 60 s
+    if grep -q "pilotd ready" "$DAEMON_LOG"; then ready=1; break; fi
+    kill -0 "$DAEMON_PID" 2>/dev/null || break
+    sleep 0.1
+done
+if [ "$ready" != 1 ]; then
+    say "pilotd did not become ready; its log:"
+    cat "$DAEMON_LOG" >&2
+    exit 2
+fi
+say "pilotd ready (pid $DAEMON_PID)"
+
+# ---- comparing ----
+
+ROWS=()
+bad=0
+
+# run_prog OUTFILE ERRFILE under_pilot(0|1) EXE ARGS... ; prints the exit code
+run_prog() {
+    local out=$1 err=$2 pilot=$3
+    shift 3
+    if [ "$pilot" = 1 ]; then
+        timeout -k 5 "$RUN_TIMEOUT" env LD_PRELOAD="$SHIM" PILOT_SOCKET="$SOCK" "$@" >"$out" 2>"$err"
+    else
+        timeout -k 5 "$RUN_TIMEOUT" env -u LD_PRELOAD -u PILOT_SOCKET "$@" >"$out" 2>"$err"
+    fi
+    echo $?
+}
+
+dump() {  # dump TITLE FILE
+    log "--- $1"
+    cat "$2" >>"$LOG"
+}
+
+compare() {  # compare PROGRAM [ARGS...]
+    local prog=$1
+    shift
+    local args="$*" exe=$BIN/$prog tag=$WORK/run
+    local native_pilot=0 nrc prc rrc same verdict
+    [ "$COMPARE_DRY_RUN" = 1 ] && native_pilot=1
+    if [ ! -x "$exe" ]; then
+        ROWS+=("| $prog | ${args:--} | - | - | **NO** (not built) |")
+        bad=1
+        return
+    fi
+    say "$prog${args:+ $args}"
+    local t0=$SECONDS
+    nrc=$(run_prog "$tag.n.out" "$tag.n.err" "$native_pilot" "$exe" "$@")
+    local t1=$SECONDS
+    prc=$(run_prog "$tag.p.out" "$tag.p.err" 1 "$exe" "$@")
+    local t2=$SECONDS
+    log ""
+    log "======== $prog${args:+ $args} (native rc $nrc in $((t1 - t0)) s, pilot rc $prc in $((t2 - t1)) s)"
+    dump "native stdout" "$tag.n.out"
+    dump "native stderr" "$tag.n.err"
+    dump "pilot stdout" "$tag.p.out"
+    dump "pilot stderr" "$tag.p.err"
+    if cmp -s "$tag.n.out" "$tag.p.out"; then
+        same=yes
+    else
+        same="**NO**"
+        log "--- diff native pilot"
+        diff -u "$tag.n.out" "$tag.p.out" >>"$LOG"
+    fi
+    verdict=$same
+    if [ "$NATIVE_RERUN" = 1 ]; then
+        rrc=$(run_prog "$tag.r.out" "$tag.r.err" "$native_pilot" "$exe" "$@")
+        if ! cmp -s "$tag.n.out" "$tag.r.out" || [ "$rrc" != "$nrc" ]; then
+            verdict="$verdict; **native output varies between runs** (rc $nrc, then $rrc)"
+            log "--- diff native native-again (rc $rrc)"
+            diff -u "$tag.n.out" "$tag.r.out" >>"$LOG"
+            bad=1
+        fi
+    fi
+    [ "$same" = yes ] || bad=1
+    if [ "$nrc" != 0 ] || [ "$prc" != 0 ]; then
+        bad=1
+        verdict="$verdict; **nonzero exit**"
+    fi
+    ROWS+=("| $prog | ${args:--} | $nrc | $prc | $verdict |")
+}
+
+# errors daemon_absent with a socket nobody listens on: a non-success error name, PASS, rc 0,
+# within 10 s, and the shim saying why.
+daemon_absent() {
+    local tag=$WORK/absent rc first last verdict t0
+    say "errors daemon_absent (bad PILOT_SOCKET)"
+    t0=$(date +%s.%N)
+    timeout -k 5 30 env LD_PRELOAD="$SHIM" PILOT_SOCKET="$SOCK_DIR/nobody-listens.sock" \
+        "$BIN/errors" daemon_absent >"$tag.out" 2>"$tag.err"
+    rc=$?
+    local took
+    took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+    first=$(head -n 1 "$tag.out")
+    last=$(tail -n 1 "$tag.out")
+    log ""
+    log "======== errors daemon_absent, PILOT_SOCKET=$SOCK_DIR/nobody-listens.sock (rc $rc in $took s)"
+    dump "stdout" "$tag.out"
+    dump "stderr" "$tag.err"
+    verdict="n/a: \`$first\` in $took s"
+    if [ "$rc" != 0 ] || [ "$last" != PASS ] || [[ "$first" != "cudaMalloc: cudaError"* ]] \
+            || [ "$first" = "cudaMalloc: cudaSuccess" ]; then
+        verdict="$verdict; **FAILED** (want a non-success error name, PASS, rc 0)"
+        bad=1
+    elif ! grep -q "cannot reach pilotd" "$tag.err"; then
+        verdict="$verdict; (no 'cannot reach pilotd' message on stderr)"
+    fi
+    if awk -v t="$took" 'BEGIN { exit !(t > 10) }'; then
+        verdict="$verdict; **too slow**"
+        bad=1
+    fi
+    ROWS+=("| errors | daemon_absent (bad PILOT_SOCKET) | - | $rc | $verdict |")
+}
+
+# pid_listed PID: is a session of PID in `pilot sessions --json`? (exit 2: query failed)
+pid_listed() {
+    local json
+    json=$(PILOT_SOCKET=$SOCK "$PYTHON" -m pilot.cli.pilot sessions --json 2>>"$LOG") || return 2
+    grep -Eq "\"pid\": $1[,}]" <<<"$json"
+}
+
+# errors killed_mid_copy: SIGKILL once it prints `copying`; its session must be gone from
+# `pilot sessions --json` within 1 s (a query started within 1 s of the kill shows it gone).
+killed_mid_copy() {
+    local tag=$WORK/killed pid verdict listed=no t_kill t_ask gone_after='' ans rc
+    say "errors killed_mid_copy"
+    LD_PRELOAD=$SHIM PILOT_SOCKET=$SOCK "$BIN/errors" killed_mid_copy >"$tag.out" 2>"$tag.err" &
+    pid=$!
+    for _ in $(seq 600); do  # 60 s
+        grep -q copying "$tag.out" && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if ! grep -q copying "$tag.out"; then
+        kill -KILL "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+        log ""
+        log "======== errors killed_mid_copy: never printed 'copying'"
+        dump "stdout" "$tag.out"
+        dump "stderr" "$tag.err"
+        ROWS+=("| errors | killed_mid_copy (SIGKILL) | - | - | **FAILED**: never printed \`copying\` |")
+        bad=1
+        return
+    fi
+    pid_listed "$pid" && listed=yes
+    t_kill=$(date +%s.%N)
+    kill -KILL "$pid"
+    wait "$pid" 2>/dev/null
+    rc=$?
+    while :; do
+        t_ask=$(date +%s.%N)
+        if awk -v a="$t_kill" -v b="$t_ask" 'BEGIN { exit !(b - a > 1.0) }'; then
+            break  # the deadline passed before this query would start
+        fi
+        pid_listed "$pid"
+        ans=$?
+        if [ "$ans" = 1 ]; then
+            gone_after=$(awk -v a="$t_kill" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+            break
+        fi
+        sleep 0.02
+    done
+    log ""
+    log "======== errors killed_mid_copy (rc $rc after SIGKILL; listed before the kill: $listed)"
+    dump "stdout" "$tag.out"
+    dump "stderr" "$tag.err"
+    if [ -n "$gone_after" ] && [ "$listed" = yes ]; then
+        verdict="n/a: session gone, answer $gone_after s after SIGKILL"
+    elif [ -n "$gone_after" ]; then
+        verdict="**FAILED**: its session was never listed (gone after $gone_after s)"
+        bad=1
+    else
+        verdict="**FAILED**: session still listed 1 s after SIGKILL"
+        bad=1
+    fi
+    log "killed_mid_copy: $verdict"
+    ROWS+=("| errors | killed_mid_copy (SIGKILL) | - | $rc | $verdict |")
+}
+
+for src in "${SOURCES[@]}"; do
+    name=$(basename "$src" .cu)
+    if [ "$name" = errors ]; then
+        for scenario in "${ERROR_SCENARIOS[@]}"; do compare errors "$scenario"; done
+    else
+        compare "$name"
+    fi
+done
+[ -x "$BIN/errors" ] && daemon_absent
+[ -x "$BIN/errors" ] && killed_mid_copy
+
+if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
+    say "pilotd died during the comparison"
+    bad=1
+fi
+stop_daemon
+[ "$build_failed" = 1 ] && bad=1
+
+{
+    printf 'pilot vs native on %s (%s backend%s): stdout compared byte for byte\n\n' \
+        "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || echo '?')" \
+        "$PILOT_BACKEND" "$([ "$COMPARE_DRY_RUN" = 1 ] && echo ', DRY RUN: native side under pilot too')"
+    echo "| program | args | native rc | pilot rc | output identical |"
+    echo "| --- | --- | --- | --- | --- |"
+    printf '%s\n' "${ROWS[@]}"
+    echo
+    if [ "$bad" = 0 ]; then echo "result: all identical, all checks passed"; else echo "result: **MISMATCH OR FAILURE** (details in compare.log)"; fi
+} >"$MD"
+cat "$MD"
+exit "$bad"

@@ -1,0 +1,189 @@
+"""The daemon against bad input, impostors and other tenants, spoken to in raw protocol."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import zmq
+from client import ProtoClient, body
+
+from pilot.daemon.protocol import lib
+
+INVALID_VALUE, INITIALIZATION, INVALID_HANDLE, NOT_SUPPORTED = 1, 3, 400, 801
+HERE = Path(__file__).parent
+
+
+def test_garbage_is_dropped_and_daemon_keeps_serving(daemon):
+    c = ProtoClient(str(daemon.socket_path))
+    c.main.send_multipart([b"x"])  # far too short for an envelope
+    c.main.send_multipart([b"\0" * 7, b"", b"", b"", b""])
+    c.open()
+    c.vgpu.send_multipart([b"garbage"])
+    c.vgpu.send_multipart([b"\xff" * 24])  # envelope-sized but no body frame
+    assert c.malloc(256) != 0
+    assert daemon.alive()
+    c.close()
+
+
+def test_unknown_opcode_and_version_mismatch_get_errors(daemon):
+    c = ProtoClient(str(daemon.socket_path))
+    c.open()
+    assert c.call(499, b"").err == NOT_SUPPORTED
+    assert c.call(lib.PILOT_OP_DEVICE_SYNCHRONIZE, b"", version=99).err == NOT_SUPPORTED
+    # The main socket answers unknown opcodes too.
+    c.main.send_multipart([c.envelope(lib.PILOT_OP_MALLOC), b""])
+    frames = c.recv(c.main)
+    assert int.from_bytes(frames[1][:4], "little") == NOT_SUPPORTED
+    c.close()
+
+
+def test_short_body_and_bad_payload_are_invalid_value(daemon):
+    c = ProtoClient(str(daemon.socket_path))
+    c.open()
+    assert c.call(lib.PILOT_OP_MALLOC, b"\x01\x02").err == INVALID_VALUE
+    ptr = c.malloc(4096)
+    # A host-to-device copy whose payload is shorter than it claims.
+    req = body("pilot_req_memcpy", dst=ptr, count=100, sync=1)
+    assert c.call(lib.PILOT_OP_MEMCPY_H2D, req, b"x" * 10).err == INVALID_VALUE
+    # A module image that is not a fatbin.
+    req = body("pilot_req_module_load", image_size=8)
+    assert c.call(lib.PILOT_OP_MODULE_LOAD, req, b"notfatbn").err != 0
+    c.close()
+
+
+def test_calls_before_attach_are_refused(daemon):
+    c = ProtoClient(str(daemon.socket_path))
+    rep = c.hello()
+    c.session = rep.session
+    from pilot.daemon.protocol import ffi
+
+    c.vgpu = c._connect(ffi.string(rep.endpoint).decode())
+    assert c.call(lib.PILOT_OP_MALLOC, body("pilot_req_malloc", size=64)).err == INITIALIZATION
+    c.close()
+
+
+def start_peer(daemon, *args: str) -> tuple[subprocess.Popen[str], int, int, str]:
+    peer = subprocess.Popen([sys.executable, str(HERE / "peer.py"), str(daemon.socket_path), *args],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE)
+    session, ptr, endpoint = peer.stdout.readline().split()
+    return peer, int(session), int(ptr), endpoint
+
+
+def test_another_process_cannot_take_over_a_session(daemon):
+    # The victim said HELLO but has not attached yet: only the kernel's pid check stands between.
+    peer, session, _, endpoint = start_peer(daemon, "noattach")
+    try:
+        thief = ProtoClient(str(daemon.socket_path))
+        thief.vgpu = thief._connect(endpoint)
+        thief.session = session
+        assert thief.call(lib.PILOT_OP_ATTACH, b"").err == INITIALIZATION
+        assert thief.call(lib.PILOT_OP_MALLOC, body("pilot_req_malloc", size=64)).err == INITIALIZATION
+        thief.close()
+        peer.stdin.write("attach\n")
+        peer.stdin.flush()
+        assert peer.stdout.readline().strip() == "0"  # the rightful owner still attaches
+    finally:
+        peer.communicate("\n", timeout=10)
+
+
+def test_attached_session_cannot_be_attached_twice(daemon):
+    peer, session, ptr, endpoint = start_peer(daemon)
+    try:
+        thief = ProtoClient(str(daemon.socket_path))
+        thief.vgpu = thief._connect(endpoint)
+        thief.session = session
+        assert thief.call(lib.PILOT_OP_ATTACH, b"").err == INITIALIZATION
+        assert thief.call(lib.PILOT_OP_FREE, body("pilot_req_free", ptr=ptr)).err == INITIALIZATION
+        thief.close()
+    finally:
+        peer.communicate("\n", timeout=10)
+
+
+def test_tenant_cannot_touch_another_tenants_memory(daemon):
+    c = ProtoClient(str(daemon.socket_path))
+    c.open()
+    below = c.malloc(4096)  # one allocation of ours below theirs, one above
+    peer, _, theirs, _ = start_peer(daemon)
+    try:
+        above = c.malloc(4096)
+        assert below < theirs < above
+        for op, req, payload in [
+            (lib.PILOT_OP_FREE, body("pilot_req_free", ptr=theirs), None),
+            (lib.PILOT_OP_MEMSET, body("pilot_req_memset", ptr=theirs, count=16, sync=1), None),
+            (lib.PILOT_OP_MEMCPY_D2H, body("pilot_req_memcpy", src=theirs, count=16, sync=1), None),
+            (lib.PILOT_OP_MEMCPY_H2D, body("pilot_req_memcpy", dst=theirs, count=4, sync=1), b"abcd"),
+            (lib.PILOT_OP_MEMCPY_D2D,
+             body("pilot_req_memcpy", dst=above, src=theirs, count=16, sync=1), None),
+            (lib.PILOT_OP_MEMCPY_D2D,
+             body("pilot_req_memcpy", dst=theirs, src=below, count=16, sync=1), None),
+            # A range that starts in our allocation and runs into theirs.
+            (lib.PILOT_OP_MEMSET,
+             body("pilot_req_memset", ptr=below, count=theirs - below + 16, sync=1), None),
+        ]:
+            assert c.call(op, req, payload).err == INVALID_VALUE, op
+        # Handles are per session: a number that is not ours is not a stream of ours.
+        req = body("pilot_req_handle", handle=0x12345)
+        assert c.call(lib.PILOT_OP_STREAM_SYNCHRONIZE, req).err == INVALID_HANDLE
+        c.close()
+    finally:
+        peer.communicate("\n", timeout=10)
+
+
+def test_async_error_surfaces_at_next_synchronizing_call_once(daemon):
+    c = ProtoClient(str(daemon.socket_path))
+    c.open()
+    ptr = c.malloc(64)
+    # Posted (no reply): a memset past the end of the allocation.
+    c.send(lib.PILOT_OP_MEMSET, body("pilot_req_memset", ptr=ptr, count=128),
+           flags=lib.PILOT_F_NO_REPLY)
+    # A non-synchronizing call does not deliver it...
+    rep = c.call(lib.PILOT_OP_MALLOC, body("pilot_req_malloc", size=64), rep_type="pilot_rep_u64")
+    assert rep.hdr.deferred == 0
+    # ...the next synchronizing one does, once (the error is not sticky).
+    assert c.call(lib.PILOT_OP_DEVICE_SYNCHRONIZE, b"").deferred == INVALID_VALUE
+    assert c.call(lib.PILOT_OP_DEVICE_SYNCHRONIZE, b"").deferred == 0
+    c.close()
+
+
+def test_sessions_listing_reports_owner_and_memory(daemon):
+    c = ProtoClient(str(daemon.socket_path))
+    c.open()
+    c.malloc(1 << 20)
+    out = subprocess.run([sys.executable, "-m", "pilot.cli.pilot", "sessions", "--json"],
+                         capture_output=True, text=True, check=True)
+    rows = json.loads(out.stdout)
+    mine = [r for r in rows if r["session"] == c.session]
+    assert len(mine) == 1
+    import os
+
+    assert mine[0]["pid"] == os.getpid() and mine[0]["uid"] == os.getuid()
+    assert mine[0]["device_bytes"] == 1 << 20 and mine[0]["allocations"] == 1
+    c.close()
+
+
+def test_exited_process_is_released_quickly(daemon):
+    peer, session, _, _ = start_peer(daemon)
+    peer.kill()
+    peer.wait()
+    from pilot.cli.client import query_sessions
+
+    deadline = time.monotonic() + 1.0
+    while any(r["session"] == session for r in query_sessions(str(daemon.socket_path))):
+        assert time.monotonic() < deadline, "session not released within 1 s"
+        time.sleep(0.01)
+
+
+def test_second_daemon_on_same_socket_is_refused(daemon, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pilot.daemon", "--backend", "sim", "--socket",
+                          str(daemon.socket_path)], capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0
+    assert "already serving" in out.stderr
+    assert daemon.alive()
+    _ = zmq  # the daemon's socket is still usable
+    c = ProtoClient(str(daemon.socket_path))
+    c.open()
+    c.close()

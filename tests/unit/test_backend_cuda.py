@@ -1,0 +1,377 @@
+"""CudaBackend without a GPU: a stand-in `cuda.bindings.driver` records calls and answers
+(CUresult, ...) tuples, so the parts that are pure plumbing (error mapping, the packed launch
+buffer, the parameter-info loop, copy synchronization) are checked on any machine.
+The real driver is exercised by tests/gpu/backend_cuda_smoke.py on the GPU machine."""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import mmap
+import re
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pilot.daemon import backend_cuda
+from pilot.daemon.backend import BackendError, FunctionInfo
+from pilot.daemon.backend_cuda import CudaBackend, check
+
+try:  # the real enum types where cuda-python is installed; a minimal stand-in otherwise
+    from cuda.bindings import driver as _real
+
+    CUresult: Any = _real.CUresult
+    CUdevice_attribute: Any = _real.CUdevice_attribute
+    CUfunction_attribute: Any = _real.CUfunction_attribute
+except ImportError:  # pragma: no cover - depends on the machine
+    _real = None
+    CUresult = enum.IntEnum(
+        "CUresult",
+        {
+            "CUDA_SUCCESS": 0,
+            "CUDA_ERROR_INVALID_VALUE": 1,
+            "CUDA_ERROR_OUT_OF_MEMORY": 2,
+            "CUDA_ERROR_INVALID_HANDLE": 400,
+            "CUDA_ERROR_NOT_FOUND": 500,
+            "CUDA_ERROR_NOT_READY": 600,
+            "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
+        },
+    )
+    CUdevice_attribute = enum.IntEnum(
+        "CUdevice_attribute",
+        {"CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK": 1, "CU_DEVICE_ATTRIBUTE_WARP_SIZE": 10},
+    )
+    CUfunction_attribute = enum.IntEnum(
+        "CUfunction_attribute",
+        {
+            "CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK": 0,
+            "CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES": 1,
+            "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES": 8,
+        },
+    )
+
+OK = CUresult.CUDA_SUCCESS
+INVALID_VALUE = CUresult.CUDA_ERROR_INVALID_VALUE
+
+
+class FakeDriver(types.ModuleType):
+    """Any cu* attribute is a recorder: it logs (name, args) and answers replies[name] (a tuple,
+    or a callable given the arguments), `(CUDA_SUCCESS,)` by default."""
+
+    def __init__(self) -> None:
+        super().__init__("cuda.bindings.driver")
+        self.CUresult = CUresult
+        self.CUdevice_attribute = CUdevice_attribute
+        self.CUfunction_attribute = CUfunction_attribute
+        self.CU_MEMHOSTREGISTER_PORTABLE = 1
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.replies: dict[str, tuple[Any, ...] | Callable[..., tuple[Any, ...]]] = {
+            "cuDeviceGetCount": (OK, 1),
+            "cuDeviceGet": lambda ordinal: (OK, f"dev{ordinal}"),
+            "cuDevicePrimaryCtxRetain": lambda dev: (OK, f"ctx:{dev}"),
+            "cuGetErrorName": lambda err: (OK, CUresult(err).name.encode()),
+            "cuGetErrorString": lambda err: (OK, f"text of {int(err)}".encode()),
+        }
+
+    def __getattr__(self, name: str) -> Callable[..., tuple[Any, ...]]:
+        if not name.startswith("cu"):
+            raise AttributeError(name)
+
+        def call(*args: Any) -> tuple[Any, ...]:
+            self.calls.append((name, args))
+            reply = self.replies.get(name, (OK,))
+            return reply(*args) if callable(reply) else reply
+
+        return call
+
+    def called(self, name: str) -> list[tuple[Any, ...]]:
+        return [args for n, args in self.calls if n == name]
+
+
+@pytest.fixture
+def drv(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
+    """Install the stand-in where `from cuda.bindings import driver` finds it."""
+    fake = FakeDriver()
+    try:
+        import cuda.bindings as pkg
+    except ImportError:  # pragma: no cover - no cuda-python on this machine
+        pkg = types.ModuleType("cuda.bindings")
+        root = types.ModuleType("cuda")
+        root.bindings = pkg  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "cuda", root)
+        monkeypatch.setitem(sys.modules, "cuda.bindings", pkg)
+    monkeypatch.setattr(pkg, "driver", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", fake)
+    return fake
+
+
+@pytest.fixture
+def backend(drv: FakeDriver) -> CudaBackend:
+    be = CudaBackend()
+    be.bind_thread(0)
+    drv.calls.clear()
+    return be
+
+
+# ---- error funnel ---------------------------------------------------------------------------
+
+
+def test_check_returns_values(drv: FakeDriver) -> None:
+    assert check((OK,)) is None
+    assert check((OK, 7)) == 7
+    assert check((OK, 1, 2)) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("driver_code", "runtime_code"),
+    [(1, 1), (2, 2), (400, 400), (500, 500), (700, 700), (719, 719), (999, 999)],
+)
+def test_check_maps_code_and_message(drv: FakeDriver, driver_code: int, runtime_code: int) -> None:
+    err = CUresult(driver_code)
+    with pytest.raises(BackendError) as info:
+        check((err, None), "cuSomething")
+    assert info.value.code == runtime_code
+    assert f"cuSomething: {err.name}: text of {driver_code}" in str(info.value)
+
+
+def test_error_without_runtime_counterpart_is_unknown(drv: FakeDriver) -> None:
+    if 916 not in {int(v) for v in CUresult}:
+        pytest.skip("this cuda-python has no CUDA_ERROR_KEY_ROTATION")
+    with pytest.raises(BackendError) as info:
+        check((CUresult(916),))
+    assert info.value.code == 999
+
+
+def test_missing_kernel_is_invalid_device_function(backend: CudaBackend, drv: FakeDriver) -> None:
+    drv.replies["cuModuleGetFunction"] = (CUresult.CUDA_ERROR_NOT_FOUND, None)
+    with pytest.raises(BackendError) as info:
+        backend.function_get("mod", "nope")
+    assert info.value.code == 98
+    assert drv.called("cuModuleGetFunction") == [("mod", b"nope")]
+
+
+def _header_enum(path: Path, pattern: str) -> dict[int, str]:
+    found: dict[int, str] = {}
+    for name, value in re.findall(pattern, path.read_text(errors="replace"), re.M):
+        found.setdefault(int(value), name)
+    return found
+
+
+def test_mapping_table_agrees_with_headers() -> None:
+    """Every CUresult lands on a cudaError_t that exists, named as the table (or CamelCase) says."""
+    include = Path("/usr/local/cuda/include")
+    if not (include / "cuda.h").exists() or not (include / "driver_types.h").exists():
+        pytest.skip("no CUDA headers here")
+    driver = _header_enum(include / "cuda.h", r"^\s*(CUDA_ERROR_\w+)\s*=\s*(\d+)")
+    runtime = _header_enum(include / "driver_types.h", r"^\s*(cudaError\w+)\s*=\s*(\d+)")
+    for code, name in driver.items():
+        mapped, expected = backend_cuda.DRIVER_TO_RUNTIME.get(code, (code, ""))
+        if not expected:
+            words = name[len("CUDA_ERROR_") :].split("_")
+            expected = "cudaError" + "".join(w.capitalize() for w in words)
+        assert runtime.get(mapped, "").lower() == expected.lower(), (code, name, mapped)
+
+
+# ---- launch ---------------------------------------------------------------------------------
+
+
+def test_launch_passes_packed_buffer_through_extra(backend: CudaBackend, drv: FakeDriver) -> None:
+    args = bytes(range(40))
+    seen: dict[str, Any] = {}
+
+    def launch(
+        f: Any,
+        gx: int,
+        gy: int,
+        gz: int,
+        bx: int,
+        by: int,
+        bz: int,
+        shmem: int,
+        stream: Any,
+        params: Any,
+        extra: int,
+    ) -> tuple[Any, ...]:
+        # Read the array the way the driver does, while the call is in progress.
+        words = (ctypes.c_void_p * 5).from_address(extra)
+        seen["tags"] = (words[0], words[2], words[4])
+        seen["size"] = ctypes.c_size_t.from_address(words[3]).value
+        seen["bytes"] = ctypes.string_at(words[1], seen["size"])
+        seen["rest"] = (f, gx, gy, gz, bx, by, bz, shmem, stream, params)
+        return (OK,)
+
+    drv.replies["cuLaunchKernel"] = launch
+    backend.launch("func", (2, 3, 4), (32, 1, 1), 128, "stream", args)
+    assert seen["tags"] == (1, 2, None)  # BUFFER_POINTER, BUFFER_SIZE, END (NULL)
+    assert seen["size"] == 40
+    assert seen["bytes"] == args
+    assert seen["rest"] == ("func", 2, 3, 4, 32, 1, 1, 128, "stream", None)
+
+    info = FunctionInfo("handle", [(0, 4)], 1024, 0, 0)
+    backend.launch(info, (1, 1, 1), (1, 1, 1), 0, None, memoryview(b"\x07\x00\x00\x00"))
+    assert seen["rest"][0] == "handle" and seen["bytes"] == b"\x07\x00\x00\x00"
+
+
+def test_launch_without_parameters_passes_no_extra(backend: CudaBackend, drv: FakeDriver) -> None:
+    backend.launch("func", (1, 1, 1), (1, 1, 1), 0, None, b"")
+    (call,) = drv.called("cuLaunchKernel")
+    assert call[-2:] == (None, 0)
+
+
+def test_launch_bad_configuration(backend: CudaBackend, drv: FakeDriver) -> None:
+    drv.replies["cuLaunchKernel"] = (INVALID_VALUE,)
+    with pytest.raises(BackendError) as info:
+        backend.launch("func", (1, 1, 1), (2048, 1, 1), 0, None, b"")
+    assert info.value.code == 1  # CUDA 13: cudaErrorInvalidValue, as natively on the H100
+    with pytest.raises(BackendError) as info:
+        backend.launch("func", (1, 1, 1), (32, 1, 1), 0, None, b"\0" * 4)
+    assert info.value.code == 1
+
+
+# ---- function info --------------------------------------------------------------------------
+
+
+def test_param_info_loop_stops_at_invalid_value(backend: CudaBackend, drv: FakeDriver) -> None:
+    layout = [(0, 24), (24, 1), (32, 8)]
+    drv.replies["cuModuleGetFunction"] = (OK, "func")
+    drv.replies["cuFuncGetParamInfo"] = lambda f, i: (
+        (OK, *layout[i]) if i < len(layout) else (INVALID_VALUE, 0, 0)
+    )
+    attrs = {0: 1024, 1: 48, 8: 99 * 1024}
+    drv.replies["cuFuncGetAttribute"] = lambda attr, f: (OK, attrs[int(attr)])
+    info = backend.function_get("mod", "k")
+    assert info.params == layout and info.arg_bytes == 40
+    assert [a[1] for a in drv.called("cuFuncGetParamInfo")] == [0, 1, 2, 3]
+    assert (info.max_threads_per_block, info.static_shared_bytes) == (1024, 48)
+    assert info.max_dynamic_shared_bytes == 99 * 1024
+
+    drv.replies["cuFuncGetParamInfo"] = (CUresult.CUDA_ERROR_INVALID_HANDLE, 0, 0)
+    with pytest.raises(BackendError) as err:
+        backend.function_get("mod", "k")
+    assert err.value.code == 400
+
+
+# ---- copies ---------------------------------------------------------------------------------
+
+
+def test_htod_waits_only_for_registered_sources(backend: CudaBackend, drv: FakeDriver) -> None:
+    shm = mmap.mmap(-1, 1 << 16)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(shm))
+    backend.host_register(base, len(shm))
+    assert drv.called("cuMemHostRegister") == [(base, len(shm), 1)]  # PORTABLE
+
+    backend.memcpy_htod(0x1000, memoryview(shm)[256:512].toreadonly(), 256, "s")
+    assert drv.called("cuMemcpyHtoDAsync") == [(0x1000, base + 256, 256, "s")]
+    assert drv.called("cuStreamSynchronize") == [("s",)]
+
+    drv.calls.clear()
+    backend.memcpy_htod(0x1000, b"x" * 64, 64, "s")  # pageable: the driver staged it
+    assert len(drv.called("cuMemcpyHtoDAsync")) == 1 and not drv.called("cuStreamSynchronize")
+
+    backend.host_unregister(base)
+    drv.calls.clear()
+    backend.memcpy_htod(0x1000, memoryview(shm)[:16], 16, "s")
+    assert not drv.called("cuStreamSynchronize")
+
+    with pytest.raises(BackendError) as info:
+        backend.memcpy_htod(0x1000, b"short", 6, "s")
+    assert info.value.code == 1
+
+
+def _fill(dst: Any, src: int, n: int, s: Any) -> tuple[Any]:
+    """A cuMemcpyDtoHAsync that, like cuda-python's, takes an address or a writable buffer."""
+    addr = dst if isinstance(dst, int) else ctypes.addressof((ctypes.c_char * n).from_buffer(dst))
+    ctypes.memset(addr, 0xAB, n)
+    return (OK,)
+
+
+def test_dtoh_into_pageable_bytearray_needs_no_synchronize(backend: CudaBackend, drv: FakeDriver) -> None:
+    # An async copy to pageable memory returns once the data is there (CUDA's documented rule).
+    drv.replies["cuMemcpyDtoHAsync"] = _fill
+    out = bytearray(8)
+    backend.memcpy_dtoh(out, 0x2000, 4, "s")
+    assert out == b"\xab" * 4 + b"\0" * 4
+    assert drv.called("cuStreamSynchronize") == []
+
+
+def test_dtoh_into_other_buffers_synchronizes(backend: CudaBackend, drv: FakeDriver) -> None:
+    # A memoryview may be registered staging memory, where the DMA runs after the call returns.
+    drv.replies["cuMemcpyDtoHAsync"] = _fill
+    store = bytearray(8)
+    backend.memcpy_dtoh(memoryview(store), 0x2000, 4, "s")
+    assert store == b"\xab" * 4 + b"\0" * 4
+    assert drv.called("cuStreamSynchronize") == [("s",)]
+    with pytest.raises(BackendError):
+        backend.memcpy_dtoh(b"readonly", 0x2000, 4, "s")
+
+
+def test_unbound_thread_borrows_a_context_to_register(drv: FakeDriver) -> None:
+    be = CudaBackend()
+    be.host_register(0x10000, 4096)
+    names = [n for n, _ in drv.calls]
+    assert names[-3:] == ["cuCtxPushCurrent", "cuMemHostRegister", "cuCtxPopCurrent"]
+
+
+# ---- the rest -------------------------------------------------------------------------------
+
+
+def test_zero_sizes_skip_the_driver(backend: CudaBackend, drv: FakeDriver) -> None:
+    assert backend.mem_alloc(0) == 0
+    backend.mem_free(0)
+    backend.memcpy_htod(0x1000, b"", 0, None)
+    assert drv.calls == []
+
+
+def test_queries(backend: CudaBackend, drv: FakeDriver) -> None:
+    assert backend.stream_query("s") is True
+    drv.replies["cuStreamQuery"] = (CUresult.CUDA_ERROR_NOT_READY,)
+    assert backend.stream_query("s") is False
+    drv.replies["cuEventQuery"] = (CUresult.CUDA_ERROR_ILLEGAL_ADDRESS,)
+    with pytest.raises(BackendError) as info:
+        backend.event_query("e")
+    assert info.value.code == 700
+    drv.replies["cuEventElapsedTime"] = (OK, 1.5)
+    assert backend.event_elapsed_ms("a", "b") == 1.5
+
+
+def test_module_load_terminates_ptx_only(backend: CudaBackend, drv: FakeDriver) -> None:
+    fatbin = b"\x50\xed\x55\xba\x01\x00\x10\x00" + b"\1" * 8
+    backend.module_load(fatbin)
+    backend.module_load(b".version 8.0")
+    assert [a[0] for a in drv.called("cuModuleLoadData")] == [fatbin, b".version 8.0\0"]
+
+
+def test_device_info_skips_rejected_attributes(backend: CudaBackend, drv: FakeDriver) -> None:
+    drv.replies["cuDeviceGetName"] = (OK, b"Fake GPU\0\0\0")
+    drv.replies["cuDeviceGetUuid"] = (OK, types.SimpleNamespace(bytes=bytes(range(16))))
+    drv.replies["cuDeviceTotalMem"] = (OK, 80 << 30)
+    drv.replies["cuDriverGetVersion"] = (OK, 13000)
+    drv.replies["cuDeviceGetAttribute"] = lambda attr, dev: (
+        (OK, 1024) if int(attr) == 1 else (INVALID_VALUE, 0)
+    )
+    info = backend.device_info(0)
+    assert (info.name, info.uuid, info.total_mem, info.driver_version) == (
+        "Fake GPU",
+        bytes(range(16)),
+        80 << 30,
+        13000,
+    )
+    assert info.attrs == {1: 1024}
+    with pytest.raises(BackendError) as err:
+        backend.device_info(1)
+    assert err.value.code == 101
+
+
+def test_constants_match_cuda_python() -> None:
+    """The ABI numbers the backend hard-codes are the binding's."""
+    cu = pytest.importorskip("cuda.bindings.driver")
+    assert (cu.CU_LAUNCH_PARAM_BUFFER_POINTER, cu.CU_LAUNCH_PARAM_BUFFER_SIZE) == (1, 2)
+    assert cu.CU_LAUNCH_PARAM_END == 0 and cu.CU_MEMHOSTREGISTER_PORTABLE == 1
+    flags = cu.CUevent_flags
+    assert (int(flags.CU_EVENT_BLOCKING_SYNC), int(flags.CU_EVENT_DISABLE_TIMING)) == (1, 2)
+    assert int(flags.CU_EVENT_INTERPROCESS) == 4
+    assert int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING) == 1
