@@ -111,17 +111,23 @@ class Daemon:
                     poller.register(w.pidfd, zmq.POLLIN)
                     by_fd[w.pidfd] = sid
             ready = dict(poller.poll(POLL_MS))
-            for fd, sid in by_fd.items():
-                if fd in ready:
-                    self._end_session(sid, "process exited")
-            self._reap_without_pidfd()
+            try:
+                for fd, sid in by_fd.items():
+                    if fd in ready:
+                        self._end_session(sid, "process exited")
+                self._reap_without_pidfd()
+            except Exception:  # the front door stays open whatever one session does
+                log.exception("router: session reaping failed")
             if router in ready:
                 while True:
                     try:
                         frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    self._handle(router, frames)
+                    try:
+                        self._handle(router, frames)
+                    except Exception:
+                        log.exception("router: request failed; dropped")
 
     def _reap_without_pidfd(self) -> None:
         for sid, w in list(self._watched.items()):
@@ -151,7 +157,7 @@ class Daemon:
         rep = new("pilot_rep_hello")
         try:
             creds = Credentials.from_peer_address(frames[1].get("Peer-Address"))
-        except ValueError as exc:
+        except (ValueError, zmq.ZMQError) as exc:
             log.warning("router: HELLO refused: %s", exc)
             rep.hdr.err = CUDA_ERROR_INITIALIZATION
             return to_bytes(rep)

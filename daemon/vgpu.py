@@ -122,8 +122,12 @@ class VGpu:
                 return
             for i in range(n):
                 handle(msgs[i])
-            if control[0] and not self._control():
-                return
+            if control[0]:
+                try:
+                    if not self._control():
+                        return
+                except Exception:  # a release that failed must not take the vGPU down
+                    log.exception("vgpu-%d: control command failed", self.index)
 
     def _control(self) -> bool:
         """Runs queued control commands; False once told to stop."""

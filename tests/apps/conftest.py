@@ -36,7 +36,7 @@ APPS_DIR = Path(__file__).resolve().parent
 GPU_DIR = APPS_DIR.parent / "gpu"
 # name -> source; the two tests/gpu programs are self-checking and also run on the H100.
 SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
-           ("vector_add", "kernel_args", "copies", "memset", "streams_events", "errors")}
+           ("vector_add", "kernel_args", "copies", "memset", "streams_events", "errors", "threads")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 PROGRAMS = tuple(SOURCES)
 NVCC_FLAGS = ("-cudart", "shared", "-O2", "-Wno-deprecated-gpu-targets")
@@ -169,9 +169,13 @@ def pilotd() -> Iterator[Daemon]:
     try:
         yield daemon
     finally:
+        early_exit = proc.poll()
         killed = _stop(proc)
         reader.join(5)
         shutil.rmtree(workdir, ignore_errors=True)
+        if early_exit is not None:
+            pytest.fail(f"pilotd exited with {early_exit} while tests were running\n"
+                        f"{daemon.log_tail(200)}", pytrace=False)
         if killed:
             pytest.fail(f"pilotd ignored SIGTERM for {STOP_TIMEOUT_S:.0f} s and was killed\n"
                         f"{daemon.log_tail()}", pytrace=False)

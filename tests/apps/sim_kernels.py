@@ -168,3 +168,17 @@ def touch(k: SimLaunch) -> None:
     out = np.frombuffer(k.view(p, 4 * count), dtype=np.int32)
     np.multiply(np.arange(count, dtype=np.int32), np.int32(3), out=out)
     np.add(out, np.int32(1), out=out)
+
+
+# ---- threads.cu ----
+
+@sim_kernel("_Z9scale_addPiiii")
+def scale_add(k: SimLaunch) -> None:
+    """v[i] = v[i] * mul + add for i < n covered by the grid (int32 wrap-around, as on the GPU)."""
+    v, n, mul, add = k.ptr(0), k.i32(1), k.i32(2), k.i32(3)
+    count = _one_per_element(k, n)
+    if count == 0:
+        return
+    out = np.frombuffer(k.view(v, 4 * count), dtype=np.int32)
+    np.multiply(out, np.int32(mul), out=out)
+    np.add(out, np.int32(add), out=out)

@@ -9,10 +9,12 @@ H100 (CUDA 13.0 runtime, driver 580.159): pilot has to report the same ones.
 
 from __future__ import annotations
 
+import os
 import queue
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -422,7 +424,7 @@ def test_every_kernel_has_an_emulation(app_binaries: dict[str, Path]) -> None:
             found = {"_" + rest, rest} & symbols  # C++ kernels: "_Z...", extern "C": name
             assert len(found) == 1, f"{exe.name}: cannot tell the kernel of stub {sym}"
             kernels |= found
-    assert len(kernels) == 13, sorted(kernels)  # 8 in tests/apps, 5 in tests/gpu
+    assert len(kernels) == 14, sorted(kernels)  # 9 in tests/apps, 5 in tests/gpu
     assert sorted(kernels - set(registry.names())) == []
 
 
@@ -432,3 +434,71 @@ def test_gpu_programs_check_themselves_under_sim(run_under_pilot: Callable[..., 
     proc = run_under_pilot(program, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.rstrip().splitlines()[-1] == "PASS"
+
+
+def test_threads_share_one_connection(run_under_pilot: Callable[..., Any]) -> None:
+    """Six host threads, each with a stream, interleave inline and staged copies, kernels and
+    synchronizations on the process's one connection."""
+    expected = []
+    for t in range(6):
+        n = 100000 if t % 2 else 1000
+        total = sum((t + 2) * (n * (n - 1) // 2 + n * (7 * t + r)) + n * r for r in range(20))
+        expected.append(f"thread {t}: ok checksum {total}")
+    proc = run_under_pilot("threads", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == [*expected, "PASS"]
+
+
+APPS_DIR = Path(__file__).resolve().parent
+NATIVE = os.environ.get("PILOT_APPS_NATIVE") == "1"
+
+
+def test_pilot_run_preloads_the_shim(app_binaries: dict[str, Path], pilot_client_env: dict[str, str],
+                                     shim_path: str) -> None:
+    """`pilot run -- PROG` is the same as LD_PRELOAD=$(pilot shim-path) PROG."""
+    if NATIVE:
+        pytest.skip("pilot only")
+    env = {k: v for k, v in pilot_client_env.items() if k != "LD_PRELOAD"}
+    out = subprocess.run([sys.executable, "-m", "pilot.cli.pilot", "shim-path"], env=env,
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == shim_path and Path(shim_path).is_absolute()
+    proc = subprocess.run([sys.executable, "-m", "pilot.cli.pilot", "run", "--",
+                           str(app_binaries["vector_add"])], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "PASS", proc.stdout + proc.stderr
+
+
+def test_daemon_that_dies_mid_session_fails_calls_not_the_program(
+        app_binaries: dict[str, Path], pilot_client_env: dict[str, str], tmp_path: Path) -> None:
+    """SIGKILL pilotd while a client copies: the client's next call returns an error (its own
+    CHECK then exits 1) within seconds, with a message; no hang, no crash."""
+    if NATIVE:
+        pytest.skip("pilot only")
+    sock = tmp_path / "doomed.sock"
+    log = (tmp_path / "doomed.log").open("w")
+    daemon = subprocess.Popen([sys.executable, "-m", "pilot.daemon", "--backend", "sim", "--socket",
+                               str(sock), "--sim-kernels", str(APPS_DIR / "sim_kernels.py")],
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while "pilotd ready" not in (tmp_path / "doomed.log").read_text():
+            assert daemon.poll() is None and time.monotonic() < deadline, "pilotd did not start"
+            time.sleep(0.05)
+        env = {**pilot_client_env, "PILOT_SOCKET": str(sock)}
+        proc = subprocess.Popen([str(app_binaries["errors"]), "killed_mid_copy"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert _first_line(proc, timeout=60) == "copying"
+        daemon.kill()
+        daemon.wait()
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("client hung after pilotd died", pytrace=False)
+        assert proc.returncode == 1, (proc.returncode, err)  # CHECK's exit, not a signal
+        assert "lost connection to pilotd" in err
+        assert "CUDA error cudaErrorDevicesUnavailable" in out, out
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+        log.close()
