@@ -71,7 +71,7 @@ def device_info(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     rep = new("pilot_rep_device_info")
     rep.device_count = 1
     rep.driver_version = info.driver_version
-    rep.total_mem = vg.capacity
+    rep.total_mem = vg.memory_limits(s)[1]
     name = info.name.encode()[: lib.PILOT_NAME_MAX - 1]
     ffi.memmove(rep.name, name, len(name))
     ffi.memmove(rep.uuid, info.uuid[:16], min(16, len(info.uuid)))
@@ -93,7 +93,7 @@ def device_reset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     backend = vg.backend
     for ptr in list(s.allocations):
         backend.mem_free(ptr)
-        s.remove_allocation(ptr)
+        vg.unadmit(s, s.remove_allocation(ptr))
     for ev in s.events.values():
         backend.event_destroy(ev)
     for st in s.streams.values():
@@ -252,15 +252,21 @@ def launch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     g, b = req.grid, req.block
     vg.backend.launch(info.handle, (g[0], g[1], g[2]), (b[0], b[1], b[2]), req.shared_bytes, stream,
                       payload[:])
-    vg.kernels_launched += 1
+    vg.shard.kernels += 1
 
 
 # ---- memory ----
 
 @handler(lib.PILOT_OP_MALLOC, "pilot_req_malloc")
 def malloc(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
-    ptr = vg.backend.mem_alloc(req.size)
-    s.add_allocation(ptr, req.size)
+    size = req.size
+    vg.admit(s, size)  # tenant quota and GPU capacity
+    try:
+        ptr = vg.backend.mem_alloc(size)
+    except BaseException:
+        vg.unadmit(s, size)
+        raise
+    s.add_allocation(ptr, size)
     return _u64(ptr)
 
 
@@ -269,13 +275,12 @@ def free(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     if req.ptr not in s.allocations:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{req.ptr:#x} is not an allocation of this session")
     vg.backend.mem_free(req.ptr)
-    s.remove_allocation(req.ptr)
+    vg.unadmit(s, s.remove_allocation(req.ptr))
 
 
 @handler(lib.PILOT_OP_MEM_GET_INFO)
 def mem_get_info(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
-    free_bytes, total = vg.backend.mem_get_info(vg.device)
-    return _u64(min(free_bytes, vg.capacity), min(total, vg.capacity))
+    return _u64(*vg.memory_limits(s))
 
 
 def _copy_stream(vg: VGpu, s: Session, req: Any) -> Any:
@@ -287,6 +292,7 @@ def memcpy_h2d(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     _need(payload, req.count, "host-to-device data")
     s.check_range(req.dst, req.count)
     vg.backend.memcpy_htod(req.dst, payload, req.count, _copy_stream(vg, s, req))
+    vg.metrics.bytes_copied("h2d", req.count)
 
 
 @handler(lib.PILOT_OP_MEMCPY_D2H, "pilot_req_memcpy", synchronizing=True)
@@ -296,6 +302,7 @@ def memcpy_d2h(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     s.check_range(req.src, req.count)
     out = bytearray(req.count)
     vg.backend.memcpy_dtoh(out, req.src, req.count, _copy_stream(vg, s, req))
+    vg.metrics.bytes_copied("d2h", req.count)
     return new("pilot_rep_status"), out
 
 
@@ -304,6 +311,7 @@ def memcpy_d2d(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     s.check_range(req.dst, req.count)
     s.check_range(req.src, req.count)
     vg.backend.memcpy_dtod(req.dst, req.src, req.count, _copy_stream(vg, s, req))
+    vg.metrics.bytes_copied("d2d", req.count)
 
 
 def _slot(s: Session, req: Any) -> memoryview:
@@ -320,12 +328,14 @@ def memcpy_h2d_staged(vg: VGpu, s: Session, req: Any, payload: memoryview) -> No
     s.check_range(req.dst, req.count)
     # The backend returns once the slot may be refilled (it waits for the DMA from pinned memory).
     vg.backend.memcpy_htod(req.dst, _slot(s, req), req.count, _copy_stream(vg, s, req))
+    vg.metrics.bytes_copied("h2d", req.count)
 
 
 @handler(lib.PILOT_OP_MEMCPY_D2H_STAGED, "pilot_req_memcpy", synchronizing=True)
 def memcpy_d2h_staged(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     s.check_range(req.src, req.count)
     vg.backend.memcpy_dtoh(_slot(s, req), req.src, req.count, _copy_stream(vg, s, req))
+    vg.metrics.bytes_copied("d2h", req.count)
 
 
 @handler(lib.PILOT_OP_MEMSET, "pilot_req_memset")

@@ -1,18 +1,27 @@
-"""`pilotd`: start the daemon in the foreground (systemd runs it the same way)."""
+"""`pilotd`: start the daemon in the foreground (systemd runs it the same way, Type=notify).
+
+Settings come from the TOML file (--config, default /etc/pilot/pilotd.toml when it exists), and
+command-line options override it. A bad setting stops the start with one line naming it.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
-import sys
+from typing import Any
 
 import click
 
+from .config import DEFAULT_CONFIG_PATH, ConfigError, load_config, parse_bytes
+from .logs import setup_logging
 from .protocol import socket_path
 from .server import Daemon, DaemonError
 
+log = logging.getLogger("pilot.main")
 
-def make_backend(name: str, sim_kernels: tuple[str, ...], devices: list[int] | None):
+
+def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] | None) -> Any:
     if name == "sim":
         from .backend_sim import SimBackend
         from .sim_kernels import load_kernel_files
@@ -20,49 +29,69 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], devices: list[int] | N
         return SimBackend(load_kernel_files(list(sim_kernels)))
     from .backend_cuda import CudaBackend
 
-    return CudaBackend(devices)
+    return CudaBackend(list(gpus) if gpus else None)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--backend", type=click.Choice(["cuda", "sim"]), default="cuda", show_default=True,
-              help="cuda: the real GPU; sim: CPU simulation for tests.")
+@click.option("--config", "config_path", metavar="PATH",
+              help="TOML settings [default: /etc/pilot/pilotd.toml if it exists].")
+@click.option("--backend", type=click.Choice(["cuda", "sim"]),
+              help="cuda (default): the GPUs; sim: CPU simulation for tests.")
 @click.option("--socket", "socket_", metavar="PATH", envvar="PILOT_SOCKET",
-              help="Main socket path [default: /run/pilot/pilot.sock for root, else "
+              help="Main socket [default: /run/pilot/pilot.sock for root, else "
                    "$XDG_RUNTIME_DIR/pilot/pilot.sock].")
-@click.option("--vgpus-per-gpu", type=click.IntRange(1, 64), default=2, show_default=True)
-@click.option("--device", "devices", type=int, multiple=True, help="GPU ordinal to serve (repeatable).")
-@click.option("--capacity", type=int, default=None,
-              help="Bytes of device memory granted per GPU (default: the card's).")
+@click.option("--control-socket", metavar="PATH",
+              help="pilotctl's socket [default: control.sock beside --socket].")
+@click.option("--vgpus-per-gpu", type=click.IntRange(1, 64))
+@click.option("--device", "devices", type=int, multiple=True,
+              help="GPU index to serve (repeatable) [default: all].")
+@click.option("--capacity", metavar="SIZE",
+              help="Device memory granted per GPU, e.g. 20GiB [default: the card's].")
+@click.option("--state-dir", metavar="DIR", help="Where quotas persist.")
+@click.option("--metrics-address", metavar="HOST:PORT", help='Prometheus exporter ("" disables).')
+@click.option("--admin-group", metavar="GROUP", help="Group allowed to change quotas, kill, drain.")
 @click.option("--sim-kernels", type=click.Path(exists=True, dir_okay=False), multiple=True,
               help="Python file of kernel emulations for --backend sim (repeatable).")
-@click.option("--spin-us", type=click.IntRange(0, 10000), default=50, show_default=True,
+@click.option("--spin-us", type=click.IntRange(0, 10000),
               help="Microseconds a vGPU thread polls for the next call before it sleeps.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
-              default="info", show_default=True)
-def main(backend: str, socket_: str | None, vgpus_per_gpu: int, devices: tuple[int, ...],
-         capacity: int | None, sim_kernels: tuple[str, ...], spin_us: int, log_level: str) -> None:
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--log-format", type=click.Choice(["text", "json"]))
+def main(config_path: str | None, backend: str | None, socket_: str | None, control_socket: str | None,
+         vgpus_per_gpu: int | None, devices: tuple[int, ...], capacity: str | None,
+         state_dir: str | None, metrics_address: str | None, admin_group: str | None,
+         sim_kernels: tuple[str, ...], spin_us: int | None, log_level: str | None,
+         log_format: str | None) -> None:
     """Serve CUDA programs run under libpilot.so."""
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper()),
-        format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    path = socket_ or socket_path(for_daemon=True)
     try:
-        be = make_backend(backend, sim_kernels, list(devices) or None)
-        daemon = Daemon(be, path, vgpus_per_gpu=vgpus_per_gpu,
-                        devices=None if backend == "sim" or not devices else list(range(len(devices))),
-                        capacity=capacity, spin_us=spin_us)
+        overrides = {
+            "backend": backend, "socket": socket_, "control_socket": control_socket,
+            "vgpus_per_gpu": vgpus_per_gpu, "gpus": tuple(devices) or None,
+            "capacity": parse_bytes(capacity) if capacity is not None else None,
+            "state_dir": state_dir, "metrics_address": metrics_address,
+            "admin_group": admin_group, "sim_kernels": tuple(sim_kernels) or None,
+            "spin_us": spin_us, "log_level": log_level, "log_format": log_format,
+        }
+        config = load_config(config_path, overrides)
+    except (ConfigError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    setup_logging(config.log_level, config.log_format)
+    path = config.socket or socket_path(for_daemon=True)
+    control_path = config.control_socket_path(path)
+    try:
+        be = make_backend(config.backend, config.sim_kernels, config.gpus)
+        daemon = Daemon(be, config, path, control_path)
     except (DaemonError, ImportError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # a backend that cannot start (no driver, no GPU)
-        raise click.ClickException(f"cannot start the {backend} backend: {exc}") from exc
+        raise click.ClickException(f"cannot start the {config.backend} backend: {exc}") from exc
 
     def stop(signum: int, frame: object) -> None:
         daemon.request_stop()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    log.info("pilotd %s starting (pid %d, config %s)", daemon.version, os.getpid(),
+             config_path or (DEFAULT_CONFIG_PATH if os.path.exists(DEFAULT_CONFIG_PATH) else "defaults"))
     try:
         daemon.run()
     except DaemonError as exc:

@@ -36,9 +36,9 @@ def to_bytes(cdata: Any) -> bytes:
 
 
 def op_names() -> dict[int, str]:
-    """Opcode number -> enum name (PILOT_OP_MALLOC ...), for logs and metrics."""
+    """Opcode number -> short name (PILOT_OP_MEMCPY_D2H -> memcpy_d2h), for logs and metrics."""
     return {
-        getattr(lib, name): name
+        getattr(lib, name): name[len("PILOT_OP_"):].lower()
         for name in dir(lib)
         if name.startswith("PILOT_OP_") and isinstance(getattr(lib, name), int)
     }

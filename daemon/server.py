@@ -1,9 +1,12 @@
-"""The daemon's front door: the main ROUTER socket and the thread that owns it (`pilot-router`).
+"""The daemon's front door: the main and control ROUTER sockets and the thread that owns them
+(`pilot-router`).
 
 It opens sessions (HELLO: the client's uid/gid/pid come from the kernel through libzmq's
-SO_PEERCRED metadata, never from the message), places each on the vGPU with the fewest
-sessions, answers control queries, and watches every client process through a pidfd so that a
-client that exits or crashes has everything released within milliseconds.
+SO_PEERCRED metadata, never from the message), places each on the least busy vGPU of a GPU that
+is not draining, serves pilotctl's commands (control.py), watches every client process through
+a pidfd so that a client that exits or crashes has everything released within milliseconds, and
+keeps systemd informed (READY, watchdog, STOPPING). It also starts the NVML poller and the
+Prometheus exporter.
 """
 
 from __future__ import annotations
@@ -14,15 +17,26 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
+from pilot import __version__
+
+from . import control, sdnotify
 from .backend import CUDA_ERROR_INITIALIZATION, CUDA_ERROR_NOT_SUPPORTED, Backend
+from .config import Config
+from .metrics import Metrics, PilotCollector, start_exporter
+from .nvml import NvmlPoller, NvmlSource, NvmlUnavailable, SimSource
 from .protocol import ENVELOPE_SIZE, ffi, lib, new, to_bytes
+from .services import GpuBudget, Services
 from .session import Credentials, Session, read_cmdline
+from .tenants import Ledger, QuotaStore, TenantResolver
 from .vgpu import VGpu
+
+CUDA_ERROR_DEVICES_UNAVAILABLE = 46
 
 log = logging.getLogger("pilot.server")
 
@@ -60,20 +74,37 @@ def prepare_socket_path(path: str) -> None:
 
 
 class Daemon:
-    def __init__(self, backend: Backend, socket_path: str, vgpus_per_gpu: int = 2,
-                 devices: list[int] | None = None, capacity: int | None = None,
-                 spin_us: int = 50) -> None:
+    def __init__(self, backend: Backend, config: Config, socket_path: str,
+                 control_path: str) -> None:
         self.backend = backend
+        self.config = config
         self.socket_path = socket_path
+        self.control_path = control_path
+        self.version = __version__
+        self.started = time.time()
         self.ctx = zmq.Context()
-        devices = devices if devices is not None else list(range(backend.device_count()))
-        if not devices:
+        count = backend.device_count()
+        if not count:
             raise DaemonError("no GPU to serve")
+        # Backend device d is the host's GPU gpus[d] (the backend was opened on config.gpus).
+        host_index = list(config.gpus) if config.gpus else list(range(count))
+        self.gpus = {host_index[d]: d for d in range(count)}
+        capacities = {g: config.capacity_for(g, backend.device_info(d).total_mem)
+                      for g, d in self.gpus.items()}
+        self.resolver = TenantResolver(config.tenants)
+        self.quotas = QuotaStore(config.state_dir)
+        self.ledger = Ledger()
+        self.metrics = Metrics()
+        self.services = Services(self.quotas, self.ledger, GpuBudget(capacities), self.metrics)
         self.vgpus = [
-            VGpu(i, dev, backend, f"{socket_path}.vgpu{i}", capacity, spin_us)
-            for i, dev in enumerate(d for d in devices for _ in range(vgpus_per_gpu))
+            VGpu(i, d, backend, f"{socket_path}.vgpu{i}", self.services, config.spin_us, gpu=g)
+            for i, (g, d) in enumerate((g, d) for g, d in self.gpus.items()
+                                       for _ in range(config.vgpus_per_gpu))
         ]
+        self.draining: set[int] = set()
         self._stop = threading.Event()
+        self._nvml: NvmlPoller | None = None
+        self._exporter: Any = None
         # Owned by the router thread.
         self._watched: dict[int, Watched] = {}
         self._next_session = 1
@@ -84,55 +115,105 @@ class Daemon:
     def run(self) -> None:
         """Bind everything, then serve on the calling thread until request_stop()."""
         threading.current_thread().name = "pilot-router"
-        prepare_socket_path(self.socket_path)
-        for vg in self.vgpus:
-            prepare_socket_path(vg.endpoint_path)
+        for path in (self.socket_path, self.control_path, *(vg.endpoint_path for vg in self.vgpus)):
+            prepare_socket_path(path)
         router = self.ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
         router.bind(f"ipc://{self.socket_path}")
+        control_sock = self.ctx.socket(zmq.ROUTER)
+        control_sock.setsockopt(zmq.LINGER, 0)
+        control_sock.bind(f"ipc://{self.control_path}")
         try:
             for vg in self.vgpus:
                 vg.start()
                 os.chmod(vg.endpoint_path, 0o666)  # access is decided by peer credentials
             os.chmod(self.socket_path, 0o666)
-            log.info("pilotd ready on %s with %d vGPU(s), backend %s", self.socket_path,
-                     len(self.vgpus), self.backend.name)
-            self._serve(router)
+            os.chmod(self.control_path, 0o666)  # changes are checked against the caller's uid
+            self._start_nvml()
+            self._start_exporter()
+            log.info("pilotd ready on %s with %d vGPU(s) on GPU(s) %s, backend %s", self.socket_path,
+                     len(self.vgpus), sorted(self.gpus), self.backend.name)
+            sdnotify.notify("READY=1", f"STATUS=serving {len(self.vgpus)} vGPU(s) on {self.socket_path}")
+            self._serve(router, control_sock)
         finally:
-            self._shutdown(router)
+            sdnotify.notify("STOPPING=1")
+            self._shutdown(router, control_sock)
 
-    def _serve(self, router: zmq.Socket) -> None:
+    def _start_nvml(self) -> None:
+        if self.backend.name == "sim":
+            budget = self.services.budget
+            source: Any = SimSource(total=budget.capacity(min(self.gpus)), used=budget.used)
+        else:
+            try:
+                source = NvmlSource()
+            except NvmlUnavailable as exc:
+                log.warning("NVML unavailable (%s): no GPU readings", exc)
+                return
+        self._nvml = NvmlPoller(source, sorted(self.gpus), self.config.nvml_poll_interval)
+        self._nvml.start()
+
+    def _start_exporter(self) -> None:
+        if not self.config.metrics_address:
+            return
+        try:
+            self._exporter = start_exporter(self.config.metrics_address,
+                                            PilotCollector(self.metrics, self.snapshot, self._nvml))
+        except (OSError, ValueError) as exc:
+            log.warning("metrics exporter disabled: cannot listen on %s (%s)",
+                        self.config.metrics_address, exc)
+            return
+        log.info("metrics on http://%s/metrics", self.config.metrics_address)
+
+    def _serve(self, router: zmq.Socket, control_sock: zmq.Socket) -> None:
+        interval = sdnotify.watchdog_interval()
+        watchdog = sdnotify.Watchdog(interval) if interval else None
         while not self._stop.is_set():
             poller = zmq.Poller()
             poller.register(router, zmq.POLLIN)
+            poller.register(control_sock, zmq.POLLIN)
             by_fd: dict[int, int] = {}
             for sid, w in self._watched.items():
                 if w.pidfd is not None:
                     poller.register(w.pidfd, zmq.POLLIN)
                     by_fd[w.pidfd] = sid
             ready = dict(poller.poll(POLL_MS))
+            if watchdog is not None:
+                watchdog.maybe_ping()
             try:
                 for fd, sid in by_fd.items():
                     if fd in ready:
-                        self._end_session(sid, "process exited")
+                        self.end_session(sid, "process exited")
                 self._reap_without_pidfd()
             except Exception:  # the front door stays open whatever one session does
                 log.exception("router: session reaping failed")
-            if router in ready:
+            for sock, handle in ((router, self._handle), (control_sock, self._handle_control)):
+                if sock not in ready:
+                    continue
                 while True:
                     try:
-                        frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
                     try:
-                        self._handle(router, frames)
+                        handle(sock, frames)
                     except Exception:
                         log.exception("router: request failed; dropped")
 
     def _reap_without_pidfd(self) -> None:
         for sid, w in list(self._watched.items()):
             if w.pidfd is None and not os.path.exists(f"/proc/{w.session.creds.pid}"):
-                self._end_session(sid, "process exited")
+                self.end_session(sid, "process exited")
+
+    def _handle_control(self, sock: zmq.Socket, frames: list[zmq.Frame]) -> None:
+        if len(frames) != 2:
+            log.warning("control: dropped a malformed message")
+            return
+        try:
+            creds = Credentials.from_peer_address(frames[1].get("Peer-Address"))
+        except (ValueError, zmq.ZMQError) as exc:
+            log.warning("control: request without credentials refused: %s", exc)
+            return
+        sock.send_multipart([frames[0], control.handle(self, creds, frames[1].bytes)])
 
     def _handle(self, router: zmq.Socket, frames: list[zmq.Frame]) -> None:
         if len(frames) < 2 or len(frames[1]) < ENVELOPE_SIZE:
@@ -146,7 +227,7 @@ class Daemon:
             router.send_multipart([frames[0], frames[1], body])
         elif env.opcode == lib.PILOT_OP_SESSIONS:
             rep = new("pilot_rep_status")
-            listing = json.dumps(self.sessions()).encode()
+            listing = json.dumps(self.session_summaries()).encode()
             router.send_multipart([frames[0], frames[1], to_bytes(rep), listing])
         else:
             rep = new("pilot_rep_status")
@@ -164,10 +245,17 @@ class Daemon:
         # A pid that says HELLO again has exec'd a new program: its old session is dead.
         for sid, w in list(self._watched.items()):
             if w.session.creds.pid == creds.pid:
-                self._end_session(sid, "process exec'd")
-        vg = min(self.vgpus, key=lambda v: len(v.sessions))
-        session = Session(id=self._next_session, creds=creds, vgpu=vg.index, device=vg.device,
-                          cmdline=read_cmdline(creds.pid))
+                self.end_session(sid, "process exec'd")
+        open_vgpus = [v for v in self.vgpus if v.gpu not in self.draining]
+        tenant = self.resolver.tenant_of(creds.uid, creds.gid)
+        if not open_vgpus:
+            log.warning("router: session of pid %d refused: every GPU is draining", creds.pid,
+                        extra={"tenant": tenant})
+            rep.hdr.err = CUDA_ERROR_DEVICES_UNAVAILABLE
+            return to_bytes(rep)
+        vg = min(open_vgpus, key=lambda v: len(v.sessions))
+        session = Session(id=self._next_session, creds=creds, vgpu=vg.index, device=vg.gpu,
+                          tenant=tenant, cmdline=read_cmdline(creds.pid))
         self._next_session += 1
         try:
             pidfd: int | None = os.pidfd_open(creds.pid)
@@ -176,7 +264,7 @@ class Daemon:
         vg.sessions[session.id] = session
         self._watched[session.id] = Watched(session, vg, pidfd)
         log.info("session %d: pid %d uid %d (%s) on vGPU %d", session.id, creds.pid, creds.uid,
-                 session.cmdline[:80], vg.index)
+                 session.cmdline[:80], vg.index, extra={"session": session.id, "tenant": tenant})
         rep.session = session.id
         rep.vgpu = vg.index
         rep.device = 0
@@ -184,28 +272,51 @@ class Daemon:
         ffi.memmove(rep.endpoint, endpoint, len(endpoint))
         return to_bytes(rep)
 
-    def _end_session(self, sid: int, why: str) -> None:
+    def end_session(self, sid: int, why: str) -> bool:
+        """Tell the session's vGPU to release it (router thread). False if there is no such."""
         w = self._watched.pop(sid, None)
         if w is None:
-            return
+            return False
         if w.pidfd is not None:
             os.close(w.pidfd)
-        log.info("session %d (pid %d): %s", sid, w.session.creds.pid, why)
+        log.info("session %d (pid %d): %s", sid, w.session.creds.pid, why,
+                 extra={"session": sid, "tenant": w.session.tenant})
         w.vgpu.send_control(b"R", sid)
+        return True
 
-    def sessions(self) -> list[dict[str, Any]]:
+    def session_summaries(self) -> list[dict[str, Any]]:
         return [w.session.summary() for w in list(self._watched.values())]
 
-    def _shutdown(self, router: zmq.Socket) -> None:
+    def snapshot(self) -> dict[str, Any]:
+        """The daemon's state for pilotctl status and the metrics collector (any thread)."""
+        readings = self._nvml.latest() if self._nvml is not None else {}
+        budget = self.services.budget
+        return {
+            "sessions": self.session_summaries(),
+            "gpus": [{"index": g, "capacity": budget.capacity(g), "used_by_pilot": budget.used(g),
+                      "draining": g in self.draining, "reading": readings.get(g)}
+                     for g in sorted(self.gpus)],
+            "quotas": {t: {k: {"hard": q.hard, "provisioned": q.provisioned} for k, q in per.items()}
+                       for t, per in self.quotas.list().items()},
+            "vgpus": [{"index": v.index, "gpu": v.gpu, "sessions": len(v.sessions)}
+                      for v in self.vgpus],
+        }
+
+    def _shutdown(self, router: zmq.Socket, control_sock: zmq.Socket) -> None:
         for vg in self.vgpus:
             vg.send_control(b"S")
         for vg in self.vgpus:
             vg.join(timeout=10)
+        if self._nvml is not None:
+            self._nvml.stop()
+        if self._exporter is not None:
+            self._exporter.stop()
         for w in self._watched.values():
             if w.pidfd is not None:
                 os.close(w.pidfd)
         router.close(0)
-        for path in [self.socket_path, *(vg.endpoint_path for vg in self.vgpus)]:
+        control_sock.close(0)
+        for path in [self.socket_path, self.control_path, *(vg.endpoint_path for vg in self.vgpus)]:
             try:
                 os.unlink(path)
             except FileNotFoundError:

@@ -69,6 +69,7 @@ class Session:
     creds: Credentials
     vgpu: int
     device: int
+    tenant: str = ""
     cmdline: str = ""
     started: float = field(default_factory=time.time)
     identity: int | None = None  # the vGPU endpoint connection attached to this session
@@ -181,14 +182,17 @@ class Session:
     def summary(self) -> dict[str, Any]:
         return {
             "session": self.id,
+            "tenant": self.tenant,
             "pid": self.creds.pid,
             "uid": self.creds.uid,
             "gid": self.creds.gid,
             "vgpu": self.vgpu,
             "device": self.device,
+            "gpu": self.device,
             "cmdline": self.cmdline,
             "started": self.started,
             "device_bytes": self.device_bytes,
+            "managed_bytes": 0,
             "allocations": len(self.allocations),
             "streams": len(self.streams),
             "events": len(self.events),

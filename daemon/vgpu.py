@@ -16,11 +16,13 @@ import logging
 import os
 import struct
 import threading
+import time
 from typing import Any
 
 from .backend import (
     CUDA_ERROR_INITIALIZATION,
     CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_MEMORY_ALLOCATION,
     CUDA_ERROR_NOT_SUPPORTED,
     CUDA_ERROR_UNKNOWN,
     STICKY_ERRORS,
@@ -30,6 +32,7 @@ from .backend import (
 )
 from .handlers import HANDLERS, HandlerSpec
 from .protocol import ENVELOPE_SIZE, ProtocolError, ffi, lib, new, op_names
+from .services import Services
 from .session import Credentials, Session
 
 log = logging.getLogger("pilot.vgpu")
@@ -41,23 +44,25 @@ CONTROL = struct.Struct("<cQ")  # command, session id
 
 class VGpu:
     def __init__(self, index: int, device: int, backend: Backend, endpoint_path: str,
-                 capacity: int | None = None, spin_us: int = 50) -> None:
+                 services: Services, spin_us: int = 50, gpu: int | None = None) -> None:
         self.index = index
-        self.device = device
+        self.device = device  # the backend's device number
+        self.gpu = device if gpu is None else gpu  # the GPU's index on the host (nvidia-smi)
         self.backend = backend
         self.endpoint_path = endpoint_path
         self.spin_us = spin_us
-        self._capacity = capacity
+        self.services = services
+        self.metrics = services.metrics
         self._info: DeviceInfo | None = None
         self._op_names = op_names()
         self._control_r, self._control_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # Shared with the router thread (dict operations are atomic under the GIL).
         self.sessions: dict[int, Session] = {}
-        self.kernels_launched = 0
         # Owned by the vgpu thread.
         self._by_conn: dict[int, Session] = {}
         self._specs = {op: _Prepared(spec) for op, spec in HANDLERS.items()}
         self.stream: Any = None
+        self.shard: Any = None  # this thread's metrics counters (set in serve)
         self._srv: Any = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -78,9 +83,44 @@ class VGpu:
 
     @property
     def capacity(self) -> int:
-        if self._capacity is None:
-            self._capacity = self.device_info().total_mem
-        return self._capacity
+        return self.services.budget.capacity(self.gpu)
+
+    # ---- memory admission (vgpu thread) ----
+    def admit(self, s: Session, nbytes: int) -> None:
+        """Reserve nbytes of device memory for s against its tenant's hard quota and the GPU's
+        capacity, or raise cudaErrorMemoryAllocation (and say why in the log)."""
+        svc, gpu = self.services, self.gpu
+        hard = svc.quotas.get(s.tenant, gpu).hard
+        if not svc.ledger.reserve(s.tenant, gpu, nbytes, hard):
+            svc.metrics.quota_rejection(s.tenant)
+            log.warning("quota: %s on GPU %d: %d-byte allocation refused (%d in use, hard limit %d)",
+                        s.tenant, gpu, nbytes, svc.ledger.usage(s.tenant, gpu), hard,
+                        extra={"session": s.id, "tenant": s.tenant, "call": "cudaMalloc"})
+            raise BackendError(CUDA_ERROR_MEMORY_ALLOCATION, "tenant quota exceeded")
+        if not svc.budget.reserve(gpu, nbytes):
+            svc.ledger.release(s.tenant, gpu, nbytes)
+            log.warning("capacity: GPU %d: %d-byte allocation refused (capacity %d)", gpu, nbytes,
+                        svc.budget.capacity(gpu), extra={"session": s.id, "tenant": s.tenant})
+            raise BackendError(CUDA_ERROR_MEMORY_ALLOCATION, "GPU capacity exceeded")
+
+    def unadmit(self, s: Session, nbytes: int) -> None:
+        if nbytes:
+            self.services.ledger.release(s.tenant, self.gpu, nbytes)
+            self.services.budget.release(self.gpu, nbytes)
+
+    def memory_limits(self, s: Session) -> tuple[int, int]:
+        """(free, total) as this session's cudaMemGetInfo sees them: the GPU's capacity, or the
+        tenant's hard quota when it is smaller, less what is in use."""
+        svc, gpu = self.services, self.gpu
+        cap = svc.budget.capacity(gpu)
+        free = cap - svc.budget.used(gpu)
+        total = cap
+        hard = svc.quotas.get(s.tenant, gpu).hard
+        if hard is not None and hard < cap:
+            total = hard
+            free = min(free, hard - svc.ledger.usage(s.tenant, gpu))
+        backend_free, _ = self.backend.mem_get_info(self.device)
+        return max(0, min(free, backend_free)), total
 
     def device_info(self) -> DeviceInfo:
         if self._info is None:
@@ -112,6 +152,7 @@ class VGpu:
             os.close(self._control_w)
 
     def serve(self) -> None:
+        self.shard = self.metrics.shard()  # this thread's counters, updated inline
         msgs = ffi.new("pilot_srv_msg[]", BATCH)
         control = ffi.new("int *")
         srv, handle = self._srv, self.handle
@@ -148,8 +189,12 @@ class VGpu:
         self.sessions.pop(session.id, None)
         if session.identity is not None:
             self._by_conn.pop(session.identity, None)
+            lib.pilot_srv_disconnect(self._srv, session.identity)  # a live client sees EOF
+        held = session.device_bytes
         session.release(self.backend)
-        log.info("session %d (pid %d) released", session.id, session.creds.pid)
+        self.unadmit(session, held - session.device_bytes)
+        log.info("session %d (pid %d) released", session.id, session.creds.pid,
+                 extra={"session": session.id, "tenant": session.tenant})
 
     def _send(self, msg: Any, body: Any, size: int, payload: Any = None) -> None:
         if payload is None:
@@ -180,6 +225,7 @@ class VGpu:
         prepared = self._specs.get(opcode)
         result: Any = None
         err = 0
+        t0 = 0.0 if no_reply else _clock()
         if prepared is None:
             log.warning("session %d: unknown opcode %d", session.id, opcode)
             err = CUDA_ERROR_NOT_SUPPORTED
@@ -200,6 +246,14 @@ class VGpu:
                 err = CUDA_ERROR_UNKNOWN
                 log.exception("session %d: %s failed", session.id, self._op_names.get(opcode))
         session.calls += 1
+        name = self._op_names.get(opcode, "unknown")
+        if no_reply:  # posted calls (launches...) are only counted: the hot path stays lean
+            row = self.shard.calls.get(name)
+            if row is None:
+                row = self.shard.calls[name] = self.metrics.new_row()
+            row[0] += 1
+        else:
+            self.metrics.call(name, _clock() - t0)
         if not err:
             if no_reply:
                 return
@@ -267,6 +321,7 @@ class _Prepared:
 
 EMPTY = memoryview(b"")
 _cast, _buffer = ffi.cast, ffi.buffer
+_clock = time.perf_counter
 _ENVELOPE_PTR = ffi.typeof("pilot_envelope *")
 _NO_REPLY = lib.PILOT_F_NO_REPLY
 _VERSION = lib.PILOT_PROTO_VERSION

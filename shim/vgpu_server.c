@@ -451,6 +451,15 @@ int pilot_srv_peer(pilot_srv *s, uint32_t conn, uint32_t *uid, uint32_t *gid, in
     return 0;
 }
 
+int pilot_srv_disconnect(pilot_srv *s, uint32_t conn)
+{
+    struct conn *c = find(s, conn);
+    if (!c)
+        return -1;
+    kill_conn(s, c); /* freed at the next wait, after any message of it still being handled */
+    return 0;
+}
+
 int pilot_srv_connections(pilot_srv *s)
 {
     return s->nconns;

@@ -43,6 +43,9 @@ int pilot_srv_send(pilot_srv *s, uint32_t conn, const void *f0, size_t l0, const
 /* The kernel's credentials of a connection's peer. Returns 0, or -1 if the connection is gone. */
 int pilot_srv_peer(pilot_srv *s, uint32_t conn, uint32_t *uid, uint32_t *gid, int32_t *pid);
 
+/* Closes a connection (its session was ended): the peer sees EOF at once. Returns 0 or -1. */
+int pilot_srv_disconnect(pilot_srv *s, uint32_t conn);
+
 /* Number of open connections (for reports and tests). */
 int pilot_srv_connections(pilot_srv *s);
 /* PILOT_SRV_CDEF_END */

@@ -36,7 +36,8 @@ APPS_DIR = Path(__file__).resolve().parent
 GPU_DIR = APPS_DIR.parent / "gpu"
 # name -> source; the two tests/gpu programs are self-checking and also run on the H100.
 SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
-           ("vector_add", "kernel_args", "copies", "memset", "streams_events", "errors", "threads")}
+           ("vector_add", "kernel_args", "copies", "memset", "streams_events", "errors", "threads",
+            "alloc")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 PROGRAMS = tuple(SOURCES)
 NVCC_FLAGS = ("-cudart", "shared", "-O2", "-Wno-deprecated-gpu-targets")
@@ -140,6 +141,7 @@ def pilotd() -> Iterator[Daemon]:
     workdir = tempfile.mkdtemp(prefix="pilot-apps-")  # short: unix socket paths max 107 bytes
     socket = os.path.join(workdir, "pilot.sock")
     cmd = [*PILOTD, "--backend", "sim", "--socket", socket,
+           "--state-dir", os.path.join(workdir, "state"), "--metrics-address", "",
            "--sim-kernels", str(APPS_DIR / "sim_kernels.py"),
            "--sim-kernels", str(GPU_DIR / "sim_kernels.py")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

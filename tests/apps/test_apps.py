@@ -477,7 +477,8 @@ def test_daemon_that_dies_mid_session_fails_calls_not_the_program(
     sock = tmp_path / "doomed.sock"
     log = (tmp_path / "doomed.log").open("w")
     daemon = subprocess.Popen([sys.executable, "-m", "pilot.daemon", "--backend", "sim", "--socket",
-                               str(sock), "--sim-kernels", str(APPS_DIR / "sim_kernels.py")],
+                               str(sock), "--state-dir", str(tmp_path / "state"),
+                               "--metrics-address", "", "--sim-kernels", str(APPS_DIR / "sim_kernels.py")],
                               stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30

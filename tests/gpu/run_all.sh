@@ -10,7 +10,8 @@
 #   3. smoke    tests/gpu/backend_cuda_smoke.py: the CUDA backend against the driver
 #   4. compare  tests/gpu/run_compare.sh --no-install: every test program natively and under
 #               pilot, stdout compared byte for byte
-#   5. bench    bench/bench.py --start-daemon: native vs pilot costs and bandwidths
+#   5. ops      tests/gpu/ops_check.py: NVML readings, capacity, a quota enforced, metrics served
+#   6. bench    bench/bench.py --start-daemon: native vs pilot costs and bandwidths
 # Everything printed is also in $OUT/run_all.log; the compare and bench tables come last.
 # Files under $OUT (default /tmp/pilot-gpu-out): run_all.log, compare.md, compare.log,
 # pilotd-compare.log, bench.md, bench.json, pilotd-bench.log.
@@ -82,6 +83,7 @@ main() {
     stage install bash tests/gpu/run_compare.sh --install-only
     stage smoke timeout -k 10 "$SMOKE_TIMEOUT" "$PYTHON" tests/gpu/backend_cuda_smoke.py
     stage compare timeout -k 20 "$COMPARE_TIMEOUT" bash tests/gpu/run_compare.sh --no-install
+    stage ops timeout -k 10 120 "$PYTHON" tests/gpu/ops_check.py
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
     stage bench timeout -k 20 "$BENCH_TIMEOUT" "$PYTHON" bench/bench.py --start-daemon \
         --out "$OUT/bench.md" --json "$OUT/bench.json" --daemon-log "$OUT/pilotd-bench.log" $BENCH_ARGS

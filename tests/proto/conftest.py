@@ -29,7 +29,8 @@ def start_daemon(tmp_path: Path, *extra: str) -> RunningDaemon:
     log_path = tmp_path / "pilotd.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pilot.daemon", "--backend", "sim", "--socket", str(sock), *extra],
+        [sys.executable, "-m", "pilot.daemon", "--backend", "sim", "--socket", str(sock),
+         "--state-dir", str(tmp_path / "state"), "--metrics-address", "", *extra],
         stdout=log, stderr=subprocess.STDOUT, text=True,
     )
     deadline = time.monotonic() + 20

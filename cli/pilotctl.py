@@ -1,0 +1,181 @@
+"""`pilotctl`: the operator's view and controls of a running pilotd.
+
+Reads (`status`, `sessions`, `quota get|list`) take --json and print one JSON document on
+stdout; everything else is for people. Changes need root or the admin group (checked by the
+daemon from the kernel's peer credentials). Errors are one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from pilot.cli.client import CommandFailed, ControlClient, DaemonUnreachable, control_socket_path
+
+pass_client = click.make_pass_decorator(ControlClient)
+
+
+def _call(client: ControlClient, cmd: str, **args: Any) -> Any:
+    try:
+        return client.call(cmd, **{k: v for k, v in args.items() if v is not None})
+    except (CommandFailed, DaemonUnreachable) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _emit_json(doc: Any) -> None:
+    json.dump(doc, sys.stdout, indent=None)
+    sys.stdout.write("\n")
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("GiB", "MiB", "KiB"):
+        scale = {"GiB": 1 << 30, "MiB": 1 << 20, "KiB": 1 << 10}[unit]
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "PILOTCTL"})
+@click.option("--control-socket", metavar="PATH",
+              help="pilotd's control socket [default: control.sock beside $PILOT_SOCKET's path].")
+@click.pass_context
+def main(ctx: click.Context, control_socket: str | None) -> None:
+    """Look at and control a running pilotd."""
+    ctx.obj = ControlClient(control_socket or control_socket_path())
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@pass_client
+def status(client: ControlClient, as_json: bool) -> None:
+    """GPUs (NVML memory and utilization, capacity), vGPUs and sessions."""
+    doc = _call(client, "status")
+    if as_json:
+        _emit_json(doc)
+        return
+    click.echo(f"pilotd {doc['version']} (pid {doc['pid']}, backend {doc['backend']}, "
+               f"up {doc['uptime_s']:.0f} s, policy {doc['policy']}): {doc['sessions']} session(s)")
+    for g in doc["gpus"]:
+        nv = g["nvml"]
+        line = f"GPU {g['index']}: capacity {_size(g['capacity'])}, pilot holds {_size(g['used_by_pilot'])}"
+        if nv:
+            line += (f"; {nv['name']}: {_size(nv['memory_used'])} used of {_size(nv['memory_total'])}, "
+                     f"utilization {nv['utilization_gpu']:.0f}%")
+        if g["draining"]:
+            line += "  [draining]"
+        click.echo(line)
+    for v in doc["vgpus"]:
+        click.echo(f"  vGPU {v['index']} on GPU {v['gpu']}: {v['sessions']} session(s)")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@pass_client
+def sessions(client: ControlClient, as_json: bool) -> None:
+    """Sessions: tenant, pid, command line, memory, calls, state."""
+    rows = _call(client, "sessions")
+    if as_json:
+        _emit_json(rows)
+        return
+    click.echo(f"{'SESSION':>7} {'TENANT':<16} {'PID':>7} {'GPU':>3} {'DEVICE':>10} {'MANAGED':>10} "
+               f"{'CALLS':>9} {'STATE':<7} COMMAND")
+    for r in rows:
+        click.echo(f"{r['session']:>7} {r['tenant'][:16]:<16} {r['pid']:>7} {r['device']:>3} "
+                   f"{_size(r['device_bytes']):>10} {_size(r.get('managed_bytes', 0)):>10} "
+                   f"{r['calls']:>9} {r['state']:<7} {r['cmdline'][:50]}")
+
+
+@main.command()
+@click.argument("session", type=int)
+@pass_client
+def kill(client: ControlClient, session: int) -> None:
+    """End SESSION: its memory is freed and its program's CUDA calls fail from now on."""
+    _call(client, "kill", session=session)
+    click.echo(f"session {session} ended")
+
+
+@main.command()
+@click.argument("gpu", type=int)
+@pass_client
+def drain(client: ControlClient, gpu: int) -> None:
+    """Place no new sessions on GPU (running ones go on)."""
+    _call(client, "drain", gpu=gpu)
+    click.echo(f"GPU {gpu} is draining: no new sessions")
+
+
+@main.command()
+@click.argument("gpu", type=int)
+@pass_client
+def undrain(client: ControlClient, gpu: int) -> None:
+    """Let GPU take new sessions again."""
+    _call(client, "undrain", gpu=gpu)
+    click.echo(f"GPU {gpu} takes new sessions")
+
+
+@main.group()
+def quota() -> None:
+    """Device-memory quotas per tenant (a user, `user:NAME`, or a named tenant)."""
+
+
+@quota.command("set")
+@click.argument("tenant")
+@click.argument("hard", required=False)
+@click.option("--gpu", type=int, help="Only this GPU [default: every GPU].")
+@click.option("--provisioned", metavar="SIZE", help="Provisioned limit (used by MAdvise).")
+@pass_client
+def quota_set(client: ControlClient, tenant: str, hard: str | None, gpu: int | None,
+              provisioned: str | None) -> None:
+    """Set TENANT's hard limit, e.g. `pilotctl quota set alice 8GiB --gpu 0`."""
+    r = _call(client, "quota.set", tenant=tenant, hard=hard, gpu=gpu, provisioned=provisioned)
+    where = "every GPU" if r["gpu"] is None else f"GPU {r['gpu']}"
+    click.echo(f"{r['tenant']} on {where}: hard {_size(r['hard'])}, provisioned {_size(r['provisioned'])}")
+
+
+@quota.command("get")
+@click.argument("tenant", required=False)
+@click.option("--gpu", type=int)
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@pass_client
+def quota_get(client: ControlClient, tenant: str | None, gpu: int | None, as_json: bool) -> None:
+    """TENANT's quota and usage per GPU [default: your own]."""
+    r = _call(client, "quota.get", tenant=tenant, gpu=gpu)
+    if as_json:
+        _emit_json(r)
+        return
+    for g, q in r["gpus"].items():
+        click.echo(f"{r['tenant']} GPU {g}: used {_size(q['used'])}, hard {_size(q['hard'])}, "
+                   f"provisioned {_size(q['provisioned'])}")
+
+
+@quota.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@pass_client
+def quota_list(client: ControlClient, as_json: bool) -> None:
+    """Every quota set (yours only, unless you are an admin)."""
+    r = _call(client, "quota.list")
+    if as_json:
+        _emit_json(r)
+        return
+    for tenant, per in sorted(r.items()):
+        for g, q in sorted(per.items()):
+            where = "every GPU" if g == "*" else f"GPU {g}"
+            click.echo(f"{tenant} on {where}: hard {_size(q['hard'])}, provisioned {_size(q['provisioned'])}")
+
+
+@quota.command("unset")
+@click.argument("tenant")
+@click.option("--gpu", type=int)
+@pass_client
+def quota_unset(client: ControlClient, tenant: str, gpu: int | None) -> None:
+    """Remove TENANT's quota (on one GPU, or all of them)."""
+    r = _call(client, "quota.unset", tenant=tenant, gpu=gpu)
+    click.echo(f"{r['tenant']}: quota removed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,506 @@
+"""pilotd's configuration: one TOML file, command-line overrides, and validation up front.
+
+An operator edits `/etc/pilot/pilotd.toml` (`DEFAULT_CONFIG_PATH`); a mistake must stop the
+daemon at start with a message naming the file and the dotted key, never be ignored or surface
+as a strange failure later. So unknown sections and keys are errors (with a difflib suggestion),
+and every value is converted and checked here. Layout (deploy/pilotd.toml documents each key):
+
+    [daemon]
+    backend = "cuda"               # "cuda" | "sim"
+    socket = "/run/pilot/pilot.sock"   # default: the usual socket rule (root / per user)
+    control_socket = "..."         # default: control.sock next to the main socket
+    vgpus_per_gpu = 2              # 1..64
+    gpus = "all"                   # or a list of GPU indexes: [0, 1]
+    spin_us = 50                   # 0..10000
+    state_dir = "/var/lib/pilot"   # default: /var/lib/pilot (root), else $XDG_STATE_HOME/pilot
+    admin_group = "pilot-admin"
+    log_level = "info"             # debug | info | warning | error
+    log_format = "text"            # text | json
+    sim_kernels = []               # Python files of kernel emulations (backend "sim")
+    [gpu]
+    capacity = "70GiB"             # bytes granted per GPU (default: the card's memory)
+    [gpu.capacity_per_gpu]
+    "0" = "40GiB"                  # keys are GPU indexes; they override gpu.capacity
+    [policy]
+    name = "none"                  # none | mfit | amfit | madvise
+    [nvml]
+    poll_interval = "1s"
+    [metrics]
+    address = "127.0.0.1:9400"     # Prometheus endpoint: host:port, [v6]:port, :port; "" = off
+    [tenants.<name>]               # name: [a-z0-9][a-z0-9_.-]*
+    users = ["alice"]
+    groups = ["ml"]
+
+Sizes are integers (bytes) or strings with a unit: B, KB/MB/GB/TB (powers of 1000),
+KiB/MiB/GiB/TiB (powers of 1024); fractions round down to whole bytes. Durations are numbers
+(seconds) or strings with us, ms, s, m or h. Relative paths in the file are relative to the
+file's directory (and `~` is expanded), so a config does not depend on the daemon's cwd.
+
+A user or group may appear in one tenant only: membership must never be ambiguous, since the
+tenant decides whose quota an allocation counts against.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from decimal import Decimal
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+DEFAULT_CONFIG_PATH = "/etc/pilot/pilotd.toml"
+
+BACKENDS = ("cuda", "sim")
+POLICIES = ("none", "mfit", "amfit", "madvise")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
+
+
+class ConfigError(ValueError):
+    """A configuration that pilotd refuses to start with; the message is one line for the
+    operator: `FILE: KEY: problem` or `FILE: unknown key KEY (did you mean ...?)`."""
+
+
+# ---- units ----
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_DURATION_UNITS = {"": Decimal(1), "us": Decimal("1e-6"), "ms": Decimal("1e-3"), "s": Decimal(1),
+                   "m": Decimal(60), "h": Decimal(3600)}
+_NUMBER = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
+
+
+def parse_bytes(text: str | int) -> int:
+    """Bytes in `text`: "8GiB", "512 MiB", "1.5GB", "1024" or 4096. Units are case-insensitive; a bare
+    K/M/G/T is refused as ambiguous (binary or decimal?)."""
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r} is not a size")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"{text!r} is not a size (negative)")
+        return text
+    if isinstance(text, float):  # TOML `capacity = 8e9`
+        if text.is_integer() and text >= 0:
+            return int(text)
+        raise ValueError(f"{text!r} is not a size (whole, non-negative bytes)")
+    if not isinstance(text, str):
+        raise ValueError(f"{text!r} is not a size")
+    m = _NUMBER.fullmatch(text)
+    if m is None:
+        why = " (negative)" if text.strip().startswith("-") else ""
+        raise ValueError(f"{text!r} is not a size{why}")
+    number, unit = m.group(1), m.group(2)
+    mult = _SIZE_UNITS.get(unit.lower())
+    if mult is None:
+        if unit.lower() in ("k", "m", "g", "t"):
+            why = f"ambiguous unit {unit!r}: use {unit.upper()}iB or {unit.upper()}B"
+        else:
+            why = f"unknown unit {unit!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+        raise ValueError(f"{text!r} is not a size ({why})")
+    value = Decimal(number) * mult
+    if mult == 1 and value != value.to_integral_value():
+        raise ValueError(f"{text!r} is not a size (fraction of a byte)")
+    return int(value)  # rounds toward zero: whole bytes
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Seconds in `text`: "500ms", "2s", "1m", "1h", "250us", or a number of seconds."""
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise ValueError(f"{text!r} is not a duration")
+    if isinstance(text, (int, float)):
+        if not (text >= 0 and float(text) != float("inf")):  # also refuses NaN
+            raise ValueError(f"{text!r} is not a duration (negative or not finite)")
+        return float(text)
+    m = _NUMBER.fullmatch(text)
+    if m is None:
+        why = " (negative)" if text.strip().startswith("-") else ""
+        raise ValueError(f"{text!r} is not a duration{why}")
+    mult = _DURATION_UNITS.get(m.group(2).lower())
+    if mult is None:
+        raise ValueError(f"{text!r} is not a duration (unknown unit {m.group(2)!r}; "
+                         "use us, ms, s, m or h)")
+    return float(Decimal(m.group(1)) * mult)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """(host, port) of "host:port", "[v6]:port" or ":port" (host "": every interface). Port 0
+    asks the kernel for a free port (tests)."""
+    if not isinstance(text, str):
+        raise ValueError(f"{text!r} is not host:port")
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})|([A-Za-z0-9.-]*):(\d{1,5})", text)
+    if m is None:
+        raise ValueError(f"{text!r} is not host:port (IPv6 as [::1]:9400)")
+    host, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    if m.group(1):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{text!r}: {host!r} is not an IPv6 address") from None
+    elif host and any(not label or len(label) > 63 for label in host.split(".")):
+        raise ValueError(f"{text!r}: {host!r} is not a host name or address")
+    if int(port) > 65535:
+        raise ValueError(f"{text!r}: port {port} is not in 0..65535")
+    return host, int(port)
+
+
+def default_state_dir() -> str:
+    """/var/lib/pilot for root; a user's daemon keeps state in its XDG state directory."""
+    if os.geteuid() == 0:
+        return "/var/lib/pilot"
+    xdg = os.environ.get("XDG_STATE_HOME", "")
+    if os.path.isabs(xdg):  # the XDG spec says relative values are to be ignored
+        return os.path.join(xdg, "pilot")
+    return os.path.join(os.path.expanduser("~"), ".local", "state", "pilot")
+
+
+# ---- the configuration ----
+
+@dataclass(frozen=True)
+class TenantDef:
+    """A named tenant: everyone listed in `users`, or in one of `groups`, counts as it."""
+
+    name: str
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of pilotd. Constructing one converts and validates each field (so
+    `Config(capacity="8GiB")` works and `Config(vgpus_per_gpu=0)` raises ConfigError)."""
+
+    backend: str = "cuda"
+    socket: str | None = None
+    control_socket: str | None = None
+    vgpus_per_gpu: int = 2
+    gpus: tuple[int, ...] | None = None
+    capacity: int | None = None
+    capacity_per_gpu: dict[int, int] = field(default_factory=dict)
+    policy: str = "none"
+    nvml_poll_interval: float = 1.0
+    metrics_address: str = "127.0.0.1:9400"
+    state_dir: str = field(default_factory=default_state_dir)
+    admin_group: str = "pilot-admin"
+    log_level: str = "info"
+    log_format: str = "text"
+    spin_us: int = 50
+    sim_kernels: tuple[str, ...] = ()
+    tenants: dict[str, TenantDef] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            try:
+                value = _CONVERT[f.name](getattr(self, f.name))
+            except _Invalid as exc:
+                raise ConfigError(exc.render(f.name)) from None
+            except ValueError as exc:
+                raise ConfigError(f"{f.name}: {exc}") from None
+            object.__setattr__(self, f.name, value)
+
+    def control_socket_path(self, main_socket: str) -> str:
+        """The control socket: as configured, else `control.sock` beside the main socket."""
+        if self.control_socket:
+            return self.control_socket
+        return os.path.join(os.path.dirname(main_socket), "control.sock")
+
+    def capacity_for(self, gpu: int, physical: int) -> int:
+        """Bytes granted on GPU `gpu` whose card has `physical` bytes: its own override, else
+        the common capacity, else the card's memory. Not clipped to `physical`: a capacity
+        above the card is the operator's decision (oversubscription with managed memory)."""
+        if gpu in self.capacity_per_gpu:
+            return self.capacity_per_gpu[gpu]
+        return self.capacity if self.capacity is not None else physical
+
+    def metrics_host_port(self) -> tuple[str, int] | None:
+        """(host, port) of the metrics endpoint, or None when disabled."""
+        return parse_address(self.metrics_address) if self.metrics_address else None
+
+
+class _Invalid(ValueError):
+    """A bad value below a key (`sub`, dotted), or an unknown key among `choices`."""
+
+    def __init__(self, msg: str, sub: str | None = None, choices: tuple[str, ...] | None = None):
+        super().__init__(msg)
+        self.msg, self.sub, self.choices = msg, sub, choices
+
+    def render(self, key: str) -> str:
+        full = f"{key}.{self.sub}" if self.sub else key
+        if self.choices is not None:
+            return unknown_key_message(full, self.choices)
+        return f"{full}: {self.msg}"
+
+
+def unknown_key_message(dotted: str, choices: tuple[str, ...] | list[str]) -> str:
+    """`unknown key a.b (did you mean c?)` with difflib's closest choice, if any is close."""
+    last = dotted.rsplit(".", 1)[-1]
+    close = difflib.get_close_matches(last, list(choices), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown key {dotted}{hint}"
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def convert(value: Any) -> str:
+        if isinstance(value, str) and value.lower() in options:
+            return value.lower()
+        close = difflib.get_close_matches(str(value).lower(), options, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"{value!r} is not one of {', '.join(options)}{hint}")
+
+    return convert
+
+
+def _int_range(lo: int, hi: int) -> Callable[[Any], int]:
+    def convert(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{value!r} is not an integer")
+        if not lo <= value <= hi:
+            raise ValueError(f"{value} is not in {lo}..{hi}")
+        return value
+
+    return convert
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{value!r} is not a non-empty string")
+    return value
+
+
+def _optional_string(value: Any) -> str | None:
+    return None if value is None else _string(value)
+
+
+def _gpu_index(value: Any) -> int:
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not a GPU index")
+    return value
+
+
+def _gpus(value: Any) -> tuple[int, ...] | None:
+    if value is None or value == "all":
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{value!r} is not \"all\" nor a list of GPU indexes")
+    if not value:
+        raise ValueError("empty list: give \"all\" or at least one GPU index")
+    out = tuple(_gpu_index(v) for v in value)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{list(value)!r} lists a GPU twice")
+    return out
+
+
+def _capacity(value: Any) -> int | None:
+    if value is None:
+        return None
+    n = parse_bytes(value)
+    if n == 0:
+        raise ValueError(f"{value!r}: a capacity must be above 0")
+    return n
+
+
+def _capacity_per_gpu(value: Any) -> dict[int, int]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{value!r} is not a table of GPU index = size")
+    out: dict[int, int] = {}
+    for key, size in value.items():
+        try:
+            gpu = _gpu_index(key)
+        except ValueError:
+            raise _Invalid(f"{key!r} is not a GPU index (use \"0\", \"1\", ...)", sub=str(key)) from None
+        if gpu in out:
+            raise _Invalid(f"GPU {gpu} is given twice", sub=str(key))
+        try:
+            out[gpu] = parse_bytes(size)
+        except ValueError as exc:
+            raise _Invalid(str(exc), sub=str(key)) from None
+        if out[gpu] == 0:
+            raise _Invalid(f"{size!r}: a capacity must be above 0", sub=str(key))
+    return out
+
+
+def _poll_interval(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"{value!r}: must be above 0")
+    return seconds
+
+
+def _metrics_address(value: Any) -> str:
+    if value == "":
+        return ""
+    parse_address(value)
+    return value
+
+
+def _paths(value: Any) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{value!r} is not a list of paths")
+    return tuple(_string(v) for v in value)
+
+
+def _names(value: Any, what: str) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{value!r} is not a list of {what} names")
+    out: list[str] = []
+    for v in value:
+        if not isinstance(v, str) or not v or any(c.isspace() or c == ":" for c in v):
+            raise ValueError(f"{v!r} is not a {what} name")
+        if v not in out:
+            out.append(v)
+    return tuple(out)
+
+
+_TENANT_KEYS = ("users", "groups")
+
+
+def _tenants(value: Any) -> dict[str, TenantDef]:
+    """Tenant tables (or TenantDefs) -> {name: TenantDef}, each user and group in one tenant."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{value!r} is not a table of tenants")
+    out: dict[str, TenantDef] = {}
+    owner: dict[tuple[str, str], str] = {}  # ("user"|"group", name) -> tenant
+    for name, spec in value.items():
+        if not isinstance(name, str) or not TENANT_NAME.fullmatch(name):
+            raise _Invalid(f"tenant name {name!r} must match {TENANT_NAME.pattern}", sub=str(name))
+        if isinstance(spec, TenantDef):
+            if spec.name != name:
+                raise _Invalid(f"TenantDef named {spec.name!r} under key {name!r}", sub=name)
+            spec = {"users": spec.users, "groups": spec.groups}
+        if not isinstance(spec, Mapping):
+            raise _Invalid(f"{spec!r} is not a table with users and groups", sub=name)
+        for key in spec:
+            if key not in _TENANT_KEYS:
+                raise _Invalid("", sub=f"{name}.{key}", choices=_TENANT_KEYS)
+        members: dict[str, tuple[str, ...]] = {}
+        for key, kind in (("users", "user"), ("groups", "group")):
+            try:
+                members[key] = _names(spec.get(key, ()), kind)
+            except ValueError as exc:
+                raise _Invalid(str(exc), sub=f"{name}.{key}") from None
+            for member in members[key]:
+                other = owner.setdefault((kind, member), name)
+                if other != name:
+                    raise _Invalid(f"{kind} {member!r} is already in tenant {other!r}",
+                                   sub=f"{name}.{key}")
+        if not members["users"] and not members["groups"]:
+            raise _Invalid("a tenant needs at least one user or group", sub=name)
+        out[name] = TenantDef(name, members["users"], members["groups"])
+    return out
+
+
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "backend": _choice(BACKENDS),
+    "socket": _optional_string,
+    "control_socket": _optional_string,
+    "vgpus_per_gpu": _int_range(1, 64),
+    "gpus": _gpus,
+    "capacity": _capacity,
+    "capacity_per_gpu": _capacity_per_gpu,
+    "policy": _choice(POLICIES),
+    "nvml_poll_interval": _poll_interval,
+    "metrics_address": _metrics_address,
+    "state_dir": _string,
+    "admin_group": _string,
+    "log_level": _choice(LOG_LEVELS),
+    "log_format": _choice(LOG_FORMATS),
+    "spin_us": _int_range(0, 10000),
+    "sim_kernels": _paths,
+    "tenants": _tenants,
+}
+
+# TOML section -> {key: Config field}; [tenants] is handled apart (its keys are names).
+SECTIONS: dict[str, dict[str, str]] = {
+    "daemon": {k: k for k in ("backend", "socket", "control_socket", "vgpus_per_gpu", "gpus",
+                              "spin_us", "state_dir", "admin_group", "log_level", "log_format",
+                              "sim_kernels")},
+    "gpu": {"capacity": "capacity", "capacity_per_gpu": "capacity_per_gpu"},
+    "policy": {"name": "policy"},
+    "nvml": {"poll_interval": "nvml_poll_interval"},
+    "metrics": {"address": "metrics_address"},
+}
+_PATH_FIELDS = ("socket", "control_socket", "state_dir")
+
+
+def _file_values(data: dict[str, Any], base_dir: str, path: str) -> dict[str, tuple[str, Any]]:
+    """The parsed TOML document -> {field: (dotted key, raw value)}; unknown names raise."""
+    raw: dict[str, tuple[str, Any]] = {}
+    sections = (*SECTIONS, "tenants")
+    for section, table in data.items():
+        if section not in sections and not isinstance(table, dict):
+            raise ConfigError(f"{path}: {unknown_key_message(section, sections)}")
+        if section not in sections:
+            close = difflib.get_close_matches(section, sections, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"{path}: unknown section [{section}]{hint}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: {section}: must be a table ([{section}])")
+        if section == "tenants":
+            raw["tenants"] = ("tenants", table)
+            continue
+        keys = SECTIONS[section]
+        for key, value in table.items():
+            dotted = f"{section}.{key}"
+            if key not in keys:
+                raise ConfigError(f"{path}: {unknown_key_message(dotted, tuple(keys))}")
+            name = keys[key]
+            if name in _PATH_FIELDS and isinstance(value, str) and value:
+                value = os.path.join(base_dir, os.path.expanduser(value))
+            elif name == "sim_kernels" and isinstance(value, list):
+                value = [os.path.join(base_dir, os.path.expanduser(v)) if isinstance(v, str) and v
+                         else v for v in value]
+            raw[name] = (dotted, value)
+    return raw
+
+
+def load_config(path: str | None, overrides: dict[str, Any] | None = None) -> Config:
+    """The configuration from `path` (None: DEFAULT_CONFIG_PATH if it exists, else defaults),
+    then `overrides` (command-line values keyed by Config field; None values are ignored).
+    Raises ConfigError naming the file (or `command line`) and the key."""
+    if path is None and os.path.exists(DEFAULT_CONFIG_PATH):
+        path = DEFAULT_CONFIG_PATH
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        base_dir = os.path.dirname(os.path.abspath(path))
+        for name, (dotted, value) in _file_values(data, base_dir, path).items():
+            values[name] = _convert(name, value, f"{path}: ", dotted)
+    for name, value in (overrides or {}).items():
+        if name not in _CONVERT:
+            raise ConfigError(f"command line: {unknown_key_message(name, tuple(_CONVERT))}")
+        if value is not None:
+            values[name] = _convert(name, value, "command line: ", "--" + name.replace("_", "-"))
+    return Config(**values)
+
+
+def _convert(name: str, value: Any, where: str, key: str) -> Any:
+    try:
+        return _CONVERT[name](value)
+    except _Invalid as exc:
+        if name == "tenants" and key.startswith("--"):
+            key = "tenants"
+        raise ConfigError(where + exc.render(key)) from None
+    except ValueError as exc:
+        raise ConfigError(f"{where}{key}: {exc}") from None

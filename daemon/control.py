@@ -1,0 +1,209 @@
+"""The control socket's commands (pilotctl): status, sessions, quotas, kill, drain.
+
+Requests and replies are one JSON frame each: `{"cmd": "quota.set", "args": {...}}` ->
+`{"ok": true, "result": ...}` or `{"ok": false, "error": "one line"}`. The caller's uid and gid
+come from the kernel (libzmq's SO_PEERCRED metadata). Changes need root or the admin group;
+reads show another tenant's sessions and quotas to admins only.
+
+Runs on the router thread, which owns the control socket; what it reads of vGPU-owned sessions
+is counters (see session.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .config import parse_bytes
+from .session import Credentials
+
+if TYPE_CHECKING:
+    from .server import Daemon
+
+log = logging.getLogger("pilot.control")
+
+
+class ControlError(Exception):
+    """A refused or malformed command: its message goes back to pilotctl as one line."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    creds: Credentials
+    tenant: str
+    admin: bool
+
+
+Command = Callable[["Daemon", Caller, dict[str, Any]], Any]
+COMMANDS: dict[str, tuple[Command, bool]] = {}  # name -> (handler, needs admin)
+
+
+def command(name: str, admin: bool = False) -> Callable[[Command], Command]:
+    def register(fn: Command) -> Command:
+        COMMANDS[name] = (fn, admin)
+        return fn
+
+    return register
+
+
+def handle(daemon: Daemon, creds: Credentials, request: bytes) -> bytes:
+    """One control request -> one reply frame. Never raises."""
+    try:
+        msg = json.loads(request)
+        if not isinstance(msg, dict) or not isinstance(msg.get("cmd"), str):
+            raise ControlError("malformed request: expected {\"cmd\": ..., \"args\": {...}}")
+        args = msg.get("args") or {}
+        if not isinstance(args, dict):
+            raise ControlError("malformed request: args must be an object")
+        entry = COMMANDS.get(msg["cmd"])
+        if entry is None:
+            raise ControlError(f"unknown command {msg['cmd']!r}")
+        fn, needs_admin = entry
+        caller = Caller(creds, daemon.resolver.tenant_of(creds.uid, creds.gid),
+                        daemon.resolver.is_admin(creds.uid, creds.gid, daemon.config.admin_group))
+        if needs_admin and not caller.admin:
+            raise ControlError(f"{msg['cmd']} needs root or membership of group "
+                               f"{daemon.config.admin_group!r}")
+        result = fn(daemon, caller, args)
+        if needs_admin:
+            log.info("control: %s by uid %d: %s", msg["cmd"], creds.uid, json.dumps(args))
+        reply: dict[str, Any] = {"ok": True, "result": result}
+    except (ControlError, ValueError, KeyError, TypeError) as exc:
+        reply = {"ok": False, "error": str(exc) if not isinstance(exc, KeyError) else f"missing {exc}"}
+    except Exception as exc:
+        log.exception("control: command failed")
+        reply = {"ok": False, "error": f"internal error: {exc}"}
+    return json.dumps(reply).encode()
+
+
+def _gpu_arg(daemon: Daemon, args: dict[str, Any]) -> int | None:
+    gpu = args.get("gpu")
+    if gpu is None:
+        return None
+    if not isinstance(gpu, int) or gpu not in daemon.gpus:
+        raise ControlError(f"no GPU {gpu} (this daemon serves {sorted(daemon.gpus)})")
+    return gpu
+
+
+def _tenant_arg(daemon: Daemon, name: Any) -> str:
+    """A named tenant, `user:NAME`, `uid:N`, or a bare user name (meaning user:NAME)."""
+    if not isinstance(name, str) or not name:
+        raise ControlError("tenant name required")
+    if name in daemon.config.tenants or name.startswith(("user:", "uid:")):
+        return name
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        raise ControlError(f"unknown tenant {name!r}: not a named tenant nor a user") from None
+    return f"user:{name}"
+
+
+# ---- reads ----
+
+@command("status")
+def status(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    snap = daemon.snapshot()
+    gpus = []
+    for g in snap["gpus"]:
+        r = g["reading"]
+        gpus.append({
+            "index": g["index"], "capacity": g["capacity"], "draining": g["draining"],
+            "used_by_pilot": g["used_by_pilot"],
+            "nvml": None if r is None else {
+                "name": r.name, "memory_total": r.memory_total, "memory_used": r.memory_used,
+                "memory_free": r.memory_free, "utilization_gpu": r.utilization_gpu,
+                "utilization_memory": r.utilization_memory, "processes": len(r.processes)},
+        })
+    return {"version": daemon.version, "backend": daemon.backend.name, "pid": os.getpid(),
+            "uptime_s": round(time.time() - daemon.started, 1), "gpus": gpus,
+            "vgpus": snap["vgpus"], "sessions": len(snap["sessions"]),
+            "policy": daemon.config.policy, "you": {"tenant": caller.tenant, "admin": caller.admin}}
+
+
+@command("sessions")
+def sessions(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = daemon.session_summaries()
+    if not caller.admin:
+        rows = [r for r in rows if r["tenant"] == caller.tenant]
+    return rows
+
+
+@command("quota.get")
+def quota_get(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    tenant = _tenant_arg(daemon, args.get("tenant") or caller.tenant)
+    if tenant != caller.tenant and not caller.admin:
+        raise ControlError("only admins can read other tenants' quotas")
+    gpus = [_gpu_arg(daemon, args)] if args.get("gpu") is not None else sorted(daemon.gpus)
+    out = {}
+    for gpu in gpus:
+        q = daemon.quotas.get(tenant, gpu)
+        out[str(gpu)] = {"hard": q.hard, "provisioned": q.provisioned,
+                         "used": daemon.ledger.usage(tenant, gpu)}
+    return {"tenant": tenant, "gpus": out}
+
+
+@command("quota.list")
+def quota_list(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    listing = {t: {g: {"hard": q.hard, "provisioned": q.provisioned} for g, q in per.items()}
+               for t, per in daemon.quotas.list().items()}
+    if not caller.admin:
+        listing = {t: v for t, v in listing.items() if t == caller.tenant}
+    return listing
+
+
+# ---- changes (admin) ----
+
+@command("quota.set", admin=True)
+def quota_set(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    tenant = _tenant_arg(daemon, args["tenant"])
+    gpu = _gpu_arg(daemon, args)
+    hard = parse_bytes(args["hard"]) if args.get("hard") is not None else None
+    provisioned = parse_bytes(args["provisioned"]) if args.get("provisioned") is not None else None
+    if hard is None and provisioned is None:
+        raise ControlError("give a hard limit, a provisioned limit, or both")
+    q = daemon.quotas.set(tenant, gpu, hard=hard, provisioned=provisioned)
+    log.info("quota for %s on %s: hard=%s provisioned=%s", tenant,
+             "every GPU" if gpu is None else f"GPU {gpu}", q.hard, q.provisioned,
+             extra={"tenant": tenant})
+    return {"tenant": tenant, "gpu": gpu, "hard": q.hard, "provisioned": q.provisioned}
+
+
+@command("quota.unset", admin=True)
+def quota_unset(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    tenant = _tenant_arg(daemon, args["tenant"])
+    gpu = _gpu_arg(daemon, args)
+    if not daemon.quotas.unset(tenant, gpu):
+        raise ControlError(f"{tenant} has no quota" + ("" if gpu is None else f" on GPU {gpu}"))
+    return {"tenant": tenant, "gpu": gpu}
+
+
+@command("kill", admin=True)
+def kill(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    sid = args["session"]
+    if not isinstance(sid, int) or not daemon.end_session(sid, f"killed by uid {caller.creds.uid}"):
+        raise ControlError(f"no session {sid}")
+    return {"session": sid}
+
+
+@command("drain", admin=True)
+def drain(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    gpu = _gpu_arg(daemon, args)
+    if gpu is None:
+        raise ControlError("which GPU?")
+    daemon.draining.add(gpu)
+    return {"gpu": gpu, "draining": True}
+
+
+@command("undrain", admin=True)
+def undrain(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    gpu = _gpu_arg(daemon, args)
+    if gpu is None:
+        raise ControlError("which GPU?")
+    daemon.draining.discard(gpu)
+    return {"gpu": gpu, "draining": False}

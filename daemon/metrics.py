@@ -1,0 +1,469 @@
+"""Prometheus metrics: counters the daemon's threads bump, and a collector that reads them and the
+daemon's state at scrape time.
+
+Counting is on the hot path (every CUDA call on a vGPU thread), so it is plain Python arithmetic
+with no lock and no prometheus_client objects: each thread writes its own shard (a thread-local
+`_Shard`), which keeps counts exact whatever the interleaving of threads, and the collector adds
+the shards up when Prometheus scrapes. A shard outlives its thread, so counters never go back.
+Everything else (sessions, memory, quotas, GPU readings) is a gauge computed from a snapshot the
+daemon builds on demand (`state()`), so nothing is kept twice.
+
+Labels are low-cardinality by design: tenant, gpu, vgpu, function, direction, kind. Never pid or
+session: those churn and would grow Prometheus's series without bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import socketserver
+import threading
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+log = logging.getLogger("pilot.metrics")
+
+# Upper bounds (seconds) of the call latency histogram: 1-2.5-5 per decade from 1 us (a call
+# answered in the shim's spin window) to 10 s (a large synchronous copy or a long synchronize).
+LATENCY_BUCKETS: tuple[float, ...] = (
+    1e-6, 2.5e-6, 5e-6,
+    1e-5, 2.5e-5, 5e-5,
+    1e-4, 2.5e-4, 5e-4,
+    1e-3, 2.5e-3, 5e-3,
+    1e-2, 2.5e-2, 5e-2,
+    0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0,
+    10.0,
+)
+_BOUNDS = list(LATENCY_BUCKETS)
+# A call row: [calls, bucket_0 .. bucket_n (the last one is +Inf), sum of observed seconds].
+_NBUCKETS = len(LATENCY_BUCKETS) + 1
+_SUM = _NBUCKETS + 1
+_ROW = [0] * (_NBUCKETS + 1) + [0.0]
+
+DIRECTIONS = ("h2d", "d2h", "d2d")
+POLICY_EVENTS = ("admission_wait", "throttle", "advise", "preemption", "quota_rejection")
+
+
+class _Shard:
+    """One thread's counters. Only its thread writes; the collector copies (dict/list copies are
+    atomic under the GIL) and sums."""
+
+    __slots__ = ("calls", "copied", "kernels", "policy")
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[Any]] = {}
+        self.copied: dict[str, int] = dict.fromkeys(DIRECTIONS, 0)
+        self.kernels = 0
+        self.policy: dict[tuple[str, str], int] = {}
+
+
+@dataclass(frozen=True)
+class CallStats:
+    """Totals for one CUDA function. `buckets` are per-bucket (not cumulative) counts of the
+    observed latencies, aligned with LATENCY_BUCKETS plus a final +Inf bucket."""
+
+    calls: int
+    buckets: tuple[int, ...]
+    latency_sum: float
+
+    @property
+    def observed(self) -> int:
+        return sum(self.buckets)
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    calls: dict[str, CallStats]
+    kernels: int
+    copied: dict[str, int]
+    policy: dict[tuple[str, str], int]  # (event, tenant) -> count; events from POLICY_EVENTS
+
+
+class Metrics:
+    """Counters updated by the daemon's threads; read by `PilotCollector` at scrape time.
+
+    `call()` costs a thread-local lookup, a dict lookup and a few integer adds (and a bisect when
+    a latency is given); see the printout in tests/unit/test_metrics.py.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._shards: list[_Shard] = []
+        self._shards_lock = threading.Lock()
+
+    def _new_shard(self) -> _Shard:
+        shard = _Shard()
+        with self._shards_lock:
+            self._shards.append(shard)
+        self._local.shard = shard
+        return shard
+
+    def shard(self) -> _Shard:
+        """The calling thread's counters, for a hot loop that counts inline (vGPU threads):
+        `shard.calls[name][0] += 1`, `shard.kernels += n`."""
+        try:
+            return self._local.shard
+        except AttributeError:
+            return self._new_shard()
+
+    @staticmethod
+    def new_row() -> list[float]:
+        """A fresh per-function row for shard.calls (count, histogram buckets, sum)."""
+        return _ROW.copy()
+
+    def call(self, function: str, seconds: float | None = None) -> None:
+        """Counts a call of a CUDA function (by name); observes its latency when given."""
+        try:
+            shard = self._local.shard
+        except AttributeError:
+            shard = self._new_shard()
+        try:
+            row = shard.calls[function]
+        except KeyError:
+            row = shard.calls[function] = _ROW.copy()
+        row[0] += 1
+        if seconds is not None:
+            row[bisect_left(_BOUNDS, seconds) + 1] += 1  # le semantics: x <= bound
+            row[_SUM] += seconds
+
+    def kernels_launched(self, n: int = 1) -> None:
+        try:
+            shard = self._local.shard
+        except AttributeError:
+            shard = self._new_shard()
+        shard.kernels += n
+
+    def bytes_copied(self, direction: str, n: int) -> None:
+        """`direction` is one of h2d, d2h, d2d."""
+        try:
+            shard = self._local.shard
+        except AttributeError:
+            shard = self._new_shard()
+        try:
+            shard.copied[direction] += n
+        except KeyError:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}") from None
+
+    def _policy(self, event: str, tenant: str) -> None:
+        try:
+            shard = self._local.shard
+        except AttributeError:
+            shard = self._new_shard()
+        key = (event, tenant)
+        shard.policy[key] = shard.policy.get(key, 0) + 1
+
+    def admission_wait(self, tenant: str) -> None:
+        self._policy("admission_wait", tenant)
+
+    def throttle(self, tenant: str) -> None:
+        self._policy("throttle", tenant)
+
+    def advise(self, tenant: str) -> None:
+        self._policy("advise", tenant)
+
+    def preemption(self, tenant: str) -> None:
+        self._policy("preemption", tenant)
+
+    def quota_rejection(self, tenant: str) -> None:
+        self._policy("quota_rejection", tenant)
+
+    def snapshot(self) -> MetricsSnapshot:
+        """The sum of every thread's counters. Counts bumped while this runs may or may not be
+        included; each call's row is copied whole, so a histogram's count and buckets agree."""
+        with self._shards_lock:
+            shards = list(self._shards)
+        rows: dict[str, list[Any]] = {}
+        kernels = 0
+        copied = dict.fromkeys(DIRECTIONS, 0)
+        policy: dict[tuple[str, str], int] = {}
+        for shard in shards:
+            for function, row in dict(shard.calls).items():
+                row = list(row)
+                total = rows.get(function)
+                if total is None:
+                    rows[function] = row
+                else:
+                    for i, value in enumerate(row):
+                        total[i] += value
+            kernels += shard.kernels
+            for direction, n in dict(shard.copied).items():
+                copied[direction] += n
+            for key, n in dict(shard.policy).items():
+                policy[key] = policy.get(key, 0) + n
+        calls = {f: CallStats(calls=r[0], buckets=tuple(r[1:_SUM]), latency_sum=r[_SUM])
+                 for f, r in rows.items()}
+        return MetricsSnapshot(calls=calls, kernels=kernels, copied=copied, policy=policy)
+
+
+def _gauge(name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def _counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=list(labels))
+
+
+_POLICY_METRICS = {
+    "admission_wait": ("pilot_admission_waits_total", "Allocations or sessions that waited for admission."),
+    "throttle": ("pilot_throttles_total", "Times a tenant was throttled."),
+    "advise": ("pilot_advises_total", "Memory advice (MAdvise) actions taken for a tenant."),
+    "preemption": ("pilot_preemptions_total", "Times a tenant's work was preempted."),
+    "quota_rejection": ("pilot_quota_rejections_total", "Allocations refused by a tenant's quota."),
+}
+
+
+class PilotCollector(Collector):
+    """A prometheus_client custom collector: everything is computed at scrape time from the
+    `Metrics` counters and one `state()` snapshot.
+
+    `state()` returns {"sessions": [{"session", "tenant", "pid", "gpu", "device_bytes",
+    "managed_bytes"}], "gpus": [{"index", "capacity", "draining", "reading": GpuReading | None}],
+    "quotas": {tenant: {gpu_key: {"hard": int | None, "provisioned": int | None}}},
+    "vgpus": [{"index", "gpu", "sessions"}]}; missing keys count as empty. If it raises, the
+    scrape still returns the counters (and the failure is logged), so a bug there cannot blind
+    the counters. `poller` (an NvmlPoller), when given, adds its read/error counters.
+    """
+
+    def __init__(self, metrics: Metrics, state: Callable[[], dict[str, Any]],
+                 poller: Any = None) -> None:
+        self.metrics = metrics
+        self.state = state
+        self.poller = poller
+
+    def describe(self) -> Iterator[Metric]:
+        # Names only, so registering does not call state() (the daemon may not be ready yet).
+        yield from self._state_families({})
+        yield from self._counter_families(None)
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            state = self.state()
+        except Exception:
+            log.exception("metrics state snapshot failed; exporting counters only")
+            state = None
+        if state is not None:
+            yield from self._state_families(state)
+        yield from self._counter_families(self.metrics.snapshot())
+
+    def _state_families(self, state: dict[str, Any]) -> Iterator[Metric]:
+        sessions = list(state.get("sessions") or ())
+        gpus = list(state.get("gpus") or ())
+        quotas = dict(state.get("quotas") or {})
+        vgpus = list(state.get("vgpus") or ())
+
+        per_gpu: dict[str, int] = {str(g["index"]): 0 for g in gpus}
+        per_tenant: dict[tuple[str, str], list[int]] = {}  # (tenant, gpu) -> [sessions, dev, managed]
+        for s in sessions:
+            gpu = str(s["gpu"])
+            per_gpu[gpu] = per_gpu.get(gpu, 0) + 1
+            row = per_tenant.setdefault((str(s["tenant"]), gpu), [0, 0, 0])
+            row[0] += 1
+            row[1] += int(s.get("device_bytes") or 0)
+            row[2] += int(s.get("managed_bytes") or 0)
+
+        f = _gauge("pilot_sessions", "Client sessions attached, by GPU.", ["gpu"])
+        for gpu, n in sorted(per_gpu.items()):
+            f.add_metric([gpu], n)
+        yield f
+        f = _gauge("pilot_vgpu_sessions", "Client sessions attached, by vGPU.", ["gpu", "vgpu"])
+        for v in vgpus:
+            f.add_metric([str(v["gpu"]), str(v["index"])], int(v["sessions"]))
+        yield f
+
+        tenant_families = [
+            _gauge("pilot_tenant_sessions", "Sessions of a tenant on a GPU.", ["tenant", "gpu"]),
+            _gauge("pilot_tenant_device_memory_bytes",
+                   "Device memory (cudaMalloc and friends) held by a tenant's sessions on a GPU.",
+                   ["tenant", "gpu"]),
+            _gauge("pilot_tenant_managed_memory_bytes",
+                   "Managed (unified) memory held by a tenant's sessions on a GPU.", ["tenant", "gpu"]),
+        ]
+        for (tenant, gpu), row in sorted(per_tenant.items()):
+            for family, value in zip(tenant_families, row, strict=True):
+                family.add_metric([tenant, gpu], value)
+        yield from tenant_families
+
+        f = _gauge("pilot_tenant_quota_bytes",
+                   "A tenant's memory quota on a GPU: kind=hard (never exceeded) or provisioned "
+                   "(guaranteed).", ["tenant", "gpu", "kind"])
+        for tenant, by_gpu in sorted(quotas.items(), key=lambda kv: str(kv[0])):
+            for gpu_key, limits in sorted((by_gpu or {}).items(), key=lambda kv: str(kv[0])):
+                for kind in ("hard", "provisioned"):
+                    value = (limits or {}).get(kind)
+                    if value is not None:
+                        f.add_metric([str(tenant), str(gpu_key), kind], int(value))
+        yield f
+
+        info = _gauge("pilot_gpu_info", "Always 1; the GPU's name as a label.", ["gpu", "name"])
+        capacity = _gauge("pilot_gpu_capacity_bytes",
+                          "Memory pilot hands out on a GPU (--capacity, or the GPU's total).", ["gpu"])
+        draining = _gauge("pilot_gpu_draining", "1 while a GPU takes no new sessions.", ["gpu"])
+        used = _gauge("pilot_gpu_memory_used_bytes", "GPU memory in use, as the driver reports it.",
+                      ["gpu"])
+        free = _gauge("pilot_gpu_memory_free_bytes", "GPU memory free, as the driver reports it.",
+                      ["gpu"])
+        total = _gauge("pilot_gpu_memory_total_bytes", "GPU memory installed.", ["gpu"])
+        util = _gauge("pilot_gpu_utilization_ratio",
+                      "Fraction of the last sample period a kernel was running (NVML).", ["gpu"])
+        mem_util = _gauge("pilot_gpu_memory_utilization_ratio",
+                          "Fraction of the last sample period device memory was read or written "
+                          "(NVML).", ["gpu"])
+        for g in gpus:
+            gpu = str(g["index"])
+            if g.get("capacity") is not None:
+                capacity.add_metric([gpu], int(g["capacity"]))
+            draining.add_metric([gpu], 1 if g.get("draining") else 0)
+            reading = g.get("reading")
+            if reading is None:
+                continue  # no reading (poller not started, or the GPU's last read failed)
+            info.add_metric([gpu, reading.name], 1)
+            used.add_metric([gpu], reading.memory_used)
+            free.add_metric([gpu], reading.memory_free)
+            total.add_metric([gpu], reading.memory_total)
+            if not math.isnan(reading.utilization_gpu):
+                util.add_metric([gpu], reading.utilization_gpu / 100.0)
+            if not math.isnan(reading.utilization_memory):
+                mem_util.add_metric([gpu], reading.utilization_memory / 100.0)
+        yield from (info, capacity, draining, used, free, total, util, mem_util)
+
+    def _counter_families(self, snap: MetricsSnapshot | None) -> Iterator[Metric]:
+        calls = _counter("pilot_calls_total", "CUDA calls handled, by function.", ["function"])
+        latency = HistogramMetricFamily(
+            "pilot_call_latency_seconds",
+            "Time the daemon took to handle a CUDA call, by function.", labels=["function"])
+        kernels = _counter("pilot_kernels_launched_total", "Kernels launched.")
+        copied = _counter("pilot_copied_bytes_total", "Bytes copied by cudaMemcpy and friends.",
+                          ["direction"])
+        policy = {event: _counter(name, doc, ["tenant"])
+                  for event, (name, doc) in _POLICY_METRICS.items()}
+        families: list[Metric] = [calls, latency, kernels, copied, *policy.values()]
+        poller = self.poller
+        if poller is not None:
+            nvml_reads = _counter("pilot_nvml_reads_total", "Successful GPU readings (NVML poller).")
+            nvml_errors = _counter("pilot_nvml_errors_total", "Failed GPU readings (NVML poller).")
+            families += [nvml_reads, nvml_errors]
+        if snap is not None:
+            for function, stats in sorted(snap.calls.items()):
+                calls.add_metric([function], stats.calls)
+                if stats.observed:
+                    cumulative, buckets = 0, []
+                    for bound, n in zip((*LATENCY_BUCKETS, math.inf), stats.buckets, strict=True):
+                        cumulative += n
+                        buckets.append((floatToGoString(bound), cumulative))
+                    latency.add_metric([function], buckets, stats.latency_sum)
+            kernels.add_metric([], snap.kernels)
+            for direction, n in snap.copied.items():
+                copied.add_metric([direction], n)
+            for (event, tenant), n in sorted(snap.policy.items()):
+                policy[event].add_metric([str(tenant)], n)
+            if poller is not None:
+                nvml_reads.add_metric([], poller.reads_total)
+                nvml_errors.add_metric([], poller.errors_total)
+        yield from families
+
+
+class _Server(WSGIServer):
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind resolves the host name (socket.getfqdn), which can stall for
+        # seconds without DNS; the name is not needed here.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+        self.setup_environ()
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = 10  # a client that stops talking must not hold the (single) serving thread
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("exporter: " + format, *args)
+
+
+class Exporter:
+    """A running /metrics endpoint (see start_exporter)."""
+
+    def __init__(self, server: _Server, thread: threading.Thread, registry: CollectorRegistry):
+        self._server = server
+        self._thread = thread
+        self.registry = registry
+        self.host = server.server_name
+        self.port: int = server.server_port
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else (self.host or "127.0.0.1")
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """'host:port', '[v6]:port' or ':port' (all interfaces) -> (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        raise ValueError(f"exporter address must be host:port, got {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise ValueError(f"bad port in exporter address {address!r}") from None
+    if not 0 <= port_number <= 65535:
+        raise ValueError(f"bad port in exporter address {address!r}")
+    return host, port_number
+
+
+def start_exporter(address: str, collector: Collector, process_metrics: bool = True) -> Exporter:
+    """Serves Prometheus's text format (and OpenMetrics, gzip, `name[]` filters, as
+    prometheus_client's WSGI app negotiates) at /metrics on `address` ('host:port'; port 0 picks a
+    free one), from a registry of its own holding `collector` (plus process_* metrics of pilotd
+    unless disabled), on a daemon thread named `exporter`. Scrapes are served one at a time."""
+    host, port = parse_address(address)
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(collector)
+    if process_metrics:
+        from prometheus_client import ProcessCollector
+
+        ProcessCollector(registry=registry)
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") not in ("/metrics", "/"):
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"pilot exporter: see /metrics\n"]
+        return metrics_app(environ, start_response)
+
+    server_class = _Server6 if ":" in host else _Server
+    server = server_class((host, port), _QuietHandler)
+    server.set_app(app)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.25},
+                              name="exporter", daemon=True)
+    thread.start()
+    log.info("metrics exporter listening on %s:%d", host or "*", server.server_port)
+    return Exporter(server, thread, registry)

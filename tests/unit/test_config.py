@@ -1,0 +1,299 @@
+"""pilotd's configuration (daemon/config.py): units, the TOML layout, validation that names the
+file and key, command-line overrides, defaults, and the shipped example deploy/pilotd.toml."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from pilot.daemon import config
+from pilot.daemon.config import (
+    Config,
+    ConfigError,
+    TenantDef,
+    load_config,
+    parse_address,
+    parse_bytes,
+    parse_duration,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "pilotd.toml"
+GiB = 2**30
+
+
+@pytest.fixture(autouse=True)
+def as_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every test runs as an unprivileged user with a known home and no system config."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setattr(config, "DEFAULT_CONFIG_PATH", str(tmp_path / "absent" / "pilotd.toml"))
+
+
+def write(tmp_path: Path, text: str, name: str = "pilotd.toml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# ---- units ----
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("8GiB", 8 * GiB), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000), ("1024", 1024),
+    (4096, 4096), (0, 0), ("0", 0), ("1kib", 1024), ("2 KB", 2000), ("3TB", 3 * 10**12),
+    ("1TiB", 2**40), ("7B", 7), ("  16gib ", 16 * GiB), ("1.1GiB", int(1.1 * GiB)), (".5KiB", 512),
+    (8e9, 8_000_000_000),
+])
+def test_parse_bytes(text: str | int, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["-1", -1, "-8GiB", "8 Gigs", "GiB", "", "1.5", "1e9", "8G",
+                                  "1,000", True, None, 1.5, "8GiB8"])
+def test_parse_bytes_rejects(text: object) -> None:
+    with pytest.raises(ValueError, match=re.escape(repr(text))):
+        parse_bytes(text)  # type: ignore[arg-type]
+
+
+def test_parse_bytes_explains_ambiguous_and_unknown_units() -> None:
+    with pytest.raises(ValueError, match="ambiguous unit 'G': use GiB or GB"):
+        parse_bytes("8G")
+    with pytest.raises(ValueError, match="unknown unit 'Gigs'"):
+        parse_bytes("8 Gigs")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("500ms", 0.5), ("2s", 2.0), ("1m", 60.0), ("1h", 3600.0), ("250us", 0.00025), (1.5, 1.5),
+    (3, 3.0), ("0.25", 0.25), (" 10 S ", 10.0),
+])
+def test_parse_duration(text: str | float, expected: float) -> None:
+    assert parse_duration(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["-1s", -2, "soon", "5 parsecs", "", float("nan"), float("inf"), True])
+def test_parse_duration_rejects(text: object) -> None:
+    with pytest.raises(ValueError, match="is not a duration"):
+        parse_duration(text)  # type: ignore[arg-type]
+
+
+def test_parse_address() -> None:
+    assert parse_address("127.0.0.1:9400") == ("127.0.0.1", 9400)
+    assert parse_address("[::1]:9400") == ("::1", 9400)
+    assert parse_address(":9400") == ("", 9400)
+    assert parse_address("metrics.example:0") == ("metrics.example", 0)
+    for bad in ("localhost", "h:70000", "[nope]:1", "a..b:1", "h:-1"):
+        with pytest.raises(ValueError):
+            parse_address(bad)
+
+
+# ---- defaults ----
+
+def test_defaults(tmp_path: Path) -> None:
+    c = Config()
+    assert (c.backend, c.socket, c.control_socket, c.vgpus_per_gpu, c.gpus, c.capacity) == (
+        "cuda", None, None, 2, None, None)
+    assert (c.policy, c.nvml_poll_interval, c.metrics_address, c.admin_group) == (
+        "none", 1.0, "127.0.0.1:9400", "pilot-admin")
+    assert (c.log_level, c.log_format, c.spin_us, c.sim_kernels) == ("info", "text", 50, ())
+    assert c.capacity_per_gpu == {} and c.tenants == {}
+    assert c.state_dir == str(tmp_path / "home" / ".local" / "state" / "pilot")
+    assert load_config(None) == c  # no file at DEFAULT_CONFIG_PATH: defaults only
+
+
+def test_state_dir_for_root_and_xdg(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", "/xdg/state")
+    assert Config().state_dir == "/xdg/state/pilot"
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/ignored")
+    assert Config().state_dir.endswith("/home/.local/state/pilot")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert Config().state_dir == "/var/lib/pilot"
+
+
+def test_control_socket_path_and_capacity_for() -> None:
+    c = Config()
+    assert c.control_socket_path("/run/pilot/pilot.sock") == "/run/pilot/control.sock"
+    assert Config(control_socket="/x/c.sock").control_socket_path("/run/pilot/pilot.sock") == "/x/c.sock"
+    assert c.capacity_for(0, 80 * GiB) == 80 * GiB
+    c = Config(capacity="70GiB", capacity_per_gpu={1: 40 * GiB})
+    assert c.capacity_for(0, 80 * GiB) == 70 * GiB
+    assert c.capacity_for(1, 80 * GiB) == 40 * GiB
+    assert c.metrics_host_port() == ("127.0.0.1", 9400)
+    assert Config(metrics_address="").metrics_host_port() is None
+
+
+def test_direct_construction_validates() -> None:
+    with pytest.raises(ConfigError, match=r"^vgpus_per_gpu: 0 is not in 1\.\.64$"):
+        Config(vgpus_per_gpu=0)
+    with pytest.raises(ConfigError, match=r"^tenants\.Bad: tenant name"):
+        Config(tenants={"Bad": TenantDef("Bad", ("a",))})
+    assert Config(log_level="DEBUG").log_level == "debug"
+
+
+# ---- the file ----
+
+FULL = """
+[daemon]
+backend = "sim"
+socket = "/s/pilot.sock"
+control_socket = "ctl.sock"
+vgpus_per_gpu = 4
+gpus = [0, 2]
+spin_us = 0
+state_dir = "/var/lib/p"
+admin_group = "gpu-admins"
+log_level = "debug"
+log_format = "json"
+sim_kernels = ["k.py", "/abs/k2.py"]
+
+[gpu]
+capacity = "70GiB"
+
+[gpu.capacity_per_gpu]
+"0" = "40GiB"
+2 = 1000
+
+[policy]
+name = "madvise"
+
+[nvml]
+poll_interval = "500ms"
+
+[metrics]
+address = "[::1]:9401"
+
+[tenants.ml-team]
+users = ["alice", "bob"]
+groups = ["ml"]
+
+[tenants.vision]
+groups = ["cv", "cv"]
+"""
+
+
+def test_load_full_file(tmp_path: Path) -> None:
+    c = load_config(write(tmp_path, FULL))
+    assert c == Config(
+        backend="sim", socket="/s/pilot.sock", control_socket=str(tmp_path / "ctl.sock"),
+        vgpus_per_gpu=4, gpus=(0, 2), spin_us=0, state_dir="/var/lib/p", admin_group="gpu-admins",
+        log_level="debug", log_format="json", sim_kernels=(str(tmp_path / "k.py"), "/abs/k2.py"),
+        capacity=70 * GiB, capacity_per_gpu={0: 40 * GiB, 2: 1000}, policy="madvise",
+        nvml_poll_interval=0.5, metrics_address="[::1]:9401",
+        tenants={"ml-team": TenantDef("ml-team", ("alice", "bob"), ("ml",)),
+                 "vision": TenantDef("vision", (), ("cv",))})
+
+
+def test_gpus_all_and_default_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, '[daemon]\ngpus = "all"\nvgpus_per_gpu = 3\n')
+    monkeypatch.setattr(config, "DEFAULT_CONFIG_PATH", path)
+    c = load_config(None)
+    assert c.gpus is None and c.vgpus_per_gpu == 3
+
+
+def test_explicit_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.toml: no such file$"):
+        load_config(str(tmp_path / "nope.toml"))
+
+
+def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[daemon\nbackend = 1\n")
+    with pytest.raises(ConfigError, match=f"^{re.escape(path)}: not valid TOML"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[daemon]\nvgpu_per_gpu = 2", "unknown key daemon.vgpu_per_gpu (did you mean vgpus_per_gpu?)"),
+    ("[daemon]\nzzz = 2", "unknown key daemon.zzz"),
+    ("[deamon]\nbackend = 'sim'", "unknown section [deamon] (did you mean daemon?)"),
+    ("backend = 'sim'", "unknown key backend"),
+    ("daemon = 1", "daemon: must be a table"),
+    ("[gpu]\ncapacity = '8 Gigs'", "gpu.capacity: '8 Gigs' is not a size"),
+    ("[gpu]\ncapacity = 0", "gpu.capacity: 0: a capacity must be above 0"),
+    ("[gpu]\ncapcity = '8GiB'", "unknown key gpu.capcity (did you mean capacity?)"),
+    ("[gpu.capacity_per_gpu]\nx = '1GiB'", "gpu.capacity_per_gpu.x: 'x' is not a GPU index"),
+    ("[gpu.capacity_per_gpu]\n0 = '-1GiB'", "gpu.capacity_per_gpu.0: '-1GiB' is not a size"),
+    ("[daemon]\nbackend = 'gpu'", "daemon.backend: 'gpu' is not one of cuda, sim"),
+    ("[daemon]\nvgpus_per_gpu = 65", "daemon.vgpus_per_gpu: 65 is not in 1..64"),
+    ("[daemon]\nvgpus_per_gpu = true", "daemon.vgpus_per_gpu: True is not an integer"),
+    ("[daemon]\nspin_us = 10001", "daemon.spin_us: 10001 is not in 0..10000"),
+    ("[daemon]\ngpus = 'some'", "daemon.gpus: 'some' is not \"all\""),
+    ("[daemon]\ngpus = []", "daemon.gpus: empty list"),
+    ("[daemon]\ngpus = [0, 0]", "daemon.gpus: [0, 0] lists a GPU twice"),
+    ("[daemon]\ngpus = [-1]", "daemon.gpus: -1 is not a GPU index"),
+    ("[daemon]\nsocket = ''", "daemon.socket: '' is not a non-empty string"),
+    ("[daemon]\nstate_dir = 3", "daemon.state_dir: 3 is not a non-empty string"),
+    ("[daemon]\nlog_level = 'verbose'", "daemon.log_level: 'verbose' is not one of"),
+    ("[daemon]\nlog_format = 'jsn'",
+     "daemon.log_format: 'jsn' is not one of text, json (did you mean json?)"),
+    ("[daemon]\nsim_kernels = 'k.py'", "daemon.sim_kernels: 'k.py' is not a list of paths"),
+    ("[policy]\nname = 'mfitt'",
+     "policy.name: 'mfitt' is not one of none, mfit, amfit, madvise (did you mean mfit?)"),
+    ("[policy]\npolicy = 'mfit'", "unknown key policy.policy"),
+    ("[nvml]\npoll_interval = '0s'", "nvml.poll_interval: '0s': must be above 0"),
+    ("[nvml]\npoll_interval = 'often'", "nvml.poll_interval: 'often' is not a duration"),
+    ("[metrics]\naddress = 'localhost'", "metrics.address: 'localhost' is not host:port"),
+    ("[tenants.Ml]\nusers = ['a']", "tenants.Ml: tenant name 'Ml' must match"),
+    ("[tenants._x]\nusers = ['a']", "tenants._x: tenant name '_x' must match"),
+    ("[tenants.ml]\nuser = ['a']", "unknown key tenants.ml.user (did you mean users?)"),
+    ("[tenants.ml]\nusers = 'a'", "tenants.ml.users: 'a' is not a list of user names"),
+    ("[tenants.ml]\ngroups = ['a b']", "tenants.ml.groups: 'a b' is not a group name"),
+    ("[tenants.ml]\n", "tenants.ml: a tenant needs at least one user or group"),
+    ("tenants = 1", "tenants: must be a table"),
+    ("[tenants.a]\nusers = ['x']\n[tenants.b]\nusers = ['y', 'x']",
+     "tenants.b.users: user 'x' is already in tenant 'a'"),
+    ("[tenants.a]\ngroups = ['g']\n[tenants.b]\ngroups = ['g']",
+     "tenants.b.groups: group 'g' is already in tenant 'a'"),
+])
+def test_errors_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: {message}"), str(info.value)
+
+
+def test_same_user_may_be_named_as_user_and_group(tmp_path: Path) -> None:
+    """Users and groups are separate name spaces: a user "ml" and a group "ml" may differ."""
+    c = load_config(write(tmp_path, "[tenants.a]\nusers = ['ml']\n[tenants.b]\ngroups = ['ml']\n"))
+    assert set(c.tenants) == {"a", "b"}
+
+
+# ---- overrides ----
+
+def test_overrides_win_and_none_is_ignored(tmp_path: Path) -> None:
+    path = write(tmp_path, "[daemon]\nvgpus_per_gpu = 4\nbackend = 'sim'\n[gpu]\ncapacity = '1GiB'\n")
+    c = load_config(path, {"vgpus_per_gpu": 8, "backend": None, "capacity": "2GiB",
+                           "gpus": (1,), "nvml_poll_interval": "2s", "socket": "rel.sock"})
+    assert (c.vgpus_per_gpu, c.backend, c.capacity, c.gpus) == (8, "sim", 2 * GiB, (1,))
+    assert c.nvml_poll_interval == 2.0
+    assert c.socket == "rel.sock"  # command-line paths stay as given (relative to the cwd)
+
+
+def test_override_errors_name_the_option(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^command line: --vgpus-per-gpu: 0 is not in 1\.\.64$"):
+        load_config(None, {"vgpus_per_gpu": 0})
+    with pytest.raises(ConfigError, match=r"^command line: unknown key vgpu_per_gpu \(did you mean "
+                                          r"vgpus_per_gpu\?\)$"):
+        load_config(None, {"vgpu_per_gpu": 2})
+
+
+# ---- the shipped example ----
+
+def test_example_file_loads_as_the_defaults() -> None:
+    assert load_config(str(EXAMPLE)) == Config()
+
+
+def test_every_example_setting_is_valid(tmp_path: Path) -> None:
+    """Uncommenting every `#key = value` / `#[table]` line of the example still loads, and each
+    documented default is the real default."""
+    text = EXAMPLE.read_text()
+    settings = re.compile(r'(?m)^#(?=\[|"?[a-z0-9_]+"?\s*=)')
+    assert len(settings.findall(text)) >= 20
+    c = load_config(write(tmp_path, settings.sub("", text)))
+    assert c.tenants == {"ml-team": TenantDef("ml-team", ("alice", "bob"), ("ml",))}
+    assert c.capacity == 70 * GiB and c.capacity_per_gpu == {0: 40 * GiB}
+    defaults = Config(socket="/run/pilot/pilot.sock", control_socket="/run/pilot/control.sock",
+                      state_dir="/var/lib/pilot", capacity=c.capacity,
+                      capacity_per_gpu=c.capacity_per_gpu, tenants=c.tenants)
+    assert c == defaults

@@ -1,0 +1,88 @@
+"""pilotctl's rights, decided in daemon/control.py from the caller's kernel credentials: changes
+need root or the admin group; reads show another tenant's sessions and quotas to admins only.
+(The end-to-end tests run as root, so the non-admin side is checked here.)"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+from pilot.daemon import control
+from pilot.daemon.session import Credentials
+from pilot.daemon.tenants import Quota
+
+ADMIN = Credentials(uid=0, gid=0, pid=1)
+ALICE = Credentials(uid=1001, gid=1001, pid=2)
+
+
+class FakeQuotas:
+    def __init__(self) -> None:
+        self.data: dict[str, dict[str, Quota]] = {"user:bob": {"0": Quota(hard=1 << 30)},
+                                                  "user:alice": {"*": Quota(hard=2 << 30)}}
+
+    def list(self) -> dict[str, dict[str, Quota]]:
+        return self.data
+
+    def get(self, tenant: str, gpu: int | None) -> Quota:
+        per = self.data.get(tenant, {})
+        return per.get(str(gpu)) or per.get("*") or Quota()
+
+    def set(self, tenant: str, gpu: int | None, hard: int | None, provisioned: int | None) -> Quota:
+        q = Quota(hard=hard, provisioned=provisioned)
+        self.data.setdefault(tenant, {})["*" if gpu is None else str(gpu)] = q
+        return q
+
+
+def fake_daemon() -> Any:
+    names = {0: "root", 1001: "alice"}
+    resolver = SimpleNamespace(tenant_of=lambda uid, gid: f"user:{names[uid]}",
+                               is_admin=lambda uid, gid, group: uid == 0)
+    sessions = [{"session": 1, "tenant": "user:alice", "pid": 10},
+                {"session": 2, "tenant": "user:bob", "pid": 11}]
+    return SimpleNamespace(
+        resolver=resolver, quotas=FakeQuotas(), gpus={0: 0},
+        config=SimpleNamespace(admin_group="pilot-admin", tenants={}, policy="none"),
+        ledger=SimpleNamespace(usage=lambda tenant, gpu: 5),
+        session_summaries=lambda: sessions,
+        draining=set(), end_session=lambda sid, why: sid == 1)
+
+
+def call(daemon: Any, creds: Credentials, cmd: str, **args: Any) -> dict[str, Any]:
+    return json.loads(control.handle(daemon, creds, json.dumps({"cmd": cmd, "args": args}).encode()))
+
+
+def test_changes_need_admin() -> None:
+    d = fake_daemon()
+    for cmd, args in [("quota.set", {"tenant": "user:alice", "hard": "1GiB"}),
+                      ("quota.unset", {"tenant": "user:alice"}), ("kill", {"session": 1}),
+                      ("drain", {"gpu": 0}), ("undrain", {"gpu": 0})]:
+        reply = call(d, ALICE, cmd, **args)
+        assert reply == {"ok": False, "error": f"{cmd} needs root or membership of group 'pilot-admin'"}
+    assert d.quotas.get("user:alice", 0).hard == 2 << 30 and not d.draining
+    assert call(d, ADMIN, "drain", gpu=0)["ok"] and d.draining == {0}
+    assert call(d, ADMIN, "quota.set", tenant="user:alice", hard="1GiB", gpu=0)["ok"]
+    assert d.quotas.get("user:alice", 0).hard == 1 << 30
+
+
+def test_reads_show_other_tenants_to_admins_only() -> None:
+    d = fake_daemon()
+    assert [r["session"] for r in call(d, ALICE, "sessions")["result"]] == [1]
+    assert [r["session"] for r in call(d, ADMIN, "sessions")["result"]] == [1, 2]
+    assert set(call(d, ALICE, "quota.list")["result"]) == {"user:alice"}
+    assert set(call(d, ADMIN, "quota.list")["result"]) == {"user:alice", "user:bob"}
+    mine = call(d, ALICE, "quota.get")["result"]
+    assert mine["tenant"] == "user:alice" and mine["gpus"]["0"]["hard"] == 2 << 30
+    refused = call(d, ALICE, "quota.get", tenant="user:bob")
+    assert refused == {"ok": False, "error": "only admins can read other tenants' quotas"}
+
+
+def test_malformed_and_unknown_requests_get_one_line_errors() -> None:
+    d = fake_daemon()
+    for raw in (b"not json", b"[]", b'{"cmd": 5}', b'{"cmd": "status", "args": []}'):
+        reply = json.loads(control.handle(d, ADMIN, raw))
+        assert reply["ok"] is False and "\n" not in reply["error"]
+    assert call(d, ADMIN, "reboot") == {"ok": False, "error": "unknown command 'reboot'"}
+    assert call(d, ADMIN, "quota.set", tenant="user:alice", hard="lots")["ok"] is False
+    assert call(d, ADMIN, "kill", session=99) == {"ok": False, "error": "no session 99"}
+    assert call(d, ADMIN, "drain", gpu=3)["error"].startswith("no GPU 3")
