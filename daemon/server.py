@@ -296,8 +296,12 @@ class Daemon:
             "gpus": [{"index": g, "capacity": budget.capacity(g), "used_by_pilot": budget.used(g),
                       "draining": g in self.draining, "reading": readings.get(g)}
                      for g in sorted(self.gpus)],
-            "quotas": {t: {k: {"hard": q.hard, "provisioned": q.provisioned} for k, q in per.items()}
-                       for t, per in self.quotas.list().items()},
+            # The quota in force on each GPU (a quota for every GPU is expanded), so it lines up
+            # with the per-GPU memory series.
+            "quotas": {t: {str(g): {"hard": q.hard, "provisioned": q.provisioned}
+                           for g in sorted(self.gpus)
+                           for q in [self.quotas.get(t, g)] if (q.hard, q.provisioned) != (None, None)}
+                       for t in self.quotas.list()},
             "vgpus": [{"index": v.index, "gpu": v.gpu, "sessions": len(v.sessions)}
                       for v in self.vgpus],
         }

@@ -12,6 +12,7 @@ import json
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -72,8 +73,7 @@ def exporter() -> Iterator[Exporter]:
     exp.stop()
 
 
-@pytest.fixture
-def prometheus(tmp_path: Path, exporter: Exporter) -> Iterator[str]:
+def start_prometheus(tmp_path: Path, target_port: int) -> tuple[subprocess.Popen[bytes], str]:
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n"
@@ -82,25 +82,34 @@ def prometheus(tmp_path: Path, exporter: Exporter) -> Iterator[str]:
         "scrape_configs:\n"
         "  - job_name: pilot\n"
         "    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{exporter.port}']\n")
+        f"      - targets: ['127.0.0.1:{target_port}']\n")
     port = free_port()
-    log = (tmp_path / "prometheus.log").open("wb")
-    proc = subprocess.Popen(
-        [str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT)
+    with (tmp_path / "prometheus.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=log, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def stop_prometheus(proc: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    proc.terminate()
     try:
-        yield f"http://127.0.0.1:{port}"
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.returncode not in (0, -15):
+        print((tmp_path / "prometheus.log").read_text(errors="replace"))
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, exporter: Exporter) -> Iterator[str]:
+    proc, base = start_prometheus(tmp_path, exporter.port)
+    try:
+        yield base
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        if proc.returncode not in (0, -15):
-            print((tmp_path / "prometheus.log").read_text(errors="replace"))
+        stop_prometheus(proc, tmp_path)
 
 
 def query(base: str, promql: str) -> list[dict[str, Any]]:
@@ -155,3 +164,62 @@ def test_prometheus_scrapes_pilot_exporter(prometheus: str, exporter: Exporter) 
     assert 2.5e-6 < float(median[0]["value"][1]) <= 5e-6
     assert by(query(prometheus, "pilot_call_latency_seconds_count"), "function") == {
         ("cudaMalloc",): 5}
+
+
+# A client that holds a session: libpilot.so loaded with ctypes, 64 MiB allocated, then it waits.
+HOLDER = """
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+ptr = ctypes.c_void_p()
+print(lib.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(64 << 20)), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_prometheus_scrapes_a_running_pilotd(tmp_path: Path) -> None:
+    """The whole path: pilotd (sim) with its exporter, a tenant holding memory under a quota,
+    a real Prometheus scraping the daemon, and its HTTP API answering for pilot series."""
+    import os
+    import pwd
+    import sys
+
+    from pilot.shim import shim_path
+
+    sock, port = tempfile.mkdtemp(prefix="pilot-prom-") + "/pilot.sock", free_port()
+    env = {**os.environ, "PILOT_SOCKET": sock}
+    env.pop("LD_PRELOAD", None)
+    with (tmp_path / "pilotd.log").open("w") as log:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "pilot.daemon", "--backend", "sim", "--socket", sock,
+             "--state-dir", str(tmp_path / "state"), "--metrics-address", f"127.0.0.1:{port}",
+             "--capacity", "12GiB"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    holder = None
+    prom = None
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while "pilotd ready" not in (tmp_path / "pilotd.log").read_text():
+            assert daemon.poll() is None and time.monotonic() < deadline, "pilotd did not start"
+            time.sleep(0.05)
+        me = "user:" + pwd.getpwuid(os.getuid()).pw_name
+        subprocess.run([sys.executable, "-m", "pilot.cli.pilotctl", "quota", "set", me, "1GiB"],
+                       env=env, check=True, capture_output=True)
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(shim_path())], env=env,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "0"  # cudaSuccess
+        prom, base = start_prometheus(tmp_path, port)
+        mem = by(wait_for(base, f'pilot_tenant_device_memory_bytes{{tenant="{me}"}}', 1), "gpu")
+        assert mem == {("0",): float(64 << 20)}
+        quota = by(wait_for(base, f'pilot_tenant_quota_bytes{{tenant="{me}",kind="hard"}}', 1), "gpu")
+        assert quota == {("0",): float(GiB)}
+        assert by(wait_for(base, "pilot_gpu_capacity_bytes", 1), "gpu") == {("0",): float(12 * GiB)}
+        calls = by(wait_for(base, 'pilot_calls_total{function="malloc"}', 1), "function")
+        assert calls[("malloc",)] >= 1
+        assert by(wait_for(base, "pilot_sessions", 1), "gpu")[("0",)] == 1.0
+    finally:
+        if prom is not None:
+            stop_prometheus(prom, tmp_path)
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        daemon.terminate()
+        daemon.wait(15)
