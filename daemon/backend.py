@@ -25,12 +25,15 @@ CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_MEMORY_ALLOCATION = 2
 CUDA_ERROR_INITIALIZATION = 3
 CUDA_ERROR_INVALID_CONFIGURATION = 9
+CUDA_ERROR_INVALID_PITCH_VALUE = 12
+CUDA_ERROR_INVALID_SYMBOL = 13
 CUDA_ERROR_INVALID_DEVICE_POINTER = 17
 CUDA_ERROR_INVALID_MEMCPY_DIRECTION = 21
 CUDA_ERROR_NO_DEVICE = 100
 CUDA_ERROR_INVALID_DEVICE = 101
 CUDA_ERROR_INVALID_DEVICE_FUNCTION = 98
 CUDA_ERROR_INVALID_IMAGE = 200
+CUDA_ERROR_UNSUPPORTED_LIMIT = 215
 CUDA_ERROR_INVALID_RESOURCE_HANDLE = 400
 CUDA_ERROR_NOT_FOUND = 500  # cudaErrorSymbolNotFound
 CUDA_ERROR_NOT_READY = 600
@@ -132,6 +135,9 @@ class Backend(Protocol):
     def module_load(self, image: bytes) -> Any: ...
     def module_unload(self, module: Any) -> None: ...
     def function_get(self, module: Any, name: str) -> FunctionInfo: ...
+    def module_get_global(self, module: Any, name: str) -> tuple[int, int]:
+        """(device address, size) of the module's `__device__`/`__constant__` variable `name`
+        (its exact ELF symbol name); cudaErrorInvalidSymbol if the module has none."""
     def launch(
         self,
         function: Any,
@@ -141,3 +147,33 @@ class Backend(Protocol):
         stream: Any,
         args: bytes,
     ) -> None: ...
+
+    # limits, stream priorities, function attributes, occupancy, 2D memory (shim/api_misc.c)
+    def ctx_get_limit(self, limit: int) -> int:
+        """cuCtxGetLimit in the calling thread's context (cudaLimit numbering);
+        cudaErrorUnsupportedLimit for a limit the device does not have."""
+    def ctx_set_limit(self, limit: int, value: int) -> None:
+        """cuCtxSetLimit; the driver may round the value (read it back with ctx_get_limit)."""
+    def stream_priority_range(self) -> tuple[int, int]:
+        """(least, greatest) stream priority of the calling thread's device: (0, -5) on an H100.
+        stream_create clamps priorities into this range."""
+    def stream_priority(self, stream: Any) -> int: ...
+    def function_attributes(self, function: Any) -> list[int]:
+        """cuFuncGetAttribute for every CUfunction_attribute 0..15, 0 where none is reported."""
+    def function_set_attribute(self, function: Any, attr: int, value: int) -> None:
+        """cuFuncSetAttribute; cudaErrorInvalidValue for a value or attribute CUDA refuses."""
+    def occupancy(self, function: Any, block_size: int, dynamic_smem: int, flags: int) -> int:
+        """cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags."""
+    def mem_alloc_pitch(self, width: int, height: int) -> tuple[int, int]:
+        """(pointer, pitch) of `height` rows of at least `width` bytes (cuMemAllocPitch); the
+        allocation is pitch * height bytes and freed with mem_free."""
+    def memcpy_2d_htod(self, dst: int, dpitch: int, src: Any, spitch: int, width: int,
+                       height: int, stream: Any) -> None:
+        """Rows from a host buffer (buffer protocol); returns once `src` may be reused."""
+    def memcpy_2d_dtoh(self, dst: Any, dpitch: int, src: int, spitch: int, width: int,
+                       height: int, stream: Any) -> None:
+        """Rows into a writable host buffer; returns when the bytes are there."""
+    def memcpy_2d_dtod(self, dst: int, dpitch: int, src: int, spitch: int, width: int,
+                       height: int, stream: Any) -> None: ...
+    def memset_2d_d8(self, ptr: int, pitch: int, value: int, width: int, height: int,
+                     stream: Any) -> None: ...

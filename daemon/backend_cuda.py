@@ -68,6 +68,7 @@ DRIVER_TO_RUNTIME: dict[int, tuple[int, str]] = {
 # cudaErrorInvalidDeviceFunction, not cudaErrorSymbolNotFound.
 CALL_OVERRIDES: dict[tuple[str, int], int] = {
     ("cuModuleGetFunction", 500): 98,  # cudaErrorInvalidDeviceFunction
+    ("cuModuleGetGlobal", 500): 13,  # cudaErrorInvalidSymbol
 }
 
 # What cudart reports when there is no driver library at all: cudaErrorInsufficientDriver.
@@ -527,6 +528,12 @@ class CudaBackend:
             max_dynamic_shared_bytes=int(max_dynamic),
         )
 
+    def module_get_global(self, module: Any, name: str) -> tuple[int, int]:
+        """cuModuleGetGlobal: the variable's address and size in this module (a module loaded
+        from the client's image, so the memory is that session's)."""
+        dptr, size = check(self._cu.cuModuleGetGlobal(module, name.encode()), "cuModuleGetGlobal")
+        return int(dptr), int(size)
+
     def launch(
         self,
         function: Any,
@@ -566,6 +573,119 @@ class CudaBackend:
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"cuLaunchKernel: {exc}") from None
         if err:
             raise error(err, "cuLaunchKernel")
+
+    # ---- limits, stream priorities, function attributes, occupancy, 2D memory ----------------
+    # cudaLimit = CUlimit and cudaFuncAttribute = CUfunction_attribute, value for value (CUDA 13.0
+    # headers); the driver clamps stream priorities itself.
+
+    def _enum(self, kind: Any, value: int, what: str) -> Any:
+        try:
+            return kind(value)
+        except ValueError:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"no {what} {value}") from None
+
+    def ctx_get_limit(self, limit: int) -> int:
+        cu = self._cu
+        return int(check(cu.cuCtxGetLimit(self._enum(cu.CUlimit, limit, "limit")), "cuCtxGetLimit"))
+
+    def ctx_set_limit(self, limit: int, value: int) -> None:
+        cu = self._cu
+        check(cu.cuCtxSetLimit(self._enum(cu.CUlimit, limit, "limit"), value), "cuCtxSetLimit")
+
+    def stream_priority_range(self) -> tuple[int, int]:
+        least, greatest = check(self._cu.cuCtxGetStreamPriorityRange(),
+                                "cuCtxGetStreamPriorityRange")
+        return int(least), int(greatest)
+
+    def stream_priority(self, stream: Any) -> int:
+        return int(check(self._cu.cuStreamGetPriority(stream), "cuStreamGetPriority"))
+
+    def function_attributes(self, function: Any) -> list[int]:
+        cu = self._cu
+        values = []
+        for index in range(16):
+            try:
+                attr = cu.CUfunction_attribute(index)
+            except ValueError:  # not in this binding: nothing to report
+                values.append(0)
+                continue
+            res = cu.cuFuncGetAttribute(attr, function)
+            values.append(0 if res[0] else int(res[1]))
+        return values
+
+    def function_set_attribute(self, function: Any, attr: int, value: int) -> None:
+        cu = self._cu
+        check(cu.cuFuncSetAttribute(function, self._enum(cu.CUfunction_attribute, attr,
+                                                         "function attribute"), value),
+              "cuFuncSetAttribute")
+
+    def occupancy(self, function: Any, block_size: int, dynamic_smem: int, flags: int) -> int:
+        return int(check(self._cu.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+            function, block_size, dynamic_smem, flags),
+            "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"))
+
+    def mem_alloc_pitch(self, width: int, height: int) -> tuple[int, int]:
+        """cuMemAllocPitch with 16-byte elements, the widest it takes; on the H100 the pitch is
+        the width rounded up to 512 for 4-, 8- and 16-byte elements alike, as cudaMallocPitch's."""
+        ptr, pitch = check(self._cu.cuMemAllocPitch(width, height, 16), "cuMemAllocPitch")
+        return int(ptr), int(pitch)
+
+    def _copy_2d(self, width: int, height: int, stream: Any, src: tuple[int, int, int],
+                 dst: tuple[int, int, int]) -> None:
+        """cuMemcpy2DAsync; src and dst are (CUmemorytype, address, pitch)."""
+        cu = self._cu
+        p = cu.CUDA_MEMCPY2D()
+        for side, (kind, address, pitch) in (("src", src), ("dst", dst)):
+            setattr(p, side + "MemoryType", cu.CUmemorytype(kind))
+            setattr(p, side + ("Host" if kind == _MEMORY_HOST else "Device"), address)
+            setattr(p, side + "Pitch", pitch)
+        p.WidthInBytes = width
+        p.Height = height
+        check(cu.cuMemcpy2DAsync(p, stream), "cuMemcpy2DAsync")
+
+    def memcpy_2d_htod(self, dst: int, dpitch: int, src: Any, spitch: int, width: int,
+                       height: int, stream: Any) -> None:
+        """Like memcpy_htod: a pageable source is staged by the driver before the call returns;
+        a registered one is DMA'd later, so the stream is synchronized first."""
+        if not width or not height:
+            return
+        view = _export(src, (height - 1) * spitch + width, writable=False)
+        try:
+            self._copy_2d(width, height, stream, (_MEMORY_HOST, view.buf, spitch),
+                          (_MEMORY_DEVICE, dst, dpitch))
+            if self._pinned and self._is_pinned(view.buf, view.len):
+                check(self._sync(stream), "cuStreamSynchronize")
+        finally:
+            _release_buffer(ctypes.byref(view))
+
+    def memcpy_2d_dtoh(self, dst: Any, dpitch: int, src: int, spitch: int, width: int,
+                       height: int, stream: Any) -> None:
+        if not width or not height:
+            return
+        view = _export(dst, (height - 1) * dpitch + width, writable=True)
+        try:
+            self._copy_2d(width, height, stream, (_MEMORY_DEVICE, src, spitch),
+                          (_MEMORY_HOST, view.buf, dpitch))
+            check(self._sync(stream), "cuStreamSynchronize")
+        finally:
+            _release_buffer(ctypes.byref(view))
+
+    def memcpy_2d_dtod(self, dst: int, dpitch: int, src: int, spitch: int, width: int,
+                       height: int, stream: Any) -> None:
+        if width and height:
+            self._copy_2d(width, height, stream, (_MEMORY_DEVICE, src, spitch),
+                          (_MEMORY_DEVICE, dst, dpitch))
+
+    def memset_2d_d8(self, ptr: int, pitch: int, value: int, width: int, height: int,
+                     stream: Any) -> None:
+        if width and height:
+            check(self._cu.cuMemsetD2D8Async(ptr, pitch, value & 0xFF, width, height, stream),
+                  "cuMemsetD2D8Async")
+
+
+# CUmemorytype (cuda.h): CU_MEMORYTYPE_HOST 1, CU_MEMORYTYPE_DEVICE 2.
+_MEMORY_HOST = 1
+_MEMORY_DEVICE = 2
 
 
 __all__ = ["CALL_OVERRIDES", "DRIVER_TO_RUNTIME", "CudaBackend", "check", "error"]

@@ -6,6 +6,12 @@ Simplifications, on purpose:
   synchronizes return at once). Ordering between streams is therefore trivially respected.
 - Kernels run as Python emulations looked up by mangled name (sim_kernels.py); parameter
   layouts come from the image's device ELF (fatbin.py), as the driver would know them.
+- A module's `__device__`/`__constant__` variables live in one block of sim memory allocated at
+  load time, laid out from the ELF's OBJECT symbols and filled from its initialized sections;
+  the block is freed with the module. Emulations find a variable with `k.symbol(name)`.
+- Function attributes come from the image (func_attrs.py: registers, static shared memory);
+  occupancy is a simple per-SM model (SimBackend.occupancy); limits, stream priorities and
+  pitches take the H100's values and rules.
 - Device memory is host memory at fake addresses starting at SIM_BASE_ADDRESS. Addresses are
   never reused and a guard gap separates blocks, so use-after-free and off-the-end accesses
   fault instead of landing in a neighbour. New memory reads as zeros.
@@ -19,20 +25,24 @@ import bisect
 import mmap
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pilot.daemon.backend import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_IMAGE,
+    CUDA_ERROR_INVALID_PITCH_VALUE,
     CUDA_ERROR_INVALID_RESOURCE_HANDLE,
+    CUDA_ERROR_INVALID_SYMBOL,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_MEMORY_ALLOCATION,
+    CUDA_ERROR_UNSUPPORTED_LIMIT,
     BackendError,
     DeviceInfo,
     FunctionInfo,
 )
-from pilot.daemon.fatbin import KernelInfo, kernel_infos_in_image
+from pilot.daemon.fatbin import KernelInfo, globals_in_image, kernel_infos_in_image
+from pilot.daemon.func_attrs import ImageFuncAttrs, image_function_attrs
 from pilot.daemon.sim_device import h100_like_info
 from pilot.daemon.sim_kernels import CUDA_ERROR_INVALID_DEVICE_FUNCTION, KernelRegistry, SimLaunch
 
@@ -50,6 +60,21 @@ EVENT_BLOCKING_SYNC = 0x1
 EVENT_DISABLE_TIMING = 0x2
 EVENT_INTERPROCESS = 0x4
 STREAM_NON_BLOCKING = 0x1
+
+# Limits, stream priorities, function attributes, occupancy, pitched memory (shim/api_misc.c),
+# with the values an H100 reports (CUDA 13.0, driver 580).
+STREAM_PRIORITY_RANGE = (0, -5)  # (least, greatest)
+DEFAULT_LIMITS = {  # cudaLimit -> the context's default; 3 (device runtime sync depth) is absent
+    0: 1024, 1: 8650752, 2: 8388608, 4: 2048, 5: 64, 6: 9830400,
+}
+PITCH_ALIGNMENT = 512  # cudaMallocPitch's pitches: width rounded up to 512 (cuMemAllocPitch)
+# CUfunction_attribute indexes (pilot_rep_func_attrs.values)
+FA_MAX_THREADS, FA_SHARED, FA_CONST, FA_LOCAL, FA_REGS, FA_PTX, FA_BINARY = range(7)
+FA_MAX_DYNAMIC_SHARED, FA_CARVEOUT, FA_CLUSTER_MUST_BE_SET = 8, 9, 10
+FUNC_ATTR_COUNT = 16
+DEFAULT_REGS = 32  # when the image names no register count
+SHARED_PER_BLOCK = 48 * 1024  # static + dynamic shared memory without opting in
+OCCUPANCY_DISABLE_CACHING_OVERRIDE = 0x1
 
 
 def _align(n: int) -> int:
@@ -131,6 +156,10 @@ class _Event:
 class _Module:
     kernels: dict[str, KernelInfo]
     alive: bool = True
+    globals_block: int = 0  # sim memory holding the module's variables, 0 if it has none
+    globals: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (address, size)
+    attrs: dict[str, ImageFuncAttrs] = field(default_factory=dict)  # what the image says
+    functions: dict[str, Any] = field(default_factory=dict)  # name -> its one _Function
 
 
 @dataclass(eq=False)
@@ -138,6 +167,11 @@ class _Function:
     module: _Module
     info: KernelInfo
     max_threads: int
+    attrs: list[int] = field(default_factory=list)  # CUfunction_attribute 0..15 (func_attrs.py)
+
+    @property
+    def max_dynamic_shared(self) -> int:
+        return self.attrs[FA_MAX_DYNAMIC_SHARED] if self.attrs else MAX_DYNAMIC_SHARED
 
 
 class SimBackend:
@@ -156,6 +190,7 @@ class SimBackend:
         self._memory = SimMemory(device_count, total_mem)
         self._lock = threading.RLock()
         self._thread = threading.local()
+        self._limit_values: dict[int, dict[int, int]] = {}  # device -> cudaLimit -> value
 
     # ---- device ---------------------------------------------------------------------------
 
@@ -251,7 +286,8 @@ class SimBackend:
     def stream_create(self, flags: int, priority: int) -> Any:
         if flags & ~STREAM_NON_BLOCKING:
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"bad stream flags {flags:#x}")
-        return _Stream(flags, priority)
+        least, greatest = STREAM_PRIORITY_RANGE
+        return _Stream(flags, min(least, max(greatest, priority)))  # clamped, as CUDA does
 
     def stream_destroy(self, stream: Any) -> None:
         with self._lock:
@@ -315,9 +351,20 @@ class SimBackend:
     def module_load(self, image: bytes) -> Any:
         try:
             kernels = kernel_infos_in_image(image)
+            layout = globals_in_image(image)
         except ValueError as exc:
             raise BackendError(CUDA_ERROR_INVALID_IMAGE, f"cannot read image: {exc}") from exc
-        return _Module(kernels)
+        module = _Module(kernels, attrs=image_function_attrs(image))
+        if layout.size:
+            with self._lock:
+                base = self._memory.alloc(layout.size, self._current_device())
+                block = self._device_range(base, layout.size)
+                for offset, data in layout.init:
+                    block[offset:offset + len(data)] = data
+            module.globals_block = base
+            module.globals = {name: (base + offset, size)
+                              for name, (offset, size) in layout.variables.items()}
+        return module
 
     def _module(self, module: Any) -> _Module:
         if not (isinstance(module, _Module) and module.alive):
@@ -326,7 +373,18 @@ class SimBackend:
 
     def module_unload(self, module: Any) -> None:
         with self._lock:
-            self._module(module).alive = False
+            mod = self._module(module)
+            mod.alive = False
+            if mod.globals_block:
+                self._memory.free(mod.globals_block)
+                mod.globals_block = 0
+
+    def module_get_global(self, module: Any, name: str) -> tuple[int, int]:
+        with self._lock:
+            found = self._module(module).globals.get(name)
+        if found is None:
+            raise BackendError(CUDA_ERROR_INVALID_SYMBOL, f"variable {name} is not in the module")
+        return found
 
     def function_get(self, module: Any, name: str) -> FunctionInfo:
         with self._lock:
@@ -335,11 +393,15 @@ class SimBackend:
             if info is None:
                 raise BackendError(CUDA_ERROR_INVALID_DEVICE_FUNCTION,
                                    f"kernel {name} is not in the module")
-            max_threads = min(info.max_threads or MAX_BLOCK_THREADS, MAX_BLOCK_THREADS)
-            handle = _Function(mod, info, max_threads)
+            handle = mod.functions.get(name)
+            if handle is None:  # one per kernel, so attributes set through it stay
+                max_threads = min(info.max_threads or MAX_BLOCK_THREADS, MAX_BLOCK_THREADS)
+                handle = mod.functions[name] = _Function(
+                    mod, info, max_threads, _initial_attrs(max_threads, mod.attrs.get(name)))
             return FunctionInfo(handle=handle, params=list(info.params),
-                                max_threads_per_block=max_threads, static_shared_bytes=0,
-                                max_dynamic_shared_bytes=MAX_DYNAMIC_SHARED)
+                                max_threads_per_block=handle.max_threads,
+                                static_shared_bytes=handle.attrs[FA_SHARED],
+                                max_dynamic_shared_bytes=handle.max_dynamic_shared)
 
     def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared_bytes: int, stream: Any, args: bytes) -> None:
@@ -348,7 +410,8 @@ class SimBackend:
                 raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"bad function {function!r}")
             self._module(function.module)
             self._check_stream(stream)
-            _check_launch_config(grid, block, shared_bytes, function.max_threads)
+            _check_launch_config(grid, block, shared_bytes, function.max_threads,
+                                 function.max_dynamic_shared)
             layout = function.info.params
             need = max((off + size for off, size in layout), default=0)
             if len(args) < need:
@@ -357,8 +420,150 @@ class SimBackend:
                                    f"got {len(args)}")
             params = [bytes(args[off:off + size]) for off, size in layout]
             launch = SimLaunch(function.info.name, (grid[0], grid[1], grid[2]),
-                               (block[0], block[1], block[2]), shared_bytes, params, self._memory)
+                               (block[0], block[1], block[2]), shared_bytes, params, self._memory,
+                               symbols=function.module.globals)
             self._kernels.run(launch)
+
+    # ---- limits, stream priorities, function attributes, occupancy, 2D memory -------------
+
+    def _limits(self) -> dict[int, int]:
+        return self._limit_values.setdefault(self._current_device(), dict(DEFAULT_LIMITS))
+
+    def ctx_get_limit(self, limit: int) -> int:
+        with self._lock:
+            value = self._limits().get(limit)
+        if value is None:
+            raise BackendError(CUDA_ERROR_UNSUPPORTED_LIMIT, f"no limit {limit}")
+        return value
+
+    def ctx_set_limit(self, limit: int, value: int) -> None:
+        with self._lock:
+            limits = self._limits()
+            if limit not in limits:
+                raise BackendError(CUDA_ERROR_UNSUPPORTED_LIMIT, f"no limit {limit}")
+            if value < 0:
+                raise BackendError(CUDA_ERROR_INVALID_VALUE, f"limit {limit}: {value}")
+            limits[limit] = -(-value // 16) * 16 if limit == 0 else value  # stacks: 16-byte units
+
+    def stream_priority_range(self) -> tuple[int, int]:
+        return STREAM_PRIORITY_RANGE
+
+    def stream_priority(self, stream: Any) -> int:
+        with self._lock:
+            self._check_stream(stream)
+            return stream.priority if stream is not None else 0
+
+    def _function(self, function: Any) -> _Function:
+        if not isinstance(function, _Function):
+            raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"bad function {function!r}")
+        self._module(function.module)
+        return function
+
+    def function_attributes(self, function: Any) -> list[int]:
+        with self._lock:
+            return list(self._function(function).attrs)
+
+    def function_set_attribute(self, function: Any, attr: int, value: int) -> None:
+        """What the H100 accepts: dynamic shared memory up to the opt-in maximum less the
+        static part, carveouts -1..100, the cluster attributes 11-15; 10 is read-only."""
+        with self._lock:
+            fn = self._function(function)
+            attrs = self._infos[self._current_device()].attrs
+            if attr == FA_MAX_DYNAMIC_SHARED:
+                ok = 0 <= value <= attrs.get(97, 232448) - fn.attrs[FA_SHARED]
+            elif attr == FA_CARVEOUT:
+                ok = -1 <= value <= 100
+            else:
+                ok = 11 <= attr <= 15
+            if not ok:
+                raise BackendError(CUDA_ERROR_INVALID_VALUE, f"function attribute {attr} = {value}")
+            fn.attrs[attr] = value
+
+    def occupancy(self, function: Any, block_size: int, dynamic_smem: int, flags: int) -> int:
+        """A simple model of one SM: blocks are limited by the SM's threads, block slots,
+        registers (allocated per warp in units of 256) and shared memory (static + dynamic +
+        the 1 KiB reserved per block). It gives the H100's answers where one resource clearly
+        binds (threads, block slots); the driver's choice of shared-memory carveout is not
+        modelled, so answers bound by shared memory can be higher than the driver's."""
+        with self._lock:
+            fn = self._function(function)
+            attrs = self._infos[self._current_device()].attrs
+        if block_size <= 0 or flags & ~OCCUPANCY_DISABLE_CACHING_OVERRIDE or dynamic_smem < 0:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE,
+                               f"occupancy of {block_size} threads, flags {flags:#x}")
+        if block_size > attrs.get(1, MAX_BLOCK_THREADS) or dynamic_smem > fn.max_dynamic_shared:
+            return 0
+        warps = -(-block_size // 32)
+        regs_per_warp = -(-(fn.attrs[FA_REGS] or DEFAULT_REGS) * 32 // 256) * 256
+        smem = fn.attrs[FA_SHARED] + dynamic_smem + attrs.get(111, 1024)
+        return max(0, min(attrs.get(106, 32),
+                          attrs.get(39, 2048) // (warps * 32),
+                          attrs.get(82, 65536) // (regs_per_warp * warps),
+                          attrs.get(81, 233472) // smem))
+
+    def mem_alloc_pitch(self, width: int, height: int) -> tuple[int, int]:
+        pitch = -(-width // PITCH_ALIGNMENT) * PITCH_ALIGNMENT
+        return self.mem_alloc(pitch * height), pitch
+
+    def _rows(self, addr: int, pitch: int, width: int, height: int) -> list[memoryview]:
+        if height > 1 and width > pitch:
+            raise BackendError(CUDA_ERROR_INVALID_PITCH_VALUE, f"width {width} > pitch {pitch}")
+        return [self._device_range(addr + r * pitch, width) for r in range(height)]
+
+    def memcpy_2d_htod(self, dst: int, dpitch: int, src: Any, spitch: int, width: int,
+                       height: int, stream: Any) -> None:
+        if not width or not height:
+            return
+        source = _host_view(src, (height - 1) * spitch + width, writable=False)
+        with self._lock:
+            self._check_stream(stream)
+            for r, row in enumerate(self._rows(dst, dpitch, width, height)):
+                row[:] = source[r * spitch:r * spitch + width]
+
+    def memcpy_2d_dtoh(self, dst: Any, dpitch: int, src: int, spitch: int, width: int,
+                       height: int, stream: Any) -> None:
+        if not width or not height:
+            return
+        target = _host_view(dst, (height - 1) * dpitch + width, writable=True)
+        with self._lock:
+            self._check_stream(stream)
+            for r, row in enumerate(self._rows(src, spitch, width, height)):
+                target[r * dpitch:r * dpitch + width] = row
+
+    def memcpy_2d_dtod(self, dst: int, dpitch: int, src: int, spitch: int, width: int,
+                       height: int, stream: Any) -> None:
+        if not width or not height:
+            return
+        with self._lock:
+            self._check_stream(stream)
+            rows = [bytes(row) for row in self._rows(src, spitch, width, height)]  # may overlap
+            for row, data in zip(self._rows(dst, dpitch, width, height), rows, strict=True):
+                row[:] = data
+
+    def memset_2d_d8(self, ptr: int, pitch: int, value: int, width: int, height: int,
+                     stream: Any) -> None:
+        if not width or not height:
+            return
+        fill = bytes([value & 0xFF]) * width
+        with self._lock:
+            self._check_stream(stream)
+            for row in self._rows(ptr, pitch, width, height):
+                row[:] = fill
+
+
+def _initial_attrs(max_threads: int, image: ImageFuncAttrs | None) -> list[int]:
+    """cuFuncGetAttribute's answers before any cudaFuncSetAttribute, from the image."""
+    image = image or ImageFuncAttrs()
+    attrs = [0] * FUNC_ATTR_COUNT
+    attrs[FA_MAX_THREADS] = max_threads
+    attrs[FA_SHARED] = image.static_shared_bytes
+    attrs[FA_LOCAL] = image.local_bytes
+    attrs[FA_REGS] = image.num_regs or DEFAULT_REGS
+    attrs[FA_PTX] = image.ptx_version
+    attrs[FA_BINARY] = image.binary_version
+    attrs[FA_MAX_DYNAMIC_SHARED] = max(0, SHARED_PER_BLOCK - image.static_shared_bytes)
+    attrs[FA_CARVEOUT] = -1  # cudaSharedmemCarveoutDefault
+    return attrs
 
 
 def _check_count(count: int) -> None:
@@ -382,7 +587,8 @@ def _host_view(buf: Any, count: int, writable: bool) -> memoryview:
 
 
 def _check_launch_config(grid: tuple[int, int, int], block: tuple[int, int, int],
-                         shared_bytes: int, max_threads: int) -> None:
+                         shared_bytes: int, max_threads: int,
+                         max_dynamic: int = MAX_DYNAMIC_SHARED) -> None:
     """Limits an H100 enforces: cudaErrorInvalidValue for what no kernel could run (CUDA 13's
     runtime reports bad shapes so, seen natively), and the same past this kernel's own
     __launch_bounds__ (also seen natively on the H100)."""
@@ -401,7 +607,7 @@ def _check_launch_config(grid: tuple[int, int, int], block: tuple[int, int, int]
         raise bad(f"{threads} threads per block exceed {MAX_BLOCK_THREADS}")
     if any(g > m for g, m in zip(grid, MAX_GRID, strict=True)):
         raise bad(f"grid dimensions exceed {MAX_GRID}")
-    if not 0 <= shared_bytes <= MAX_DYNAMIC_SHARED:
-        raise bad(f"dynamic shared memory outside 0..{MAX_DYNAMIC_SHARED}")
+    if not 0 <= shared_bytes <= max_dynamic:
+        raise bad(f"dynamic shared memory outside 0..{max_dynamic}")
     if threads > max_threads:
         raise bad(f"{threads} threads per block exceed the kernel's limit {max_threads}")

@@ -19,6 +19,12 @@ Formats (little endian; checked against nvcc 13.0 output, see tests/unit/test_fa
   Records come in any order (reverse ordinal in whole-program builds, forward under -rdc).
 - Kernels are the ELF's FUNC symbols with st_other bit 0x10 (STO_CUDA_ENTRY): under -rdc,
   non-inlined `__device__` functions get `.nv.info.<fn>` sections too.
+- Variables (`__device__`, `__constant__`) are the ELF's OBJECT symbols: st_value is the offset
+  in their section, st_size the size. nvcc 13 puts `__constant__` ones in `.nv.constant3`
+  (PROGBITS: initializers included), zero-initialized `__device__` ones in `.nv.global`
+  (NOBITS) and initialized ones in `.nv.global.init` (PROGBITS). Names are the exact symbol
+  names `__cudaRegisterVar` reports (mangled inside namespaces; static ones keep their name in
+  whole-program builds).
 
 Compressed entries are reported, not decompressed (no zstd in the standard library of 3.11).
 Every malformed input raises ValueError; no IndexError or struct.error escapes.
@@ -47,6 +53,9 @@ STO_CUDA_ENTRY = 0x10
 _SHT_SYMTAB = 2
 _SHT_NOBITS = 8
 _STT_FUNC = 2
+_STT_OBJECT = 1
+_SHN_LORESERVE = 0xFF00
+GLOBALS_ALIGN = 256  # each variable section starts at this alignment in a module's block
 
 _IMAGE_HEADER = struct.Struct("<IHHQ")
 _ENTRY_HEADER = struct.Struct("<HHIQIIHHIIIQQQ")
@@ -263,6 +272,50 @@ def elf_kernels(elf: bytes | memoryview) -> dict[str, KernelInfo]:
     return {name: _kernel_info(name, info.get(name, b"")) for name in _entry_functions(sections)}
 
 
+@dataclass(frozen=True)
+class ModuleGlobals:
+    """The variables of a device ELF laid out in one block, as a loader would place them: each
+    section holding variables at a GLOBALS_ALIGN-aligned offset, variables at their st_value."""
+
+    size: int  # bytes of the block
+    variables: dict[str, tuple[int, int]]  # name -> (offset in the block, size)
+    init: list[tuple[int, bytes]]  # (offset, bytes): section contents to copy in; rest is zero
+
+
+def elf_globals(elf: bytes | memoryview) -> ModuleGlobals:
+    """The OBJECT symbols of a device ELF (its `__device__` and `__constant__` variables)."""
+    sections = elf_sections(elf)
+    by_section: dict[int, list[tuple[str, int, int]]] = {}
+    for sec in sections:
+        if sec.type != _SHT_SYMTAB:
+            continue
+        if sec.link >= len(sections):
+            raise ValueError("ELF symbol table links to a missing string table")
+        strtab = sections[sec.link].data
+        for pos in range(0, len(sec.data) - _SYMBOL.size + 1, _SYMBOL.size):
+            name, info, _other, shndx, value, size = _SYMBOL.unpack_from(sec.data, pos)
+            if info & 0xF != _STT_OBJECT or not 0 < shndx < _SHN_LORESERVE:
+                continue
+            if shndx >= len(sections):
+                raise ValueError(f"ELF symbol in missing section {shndx}")
+            by_section.setdefault(shndx, []).append((_cstring(strtab, name, "symbol name"),
+                                                     value, size))
+    offset = 0
+    variables: dict[str, tuple[int, int]] = {}
+    init: list[tuple[int, bytes]] = []
+    for shndx in sorted(by_section):
+        symbols = by_section[shndx]
+        data = sections[shndx].data  # empty for NOBITS
+        extent = max(len(data), *(value + size for _name, value, size in symbols))
+        base = -(-offset // GLOBALS_ALIGN) * GLOBALS_ALIGN
+        if any(data):
+            init.append((base, data))
+        for name, value, size in symbols:
+            variables.setdefault(name, (base + value, size))
+        offset = base + extent
+    return ModuleGlobals(offset, variables, init)
+
+
 # ---- whole images --------------------------------------------------------------------------
 
 def kernel_infos_in_image(image: bytes | memoryview) -> dict[str, KernelInfo]:
@@ -285,3 +338,12 @@ def kernel_infos_in_image(image: bytes | memoryview) -> dict[str, KernelInfo]:
 def kernels_in_image(image: bytes | memoryview) -> dict[str, list[tuple[int, int]]]:
     """Kernel name -> [(offset, size)] per parameter, for every kernel in the image."""
     return {name: info.params for name, info in kernel_infos_in_image(image).items()}
+
+
+def globals_in_image(image: bytes | memoryview) -> ModuleGlobals:
+    """Variables of the image's first uncompressed ELF entry (every entry of one image is
+    compiled from the same sources, so each declares the same variables)."""
+    for entry in parse_entries(image):
+        if entry.is_elf and not entry.compressed:
+            return elf_globals(entry.payload)
+    return ModuleGlobals(0, {}, [])

@@ -12,12 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import streams
+from . import limits, streams
 from .backend import (
     CUDA_ERROR_INVALID_DEVICE_FUNCTION,
+    CUDA_ERROR_INVALID_MEMCPY_DIRECTION,
+    CUDA_ERROR_INVALID_PITCH_VALUE,
     CUDA_ERROR_INVALID_RESOURCE_HANDLE,
+    CUDA_ERROR_INVALID_SYMBOL,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_READY,
+    CUDA_ERROR_UNSUPPORTED_LIMIT,
     BackendError,
 )
 from .protocol import ffi, lib, new
@@ -342,3 +346,186 @@ def memcpy_d2h_staged(vg: VGpu, s: Session, req: Any, payload: memoryview) -> No
 def memset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     s.check_range(req.ptr, req.count)
     vg.backend.memset_d8(req.ptr, req.value & 0xFF, req.count, _copy_stream(vg, s, req))
+
+
+# ---- symbols (__device__ and __constant__ variables) ----
+
+@handler(lib.PILOT_OP_SYMBOL_GET, "pilot_req_symbol_get")
+def symbol_get(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    """Address and size of a variable of one of the session's modules, which become memory the
+    session may copy to and from (the shim then copies at address + offset)."""
+    module = s.modules.get(req.module)
+    if module is None:
+        raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"no module {req.module:#x}")
+    try:
+        name = bytes(payload).decode()
+    except UnicodeDecodeError:
+        name = ""
+    if not name or "\0" in name or len(name) > 4096:
+        raise BackendError(CUDA_ERROR_INVALID_SYMBOL, f"bad variable name {bytes(payload)[:64]!r}")
+    address, size = vg.backend.module_get_global(module, name)
+    s.add_symbol(req.module, address, size)
+    return _u64(address, size)
+
+
+# ---- limits, stream queries, function attributes, occupancy, 2D memory (shim/api_misc.c) ----
+
+LIMIT_MAX = 6  # cudaLimitPersistingL2CacheSize, the last cudaLimit of CUDA 13.0
+TEXTURE_ALIGNMENT_ATTR = 14  # cudaDevAttrTextureAlignment: cudaMallocPitch's pitch unit (512)
+
+
+@handler(lib.PILOT_OP_DEVICE_SET_LIMIT, "pilot_req_limit")
+def device_set_limit(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    """The context is every tenant's: limits.py applies the largest request of any live session
+    and the reply reports the effective value."""
+    if req.limit > LIMIT_MAX:
+        raise BackendError(CUDA_ERROR_UNSUPPORTED_LIMIT, f"no limit {req.limit}")
+    table = limits.for_context(vg.backend, vg.device)
+    value = table.request(s.id, req.limit, req.value)
+    s.limits = table  # Session.release drops the session's requests
+    return _u64(value)
+
+
+@handler(lib.PILOT_OP_DEVICE_GET_LIMIT, "pilot_req_limit")
+def device_get_limit(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    if req.limit > LIMIT_MAX:
+        raise BackendError(CUDA_ERROR_UNSUPPORTED_LIMIT, f"no limit {req.limit}")
+    return _u64(vg.backend.ctx_get_limit(req.limit))
+
+
+@handler(lib.PILOT_OP_DEVICE_PRIORITY_RANGE)
+def device_priority_range(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    rep = new("pilot_rep_priority_range")
+    rep.least, rep.greatest = vg.backend.stream_priority_range()
+    return rep
+
+
+@handler(lib.PILOT_OP_STREAM_GET_INFO, "pilot_req_handle")
+def stream_get_info(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    """Flags as the program created the stream (every daemon stream is non-blocking towards
+    CUDA's null stream; `blocking` is what the program asked for); priority as clamped."""
+    st = s.stream(req.handle)
+    rep = new("pilot_rep_stream_info")
+    rep.flags = 0 if st.blocking else STREAM_NON_BLOCKING
+    rep.priority = vg.backend.stream_priority(st.obj)
+    return rep
+
+
+def _function(s: Session, handle: int) -> Any:
+    info = s.functions.get(handle)
+    if info is None:
+        raise BackendError(CUDA_ERROR_INVALID_DEVICE_FUNCTION, f"no function {handle:#x}")
+    return info
+
+
+def _func_attrs(vg: VGpu, info: Any) -> Any:
+    values = vg.backend.function_attributes(info.handle)
+    rep = new("pilot_rep_func_attrs")
+    for i, value in enumerate(values[: lib.PILOT_FUNC_ATTR_COUNT]):
+        rep.values[i] = value
+    info.max_dynamic_shared_bytes = values[8]  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    return rep
+
+
+@handler(lib.PILOT_OP_FUNC_GET_ATTRIBUTES, "pilot_req_handle")
+def func_get_attributes(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    return _func_attrs(vg, _function(s, req.handle))
+
+
+@handler(lib.PILOT_OP_FUNC_SET_ATTRIBUTE, "pilot_req_func_attr")
+def func_set_attribute(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    """On the session's own CUfunction (each session loads its own modules), so no other
+    tenant's kernels change."""
+    info = _function(s, req.function)
+    vg.backend.function_set_attribute(info.handle, req.attr, req.value)
+    return _func_attrs(vg, info)
+
+
+@handler(lib.PILOT_OP_OCCUPANCY, "pilot_req_occupancy")
+def occupancy(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    info = _function(s, req.function)
+    return _u64(vg.backend.occupancy(info.handle, req.block_size, req.dynamic_smem, req.flags))
+
+
+@handler(lib.PILOT_OP_MALLOC_PITCH, "pilot_req_malloc_pitch")
+def malloc_pitch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    """Admitted like cudaMalloc. The backend chooses the pitch (cuMemAllocPitch), so the quota
+    first reserves the expected size (width rounded up to the texture alignment) and then
+    corrects by the difference, if any."""
+    width, height = req.width, req.height
+    if width == 0 or height == 0:
+        return _u64(0, 0)
+    align = vg.device_info().attrs.get(TEXTURE_ALIGNMENT_ATTR) or 512
+    expected = -(-width // align) * align * height
+    vg.admit(s, expected)
+    try:
+        ptr, pitch = vg.backend.mem_alloc_pitch(width, height)
+    except BaseException:
+        vg.unadmit(s, expected)
+        raise
+    size = pitch * height
+    if size > expected:
+        try:
+            vg.admit(s, size - expected)
+        except BaseException:
+            vg.backend.mem_free(ptr)
+            vg.unadmit(s, expected)
+            raise
+    elif size < expected:
+        vg.unadmit(s, expected - size)
+    s.add_allocation(ptr, size)
+    return _u64(ptr, pitch)
+
+
+def _rows_span(pitch: int, width: int, height: int) -> int:
+    """Bytes from the first row's start to the last row's end; every row is inside the range
+    [ptr, ptr + span) that Session.check_range then checks."""
+    if height > 1 and width > pitch:
+        raise BackendError(CUDA_ERROR_INVALID_PITCH_VALUE, f"width {width} > pitch {pitch}")
+    return (height - 1) * pitch + width
+
+
+@handler(lib.PILOT_OP_MEMCPY_2D, "pilot_req_memcpy_2d", synchronizing=True)
+def memcpy_2d(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    """H2D: the rows come packed in the payload; D2H: they go back packed (at most
+    PILOT_INLINE_MAX bytes; the shim cuts larger copies); D2D: device to device."""
+    width, height, kind = req.width, req.height, req.kind
+    if width == 0 or height == 0:
+        return None
+    dpitch = req.dpitch if height > 1 else max(req.dpitch, width)
+    spitch = req.spitch if height > 1 else max(req.spitch, width)
+    backend, stream = vg.backend, None
+    if kind == lib.PILOT_COPY_H2D:
+        _need(payload, width * height, "host-to-device rows")
+        s.check_range(req.dst, _rows_span(dpitch, width, height))
+        stream = _copy_stream(vg, s, req)
+        backend.memcpy_2d_htod(req.dst, dpitch, payload, width, width, height, stream)
+        vg.metrics.bytes_copied("h2d", width * height)
+        return None
+    if kind == lib.PILOT_COPY_D2H:
+        if width * height > lib.PILOT_INLINE_MAX:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, "inline device-to-host rows too large")
+        s.check_range(req.src, _rows_span(spitch, width, height))
+        out = bytearray(width * height)
+        backend.memcpy_2d_dtoh(out, width, req.src, spitch, width, height, _copy_stream(vg, s, req))
+        vg.metrics.bytes_copied("d2h", width * height)
+        return new("pilot_rep_status"), out
+    if kind == lib.PILOT_COPY_D2D:
+        s.check_range(req.dst, _rows_span(dpitch, width, height))
+        s.check_range(req.src, _rows_span(spitch, width, height))
+        backend.memcpy_2d_dtod(req.dst, dpitch, req.src, spitch, width, height,
+                               _copy_stream(vg, s, req))
+        vg.metrics.bytes_copied("d2d", width * height)
+        return None
+    raise BackendError(CUDA_ERROR_INVALID_MEMCPY_DIRECTION, f"2D copy kind {kind}")
+
+
+@handler(lib.PILOT_OP_MEMSET_2D, "pilot_req_memset_2d")
+def memset_2d(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
+    width, height = req.width, req.height
+    if width == 0 or height == 0:
+        return
+    pitch = req.pitch if height > 1 else max(req.pitch, width)
+    s.check_range(req.ptr, _rows_span(pitch, width, height))
+    vg.backend.memset_2d_d8(req.ptr, pitch, req.value & 0xFF, width, height,
+                            _copy_stream(vg, s, req))

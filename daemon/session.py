@@ -80,12 +80,17 @@ class Session:
     streams: dict[int, StreamState] = field(default_factory=dict)
     events: dict[int, Any] = field(default_factory=dict)
     modules: dict[int, Any] = field(default_factory=dict)
+    # Module globals (__device__/__constant__ variables) the session looked up: address ->
+    # (size, module handle). Copies may use them like allocations; they go with their module.
+    symbols: dict[int, tuple[int, int]] = field(default_factory=dict)
+    _symbol_bases: list[int] = field(default_factory=list)
     functions: dict[int, FunctionInfo] = field(default_factory=dict)
     staging: Any = None
     deferred: int = 0  # first error of an asynchronous call, until a synchronizing call
     sticky: int = 0
     legacy_gen: int = 0
     legacy_event: Any = None
+    limits: Any = None  # limits.ContextLimits holding this session's cudaDeviceSetLimit requests
     # Blocking streams with work issued since the legacy stream last joined them.
     dirty_blocking: dict[int, StreamState] = field(default_factory=dict)
     calls: int = 0
@@ -125,13 +130,34 @@ class Session:
         return size
 
     def check_range(self, ptr: int, count: int) -> None:
-        """Raise unless [ptr, ptr+count) lies inside one allocation of this session."""
+        """Raise unless [ptr, ptr+count) lies inside one allocation or one module variable of
+        this session."""
         i = bisect.bisect_right(self._bases, ptr) - 1
         if i >= 0:
             base = self._bases[i]
             if ptr + count <= base + self.allocations[base]:
                 return
+        if self.symbols:
+            i = bisect.bisect_right(self._symbol_bases, ptr) - 1
+            if i >= 0:
+                base = self._symbol_bases[i]
+                if ptr + count <= base + self.symbols[base][0]:
+                    return
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"[{ptr:#x}, +{count}) is not memory of this session")
+
+    # ---- module variables ----
+    def add_symbol(self, module: int, ptr: int, size: int) -> None:
+        """Record a variable of the session's module `module` (a handle) as its memory."""
+        if ptr in self.symbols:
+            return
+        self.symbols[ptr] = (size, module)
+        bisect.insort(self._symbol_bases, ptr)
+
+    def forget_module_symbols(self, module: int) -> None:
+        """The module is going away: its variables are no memory of the session any more."""
+        for ptr in [p for p, (_size, mod) in self.symbols.items() if mod == module]:
+            del self.symbols[ptr]
+            del self._symbol_bases[bisect.bisect_left(self._symbol_bases, ptr)]
 
     # ---- errors ----
     def note_async_error(self, code: int) -> None:
@@ -169,10 +195,14 @@ class Session:
             attempt("stream", backend.stream_destroy, st.obj)
         if self.legacy_event is not None:
             attempt("event", backend.event_destroy, self.legacy_event)
-        for mod in self.modules.values():
+        for handle, mod in self.modules.items():
+            self.forget_module_symbols(handle)
             attempt("module", backend.module_unload, mod)
         if self.staging is not None:
             attempt("staging", self.staging.close, backend)
+        if self.limits is not None:
+            attempt("limits", self.limits.release, self.id)
+            self.limits = None
         self.events.clear()
         self.streams.clear()
         self.modules.clear()

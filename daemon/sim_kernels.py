@@ -21,7 +21,7 @@ import logging
 import struct
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -50,13 +50,40 @@ class SimLaunch:
     """One launch as an emulation sees it: configuration, parameters and device memory."""
 
     def __init__(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int],
-                 shared_bytes: int, params: list[bytes], memory: DeviceMemory) -> None:
+                 shared_bytes: int, params: list[bytes], memory: DeviceMemory,
+                 symbols: Mapping[str, tuple[int, int]] | None = None) -> None:
         self.name = name
         self.grid = grid
         self.block = block
         self.shared_bytes = shared_bytes
         self.params = params
         self._memory = memory
+        self._symbols = symbols or {}
+
+    # module variables
+    def _variable(self, name: str) -> tuple[int, int]:
+        found = self._symbols.get(name)
+        if found is None:
+            # A static variable of an -rdc build: `__nv_static_<len>__<hashes>_<file>_<name>`.
+            statics = [v for n, v in self._symbols.items()
+                       if n.startswith("__nv_static_") and n.endswith("_" + name)]
+            if len(statics) == 1:
+                found = statics[0]
+        if found is None:
+            raise BackendError(CUDA_ERROR_LAUNCH_FAILURE,
+                               f"{self.name}: no variable {name} (or one static variable of "
+                               "that name) in the kernel's module")
+        return found
+
+    def symbol(self, name: str) -> int:
+        """Device address of the kernel's module's `__device__`/`__constant__` variable `name`:
+        its ELF symbol name (`_ZN2ns5valueE` for `ns::value`), or for a static variable its
+        source name, which -rdc builds prefix (`__nv_static_..._hidden`)."""
+        return self._variable(name)[0]
+
+    def symbol_view(self, name: str) -> memoryview:
+        """Writable view of the whole variable `name` (named as for symbol())."""
+        return self.view(*self._variable(name))
 
     # device memory
     def view(self, addr: int, nbytes: int) -> memoryview:

@@ -1,7 +1,9 @@
 /* The session's device allocations, mirrored in the client: a sorted array of ranges.
  * It lets the shim infer cudaMemcpyDefault directions and reject out-of-range asynchronous
  * copies and memsets at the call, as CUDA does, without a round trip. The daemon still checks
- * every pointer itself: this table is a convenience, never the authority. */
+ * every pointer itself: this table is a convenience, never the authority.
+ * Module globals (__device__/__constant__ variables, api_symbols.c) join the table once
+ * resolved, flagged: copies and memsets may use them, cudaFree may not. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,7 @@
 
 struct range {
     uint64_t base, size;
+    int symbol; /* a module global, not an allocation */
 };
 
 static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
@@ -30,9 +33,14 @@ static long find_le(uint64_t ptr)
     return (long)lo - 1;
 }
 
-void pilot_alloc_add(uint64_t base, uint64_t size)
+static void add_range(uint64_t base, uint64_t size, int symbol)
 {
     pthread_rwlock_wrlock(&g_lock);
+    long le = find_le(base);
+    if (symbol && le >= 0 && g_ranges[le].symbol && g_ranges[le].base == base) {
+        pthread_rwlock_unlock(&g_lock); /* already known */
+        return;
+    }
     if (g_count == g_cap) {
         size_t cap = g_cap ? g_cap * 2 : 64;
         struct range *nr = realloc(g_ranges, cap * sizeof *nr);
@@ -47,8 +55,19 @@ void pilot_alloc_add(uint64_t base, uint64_t size)
     memmove(g_ranges + at + 1, g_ranges + at, (g_count - at) * sizeof *g_ranges);
     g_ranges[at].base = base;
     g_ranges[at].size = size;
+    g_ranges[at].symbol = symbol;
     g_count++;
     pthread_rwlock_unlock(&g_lock);
+}
+
+void pilot_alloc_add(uint64_t base, uint64_t size)
+{
+    add_range(base, size, 0);
+}
+
+void pilot_alloc_add_symbol(uint64_t base, uint64_t size)
+{
+    add_range(base, size, 1);
 }
 
 int pilot_alloc_remove(uint64_t base)
@@ -56,7 +75,7 @@ int pilot_alloc_remove(uint64_t base)
     int rc = -1;
     pthread_rwlock_wrlock(&g_lock);
     long i = find_le(base);
-    if (i >= 0 && g_ranges[i].base == base) {
+    if (i >= 0 && g_ranges[i].base == base && !g_ranges[i].symbol) {
         memmove(g_ranges + i, g_ranges + i + 1, (g_count - (size_t)i - 1) * sizeof *g_ranges);
         g_count--;
         rc = 0;
@@ -85,9 +104,35 @@ int pilot_alloc_is_device(uint64_t ptr)
     return pilot_alloc_contains(ptr, 1);
 }
 
-void pilot_alloc_clear(void)
+int pilot_alloc_is_symbol(uint64_t ptr)
+{
+    int yes = 0;
+    pthread_rwlock_rdlock(&g_lock);
+    long i = find_le(ptr);
+    if (i >= 0)
+        yes = g_ranges[i].symbol && ptr - g_ranges[i].base < g_ranges[i].size;
+    pthread_rwlock_unlock(&g_lock);
+    return yes;
+}
+
+/* Keeps the ranges whose symbol flag is `symbol`. */
+static void keep_only(int symbol)
 {
     pthread_rwlock_wrlock(&g_lock);
-    g_count = 0;
+    size_t kept = 0;
+    for (size_t i = 0; i < g_count; i++)
+        if (g_ranges[i].symbol == symbol)
+            g_ranges[kept++] = g_ranges[i];
+    g_count = kept;
     pthread_rwlock_unlock(&g_lock);
+}
+
+void pilot_alloc_clear(void)
+{
+    keep_only(1);
+}
+
+void pilot_alloc_clear_symbols(void)
+{
+    keep_only(0);
 }

@@ -86,6 +86,10 @@ static cudaError_t launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, vo
     pilot_kernel_info(kernel, &k);
     if ((err = check_config(grid, block, &k)))
         PILOT_RETURN(err);
+    /* Past the kernel's dynamic shared memory limit (48 KiB less its static shared memory until
+     * cudaFuncSetAttribute raises it): cudaErrorInvalidValue at the launch, as on the H100. */
+    if (k.max_dynamic_shared_bytes >= 0 && shared > (size_t)k.max_dynamic_shared_bytes)
+        PILOT_RETURN(cudaErrorInvalidValue);
     if (shared > UINT32_MAX)
         PILOT_RETURN(cudaErrorInvalidValue);
 

@@ -182,6 +182,8 @@ PILOT_EXPORT cudaError_t cudaFree(void *ptr)
     PILOT_REQUIRE_SESSION();
     if (!ptr)
         return cudaSuccess;
+    if (pilot_alloc_is_symbol((uintptr_t)ptr)) /* a module global, never an allocation */
+        PILOT_RETURN(cudaErrorInvalidValue);
     pilot_req_free req = {.ptr = (uintptr_t)ptr};
     cudaError_t err = pilot_call(PILOT_OP_FREE, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
     if (err == cudaSuccess)
@@ -261,6 +263,12 @@ static cudaError_t copy(void *dst, const void *src, size_t count, enum cudaMemcp
             return pilot_post(PILOT_OP_MEMCPY_D2D, &req, sizeof req, NULL, 0);
         return pilot_call(PILOT_OP_MEMCPY_D2D, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
     }
+}
+
+cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                         uint64_t stream, int sync)
+{
+    return copy(dst, src, count, kind, stream, sync);
 }
 
 PILOT_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t count,

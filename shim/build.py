@@ -42,6 +42,8 @@ SHIM_SOURCES = [
     "api_memory.c",
     "api_launch.c",
     "api_stream.c",
+    "api_misc.c",
+    "api_symbols.c",
     "device_props.c",
 ]
 C_FLAGS = ["-std=gnu11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"]

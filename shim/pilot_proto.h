@@ -46,6 +46,10 @@ enum pilot_op {
     PILOT_OP_DEVICE_INFO = 101,
     PILOT_OP_DEVICE_SYNCHRONIZE = 102,
     PILOT_OP_DEVICE_RESET = 103,
+    /* 104-119: limits and stream priorities (api_misc.c) */
+    PILOT_OP_DEVICE_SET_LIMIT = 104,  /* pilot_req_limit; reply pilot_rep_u64: effective value */
+    PILOT_OP_DEVICE_GET_LIMIT = 105,  /* pilot_req_limit; reply pilot_rep_u64 */
+    PILOT_OP_DEVICE_PRIORITY_RANGE = 106, /* no body; reply pilot_rep_priority_range */
     /* 104-139 reserved: cudaSetDevice on other GPUs, limits, cache config, flags (issue 3) */
 
     /* 140: error handling: served inside the shim, no messages */
@@ -56,6 +60,8 @@ enum pilot_op {
     PILOT_OP_STREAM_SYNCHRONIZE = 252,
     PILOT_OP_STREAM_QUERY = 253,
     PILOT_OP_STREAM_WAIT_EVENT = 254,
+    /* 255-269: stream queries (api_misc.c) */
+    PILOT_OP_STREAM_GET_INFO = 255,   /* pilot_req_handle; reply pilot_rep_stream_info */
     /* 255-279 reserved: host callbacks, priorities, attach (issues 3, 4) */
 
     /* 280: event management */
@@ -70,6 +76,10 @@ enum pilot_op {
     PILOT_OP_MODULE_LOAD = 310,
     PILOT_OP_FUNCTION_GET = 311,
     PILOT_OP_LAUNCH = 312,
+    /* 313-329: function attributes and occupancy (api_misc.c) */
+    PILOT_OP_FUNC_GET_ATTRIBUTES = 313, /* pilot_req_handle (function); reply pilot_rep_func_attrs */
+    PILOT_OP_FUNC_SET_ATTRIBUTE = 314,  /* pilot_req_func_attr; reply pilot_rep_func_attrs */
+    PILOT_OP_OCCUPANCY = 315,           /* pilot_req_occupancy; reply pilot_rep_u64 */
     /* 313-399 reserved: cooperative launch, function attributes, occupancy (issue 3) */
 
     /* 400: memory management */
@@ -81,8 +91,15 @@ enum pilot_op {
     PILOT_OP_MEMCPY_H2D_STAGED = 405, /* one chunk from a staging slot */
     PILOT_OP_MEMCPY_D2H_STAGED = 406, /* one chunk into a staging slot */
     PILOT_OP_MEMSET = 407,
-    PILOT_OP_MEM_GET_INFO = 408
-    /* 409-499 reserved: symbols, pinned host memory, 2D copies, peer copies (issue 3) */
+    PILOT_OP_MEM_GET_INFO = 408,
+    /* 409-419: symbols (__device__ and __constant__ variables) */
+    PILOT_OP_SYMBOL_GET = 409,        /* frame 2: the variable's ELF name; reply pilot_rep_u64 */
+    /* 420-429: pitched memory, 2D copies and memsets (api_misc.c) */
+    PILOT_OP_MALLOC_PITCH = 420,      /* pilot_req_malloc_pitch; reply pilot_rep_u64 {ptr, pitch} */
+    PILOT_OP_MEMCPY_2D = 421,         /* pilot_req_memcpy_2d; H2D rows packed in frame 2, D2H
+                                       * rows packed in the reply's frame 2 */
+    PILOT_OP_MEMSET_2D = 422,         /* pilot_req_memset_2d */
+    /* 430-499 reserved: pinned host memory, peer copies (issue 3) */
     /* 500-599 reserved: unified memory (issue 4) */
 };
 
@@ -260,6 +277,77 @@ typedef struct pilot_req_memset {
     int32_t value;
     uint32_t sync;
 } pilot_req_memset;
+
+/* ---- symbols ---- */
+typedef struct pilot_req_symbol_get {   /* frame 2: the variable's name (deviceName, no NUL) */
+    uint64_t module;                  /* reply: pilot_rep_u64 {value: address, value2: size} */
+} pilot_req_symbol_get;
+
+/* ---- limits, stream queries, function attributes, occupancy, 2D memory (api_misc.c) ---- */
+#define PILOT_FUNC_ATTR_COUNT 16      /* CUfunction_attribute values 0..15 (CUDA 13.0) */
+
+typedef struct pilot_req_limit {        /* DEVICE_SET_LIMIT (value used) and DEVICE_GET_LIMIT */
+    uint32_t limit;                   /* enum cudaLimit */
+    uint32_t reserved;
+    uint64_t value;
+} pilot_req_limit;
+
+typedef struct pilot_rep_priority_range {
+    pilot_reply_hdr hdr;
+    int32_t least;                    /* numerically largest: lowest priority (0) */
+    int32_t greatest;                 /* numerically smallest: highest priority (-5 on H100) */
+} pilot_rep_priority_range;
+
+typedef struct pilot_rep_stream_info {
+    pilot_reply_hdr hdr;
+    uint32_t flags;                   /* as created: cudaStreamDefault or cudaStreamNonBlocking */
+    int32_t priority;                 /* as clamped at creation */
+} pilot_rep_stream_info;
+
+typedef struct pilot_rep_func_attrs {   /* values[i] = cuFuncGetAttribute(i), 0 if not reported */
+    pilot_reply_hdr hdr;
+    int32_t values[PILOT_FUNC_ATTR_COUNT];
+} pilot_rep_func_attrs;
+
+typedef struct pilot_req_func_attr {
+    uint64_t function;
+    int32_t attr;                     /* enum cudaFuncAttribute (= CUfunction_attribute) */
+    int32_t value;
+} pilot_req_func_attr;
+
+typedef struct pilot_req_occupancy {
+    uint64_t function;
+    uint64_t dynamic_smem;
+    int32_t block_size;
+    uint32_t flags;                   /* cudaOccupancyDefault / DisableCachingOverride */
+} pilot_req_occupancy;
+
+typedef struct pilot_req_malloc_pitch {
+    uint64_t width;                   /* bytes */
+    uint64_t height;
+} pilot_req_malloc_pitch;
+
+typedef struct pilot_req_memcpy_2d {    /* rows of `width` bytes, `pitch` apart */
+    uint64_t dst;                     /* device for H2D and D2D; unused for D2H */
+    uint64_t dpitch;
+    uint64_t src;                     /* device for D2H and D2D; unused for H2D */
+    uint64_t spitch;
+    uint64_t width;
+    uint64_t height;
+    uint64_t stream;
+    uint32_t kind;                    /* PILOT_COPY_H2D, _D2H or _D2D */
+    uint32_t sync;
+} pilot_req_memcpy_2d;
+
+typedef struct pilot_req_memset_2d {
+    uint64_t ptr;
+    uint64_t pitch;
+    uint64_t width;
+    uint64_t height;
+    uint64_t stream;
+    int32_t value;
+    uint32_t sync;
+} pilot_req_memset_2d;
 
 /* PILOT_CDEF_END */
 

@@ -1,7 +1,8 @@
 /* Fatbins and kernels the program registers (nvcc's static constructors), and their lazy
  * resolution in the daemon: an image is uploaded and loaded (once per session) the first time
- * one of its kernels launches, and each kernel's parameter layout is fetched once. Registration
- * never talks to the daemon, so programs start even before pilotd is reachable. */
+ * one of its kernels launches or one of its variables is used (api_symbols.c), and each
+ * kernel's parameter layout is fetched once. Registration never talks to the daemon, so
+ * programs start even before pilotd is reachable. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,7 @@ struct pilot_image {
     size_t size;
     uint64_t module; /* daemon handle, 0 until loaded */
     int dead;        /* unregistered (library unloaded) */
+    struct pilot_image *next; /* every image ever registered (g_images) */
 };
 
 struct pilot_kernel {
@@ -47,6 +49,8 @@ struct pilot_kernel {
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t g_load_lock = PTHREAD_MUTEX_INITIALIZER; /* one MODULE_LOAD per image */
+static struct pilot_image *g_images;
 static struct pilot_kernel *g_by_host[BUCKETS];
 static struct pilot_kernel *g_by_handle[BUCKETS];
 
@@ -73,6 +77,10 @@ PILOT_EXPORT void **__cudaRegisterFatBinary(void *fat_cubin)
     }
     if (!img->data)
         LOG_WARN("unrecognised fatbin wrapper at %p; its kernels cannot launch", fat_cubin);
+    pthread_mutex_lock(&g_lock);
+    img->next = g_images;
+    g_images = img;
+    pthread_mutex_unlock(&g_lock);
     return (void **)img;
 }
 
@@ -135,6 +143,7 @@ PILOT_EXPORT void __cudaUnregisterFatBinary(void **handle)
     unlink_image_kernels(g_by_host, img, 1);
     unlink_image_kernels(g_by_handle, img, 0);
     pthread_mutex_unlock(&g_lock);
+    pilot_symbols_forget_image(img);
 }
 
 struct pilot_kernel *pilot_kernel_from_host(const void *host_fun)
@@ -166,18 +175,31 @@ PILOT_EXPORT cudaError_t __cudaGetKernel(cudaKernel_t *out, const void *host_fun
     PILOT_RETURN(k ? cudaSuccess : cudaErrorInvalidDeviceFunction);
 }
 
-static cudaError_t load_image(struct pilot_image *img)
+/* The image's module in the daemon, loaded on first use: the one path kernels and variables
+ * take, so both see the same module (and the same globals). */
+cudaError_t pilot_image_module(struct pilot_image *img, uint64_t *module)
 {
-    if (img->module)
+    uint64_t loaded = __atomic_load_n(&img->module, __ATOMIC_ACQUIRE);
+    if (loaded) {
+        *module = loaded;
         return cudaSuccess;
-    if (!img->data || img->dead)
-        return cudaErrorInvalidKernelImage;
-    pilot_req_module_load req = {.image_size = img->size};
-    pilot_rep_u64 rep;
-    cudaError_t err = pilot_call(PILOT_OP_MODULE_LOAD, &req, sizeof req, img->data, img->size, &rep,
-                                 sizeof rep, NULL, 0, NULL);
-    if (err == cudaSuccess)
-        img->module = rep.value;
+    }
+    pthread_mutex_lock(&g_load_lock);
+    cudaError_t err = cudaSuccess;
+    if (!img->module) {
+        if (!img->data || img->dead) {
+            err = cudaErrorInvalidKernelImage;
+        } else {
+            pilot_req_module_load req = {.image_size = img->size};
+            pilot_rep_u64 rep;
+            err = pilot_call(PILOT_OP_MODULE_LOAD, &req, sizeof req, img->data, img->size, &rep,
+                             sizeof rep, NULL, 0, NULL);
+            if (err == cudaSuccess)
+                __atomic_store_n(&img->module, rep.value, __ATOMIC_RELEASE);
+        }
+    }
+    *module = img->module;
+    pthread_mutex_unlock(&g_load_lock);
     return err;
 }
 
@@ -189,9 +211,10 @@ cudaError_t pilot_kernel_resolve(struct pilot_kernel *k)
     pthread_mutex_lock(&resolve_lock);
     cudaError_t err = cudaSuccess;
     if (!k->resolved) {
-        err = load_image(k->image);
+        uint64_t module = 0;
+        err = pilot_image_module(k->image, &module);
         if (err == cudaSuccess) {
-            pilot_req_function_get req = {.module = k->image->module};
+            pilot_req_function_get req = {.module = module};
             pilot_rep_function rep;
             size_t cap = PILOT_MAX_PARAMS * sizeof(pilot_param_info), got = 0;
             pilot_param_info *params = malloc(cap);
@@ -246,5 +269,14 @@ static void forget_table(struct pilot_kernel **table)
 void pilot_registry_forget_session(void)
 {
     pthread_mutex_init(&g_lock, NULL);
+    pthread_mutex_init(&g_load_lock, NULL);
     forget_table(g_by_host);
+    for (struct pilot_image *img = g_images; img; img = img->next)
+        img->module = 0; /* images with variables and no kernels too */
+    pilot_symbols_forget_session();
+}
+
+void pilot_kernel_set_max_dynamic_shared(struct pilot_kernel *k, int32_t bytes)
+{
+    __atomic_store_n(&k->max_dynamic_shared_bytes, bytes, __ATOMIC_RELAXED);
 }

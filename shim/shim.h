@@ -62,7 +62,11 @@ int pilot_alloc_remove(uint64_t base); /* 0 if base was an allocation's start */
 /* 1 if [ptr, ptr+count) lies inside one device allocation. */
 int pilot_alloc_contains(uint64_t ptr, uint64_t count);
 int pilot_alloc_is_device(uint64_t ptr);
-void pilot_alloc_clear(void);
+void pilot_alloc_clear(void); /* forgets allocations; symbol ranges stay (modules survive resets) */
+/* A module global's range (api_symbols.c): copies may use it, cudaFree refuses it. */
+void pilot_alloc_add_symbol(uint64_t base, uint64_t size);
+int pilot_alloc_is_symbol(uint64_t ptr);
+void pilot_alloc_clear_symbols(void);
 
 /* ---- registry.c: fatbins and kernels registered by the program ---- */
 struct pilot_kernel;
@@ -71,6 +75,13 @@ struct pilot_kernel *pilot_kernel_from_handle(const void *handle); /* a cudaKern
 /* Loads the kernel's image and fetches its parameter layout on first use. */
 cudaError_t pilot_kernel_resolve(struct pilot_kernel *k);
 void pilot_registry_forget_session(void); /* after fork or reset: nothing is loaded any more */
+struct pilot_image;
+/* The image's daemon module handle, loading the image (MODULE_LOAD) on first use. */
+cudaError_t pilot_image_module(struct pilot_image *img, uint64_t *module);
+
+/* ---- api_symbols.c: __device__ and __constant__ variables ---- */
+void pilot_symbols_forget_image(struct pilot_image *img); /* the image was unregistered */
+void pilot_symbols_forget_session(void);                  /* after fork: nothing is resolved */
 
 struct pilot_kernel_launch_info {
     uint64_t function;
@@ -81,6 +92,8 @@ struct pilot_kernel_launch_info {
     int32_t max_dynamic_shared_bytes;
 };
 void pilot_kernel_info(const struct pilot_kernel *k, struct pilot_kernel_launch_info *out);
+/* cudaFuncSetAttribute / cudaFuncGetAttributes (api_misc.c): the daemon's current limit. */
+void pilot_kernel_set_max_dynamic_shared(struct pilot_kernel *k, int32_t bytes);
 
 /* ---- parallel_copy.c ---- */
 void pilot_copy(void *dst, const void *src, size_t len); /* memcpy, on two threads when large */
@@ -88,6 +101,9 @@ void pilot_copy_forget(void);                            /* after fork */
 
 /* ---- api_memory.c ---- */
 void pilot_staging_forget(void); /* after fork: the staging area is the parent's */
+/* cudaMemcpy's checks and transports for an already resolved range (stream: daemon handle). */
+cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                         uint64_t stream, int sync);
 
 /* ---- device_props.c ---- */
 void pilot_fill_device_prop(struct cudaDeviceProp *prop, const pilot_rep_device_info *info);

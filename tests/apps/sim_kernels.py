@@ -182,3 +182,113 @@ def scale_add(k: SimLaunch) -> None:
     out = np.frombuffer(k.view(v, 4 * count), dtype=np.int32)
     np.multiply(out, np.int32(mul), out=out)
     np.add(out, np.int32(add), out=out)
+
+
+# ---- symbols.cu ----
+# Module variables are reached by their ELF names through k.symbol(): coeffs (__constant__
+# float[16]), counter, initialized, hidden (static), _ZN2ns5valueE (ns::value), big (50000 u32).
+
+_BIG_N = 50000
+
+
+@sim_kernel("_Z4polyPKfPfi")
+def poly(k: SimLaunch) -> None:
+    """y[i] = Horner's rule over the __constant__ coeffs[15..0] with __fmul_rn/__fadd_rn, for
+    i < n covered by the grid."""
+    x, y, n = k.ptr(0), k.ptr(1), k.i32(2)
+    count = _one_per_element(k, n)
+    if count == 0:
+        return
+    coeffs = np.frombuffer(k.read(k.symbol("coeffs"), 64), dtype=np.float32)
+    xs = _f32_array(k, x, count).copy()
+    acc = np.zeros(count, dtype=np.float32)
+    for j in range(15, -1, -1):
+        acc = np.multiply(acc, xs)
+        acc = np.add(acc, coeffs[j])
+    _f32_array(k, y, count)[:] = acc
+
+
+@sim_kernel("_Z15count_multiplesii")
+def count_multiples(k: SimLaunch) -> None:
+    """atomicAdd(&counter, 1) for every i < n covered by the grid with i % m == 0."""
+    n, m = k.i32(0), k.i32(1)
+    count = _one_per_element(k, n)
+    if count == 0:
+        return
+    if m == 0:
+        raise ZeroDivisionError("i % 0 in count_multiples")
+    view = k.view(k.symbol("counter"), 4)
+    (value,) = struct.unpack("<i", view)
+    struct.pack_into("<i", view, 0, _wrap_i32(value + len(range(0, count, abs(m)))))
+
+
+@sim_kernel("_Z11update_varsiPi")
+def update_vars(k: SimLaunch) -> None:
+    """Thread (0,0): out = {initialized, hidden}; initialized += add; hidden = hidden*2 + add;
+    ns::value = __dadd_rn(__dmul_rn(ns::value, 1.5), add)."""
+    add, out = k.i32(0), k.ptr(1)
+    initialized = k.view(k.symbol("initialized"), 4)
+    hidden = k.view(k.symbol("hidden"), 4)
+    value = k.view(k.symbol("_ZN2ns5valueE"), 8)
+    (i,), (h,), (v,) = (struct.unpack("<i", initialized), struct.unpack("<i", hidden),
+                        struct.unpack("<d", value))
+    k.write(out, struct.pack("<2i", i, h))
+    struct.pack_into("<i", initialized, 0, _wrap_i32(i + add))
+    struct.pack_into("<i", hidden, 0, _wrap_i32(h * 2 + add))
+    struct.pack_into("<d", value, 0, v * 1.5 + add)  # Python floats: one rounding per operation
+
+
+@sim_kernel("_Z10big_updatev")
+def big_update(k: SimLaunch) -> None:
+    """Grid-stride loop over all of big: big[i] = big[i] * 3 + i (uint32 wrap-around)."""
+    big = np.frombuffer(k.view(k.symbol("big"), 4 * _BIG_N), dtype=np.uint32)
+    big *= np.uint32(3)
+    big += np.arange(_BIG_N, dtype=np.uint32)
+
+
+# ---- runtime_misc.cu ----
+
+@sim_kernel("_Z5tiledPf")
+def tiled(k: SimLaunch) -> None:
+    """One block of up to 128 threads: x[i] = old x[127 - i] for i < blockDim.x (every block
+    does the same, so one pass suffices). Reads stay inside x[0..127]."""
+    threads = k.block[0]
+    if k.grid[0] * threads == 0:
+        return
+    x = _f32_array(k, k.ptr(0), 128)
+    old = x.copy()
+    x[:threads] = old[127 - np.arange(threads)]
+
+
+@sim_kernel("_Z5plainPfi")
+def plain(k: SimLaunch) -> None:
+    """x[i] += 1 for i < n covered by the grid."""
+    count = _one_per_element(k, k.i32(1))
+    if count:
+        x = _f32_array(k, k.ptr(0), count)
+        np.add(x, F32(1.0), out=x)
+
+
+@sim_kernel("_Z11dyn_reversePii")
+def dyn_reverse(k: SimLaunch) -> None:
+    """One block: x[i] = old x[n - 1 - i] for i < n (through dynamic shared memory)."""
+    x, n = k.ptr(0), k.i32(1)
+    if n <= 0 or k.grid[0] * k.block[0] == 0:
+        return
+    if 4 * n > k.shared_bytes:  # the kernel would overrun its shared memory
+        raise ValueError(f"dyn_reverse: {n} ints in {k.shared_bytes} bytes of shared memory")
+    view = np.frombuffer(k.view(x, 4 * n), dtype=np.int32)
+    view[:] = view[::-1].copy()
+
+
+@sim_kernel("_Z7add_rowPhmii")
+def add_row(k: SimLaunch) -> None:
+    """p[r * pitch + c] += r (mod 256) for c < width covered by grid.x * block.x, r < height
+    covered by grid.y."""
+    p, pitch, width, height = k.ptr(0), k.arg(1, "<Q")[0], k.i32(2), k.i32(3)
+    cols = max(0, min(width, k.grid[0] * k.block[0]))
+    rows = max(0, min(height, k.grid[1]))
+    for r in range(rows):
+        if cols:
+            row = np.frombuffer(k.view(p + r * pitch, cols), dtype=np.uint8)
+            np.add(row, np.uint8(r & 0xFF), out=row)

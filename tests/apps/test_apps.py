@@ -424,7 +424,7 @@ def test_every_kernel_has_an_emulation(app_binaries: dict[str, Path]) -> None:
             found = {"_" + rest, rest} & symbols  # C++ kernels: "_Z...", extern "C": name
             assert len(found) == 1, f"{exe.name}: cannot tell the kernel of stub {sym}"
             kernels |= found
-    assert len(kernels) == 14, sorted(kernels)  # 9 in tests/apps, 5 in tests/gpu
+    assert len(kernels) == 22, sorted(kernels)  # 17 in tests/apps (4 runtime_misc), 5 in tests/gpu
     assert sorted(kernels - set(registry.names())) == []
 
 
@@ -503,3 +503,238 @@ def test_daemon_that_dies_mid_session_fails_calls_not_the_program(
         if daemon.poll() is None:
             daemon.kill()
         log.close()
+
+
+# ---- symbols.cu: __device__ and __constant__ variables ----
+
+def expected_symbols() -> list[str]:
+    """What symbols.cu prints, recomputed: float32 Horner with one rounding per operation,
+    uint32 wrap-around, and the error names CUDA 13 gives natively on the H100."""
+    c = np.array([(-1 if j % 2 else 1) * (j + 1) / 16 for j in range(16)], dtype=F32)  # exact
+    back = np.concatenate([c[10:], c[:10]])
+    x = ((np.arange(1000) % 200 - 100) / 128).astype(F32)  # exact in float32
+    y = np.zeros(1000, dtype=F32)
+    for j in range(15, -1, -1):
+        y = y * x + c[j]  # float32 * float32, then + float32: two roundings
+    g = "%g"
+    lines = [
+        "coeffs size 64",
+        f"coeffs back [10] {g % back[0]} [15] {g % back[5]} [16] {g % back[6]} [25] {g % back[15]}",
+        f"poly y[0] {y[0]:.9g} y[150] {y[150]:.9g} y[999] {y[999]:.9g} sum {seq_sum(y):.17g}",
+        "poly after rewrite: wrong 0",
+    ]
+    counter = len(range(0, 1000, 3)) + len(range(0, 3 * 100, 7))
+    lines += ["counter at start 0", f"counter {counter}", f"counter reset to 1000, +64: {1000 + 64}"]
+    initialized, hidden, value = 42, 5, 2.5
+    lines += ["initialized 42 hidden 0 ns::value 0", "ns::value size 8", "hidden size 4"]
+    seen = []
+    for add in (7, 1):
+        seen.append((initialized, hidden))
+        initialized, hidden, value = initialized + add, hidden * 2 + add, value * 1.5 + add
+    lines += [f"kernel saw initialized {seen[1][0]} hidden {seen[1][1]}",
+              f"after two updates: initialized {initialized} hidden {hidden} ns::value {value:g}",
+              f"device-to-device: out 77 {hidden} initialized 77 hidden 77"]
+    i = np.arange(50000, dtype=np.uint64)
+    big = (i * 2654435761 % 2**32 * 3 + i) % 2**32
+    zeroed = big.copy()
+    zeroed[100:200] = 0
+    lines += ["big size 200000", f"big sum {int(big.sum())}", "big wrong 0",
+              "through the address: match 1",
+              "memset through the address: [99] 1 [100] 0 [199] 0 [200] 1",
+              f"big sum after memset {int(zeroed.sum())}", "tail: match 1",
+              "copied within big: match 1"]
+    invalid_value, invalid_symbol = "cudaErrorInvalidValue", "cudaErrorInvalidSymbol"
+    direction, success = "cudaErrorInvalidMemcpyDirection", "cudaSuccess"
+    errors = [
+        ("to coeffs offset 64", invalid_value),
+        ("to coeffs 68 bytes", invalid_value),
+        ("to coeffs 4 bytes at 61", invalid_value),
+        ("from counter 8 bytes", invalid_value),
+        ("from big past end", invalid_value),
+        ("async to counter past end", invalid_value),
+        ("to a host variable", invalid_symbol),
+        ("from a host variable", invalid_symbol),
+        ("async from a host variable", invalid_symbol),
+        ("address of a host variable", invalid_symbol),
+        ("size of a host variable", invalid_symbol),
+        ("to coeffs as device-to-host", direction),
+        ("from coeffs as host-to-device", direction),
+        ("to the middle of coeffs", invalid_symbol),
+        ("to a NULL symbol", invalid_symbol),
+        ("nothing to a host variable", success),
+        ("nothing past the end of counter", success),
+        ("to coeffs as host-to-host", direction),
+        ("to coeffs past the end as device-to-host", invalid_value),
+        ("to a host variable as device-to-host", invalid_symbol),
+        ("to coeffs device-to-device from a host buffer", invalid_value),
+        ("free a symbol's address", invalid_value),
+    ]
+    lines += [f"{label}: {name} (last {name})" for label, name in errors]
+    lines += ["counter unchanged 1064", "after the errors: cudaSuccess (last cudaSuccess)", "PASS"]
+    return lines
+
+
+def test_expected_symbols_match_native_h100_run() -> None:
+    """Lines symbols.cu printed natively on the H100 (CUDA 13.0, driver 580)."""
+    lines = expected_symbols()
+    assert lines[1] == "coeffs back [10] 0.6875 [15] -1 [16] 0.0625 [25] -0.625"
+    assert lines[2] == ("poly y[0] 1.19292498 y[150] 0.0323189311 y[999] 0.0102997087 "
+                        "sum 160.30130518600345")
+    assert "counter 377" in lines
+    assert "kernel saw initialized 49 hidden 17" in lines
+    assert "after two updates: initialized 50 hidden 35 ns::value 17.125" in lines
+    assert "big sum 107379057496288" in lines
+    assert "big sum after memset 107165063713512" in lines
+
+
+def test_symbols(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
+    """__constant__ and __device__ variables: copies to and from them (sync, async, staged,
+    device-to-device, at offsets), kernels reading what the host wrote and the host reading what
+    kernels wrote, cudaGetSymbolAddress/Size, and CUDA's errors for bad symbols and ranges."""
+    check_output(run_under_pilot("symbols"), expected_symbols(), daemon_log)
+
+
+def test_symbols_relocatable_device_code(app_builds: dict[str, Any], pilot_client_env: dict[str, str],
+                                         daemon_log: DaemonLog, tmp_path: Path) -> None:
+    """symbols.cu built with -rdc=true: the variables live in the device-linked image, and the
+    static one is named `__nv_static_..._hidden` there."""
+    cmd = list(app_builds["symbols"].command)
+    exe = tmp_path / "symbols_rdc"
+    cmd[cmd.index("-o") + 1] = str(exe)
+    cmd.insert(1, "-rdc=true")
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    proc = subprocess.run([str(exe)], env=pilot_client_env, capture_output=True, text=True,
+                          timeout=120)
+    check_output(proc, expected_symbols(), daemon_log)
+
+
+# ---- runtime_misc.cu ----
+
+INVALID_VALUE, INVALID_PITCH = "cudaErrorInvalidValue", "cudaErrorInvalidPitchValue"
+INVALID_FUNCTION, INVALID_HANDLE = "cudaErrorInvalidDeviceFunction", "cudaErrorInvalidResourceHandle"
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def expected_runtime_misc() -> list[str]:
+    """What runtime_misc.cu prints; every value and error name as CUDA 13.0 gives them natively
+    on the H100 (driver 580): priorities clamped into [0, -5], cudaGetDeviceFlags always with
+    cudaDeviceMapHost (0x8), 48 KiB of dynamic shared memory less the static part by default,
+    occupancy bound by threads (2048 per SM) and block slots (32 per SM), pitches of 512."""
+    lines = ["priority range [0, -5]",
+             "stream priority -10 flags 1 -> priority -5 flags 1",
+             "stream priority -3 flags 0 -> priority -3 flags 0",
+             "stream priority 3 flags 1 -> priority 0 flags 1"]
+    lines += [f"special stream {i}: priority 0 flags 0" for i in range(3)]
+    lines += [f"create with flags 2: {INVALID_VALUE}",
+              f"get flags into NULL: {INVALID_VALUE}",
+              "record with flags 0: cudaSuccess",
+              "record external outside a capture: cudaErrorIllegalState",
+              f"record with flags 2: {INVALID_VALUE}",
+              f"record NULL event: {INVALID_HANDLE}",
+              "priority streams: 0 wrong",
+              "device flags 0x8",
+              f"set device flags 0x5: {INVALID_VALUE} -> 0x8",
+              "set device flags 0x94: cudaSuccess -> 0x9c",
+              "set device flags 0x20: cudaSuccess -> 0x8",
+              f"set device flags 0x100: {INVALID_VALUE} -> 0x8",
+              "set device flags 0: cudaSuccess -> 0x8",
+              f"get device flags into NULL: {INVALID_VALUE}",
+              "stack size 1024",
+              "stack size after setting 4096: 4096",
+              "stack size after setting 8000: 8000",
+              f"malloc heap {8 * MiB}",
+              f"malloc heap after setting 16 MiB: {16 * MiB}",
+              "pending launch count 2048",
+              "sync depth: cudaErrorUnsupportedLimit",
+              f"get limit into NULL: {INVALID_VALUE}",
+              "cache config 0",
+              "cache config after PreferShared: 1",
+              f"cache config 4: {INVALID_VALUE}",
+              "can access peer 0 -> 0: cudaSuccess 0",
+              "can access peer 0 -> 1: cudaErrorInvalidDevice",
+              f"can access peer into NULL: {INVALID_VALUE}",
+              "profiler start cudaSuccess stop cudaSuccess"]
+
+    def attrs(label: str, threads: int, shared: int, dynamic: int, carveout: int = -1) -> str:
+        return (f"{label}: maxThreadsPerBlock {threads} sharedSizeBytes {shared} localSizeBytes 0 "
+                f"maxDynamicSharedSizeBytes {dynamic} preferredShmemCarveout {carveout} "
+                "numRegs>0 yes binaryVersion>0 yes")
+
+    big, optin = 100000, 232448
+    lines += [attrs("tiled", 128, 1024, 48 * 1024 - 1024),
+              attrs("plain", 1024, 0, 48 * 1024),
+              f"attributes into NULL: {INVALID_VALUE}",
+              f"attributes of NULL: {INVALID_FUNCTION}",
+              f"attributes of a host function: {INVALID_HANDLE}",
+              f"launch with {big} bytes before opting in: {INVALID_VALUE}",
+              f"set max dynamic shared {big}: cudaSuccess",
+              attrs("dyn_reverse", 1024, 0, big),
+              f"launch with {big} bytes: cudaSuccess",
+              f"launch with {big + 1} bytes: {INVALID_VALUE}",
+              "reversed through dynamic shared memory: 0 wrong",
+              "plain with 49152 bytes: cudaSuccess",
+              f"plain with 49153 bytes: {INVALID_VALUE}",
+              f"tiled with 48129 bytes: {INVALID_VALUE}",
+              f"max dynamic {optin}: cudaSuccess",
+              f"max dynamic {optin + 1}: {INVALID_VALUE}",
+              f"tiled max dynamic {optin}: {INVALID_VALUE}",  # plus its 1 KiB of static memory
+              f"max dynamic -1: {INVALID_VALUE}",
+              "carveout 50: cudaSuccess",
+              f"carveout 101: {INVALID_VALUE}",
+              f"cluster dim must be set: {INVALID_VALUE}",  # read-only
+              f"attribute of NULL: {INVALID_FUNCTION}",
+              attrs("plain after setting", 1024, 0, optin, 50),
+              "function cache PreferL1: cudaSuccess",
+              f"function cache 4: {INVALID_VALUE}",
+              f"function cache of NULL: {INVALID_FUNCTION}",
+              "bank size eight bytes: cudaSuccess",
+              f"bank size 3: {INVALID_VALUE}"]
+    for block, dynamic, flags in ((128, 0, 0), (64, 0, 0), (256, 0, 0), (128, 0, 1), (1025, 0, 0),
+                                  (128, 300000, 0)):
+        blocks = 0 if block > 1024 or dynamic > 48 * 1024 - 1024 else min(32, 2048 // block)
+        lines.append(f"occupancy tiled block {block} dynamic {dynamic} flags {flags}: {blocks}")
+    lines += ["occupancy plain block 1024: 2",
+              f"occupancy dyn_reverse with {big} bytes > 0: yes",
+              f"occupancy block 0: {INVALID_VALUE}",
+              f"occupancy flags 2: {INVALID_VALUE}",
+              f"occupancy of NULL: {INVALID_FUNCTION}",
+              f"occupancy into NULL: {INVALID_VALUE}"]
+    lines += [f"pitch of width {w}: {_round_up(w, 512)}" for w in (1, 100, 512, 513, 4097, 100000)]
+    lines += ["width 0: pointer NULL pitch 0", f"pitch into NULL: {INVALID_VALUE}"]
+    for width, height, spitch, dpitch, mode in ((100, 37, 128, 120, "sync"),
+                                                (1000, 300, 1024, 1000, "sync"),
+                                                (1000, 300, 1000, 1003, "async"),
+                                                (70000, 3, 70001, 70000, "sync"),
+                                                (70000, 3, 70000, 70005, "async")):
+        pitches = f"{_round_up(width, 512)} {_round_up(width + 3, 512)}"
+        lines.append(f"2D {mode} {width}x{height} spitch {spitch} dpitch {dpitch}: pitches {pitches}, "
+                     "0 wrong")
+    lines += [f"width > dpitch: {INVALID_PITCH}",
+              f"width > spitch: {INVALID_PITCH}",
+              f"width > dpitch, one row: {INVALID_VALUE}",
+              f"async width > spitch: {INVALID_PITCH}",
+              "height 0: cudaSuccess",
+              "width 0, pitches 0: cudaSuccess",
+              f"past the allocation: {INVALID_VALUE}",
+              "bad kind: cudaErrorInvalidMemcpyDirection",
+              f"NULL destination: {INVALID_VALUE}",
+              f"memset width > pitch: {INVALID_VALUE}",
+              "memset one row, width > pitch: cudaSuccess",
+              f"memset past the allocation: {INVALID_VALUE}",
+              f"memset of host memory: {INVALID_VALUE}",
+              "host to host: cudaSuccess",
+              "PASS"]
+    return lines
+
+
+def test_runtime_misc(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
+    """Stream priorities and flags, device flags, limits, cache configurations, function
+    attributes and occupancy, pitched memory and 2D copies/memsets. Run twice: the second run
+    reading the default stack size and heap again shows that the daemon dropped the first run's
+    cudaDeviceSetLimit requests when its session ended."""
+    for _ in range(2):
+        check_output(run_under_pilot("runtime_misc"), expected_runtime_misc(), daemon_log)

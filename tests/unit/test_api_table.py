@@ -94,8 +94,10 @@ def test_table_shape() -> None:
     names = [r["name"] for r in rows]
     assert len(names) == len(set(names)) == 422
     impl = {r["name"] for r in rows if r["status"] == "impl"}
-    assert len(impl) == 44
+    assert len(impl) >= 51  # grows as runtime functions are implemented
     assert {"cudaMalloc", "__cudaLaunchKernel_ptsz", "cudaGetErrorName"} <= impl
+    assert {"__cudaRegisterVar", "cudaMemcpyToSymbol", "cudaMemcpyFromSymbolAsync",
+            "cudaGetSymbolAddress", "cudaGetSymbolSize"} <= impl
     by = {r["name"]: r for r in rows}
     assert by["__cudaRegisterFatBinary"]["ret"] == "ptr"
     assert by["__cudaInitModule"]["ret"] == "char"
@@ -320,7 +322,8 @@ def test_check_fails_on_missing_impl_and_cuts_long_lists(tmp_path: Path) -> None
     (tmp_path / "empty.c").write_text("static int x;\n")
     res = _run_check("--shim-dir", str(tmp_path), "--cudart", NOWHERE, "--include", NOWHERE)
     assert res.returncode == 1
-    assert "impl rows with no definition" in res.stdout and "+34 more" in res.stdout
+    n_impl = sum(r["status"] == "impl" for r in _rows())
+    assert "impl rows with no definition" in res.stdout and f"+{n_impl - 10} more" in res.stdout
 
 
 @pytest.mark.skipif(

@@ -375,3 +375,19 @@ def test_constants_match_cuda_python() -> None:
     assert (int(flags.CU_EVENT_BLOCKING_SYNC), int(flags.CU_EVENT_DISABLE_TIMING)) == (1, 2)
     assert int(flags.CU_EVENT_INTERPROCESS) == 4
     assert int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING) == 1
+
+
+# ---- module variables ---------------------------------------------------------------------
+
+
+def test_module_get_global(backend: CudaBackend, drv: FakeDriver) -> None:
+    drv.replies["cuModuleGetGlobal"] = (OK, 0x7F0000001000, 64)
+    assert backend.module_get_global("mod", "coeffs") == (0x7F0000001000, 64)
+    assert drv.called("cuModuleGetGlobal") == [("mod", b"coeffs")]
+
+
+def test_missing_global_is_invalid_symbol(backend: CudaBackend, drv: FakeDriver) -> None:
+    drv.replies["cuModuleGetGlobal"] = (CUresult.CUDA_ERROR_NOT_FOUND, None, None)
+    with pytest.raises(BackendError) as info:
+        backend.module_get_global("mod", "nope")
+    assert info.value.code == 13  # cudaErrorInvalidSymbol, as cudaMemcpyToSymbol reports it

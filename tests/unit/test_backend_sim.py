@@ -16,6 +16,7 @@ from pilot.daemon.backend import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_IMAGE,
     CUDA_ERROR_INVALID_RESOURCE_HANDLE,
+    CUDA_ERROR_INVALID_SYMBOL,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_LAUNCH_FAILURE,
     CUDA_ERROR_MEMORY_ALLOCATION,
@@ -458,3 +459,97 @@ def test_sim_launch_helpers() -> None:
         k.ptr(7)
     with pytest.raises(struct.error):
         k.i32(0)  # 8-byte parameter read as 4 bytes: an emulation bug, not silent truncation
+
+
+# ---- module variables (__device__, __constant__) --------------------------------------------
+
+VARS_SOURCE = r"""
+__constant__ float coeffs[4] = {0.5f, 1.5f, 2.5f, 3.5f};
+__device__ int counter;
+__device__ int seeded = 42;
+__global__ void bump(int by) { atomicAdd(&counter, by + (int)coeffs[1]); }
+int main() { return 0; }
+"""
+BUMP = "_Z4bumpi"
+
+
+@pytest.fixture(scope="module")
+def vars_image(compile_cuda) -> bytes:
+    [img] = [i for i in compile_cuda(VARS_SOURCE) if kernels_in_image(i)]
+    return img
+
+
+def _read(sim: SimBackend, addr: int, fmt: str) -> tuple:
+    out = bytearray(struct.calcsize(fmt))
+    sim.memcpy_dtoh(out, addr, len(out), None)
+    return struct.unpack(fmt, out)
+
+
+def test_module_variables(sim: SimBackend, kernels: KernelRegistry, vars_image: bytes) -> None:
+    @kernels.kernel(BUMP)
+    def bump(k: SimLaunch) -> None:
+        (coeff,) = struct.unpack("<f", k.read(k.symbol("coeffs") + 4, 4))
+        view = k.symbol_view("counter")
+        struct.pack_into("<i", view, 0, struct.unpack("<i", view)[0] + k.i32(0) + int(coeff))
+
+    free_before = sim.mem_get_info(0)[0]
+    module = sim.module_load(vars_image)
+    assert sim.mem_get_info(0)[0] < free_before  # the variables take device memory
+    coeffs, counter, seeded = (sim.module_get_global(module, n)
+                               for n in ("coeffs", "counter", "seeded"))
+    assert (coeffs[1], counter[1], seeded[1]) == (16, 4, 4)
+    assert _read(sim, coeffs[0], "<4f") == (0.5, 1.5, 2.5, 3.5)  # initializers
+    assert _read(sim, seeded[0], "<i") == (42,) and _read(sim, counter[0], "<i") == (0,)
+    sim.memcpy_htod(counter[0], struct.pack("<i", 5), 4, None)
+    fn = sim.function_get(module, BUMP)
+    sim.launch(fn.handle, (1, 1, 1), (1, 1, 1), 0, None, struct.pack("<i", 2))
+    assert _read(sim, counter[0], "<i") == (5 + 2 + 1,)  # the kernel saw both writes
+    with pytest.raises(BackendError) as exc:  # one block holds them all (the session checks
+        sim.memcpy_htod(coeffs[0] + 10**6, bytes(4), 4, None)  # each variable), and it ends
+    assert _code(exc) == CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(BackendError) as exc:
+        sim.module_get_global(module, "nope")
+    assert _code(exc) == CUDA_ERROR_INVALID_SYMBOL
+
+    other = sim.module_load(vars_image)  # a second load has its own, freshly initialized copy
+    seeded2 = sim.module_get_global(other, "seeded")
+    assert seeded2[0] != seeded[0]
+    sim.memcpy_htod(seeded[0], struct.pack("<i", 7), 4, None)
+    assert _read(sim, seeded2[0], "<i") == (42,)
+
+    sim.module_unload(module)
+    sim.module_unload(other)
+    assert sim.mem_get_info(0)[0] == free_before
+    with pytest.raises(BackendError) as exc:
+        sim.memcpy_dtoh(bytearray(4), seeded[0], 4, None)
+    assert _code(exc) == CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(BackendError) as exc:
+        sim.module_get_global(module, "seeded")
+    assert _code(exc) == CUDA_ERROR_INVALID_RESOURCE_HANDLE
+
+
+def test_module_without_variables_takes_no_memory(sim: SimBackend, image: bytes) -> None:
+    free_before = sim.mem_get_info(0)[0]
+    module = sim.module_load(image)
+    assert sim.mem_get_info(0)[0] == free_before
+    with pytest.raises(BackendError) as exc:
+        sim.module_get_global(module, "anything")
+    assert _code(exc) == CUDA_ERROR_INVALID_SYMBOL
+
+
+def test_sim_launch_symbols() -> None:
+    memory = backend_sim.SimMemory(1, MiB)
+    p = memory.alloc(64, 0)
+    symbols = {"counter": (p, 4), "__nv_static_32__60249f86_10_a_cu_9bb3a52e_hidden": (p + 8, 4),
+               "__nv_static_32__11111111_10_b_cu_22222222_twice": (p + 16, 4),
+               "__nv_static_32__33333333_10_c_cu_44444444_twice": (p + 24, 4)}
+    k = SimLaunch("k", (1, 1, 1), (1, 1, 1), 0, [], memory, symbols=symbols)
+    assert k.symbol("counter") == p and k.symbol("hidden") == p + 8
+    k.symbol_view("hidden")[:] = b"\x01\x02\x03\x04"
+    assert k.read(p + 8, 4) == b"\x01\x02\x03\x04"
+    for name in ("missing", "twice", "idden"):  # unknown, ambiguous, not a whole name
+        with pytest.raises(BackendError) as exc:
+            k.symbol(name)
+        assert _code(exc) == CUDA_ERROR_LAUNCH_FAILURE
+    with pytest.raises(BackendError):
+        SimLaunch("k", (1, 1, 1), (1, 1, 1), 0, [], memory).symbol("counter")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import random
 import struct
 
@@ -243,3 +244,81 @@ def test_fuzz_random_bytes_raise_only_value_error() -> None:
         _outcome(kernel_infos_in_image, framed)
         _outcome(elf_kernels, b"\x7fELF\x02\x01\x01" + body)
         _outcome(lambda d: list(nv_info_records(d)), body)
+
+
+# ---- module variables (__device__, __constant__) --------------------------------------------
+
+VARS_SOURCE = r"""
+__constant__ float table[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+__constant__ int zeros[3];
+__device__ int counter;
+__device__ long long init = 0x1122334455667788LL;
+namespace ns { __device__ double v; }
+static __device__ int hidden = 9;
+__global__ void k(int *p)
+{ atomicAdd(&counter, 1); p[0] = (int)(table[p[1]] + zeros[p[2]] + init + ns::v) + hidden; }
+int main() { return 0; }
+"""
+
+
+def _vars_image(compile_cuda, *flags: str) -> bytes:
+    [img] = [i for i in compile_cuda(VARS_SOURCE, *flags) if kernels_in_image(i)]
+    return img
+
+
+def _check_variables(g: fatbin.ModuleGlobals, static_name: str) -> None:
+    sizes = {name: size for name, (_off, size) in g.variables.items()}
+    assert sizes == {"table": 16, "zeros": 12, "counter": 4, "init": 8, "_ZN2ns1vE": 8,
+                     static_name: 4}
+    block = bytearray(g.size)
+    for off, data in g.init:
+        block[off:off + len(data)] = data
+
+    def value(name: str, fmt: str) -> tuple:
+        off, size = g.variables[name]
+        return struct.unpack(fmt, block[off:off + size])
+
+    assert value("table", "<4f") == (1.0, 2.0, 3.0, 4.0)
+    assert value("init", "<q") == (0x1122334455667788,)
+    assert value(static_name, "<i") == (9,)
+    assert value("zeros", "<3i") == (0, 0, 0)
+    assert value("counter", "<i") == (0,) and value("_ZN2ns1vE", "<d") == (0.0,)
+    spans = sorted((off, off + size) for off, size in g.variables.values())
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans
+    assert spans[-1][1] <= g.size
+
+
+def test_globals_whole_program(compile_cuda) -> None:
+    img = _vars_image(compile_cuda, *TWO_ARCHS)
+    g = fatbin.globals_in_image(img)
+    _check_variables(g, "hidden")
+    elves = [e for e in parse_entries(img) if e.is_elf]
+    assert len(elves) == 2
+    assert all(fatbin.elf_globals(e.payload).variables.keys() == g.variables.keys() for e in elves)
+
+
+def test_globals_rdc_static_names(compile_cuda) -> None:
+    g = fatbin.globals_in_image(_vars_image(compile_cuda, "-rdc=true"))
+    [static] = [name for name in g.variables if name.startswith("__nv_static_")]
+    assert static.endswith("_hidden")
+    _check_variables(g, static)
+
+
+def test_image_without_variables(image: bytes) -> None:
+    assert fatbin.globals_in_image(image) == fatbin.ModuleGlobals(0, {}, [])
+
+
+def test_fuzz_mutated_variables_raise_only_value_error(compile_cuda) -> None:
+    img = _vars_image(compile_cuda)
+    first = next(e for e in parse_entries(img) if e.is_elf)
+    elf_at = first.offset + struct.unpack_from("<I", img, first.offset + 4)[0]
+    hot = [(elf_at + a, elf_at + b) for a, b in _hot_ranges(first.payload)]
+    rng = random.Random(31337)
+    accepted = 0
+    for _ in range(1500):
+        data = bytearray(img)
+        for _ in range(rng.randint(1, 3)):
+            start, end = rng.choice(hot)
+            data[rng.randrange(start, end)] = rng.randrange(256)
+        accepted += _outcome(fatbin.globals_in_image, bytes(data))
+    assert 0 < accepted < 1500
