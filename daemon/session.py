@@ -53,6 +53,13 @@ def read_cmdline(pid: int) -> str:
         return ""
 
 
+def _within(bases: list[int], sizes: dict[int, int], ptr: int, count: int) -> bool:
+    """Whether [ptr, ptr+count) lies inside one of the ranges base..base+sizes[base]; `bases` is
+    the sorted list of sizes' keys."""
+    i = bisect.bisect_right(bases, ptr) - 1
+    return i >= 0 and ptr + count <= bases[i] + sizes[bases[i]]
+
+
 @dataclass
 class StreamState:
     """A program stream; `blocking` streams synchronize with the legacy default stream."""
@@ -80,9 +87,10 @@ class Session:
     streams: dict[int, StreamState] = field(default_factory=dict)
     events: dict[int, Any] = field(default_factory=dict)
     modules: dict[int, Any] = field(default_factory=dict)
-    # Module globals (__device__/__constant__ variables) the session looked up: address ->
-    # (size, module handle). Copies may use them like allocations; they go with their module.
-    symbols: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # Module globals (__device__/__constant__ variables) the session looked up: address -> size,
+    # and address -> module handle. Copies may use them like allocations; they go with their module.
+    symbols: dict[int, int] = field(default_factory=dict)
+    _symbol_modules: dict[int, int] = field(default_factory=dict)
     _symbol_bases: list[int] = field(default_factory=list)
     functions: dict[int, FunctionInfo] = field(default_factory=dict)
     staging: Any = None
@@ -132,17 +140,9 @@ class Session:
     def check_range(self, ptr: int, count: int) -> None:
         """Raise unless [ptr, ptr+count) lies inside one allocation or one module variable of
         this session."""
-        i = bisect.bisect_right(self._bases, ptr) - 1
-        if i >= 0:
-            base = self._bases[i]
-            if ptr + count <= base + self.allocations[base]:
-                return
-        if self.symbols:
-            i = bisect.bisect_right(self._symbol_bases, ptr) - 1
-            if i >= 0:
-                base = self._symbol_bases[i]
-                if ptr + count <= base + self.symbols[base][0]:
-                    return
+        if _within(self._bases, self.allocations, ptr, count) or (
+                self.symbols and _within(self._symbol_bases, self.symbols, ptr, count)):
+            return
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"[{ptr:#x}, +{count}) is not memory of this session")
 
     # ---- module variables ----
@@ -150,13 +150,15 @@ class Session:
         """Record a variable of the session's module `module` (a handle) as its memory."""
         if ptr in self.symbols:
             return
-        self.symbols[ptr] = (size, module)
+        self.symbols[ptr] = size
+        self._symbol_modules[ptr] = module
         bisect.insort(self._symbol_bases, ptr)
 
     def forget_module_symbols(self, module: int) -> None:
         """The module is going away: its variables are no memory of the session any more."""
-        for ptr in [p for p, (_size, mod) in self.symbols.items() if mod == module]:
+        for ptr in [p for p, mod in self._symbol_modules.items() if mod == module]:
             del self.symbols[ptr]
+            del self._symbol_modules[ptr]
             del self._symbol_bases[bisect.bisect_left(self._symbol_bases, ptr)]
 
     # ---- errors ----

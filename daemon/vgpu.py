@@ -81,10 +81,6 @@ class VGpu:
     def send_control(self, command: bytes, session_id: int = 0) -> None:
         os.write(self._control_w, CONTROL.pack(command, session_id))
 
-    @property
-    def capacity(self) -> int:
-        return self.services.budget.capacity(self.gpu)
-
     # ---- memory admission (vgpu thread) ----
     def admit(self, s: Session, nbytes: int) -> None:
         """Reserve nbytes of device memory for s against its tenant's hard quota and the GPU's

@@ -219,8 +219,8 @@ static cudaError_t resolve_kind(enum cudaMemcpyKind *kind, const void *dst, cons
     return cudaSuccess;
 }
 
-static cudaError_t copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
-                        uint64_t stream, int sync)
+cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                         uint64_t stream, int sync)
 {
     cudaError_t err = resolve_kind(&kind, dst, src);
     if (err)
@@ -265,24 +265,18 @@ static cudaError_t copy(void *dst, const void *src, size_t count, enum cudaMemcp
     }
 }
 
-cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
-                         uint64_t stream, int sync)
-{
-    return copy(dst, src, count, kind, stream, sync);
-}
-
 PILOT_EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t count,
                                     enum cudaMemcpyKind kind)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(copy(dst, src, count, kind, 0, 1));
+    PILOT_RETURN(pilot_memcpy(dst, src, count, kind, 0, 1));
 }
 
 PILOT_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
                                          enum cudaMemcpyKind kind, cudaStream_t stream)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(copy(dst, src, count, kind, pilot_stream_handle(stream), 0));
+    PILOT_RETURN(pilot_memcpy(dst, src, count, kind, pilot_stream_handle(stream), 0));
 }
 
 static cudaError_t set(void *ptr, int value, size_t count, uint64_t stream, int sync)

@@ -259,10 +259,8 @@ static void forget_table(struct pilot_kernel **table)
 {
     for (unsigned b = 0; b < BUCKETS; b++)
         for (struct pilot_kernel *k = table[b]; k; k = k->next_by_host) {
-            k->resolved = 0;
+            k->resolved = 0; /* their images are reset through g_images */
             k->function = 0;
-            if (k->image)
-                k->image->module = 0;
         }
 }
 
