@@ -15,11 +15,13 @@ before it measures and prints `metric value` lines, parsed here:
     roundtrip.cu  d2h_4b_us, d2h_4b_p99_us, h2d_4b_us
     alloc.cu      malloc_free_1mib_us, malloc_1mib_us
     bandwidth.cu  h2d_pageable_gbps, d2h_pageable_gbps   (256 MiB pageable buffers)
+    um.cu         um_iter_s, um_sweep_s, um_nohost_s, um_init_s, um_readback_s (1 GiB managed)
 
 The table has one row per metric: native | pilot | ratio | target | met?. The ratio is
 pilot/native for times and native/pilot for rates, so above 1 always means pilot is slower.
 Targets: launch cost at most 2.5x native, 4-byte round trip under 30 us, bandwidth at least 80%
-of native. --dry-run starts a sim daemon (bench/sim_kernels.py), uses small counts and runs the
+of native, Unified Memory workloads (a) and (c) at most 1.2x native ((b) is reported).
+--dry-run starts a sim daemon (bench/sim_kernels.py), uses small counts and runs the
 "native" side under pilot too, since this path is for machines without a GPU: it checks the
 building, running, parsing and reporting, not the numbers.
 
@@ -73,6 +75,8 @@ PROGRAMS = (
     Program("roundtrip", ("10000",), ("500",), ("d2h_4b_us", "d2h_4b_p99_us", "h2d_4b_us")),
     Program("alloc", ("2000",), ("200",), ("malloc_free_1mib_us", "malloc_1mib_us")),
     Program("bandwidth", ("256", "10"), ("16", "3"), ("h2d_pageable_gbps", "d2h_pageable_gbps")),
+    Program("um", ("1024", "50", "10"), ("16", "3", "2"),
+            ("um_iter_s", "um_sweep_s", "um_nohost_s", "um_init_s", "um_readback_s")),
 )
 
 # A target: (native, pilot) -> met, or None when the value it needs is missing.
@@ -118,6 +122,14 @@ METRICS = (
            ">= 80% of native", ratio_at_most(1.25, "rate")),
     Metric("d2h_pageable_gbps", "D2H 256 MiB pageable (median of 10)", "GB/s", "rate",
            ">= 80% of native", ratio_at_most(1.25, "rate")),
+    Metric("um_iter_s", "UM (a) 1 GiB: host init, 50 kernels+sync, host checksum", "s", "time",
+           "<= 1.2x native", ratio_at_most(1.2, "time")),
+    Metric("um_init_s", "  of which host init of 1 GiB", "s", "time"),
+    Metric("um_readback_s", "  of which host checksum of 1 GiB", "s", "time"),
+    Metric("um_sweep_s", "UM (b) 1 GiB: 10 rounds kernel + host touches every page", "s", "time",
+           "reported"),
+    Metric("um_nohost_s", "UM (c) 1 GiB: host init, 50 kernels+sync, no host access", "s", "time",
+           "<= 1.2x native", ratio_at_most(1.2, "time")),
 )
 
 
@@ -415,7 +427,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", metavar="NAME", action="append",
                     help="run only this program (repeatable): " + ", ".join(p.name for p in PROGRAMS))
     ap.add_argument("--fail-on-miss", action="store_true", help="exit 3 when a target is missed")
+    ap.add_argument("--pilot-env", metavar="KEY=VALUE", action="append", default=[],
+                    help="extra environment of the pilot side only (repeatable), e.g. PILOT_UM_CHUNK=64K")
     args = ap.parse_args(argv)
+    if any("=" not in kv for kv in args.pilot_env):
+        ap.error("--pilot-env takes KEY=VALUE")
     # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so a daemon started here is stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.dry_run:
@@ -451,7 +467,8 @@ def bench(args: argparse.Namespace, programs: tuple[Program, ...], workdir: Path
     base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "LD_DEBUG")}
     try:
         with daemon_for(args, workdir) as socket:
-            pilot_env = {**base, "LD_PRELOAD": shim, "PILOT_SOCKET": socket}
+            pilot_env = {**base, "LD_PRELOAD": shim, "PILOT_SOCKET": socket,
+                         **dict(kv.split("=", 1) for kv in args.pilot_env)}
             native_env = {k: v for k, v in base.items() if k != "PILOT_SOCKET"}
             envs = {"native": pilot_env if args.dry_run else native_env, "pilot": pilot_env}
             runs = run_all(programs, exes, envs, args.repeats, args.quick, args.timeout)

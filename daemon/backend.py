@@ -50,6 +50,13 @@ CUDA_ERROR_LAUNCH_FAILURE = 719
 CUDA_ERROR_NOT_SUPPORTED = 801
 CUDA_ERROR_UNKNOWN = 999
 
+# cudaMemRangeAttribute values (= CUmem_range_attribute) whose int32 values are device ids (-1
+# the CPU, -2 none): preferred location, accessed-by (an array), last prefetch location; and the
+# location-id attributes, with the type attribute that says whether their id is a device's.
+RANGE_ATTR_DEVICE_IDS = frozenset({2, 3, 4})
+RANGE_ATTR_ID_TYPE = {6: 5, 8: 7}
+MEM_LOCATION_DEVICE = 1  # cudaMemLocationTypeDevice
+
 # Errors after which CUDA's context is unusable: they stay with the session ("sticky").
 STICKY_ERRORS = frozenset({
     CUDA_ERROR_ILLEGAL_ADDRESS,
@@ -177,3 +184,18 @@ class Backend(Protocol):
                        height: int, stream: Any) -> None: ...
     def memset_2d_d8(self, ptr: int, pitch: int, value: int, width: int, height: int,
                      stream: Any) -> None: ...
+
+    # unified memory (daemon/managed.py). Advice, location types and range attributes use the
+    # runtime's numbering, which is the driver's (cudaMemoryAdvise = CUmem_advise, ...); device
+    # locations are the backend's device indexes.
+    def mem_alloc_managed(self, size: int, flags: int) -> int:
+        """cuMemAllocManaged (flags: 1 attach global, 2 attach host); page-aligned."""
+    def mem_address_range(self, ptr: int) -> tuple[int, int]:
+        """(base, size) of the allocation holding ptr (cuMemGetAddressRange)."""
+    def mem_advise(self, ptr: int, count: int, advice: int, location_type: int,
+                   location_id: int) -> None: ...
+    def mem_prefetch(self, ptr: int, count: int, location_type: int, location_id: int,
+                     flags: int, stream: Any) -> None: ...
+    def mem_range_attribute(self, ptr: int, count: int, attribute: int, data_size: int) -> bytes:
+        """cuMemRangeGetAttribute's value, `data_size` bytes (int32 values, native order)."""
+    def stream_attach_mem(self, stream: Any, ptr: int, length: int, flags: int) -> None: ...

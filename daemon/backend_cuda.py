@@ -27,6 +27,8 @@ from pilot.daemon.backend import (
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_READY,
     CUDA_ERROR_UNKNOWN,
+    RANGE_ATTR_DEVICE_IDS,
+    RANGE_ATTR_ID_TYPE,
     BackendError,
     DeviceInfo,
     FunctionInfo,
@@ -262,6 +264,7 @@ class CudaBackend:
         for ordinal in ordinals:
             if not 0 <= ordinal < count:
                 raise BackendError(CUDA_ERROR_INVALID_DEVICE, f"device {ordinal} of {count}")
+        self._ordinals = ordinals  # CUDA ordinal per index
         self._devices: list[Any] = []  # CUdevice per index
         self._contexts: list[Any] = []  # retained primary CUcontext per index
         for ordinal in ordinals:
@@ -294,6 +297,16 @@ class CudaBackend:
                 CUDA_ERROR_INVALID_DEVICE, f"device {device} of {len(self._contexts)}"
             )
         return device
+
+    def _ordinal(self, device: int) -> int:
+        return self._ordinals[self._index(device)]
+
+    def _index_of_ordinal(self, ordinal: int) -> int:
+        """The backend index of a CUDA ordinal; CPU (-1) and invalid (-2) ids pass through, a
+        device outside the backend's list reads as invalid."""
+        if ordinal < 0:
+            return ordinal
+        return self._ordinals.index(ordinal) if ordinal in self._ordinals else -2
 
     def bind_thread(self, device: int) -> None:
         check(self._cu.cuCtxSetCurrent(self._contexts[self._index(device)]), "cuCtxSetCurrent")
@@ -425,6 +438,52 @@ class CudaBackend:
         # call still synchronizes.
         with self._pinned_lock:
             self._pinned = tuple(r for r in self._pinned if r[0] != address)
+
+    # ---- unified memory ------------------------------------------------------------------------
+
+    def mem_alloc_managed(self, size: int, flags: int) -> int:
+        return int(check(self._cu.cuMemAllocManaged(size, flags), "cuMemAllocManaged"))
+
+    def mem_address_range(self, ptr: int) -> tuple[int, int]:
+        base, size = check(self._cu.cuMemGetAddressRange(ptr), "cuMemGetAddressRange")
+        return int(base), int(size)
+
+    def _location(self, location_type: int, location_id: int) -> Any:
+        cu = self._cu
+        loc = cu.CUmemLocation()
+        loc.type = cu.CUmemLocationType(location_type)
+        if location_type == int(cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE):
+            location_id = self._ordinal(location_id)
+        loc.id = location_id
+        return loc
+
+    def mem_advise(self, ptr: int, count: int, advice: int, location_type: int,
+                   location_id: int) -> None:
+        cu = self._cu
+        check(cu.cuMemAdvise(ptr, count, cu.CUmem_advise(advice),
+                             self._location(location_type, location_id)), "cuMemAdvise")
+
+    def mem_prefetch(self, ptr: int, count: int, location_type: int, location_id: int,
+                     flags: int, stream: Any) -> None:
+        check(self._cu.cuMemPrefetchAsync(ptr, count, self._location(location_type, location_id),
+                                          flags, stream), "cuMemPrefetchAsync")
+
+    def mem_range_attribute(self, ptr: int, count: int, attribute: int, data_size: int) -> bytes:
+        cu = self._cu
+        value = check(cu.cuMemRangeGetAttribute(data_size, cu.CUmem_range_attribute(attribute),
+                                                ptr, count), "cuMemRangeGetAttribute")
+        values = [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+        translate = attribute in RANGE_ATTR_DEVICE_IDS
+        if attribute in RANGE_ATTR_ID_TYPE:  # an id is a device ordinal only for device locations
+            kind = check(cu.cuMemRangeGetAttribute(4, cu.CUmem_range_attribute(
+                RANGE_ATTR_ID_TYPE[attribute]), ptr, count), "cuMemRangeGetAttribute")
+            translate = int(kind) == int(cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE)
+        ints = [self._index_of_ordinal(v) if translate else v for v in values]
+        out = b"".join(int(v).to_bytes(4, "little", signed=True) for v in ints)
+        return out[:data_size].ljust(data_size, b"\0")
+
+    def stream_attach_mem(self, stream: Any, ptr: int, length: int, flags: int) -> None:
+        check(self._cu.cuStreamAttachMemAsync(stream, ptr, length, flags), "cuStreamAttachMemAsync")
 
     # ---- streams and events ------------------------------------------------------------------
     # Runtime and driver flags share values (driver_types.h vs cuda.h, CUDA 13.0):

@@ -48,6 +48,7 @@ from pilot.daemon.sim_kernels import CUDA_ERROR_INVALID_DEVICE_FUNCTION, KernelR
 
 SIM_BASE_ADDRESS = 0x7E00_0000_0000
 ALIGNMENT = 512
+MANAGED_ALIGNMENT = 2 << 20
 GUARD_BYTES = ALIGNMENT  # unmapped gap after every block
 DEFAULT_TOTAL_MEM = 80 * 1024**3
 MAX_BLOCK = (1024, 1024, 64)
@@ -87,6 +88,18 @@ class _Block:
     size: int
     device: int
     data: bytearray | mmap.mmap
+    managed: _Advice | None = None  # managed memory: what the program advised
+
+
+@dataclass
+class _Advice:
+    """cudaMemAdvise / cudaMemPrefetchAsync state of a managed block (whole-block granularity),
+    as (cudaMemLocationType, id) pairs; type 0 is none."""
+
+    read_mostly: bool = False
+    preferred: tuple[int, int] = (0, 0)
+    accessed_by: set[int] = field(default_factory=set)
+    last_prefetch: tuple[int, int] = (0, 0)
 
 
 class SimMemory:
@@ -99,7 +112,8 @@ class SimMemory:
         self._bases: list[int] = []  # sorted
         self._next = SIM_BASE_ADDRESS
 
-    def alloc(self, size: int, device: int) -> int:
+    def alloc(self, size: int, device: int, managed: bool = False) -> int:
+        """Managed blocks start on a MANAGED_ALIGNMENT boundary, as the driver's do."""
         if size < 0:
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"negative allocation size {size}")
         if size == 0:
@@ -110,8 +124,10 @@ class SimMemory:
                                f"{size} bytes requested, {self.capacity - self.used[device]} free")
         data = mmap.mmap(-1, size) if size >= _MMAP_THRESHOLD else bytearray(size)
         base = self._next
+        if managed:
+            base = -(-base // MANAGED_ALIGNMENT) * MANAGED_ALIGNMENT
         self._next = base + charged + GUARD_BYTES
-        self._blocks[base] = _Block(base, size, device, data)
+        self._blocks[base] = _Block(base, size, device, data, _Advice() if managed else None)
         bisect.insort(self._bases, base)
         self.used[device] += charged
         return base
@@ -125,6 +141,14 @@ class SimMemory:
                                f"{ptr:#x} is not the base of a live allocation")
         del self._bases[bisect.bisect_left(self._bases, ptr)]
         self.used[block.device] -= _align(block.size)
+
+    def block(self, addr: int) -> _Block | None:
+        """The live block holding addr."""
+        i = bisect.bisect_right(self._bases, addr) - 1
+        if i < 0:
+            return None
+        block = self._blocks[self._bases[i]]
+        return block if addr - block.base < block.size else None
 
     def region(self, addr: int, nbytes: int) -> memoryview | None:
         """A writable view of [addr, addr+nbytes) if it lies inside one live block."""
@@ -157,6 +181,7 @@ class _Module:
     kernels: dict[str, KernelInfo]
     alive: bool = True
     globals_block: int = 0  # sim memory holding the module's variables, 0 if it has none
+    managed_block: int = 0  # managed sim memory holding its __managed__ variables
     globals: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (address, size)
     attrs: dict[str, ImageFuncAttrs] = field(default_factory=dict)  # what the image says
     functions: dict[str, Any] = field(default_factory=dict)  # name -> its one _Function
@@ -266,6 +291,88 @@ class SimBackend:
                     n = min(len(chunk), count - start)
                     region[start:start + n] = chunk[:n]
 
+    # ---- unified memory ---------------------------------------------------------------------
+
+    def mem_alloc_managed(self, size: int, flags: int) -> int:
+        if flags not in (1, 2):
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"managed flags {flags}")
+        with self._lock:
+            return self._memory.alloc(size, self._current_device(), managed=True)
+
+    def mem_address_range(self, ptr: int) -> tuple[int, int]:
+        with self._lock:
+            block = self._memory.block(ptr)
+        if block is None:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{ptr:#x} is not device memory")
+        return block.base, block.size
+
+    def _advice(self, ptr: int, count: int) -> _Advice:
+        block = self._memory.block(ptr)
+        if block is None or block.managed is None or ptr + count > block.base + block.size:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{ptr:#x}+{count} is not managed memory")
+        return block.managed
+
+    def _check_location(self, location_type: int, location_id: int) -> tuple[int, int]:
+        if location_type == 1:
+            self._check_device(location_id)
+        elif location_type not in (2, 3, 4):
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"location type {location_type}")
+        return location_type, location_id
+
+    def mem_advise(self, ptr: int, count: int, advice: int, location_type: int,
+                   location_id: int) -> None:
+        with self._lock:
+            state = self._advice(ptr, count)
+            if advice in (1, 2):
+                state.read_mostly = advice == 1
+            elif advice == 3:
+                state.preferred = self._check_location(location_type, location_id)
+            elif advice == 4:
+                state.preferred = (0, 0)
+            elif advice in (5, 6):
+                if self._check_location(location_type, location_id)[0] == 1:
+                    (state.accessed_by.add if advice == 5 else state.accessed_by.discard)(location_id)
+            else:
+                raise BackendError(CUDA_ERROR_INVALID_VALUE, f"advice {advice}")
+
+    def mem_prefetch(self, ptr: int, count: int, location_type: int, location_id: int,
+                     flags: int, stream: Any) -> None:
+        with self._lock:
+            self._check_stream(stream)
+            self._advice(ptr, count).last_prefetch = self._check_location(location_type, location_id)
+
+    def mem_range_attribute(self, ptr: int, count: int, attribute: int, data_size: int) -> bytes:
+        def legacy(location: tuple[int, int]) -> int:  # device id, -1 CPU, -2 none
+            return location[1] if location[0] == 1 else -1 if location[0] in (2, 3, 4) else -2
+
+        with self._lock:
+            state = self._advice(ptr, count)
+            values: list[int]
+            if attribute == 1:
+                values = [int(state.read_mostly)]
+            elif attribute in (2, 4):
+                values = [legacy(state.preferred if attribute == 2 else state.last_prefetch)]
+            elif attribute == 3:
+                if data_size % 4 or not data_size:
+                    raise BackendError(CUDA_ERROR_INVALID_VALUE, "accessed-by size")
+                values = sorted(state.accessed_by)[: data_size // 4]
+                values += [-2] * (data_size // 4 - len(values))
+            elif attribute in (5, 6, 7, 8):
+                location = state.preferred if attribute in (5, 6) else state.last_prefetch
+                values = [location[0] if attribute in (5, 7) else location[1]]
+            else:
+                raise BackendError(CUDA_ERROR_INVALID_VALUE, f"range attribute {attribute}")
+        if attribute != 3 and data_size != 4:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"attribute {attribute} is 4 bytes")
+        return b"".join(v.to_bytes(4, "little", signed=True) for v in values)
+
+    def stream_attach_mem(self, stream: Any, ptr: int, length: int, flags: int) -> None:
+        with self._lock:
+            self._check_stream(stream)
+            self._advice(ptr, max(length, 1))
+        if flags not in (1, 2, 4):
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"attach flags {flags}")
+
     def host_register(self, address: int, size: int) -> None:
         """Nothing to pin: the sim copies with the CPU."""
 
@@ -364,7 +471,26 @@ class SimBackend:
             module.globals_block = base
             module.globals = {name: (base + offset, size)
                               for name, (offset, size) in layout.variables.items()}
+            if layout.managed:
+                module.managed_block = self._place_managed(module, layout.managed)
         return module
+
+    def _place_managed(self, module: _Module, names: frozenset[str]) -> int:
+        """Moves the module's __managed__ variables into a managed block of their own (the driver
+        puts them in managed memory), initial values included."""
+        spans = [(name, *module.globals[name]) for name in sorted(names)]
+        layout, offset = {}, 0
+        for name, _addr, size in spans:
+            offset = -(-offset // 8) * 8
+            layout[name] = offset
+            offset += size
+        with self._lock:
+            base = self._memory.alloc(max(offset, 1), self._current_device(), managed=True)
+            block = self._device_range(base, max(offset, 1))
+            for name, addr, size in spans:
+                block[layout[name]:layout[name] + size] = self._device_range(addr, size)
+                module.globals[name] = (base + layout[name], size)
+        return base
 
     def _module(self, module: Any) -> _Module:
         if not (isinstance(module, _Module) and module.alive):
@@ -378,6 +504,9 @@ class SimBackend:
             if mod.globals_block:
                 self._memory.free(mod.globals_block)
                 mod.globals_block = 0
+            if mod.managed_block:
+                self._memory.free(mod.managed_block)
+                mod.managed_block = 0
 
     def module_get_global(self, module: Any, name: str) -> tuple[int, int]:
         with self._lock:

@@ -272,6 +272,10 @@ def elf_kernels(elf: bytes | memoryview) -> dict[str, KernelInfo]:
     return {name: _kernel_info(name, info.get(name, b"")) for name in _entry_functions(sections)}
 
 
+# st_other bit nvcc sets on __managed__ variables (seen in nvcc 13 cubins: `[<other>: 4]`).
+STO_CUDA_MANAGED = 0x4
+
+
 @dataclass(frozen=True)
 class ModuleGlobals:
     """The variables of a device ELF laid out in one block, as a loader would place them: each
@@ -280,12 +284,14 @@ class ModuleGlobals:
     size: int  # bytes of the block
     variables: dict[str, tuple[int, int]]  # name -> (offset in the block, size)
     init: list[tuple[int, bytes]]  # (offset, bytes): section contents to copy in; rest is zero
+    managed: frozenset[str] = frozenset()  # the __managed__ ones (st_other STO_CUDA_MANAGED)
 
 
 def elf_globals(elf: bytes | memoryview) -> ModuleGlobals:
     """The OBJECT symbols of a device ELF (its `__device__` and `__constant__` variables)."""
     sections = elf_sections(elf)
     by_section: dict[int, list[tuple[str, int, int]]] = {}
+    managed: set[str] = set()
     for sec in sections:
         if sec.type != _SHT_SYMTAB:
             continue
@@ -293,13 +299,15 @@ def elf_globals(elf: bytes | memoryview) -> ModuleGlobals:
             raise ValueError("ELF symbol table links to a missing string table")
         strtab = sections[sec.link].data
         for pos in range(0, len(sec.data) - _SYMBOL.size + 1, _SYMBOL.size):
-            name, info, _other, shndx, value, size = _SYMBOL.unpack_from(sec.data, pos)
+            name, info, other, shndx, value, size = _SYMBOL.unpack_from(sec.data, pos)
             if info & 0xF != _STT_OBJECT or not 0 < shndx < _SHN_LORESERVE:
                 continue
             if shndx >= len(sections):
                 raise ValueError(f"ELF symbol in missing section {shndx}")
-            by_section.setdefault(shndx, []).append((_cstring(strtab, name, "symbol name"),
-                                                     value, size))
+            symbol = _cstring(strtab, name, "symbol name")
+            by_section.setdefault(shndx, []).append((symbol, value, size))
+            if other & STO_CUDA_MANAGED:
+                managed.add(symbol)
     offset = 0
     variables: dict[str, tuple[int, int]] = {}
     init: list[tuple[int, bytes]] = []
@@ -313,7 +321,7 @@ def elf_globals(elf: bytes | memoryview) -> ModuleGlobals:
         for name, value, size in symbols:
             variables.setdefault(name, (base + value, size))
         offset = base + extent
-    return ModuleGlobals(offset, variables, init)
+    return ModuleGlobals(offset, variables, init, frozenset(managed))
 
 
 # ---- whole images --------------------------------------------------------------------------

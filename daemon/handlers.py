@@ -96,6 +96,7 @@ def device_reset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     streams.synchronize_session(vg, s)
     backend = vg.backend
     for ptr in list(s.allocations):
+        s.drop_shadow(ptr, backend)
         backend.mem_free(ptr)
         vg.unadmit(s, s.remove_allocation(ptr))
     for ev in s.events.values():
@@ -257,6 +258,8 @@ def launch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     vg.backend.launch(info.handle, (g[0], g[1], g[2]), (b[0], b[1], b[2]), req.shared_bytes, stream,
                       payload[:])
     vg.shard.kernels += 1
+    if s.shadows:
+        s.note_managed_launch(payload)
 
 
 # ---- memory ----
@@ -278,6 +281,7 @@ def malloc(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
 def free(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     if req.ptr not in s.allocations:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{req.ptr:#x} is not an allocation of this session")
+    s.drop_shadow(req.ptr, vg.backend)
     vg.backend.mem_free(req.ptr)
     vg.unadmit(s, s.remove_allocation(req.ptr))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,8 @@ from .backend import (
 
 log = logging.getLogger("pilot.session")
 
-FIRST_HANDLE = 0x10  # 0, 1 and 2 are CUDA's default, legacy and per-thread streams
+FIRST_HANDLE = 0x10
+_POINTER = struct.Struct("<Q")  # 0, 1 and 2 are CUDA's default, legacy and per-thread streams
 
 
 @dataclass
@@ -80,6 +82,7 @@ class Session:
     cmdline: str = ""
     started: float = field(default_factory=time.time)
     identity: int | None = None  # the vGPU endpoint connection attached to this session
+    fault_identity: int | None = None  # its unified-memory fault channel, once opened
 
     # Owned by the vGPU thread.
     allocations: dict[int, int] = field(default_factory=dict)
@@ -103,6 +106,13 @@ class Session:
     dirty_blocking: dict[int, StreamState] = field(default_factory=dict)
     calls: int = 0
     device_bytes: int = 0
+    # Unified memory (daemon/managed.py): managed allocations, the client's shadows of managed
+    # ranges by base, and the ranges holding the session's __managed__ variables.
+    managed_bytes: int = 0
+    managed: set[int] = field(default_factory=set)
+    shadows: dict[int, Any] = field(default_factory=dict)  # base -> shadow.Shadow
+    _shadow_bases: list[int] = field(default_factory=list)
+    managed_vars: dict[int, tuple[int, int]] = field(default_factory=dict)  # base -> (size, module)
     _next_handle: int = FIRST_HANDLE
 
     # ---- handles ----
@@ -124,18 +134,67 @@ class Session:
             raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"no event {handle:#x}") from None
 
     # ---- memory ----
-    def add_allocation(self, ptr: int, size: int) -> None:
+    def add_allocation(self, ptr: int, size: int, managed: bool = False) -> None:
         self.allocations[ptr] = size
         bisect.insort(self._bases, ptr)
-        self.device_bytes += size
+        if managed:
+            self.managed.add(ptr)
+            self.managed_bytes += size
+        else:
+            self.device_bytes += size
 
     def remove_allocation(self, ptr: int) -> int:
         size = self.allocations.pop(ptr, None)
         if size is None:
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{ptr:#x} is not an allocation of this session")
         del self._bases[bisect.bisect_left(self._bases, ptr)]
-        self.device_bytes -= size
+        if ptr in self.managed:
+            self.managed.discard(ptr)
+            self.managed_bytes -= size
+        else:
+            self.device_bytes -= size
         return size
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory charged to the tenant: device and managed allocations."""
+        return self.device_bytes + self.managed_bytes
+
+    # ---- unified-memory shadows ----
+    def add_shadow(self, shadow: Any) -> None:
+        self.shadows[shadow.base] = shadow
+        bisect.insort(self._shadow_bases, shadow.base)
+
+    def pop_shadow(self, base: int) -> Any:
+        """The shadow mapped at base (removed), or None."""
+        shadow = self.shadows.pop(base, None)
+        if shadow is not None:
+            del self._shadow_bases[bisect.bisect_left(self._shadow_bases, base)]
+        return shadow
+
+    def drop_shadow(self, ptr: int, backend: Backend) -> None:
+        """The managed allocation at ptr is going away: let go of the client's shadow of it."""
+        shadow = self.shadow_of(ptr)
+        if shadow is not None and shadow.lo == ptr:
+            self.pop_shadow(shadow.base).close(backend)
+
+    def note_managed_launch(self, args: memoryview) -> None:
+        """Accounting for the memory policies: each managed range a launch passes a pointer to
+        (any 8-byte-aligned argument word, struct members included) counts one launch."""
+        seen: set[int] = set()
+        for (word,) in _POINTER.iter_unpack(args[: len(args) - len(args) % 8]):
+            shadow = self.shadow_of(word) if word else None
+            if shadow is not None and shadow.base not in seen:
+                seen.add(shadow.base)
+                shadow.launches += 1
+
+    def shadow_of(self, ptr: int) -> Any:
+        """The shadow whose managed range holds ptr, or None."""
+        i = bisect.bisect_right(self._shadow_bases, ptr) - 1
+        if i < 0:
+            return None
+        shadow = self.shadows[self._shadow_bases[i]]
+        return shadow if shadow.lo <= ptr < shadow.hi else None
 
     def check_range(self, ptr: int, count: int) -> None:
         """Raise unless [ptr, ptr+count) lies inside one allocation or one module variable of
@@ -186,6 +245,8 @@ class Session:
 
         for st in self.streams.values():
             attempt("stream sync", backend.stream_synchronize, st.obj)
+        for base in list(self.shadows):
+            attempt("shadow", self.pop_shadow(base).close, backend)
         for ptr in list(self.allocations):
             attempt("memory", backend.mem_free, ptr)
             self.remove_allocation(ptr)
@@ -197,6 +258,7 @@ class Session:
             attempt("stream", backend.stream_destroy, st.obj)
         if self.legacy_event is not None:
             attempt("event", backend.event_destroy, self.legacy_event)
+        self.managed_vars.clear()
         for handle, mod in self.modules.items():
             self.forget_module_symbols(handle)
             attempt("module", backend.module_unload, mod)
@@ -224,7 +286,8 @@ class Session:
             "cmdline": self.cmdline,
             "started": self.started,
             "device_bytes": self.device_bytes,
-            "managed_bytes": 0,
+            "managed_bytes": self.managed_bytes,
+            "managed": [sh.summary() for sh in list(self.shadows.values())],
             "allocations": len(self.allocations),
             "streams": len(self.streams),
             "events": len(self.events),

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from . import managed as _managed  # noqa: F401  (registers the unified-memory handlers)
 from .backend import (
     CUDA_ERROR_INITIALIZATION,
     CUDA_ERROR_INVALID_VALUE,
@@ -62,6 +63,7 @@ class VGpu:
         self._by_conn: dict[int, Session] = {}
         self._specs = {op: _Prepared(spec) for op, spec in HANDLERS.items()}
         self.stream: Any = None
+        self.um_stream: Any = None  # shadow flushes and fetches (daemon/managed.py)
         self.shard: Any = None  # this thread's metrics counters (set in serve)
         self._srv: Any = None
         self._ready = threading.Event()
@@ -183,12 +185,13 @@ class VGpu:
 
     def _release(self, session: Session) -> None:
         self.sessions.pop(session.id, None)
-        if session.identity is not None:
-            self._by_conn.pop(session.identity, None)
-            lib.pilot_srv_disconnect(self._srv, session.identity)  # a live client sees EOF
-        held = session.device_bytes
+        for conn in (session.identity, session.fault_identity):
+            if conn is not None:
+                self._by_conn.pop(conn, None)
+                lib.pilot_srv_disconnect(self._srv, conn)  # a live client sees EOF
+        held = session.held_bytes
         session.release(self.backend)
-        self.unadmit(session, held - session.device_bytes)
+        self.unadmit(session, held - session.held_bytes)
         log.info("session %d (pid %d) released", session.id, session.creds.pid,
                  extra={"session": session.id, "tenant": session.tenant})
 
@@ -277,28 +280,34 @@ class VGpu:
             if not no_reply:
                 self._status(msg, CUDA_ERROR_NOT_SUPPORTED)
         elif env.opcode == _OP_ATTACH:
-            self._attach(msg, env.session)
+            self._attach(msg, env.session, bool(env.flags & _FAULT_CHANNEL))
         else:
             log.warning("vgpu-%d: %s from a connection with no session %d", self.index,
                         self._op_names.get(env.opcode, env.opcode), env.session)
             if not no_reply:
                 self._status(msg, CUDA_ERROR_INITIALIZATION)
 
-    def _attach(self, msg: Any, session_id: int) -> None:
+    def _attach(self, msg: Any, session_id: int, fault_channel: bool = False) -> None:
+        """A session's connection (first) or its unified-memory fault channel (second, used by
+        the client's fault handler so it never waits behind the main connection's lock)."""
         session = self.sessions.get(session_id)
         uid, gid, pid = ffi.new("uint32_t *"), ffi.new("uint32_t *"), ffi.new("int32_t *")
         err = 0
         if lib.pilot_srv_peer(self._srv, msg.conn, uid, gid, pid) != 0:
             return
         creds = Credentials(uid=uid[0], gid=gid[0], pid=pid[0])
-        if session is None or session.identity is not None:
+        if session is None or (session.identity is None) == fault_channel or (
+                fault_channel and session.fault_identity is not None):
             err = CUDA_ERROR_INITIALIZATION
         elif (creds.pid, creds.uid) != (session.creds.pid, session.creds.uid):
             log.warning("vgpu-%d: pid %d uid %d tried to attach session %d of pid %d", self.index,
                         creds.pid, creds.uid, session.id, session.creds.pid)
             err = CUDA_ERROR_INITIALIZATION
         else:
-            session.identity = msg.conn
+            if fault_channel:
+                session.fault_identity = msg.conn
+            else:
+                session.identity = msg.conn
             self._by_conn[msg.conn] = session
         self._status(msg, err)
 
@@ -322,6 +331,7 @@ _ENVELOPE_PTR = ffi.typeof("pilot_envelope *")
 _NO_REPLY = lib.PILOT_F_NO_REPLY
 _VERSION = lib.PILOT_PROTO_VERSION
 _OP_ATTACH = lib.PILOT_OP_ATTACH
+_FAULT_CHANNEL = lib.PILOT_F_FAULT_CHANNEL
 STATUS_SIZE = ffi.sizeof("pilot_rep_status")
 _SIZES: dict[Any, int] = {}
 

@@ -18,6 +18,7 @@ Prints [ERROR]/[SKIP]/[OK] lines and finally [PASS] (exit 0) or [FAIL] (exit 1).
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import shutil
@@ -30,6 +31,19 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TABLE = REPO / "shim" / "cudart_exports.tsv"
 DEFAULT_SHIM_DIR = REPO / "shim"
 VERSION = "libcudart.so.13"
+
+
+def _libc_overrides() -> tuple[str, ...]:
+    """shim/build.py's LIBC_OVERRIDES (read, not imported: build.py needs cffi)."""
+    tree = ast.parse((Path(__file__).resolve().parent.parent / "shim" / "build.py").read_text())
+    for node in tree.body:
+        names = [getattr(t, "id", "") for t in getattr(node, "targets", [])]
+        if isinstance(node, ast.Assign) and "LIBC_OVERRIDES" in names:
+            return tuple(ast.literal_eval(node.value))
+    raise RuntimeError("shim/build.py defines no LIBC_OVERRIDES")
+
+
+LIBC_OVERRIDES = _libc_overrides()
 COLUMNS = ("name", "section", "ret", "status")
 SECTIONS = frozenset(
     "registration device error stream event execution occupancy memory unified peer "
@@ -218,11 +232,16 @@ def check_built_lib(rows: list[Row], lib: Path, rep: Report) -> None:
         rep.error("--lib given but nm is not installed")
         return
     exported = dynamic_exports(lib)
-    names = {n for n, _ in exported}
+    # libc functions the shim overrides (shim/build.py LIBC_OVERRIDES), under glibc's version
+    overrides = {n: v for n, v in exported if n in LIBC_OVERRIDES}
+    names = {n for n, _ in exported} - set(overrides)
     table = {r.name for r in rows}
     missing = sorted(table - names)
     extra = sorted(names - table)
     badver = sorted(f"{n}@{v}" for n, v in exported if n in table and v != VERSION)
+    badver += sorted(f"{n}@{v}" for n, v in overrides.items() if not v.startswith("GLIBC_"))
+    if set(overrides) != set(LIBC_OVERRIDES):
+        rep.error(f"{lib.name} lacks libc overrides", sorted(set(LIBC_OVERRIDES) - set(overrides)))
     if missing:
         rep.error(f"{lib.name} lacks table symbols", missing)
     if extra:
@@ -230,7 +249,8 @@ def check_built_lib(rows: list[Row], lib: Path, rep: Report) -> None:
     if badver:
         rep.error(f"{lib.name} symbols without version {VERSION}", badver)
     if not (missing or extra or badver):
-        rep.ok(f"{lib.name} exports exactly the {len(table)} table symbols @{VERSION}")
+        rep.ok(f"{lib.name} exports exactly the {len(table)} table symbols @{VERSION}, and "
+               f"{', '.join(LIBC_OVERRIDES)} @GLIBC")
 
 
 # ---------------------------------------------------------------- C parsing

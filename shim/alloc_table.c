@@ -3,7 +3,8 @@
  * copies and memsets at the call, as CUDA does, without a round trip. The daemon still checks
  * every pointer itself: this table is a convenience, never the authority.
  * Module globals (__device__/__constant__ variables, api_symbols.c) join the table once
- * resolved, flagged: copies and memsets may use them, cudaFree may not. */
+ * resolved, flagged: copies and memsets may use them, cudaFree may not. Managed ranges
+ * (allocations and __managed__ variables) are flagged managed: the host can also touch them. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,7 @@
 
 struct range {
     uint64_t base, size;
-    int symbol; /* a module global, not an allocation */
+    int flags; /* PILOT_ALLOC_SYMBOL, PILOT_ALLOC_MANAGED */
 };
 
 static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
@@ -33,11 +34,13 @@ static long find_le(uint64_t ptr)
     return (long)lo - 1;
 }
 
-static void add_range(uint64_t base, uint64_t size, int symbol)
+static void add_range(uint64_t base, uint64_t size, int flags)
 {
+    int symbol = flags & PILOT_ALLOC_SYMBOL;
     pthread_rwlock_wrlock(&g_lock);
     long le = find_le(base);
-    if (symbol && le >= 0 && g_ranges[le].symbol && g_ranges[le].base == base) {
+    if (symbol && le >= 0 && (g_ranges[le].flags & PILOT_ALLOC_SYMBOL) && g_ranges[le].base == base) {
+        g_ranges[le].flags |= flags;
         pthread_rwlock_unlock(&g_lock); /* already known */
         return;
     }
@@ -55,7 +58,7 @@ static void add_range(uint64_t base, uint64_t size, int symbol)
     memmove(g_ranges + at + 1, g_ranges + at, (g_count - at) * sizeof *g_ranges);
     g_ranges[at].base = base;
     g_ranges[at].size = size;
-    g_ranges[at].symbol = symbol;
+    g_ranges[at].flags = flags;
     g_count++;
     pthread_rwlock_unlock(&g_lock);
 }
@@ -67,7 +70,12 @@ void pilot_alloc_add(uint64_t base, uint64_t size)
 
 void pilot_alloc_add_symbol(uint64_t base, uint64_t size)
 {
-    add_range(base, size, 1);
+    add_range(base, size, PILOT_ALLOC_SYMBOL);
+}
+
+void pilot_alloc_add_flags(uint64_t base, uint64_t size, int flags)
+{
+    add_range(base, size, flags);
 }
 
 int pilot_alloc_remove(uint64_t base)
@@ -75,7 +83,7 @@ int pilot_alloc_remove(uint64_t base)
     int rc = -1;
     pthread_rwlock_wrlock(&g_lock);
     long i = find_le(base);
-    if (i >= 0 && g_ranges[i].base == base && !g_ranges[i].symbol) {
+    if (i >= 0 && g_ranges[i].base == base && !(g_ranges[i].flags & PILOT_ALLOC_SYMBOL)) {
         memmove(g_ranges + i, g_ranges + i + 1, (g_count - (size_t)i - 1) * sizeof *g_ranges);
         g_count--;
         rc = 0;
@@ -104,15 +112,32 @@ int pilot_alloc_is_device(uint64_t ptr)
     return pilot_alloc_contains(ptr, 1);
 }
 
-int pilot_alloc_is_symbol(uint64_t ptr)
+int pilot_alloc_flags(uint64_t ptr, uint64_t *base, uint64_t *size)
 {
-    int yes = 0;
+    int flags = -1;
     pthread_rwlock_rdlock(&g_lock);
     long i = find_le(ptr);
-    if (i >= 0)
-        yes = g_ranges[i].symbol && ptr - g_ranges[i].base < g_ranges[i].size;
+    if (i >= 0 && ptr - g_ranges[i].base < g_ranges[i].size) {
+        flags = g_ranges[i].flags;
+        if (base)
+            *base = g_ranges[i].base;
+        if (size)
+            *size = g_ranges[i].size;
+    }
     pthread_rwlock_unlock(&g_lock);
-    return yes;
+    return flags;
+}
+
+int pilot_alloc_is_symbol(uint64_t ptr)
+{
+    int flags = pilot_alloc_flags(ptr, NULL, NULL);
+    return flags >= 0 && (flags & PILOT_ALLOC_SYMBOL);
+}
+
+int pilot_alloc_is_managed(uint64_t ptr)
+{
+    int flags = pilot_alloc_flags(ptr, NULL, NULL);
+    return flags >= 0 && (flags & PILOT_ALLOC_MANAGED);
 }
 
 /* Keeps the ranges whose symbol flag is `symbol`. */
@@ -121,7 +146,7 @@ static void keep_only(int symbol)
     pthread_rwlock_wrlock(&g_lock);
     size_t kept = 0;
     for (size_t i = 0; i < g_count; i++)
-        if (g_ranges[i].symbol == symbol)
+        if (!!(g_ranges[i].flags & PILOT_ALLOC_SYMBOL) == symbol)
             g_ranges[kept++] = g_ranges[i];
     g_count = kept;
     pthread_rwlock_unlock(&g_lock);

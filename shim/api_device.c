@@ -70,8 +70,10 @@ PILOT_EXPORT cudaError_t cudaDeviceReset(void)
     PILOT_REQUIRE_SESSION();
     cudaError_t err =
         pilot_call(PILOT_OP_DEVICE_RESET, NULL, 0, NULL, 0, NULL, 0, NULL, 0, NULL);
-    if (err == cudaSuccess)
+    if (err == cudaSuccess) {
         pilot_alloc_clear();
+        pilot_um_remove_allocations();
+    }
     PILOT_RETURN(err);
 }
 

@@ -114,7 +114,11 @@ static cudaError_t launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, vo
         .shared_bytes = (uint32_t)shared,
         .arg_bytes = k.arg_bytes,
     };
-    err = pilot_post(PILOT_OP_LAUNCH, &req, sizeof req, buf, k.arg_bytes);
+    /* Host writes to managed memory reach the device first; afterwards the kernel may have
+     * written any of it, so the host fetches again (coherence.c). */
+    err = pilot_um_before_launch();
+    if (err == cudaSuccess)
+        err = pilot_post(PILOT_OP_LAUNCH, &req, sizeof req, buf, k.arg_bytes);
     if (buf != stack_buf)
         free(buf);
     PILOT_RETURN(err);

@@ -186,8 +186,9 @@ PILOT_EXPORT cudaError_t cudaFree(void *ptr)
         PILOT_RETURN(cudaErrorInvalidValue);
     pilot_req_free req = {.ptr = (uintptr_t)ptr};
     cudaError_t err = pilot_call(PILOT_OP_FREE, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
-    if (err == cudaSuccess)
-        pilot_alloc_remove((uintptr_t)ptr);
+    if (err == cudaSuccess && pilot_alloc_remove((uintptr_t)ptr) == 0 &&
+        pilot_um_contains((uintptr_t)ptr))
+        pilot_um_remove((uintptr_t)ptr);
     PILOT_RETURN(err);
 }
 
@@ -206,6 +207,9 @@ PILOT_EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
     PILOT_RETURN(err);
 }
 
+static cudaError_t copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                        uint64_t stream, int sync);
+
 /* Resolves cudaMemcpyDefault from the session's allocations; rejects unknown kinds. */
 static cudaError_t resolve_kind(enum cudaMemcpyKind *kind, const void *dst, const void *src)
 {
@@ -221,6 +225,27 @@ static cudaError_t resolve_kind(enum cudaMemcpyKind *kind, const void *dst, cons
 
 cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                          uint64_t stream, int sync)
+{
+    int dst_managed = pilot_alloc_is_managed((uintptr_t)dst);
+    if (dst_managed || pilot_alloc_is_managed((uintptr_t)src)) {
+        /* Managed memory is copied where it really lives, in the daemon, whatever kind the
+         * program named (any kind is valid for it): host writes are flushed first, and the
+         * shadow chunks the copy writes are fetched again when the host touches them. */
+        if ((unsigned)kind > cudaMemcpyDefault)
+            return cudaErrorInvalidMemcpyDirection;
+        cudaError_t err = pilot_um_flush();
+        if (err)
+            return err;
+        err = copy(dst, src, count, cudaMemcpyDefault, stream, sync);
+        if (dst_managed)
+            pilot_um_device_wrote((uintptr_t)dst, count);
+        return err;
+    }
+    return copy(dst, src, count, kind, stream, sync);
+}
+
+static cudaError_t copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                        uint64_t stream, int sync)
 {
     cudaError_t err = resolve_kind(&kind, dst, src);
     if (err)
@@ -287,9 +312,17 @@ static cudaError_t set(void *ptr, int value, size_t count, uint64_t stream, int 
         return cudaErrorInvalidValue;
     pilot_req_memset req = {.ptr = (uintptr_t)ptr, .count = count, .stream = stream,
                             .value = value, .sync = (uint32_t)sync};
+    int managed = pilot_alloc_is_managed((uintptr_t)ptr);
+    cudaError_t err = managed ? pilot_um_flush() : cudaSuccess; /* partly written chunks */
+    if (err)
+        return err;
     if (!sync)
-        return pilot_post(PILOT_OP_MEMSET, &req, sizeof req, NULL, 0);
-    return pilot_call(PILOT_OP_MEMSET, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+        err = pilot_post(PILOT_OP_MEMSET, &req, sizeof req, NULL, 0);
+    else
+        err = pilot_call(PILOT_OP_MEMSET, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+    if (managed)
+        pilot_um_device_wrote((uintptr_t)ptr, count);
+    return err;
 }
 
 PILOT_EXPORT cudaError_t cudaMemset(void *ptr, int value, size_t count)

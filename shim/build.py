@@ -16,6 +16,7 @@ the build directory (rebuilt each build, never committed).
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -38,6 +39,8 @@ SHIM_SOURCES = [
     "alloc_table.c",
     "parallel_copy.c",
     "registry.c",
+    "coherence.c",
+    "api_managed.c",
     "api_device.c",
     "api_memory.c",
     "api_launch.c",
@@ -101,6 +104,26 @@ def generate_tables(out_dir: Path) -> list[Path]:
     return [out_dir / "stubs.c", out_dir / "errors.c"]
 
 
+# The glibc base symbol version of this architecture: coherence.c overrides sigaction() and
+# signal() (so a program's own SIGSEGV handler chains behind the unified-memory fault handler),
+# and a program's references to them are versioned with it. glibc's lookup matches versions by
+# name, so exporting them under a node of that name binds the program's calls to the shim.
+GLIBC_BASE_VERSION = {"x86_64": "GLIBC_2.2.5", "aarch64": "GLIBC_2.17"}
+LIBC_OVERRIDES = ("sigaction", "signal")
+
+
+def version_script(gen_dir: Path) -> Path:
+    """shim/libcudart.map plus the libc overrides' node, for this machine."""
+    base = GLIBC_BASE_VERSION.get(platform.machine())
+    if base is None:
+        raise RuntimeError(f"no glibc base version known for {platform.machine()}")
+    text = (SHIM_DIR / "libcudart.map").read_text()
+    text += f"\n{base} {{\n  global: {'; '.join(LIBC_OVERRIDES)};\n}};\n"
+    out = gen_dir / "libpilot.map"
+    out.write_text(text)
+    return out
+
+
 def build_shim(compiler, out_dir: str, build_temp: str = "build/shim") -> Path:
     """Compile libpilot.so into out_dir with a setuptools/distutils CCompiler."""
     gen_dir = Path(build_temp) / "shim_gen"
@@ -120,7 +143,7 @@ def build_shim(compiler, out_dir: str, build_temp: str = "build/shim") -> Path:
         libraries=["pthread", "dl", "rt"],
         extra_postargs=[
             "-Wl,-soname,libcudart.so.13",
-            f"-Wl,--version-script={SHIM_DIR / 'libcudart.map'}",
+            f"-Wl,--version-script={version_script(gen_dir)}",
             "-Wl,--no-undefined",
             "-Wl,-z,now",
         ],

@@ -33,6 +33,7 @@
 
 /* Envelope flags. */
 #define PILOT_F_NO_REPLY 1            /* asynchronous call: the daemon sends no reply */
+#define PILOT_F_FAULT_CHANNEL 2       /* ATTACH: this connection is the session's fault channel */
 
 enum pilot_op {
     /* 1: session */
@@ -100,7 +101,17 @@ enum pilot_op {
                                        * rows packed in the reply's frame 2 */
     PILOT_OP_MEMSET_2D = 422,         /* pilot_req_memset_2d */
     /* 430-499 reserved: pinned host memory, peer copies (issue 3) */
-    /* 500-599 reserved: unified memory (issue 4) */
+    /* 500: unified memory (shim/api_managed.c, shim/coherence.c, daemon/managed.py) */
+    PILOT_OP_MALLOC_MANAGED = 500,    /* pilot_req_malloc_managed; reply pilot_rep_u64 {ptr} */
+    PILOT_OP_SHADOW_ATTACH = 501,     /* pilot_req_shadow_attach: the client's shadow memfd */
+    PILOT_OP_SHADOW_FLUSH = 502,      /* pilot_req_shadow_flush; frame 2: pilot_shadow_run[] */
+    PILOT_OP_SHADOW_FETCH = 503,      /* pilot_req_shadow_fetch (sent on the fault channel) */
+    PILOT_OP_MANAGED_VAR = 504,       /* pilot_req_symbol_get + name; reply pilot_rep_managed_var */
+    PILOT_OP_MEM_ADVISE = 505,        /* pilot_req_mem_advise */
+    PILOT_OP_MEM_PREFETCH = 506,      /* pilot_req_mem_prefetch (asynchronous) */
+    PILOT_OP_MEM_RANGE_ATTR = 507,    /* pilot_req_mem_range_attr; reply payload: the value */
+    PILOT_OP_STREAM_ATTACH_MEM = 508, /* pilot_req_stream_attach_mem (asynchronous) */
+    /* 509-599 reserved: unified memory */
 };
 
 /* cudaMemcpyKind values, as the daemon sees them. */
@@ -348,6 +359,88 @@ typedef struct pilot_req_memset_2d {
     int32_t value;
     uint32_t sync;
 } pilot_req_memset_2d;
+
+/* ---- unified memory ----
+ * A managed range lives in the daemon (real managed memory) and, at the same virtual address,
+ * in the client as a shadow: a memfd the client maps there and the daemon maps anywhere. The
+ * client tracks which chunks of the shadow it wrote (flushed to the device before device work)
+ * and which it must fetch before the host reads them (docs/ARCHITECTURE.md, coherence). */
+#define PILOT_MANAGED_ATTACH_GLOBAL 1   /* cudaMemAttachGlobal */
+#define PILOT_MANAGED_ATTACH_HOST 2     /* cudaMemAttachHost */
+#define PILOT_SHADOW_MAX_RUNS 4096      /* runs in one SHADOW_FLUSH */
+
+typedef struct pilot_req_malloc_managed {
+    uint64_t size;
+    uint32_t flags;                   /* PILOT_MANAGED_ATTACH_* */
+    uint32_t reserved;
+} pilot_req_malloc_managed;
+
+typedef struct pilot_req_shadow_attach {  /* the daemon opens /proc/<peer pid>/fd/<fd> */
+    uint64_t base;                    /* page-aligned start of the client's shadow mapping */
+    uint64_t length;                  /* bytes mapped (a multiple of the page size) */
+    int32_t fd;                       /* the client's memfd, shadow offset 0 = base */
+    uint32_t reserved;
+} pilot_req_shadow_attach;
+
+typedef struct pilot_shadow_run {       /* [offset, offset+length) of a shadow, from its base */
+    uint64_t offset;
+    uint64_t length;
+} pilot_shadow_run;
+
+typedef struct pilot_req_shadow_flush { /* host-written runs to copy to the device */
+    uint64_t base;                    /* the shadow's base */
+    uint32_t nruns;                   /* pilot_shadow_run entries in frame 2 */
+    uint32_t dirty_chunks;            /* chunks the host wrote since the last flush (accounting) */
+} pilot_req_shadow_flush;
+
+typedef struct pilot_req_shadow_fetch { /* device data into the shadow, for a host access */
+    uint64_t base;
+    uint64_t offset;
+    uint64_t length;
+} pilot_req_shadow_fetch;
+
+typedef struct pilot_rep_managed_var {  /* a __managed__ variable and the range that holds it */
+    pilot_reply_hdr hdr;
+    uint64_t address;
+    uint64_t size;
+    uint64_t range_base;              /* cuMemGetAddressRange of address */
+    uint64_t range_size;
+} pilot_rep_managed_var;
+
+typedef struct pilot_req_mem_advise {
+    uint64_t ptr;
+    uint64_t count;
+    int32_t advice;                   /* enum cudaMemoryAdvise */
+    int32_t location_type;            /* enum cudaMemLocationType */
+    int32_t location_id;
+    uint32_t reserved;
+} pilot_req_mem_advise;
+
+typedef struct pilot_req_mem_prefetch {
+    uint64_t ptr;
+    uint64_t count;
+    uint64_t stream;
+    int32_t location_type;
+    int32_t location_id;
+    uint32_t flags;
+    uint32_t reserved;
+} pilot_req_mem_prefetch;
+
+typedef struct pilot_req_mem_range_attr {  /* reply payload: data_size bytes of the attribute */
+    uint64_t ptr;
+    uint64_t count;
+    uint64_t data_size;
+    int32_t attribute;                /* enum cudaMemRangeAttribute */
+    uint32_t reserved;
+} pilot_req_mem_range_attr;
+
+typedef struct pilot_req_stream_attach_mem {
+    uint64_t stream;
+    uint64_t ptr;
+    uint64_t length;
+    uint32_t flags;                   /* cudaMemAttachGlobal / Host / Single */
+    uint32_t reserved;
+} pilot_req_stream_attach_mem;
 
 /* PILOT_CDEF_END */
 

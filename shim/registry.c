@@ -4,6 +4,7 @@
  * kernel's parameter layout is fetched once. Registration never talks to the daemon, so
  * programs start even before pilotd is reachable. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,11 +29,20 @@ struct fatbin_header {
     uint64_t fat_size;
 };
 
+/* A __managed__ variable: the program reaches it through *host_ptr, which nvcc's code reads
+ * after __cudaInitModule; we fill it in when the image's module is loaded. */
+struct managed_var {
+    void **host_ptr;
+    char *name;
+    struct managed_var *next;
+};
+
 struct pilot_image {
     const void *data;
     size_t size;
     uint64_t module; /* daemon handle, 0 until loaded */
     int dead;        /* unregistered (library unloaded) */
+    struct managed_var *managed; /* registered __managed__ variables */
     struct pilot_image *next; /* every image ever registered (g_images) */
 };
 
@@ -89,9 +99,41 @@ PILOT_EXPORT void __cudaRegisterFatBinaryEnd(void **handle)
     (void)handle;
 }
 
+PILOT_EXPORT void __cudaRegisterManagedVar(void **handle, void **host_ptr, char *device_address,
+                                           const char *device_name, int ext, size_t size,
+                                           int constant, int global)
+{
+    (void)device_address, (void)ext, (void)size, (void)constant, (void)global;
+    struct pilot_image *img = (struct pilot_image *)handle;
+    struct managed_var *v = calloc(1, sizeof *v);
+    if (!img || !v || !host_ptr || !device_name) {
+        free(v);
+        return;
+    }
+    v->host_ptr = host_ptr;
+    v->name = strdup(device_name);
+    pthread_mutex_lock(&g_lock);
+    v->next = img->managed;
+    img->managed = v;
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* nvcc's host code calls this before its first use of a __managed__ variable of the image: load
+ * the module, which binds the variables' host pointers. */
 PILOT_EXPORT char __cudaInitModule(void **handle)
 {
-    (void)handle;
+    struct pilot_image *img = (struct pilot_image *)handle;
+    uint64_t module;
+    if (!img || !img->managed)
+        return 1;
+    cudaError_t err = pilot_ensure_session();
+    if (err == cudaSuccess)
+        err = pilot_image_module(img, &module);
+    if (err) {
+        fprintf(stderr, "pilot: cannot set up the __managed__ variables of this program (%s)\n",
+                pilot_error_name(err) ? pilot_error_name(err) : "error");
+        return 0;
+    }
     return 1;
 }
 
@@ -194,8 +236,13 @@ cudaError_t pilot_image_module(struct pilot_image *img, uint64_t *module)
             pilot_rep_u64 rep;
             err = pilot_call(PILOT_OP_MODULE_LOAD, &req, sizeof req, img->data, img->size, &rep,
                              sizeof rep, NULL, 0, NULL);
-            if (err == cudaSuccess)
+            if (err == cudaSuccess) {
                 __atomic_store_n(&img->module, rep.value, __ATOMIC_RELEASE);
+                for (struct managed_var *v = img->managed; v; v = v->next) {
+                    cudaError_t e = pilot_um_bind_variable(rep.value, v->name, v->host_ptr);
+                    err = err ? err : e;
+                }
+            }
         }
     }
     *module = img->module;

@@ -36,6 +36,11 @@ cudaError_t pilot_send_locked(uint16_t op, uint32_t flags, const void *req, size
                               const void *payload, size_t payload_len);
 cudaError_t pilot_recv_locked(void *rep, size_t rep_len);
 
+/* The unified-memory fault channel (a second connection of the session): opened outside any
+ * fault, then used by the fault handler only. pilot_fault_call returns the reply's err. */
+cudaError_t pilot_fault_channel_open(void);
+cudaError_t pilot_fault_call(uint16_t op, const void *req, size_t req_len);
+
 /* What the daemon said about the session's device at connect time. */
 const pilot_rep_device_info *pilot_device_info(void);
 int pilot_session_device(void);
@@ -67,6 +72,30 @@ void pilot_alloc_clear(void); /* forgets allocations; symbol ranges stay (module
 void pilot_alloc_add_symbol(uint64_t base, uint64_t size);
 int pilot_alloc_is_symbol(uint64_t ptr);
 void pilot_alloc_clear_symbols(void);
+#define PILOT_ALLOC_SYMBOL 1  /* a module global: cudaFree refuses it */
+#define PILOT_ALLOC_MANAGED 2 /* managed memory: the host may touch it too */
+void pilot_alloc_add_flags(uint64_t base, uint64_t size, int flags);
+/* The flags of the range holding ptr (its base and size too), or -1 if none does. */
+int pilot_alloc_flags(uint64_t ptr, uint64_t *base, uint64_t *size);
+int pilot_alloc_is_managed(uint64_t ptr);
+
+/* ---- coherence.c: unified-memory shadows (see the comment at its top) ---- */
+uint64_t pilot_um_chunk_bytes(void);
+int pilot_um_install_handler(void);
+/* A shadow mapped at [base, base+len): valid (CLEAN, readable) or INVALID (fetch on access). */
+#define PILOT_UM_ALLOCATION 0
+#define PILOT_UM_VARIABLE 1
+int pilot_um_add(uint64_t base, uint64_t len, int valid, int kind);
+int pilot_um_remove(uint64_t base); /* unmaps it too */
+void pilot_um_remove_allocations(void); /* cudaDeviceReset: variables stay with their modules */
+int pilot_um_contains(uint64_t addr);
+cudaError_t pilot_um_flush(void);         /* before device work that reads managed memory */
+cudaError_t pilot_um_before_launch(void); /* flush, then invalidate every shadow */
+void pilot_um_device_wrote(uint64_t ptr, uint64_t count); /* invalidate what a copy/memset wrote */
+void pilot_um_forget_session(void);       /* after fork */
+/* Maps a shadow of the daemon's managed range at [base, base+len) and attaches it. *taken is set
+ * when the address is in use in this process (the caller may try another one). */
+cudaError_t pilot_um_map_shadow(uint64_t base, uint64_t len, int valid, int kind, int *taken);
 
 /* ---- registry.c: fatbins and kernels registered by the program ---- */
 struct pilot_kernel;
@@ -78,6 +107,10 @@ void pilot_registry_forget_session(void); /* after fork or reset: nothing is loa
 struct pilot_image;
 /* The image's daemon module handle, loading the image (MODULE_LOAD) on first use. */
 cudaError_t pilot_image_module(struct pilot_image *img, uint64_t *module);
+
+/* ---- api_managed.c ---- */
+/* Binds a loaded module's __managed__ variable: maps its shadow, fills *host_ptr. */
+cudaError_t pilot_um_bind_variable(uint64_t module, const char *name, void **host_ptr);
 
 /* ---- api_symbols.c: __device__ and __constant__ variables ---- */
 void pilot_symbols_forget_image(struct pilot_image *img); /* the image was unregistered */

@@ -26,6 +26,14 @@ static uint64_t g_seq;
 static int g_device;
 static pilot_rep_device_info g_info;
 static int g_warned_absent;
+static char g_endpoint[PILOT_ENDPOINT_MAX];
+
+/* The fault channel: a second connection to the session's vGPU, used only by the unified-memory
+ * fault handler (coherence.c) to fetch shadow chunks. Its own lock and sequence numbers mean a
+ * fault taken while this thread or another holds g_lock never waits for g_lock. */
+static pthread_mutex_t g_fault_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct zmtp_conn g_fault_conn = {.fd = -1};
+static uint64_t g_fault_seq;
 
 /* Error every call returns while pilotd cannot be reached: to the program, no usable GPU. */
 #define ERR_NO_DAEMON cudaErrorNoDevice
@@ -36,9 +44,14 @@ static void fork_child(void)
 {
     /* The child must not use the parent's connection or session: start afresh on first use. */
     pthread_mutex_init(&g_lock, NULL);
+    pthread_mutex_init(&g_fault_lock, NULL);
     if (g_conn.fd >= 0)
         close(g_conn.fd);
     g_conn.fd = -1;
+    if (g_fault_conn.fd >= 0)
+        close(g_fault_conn.fd);
+    g_fault_conn.fd = -1;
+    pilot_um_forget_session();
     g_state = CONN_NONE;
     g_session = 0;
     pilot_alloc_clear();
@@ -60,12 +73,13 @@ static void lose_connection(const char *why)
     g_state = CONN_LOST;
 }
 
-static cudaError_t exchange(struct zmtp_conn *c, uint64_t session, uint16_t op, const void *req,
-                            size_t req_len, const void *payload, size_t payload_len,
-                            struct zmtp_frame *reply, int *nreply)
+static cudaError_t exchange_on(struct zmtp_conn *c, uint64_t *seq, uint32_t flags,
+                               uint64_t session, uint16_t op, const void *req, size_t req_len,
+                               const void *payload, size_t payload_len, struct zmtp_frame *reply,
+                               int *nreply)
 {
-    pilot_envelope env = {.version = PILOT_PROTO_VERSION, .opcode = op, .seq = ++g_seq,
-                          .session = session};
+    pilot_envelope env = {.version = PILOT_PROTO_VERSION, .opcode = op, .flags = flags,
+                          .seq = ++*seq, .session = session};
     struct zmtp_frame frames[3] = {{&env, sizeof env}, {req, req_len}, {payload, payload_len}};
     int rc = zmtp_send(c, frames, payload_len ? 3 : 2);
     if (rc)
@@ -77,6 +91,14 @@ static cudaError_t exchange(struct zmtp_conn *c, uint64_t session, uint16_t op, 
         return ERR_LOST;
     *nreply = n;
     return cudaSuccess;
+}
+
+static cudaError_t exchange(struct zmtp_conn *c, uint64_t session, uint16_t op, const void *req,
+                            size_t req_len, const void *payload, size_t payload_len,
+                            struct zmtp_frame *reply, int *nreply)
+{
+    return exchange_on(c, &g_seq, 0, session, op, req, req_len, payload, payload_len, reply,
+                       nreply);
 }
 
 /* $PILOT_SPIN_US: how long a waiting call polls before sleeping (default 50, 0 disables). */
@@ -124,6 +146,7 @@ static int open_session(void)
         return -1;
     }
     hrep.endpoint[sizeof hrep.endpoint - 1] = 0;
+    memcpy(g_endpoint, hrep.endpoint, sizeof g_endpoint);
 
     rc = zmtp_connect(&g_conn, hrep.endpoint);
     g_conn.spin_us = spin_us();
@@ -281,5 +304,52 @@ cudaError_t pilot_post(uint16_t op, const void *req, size_t req_len, const void 
         return err;
     err = pilot_send_locked(op, PILOT_F_NO_REPLY, req, req_len, payload, payload_len);
     pilot_unlock_session();
+    return err;
+}
+
+cudaError_t pilot_fault_channel_open(void)
+{
+    cudaError_t err = pilot_ensure_session();
+    if (err)
+        return err;
+    pthread_mutex_lock(&g_fault_lock);
+    if (g_fault_conn.fd < 0) {
+        struct zmtp_frame rep[ZMTP_MAX_FRAMES];
+        pilot_req_hello hello = {.proto_version = PILOT_PROTO_VERSION, .cuda_abi = CUDART_VERSION};
+        pilot_rep_status st;
+        int n;
+        err = ERR_LOST;
+        if (zmtp_connect(&g_fault_conn, g_endpoint) == 0) {
+            g_fault_conn.spin_us = spin_us();
+            if (exchange_on(&g_fault_conn, &g_fault_seq, PILOT_F_FAULT_CHANNEL, g_session,
+                            PILOT_OP_ATTACH, &hello, sizeof hello, NULL, 0, rep, &n) == 0) {
+                memcpy(&st, rep[1].data, sizeof st);
+                err = st.hdr.err ? (cudaError_t)st.hdr.err : cudaSuccess;
+            }
+            if (err)
+                zmtp_close(&g_fault_conn);
+        }
+        if (err)
+            LOG_ERROR("pilot: cannot open the unified-memory fault channel to %s", g_endpoint);
+    }
+    pthread_mutex_unlock(&g_fault_lock);
+    return err;
+}
+
+cudaError_t pilot_fault_call(uint16_t op, const void *req, size_t req_len)
+{
+    cudaError_t err = ERR_LOST;
+    struct zmtp_frame rep[ZMTP_MAX_FRAMES];
+    int n;
+    pthread_mutex_lock(&g_fault_lock);
+    if (g_fault_conn.fd >= 0) {
+        err = exchange_on(&g_fault_conn, &g_fault_seq, 0, g_session, op, req, req_len, NULL, 0,
+                          rep, &n);
+        if (err == cudaSuccess)
+            err = (cudaError_t)((const pilot_reply_hdr *)rep[1].data)->err;
+        else
+            zmtp_close(&g_fault_conn);
+    }
+    pthread_mutex_unlock(&g_fault_lock);
     return err;
 }

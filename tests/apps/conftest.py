@@ -37,7 +37,7 @@ GPU_DIR = APPS_DIR.parent / "gpu"
 # name -> source; the two tests/gpu programs are self-checking and also run on the H100.
 SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
            ("vector_add", "kernel_args", "copies", "memset", "streams_events", "errors", "threads",
-            "alloc", "symbols", "runtime_misc")}
+            "alloc", "symbols", "runtime_misc", "managed")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 PROGRAMS = tuple(SOURCES)
 NVCC_FLAGS = ("-cudart", "shared", "-O2", "-Wno-deprecated-gpu-targets")

@@ -292,3 +292,61 @@ def add_row(k: SimLaunch) -> None:
         if cols:
             row = np.frombuffer(k.view(p + r * pitch, cols), dtype=np.uint8)
             np.add(row, np.uint8(r & 0xFF), out=row)
+
+
+# ---- managed.cu ----
+
+def _i32_array(k: SimLaunch, addr: int, count: int) -> np.ndarray:
+    return np.frombuffer(k.view(addr, 4 * count), dtype=np.int32)
+
+
+@sim_kernel("_Z8um_scalePfif")
+def um_scale(k: SimLaunch) -> None:
+    """x[i] = __fadd_rn(__fmul_rn(x[i], a), 1) for i < n covered by the grid."""
+    x, n, a = k.ptr(0), k.i32(1), F32(k.f32(2))
+    count = _one_per_element(k, n)
+    if count:
+        v = _f32_array(k, x, count)
+        np.add(np.multiply(v, a, dtype=F32), F32(1.0), out=v)
+
+
+@sim_kernel("_Z7um_pair4Pairi")
+def um_pair(k: SimLaunch) -> None:
+    """p.out[i] = p.in[i] * 2 (int32 wrap) for i < n covered by the grid."""
+    src, dst = struct.unpack("<QQ", k.params[0])
+    count = _one_per_element(k, k.i32(1))
+    if count:
+        values = _i32_array(k, src, count) * np.int32(2)
+        _i32_array(k, dst, count)[:] = values
+
+
+@sim_kernel("_Z9um_gatherPPiii")
+def um_gather(k: SimLaunch) -> None:
+    """ptrs[j][i] += j + 1 for every j < nptrs, i < n covered by the grid (in order of j)."""
+    ptrs, nptrs, n = k.ptr(0), k.i32(1), k.i32(2)
+    count = _one_per_element(k, n)
+    if count and nptrs > 0:
+        for j, (target,) in enumerate(struct.iter_unpack("<Q", k.read(ptrs, 8 * nptrs))):
+            _i32_array(k, target, count)[:] += np.int32(j + 1)
+
+
+@sim_kernel("_Z10um_counterv")
+def um_counter(k: SimLaunch) -> None:
+    """counter += 1 (thread 0 of each block); marr[t] += t for each thread t < blockDim.x."""
+    if k.grid[0] * k.block[0] == 0:
+        return
+    counter = k.view(k.symbol("counter"), 4)
+    (c,) = struct.unpack("<i", counter)
+    struct.pack_into("<i", counter, 0, _wrap_i32(c + k.grid[0]))
+    threads = min(k.block[0], 64)
+    marr = _i32_array(k, k.symbol("marr"), 64)
+    marr[:threads] += np.arange(threads, dtype=np.int32) * np.int32(k.grid[0])
+
+
+@sim_kernel("_Z7um_fillPiii")
+def um_fill(k: SimLaunch) -> None:
+    """x[i] = v + i for i < n covered by the grid."""
+    x, n, v = k.ptr(0), k.i32(1), k.i32(2)
+    count = _one_per_element(k, n)
+    if count:
+        _i32_array(k, x, count)[:] = (np.arange(count, dtype=np.int64) + v).astype(np.int32)

@@ -424,7 +424,7 @@ def test_every_kernel_has_an_emulation(app_binaries: dict[str, Path]) -> None:
             found = {"_" + rest, rest} & symbols  # C++ kernels: "_Z...", extern "C": name
             assert len(found) == 1, f"{exe.name}: cannot tell the kernel of stub {sym}"
             kernels |= found
-    assert len(kernels) == 22, sorted(kernels)  # 17 in tests/apps (4 runtime_misc), 5 in tests/gpu
+    assert len(kernels) == 27, sorted(kernels)  # 22 in tests/apps (4 runtime_misc, 5 managed), 5 in tests/gpu
     assert sorted(kernels - set(registry.names())) == []
 
 

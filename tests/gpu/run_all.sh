@@ -11,10 +11,14 @@
 #   4. compare  tests/gpu/run_compare.sh --no-install: every test program natively and under
 #               pilot, stdout compared byte for byte
 #   5. ops      tests/gpu/ops_check.py: NVML readings, capacity, a quota enforced, metrics served
-#   6. bench    bench/bench.py --start-daemon: native vs pilot costs and bandwidths
+#   6. bench    bench/bench.py --start-daemon: native vs pilot costs and bandwidths, and the
+#               Unified Memory workloads (bench/um.cu, 1 GiB)
+#   7. um_tune  bench/bench.py --only um at other shadow chunk sizes (PILOT_UM_CHUNK) and with
+#               unpinned shadows (PILOT_UM_PIN=0), one run each: the measurements behind the
+#               defaults
 # Everything printed is also in $OUT/run_all.log; the compare and bench tables come last.
 # Files under $OUT (default /tmp/pilot-gpu-out): run_all.log, compare.md, compare.log,
-# pilotd-compare.log, bench.md, bench.json, pilotd-bench.log.
+# pilotd-compare.log, bench.md, bench.json, pilotd-bench.log, um_tune.md.
 #
 # Environment: OUT, PILOT_SITE (default /tmp/site), PYTHON (default python3), NVCC_ARCH
 # (default sm_90), SMOKE_TIMEOUT / COMPARE_TIMEOUT / BENCH_TIMEOUT (seconds per stage),
@@ -27,7 +31,8 @@ PILOT_SITE=${PILOT_SITE:-/tmp/site}
 PYTHON=${PYTHON:-python3}
 SMOKE_TIMEOUT=${SMOKE_TIMEOUT:-120}
 COMPARE_TIMEOUT=${COMPARE_TIMEOUT:-240}
-BENCH_TIMEOUT=${BENCH_TIMEOUT:-150}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-240}
+UM_TUNE_TIMEOUT=${UM_TUNE_TIMEOUT:-180}
 BENCH_ARGS=${BENCH_ARGS:-}
 export OUT PILOT_SITE PYTHON
 export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
@@ -66,6 +71,21 @@ install_wheels() {
     "$PYTHON" -c 'import zmq, cffi, pycparser; print("zmq", zmq.__version__, "cffi", cffi.__version__)'
 }
 
+# shellcheck disable=SC2317  # called through stage
+um_tune() {
+    local rc=0 variant
+    : >"$OUT/um_tune.md"
+    for variant in PILOT_UM_CHUNK=64K PILOT_UM_CHUNK=512K PILOT_UM_PIN=0; do
+        echo "### $variant" >>"$OUT/um_tune.md"
+        # PILOT_UM_PIN is read by the daemon bench.py starts, PILOT_UM_CHUNK by the shim.
+        env "$variant" "$PYTHON" bench/bench.py --start-daemon --only um --repeats 1 \
+            --pilot-env "$variant" --out "$OUT/um_tune_part.md" || rc=1
+        cat "$OUT/um_tune_part.md" >>"$OUT/um_tune.md" 2>/dev/null
+    done
+    rm -f "$OUT/um_tune_part.md"
+    return "$rc"
+}
+
 # shellcheck disable=SC2317  # called from main
 environment() {
     echo "repo $REPO, OUT $OUT, PYTHONPATH $PYTHONPATH"
@@ -88,8 +108,10 @@ main() {
     stage bench timeout -k 20 "$BENCH_TIMEOUT" "$PYTHON" bench/bench.py --start-daemon \
         --out "$OUT/bench.md" --json "$OUT/bench.json" --daemon-log "$OUT/pilotd-bench.log" $BENCH_ARGS
 
+    stage um_tune timeout -k 20 "$UM_TUNE_TIMEOUT" um_tune
+
     printf '\n==================== results\n\n'
-    for f in compare.md bench.md; do
+    for f in compare.md bench.md um_tune.md; do
         if [ -f "$OUT/$f" ]; then
             cat "$OUT/$f"
         else

@@ -1,0 +1,205 @@
+"""Unified memory handlers (opcodes 500-599): managed allocations, the client's shadows of them,
+and the managed API the daemon serves for real (advice, prefetch, range attributes, attach).
+
+The coherence protocol itself runs in the client (shim/coherence.c): it decides what to flush
+and fetch. The daemon moves the bytes between its view of a shadow and the managed memory, on a
+coherence stream of the vGPU, and checks that every byte it moves lies inside managed memory of
+the requesting session. It also keeps the per-session accounting the memory policies read:
+managed bytes, host-written and fetched chunks per range, and which ranges launches reference.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import TYPE_CHECKING, Any
+
+from .backend import (
+    CUDA_ERROR_INVALID_DEVICE,
+    CUDA_ERROR_INVALID_RESOURCE_HANDLE,
+    CUDA_ERROR_INVALID_SYMBOL,
+    CUDA_ERROR_INVALID_VALUE,
+    MEM_LOCATION_DEVICE,
+    RANGE_ATTR_DEVICE_IDS,
+    RANGE_ATTR_ID_TYPE,
+    BackendError,
+)
+from .handlers import STREAM_NON_BLOCKING, _u64, handler
+from .protocol import ffi, lib, new
+from .session import Session
+from .shadow import Shadow
+from .streams import stream_for_work
+
+if TYPE_CHECKING:
+    from .vgpu import VGpu
+
+# Pin shadows (cuMemHostRegister) so flushes and fetches are DMA from pinned memory: measured on
+# the H100 (bench/RESULTS.md). PILOT_UM_PIN=0 leaves them pageable.
+PIN_SHADOWS = os.environ.get("PILOT_UM_PIN", "1") != "0"
+MANAGED_FLAGS = {lib.PILOT_MANAGED_ATTACH_GLOBAL: 1, lib.PILOT_MANAGED_ATTACH_HOST: 2}
+_RUN = ffi.sizeof("pilot_shadow_run")
+
+
+def _coherence_stream(vg: VGpu) -> Any:
+    """The vGPU's stream for shadow traffic: waits for nothing but itself."""
+    stream = getattr(vg, "um_stream", None)
+    if stream is None:
+        stream = vg.um_stream = vg.backend.stream_create(STREAM_NON_BLOCKING, 0)
+    return stream
+
+
+def _shadow(s: Session, base: int) -> Shadow:
+    shadow = s.shadows.get(base)
+    if shadow is None:
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"no shadow at {base:#x}")
+    return shadow
+
+
+def _device(s: Session, location_type: int, location_id: int) -> int:
+    """The backend device of a program's device location: the session sees its GPU as 0."""
+    if location_type != MEM_LOCATION_DEVICE:
+        return location_id
+    if location_id != 0:
+        raise BackendError(CUDA_ERROR_INVALID_DEVICE, f"device {location_id}")
+    return s.device
+
+
+def _check_managed(s: Session, ptr: int, count: int) -> None:
+    s.check_range(ptr, count)
+    if s.shadow_of(ptr) is None and not any(b <= ptr < b + size for b, (size, _m) in s.managed_vars.items()):
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{ptr:#x} is not managed memory")
+
+
+@handler(lib.PILOT_OP_MALLOC_MANAGED, "pilot_req_malloc_managed")
+def malloc_managed(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    flags = MANAGED_FLAGS.get(req.flags)
+    if flags is None or req.size == 0:
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"managed allocation {req.size} flags {req.flags}")
+    vg.admit(s, req.size)
+    try:
+        ptr = vg.backend.mem_alloc_managed(req.size, flags)
+    except BaseException:
+        vg.unadmit(s, req.size)
+        raise
+    try:
+        # Reads as zero, as programs expect: the memory may be a range another tenant freed.
+        stream = _coherence_stream(vg)
+        vg.backend.memset_d8(ptr, 0, req.size, stream)
+        vg.backend.stream_synchronize(stream)
+    except BaseException:
+        vg.backend.mem_free(ptr)
+        vg.unadmit(s, req.size)
+        raise
+    s.add_allocation(ptr, req.size, managed=True)
+    return _u64(ptr)
+
+
+@handler(lib.PILOT_OP_SHADOW_ATTACH, "pilot_req_shadow_attach")
+def shadow_attach(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
+    """The client mapped its memfd at [base, base+length) over one managed range of the session:
+    an allocation starting in its first page, or the range holding __managed__ variables."""
+    if req.base in s.shadows:
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"a shadow is already at {req.base:#x}")
+    end = req.base + req.length
+    lo = next((p for p in s.managed if req.base <= p < end), None)
+    if lo is not None:
+        hi, kind = lo + s.allocations[lo], "allocation"
+    else:
+        var = next(((b, size) for b, (size, _m) in s.managed_vars.items() if req.base <= b < end), None)
+        if var is None:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"no managed memory at {req.base:#x}")
+        lo, hi, kind = var[0], var[0] + var[1], "variable"
+    shadow = Shadow.attach(vg.backend, s.creds.pid, s.creds.uid, req.fd, req.base, req.length,
+                           lo, hi, kind, PIN_SHADOWS)
+    s.add_shadow(shadow)
+
+
+@handler(lib.PILOT_OP_SHADOW_FLUSH, "pilot_req_shadow_flush")
+def shadow_flush(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
+    """Host-written runs to the device; returns once the device holds them, so any later work on
+    any stream sees them."""
+    shadow = _shadow(s, req.base)
+    if not 0 < req.nruns <= lib.PILOT_SHADOW_MAX_RUNS or len(payload) != req.nruns * _RUN:
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"flush of {req.nruns} runs, {len(payload)} bytes")
+    stream = _coherence_stream(vg)
+    moved = 0
+    for offset, length in struct.iter_unpack("<QQ", payload):
+        dev, count = shadow.clamp(offset, length)
+        if count:
+            with shadow.view(dev, count) as src:
+                vg.backend.memcpy_htod(dev, src, count, stream)
+            moved += count
+    vg.backend.stream_synchronize(stream)
+    shadow.flushes += 1
+    shadow.flushed_bytes += moved
+    shadow.dirty_chunks += req.dirty_chunks
+    vg.metrics.bytes_copied("h2d", moved)
+
+
+@handler(lib.PILOT_OP_SHADOW_FETCH, "pilot_req_shadow_fetch")
+def shadow_fetch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
+    """Device data into the shadow for a host access (the client's fault channel)."""
+    shadow = _shadow(s, req.base)
+    dev, count = shadow.clamp(req.offset, req.length)
+    if count:
+        with shadow.view(dev, count) as dst:
+            vg.backend.memcpy_dtoh(dst, dev, count, _coherence_stream(vg))
+    shadow.fetches += 1
+    shadow.fetched_bytes += count
+    vg.metrics.bytes_copied("d2h", count)
+
+
+@handler(lib.PILOT_OP_MANAGED_VAR, "pilot_req_symbol_get")
+def managed_var(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    """A __managed__ variable of one of the session's modules, and the managed range holding it
+    (which the client shadows)."""
+    module = s.modules.get(req.module)
+    if module is None:
+        raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"no module {req.module:#x}")
+    name = bytes(payload).decode(errors="replace")
+    if not name or "\0" in name or len(name) > 4096:
+        raise BackendError(CUDA_ERROR_INVALID_SYMBOL, f"bad variable name {bytes(payload)[:64]!r}")
+    address, size = vg.backend.module_get_global(module, name)
+    base, range_size = vg.backend.mem_address_range(address)
+    s.add_symbol(req.module, address, size)
+    s.managed_vars[base] = (range_size, req.module)
+    rep = new("pilot_rep_managed_var")
+    rep.address, rep.size, rep.range_base, rep.range_size = address, size, base, range_size
+    return rep
+
+
+@handler(lib.PILOT_OP_MEM_ADVISE, "pilot_req_mem_advise")
+def mem_advise(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
+    _check_managed(s, req.ptr, req.count)
+    vg.backend.mem_advise(req.ptr, req.count, req.advice, req.location_type,
+                          _device(s, req.location_type, req.location_id))
+
+
+@handler(lib.PILOT_OP_MEM_PREFETCH, "pilot_req_mem_prefetch")
+def mem_prefetch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
+    _check_managed(s, req.ptr, req.count)
+    vg.backend.mem_prefetch(req.ptr, req.count, req.location_type,
+                            _device(s, req.location_type, req.location_id), req.flags,
+                            stream_for_work(vg, s, req.stream))
+
+
+@handler(lib.PILOT_OP_MEM_RANGE_ATTR, "pilot_req_mem_range_attr")
+def mem_range_attr(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    _check_managed(s, req.ptr, req.count)
+    if not 0 < req.data_size <= 4096 or req.data_size % 4:
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"attribute size {req.data_size}")
+    data = vg.backend.mem_range_attribute(req.ptr, req.count, req.attribute, req.data_size)
+    translate = req.attribute in RANGE_ATTR_DEVICE_IDS
+    if req.attribute in RANGE_ATTR_ID_TYPE:
+        kind = vg.backend.mem_range_attribute(req.ptr, req.count, RANGE_ATTR_ID_TYPE[req.attribute], 4)
+        translate = int.from_bytes(kind, "little", signed=True) == MEM_LOCATION_DEVICE
+    if translate:  # the session's GPU is its device 0; other GPUs do not exist for it
+        values = [v if v < 0 else 0 if v == s.device else -2 for (v,) in struct.iter_unpack("<i", data)]
+        data = struct.pack(f"<{len(values)}i", *values)
+    return new("pilot_rep_status"), data
+
+
+@handler(lib.PILOT_OP_STREAM_ATTACH_MEM, "pilot_req_stream_attach_mem")
+def stream_attach_mem(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
+    _check_managed(s, req.ptr, max(req.length, 1))
+    vg.backend.stream_attach_mem(stream_for_work(vg, s, req.stream), req.ptr, req.length, req.flags)

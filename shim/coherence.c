@@ -1,0 +1,492 @@
+/* Unified memory in the client: shadows of managed ranges at the daemon's addresses, kept
+ * coherent with the device by page protection.
+ *
+ * A managed range (cudaMallocManaged or a __managed__ variable) is real managed memory in the
+ * daemon. Here it is a shadow: a memfd mapped at the same virtual address, which the daemon maps
+ * too, so data moves between the two by the daemon's cuMemcpy to or from its view of the memfd,
+ * never over the socket. Each shadow is cut into chunks (PILOT_UM_CHUNK, default 2 MiB), each in
+ * one of three states:
+ *
+ *   INVALID  PROT_NONE   the device may hold newer data; a host access faults and fetches it
+ *   CLEAN    PROT_READ   the shadow equals the device; a host write faults and marks it DIRTY
+ *   DIRTY    PROT_RW     the host wrote it; flushed to the device before any device work
+ *
+ * Device work that may read managed memory (launches, copies and memsets touching it,
+ * prefetches) first flushes every DIRTY chunk (DIRTY -> CLEAN). A launch then invalidates every
+ * chunk (the kernel may write anything reachable); a copy or memset invalidates the chunks it
+ * writes. Host reads after the synchronization CUDA requires fault and fetch. docs/ARCHITECTURE.md
+ * has the whole protocol.
+ *
+ * Locking: one mutex (g_lock) guards the table and every state; the SIGSEGV handler takes it too.
+ * The shim never touches shadow bytes itself while it holds g_lock or the transport lock (copies
+ * of managed memory run in the daemon), so a fault never waits for a lock its own thread holds.
+ * Fetches go over the separate fault channel (transport.c). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "shim.h"
+
+enum chunk_state { CHUNK_INVALID = 0, CHUNK_CLEAN = 1, CHUNK_DIRTY = 2 };
+
+struct region {
+    uint64_t base, len;  /* the shadow mapping: page-aligned, whole pages */
+    uint64_t chunk;      /* bytes per chunk (the last may be shorter) */
+    size_t nchunks;
+    size_t valid, dirty; /* chunks not INVALID / DIRTY */
+    uint8_t *state;
+    int kind;            /* PILOT_UM_ALLOCATION or PILOT_UM_VARIABLE */
+    int lost;            /* the daemon went away: the shadow is all the program has */
+};
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct region *g_regions; /* sorted by base */
+static size_t g_count, g_cap;
+static int g_any;        /* g_count > 0, read without the lock on hot paths */
+static uint64_t g_chunk; /* PILOT_UM_CHUNK */
+
+/* ---- the table ---- */
+
+static long find_locked(uint64_t addr)
+{
+    size_t lo = 0, hi = g_count;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (g_regions[mid].base <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    long i = (long)lo - 1;
+    return i >= 0 && addr - g_regions[i].base < g_regions[i].len ? i : -1;
+}
+
+uint64_t pilot_um_chunk_bytes(void)
+{
+    if (!g_chunk) {
+        uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), c = 2u << 20;
+        const char *env = getenv("PILOT_UM_CHUNK");
+        if (env && *env) {
+            char *end;
+            unsigned long long v = strtoull(env, &end, 0);
+            if (*end == 'k' || *end == 'K')
+                v <<= 10;
+            else if (*end == 'm' || *end == 'M')
+                v <<= 20;
+            if (v >= page && v <= (1ull << 30) && !(v & (v - 1)))
+                c = v;
+            else
+                LOG_WARN("PILOT_UM_CHUNK=%s is not a power of two between the page size and 1G; "
+                         "using 2M", env);
+        }
+        g_chunk = c;
+    }
+    return g_chunk;
+}
+
+static uint8_t *chunk_addr(const struct region *r, size_t i)
+{
+    return (uint8_t *)(uintptr_t)(r->base + i * r->chunk);
+}
+
+static uint64_t chunk_len(const struct region *r, size_t i)
+{
+    uint64_t off = i * r->chunk;
+    return r->len - off < r->chunk ? r->len - off : r->chunk;
+}
+
+/* Protection and state for chunks [first, last]. */
+static void set_chunks(struct region *r, size_t first, size_t last, enum chunk_state st)
+{
+    static const int prot[] = {PROT_NONE, PROT_READ, PROT_READ | PROT_WRITE};
+    uint64_t off = first * r->chunk, end = (last + 1) * r->chunk;
+    if (end > r->len)
+        end = r->len;
+    if (mprotect((void *)(uintptr_t)(r->base + off), end - off, prot[st]) != 0)
+        LOG_ERROR("mprotect of managed shadow %#llx+%llu failed: %s",
+                  (unsigned long long)(r->base + off), (unsigned long long)(end - off),
+                  strerror(errno));
+    for (size_t i = first; i <= last; i++) {
+        r->valid -= r->state[i] != CHUNK_INVALID;
+        r->dirty -= r->state[i] == CHUNK_DIRTY;
+        r->state[i] = (uint8_t)st;
+        r->valid += st != CHUNK_INVALID;
+        r->dirty += st == CHUNK_DIRTY;
+    }
+}
+
+int pilot_um_add(uint64_t base, uint64_t len, int valid, int kind)
+{
+    uint64_t chunk = pilot_um_chunk_bytes();
+    struct region r = {.base = base, .len = len, .chunk = chunk, .kind = kind,
+                       .nchunks = (size_t)((len + chunk - 1) / chunk)};
+    r.state = malloc(r.nchunks);
+    if (!r.state)
+        return -1;
+    memset(r.state, valid ? CHUNK_CLEAN : CHUNK_INVALID, r.nchunks);
+    r.valid = valid ? r.nchunks : 0;
+    pthread_mutex_lock(&g_lock);
+    if (g_count == g_cap) {
+        size_t cap = g_cap ? g_cap * 2 : 16;
+        struct region *nr = realloc(g_regions, cap * sizeof *nr);
+        if (!nr) {
+            pthread_mutex_unlock(&g_lock);
+            free(r.state);
+            return -1;
+        }
+        g_regions = nr;
+        g_cap = cap;
+    }
+    size_t at = 0;
+    while (at < g_count && g_regions[at].base < base)
+        at++;
+    memmove(g_regions + at + 1, g_regions + at, (g_count - at) * sizeof *g_regions);
+    g_regions[at] = r;
+    g_count++;
+    __atomic_store_n(&g_any, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&g_lock);
+    return 0;
+}
+
+static void remove_locked(size_t i)
+{
+    munmap((void *)(uintptr_t)g_regions[i].base, g_regions[i].len);
+    free(g_regions[i].state);
+    memmove(g_regions + i, g_regions + i + 1, (g_count - i - 1) * sizeof *g_regions);
+    g_count--;
+    __atomic_store_n(&g_any, g_count > 0, __ATOMIC_RELEASE);
+}
+
+int pilot_um_remove(uint64_t base)
+{
+    int rc = -1;
+    pthread_mutex_lock(&g_lock);
+    long i = find_locked(base);
+    if (i >= 0 && g_regions[i].base == base) {
+        remove_locked((size_t)i);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+void pilot_um_remove_allocations(void)
+{
+    pthread_mutex_lock(&g_lock);
+    for (size_t i = g_count; i-- > 0;)
+        if (g_regions[i].kind == PILOT_UM_ALLOCATION)
+            remove_locked(i);
+    pthread_mutex_unlock(&g_lock);
+}
+
+cudaError_t pilot_um_map_shadow(uint64_t base, uint64_t len, int valid, int kind, int *taken)
+{
+    *taken = 0;
+    int fd = memfd_create("pilot-managed", MFD_CLOEXEC);
+    if (fd < 0) {
+        LOG_ERROR("memfd_create for a managed shadow failed: %s", strerror(errno));
+        return cudaErrorMemoryAllocation;
+    }
+    if (ftruncate(fd, (off_t)len) != 0) {
+        LOG_ERROR("cannot size a managed shadow to %llu bytes: %s", (unsigned long long)len,
+                  strerror(errno));
+        close(fd);
+        return cudaErrorMemoryAllocation;
+    }
+    /* MAP_FIXED_NOREPLACE: never replace a mapping of the program; kernels before 4.17 treat it
+     * as a hint and may map elsewhere, which counts as taken too. */
+    void *want = (void *)(uintptr_t)base;
+    void *p = mmap(want, len, valid ? PROT_READ : PROT_NONE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd,
+                   0);
+    if (p != want) {
+        if (p != MAP_FAILED)
+            munmap(p, len);
+        close(fd);
+        LOG_INFO("managed range %#llx+%llu is taken in this process",
+                 (unsigned long long)base, (unsigned long long)len);
+        *taken = 1;
+        return cudaErrorMemoryAllocation;
+    }
+    pilot_req_shadow_attach req = {.base = base, .length = len, .fd = fd};
+    cudaError_t err = pilot_call(PILOT_OP_SHADOW_ATTACH, &req, sizeof req, NULL, 0, NULL, 0, NULL,
+                                 0, NULL);
+    close(fd); /* both mappings keep the memfd alive */
+    if (err == cudaSuccess && pilot_um_add(base, len, valid, kind) != 0)
+        err = cudaErrorMemoryAllocation;
+    if (err)
+        munmap(p, len);
+    return err;
+}
+
+int pilot_um_contains(uint64_t addr)
+{
+    if (!__atomic_load_n(&g_any, __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    int yes = find_locked(addr) >= 0;
+    pthread_mutex_unlock(&g_lock);
+    return yes;
+}
+
+void pilot_um_forget_session(void)
+{
+    /* After fork: the shadows are the parent's (MAP_SHARED with its memfds), and the child has no
+     * session. Leave the mappings (pointers into them stay mapped) but stop managing them. */
+    pthread_mutex_init(&g_lock, NULL);
+    for (size_t i = 0; i < g_count; i++)
+        free(g_regions[i].state);
+    g_count = 0;
+    g_any = 0;
+}
+
+/* ---- moving data ---- */
+
+static cudaError_t send_runs(const struct region *r, const pilot_shadow_run *runs, uint32_t n,
+                             uint32_t chunks)
+{
+    pilot_req_shadow_flush req = {.base = r->base, .nruns = n, .dirty_chunks = chunks};
+    return pilot_call(PILOT_OP_SHADOW_FLUSH, &req, sizeof req, runs, n * sizeof *runs, NULL, 0,
+                      NULL, 0, NULL);
+}
+
+/* Sends every DIRTY run of r to the device; they become CLEAN. */
+static cudaError_t flush_region_locked(struct region *r)
+{
+    pilot_shadow_run runs[256];
+    uint32_t n = 0, chunks = 0;
+    cudaError_t err = cudaSuccess;
+    size_t i = 0;
+    while (i < r->nchunks && err == cudaSuccess) {
+        if (r->state[i] != CHUNK_DIRTY) {
+            i++;
+            continue;
+        }
+        size_t j = i;
+        while (j + 1 < r->nchunks && r->state[j + 1] == CHUNK_DIRTY)
+            j++;
+        /* Read-only first: a write from another thread now faults and waits for g_lock. */
+        set_chunks(r, i, j, CHUNK_CLEAN);
+        runs[n].offset = i * r->chunk;
+        runs[n].length = (j - i) * r->chunk + chunk_len(r, j);
+        chunks += (uint32_t)(j - i + 1);
+        if (++n == sizeof runs / sizeof *runs) {
+            err = send_runs(r, runs, n, chunks);
+            n = chunks = 0;
+        }
+        i = j + 1;
+    }
+    if (n && err == cudaSuccess)
+        err = send_runs(r, runs, n, chunks);
+    return err;
+}
+
+static cudaError_t flush_all_locked(void)
+{
+    for (size_t k = 0; k < g_count; k++) {
+        struct region *r = &g_regions[k];
+        if (r->dirty && !r->lost) {
+            cudaError_t err = flush_region_locked(r);
+            if (err)
+                return err;
+        }
+    }
+    return cudaSuccess;
+}
+
+cudaError_t pilot_um_flush(void)
+{
+    if (!__atomic_load_n(&g_any, __ATOMIC_ACQUIRE))
+        return cudaSuccess;
+    pthread_mutex_lock(&g_lock);
+    cudaError_t err = flush_all_locked();
+    pthread_mutex_unlock(&g_lock);
+    return err;
+}
+
+cudaError_t pilot_um_before_launch(void)
+{
+    if (!__atomic_load_n(&g_any, __ATOMIC_ACQUIRE))
+        return cudaSuccess;
+    pthread_mutex_lock(&g_lock);
+    cudaError_t err = flush_all_locked();
+    for (size_t k = 0; k < g_count && err == cudaSuccess; k++) {
+        struct region *r = &g_regions[k];
+        if (r->valid && !r->lost)
+            set_chunks(r, 0, r->nchunks - 1, CHUNK_INVALID);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return err;
+}
+
+void pilot_um_device_wrote(uint64_t ptr, uint64_t count)
+{
+    if (!count || !__atomic_load_n(&g_any, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&g_lock);
+    long k = find_locked(ptr);
+    if (k >= 0 && !g_regions[k].lost) {
+        struct region *r = &g_regions[k];
+        uint64_t end = ptr + count - r->base;
+        size_t first = (size_t)((ptr - r->base) / r->chunk);
+        size_t last = (size_t)(((end > r->len ? r->len : end) - 1) / r->chunk);
+        for (size_t i = first; i <= last; i++)
+            if (r->state[i] != CHUNK_INVALID)
+                set_chunks(r, i, i, CHUNK_INVALID);
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* Brings chunk i up to date from the device (over the fault channel) and opens it for reading,
+ * or for writing too. */
+static void fetch_locked(struct region *r, size_t i, int write)
+{
+    pilot_req_shadow_fetch req = {.base = r->base, .offset = i * r->chunk,
+                                  .length = chunk_len(r, i)};
+    cudaError_t err = pilot_fault_call(PILOT_OP_SHADOW_FETCH, &req, sizeof req);
+    if (err != cudaSuccess) {
+        /* Nothing can report an error from a load or store: keep the program running on what
+         * the shadow holds; its next CUDA call reports the lost session. */
+        if (!r->lost)
+            fprintf(stderr, "pilot: cannot fetch managed memory at %p (%s); the host now sees "
+                            "stale data there\n", (void *)chunk_addr(r, i),
+                    pilot_error_name(err) ? pilot_error_name(err) : "error");
+        r->lost = 1;
+        set_chunks(r, 0, r->nchunks - 1, CHUNK_DIRTY);
+        return;
+    }
+    set_chunks(r, i, i, write ? CHUNK_DIRTY : CHUNK_CLEAN);
+}
+
+/* ---- the fault handler ---- */
+
+static struct sigaction g_app; /* the program's SIGSEGV action */
+static int g_installed;
+
+/* glibc's own entry point (sigaction is a weak alias of it): the real call under our override. */
+extern int __sigaction(int sig, const struct sigaction *act, struct sigaction *old);
+
+/* 1 if the fault was a write, 0 a read, -1 unknown. */
+static int fault_is_write(const void *uctx)
+{
+#if defined(__x86_64__)
+    return (((const ucontext_t *)uctx)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+#else
+    (void)uctx;
+    return -1;
+#endif
+}
+
+/* Resolves a fault on a shadow. Returns 1 if it was ours (retry the access), 0 if not. */
+static int resolve(void *addr, int write)
+{
+    if (!__atomic_load_n(&g_any, __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    long k = find_locked((uint64_t)(uintptr_t)addr);
+    if (k < 0) {
+        pthread_mutex_unlock(&g_lock);
+        return 0;
+    }
+    struct region *r = &g_regions[k];
+    size_t i = (size_t)(((uint64_t)(uintptr_t)addr - r->base) / r->chunk);
+    switch (r->state[i]) {
+    case CHUNK_INVALID:
+        fetch_locked(r, i, write == 1);
+        break;
+    case CHUNK_CLEAN: /* a read cannot fault here: a write (or another thread got here first) */
+        set_chunks(r, i, i, CHUNK_DIRTY);
+        break;
+    default: /* DIRTY: another thread resolved it in between */
+        break;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return 1;
+}
+
+static void chain(int sig, siginfo_t *info, void *uctx)
+{
+    struct sigaction *app = &g_app;
+    if (app->sa_flags & SA_SIGINFO) {
+        if (app->sa_flags & SA_RESETHAND)
+            app->sa_handler = SIG_DFL, app->sa_flags &= ~SA_SIGINFO;
+        app->sa_sigaction(sig, info, uctx);
+        return;
+    }
+    if (app->sa_handler == SIG_DFL || app->sa_handler == SIG_IGN) {
+        /* A genuine fault with no handler: die of it as the program would have. Ignoring a
+         * SIGSEGV from a fault only repeats it, so SIG_IGN dies too. */
+        struct sigaction dfl = {.sa_handler = SIG_DFL};
+        sigemptyset(&dfl.sa_mask);
+        __sigaction(sig, &dfl, NULL);
+        return; /* the access repeats and now kills the process */
+    }
+    void (*fn)(int) = app->sa_handler;
+    if (app->sa_flags & SA_RESETHAND)
+        app->sa_handler = SIG_DFL;
+    fn(sig);
+}
+
+static void on_fault(int sig, siginfo_t *info, void *uctx)
+{
+    int saved = errno;
+    if (info->si_code == SEGV_ACCERR && resolve(info->si_addr, fault_is_write(uctx))) {
+        errno = saved;
+        return;
+    }
+    errno = saved;
+    chain(sig, info, uctx);
+}
+
+int pilot_um_install_handler(void)
+{
+    int rc = 0;
+    pthread_mutex_lock(&g_lock);
+    if (!g_installed) {
+        struct sigaction sa = {.sa_sigaction = on_fault,
+                               .sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK | SA_NODEFER};
+        sigemptyset(&sa.sa_mask);
+        if (__sigaction(SIGSEGV, &sa, &g_app) != 0)
+            rc = -1;
+        else
+            __atomic_store_n(&g_installed, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* The program's own sigaction()/signal() for SIGSEGV, once our handler is in place: recorded
+ * as the action faults that are not ours chain to, and reported back as if installed. Other
+ * signals, and SIGSEGV before the first managed range, go straight to libc. */
+PILOT_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+    if (sig != SIGSEGV || !__atomic_load_n(&g_installed, __ATOMIC_ACQUIRE))
+        return __sigaction(sig, act, old);
+    sigset_t all, prev;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &prev); /* no fault handler mid-update on this thread */
+    if (old)
+        *old = g_app;
+    if (act)
+        g_app = *act;
+    pthread_sigmask(SIG_SETMASK, &prev, NULL);
+    return 0;
+}
+
+PILOT_EXPORT __sighandler_t signal(int sig, __sighandler_t handler)
+{
+    struct sigaction act = {.sa_handler = handler, .sa_flags = SA_RESTART}, old;
+    sigemptyset(&act.sa_mask);
+    if (handler == SIG_ERR || sigaction(sig, &act, &old) != 0) {
+        errno = EINVAL;
+        return SIG_ERR;
+    }
+    return old.sa_handler;
+}
