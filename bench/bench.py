@@ -76,7 +76,8 @@ PROGRAMS = (
     Program("alloc", ("2000",), ("200",), ("malloc_free_1mib_us", "malloc_1mib_us")),
     Program("bandwidth", ("256", "10"), ("16", "3"), ("h2d_pageable_gbps", "d2h_pageable_gbps")),
     Program("um", ("1024", "50", "10"), ("16", "3", "2"),
-            ("um_iter_s", "um_sweep_s", "um_nohost_s", "um_init_s", "um_readback_s")),
+            ("um_iter_s", "um_sweep_s", "um_nohost_s", "um_init_s", "um_readback_s",
+             "um_nohost_init_s", "um_nohost_first_s", "um_nohost_rest_s", "um_nohost_free_s")),
 )
 
 # A target: (native, pilot) -> met, or None when the value it needs is missing.
@@ -130,6 +131,10 @@ METRICS = (
            "reported"),
     Metric("um_nohost_s", "UM (c) 1 GiB: host init, 50 kernels+sync, no host access", "s", "time",
            "<= 1.2x native", ratio_at_most(1.2, "time")),
+    Metric("um_nohost_init_s", "  of which allocation and host init", "s", "time"),
+    Metric("um_nohost_first_s", "  of which the first kernel (data to the GPU)", "s", "time"),
+    Metric("um_nohost_rest_s", "  of which 49 more kernels, a reduction, a 8-byte copy", "s", "time"),
+    Metric("um_nohost_free_s", "  of which cudaFree", "s", "time"),
 )
 
 

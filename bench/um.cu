@@ -7,6 +7,8 @@
 //                 a small cudaMemcpy: the host never touches managed memory after init
 //   um_init_s     the host initialisation alone (first-touch cost), within (a)
 //   um_readback_s the host checksum alone, within (a)
+//   um_nohost_init_s, _first_s, _rest_s, _free_s: (c) in parts: allocation and host init, the
+//                 first kernel (it moves the data to the GPU), the other kernels, the frees
 // Usage: um [MiB (1024)] [ITERS (50)] [ROUNDS (10)]. Refuses to run when the GPU has less free
 // memory than twice the buffer (never ask for more managed memory than the GPU has free).
 #include <cuda_runtime.h>
@@ -110,15 +112,23 @@ static void nohost(size_t n, int iters)
     CHECK(cudaMemset(d_sum, 0, sizeof(double)));
     for (size_t i = 0; i < n; i++)
         x[i] = (float)(i & 1023);
-    for (int it = 0; it < iters; it++) {
+    double t1 = now_s();
+    step<<<GRID, BLOCK>>>(x, n);
+    CHECK(cudaDeviceSynchronize());
+    double t2 = now_s();
+    for (int it = 1; it < iters; it++) {
         step<<<GRID, BLOCK>>>(x, n);
         CHECK(cudaDeviceSynchronize());
     }
     reduce<<<GRID, BLOCK>>>(x, n, d_sum);
     CHECK(cudaMemcpy(&sum, d_sum, sizeof sum, cudaMemcpyDeviceToHost));
+    double t3 = now_s();
     CHECK(cudaFree(x));
     CHECK(cudaFree(d_sum));
-    printf("um_nohost_s %.6f\n", now_s() - t0);
+    double t4 = now_s();
+    printf("um_nohost_s %.6f\num_nohost_init_s %.6f\num_nohost_first_s %.6f\n"
+           "um_nohost_rest_s %.6f\num_nohost_free_s %.6f\n",
+           t4 - t0, t1 - t0, t2 - t1, t3 - t2, t4 - t3);
     fprintf(stderr, "nohost checksum %.6e\n", sum);
 }
 

@@ -216,6 +216,7 @@ class SimBackend:
         self._lock = threading.RLock()
         self._thread = threading.local()
         self._limit_values: dict[int, dict[int, int]] = {}  # device -> cudaLimit -> value
+        self._var_ranges: dict[int, int] = {}  # __managed__ variable address -> size
 
     # ---- device ---------------------------------------------------------------------------
 
@@ -301,6 +302,8 @@ class SimBackend:
 
     def mem_address_range(self, ptr: int) -> tuple[int, int]:
         with self._lock:
+            if ptr in self._var_ranges:
+                return ptr, self._var_ranges[ptr]
             block = self._memory.block(ptr)
         if block is None:
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{ptr:#x} is not device memory")
@@ -490,6 +493,9 @@ class SimBackend:
             for name, addr, size in spans:
                 block[layout[name]:layout[name] + size] = self._device_range(addr, size)
                 module.globals[name] = (base + layout[name], size)
+                # Like the driver (seen on the H100), each variable is an address range of its
+                # own, so several share a page.
+                self._var_ranges[base + layout[name]] = size
         return base
 
     def _module(self, module: Any) -> _Module:
@@ -507,6 +513,8 @@ class SimBackend:
             if mod.managed_block:
                 self._memory.free(mod.managed_block)
                 mod.managed_block = 0
+                for address, _size in mod.globals.values():
+                    self._var_ranges.pop(address, None)
 
     def module_get_global(self, module: Any, name: str) -> tuple[int, int]:
         with self._lock:

@@ -27,15 +27,17 @@ from .backend import (
 from .handlers import STREAM_NON_BLOCKING, _u64, handler
 from .protocol import ffi, lib, new
 from .session import Session
-from .shadow import Shadow
+from .shadow import PIN_MODES, Shadow
 from .streams import stream_for_work
 
 if TYPE_CHECKING:
     from .vgpu import VGpu
 
-# Pin shadows (cuMemHostRegister) so flushes and fetches are DMA from pinned memory: measured on
-# the H100 (bench/RESULTS.md). PILOT_UM_PIN=0 leaves them pageable.
-PIN_SHADOWS = os.environ.get("PILOT_UM_PIN", "1") != "0"
+# When shadows are pinned (shadow.PIN_MODES), chosen by measurement on the H100 (bench/RESULTS.md);
+# PILOT_UM_PIN overrides it.
+PIN_MODE = os.environ.get("PILOT_UM_PIN", "first")
+if PIN_MODE not in PIN_MODES:
+    raise SystemExit(f"PILOT_UM_PIN={PIN_MODE}: expected one of {', '.join(PIN_MODES)}")
 MANAGED_FLAGS = {lib.PILOT_MANAGED_ATTACH_GLOBAL: 1, lib.PILOT_MANAGED_ATTACH_HOST: 2}
 _RUN = ffi.sizeof("pilot_shadow_run")
 
@@ -77,17 +79,10 @@ def malloc_managed(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"managed allocation {req.size} flags {req.flags}")
     vg.admit(s, req.size)
     try:
+        # Reads as zero without a memset: the driver zeroes managed pages when it first populates
+        # them (tests/apps/managed.cu `zeroed` checks it on the H100 after other frees).
         ptr = vg.backend.mem_alloc_managed(req.size, flags)
     except BaseException:
-        vg.unadmit(s, req.size)
-        raise
-    try:
-        # Reads as zero, as programs expect: the memory may be a range another tenant freed.
-        stream = _coherence_stream(vg)
-        vg.backend.memset_d8(ptr, 0, req.size, stream)
-        vg.backend.stream_synchronize(stream)
-    except BaseException:
-        vg.backend.mem_free(ptr)
         vg.unadmit(s, req.size)
         raise
     s.add_allocation(ptr, req.size, managed=True)
@@ -98,19 +93,19 @@ def malloc_managed(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
 def shadow_attach(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     """The client mapped its memfd at [base, base+length) over one managed range of the session:
     an allocation starting in its first page, or the range holding __managed__ variables."""
-    if req.base in s.shadows:
-        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"a shadow is already at {req.base:#x}")
     end = req.base + req.length
+    if req.base in s.shadows or any(sh.base < end and req.base < sh.base + sh.length
+                                    for sh in s.shadows.values()):
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"a shadow already covers {req.base:#x}")
     lo = next((p for p in s.managed if req.base <= p < end), None)
     if lo is not None:
-        hi, kind = lo + s.allocations[lo], "allocation"
+        segments, kind = [(lo, lo + s.allocations[lo])], "allocation"
     else:
-        var = next(((b, size) for b, (size, _m) in s.managed_vars.items() if req.base <= b < end), None)
-        if var is None:
-            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"no managed memory at {req.base:#x}")
-        lo, hi, kind = var[0], var[0] + var[1], "variable"
-    shadow = Shadow.attach(vg.backend, s.creds.pid, s.creds.uid, req.fd, req.base, req.length,
-                           lo, hi, kind, PIN_SHADOWS)
+        segments = [(b, b + size) for b, (size, _m) in s.managed_vars.items()
+                    if b < end and req.base < b + size]
+        kind = "variable"
+    shadow = Shadow.attach(vg.backend, vg.device, s.creds.pid, s.creds.uid, req.fd, req.base,
+                           req.length, segments, kind, PIN_MODE)
     s.add_shadow(shadow)
 
 
@@ -122,10 +117,10 @@ def shadow_flush(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     if not 0 < req.nruns <= lib.PILOT_SHADOW_MAX_RUNS or len(payload) != req.nruns * _RUN:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"flush of {req.nruns} runs, {len(payload)} bytes")
     stream = _coherence_stream(vg)
+    shadow.ready(vg.backend, vg.device)
     moved = 0
     for offset, length in struct.iter_unpack("<QQ", payload):
-        dev, count = shadow.clamp(offset, length)
-        if count:
+        for dev, count in shadow.pieces(offset, length):
             with shadow.view(dev, count) as src:
                 vg.backend.memcpy_htod(dev, src, count, stream)
             moved += count
@@ -140,13 +135,15 @@ def shadow_flush(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
 def shadow_fetch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     """Device data into the shadow for a host access (the client's fault channel)."""
     shadow = _shadow(s, req.base)
-    dev, count = shadow.clamp(req.offset, req.length)
-    if count:
+    shadow.ready(vg.backend, vg.device)
+    moved = 0
+    for dev, count in shadow.pieces(req.offset, req.length):
         with shadow.view(dev, count) as dst:
             vg.backend.memcpy_dtoh(dst, dev, count, _coherence_stream(vg))
+        moved += count
     shadow.fetches += 1
-    shadow.fetched_bytes += count
-    vg.metrics.bytes_copied("d2h", count)
+    shadow.fetched_bytes += moved
+    vg.metrics.bytes_copied("d2h", moved)
 
 
 @handler(lib.PILOT_OP_MANAGED_VAR, "pilot_req_symbol_get")
@@ -163,6 +160,9 @@ def managed_var(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     base, range_size = vg.backend.mem_address_range(address)
     s.add_symbol(req.module, address, size)
     s.managed_vars[base] = (range_size, req.module)
+    for shadow in s.shadows.values():  # a shadow the client already maps over this range
+        if shadow.kind == "variable":
+            shadow.add_segment(base, base + range_size)
     rep = new("pilot_rep_managed_var")
     rep.address, rep.size, rep.range_base, rep.range_size = address, size, base, range_size
     return rep

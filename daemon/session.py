@@ -175,8 +175,8 @@ class Session:
     def drop_shadow(self, ptr: int, backend: Backend) -> None:
         """The managed allocation at ptr is going away: let go of the client's shadow of it."""
         shadow = self.shadow_of(ptr)
-        if shadow is not None and shadow.lo == ptr:
-            self.pop_shadow(shadow.base).close(backend)
+        if shadow is not None and shadow.kind == "allocation" and shadow.lo == ptr:
+            self.pop_shadow(shadow.base).close_later(backend, self.device)
 
     def note_managed_launch(self, args: memoryview) -> None:
         """Accounting for the memory policies: each managed range a launch passes a pointer to
@@ -194,7 +194,7 @@ class Session:
         if i < 0:
             return None
         shadow = self.shadows[self._shadow_bases[i]]
-        return shadow if shadow.lo <= ptr < shadow.hi else None
+        return shadow if shadow.holds(ptr) else None
 
     def check_range(self, ptr: int, count: int) -> None:
         """Raise unless [ptr, ptr+count) lies inside one allocation or one module variable of

@@ -37,8 +37,12 @@ PILOT_EXPORT cudaError_t cudaMallocManaged(void **ptr, size_t size, unsigned int
     if (!ptr)
         PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_REQUIRE_SESSION();
-    if (size == 0 || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
+    if (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost)
         PILOT_RETURN(cudaErrorInvalidValue);
+    if (size == 0) { /* a success with NULL, as natively on the H100 */
+        *ptr = NULL;
+        return cudaSuccess;
+    }
     cudaError_t err = um_prepare();
     if (err)
         PILOT_RETURN(err);
@@ -95,17 +99,22 @@ cudaError_t pilot_um_bind_variable(uint64_t module, const char *name, void **hos
                      NULL, 0, NULL);
     if (err)
         return err;
+    /* Variables of one module may share pages: map only the pages no shadow covers yet (the
+     * daemon adds this range to the shadows that already cover part of it). */
     const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t base = rep.range_base & ~(page - 1);
-    uint64_t len = page_round(rep.range_base + rep.range_size) - base;
-    if (!pilot_um_contains(rep.address)) {
+    uint64_t from = rep.range_base & ~(page - 1), to = page_round(rep.range_base + rep.range_size);
+    while (from < to) {
+        uint64_t gap_end, gap = pilot_um_next_gap(from, to, &gap_end);
+        if (gap >= gap_end)
+            break;
         int in_use;
-        err = pilot_um_map_shadow(base, len, 0, PILOT_UM_VARIABLE, &in_use);
+        err = pilot_um_map_shadow(gap, gap_end - gap, 0, PILOT_UM_VARIABLE, &in_use);
         if (err) {
             LOG_ERROR("cannot map __managed__ variable %s at %#llx%s", name,
                       (unsigned long long)rep.address, in_use ? ": the address is in use here" : "");
             return err;
         }
+        from = gap_end;
     }
     pilot_alloc_add_flags(rep.address, rep.size, PILOT_ALLOC_SYMBOL | PILOT_ALLOC_MANAGED);
     if (host_ptr)
@@ -239,6 +248,7 @@ PILOT_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *
         /* Memory CUDA does not know: since CUDA 11 a success, typed unregistered. */
         attr->type = cudaMemoryTypeUnregistered;
         attr->device = -2; /* cudaInvalidDeviceId */
+        attr->hostPointer = (void *)ptr; /* as natively */
         return cudaSuccess;
     }
     int device = 0;

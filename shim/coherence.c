@@ -204,8 +204,15 @@ cudaError_t pilot_um_map_shadow(uint64_t base, uint64_t len, int valid, int kind
     /* MAP_FIXED_NOREPLACE: never replace a mapping of the program; kernels before 4.17 treat it
      * as a hint and may map elsewhere, which counts as taken too. */
     void *want = (void *)(uintptr_t)base;
-    void *p = mmap(want, len, valid ? PROT_READ : PROT_NONE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd,
-                   0);
+    /* PILOT_UM_POPULATE=1 maps every page at once (one call instead of a fault per page when the
+     * host first touches it), at the price of host memory for pages it never touches. */
+    static int populate = -1;
+    if (populate < 0) {
+        const char *env = getenv("PILOT_UM_POPULATE");
+        populate = env && *env == '1';
+    }
+    int flags = MAP_SHARED | MAP_FIXED_NOREPLACE | (populate && valid ? MAP_POPULATE : 0);
+    void *p = mmap(want, len, valid ? PROT_READ : PROT_NONE, flags, fd, 0);
     if (p != want) {
         if (p != MAP_FAILED)
             munmap(p, len);
@@ -224,6 +231,24 @@ cudaError_t pilot_um_map_shadow(uint64_t base, uint64_t len, int valid, int kind
     if (err)
         munmap(p, len);
     return err;
+}
+
+uint64_t pilot_um_next_gap(uint64_t from, uint64_t to, uint64_t *gap_end)
+{
+    pthread_mutex_lock(&g_lock);
+    for (;;) {
+        long i = find_locked(from);
+        if (i < 0 || from >= to)
+            break;
+        from = g_regions[i].base + g_regions[i].len; /* skip what is mapped */
+    }
+    uint64_t end = to;
+    for (size_t k = 0; k < g_count; k++)
+        if (g_regions[k].base > from && g_regions[k].base < end)
+            end = g_regions[k].base;
+    pthread_mutex_unlock(&g_lock);
+    *gap_end = from < to ? end : from;
+    return from;
 }
 
 int pilot_um_contains(uint64_t addr)

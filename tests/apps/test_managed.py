@@ -21,8 +21,8 @@ SCENARIOS = ("iterative", "zeroed", "pointers", "variables", "copies", "no_sync_
              "own_sigsegv", "threads", "api", "collision")
 # What api prints besides its verdict: natively on the H100 (CUDA 13.0, driver 580) too.
 API_LINES = [
-    "api unregistered device=-2 devptr=0 hostptr=0",
-    "api size0=cudaErrorInvalidValue flags9=cudaErrorInvalidValue advise_device=cudaErrorInvalidValue",
+    "api unregistered device=-2 devptr=0 hostptr=1",
+    "api size0=cudaSuccess flags9=cudaErrorInvalidValue advise_device=cudaErrorInvalidValue",
 ]
 
 

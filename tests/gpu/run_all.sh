@@ -14,7 +14,7 @@
 #   6. bench    bench/bench.py --start-daemon: native vs pilot costs and bandwidths, and the
 #               Unified Memory workloads (bench/um.cu, 1 GiB)
 #   7. um_tune  bench/bench.py --only um at other shadow chunk sizes (PILOT_UM_CHUNK) and with
-#               unpinned shadows (PILOT_UM_PIN=0), one run each: the measurements behind the
+#               other shadow pinning (PILOT_UM_PIN) and populating, one run each: the measurements behind the
 #               defaults
 # Everything printed is also in $OUT/run_all.log; the compare and bench tables come last.
 # Files under $OUT (default /tmp/pilot-gpu-out): run_all.log, compare.md, compare.log,
@@ -32,7 +32,7 @@ PYTHON=${PYTHON:-python3}
 SMOKE_TIMEOUT=${SMOKE_TIMEOUT:-120}
 COMPARE_TIMEOUT=${COMPARE_TIMEOUT:-240}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-240}
-UM_TUNE_TIMEOUT=${UM_TUNE_TIMEOUT:-180}
+UM_TUNE_TIMEOUT=${UM_TUNE_TIMEOUT:-60}  # per variant
 BENCH_ARGS=${BENCH_ARGS:-}
 export OUT PILOT_SITE PYTHON
 export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
@@ -75,10 +75,11 @@ install_wheels() {
 um_tune() {
     local rc=0 variant
     : >"$OUT/um_tune.md"
-    for variant in PILOT_UM_CHUNK=64K PILOT_UM_CHUNK=512K PILOT_UM_PIN=0; do
+    for variant in PILOT_UM_PIN=attach PILOT_UM_PIN=first PILOT_UM_PIN=off PILOT_UM_POPULATE=1 \
+            PILOT_UM_CHUNK=64K PILOT_UM_CHUNK=512K; do
         echo "### $variant" >>"$OUT/um_tune.md"
         # PILOT_UM_PIN is read by the daemon bench.py starts, PILOT_UM_CHUNK by the shim.
-        env "$variant" "$PYTHON" bench/bench.py --start-daemon --only um --repeats 1 \
+        env "$variant" timeout -k 10 "$UM_TUNE_TIMEOUT" "$PYTHON" bench/bench.py --start-daemon --only um --repeats 1 \
             --pilot-env "$variant" --out "$OUT/um_tune_part.md" || rc=1
         cat "$OUT/um_tune_part.md" >>"$OUT/um_tune.md" 2>/dev/null
     done
@@ -108,7 +109,7 @@ main() {
     stage bench timeout -k 20 "$BENCH_TIMEOUT" "$PYTHON" bench/bench.py --start-daemon \
         --out "$OUT/bench.md" --json "$OUT/bench.json" --daemon-log "$OUT/pilotd-bench.log" $BENCH_ARGS
 
-    stage um_tune timeout -k 20 "$UM_TUNE_TIMEOUT" um_tune
+    stage um_tune um_tune
 
     printf '\n==================== results\n\n'
     for f in compare.md bench.md um_tune.md; do
