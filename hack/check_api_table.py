@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Consistency guard for the shim's hook table (shim/cudart_exports.tsv).
+"""Consistency guard for the shim's hook tables (shim/cudart_exports.tsv, cudart12_exports.tsv).
 
 libpilot.so stands in for libcudart.so.13, so it must export every symbol the real
 library exports (a missing one makes the dynamic loader fail the whole program) and
@@ -10,15 +10,28 @@ library, the CUDA headers, the hand-written sources and (optionally) the built
 library agree.  It needs neither a GPU nor a compiler; checks whose inputs are
 absent print [SKIP].
 
-Usage: python3 hack/check_api_table.py [--table TSV] [--shim-dir DIR]
+The CUDA 12 build (libpilot12.so) has its own table, shim/cudart12_exports.tsv, one row per
+libcudart.so.12 export with status ``as13`` (the same ABI as the CUDA 13 export of that name:
+the 13 table decides how it is served), ``impl`` (defined in shim/cuda12_*.c) or ``stub``.
+It is checked the same way against libcudart.so.12, its headers, shim/cuda12_*.c and the
+built library, and every ``as13`` row is checked to really have CUDA 13's ABI: the same
+prototype in the 12 and 13 headers, and no structure whose layout differs between them.
+The 12.x library and headers come from PyPI's nvidia-cuda-runtime-cu12 (a test dependency).
+
+Usage: python3 hack/check_api_table.py [--cuda {12,13}] [--table TSV] [--shim-dir DIR]
                                        [--cudart LIB] [--include DIR] [--lib libpilot.so]
-Prints [ERROR]/[SKIP]/[OK] lines and finally [PASS] (exit 0) or [FAIL] (exit 1).
+                                       [--table12 TSV] [--cudart12 LIB] [--include12 DIR]
+                                       [--lib12 libpilot12.so]
+Checks both tables unless --cuda names one. Prints [ERROR]/[SKIP]/[OK] lines and finally
+[PASS] (exit 0) or [FAIL] (exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import fnmatch
+import importlib.util
 import os
 import re
 import shutil
@@ -31,6 +44,9 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TABLE = REPO / "shim" / "cudart_exports.tsv"
 DEFAULT_SHIM_DIR = REPO / "shim"
 VERSION = "libcudart.so.13"
+DEFAULT_TABLE12 = REPO / "shim" / "cudart12_exports.tsv"
+VERSION12 = "libcudart.so.12"
+CUDA12_SOURCES = "cuda12_*.c"  # the CUDA 12 build's own sources; the 13 build leaves them out
 
 
 def _libc_overrides() -> tuple[str, ...]:
@@ -52,6 +68,7 @@ SECTIONS = frozenset(
 # struct: returns a structure by value (only cudaCreateChannelDesc).
 RETS = frozenset(("err", "void", "ptr", "char", "uint", "struct"))
 STATUSES = frozenset(("impl", "stub"))
+STATUSES12 = frozenset(("as13", "impl", "stub"))
 # Headers that declare the exported entry points (relative to the include dir).
 HEADERS = (
     "cuda_runtime_api.h",
@@ -62,6 +79,19 @@ HEADERS = (
     "crt/host_runtime.h",
     "crt/device_functions.h",
 )
+# Headers whose structures and typedefs the ABI comparison of the two tables reads.
+TYPE_HEADERS = (
+    "driver_types.h",
+    "texture_types.h",
+    "surface_types.h",
+    "vector_types.h",
+    "library_types.h",
+    "cuda_runtime_api.h",
+)
+# Structures whose text differs between CUDA 12.9 and 13 with the same layout.
+SAME_LAYOUT = {
+    "cudaLaunchAttributeValue": "13 adds a member inside the union's 64-byte pad",
+}
 MAX_LIST = 10
 
 
@@ -101,7 +131,7 @@ class Report:
 # ---------------------------------------------------------------- table
 
 
-def read_table(path: Path, rep: Report) -> list[Row]:
+def read_table(path: Path, rep: Report, statuses: frozenset[str] = STATUSES) -> list[Row]:
     """Parse the TSV (header line first, ``#`` lines ignored), reporting bad rows."""
     rows: list[Row] = []
     header_seen = False
@@ -130,7 +160,7 @@ def read_table(path: Path, rep: Report) -> list[Row]:
             bad.append(f"section {section!r}")
         if ret not in RETS:
             bad.append(f"ret {ret!r}")
-        if status not in STATUSES:
+        if status not in statuses:
             bad.append(f"status {status!r}")
         if bad:
             rep.error(f"{path.name}:{lineno}: invalid " + ", ".join(bad))
@@ -179,6 +209,34 @@ def find_include() -> Path | None:
     return None
 
 
+def cuda12_roots() -> list[Path]:
+    """Where a CUDA 12 runtime may be: PyPI's nvidia-cuda-runtime-cu12, then /usr/local/cuda-12*."""
+    roots = []
+    try:
+        spec = importlib.util.find_spec("nvidia.cuda_runtime")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        roots += [Path(p) for p in spec.submodule_search_locations]
+    roots += sorted(Path("/usr/local").glob("cuda-12*"), reverse=True)
+    return roots
+
+
+def find_cudart12() -> Path | None:
+    for root in cuda12_roots():
+        for sub in ("lib", "lib64"):
+            if (root / sub / VERSION12).exists():
+                return root / sub / VERSION12
+    return None
+
+
+def find_include12() -> Path | None:
+    for root in cuda12_roots():
+        if (root / "include" / "cuda_runtime_api.h").exists():
+            return root / "include"
+    return None
+
+
 def dynamic_exports(lib: Path) -> list[tuple[str, str | None]]:
     """Defined dynamic symbols of ``lib`` as (name, version or None), via ``nm -D``.
 
@@ -204,14 +262,18 @@ def dynamic_exports(lib: Path) -> list[tuple[str, str | None]]:
     return syms
 
 
-def check_against_cudart(rows: list[Row], cudart: Path | None, rep: Report) -> None:
+def check_against_cudart(
+    rows: list[Row], cudart: Path | None, rep: Report, version: str = VERSION
+) -> None:
     if cudart is None or not cudart.exists():
-        rep.skip(f"table == {VERSION} exports: library not found (set CUDA_HOME or --cudart)")
+        how = "set CUDA_HOME or --cudart" if version == VERSION else (
+            "pip install nvidia-cuda-runtime-cu12, or --cudart12")
+        rep.skip(f"table == {version} exports: library not found ({how})")
         return
     if shutil.which("nm") is None:
-        rep.skip(f"table == {VERSION} exports: nm not installed")
+        rep.skip(f"table == {version} exports: nm not installed")
         return
-    real = {n for n, v in dynamic_exports(cudart) if v == VERSION}
+    real = {n for n, v in dynamic_exports(cudart) if v == version}
     table = {r.name for r in rows}
     missing = sorted(real - table)
     extra = sorted(table - real)
@@ -223,8 +285,8 @@ def check_against_cudart(rows: list[Row], cudart: Path | None, rep: Report) -> N
         rep.ok(f"table matches the {len(real)} exports of {cudart}")
 
 
-def check_built_lib(rows: list[Row], lib: Path, rep: Report) -> None:
-    """The shim must export exactly the table's names, each as name@@libcudart.so.13."""
+def check_built_lib(rows: list[Row], lib: Path, rep: Report, version: str = VERSION) -> None:
+    """The shim must export exactly the table's names, each as name@@<version>."""
     if not lib.exists():
         rep.error(f"--lib {lib}: no such file")
         return
@@ -238,7 +300,7 @@ def check_built_lib(rows: list[Row], lib: Path, rep: Report) -> None:
     table = {r.name for r in rows}
     missing = sorted(table - names)
     extra = sorted(names - table)
-    badver = sorted(f"{n}@{v}" for n, v in exported if n in table and v != VERSION)
+    badver = sorted(f"{n}@{v}" for n, v in exported if n in table and v != version)
     badver += sorted(f"{n}@{v}" for n, v in overrides.items() if not v.startswith("GLIBC_"))
     if set(overrides) != set(LIBC_OVERRIDES):
         rep.error(f"{lib.name} lacks libc overrides", sorted(set(LIBC_OVERRIDES) - set(overrides)))
@@ -247,9 +309,9 @@ def check_built_lib(rows: list[Row], lib: Path, rep: Report) -> None:
     if extra:
         rep.error(f"{lib.name} exports symbols outside the table", extra)
     if badver:
-        rep.error(f"{lib.name} symbols without version {VERSION}", badver)
+        rep.error(f"{lib.name} symbols without version {version}", badver)
     if not (missing or extra or badver):
-        rep.ok(f"{lib.name} exports exactly the {len(table)} table symbols @{VERSION}, and "
+        rep.ok(f"{lib.name} exports exactly the {len(table)} table symbols @{version}, and "
                f"{', '.join(LIBC_OVERRIDES)} @GLIBC")
 
 
@@ -324,6 +386,11 @@ def classify_ret(decl_prefix: str) -> str | None:
 DECL_RE = re.compile(r'\bextern\s+(?:"C"\s+)?(?P<ret>[^;{}()]*?)\bCUDARTAPI\s+(?P<name>\w+)\s*\(')
 
 
+def _header_text(path: Path) -> str:
+    text = re.sub(r"/\*.*?\*/", " ", path.read_text(errors="replace"), flags=re.S)
+    return re.sub(r"//[^\n]*", " ", text)
+
+
 def header_decls(include: Path) -> dict[str, set[str | None]]:
     """ret classes of every ``extern ... CUDARTAPI name(`` in the runtime headers."""
     decls: dict[str, set[str | None]] = {}
@@ -331,11 +398,103 @@ def header_decls(include: Path) -> dict[str, set[str | None]]:
         path = include / rel
         if not path.exists():
             continue
-        text = re.sub(r"/\*.*?\*/", " ", path.read_text(errors="replace"), flags=re.S)
-        text = re.sub(r"//[^\n]*", " ", text)
-        for m in DECL_RE.finditer(text):
+        for m in DECL_RE.finditer(_header_text(path)):
             decls.setdefault(m.group("name"), set()).add(classify_ret(m.group("ret")))
     return decls
+
+
+# Words of a declaration that say nothing about the ABI.
+_NOISE = re.compile(r"\b(?:__\w+__|__CUDA_DEPRECATED|CUDART_DEVICE|CUDARTAPI|CUDART_CB|extern)\b"
+                    r"|__dv\s*\((?:[^()]|\([^()]*\))*\)|\"C\"")
+_TYPE_WORDS = frozenset("void char short int long float double signed unsigned const volatile "
+                        "struct enum union size_t".split())
+
+
+def _param_type(param: str) -> str:
+    """``const void *devPtr`` -> ``const void *``: a parameter without its name."""
+    p = " ".join(_NOISE.sub(" ", param).replace("*", " * ").split())
+    p = re.sub(r"\s*\[[^\]]*\]$", " *", p)  # arrays decay to pointers
+    words = p.split()
+    if len(words) > 1 and re.fullmatch(r"[A-Za-z_]\w*", words[-1]) and words[-1] not in _TYPE_WORDS:
+        words = words[:-1]
+    return " ".join(words)
+
+
+def _split_params(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p.strip()]
+
+
+def header_prototypes(include: Path) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """name -> (return type, parameter types) of every runtime function the headers declare."""
+    protos: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for rel in HEADERS:
+        path = include / rel
+        if not path.exists():
+            continue
+        text = _header_text(path)
+        for m in DECL_RE.finditer(text):
+            end = _match_paren(text, m.end() - 1)
+            if end < 0:
+                continue
+            ret = " ".join(_NOISE.sub(" ", m.group("ret")).replace("*", " * ").split())
+            params = tuple(_param_type(p) for p in _split_params(text[m.end() : end - 1]))
+            protos[m.group("name")] = (ret, params)
+    return protos
+
+
+def header_types(include: Path) -> tuple[dict[str, str], dict[str, set[str]]]:
+    """(struct/union name -> normalized body, typedef name -> the type names it stands for)."""
+    bodies: dict[str, str] = {}
+    typedefs: dict[str, set[str]] = {}
+    for rel in TYPE_HEADERS:
+        path = include / rel
+        if not path.exists():
+            continue
+        text = re.sub(r"^\s*#.*$", "", _header_text(path), flags=re.M)
+        for m in re.finditer(r"\b(?:struct|union)\s+(?:__\w+__\s+)*(\w+)\s*\{", text):
+            depth, i = 1, m.end()
+            while depth and i < len(text):
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                i += 1
+            bodies[m.group(1)] = " ".join(text[m.end() : i - 1].split())
+        flat = text
+        n = 1
+        while n:  # bodies out, innermost first: `typedef struct X {...} Y;` -> `... X @ Y;`
+            flat, n = re.subn(r"\{[^{}]*\}", " @ ", flat)
+        for m in re.finditer(r"\btypedef\s+([^;]*?)\b(\w+)\s*;", flat):
+            typedefs.setdefault(m.group(2), set()).update(re.findall(r"\w+", m.group(1)))
+    return bodies, typedefs
+
+
+def changed_types(include12: Path, include13: Path) -> set[str]:
+    """Names of structures (and typedefs of them, and structures holding them) whose layout
+    text differs between the two header sets."""
+    bodies12, typedefs12 = header_types(include12)
+    bodies13, _ = header_types(include13)
+    changed = {n for n, body in bodies12.items()
+               if bodies13.get(n) != body and n not in SAME_LAYOUT}
+    grew = True
+    while grew:  # what contains or names a changed type has changed too
+        grew = False
+        for name, body in bodies12.items():
+            if name not in changed and changed & set(re.findall(r"\w+", body)):
+                changed.add(name)
+                grew = True
+        for name, words in typedefs12.items():
+            if name not in changed and changed & words:
+                changed.add(name)
+                grew = True
+    return changed
 
 
 def twin(name: str) -> str:
@@ -428,10 +587,21 @@ def top_level_definitions(text: str, filename: str) -> list[Definition]:
     return defs
 
 
-def check_sources(rows: list[Row], shim_dir: Path, rep: Report) -> None:
-    sources = sorted(shim_dir.glob("*.c"))
+def shared_sources(shim_dir: Path) -> list[Path]:
+    """The sources both builds compile (every shim/*.c but the CUDA 12 build's own)."""
+    return sorted(p for p in shim_dir.glob("*.c") if not fnmatch.fnmatch(p.name, CUDA12_SOURCES))
+
+
+def check_sources(
+    rows: list[Row], shim_dir: Path, rep: Report, sources: list[Path] | None = None,
+    pattern: str = "*.c",
+) -> None:
+    """impl rows are defined once in ``sources`` (default: the shared ones), stub rows never,
+    and every cuda* function defined there is a row."""
+    if sources is None:
+        sources = shared_sources(shim_dir)
     if not sources:
-        rep.error(f"no hand-written sources {shim_dir}/*.c")
+        rep.error(f"no hand-written sources {shim_dir}/{pattern}")
     defs: dict[str, list[Definition]] = {}
     for src in sources:
         for d in top_level_definitions(src.read_text(errors="replace"), src.name):
@@ -462,7 +632,7 @@ def check_sources(rows: list[Row], shim_dir: Path, rep: Report) -> None:
         if re.match(r"_*cuda", name) and name not in by_name and not all(d.static for d in ds):
             unknown.append(f"{name} ({where(ds)})")
     if missing:
-        rep.error(f"impl rows with no definition in {shim_dir}/*.c", missing)
+        rep.error(f"impl rows with no definition in {shim_dir}/{pattern}", missing)
     if multiple:
         rep.error("impl rows defined more than once", multiple)
     if statics:
@@ -477,7 +647,7 @@ def check_sources(rows: list[Row], shim_dir: Path, rep: Report) -> None:
     if wrong_ret:
         rep.error("definitions whose return type disagrees with the table", wrong_ret)
     if sources and not (missing or multiple or statics or stub_defined or unknown or wrong_ret):
-        rep.ok(f"{len(sources)} shim sources agree with the table")
+        rep.ok(f"{len(sources)} shim sources ({pattern}) agree with the table")
 
 
 def check_headers(rows: list[Row], include: Path | None, rep: Report) -> None:
@@ -500,6 +670,105 @@ def check_headers(rows: list[Row], include: Path | None, rep: Report) -> None:
         rep.ok(f"ret column agrees with the declarations in {include}")
 
 
+class AbiComparison:
+    """How a function's ABI differs between two header sets (CUDA 12's and CUDA 13's)."""
+
+    def __init__(self, include12: Path, include13: Path) -> None:
+        self.protos12 = header_prototypes(include12)
+        self.protos13 = header_prototypes(include13)
+        self.changed = changed_types(include12, include13)
+
+    def difference(self, name: str) -> str | None:
+        """None if ``name`` has the same ABI in both (or is declared in neither), else why not."""
+        p12, p13 = self.protos12, self.protos13
+        key = name if name in p12 and name in p13 else twin(name)
+        if key not in p12 or key not in p13:
+            return None  # undeclared entry point (registration): nothing to compare
+        if p12[key] != p13[key]:
+            return "prototype"
+        words = set(re.findall(r"\w+", " ".join((p12[key][0], *p12[key][1]))))
+        hit = sorted(words & self.changed)
+        return f"struct {hit[0]}" if hit else None
+
+
+def check_table12(rows12: list[Row], rows13: list[Row], rep: Report) -> None:
+    """as13 rows name a CUDA 13 export with the same return class."""
+    by13 = {r.name: r for r in rows13}
+    absent, wrong_ret = [], []
+    for r in rows12:
+        if r.status != "as13":
+            continue
+        if r.name not in by13:
+            absent.append(r.name)
+        elif by13[r.name].ret != r.ret:
+            wrong_ret.append(f"{r.name} (12 table {r.ret}, 13 table {by13[r.name].ret})")
+    if absent:
+        rep.error("as13 rows that are no libcudart.so.13 export (mark them impl or stub)", absent)
+    if wrong_ret:
+        rep.error("as13 rows whose ret differs from the 13 table", wrong_ret)
+    if not (absent or wrong_ret):
+        n = sum(r.status == "as13" for r in rows12)
+        rep.ok(f"{n} as13 rows are libcudart.so.13 exports")
+
+
+def check_abi12(
+    rows12: list[Row], rows13: list[Row], include12: Path | None, include13: Path | None,
+    rep: Report,
+) -> None:
+    """as13 means the same ABI: the same prototype in both header sets and no parameter whose
+    structure changed layout. Conversely a 13 export marked stub must really differ."""
+    if include12 is None or not (include12 / "cuda_runtime_api.h").exists():
+        rep.skip("as13 rows vs CUDA 12 headers: not found (pip install nvidia-cuda-runtime-cu12)")
+        return
+    if include13 is None or not (include13 / "cuda_runtime_api.h").exists():
+        rep.skip("as13 rows vs CUDA 13 headers: not found (set CUDA_HOME or --include)")
+        return
+    differs = AbiComparison(include12, include13).difference
+    names13 = {r.name for r in rows13}
+    not_same, needless = [], []
+    for r in rows12:
+        why = differs(r.name) if r.name in names13 else None
+        if r.status == "as13" and why:
+            not_same.append(f"{r.name} ({why})")
+        elif r.status == "stub" and r.name in names13 and why is None:
+            needless.append(r.name)
+    if not_same:
+        rep.error("as13 rows whose CUDA 12 ABI differs from CUDA 13's (mark them impl or stub)",
+                  not_same)
+    if needless:
+        rep.error("stub rows with CUDA 13's ABI (mark them as13)", needless)
+    if not (not_same or needless):
+        rep.ok(f"as13 rows have the same ABI in {include12} and {include13}")
+
+
+def run_checks13(args: argparse.Namespace, rep: Report) -> list[Row]:
+    rows = read_table(args.table, rep)
+    check_duplicates(rows, rep)
+    check_against_cudart(rows, args.cudart or find_cudart(), rep)
+    check_headers(rows, args.include or find_include(), rep)
+    check_sources(rows, args.shim_dir, rep)
+    if args.lib is not None:
+        check_built_lib(rows, args.lib, rep)
+    return rows
+
+
+def run_checks12(args: argparse.Namespace, rows13: list[Row], rep: Report) -> list[Row]:
+    rows = read_table(args.table12, rep, STATUSES12)
+    check_duplicates(rows, rep)
+    check_table12(rows, rows13, rep)
+    check_against_cudart(rows, args.cudart12 or find_cudart12(), rep, VERSION12)
+    include12 = args.include12 or find_include12()
+    if include12 is not None and (include12 / "cuda_runtime_api.h").exists():
+        check_headers(rows, include12, rep)
+    check_abi12(rows, rows13, include12, args.include or find_include(), rep)
+    own = [r for r in rows if r.status != "as13"]  # as13 rows are the shared sources' (13 check)
+    check_sources(own, args.shim_dir, rep, sorted(args.shim_dir.glob(CUDA12_SOURCES)),
+                  CUDA12_SOURCES)
+    if args.lib12 is not None:
+        check_built_lib(rows, args.lib12, rep, VERSION12)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description="Check the shim hook table against cudart, headers and sources."
@@ -519,23 +788,40 @@ def main(argv: list[str] | None = None) -> int:
         help="CUDA include dir (default: $CUDA_HOME/include, /usr/local/cuda/include)",
     )
     ap.add_argument("--lib", type=Path, help="built libpilot.so to check the exports of")
+    ap.add_argument("--cuda", type=int, choices=(12, 13),
+                    help="check only this table (default: both)")
+    ap.add_argument("--table12", type=Path, default=DEFAULT_TABLE12)
+    ap.add_argument("--cudart12", type=Path,
+                    help=f"real {VERSION12} (default: nvidia-cuda-runtime-cu12's, /usr/local/cuda-12*)")
+    ap.add_argument("--include12", type=Path, help="CUDA 12 include dir (default: likewise)")
+    ap.add_argument("--lib12", type=Path, help="built libpilot12.so to check the exports of")
     args = ap.parse_args(argv)
 
     rep = Report()
-    if not args.table.exists():
-        rep.error(f"table {args.table} not found")
-        print("[FAIL]")
-        return 1
-    rows = read_table(args.table, rep)
-    check_duplicates(rows, rep)
-    check_against_cudart(rows, args.cudart or find_cudart(), rep)
-    check_headers(rows, args.include or find_include(), rep)
-    check_sources(rows, args.shim_dir, rep)
-    if args.lib is not None:
-        check_built_lib(rows, args.lib, rep)
-    n_impl = sum(r.status == "impl" for r in rows)
-    summary = f"{len(rows)} symbols, {n_impl} impl, {len(rows) - n_impl} stub"
-    print(f"[FAIL] {summary}" if rep.failed else f"[PASS] {summary}")
+    tables = [args.table] + ([args.table12] if args.cuda != 13 else [])
+    for table in tables:
+        if not table.exists():
+            rep.error(f"table {table} not found")
+            print("[FAIL]")
+            return 1
+    summary = []
+    if args.cuda == 12:
+        print(f"-- {args.table12.name} ({VERSION12})")
+        rows13 = read_table(args.table, Report())  # for as13 rows; checked by --cuda 13
+    else:
+        print(f"-- {args.table.name} ({VERSION})")
+        rows13 = run_checks13(args, rep)
+        n_impl = sum(r.status == "impl" for r in rows13)
+        summary.append(f"{len(rows13)} symbols, {n_impl} impl, {len(rows13) - n_impl} stub")
+    if args.cuda != 13:
+        if args.cuda is None:
+            print(f"-- {args.table12.name} ({VERSION12})")
+        rows12 = run_checks12(args, rows13, rep)
+        count = {s: sum(r.status == s for r in rows12) for s in sorted(STATUSES12)}
+        summary.append(f"CUDA 12: {len(rows12)} symbols, "
+                       + ", ".join(f"{n} {s}" for s, n in count.items()))
+    line = "; ".join(summary)
+    print(f"[FAIL] {line}" if rep.failed else f"[PASS] {line}")
     return 1 if rep.failed else 0
 
 

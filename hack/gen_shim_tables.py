@@ -2,10 +2,11 @@
 """Generate the shim's C tables: logging stubs and the CUDA error-name table.
 
     python3 hack/gen_shim_tables.py OUTDIR [--exports TSV] [--errors TSV]
+    python3 hack/gen_shim_tables.py OUTDIR --cuda 12 [--exports12 TSV] [--exports TSV] ...
 
-writes OUTDIR/stubs.c and OUTDIR/errors.c.  Both are build outputs (rebuilt at
-every build from the committed TSVs, git-ignored), so the TSVs stay the single
-source of truth -- the cricket model.
+writes OUTDIR/stubs.c and OUTDIR/errors.c (with --cuda 12 also OUTDIR/cudart12_renames.h).
+All are build outputs (rebuilt at every build from the committed TSVs, git-ignored), so the
+TSVs stay the single source of truth -- the cricket model.
 
 stubs.c: one function per ``stub`` row of shim/cudart_exports.tsv.  libpilot.so must
 export every symbol of libcudart.so.13 or programs fail to load; an unimplemented
@@ -15,16 +16,27 @@ SysV ABI and the definitions can never conflict with CUDA's prototypes.
 
 errors.c: pilot_error_name()/pilot_error_string() from shim/cuda_errors.tsv, NULL for
 codes CUDA does not know (the caller adds CUDA's fallback text).
+
+The CUDA 12 build (libpilot12.so) follows shim/cudart12_exports.tsv, whose status column says
+per libcudart.so.12 export: ``as13`` (same ABI as the CUDA 13 export of that name: whatever the
+13 table says, hand-written or stub), ``impl`` (the 12 build's own code, shim/cuda12_*.c) or
+``stub``.  A 13 export whose 12 row is ``impl`` or ``stub`` has another ABI in CUDA 12, so the
+12 build compiles the shared sources with it renamed ``pilot13_<name>`` (cudart12_renames.h,
+force-included): the CUDA 13 function stays callable inside the library under that name (a
+hidden stub when the 13 table says stub) and never leaks out as the CUDA 12 one.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_EXPORTS = REPO / "shim" / "cudart_exports.tsv"
+DEFAULT_EXPORTS12 = REPO / "shim" / "cudart12_exports.tsv"
+RENAME_PREFIX = "pilot13_"  # the CUDA 13 function of a name whose CUDA 12 ABI differs
 DEFAULT_ERRORS = REPO / "shim" / "cuda_errors.tsv"
 CUDA_ERROR_NOT_SUPPORTED = 801
 
@@ -86,17 +98,21 @@ def c_string(s: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def gen_stubs(rows: list[dict[str, str]], table: Path) -> str:
+def gen_stubs(rows: list[dict[str, str]], table: Path, major: int = 13,
+              hidden: Sequence[dict[str, str]] = ()) -> str:
+    """stubs.c: an exported stub per ``stub`` row of ``rows``, and a hidden one named
+    pilot13_<name> per row of ``hidden`` (logged under the CUDA name)."""
     stubs = sorted((r for r in rows if r["status"] == "stub"), key=lambda r: r["name"])
     names = [r["name"] for r in stubs]
     if len(set(names)) != len(names):
         raise ValueError("duplicate stub names in the table")
     out = [
         banner(table),
-        "/* One stub per unimplemented libcudart.so.13 export: log once, then fail. */\n",
+        f"/* One stub per unimplemented libcudart.so.{major} export: log once, then fail. */\n",
         "#include <stdatomic.h>\n\n",
         "void pilot_log_unsupported(const char *name);\n\n",
         '#define PILOT_STUB __attribute__((visibility("default")))\n',
+        '#define PILOT_STUB_HIDDEN __attribute__((visibility("hidden")))\n',
         "/* One flag per stub, so each name is logged once even under concurrent calls. */\n",
         "#define PILOT_STUB_LOG_ONCE(sym) do { \\\n",
         "        static atomic_flag logged_ = ATOMIC_FLAG_INIT; \\\n",
@@ -104,12 +120,16 @@ def gen_stubs(rows: list[dict[str, str]], table: Path) -> str:
         "            pilot_log_unsupported(#sym); \\\n",
         "    } while (0)\n\n",
     ]
+    hidden = sorted(hidden, key=lambda r: r["name"])
     for name, (tag, body) in sorted(STRUCT_RETURNS.items()):
-        if name in names:
+        if name in names or any(r["name"] == name for r in hidden):
             out.append(f"struct {tag} {{ {body} }};\n")
     out.append("\n")
-    for r in stubs:
+    tagged = [("PILOT_STUB", "", r) for r in stubs]
+    tagged += [("PILOT_STUB_HIDDEN", RENAME_PREFIX, r) for r in hidden]
+    for attr, prefix, r in tagged:
         name, ret = r["name"], r["ret"]
+        symbol = prefix + name
         if ret == "struct":
             if name not in STRUCT_RETURNS:
                 raise ValueError(f"{name}: struct return without a layout in STRUCT_RETURNS")
@@ -120,8 +140,8 @@ def gen_stubs(rows: list[dict[str, str]], table: Path) -> str:
         else:
             raise ValueError(f"{name}: unknown ret class {ret!r}")
         sep = "" if ctype.endswith("*") else " "
-        out.append(f"PILOT_STUB {ctype}{sep}{name}(void);\n")
-        out.append(f"PILOT_STUB {ctype}{sep}{name}(void)\n{{\n    PILOT_STUB_LOG_ONCE({name});\n")
+        out.append(f"{attr} {ctype}{sep}{symbol}(void);\n")
+        out.append(f"{attr} {ctype}{sep}{symbol}(void)\n{{\n    PILOT_STUB_LOG_ONCE({name});\n")
         if stmt:
             out.append(f"    {stmt}\n")
         out.append("}\n\n")
@@ -150,6 +170,43 @@ def gen_errors(rows: list[dict[str, str]], table: Path) -> str:
     return "".join(out)
 
 
+def cuda12_plan(rows12: list[dict[str, str]], rows13: list[dict[str, str]]
+                ) -> tuple[list[dict[str, str]], list[dict[str, str]], list[str]]:
+    """What the CUDA 12 build generates: (its stub rows, the CUDA 13 stub rows it keeps hidden
+    as pilot13_<name>, the CUDA 13 names it renames)."""
+    by13 = {r["name"]: r for r in rows13}
+    stubs, renamed = [], []
+    for r in rows12:
+        if r["status"] == "as13":
+            if r["name"] not in by13:
+                raise ValueError(f"{r['name']}: as13, but libcudart.so.13 has no such export")
+            if by13[r["name"]]["status"] == "stub":
+                stubs.append({**r, "status": "stub"})
+        elif r["status"] in ("impl", "stub"):
+            if r["status"] == "stub":
+                stubs.append(r)
+            if r["name"] in by13:
+                renamed.append(r["name"])
+        else:
+            raise ValueError(f"{r['name']}: unknown status {r['status']!r} in the CUDA 12 table")
+    hidden = [by13[n] for n in renamed if by13[n]["status"] == "stub"]
+    return stubs, hidden, sorted(renamed)
+
+
+def gen_renames(renamed: list[str], table: Path) -> str:
+    out = [
+        banner(table),
+        "/* Force-included into the shared shim sources of the CUDA 12 build: these CUDA 13\n"
+        " * functions have another ABI in libcudart.so.12, so their CUDA 13 definitions (and the\n"
+        f" * CUDA 13 headers' prototypes) become {RENAME_PREFIX}<name>, local to libpilot12.so;\n"
+        " * shim/cuda12_*.c define the CUDA 12 functions under the real names. */\n",
+        "#ifndef PILOT_CUDART12_RENAMES_H\n#define PILOT_CUDART12_RENAMES_H\n",
+    ]
+    out += [f"#define {n} {RENAME_PREFIX}{n}\n" for n in renamed]
+    out.append("#endif\n")
+    return "".join(out)
+
+
 def write_if_changed(path: Path, text: str) -> None:
     """Leave an identical file untouched so make does not rebuild needlessly."""
     if path.exists() and path.read_text() == text:
@@ -161,10 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Generate stubs.c and errors.c for the shim.")
     ap.add_argument("outdir", type=Path)
     ap.add_argument("--exports", type=Path, default=DEFAULT_EXPORTS)
+    ap.add_argument("--exports12", type=Path, default=DEFAULT_EXPORTS12)
     ap.add_argument("--errors", type=Path, default=DEFAULT_ERRORS)
+    ap.add_argument("--cuda", type=int, choices=(12, 13), default=13,
+                    help="which libcudart the build stands in for (default 13)")
     args = ap.parse_args(argv)
+    renames = None
     try:
-        stubs = gen_stubs(read_tsv(args.exports), args.exports)
+        rows13 = read_tsv(args.exports)
+        if args.cuda == 12:
+            stub_rows, hidden, renamed = cuda12_plan(read_tsv(args.exports12), rows13)
+            stubs = gen_stubs(stub_rows, args.exports12, 12, hidden)
+            renames = gen_renames(renamed, args.exports12)
+        else:
+            stubs = gen_stubs(rows13, args.exports)
         errors = gen_errors(read_tsv(args.errors), args.errors)
     except (OSError, ValueError, KeyError) as e:
         print(f"gen_shim_tables: {e}", file=sys.stderr)
@@ -172,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     args.outdir.mkdir(parents=True, exist_ok=True)
     write_if_changed(args.outdir / "stubs.c", stubs)
     write_if_changed(args.outdir / "errors.c", errors)
+    if renames is not None:
+        write_if_changed(args.outdir / "cudart12_renames.h", renames)
     return 0
 
 
