@@ -1,6 +1,7 @@
-"""Build glue: cffi builds the daemon's protocol module, then shim/build.py builds libpilot.so.
+"""Build glue: cffi builds the daemon's protocol module, then shim/build.py builds libpilot.so
+(and libpilot12.so, for CUDA 12 programs).
 
-Everything else is declared in pyproject.toml. Both artefacts come from shim/pilot_proto.h, the
+Everything else is declared in pyproject.toml. All three artefacts come from shim/pilot_proto.h, the
 one definition of the wire protocol.
 """
 
@@ -24,12 +25,12 @@ shim_build = _load_shim_build()
 
 
 class BuildExtWithShim(build_ext):
-    """Build the cffi extension, then the shim next to it (works for regular and editable installs)."""
+    """Build the cffi extension, then the shims next to it (works for regular and editable installs)."""
 
     def run(self) -> None:
         super().run()
         out_dir = os.path.dirname(self.get_ext_fullpath("pilot.shim._proto"))
-        shim_build.build_shim(self.compiler, out_dir, build_temp=self.build_temp)
+        shim_build.build_shims(self.compiler, out_dir, build_temp=self.build_temp)
 
 
 setup(

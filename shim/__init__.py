@@ -1,13 +1,20 @@
-"""The shim (libpilot.so) and the protocol module built from shim/pilot_proto.h."""
+"""The shims (libpilot.so, libpilot12.so) and the protocol module built from shim/pilot_proto.h."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+# The shim for programs linked with libcudart.so.<major>.
+LIBRARIES = {13: "libpilot.so", 12: "libpilot12.so"}
+CUDA_MAJORS = tuple(sorted(LIBRARIES))
 
-def shim_path() -> Path:
-    """Absolute path of the installed libpilot.so."""
-    path = Path(__file__).resolve().parent / "libpilot.so"
+
+def shim_path(cuda: int = 13) -> Path:
+    """Absolute path of the installed shim for CUDA `cuda` programs (13: libpilot.so)."""
+    if cuda not in LIBRARIES:
+        raise ValueError(f"no shim for CUDA {cuda} (there are shims for CUDA "
+                         f"{' and '.join(map(str, CUDA_MAJORS))})")
+    path = Path(__file__).resolve().parent / LIBRARIES[cuda]
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: reinstall pilot (pip install .)")
     return path

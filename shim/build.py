@@ -1,20 +1,27 @@
 """The shim's build script, run at install time by setup.py (through cffi's setuptools hook).
 
-It produces two artefacts from one protocol header, shim/pilot_proto.h:
+It produces three artefacts from one protocol header, shim/pilot_proto.h:
 - `pilot.shim._proto`: a cffi module (API mode, so the C compiler checks every struct layout the
   daemon reads) exposing the protocol structs, the socket-path rule and the vGPU endpoint server
   (shim/vgpu_server.c) to the daemon;
 - `libpilot.so`: the shim, a plain C shared library (no libpython) with SONAME libcudart.so.13 and
   a version script, so that a preloaded libpilot.so satisfies programs linked with
-  `-cudart shared` and the real libcudart is never mapped.
+  `-cudart shared` and the real libcudart is never mapped;
+- `libpilot12.so`: the same sources built for programs linked with CUDA 12's libcudart.so.12
+  (that SONAME and symbol version), plus shim/cuda12_*.c for the exports whose 12.x ABI differs;
+  the shared sources are compiled with -DPILOT_CUDART_MAJOR=12 and the generated
+  cudart12_renames.h force-included (see hack/gen_shim_tables.py). Both build against the CUDA 13
+  headers: the 12.x layouts the 12 build needs are in shim/cuda12_abi.h.
 
 The stubs for every libcudart export the shim does not implement, and the error-name table, are
-generated from shim/cudart_exports.tsv and shim/cuda_errors.tsv by hack/gen_shim_tables.py into
-the build directory (rebuilt each build, never committed).
+generated from shim/cudart_exports.tsv (cudart12_exports.tsv for the 12 build) and
+shim/cuda_errors.tsv by hack/gen_shim_tables.py into the build directory (rebuilt each build,
+never committed).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import re
@@ -49,7 +56,21 @@ SHIM_SOURCES = [
     "api_symbols.c",
     "device_props.c",
 ]
+# The CUDA 12 build's own sources (shim/cuda12_*.c; hack/check_api_table.py reads them as such).
+CUDA12_SOURCES = ["cuda12_compat.c"]
 C_FLAGS = ["-std=gnu11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"]
+
+
+def _library_names() -> dict[int, str]:
+    """The library each build produces, by the CUDA major version of the libcudart it stands in
+    for: pilot.shim.LIBRARIES, read from shim/__init__.py (the package is not installed yet)."""
+    spec = importlib.util.spec_from_file_location("pilot_shim_init", SHIM_DIR / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module.LIBRARIES)
+
+
+LIBRARIES = _library_names()
 
 
 def _cdef_text(header: Path, marker: str) -> str:
@@ -95,10 +116,12 @@ def cuda_include_dir() -> Path:
     )
 
 
-def generate_tables(out_dir: Path) -> list[Path]:
+def generate_tables(out_dir: Path, cuda: int = 13) -> list[Path]:
+    """The generated C of one build (stubs.c, errors.c; for 12 also cudart12_renames.h)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [sys.executable, str(REPO_DIR / "hack" / "gen_shim_tables.py"), str(out_dir)],
+        [sys.executable, str(REPO_DIR / "hack" / "gen_shim_tables.py"), str(out_dir),
+         "--cuda", str(cuda)],
         check=True,
     )
     return [out_dir / "stubs.c", out_dir / "errors.c"]
@@ -112,38 +135,59 @@ GLIBC_BASE_VERSION = {"x86_64": "GLIBC_2.2.5", "aarch64": "GLIBC_2.17"}
 LIBC_OVERRIDES = ("sigaction", "signal")
 
 
-def version_script(gen_dir: Path) -> Path:
-    """shim/libcudart.map plus the libc overrides' node, for this machine."""
+def version_script(gen_dir: Path, cuda: int = 13) -> Path:
+    """shim/libcudart.map (for libcudart.so.<cuda>) plus the libc overrides' node, for this
+    machine."""
     base = GLIBC_BASE_VERSION.get(platform.machine())
     if base is None:
         raise RuntimeError(f"no glibc base version known for {platform.machine()}")
-    text = (SHIM_DIR / "libcudart.map").read_text()
+    text = (SHIM_DIR / "libcudart.map").read_text().replace("libcudart.so.13",
+                                                             f"libcudart.so.{cuda}")
     text += f"\n{base} {{\n  global: {'; '.join(LIBC_OVERRIDES)};\n}};\n"
     out = gen_dir / "libpilot.map"
     out.write_text(text)
     return out
 
 
-def build_shim(compiler, out_dir: str, build_temp: str = "build/shim") -> Path:
-    """Compile libpilot.so into out_dir with a setuptools/distutils CCompiler."""
-    gen_dir = Path(build_temp) / "shim_gen"
-    generated = generate_tables(gen_dir)
-    sources = [str(SHIM_DIR / s) for s in SHIM_SOURCES] + [str(p) for p in generated]
+def shared_source_flags(cuda: int, gen_dir: Path) -> list[str]:
+    """Extra compiler flags for the hand-written sources of one build."""
+    flags = [f"-DPILOT_CUDART_MAJOR={cuda}"]
+    if cuda == 12:
+        flags += ["-include", str((gen_dir / "cudart12_renames.h").resolve())]
+    return flags
+
+
+def hand_written_sources(cuda: int) -> list[Path]:
+    return [SHIM_DIR / s for s in SHIM_SOURCES + (CUDA12_SOURCES if cuda == 12 else [])]
+
+
+def build_shim(compiler, out_dir: str, build_temp: str = "build/shim", cuda: int = 13) -> Path:
+    """Compile libpilot.so (cuda=13) or libpilot12.so (cuda=12) into out_dir with a
+    setuptools/distutils CCompiler."""
+    gen_dir = Path(build_temp) / f"shim_gen{cuda}"
+    generated = generate_tables(gen_dir, cuda)
     include_dirs = [str(SHIM_DIR), str(gen_dir), str(cuda_include_dir())]
+    obj_dir = str(Path(build_temp) / f"shim_obj{cuda}")
     objects = compiler.compile(
-        sources,
-        output_dir=str(Path(build_temp) / "shim_obj"),
+        [str(p) for p in hand_written_sources(cuda)],
+        output_dir=obj_dir,
+        include_dirs=include_dirs,
+        extra_postargs=C_FLAGS + shared_source_flags(cuda, gen_dir),
+    )
+    objects += compiler.compile(  # never renamed: they define the exported stubs themselves
+        [str(p) for p in generated],
+        output_dir=obj_dir,
         include_dirs=include_dirs,
         extra_postargs=C_FLAGS,
     )
-    target = Path(out_dir) / "libpilot.so"
+    target = Path(out_dir) / LIBRARIES[cuda]
     compiler.link_shared_object(
         objects,
         str(target),
         libraries=["pthread", "dl", "rt"],
         extra_postargs=[
-            "-Wl,-soname,libcudart.so.13",
-            f"-Wl,--version-script={version_script(gen_dir)}",
+            f"-Wl,-soname,libcudart.so.{cuda}",
+            f"-Wl,--version-script={version_script(gen_dir, cuda)}",
             "-Wl,--no-undefined",
             "-Wl,-z,now",
         ],
@@ -151,8 +195,13 @@ def build_shim(compiler, out_dir: str, build_temp: str = "build/shim") -> Path:
     return target
 
 
+def build_shims(compiler, out_dir: str, build_temp: str = "build/shim") -> list[Path]:
+    """Both libraries: libpilot.so for CUDA 13 programs, libpilot12.so for CUDA 12 ones."""
+    return [build_shim(compiler, out_dir, build_temp, cuda) for cuda in LIBRARIES]
+
+
 def main() -> None:
-    """Build libpilot.so by hand, for development: python3 shim/build.py OUT_DIR."""
+    """Build libpilot.so and libpilot12.so by hand, for development: python3 shim/build.py OUT_DIR."""
     from setuptools._distutils.ccompiler import new_compiler
     from setuptools._distutils.sysconfig import customize_compiler
 
@@ -160,7 +209,8 @@ def main() -> None:
     customize_compiler(compiler)
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "build")
     out.mkdir(parents=True, exist_ok=True)
-    print(build_shim(compiler, str(out), build_temp=str(out / "tmp")))
+    for lib in build_shims(compiler, str(out), build_temp=str(out / "tmp")):
+        print(lib)
 
 
 if __name__ == "__main__":
