@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import click
 
-from pilot.shim import shim_path
+from pilot.cli.elf import NotElf, find_cudart
+from pilot.shim import CUDA_MAJORS, LIBRARIES, shim_path
+
+CUDA_OPTION = click.Choice([str(m) for m in CUDA_MAJORS])
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,23 +21,72 @@ def main() -> None:
     """Run CUDA programs through pilotd."""
 
 
-@main.command("shim-path")
-def shim_path_cmd() -> None:
-    """Print the absolute path of libpilot.so (for LD_PRELOAD)."""
+def _shim(cuda: int) -> Path:
     try:
-        click.echo(str(shim_path()))
+        return shim_path(cuda)
     except FileNotFoundError as exc:
         raise click.ClickException(str(exc)) from exc
 
 
+@main.command("shim-path")
+@click.option("--cuda", type=CUDA_OPTION, default="13", show_default=True,
+              help="The CUDA major version the program was built with: libpilot.so stands in "
+                   "for libcudart.so.13, libpilot12.so for libcudart.so.12.")
+def shim_path_cmd(cuda: str) -> None:
+    """Print the absolute path of the shim (for LD_PRELOAD)."""
+    click.echo(str(_shim(int(cuda))))
+
+
+def program_cuda_major(program: str, env: dict[str, str]) -> int:
+    """The CUDA major version whose libcudart `program` (a name on PATH or a path) links, from
+    its ELF NEEDED entries. Raises ClickException when that cannot be told or served."""
+    path = shutil.which(program, path=env.get("PATH")) if "/" not in program else program
+    if path is None or not os.path.isfile(path):
+        raise click.ClickException(f"cannot run {program}: No such file or directory")
+    hint = "--cuda 12 or --cuda 13 (pilot run --cuda 12 -- ...)"
+    try:
+        link = find_cudart(path, env)
+    except NotElf as exc:
+        raise click.ClickException(
+            f"{exc}: pilot cannot tell which CUDA runtime it loads; if it is a script or loads "
+            f"libcudart itself, say which with {hint}") from exc
+    served = sorted(link.majors & set(CUDA_MAJORS))
+    if len(served) == 1:
+        return served[0]
+    if len(served) > 1:
+        via = ", ".join(f"libcudart.so.{m} (needed by {link.via[m]})" for m in served)
+        raise click.ClickException(f"{program} loads two CUDA runtimes, {via}: one process can "
+                                   "only run under one of them")
+    if link.majors:
+        names = ", ".join(f"libcudart.so.{m}" for m in sorted(link.majors))
+        raise click.ClickException(
+            f"{program} links {names}: pilot serves CUDA "
+            f"{' and '.join(map(str, CUDA_MAJORS))} programs only")
+    if link.device_code:
+        raise click.ClickException(
+            f"{program} has CUDA device code but links no shared libcudart: its CUDA runtime is "
+            "linked statically (nvcc's default), which pilot cannot interpose; rebuild it with "
+            "`nvcc -cudart shared`")
+    raise click.ClickException(
+        f"{program} links neither libcudart.so.12 nor libcudart.so.13 (CUDA programs must be "
+        f"built with `nvcc -cudart shared`); for a program that loads libcudart itself, say "
+        f"which with {hint}")
+
+
 @main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--cuda", type=CUDA_OPTION,
+              help="Preload the shim for this CUDA version instead of reading it from COMMAND's "
+                   "ELF NEEDED entries (libcudart.so.12 or libcudart.so.13).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(command: tuple[str, ...]) -> None:
-    """Run COMMAND with libpilot.so preloaded: pilot run -- ./app args..."""
-    lib = str(shim_path())
+def run(cuda: str | None, command: tuple[str, ...]) -> None:
+    """Run COMMAND with the right shim preloaded: pilot run -- ./app args..."""
     env = dict(os.environ)
-    preload = env.get("LD_PRELOAD", "")
-    env["LD_PRELOAD"] = f"{lib} {preload}".strip() if lib not in preload else preload
+    major = int(cuda) if cuda else program_cuda_major(command[0], env)
+    lib = str(_shim(major))
+    # The other shim out of an inherited LD_PRELOAD: one process, one libcudart.
+    others = {str(Path(lib).with_name(name)) for name in LIBRARIES.values()} - {lib}
+    kept = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p not in others]
+    env["LD_PRELOAD"] = " ".join([lib] + [p for p in kept if p != lib])
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as exc:
