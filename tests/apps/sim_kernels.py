@@ -14,6 +14,7 @@ Parameter layouts (offset, size), as the fatbins' .nv.info report them for sm_75
   produce         (0,8) (8,4)
   consume         (0,8) (8,8) (16,4)
   touch           (0,8) (8,4)
+  axpy12          (0,8) (8,8) (16,4) (20,4)
 """
 
 from __future__ import annotations
@@ -350,3 +351,17 @@ def um_fill(k: SimLaunch) -> None:
     count = _one_per_element(k, n)
     if count:
         _i32_array(k, x, count)[:] = (np.arange(count, dtype=np.int64) + v).astype(np.int32)
+
+
+# ---- cuda12.cu (built with the CUDA 12 runtime headers) ----
+
+@sim_kernel("_Z6axpy12PiPKiii")
+def axpy12(k: SimLaunch) -> None:
+    """y[i] = a * x[i] + y[i] for i < n covered by the grid (int32 wrap-around)."""
+    y, x, a, n = k.ptr(0), k.ptr(1), k.i32(2), k.i32(3)
+    count = _one_per_element(k, n)
+    if count == 0:
+        return
+    out = np.frombuffer(k.view(y, 4 * count), dtype=np.int32)
+    xs = np.frombuffer(k.view(x, 4 * count), dtype=np.int32)
+    np.add(np.multiply(xs, np.int32(a)), out, out=out)

@@ -1,0 +1,141 @@
+// cuda12: a CUDA 12 program (12.x runtime headers, linked with libcudart.so.12), run under
+// libpilot12.so. Built twice by tests/apps/test_cuda12.py: as CUDA 12.0-12.3 did (<<<>>> calls
+// cudaLaunchKernel with the host stub: -D__NV_LEGACY_LAUNCH) and as 12.4+ does (__cudaGetKernel
+// and __cudaLaunchKernel). Exercises what differs from CUDA 13: the 12.x cudaDeviceProp
+// (cudaGetDeviceProperties_v2), the cudaThread* aliases, int-device unified memory hints and the
+// 12.x cudaPointerAttributes. Prints lines the test recomputes, then PASS.
+#include <cuda_runtime.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if CUDART_VERSION >= 13000 || CUDART_VERSION < 12000
+#error "build with the CUDA 12 runtime headers"
+#endif
+
+#define CHECK(call)                                                              \
+    do {                                                                         \
+        cudaError_t err_ = (call);                                               \
+        if (err_ != cudaSuccess) {                                               \
+            printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorName(err_),       \
+                   __FILE__, __LINE__, #call);                                   \
+            printf("FAIL\n");                                                    \
+            exit(1);                                                             \
+        }                                                                        \
+    } while (0)
+
+__global__ void axpy12(int *y, const int *x, int a, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = a * x[i] + y[i];
+}
+
+static long long sum(const int *v, int n)
+{
+    long long s = 0;
+    for (int i = 0; i < n; i++)
+        s += v[i];
+    return s;
+}
+
+int main(void)
+{
+    int version = 0;
+    CHECK(cudaRuntimeGetVersion(&version));
+    printf("runtime %d\n", version);
+
+    // 12.x headers turn this into cudaGetDeviceProperties_v2 with the 1032-byte 12.x struct.
+    // A canary behind it catches a shim that writes CUDA 13's layout (or more) into it.
+    struct {
+        cudaDeviceProp p;
+        unsigned char canary[64];
+    } prop;
+    memset(prop.canary, 0xA5, sizeof prop.canary);
+    CHECK(cudaGetDeviceProperties(&prop.p, 0));
+    const cudaDeviceProp &p = prop.p;
+    printf("name %s\n", p.name);
+    printf("sm %d.%d multiProcessorCount %d warpSize %d maxThreadsPerBlock %d\n", p.major, p.minor,
+           p.multiProcessorCount, p.warpSize, p.maxThreadsPerBlock);
+    printf("clockRate %d memoryClockRate %d memoryBusWidth %d l2CacheSize %d\n", p.clockRate,
+           p.memoryClockRate, p.memoryBusWidth, p.l2CacheSize);
+    printf("deviceOverlap %d kernelExecTimeoutEnabled %d computeMode %d maxTexture1DLinear %d\n",
+           p.deviceOverlap, p.kernelExecTimeoutEnabled, p.computeMode, p.maxTexture1DLinear);
+    printf("singleToDoublePrecisionPerfRatio %d cooperativeMultiDeviceLaunch %d\n",
+           p.singleToDoublePrecisionPerfRatio, p.cooperativeMultiDeviceLaunch);
+    printf("sharedMemPerBlockOptin %zu clusterLaunch %d unifiedFunctionPointers %d\n",
+           p.sharedMemPerBlockOptin, p.clusterLaunch, p.unifiedFunctionPointers);
+    int canary_ok = 1;
+    for (size_t i = 0; i < sizeof prop.canary; i++)
+        canary_ok &= prop.canary[i] == 0xA5;
+    printf("properties canary %s\n", canary_ok ? "intact" : "OVERWRITTEN");
+    int clock = 0;
+    CHECK(cudaDeviceGetAttribute(&clock, cudaDevAttrClockRate, 0));
+    printf("attribute clockRate %d\n", clock);
+
+    const int n = 1000;
+    int *hx = (int *)malloc(n * sizeof(int)), *hy = (int *)malloc(n * sizeof(int));
+    for (int i = 0; i < n; i++) {
+        hx[i] = i;
+        hy[i] = 3 * i - 7;
+    }
+    int *dx, *dy;
+    CHECK(cudaMalloc(&dx, n * sizeof(int)));
+    CHECK(cudaMalloc(&dy, n * sizeof(int)));
+    CHECK(cudaMemcpy(dx, hx, n * sizeof(int), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dy, hy, n * sizeof(int), cudaMemcpyHostToDevice));
+
+    axpy12<<<(n + 127) / 128, 128>>>(dy, dx, 2, n);  // y = 2x + y
+    CHECK(cudaGetLastError());
+    CHECK(cudaThreadSynchronize());
+    CHECK(cudaMemcpy(hy, dy, n * sizeof(int), cudaMemcpyDeviceToHost));
+    printf("<<<>>> sum %lld\n", sum(hy, n));
+
+    int a = 5, m = 600;  // the runtime API with the host stub, as 12.0-12.3's <<<>>> did
+    void *args[] = {&dy, &dx, &a, &m};
+    CHECK(cudaLaunchKernel((const void *)axpy12, dim3(5), dim3(128), args, 0, 0));
+    CHECK(cudaThreadSynchronize());
+    CHECK(cudaMemcpy(hy, dy, n * sizeof(int), cudaMemcpyDeviceToHost));
+    printf("cudaLaunchKernel sum %lld\n", sum(hy, n));
+
+    size_t heap = 0;
+    CHECK(cudaThreadSetLimit(cudaLimitMallocHeapSize, 32u << 20));
+    CHECK(cudaThreadGetLimit(&heap, cudaLimitMallocHeapSize));
+    printf("cudaThreadGetLimit heap %zu MiB\n", heap >> 20);
+    cudaFuncCache cache = cudaFuncCachePreferNone;
+    CHECK(cudaThreadSetCacheConfig(cudaFuncCachePreferShared));
+    CHECK(cudaThreadGetCacheConfig(&cache));
+    printf("cudaThreadGetCacheConfig %d\n", (int)cache);
+
+    // int-device hints and their _v2 forms must reach the same CUDA 13 function.
+    cudaMemLocation dev0 = {cudaMemLocationTypeDevice, 0};
+    cudaError_t advise = cudaMemAdvise(dy, n * sizeof(int), cudaMemAdviseSetPreferredLocation, 0);
+    cudaError_t advise2 = cudaMemAdvise_v2(dy, n * sizeof(int), cudaMemAdviseSetPreferredLocation,
+                                           dev0);
+    cudaError_t prefetch = cudaMemPrefetchAsync(dy, n * sizeof(int), 0, 0);
+    cudaError_t prefetch2 = cudaMemPrefetchAsync_v2(dy, n * sizeof(int), dev0, 0, 0);
+    printf("cudaMemAdvise int == _v2: %s\n", advise == advise2 ? "yes" : "no");
+    printf("cudaMemPrefetchAsync int == _v2: %s\n", prefetch == prefetch2 ? "yes" : "no");
+    struct {
+        cudaPointerAttributes a;
+        unsigned char canary[64];
+    } attrs;
+    memset(attrs.canary, 0xA5, sizeof attrs.canary);
+    cudaError_t pa = cudaPointerGetAttributes(&attrs.a, dy);
+    canary_ok = 1;
+    for (size_t i = 0; i < sizeof attrs.canary; i++)
+        canary_ok &= attrs.canary[i] == 0xA5;
+    printf("pointer attributes canary %s\n", canary_ok ? "intact" : "OVERWRITTEN");
+    if (pa == cudaSuccess && attrs.a.devicePointer != dy)
+        printf("pointer attributes: devicePointer %p, want %p\n", attrs.a.devicePointer, dy);
+    cudaGetLastError();  // whatever the hints returned is not this program's concern
+
+    CHECK(cudaFree(dx));
+    CHECK(cudaFree(dy));
+    CHECK(cudaThreadExit());
+    free(hx);
+    free(hy);
+    printf("PASS\n");
+    return 0;
+}
