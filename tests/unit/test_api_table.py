@@ -59,7 +59,7 @@ def _generate(outdir: Path) -> None:
 
 
 def _run_check(*args: str, cuda: str | None = "13") -> subprocess.CompletedProcess[str]:
-    """The check of the CUDA 13 table (cuda=None: both tables; CUDA 12's: test_cuda12_table.py)."""
+    """The check of the CUDA 13 table (cuda=None: both tables; CUDA 12's: test_cuda12_abi.py)."""
     return subprocess.run(
         [sys.executable, str(HACK / "check_api_table.py"), *(["--cuda", cuda] if cuda else []),
          *args],
