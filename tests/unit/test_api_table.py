@@ -378,9 +378,14 @@ def _build_fake_lib(d: Path, versioned: bool, extra: str = "") -> Path:
         str(d / "harness.c"),
         "-Wl,-soname,libcudart.so.13",
     ]
-    if versioned:
-        (d / "v.map").write_text("libcudart.so.13 { global: cuda*; __cuda*; local: *; };\n")
-        cmd.append(f"-Wl,--version-script={d / 'v.map'}")
+    if versioned:  # like shim/build.py's: the libc overrides under glibc's base version
+        overrides = "; ".join(check.LIBC_OVERRIDES)
+        (d / "v.map").write_text("libcudart.so.13 { global: cuda*; __cuda*; local: *; };\n"
+                                 f"GLIBC_2.2.5 {{ global: {overrides}; }};\n")
+        (d / "overrides.c").write_text("".join(
+            f'__attribute__((visibility("default"))) int {n}(void) {{ return 0; }}\n'
+            for n in check.LIBC_OVERRIDES))
+        cmd += [str(d / "overrides.c"), f"-Wl,--version-script={d / 'v.map'}"]
     subprocess.run(cmd, check=True)
     return lib
 
