@@ -44,7 +44,7 @@ _RUN = ffi.sizeof("pilot_shadow_run")
 
 def _coherence_stream(vg: VGpu) -> Any:
     """The vGPU's stream for shadow traffic: waits for nothing but itself."""
-    stream = getattr(vg, "um_stream", None)
+    stream = vg.um_stream
     if stream is None:
         stream = vg.um_stream = vg.backend.stream_create(STREAM_NON_BLOCKING, 0)
     return stream

@@ -226,8 +226,9 @@ static cudaError_t resolve_kind(enum cudaMemcpyKind *kind, const void *dst, cons
 cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                          uint64_t stream, int sync)
 {
-    int dst_managed = pilot_alloc_is_managed((uintptr_t)dst);
-    if (dst_managed || pilot_alloc_is_managed((uintptr_t)src)) {
+    /* Every managed range has a shadow, so a process without any skips both lookups. */
+    int dst_managed = pilot_um_active() && pilot_alloc_is_managed((uintptr_t)dst);
+    if (dst_managed || (pilot_um_active() && pilot_alloc_is_managed((uintptr_t)src))) {
         /* Managed memory is copied where it really lives, in the daemon, whatever kind the
          * program named (any kind is valid for it): host writes are flushed first, and the
          * shadow chunks the copy writes are fetched again when the host touches them. */
@@ -312,7 +313,7 @@ static cudaError_t set(void *ptr, int value, size_t count, uint64_t stream, int 
         return cudaErrorInvalidValue;
     pilot_req_memset req = {.ptr = (uintptr_t)ptr, .count = count, .stream = stream,
                             .value = value, .sync = (uint32_t)sync};
-    int managed = pilot_alloc_is_managed((uintptr_t)ptr);
+    int managed = pilot_um_active() && pilot_alloc_is_managed((uintptr_t)ptr);
     cudaError_t err = managed ? pilot_um_flush() : cudaSuccess; /* partly written chunks */
     if (err)
         return err;

@@ -251,6 +251,11 @@ uint64_t pilot_um_next_gap(uint64_t from, uint64_t to, uint64_t *gap_end)
     return from;
 }
 
+int pilot_um_active(void)
+{
+    return __atomic_load_n(&g_any, __ATOMIC_ACQUIRE);
+}
+
 int pilot_um_contains(uint64_t addr)
 {
     if (!__atomic_load_n(&g_any, __ATOMIC_ACQUIRE))

@@ -88,6 +88,7 @@ int pilot_um_install_handler(void);
 int pilot_um_add(uint64_t base, uint64_t len, int valid, int kind);
 int pilot_um_remove(uint64_t base); /* unmaps it too */
 void pilot_um_remove_allocations(void); /* cudaDeviceReset: variables stay with their modules */
+int pilot_um_active(void); /* any shadow exists: the one check hot paths make without managed memory */
 int pilot_um_contains(uint64_t addr);
 /* The first unmapped stretch [start, *gap_end) of [from, to) (start == *gap_end: none). */
 uint64_t pilot_um_next_gap(uint64_t from, uint64_t to, uint64_t *gap_end);
