@@ -35,6 +35,9 @@ CUDA_ERROR_INVALID_DEVICE_FUNCTION = 98
 CUDA_ERROR_INVALID_IMAGE = 200
 CUDA_ERROR_UNSUPPORTED_LIMIT = 215
 CUDA_ERROR_INVALID_RESOURCE_HANDLE = 400
+CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217
+CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720
+CUDA_ERROR_INVALID_CLUSTER_SIZE = 912
 CUDA_ERROR_NOT_FOUND = 500  # cudaErrorSymbolNotFound
 CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_ILLEGAL_ADDRESS = 700
@@ -100,6 +103,27 @@ class FunctionInfo:
 
     def __post_init__(self) -> None:
         self.arg_bytes = max((off + size for off, size in self.params), default=0)
+
+
+@dataclass(frozen=True)
+class LaunchAttrs:
+    """What cudaLaunchKernelExC's attributes ask of one launch (execution.py)."""
+
+    cooperative: bool = False
+    cluster: tuple[int, int, int] | None = None  # cluster dimensions
+    cluster_policy: int = 0  # cudaClusterSchedulingPolicy (0: default)
+    priority: int | None = None
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One host-callback gate (callbacks.py): a `pilot_gate` (shim/gates.h) in pinned host
+    memory. The stream runs pilot_gate_fire on it, then waits until its word reaches target."""
+
+    address: int  # host address of the pilot_gate
+    device_address: int  # its word's address as the stream's device sees it
+    target: int
+    stream_callback: bool  # cudaStreamAddCallback: the host function also gets the status
 
 
 class Backend(Protocol):
@@ -199,3 +223,24 @@ class Backend(Protocol):
     def mem_range_attribute(self, ptr: int, count: int, attribute: int, data_size: int) -> bytes:
         """cuMemRangeGetAttribute's value, `data_size` bytes (int32 values, native order)."""
     def stream_attach_mem(self, stream: Any, ptr: int, length: int, flags: int) -> None: ...
+
+    # several devices, launches with attributes, host callbacks (devices.py, execution.py,
+    # callbacks.py). Device numbers are backend indexes, as in device_info.
+    def can_access_peer(self, device: int, peer: int) -> bool: ...
+    def enable_peer_access(self, device: int, peer: int) -> None:
+        """Let kernels in `device`'s context reach `peer`'s memory; enabling twice is fine."""
+    def memcpy_peer(self, dst: int, dst_device: int, src: int, src_device: int, count: int,
+                    stream: Any) -> None: ...
+    def launch_ex(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
+                  shared_bytes: int, stream: Any, args: bytes, attrs: LaunchAttrs) -> None:
+        """launch() with attributes; cooperative and cluster launches fail here, at once, when
+        the device cannot run them (cudaErrorCooperativeLaunchTooLarge...)."""
+    def map_host(self, address: int, size: int) -> None:
+        """Pin a host range of the daemon for every device (mapped: streams can wait on it)."""
+    def host_device_pointer(self, address: int) -> int:
+        """A mapped host address as the calling thread's device sees it."""
+    def gate(self, stream: Any, gate: Gate) -> None:
+        """Enqueue on `stream` pilot_gate_fire(gate) (the stream reached it), then a wait that
+        holds back later work until the gate's word reaches its target."""
+    def kick(self) -> None:
+        """A gate was opened from the host (the sim runs what the gate held back)."""

@@ -17,6 +17,7 @@ binding's CUstream/CUevent/CUmodule/CUfunction objects. Device indexes are posit
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,13 +27,20 @@ from pilot.daemon.backend import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_READY,
+    CUDA_ERROR_NOT_SUPPORTED,
     CUDA_ERROR_UNKNOWN,
     RANGE_ATTR_DEVICE_IDS,
     RANGE_ATTR_ID_TYPE,
     BackendError,
     DeviceInfo,
     FunctionInfo,
+    Gate,
+    LaunchAttrs,
 )
+from pilot.daemon.protocol import ffi as _pffi
+from pilot.daemon.protocol import lib as _plib
+
+log = logging.getLogger("pilot.backend")
 
 # --------------------------------------------------------------------------------------------
 # Error funnel
@@ -79,6 +87,13 @@ _NO_DRIVER = 35
 # CUresult values the backend branches on; same numbers as the cudaError_t ones.
 _CU_ERROR_INVALID_VALUE = CUDA_ERROR_INVALID_VALUE
 _CU_ERROR_NOT_READY = CUDA_ERROR_NOT_READY
+_CU_ERROR_NOT_SUPPORTED = CUDA_ERROR_NOT_SUPPORTED
+_CU_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
+
+# cuMemHostRegister flags (cuda.h): PORTABLE 1 (pinned for every context), DEVICEMAP 2 (mapped
+# into the device address space, so a stream can wait on the memory).
+_HOST_REGISTER_PORTABLE = 1
+_HOST_REGISTER_DEVICEMAP = 2
 
 
 def _describe(err: Any) -> tuple[str, str]:
@@ -278,6 +293,12 @@ class CudaBackend:
         # copy threads read it without a lock.
         self._pinned: tuple[tuple[int, int], ...] = ()
         self._pinned_lock = threading.Lock()
+        # Host callbacks (gate()): driver entry points called through ctypes, so the driver's
+        # callback thread runs pilot_gate_fire without the GIL; resolved on first use.
+        self._launch_host_func: Any = None
+        self._add_callback: Any = None
+        self._wait_value_ok: bool | None = None  # cuStreamWaitValue32 usable (probed once)
+        self._gate_lock = threading.Lock()
 
     def close(self) -> None:
         """Release the primary contexts (not in the interface; for orderly daemon shutdown)."""
@@ -608,18 +629,7 @@ class CudaBackend:
         """
         if type(function) is FunctionInfo:
             function = function.handle
-        size = len(args)
-        if size:
-            tls = self._tls
-            try:
-                packed = tls.packed
-            except AttributeError:
-                packed = tls.packed = _PackedArgs()
-            packed.buf = args if type(args) is bytes else bytes(args)
-            packed.size = size
-            extra = packed.extra
-        else:
-            extra = 0  # a kernel without parameters takes no buffer
+        extra = self._extra(args)
         gx, gy, gz = grid
         bx, by, bz = block
         try:
@@ -632,6 +642,21 @@ class CudaBackend:
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"cuLaunchKernel: {exc}") from None
         if err:
             raise error(err, "cuLaunchKernel")
+
+    def _extra(self, args: bytes) -> int:
+        """cuLaunchKernel's `extra` for a packed argument buffer (0 for no arguments), in this
+        thread's _PackedArgs, which keeps the bytes alive until the thread's next launch."""
+        size = len(args)
+        if not size:
+            return 0  # a kernel without parameters takes no buffer
+        tls = self._tls
+        try:
+            packed = tls.packed
+        except AttributeError:
+            packed = tls.packed = _PackedArgs()
+        packed.buf = args if type(args) is bytes else bytes(args)
+        packed.size = size
+        return int(packed.extra)
 
     # ---- limits, stream priorities, function attributes, occupancy, 2D memory ----------------
     # cudaLimit = CUlimit and cudaFuncAttribute = CUfunction_attribute, value for value (CUDA 13.0
@@ -740,6 +765,157 @@ class CudaBackend:
         if width and height:
             check(self._cu.cuMemsetD2D8Async(ptr, pitch, value & 0xFF, width, height, stream),
                   "cuMemsetD2D8Async")
+
+
+    # ---- several devices, launches with attributes (devices.py, execution.py) ---------------
+
+    def can_access_peer(self, device: int, peer: int) -> bool:
+        cu = self._cu
+        return bool(check(cu.cuDeviceCanAccessPeer(self._devices[self._index(device)],
+                                                   self._devices[self._index(peer)]),
+                          "cuDeviceCanAccessPeer"))
+
+    def enable_peer_access(self, device: int, peer: int) -> None:
+        """cuCtxEnablePeerAccess in `device`'s primary context (the vGPU thread's own); every
+        tenant of the context shares the result, so "already enabled" is success."""
+        cu = self._cu
+        with self._context(device):
+            res = cu.cuCtxEnablePeerAccess(self._contexts[self._index(peer)], 0)
+        if res[0] and int(res[0]) != _CU_ERROR_PEER_ACCESS_ALREADY_ENABLED:
+            raise error(res[0], "cuCtxEnablePeerAccess")
+
+    def memcpy_peer(self, dst: int, dst_device: int, src: int, src_device: int, count: int,
+                    stream: Any) -> None:
+        if count:
+            check(self._cu.cuMemcpyPeerAsync(dst, self._contexts[self._index(dst_device)], src,
+                                             self._contexts[self._index(src_device)], count, stream),
+                  "cuMemcpyPeerAsync")
+
+    def launch_ex(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
+                  shared_bytes: int, stream: Any, args: bytes, attrs: LaunchAttrs) -> None:
+        """cuLaunchKernelEx with the packed buffer in `extra` (as launch()) and the attributes
+        as CUlaunchAttribute entries; the driver validates cooperative grids and clusters."""
+        cu = self._cu
+        if type(function) is FunctionInfo:
+            function = function.handle
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+        cfg.sharedMemBytes = shared_bytes
+        cfg.hStream = stream
+        ids = cu.CUlaunchAttributeID
+        items = []
+        if attrs.cooperative:
+            a = cu.CUlaunchAttribute()
+            a.id = ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+            a.value.cooperative = 1
+            items.append(a)
+        if attrs.cluster is not None:
+            a = cu.CUlaunchAttribute()
+            a.id = ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = attrs.cluster
+            items.append(a)
+        if attrs.cluster_policy:
+            a = cu.CUlaunchAttribute()
+            a.id = ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
+            a.value.clusterSchedulingPolicyPreference = self._enum(
+                cu.CUclusterSchedulingPolicy, attrs.cluster_policy, "cluster scheduling policy")
+            items.append(a)
+        if attrs.priority is not None:
+            a = cu.CUlaunchAttribute()
+            a.id = ids.CU_LAUNCH_ATTRIBUTE_PRIORITY
+            a.value.priority = attrs.priority
+            items.append(a)
+        cfg.attrs = items
+        cfg.numAttrs = len(items)
+        extra = self._extra(args)
+        try:
+            err = cu.cuLaunchKernelEx(cfg, function, None, extra)[0]
+        except (OverflowError, TypeError, ValueError) as exc:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"cuLaunchKernelEx: {exc}") from None
+        if err:
+            raise error(err, "cuLaunchKernelEx")
+
+    # ---- host callbacks (callbacks.py) -------------------------------------------------------
+
+    def map_host(self, address: int, size: int) -> None:
+        """Register gate memory: portable (every context) and mapped (streams wait on it)."""
+        with self._context(getattr(self._tls, "device", 0)):
+            check(self._cu.cuMemHostRegister(address, size,
+                                             _HOST_REGISTER_PORTABLE | _HOST_REGISTER_DEVICEMAP),
+                  "cuMemHostRegister")
+
+    def host_device_pointer(self, address: int) -> int:
+        return int(check(self._cu.cuMemHostGetDevicePointer(address, 0), "cuMemHostGetDevicePointer"))
+
+    def _driver_entry(self, name: str, *argtypes: Any) -> Any:
+        """A driver function called through ctypes (CFUNCTYPE: the GIL is released for the call),
+        found with cuGetProcAddress so it is the same driver cuda-python loaded."""
+        cu = self._cu
+        res = cu.cuGetProcAddress(name.encode(), 13000,
+                                  cu.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT)
+        if res[0] or not res[1]:
+            raise BackendError(CUDA_ERROR_NOT_SUPPORTED, f"cuGetProcAddress({name}) failed")
+        return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(int(res[1]))
+
+    def _gate_entries(self, stream: Any, word: int) -> None:
+        """Resolve the entry points and probe cuStreamWaitValue32 once (on a scratch stream,
+        with a condition that already holds: `word` is the gate word's current value)."""
+        with self._gate_lock:
+            if self._launch_host_func is None:
+                vp = ctypes.c_void_p
+                self._launch_host_func = self._driver_entry("cuLaunchHostFunc", vp, vp, vp)
+                self._add_callback = self._driver_entry("cuStreamAddCallback", vp, vp, vp,
+                                                        ctypes.c_uint)
+            if self._wait_value_ok is None:
+                cu = self._cu
+                scratch = check(cu.cuStreamCreate(1), "cuStreamCreate")
+                try:
+                    res = cu.cuStreamWaitValue32(scratch, word[0], word[1],
+                                                 cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+                    if res[0] and int(res[0]) != _CU_ERROR_NOT_SUPPORTED:
+                        raise error(res[0], "cuStreamWaitValue32")
+                    self._wait_value_ok = not res[0]
+                    check(self._sync(scratch), "cuStreamSynchronize")
+                finally:
+                    check(cu.cuStreamDestroy(scratch), "cuStreamDestroy")
+
+    def gate(self, stream: Any, gate: Gate) -> None:
+        """pilot_gate_fire as a host function (cuLaunchHostFunc; cuStreamAddCallback for
+        cudaStreamAddCallback, whose callback also runs after an error, with the status), then
+        cuStreamWaitValue32 on the gate's word. Without stream memory operations the host
+        function waits for the word itself (gate.wait = 1), which holds the stream just as well
+        but occupies the driver's callback thread meanwhile."""
+        slot = _pffi.cast("pilot_gate *", gate.address)
+        if self._wait_value_ok is None or self._launch_host_func is None:
+            self._gate_entries(stream, (gate.device_address, int(slot.word)))
+        if not self._wait_value_ok:
+            slot.wait = 1
+        handle = int(stream)
+        if gate.stream_callback:
+            fn = int(_pffi.cast("uintptr_t", _pffi.addressof(_plib, "pilot_gate_fire_status")))
+            rc = self._add_callback(handle, fn, gate.address, 0)
+            call = "cuStreamAddCallback"
+        else:
+            fn = int(_pffi.cast("uintptr_t", _pffi.addressof(_plib, "pilot_gate_fire")))
+            rc = self._launch_host_func(handle, fn, gate.address)
+            call = "cuLaunchHostFunc"
+        if rc:
+            raise error(self._cu.CUresult(rc), call)
+        if self._wait_value_ok:
+            cu = self._cu
+            res = cu.cuStreamWaitValue32(stream, gate.device_address, gate.target,
+                                         cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+            if res[0]:
+                # The host function is queued already: it must not be undone (its token would
+                # come back after the slot was reused). Make it wait for the word itself.
+                slot.wait = 1
+                log.error(
+                    "cuStreamWaitValue32 failed (%s); this gate holds the callback thread instead",
+                    _describe(res[0])[0])
+
+    def kick(self) -> None:
+        """The GPU polls the gate words itself: nothing to do."""
 
 
 # CUmemorytype (cuda.h): CU_MEMORYTYPE_HOST 1, CU_MEMORYTYPE_DEVICE 2.

@@ -4,6 +4,11 @@ Simplifications, on purpose:
 - Work runs synchronously at enqueue time: every copy, memset and launch has completed when
   the call returns, so streams and events are always complete (queries return True,
   synchronizes return at once). Ordering between streams is therefore trivially respected.
+  The one exception is a host-callback gate (callbacks.py): a stream that reaches a closed gate
+  is *held*, and what is issued on it afterwards queues up (with copies of its host data) until
+  the gate opens and kick() runs it, in order. An event recorded on a held stream is pending
+  until its record runs; a stream that waits for a pending event is held too. Synchronizes,
+  queries and device-to-host copies see held streams as busy (a synchronize waits for them).
 - Kernels run as Python emulations looked up by mangled name (sim_kernels.py); parameter
   layouts come from the image's device ELF (fatbin.py), as the driver would know them.
 - A module's `__device__`/`__constant__` variables live in one block of sim memory allocated at
@@ -22,13 +27,18 @@ Simplifications, on purpose:
 from __future__ import annotations
 
 import bisect
+import collections
 import mmap
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from pilot.daemon.backend import (
+    CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
+    CUDA_ERROR_INVALID_CLUSTER_SIZE,
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_IMAGE,
     CUDA_ERROR_INVALID_PITCH_VALUE,
@@ -36,13 +46,17 @@ from pilot.daemon.backend import (
     CUDA_ERROR_INVALID_SYMBOL,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_MEMORY_ALLOCATION,
+    CUDA_ERROR_NOT_READY,
     CUDA_ERROR_UNSUPPORTED_LIMIT,
     BackendError,
     DeviceInfo,
     FunctionInfo,
+    Gate,
+    LaunchAttrs,
 )
 from pilot.daemon.fatbin import KernelInfo, globals_in_image, kernel_infos_in_image
 from pilot.daemon.func_attrs import ImageFuncAttrs, image_function_attrs
+from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.sim_device import h100_like_info
 from pilot.daemon.sim_kernels import CUDA_ERROR_INVALID_DEVICE_FUNCTION, KernelRegistry, SimLaunch
 
@@ -150,6 +164,10 @@ class SimMemory:
         block = self._blocks[self._bases[i]]
         return block if addr - block.base < block.size else None
 
+    def device_of(self, addr: int) -> int | None:
+        block = self.block(addr)
+        return block.device if block is not None else None
+
     def region(self, addr: int, nbytes: int) -> memoryview | None:
         """A writable view of [addr, addr+nbytes) if it lies inside one live block."""
         i = bisect.bisect_right(self._bases, addr) - 1
@@ -162,11 +180,25 @@ class SimMemory:
         return memoryview(block.data)[start:start + nbytes]
 
 
+MAX_CLUSTER_PORTABLE, MAX_CLUSTER_NON_PORTABLE = 8, 16  # blocks per cluster on an H100
+FA_NON_PORTABLE_CLUSTER = 14
+
+
+class _Hold:
+    """A queue entry that holds its stream back until ready() (a gate, a pending event)."""
+
+    def __init__(self, ready: Callable[[], bool]) -> None:
+        self.ready = ready
+
+
 @dataclass(eq=False)
 class _Stream:
     flags: int
     priority: int
     alive: bool = True
+    # Work issued while the stream is held: callables and _Holds, in order (sim lock held).
+    queue: collections.deque = field(default_factory=collections.deque)
+    error: BackendError | None = None  # raised by queued work, reported at the next sync
 
 
 @dataclass(eq=False)
@@ -174,6 +206,8 @@ class _Event:
     flags: int
     recorded_ns: int | None = None
     alive: bool = True
+    issued: int = 0  # records issued
+    done: int = 0  # records that ran (fewer while one waits on a held stream)
 
 
 @dataclass(eq=False)
@@ -214,6 +248,8 @@ class SimBackend:
         self._infos = [info or h100_like_info(total_mem, i) for i in range(device_count)]
         self._memory = SimMemory(device_count, total_mem)
         self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)  # held streams ran
+        self._held: set[_Stream] = set()
         self._thread = threading.local()
         self._limit_values: dict[int, dict[int, int]] = {}  # device -> cudaLimit -> value
         self._var_ranges: dict[int, int] = {}  # __managed__ variable address -> size
@@ -264,12 +300,17 @@ class SimBackend:
         with self._lock:
             self._check_stream(stream)
             if count:
-                self._device_range(dst, count)[:] = source
+                self._device_range(dst, count)  # a bad range fails now, held or not
+                self._issue(stream, self._write, dst, source)
+
+    def _write(self, dst: int, data: Any) -> None:
+        self._device_range(dst, len(data))[:] = data
 
     def memcpy_dtoh(self, dst: Any, src: int, count: int, stream: Any) -> None:
         target = _host_view(dst, count, writable=True)
         with self._lock:
             self._check_stream(stream)
+            self._wait_idle(stream)
             if count:
                 target[:] = self._device_range(src, count)
 
@@ -278,19 +319,25 @@ class SimBackend:
         with self._lock:
             self._check_stream(stream)
             if count:
-                source = bytes(self._device_range(src, count))  # copy: ranges may overlap
-                self._device_range(dst, count)[:] = source
+                self._issue(stream, self._dtod, dst, src, count)
+
+    def _dtod(self, dst: int, src: int, count: int) -> None:
+        source = bytes(self._device_range(src, count))  # copy: ranges may overlap
+        self._device_range(dst, count)[:] = source
 
     def memset_d8(self, ptr: int, value: int, count: int, stream: Any) -> None:
         _check_count(count)
         with self._lock:
             self._check_stream(stream)
             if count:
-                region = self._device_range(ptr, count)
-                chunk = bytes([value & 0xFF]) * min(count, _MMAP_THRESHOLD)
-                for start in range(0, count, len(chunk)):
-                    n = min(len(chunk), count - start)
-                    region[start:start + n] = chunk[:n]
+                self._issue(stream, self._memset, ptr, value, count)
+
+    def _memset(self, ptr: int, value: int, count: int) -> None:
+        region = self._device_range(ptr, count)
+        chunk = bytes([value & 0xFF]) * min(count, _MMAP_THRESHOLD)
+        for start in range(0, count, len(chunk)):
+            n = min(len(chunk), count - start)
+            region[start:start + n] = chunk[:n]
 
     # ---- unified memory ---------------------------------------------------------------------
 
@@ -382,6 +429,79 @@ class SimBackend:
     def host_unregister(self, address: int) -> None:
         """Nothing was pinned."""
 
+    # ---- streams held back by gates (sim lock held) --------------------------------------
+
+    def _issue(self, stream: Any, fn: Callable[..., None], *args: Any) -> None:
+        """fn(*args) now, or in order once the held stream gets there (host views copied)."""
+        if stream is not None and stream.queue:
+            stream.queue.append(partial(fn, *(bytes(a) if isinstance(a, memoryview) else a
+                                              for a in args)))
+        else:
+            fn(*args)
+
+    def _hold(self, stream: Any, ready: Callable[[], bool]) -> None:
+        """Hold `stream` back until ready() (checked now, and whenever kick() runs)."""
+        if stream is None or (not stream.queue and ready()):
+            return
+        stream.queue.append(_Hold(ready))
+        self._held.add(stream)
+
+    def _wait_idle(self, stream: Any) -> None:
+        """Block until nothing holds `stream` back (a gate opens from another thread)."""
+        if stream is not None and stream.queue:
+            self._cond.wait_for(lambda: not stream.queue)
+
+    def _pump(self) -> None:
+        """Run what held streams may run now, until nothing moves."""
+        moved = True
+        while moved:
+            moved = False
+            for stream in list(self._held):
+                q = stream.queue
+                while q:
+                    head = q[0]
+                    if isinstance(head, _Hold):
+                        if not head.ready():
+                            break
+                        q.popleft()
+                    else:
+                        q.popleft()
+                        try:
+                            head()
+                        except BackendError as exc:
+                            stream.error = stream.error or exc
+                    moved = True
+                if not q:
+                    self._held.discard(stream)
+        self._cond.notify_all()
+
+    def kick(self) -> None:
+        with self._lock:
+            self._pump()
+
+    def gate(self, stream: Any, gate: Gate) -> None:
+        """The gate's host function, then a hold until its word reaches the target: the same
+        C code (shim/gates.c) the driver runs on a GPU."""
+        ptr = ffi.cast("pilot_gate *", gate.address)
+        with self._lock:
+            self._check_stream(stream)
+            if gate.stream_callback:
+                self._issue(stream, lib.pilot_gate_fire_status, ffi.NULL, 0, ptr)
+            else:
+                self._issue(stream, lib.pilot_gate_fire, ptr)
+            self._hold(stream, lambda: bool(lib.pilot_gate_is_open(ptr)))
+
+    def map_host(self, address: int, size: int) -> None:
+        """Nothing to pin or map: the sim reads host memory directly."""
+
+    def host_device_pointer(self, address: int) -> int:
+        return address
+
+    def _raise_stream_error(self, stream: Any) -> None:
+        if stream is not None and stream.error is not None:
+            exc, stream.error = stream.error, None
+            raise exc
+
     # ---- streams and events ---------------------------------------------------------------
 
     def _check_stream(self, stream: Any) -> None:
@@ -409,16 +529,20 @@ class SimBackend:
     def stream_synchronize(self, stream: Any) -> None:
         with self._lock:
             self._check_stream(stream)
+            self._wait_idle(stream)
+            self._raise_stream_error(stream)
 
     def stream_query(self, stream: Any) -> bool:
         with self._lock:
             self._check_stream(stream)
-            return True
+            return stream is None or not stream.queue
 
     def stream_wait_event(self, stream: Any, event: Any) -> None:
         with self._lock:
             self._check_stream(stream)
-            self._event(event)
+            ev = self._event(event)
+            target = ev.issued  # the record it waits for: the last one issued so far
+            self._hold(stream, lambda: ev.done >= target)
 
     def event_create(self, flags: int) -> Any:
         known = EVENT_BLOCKING_SYNC | EVENT_DISABLE_TIMING | EVENT_INTERPROCESS
@@ -433,21 +557,32 @@ class SimBackend:
     def event_record(self, event: Any, stream: Any) -> None:
         with self._lock:
             self._check_stream(stream)
-            self._event(event).recorded_ns = time.perf_counter_ns()
+            ev = self._event(event)
+            ev.issued += 1
+            self._issue(stream, self._recorded, ev, ev.issued)
+
+    @staticmethod
+    def _recorded(ev: _Event, generation: int) -> None:
+        ev.recorded_ns = time.perf_counter_ns()
+        ev.done = max(ev.done, generation)
 
     def event_synchronize(self, event: Any) -> None:
         with self._lock:
-            self._event(event)
+            ev = self._event(event)
+            target = ev.issued
+            self._cond.wait_for(lambda: ev.done >= target)
 
     def event_query(self, event: Any) -> bool:
         with self._lock:
-            self._event(event)
-            return True
+            ev = self._event(event)
+            return ev.done >= ev.issued
 
     def event_elapsed_ms(self, start: Any, end: Any) -> float:
         with self._lock:
             first, last = self._event(start), self._event(end)
             for ev in (first, last):
+                if ev.done < ev.issued:
+                    raise BackendError(CUDA_ERROR_NOT_READY, "event not completed yet")
                 if ev.flags & EVENT_DISABLE_TIMING:
                     raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE,
                                        "event created with cudaEventDisableTiming")
@@ -559,7 +694,57 @@ class SimBackend:
             launch = SimLaunch(function.info.name, (grid[0], grid[1], grid[2]),
                                (block[0], block[1], block[2]), shared_bytes, params, self._memory,
                                symbols=function.module.globals)
-            self._kernels.run(launch)
+            self._issue(stream, self._kernels.run, launch)
+
+    def launch_ex(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
+                  shared_bytes: int, stream: Any, args: bytes, attrs: LaunchAttrs) -> None:
+        """What an H100 refuses at the launch: a cooperative grid larger than what fits on the
+        device at once (occupancy x SMs), clusters that do not tile the grid or exceed 8 blocks
+        (16 with the non-portable attribute). Priorities only order work: nothing to emulate."""
+        with self._lock:
+            fn = self._function(function)
+            if attrs.cooperative:
+                threads = block[0] * block[1] * block[2]
+                per_sm = self.occupancy(function, threads, shared_bytes, 0) if threads <= 1024 else 0
+                sms = self._infos[self._current_device()].attrs.get(16, 132)
+                if grid[0] * grid[1] * grid[2] > per_sm * sms:
+                    raise BackendError(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
+                                       f"{grid} blocks of {threads} threads: at most "
+                                       f"{per_sm} per SM x {sms} SMs co-resident")
+            if attrs.cluster is not None:
+                cluster = attrs.cluster
+                most = MAX_CLUSTER_NON_PORTABLE if fn.attrs[FA_NON_PORTABLE_CLUSTER] else MAX_CLUSTER_PORTABLE
+                size = cluster[0] * cluster[1] * cluster[2]
+                if not size or size > most or any(g % c for g, c in zip(grid, cluster, strict=True)):
+                    raise BackendError(CUDA_ERROR_INVALID_CLUSTER_SIZE,
+                                       f"cluster {cluster} for grid {grid} (at most {most} blocks)")
+            self.launch(function, grid, block, shared_bytes, stream, args)
+
+    # ---- several devices --------------------------------------------------------------------
+
+    def can_access_peer(self, device: int, peer: int) -> bool:
+        """Every simulated GPU reaches every other (one address space, like NVLink peers)."""
+        self._check_device(device)
+        self._check_device(peer)
+        return device != peer
+
+    def enable_peer_access(self, device: int, peer: int) -> None:
+        if not self.can_access_peer(device, peer):
+            raise BackendError(CUDA_ERROR_INVALID_DEVICE, f"device {device} cannot reach {peer}")
+
+    def memcpy_peer(self, dst: int, dst_device: int, src: int, src_device: int, count: int,
+                    stream: Any) -> None:
+        _check_count(count)
+        self._check_device(dst_device)
+        self._check_device(src_device)
+        with self._lock:
+            self._check_stream(stream)
+            for addr, device in ((dst, dst_device), (src, src_device)):
+                self._device_range(addr, count)
+                if count and self._memory.device_of(addr) != device:
+                    raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{addr:#x} is not on device {device}")
+            if count:
+                self._issue(stream, self._dtod, dst, src, count)
 
     # ---- limits, stream priorities, function attributes, occupancy, 2D memory -------------
 
@@ -654,8 +839,13 @@ class SimBackend:
         source = _host_view(src, (height - 1) * spitch + width, writable=False)
         with self._lock:
             self._check_stream(stream)
-            for r, row in enumerate(self._rows(dst, dpitch, width, height)):
-                row[:] = source[r * spitch:r * spitch + width]
+            self._rows(dst, dpitch, width, height)  # a bad range fails now, held or not
+            self._issue(stream, self._write_rows, dst, dpitch, source, spitch, width, height)
+
+    def _write_rows(self, dst: int, dpitch: int, source: Any, spitch: int, width: int,
+                    height: int) -> None:
+        for r, row in enumerate(self._rows(dst, dpitch, width, height)):
+            row[:] = source[r * spitch:r * spitch + width]
 
     def memcpy_2d_dtoh(self, dst: Any, dpitch: int, src: int, spitch: int, width: int,
                        height: int, stream: Any) -> None:
@@ -664,6 +854,7 @@ class SimBackend:
         target = _host_view(dst, (height - 1) * dpitch + width, writable=True)
         with self._lock:
             self._check_stream(stream)
+            self._wait_idle(stream)
             for r, row in enumerate(self._rows(src, spitch, width, height)):
                 target[r * dpitch:r * dpitch + width] = row
 
@@ -673,9 +864,13 @@ class SimBackend:
             return
         with self._lock:
             self._check_stream(stream)
-            rows = [bytes(row) for row in self._rows(src, spitch, width, height)]  # may overlap
-            for row, data in zip(self._rows(dst, dpitch, width, height), rows, strict=True):
-                row[:] = data
+            self._issue(stream, self._dtod_rows, dst, dpitch, src, spitch, width, height)
+
+    def _dtod_rows(self, dst: int, dpitch: int, src: int, spitch: int, width: int,
+                   height: int) -> None:
+        rows = [bytes(row) for row in self._rows(src, spitch, width, height)]  # may overlap
+        for row, data in zip(self._rows(dst, dpitch, width, height), rows, strict=True):
+            row[:] = data
 
     def memset_2d_d8(self, ptr: int, pitch: int, value: int, width: int, height: int,
                      stream: Any) -> None:
@@ -684,8 +879,11 @@ class SimBackend:
         fill = bytes([value & 0xFF]) * width
         with self._lock:
             self._check_stream(stream)
-            for row in self._rows(ptr, pitch, width, height):
-                row[:] = fill
+            self._issue(stream, self._fill_rows, ptr, pitch, fill, width, height)
+
+    def _fill_rows(self, ptr: int, pitch: int, fill: bytes, width: int, height: int) -> None:
+        for row in self._rows(ptr, pitch, width, height):
+            row[:] = fill
 
 
 def _initial_attrs(max_threads: int, image: ImageFuncAttrs | None) -> list[int]:

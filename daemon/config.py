@@ -17,6 +17,7 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     log_level = "info"             # debug | info | warning | error
     log_format = "text"            # text | json
     sim_kernels = []               # Python files of kernel emulations (backend "sim")
+    sim_devices = 1                # GPUs the sim backend presents, 1..16
     [gpu]
     capacity = "70GiB"             # bytes granted per GPU (default: the card's memory)
     [gpu.capacity_per_gpu]
@@ -198,6 +199,7 @@ class Config:
     log_format: str = "text"
     spin_us: int = 50
     sim_kernels: tuple[str, ...] = ()
+    sim_devices: int = 1
     tenants: dict[str, TenantDef] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -420,6 +422,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "log_format": _choice(LOG_FORMATS),
     "spin_us": _int_range(0, 10000),
     "sim_kernels": _paths,
+    "sim_devices": _int_range(1, 16),
     "tenants": _tenants,
 }
 
@@ -427,7 +430,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
 SECTIONS: dict[str, dict[str, str]] = {
     "daemon": {k: k for k in ("backend", "socket", "control_socket", "vgpus_per_gpu", "gpus",
                               "spin_us", "state_dir", "admin_group", "log_level", "log_format",
-                              "sim_kernels")},
+                              "sim_kernels", "sim_devices")},
     "gpu": {"capacity": "capacity", "capacity_per_gpu": "capacity_per_gpu"},
     "policy": {"name": "policy"},
     "nvml": {"poll_interval": "nvml_poll_interval"},

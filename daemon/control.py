@@ -122,7 +122,7 @@ def status(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, An
         })
     return {"version": daemon.version, "backend": daemon.backend.name, "pid": os.getpid(),
             "uptime_s": round(time.time() - daemon.started, 1), "gpus": gpus,
-            "vgpus": snap["vgpus"], "sessions": len(snap["sessions"]),
+            "vgpus": snap["vgpus"], "sessions": len({s["session"] for s in snap["sessions"]}),
             "policy": daemon.config.policy, "you": {"tenant": caller.tenant, "admin": caller.admin}}
 
 

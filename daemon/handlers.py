@@ -71,11 +71,9 @@ def _need(payload: memoryview, size: int, what: str) -> None:
 
 @handler(lib.PILOT_OP_DEVICE_INFO, "pilot_req_device")
 def device_info(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
-    info = vg.device_info()
     rep = new("pilot_rep_device_info")
-    rep.device_count = 1
+    info = devices.fill_device_info(vg, s, req.device, rep)  # count, capacity, peers
     rep.driver_version = info.driver_version
-    rep.total_mem = vg.memory_limits(s)[1]
     name = info.name.encode()[: lib.PILOT_NAME_MAX - 1]
     ffi.memmove(rep.name, name, len(name))
     ffi.memmove(rep.uuid, info.uuid[:16], min(16, len(info.uuid)))
@@ -149,7 +147,7 @@ def stream_destroy(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
 def stream_synchronize(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     if req.handle == 0:
         streams.join_blocking_into_legacy(vg, s)
-        vg.backend.stream_synchronize(vg.stream)
+        vg.backend.stream_synchronize(s.legacy or vg.stream)
     else:
         st = s.stream(req.handle)
         vg.backend.stream_synchronize(st.obj)
@@ -157,14 +155,14 @@ def stream_synchronize(vg: VGpu, s: Session, req: Any, payload: memoryview) -> N
 
 @handler(lib.PILOT_OP_STREAM_QUERY, "pilot_req_handle")
 def stream_query(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    obj = vg.stream if req.handle == 0 else s.stream(req.handle).obj
+    obj = (s.legacy or vg.stream) if req.handle == 0 else s.stream(req.handle).obj
     if not vg.backend.stream_query(obj):
         raise BackendError(CUDA_ERROR_NOT_READY)
 
 
 @handler(lib.PILOT_OP_STREAM_WAIT_EVENT, "pilot_req_stream_wait_event")
 def stream_wait_event(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    ev = s.event(req.event)
+    ev = devices.any_event(s, req.event)  # may be another device's
     vg.backend.stream_wait_event(streams.stream_for_work(vg, s, req.stream), ev)
 
 
@@ -251,7 +249,7 @@ def launch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
         _need(payload, info.arg_bytes, "kernel arguments")
     if req.stream == 0 and not s.dirty_blocking:  # the common case, inlined from stream_for_work
         s.legacy_gen += 1
-        stream = vg.stream
+        stream = s.legacy or vg.stream
     else:
         stream = streams.stream_for_work(vg, s, req.stream)
     g, b = req.grid, req.block
@@ -533,3 +531,7 @@ def memset_2d(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     s.check_range(req.ptr, _rows_span(pitch, width, height))
     vg.backend.memset_2d_d8(req.ptr, pitch, req.value & 0xFF, width, height,
                             _copy_stream(vg, s, req))
+
+
+# Handlers of other modules register into HANDLERS as they are imported.
+from . import callbacks, devices, execution  # noqa: E402, F401

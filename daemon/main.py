@@ -21,12 +21,13 @@ from .server import Daemon, DaemonError
 log = logging.getLogger("pilot.main")
 
 
-def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] | None) -> Any:
+def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] | None,
+                 sim_devices: int = 1) -> Any:
     if name == "sim":
         from .backend_sim import SimBackend
         from .sim_kernels import load_kernel_files
 
-        return SimBackend(load_kernel_files(list(sim_kernels)))
+        return SimBackend(load_kernel_files(list(sim_kernels)), device_count=sim_devices)
     from .backend_cuda import CudaBackend
 
     return CudaBackend(list(gpus) if gpus else None)
@@ -52,6 +53,8 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
 @click.option("--admin-group", metavar="GROUP", help="Group allowed to change quotas, kill, drain.")
 @click.option("--sim-kernels", type=click.Path(exists=True, dir_okay=False), multiple=True,
               help="Python file of kernel emulations for --backend sim (repeatable).")
+@click.option("--sim-devices", type=click.IntRange(1, 16),
+              help="GPUs the sim backend presents [default: 1].")
 @click.option("--spin-us", type=click.IntRange(0, 10000),
               help="Microseconds a vGPU thread polls for the next call before it sleeps.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
@@ -59,7 +62,8 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
 def main(config_path: str | None, backend: str | None, socket_: str | None, control_socket: str | None,
          vgpus_per_gpu: int | None, devices: tuple[int, ...], capacity: str | None,
          state_dir: str | None, metrics_address: str | None, admin_group: str | None,
-         sim_kernels: tuple[str, ...], spin_us: int | None, log_level: str | None,
+         sim_kernels: tuple[str, ...], sim_devices: int | None, spin_us: int | None,
+         log_level: str | None,
          log_format: str | None) -> None:
     """Serve CUDA programs run under libpilot.so."""
     try:
@@ -69,6 +73,7 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
             "capacity": parse_bytes(capacity) if capacity is not None else None,
             "state_dir": state_dir, "metrics_address": metrics_address,
             "admin_group": admin_group, "sim_kernels": tuple(sim_kernels) or None,
+            "sim_devices": sim_devices,
             "spin_us": spin_us, "log_level": log_level, "log_format": log_format,
         }
         config = load_config(config_path, overrides)
@@ -78,7 +83,7 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
     path = config.socket or socket_path(for_daemon=True)
     control_path = config.control_socket_path(path)
     try:
-        be = make_backend(config.backend, config.sim_kernels, config.gpus)
+        be = make_backend(config.backend, config.sim_kernels, config.gpus, config.sim_devices)
         daemon = Daemon(be, config, path, control_path)
     except (DaemonError, ImportError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc

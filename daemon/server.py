@@ -26,8 +26,10 @@ import zmq
 from pilot import __version__
 
 from . import control, sdnotify
-from .backend import CUDA_ERROR_INITIALIZATION, CUDA_ERROR_NOT_SUPPORTED, Backend
+from .backend import CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_NOT_SUPPORTED, Backend
+from .callbacks import CallbackHub
 from .config import Config
+from .devices import SessionGroup, Topology
 from .metrics import Metrics, PilotCollector, start_exporter
 from .nvml import NvmlPoller, NvmlSource, NvmlUnavailable, SimSource
 from .protocol import ENVELOPE_SIZE, ffi, lib, new, to_bytes
@@ -49,9 +51,11 @@ class DaemonError(Exception):
 
 @dataclass
 class Watched:
-    session: Session
+    session: Session  # part 0
     vgpu: VGpu
     pidfd: int | None  # None: pidfd_open unavailable, checked by polling /proc
+    group: SessionGroup
+    others: list[tuple[VGpu, Session]]  # parts on other devices (DEVICE_JOIN)
 
 
 def prepare_socket_path(path: str) -> None:
@@ -101,6 +105,10 @@ class Daemon:
             for i, (g, d) in enumerate((g, d) for g, d in self.gpus.items()
                                        for _ in range(config.vgpus_per_gpu))
         ]
+        self.topology = self._topology()
+        self.callbacks = CallbackHub(f"{socket_path}.callbacks", backend)
+        for vg in self.vgpus:
+            vg.topology, vg.callbacks = self.topology, self.callbacks
         self.draining: set[int] = set()
         self._stop = threading.Event()
         self._nvml: NvmlPoller | None = None
@@ -109,13 +117,26 @@ class Daemon:
         self._watched: dict[int, Watched] = {}
         self._next_session = 1
 
+    def _topology(self) -> Topology:
+        """The GPUs in host order, as programs number them (relative to their first GPU)."""
+        order = sorted(self.gpus)
+        devices = [self.gpus[g] for g in order]
+        backend = self.backend
+        topo = Topology(gpus=order, devices=devices,
+                        infos=[backend.device_info(d) for d in devices],
+                        peers=[[p == q or backend.can_access_peer(p, q) for q in devices]
+                               for p in devices])
+        topo.vgpus = [[v for v in self.vgpus if v.gpu == g] for g in order]
+        return topo
+
     def request_stop(self) -> None:
         self._stop.set()
 
     def run(self) -> None:
         """Bind everything, then serve on the calling thread until request_stop()."""
         threading.current_thread().name = "pilot-router"
-        for path in (self.socket_path, self.control_path, *(vg.endpoint_path for vg in self.vgpus)):
+        for path in (self.socket_path, self.control_path, self.callbacks.endpoint_path,
+                     *(vg.endpoint_path for vg in self.vgpus)):
             prepare_socket_path(path)
         router = self.ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
@@ -127,6 +148,8 @@ class Daemon:
             for vg in self.vgpus:
                 vg.start()
                 os.chmod(vg.endpoint_path, 0o666)  # access is decided by peer credentials
+            self.callbacks.start()
+            os.chmod(self.callbacks.endpoint_path, 0o666)
             os.chmod(self.socket_path, 0o666)
             os.chmod(self.control_path, 0o666)  # changes are checked against the caller's uid
             self._start_nvml()
@@ -225,6 +248,8 @@ class Daemon:
         if env.opcode == lib.PILOT_OP_HELLO:
             body = self._hello(frames)
             router.send_multipart([frames[0], frames[1], body])
+        elif env.opcode == lib.PILOT_OP_DEVICE_JOIN:
+            router.send_multipart([frames[0], frames[1], self._join(frames, env.session)])
         elif env.opcode == lib.PILOT_OP_SESSIONS:
             rep = new("pilot_rep_status")
             listing = json.dumps(self.session_summaries()).encode()
@@ -261,16 +286,53 @@ class Daemon:
             pidfd: int | None = os.pidfd_open(creds.pid)
         except (AttributeError, OSError):
             pidfd = None
+        group = SessionGroup(session, self.topology.position(vg.gpu), self.topology)
         vg.sessions[session.id] = session
-        self._watched[session.id] = Watched(session, vg, pidfd)
+        self._watched[session.id] = Watched(session, vg, pidfd, group, [])
+        self.callbacks.open_session(session.id, group)
         log.info("session %d: pid %d uid %d (%s) on vGPU %d", session.id, creds.pid, creds.uid,
                  session.cmdline[:80], vg.index, extra={"session": session.id, "tenant": tenant})
+        return self._placed(rep, session, vg, 0)
+
+    def _placed(self, rep: Any, session: Session, vg: VGpu, ordinal: int) -> bytes:
         rep.session = session.id
         rep.vgpu = vg.index
-        rep.device = 0
+        rep.device = ordinal
         endpoint = vg.endpoint_path.encode()
         ffi.memmove(rep.endpoint, endpoint, len(endpoint))
+        callbacks = self.callbacks.endpoint_path.encode()
+        ffi.memmove(rep.callbacks, callbacks, len(callbacks))
         return to_bytes(rep)
+
+    def _join(self, frames: list[zmq.Frame], sid: int) -> bytes:
+        """DEVICE_JOIN: the session's part on another of its devices, placed on the least busy
+        vGPU of that GPU (a draining GPU too: the session already runs). Only the session's own
+        process may ask, and once per device."""
+        rep = new("pilot_rep_hello")
+        w = self._watched.get(sid)
+        try:
+            creds = Credentials.from_peer_address(frames[1].get("Peer-Address"))
+        except (ValueError, zmq.ZMQError):
+            creds = None
+        if (w is None or creds is None or len(frames) < 3
+                or (creds.pid, creds.uid) != (w.session.creds.pid, w.session.creds.uid)):
+            log.warning("router: DEVICE_JOIN for session %d refused", sid)
+            rep.hdr.err = CUDA_ERROR_INITIALIZATION
+            return to_bytes(rep)
+        req = ffi.new("pilot_req_device *")
+        ffi.memmove(req, frames[2].bytes, min(len(frames[2]), ffi.sizeof("pilot_req_device")))
+        ordinal = req.device
+        if not 0 < ordinal < len(w.group) or w.group.part(ordinal) is not None:
+            rep.hdr.err = CUDA_ERROR_INVALID_DEVICE
+            return to_bytes(rep)
+        candidates = self.topology.vgpus[w.group.position(ordinal)]
+        vg = min(candidates, key=lambda v: len(v.sessions))
+        part = w.group.add_part(ordinal, vg)
+        vg.sessions[part.id] = part
+        w.others.append((vg, part))
+        log.info("session %d: device %d on vGPU %d (GPU %d)", sid, ordinal, vg.index, vg.gpu,
+                 extra={"session": sid, "tenant": part.tenant})
+        return self._placed(rep, part, vg, ordinal)
 
     def end_session(self, sid: int, why: str) -> bool:
         """Tell the session's vGPU to release it (router thread). False if there is no such."""
@@ -281,18 +343,25 @@ class Daemon:
             os.close(w.pidfd)
         log.info("session %d (pid %d): %s", sid, w.session.creds.pid, why,
                  extra={"session": sid, "tenant": w.session.tenant})
+        self.callbacks.close_session(sid)  # first: a vGPU may be waiting behind its gates
         w.vgpu.send_control(b"R", sid)
+        for vg, _ in w.others:
+            vg.send_control(b"R", sid)
         return True
 
     def session_summaries(self) -> list[dict[str, Any]]:
-        return [w.session.summary() for w in list(self._watched.values())]
+        return [w.group.summary() for w in list(self._watched.values())]
+
+    def part_summaries(self) -> list[dict[str, Any]]:
+        """One row per device a session uses (metrics count memory per GPU)."""
+        return [p.summary() for w in list(self._watched.values()) for p in list(w.group.parts.values())]
 
     def snapshot(self) -> dict[str, Any]:
         """The daemon's state for pilotctl status and the metrics collector (any thread)."""
         readings = self._nvml.latest() if self._nvml is not None else {}
         budget = self.services.budget
         return {
-            "sessions": self.session_summaries(),
+            "sessions": self.part_summaries(),
             "gpus": [{"index": g, "capacity": budget.capacity(g), "used_by_pilot": budget.used(g),
                       "draining": g in self.draining, "reading": readings.get(g)}
                      for g in sorted(self.gpus)],
@@ -307,10 +376,12 @@ class Daemon:
         }
 
     def _shutdown(self, router: zmq.Socket, control_sock: zmq.Socket) -> None:
+        self.callbacks.close_all()  # no vGPU may stay blocked behind a gate
         for vg in self.vgpus:
             vg.send_control(b"S")
         for vg in self.vgpus:
             vg.join(timeout=10)
+        self.callbacks.stop()
         if self._nvml is not None:
             self._nvml.stop()
         if self._exporter is not None:
@@ -320,7 +391,8 @@ class Daemon:
                 os.close(w.pidfd)
         router.close(0)
         control_sock.close(0)
-        for path in [self.socket_path, self.control_path, *(vg.endpoint_path for vg in self.vgpus)]:
+        for path in [self.socket_path, self.control_path, self.callbacks.endpoint_path,
+                     *(vg.endpoint_path for vg in self.vgpus)]:
             try:
                 os.unlink(path)
             except FileNotFoundError:

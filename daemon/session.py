@@ -83,6 +83,8 @@ class Session:
     started: float = field(default_factory=time.time)
     identity: int | None = None  # the vGPU endpoint connection attached to this session
     fault_identity: int | None = None  # its unified-memory fault channel, once opened
+    ordinal: int = 0  # the program's number for this part's device (devices.py)
+    group: Any = None  # devices.SessionGroup: the session's parts on every device it uses
 
     # Owned by the vGPU thread.
     allocations: dict[int, int] = field(default_factory=dict)
@@ -101,6 +103,7 @@ class Session:
     sticky: int = 0
     legacy_gen: int = 0
     legacy_event: Any = None
+    legacy: Any = None  # the legacy stream when the session has one of its own (callbacks.py)
     limits: Any = None  # limits.ContextLimits holding this session's cudaDeviceSetLimit requests
     # Blocking streams with work issued since the legacy stream last joined them.
     dirty_blocking: dict[int, StreamState] = field(default_factory=dict)
@@ -202,6 +205,8 @@ class Session:
         if _within(self._bases, self.allocations, ptr, count) or (
                 self.symbols and _within(self._symbol_bases, self.symbols, ptr, count)):
             return
+        if self.group is not None and self.group.owns(ptr, count, self):
+            return  # memory of the session on another device (devices.py)
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"[{ptr:#x}, +{count}) is not memory of this session")
 
     # ---- module variables ----
@@ -245,6 +250,8 @@ class Session:
 
         for st in self.streams.values():
             attempt("stream sync", backend.stream_synchronize, st.obj)
+        if self.legacy is not None:
+            attempt("stream sync", backend.stream_synchronize, self.legacy)
         for base in list(self.shadows):
             attempt("shadow", self.pop_shadow(base).close, backend)
         for ptr in list(self.allocations):
@@ -259,6 +266,9 @@ class Session:
         if self.legacy_event is not None:
             attempt("event", backend.event_destroy, self.legacy_event)
         self.managed_vars.clear()
+        if self.legacy is not None:
+            attempt("stream", backend.stream_destroy, self.legacy)
+            self.legacy = None
         for handle, mod in self.modules.items():
             self.forget_module_symbols(handle)
             attempt("module", backend.module_unload, mod)

@@ -6,6 +6,10 @@ implicit ordering of the legacy stream is rebuilt with events:
 - work on stream 0 first waits for the work already issued on the session's blocking streams;
 - work on a blocking stream first waits for the work already issued on stream 0.
 Each join costs an event record and a stream wait, and only happens when work alternates.
+
+A session whose legacy stream carries a host callback gets a legacy stream of its own
+(`own_legacy`), so that the gate behind its callback (callbacks.py) never holds up other
+tenants' work on the shared vGPU stream.
 """
 
 from __future__ import annotations
@@ -18,6 +22,21 @@ if TYPE_CHECKING:
     from .vgpu import VGpu
 
 EVENT_DISABLE_TIMING = 2
+STREAM_NON_BLOCKING = 1
+
+
+def own_legacy(vg: VGpu, s: Session) -> Any:
+    """Give the session a legacy stream of its own (once), ordered after the work it already
+    issued on the shared one."""
+    if s.legacy is None:
+        backend = vg.backend
+        own = backend.stream_create(STREAM_NON_BLOCKING, 0)
+        if s.legacy_event is None:
+            s.legacy_event = backend.event_create(EVENT_DISABLE_TIMING)
+        backend.event_record(s.legacy_event, vg.stream)
+        backend.stream_wait_event(own, s.legacy_event)
+        s.legacy = own
+    return s.legacy
 
 
 def join_blocking_into_legacy(vg: VGpu, s: Session) -> None:
@@ -28,7 +47,7 @@ def join_blocking_into_legacy(vg: VGpu, s: Session) -> None:
         if st.join_event is None:
             st.join_event = backend.event_create(EVENT_DISABLE_TIMING)
         backend.event_record(st.join_event, st.obj)
-        backend.stream_wait_event(vg.stream, st.join_event)
+        backend.stream_wait_event(s.legacy or vg.stream, st.join_event)
     s.dirty_blocking.clear()
 
 
@@ -38,14 +57,14 @@ def stream_for_work(vg: VGpu, s: Session, handle: int) -> Any:
         if s.dirty_blocking:
             join_blocking_into_legacy(vg, s)
         s.legacy_gen += 1
-        return vg.stream
+        return s.legacy or vg.stream
     st = s.stream(handle)
     if st.blocking:
         if st.seen_legacy_gen != s.legacy_gen:
             backend = vg.backend
             if s.legacy_event is None:
                 s.legacy_event = backend.event_create(EVENT_DISABLE_TIMING)
-            backend.event_record(s.legacy_event, vg.stream)
+            backend.event_record(s.legacy_event, s.legacy or vg.stream)
             backend.stream_wait_event(st.obj, s.legacy_event)
             st.seen_legacy_gen = s.legacy_gen
         s.dirty_blocking[handle] = st
@@ -57,4 +76,4 @@ def synchronize_session(vg: VGpu, s: Session) -> None:
     for st in s.streams.values():
         vg.backend.stream_synchronize(st.obj)
     s.dirty_blocking.clear()
-    vg.backend.stream_synchronize(vg.stream)
+    vg.backend.stream_synchronize(s.legacy or vg.stream)

@@ -54,6 +54,8 @@ class VGpu:
         self.spin_us = spin_us
         self.services = services
         self.metrics = services.metrics
+        self.topology: Any = None  # devices.Topology of the daemon's GPUs (set by the Daemon)
+        self.callbacks: Any = None  # callbacks.CallbackHub (set by the Daemon)
         self._info: DeviceInfo | None = None
         self._op_names = op_names()
         self._control_r, self._control_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -30,6 +30,8 @@
 #define PILOT_ATTR_COUNT 160          /* covers every cudaDeviceAttr value of CUDA 13.0 (max 147) */
 #define PILOT_INLINE_MAX 65536        /* copies up to this size travel inside the message */
 #define PILOT_MAX_PARAMS 1024         /* kernel parameters the daemon reports for one function */
+#define PILOT_MAX_DEVICES 16          /* devices one session sees (program ordinals 0..15) */
+#define PILOT_HANDLE_DEVICE_SHIFT 40  /* bits 40..47 of a stream/event handle: its device */
 
 /* Envelope flags. */
 #define PILOT_F_NO_REPLY 1            /* asynchronous call: the daemon sends no reply */
@@ -51,7 +53,11 @@ enum pilot_op {
     PILOT_OP_DEVICE_SET_LIMIT = 104,  /* pilot_req_limit; reply pilot_rep_u64: effective value */
     PILOT_OP_DEVICE_GET_LIMIT = 105,  /* pilot_req_limit; reply pilot_rep_u64 */
     PILOT_OP_DEVICE_PRIORITY_RANGE = 106, /* no body; reply pilot_rep_priority_range */
-    /* 104-139 reserved: cudaSetDevice on other GPUs, limits, cache config, flags (issue 3) */
+    /* 120-129: several devices per session (api_peer.c, daemon/devices.py) */
+    PILOT_OP_DEVICE_JOIN = 120,       /* main socket: pilot_req_device {device: program ordinal};
+                                       * reply pilot_rep_hello: the session's part on that device */
+    PILOT_OP_PEER_ENABLE = 121,       /* pilot_req_device {device: the peer}; status reply */
+    /* 104-139 reserved: limits, cache config, flags (issue 3) */
 
     /* 140: error handling: served inside the shim, no messages */
 
@@ -63,7 +69,12 @@ enum pilot_op {
     PILOT_OP_STREAM_WAIT_EVENT = 254,
     /* 255-269: stream queries (api_misc.c) */
     PILOT_OP_STREAM_GET_INFO = 255,   /* pilot_req_handle; reply pilot_rep_stream_info */
-    /* 255-279 reserved: host callbacks, priorities, attach (issues 3, 4) */
+    /* 270-279: host callbacks (shim/callbacks.c, daemon/callbacks.py) */
+    PILOT_OP_STREAM_CALLBACK = 270,   /* pilot_req_stream_callback; status reply */
+    PILOT_OP_CALLBACK_ATTACH = 271,   /* callback socket: first message; status reply */
+    PILOT_OP_CALLBACK_RUN = 272,      /* daemon -> client on the callback socket: pilot_msg_callback */
+    PILOT_OP_CALLBACK_DONE = 273,     /* client -> daemon, posted: pilot_msg_callback */
+    /* 256-269 reserved: priorities, attach (issues 3, 4) */
 
     /* 280: event management */
     PILOT_OP_EVENT_CREATE = 280,
@@ -81,7 +92,10 @@ enum pilot_op {
     PILOT_OP_FUNC_GET_ATTRIBUTES = 313, /* pilot_req_handle (function); reply pilot_rep_func_attrs */
     PILOT_OP_FUNC_SET_ATTRIBUTE = 314,  /* pilot_req_func_attr; reply pilot_rep_func_attrs */
     PILOT_OP_OCCUPANCY = 315,           /* pilot_req_occupancy; reply pilot_rep_u64 */
-    /* 313-399 reserved: cooperative launch, function attributes, occupancy (issue 3) */
+    /* 320-329: launches with attributes (api_launch_ex.c, daemon/execution.py) */
+    PILOT_OP_LAUNCH_EX = 320,         /* pilot_req_launch_ex; frame 2: packed arguments. Posted, or a
+                                       * call when the launch has checks only the device makes */
+    /* 316-399 reserved (issue 3) */
 
     /* 400: memory management */
     PILOT_OP_MALLOC = 400,
@@ -100,7 +114,9 @@ enum pilot_op {
     PILOT_OP_MEMCPY_2D = 421,         /* pilot_req_memcpy_2d; H2D rows packed in frame 2, D2H
                                        * rows packed in the reply's frame 2 */
     PILOT_OP_MEMSET_2D = 422,         /* pilot_req_memset_2d */
-    /* 430-499 reserved: pinned host memory, peer copies (issue 3) */
+    /* 423-429: peer copies (api_peer.c) */
+    PILOT_OP_MEMCPY_PEER = 423,       /* pilot_req_memcpy_peer; posted when async */
+    /* 430-499 reserved: pinned host memory (issue 3) */
     /* 500: unified memory (shim/api_managed.c, shim/coherence.c, daemon/managed.py) */
     PILOT_OP_MALLOC_MANAGED = 500,    /* pilot_req_malloc_managed; reply pilot_rep_u64 {ptr} */
     PILOT_OP_SHADOW_ATTACH = 501,     /* pilot_req_shadow_attach: the client's shadow memfd */
@@ -159,8 +175,9 @@ typedef struct pilot_rep_hello {
     pilot_reply_hdr hdr;
     uint64_t session;
     uint32_t vgpu;
-    int32_t device;                   /* ordinal of the GPU the session runs on */
+    int32_t device;                   /* program ordinal of this part of the session */
     char endpoint[PILOT_ENDPOINT_MAX];/* vGPU socket path to attach to */
+    char callbacks[PILOT_ENDPOINT_MAX]; /* host-callback socket (CALLBACK_ATTACH) */
 } pilot_rep_hello;
 
 typedef struct pilot_req_staging_open {
@@ -189,6 +206,8 @@ typedef struct pilot_rep_device_info {
     char name[PILOT_NAME_MAX];
     uint8_t uuid[16];
     int32_t attrs[PILOT_ATTR_COUNT];  /* indexed by cudaDeviceAttr; 0 where not reported */
+    uint32_t peer_mask;               /* bit p: this device can access device p's memory */
+    uint32_t reserved;
 } pilot_rep_device_info;
 
 /* ---- streams and events ---- */
@@ -441,6 +460,46 @@ typedef struct pilot_req_stream_attach_mem {
     uint32_t flags;                   /* cudaMemAttachGlobal / Host / Single */
     uint32_t reserved;
 } pilot_req_stream_attach_mem;
+
+/* ---- host callbacks (shim/callbacks.c, daemon/callbacks.py) ---- */
+#define PILOT_CALLBACK_HOST_FUNC 0    /* cudaLaunchHostFunc: not called after a context error */
+#define PILOT_CALLBACK_STREAM 1       /* cudaStreamAddCallback: called with the error status */
+#define PILOT_CALLBACK_SKIP 1         /* pilot_msg_callback.flags: drop it, never call it */
+
+typedef struct pilot_req_stream_callback {
+    uint64_t stream;
+    uint64_t id;                      /* the shim's number for it, echoed in CALLBACK_RUN */
+    uint32_t kind;                    /* PILOT_CALLBACK_HOST_FUNC or PILOT_CALLBACK_STREAM */
+    uint32_t reserved;
+} pilot_req_stream_callback;
+
+typedef struct pilot_msg_callback {     /* CALLBACK_RUN and CALLBACK_DONE */
+    uint64_t id;
+    int32_t status;                   /* RUN: the cudaError_t a stream callback receives */
+    uint32_t flags;                   /* RUN: PILOT_CALLBACK_SKIP */
+} pilot_msg_callback;
+
+/* ---- launches with attributes, peer copies ---- */
+typedef struct pilot_req_launch_ex {    /* frame 2: packed arguments, launch.arg_bytes long */
+    pilot_req_launch launch;
+    uint32_t cooperative;
+    int32_t priority;                 /* used when has_priority */
+    uint32_t has_priority;
+    uint32_t cluster[3];              /* cluster dimensions; 0 0 0: no cluster */
+    uint32_t cluster_policy;          /* cudaClusterSchedulingPolicy; 0: default */
+    uint32_t reserved;
+} pilot_req_launch_ex;
+
+typedef struct pilot_req_memcpy_peer {
+    uint64_t dst;
+    uint64_t src;
+    uint64_t count;
+    uint64_t stream;                  /* a stream of the device the call goes to */
+    int32_t dst_device;               /* program ordinals */
+    int32_t src_device;
+    uint32_t sync;
+    uint32_t reserved;
+} pilot_req_memcpy_peer;
 
 /* PILOT_CDEF_END */
 

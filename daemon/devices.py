@@ -1,0 +1,231 @@
+"""Several GPUs per session: the daemon's device order, a session's parts, peer copies.
+
+CUDA gives each host thread a current device (cudaSetDevice), and allocations, streams, events
+and modules belong to one device. A session therefore has one *part* per device it uses: a
+Session object on a vGPU of that device, reached over its own connection from the shim, served
+by that vGPU's thread. The parts share the session's id, credentials and tenant; the router
+creates part 0 at HELLO and the others at DEVICE_JOIN, when the program first uses the device.
+
+Program ordinals are relative to the session's first GPU, like CUDA_VISIBLE_DEVICES: device 0
+is the GPU the router placed the session on (the least busy one), device i the i-th next GPU in
+host order, wrapping. So single-GPU programs still spread over the server's GPUs, and every
+program sees all of them.
+
+Handles carry their device: a part numbers its streams, events, modules and functions from
+`ordinal << PILOT_HANDLE_DEVICE_SHIFT`, so the shim routes a call naming a handle to the right
+connection without asking. Device pointers need no such tag: every device's memory lives in
+one address space (unified addressing), and the shim keeps which device each range is on.
+
+Cross-device operations are few and read a sibling part's tables from another vGPU thread:
+range checks of peer copies, and events of another device that a stream waits for. Each read
+is one dict or list operation (atomic under the GIL) on state the sibling only changes on its
+own thread; a program that frees memory or destroys an event while another thread uses it on
+another device gets an error or a stale answer, never a crash of the daemon.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import streams
+from .backend import (
+    CUDA_ERROR_INVALID_DEVICE,
+    CUDA_ERROR_INVALID_RESOURCE_HANDLE,
+    CUDA_ERROR_INVALID_VALUE,
+    BackendError,
+    DeviceInfo,
+)
+from .handlers import handler
+from .protocol import lib
+from .session import FIRST_HANDLE, Session
+
+if TYPE_CHECKING:
+    from .vgpu import VGpu
+
+HANDLE_SHIFT = lib.PILOT_HANDLE_DEVICE_SHIFT
+MAX_DEVICES = lib.PILOT_MAX_DEVICES
+
+
+def handle_device(handle: int) -> int:
+    """The program ordinal a stream/event handle belongs to."""
+    return (handle >> HANDLE_SHIFT) & 0xFF
+
+
+@dataclass
+class Topology:
+    """The GPUs the daemon serves, in host order: position p is host GPU `gpus[p]`, backend
+    device `devices[p]`, served by `vgpus[p]`. Built once by the Daemon; read-only after."""
+
+    gpus: list[int]
+    devices: list[int]
+    infos: list[DeviceInfo]
+    peers: list[list[bool]]  # peers[p][q]: GPU p can access GPU q's memory
+    vgpus: list[list[VGpu]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return min(len(self.gpus), MAX_DEVICES)
+
+    def position(self, gpu: int) -> int:
+        return self.gpus.index(gpu)
+
+
+class SessionGroup:
+    """One client process across devices: its parts by program ordinal.
+
+    Owned by the router thread (it adds parts); parts are read from vGPU threads, which only
+    use `part()` and the helpers below."""
+
+    def __init__(self, first: Session, base: int, topology: Topology | None) -> None:
+        self.id = first.id
+        self.base = base  # position of device 0's GPU in the topology
+        self.topology = topology
+        self.parts: dict[int, Session] = {0: first}
+        first.group = self
+
+    def __len__(self) -> int:
+        return len(self.topology) if self.topology is not None else 1
+
+    def position(self, ordinal: int) -> int:
+        """The topology position of program device `ordinal`."""
+        n = len(self)
+        if not 0 <= ordinal < n:
+            raise BackendError(CUDA_ERROR_INVALID_DEVICE, f"no device {ordinal} (of {n})")
+        return (self.base + ordinal) % n
+
+    def part(self, ordinal: int) -> Session | None:
+        return self.parts.get(ordinal)
+
+    def add_part(self, ordinal: int, vgpu: VGpu) -> Session:
+        first = self.parts[0]
+        part = Session(id=self.id, creds=first.creds, vgpu=vgpu.index, device=vgpu.gpu,
+                       tenant=first.tenant, cmdline=first.cmdline)
+        part.ordinal = ordinal
+        part._next_handle = FIRST_HANDLE | ordinal << HANDLE_SHIFT
+        part.group = self
+        self.parts[ordinal] = part
+        return part
+
+    # ---- reads of sibling parts (any vGPU thread) ----
+    def owns(self, ptr: int, count: int, asking: Session) -> bool:
+        """Whether [ptr, ptr+count) is memory of another part of this session."""
+        return any(p is not asking and owns_range(p, ptr, count) for p in list(self.parts.values()))
+
+    def event(self, handle: int) -> Any:
+        part = self.parts.get(handle_device(handle))
+        ev = part.events.get(handle) if part is not None else None
+        if ev is None:
+            raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"no event {handle:#x}")
+        return ev
+
+    def summary(self) -> dict[str, Any]:
+        """The session as `pilot sessions` lists it: part 0's row, totals over every part."""
+        parts = list(self.parts.values())
+        row = parts[0].summary()
+        for key in ("device_bytes", "allocations", "streams", "events", "modules", "calls"):
+            row[key] = sum(int(p.summary()[key]) for p in parts)
+        row["gpus"] = sorted({p.device for p in parts})
+        if any(p.sticky for p in parts):
+            row["state"] = "error"
+        return row
+
+
+def owns_range(s: Session, ptr: int, count: int) -> bool:
+    """Session.check_range's test as a yes/no that is safe from another thread: the sorted base
+    list is copied in one step, and a base freed meanwhile simply is not found."""
+    bases = list(s._bases)
+    i = bisect.bisect_right(bases, ptr) - 1
+    if i >= 0:
+        size = s.allocations.get(bases[i])
+        if size is not None and ptr + count <= bases[i] + size:
+            return True
+    bases = list(s._symbol_bases)
+    i = bisect.bisect_right(bases, ptr) - 1
+    if i >= 0:
+        size = s.symbols.get(bases[i])
+        if size is not None and ptr + count <= bases[i] + size:
+            return True
+    return False
+
+
+def any_event(s: Session, handle: int) -> Any:
+    """An event of the session on any device (cudaStreamWaitEvent may name another device's)."""
+    ev = s.events.get(handle)
+    if ev is not None:
+        return ev
+    if s.group is None:
+        return s.event(handle)  # raises the usual error
+    return s.group.event(handle)
+
+
+# ---- DEVICE_INFO ----
+
+def fill_device_info(vg: VGpu, s: Session, ordinal: int, rep: Any) -> DeviceInfo:
+    """Device count, capacity and peer mask of program device `ordinal` into rep; returns its
+    DeviceInfo. Without a topology (a VGpu built alone, in tests) the vGPU's own device is the
+    only one."""
+    group, topo = s.group, vg.topology
+    if topo is None or group is None:
+        if ordinal != 0:
+            raise BackendError(CUDA_ERROR_INVALID_DEVICE, f"no device {ordinal}")
+        rep.device_count = 1
+        rep.total_mem = vg.memory_limits(s)[1]
+        return vg.device_info()
+    pos = group.position(ordinal)
+    rep.device_count = len(group)
+    rep.total_mem = topo.vgpus[pos][0].memory_limits(s)[1]
+    mask = 0
+    for q in range(len(group)):
+        if q != ordinal and topo.peers[pos][group.position(q)]:
+            mask |= 1 << q
+    rep.peer_mask = mask
+    return topo.infos[pos]
+
+
+# ---- peer access and peer copies (shim/api_peer.c) ----
+
+def _backend_device(vg: VGpu, s: Session, ordinal: int) -> int:
+    if vg.topology is None or s.group is None:
+        if ordinal != 0:
+            raise BackendError(CUDA_ERROR_INVALID_DEVICE, f"no device {ordinal}")
+        return vg.device
+    return vg.topology.devices[s.group.position(ordinal)]
+
+
+@handler(lib.PILOT_OP_PEER_ENABLE, "pilot_req_device")
+def peer_enable(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
+    """Lets kernels of this device reach the peer's memory. The contexts are shared by every
+    tenant, so access is enabled once per pair of GPUs and never disabled (it grants nothing
+    the API does not already check); the shim keeps each program's own on/off state."""
+    peer = _backend_device(vg, s, req.device)
+    if peer == vg.device:
+        raise BackendError(CUDA_ERROR_INVALID_DEVICE, "a device is not its own peer")
+    vg.backend.enable_peer_access(vg.device, peer)
+
+
+def _check_on(s: Session, ordinal: int, ptr: int, count: int) -> None:
+    part = s if ordinal == s.ordinal else (s.group.part(ordinal) if s.group else None)
+    ok = part is not None and (part.check_range(ptr, count) is None if part is s
+                               else owns_range(part, ptr, count))
+    if not ok:
+        raise BackendError(CUDA_ERROR_INVALID_VALUE,
+                           f"[{ptr:#x}, +{count}) is not memory of this session on device {ordinal}")
+
+
+@handler(lib.PILOT_OP_MEMCPY_PEER, "pilot_req_memcpy_peer", synchronizing=True)
+def memcpy_peer(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
+    """cudaMemcpyPeer(Async) and device-to-device copies between devices, issued on a stream of
+    the device the call went to (the shim has already serialized a synchronous one with the
+    other devices' work)."""
+    if req.count == 0:
+        return
+    _check_on(s, req.dst_device, req.dst, req.count)
+    _check_on(s, req.src_device, req.src, req.count)
+    dst_dev = _backend_device(vg, s, req.dst_device)
+    src_dev = _backend_device(vg, s, req.src_device)
+    stream = streams.stream_for_work(vg, s, req.stream)
+    vg.backend.memcpy_peer(req.dst, dst_dev, req.src, src_dev, req.count, stream)
+    if req.sync:
+        vg.backend.stream_synchronize(stream)
+    vg.metrics.bytes_copied("d2d", req.count)
