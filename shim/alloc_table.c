@@ -4,7 +4,10 @@
  * every pointer itself: this table is a convenience, never the authority.
  * Module globals (__device__/__constant__ variables, api_symbols.c) join the table once
  * resolved, flagged: copies and memsets may use them, cudaFree may not. Managed ranges
- * (allocations and __managed__ variables) are flagged managed: the host can also touch them. */
+ * (allocations and __managed__ variables) are flagged managed: the host can also touch them.
+ * Every device's memory is in one address space (unified addressing); each range records the
+ * device it was allocated on (the route device of the call that added it), so that copies,
+ * memsets and frees go to that device's part of the session. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +17,7 @@
 struct range {
     uint64_t base, size;
     int flags; /* PILOT_ALLOC_SYMBOL, PILOT_ALLOC_MANAGED */
+    int device;
 };
 
 static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
@@ -59,6 +63,7 @@ static void add_range(uint64_t base, uint64_t size, int flags)
     g_ranges[at].base = base;
     g_ranges[at].size = size;
     g_ranges[at].flags = flags;
+    g_ranges[at].device = pilot_route_device();
     g_count++;
     pthread_rwlock_unlock(&g_lock);
 }
@@ -128,6 +133,17 @@ int pilot_alloc_flags(uint64_t ptr, uint64_t *base, uint64_t *size)
     return flags;
 }
 
+int pilot_alloc_device(uint64_t ptr)
+{
+    int device = -1;
+    pthread_rwlock_rdlock(&g_lock);
+    long i = find_le(ptr);
+    if (i >= 0 && ptr - g_ranges[i].base < (g_ranges[i].size ? g_ranges[i].size : 1))
+        device = g_ranges[i].device;
+    pthread_rwlock_unlock(&g_lock);
+    return device;
+}
+
 int pilot_alloc_is_symbol(uint64_t ptr)
 {
     int flags = pilot_alloc_flags(ptr, NULL, NULL);
@@ -140,13 +156,15 @@ int pilot_alloc_is_managed(uint64_t ptr)
     return flags >= 0 && (flags & PILOT_ALLOC_MANAGED);
 }
 
-/* Keeps the ranges whose symbol flag is `symbol`. */
-static void keep_only(int symbol)
+/* Keeps the ranges whose symbol flag is `symbol`, and those of other devices than `device`
+ * (-1: every device). */
+static void keep_only(int symbol, int device)
 {
     pthread_rwlock_wrlock(&g_lock);
     size_t kept = 0;
     for (size_t i = 0; i < g_count; i++)
-        if (!!(g_ranges[i].flags & PILOT_ALLOC_SYMBOL) == symbol)
+        if (!!(g_ranges[i].flags & PILOT_ALLOC_SYMBOL) == symbol ||
+            (device >= 0 && g_ranges[i].device != device))
             g_ranges[kept++] = g_ranges[i];
     g_count = kept;
     pthread_rwlock_unlock(&g_lock);
@@ -154,10 +172,15 @@ static void keep_only(int symbol)
 
 void pilot_alloc_clear(void)
 {
-    keep_only(1);
+    keep_only(1, -1);
+}
+
+void pilot_alloc_clear_device(int device)
+{
+    keep_only(1, device);
 }
 
 void pilot_alloc_clear_symbols(void)
 {
-    keep_only(0);
+    keep_only(0, -1);
 }

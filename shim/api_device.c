@@ -1,11 +1,17 @@
-/* Device management and versions. Device facts come from the DEVICE_INFO reply cached at
- * connect time, so attribute and property queries cost no round trip. A session runs on one GPU,
- * which the program sees as device 0 (several GPUs per client: issue 3). */
+/* Device management and versions. Device facts come from DEVICE_INFO replies cached once per
+ * device, so attribute and property queries cost no round trip after the first. The program
+ * sees every GPU the daemon offers, numbered from the one its session started on (see
+ * daemon/devices.py); as in CUDA, each host thread has its own current device. */
 #include <string.h>
 
 #include "shim.h"
 
 static __thread int t_device;
+
+int pilot_current_device(void)
+{
+    return t_device;
+}
 
 PILOT_EXPORT cudaError_t cudaGetDeviceCount(int *count)
 {
@@ -13,17 +19,21 @@ PILOT_EXPORT cudaError_t cudaGetDeviceCount(int *count)
         PILOT_RETURN(cudaErrorInvalidValue);
     *count = 0;
     PILOT_REQUIRE_SESSION();
-    *count = 1;
+    *count = pilot_device_count();
     return cudaSuccess;
 }
 
 PILOT_EXPORT cudaError_t cudaSetDevice(int device)
 {
     PILOT_REQUIRE_SESSION();
-    if (device != 0)
+    if (device < 0 || device >= pilot_device_count())
         PILOT_RETURN(cudaErrorInvalidDevice);
-    t_device = device;
-    return cudaSuccess;
+    /* CUDA 12+ initializes the device's context here; pilot joins the session's part on it, so
+     * a device that cannot be served fails here, as natively. */
+    cudaError_t err = pilot_ensure_device(device);
+    if (err == cudaSuccess)
+        t_device = device;
+    PILOT_RETURN(err);
 }
 
 PILOT_EXPORT cudaError_t cudaGetDevice(int *device)
@@ -35,14 +45,25 @@ PILOT_EXPORT cudaError_t cudaGetDevice(int *device)
     return cudaSuccess;
 }
 
+/* Device `device`'s information, or the error CUDA gives for the ordinal. */
+static cudaError_t info_of(int device, const pilot_rep_device_info **out)
+{
+    if (device < 0 || device >= pilot_device_count())
+        return cudaErrorInvalidDevice;
+    *out = pilot_device_info_of(device);
+    return *out ? cudaSuccess : cudaErrorDevicesUnavailable;
+}
+
 PILOT_EXPORT cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
 {
     if (!prop)
         PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_REQUIRE_SESSION();
-    if (device != 0)
-        PILOT_RETURN(cudaErrorInvalidDevice);
-    pilot_fill_device_prop(prop, pilot_device_info());
+    const pilot_rep_device_info *info;
+    cudaError_t err = info_of(device, &info);
+    if (err)
+        PILOT_RETURN(err);
+    pilot_fill_device_prop(prop, info);
     return cudaSuccess;
 }
 
@@ -51,11 +72,13 @@ PILOT_EXPORT cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr 
     if (!value)
         PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_REQUIRE_SESSION();
-    if (device != 0)
-        PILOT_RETURN(cudaErrorInvalidDevice);
+    const pilot_rep_device_info *info;
+    cudaError_t err = info_of(device, &info);
+    if (err)
+        PILOT_RETURN(err);
     if ((int)attr <= 0 || (int)attr >= PILOT_ATTR_COUNT)
         PILOT_RETURN(cudaErrorInvalidValue);
-    *value = pilot_device_info()->attrs[attr];
+    *value = info->attrs[attr];
     return cudaSuccess;
 }
 
@@ -71,7 +94,8 @@ PILOT_EXPORT cudaError_t cudaDeviceReset(void)
     cudaError_t err =
         pilot_call(PILOT_OP_DEVICE_RESET, NULL, 0, NULL, 0, NULL, 0, NULL, 0, NULL);
     if (err == cudaSuccess) {
-        pilot_alloc_clear();
+        pilot_alloc_clear_device(t_device);
+        pilot_streams_reset_device(t_device);
         pilot_um_remove_allocations();
     }
     PILOT_RETURN(err);
@@ -82,7 +106,9 @@ PILOT_EXPORT cudaError_t cudaDriverGetVersion(int *version)
     if (!version)
         PILOT_RETURN(cudaErrorInvalidValue);
     /* CUDA reports 0 (and success) when no driver is there; pilot does when no daemon is. */
-    *version = pilot_ensure_session() == cudaSuccess ? pilot_device_info()->driver_version : 0;
+    const pilot_rep_device_info *info =
+        pilot_ensure_session() == cudaSuccess ? pilot_device_info_of(0) : NULL;
+    *version = info ? info->driver_version : 0;
     return cudaSuccess;
 }
 

@@ -3,7 +3,8 @@
  * parameter offsets and sizes the daemon reported for the kernel (cuFuncGetParamInfo), so
  * structs, chars and doubles arrive byte for byte. A launch is posted without waiting: errors
  * the shim can see (launch configuration) return at once, as in CUDA; the rest surface at the
- * next synchronizing call. */
+ * next synchronizing call. A kernel runs on the calling thread's current device; a stream of
+ * another device is refused, as natively. Launches with attributes: api_launch_ex.c. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,12 +74,15 @@ static cudaError_t check_config(dim3 grid, dim3 block, const struct pilot_kernel
     return cudaSuccess;
 }
 
-static cudaError_t launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, void **args,
-                          size_t shared, cudaStream_t stream)
+cudaError_t pilot_launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, void **args,
+                         size_t shared, cudaStream_t stream, const struct pilot_launch_ex *ex)
 {
     PILOT_REQUIRE_SESSION();
     if (!kernel)
         PILOT_RETURN(cudaErrorInvalidDeviceFunction);
+    uint64_t stream_handle = pilot_stream_handle(stream);
+    if (pilot_handle_device(stream_handle) != pilot_current_device())
+        PILOT_RETURN(cudaErrorInvalidResourceHandle); /* a stream of another device */
     cudaError_t err = pilot_kernel_resolve(kernel);
     if (err)
         PILOT_RETURN(err);
@@ -108,7 +112,7 @@ static cudaError_t launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, vo
 
     pilot_req_launch req = {
         .function = k.function,
-        .stream = pilot_stream_handle(stream),
+        .stream = stream_handle,
         .grid = {grid.x, grid.y, grid.z},
         .block = {block.x, block.y, block.z},
         .shared_bytes = (uint32_t)shared,
@@ -117,8 +121,20 @@ static cudaError_t launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, vo
     /* Host writes to managed memory reach the device first; afterwards the kernel may have
      * written any of it, so the host fetches again (coherence.c). */
     err = pilot_um_before_launch();
-    if (err == cudaSuccess)
+    if (err == cudaSuccess && !ex) {
         err = pilot_post(PILOT_OP_LAUNCH, &req, sizeof req, buf, k.arg_bytes);
+    } else if (err == cudaSuccess) {
+        pilot_req_launch_ex rex = {.launch = req, .cooperative = ex->cooperative,
+                                   .priority = ex->priority, .has_priority = ex->has_priority,
+                                   .cluster = {ex->cluster[0], ex->cluster[1], ex->cluster[2]},
+                                   .cluster_policy = ex->cluster_policy};
+        /* Cooperative and cluster launches can fail in the device's own checks: wait for them. */
+        if (ex->cooperative || ex->cluster[0])
+            err = pilot_call(PILOT_OP_LAUNCH_EX, &rex, sizeof rex, buf, k.arg_bytes, NULL, 0, NULL,
+                             0, NULL);
+        else
+            err = pilot_post(PILOT_OP_LAUNCH_EX, &rex, sizeof rex, buf, k.arg_bytes);
+    }
     if (buf != stack_buf)
         free(buf);
     PILOT_RETURN(err);
@@ -127,14 +143,15 @@ static cudaError_t launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, vo
 PILOT_EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void **args,
                                             size_t shared, cudaStream_t stream)
 {
-    return launch((struct pilot_kernel *)kernel, grid, block, args, shared, stream);
+    return pilot_launch((struct pilot_kernel *)kernel, grid, block, args, shared, stream, NULL);
 }
 
 PILOT_EXPORT cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block,
                                                  void **args, size_t shared, cudaStream_t stream)
 {
-    /* Per-thread default streams come with issue 3; until then stream 0 is the legacy stream. */
-    return launch((struct pilot_kernel *)kernel, grid, block, args, shared, stream);
+    /* -default-stream per-thread: stream 0 is the thread's own default stream. */
+    return pilot_launch((struct pilot_kernel *)kernel, grid, block, args, shared,
+                        stream ? stream : cudaStreamPerThread, NULL);
 }
 
 PILOT_EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args,
@@ -144,5 +161,11 @@ PILOT_EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 bloc
     struct pilot_kernel *k = pilot_kernel_from_host(func);
     if (!k)
         k = pilot_kernel_from_handle(func);
-    return launch(k, grid, block, args, shared, stream);
+    return pilot_launch(k, grid, block, args, shared, stream, NULL);
+}
+
+PILOT_EXPORT cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 grid, dim3 block,
+                                               void **args, size_t shared, cudaStream_t stream)
+{
+    return cudaLaunchKernel(func, grid, block, args, shared, stream ? stream : cudaStreamPerThread);
 }

@@ -4,7 +4,10 @@
  * through the session's staging area, shared memory the daemon has pinned (cuMemHostRegister):
  * the transfer is cut into slot-sized chunks and pipelined, so the shim copies chunk i+1 into one
  * slot while the daemon DMAs chunk i from another. Like CUDA with pageable memory, such copies
- * return once the host buffer may be reused (H2D) or holds the data (D2H). */
+ * return once the host buffer may be reused (H2D) or holds the data (D2H).
+ *
+ * With several devices, a copy or memset goes to the part of the session on the device of its
+ * stream, or else of its device memory; each part has its own staging area. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
@@ -14,27 +17,33 @@
 #include "log.h"
 #include "shim.h"
 
-static struct {
-    pthread_mutex_t lock;
+struct stage {
     uint8_t *base;
     uint64_t slot_bytes;
     uint32_t slots;
-} g_stage = {.lock = PTHREAD_MUTEX_INITIALIZER};
+};
+static pthread_mutex_t g_stage_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct stage g_stages[PILOT_MAX_DEVICES]; /* one per device part */
 
 void pilot_staging_forget(void)
 {
-    /* After fork the mapping belongs to the parent's session; the child opens its own. */
-    pthread_mutex_init(&g_stage.lock, NULL);
-    if (g_stage.base)
-        munmap(g_stage.base, g_stage.slot_bytes * g_stage.slots);
-    g_stage.base = NULL;
+    /* After fork the mappings belong to the parent's session; the child opens its own. */
+    pthread_mutex_init(&g_stage_lock, NULL);
+    for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
+        if (g_stages[d].base)
+            munmap(g_stages[d].base, g_stages[d].slot_bytes * g_stages[d].slots);
+        g_stages[d].base = NULL;
+    }
 }
 
-static cudaError_t staging_open(void)
+/* The route device's staging area, opened on first use. */
+static cudaError_t staging_open(struct stage **out)
 {
     cudaError_t err = cudaSuccess;
-    pthread_mutex_lock(&g_stage.lock);
-    if (!g_stage.base) {
+    struct stage *stage = &g_stages[pilot_route_device()];
+    *out = stage;
+    pthread_mutex_lock(&g_stage_lock);
+    if (!stage->base) {
         pilot_req_staging_open req = {.min_bytes = 0};
         pilot_rep_staging rep;
         err = pilot_call(PILOT_OP_STAGING_OPEN, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0,
@@ -53,13 +62,13 @@ static cudaError_t staging_open(void)
                 LOG_ERROR("cannot map the staging area %s", rep.path);
                 err = cudaErrorMemoryAllocation;
             } else {
-                g_stage.base = p;
-                g_stage.slot_bytes = rep.slot_bytes;
-                g_stage.slots = rep.slots;
+                stage->base = p;
+                stage->slot_bytes = rep.slot_bytes;
+                stage->slots = rep.slots;
             }
         }
     }
-    pthread_mutex_unlock(&g_stage.lock);
+    pthread_mutex_unlock(&g_stage_lock);
     return err;
 }
 
@@ -71,25 +80,26 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
 static cudaError_t staged_h2d(uint64_t dst, const uint8_t *src, uint64_t count, uint64_t stream,
                               uint32_t sync)
 {
-    cudaError_t err = staging_open();
+    struct stage *stage;
+    cudaError_t err = staging_open(&stage);
     if (err)
         return err;
     if ((err = pilot_lock_session()))
         return err;
-    const uint64_t slot = g_stage.slot_bytes, nchunks = (count + slot - 1) / slot;
+    const uint64_t slot = stage->slot_bytes, nchunks = (count + slot - 1) / slot;
     uint32_t outstanding = 0;
     cudaError_t first = cudaSuccess;
     pilot_rep_status rep;
     for (uint64_t i = 0; i < nchunks && first == cudaSuccess; i++) {
-        if (outstanding == g_stage.slots) {
+        if (outstanding == stage->slots) {
             first = pilot_recv_locked(&rep, sizeof rep);
             outstanding--;
             if (first)
                 break;
         }
         uint64_t off = i * slot, len = min_u64(slot, count - off);
-        uint32_t s = (uint32_t)(i % g_stage.slots);
-        pilot_copy(g_stage.base + s * slot, src + off, len);
+        uint32_t s = (uint32_t)(i % stage->slots);
+        pilot_copy(stage->base + s * slot, src + off, len);
         pilot_req_memcpy req = {.dst = dst + off, .count = len, .stream = stream, .slot = s,
                                 .sync = sync};
         first = pilot_send_locked(PILOT_OP_MEMCPY_H2D_STAGED, 0, &req, sizeof req, NULL, 0);
@@ -110,17 +120,18 @@ static cudaError_t staged_h2d(uint64_t dst, const uint8_t *src, uint64_t count, 
 static cudaError_t staged_d2h(uint8_t *dst, uint64_t src, uint64_t count, uint64_t stream,
                               uint32_t sync)
 {
-    cudaError_t err = staging_open();
+    struct stage *stage;
+    cudaError_t err = staging_open(&stage);
     if (err)
         return err;
     if ((err = pilot_lock_session()))
         return err;
-    const uint64_t slot = g_stage.slot_bytes, nchunks = (count + slot - 1) / slot;
+    const uint64_t slot = stage->slot_bytes, nchunks = (count + slot - 1) / slot;
     uint64_t sent = 0;
     uint32_t outstanding = 0;
     cudaError_t first = cudaSuccess;
     pilot_rep_status rep;
-    for (; sent < nchunks && sent < g_stage.slots && first == cudaSuccess; sent++) {
+    for (; sent < nchunks && sent < stage->slots && first == cudaSuccess; sent++) {
         uint64_t off = sent * slot;
         pilot_req_memcpy req = {.src = src + off, .count = min_u64(slot, count - off),
                                 .stream = stream, .slot = (uint32_t)sent, .sync = sync};
@@ -141,8 +152,8 @@ static cudaError_t staged_d2h(uint8_t *dst, uint64_t src, uint64_t count, uint64
         if (first != cudaSuccess)
             continue;
         uint64_t off = i * slot, len = min_u64(slot, count - off);
-        uint32_t s = (uint32_t)(i % g_stage.slots);
-        pilot_copy(dst + off, g_stage.base + s * slot, len);
+        uint32_t s = (uint32_t)(i % stage->slots);
+        pilot_copy(dst + off, stage->base + s * slot, len);
         if (sent < nchunks) {
             uint64_t noff = sent * slot;
             pilot_req_memcpy req = {.src = src + noff, .count = min_u64(slot, count - noff),
@@ -185,7 +196,9 @@ PILOT_EXPORT cudaError_t cudaFree(void *ptr)
     if (pilot_alloc_is_symbol((uintptr_t)ptr)) /* a module global, never an allocation */
         PILOT_RETURN(cudaErrorInvalidValue);
     pilot_req_free req = {.ptr = (uintptr_t)ptr};
-    cudaError_t err = pilot_call(PILOT_OP_FREE, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+    int owner = pilot_alloc_device((uintptr_t)ptr); /* freed on its device, as with UVA */
+    cudaError_t err = pilot_call_on(owner >= 0 ? owner : pilot_current_device(), PILOT_OP_FREE,
+                                    &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
     if (err == cudaSuccess && pilot_alloc_remove((uintptr_t)ptr) == 0 &&
         pilot_um_contains((uintptr_t)ptr))
         pilot_um_remove((uintptr_t)ptr);
@@ -223,6 +236,19 @@ static cudaError_t resolve_kind(enum cudaMemcpyKind *kind, const void *dst, cons
     return cudaSuccess;
 }
 
+int pilot_memory_route(uint64_t stream, const void *a, const void *b)
+{
+    if (stream)
+        return pilot_handle_device(stream);
+    int dev = pilot_alloc_device((uintptr_t)a);
+    if (dev < 0 && b)
+        dev = pilot_alloc_device((uintptr_t)b);
+    return dev >= 0 ? dev : pilot_current_device();
+}
+
+static cudaError_t memcpy_routed(void *dst, const void *src, size_t count,
+                                 enum cudaMemcpyKind kind, uint64_t stream, int sync);
+
 cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                          uint64_t stream, int sync)
 {
@@ -245,8 +271,23 @@ cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemc
     return copy(dst, src, count, kind, stream, sync);
 }
 
+/* A copy runs on the device of its stream, else of its device memory; one between two devices'
+ * memory is a peer copy. */
 static cudaError_t copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                         uint64_t stream, int sync)
+{
+    int ddev = pilot_alloc_device((uintptr_t)dst), sdev = pilot_alloc_device((uintptr_t)src);
+    if (ddev >= 0 && sdev >= 0 && ddev != sdev && count &&
+        (kind == cudaMemcpyDeviceToDevice || kind == cudaMemcpyDefault))
+        return pilot_memcpy_peer(dst, ddev, src, sdev, count, stream, sync); /* across devices */
+    int previous = pilot_route_begin(pilot_memory_route(stream, dst, src));
+    cudaError_t err = memcpy_routed(dst, src, count, kind, stream, sync);
+    pilot_route_end(previous);
+    return err;
+}
+
+static cudaError_t memcpy_routed(void *dst, const void *src, size_t count,
+                                 enum cudaMemcpyKind kind, uint64_t stream, int sync)
 {
     cudaError_t err = resolve_kind(&kind, dst, src);
     if (err)
@@ -264,6 +305,8 @@ static cudaError_t copy(void *dst, const void *src, size_t count, enum cudaMemcp
     case cudaMemcpyHostToDevice:
         if (!pilot_alloc_contains(d, count))
             return cudaErrorInvalidValue;
+        if ((err = pilot_callbacks_fence(stream)))
+            return err;
         if (count > PILOT_INLINE_MAX)
             return staged_h2d(d, src, count, stream, (uint32_t)sync);
         if (!sync) /* the message holds the data: the host buffer is free to reuse at once */
@@ -305,7 +348,7 @@ PILOT_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t coun
     PILOT_RETURN(pilot_memcpy(dst, src, count, kind, pilot_stream_handle(stream), 0));
 }
 
-static cudaError_t set(void *ptr, int value, size_t count, uint64_t stream, int sync)
+cudaError_t pilot_memset(void *ptr, int value, size_t count, uint64_t stream, int sync)
 {
     if (count == 0)
         return cudaSuccess;
@@ -317,10 +360,11 @@ static cudaError_t set(void *ptr, int value, size_t count, uint64_t stream, int 
     cudaError_t err = managed ? pilot_um_flush() : cudaSuccess; /* partly written chunks */
     if (err)
         return err;
+    int dev = pilot_memory_route(stream, ptr, NULL);
     if (!sync)
-        err = pilot_post(PILOT_OP_MEMSET, &req, sizeof req, NULL, 0);
+        err = pilot_post_on(dev, PILOT_OP_MEMSET, &req, sizeof req, NULL, 0);
     else
-        err = pilot_call(PILOT_OP_MEMSET, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+        err = pilot_call_on(dev, PILOT_OP_MEMSET, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
     if (managed)
         pilot_um_device_wrote((uintptr_t)ptr, count);
     return err;
@@ -329,11 +373,11 @@ static cudaError_t set(void *ptr, int value, size_t count, uint64_t stream, int 
 PILOT_EXPORT cudaError_t cudaMemset(void *ptr, int value, size_t count)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(set(ptr, value, count, 0, 1));
+    PILOT_RETURN(pilot_memset(ptr, value, count, 0, 1));
 }
 
 PILOT_EXPORT cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t stream)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(set(ptr, value, count, pilot_stream_handle(stream), 0));
+    PILOT_RETURN(pilot_memset(ptr, value, count, pilot_stream_handle(stream), 0));
 }

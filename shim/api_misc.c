@@ -1,6 +1,6 @@
 /* Smaller parts of the runtime API (issue 3): stream priorities and flags, device flags, limits,
- * cache configurations, peer queries, the profiler switches, function attributes, occupancy,
- * and pitched (2D) memory.
+ * cache configurations, the profiler switches, function attributes, occupancy, and pitched (2D)
+ * memory (peer queries: api_peer.c).
  *
  * Where each setting lives. The daemon's CUDA context is shared by every tenant of a GPU, so
  * nothing a program sets may change what other programs get:
@@ -48,15 +48,15 @@ PILOT_EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t *stream, unsi
 
 static cudaError_t stream_info(cudaStream_t stream, pilot_rep_stream_info *info)
 {
-    uint64_t h = pilot_stream_handle(stream);
+    uint64_t h = (uintptr_t)stream == PILOT_STREAM_PER_THREAD ? 0 : pilot_stream_handle(stream);
     if (!h) { /* stream 0, cudaStreamLegacy, cudaStreamPerThread: as seen natively */
         info->flags = cudaStreamDefault;
         info->priority = 0;
         return cudaSuccess;
     }
     pilot_req_handle req = {.handle = h};
-    return pilot_call(PILOT_OP_STREAM_GET_INFO, &req, sizeof req, NULL, 0, info, sizeof *info,
-                      NULL, 0, NULL);
+    return pilot_call_on(pilot_handle_device(h), PILOT_OP_STREAM_GET_INFO, &req, sizeof req, NULL,
+                         0, info, sizeof *info, NULL, 0, NULL);
 }
 
 PILOT_EXPORT cudaError_t cudaStreamGetFlags(cudaStream_t stream, unsigned int *flags)
@@ -121,8 +121,7 @@ PILOT_EXPORT cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_
      * H100). */
     if (flags & cudaEventRecordExternal)
         PILOT_RETURN(cudaErrorIllegalState);
-    pilot_req_event_record req = {.event = (uintptr_t)event, .stream = pilot_stream_handle(stream)};
-    PILOT_RETURN(pilot_post(PILOT_OP_EVENT_RECORD, &req, sizeof req, NULL, 0));
+    PILOT_RETURN(pilot_event_record(event, stream));
 }
 
 /* ---- device ---- */
@@ -192,19 +191,6 @@ PILOT_EXPORT cudaError_t cudaDeviceGetCacheConfig(enum cudaFuncCache *config)
         PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_REQUIRE_SESSION();
     *config = (enum cudaFuncCache)__atomic_load_n(&g_cache_config, __ATOMIC_RELAXED);
-    return cudaSuccess;
-}
-
-PILOT_EXPORT cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevice)
-{
-    if (!canAccessPeer)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    PILOT_REQUIRE_SESSION();
-    /* A session sees one device. CUDA answers (0, 0) with success and 0, and a device that
-     * does not exist with cudaErrorInvalidDevice, leaving *canAccessPeer alone (H100). */
-    if (device != 0 || peerDevice != 0)
-        PILOT_RETURN(cudaErrorInvalidDevice);
-    *canAccessPeer = 0;
     return cudaSuccess;
 }
 
@@ -430,7 +416,9 @@ static size_t min_size(size_t a, size_t b)
 static cudaError_t h2d_rows(uint8_t *dst, size_t dpitch, const uint8_t *src, size_t spitch,
                             size_t width, size_t height, uint64_t stream, int sync)
 {
-    cudaError_t err = cudaSuccess;
+    cudaError_t err = pilot_callbacks_fence(stream);
+    if (err)
+        return err;
     if (width > PILOT_INLINE_MAX) { /* each row is a large copy of its own */
         for (size_t r = 0; r < height && err == cudaSuccess; r++)
             err = pilot_memcpy(dst + r * dpitch, src + r * spitch, width, cudaMemcpyHostToDevice,
@@ -498,8 +486,23 @@ static cudaError_t d2h_rows(uint8_t *dst, size_t dpitch, const uint8_t *src, siz
     return err;
 }
 
-static cudaError_t copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
-                           size_t height, enum cudaMemcpyKind kind, uint64_t stream, int sync)
+static cudaError_t copy_2d_routed(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                  size_t width, size_t height, enum cudaMemcpyKind kind,
+                                  uint64_t stream, int sync);
+
+/* 2D copies and memsets go to the stream's device, else to the device memory's. */
+cudaError_t pilot_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                          size_t height, enum cudaMemcpyKind kind, uint64_t stream, int sync)
+{
+    int previous = pilot_route_begin(pilot_memory_route(stream, dst, src));
+    cudaError_t err = copy_2d_routed(dst, dpitch, src, spitch, width, height, kind, stream, sync);
+    pilot_route_end(previous);
+    return err;
+}
+
+static cudaError_t copy_2d_routed(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                  size_t width, size_t height, enum cudaMemcpyKind kind,
+                                  uint64_t stream, int sync)
 {
     if (!width || !height)
         return cudaSuccess;
@@ -549,7 +552,7 @@ PILOT_EXPORT cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src,
                                       size_t width, size_t height, enum cudaMemcpyKind kind)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(copy_2d(dst, dpitch, src, spitch, width, height, kind, 0, 1));
+    PILOT_RETURN(pilot_copy_2d(dst, dpitch, src, spitch, width, height, kind, 0, 1));
 }
 
 PILOT_EXPORT cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src,
@@ -557,12 +560,12 @@ PILOT_EXPORT cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void 
                                            enum cudaMemcpyKind kind, cudaStream_t stream)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(copy_2d(dst, dpitch, src, spitch, width, height, kind,
-                         pilot_stream_handle(stream), 0));
+    PILOT_RETURN(pilot_copy_2d(dst, dpitch, src, spitch, width, height, kind,
+                               pilot_stream_handle(stream), 0));
 }
 
-static cudaError_t set_2d(void *ptr, size_t pitch, int value, size_t width, size_t height,
-                          uint64_t stream, int sync)
+cudaError_t pilot_set_2d(void *ptr, size_t pitch, int value, size_t width, size_t height,
+                         uint64_t stream, int sync)
 {
     if (!width || !height)
         return cudaSuccess;
@@ -575,21 +578,22 @@ static cudaError_t set_2d(void *ptr, size_t pitch, int value, size_t width, size
     pilot_req_memset_2d req = {.ptr = (uintptr_t)ptr, .pitch = pitch, .width = width,
                                .height = height, .stream = stream, .value = value,
                                .sync = (uint32_t)sync};
+    int dev = pilot_memory_route(stream, ptr, NULL);
     if (!sync)
-        return pilot_post(PILOT_OP_MEMSET_2D, &req, sizeof req, NULL, 0);
-    return pilot_call(PILOT_OP_MEMSET_2D, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+        return pilot_post_on(dev, PILOT_OP_MEMSET_2D, &req, sizeof req, NULL, 0);
+    return pilot_call_on(dev, PILOT_OP_MEMSET_2D, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
 }
 
 PILOT_EXPORT cudaError_t cudaMemset2D(void *devPtr, size_t pitch, int value, size_t width,
                                       size_t height)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(set_2d(devPtr, pitch, value, width, height, 0, 1));
+    PILOT_RETURN(pilot_set_2d(devPtr, pitch, value, width, height, 0, 1));
 }
 
 PILOT_EXPORT cudaError_t cudaMemset2DAsync(void *devPtr, size_t pitch, int value, size_t width,
                                            size_t height, cudaStream_t stream)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(set_2d(devPtr, pitch, value, width, height, pilot_stream_handle(stream), 0));
+    PILOT_RETURN(pilot_set_2d(devPtr, pitch, value, width, height, pilot_stream_handle(stream), 0));
 }

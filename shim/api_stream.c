@@ -1,20 +1,120 @@
 /* Streams and events. The program's handles are daemon-side objects owned by its session; the
- * shim hands out the daemon's handle numbers as cudaStream_t / cudaEvent_t values. Stream 0,
- * cudaStreamLegacy and (until issue 3) cudaStreamPerThread mean the session's legacy default
- * stream, which the daemon keeps with CUDA's implicit synchronization against blocking streams. */
+ * shim hands out the daemon's handle numbers as cudaStream_t / cudaEvent_t values, and each
+ * handle names its device (bits PILOT_HANDLE_DEVICE_SHIFT..+7), so a call about a stream or an
+ * event goes to that device's part of the session whatever the thread's current device.
+ *
+ * Special streams:
+ * - 0 and cudaStreamLegacy: the legacy default stream of the device, which the daemon keeps
+ *   with CUDA's implicit synchronization against blocking streams (daemon/streams.py);
+ * - cudaStreamPerThread, and 0 in the _ptsz/_ptds entry points that `-default-stream
+ *   per-thread` builds call (api_ptds.c): the calling thread's own default stream on its
+ *   current device. It is an ordinary blocking stream of the session, created on first use and
+ *   destroyed when the thread exits: it synchronizes with the legacy stream, never with other
+ *   threads' per-thread streams, as in CUDA. */
+#include <pthread.h>
+
 #include "shim.h"
+
+/* ---- per-thread default streams ---- */
+
+struct per_thread {
+    uint64_t handle;
+    unsigned generation; /* g_generation[device] when created */
+};
+
+static __thread struct per_thread t_streams[PILOT_MAX_DEVICES];
+static __thread int t_registered;
+static unsigned g_generation[PILOT_MAX_DEVICES]; /* bumped when the device's streams vanish */
+static pthread_key_t g_exit_key;
+static pthread_once_t g_exit_once = PTHREAD_ONCE_INIT;
+
+static void thread_exit(void *unused)
+{
+    (void)unused;
+    for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
+        struct per_thread *s = &t_streams[d];
+        if (s->handle && s->generation == __atomic_load_n(&g_generation[d], __ATOMIC_RELAXED)) {
+            pilot_req_handle req = {.handle = s->handle};
+            pilot_post_on(d, PILOT_OP_STREAM_DESTROY, &req, sizeof req, NULL, 0);
+        }
+        s->handle = 0;
+    }
+}
+
+static void make_exit_key(void)
+{
+    pthread_key_create(&g_exit_key, thread_exit);
+}
+
+static uint64_t per_thread_stream(void)
+{
+    const int dev = pilot_current_device();
+    struct per_thread *s = &t_streams[dev];
+    unsigned gen = __atomic_load_n(&g_generation[dev], __ATOMIC_RELAXED);
+    if (s->handle && s->generation == gen)
+        return s->handle;
+    pilot_req_stream_create req = {.flags = cudaStreamDefault, .priority = 0};
+    pilot_rep_u64 rep;
+    if (pilot_call_on(dev, PILOT_OP_STREAM_CREATE, &req, sizeof req, NULL, 0, &rep, sizeof rep,
+                      NULL, 0, NULL) != cudaSuccess)
+        return UINT64_MAX; /* names nothing: the call at hand fails with an invalid handle */
+    s->handle = rep.value;
+    s->generation = gen;
+    if (!t_registered) {
+        pthread_once(&g_exit_once, make_exit_key);
+        pthread_setspecific(g_exit_key, (void *)1); /* runs thread_exit when the thread ends */
+        t_registered = 1;
+    }
+    return s->handle;
+}
+
+void pilot_streams_forget(void)
+{
+    /* After fork: the parent's streams are not the child's (the forking thread's TLS is). */
+    for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
+        __atomic_add_fetch(&g_generation[d], 1, __ATOMIC_RELAXED);
+        t_streams[d].handle = 0;
+    }
+}
+
+void pilot_streams_reset_device(int device)
+{
+    __atomic_add_fetch(&g_generation[device], 1, __ATOMIC_RELAXED);
+}
 
 uint64_t pilot_stream_handle(cudaStream_t stream)
 {
     uintptr_t v = (uintptr_t)stream;
-    return (v == 0 || v == PILOT_STREAM_LEGACY || v == PILOT_STREAM_PER_THREAD) ? 0 : v;
+    if (v == 0 || v == PILOT_STREAM_LEGACY)
+        return 0;
+    if (v == PILOT_STREAM_PER_THREAD)
+        return per_thread_stream();
+    return v;
 }
 
-static cudaError_t handle_call(uint16_t op, uint64_t handle)
+int pilot_handle_device(uint64_t handle)
 {
-    pilot_req_handle req = {.handle = handle};
-    return pilot_call(op, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+    if (!handle)
+        return pilot_current_device();
+    return (int)((handle >> PILOT_HANDLE_DEVICE_SHIFT) & 0xFF);
 }
+
+/* The device of an event handle, or -1 for a value that cannot be one of ours. */
+static int event_device(cudaEvent_t event)
+{
+    int dev = pilot_handle_device((uintptr_t)event);
+    return event && dev < pilot_device_count() ? dev : -1;
+}
+
+static cudaError_t handle_call(int device, uint16_t op, uint64_t handle)
+{
+    if (device < 0 || device >= pilot_device_count())
+        return cudaErrorInvalidResourceHandle;
+    pilot_req_handle req = {.handle = handle};
+    return pilot_call_on(device, op, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+}
+
+/* ---- streams ---- */
 
 PILOT_EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags)
 {
@@ -40,35 +140,56 @@ PILOT_EXPORT cudaError_t cudaStreamCreate(cudaStream_t *stream)
 PILOT_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
     PILOT_REQUIRE_SESSION();
-    uint64_t h = pilot_stream_handle(stream);
-    if (!h)
+    uintptr_t v = (uintptr_t)stream;
+    if (v == 0 || v == PILOT_STREAM_LEGACY || v == PILOT_STREAM_PER_THREAD)
         PILOT_RETURN(cudaErrorInvalidResourceHandle);
-    PILOT_RETURN(handle_call(PILOT_OP_STREAM_DESTROY, h));
+    PILOT_RETURN(handle_call(pilot_handle_device(v), PILOT_OP_STREAM_DESTROY, v));
 }
 
 PILOT_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(handle_call(PILOT_OP_STREAM_SYNCHRONIZE, pilot_stream_handle(stream)));
+    uint64_t h = pilot_stream_handle(stream);
+    PILOT_RETURN(handle_call(pilot_handle_device(h), PILOT_OP_STREAM_SYNCHRONIZE, h));
 }
 
 PILOT_EXPORT cudaError_t cudaStreamQuery(cudaStream_t stream)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(handle_call(PILOT_OP_STREAM_QUERY, pilot_stream_handle(stream)));
+    uint64_t h = pilot_stream_handle(stream);
+    PILOT_RETURN(handle_call(pilot_handle_device(h), PILOT_OP_STREAM_QUERY, h));
 }
 
 PILOT_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
                                              unsigned int flags)
 {
     PILOT_REQUIRE_SESSION();
-    if (!event)
+    if (event_device(event) < 0)
         PILOT_RETURN(cudaErrorInvalidResourceHandle);
-    pilot_req_stream_wait_event req = {.stream = pilot_stream_handle(stream),
-                                       .event = (uintptr_t)event, .flags = flags};
+    /* The event may be another device's: the stream's part finds it (daemon/devices.py). */
+    uint64_t h = pilot_stream_handle(stream);
+    pilot_req_stream_wait_event req = {.stream = h, .event = (uintptr_t)event, .flags = flags};
     /* Stream-ordered, so it can go without waiting, like a launch. */
-    PILOT_RETURN(pilot_post(PILOT_OP_STREAM_WAIT_EVENT, &req, sizeof req, NULL, 0));
+    PILOT_RETURN(pilot_post_on(pilot_handle_device(h), PILOT_OP_STREAM_WAIT_EVENT, &req, sizeof req,
+                               NULL, 0));
 }
+
+PILOT_EXPORT cudaError_t cudaStreamGetDevice(cudaStream_t stream, int *device)
+{
+    if (!device)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    PILOT_REQUIRE_SESSION();
+    uintptr_t v = (uintptr_t)stream;
+    int dev = (v == 0 || v == PILOT_STREAM_LEGACY || v == PILOT_STREAM_PER_THREAD)
+                  ? pilot_current_device()
+                  : pilot_handle_device(v);
+    if (dev >= pilot_device_count())
+        PILOT_RETURN(cudaErrorInvalidResourceHandle);
+    *device = dev;
+    return cudaSuccess;
+}
+
+/* ---- events ---- */
 
 PILOT_EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
 {
@@ -91,29 +212,34 @@ PILOT_EXPORT cudaError_t cudaEventCreate(cudaEvent_t *event)
     return cudaEventCreateWithFlags(event, cudaEventDefault);
 }
 
+cudaError_t pilot_event_record(cudaEvent_t event, cudaStream_t stream)
+{
+    int dev = event_device(event);
+    if (dev < 0)
+        return cudaErrorInvalidResourceHandle;
+    uint64_t h = pilot_stream_handle(stream);
+    if (pilot_handle_device(h) != dev) /* "fails if event and stream are on different devices" */
+        return cudaErrorInvalidResourceHandle;
+    pilot_req_event_record req = {.event = (uintptr_t)event, .stream = h};
+    return pilot_post_on(dev, PILOT_OP_EVENT_RECORD, &req, sizeof req, NULL, 0);
+}
+
 PILOT_EXPORT cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
     PILOT_REQUIRE_SESSION();
-    if (!event)
-        PILOT_RETURN(cudaErrorInvalidResourceHandle);
-    pilot_req_event_record req = {.event = (uintptr_t)event, .stream = pilot_stream_handle(stream)};
-    PILOT_RETURN(pilot_post(PILOT_OP_EVENT_RECORD, &req, sizeof req, NULL, 0));
+    PILOT_RETURN(pilot_event_record(event, stream));
 }
 
 PILOT_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
     PILOT_REQUIRE_SESSION();
-    if (!event)
-        PILOT_RETURN(cudaErrorInvalidResourceHandle);
-    PILOT_RETURN(handle_call(PILOT_OP_EVENT_SYNCHRONIZE, (uintptr_t)event));
+    PILOT_RETURN(handle_call(event_device(event), PILOT_OP_EVENT_SYNCHRONIZE, (uintptr_t)event));
 }
 
 PILOT_EXPORT cudaError_t cudaEventQuery(cudaEvent_t event)
 {
     PILOT_REQUIRE_SESSION();
-    if (!event)
-        PILOT_RETURN(cudaErrorInvalidResourceHandle);
-    PILOT_RETURN(handle_call(PILOT_OP_EVENT_QUERY, (uintptr_t)event));
+    PILOT_RETURN(handle_call(event_device(event), PILOT_OP_EVENT_QUERY, (uintptr_t)event));
 }
 
 PILOT_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
@@ -121,12 +247,13 @@ PILOT_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cuda
     if (!ms)
         PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_REQUIRE_SESSION();
-    if (!start || !end)
+    int dev = event_device(start);
+    if (dev < 0 || event_device(end) != dev) /* both of one device, as CUDA requires */
         PILOT_RETURN(cudaErrorInvalidResourceHandle);
     pilot_req_event_elapsed req = {.start = (uintptr_t)start, .end = (uintptr_t)end};
     pilot_rep_elapsed rep;
-    cudaError_t err = pilot_call(PILOT_OP_EVENT_ELAPSED, &req, sizeof req, NULL, 0, &rep,
-                                 sizeof rep, NULL, 0, NULL);
+    cudaError_t err = pilot_call_on(dev, PILOT_OP_EVENT_ELAPSED, &req, sizeof req, NULL, 0, &rep,
+                                    sizeof rep, NULL, 0, NULL);
     if (err == cudaSuccess)
         *ms = rep.ms;
     PILOT_RETURN(err);
@@ -135,7 +262,5 @@ PILOT_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cuda
 PILOT_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t event)
 {
     PILOT_REQUIRE_SESSION();
-    if (!event)
-        PILOT_RETURN(cudaErrorInvalidResourceHandle);
-    PILOT_RETURN(handle_call(PILOT_OP_EVENT_DESTROY, (uintptr_t)event));
+    PILOT_RETURN(handle_call(event_device(event), PILOT_OP_EVENT_DESTROY, (uintptr_t)event));
 }

@@ -3,9 +3,9 @@
  * cudaGetSymbolAddress, cudaGetSymbolSize).
  *
  * A symbol is the address of the host shadow variable nvcc passes to __cudaRegisterVar, with
- * the image it belongs to and its exact ELF name. On first use the image is loaded (registry.c,
- * the same path kernels take, so both see one module) and the daemon reports the variable's
- * device address and size (SYMBOL_GET). The range then joins the allocation mirror, flagged so
+ * the image it belongs to and its exact ELF name. On first use on a device the image is loaded
+ * there (registry.c, the same path kernels take, so both see one module) and the daemon reports
+ * the variable's device address and size (SYMBOL_GET); each device has its own copy. The range then joins the allocation mirror, flagged so
  * that cudaFree refuses it, and a symbol copy is a plain copy at address + offset.
  *
  * Order of checks, as CUDA 13 reports them natively on the H100: nothing to copy is success
@@ -26,8 +26,8 @@ struct pilot_symbol {
     struct pilot_image *image;
     char *name;
     size_t host_size; /* as nvcc registered it; the daemon's size is the one used */
-    int resolved;
-    uint64_t address, size;
+    int resolved[PILOT_MAX_DEVICES];
+    uint64_t address[PILOT_MAX_DEVICES], size[PILOT_MAX_DEVICES];
     struct pilot_symbol *next;
 };
 
@@ -91,8 +91,9 @@ void pilot_symbols_forget_session(void)
     pthread_mutex_init(&g_resolve_lock, NULL);
     for (unsigned b = 0; b < BUCKETS; b++)
         for (struct pilot_symbol *s = g_table[b]; s; s = s->next) {
-            s->resolved = 0;
-            s->address = s->size = 0;
+            memset(s->resolved, 0, sizeof s->resolved);
+            memset(s->address, 0, sizeof s->address);
+            memset(s->size, 0, sizeof s->size);
         }
     pilot_alloc_clear_symbols();
 }
@@ -109,13 +110,13 @@ static struct pilot_symbol *lookup(const void *symbol)
     return s;
 }
 
-static cudaError_t resolve(struct pilot_symbol *s)
+static cudaError_t resolve(struct pilot_symbol *s, int dev)
 {
-    if (__atomic_load_n(&s->resolved, __ATOMIC_ACQUIRE))
+    if (__atomic_load_n(&s->resolved[dev], __ATOMIC_ACQUIRE))
         return cudaSuccess;
     pthread_mutex_lock(&g_resolve_lock);
     cudaError_t err = cudaSuccess;
-    if (!s->resolved) {
+    if (!s->resolved[dev]) {
         uint64_t module = 0;
         err = pilot_image_module(s->image, &module);
         if (err == cudaSuccess) {
@@ -129,10 +130,10 @@ static cudaError_t resolve(struct pilot_symbol *s)
                 if (rep.value2 != s->host_size)
                     LOG_WARN("variable %s: %llu bytes in the module, %zu registered", s->name,
                              (unsigned long long)rep.value2, s->host_size);
-                s->address = rep.value;
-                s->size = rep.value2;
-                pilot_alloc_add_symbol(s->address, s->size);
-                __atomic_store_n(&s->resolved, 1, __ATOMIC_RELEASE);
+                s->address[dev] = rep.value;
+                s->size[dev] = rep.value2;
+                pilot_alloc_add_symbol(rep.value, rep.value2);
+                __atomic_store_n(&s->resolved[dev], 1, __ATOMIC_RELEASE);
             }
         }
         if (err != cudaSuccess)
@@ -142,32 +143,35 @@ static cudaError_t resolve(struct pilot_symbol *s)
     return err;
 }
 
-/* The resolved symbol, or the error CUDA gives for it. */
-static cudaError_t find(const void *symbol, struct pilot_symbol **out)
+/* The symbol's address and size on the route device (resolved there), or CUDA's error. */
+static cudaError_t find(const void *symbol, uint64_t *address, uint64_t *size)
 {
     struct pilot_symbol *s = lookup(symbol);
     if (!s)
         return cudaErrorInvalidSymbol;
-    cudaError_t err = resolve(s);
-    if (err == cudaSuccess)
-        *out = s;
+    const int dev = pilot_route_device();
+    cudaError_t err = resolve(s, dev);
+    if (err == cudaSuccess) {
+        *address = s->address[dev];
+        *size = s->size[dev];
+    }
     return err;
 }
 
 /* Device address of [offset, offset+count) inside the variable `symbol`. */
 static cudaError_t symbol_range(const void *symbol, size_t offset, size_t count, uint64_t *addr)
 {
-    struct pilot_symbol *s = NULL;
-    cudaError_t err = find(symbol, &s);
+    uint64_t base = 0, size = 0;
+    cudaError_t err = find(symbol, &base, &size);
     if (err)
         return err;
-    if (offset > s->size || count > s->size - offset)
+    if (offset > size || count > size - offset)
         return cudaErrorInvalidValue;
-    *addr = s->address + offset;
+    *addr = base + offset;
     return cudaSuccess;
 }
 
-static cudaError_t to_symbol(const void *symbol, const void *src, size_t count, size_t offset,
+cudaError_t pilot_to_symbol(const void *symbol, const void *src, size_t count, size_t offset,
                              enum cudaMemcpyKind kind, uint64_t stream, int sync)
 {
     if (count == 0)
@@ -182,7 +186,7 @@ static cudaError_t to_symbol(const void *symbol, const void *src, size_t count, 
     return pilot_memcpy((void *)(uintptr_t)addr, src, count, kind, stream, sync);
 }
 
-static cudaError_t from_symbol(void *dst, const void *symbol, size_t count, size_t offset,
+cudaError_t pilot_from_symbol(void *dst, const void *symbol, size_t count, size_t offset,
                                enum cudaMemcpyKind kind, uint64_t stream, int sync)
 {
     if (count == 0)
@@ -201,7 +205,7 @@ PILOT_EXPORT cudaError_t cudaMemcpyToSymbol(const void *symbol, const void *src,
                                             size_t offset, enum cudaMemcpyKind kind)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(to_symbol(symbol, src, count, offset, kind, 0, 1));
+    PILOT_RETURN(pilot_to_symbol(symbol, src, count, offset, kind, 0, 1));
 }
 
 PILOT_EXPORT cudaError_t cudaMemcpyToSymbolAsync(const void *symbol, const void *src, size_t count,
@@ -209,14 +213,14 @@ PILOT_EXPORT cudaError_t cudaMemcpyToSymbolAsync(const void *symbol, const void 
                                                  cudaStream_t stream)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(to_symbol(symbol, src, count, offset, kind, pilot_stream_handle(stream), 0));
+    PILOT_RETURN(pilot_to_symbol(symbol, src, count, offset, kind, pilot_stream_handle(stream), 0));
 }
 
 PILOT_EXPORT cudaError_t cudaMemcpyFromSymbol(void *dst, const void *symbol, size_t count,
                                               size_t offset, enum cudaMemcpyKind kind)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(from_symbol(dst, symbol, count, offset, kind, 0, 1));
+    PILOT_RETURN(pilot_from_symbol(dst, symbol, count, offset, kind, 0, 1));
 }
 
 PILOT_EXPORT cudaError_t cudaMemcpyFromSymbolAsync(void *dst, const void *symbol, size_t count,
@@ -224,7 +228,7 @@ PILOT_EXPORT cudaError_t cudaMemcpyFromSymbolAsync(void *dst, const void *symbol
                                                    cudaStream_t stream)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(from_symbol(dst, symbol, count, offset, kind, pilot_stream_handle(stream), 0));
+    PILOT_RETURN(pilot_from_symbol(dst, symbol, count, offset, kind, pilot_stream_handle(stream), 0));
 }
 
 PILOT_EXPORT cudaError_t cudaGetSymbolAddress(void **dev_ptr, const void *symbol)
@@ -232,10 +236,10 @@ PILOT_EXPORT cudaError_t cudaGetSymbolAddress(void **dev_ptr, const void *symbol
     PILOT_REQUIRE_SESSION();
     if (!dev_ptr) /* CUDA itself crashes here */
         PILOT_RETURN(cudaErrorInvalidValue);
-    struct pilot_symbol *s = NULL;
-    cudaError_t err = find(symbol, &s);
+    uint64_t address = 0, size = 0;
+    cudaError_t err = find(symbol, &address, &size);
     if (err == cudaSuccess)
-        *dev_ptr = (void *)(uintptr_t)s->address;
+        *dev_ptr = (void *)(uintptr_t)address;
     PILOT_RETURN(err);
 }
 
@@ -244,9 +248,9 @@ PILOT_EXPORT cudaError_t cudaGetSymbolSize(size_t *size, const void *symbol)
     PILOT_REQUIRE_SESSION();
     if (!size) /* CUDA itself crashes here */
         PILOT_RETURN(cudaErrorInvalidValue);
-    struct pilot_symbol *s = NULL;
-    cudaError_t err = find(symbol, &s);
+    uint64_t address = 0, bytes = 0;
+    cudaError_t err = find(symbol, &address, &bytes);
     if (err == cudaSuccess)
-        *size = (size_t)s->size;
+        *size = (size_t)bytes;
     PILOT_RETURN(err);
 }

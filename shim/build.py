@@ -54,6 +54,10 @@ SHIM_SOURCES = [
     "api_stream.c",
     "api_misc.c",
     "api_symbols.c",
+    "api_launch_ex.c",
+    "api_peer.c",
+    "api_ptds.c",
+    "callbacks.c",
     "device_props.c",
 ]
 # The CUDA 12 build's own sources (shim/cuda12_*.c; hack/check_api_table.py reads them as such).

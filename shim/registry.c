@@ -1,8 +1,9 @@
 /* Fatbins and kernels the program registers (nvcc's static constructors), and their lazy
- * resolution in the daemon: an image is uploaded and loaded (once per session) the first time
- * one of its kernels launches or one of its variables is used (api_symbols.c), and each
- * kernel's parameter layout is fetched once. Registration never talks to the daemon, so
- * programs start even before pilotd is reachable. */
+ * resolution in the daemon: an image is uploaded and loaded (once per session and device) the
+ * first time one of its kernels launches or one of its variables is used (api_symbols.c) on
+ * that device, and each kernel's function handle is fetched once per device (its parameter
+ * layout, the same everywhere, is kept from the first). Registration never talks to the
+ * daemon, so programs start even before pilotd is reachable. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +41,7 @@ struct managed_var {
 struct pilot_image {
     const void *data;
     size_t size;
-    uint64_t module; /* daemon handle, 0 until loaded */
+    uint64_t module[PILOT_MAX_DEVICES]; /* daemon handle per device, 0 until loaded */
     int dead;        /* unregistered (library unloaded) */
     struct managed_var *managed; /* registered __managed__ variables */
     struct pilot_image *next; /* every image ever registered (g_images) */
@@ -50,11 +51,12 @@ struct pilot_kernel {
     const void *host_fun;
     struct pilot_image *image;
     char *name;
-    int resolved;
-    uint64_t function;
-    uint32_t nparams, arg_bytes;
+    int resolved[PILOT_MAX_DEVICES];
+    uint64_t function[PILOT_MAX_DEVICES];
+    int32_t max_dynamic_shared_bytes[PILOT_MAX_DEVICES];
+    uint32_t nparams, arg_bytes; /* the layout, the same on every device (params set once) */
     pilot_param_info *params;
-    int32_t max_threads_per_block, max_dynamic_shared_bytes;
+    int32_t max_threads_per_block;
     struct pilot_kernel *next_by_host, *next_by_handle;
 };
 
@@ -127,8 +129,11 @@ PILOT_EXPORT char __cudaInitModule(void **handle)
     if (!img || !img->managed)
         return 1;
     cudaError_t err = pilot_ensure_session();
-    if (err == cudaSuccess)
+    if (err == cudaSuccess) {
+        int previous = pilot_route_begin(0); /* where the variables are bound */
         err = pilot_image_module(img, &module);
+        pilot_route_end(previous);
+    }
     if (err) {
         fprintf(stderr, "pilot: cannot set up the __managed__ variables of this program (%s)\n",
                 pilot_error_name(err) ? pilot_error_name(err) : "error");
@@ -221,14 +226,15 @@ PILOT_EXPORT cudaError_t __cudaGetKernel(cudaKernel_t *out, const void *host_fun
  * take, so both see the same module (and the same globals). */
 cudaError_t pilot_image_module(struct pilot_image *img, uint64_t *module)
 {
-    uint64_t loaded = __atomic_load_n(&img->module, __ATOMIC_ACQUIRE);
+    const int dev = pilot_route_device();
+    uint64_t loaded = __atomic_load_n(&img->module[dev], __ATOMIC_ACQUIRE);
     if (loaded) {
         *module = loaded;
         return cudaSuccess;
     }
     pthread_mutex_lock(&g_load_lock);
     cudaError_t err = cudaSuccess;
-    if (!img->module) {
+    if (!img->module[dev]) {
         if (!img->data || img->dead) {
             err = cudaErrorInvalidKernelImage;
         } else {
@@ -237,15 +243,17 @@ cudaError_t pilot_image_module(struct pilot_image *img, uint64_t *module)
             err = pilot_call(PILOT_OP_MODULE_LOAD, &req, sizeof req, img->data, img->size, &rep,
                              sizeof rep, NULL, 0, NULL);
             if (err == cudaSuccess) {
-                __atomic_store_n(&img->module, rep.value, __ATOMIC_RELEASE);
-                for (struct managed_var *v = img->managed; v; v = v->next) {
+                __atomic_store_n(&img->module[dev], rep.value, __ATOMIC_RELEASE);
+                /* __managed__ variables live in device 0's module (unified memory is kept
+                 * coherent through the session's part 0): bound once, there. */
+                for (struct managed_var *v = img->managed; dev == 0 && v; v = v->next) {
                     cudaError_t e = pilot_um_bind_variable(rep.value, v->name, v->host_ptr);
                     err = err ? err : e;
                 }
             }
         }
     }
-    *module = img->module;
+    *module = img->module[dev];
     pthread_mutex_unlock(&g_load_lock);
     return err;
 }
@@ -253,11 +261,12 @@ cudaError_t pilot_image_module(struct pilot_image *img, uint64_t *module)
 cudaError_t pilot_kernel_resolve(struct pilot_kernel *k)
 {
     static pthread_mutex_t resolve_lock = PTHREAD_MUTEX_INITIALIZER;
-    if (__atomic_load_n(&k->resolved, __ATOMIC_ACQUIRE))
+    const int dev = pilot_route_device();
+    if (__atomic_load_n(&k->resolved[dev], __ATOMIC_ACQUIRE))
         return cudaSuccess;
     pthread_mutex_lock(&resolve_lock);
     cudaError_t err = cudaSuccess;
-    if (!k->resolved) {
+    if (!k->resolved[dev]) {
         uint64_t module = 0;
         err = pilot_image_module(k->image, &module);
         if (err == cudaSuccess) {
@@ -274,14 +283,17 @@ cudaError_t pilot_kernel_resolve(struct pilot_kernel *k)
                     err = cudaErrorInvalidDeviceFunction;
             }
             if (err == cudaSuccess) {
-                free(k->params);
-                k->params = params;
-                k->nparams = rep.nparams;
-                k->arg_bytes = rep.arg_bytes;
-                k->function = rep.function;
-                k->max_threads_per_block = rep.max_threads_per_block;
-                k->max_dynamic_shared_bytes = rep.max_dynamic_shared_bytes;
-                __atomic_store_n(&k->resolved, 1, __ATOMIC_RELEASE);
+                if (!k->params) { /* kept from then on: launches on other threads read it */
+                    k->params = params;
+                    k->nparams = rep.nparams;
+                    k->arg_bytes = rep.arg_bytes;
+                    k->max_threads_per_block = rep.max_threads_per_block;
+                } else {
+                    free(params);
+                }
+                k->function[dev] = rep.function;
+                k->max_dynamic_shared_bytes[dev] = rep.max_dynamic_shared_bytes;
+                __atomic_store_n(&k->resolved[dev], 1, __ATOMIC_RELEASE);
             } else {
                 free(params);
                 LOG_WARN("kernel %s: cannot resolve in pilotd (%s)", k->name, cudaGetErrorName(err));
@@ -294,20 +306,21 @@ cudaError_t pilot_kernel_resolve(struct pilot_kernel *k)
 
 void pilot_kernel_info(const struct pilot_kernel *k, struct pilot_kernel_launch_info *out)
 {
-    out->function = k->function;
+    const int dev = pilot_route_device();
+    out->function = k->function[dev];
     out->nparams = k->nparams;
     out->arg_bytes = k->arg_bytes;
     out->params = k->params;
     out->max_threads_per_block = k->max_threads_per_block;
-    out->max_dynamic_shared_bytes = k->max_dynamic_shared_bytes;
+    out->max_dynamic_shared_bytes = __atomic_load_n(&k->max_dynamic_shared_bytes[dev], __ATOMIC_RELAXED);
 }
 
 static void forget_table(struct pilot_kernel **table)
 {
     for (unsigned b = 0; b < BUCKETS; b++)
         for (struct pilot_kernel *k = table[b]; k; k = k->next_by_host) {
-            k->resolved = 0; /* their images are reset through g_images */
-            k->function = 0;
+            memset(k->resolved, 0, sizeof k->resolved); /* images are reset through g_images */
+            memset(k->function, 0, sizeof k->function);
         }
 }
 
@@ -317,11 +330,11 @@ void pilot_registry_forget_session(void)
     pthread_mutex_init(&g_load_lock, NULL);
     forget_table(g_by_host);
     for (struct pilot_image *img = g_images; img; img = img->next)
-        img->module = 0; /* images with variables and no kernels too */
+        memset(img->module, 0, sizeof img->module); /* images with variables and no kernels too */
     pilot_symbols_forget_session();
 }
 
 void pilot_kernel_set_max_dynamic_shared(struct pilot_kernel *k, int32_t bytes)
 {
-    __atomic_store_n(&k->max_dynamic_shared_bytes, bytes, __ATOMIC_RELAXED);
+    __atomic_store_n(&k->max_dynamic_shared_bytes[pilot_route_device()], bytes, __ATOMIC_RELAXED);
 }

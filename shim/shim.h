@@ -17,6 +17,18 @@
  * Returns cudaSuccess or the error every call gets while the daemon cannot be reached. */
 cudaError_t pilot_ensure_session(void);
 
+/* A session spans devices: one part (connection) per device the program uses, joined on first
+ * use (DEVICE_JOIN). pilot_call/pilot_post go to the calling thread's route: its current device,
+ * unless a pilot_route_begin() scope names the device a pointer, stream or event is on. */
+int pilot_device_count(void);               /* devices the daemon offers (after the session) */
+int pilot_current_device(void);             /* the calling thread's (cudaSetDevice) */
+int pilot_route_device(void);
+int pilot_route_begin(int device);          /* returns the previous route for pilot_route_end */
+void pilot_route_end(int previous);
+cudaError_t pilot_ensure_device(int device); /* joins the device's part now */
+uint64_t pilot_session_id(void);
+const char *pilot_callbacks_endpoint(void); /* the daemon's host-callback socket */
+
 /* One synchronous call: sends the request (and an optional payload), waits for the reply,
  * copies its body into rep (rep_len bytes; shorter bodies are zero-filled) and its payload into
  * out/out_cap (*out_len gets the payload length; NULL if none wanted). Returns the call's error:
@@ -28,6 +40,12 @@ cudaError_t pilot_call(uint16_t op, const void *req, size_t req_len, const void 
 /* Asynchronous call: sent, no reply; errors come back with a later synchronizing reply. */
 cudaError_t pilot_post(uint16_t op, const void *req, size_t req_len, const void *payload,
                        size_t payload_len);
+/* The same on the part of an explicit device. */
+cudaError_t pilot_call_on(int device, uint16_t op, const void *req, size_t req_len,
+                          const void *payload, size_t payload_len, void *rep, size_t rep_len,
+                          void *out, size_t out_cap, size_t *out_len);
+cudaError_t pilot_post_on(int device, uint16_t op, const void *req, size_t req_len,
+                          const void *payload, size_t payload_len);
 
 /* For pipelined transfers: hold the connection across several sends and receives. */
 cudaError_t pilot_lock_session(void);
@@ -36,14 +54,14 @@ cudaError_t pilot_send_locked(uint16_t op, uint32_t flags, const void *req, size
                               const void *payload, size_t payload_len);
 cudaError_t pilot_recv_locked(void *rep, size_t rep_len);
 
-/* The unified-memory fault channel (a second connection of the session): opened outside any
- * fault, then used by the fault handler only. pilot_fault_call returns the reply's err. */
+/* The unified-memory fault channel (a second connection of the session's part 0): opened outside
+ * any fault, then used by the fault handler only. pilot_fault_call returns the reply's err. */
 cudaError_t pilot_fault_channel_open(void);
 cudaError_t pilot_fault_call(uint16_t op, const void *req, size_t req_len);
 
-/* What the daemon said about the session's device at connect time. */
-const pilot_rep_device_info *pilot_device_info(void);
-int pilot_session_device(void);
+/* What the daemon says about a device (fetched once); NULL without a session. */
+const pilot_rep_device_info *pilot_device_info(void); /* of the route device */
+const pilot_rep_device_info *pilot_device_info_of(int device);
 
 /* ---- error_state.c: CUDA's error state ---- */
 cudaError_t pilot_set_error(cudaError_t err); /* records err as the thread's last error */
@@ -67,7 +85,10 @@ int pilot_alloc_remove(uint64_t base); /* 0 if base was an allocation's start */
 /* 1 if [ptr, ptr+count) lies inside one device allocation. */
 int pilot_alloc_contains(uint64_t ptr, uint64_t count);
 int pilot_alloc_is_device(uint64_t ptr);
+/* Ranges are recorded on the route device; the device ptr is on, or -1 if it is no range. */
+int pilot_alloc_device(uint64_t ptr);
 void pilot_alloc_clear(void); /* forgets allocations; symbol ranges stay (modules survive resets) */
+void pilot_alloc_clear_device(int device); /* the same for one device (cudaDeviceReset) */
 /* A module global's range (api_symbols.c): copies may use it, cudaFree refuses it. */
 void pilot_alloc_add_symbol(uint64_t base, uint64_t size);
 int pilot_alloc_is_symbol(uint64_t ptr);
@@ -137,15 +158,65 @@ void pilot_copy_forget(void);                            /* after fork */
 
 /* ---- api_memory.c ---- */
 void pilot_staging_forget(void); /* after fork: the staging area is the parent's */
-/* cudaMemcpy's checks and transports for an already resolved range (stream: daemon handle). */
+/* cudaMemcpy's checks and transports for an already resolved range (stream: daemon handle);
+ * routed to the stream's device, else to the device the memory is on. */
 cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                          uint64_t stream, int sync);
+cudaError_t pilot_memset(void *ptr, int value, size_t count, uint64_t stream, int sync);
+/* The device a copy or memset runs on: the stream's if one is named, else the memory's. */
+int pilot_memory_route(uint64_t stream, const void *a, const void *b);
+
+/* ---- api_misc.c, api_symbols.c: the same for 2D memory and symbols (api_ptds.c) ---- */
+cudaError_t pilot_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                          size_t height, enum cudaMemcpyKind kind, uint64_t stream, int sync);
+cudaError_t pilot_set_2d(void *ptr, size_t pitch, int value, size_t width, size_t height,
+                         uint64_t stream, int sync);
+cudaError_t pilot_to_symbol(const void *symbol, const void *src, size_t count, size_t offset,
+                            enum cudaMemcpyKind kind, uint64_t stream, int sync);
+cudaError_t pilot_from_symbol(void *dst, const void *symbol, size_t count, size_t offset,
+                              enum cudaMemcpyKind kind, uint64_t stream, int sync);
+
+/* ---- api_peer.c ---- */
+/* A copy between two devices' memory (cudaMemcpyPeer, cross-device cudaMemcpy). */
+cudaError_t pilot_memcpy_peer(void *dst, int dst_device, const void *src, int src_device,
+                              size_t count, uint64_t stream, int sync);
+
+/* ---- api_launch.c, api_launch_ex.c ---- */
+struct pilot_launch_ex {
+    uint32_t cooperative;
+    int32_t priority;
+    uint32_t has_priority;
+    uint32_t cluster[3];
+    uint32_t cluster_policy;
+};
+/* A kernel launch: <<<>>>, cudaLaunchKernel, and with attributes (ex != NULL). */
+cudaError_t pilot_launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, void **args,
+                         size_t shared, cudaStream_t stream, const struct pilot_launch_ex *ex);
 
 /* ---- device_props.c ---- */
 void pilot_fill_device_prop(struct cudaDeviceProp *prop, const pilot_rep_device_info *info);
 
 /* ---- streams (api_stream.c) ---- */
-uint64_t pilot_stream_handle(cudaStream_t stream); /* 0 for the legacy/per-thread default */
+/* The daemon handle of a program's stream: 0 for the legacy stream (0, cudaStreamLegacy); for
+ * cudaStreamPerThread the calling thread's per-thread default stream on its current device
+ * (created on first use; UINT64_MAX, a handle no session has, if that failed). */
+uint64_t pilot_stream_handle(cudaStream_t stream);
+/* The device a handle belongs to (bits PILOT_HANDLE_DEVICE_SHIFT..+7); for stream handle 0
+ * the current device. */
+int pilot_handle_device(uint64_t handle);
+/* cudaEventRecord: the event and the stream must be on one device. */
+cudaError_t pilot_event_record(cudaEvent_t event, cudaStream_t stream);
+void pilot_streams_forget(void); /* after fork: per-thread streams are the parent's */
+void pilot_streams_reset_device(int device); /* cudaDeviceReset destroyed the device's streams */
+
+/* ---- callbacks.c: host callbacks run on the shim's callback thread ---- */
+int pilot_in_callback(void);      /* the calling thread is running a host callback */
+/* Before a copy reads host memory on `stream` (a handle of the route device): if host
+ * callbacks are outstanding, synchronize the stream first, as CUDA does for pageable memory
+ * ("a stream sync is performed before the copy is initiated"), so the copy sees what a
+ * callback queued before it wrote. */
+cudaError_t pilot_callbacks_fence(uint64_t stream);
+void pilot_callbacks_forget(void); /* after fork */
 
 /* ---- generated from shim/cuda_errors.tsv (errors.c in the build dir) ---- */
 const char *pilot_error_name(int code);

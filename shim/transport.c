@@ -1,9 +1,15 @@
 /* The session with pilotd: connection set-up, request/reply, asynchronous posts.
  *
- * One connection per process, to the vGPU socket the daemon assigned in HELLO, guarded by one
- * mutex: a synchronous call holds it from send to reply, so replies never interleave. Everything
- * is blocking I/O on the calling thread; a daemon that exits closes the socket and every waiting
- * call returns at once with an error. */
+ * A session has one part per device the program uses (daemon/devices.py): HELLO opens the
+ * session and its part on device 0; the first call routed to another device sends DEVICE_JOIN,
+ * which places a part on a vGPU of that GPU. Each part is one connection, to its vGPU's socket,
+ * guarded by its own mutex: a synchronous call holds it from send to reply, so replies never
+ * interleave, and threads working on different devices never wait for each other.
+ *
+ * Which part a call goes to: the calling thread's *route*, its current device (cudaSetDevice)
+ * unless a pilot_route_begin() scope names the device of the pointer, stream or event the call
+ * is about. Everything is blocking I/O on the calling thread; a daemon that exits closes the
+ * sockets and every waiting call returns at once with an error. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -18,59 +24,87 @@
 
 enum conn_state { CONN_NONE, CONN_READY, CONN_LOST };
 
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct zmtp_conn g_conn = {.fd = -1};
-static enum conn_state g_state = CONN_NONE;
+struct part {
+    pthread_mutex_t lock;
+    struct zmtp_conn conn;
+    enum conn_state state;
+};
+
+static pthread_mutex_t g_session_lock = PTHREAD_MUTEX_INITIALIZER; /* HELLO, device info */
+static enum conn_state g_state = CONN_NONE;                        /* of the session */
 static uint64_t g_session;
 static uint64_t g_seq;
-static int g_device;
-static pilot_rep_device_info g_info;
+static int g_device_count = 1;
+static char g_callbacks[PILOT_ENDPOINT_MAX];
 static int g_warned_absent;
-static char g_endpoint[PILOT_ENDPOINT_MAX];
+static struct part g_parts[PILOT_MAX_DEVICES];
+static pilot_rep_device_info g_infos[PILOT_MAX_DEVICES];
+static int g_info_known[PILOT_MAX_DEVICES]; /* set (release) once g_infos[d] is filled */
 
-/* The fault channel: a second connection to the session's vGPU, used only by the unified-memory
- * fault handler (coherence.c) to fetch shadow chunks. Its own lock and sequence numbers mean a
- * fault taken while this thread or another holds g_lock never waits for g_lock. */
+static char g_endpoint[PILOT_ENDPOINT_MAX];  /* part 0's vGPU socket */
+static __thread int t_route = -1;           /* device of the call at hand, -1: current */
+
+/* The fault channel: a second connection to the vGPU of the session's part 0, used only by the
+ * unified-memory fault handler (coherence.c) to fetch shadow chunks. Its own lock and sequence
+ * numbers mean a fault taken while this thread or another holds a part's lock never waits for
+ * it. */
 static pthread_mutex_t g_fault_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct zmtp_conn g_fault_conn = {.fd = -1};
 static uint64_t g_fault_seq;
+static __thread struct part *t_locked;      /* the part pilot_lock_session locked */
 
 /* Error every call returns while pilotd cannot be reached: to the program, no usable GPU. */
 #define ERR_NO_DAEMON cudaErrorNoDevice
 /* Error after the daemon went away mid-session: the session's state is gone for good. */
 #define ERR_LOST cudaErrorDevicesUnavailable
 
+static void init_parts(void)
+{
+    for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
+        pthread_mutex_init(&g_parts[d].lock, NULL);
+        g_parts[d].conn.fd = -1;
+        g_parts[d].state = CONN_NONE;
+    }
+}
+
 static void fork_child(void)
 {
-    /* The child must not use the parent's connection or session: start afresh on first use. */
-    pthread_mutex_init(&g_lock, NULL);
+    /* The child must not use the parent's connections or session: start afresh on first use. */
+    pthread_mutex_init(&g_session_lock, NULL);
     pthread_mutex_init(&g_fault_lock, NULL);
-    if (g_conn.fd >= 0)
-        close(g_conn.fd);
-    g_conn.fd = -1;
     if (g_fault_conn.fd >= 0)
         close(g_fault_conn.fd);
     g_fault_conn.fd = -1;
     pilot_um_forget_session();
+    for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
+        if (g_parts[d].conn.fd >= 0)
+            close(g_parts[d].conn.fd);
+        g_info_known[d] = 0;
+    }
+    init_parts();
     g_state = CONN_NONE;
     g_session = 0;
+    g_device_count = 1;
     pilot_alloc_clear();
     pilot_registry_forget_session();
     pilot_staging_forget();
     pilot_copy_forget();
+    pilot_streams_forget();
+    pilot_callbacks_forget();
 }
 
 __attribute__((constructor)) static void transport_init(void)
 {
+    init_parts();
     pthread_atfork(NULL, NULL, fork_child);
 }
 
-static void lose_connection(const char *why)
+static void lose_connection(struct part *p, const char *why)
 {
-    if (g_state == CONN_READY)
+    if (p->state == CONN_READY)
         LOG_ERROR("pilot: lost connection to pilotd (%s); CUDA calls now fail", why);
-    zmtp_close(&g_conn);
-    g_state = CONN_LOST;
+    zmtp_close(&p->conn);
+    p->state = CONN_LOST;
 }
 
 static cudaError_t exchange_on(struct zmtp_conn *c, uint64_t *seq, uint32_t flags,
@@ -79,7 +113,7 @@ static cudaError_t exchange_on(struct zmtp_conn *c, uint64_t *seq, uint32_t flag
                                int *nreply)
 {
     pilot_envelope env = {.version = PILOT_PROTO_VERSION, .opcode = op, .flags = flags,
-                          .seq = ++*seq, .session = session};
+                          .seq = __atomic_add_fetch(seq, 1, __ATOMIC_RELAXED), .session = session};
     struct zmtp_frame frames[3] = {{&env, sizeof env}, {req, req_len}, {payload, payload_len}};
     int rc = zmtp_send(c, frames, payload_len ? 3 : 2);
     if (rc)
@@ -111,7 +145,31 @@ static int spin_us(void)
     return v < 0 ? 0 : v > 100000 ? 100000 : v;
 }
 
-static int open_session(void)
+/* Connects to a part's vGPU socket and attaches the session there. 0 or -1. */
+static int attach(struct part *p, const pilot_rep_hello *hrep)
+{
+    struct zmtp_frame rep[ZMTP_MAX_FRAMES];
+    int n;
+    int rc = zmtp_connect(&p->conn, hrep->endpoint);
+    p->conn.spin_us = spin_us();
+    if (rc) {
+        LOG_ERROR("pilot: cannot attach to vGPU socket %s: %s", hrep->endpoint, strerror(-rc));
+        return -1;
+    }
+    pilot_req_hello hello = {.proto_version = PILOT_PROTO_VERSION, .cuda_abi = CUDART_VERSION};
+    pilot_rep_status st;
+    if (exchange(&p->conn, hrep->session, PILOT_OP_ATTACH, &hello, sizeof hello, NULL, 0, rep, &n) ||
+        (memcpy(&st, rep[1].data, sizeof st), st.hdr.err)) {
+        LOG_ERROR("pilot: pilotd refused to attach the session");
+        zmtp_close(&p->conn);
+        return -1;
+    }
+    return 0;
+}
+
+/* One request on the main socket (HELLO, DEVICE_JOIN). 0 with *out filled, or -1. */
+static int main_socket_call(uint16_t op, uint64_t session, const void *req, size_t req_len,
+                            pilot_rep_hello *out)
 {
     char path[512];
     struct zmtp_conn main_conn = {.fd = -1};
@@ -130,58 +188,82 @@ static int open_session(void)
                     path, strerror(-rc));
         return -1;
     }
-    pilot_req_hello hello = {.proto_version = PILOT_PROTO_VERSION, .cuda_abi = CUDART_VERSION};
-    pilot_rep_hello hrep;
-    if (exchange(&main_conn, 0, PILOT_OP_HELLO, &hello, sizeof hello, NULL, 0, rep, &n) ||
-        rep[1].len < sizeof hrep) {
-        LOG_ERROR("pilot: pilotd at %s did not answer HELLO", path);
+    if (exchange(&main_conn, session, op, req, req_len, NULL, 0, rep, &n) ||
+        rep[1].len < sizeof *out - sizeof out->callbacks) {
+        LOG_ERROR("pilot: pilotd at %s did not answer", path);
         zmtp_close(&main_conn);
         return -1;
     }
-    memcpy(&hrep, rep[1].data, sizeof hrep);
+    memset(out, 0, sizeof *out);
+    memcpy(out, rep[1].data, rep[1].len < sizeof *out ? rep[1].len : sizeof *out);
     zmtp_close(&main_conn);
+    out->endpoint[sizeof out->endpoint - 1] = 0;
+    out->callbacks[sizeof out->callbacks - 1] = 0;
+    return 0;
+}
+
+static cudaError_t send_on(struct part *p, uint16_t op, uint32_t flags, const void *req,
+                           size_t req_len, const void *payload, size_t payload_len);
+static cudaError_t recv_on(struct part *p, void *rep, size_t rep_len, void *out, size_t out_cap,
+                           size_t *out_len);
+
+/* DEVICE_INFO for `device` on part 0 (locked by the caller) into g_infos. 0 or -1. */
+static int info_on(struct part *p, int device)
+{
+    pilot_req_device req = {.device = device};
+    pilot_rep_device_info rep;
+    if (send_on(p, PILOT_OP_DEVICE_INFO, 0, &req, sizeof req, NULL, 0) != cudaSuccess ||
+        recv_on(p, &rep, sizeof rep, NULL, 0, NULL) != cudaSuccess)
+        return -1;
+    g_infos[device] = rep;
+    __atomic_store_n(&g_info_known[device], 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+static int open_session(void)
+{
+    pilot_req_hello hello = {.proto_version = PILOT_PROTO_VERSION, .cuda_abi = CUDART_VERSION};
+    pilot_rep_hello hrep;
+    if (main_socket_call(PILOT_OP_HELLO, 0, &hello, sizeof hello, &hrep) != 0)
+        return -1;
     if (hrep.hdr.err) {
         fprintf(stderr, "pilot: pilotd refused the session (%s)\n",
                 pilot_error_name(hrep.hdr.err) ? pilot_error_name(hrep.hdr.err) : "error");
         return -1;
     }
-    hrep.endpoint[sizeof hrep.endpoint - 1] = 0;
-    memcpy(g_endpoint, hrep.endpoint, sizeof g_endpoint);
-
-    rc = zmtp_connect(&g_conn, hrep.endpoint);
-    g_conn.spin_us = spin_us();
-    if (rc) {
-        LOG_ERROR("pilot: cannot attach to vGPU socket %s: %s", hrep.endpoint, strerror(-rc));
-        return -1;
+    struct part *p = &g_parts[0];
+    pthread_mutex_lock(&p->lock);
+    int rc = attach(p, &hrep);
+    if (rc == 0) {
+        g_session = hrep.session;
+        memcpy(g_callbacks, hrep.callbacks, sizeof g_callbacks);
+        memcpy(g_endpoint, hrep.endpoint, sizeof g_endpoint);
+        p->state = CONN_READY;
+        if (info_on(p, 0) != 0) {
+            LOG_ERROR("pilot: pilotd sent no device information");
+            zmtp_close(&p->conn);
+            p->state = CONN_NONE;
+            rc = -1;
+        }
     }
-    pilot_rep_status st;
-    if (exchange(&g_conn, hrep.session, PILOT_OP_ATTACH, &hello, sizeof hello, NULL, 0, rep, &n) ||
-        (memcpy(&st, rep[1].data, sizeof st), st.hdr.err)) {
-        LOG_ERROR("pilot: pilotd refused to attach the session");
-        zmtp_close(&g_conn);
+    pthread_mutex_unlock(&p->lock);
+    if (rc != 0)
         return -1;
-    }
-    g_session = hrep.session;
-    g_device = hrep.device;
-    pilot_req_device dreq = {.device = hrep.device};
-    if (exchange(&g_conn, g_session, PILOT_OP_DEVICE_INFO, &dreq, sizeof dreq, NULL, 0, rep, &n) ||
-        rep[1].len < sizeof g_info) {
-        LOG_ERROR("pilot: pilotd sent no device information");
-        zmtp_close(&g_conn);
-        return -1;
-    }
-    memcpy(&g_info, rep[1].data, sizeof g_info);
-    LOG_INFO("session %llu on vGPU %u (%s), device %d", (unsigned long long)g_session, hrep.vgpu,
-             hrep.endpoint, g_device);
+    int count = g_infos[0].device_count;
+    g_device_count = count < 1 ? 1 : count > PILOT_MAX_DEVICES ? PILOT_MAX_DEVICES : count;
+    LOG_INFO("session %llu on vGPU %u (%s), %d device(s)", (unsigned long long)g_session, hrep.vgpu,
+             hrep.endpoint, g_device_count);
     return 0;
 }
 
 cudaError_t pilot_ensure_session(void)
 {
     cudaError_t err = cudaSuccess;
+    if (pilot_in_callback())
+        return cudaErrorNotPermitted; /* a host callback may not call CUDA */
     if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == CONN_READY)
         return cudaSuccess;
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&g_session_lock);
     if (g_state == CONN_LOST)
         err = ERR_LOST;
     else if (g_state == CONN_NONE) {
@@ -190,67 +272,122 @@ cudaError_t pilot_ensure_session(void)
         else
             err = ERR_NO_DAEMON;
     }
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&g_session_lock);
     return err;
 }
 
-const pilot_rep_device_info *pilot_device_info(void)
+int pilot_device_count(void)
 {
-    return g_state == CONN_READY ? &g_info : NULL;
+    return g_device_count;
 }
 
-int pilot_session_device(void)
+uint64_t pilot_session_id(void)
 {
-    return g_device;
+    return g_session;
 }
 
-cudaError_t pilot_lock_session(void)
+const char *pilot_callbacks_endpoint(void)
+{
+    return g_callbacks;
+}
+
+/* ---- routing ---- */
+
+int pilot_route_device(void)
+{
+    return t_route >= 0 ? t_route : pilot_current_device();
+}
+
+int pilot_route_begin(int device)
+{
+    int previous = t_route;
+    t_route = device;
+    return previous;
+}
+
+void pilot_route_end(int previous)
+{
+    t_route = previous;
+}
+
+/* The part of `device`, joined on first use, locked. */
+static cudaError_t lock_part(int device, struct part **out)
 {
     cudaError_t err = pilot_ensure_session();
     if (err)
         return err;
-    pthread_mutex_lock(&g_lock);
-    if (g_state != CONN_READY) {
-        pthread_mutex_unlock(&g_lock);
-        return ERR_LOST;
+    if (device < 0 || device >= g_device_count)
+        return cudaErrorInvalidDevice;
+    struct part *p = &g_parts[device];
+    pthread_mutex_lock(&p->lock);
+    if (p->state == CONN_NONE && device > 0) {
+        pilot_req_device req = {.device = device};
+        pilot_rep_hello hrep;
+        if (main_socket_call(PILOT_OP_DEVICE_JOIN, g_session, &req, sizeof req, &hrep) != 0)
+            err = ERR_LOST; /* the daemon served HELLO but cannot be reached now */
+        else if (hrep.hdr.err)
+            err = (cudaError_t)hrep.hdr.err;
+        else if (attach(p, &hrep) != 0)
+            err = ERR_LOST;
+        if (err == cudaSuccess) {
+            p->state = CONN_READY;
+            LOG_INFO("device %d: vGPU %u (%s)", device, hrep.vgpu, hrep.endpoint);
+        } else if (err == ERR_LOST) {
+            p->state = CONN_LOST;
+        }
+    } else if (p->state != CONN_READY) {
+        err = ERR_LOST;
     }
+    if (err) {
+        pthread_mutex_unlock(&p->lock);
+        return err;
+    }
+    *out = p;
     return cudaSuccess;
 }
 
-void pilot_unlock_session(void)
+cudaError_t pilot_ensure_device(int device)
 {
-    pthread_mutex_unlock(&g_lock);
+    struct part *p;
+    cudaError_t err = lock_part(device, &p);
+    if (err == cudaSuccess)
+        pthread_mutex_unlock(&p->lock);
+    return err;
 }
 
-cudaError_t pilot_send_locked(uint16_t op, uint32_t flags, const void *req, size_t req_len,
-                              const void *payload, size_t payload_len)
+/* ---- calls ---- */
+
+static cudaError_t send_on(struct part *p, uint16_t op, uint32_t flags, const void *req,
+                           size_t req_len, const void *payload, size_t payload_len)
 {
     pilot_envelope env = {.version = PILOT_PROTO_VERSION, .opcode = op, .flags = flags,
-                          .seq = ++g_seq, .session = g_session};
+                          .seq = __atomic_add_fetch(&g_seq, 1, __ATOMIC_RELAXED),
+                          .session = g_session};
     struct zmtp_frame frames[3] = {{&env, sizeof env}, {req, req_len}, {payload, payload_len}};
-    if (g_state != CONN_READY)
+    if (p->state != CONN_READY)
         return ERR_LOST;
-    int rc = zmtp_send(&g_conn, frames, payload_len ? 3 : 2);
+    int rc = zmtp_send(&p->conn, frames, payload_len ? 3 : 2);
     if (rc) {
-        lose_connection(strerror(-rc));
+        lose_connection(p, strerror(-rc));
         return ERR_LOST;
     }
     return cudaSuccess;
 }
 
 /* Receives one reply, copies its body out, and turns its header into the call's result. */
-static cudaError_t recv_reply(void *rep, size_t rep_len, void *out, size_t out_cap, size_t *out_len)
+static cudaError_t recv_on(struct part *p, void *rep, size_t rep_len, void *out, size_t out_cap,
+                           size_t *out_len)
 {
     struct zmtp_frame fr[ZMTP_MAX_FRAMES];
-    if (g_state != CONN_READY)
+    if (p->state != CONN_READY)
         return ERR_LOST;
-    int n = zmtp_recv(&g_conn, fr, ZMTP_MAX_FRAMES);
+    int n = zmtp_recv(&p->conn, fr, ZMTP_MAX_FRAMES);
     if (n < 0) {
-        lose_connection(strerror(-n));
+        lose_connection(p, strerror(-n));
         return ERR_LOST;
     }
     if (n < 2 || fr[0].len < sizeof(pilot_envelope) || fr[1].len < sizeof(pilot_reply_hdr)) {
-        lose_connection("malformed reply");
+        lose_connection(p, "malformed reply");
         return ERR_LOST;
     }
     size_t body = fr[1].len < rep_len ? fr[1].len : rep_len;
@@ -272,40 +409,112 @@ static cudaError_t recv_reply(void *rep, size_t rep_len, void *out, size_t out_c
     return (cudaError_t)hdr->deferred;
 }
 
-cudaError_t pilot_recv_locked(void *rep, size_t rep_len)
+cudaError_t pilot_lock_session(void)
 {
-    return recv_reply(rep, rep_len, NULL, 0, NULL);
+    struct part *p;
+    cudaError_t err = lock_part(pilot_route_device(), &p);
+    if (err == cudaSuccess)
+        t_locked = p;
+    return err;
 }
 
-cudaError_t pilot_call(uint16_t op, const void *req, size_t req_len, const void *payload,
-                       size_t payload_len, void *rep, size_t rep_len, void *out, size_t out_cap,
-                       size_t *out_len)
+void pilot_unlock_session(void)
+{
+    struct part *p = t_locked;
+    t_locked = NULL;
+    if (p)
+        pthread_mutex_unlock(&p->lock);
+}
+
+cudaError_t pilot_send_locked(uint16_t op, uint32_t flags, const void *req, size_t req_len,
+                              const void *payload, size_t payload_len)
+{
+    return t_locked ? send_on(t_locked, op, flags, req, req_len, payload, payload_len) : ERR_LOST;
+}
+
+cudaError_t pilot_recv_locked(void *rep, size_t rep_len)
+{
+    return t_locked ? recv_on(t_locked, rep, rep_len, NULL, 0, NULL) : ERR_LOST;
+}
+
+cudaError_t pilot_call_on(int device, uint16_t op, const void *req, size_t req_len,
+                          const void *payload, size_t payload_len, void *rep, size_t rep_len,
+                          void *out, size_t out_cap, size_t *out_len)
 {
     pilot_rep_status status;
     if (!rep) {
         rep = &status;
         rep_len = sizeof status;
     }
-    cudaError_t err = pilot_lock_session();
+    struct part *p;
+    cudaError_t err = lock_part(device, &p);
     if (err)
         return err;
-    err = pilot_send_locked(op, 0, req, req_len, payload, payload_len);
+    err = send_on(p, op, 0, req, req_len, payload, payload_len);
     if (err == cudaSuccess)
-        err = recv_reply(rep, rep_len, out, out_cap, out_len);
-    pilot_unlock_session();
+        err = recv_on(p, rep, rep_len, out, out_cap, out_len);
+    pthread_mutex_unlock(&p->lock);
     return err;
+}
+
+cudaError_t pilot_post_on(int device, uint16_t op, const void *req, size_t req_len,
+                          const void *payload, size_t payload_len)
+{
+    struct part *p;
+    cudaError_t err = lock_part(device, &p);
+    if (err)
+        return err;
+    err = send_on(p, op, PILOT_F_NO_REPLY, req, req_len, payload, payload_len);
+    pthread_mutex_unlock(&p->lock);
+    return err;
+}
+
+cudaError_t pilot_call(uint16_t op, const void *req, size_t req_len, const void *payload,
+                       size_t payload_len, void *rep, size_t rep_len, void *out, size_t out_cap,
+                       size_t *out_len)
+{
+    return pilot_call_on(pilot_route_device(), op, req, req_len, payload, payload_len, rep, rep_len,
+                         out, out_cap, out_len);
 }
 
 cudaError_t pilot_post(uint16_t op, const void *req, size_t req_len, const void *payload,
                        size_t payload_len)
 {
-    cudaError_t err = pilot_lock_session();
-    if (err)
-        return err;
-    err = pilot_send_locked(op, PILOT_F_NO_REPLY, req, req_len, payload, payload_len);
-    pilot_unlock_session();
-    return err;
+    return pilot_post_on(pilot_route_device(), op, req, req_len, payload, payload_len);
 }
+
+/* ---- device information (fetched through part 0, once per device) ---- */
+
+static int fetch_info(int device)
+{
+    struct part *p;
+    if (lock_part(0, &p) != cudaSuccess)
+        return -1;
+    int rc = info_on(p, device);
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+const pilot_rep_device_info *pilot_device_info_of(int device)
+{
+    if (g_state != CONN_READY || device < 0 || device >= g_device_count)
+        return NULL;
+    if (!__atomic_load_n(&g_info_known[device], __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&g_session_lock);
+        int ok = g_info_known[device] || fetch_info(device) == 0;
+        pthread_mutex_unlock(&g_session_lock);
+        if (!ok)
+            return NULL;
+    }
+    return &g_infos[device];
+}
+
+const pilot_rep_device_info *pilot_device_info(void)
+{
+    return pilot_device_info_of(pilot_route_device());
+}
+
+/* ---- the unified-memory fault channel (coherence.c) ---- */
 
 cudaError_t pilot_fault_channel_open(void)
 {
