@@ -11,7 +11,8 @@ Formats (little endian; checked against nvcc 13.0 output, see tests/unit/test_fa
   u32 name_offset, u32 name_len, u64 flags (0x8000: zstd-compressed), u64 0,
   u64 decompressed_size. payload_size may include padding after compressed_size bytes.
 - `.nv.info.<fn>` sections hold attribute records `u8 format, u8 attr` + value; format 1 has no
-  value, 2 and 3 a 2-byte value, 4 a u16 size and that many bytes.
+  value (2 bytes of padding: every record header is 4 bytes), 2 and 3 a 2-byte value, 4 a u16
+  size and that many bytes.
   - 0x17 KPARAM_INFO: u32 index, u16 ordinal, u16 offset, u32 word; size = (word >> 18) & 0x3fff.
   - 0x45 (used instead of 0x17 once a kernel's parameters exceed 4096 bytes): u32 index,
     u16 ordinal, u16 offset, u32 size.
@@ -230,8 +231,8 @@ def nv_info_records(data: bytes) -> Iterator[tuple[int, int, bytes]]:
         if pos + 2 > len(data):
             raise ValueError(f"truncated .nv.info record at {pos}")
         fmt, attr = data[pos], data[pos + 1]
-        if fmt == EIFMT_NVAL:
-            value, pos = b"", pos + 2
+        if fmt == EIFMT_NVAL:  # no value, but the record still takes its 4 bytes
+            value, pos = b"", pos + 4
         elif fmt in (EIFMT_BVAL, EIFMT_HVAL):
             value, pos = data[pos + 2:pos + 4], pos + 4
         elif fmt == EIFMT_SVAL:

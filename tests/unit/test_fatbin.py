@@ -179,8 +179,11 @@ def test_truncated_elf(image: bytes) -> None:
 
 
 def test_nv_info_records_reject_garbage() -> None:
-    assert list(nv_info_records(bytes([1, 0x1B]))) == [(1, 0x1B, b"")]
-    for bad in (bytes([4]), bytes([4, 0x17, 12, 0, 1]), bytes([7, 0x17]), bytes([3, 0x19, 1])):
+    # A value-less record (format 1) still takes 4 bytes, as in cooperative kernels' .nv.info.
+    assert list(nv_info_records(bytes([1, 0x04, 0, 0, 3, 0x19, 5, 0]))) == [
+        (1, 0x04, b""), (3, 0x19, b"\x05\x00")]
+    for bad in (bytes([4]), bytes([4, 0x17, 12, 0, 1]), bytes([7, 0x17]), bytes([3, 0x19, 1]),
+                bytes([1, 0x1B])):
         with pytest.raises(ValueError):
             list(nv_info_records(bad))
 
