@@ -483,13 +483,14 @@ class SimBackend:
         """The gate's host function, then a hold until its word reaches the target: the same
         C code (shim/gates.c) the driver runs on a GPU."""
         ptr = ffi.cast("pilot_gate *", gate.address)
+        target = gate.target  # as cuStreamWaitValue32 takes it: the slot may be re-armed later
         with self._lock:
             self._check_stream(stream)
             if gate.stream_callback:
                 self._issue(stream, lib.pilot_gate_fire_status, ffi.NULL, 0, ptr)
             else:
                 self._issue(stream, lib.pilot_gate_fire, ptr)
-            self._hold(stream, lambda: bool(lib.pilot_gate_is_open(ptr)))
+            self._hold(stream, lambda: (int(ptr.word) - target) & 0xFFFFFFFF < 0x80000000)
 
     def map_host(self, address: int, size: int) -> None:
         """Nothing to pin or map: the sim reads host memory directly."""

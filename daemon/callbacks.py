@@ -43,6 +43,7 @@ from . import streams
 from .backend import (
     CUDA_ERROR_INITIALIZATION,
     CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_NOT_READY,
     CUDA_ERROR_NOT_SUPPORTED,
     Backend,
     BackendError,
@@ -104,6 +105,7 @@ class CallbackHub:
         self._by_client: dict[tuple[int, int], _Pending] = {}  # (session, client id)
         self._sessions: dict[int, Any] = {}  # session id -> devices.SessionGroup or Session
         self._conns: dict[int, int] = {}  # session id -> callback connection
+        self._closed = False  # shutting down: no new gates
         # Owned by the hub thread.
         self._by_conn: dict[int, int] = {}  # connection -> session id
         self._commands: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
@@ -146,7 +148,9 @@ class CallbackHub:
         self._wake()
 
     def close_all(self) -> None:
+        """Shutdown: open every gate and arm no more, so no vGPU thread stays blocked."""
         with self._lock:
+            self._closed = True
             ids = list(self._sessions) + [p.session for p in self._pending.values()]
         for sid in set(ids):
             self.close_session(sid)
@@ -155,6 +159,8 @@ class CallbackHub:
     def arm(self, vg: VGpu, s: Session, client_id: int, kind: int, stream: Any) -> None:
         """Put the gate for the client's callback `client_id` on `stream`."""
         with self._lock:
+            if self._closed:
+                raise BackendError(CUDA_ERROR_NOT_SUPPORTED, "pilotd is stopping")
             if s.id not in self._conns:
                 raise BackendError(CUDA_ERROR_INITIALIZATION,
                                    "no callback connection (CALLBACK_ATTACH first)")
@@ -382,3 +388,14 @@ def stream_callback(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None
     if req.stream == 0:
         streams.own_legacy(vg, s)
     hub.arm(vg, s, req.id, req.kind, streams.stream_for_work(vg, s, req.stream))
+
+
+@handler(lib.PILOT_OP_DEVICE_QUERY)
+def device_query(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
+    """Whether every stream of the session's part is idle: what the shim polls instead of a
+    blocking cudaDeviceSynchronize (or cudaFree) while host callbacks are outstanding, so that
+    neither its connection nor this vGPU thread waits for a callback."""
+    backend = vg.backend
+    if not all(backend.stream_query(st.obj) for st in list(s.streams.values())) or \
+            not backend.stream_query(s.legacy or vg.stream):
+        raise BackendError(CUDA_ERROR_NOT_READY)

@@ -121,12 +121,12 @@ class SessionGroup:
 
     def summary(self) -> dict[str, Any]:
         """The session as `pilot sessions` lists it: part 0's row, totals over every part."""
-        parts = list(self.parts.values())
-        row = parts[0].summary()
+        rows = [p.summary() for p in list(self.parts.values())]
+        row = dict(rows[0])
         for key in ("device_bytes", "allocations", "streams", "events", "modules", "calls"):
-            row[key] = sum(int(p.summary()[key]) for p in parts)
-        row["gpus"] = sorted({p.device for p in parts})
-        if any(p.sticky for p in parts):
+            row[key] = sum(int(r[key]) for r in rows)
+        row["gpus"] = sorted({r["gpu"] for r in rows})
+        if any(r["state"] == "error" for r in rows):
             row["state"] = "error"
         return row
 

@@ -85,14 +85,18 @@ PILOT_EXPORT cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr 
 PILOT_EXPORT cudaError_t cudaDeviceSynchronize(void)
 {
     PILOT_REQUIRE_SESSION();
+    cudaError_t err = pilot_callbacks_fence_device(t_device);
+    if (err)
+        PILOT_RETURN(err);
     PILOT_RETURN(pilot_call(PILOT_OP_DEVICE_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0, NULL, 0, NULL));
 }
 
 PILOT_EXPORT cudaError_t cudaDeviceReset(void)
 {
     PILOT_REQUIRE_SESSION();
-    cudaError_t err =
-        pilot_call(PILOT_OP_DEVICE_RESET, NULL, 0, NULL, 0, NULL, 0, NULL, 0, NULL);
+    cudaError_t err = pilot_callbacks_fence_device(t_device);
+    if (err == cudaSuccess)
+        err = pilot_call(PILOT_OP_DEVICE_RESET, NULL, 0, NULL, 0, NULL, 0, NULL, 0, NULL);
     if (err == cudaSuccess) {
         pilot_alloc_clear_device(t_device);
         pilot_streams_reset_device(t_device);

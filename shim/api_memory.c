@@ -197,8 +197,10 @@ PILOT_EXPORT cudaError_t cudaFree(void *ptr)
         PILOT_RETURN(cudaErrorInvalidValue);
     pilot_req_free req = {.ptr = (uintptr_t)ptr};
     int owner = pilot_alloc_device((uintptr_t)ptr); /* freed on its device, as with UVA */
-    cudaError_t err = pilot_call_on(owner >= 0 ? owner : pilot_current_device(), PILOT_OP_FREE,
-                                    &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+    owner = owner >= 0 ? owner : pilot_current_device();
+    cudaError_t err = pilot_callbacks_fence_device(owner); /* cudaFree waits for the device */
+    if (err == cudaSuccess)
+        err = pilot_call_on(owner, PILOT_OP_FREE, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
     if (err == cudaSuccess && pilot_alloc_remove((uintptr_t)ptr) == 0 &&
         pilot_um_contains((uintptr_t)ptr))
         pilot_um_remove((uintptr_t)ptr);
@@ -315,6 +317,8 @@ static cudaError_t memcpy_routed(void *dst, const void *src, size_t count,
     case cudaMemcpyDeviceToHost: {
         if (!pilot_alloc_contains(s, count))
             return cudaErrorInvalidValue;
+        if ((err = pilot_callbacks_fence(stream)))
+            return err;
         if (count > PILOT_INLINE_MAX)
             return staged_d2h(dst, s, count, stream, (uint32_t)sync);
         pilot_rep_status rep;

@@ -455,7 +455,9 @@ static cudaError_t h2d_rows(uint8_t *dst, size_t dpitch, const uint8_t *src, siz
 static cudaError_t d2h_rows(uint8_t *dst, size_t dpitch, const uint8_t *src, size_t spitch,
                             size_t width, size_t height, uint64_t stream, int sync)
 {
-    cudaError_t err = cudaSuccess;
+    cudaError_t err = pilot_callbacks_fence(stream);
+    if (err)
+        return err;
     if (width > PILOT_INLINE_MAX) {
         for (size_t r = 0; r < height && err == cudaSuccess; r++)
             err = pilot_memcpy(dst + r * dpitch, src + r * spitch, width, cudaMemcpyDeviceToHost,

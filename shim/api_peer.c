@@ -91,10 +91,18 @@ cudaError_t pilot_memcpy_peer(void *dst, int dst_device, const void *src, int sr
     if (sync) /* after every device's pending work; the call's own reply orders what follows */
         for (int i = 0; i < 2 && err == cudaSuccess; i++) {
             int d = i ? dst_device : src_device;
-            if (d != exec && (i == 0 || dst_device != src_device))
-                err = pilot_call_on(d, PILOT_OP_DEVICE_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0, NULL,
-                                    0, NULL);
+            if (d != exec && (i == 0 || dst_device != src_device)) {
+                err = pilot_callbacks_fence_device(d);
+                if (err == cudaSuccess)
+                    err = pilot_call_on(d, PILOT_OP_DEVICE_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0,
+                                        NULL, 0, NULL);
+            }
         }
+    if (sync && err == cudaSuccess) {
+        int previous = pilot_route_begin(exec);
+        err = pilot_callbacks_fence(stream);
+        pilot_route_end(previous);
+    }
     if (err)
         return err;
     pilot_req_memcpy_peer req = {.dst = (uintptr_t)dst, .src = (uintptr_t)src, .count = count,

@@ -82,6 +82,11 @@ void pilot_streams_reset_device(int device)
     __atomic_add_fetch(&g_generation[device], 1, __ATOMIC_RELAXED);
 }
 
+unsigned pilot_streams_generation(int device)
+{
+    return __atomic_load_n(&g_generation[device], __ATOMIC_RELAXED);
+}
+
 uint64_t pilot_stream_handle(cudaStream_t stream)
 {
     uintptr_t v = (uintptr_t)stream;
@@ -150,7 +155,14 @@ PILOT_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
     PILOT_REQUIRE_SESSION();
     uint64_t h = pilot_stream_handle(stream);
-    PILOT_RETURN(handle_call(pilot_handle_device(h), PILOT_OP_STREAM_SYNCHRONIZE, h));
+    int dev = pilot_handle_device(h);
+    cudaError_t err = cudaSuccess;
+    if (dev < pilot_device_count()) {
+        int previous = pilot_route_begin(dev);
+        err = pilot_callbacks_fence(h);
+        pilot_route_end(previous);
+    }
+    PILOT_RETURN(err ? err : handle_call(dev, PILOT_OP_STREAM_SYNCHRONIZE, h));
 }
 
 PILOT_EXPORT cudaError_t cudaStreamQuery(cudaStream_t stream)
@@ -233,7 +245,9 @@ PILOT_EXPORT cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 PILOT_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(handle_call(event_device(event), PILOT_OP_EVENT_SYNCHRONIZE, (uintptr_t)event));
+    int dev = event_device(event);
+    cudaError_t err = dev >= 0 ? pilot_callbacks_fence_event(dev, (uintptr_t)event) : cudaSuccess;
+    PILOT_RETURN(err ? err : handle_call(dev, PILOT_OP_EVENT_SYNCHRONIZE, (uintptr_t)event));
 }
 
 PILOT_EXPORT cudaError_t cudaEventQuery(cudaEvent_t event)

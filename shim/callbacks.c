@@ -11,9 +11,13 @@
  *
  * As in CUDA: a host function is not called after an error in the stream's context (the
  * daemon says so with PILOT_CALLBACK_SKIP); a stream callback is called with that error as its
- * status; a callback may not call CUDA (the shim answers cudaErrorNotPermitted). Copies from
- * pageable host memory first synchronize their stream while callbacks are outstanding
- * (pilot_callbacks_fence), so a copy queued after a callback sees what the callback wrote. */
+ * status; a callback may not call CUDA (the shim answers cudaErrorNotPermitted).
+ *
+ * While callbacks are outstanding, calls that wait for device work poll for it first (the
+ * fences below): a wait may depend on a callback that depends on another thread of the
+ * program, so no waiting call may hold its device's connection, or block the vGPU thread in
+ * the daemon, for the duration. Copies from pageable memory fence too, so a copy queued after a
+ * callback sees what the callback wrote. */
 #define _GNU_SOURCE /* pthread_setname_np */
 #include <pthread.h>
 #include <signal.h>
@@ -202,13 +206,99 @@ static cudaError_t add_callback(cudaStream_t stream, uint32_t kind, cudaHostFn_t
     return err;
 }
 
+/* ---- waiting without holding anything (shim.h, pilot_callbacks_fence) ---- */
+
+struct marker {
+    uint64_t event; /* the thread's marker event on a device, recorded where it must wait */
+    unsigned generation;
+};
+static __thread struct marker t_markers[PILOT_MAX_DEVICES];
+static __thread int t_markers_registered;
+static pthread_key_t g_marker_key;
+static pthread_once_t g_marker_once = PTHREAD_ONCE_INIT;
+
+static void markers_exit(void *unused)
+{
+    (void)unused;
+    for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
+        struct marker *m = &t_markers[d];
+        if (m->event && m->generation == pilot_streams_generation(d)) {
+            pilot_req_handle req = {.handle = m->event};
+            pilot_post_on(d, PILOT_OP_EVENT_DESTROY, &req, sizeof req, NULL, 0);
+        }
+        m->event = 0;
+    }
+}
+
+static void make_marker_key(void)
+{
+    pthread_key_create(&g_marker_key, markers_exit);
+}
+
+static int outstanding(void)
+{
+    return __atomic_load_n(&g_outstanding, __ATOMIC_ACQUIRE) > 0;
+}
+
+/* Repeats a query (EVENT_QUERY, DEVICE_QUERY) until it stops answering cudaErrorNotReady,
+ * sleeping in between with nothing held: 10 us doubling up to 1 ms. */
+static cudaError_t poll(int device, uint16_t op, const pilot_req_handle *req)
+{
+    useconds_t delay = 10;
+    for (;;) {
+        cudaError_t err = pilot_call_on(device, op, req, req ? sizeof *req : 0, NULL, 0, NULL, 0,
+                                        NULL, 0, NULL);
+        if (err != cudaErrorNotReady)
+            return err;
+        usleep(delay);
+        if (delay < 1000)
+            delay *= 2;
+    }
+}
+
 cudaError_t pilot_callbacks_fence(uint64_t stream)
 {
-    if (!__atomic_load_n(&g_outstanding, __ATOMIC_ACQUIRE))
+    if (!outstanding())
         return cudaSuccess;
-    pilot_req_handle req = {.handle = stream};
-    return pilot_call(PILOT_OP_STREAM_SYNCHRONIZE, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0,
-                      NULL);
+    const int dev = pilot_route_device();
+    struct marker *m = &t_markers[dev];
+    const unsigned gen = pilot_streams_generation(dev);
+    if (!m->event || m->generation != gen) {
+        pilot_req_event_create create = {.flags = cudaEventDisableTiming};
+        pilot_rep_u64 rep;
+        cudaError_t err = pilot_call_on(dev, PILOT_OP_EVENT_CREATE, &create, sizeof create, NULL, 0,
+                                        &rep, sizeof rep, NULL, 0, NULL);
+        if (err)
+            return err;
+        m->event = rep.value;
+        m->generation = gen;
+        if (!t_markers_registered) {
+            pthread_once(&g_marker_once, make_marker_key);
+            pthread_setspecific(g_marker_key, (void *)1); /* destroys the markers at thread exit */
+            t_markers_registered = 1;
+        }
+    }
+    /* The marker completes once everything issued on the stream so far is done (for the legacy
+     * stream, after the blocking streams it joins): exactly what the caller waits for. */
+    pilot_req_event_record record = {.event = m->event, .stream = stream};
+    cudaError_t err = pilot_post_on(dev, PILOT_OP_EVENT_RECORD, &record, sizeof record, NULL, 0);
+    if (err)
+        return err;
+    pilot_req_handle query = {.handle = m->event};
+    return poll(dev, PILOT_OP_EVENT_QUERY, &query);
+}
+
+cudaError_t pilot_callbacks_fence_event(int device, uint64_t event)
+{
+    if (!outstanding())
+        return cudaSuccess;
+    pilot_req_handle query = {.handle = event};
+    return poll(device, PILOT_OP_EVENT_QUERY, &query);
+}
+
+cudaError_t pilot_callbacks_fence_device(int device)
+{
+    return outstanding() ? poll(device, PILOT_OP_DEVICE_QUERY, NULL) : cudaSuccess;
 }
 
 PILOT_EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *userData)

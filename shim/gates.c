@@ -17,20 +17,18 @@ static void notify(pilot_gate *g)
         ;
 }
 
-int pilot_gate_is_open(const pilot_gate *g)
-{
-    return (int32_t)(__atomic_load_n(&g->word, __ATOMIC_ACQUIRE) - g->target) >= 0;
-}
-
 void pilot_gate_fire(void *arg)
 {
     pilot_gate *g = arg;
+    /* Read before the token goes out: once the hub has it, the gate may open and the slot be
+     * armed again with a later target, which this call must not wait for. */
+    const uint32_t target = g->target, wait = g->wait;
     notify(g);
-    if (!g->wait)
+    if (!wait)
         return;
     for (;;) {
         uint32_t seen = __atomic_load_n(&g->word, __ATOMIC_ACQUIRE);
-        if ((int32_t)(seen - g->target) >= 0)
+        if ((int32_t)(seen - target) >= 0)
             return;
         syscall(SYS_futex, &g->word, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
     }

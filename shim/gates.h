@@ -31,8 +31,6 @@ void pilot_gate_fire(void *gate);
 void pilot_gate_fire_status(void *stream, int status, void *gate);
 /* Opens the gate: word = value (the stream's wait ends; a waiting host function returns). */
 void pilot_gate_open(pilot_gate *gate, uint32_t value);
-/* Whether the gate is open for its target. */
-int pilot_gate_is_open(const pilot_gate *gate);
 /* PILOT_GATE_CDEF_END */
 
 #endif

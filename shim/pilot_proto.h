@@ -57,6 +57,9 @@ enum pilot_op {
     PILOT_OP_DEVICE_JOIN = 120,       /* main socket: pilot_req_device {device: program ordinal};
                                        * reply pilot_rep_hello: the session's part on that device */
     PILOT_OP_PEER_ENABLE = 121,       /* pilot_req_device {device: the peer}; status reply */
+    PILOT_OP_DEVICE_QUERY = 122,      /* no body: cudaErrorNotReady while any stream of the
+                                       * session's part is busy (polled instead of a blocking
+                                       * synchronize while host callbacks are outstanding) */
     /* 104-139 reserved: limits, cache config, flags (issue 3) */
 
     /* 140: error handling: served inside the shim, no messages */

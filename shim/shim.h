@@ -208,14 +208,21 @@ int pilot_handle_device(uint64_t handle);
 cudaError_t pilot_event_record(cudaEvent_t event, cudaStream_t stream);
 void pilot_streams_forget(void); /* after fork: per-thread streams are the parent's */
 void pilot_streams_reset_device(int device); /* cudaDeviceReset destroyed the device's streams */
+unsigned pilot_streams_generation(int device); /* changes when the device's handles vanish */
 
 /* ---- callbacks.c: host callbacks run on the shim's callback thread ---- */
 int pilot_in_callback(void);      /* the calling thread is running a host callback */
-/* Before a copy reads host memory on `stream` (a handle of the route device): if host
- * callbacks are outstanding, synchronize the stream first, as CUDA does for pageable memory
- * ("a stream sync is performed before the copy is initiated"), so the copy sees what a
- * callback queued before it wrote. */
+/* While host callbacks are outstanding, a call that waits for device work (a synchronize, a
+ * copy to or from pageable memory, cudaFree) must neither hold its device's connection nor
+ * block the daemon's vGPU thread while it waits: the work may wait for a callback that waits
+ * for another thread of the program. These first poll, without holding anything, until the work
+ * issued so far on the stream (or event, or the whole device) is done; with no callback
+ * outstanding they return at once. For copies from pageable memory this is also CUDA's
+ * "a stream sync is performed before the copy is initiated": the copy sees what a callback
+ * queued before it wrote. `stream` is a handle of the route device. */
 cudaError_t pilot_callbacks_fence(uint64_t stream);
+cudaError_t pilot_callbacks_fence_event(int device, uint64_t event);
+cudaError_t pilot_callbacks_fence_device(int device);
 void pilot_callbacks_forget(void); /* after fork */
 
 /* ---- generated from shim/cuda_errors.tsv (errors.c in the build dir) ---- */
