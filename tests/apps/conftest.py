@@ -37,10 +37,16 @@ GPU_DIR = APPS_DIR.parent / "gpu"
 # name -> source; the two tests/gpu programs are self-checking and also run on the H100.
 SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
            ("vector_add", "kernel_args", "copies", "memset", "streams_events", "errors", "threads",
-            "alloc", "symbols", "runtime_misc", "managed")}
+            "alloc", "symbols", "runtime_misc", "managed", "callbacks", "ptds", "multidev",
+            "launch_ex")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
+SOURCES["ptds_per_thread"] = APPS_DIR / "ptds.cu"  # the same source, per-thread default streams
 PROGRAMS = tuple(SOURCES)
 NVCC_FLAGS = ("-cudart", "shared", "-O2", "-Wno-deprecated-gpu-targets")
+EXTRA_FLAGS = {"ptds_per_thread": ("-default-stream", "per-thread")}
+# Kernel emulations the sim daemons load.
+SIM_KERNEL_FILES = (APPS_DIR / "sim_kernels.py", APPS_DIR / "sim_kernels_streams.py",
+                    GPU_DIR / "sim_kernels.py")
 NVCC = shutil.which("nvcc") or next(
     (p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc") if Path(p).exists()), None)
 NATIVE = os.environ.get("PILOT_APPS_NATIVE") == "1"
@@ -85,7 +91,7 @@ def app_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
 
     def build(name: str) -> tuple[str, Build, int]:
         exe = out_dir / name
-        cmd = [nvcc, *NVCC_FLAGS, "-o", str(exe), str(SOURCES[name])]
+        cmd = [nvcc, *NVCC_FLAGS, *EXTRA_FLAGS.get(name, ()), "-o", str(exe), str(SOURCES[name])]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         return name, Build(exe, cmd, proc.stdout + proc.stderr), proc.returncode
 
@@ -142,8 +148,7 @@ def pilotd() -> Iterator[Daemon]:
     socket = os.path.join(workdir, "pilot.sock")
     cmd = [*PILOTD, "--backend", "sim", "--socket", socket,
            "--state-dir", os.path.join(workdir, "state"), "--metrics-address", "",
-           "--sim-kernels", str(APPS_DIR / "sim_kernels.py"),
-           "--sim-kernels", str(GPU_DIR / "sim_kernels.py")]
+           *(arg for path in SIM_KERNEL_FILES for arg in ("--sim-kernels", str(path)))]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=_clean_env())
     daemon = Daemon(proc, socket)

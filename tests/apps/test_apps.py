@@ -409,6 +409,7 @@ def test_every_kernel_has_an_emulation(app_binaries: dict[str, Path]) -> None:
     sim_kernels = pytest.importorskip("pilot.daemon.sim_kernels")
     here = Path(__file__).parent
     registry = sim_kernels.load_kernel_files([here / "sim_kernels.py",
+                                              here / "sim_kernels_streams.py",
                                               here.parent / "gpu" / "sim_kernels.py"])
     kernels: set[str] = set()
     for exe in app_binaries.values():
@@ -424,7 +425,9 @@ def test_every_kernel_has_an_emulation(app_binaries: dict[str, Path]) -> None:
             found = {"_" + rest, rest} & symbols  # C++ kernels: "_Z...", extern "C": name
             assert len(found) == 1, f"{exe.name}: cannot tell the kernel of stub {sym}"
             kernels |= found
-    assert len(kernels) == 27, sorted(kernels)  # 22 in tests/apps (4 runtime_misc, 5 managed), 5 in tests/gpu
+    # 22 in tests/apps (4 runtime_misc, 5 managed), 8 in the callback/stream/device programs,
+    # 5 in tests/gpu
+    assert len(kernels) == 35, sorted(kernels)
     assert sorted(kernels - set(registry.names())) == []
 
 

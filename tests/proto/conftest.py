@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,3 +62,23 @@ def daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
     finally:
         os.environ.pop("PILOT_SOCKET", None)
         stop_daemon(d)
+
+
+@pytest.fixture
+def daemon_with(tmp_path: Path) -> Iterator:
+    """daemon_with(*options): a daemon started with extra pilotd options, stopped after the test
+    (PILOT_SOCKET points at it meanwhile)."""
+    started: list[RunningDaemon] = []
+
+    def start(*extra: str) -> RunningDaemon:
+        d = start_daemon(Path(tempfile.mkdtemp(prefix="pilot-p-", dir=tmp_path.parent)), *extra)
+        started.append(d)
+        os.environ["PILOT_SOCKET"] = str(d.socket_path)
+        return d
+
+    try:
+        yield start
+    finally:
+        os.environ.pop("PILOT_SOCKET", None)
+        for d in started:
+            stop_daemon(d)

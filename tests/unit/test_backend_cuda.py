@@ -391,3 +391,125 @@ def test_missing_global_is_invalid_symbol(backend: CudaBackend, drv: FakeDriver)
     with pytest.raises(BackendError) as info:
         backend.module_get_global("mod", "nope")
     assert info.value.code == 13  # cudaErrorInvalidSymbol, as cudaMemcpyToSymbol reports it
+
+
+# ---- several devices, launches with attributes, host-callback gates ------------------------
+
+needs_real = pytest.mark.skipif(_real is None, reason="needs cuda-python's types")
+
+
+def _two_device_backend(drv: FakeDriver) -> CudaBackend:
+    drv.replies["cuDeviceGetCount"] = (OK, 2)
+    be = CudaBackend()
+    be.bind_thread(0)
+    drv.calls.clear()
+    return be
+
+
+@needs_real
+def test_launch_ex_passes_attributes_and_the_packed_buffer(backend: CudaBackend, drv: FakeDriver) -> None:
+    from pilot.daemon.backend import LaunchAttrs
+
+    for name in ("CUlaunchConfig", "CUlaunchAttribute", "CUlaunchAttributeID", "CUclusterSchedulingPolicy"):
+        setattr(drv, name, getattr(_real, name))
+    seen: dict[str, Any] = {}
+
+    def launch_ex(cfg: Any, f: Any, params: Any, extra: int) -> tuple[Any, ...]:
+        ids = _real.CUlaunchAttributeID
+        seen["shape"] = (cfg.gridDimX, cfg.gridDimY, cfg.blockDimX, cfg.sharedMemBytes, cfg.numAttrs)
+        by_id = {a.id: a.value for a in cfg.attrs}
+        seen["cooperative"] = by_id[ids.CU_LAUNCH_ATTRIBUTE_COOPERATIVE].cooperative
+        dim = by_id[ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION].clusterDim
+        seen["cluster"] = (dim.x, dim.y, dim.z)
+        seen["policy"] = int(by_id[ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE]
+                             .clusterSchedulingPolicyPreference)
+        seen["priority"] = by_id[ids.CU_LAUNCH_ATTRIBUTE_PRIORITY].priority
+        words = (ctypes.c_void_p * 5).from_address(extra)
+        seen["args"] = ctypes.string_at(words[1], 8)
+        seen["rest"] = (f, params)
+        return (OK,)
+
+    drv.replies["cuLaunchKernelEx"] = launch_ex
+    attrs = LaunchAttrs(cooperative=True, cluster=(2, 1, 1), cluster_policy=1, priority=-3)
+    backend.launch_ex("func", (8, 2, 1), (128, 1, 1), 256, _real.CUstream(0x1234), bytes(range(8)), attrs)
+    assert seen == {"shape": (8, 2, 128, 256, 4), "cooperative": 1, "cluster": (2, 1, 1),
+                    "policy": 1, "priority": -3, "args": bytes(range(8)), "rest": ("func", None)}
+    drv.replies["cuLaunchKernelEx"] = (CUresult(720),)  # CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+    with pytest.raises(BackendError) as err:
+        backend.launch_ex("func", (9999, 1, 1), (1, 1, 1), 0, _real.CUstream(0), b"", LaunchAttrs(True))
+    assert err.value.code == 720
+
+
+def test_peer_copies_name_both_contexts(drv: FakeDriver) -> None:
+    be = _two_device_backend(drv)
+    be.memcpy_peer(0x100, 1, 0x200, 0, 64, "stream")
+    assert drv.called("cuMemcpyPeerAsync") == [(0x100, "ctx:dev1", 0x200, "ctx:dev0", 64, "stream")]
+    be.memcpy_peer(0x100, 1, 0x200, 0, 0, "stream")  # nothing to copy: no driver call
+    assert len(drv.called("cuMemcpyPeerAsync")) == 1
+    with pytest.raises(BackendError):
+        be.memcpy_peer(0x100, 2, 0x200, 0, 64, "stream")
+
+
+@needs_real
+def test_peer_access_enabled_once_per_context(drv: FakeDriver) -> None:
+    be = _two_device_backend(drv)
+    drv.replies["cuCtxEnablePeerAccess"] = (CUresult(704),)  # already enabled: fine
+    be.enable_peer_access(0, 1)
+    assert drv.called("cuCtxEnablePeerAccess") == [("ctx:dev1", 0)]
+    drv.replies["cuCtxEnablePeerAccess"] = (CUresult(217),)  # CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
+    with pytest.raises(BackendError) as err:
+        be.enable_peer_access(0, 1)
+    assert err.value.code == 217
+    drv.replies["cuDeviceCanAccessPeer"] = (OK, 1)
+    assert be.can_access_peer(0, 1) is True
+
+
+def _gate_backend(backend: CudaBackend, drv: FakeDriver) -> list[tuple[Any, ...]]:
+    from types import SimpleNamespace
+
+    drv.CUstreamWaitValue_flags = SimpleNamespace(CU_STREAM_WAIT_VALUE_GEQ=0)
+    drv.CUresult = CUresult
+    calls: list[tuple[Any, ...]] = []
+    backend._launch_host_func = lambda *a: calls.append(("host", *a)) or 0
+    backend._add_callback = lambda *a: calls.append(("callback", *a)) or 0
+    return calls
+
+
+def test_gate_is_a_host_function_then_a_wait_on_the_word(backend: CudaBackend, drv: FakeDriver) -> None:
+    from pilot.daemon.backend import Gate
+    from pilot.daemon.protocol import ffi, lib
+
+    calls = _gate_backend(backend, drv)
+    backend._wait_value_ok = True
+    slot = ffi.new("pilot_gate *")
+    address = int(ffi.cast("uintptr_t", slot))
+    fire = int(ffi.cast("uintptr_t", ffi.addressof(lib, "pilot_gate_fire")))
+    fire_status = int(ffi.cast("uintptr_t", ffi.addressof(lib, "pilot_gate_fire_status")))
+    backend.gate(0x5000, Gate(address, 0xD000, 7, stream_callback=False))
+    backend.gate(0x5000, Gate(address, 0xD000, 8, stream_callback=True))
+    assert calls == [("host", 0x5000, fire, address), ("callback", 0x5000, fire_status, address, 0)]
+    assert drv.called("cuStreamWaitValue32") == [(0x5000, 0xD000, 7, 0), (0x5000, 0xD000, 8, 0)]
+    assert slot.wait == 0
+
+
+def test_gate_without_stream_memory_operations_waits_in_the_host_function(
+        backend: CudaBackend, drv: FakeDriver) -> None:
+    from pilot.daemon.backend import Gate
+    from pilot.daemon.protocol import ffi
+
+    calls = _gate_backend(backend, drv)
+    drv.replies["cuStreamCreate"] = (OK, "scratch")
+    drv.replies["cuStreamWaitValue32"] = (CUresult(801),)  # the probe: CUDA_ERROR_NOT_SUPPORTED
+    slot = ffi.new("pilot_gate *")
+    backend.gate(0x5000, Gate(int(ffi.cast("uintptr_t", slot)), 0xD000, 1, stream_callback=False))
+    assert backend._wait_value_ok is False and slot.wait == 1
+    assert [c[0] for c in calls] == ["host"]
+    assert drv.called("cuStreamWaitValue32") == [("scratch", 0xD000, 0, 0)]  # the probe only
+    assert drv.called("cuStreamDestroy") == [("scratch",)]
+
+
+def test_gate_memory_is_portable_and_mapped(backend: CudaBackend, drv: FakeDriver) -> None:
+    drv.replies["cuMemHostGetDevicePointer"] = (OK, 0xBEEF000)
+    backend.map_host(0x7000, 4096)
+    assert drv.called("cuMemHostRegister") == [(0x7000, 4096, 3)]  # PORTABLE | DEVICEMAP
+    assert backend.host_device_pointer(0x7000) == 0xBEEF000
