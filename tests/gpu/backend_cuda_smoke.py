@@ -6,8 +6,10 @@
 It compiles a small CUDA program with `nvcc -arch=sm_90 -cudart shared` (as a client of the shim
 would be built), takes the fatbin out of the executable's `.nv_fatbin` section, and drives every
 backend call against the driver: copies and their synchronization rules, streams, events, module
-loading, parameter layouts, packed-argument launches from several threads, error mapping. Prints
-one PASS/FAIL line per check (INFO lines for measurements) and exits 1 if any check failed.
+loading, parameter layouts, packed-argument launches from several threads, error mapping,
+host-callback gates (the host function and the wait on pinned memory), launches with attributes,
+and with two GPUs peer access and copies. Prints one PASS/FAIL line per check (INFO lines for
+measurements) and exits 1 if any check failed.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pilot.daemon.backend import BackendError
+from pilot.daemon.backend import BackendError, Gate, LaunchAttrs
 from pilot.daemon.backend_cuda import CudaBackend
+from pilot.daemon.protocol import ffi, lib
 
 SOURCE = r"""
 struct S { int a; double b; char c[3]; };
@@ -359,6 +362,85 @@ def main() -> int:
         )
         return None
 
+    def gates() -> str:
+        """A gate as callbacks.py sets one: the host function reports the stream got there, and
+        the work queued after it waits until the gate's word is opened from the host."""
+        page = mmap.mmap(-1, 4096)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        be.map_host(base, 4096)
+        device_address = be.host_device_pointer(base)
+        read_fd, write_fd = os.pipe()
+        gate = ffi.cast("pilot_gate *", base)
+        gate.fd, gate.token, gate.target, gate.wait = write_fd, 77, 1, 0
+        s, after = be.stream_create(1, 0), be.event_create(2)
+        try:
+            be.gate(s, Gate(base, device_address, 1, stream_callback=False))
+            be.launch(state["noop"], (1, 1, 1), (1, 1, 1), 0, s, b"")
+            be.event_record(after, s)
+            import select
+
+            assert select.select([read_fd], [], [], 10)[0], "the host function did not run"
+            assert struct.unpack("<Q", os.read(read_fd, 8))[0] == 77
+            time.sleep(0.05)
+            assert not be.event_query(after), "work after a closed gate ran"
+            lib.pilot_gate_open(gate, 1)
+            be.event_synchronize(after)
+            mode = "cuStreamWaitValue32" if be._wait_value_ok else "a waiting host function"
+        finally:
+            be.event_destroy(after)
+            be.stream_destroy(s)
+            os.close(read_fd)
+            os.close(write_fd)
+        return f"held until opened, with {mode}"
+
+    def launch_ex() -> str:
+        noop, s = state["noop"], be.stream_create(1, 0)
+        be.launch_ex(noop, (4, 1, 1), (32, 1, 1), 0, s, b"", LaunchAttrs(cooperative=True))
+        exc = expect_error(720, lambda: be.launch_ex(noop, (10**6, 1, 1), (1024, 1, 1), 0, s, b"",
+                                                     LaunchAttrs(cooperative=True)))
+        be.launch_ex(noop, (8, 1, 1), (32, 1, 1), 0, s, b"", LaunchAttrs(cluster=(2, 1, 1), cluster_policy=1))
+        be.launch_ex(noop, (1, 1, 1), (32, 1, 1), 0, s, b"", LaunchAttrs(priority=-1))
+        refused = []
+        for grid, cluster in (((15, 1, 1), (2, 1, 1)), ((32, 1, 1), (16, 1, 1))):  # untiled, too big
+            try:
+                be.launch_ex(noop, grid, (32, 1, 1), 0, s, b"", LaunchAttrs(cluster=cluster))
+            except BackendError as err:
+                refused.append(err.code)
+        assert len(refused) == 2, f"clusters the device cannot run were launched: {refused}"
+        be.stream_synchronize(s)
+        be.stream_destroy(s)
+        return f"cooperative, cluster, priority; too large -> {exc}; bad clusters -> {refused}"
+
+    def peers() -> str | None:
+        if be.device_count() < 2:
+            print("INFO peers: one GPU, skipped")
+            return None
+        can = be.can_access_peer(0, 1)
+        if can:
+            be.enable_peer_access(0, 1)
+            be.enable_peer_access(0, 1)  # again: already enabled is fine
+        n = 4 * MiB
+        a = be.mem_alloc(n)
+        be.bind_thread(1)
+        b = be.mem_alloc(n)
+        s1 = be.stream_create(1, 0)
+        data = rng(n)
+        be.memcpy_htod(b, data, n, s1)
+        be.stream_synchronize(s1)
+        be.bind_thread(0)
+        s0 = be.stream_create(1, 0)
+        be.memcpy_peer(a, 0, b, 1, n, s0)
+        out = bytearray(n)
+        be.memcpy_dtoh(out, a, n, s0)
+        assert out == data, "peer copy"
+        be.stream_destroy(s0)
+        be.mem_free(a)
+        be.bind_thread(1)
+        be.stream_destroy(s1)
+        be.mem_free(b)
+        be.bind_thread(0)
+        return f"peer access 0 -> 1: {can}; 4 MiB copied from device 1 to device 0"
+
     def teardown() -> str | None:
         be.mem_free(state.pop("buf"))
         be.module_unload(state.pop("mod"))
@@ -375,6 +457,9 @@ def main() -> int:
         ("streams_events", streams_events),
         ("errors", errors),
         ("launch_rate", launch_rate),
+        ("gates", gates),
+        ("launch_ex", launch_ex),
+        ("peers", peers),
         ("teardown", teardown),
     ]:
         step(name, fn)

@@ -20,13 +20,17 @@
 #                  the same both times (a program whose output varies cannot be compared)
 #
 # Programs: tests/apps/*.cu and tests/gpu/{matmul_tiled,multistream}.cu, built with
-# `nvcc -cudart shared -O2 -arch=$NVCC_ARCH`. errors.cu runs once per scenario below; copies.cu
-# with no argument runs its full default size list. No program's stdout may vary between runs:
+# `nvcc -cudart shared -O2 -arch=$NVCC_ARCH`, and ptds.cu a second time with
+# `-default-stream per-thread` (ptds_per_thread). errors.cu runs once per scenario below;
+# copies.cu with no argument runs its full default size list; multidev.cu uses two GPUs when the
+# machine has them (natively and under pilot alike), else checks one. No program's stdout may vary between runs:
 # all of them print only exact results, error names and booleans (timings go to stderr), so any
-# difference is a pilot bug. Two scenarios only make sense under pilot and are checked on their
+# difference is a pilot bug. Some scenarios only make sense under pilot and are checked on their
 # own: errors daemon_absent with a PILOT_SOCKET nobody listens on (a non-success error name and a
-# clean, quick exit), and errors killed_mid_copy (SIGKILL once it prints `copying`; its session
-# must be gone from `pilot sessions --json` within 1 s).
+# clean, quick exit), errors killed_mid_copy and callbacks hang (SIGKILL once it prints `copying`
+# or `hanging`, the latter while a host callback holds its stream; its session must be gone from
+# `pilot sessions --json` within 1 s), and launch_ex unsupported (pilot refuses a launch
+# attribute it does not carry, which CUDA itself supports).
 #
 # Exit status: 0 when every comparison and check passed, 1 otherwise, 2 when pilot could not be
 # installed or the daemon not started.
@@ -157,6 +161,9 @@ for src in "${SOURCES[@]}"; do
     "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$BIN/$name" "$src" >"$WORK/$name.build" 2>&1 &
     build_pid[$name]=$!
 done
+"$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -default-stream per-thread -o "$BIN/ptds_per_thread" \
+    "$REPO/tests/apps/ptds.cu" >"$WORK/ptds_per_thread.build" 2>&1 &
+build_pid[ptds_per_thread]=$!
 for name in "${!build_pid[@]}"; do
     if ! wait "${build_pid[$name]}"; then
         say "nvcc failed for $name"
@@ -299,26 +306,28 @@ pid_listed() {
     grep -Eq "\"pid\": $1[,}]" <<<"$json"
 }
 
-# errors killed_mid_copy: SIGKILL once it prints `copying`; its session must be gone from
-# `pilot sessions --json` within 1 s (a query started within 1 s of the kill shows it gone).
-killed_mid_copy() {
+# killed PROG ARG MARKER: run PROG ARG under pilot, SIGKILL it once it prints MARKER; its
+# session must be gone from `pilot sessions --json` within 1 s (a query started within 1 s of the
+# kill shows it gone).
+killed() {
+    local prog=$1 arg=$2 marker=$3
     local tag=$WORK/killed pid verdict listed=no t_kill t_ask gone_after='' ans rc
-    say "errors killed_mid_copy"
-    LD_PRELOAD=$SHIM PILOT_SOCKET=$SOCK "$BIN/errors" killed_mid_copy >"$tag.out" 2>"$tag.err" &
+    say "$prog $arg"
+    LD_PRELOAD=$SHIM PILOT_SOCKET=$SOCK "$BIN/$prog" "$arg" >"$tag.out" 2>"$tag.err" &
     pid=$!
     for _ in $(seq 600); do  # 60 s
-        grep -q copying "$tag.out" && break
+        grep -q "$marker" "$tag.out" && break
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
     done
-    if ! grep -q copying "$tag.out"; then
+    if ! grep -q "$marker" "$tag.out"; then
         kill -KILL "$pid" 2>/dev/null
         wait "$pid" 2>/dev/null
         log ""
-        log "======== errors killed_mid_copy: never printed 'copying'"
+        log "======== $prog $arg: never printed '$marker'"
         dump "stdout" "$tag.out"
         dump "stderr" "$tag.err"
-        ROWS+=("| errors | killed_mid_copy (SIGKILL) | - | - | **FAILED**: never printed \`copying\` |")
+        ROWS+=("| $prog | $arg (SIGKILL) | - | - | **FAILED**: never printed \`$marker\` |")
         bad=1
         return
     fi
@@ -341,7 +350,7 @@ killed_mid_copy() {
         sleep 0.02
     done
     log ""
-    log "======== errors killed_mid_copy (rc $rc after SIGKILL; listed before the kill: $listed)"
+    log "======== $prog $arg (rc $rc after SIGKILL; listed before the kill: $listed)"
     dump "stdout" "$tag.out"
     dump "stderr" "$tag.err"
     if [ -n "$gone_after" ] && [ "$listed" = yes ]; then
@@ -353,8 +362,26 @@ killed_mid_copy() {
         verdict="**FAILED**: session still listed 1 s after SIGKILL"
         bad=1
     fi
-    log "killed_mid_copy: $verdict"
-    ROWS+=("| errors | killed_mid_copy (SIGKILL) | - | $rc | $verdict |")
+    log "$prog $arg: $verdict"
+    ROWS+=("| $prog | $arg (SIGKILL) | - | $rc | $verdict |")
+}
+
+# pilot_only PROG ARG EXPECTED: under pilot only, stdout must be EXPECTED exactly.
+pilot_only() {
+    local prog=$1 arg=$2 expected=$3 tag=$WORK/only rc verdict
+    say "$prog $arg (pilot only)"
+    rc=$(run_prog "$tag.out" "$tag.err" 1 "$BIN/$prog" "$arg")
+    log ""
+    log "======== $prog $arg under pilot only (rc $rc)"
+    dump "stdout" "$tag.out"
+    dump "stderr" "$tag.err"
+    if [ "$rc" = 0 ] && [ "$(cat "$tag.out")" = "$expected" ]; then
+        verdict="n/a: as expected"
+    else
+        verdict="**FAILED** (want rc 0 and: $(tr '\n' ';' <<<"$expected"))"
+        bad=1
+    fi
+    ROWS+=("| $prog | $arg (pilot only) | - | $rc | $verdict |")
 }
 
 for src in "${SOURCES[@]}"; do
@@ -370,8 +397,13 @@ for src in "${SOURCES[@]}"; do
         compare "$name"
     fi
 done
+compare ptds_per_thread
 [ -x "$BIN/errors" ] && daemon_absent
-[ -x "$BIN/errors" ] && killed_mid_copy
+[ -x "$BIN/errors" ] && killed errors killed_mid_copy copying
+[ -x "$BIN/callbacks" ] && killed callbacks hang hanging
+[ -x "$BIN/launch_ex" ] && pilot_only launch_ex unsupported "programmatic stream serialization: cudaErrorNotSupported (last cudaErrorNotSupported)
+next launch: yes
+PASS"
 
 if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
     say "pilotd died during the comparison"
