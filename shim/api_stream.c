@@ -176,10 +176,21 @@ PILOT_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev
                                              unsigned int flags)
 {
     PILOT_REQUIRE_SESSION();
-    if (event_device(event) < 0)
+    int edev = event_device(event);
+    if (edev < 0)
         PILOT_RETURN(cudaErrorInvalidResourceHandle);
-    /* The event may be another device's: the stream's part finds it (daemon/devices.py). */
+    /* The event may be another device's: the stream's part finds it (daemon/devices.py). Calls
+     * posted to that device went over another connection, to another vGPU thread, so nothing
+     * orders them before this one: a round trip to the event's part first makes sure its
+     * cudaEventRecord has reached the device. */
     uint64_t h = pilot_stream_handle(stream);
+    if (edev != pilot_handle_device(h)) {
+        pilot_req_handle query = {.handle = (uintptr_t)event};
+        cudaError_t err = pilot_call_on(edev, PILOT_OP_EVENT_QUERY, &query, sizeof query, NULL, 0,
+                                        NULL, 0, NULL, 0, NULL);
+        if (err != cudaSuccess && err != cudaErrorNotReady)
+            PILOT_RETURN(err);
+    }
     pilot_req_stream_wait_event req = {.stream = h, .event = (uintptr_t)event, .flags = flags};
     /* Stream-ordered, so it can go without waiting, like a launch. */
     PILOT_RETURN(pilot_post_on(pilot_handle_device(h), PILOT_OP_STREAM_WAIT_EVENT, &req, sizeof req,
