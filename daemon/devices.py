@@ -132,18 +132,11 @@ class SessionGroup:
 
 
 def owns_range(s: Session, ptr: int, count: int) -> bool:
-    """Session.check_range's test as a yes/no that is safe from another thread: the sorted base
+    """Session.check_range's test as a yes/no that is safe from another thread: each sorted base
     list is copied in one step, and a base freed meanwhile simply is not found."""
-    bases = list(s._bases)
-    i = bisect.bisect_right(bases, ptr) - 1
-    if i >= 0:
-        size = s.allocations.get(bases[i])
-        if size is not None and ptr + count <= bases[i] + size:
-            return True
-    bases = list(s._symbol_bases)
-    i = bisect.bisect_right(bases, ptr) - 1
-    if i >= 0:
-        size = s.symbols.get(bases[i])
+    for bases, sizes in ((list(s._bases), s.allocations), (list(s._symbol_bases), s.symbols)):
+        i = bisect.bisect_right(bases, ptr) - 1
+        size = sizes.get(bases[i]) if i >= 0 else None
         if size is not None and ptr + count <= bases[i] + size:
             return True
     return False

@@ -12,33 +12,40 @@
  *   destroyed when the thread exits: it synchronizes with the legacy stream, never with other
  *   threads' per-thread streams, as in CUDA. */
 #include <pthread.h>
+#include <string.h>
 
 #include "shim.h"
 
-/* ---- per-thread default streams ---- */
+/* ---- objects a thread keeps per device: its default stream, its marker event ---- */
 
-struct per_thread {
+struct thread_object {
     uint64_t handle;
     unsigned generation; /* g_generation[device] when created */
 };
 
-static __thread struct per_thread t_streams[PILOT_MAX_DEVICES];
+static __thread struct thread_object t_objects[PILOT_THREAD_OBJECT_KINDS][PILOT_MAX_DEVICES];
 static __thread int t_registered;
-static unsigned g_generation[PILOT_MAX_DEVICES]; /* bumped when the device's streams vanish */
+static unsigned g_generation[PILOT_MAX_DEVICES]; /* bumped when the device's handles vanish */
 static pthread_key_t g_exit_key;
 static pthread_once_t g_exit_once = PTHREAD_ONCE_INIT;
+
+static const uint16_t g_destroy_op[PILOT_THREAD_OBJECT_KINDS] = {
+    [PILOT_PER_THREAD_STREAM] = PILOT_OP_STREAM_DESTROY,
+    [PILOT_MARKER_EVENT] = PILOT_OP_EVENT_DESTROY,
+};
 
 static void thread_exit(void *unused)
 {
     (void)unused;
-    for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
-        struct per_thread *s = &t_streams[d];
-        if (s->handle && s->generation == __atomic_load_n(&g_generation[d], __ATOMIC_RELAXED)) {
-            pilot_req_handle req = {.handle = s->handle};
-            pilot_post_on(d, PILOT_OP_STREAM_DESTROY, &req, sizeof req, NULL, 0);
+    for (int kind = 0; kind < PILOT_THREAD_OBJECT_KINDS; kind++)
+        for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
+            struct thread_object *o = &t_objects[kind][d];
+            if (o->handle && o->generation == __atomic_load_n(&g_generation[d], __ATOMIC_RELAXED)) {
+                pilot_req_handle req = {.handle = o->handle};
+                pilot_post_on(d, g_destroy_op[kind], &req, sizeof req, NULL, 0);
+            }
+            o->handle = 0;
         }
-        s->handle = 0;
-    }
 }
 
 static void make_exit_key(void)
@@ -46,45 +53,43 @@ static void make_exit_key(void)
     pthread_key_create(&g_exit_key, thread_exit);
 }
 
-static uint64_t per_thread_stream(void)
+uint64_t pilot_thread_object(int kind, int device)
 {
-    const int dev = pilot_current_device();
-    struct per_thread *s = &t_streams[dev];
-    unsigned gen = __atomic_load_n(&g_generation[dev], __ATOMIC_RELAXED);
-    if (s->handle && s->generation == gen)
-        return s->handle;
-    pilot_req_stream_create req = {.flags = cudaStreamDefault, .priority = 0};
+    struct thread_object *o = &t_objects[kind][device];
+    unsigned gen = __atomic_load_n(&g_generation[device], __ATOMIC_RELAXED);
+    if (o->handle && o->generation == gen)
+        return o->handle;
+    pilot_req_stream_create stream = {.flags = cudaStreamDefault, .priority = 0}; /* blocking */
+    pilot_req_event_create event = {.flags = cudaEventDisableTiming};
     pilot_rep_u64 rep;
-    if (pilot_call_on(dev, PILOT_OP_STREAM_CREATE, &req, sizeof req, NULL, 0, &rep, sizeof rep,
-                      NULL, 0, NULL) != cudaSuccess)
+    cudaError_t err = kind == PILOT_PER_THREAD_STREAM
+                          ? pilot_call_on(device, PILOT_OP_STREAM_CREATE, &stream, sizeof stream,
+                                          NULL, 0, &rep, sizeof rep, NULL, 0, NULL)
+                          : pilot_call_on(device, PILOT_OP_EVENT_CREATE, &event, sizeof event,
+                                          NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
+    if (err != cudaSuccess)
         return UINT64_MAX; /* names nothing: the call at hand fails with an invalid handle */
-    s->handle = rep.value;
-    s->generation = gen;
+    o->handle = rep.value;
+    o->generation = gen;
     if (!t_registered) {
         pthread_once(&g_exit_once, make_exit_key);
         pthread_setspecific(g_exit_key, (void *)1); /* runs thread_exit when the thread ends */
         t_registered = 1;
     }
-    return s->handle;
+    return o->handle;
 }
 
 void pilot_streams_forget(void)
 {
-    /* After fork: the parent's streams are not the child's (the forking thread's TLS is). */
-    for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
+    /* After fork: the parent's objects are not the child's (the forking thread's TLS is). */
+    for (int d = 0; d < PILOT_MAX_DEVICES; d++)
         __atomic_add_fetch(&g_generation[d], 1, __ATOMIC_RELAXED);
-        t_streams[d].handle = 0;
-    }
+    memset(t_objects, 0, sizeof t_objects);
 }
 
 void pilot_streams_reset_device(int device)
 {
     __atomic_add_fetch(&g_generation[device], 1, __ATOMIC_RELAXED);
-}
-
-unsigned pilot_streams_generation(int device)
-{
-    return __atomic_load_n(&g_generation[device], __ATOMIC_RELAXED);
 }
 
 uint64_t pilot_stream_handle(cudaStream_t stream)
@@ -93,7 +98,7 @@ uint64_t pilot_stream_handle(cudaStream_t stream)
     if (v == 0 || v == PILOT_STREAM_LEGACY)
         return 0;
     if (v == PILOT_STREAM_PER_THREAD)
-        return per_thread_stream();
+        return pilot_thread_object(PILOT_PER_THREAD_STREAM, pilot_current_device());
     return v;
 }
 

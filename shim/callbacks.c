@@ -208,33 +208,6 @@ static cudaError_t add_callback(cudaStream_t stream, uint32_t kind, cudaHostFn_t
 
 /* ---- waiting without holding anything (shim.h, pilot_callbacks_fence) ---- */
 
-struct marker {
-    uint64_t event; /* the thread's marker event on a device, recorded where it must wait */
-    unsigned generation;
-};
-static __thread struct marker t_markers[PILOT_MAX_DEVICES];
-static __thread int t_markers_registered;
-static pthread_key_t g_marker_key;
-static pthread_once_t g_marker_once = PTHREAD_ONCE_INIT;
-
-static void markers_exit(void *unused)
-{
-    (void)unused;
-    for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
-        struct marker *m = &t_markers[d];
-        if (m->event && m->generation == pilot_streams_generation(d)) {
-            pilot_req_handle req = {.handle = m->event};
-            pilot_post_on(d, PILOT_OP_EVENT_DESTROY, &req, sizeof req, NULL, 0);
-        }
-        m->event = 0;
-    }
-}
-
-static void make_marker_key(void)
-{
-    pthread_key_create(&g_marker_key, markers_exit);
-}
-
 static int outstanding(void)
 {
     return __atomic_load_n(&g_outstanding, __ATOMIC_ACQUIRE) > 0;
@@ -261,30 +234,14 @@ cudaError_t pilot_callbacks_fence(uint64_t stream)
     if (!outstanding())
         return cudaSuccess;
     const int dev = pilot_route_device();
-    struct marker *m = &t_markers[dev];
-    const unsigned gen = pilot_streams_generation(dev);
-    if (!m->event || m->generation != gen) {
-        pilot_req_event_create create = {.flags = cudaEventDisableTiming};
-        pilot_rep_u64 rep;
-        cudaError_t err = pilot_call_on(dev, PILOT_OP_EVENT_CREATE, &create, sizeof create, NULL, 0,
-                                        &rep, sizeof rep, NULL, 0, NULL);
-        if (err)
-            return err;
-        m->event = rep.value;
-        m->generation = gen;
-        if (!t_markers_registered) {
-            pthread_once(&g_marker_once, make_marker_key);
-            pthread_setspecific(g_marker_key, (void *)1); /* destroys the markers at thread exit */
-            t_markers_registered = 1;
-        }
-    }
+    uint64_t marker = pilot_thread_object(PILOT_MARKER_EVENT, dev);
     /* The marker completes once everything issued on the stream so far is done (for the legacy
      * stream, after the blocking streams it joins): exactly what the caller waits for. */
-    pilot_req_event_record record = {.event = m->event, .stream = stream};
+    pilot_req_event_record record = {.event = marker, .stream = stream};
     cudaError_t err = pilot_post_on(dev, PILOT_OP_EVENT_RECORD, &record, sizeof record, NULL, 0);
     if (err)
         return err;
-    pilot_req_handle query = {.handle = m->event};
+    pilot_req_handle query = {.handle = marker};
     return poll(dev, PILOT_OP_EVENT_QUERY, &query);
 }
 

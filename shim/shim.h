@@ -208,7 +208,11 @@ int pilot_handle_device(uint64_t handle);
 cudaError_t pilot_event_record(cudaEvent_t event, cudaStream_t stream);
 void pilot_streams_forget(void); /* after fork: per-thread streams are the parent's */
 void pilot_streams_reset_device(int device); /* cudaDeviceReset destroyed the device's streams */
-unsigned pilot_streams_generation(int device); /* changes when the device's handles vanish */
+/* Daemon objects a thread keeps per device, created on first use, destroyed when the thread
+ * exits, recreated after cudaDeviceReset or fork: its per-thread default stream (a blocking
+ * stream), its marker event (callbacks.c). UINT64_MAX if it cannot be created. */
+enum { PILOT_PER_THREAD_STREAM, PILOT_MARKER_EVENT, PILOT_THREAD_OBJECT_KINDS };
+uint64_t pilot_thread_object(int kind, int device);
 
 /* ---- callbacks.c: host callbacks run on the shim's callback thread ---- */
 int pilot_in_callback(void);      /* the calling thread is running a host callback */

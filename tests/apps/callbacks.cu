@@ -8,8 +8,9 @@
 // its stream; the test kills the process there and checks pilotd released it.
 #include <cuda_runtime.h>
 
+#include "host_gate.h"
+
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,34 +48,6 @@ static int blocks(int n)
     return (n + 255) / 256;
 }
 
-// ---- a callback that blocks until the main thread releases it ----
-struct Gate {
-    std::mutex m;
-    std::condition_variable cv;
-    bool started = false, released = false;
-};
-
-static void CUDART_CB hold(void *arg)
-{
-    Gate *g = (Gate *)arg;
-    std::unique_lock<std::mutex> lock(g->m);
-    g->started = true;
-    g->cv.notify_all();
-    g->cv.wait(lock, [g] { return g->released; });
-}
-
-static void wait_started(Gate *g)
-{
-    std::unique_lock<std::mutex> lock(g->m);
-    g->cv.wait(lock, [g] { return g->started; });
-}
-
-static void release(Gate *g)
-{
-    std::lock_guard<std::mutex> lock(g->m);
-    g->released = true;
-    g->cv.notify_all();
-}
 
 // ---- callbacks that look at host memory ----
 struct Seen {

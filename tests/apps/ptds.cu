@@ -10,10 +10,10 @@
 //   stream (both are blocking streams).
 #include <cuda_runtime.h>
 
-#include <condition_variable>
+#include "host_gate.h"
+
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -42,33 +42,6 @@ __global__ void mix(int *p, int n, int slot, int mul)
         p[i] = p[i] * mul + per_thread_value[slot] + i;
 }
 
-struct Gate {
-    std::mutex m;
-    std::condition_variable cv;
-    bool started = false, released = false;
-};
-
-static void CUDART_CB hold(void *arg)
-{
-    Gate *g = (Gate *)arg;
-    std::unique_lock<std::mutex> lock(g->m);
-    g->started = true;
-    g->cv.notify_all();
-    g->cv.wait(lock, [g] { return g->released; });
-}
-
-static void wait_started(Gate *g)
-{
-    std::unique_lock<std::mutex> lock(g->m);
-    g->cv.wait(lock, [g] { return g->started; });
-}
-
-static void release(Gate *g)
-{
-    std::lock_guard<std::mutex> lock(g->m);
-    g->released = true;
-    g->cv.notify_all();
-}
 
 static int g_callbacks;
 static void CUDART_CB count(void *arg)

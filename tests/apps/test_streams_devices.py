@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_apps import check_output  # pytest puts tests/apps on sys.path
 
 RunUnderPilot = Callable[..., "subprocess.CompletedProcess[str]"]
 DaemonLog = Callable[[], str]
@@ -33,21 +34,6 @@ APPS_DIR = Path(__file__).resolve().parent
 SIM_KERNELS = (APPS_DIR / "sim_kernels.py", APPS_DIR / "sim_kernels_streams.py",
                APPS_DIR.parent / "gpu" / "sim_kernels.py")
 CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "LD_DEBUG")}
-
-
-def check_output(proc: subprocess.CompletedProcess[str], expected: list[str],
-                 daemon_log: DaemonLog) -> None:
-    """The program exited 0 and printed exactly `expected`."""
-    got = proc.stdout.splitlines()
-    if proc.returncode == 0 and got == expected:
-        return
-    diff = [f"  line {i}: got {g!r}, want {w!r}"
-            for i, (g, w) in enumerate(zip(got, expected, strict=False)) if g != w]
-    if len(got) != len(expected):
-        diff.append(f"  {len(got)} lines, want {len(expected)}")
-    pytest.fail(f"{' '.join(map(str, proc.args))}: rc {proc.returncode}\n" + "\n".join(diff[:20])
-                + f"\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}\npilotd log:\n{daemon_log()}",
-                pytrace=False)
 
 
 # ---- daemons of this module ----
