@@ -164,11 +164,11 @@ simplePitchLinearTexture|cs:0_Introduction/simplePitchLinearTexture|simplePitchL
 simpleSurfaceWrite|cs:0_Introduction/simpleSurfaceWrite|simpleSurfaceWrite.cu|-|-|teapot512.pgm ref_rotated.pgm|generic|texture|surface object writes
 convolutionTexture|cs:2_Concepts_and_Techniques/convolutionTexture|convolutionTexture.cu convolutionTexture_gold.cpp main.cpp|-|-|-|generic|texture|
 stereoDisparity|cs:5_Domain_Specific/stereoDisparity|stereoDisparity.cu|-|-|stereo.im0.640x533.ppm stereo.im1.640x533.ppm|generic|texture|texture objects over pitched memory
-reductionMultiBlockCG|cs:2_Concepts_and_Techniques/reductionMultiBlockCG|reductionMultiBlockCG.cu|-|-|-|generic|coop|grid.sync() needs cudaLaunchCooperativeKernel
-simpleAWBarrier|cs:0_Introduction/simpleAWBarrier|simpleAWBarrier.cu|-|-|-|generic|coop|cudaLaunchCooperativeKernel, also cudaHostAlloc
+reductionMultiBlockCG|cs:2_Concepts_and_Techniques/reductionMultiBlockCG|reductionMultiBlockCG.cu|-|-|-|generic|ok|grid.sync() through cudaLaunchCooperativeKernel
+simpleAWBarrier|cs:0_Introduction/simpleAWBarrier|simpleAWBarrier.cu|-|-|-|generic|pinned|cudaHostAlloc (and cudaLaunchCooperativeKernel)
 simpleCudaGraphs|cs:3_CUDA_Features/simpleCudaGraphs|simpleCudaGraphs.cu|-|-|-|generic|graph|graphs built by hand and by stream capture, host nodes, cudaHostAlloc
 graphMemoryNodes|cs:3_CUDA_Features/graphMemoryNodes|graphMemoryNodes.cu|-|-|-|generic|graph|graph memory nodes, cudaMallocAsync
-simpleCallback|cs:0_Introduction/simpleCallback|simpleCallback.cu multithreading.cpp|-|-|-|generic;sort|callback|cudaStreamAddCallback from worker threads, cudaHostAlloc
+simpleCallback|cs:0_Introduction/simpleCallback|simpleCallback.cu multithreading.cpp|-|-|-|generic;sort|pinned|cudaHostAlloc (and cudaStreamAddCallback from worker threads)
 streamOrderedAllocation|cs:2_Concepts_and_Techniques/streamOrderedAllocation|streamOrderedAllocation.cu|-|-|-|generic|mempool|cudaMallocAsync / cudaFreeAsync, memory pool attributes
 simpleAttributes|cs:0_Introduction/simpleAttributes|simpleAttributes.cu|-|-|-|generic|attr|access policy window (cudaStreamSetAttribute), cudaCtxResetPersistingL2Cache, cudaHostAlloc
 segmentationTreeThrust|cs:2_Concepts_and_Techniques/segmentationTreeThrust|segmentationTree.cu|-|-|test.ppm ref_00.ppm ref_09.ppm|generic|launchex|Thrust; this CUB path launches through cudaLaunchKernelExC
@@ -190,7 +190,7 @@ UnifiedMemoryStreams|cs:0_Introduction/UnifiedMemoryStreams|cuBLAS (and managed 
 clock_nvrtc, matrixMul_nvrtc, simpleAssert_nvrtc, simpleAtomicIntrinsics_nvrtc, vectorAdd_nvrtc, inlinePTX_nvrtc, BlackScholes_nvrtc, binomialOptions_nvrtc, quasirandomGenerator_nvrtc|cs:*_nvrtc|NVRTC + driver API (cuModuleLoad, cuLaunchKernel): bypass the runtime pilot interposes
 matrixMulDrv, vectorAddDrv, simpleTextureDrv, deviceQueryDrv, vectorAddMMAP, simpleDrvRuntime, matrixMulDynlinkJIT, threadMigration, ptxjit, cudaCompressibleMemory, memMapIPCDrv|cs:driver API|driver API (libcuda) programs: pilot interposes only the runtime
 simpleMPI|cs:0_Introduction/simpleMPI|MPI
-simpleP2P, simpleMultiGPU, p2pBandwidthLatencyTest, streamOrderedAllocationP2P, conjugateGradientMultiDeviceCG, simpleCUFFT_MGPU, simpleCUFFT_2d_MGPU, MonteCarloMultiGPU|cs:multi-GPU|multi-GPU / peer access (a pilot session sees one GPU); MonteCarloMultiGPU also needs cuRAND
+simpleP2P, simpleMultiGPU, p2pBandwidthLatencyTest, streamOrderedAllocationP2P, conjugateGradientMultiDeviceCG, simpleCUFFT_MGPU, simpleCUFFT_2d_MGPU, MonteCarloMultiGPU|cs:multi-GPU|need several GPUs (not run on a one-GPU machine; most use pinned host memory too); MonteCarloMultiGPU also needs cuRAND
 streamOrderedAllocationIPC|cs:2_Concepts_and_Techniques/streamOrderedAllocationIPC|IPC of memory pools between processes + driver API
 simpleCUDA2GL, simpleTexture3D, boxFilter, imageDenoising, particles, FunctionPointers, bindlessTexture, Mandelbrot, SobelFilter, bicubicTexture, bilateralFilter, fluidsGL, marchingCubes, nbody, postProcessGL, recursiveGaussian, simpleGL, smokeParticles, volumeFiltering, volumeRender|cs:graphics|OpenGL/GLUT interop (no display on the GPU machine; most use textures too)
 simpleVulkan, simpleVulkanMMAP, vulkanImageCUDA, simpleD3D11, simpleD3D11Texture, simpleD3D12, EGLStream_CUDA_CrossGPU, EGLStream_CUDA_Interop|cs:graphics APIs|Vulkan / Direct3D / EGL interop
