@@ -94,7 +94,7 @@ def device_reset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     streams.synchronize_session(vg, s)
     backend = vg.backend
     for ptr in list(s.allocations):
-        s.drop_shadow(ptr, backend)
+        s.drop_shadow(ptr)
         backend.mem_free(ptr)
         vg.unadmit(s, s.remove_allocation(ptr))
     for ev in s.events.values():
@@ -111,12 +111,20 @@ def device_reset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
 
 @handler(lib.PILOT_OP_STAGING_OPEN, "pilot_req_staging_open")
 def staging_open(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
-    if s.staging is None:
-        s.staging = Staging(vg.backend, s.id, s.creds.uid, s.creds.gid)
+    """The session's staging area, or (fault = 1) the unified-memory fault channel's: one slot,
+    so a fetch never waits for a slot a copy on the main connection holds."""
+    if req.fault:
+        if s.fault_staging is None:
+            s.fault_staging = Staging(vg.backend, s.id, s.creds.uid, s.creds.gid, slots=1)
+        area = s.fault_staging
+    else:
+        if s.staging is None:
+            s.staging = Staging(vg.backend, s.id, s.creds.uid, s.creds.gid)
+        area = s.staging
     rep = new("pilot_rep_staging")
-    rep.slot_bytes = s.staging.slot_bytes
-    rep.slots = s.staging.slots
-    path = s.staging.path.encode()
+    rep.slot_bytes = area.slot_bytes
+    rep.slots = area.slots
+    path = area.path.encode()
     ffi.memmove(rep.path, path, len(path))
     return rep
 
@@ -279,7 +287,7 @@ def malloc(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
 def free(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     if req.ptr not in s.allocations:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{req.ptr:#x} is not an allocation of this session")
-    s.drop_shadow(req.ptr, vg.backend)
+    s.drop_shadow(req.ptr)
     vg.backend.mem_free(req.ptr)
     vg.unadmit(s, s.remove_allocation(req.ptr))
 

@@ -2,15 +2,15 @@
 and the managed API the daemon serves for real (advice, prefetch, range attributes, attach).
 
 The coherence protocol itself runs in the client (shim/coherence.c): it decides what to flush
-and fetch. The daemon moves the bytes between its view of a shadow and the managed memory, on a
-coherence stream of the vGPU, and checks that every byte it moves lies inside managed memory of
-the requesting session. It also keeps the per-session accounting the memory policies read:
+and fetch. The daemon moves the bytes between pinned staging slots and the managed memory (the
+session's staging area for flushes, the fault channel's for fetches), on a coherence stream of
+the vGPU, and checks that every byte it moves lies inside managed memory of the requesting
+session. It also keeps the per-session accounting the memory policies read:
 managed bytes, host-written and fetched chunks per range, and which ranges launches reference.
 """
 
 from __future__ import annotations
 
-import os
 import struct
 from typing import TYPE_CHECKING, Any
 
@@ -24,22 +24,16 @@ from .backend import (
     RANGE_ATTR_ID_TYPE,
     BackendError,
 )
-from .handlers import STREAM_NON_BLOCKING, _u64, handler
-from .protocol import ffi, lib, new
+from .handlers import STREAM_NON_BLOCKING, _slot, _u64, handler
+from .protocol import lib, new
 from .session import Session
-from .shadow import PIN_MODES, Shadow
+from .shadow import Shadow
 from .streams import stream_for_work
 
 if TYPE_CHECKING:
     from .vgpu import VGpu
 
-# When shadows are pinned (shadow.PIN_MODES), chosen by measurement on the H100 (bench/RESULTS.md);
-# PILOT_UM_PIN overrides it.
-PIN_MODE = os.environ.get("PILOT_UM_PIN", "first")
-if PIN_MODE not in PIN_MODES:
-    raise SystemExit(f"PILOT_UM_PIN={PIN_MODE}: expected one of {', '.join(PIN_MODES)}")
 MANAGED_FLAGS = {lib.PILOT_MANAGED_ATTACH_GLOBAL: 1, lib.PILOT_MANAGED_ATTACH_HOST: 2}
-_RUN = ffi.sizeof("pilot_shadow_run")
 
 
 def _coherence_stream(vg: VGpu) -> Any:
@@ -50,10 +44,11 @@ def _coherence_stream(vg: VGpu) -> Any:
     return stream
 
 
-def _shadow(s: Session, base: int) -> Shadow:
-    shadow = s.shadows.get(base)
-    if shadow is None:
-        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"no shadow at {base:#x}")
+def _shadow(s: Session, address: int, count: int) -> Shadow:
+    """The session's shadow holding all of [address, address+count)."""
+    shadow = s.shadow_covering(address)
+    if shadow is None or not shadow.covers(address, count):
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"no shadow holds {address:#x}+{count}")
     return shadow
 
 
@@ -91,7 +86,7 @@ def malloc_managed(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
 
 @handler(lib.PILOT_OP_SHADOW_ATTACH, "pilot_req_shadow_attach")
 def shadow_attach(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    """The client mapped its memfd at [base, base+length) over one managed range of the session:
+    """The client mapped a shadow at [base, base+length) over one managed range of the session:
     an allocation starting in its first page, or the range holding __managed__ variables."""
     end = req.base + req.length
     if req.base in s.shadows or any(sh.base < end and req.base < sh.base + sh.length
@@ -104,42 +99,47 @@ def shadow_attach(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
         segments = [(b, b + size) for b, (size, _m) in s.managed_vars.items()
                     if b < end and req.base < b + size]
         kind = "variable"
-    shadow = Shadow.attach(vg.backend, vg.device, s.creds.pid, s.creds.uid, req.fd, req.base,
-                           req.length, segments, kind, PIN_MODE)
-    s.add_shadow(shadow)
+    s.add_shadow(Shadow.attach(req.base, req.length, segments, kind, req.chunk))
 
 
-@handler(lib.PILOT_OP_SHADOW_FLUSH, "pilot_req_shadow_flush")
+@handler(lib.PILOT_OP_SHADOW_FLUSH, "pilot_req_memcpy")
 def shadow_flush(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    """Host-written runs to the device; returns once the device holds them, so any later work on
-    any stream sees them."""
-    shadow = _shadow(s, req.base)
-    if not 0 < req.nruns <= lib.PILOT_SHADOW_MAX_RUNS or len(payload) != req.nruns * _RUN:
-        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"flush of {req.nruns} runs, {len(payload)} bytes")
+    """Host-written bytes of a shadow, [dst, dst+count) in a staging slot, to the device; returns
+    once the device holds them, so any later work on any stream sees them. Bytes of the shadow
+    outside managed memory (between __managed__ variables) are skipped."""
+    shadow = _shadow(s, req.dst, req.count)
+    slot = _slot(s, req)
     stream = _coherence_stream(vg)
-    shadow.ready(vg.backend, vg.device)
     moved = 0
-    for offset, length in struct.iter_unpack("<QQ", payload):
-        for dev, count in shadow.pieces(offset, length):
-            with shadow.view(dev, count) as src:
-                vg.backend.memcpy_htod(dev, src, count, stream)
-            moved += count
+    for dev, count in shadow.pieces(req.dst, req.count):
+        at = dev - req.dst
+        vg.backend.memcpy_htod(dev, slot[at:at + count], count, stream)
+        moved += count
     vg.backend.stream_synchronize(stream)
     shadow.flushes += 1
     shadow.flushed_bytes += moved
-    shadow.dirty_chunks += req.dirty_chunks
+    shadow.dirty_chunks += -(-req.count // shadow.chunk)
     vg.metrics.bytes_copied("h2d", moved)
 
 
-@handler(lib.PILOT_OP_SHADOW_FETCH, "pilot_req_shadow_fetch")
+@handler(lib.PILOT_OP_SHADOW_FETCH, "pilot_req_memcpy")
 def shadow_fetch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    """Device data into the shadow for a host access (the client's fault channel)."""
-    shadow = _shadow(s, req.base)
-    shadow.ready(vg.backend, vg.device)
+    """Device data of [src, src+count), a range of a shadow, into the fault channel's staging
+    slot for a host access; bytes outside managed memory read as zero."""
+    shadow = _shadow(s, req.src, req.count)
+    if s.fault_staging is None:
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, "no fault staging area open")
+    try:
+        slot = s.fault_staging.slot(req.slot, req.count)
+    except ValueError as exc:
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, str(exc)) from None
+    pieces = shadow.pieces(req.src, req.count)
+    if sum(count for _dev, count in pieces) != req.count:
+        slot[:] = bytes(req.count)
     moved = 0
-    for dev, count in shadow.pieces(req.offset, req.length):
-        with shadow.view(dev, count) as dst:
-            vg.backend.memcpy_dtoh(dst, dev, count, _coherence_stream(vg))
+    for dev, count in pieces:
+        at = dev - req.src
+        vg.backend.memcpy_dtoh(slot[at:at + count], dev, count, _coherence_stream(vg))
         moved += count
     shadow.fetches += 1
     shadow.fetched_bytes += moved

@@ -99,6 +99,7 @@ class Session:
     _symbol_bases: list[int] = field(default_factory=list)
     functions: dict[int, FunctionInfo] = field(default_factory=dict)
     staging: Any = None
+    fault_staging: Any = None  # the unified-memory fault channel's own staging area
     deferred: int = 0  # first error of an asynchronous call, until a synchronizing call
     sticky: int = 0
     legacy_gen: int = 0
@@ -175,11 +176,11 @@ class Session:
             del self._shadow_bases[bisect.bisect_left(self._shadow_bases, base)]
         return shadow
 
-    def drop_shadow(self, ptr: int, backend: Backend) -> None:
-        """The managed allocation at ptr is going away: let go of the client's shadow of it."""
+    def drop_shadow(self, ptr: int) -> None:
+        """The managed allocation at ptr is going away: forget the client's shadow of it."""
         shadow = self.shadow_of(ptr)
         if shadow is not None and shadow.kind == "allocation" and shadow.lo == ptr:
-            self.pop_shadow(shadow.base).close_later(backend, self.device)
+            self.pop_shadow(shadow.base)
 
     def note_managed_launch(self, args: memoryview) -> None:
         """Accounting for the memory policies: each managed range a launch passes a pointer to
@@ -190,6 +191,14 @@ class Session:
             if shadow is not None and shadow.base not in seen:
                 seen.add(shadow.base)
                 shadow.launches += 1
+
+    def shadow_covering(self, ptr: int) -> Any:
+        """The shadow whose mapping [base, base+length) holds ptr, or None."""
+        i = bisect.bisect_right(self._shadow_bases, ptr) - 1
+        if i < 0:
+            return None
+        shadow = self.shadows[self._shadow_bases[i]]
+        return shadow if ptr < shadow.base + shadow.length else None
 
     def shadow_of(self, ptr: int) -> Any:
         """The shadow whose managed range holds ptr, or None."""
@@ -252,8 +261,8 @@ class Session:
             attempt("stream sync", backend.stream_synchronize, st.obj)
         if self.legacy is not None:
             attempt("stream sync", backend.stream_synchronize, self.legacy)
-        for base in list(self.shadows):
-            attempt("shadow", self.pop_shadow(base).close, backend)
+        self.shadows.clear()
+        self._shadow_bases.clear()
         for ptr in list(self.allocations):
             attempt("memory", backend.mem_free, ptr)
             self.remove_allocation(ptr)
@@ -272,8 +281,9 @@ class Session:
         for handle, mod in self.modules.items():
             self.forget_module_symbols(handle)
             attempt("module", backend.module_unload, mod)
-        if self.staging is not None:
-            attempt("staging", self.staging.close, backend)
+        for area in (self.staging, self.fault_staging):
+            if area is not None:
+                attempt("staging", area.close, backend)
         if self.limits is not None:
             attempt("limits", self.limits.release, self.id)
             self.limits = None
@@ -281,7 +291,7 @@ class Session:
         self.streams.clear()
         self.modules.clear()
         self.functions.clear()
-        self.staging = None
+        self.staging = self.fault_staging = None
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -17,30 +17,52 @@
 #include "log.h"
 #include "shim.h"
 
-struct stage {
-    uint8_t *base;
-    uint64_t slot_bytes;
-    uint32_t slots;
-};
 static pthread_mutex_t g_stage_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct stage g_stages[PILOT_MAX_DEVICES]; /* one per device part */
+static struct pilot_staging g_stages[PILOT_MAX_DEVICES]; /* one per device part */
+
+cudaError_t pilot_staging_map(const pilot_rep_staging *rep, struct pilot_staging *out)
+{
+    char path[sizeof rep->path];
+    memcpy(path, rep->path, sizeof path);
+    path[sizeof path - 1] = 0;
+    size_t size = rep->slot_bytes * rep->slots;
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    void *p = fd >= 0 && size ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                              : MAP_FAILED;
+    if (fd >= 0) {
+        close(fd);
+        unlink(path); /* both sides have it mapped; nothing left behind on a crash */
+    }
+    if (p == MAP_FAILED) {
+        LOG_ERROR("cannot map the staging area %s", path);
+        return cudaErrorMemoryAllocation;
+    }
+    out->base = p;
+    out->slot_bytes = rep->slot_bytes;
+    out->slots = rep->slots;
+    return cudaSuccess;
+}
+
+void pilot_staging_unmap(struct pilot_staging *stage)
+{
+    if (stage->base)
+        munmap(stage->base, stage->slot_bytes * stage->slots);
+    stage->base = NULL;
+}
 
 void pilot_staging_forget(void)
 {
     /* After fork the mappings belong to the parent's session; the child opens its own. */
     pthread_mutex_init(&g_stage_lock, NULL);
-    for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
-        if (g_stages[d].base)
-            munmap(g_stages[d].base, g_stages[d].slot_bytes * g_stages[d].slots);
-        g_stages[d].base = NULL;
-    }
+    for (int d = 0; d < PILOT_MAX_DEVICES; d++)
+        pilot_staging_unmap(&g_stages[d]);
 }
 
 /* The route device's staging area, opened on first use. */
-static cudaError_t staging_open(struct stage **out)
+static cudaError_t staging_open(struct pilot_staging **out)
 {
     cudaError_t err = cudaSuccess;
-    struct stage *stage = &g_stages[pilot_route_device()];
+    struct pilot_staging *stage = &g_stages[pilot_route_device()];
     *out = stage;
     pthread_mutex_lock(&g_stage_lock);
     if (!stage->base) {
@@ -48,25 +70,8 @@ static cudaError_t staging_open(struct stage **out)
         pilot_rep_staging rep;
         err = pilot_call(PILOT_OP_STAGING_OPEN, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0,
                          NULL);
-        if (err == cudaSuccess) {
-            rep.path[sizeof rep.path - 1] = 0;
-            size_t size = rep.slot_bytes * rep.slots;
-            int fd = open(rep.path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-            void *p = fd >= 0 ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                              : MAP_FAILED;
-            if (fd >= 0) {
-                close(fd);
-                unlink(rep.path); /* both sides have it mapped; nothing left behind on a crash */
-            }
-            if (p == MAP_FAILED || !rep.slots || !rep.slot_bytes) {
-                LOG_ERROR("cannot map the staging area %s", rep.path);
-                err = cudaErrorMemoryAllocation;
-            } else {
-                stage->base = p;
-                stage->slot_bytes = rep.slot_bytes;
-                stage->slots = rep.slots;
-            }
-        }
+        if (err == cudaSuccess)
+            err = pilot_staging_map(&rep, stage);
     }
     pthread_mutex_unlock(&g_stage_lock);
     return err;
@@ -77,10 +82,10 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
     return a < b ? a : b;
 }
 
-static cudaError_t staged_h2d(uint64_t dst, const uint8_t *src, uint64_t count, uint64_t stream,
-                              uint32_t sync)
+static cudaError_t staged_h2d(uint16_t op, uint64_t dst, const uint8_t *src, uint64_t count,
+                              uint64_t stream, uint32_t sync)
 {
-    struct stage *stage;
+    struct pilot_staging *stage;
     cudaError_t err = staging_open(&stage);
     if (err)
         return err;
@@ -102,7 +107,7 @@ static cudaError_t staged_h2d(uint64_t dst, const uint8_t *src, uint64_t count, 
         pilot_copy(stage->base + s * slot, src + off, len);
         pilot_req_memcpy req = {.dst = dst + off, .count = len, .stream = stream, .slot = s,
                                 .sync = sync};
-        first = pilot_send_locked(PILOT_OP_MEMCPY_H2D_STAGED, 0, &req, sizeof req, NULL, 0);
+        first = pilot_send_locked(op, 0, &req, sizeof req, NULL, 0);
         if (first == cudaSuccess)
             outstanding++;
     }
@@ -117,10 +122,30 @@ static cudaError_t staged_h2d(uint64_t dst, const uint8_t *src, uint64_t count, 
     return first;
 }
 
+/* Host to device in messages of at most PILOT_INLINE_MAX bytes, none waited for: the daemon's
+ * handler never waits for the stream, so this cannot block behind a host callback. */
+static cudaError_t posted_h2d(uint64_t dst, const uint8_t *src, uint64_t count, uint64_t stream)
+{
+    for (uint64_t off = 0; off < count; off += PILOT_INLINE_MAX) {
+        uint64_t len = min_u64(PILOT_INLINE_MAX, count - off);
+        pilot_req_memcpy req = {.dst = dst + off, .src = (uintptr_t)(src + off), .count = len,
+                                .stream = stream};
+        cudaError_t err = pilot_post(PILOT_OP_MEMCPY_H2D, &req, sizeof req, src + off, len);
+        if (err)
+            return err;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t pilot_staged_upload(uint16_t op, uint64_t dst, const void *src, uint64_t count)
+{
+    return staged_h2d(op, dst, src, count, 0, 1);
+}
+
 static cudaError_t staged_d2h(uint8_t *dst, uint64_t src, uint64_t count, uint64_t stream,
                               uint32_t sync)
 {
-    struct stage *stage;
+    struct pilot_staging *stage;
     cudaError_t err = staging_open(&stage);
     if (err)
         return err;
@@ -307,12 +332,15 @@ static cudaError_t memcpy_routed(void *dst, const void *src, size_t count,
     case cudaMemcpyHostToDevice:
         if (!pilot_alloc_contains(d, count))
             return cudaErrorInvalidValue;
-        if ((err = pilot_callbacks_fence(stream)))
+        /* An asynchronous copy from pageable memory reads it when queued (CUDA copies it to a
+         * staging buffer at once), even behind a host callback that has not run: the messages
+         * hold the data, so the host buffer is free to reuse at once. */
+        if (!sync && (count <= PILOT_INLINE_MAX || pilot_callbacks_outstanding()))
+            return posted_h2d(d, src, count, stream);
+        if ((err = pilot_callbacks_fence(stream))) /* CUDA: a stream sync before the copy */
             return err;
         if (count > PILOT_INLINE_MAX)
-            return staged_h2d(d, src, count, stream, (uint32_t)sync);
-        if (!sync) /* the message holds the data: the host buffer is free to reuse at once */
-            return pilot_post(PILOT_OP_MEMCPY_H2D, &req, sizeof req, src, count);
+            return staged_h2d(PILOT_OP_MEMCPY_H2D_STAGED, d, src, count, stream, (uint32_t)sync);
         return pilot_call(PILOT_OP_MEMCPY_H2D, &req, sizeof req, src, count, NULL, 0, NULL, 0, NULL);
     case cudaMemcpyDeviceToHost: {
         if (!pilot_alloc_contains(s, count))

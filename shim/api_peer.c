@@ -42,8 +42,10 @@ PILOT_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int
     const int dev = pilot_current_device();
     if (flags)
         PILOT_RETURN(cudaErrorInvalidValue);
-    if (!valid_device(peerDevice) || peerDevice == dev)
+    if (!valid_device(peerDevice))
         PILOT_RETURN(cudaErrorInvalidDevice);
+    if (peerDevice == dev) /* a device is never its own peer (cudaDeviceCanAccessPeer: 0), H100 */
+        PILOT_RETURN(cudaErrorPeerAccessUnsupported);
     const pilot_rep_device_info *info = pilot_device_info_of(dev);
     if (!info)
         PILOT_RETURN(cudaErrorDevicesUnavailable);

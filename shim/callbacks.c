@@ -208,7 +208,7 @@ static cudaError_t add_callback(cudaStream_t stream, uint32_t kind, cudaHostFn_t
 
 /* ---- waiting without holding anything (shim.h, pilot_callbacks_fence) ---- */
 
-static int outstanding(void)
+int pilot_callbacks_outstanding(void)
 {
     return __atomic_load_n(&g_outstanding, __ATOMIC_ACQUIRE) > 0;
 }
@@ -231,7 +231,7 @@ static cudaError_t poll(int device, uint16_t op, const pilot_req_handle *req)
 
 cudaError_t pilot_callbacks_fence(uint64_t stream)
 {
-    if (!outstanding())
+    if (!pilot_callbacks_outstanding())
         return cudaSuccess;
     const int dev = pilot_route_device();
     uint64_t marker = pilot_thread_object(PILOT_MARKER_EVENT, dev);
@@ -247,7 +247,7 @@ cudaError_t pilot_callbacks_fence(uint64_t stream)
 
 cudaError_t pilot_callbacks_fence_event(int device, uint64_t event)
 {
-    if (!outstanding())
+    if (!pilot_callbacks_outstanding())
         return cudaSuccess;
     pilot_req_handle query = {.handle = event};
     return poll(device, PILOT_OP_EVENT_QUERY, &query);
@@ -255,7 +255,7 @@ cudaError_t pilot_callbacks_fence_event(int device, uint64_t event)
 
 cudaError_t pilot_callbacks_fence_device(int device)
 {
-    return outstanding() ? poll(device, PILOT_OP_DEVICE_QUERY, NULL) : cudaSuccess;
+    return pilot_callbacks_outstanding() ? poll(device, PILOT_OP_DEVICE_QUERY, NULL) : cudaSuccess;
 }
 
 PILOT_EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *userData)

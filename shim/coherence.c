@@ -2,10 +2,13 @@
  * coherent with the device by page protection.
  *
  * A managed range (cudaMallocManaged or a __managed__ variable) is real managed memory in the
- * daemon. Here it is a shadow: a memfd mapped at the same virtual address, which the daemon maps
- * too, so data moves between the two by the daemon's cuMemcpy to or from its view of the memfd,
- * never over the socket. Each shadow is cut into chunks (PILOT_UM_CHUNK, default 2 MiB), each in
- * one of three states:
+ * daemon. Here it is a shadow: private anonymous memory mapped at the same virtual address, with
+ * transparent huge pages where the kernel offers them (one fault per 2 MiB when the host first
+ * writes). Data moves through pinned shared-memory staging areas, never over the socket: flushes
+ * through the session's (the shim fills slots, the daemon DMAs them), fetches through the fault
+ * channel's (the daemon DMAs, the shim copies into a fresh buffer and moves that over the chunk
+ * with mremap, so no other thread ever sees a half-fetched chunk). Each shadow is cut into chunks
+ * (PILOT_UM_CHUNK, default 2 MiB), each in one of three states:
  *
  *   INVALID  PROT_NONE   the device may hold newer data; a host access faults and fetches it
  *   CLEAN    PROT_READ   the shadow equals the device; a host write faults and marks it DIRTY
@@ -187,45 +190,47 @@ void pilot_um_remove_allocations(void)
     pthread_mutex_unlock(&g_lock);
 }
 
+#define HUGE_PAGE (2ull << 20)
+
+/* PILOT_UM_HUGEPAGE=0 keeps shadows on small pages (for measurement). */
+static int huge_pages_wanted(void)
+{
+    static int wanted = -1;
+    if (wanted < 0) {
+        const char *env = getenv("PILOT_UM_HUGEPAGE");
+        wanted = !(env && *env == '0');
+    }
+    return wanted;
+}
+
+/* Asks for transparent huge pages on the 2 MiB-aligned part of [p, p+len). */
+static void advise_huge(void *p, uint64_t len)
+{
+    uint64_t lo = ((uintptr_t)p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), hi = ((uintptr_t)p + len) & ~(HUGE_PAGE - 1);
+    if (huge_pages_wanted() && lo < hi)
+        madvise((void *)(uintptr_t)lo, hi - lo, MADV_HUGEPAGE); /* advice: failure is harmless */
+}
+
 cudaError_t pilot_um_map_shadow(uint64_t base, uint64_t len, int valid, int kind, int *taken)
 {
     *taken = 0;
-    int fd = memfd_create("pilot-managed", MFD_CLOEXEC);
-    if (fd < 0) {
-        LOG_ERROR("memfd_create for a managed shadow failed: %s", strerror(errno));
-        return cudaErrorMemoryAllocation;
-    }
-    if (ftruncate(fd, (off_t)len) != 0) {
-        LOG_ERROR("cannot size a managed shadow to %llu bytes: %s", (unsigned long long)len,
-                  strerror(errno));
-        close(fd);
-        return cudaErrorMemoryAllocation;
-    }
     /* MAP_FIXED_NOREPLACE: never replace a mapping of the program; kernels before 4.17 treat it
      * as a hint and may map elsewhere, which counts as taken too. */
     void *want = (void *)(uintptr_t)base;
-    /* PILOT_UM_POPULATE=1 maps every page at once (one call instead of a fault per page when the
-     * host first touches it), at the price of host memory for pages it never touches. */
-    static int populate = -1;
-    if (populate < 0) {
-        const char *env = getenv("PILOT_UM_POPULATE");
-        populate = env && *env == '1';
-    }
-    int flags = MAP_SHARED | MAP_FIXED_NOREPLACE | (populate && valid ? MAP_POPULATE : 0);
-    void *p = mmap(want, len, valid ? PROT_READ : PROT_NONE, flags, fd, 0);
+    void *p = mmap(want, len, valid ? PROT_READ : PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
     if (p != want) {
         if (p != MAP_FAILED)
             munmap(p, len);
-        close(fd);
         LOG_INFO("managed range %#llx+%llu is taken in this process",
                  (unsigned long long)base, (unsigned long long)len);
         *taken = 1;
         return cudaErrorMemoryAllocation;
     }
-    pilot_req_shadow_attach req = {.base = base, .length = len, .fd = fd};
+    advise_huge(p, len);
+    pilot_req_shadow_attach req = {.base = base, .length = len, .chunk = pilot_um_chunk_bytes()};
     cudaError_t err = pilot_call(PILOT_OP_SHADOW_ATTACH, &req, sizeof req, NULL, 0, NULL, 0, NULL,
                                  0, NULL);
-    close(fd); /* both mappings keep the memfd alive */
     if (err == cudaSuccess && pilot_um_add(base, len, valid, kind) != 0)
         err = cudaErrorMemoryAllocation;
     if (err)
@@ -268,8 +273,8 @@ int pilot_um_contains(uint64_t addr)
 
 void pilot_um_forget_session(void)
 {
-    /* After fork: the shadows are the parent's (MAP_SHARED with its memfds), and the child has no
-     * session. Leave the mappings (pointers into them stay mapped) but stop managing them. */
+    /* After fork: the child has copies of the shadows (private memory) and no session. Leave
+     * the mappings (pointers into them stay mapped) but stop managing them. */
     pthread_mutex_init(&g_lock, NULL);
     for (size_t i = 0; i < g_count; i++)
         free(g_regions[i].state);
@@ -279,21 +284,13 @@ void pilot_um_forget_session(void)
 
 /* ---- moving data ---- */
 
-static cudaError_t send_runs(const struct region *r, const pilot_shadow_run *runs, uint32_t n,
-                             uint32_t chunks)
-{
-    pilot_req_shadow_flush req = {.base = r->base, .nruns = n, .dirty_chunks = chunks};
-    return pilot_call(PILOT_OP_SHADOW_FLUSH, &req, sizeof req, runs, n * sizeof *runs, NULL, 0,
-                      NULL, 0, NULL);
-}
-
-/* Sends every DIRTY run of r to the device; they become CLEAN. */
+/* Sends every DIRTY run of r to the device through the staging area (the shim reads the run,
+ * which is readable: CLEAN); they become CLEAN. Unified memory is device 0's (part 0). */
 static cudaError_t flush_region_locked(struct region *r)
 {
-    pilot_shadow_run runs[256];
-    uint32_t n = 0, chunks = 0;
     cudaError_t err = cudaSuccess;
     size_t i = 0;
+    int previous = pilot_route_begin(0);
     while (i < r->nchunks && err == cudaSuccess) {
         if (r->state[i] != CHUNK_DIRTY) {
             i++;
@@ -304,17 +301,11 @@ static cudaError_t flush_region_locked(struct region *r)
             j++;
         /* Read-only first: a write from another thread now faults and waits for g_lock. */
         set_chunks(r, i, j, CHUNK_CLEAN);
-        runs[n].offset = i * r->chunk;
-        runs[n].length = (j - i) * r->chunk + chunk_len(r, j);
-        chunks += (uint32_t)(j - i + 1);
-        if (++n == sizeof runs / sizeof *runs) {
-            err = send_runs(r, runs, n, chunks);
-            n = chunks = 0;
-        }
+        uint64_t at = r->base + i * r->chunk, len = (j - i) * r->chunk + chunk_len(r, j);
+        err = pilot_staged_upload(PILOT_OP_SHADOW_FLUSH, at, (const void *)(uintptr_t)at, len);
         i = j + 1;
     }
-    if (n && err == cudaSuccess)
-        err = send_runs(r, runs, n, chunks);
+    pilot_route_end(previous);
     return err;
 }
 
@@ -374,13 +365,113 @@ void pilot_um_device_wrote(uint64_t ptr, uint64_t count)
     pthread_mutex_unlock(&g_lock);
 }
 
-/* Brings chunk i up to date from the device (over the fault channel) and opens it for reading,
- * or for writing too. */
+/* A fresh buffer for a fetched chunk of len bytes, 2 MiB-aligned when len is a multiple of it
+ * (so it can be one huge page and keeps being one when moved); NULL if none. */
+static uint8_t *fetch_buffer(uint64_t len)
+{
+    uint64_t align = len % HUGE_PAGE == 0 ? HUGE_PAGE : (uint64_t)sysconf(_SC_PAGESIZE);
+    uint8_t *p = mmap(NULL, len + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                      -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    uint8_t *aligned = (uint8_t *)(((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1));
+    if (aligned > p)
+        munmap(p, (size_t)(aligned - p));
+    munmap(aligned + len, (size_t)(p + align - aligned));
+    advise_huge(aligned, len);
+    return aligned;
+}
+
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4
+#endif
+
+/* A spare fetch buffer (guarded by g_lock): the pages a fetch took out of the chunk it
+ * replaced, so the next fetch fills memory that is already there instead of faulting in (and
+ * zeroing) fresh pages. */
+static uint8_t *g_spare;
+static uint64_t g_spare_len;
+
+static uint8_t *take_buffer(uint64_t len)
+{
+    uint8_t *buf = g_spare;
+    if (buf && g_spare_len == len) {
+        g_spare = NULL;
+        return buf;
+    }
+    if (buf)
+        munmap(buf, g_spare_len);
+    g_spare = NULL;
+    return fetch_buffer(len);
+}
+
+/* Moves the pages of the chunk at `at` into a new spare buffer, leaving the chunk mapped (empty,
+ * protection unchanged), so no other mapping can take its place before the fetched buffer does. */
+static void keep_old_pages(uint64_t at, uint64_t len)
+{
+    uint8_t *dest = g_spare ? NULL : fetch_buffer(len);
+    if (!dest)
+        return;
+    if (mremap((void *)(uintptr_t)at, len, len, MREMAP_MAYMOVE | MREMAP_DONTUNMAP | MREMAP_FIXED,
+               dest) == MAP_FAILED ||
+        mprotect(dest, len, PROT_READ | PROT_WRITE) != 0) {
+        munmap(dest, len); /* an older kernel (DONTUNMAP: 5.7): fresh buffers each time */
+        return;
+    }
+    g_spare = dest;
+    g_spare_len = len;
+}
+
+/* The device's bytes of chunk i, fetched over the fault channel into a buffer given the chunk's
+ * next protection, then moved over the chunk in one step (mremap): another thread sees the old
+ * protection (and faults, waiting for g_lock) or the whole new chunk, never a part. */
+static cudaError_t fetch_chunk(struct region *r, size_t i, int prot)
+{
+    const struct pilot_staging *stage = pilot_fault_staging();
+    const uint64_t at = r->base + i * r->chunk, len = chunk_len(r, i);
+    if (!stage->base)
+        return cudaErrorDevicesUnavailable;
+    uint8_t *buf = take_buffer(len);
+    if (!buf)
+        return cudaErrorMemoryAllocation;
+    cudaError_t err = cudaSuccess;
+    for (uint64_t off = 0; off < len && err == cudaSuccess; off += stage->slot_bytes) {
+        uint64_t n = len - off < stage->slot_bytes ? len - off : stage->slot_bytes;
+        pilot_req_memcpy req = {.src = at + off, .count = n, .slot = 0};
+        err = pilot_fault_call(PILOT_OP_SHADOW_FETCH, &req, sizeof req);
+        if (err == cudaSuccess)
+            memcpy(buf + off, stage->base, n);
+    }
+    if (err == cudaSuccess && mprotect(buf, len, prot) != 0)
+        err = cudaErrorOperatingSystem;
+    if (err == cudaSuccess)
+        keep_old_pages(at, len);
+    if (err == cudaSuccess &&
+        mremap(buf, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)(uintptr_t)at) != MAP_FAILED)
+        return cudaSuccess;
+    if (err == cudaSuccess) {
+        /* Out of mappings (each moved chunk is a mapping of its own until the range is freed;
+         * vm.max_map_count): copy in place instead. Another thread touching this chunk right
+         * now could see part of it, so say so once. */
+        static int warned;
+        if (!warned++)
+            LOG_WARN("cannot move fetched chunks over managed memory (%s); copying them in place",
+                     strerror(errno));
+        if (mprotect((void *)(uintptr_t)at, len, PROT_READ | PROT_WRITE) == 0) {
+            memcpy((void *)(uintptr_t)at, buf, len);
+            mprotect((void *)(uintptr_t)at, len, prot);
+        } else {
+            err = cudaErrorOperatingSystem;
+        }
+    }
+    munmap(buf, len);
+    return err;
+}
+
+/* Brings chunk i up to date from the device and opens it for reading, or for writing too. */
 static void fetch_locked(struct region *r, size_t i, int write)
 {
-    pilot_req_shadow_fetch req = {.base = r->base, .offset = i * r->chunk,
-                                  .length = chunk_len(r, i)};
-    cudaError_t err = pilot_fault_call(PILOT_OP_SHADOW_FETCH, &req, sizeof req);
+    cudaError_t err = fetch_chunk(r, i, write ? PROT_READ | PROT_WRITE : PROT_READ);
     if (err != cudaSuccess) {
         /* Nothing can report an error from a load or store: keep the program running on what
          * the shadow holds; its next CUDA call reports the lost session. */

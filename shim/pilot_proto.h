@@ -24,7 +24,7 @@
 
 /* PILOT_CDEF_BEGIN */
 
-#define PILOT_PROTO_VERSION 1
+#define PILOT_PROTO_VERSION 2
 #define PILOT_ENDPOINT_MAX 256
 #define PILOT_NAME_MAX 256
 #define PILOT_ATTR_COUNT 160          /* covers every cudaDeviceAttr value of CUDA 13.0 (max 147) */
@@ -122,9 +122,10 @@ enum pilot_op {
     /* 430-499 reserved: pinned host memory (issue 3) */
     /* 500: unified memory (shim/api_managed.c, shim/coherence.c, daemon/managed.py) */
     PILOT_OP_MALLOC_MANAGED = 500,    /* pilot_req_malloc_managed; reply pilot_rep_u64 {ptr} */
-    PILOT_OP_SHADOW_ATTACH = 501,     /* pilot_req_shadow_attach: the client's shadow memfd */
-    PILOT_OP_SHADOW_FLUSH = 502,      /* pilot_req_shadow_flush; frame 2: pilot_shadow_run[] */
-    PILOT_OP_SHADOW_FETCH = 503,      /* pilot_req_shadow_fetch (sent on the fault channel) */
+    PILOT_OP_SHADOW_ATTACH = 501,     /* pilot_req_shadow_attach: the client shadows a range */
+    PILOT_OP_SHADOW_FLUSH = 502,      /* pilot_req_memcpy {dst, count, slot}: staging -> device */
+    PILOT_OP_SHADOW_FETCH = 503,      /* pilot_req_memcpy {src, count, slot}: device -> the fault
+                                       * channel's staging (sent on the fault channel) */
     PILOT_OP_MANAGED_VAR = 504,       /* pilot_req_symbol_get + name; reply pilot_rep_managed_var */
     PILOT_OP_MEM_ADVISE = 505,        /* pilot_req_mem_advise */
     PILOT_OP_MEM_PREFETCH = 506,      /* pilot_req_mem_prefetch (asynchronous) */
@@ -185,6 +186,8 @@ typedef struct pilot_rep_hello {
 
 typedef struct pilot_req_staging_open {
     uint64_t min_bytes;
+    uint32_t fault;                   /* 1: the fault channel's own area (SHADOW_FETCH) */
+    uint32_t reserved;
 } pilot_req_staging_open;
 
 typedef struct pilot_rep_staging {
@@ -384,12 +387,12 @@ typedef struct pilot_req_memset_2d {
 
 /* ---- unified memory ----
  * A managed range lives in the daemon (real managed memory) and, at the same virtual address,
- * in the client as a shadow: a memfd the client maps there and the daemon maps anywhere. The
- * client tracks which chunks of the shadow it wrote (flushed to the device before device work)
- * and which it must fetch before the host reads them (docs/ARCHITECTURE.md, coherence). */
+ * in the client as a shadow: private memory of the client's. The client tracks which chunks of
+ * the shadow it wrote (flushed to the device before device work, through the session's staging
+ * area) and which it must fetch before the host reads them (through the fault channel's own
+ * staging area); docs/ARCHITECTURE.md, coherence. */
 #define PILOT_MANAGED_ATTACH_GLOBAL 1   /* cudaMemAttachGlobal */
 #define PILOT_MANAGED_ATTACH_HOST 2     /* cudaMemAttachHost */
-#define PILOT_SHADOW_MAX_RUNS 4096      /* runs in one SHADOW_FLUSH */
 
 typedef struct pilot_req_malloc_managed {
     uint64_t size;
@@ -397,29 +400,11 @@ typedef struct pilot_req_malloc_managed {
     uint32_t reserved;
 } pilot_req_malloc_managed;
 
-typedef struct pilot_req_shadow_attach {  /* the daemon opens /proc/<peer pid>/fd/<fd> */
+typedef struct pilot_req_shadow_attach {
     uint64_t base;                    /* page-aligned start of the client's shadow mapping */
     uint64_t length;                  /* bytes mapped (a multiple of the page size) */
-    int32_t fd;                       /* the client's memfd, shadow offset 0 = base */
-    uint32_t reserved;
+    uint64_t chunk;                   /* the client's chunk size (accounting: host-written chunks) */
 } pilot_req_shadow_attach;
-
-typedef struct pilot_shadow_run {       /* [offset, offset+length) of a shadow, from its base */
-    uint64_t offset;
-    uint64_t length;
-} pilot_shadow_run;
-
-typedef struct pilot_req_shadow_flush { /* host-written runs to copy to the device */
-    uint64_t base;                    /* the shadow's base */
-    uint32_t nruns;                   /* pilot_shadow_run entries in frame 2 */
-    uint32_t dirty_chunks;            /* chunks the host wrote since the last flush (accounting) */
-} pilot_req_shadow_flush;
-
-typedef struct pilot_req_shadow_fetch { /* device data into the shadow, for a host access */
-    uint64_t base;
-    uint64_t offset;
-    uint64_t length;
-} pilot_req_shadow_fetch;
 
 typedef struct pilot_rep_managed_var {  /* a __managed__ variable and the range that holds it */
     pilot_reply_hdr hdr;

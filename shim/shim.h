@@ -58,6 +58,20 @@ cudaError_t pilot_recv_locked(void *rep, size_t rep_len);
  * any fault, then used by the fault handler only. pilot_fault_call returns the reply's err. */
 cudaError_t pilot_fault_channel_open(void);
 cudaError_t pilot_fault_call(uint16_t op, const void *req, size_t req_len);
+/* A staging area: shared memory the daemon pins, cut into slots (api_memory.c maps them). */
+struct pilot_staging {
+    uint8_t *base;
+    uint64_t slot_bytes;
+    uint32_t slots;
+};
+cudaError_t pilot_staging_map(const pilot_rep_staging *rep, struct pilot_staging *out);
+void pilot_staging_unmap(struct pilot_staging *stage);
+/* The fault channel's staging area (mapped when the channel opens), for SHADOW_FETCH. */
+const struct pilot_staging *pilot_fault_staging(void);
+/* Host to device through the route device's staging area with op (a _STAGED-style opcode taking
+ * pilot_req_memcpy {dst, count, slot, sync}), pipelined over its slots; returns once every piece
+ * was answered. */
+cudaError_t pilot_staged_upload(uint16_t op, uint64_t dst, const void *src, uint64_t count);
 
 /* What the daemon says about a device (fetched once); NULL without a session. */
 const pilot_rep_device_info *pilot_device_info(void); /* of the route device */
@@ -225,6 +239,7 @@ int pilot_in_callback(void);      /* the calling thread is running a host callba
  * "a stream sync is performed before the copy is initiated": the copy sees what a callback
  * queued before it wrote. `stream` is a handle of the route device. */
 cudaError_t pilot_callbacks_fence(uint64_t stream);
+int pilot_callbacks_outstanding(void); /* some host callback is registered and has not run */
 cudaError_t pilot_callbacks_fence_event(int device, uint64_t event);
 cudaError_t pilot_callbacks_fence_device(int device);
 void pilot_callbacks_forget(void); /* after fork */

@@ -51,6 +51,7 @@ static __thread int t_route = -1;           /* device of the call at hand, -1: c
 static pthread_mutex_t g_fault_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct zmtp_conn g_fault_conn = {.fd = -1};
 static uint64_t g_fault_seq;
+static struct pilot_staging g_fault_stage; /* the fault channel's own staging area (SHADOW_FETCH) */
 static __thread struct part *t_locked;      /* the part pilot_lock_session locked */
 
 /* Error every call returns while pilotd cannot be reached: to the program, no usable GPU. */
@@ -75,6 +76,7 @@ static void fork_child(void)
     if (g_fault_conn.fd >= 0)
         close(g_fault_conn.fd);
     g_fault_conn.fd = -1;
+    pilot_staging_unmap(&g_fault_stage);
     pilot_um_forget_session();
     for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
         if (g_parts[d].conn.fd >= 0)
@@ -535,6 +537,19 @@ cudaError_t pilot_fault_channel_open(void)
                 memcpy(&st, rep[1].data, sizeof st);
                 err = st.hdr.err ? (cudaError_t)st.hdr.err : cudaSuccess;
             }
+            pilot_req_staging_open open_req = {.fault = 1};
+            if (!err && !g_fault_stage.base) {
+                err = ERR_LOST;
+                if (exchange_on(&g_fault_conn, &g_fault_seq, 0, g_session, PILOT_OP_STAGING_OPEN,
+                                &open_req, sizeof open_req, NULL, 0, rep, &n) == 0) {
+                    pilot_rep_staging staging;
+                    memset(&staging, 0, sizeof staging);
+                    memcpy(&staging, rep[1].data,
+                           rep[1].len < sizeof staging ? rep[1].len : sizeof staging);
+                    err = staging.hdr.err ? (cudaError_t)staging.hdr.err
+                                          : pilot_staging_map(&staging, &g_fault_stage);
+                }
+            }
             if (err)
                 zmtp_close(&g_fault_conn);
         }
@@ -543,6 +558,11 @@ cudaError_t pilot_fault_channel_open(void)
     }
     pthread_mutex_unlock(&g_fault_lock);
     return err;
+}
+
+const struct pilot_staging *pilot_fault_staging(void)
+{
+    return &g_fault_stage;
 }
 
 cudaError_t pilot_fault_call(uint16_t op, const void *req, size_t req_len)

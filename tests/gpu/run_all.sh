@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one command to run on the GPU machine, from the repository root:
 #
-#   bash tests/gpu/run_all.sh
+#   bash tests/gpu/run_all.sh [STAGE...]
 #
+# With STAGE names (smoke compare ops bench um_tune) only those run, after wheels and install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
 #   1. wheels   .whl/*.whl (pyzmq, cffi, pycparser) into $PILOT_SITE with pip --target
@@ -13,9 +14,8 @@
 #   5. ops      tests/gpu/ops_check.py: NVML readings, capacity, a quota enforced, metrics served
 #   6. bench    bench/bench.py --start-daemon: native vs pilot costs and bandwidths, and the
 #               Unified Memory workloads (bench/um.cu, 1 GiB)
-#   7. um_tune  bench/bench.py --only um at other shadow chunk sizes (PILOT_UM_CHUNK) and with
-#               other shadow pinning (PILOT_UM_PIN) and populating, one run each: the measurements behind the
-#               defaults
+#   7. um_tune  bench/bench.py --only um at other shadow chunk sizes (PILOT_UM_CHUNK) and without
+#               huge pages (PILOT_UM_HUGEPAGE=0), one run each: the measurements behind the defaults
 # Everything printed is also in $OUT/run_all.log; the compare and bench tables come last.
 # Files under $OUT (default /tmp/pilot-gpu-out): run_all.log, compare.md, compare.log,
 # pilotd-compare.log, bench.md, bench.json, pilotd-bench.log, um_tune.md.
@@ -42,10 +42,18 @@ mkdir -p "$OUT"
 STAGES=()
 FAILED=0
 
-# stage NAME COMMAND...: runs it, records "NAME: ok/FAILED (rc) in N s"
+SELECTED=" $* "
+
+# stage NAME COMMAND...: runs it, records "NAME: ok/FAILED (rc) in N s"; skips a stage not selected
 stage() {
     local name=$1 rc t0=$SECONDS
     shift
+    case "$name" in wheels | install) ;; *)
+        if [ "$SELECTED" != "  " ] && [[ "$SELECTED" != *" $name "* ]]; then
+            STAGES+=("$name: not selected")
+            return 0
+        fi
+    esac
     printf '\n==================== %s: %s\n' "$name" "$*"
     "$@"
     rc=$?
@@ -75,10 +83,9 @@ install_wheels() {
 um_tune() {
     local rc=0 variant
     : >"$OUT/um_tune.md"
-    for variant in PILOT_UM_PIN=attach PILOT_UM_PIN=first PILOT_UM_PIN=off PILOT_UM_POPULATE=1 \
-            PILOT_UM_CHUNK=64K PILOT_UM_CHUNK=512K; do
+    for variant in PILOT_UM_HUGEPAGE=0 PILOT_UM_CHUNK=512K PILOT_UM_CHUNK=8M; do
         echo "### $variant" >>"$OUT/um_tune.md"
-        # PILOT_UM_PIN is read by the daemon bench.py starts, PILOT_UM_CHUNK by the shim.
+        # Both are read by the shim.
         env "$variant" timeout -k 10 "$UM_TUNE_TIMEOUT" "$PYTHON" bench/bench.py --start-daemon --only um --repeats 1 \
             --pilot-env "$variant" --out "$OUT/um_tune_part.md" || rc=1
         cat "$OUT/um_tune_part.md" >>"$OUT/um_tune.md" 2>/dev/null
@@ -126,5 +133,11 @@ main() {
     return "$FAILED"
 }
 
+for wanted in "$@"; do
+    case "$wanted" in smoke | compare | ops | bench | um_tune) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare ops bench um_tune)" >&2
+        exit 2
+    esac
+done
 main "$@" 2>&1 | tee "$OUT/run_all.log"
 exit "${PIPESTATUS[0]}"
