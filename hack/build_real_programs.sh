@@ -171,7 +171,7 @@ graphMemoryNodes|cs:3_CUDA_Features/graphMemoryNodes|graphMemoryNodes.cu|-|-|-|g
 simpleCallback|cs:0_Introduction/simpleCallback|simpleCallback.cu multithreading.cpp|-|-|-|generic;sort|pinned|cudaHostAlloc (and cudaStreamAddCallback from worker threads)
 streamOrderedAllocation|cs:2_Concepts_and_Techniques/streamOrderedAllocation|streamOrderedAllocation.cu|-|-|-|generic|mempool|cudaMallocAsync / cudaFreeAsync, memory pool attributes
 simpleAttributes|cs:0_Introduction/simpleAttributes|simpleAttributes.cu|-|-|-|generic|attr|access policy window (cudaStreamSetAttribute), cudaCtxResetPersistingL2Cache, cudaHostAlloc
-segmentationTreeThrust|cs:2_Concepts_and_Techniques/segmentationTreeThrust|segmentationTree.cu|-|-|test.ppm ref_00.ppm ref_09.ppm|generic|launchex|Thrust; this CUB path launches through cudaLaunchKernelExC
+segmentationTreeThrust|cs:2_Concepts_and_Techniques/segmentationTreeThrust|segmentationTree.cu|-|-|test.ppm ref_00.ppm ref_09.ppm|generic|ok|Thrust; this CUB path launches through cudaLaunchKernelExC with programmatic dependent launch
 simpleIPC|cs:0_Introduction/simpleIPC|simpleIPC.cu ../../../Common/helper_multiprocess.cpp|-|-|-|generic;drop=lshmName;sort|ipc|forks worker processes that open cudaIpc memory and event handles
 backprop|rod:cuda/backprop|backprop.c facetrain.c imagenet.c backprop_cuda.cu|-lm|65536|-|generic|ok|Rodinia; fixed seed; prints no results (exit status and progress lines)
 gaussian|rod:cuda/gaussian|gaussian.cu|-DclockRate=memoryBusWidth -DdeviceOverlap=asyncEngineCount|-s 128|-|generic|ok|Rodinia; prints the matrices and the solution. Its device-property printout names two fields CUDA 13 removed: they are mapped to other fields with -D

@@ -3,8 +3,12 @@
  *
  * pilot carries the attributes programs commonly set: cooperative (grid-wide synchronization),
  * the cluster dimension and its scheduling preference, and the launch priority; Ignore entries
- * are skipped. Any other attribute (access policy windows, programmatic dependent launch,
- * completion events, memory sync domains...) is refused with cudaErrorNotSupported and a
+ * are skipped. Two hints are accepted and dropped, because launching without them is one of the
+ * executions CUDA allows: programmatic stream serialization (programmatic dependent launch, as
+ * Thrust and CUB use it: without it the kernel starts after the previous one finished, and its
+ * cudaGridDependencySynchronize returns at once) and the preferred shared-memory carveout. Any
+ * other attribute (access policy windows, programmatic events, completion events, memory sync
+ * domains...) is refused with cudaErrorNotSupported and a
  * warning naming it, rather than silently launching without it. The daemon launches with
  * cuLaunchKernelEx (daemon/execution.py); cooperative and cluster launches wait for its answer,
  * because only the device can say whether it can run them. */
@@ -60,6 +64,9 @@ static cudaError_t parse_attributes(const cudaLaunchAttribute *attrs, unsigned n
             ex->priority = a->val.priority;
             ex->has_priority = 1;
             break;
+        case cudaLaunchAttributeProgrammaticStreamSerialization:
+        case cudaLaunchAttributePreferredSharedMemoryCarveout:
+            break; /* hints: see the top of this file */
         default: {
             const char *name = attribute_name((int)a->id);
             LOG_WARN("cudaLaunchKernelExC: launch attribute %s (%d) is not supported by pilot",

@@ -75,14 +75,18 @@ static int unsupported(int *p)
 {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    attr[0].id = cudaLaunchAttributeAccessPolicyWindow; // L2 persistence: not carried by pilot
+    attr[0].val.accessPolicyWindow.base_ptr = p;
+    attr[0].val.accessPolicyWindow.num_bytes = 4096;
+    attr[0].val.accessPolicyWindow.hitRatio = 0.5f;
+    attr[0].val.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+    attr[0].val.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
     cfg.gridDim = dim3(2);
     cfg.blockDim = dim3(32);
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     cudaError_t err = cudaLaunchKernelEx(&cfg, stamp_blocks, p, 7);
-    printf("programmatic stream serialization: %s (last %s)\n", cudaGetErrorName(err),
+    printf("access policy window: %s (last %s)\n", cudaGetErrorName(err),
            cudaGetErrorName(cudaGetLastError()));
     cfg.numAttrs = 0;
     CHECK(cudaLaunchKernelEx(&cfg, stamp_blocks, p, 7));
@@ -184,6 +188,18 @@ int main(int argc, char **argv)
     CHECK(cudaStreamSynchronize(s));
     ok = stamped(p, 4, 32, 40);
     printf("launch with priority: %s, ran: %s\n", cudaGetErrorName(err), yes(ok));
+    failed |= err != cudaSuccess || !ok;
+
+    // Programmatic dependent launch (as Thrust and CUB ask for it): two kernels in a row.
+    cudaLaunchAttribute dattr[1];
+    dattr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dattr[0].val.programmaticStreamSerializationAllowed = 1;
+    pcfg.attrs = dattr;
+    CHECK(cudaLaunchKernelEx(&pcfg, stamp_blocks, p, 50));
+    err = cudaLaunchKernelEx(&pcfg, stamp_blocks, p, 60);
+    CHECK(cudaStreamSynchronize(s));
+    ok = stamped(p, 4, 32, 60);
+    printf("programmatic dependent launch: %s, ran: %s\n", cudaGetErrorName(err), yes(ok));
     failed |= err != cudaSuccess || !ok;
 
     CHECK(cudaStreamDestroy(s));

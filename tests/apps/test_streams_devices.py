@@ -231,6 +231,7 @@ def expected_launch_ex() -> list[str]:
         "clusters of 2 over 63 blocks refused: yes",
         "clusters of 16 without opting in refused: yes",
         "launch with priority: cudaSuccess, ran: yes",
+        "programmatic dependent launch: cudaSuccess, ran: yes",
         "PASS",
     ]
 
@@ -243,9 +244,9 @@ def test_launch_with_attributes(run_under_pilot: RunUnderPilot, daemon_log: Daem
 def test_unsupported_launch_attribute_is_refused(run_under_pilot: RunUnderPilot,
                                                  daemon_log: DaemonLog) -> None:
     proc = run_under_pilot("launch_ex", "unsupported")
-    check_output(proc, ["programmatic stream serialization: cudaErrorNotSupported "
+    check_output(proc, ["access policy window: cudaErrorNotSupported "
                         "(last cudaErrorNotSupported)", "next launch: yes", "PASS"], daemon_log)
-    assert "cudaLaunchAttributeProgrammaticStreamSerialization (6) is not supported" in proc.stderr
+    assert "cudaLaunchAttributeAccessPolicyWindow (1) is not supported" in proc.stderr
 
 
 # ---- multidev.cu ----
