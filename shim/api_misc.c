@@ -496,9 +496,23 @@ static cudaError_t copy_2d_routed(void *dst, size_t dpitch, const void *src, siz
 cudaError_t pilot_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                           size_t height, enum cudaMemcpyKind kind, uint64_t stream, int sync)
 {
+    /* Managed memory is copied where it really lives, as in pilot_memcpy: host writes are
+     * flushed first, and the shadow chunks the copy writes are fetched again when touched. */
+    int dst_managed = pilot_um_active() && pilot_alloc_is_managed((uintptr_t)dst);
+    int managed = dst_managed || (pilot_um_active() && pilot_alloc_is_managed((uintptr_t)src));
+    if (managed) {
+        if ((unsigned)kind > cudaMemcpyDefault)
+            return cudaErrorInvalidMemcpyDirection;
+        cudaError_t err = pilot_um_flush();
+        if (err)
+            return err;
+        kind = cudaMemcpyDefault;
+    }
     int previous = pilot_route_begin(pilot_memory_route(stream, dst, src));
     cudaError_t err = copy_2d_routed(dst, dpitch, src, spitch, width, height, kind, stream, sync);
     pilot_route_end(previous);
+    if (dst_managed && width && height)
+        pilot_um_device_wrote((uintptr_t)dst, (height - 1) * dpitch + width);
     return err;
 }
 
@@ -577,13 +591,22 @@ cudaError_t pilot_set_2d(void *ptr, size_t pitch, int value, size_t width, size_
         pitch = width;
     if (!device_rows(ptr, pitch, width, height))
         return cudaErrorInvalidValue;
+    int managed = pilot_um_active() && pilot_alloc_is_managed((uintptr_t)ptr);
+    cudaError_t err = managed ? pilot_um_flush() : cudaSuccess; /* partly written chunks */
+    if (err)
+        return err;
     pilot_req_memset_2d req = {.ptr = (uintptr_t)ptr, .pitch = pitch, .width = width,
                                .height = height, .stream = stream, .value = value,
                                .sync = (uint32_t)sync};
     int dev = pilot_memory_route(stream, ptr, NULL);
     if (!sync)
-        return pilot_post_on(dev, PILOT_OP_MEMSET_2D, &req, sizeof req, NULL, 0);
-    return pilot_call_on(dev, PILOT_OP_MEMSET_2D, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+        err = pilot_post_on(dev, PILOT_OP_MEMSET_2D, &req, sizeof req, NULL, 0);
+    else
+        err = pilot_call_on(dev, PILOT_OP_MEMSET_2D, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0,
+                            NULL);
+    if (managed)
+        pilot_um_device_wrote((uintptr_t)ptr, (height - 1) * pitch + width);
+    return err;
 }
 
 PILOT_EXPORT cudaError_t cudaMemset2D(void *devPtr, size_t pitch, int value, size_t width,

@@ -192,6 +192,14 @@ static void copies(void)
     ok &= m[9] == 27 && m[10] == 0 && m[13] == 0 && m[14] == 42;
     CHECK(cudaMemcpy(h, m, 16 * sizeof(int), cudaMemcpyDeviceToHost)); // small, inline path
     ok &= h[9] == 27 && h[12] == 0 && h[15] == 45;
+    // 2D copies and memsets on managed memory: rows of 8 ints, 16 apart. The host write must
+    // reach the copy, and the host must see what the copy and the memset wrote.
+    const size_t pitch = 16 * sizeof(int);
+    m[16 * 3 + 1] = -1;
+    CHECK(cudaMemcpy2D(m2, pitch, m, pitch, 8 * sizeof(int), 4, cudaMemcpyDefault));
+    ok &= m2[16 * 3 + 1] == -1 && m2[16 * 3 + 7] == 3 * 55 && m2[16 * 3 + 8] == 56;
+    CHECK(cudaMemset2D(m2, pitch, 0, 4 * sizeof(int), 2));
+    ok &= m2[0] == 0 && m2[3] == 0 && m2[4] == 12 && m2[19] == 0 && m2[20] == 60 && m2[32] == 96;
     verdict("copies", ok, "wrong values");
     CHECK(cudaFree(m));
     CHECK(cudaFree(m2));
