@@ -117,7 +117,14 @@ class _Advice:
 
 
 class SimMemory:
-    """Allocations of every device in one address space. Not locked: SimBackend guards it."""
+    """Allocations of every device in one address space. Not locked: SimBackend guards it.
+
+    Like CUDA's allocator, a freed device block is handed out again, contents and all, to the
+    next allocation of the same size on its device (up to RECYCLED_BLOCKS blocks are kept); so
+    whatever must not leak between tenants has to be cleared by the daemon, as on a GPU."""
+
+    RECYCLED_BLOCKS = 64
+    RECYCLED_MAX_BYTES = 64 << 20
 
     def __init__(self, device_count: int, capacity: int) -> None:
         self.capacity = capacity
@@ -125,6 +132,7 @@ class SimMemory:
         self._blocks: dict[int, _Block] = {}
         self._bases: list[int] = []  # sorted
         self._next = SIM_BASE_ADDRESS
+        self._recycled: list[_Block] = []  # freed device blocks, oldest first
 
     def alloc(self, size: int, device: int, managed: bool = False) -> int:
         """Managed blocks start on a MANAGED_ALIGNMENT boundary, as the driver's do."""
@@ -136,15 +144,26 @@ class SimMemory:
         if self.used[device] + charged > self.capacity:
             raise BackendError(CUDA_ERROR_MEMORY_ALLOCATION,
                                f"{size} bytes requested, {self.capacity - self.used[device]} free")
-        data = mmap.mmap(-1, size) if size >= _MMAP_THRESHOLD else bytearray(size)
-        base = self._next
-        if managed:
-            base = -(-base // MANAGED_ALIGNMENT) * MANAGED_ALIGNMENT
-        self._next = base + charged + GUARD_BYTES
+        reused = None if managed else self._take_recycled(size, device)
+        if reused is not None:
+            base, data = reused.base, reused.data
+        else:
+            data = mmap.mmap(-1, size) if size >= _MMAP_THRESHOLD else bytearray(size)
+            base = self._next
+            if managed:
+                base = -(-base // MANAGED_ALIGNMENT) * MANAGED_ALIGNMENT
+            self._next = base + charged + GUARD_BYTES
         self._blocks[base] = _Block(base, size, device, data, _Advice() if managed else None)
         bisect.insort(self._bases, base)
         self.used[device] += charged
         return base
+
+    def _take_recycled(self, size: int, device: int) -> _Block | None:
+        for i in range(len(self._recycled) - 1, -1, -1):
+            block = self._recycled[i]
+            if block.size == size and block.device == device:
+                return self._recycled.pop(i)
+        return None
 
     def free(self, ptr: int) -> None:
         if ptr == 0:
@@ -155,6 +174,9 @@ class SimMemory:
                                f"{ptr:#x} is not the base of a live allocation")
         del self._bases[bisect.bisect_left(self._bases, ptr)]
         self.used[block.device] -= _align(block.size)
+        if block.managed is None and block.size <= self.RECYCLED_MAX_BYTES:  # device memory
+            self._recycled.append(block)
+            del self._recycled[:-self.RECYCLED_BLOCKS]
 
     def block(self, addr: int) -> _Block | None:
         """The live block holding addr."""
@@ -605,6 +627,7 @@ class SimBackend:
             with self._lock:
                 base = self._memory.alloc(layout.size, self._current_device())
                 block = self._device_range(base, layout.size)
+                block[:] = bytes(layout.size)  # the loader zeroes what has no initializer
                 for offset, data in layout.init:
                     block[offset:offset + len(data)] = data
             module.globals_block = base

@@ -95,7 +95,7 @@ def device_reset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     backend = vg.backend
     for ptr in list(s.allocations):
         s.drop_shadow(ptr)
-        backend.mem_free(ptr)
+        s.free_memory(backend, ptr, s.legacy or vg.stream)
         vg.unadmit(s, s.remove_allocation(ptr))
     for ev in s.events.values():
         backend.event_destroy(ev)
@@ -288,7 +288,8 @@ def free(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     if req.ptr not in s.allocations:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{req.ptr:#x} is not an allocation of this session")
     s.drop_shadow(req.ptr)
-    vg.backend.mem_free(req.ptr)
+    streams.synchronize_session(vg, s)  # cudaFree waits for the device; the zeroing must too
+    s.free_memory(vg.backend, req.ptr, s.legacy or vg.stream)
     vg.unadmit(s, s.remove_allocation(req.ptr))
 
 

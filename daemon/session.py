@@ -248,8 +248,22 @@ class Session:
         return code
 
     # ---- teardown ----
-    def release(self, backend: Backend) -> None:
-        """Free everything the session owns. Best effort: one failure does not stop the rest."""
+    def free_memory(self, backend: Backend, ptr: int, stream: Any) -> None:
+        """Frees one of the session's allocations, device memory zeroed first: tenants share one
+        CUDA context, whose allocator hands freed memory to the next allocation as it was, so a
+        tenant could otherwise read what another freed (natively each process has its own
+        context and gets scrubbed memory). Managed memory needs no zeroing: the driver zeroes
+        the pages it populates. The caller has synchronized the work that may still use ptr;
+        the zeroing goes on `stream` and is waited for (cuMemFree waits for it anyway)."""
+        size = self.allocations.get(ptr, 0)
+        if size and ptr not in self.managed:
+            backend.memset_d8(ptr, 0, size, stream)
+            backend.stream_synchronize(stream)
+        backend.mem_free(ptr)
+
+    def release(self, backend: Backend, stream: Any) -> None:
+        """Free everything the session owns (`stream`: the vGPU's, for zeroing freed memory).
+        Best effort: one failure does not stop the rest."""
 
         def attempt(what: str, fn: Any, *args: Any) -> None:
             try:
@@ -264,7 +278,7 @@ class Session:
         self.shadows.clear()
         self._shadow_bases.clear()
         for ptr in list(self.allocations):
-            attempt("memory", backend.mem_free, ptr)
+            attempt("memory", self.free_memory, backend, ptr, self.legacy or stream)
             self.remove_allocation(ptr)
         for ev in self.events.values():
             attempt("event", backend.event_destroy, ev)

@@ -192,7 +192,7 @@ class VGpu:
                 self._by_conn.pop(conn, None)
                 lib.pilot_srv_disconnect(self._srv, conn)  # a live client sees EOF
         held = session.held_bytes
-        session.release(self.backend)
+        session.release(self.backend, self.stream)
         self.unadmit(session, held - session.held_bytes)
         log.info("session %d (pid %d) released", session.id, session.creds.pid,
                  extra={"session": session.id, "tenant": session.tenant})

@@ -293,6 +293,16 @@ def test_copies_all_sizes(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog)
     check_output(run_under_pilot("copies", timeout=300), expected_copies(COPY_SIZES), daemon_log)
 
 
+def test_freed_memory_reaches_the_next_program_zeroed(run_under_pilot: RunUnderPilot,
+                                                      daemon_log: DaemonLog) -> None:
+    # The sim backend, like CUDA's allocator, hands a freed block to the next allocation of its
+    # size as it was: only pilotd's zeroing on free keeps the pattern from the second program.
+    check_output(run_under_pilot("scrub", "fill"), ["fill: 3 allocations written and freed"],
+                 daemon_log)
+    check_output(run_under_pilot("scrub", "read"), ["read: 3 allocations, nonzero bytes 0"],
+                 daemon_log)
+
+
 def test_memset(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
     check_output(run_under_pilot("memset"), expected_memset(), daemon_log)
 

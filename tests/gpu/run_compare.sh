@@ -393,6 +393,9 @@ for src in "${SOURCES[@]}"; do
         continue
     elif [ "$name" = errors ]; then
         for scenario in "${ERROR_SCENARIOS[@]}"; do compare errors "$scenario"; done
+    elif [ "$name" = scrub ]; then
+        compare scrub fill # natively, then under pilot: the pilot read below follows a pilot fill
+        compare scrub read
     else
         compare "$name"
     fi

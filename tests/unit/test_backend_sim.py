@@ -92,7 +92,21 @@ def test_alloc_addresses(sim: SimBackend) -> None:
     assert all(p >= SIM_BASE_ADDRESS and p % 512 == 0 for p in ptrs)
     assert ptrs == sorted(set(ptrs))
     sim.mem_free(ptrs[0])
-    assert sim.mem_alloc(1) not in ptrs  # freed addresses are never handed out again
+    assert sim.mem_alloc(2) not in ptrs  # a freed address goes only to the same size
+
+
+def test_a_freed_block_goes_to_the_next_allocation_of_its_size_as_it_was(sim: SimBackend) -> None:
+    # As CUDA's allocator does: what must not leak between tenants, pilotd clears.
+    a = sim.mem_alloc(4096)
+    sim.memcpy_htod(a, b"\xa5" * 4096, 4096, None)
+    sim.mem_free(a)
+    b = sim.mem_alloc(4096)
+    out = bytearray(4096)
+    sim.memcpy_dtoh(out, b, 4096, None)
+    assert b == a and out == b"\xa5" * 4096
+    managed = sim.mem_alloc_managed(4096, 1)
+    sim.mem_free(managed)
+    assert sim.mem_alloc(4096) != managed  # managed memory is never recycled (the driver zeroes it)
 
 
 def test_alloc_zero_and_free_null(sim: SimBackend) -> None:

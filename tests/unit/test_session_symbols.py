@@ -66,7 +66,7 @@ def test_release_forgets_variables() -> None:
     s.modules[MODULE] = "module object"
     s.add_symbol(MODULE, 0x5000, 8)
     backend = _Recorder()
-    s.release(backend)  # type: ignore[arg-type]
+    s.release(backend, None)  # type: ignore[arg-type]
     assert backend.unloaded == ["module object"]
     assert not s.symbols and _refused(s, 0x5000, 8)
 
