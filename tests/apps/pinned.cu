@@ -4,10 +4,12 @@
 // scenario prints "<name> ok" or "<name> FAIL ..." and the program exits non-zero on any
 // failure; the output is the same natively and under pilot.
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "self_check.h"
@@ -224,6 +226,66 @@ static void errors(void)
     verdict("errors", 1, "");
 }
 
+struct Writer {
+    volatile unsigned *word;
+    volatile int stop;
+    unsigned written;
+};
+
+static void *writer(void *arg)
+{
+    Writer *w = (Writer *)arg;
+    while (!w->stop)
+        *w->word = ++w->written;
+    return NULL;
+}
+
+/* Another thread keeps writing to a word in the same page as a buffer that is registered and
+ * unregistered again and again: no write is lost and none faults the program. */
+static void moving(void)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    unsigned *block;
+    if (posix_memalign((void **)&block, page, 2 * page) != 0)
+        exit(2);
+    Writer w = {block, 0, 0};
+    unsigned *buf = block + 16; /* the rest of the two pages */
+    const unsigned n = 2 * (unsigned)page / 4 - 16;
+    fill(buf, n, 8);
+    pthread_t t;
+    pthread_create(&t, NULL, writer, &w);
+    int ok = 1;
+    for (int i = 0; i < 50 && ok; i++) {
+        CHECK(cudaHostRegister(buf, n * 4, cudaHostRegisterMapped));
+        CHECK(cudaHostUnregister(buf));
+        ok = mismatch(buf, n, 8, 1) == n;
+    }
+    w.stop = 1;
+    pthread_join(t, NULL);
+    ok &= *w.word == w.written;
+    free(block);
+    verdict("moving", ok, "a write or the buffer's contents were lost");
+}
+
+/* A fork child writing to pinned memory does not change the parent's. */
+static void forked(void)
+{
+    unsigned *h;
+    CHECK(cudaMallocHost((void **)&h, 4096));
+    h[0] = 1;
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        h[0] = 2;
+        _exit(h[0] == 2 ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    int ok = h[0] == 1;
+    CHECK(cudaFreeHost(h));
+    verdict("forked", ok, "the child's write reached the parent");
+}
+
 /* Holds 8 MiB of cudaMallocHost memory, copied to the device once, until a line arrives on
  * stdin. */
 static void hold(void)
@@ -247,7 +309,8 @@ int main(int argc, char **argv)
         const char *name;
         void (*fn)(void);
     } scenarios[] = {{"malloc_host", malloc_host}, {"mapped", mapped}, {"registered", registered},
-                     {"registered_large", registered_large}, {"errors", errors}, {"hold", hold}};
+                     {"registered_large", registered_large}, {"moving", moving},
+                     {"forked", forked}, {"errors", errors}, {"hold", hold}};
     setvbuf(stdout, NULL, _IONBF, 0);
     for (size_t i = 0; i < sizeof scenarios / sizeof *scenarios; i++)
         if (argc < 2 ? scenarios[i].fn != hold : strcmp(argv[1], scenarios[i].name) == 0)

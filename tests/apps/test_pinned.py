@@ -27,6 +27,8 @@ LINES = {
                    "registered unregister_again=cudaErrorHostMemoryNotRegistered",
                    "registered after type=0"],
     "registered_large": [],
+    "moving": [],
+    "forked": [],
     "errors": ["errors freehost_plain=cudaErrorInvalidValue",
                "errors freehost_twice=cudaErrorInvalidValue",
                "errors devptr_plain=cudaErrorInvalidValue",
