@@ -1,7 +1,10 @@
-// bandwidth: synchronous cudaMemcpy between pageable (malloc'd, touched) host memory and the
-// device. Prints `metric value` lines (GB/s = 1e9 bytes per second):
+// bandwidth: synchronous cudaMemcpy between the device and pageable (malloc'd, touched) host
+// memory, then pinned (cudaMallocHost) host memory. Prints `metric value` lines (GB/s = 1e9
+// bytes per second):
 //   h2d_pageable_gbps  median over RUNS host-to-device copies of SIZE MiB
 //   d2h_pageable_gbps  median over RUNS device-to-host copies of SIZE MiB
+//   h2d_pinned_gbps    the same from cudaMallocHost memory
+//   d2h_pinned_gbps    the same into cudaMallocHost memory
 // Usage: bandwidth [SIZE_MIB (256)] [RUNS (10)]. Checks that the data made the round trip;
 // exits non-zero on any error.
 #include <cuda_runtime.h>
@@ -40,6 +43,32 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* Warm-up and a checked round trip src -> dev -> dst, then the median GB/s of `runs` copies each
+ * way, printed as h2d_<kind>_gbps and d2h_<kind>_gbps. 0 on success. */
+static int measure(const char *kind, unsigned char *src, unsigned char *dst, void *dev, size_t size,
+                   int runs, double *gbps)
+{
+    memset(dst, 0, size);
+    CHECK(cudaMemcpy(dev, src, size, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dst, dev, size, cudaMemcpyDeviceToHost));
+    if (memcmp(src, dst, size) != 0) {
+        fprintf(stderr, "bandwidth: %s data differs after the round trip\n", kind);
+        return 1;
+    }
+    for (int way = 0; way < 2; way++) {
+        for (int i = 0; i < runs; i++) {
+            const double t0 = now_s();
+            if (way == 0)
+                CHECK(cudaMemcpy(dev, src, size, cudaMemcpyHostToDevice));
+            else
+                CHECK(cudaMemcpy(dst, dev, size, cudaMemcpyDeviceToHost));
+            gbps[i] = (double)size / (now_s() - t0) * 1e-9;
+        }
+        printf("%s_%s_gbps %.3f\n", way == 0 ? "h2d" : "d2h", kind, median(gbps, runs));
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const int mib = argc > 1 ? atoi(argv[1]) : 256, runs = argc > 2 ? atoi(argv[2]) : 10;
@@ -56,31 +85,21 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < size; i++)  // touch every page, with a pattern to check
         src[i] = (unsigned char)(i * 131u + (i >> 20));
-    memset(dst, 0, size);
     void *dev;
     CHECK(cudaMalloc(&dev, size));
-
-    // Warm-up, and the check that the data makes the round trip.
-    CHECK(cudaMemcpy(dev, src, size, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dst, dev, size, cudaMemcpyDeviceToHost));
-    if (memcmp(src, dst, size) != 0) {
-        fprintf(stderr, "bandwidth: data differs after the round trip\n");
+    if (measure("pageable", src, dst, dev, size, runs, gbps) != 0)
         return 1;
-    }
 
-    for (int i = 0; i < runs; i++) {
-        const double t0 = now_s();
-        CHECK(cudaMemcpy(dev, src, size, cudaMemcpyHostToDevice));
-        gbps[i] = (double)size / (now_s() - t0) * 1e-9;
-    }
-    printf("h2d_pageable_gbps %.3f\n", median(gbps, runs));
-    for (int i = 0; i < runs; i++) {
-        const double t0 = now_s();
-        CHECK(cudaMemcpy(dst, dev, size, cudaMemcpyDeviceToHost));
-        gbps[i] = (double)size / (now_s() - t0) * 1e-9;
-    }
-    printf("d2h_pageable_gbps %.3f\n", median(gbps, runs));
+    // Pinned: the same copies from and into cudaMallocHost memory.
+    unsigned char *psrc, *pdst;
+    CHECK(cudaMallocHost((void **)&psrc, size));
+    CHECK(cudaMallocHost((void **)&pdst, size));
+    memcpy(psrc, src, size);
+    if (measure("pinned", psrc, pdst, dev, size, runs, gbps) != 0)
+        return 1;
 
+    CHECK(cudaFreeHost(psrc));
+    CHECK(cudaFreeHost(pdst));
     CHECK(cudaFree(dev));
     free(src);
     free(dst);

@@ -14,7 +14,8 @@ before it measures and prints `metric value` lines, parsed here:
     launch.cu     launch_us, launches_per_s, launch_sync_us
     roundtrip.cu  d2h_4b_us, d2h_4b_p99_us, h2d_4b_us
     alloc.cu      malloc_free_1mib_us, malloc_1mib_us
-    bandwidth.cu  h2d_pageable_gbps, d2h_pageable_gbps   (256 MiB pageable buffers)
+    bandwidth.cu  h2d_pageable_gbps, d2h_pageable_gbps   (256 MiB pageable buffers),
+                  h2d_pinned_gbps, d2h_pinned_gbps       (256 MiB cudaMallocHost buffers)
     um.cu         um_iter_s, um_sweep_s, um_nohost_s, um_init_s, um_readback_s (1 GiB managed)
 
 The table has one row per metric: native | pilot | ratio | target | met?. The ratio is
@@ -74,7 +75,8 @@ PROGRAMS = (
             ("launch_us", "launches_per_s", "launch_sync_us")),
     Program("roundtrip", ("10000",), ("500",), ("d2h_4b_us", "d2h_4b_p99_us", "h2d_4b_us")),
     Program("alloc", ("2000",), ("200",), ("malloc_free_1mib_us", "malloc_1mib_us")),
-    Program("bandwidth", ("256", "10"), ("16", "3"), ("h2d_pageable_gbps", "d2h_pageable_gbps")),
+    Program("bandwidth", ("256", "10"), ("16", "3"),
+            ("h2d_pageable_gbps", "d2h_pageable_gbps", "h2d_pinned_gbps", "d2h_pinned_gbps")),
     Program("um", ("1024", "50", "10"), ("16", "3", "2"),
             ("um_iter_s", "um_sweep_s", "um_nohost_s", "um_init_s", "um_readback_s",
              "um_nohost_init_s", "um_nohost_first_s", "um_nohost_rest_s", "um_nohost_free_s")),
@@ -123,6 +125,10 @@ METRICS = (
            ">= 80% of native", ratio_at_most(1.25, "rate")),
     Metric("d2h_pageable_gbps", "D2H 256 MiB pageable (median of 10)", "GB/s", "rate",
            ">= 80% of native", ratio_at_most(1.25, "rate")),
+    Metric("h2d_pinned_gbps", "H2D 256 MiB pinned, cudaMallocHost (median of 10)", "GB/s",
+           "rate", ">= 80% of native", ratio_at_most(1.25, "rate")),
+    Metric("d2h_pinned_gbps", "D2H 256 MiB pinned, cudaMallocHost (median of 10)", "GB/s",
+           "rate", ">= 80% of native", ratio_at_most(1.25, "rate")),
     Metric("um_iter_s", "UM (a) 1 GiB: host init, 50 kernels+sync, host checksum", "s", "time",
            "<= 1.2x native", ratio_at_most(1.2, "time")),
     Metric("um_init_s", "  of which host init of 1 GiB", "s", "time"),

@@ -147,7 +147,13 @@ class Backend(Protocol):
     def memset_d8(self, ptr: int, value: int, count: int, stream: Any) -> None: ...
     def host_register(self, address: int, size: int) -> None:
         """Pin a host range of the daemon (staging shared memory) for DMA."""
-    def host_unregister(self, address: int) -> None: ...
+    def host_unregister(self, address: int) -> None:
+        """Unpin a range pinned by host_register or map_host."""
+    def memcpy_htod_async(self, dst: int, src: int, count: int, stream: Any) -> None:
+        """Copy from host address `src`, inside a range pinned by map_host, in stream order:
+        returns at once; the bytes are read when the stream gets there (pilot.daemon.pinned)."""
+    def memcpy_dtoh_async(self, dst: int, src: int, count: int, stream: Any) -> None:
+        """Copy to host address `dst`, inside a range pinned by map_host, in stream order."""
 
     # streams and events
     def stream_create(self, flags: int, priority: int) -> Any: ...
@@ -236,9 +242,11 @@ class Backend(Protocol):
         """launch() with attributes; cooperative and cluster launches fail here, at once, when
         the device cannot run them (cudaErrorCooperativeLaunchTooLarge...)."""
     def map_host(self, address: int, size: int) -> None:
-        """Pin a host range of the daemon for every device (mapped: streams can wait on it)."""
+        """Pin a host range of the daemon for every device, mapped: kernels reach it and streams
+        can wait on it (gates, pinned host memory); host_unregister undoes it."""
     def host_device_pointer(self, address: int) -> int:
-        """A mapped host address as the calling thread's device sees it."""
+        """A mapped host address as the calling thread's device sees it (the address itself
+        only where the device can use host pointers of registered memory)."""
     def gate(self, stream: Any, gate: Gate) -> None:
         """Enqueue on `stream` pilot_gate_fire(gate) (the stream reached it), then a wait that
         holds back later work until the gate's word reaches its target."""

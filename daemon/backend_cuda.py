@@ -460,6 +460,14 @@ class CudaBackend:
         with self._pinned_lock:
             self._pinned = tuple(r for r in self._pinned if r[0] != address)
 
+    def memcpy_htod_async(self, dst: int, src: int, count: int, stream: Any) -> None:
+        if count:
+            check(self._htod(dst, src, count, stream), "cuMemcpyHtoDAsync")
+
+    def memcpy_dtoh_async(self, dst: int, src: int, count: int, stream: Any) -> None:
+        if count:
+            check(self._dtoh(dst, src, count, stream), "cuMemcpyDtoHAsync")
+
     # ---- unified memory ------------------------------------------------------------------------
 
     def mem_alloc_managed(self, size: int, flags: int) -> int:

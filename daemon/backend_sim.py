@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import ctypes
 import mmap
 import threading
 import time
@@ -101,8 +102,9 @@ class _Block:
     base: int
     size: int
     device: int
-    data: bytearray | mmap.mmap
+    data: bytearray | mmap.mmap | memoryview
     managed: _Advice | None = None  # managed memory: what the program advised
+    host: int = 0  # mapped host memory: the daemon's address of it (data views it there)
 
 
 @dataclass
@@ -169,6 +171,9 @@ class SimMemory:
         if ptr == 0:
             return  # cudaFree(NULL) succeeds
         block = self._blocks.pop(ptr, None)
+        if block is not None and block.host:
+            self._blocks[ptr] = block
+            block = None  # mapped host memory is no allocation
         if block is None:
             raise BackendError(CUDA_ERROR_INVALID_VALUE,
                                f"{ptr:#x} is not the base of a live allocation")
@@ -177,6 +182,35 @@ class SimMemory:
         if block.managed is None and block.size <= self.RECYCLED_MAX_BYTES:  # device memory
             self._recycled.append(block)
             del self._recycled[:-self.RECYCLED_BLOCKS]
+
+    def map_host(self, address: int, size: int, device: int) -> int:
+        """A range of the daemon's own host memory made reachable by kernels and copies at a
+        device address of its own (the lab H100 reports cudaDevAttrCanUseHostPointerForRegisteredMem
+        0: registered memory has a device pointer other than its host address). Not charged
+        against the capacity: it is host memory."""
+        if size <= 0:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"mapping {size} host bytes")
+        base = -(-self._next // mmap.PAGESIZE) * mmap.PAGESIZE
+        self._next = base + _align(size) + GUARD_BYTES
+        data = memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+        self._blocks[base] = _Block(base, size, device, data, host=address)
+        bisect.insort(self._bases, base)
+        return base
+
+    def unmap_host(self, address: int) -> bool:
+        for base, block in list(self._blocks.items()):
+            if block.host == address:
+                del self._blocks[base]
+                del self._bases[bisect.bisect_left(self._bases, base)]
+                return True
+        return False
+
+    def host_alias(self, address: int) -> int | None:
+        """The device address of a mapped host address."""
+        for block in self._blocks.values():
+            if block.host and 0 <= address - block.host < block.size:
+                return block.base + address - block.host
+        return None
 
     def block(self, addr: int) -> _Block | None:
         """The live block holding addr."""
@@ -449,7 +483,32 @@ class SimBackend:
         """Nothing to pin: the sim copies with the CPU."""
 
     def host_unregister(self, address: int) -> None:
-        """Nothing was pinned."""
+        """Nothing was pinned; a mapped range (map_host) is no longer reachable by kernels."""
+        with self._lock:
+            self._memory.unmap_host(address)
+
+    def memcpy_htod_async(self, dst: int, src: int, count: int, stream: Any) -> None:
+        """The bytes are read when the stream runs the copy (now, or when a gate opens)."""
+        _check_count(count)
+        with self._lock:
+            self._check_stream(stream)
+            if count:
+                self._device_range(dst, count)
+                self._issue(stream, self._htod_from, dst, src, count)
+
+    def _htod_from(self, dst: int, src: int, count: int) -> None:
+        self._device_range(dst, count)[:] = ctypes.string_at(src, count)
+
+    def memcpy_dtoh_async(self, dst: int, src: int, count: int, stream: Any) -> None:
+        _check_count(count)
+        with self._lock:
+            self._check_stream(stream)
+            if count:
+                self._device_range(src, count)
+                self._issue(stream, self._dtoh_to, dst, src, count)
+
+    def _dtoh_to(self, dst: int, src: int, count: int) -> None:
+        ctypes.memmove(dst, bytes(self._device_range(src, count)), count)
 
     # ---- streams held back by gates (sim lock held) --------------------------------------
 
@@ -515,10 +574,16 @@ class SimBackend:
             self._hold(stream, lambda: (int(ptr.word) - target) & 0xFFFFFFFF < 0x80000000)
 
     def map_host(self, address: int, size: int) -> None:
-        """Nothing to pin or map: the sim reads host memory directly."""
+        """Nothing to pin; kernels and copies reach the range at a device address of its own."""
+        with self._lock:
+            self._memory.map_host(address, size, self._current_device())
 
     def host_device_pointer(self, address: int) -> int:
-        return address
+        with self._lock:
+            alias = self._memory.host_alias(address)
+        if alias is None:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{address:#x} is no mapped host memory")
+        return alias
 
     def _raise_stream_error(self, stream: Any) -> None:
         if stream is not None and stream.error is not None:

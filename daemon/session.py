@@ -117,6 +117,10 @@ class Session:
     shadows: dict[int, Any] = field(default_factory=dict)  # base -> shadow.Shadow
     _shadow_bases: list[int] = field(default_factory=list)
     managed_vars: dict[int, tuple[int, int]] = field(default_factory=dict)  # base -> (size, module)
+    # Pinned host memory (daemon/pinned.py): ranges by their address in the client.
+    pinned: dict[int, Any] = field(default_factory=dict)  # base -> pinned.PinnedRange
+    _pinned_bases: list[int] = field(default_factory=list)
+    pinned_bytes: int = 0
     _next_handle: int = FIRST_HANDLE
 
     # ---- handles ----
@@ -181,6 +185,31 @@ class Session:
         shadow = self.shadow_of(ptr)
         if shadow is not None and shadow.kind == "allocation" and shadow.lo == ptr:
             self.pop_shadow(shadow.base)
+
+    # ---- pinned host memory ----
+    def add_pinned(self, r: Any) -> None:
+        self.pinned[r.base] = r
+        bisect.insort(self._pinned_bases, r.base)
+        self.pinned_bytes += r.length
+
+    def pop_pinned(self, base: int) -> Any:
+        r = self.pinned.pop(base)
+        del self._pinned_bases[bisect.bisect_left(self._pinned_bases, base)]
+        self.pinned_bytes -= r.length
+        return r
+
+    def pinned_view(self, ptr: int, count: int) -> tuple[Any, int]:
+        """(range, the daemon's address of the client's [ptr, ptr+count)) for a pinned range of
+        this session, on any of its devices, that holds it; (None, 0) if none does."""
+        parts = list(self.group.parts.values()) if self.group is not None else [self]
+        for part in [self, *(p for p in parts if p is not self)]:
+            bases = list(part._pinned_bases)  # another part's table may change meanwhile
+            i = bisect.bisect_right(bases, ptr) - 1
+            r = part.pinned.get(bases[i]) if i >= 0 else None
+            address = r.host(ptr, count) if r is not None else None
+            if address is not None:
+                return r, address
+        return None, 0
 
     def note_managed_launch(self, args: memoryview) -> None:
         """Accounting for the memory policies: each managed range a launch passes a pointer to
@@ -277,6 +306,8 @@ class Session:
             attempt("stream sync", backend.stream_synchronize, self.legacy)
         self.shadows.clear()
         self._shadow_bases.clear()
+        for base in list(self.pinned):
+            attempt("pinned memory", self.pop_pinned(base).close, backend)
         for ptr in list(self.allocations):
             attempt("memory", self.free_memory, backend, ptr, self.legacy or stream)
             self.remove_allocation(ptr)
@@ -322,6 +353,8 @@ class Session:
             "device_bytes": self.device_bytes,
             "managed_bytes": self.managed_bytes,
             "managed": [sh.summary() for sh in list(self.shadows.values())],
+            "pinned_bytes": self.pinned_bytes,
+            "pinned": [r.summary() for r in list(self.pinned.values())],
             "allocations": len(self.allocations),
             "streams": len(self.streams),
             "events": len(self.events),

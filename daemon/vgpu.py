@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from . import managed as _managed  # noqa: F401  (registers the unified-memory handlers)
+from . import pinned as _pinned  # noqa: F401  (registers the pinned host memory handlers)
 from .backend import (
     CUDA_ERROR_INITIALIZATION,
     CUDA_ERROR_INVALID_VALUE,

@@ -24,18 +24,26 @@ static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
 static struct range *g_ranges;
 static size_t g_count, g_cap;
 
-/* Index of the last range whose base <= ptr, or -1. */
-static long find_le(uint64_t ptr)
+long pilot_find_le(const void *items, size_t count, size_t stride, uint64_t key)
 {
-    size_t lo = 0, hi = g_count;
+    const unsigned char *p = items;
+    size_t lo = 0, hi = count;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (g_ranges[mid].base <= ptr)
+        uint64_t base;
+        memcpy(&base, p + mid * stride, sizeof base);
+        if (base <= key)
             lo = mid + 1;
         else
             hi = mid;
     }
     return (long)lo - 1;
+}
+
+/* Index of the last range whose base <= ptr, or -1. */
+static long find_le(uint64_t ptr)
+{
+    return pilot_find_le(g_ranges, g_count, sizeof *g_ranges, ptr);
 }
 
 static void add_range(uint64_t base, uint64_t size, int flags)

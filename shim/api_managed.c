@@ -243,6 +243,8 @@ PILOT_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *
         PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_REQUIRE_SESSION();
     memset(attr, 0, sizeof *attr);
+    if (pilot_host_attributes(ptr, attr))
+        return cudaSuccess;
     int flags = pilot_alloc_flags((uintptr_t)ptr, NULL, NULL);
     if (flags < 0) {
         /* Memory CUDA does not know: since CUDA 11 a success, typed unregistered. */

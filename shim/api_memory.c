@@ -1,6 +1,7 @@
 /* Device memory: allocation, copies in all four directions, memsets.
  *
- * Copies up to PILOT_INLINE_MAX bytes travel inside the message. Larger pageable copies go
+ * Copies to and from pinned host memory (api_host.c) are DMA in the daemon, in stream order.
+ * Other copies up to PILOT_INLINE_MAX bytes travel inside the message. Larger pageable copies go
  * through the session's staging area, shared memory the daemon has pinned (cuMemHostRegister):
  * the transfer is cut into slot-sized chunks and pipelined, so the shim copies chunk i+1 into one
  * slot while the daemon DMAs chunk i from another. Like CUDA with pageable memory, such copies
@@ -279,6 +280,9 @@ static cudaError_t memcpy_routed(void *dst, const void *src, size_t count,
 cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                          uint64_t stream, int sync)
 {
+    /* A registered range's device pointer names its host pages (copies use the host address). */
+    dst = (void *)(uintptr_t)pilot_host_unalias((uintptr_t)dst);
+    src = (const void *)(uintptr_t)pilot_host_unalias((uintptr_t)src);
     /* Every managed range has a shadow, so a process without any skips both lookups. */
     int dst_managed = pilot_um_active() && pilot_alloc_is_managed((uintptr_t)dst);
     if (dst_managed || (pilot_um_active() && pilot_alloc_is_managed((uintptr_t)src))) {
@@ -332,6 +336,8 @@ static cudaError_t memcpy_routed(void *dst, const void *src, size_t count,
     case cudaMemcpyHostToDevice:
         if (!pilot_alloc_contains(d, count))
             return cudaErrorInvalidValue;
+        if (pilot_host_pinned(s, count)) /* DMA from the daemon's view of it, in stream order */
+            return pilot_pinned_copy(dst, src, count, kind, stream, sync);
         /* An asynchronous copy from pageable memory reads it when queued (CUDA copies it to a
          * staging buffer at once), even behind a host callback that has not run: the messages
          * hold the data, so the host buffer is free to reuse at once. */
@@ -345,6 +351,8 @@ static cudaError_t memcpy_routed(void *dst, const void *src, size_t count,
     case cudaMemcpyDeviceToHost: {
         if (!pilot_alloc_contains(s, count))
             return cudaErrorInvalidValue;
+        if (pilot_host_pinned(d, count))
+            return pilot_pinned_copy(dst, src, count, kind, stream, sync);
         if ((err = pilot_callbacks_fence(stream)))
             return err;
         if (count > PILOT_INLINE_MAX)

@@ -48,6 +48,7 @@ SHIM_SOURCES = [
     "registry.c",
     "coherence.c",
     "api_managed.c",
+    "api_host.c",
     "api_device.c",
     "api_memory.c",
     "api_launch.c",

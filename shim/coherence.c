@@ -60,15 +60,7 @@ static uint64_t g_chunk; /* PILOT_UM_CHUNK */
 
 static long find_locked(uint64_t addr)
 {
-    size_t lo = 0, hi = g_count;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (g_regions[mid].base <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    long i = (long)lo - 1;
+    long i = pilot_find_le(g_regions, g_count, sizeof *g_regions, addr);
     return i >= 0 && addr - g_regions[i].base < g_regions[i].len ? i : -1;
 }
 
@@ -486,7 +478,9 @@ static void fetch_locked(struct region *r, size_t i, int write)
     set_chunks(r, i, i, write ? CHUNK_DIRTY : CHUNK_CLEAN);
 }
 
-/* ---- the fault handler ---- */
+/* ---- the fault handler ----
+ * It also serves api_host.c: a write to pages cudaHostRegister is moving waits there until the
+ * move is done (pilot_host_fault). */
 
 static struct sigaction g_app; /* the program's SIGSEGV action */
 static int g_installed;
@@ -558,7 +552,8 @@ static void chain(int sig, siginfo_t *info, void *uctx)
 static void on_fault(int sig, siginfo_t *info, void *uctx)
 {
     int saved = errno;
-    if (info->si_code == SEGV_ACCERR && resolve(info->si_addr, fault_is_write(uctx))) {
+    if (info->si_code == SEGV_ACCERR &&
+        (pilot_host_fault((uintptr_t)info->si_addr) || resolve(info->si_addr, fault_is_write(uctx)))) {
         errno = saved;
         return;
     }

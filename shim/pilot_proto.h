@@ -15,7 +15,8 @@
  *
  * Opcodes are numbered in blocks that follow the CUDA runtime reference manual, as cricket's
  * IDL does: 1 session, 100 device management, 140 error handling, 250 streams, 280 events,
- * 310 execution control, 400 memory, 500 unified memory. Unassigned numbers are reserved.
+ * 310 execution control, 400 memory (430: pinned host memory), 500 unified memory. Unassigned
+ * numbers are reserved.
  */
 #ifndef PILOT_PROTO_H
 #define PILOT_PROTO_H
@@ -119,7 +120,16 @@ enum pilot_op {
     PILOT_OP_MEMSET_2D = 422,         /* pilot_req_memset_2d */
     /* 423-429: peer copies (api_peer.c) */
     PILOT_OP_MEMCPY_PEER = 423,       /* pilot_req_memcpy_peer; posted when async */
-    /* 430-499 reserved: pinned host memory (issue 3) */
+    /* 430-449: pinned and mapped host memory (shim/api_host.c, daemon/pinned.py) */
+    PILOT_OP_HOST_REGISTER = 430,     /* pilot_req_host_register: the client's memfd, which the
+                                       * daemon maps and pins; reply pilot_rep_u64 {value: the
+                                       * daemon's address of the mapping, value2: its device
+                                       * pointer} */
+    PILOT_OP_HOST_UNREGISTER = 431,   /* pilot_req_free {ptr: the mapping's client address}:
+                                       * the session's streams finish, then unpin and unmap */
+    PILOT_OP_MEMCPY_PINNED = 432,     /* pilot_req_memcpy_pinned: DMA between device memory and
+                                       * a registered host range; posted when async */
+    /* 433-499 reserved */
     /* 500: unified memory (shim/api_managed.c, shim/coherence.c, daemon/managed.py) */
     PILOT_OP_MALLOC_MANAGED = 500,    /* pilot_req_malloc_managed; reply pilot_rep_u64 {ptr} */
     PILOT_OP_SHADOW_ATTACH = 501,     /* pilot_req_shadow_attach: the client shadows a range */
@@ -448,6 +458,34 @@ typedef struct pilot_req_stream_attach_mem {
     uint32_t flags;                   /* cudaMemAttachGlobal / Host / Single */
     uint32_t reserved;
 } pilot_req_stream_attach_mem;
+
+/* ---- pinned and mapped host memory ----
+ * A pinned range is a memfd of the client, mapped in the client and in the daemon (at the same
+ * address when it can be had), which the daemon registers (cuMemHostRegister, portable and
+ * device-mapped): copies from and to it are DMA from the daemon's view, and kernels reach it. */
+#define PILOT_HOST_ALLOC 0              /* cudaHostAlloc / cudaMallocHost */
+#define PILOT_HOST_REGISTERED 1         /* cudaHostRegister on the program's own memory */
+
+typedef struct pilot_req_host_register {
+    uint64_t address;                 /* the client's page-aligned address of the mapping; 0: the
+                                       * daemon chooses (and the client maps the memfd there) */
+    uint64_t length;                  /* bytes mapped (whole pages) */
+    uint64_t offset;                  /* the program's range: [base + offset, + size) */
+    uint64_t size;
+    int32_t fd;                       /* the client's memfd; the daemon opens /proc/<pid>/fd/<fd> */
+    uint32_t flags;                   /* cudaHostAlloc* or cudaHostRegister* flags, as given */
+    uint32_t kind;                    /* PILOT_HOST_ALLOC or PILOT_HOST_REGISTERED */
+    uint32_t reserved;
+} pilot_req_host_register;
+
+typedef struct pilot_req_memcpy_pinned {  /* the host side lies inside one registered range */
+    uint64_t dst;
+    uint64_t src;
+    uint64_t count;
+    uint64_t stream;
+    uint32_t kind;                    /* PILOT_COPY_H2D (src is host) or PILOT_COPY_D2H */
+    uint32_t sync;                    /* 1: cudaMemcpy (returns when done), 0: stream-ordered */
+} pilot_req_memcpy_pinned;
 
 /* ---- host callbacks (shim/callbacks.c, daemon/callbacks.py) ---- */
 #define PILOT_CALLBACK_HOST_FUNC 0    /* cudaLaunchHostFunc: not called after a context error */

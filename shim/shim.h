@@ -94,6 +94,10 @@ int pilot_error_is_sticky(cudaError_t err);
     } while (0)
 
 /* ---- alloc_table.c: the session's device allocations, mirrored ---- */
+/* The index of the last of `count` items, `stride` bytes each and sorted by a leading uint64_t
+ * base, whose base <= key; -1 if none. The shim's range tables (allocations, shadows, pinned
+ * ranges) all search with it. */
+long pilot_find_le(const void *items, size_t count, size_t stride, uint64_t key);
 void pilot_alloc_add(uint64_t base, uint64_t size);
 int pilot_alloc_remove(uint64_t base); /* 0 if base was an allocation's start */
 /* 1 if [ptr, ptr+count) lies inside one device allocation. */
@@ -189,6 +193,20 @@ cudaError_t pilot_to_symbol(const void *symbol, const void *src, size_t count, s
                             enum cudaMemcpyKind kind, uint64_t stream, int sync);
 cudaError_t pilot_from_symbol(void *dst, const void *symbol, size_t count, size_t offset,
                               enum cudaMemcpyKind kind, uint64_t stream, int sync);
+
+/* ---- api_host.c: pinned and mapped host memory ---- */
+/* 1 if [ptr, ptr+count) lies inside one pinned range the daemon holds (copies to and from it
+ * are DMA in the daemon: pilot_pinned_copy). One atomic load without pinned memory. */
+int pilot_host_pinned(uint64_t ptr, uint64_t count);
+/* The program's host address of a registered range's device pointer; other pointers unchanged. */
+uint64_t pilot_host_unalias(uint64_t ptr);
+/* cudaPointerGetAttributes for pinned memory: 1 if ptr is some (attr filled in). */
+int pilot_host_attributes(const void *ptr, struct cudaPointerAttributes *attr);
+/* A copy between device memory and a pinned range (host side checked with pilot_host_pinned). */
+cudaError_t pilot_pinned_copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                              uint64_t stream, int sync);
+int pilot_host_fault(uint64_t addr); /* from the SIGSEGV handler: 1 if it was a moving page */
+void pilot_host_forget(void);        /* after fork: the child's pinned pages become private */
 
 /* ---- api_peer.c ---- */
 /* A copy between two devices' memory (cudaMemcpyPeer, cross-device cudaMemcpy). */

@@ -93,6 +93,7 @@ static void fork_child(void)
     pilot_copy_forget();
     pilot_streams_forget();
     pilot_callbacks_forget();
+    pilot_host_forget();
 }
 
 __attribute__((constructor)) static void transport_init(void)

@@ -38,7 +38,7 @@ GPU_DIR = APPS_DIR.parent / "gpu"
 SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
            ("vector_add", "kernel_args", "copies", "memset", "streams_events", "errors", "threads",
             "alloc", "symbols", "runtime_misc", "managed", "callbacks", "ptds", "multidev",
-            "launch_ex", "scrub")}
+            "launch_ex", "scrub", "pinned")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 SOURCES["ptds_per_thread"] = APPS_DIR / "ptds.cu"  # the same source, per-thread default streams
 PROGRAMS = tuple(SOURCES)

@@ -12,21 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define CHECK(call)                                                                       \
-    do {                                                                                  \
-        cudaError_t e_ = (call);                                                          \
-        if (e_ != cudaSuccess) {                                                          \
-            printf("%s:%d: %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorName(e_)); \
-            exit(2);                                                                      \
-        }                                                                                 \
-    } while (0)
-
-static int g_failed;
-static void verdict(const char *name, int ok, const char *detail)
-{
-    printf("%s %s%s%s\n", name, ok ? "ok" : "FAIL", ok ? "" : " ", ok ? "" : detail);
-    g_failed |= !ok;
-}
+#include "self_check.h"
 
 __managed__ int counter = 5;
 __managed__ int marr[64];

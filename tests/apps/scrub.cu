@@ -4,21 +4,9 @@
 // Run `fill` and then `read` as two processes. Natively each has its own CUDA context, whose
 // memory the driver clears; under pilot both are tenants of the daemon's one context, whose
 // allocator hands out freed memory as it was, so pilotd must clear it.
-#include <cuda_runtime.h>
-
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-#define CHECK(call)                                                                 \
-    do {                                                                            \
-        cudaError_t err_ = (call);                                                  \
-        if (err_ != cudaSuccess) {                                                  \
-            printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorName(err_), __FILE__, \
-                   __LINE__, #call);                                                \
-            exit(1);                                                                \
-        }                                                                           \
-    } while (0)
+#include "self_check.h"
 
 static const size_t SIZES[] = {4096, 1 << 20, (3 << 20) + 5};
 static const int NSIZES = sizeof SIZES / sizeof SIZES[0];

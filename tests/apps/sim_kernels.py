@@ -15,6 +15,8 @@ Parameter layouts (offset, size), as the fatbins' .nv.info report them for sm_75
   consume         (0,8) (8,8) (16,4)
   touch           (0,8) (8,4)
   axpy12          (0,8) (8,8) (16,4) (20,4)
+  pinned_fill     (0,8) (8,4) (12,4)
+  pinned_scale    (0,8) (8,4) (12,4)
 """
 
 from __future__ import annotations
@@ -365,3 +367,29 @@ def axpy12(k: SimLaunch) -> None:
     out = np.frombuffer(k.view(y, 4 * count), dtype=np.int32)
     xs = np.frombuffer(k.view(x, 4 * count), dtype=np.int32)
     np.add(np.multiply(xs, np.int32(a)), out, out=out)
+
+
+# ---- pinned.cu (the pointers may be mapped host memory) ----
+
+def _u32_array(k: SimLaunch, addr: int, count: int) -> np.ndarray:
+    return np.frombuffer(k.view(addr, 4 * count), dtype=np.uint32)
+
+
+@sim_kernel("_Z11pinned_fillPjjj")
+def pinned_fill(k: SimLaunch) -> None:
+    """p[i] = seed + 3i (uint32 wrap-around) for i < n covered by the grid."""
+    p, n, seed = k.ptr(0), k.u32(1), k.u32(2)
+    count = _one_per_element(k, n)
+    if count:
+        values = (np.arange(count, dtype=np.uint64) * 3 + seed) & 0xFFFFFFFF
+        _u32_array(k, p, count)[:] = values.astype(np.uint32)
+
+
+@sim_kernel("_Z12pinned_scalePjjj")
+def pinned_scale(k: SimLaunch) -> None:
+    """p[i] *= k (uint32 wrap-around) for i < n covered by the grid."""
+    p, n, factor = k.ptr(0), k.u32(1), k.u32(2)
+    count = _one_per_element(k, n)
+    if count:
+        out = _u32_array(k, p, count)
+        np.multiply(out, np.uint32(factor), out=out)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scenario_output import check_output
 
 RunUnderPilot = Callable[..., "subprocess.CompletedProcess[str]"]
 SCENARIOS = ("iterative", "zeroed", "pointers", "variables", "copies", "no_sync_writes",
@@ -30,17 +31,9 @@ def expected(scenario: str) -> list[str]:
     return (API_LINES if scenario == "api" else []) + [f"{scenario} ok"]
 
 
-def _check(proc: subprocess.CompletedProcess[str], want: list[str], daemon_log: Callable[[], str]) -> None:
-    if proc.returncode == 0 and proc.stdout.splitlines() == want:
-        return
-    pytest.fail(f"{' '.join(map(str, proc.args))}: rc {proc.returncode}\nwant {want}\n"
-                f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}\npilotd log:\n{daemon_log()}",
-                pytrace=False)
-
-
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_scenario(scenario: str, run_under_pilot: RunUnderPilot, daemon_log: Callable[[], str]) -> None:
-    _check(run_under_pilot("managed", scenario), expected(scenario), daemon_log)
+    check_output(run_under_pilot("managed", scenario), expected(scenario), daemon_log)
 
 
 @pytest.mark.parametrize("chunk", ["4096", "64K", "1M"])
@@ -48,7 +41,7 @@ def test_all_scenarios_in_one_process_at_other_chunk_sizes(
         chunk: str, run_under_pilot: RunUnderPilot, daemon_log: Callable[[], str]) -> None:
     """Small chunks: many runs per flush, partial last chunks, faults per page."""
     proc = run_under_pilot("managed", env={"PILOT_UM_CHUNK": chunk}, timeout=120)
-    _check(proc, [line for s in SCENARIOS for line in expected(s)], daemon_log)
+    check_output(proc, [line for s in SCENARIOS for line in expected(s)], daemon_log)
 
 
 def test_address_taken_in_the_client_is_retried(run_under_pilot: RunUnderPilot,
@@ -56,7 +49,7 @@ def test_address_taken_in_the_client_is_retried(run_under_pilot: RunUnderPilot,
     """The sim daemon's next managed address is mapped by the program first: the shim sees it
     taken, keeps it allocated while asking for another, and frees it afterwards."""
     proc = run_under_pilot("managed", "collision", env={"PILOT_LOG": "info"})
-    _check(proc, expected("collision"), daemon_log)
+    check_output(proc, expected("collision"), daemon_log)
     assert "is taken in this process" in proc.stderr, proc.stderr
 
 

@@ -393,6 +393,35 @@ def main() -> int:
             os.close(write_fd)
         return f"held until opened, with {mode}"
 
+    def pinned_memfd() -> str:
+        """What daemon/pinned.py relies on: a MAP_SHARED memfd mapping registered portable and
+        device-mapped, copied from and to in stream order, and written by a kernel through its
+        device pointer, which a second mapping of the memfd (the client's) sees."""
+        n = 4 << 20
+        fd = os.memfd_create("pilot-smoke")
+        os.ftruncate(fd, n)
+        view, other = mmap.mmap(fd, n), mmap.mmap(fd, n)  # the daemon's and the client's
+        os.close(fd)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(view))
+        be.map_host(base, n)
+        devptr = be.host_device_pointer(base)
+        dev, s = be.mem_alloc(n), be.stream_create(1, 0)
+        try:
+            other[:n] = bytes(range(256)) * (n // 256)
+            be.memcpy_htod_async(dev, base, n, s)
+            be.memset_d8(dev, 0x11, 4096, s)
+            be.memcpy_dtoh_async(base, dev, n, s)
+            be.stream_synchronize(s)
+            assert other[:4096] == b"\x11" * 4096 and other[4096:8192] == bytes(range(256)) * 16
+            be.memset_d8(devptr, 0x22, 4096, s)  # the device writes the host pages directly
+            be.stream_synchronize(s)
+            assert other[:4096] == b"\x22" * 4096, "a device write through the device pointer"
+        finally:
+            be.stream_destroy(s)
+            be.mem_free(dev)
+            be.host_unregister(base)
+        return f"device pointer {'=' if devptr == base else '!='} host address"
+
     def launch_ex() -> str:
         noop, s = state["noop"], be.stream_create(1, 0)
         be.launch_ex(noop, (4, 1, 1), (32, 1, 1), 0, s, b"", LaunchAttrs(cooperative=True))
@@ -458,6 +487,7 @@ def main() -> int:
         ("errors", errors),
         ("launch_rate", launch_rate),
         ("gates", gates),
+        ("pinned_memfd", pinned_memfd),
         ("launch_ex", launch_ex),
         ("peers", peers),
         ("teardown", teardown),

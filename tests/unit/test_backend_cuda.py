@@ -513,3 +513,14 @@ def test_gate_memory_is_portable_and_mapped(backend: CudaBackend, drv: FakeDrive
     backend.map_host(0x7000, 4096)
     assert drv.called("cuMemHostRegister") == [(0x7000, 4096, 3)]  # PORTABLE | DEVICEMAP
     assert backend.host_device_pointer(0x7000) == 0xBEEF000
+
+
+def test_pinned_copies_are_stream_ordered(backend: CudaBackend, drv: FakeDriver) -> None:
+    """Copies from and to a client's pinned range (daemon/pinned.py) pass the view's address to
+    the driver and return without waiting for the stream."""
+    backend.memcpy_htod_async(0xD000, 0x7000, 4096, "s")
+    backend.memcpy_dtoh_async(0x7000, 0xD000, 4096, "s")
+    backend.memcpy_htod_async(0xD000, 0x7000, 0, "s")  # nothing to copy
+    assert drv.called("cuMemcpyHtoDAsync") == [(0xD000, 0x7000, 4096, "s")]
+    assert drv.called("cuMemcpyDtoHAsync") == [(0x7000, 0xD000, 4096, "s")]
+    assert not drv.called("cuStreamSynchronize")
