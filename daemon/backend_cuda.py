@@ -637,7 +637,7 @@ class CudaBackend:
         """
         if type(function) is FunctionInfo:
             function = function.handle
-        extra = self._extra(args)
+        extra = self._extra(args) if args else 0  # no call for a kernel without parameters
         gx, gy, gz = grid
         bx, by, bz = block
         try:

@@ -44,30 +44,31 @@ PILOT_EXPORT cudaError_t __cudaPopCallConfiguration(dim3 *grid, dim3 *block, siz
     return cudaSuccess;
 }
 
-static int attr(int index, int fallback)
+/* A device attribute from the daemon's answer (info may be NULL), else the fallback. */
+static int attr(const pilot_rep_device_info *info, int index, int fallback)
 {
-    const pilot_rep_device_info *info = pilot_device_info();
     int v = info ? info->attrs[index] : 0;
     return v > 0 ? v : fallback;
 }
 
-/* The checks CUDA makes before a launch reaches the device. CUDA 13's runtime reports a launch
- * shape no kernel could run as cudaErrorInvalidValue (seen natively on the H100), not
- * cudaErrorInvalidConfiguration as older runtimes did. */
-static cudaError_t check_config(dim3 grid, dim3 block, const struct pilot_kernel_launch_info *k)
+/* The checks CUDA makes before a launch reaches the device (info: the launch device's). CUDA
+ * 13's runtime reports a launch shape no kernel could run as cudaErrorInvalidValue (seen
+ * natively on the H100), not cudaErrorInvalidConfiguration as older runtimes did. */
+static cudaError_t check_config(dim3 grid, dim3 block, const struct pilot_kernel_launch_info *k,
+                                const pilot_rep_device_info *info)
 {
     if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z)
         return cudaErrorInvalidValue;
-    if (grid.x > (unsigned)attr(cudaDevAttrMaxGridDimX, 0x7fffffff) ||
-        grid.y > (unsigned)attr(cudaDevAttrMaxGridDimY, 65535) ||
-        grid.z > (unsigned)attr(cudaDevAttrMaxGridDimZ, 65535))
+    if (grid.x > (unsigned)attr(info, cudaDevAttrMaxGridDimX, 0x7fffffff) ||
+        grid.y > (unsigned)attr(info, cudaDevAttrMaxGridDimY, 65535) ||
+        grid.z > (unsigned)attr(info, cudaDevAttrMaxGridDimZ, 65535))
         return cudaErrorInvalidValue;
-    if (block.x > (unsigned)attr(cudaDevAttrMaxBlockDimX, 1024) ||
-        block.y > (unsigned)attr(cudaDevAttrMaxBlockDimY, 1024) ||
-        block.z > (unsigned)attr(cudaDevAttrMaxBlockDimZ, 64))
+    if (block.x > (unsigned)attr(info, cudaDevAttrMaxBlockDimX, 1024) ||
+        block.y > (unsigned)attr(info, cudaDevAttrMaxBlockDimY, 1024) ||
+        block.z > (unsigned)attr(info, cudaDevAttrMaxBlockDimZ, 64))
         return cudaErrorInvalidValue;
     uint64_t threads = (uint64_t)block.x * block.y * block.z;
-    if (threads > (uint64_t)attr(cudaDevAttrMaxThreadsPerBlock, 1024))
+    if (threads > (uint64_t)attr(info, cudaDevAttrMaxThreadsPerBlock, 1024))
         return cudaErrorInvalidValue;
     if (k->max_threads_per_block > 0 && threads > (uint64_t)k->max_threads_per_block)
         return cudaErrorInvalidValue; /* past __launch_bounds__: also InvalidValue natively */
@@ -80,15 +81,19 @@ cudaError_t pilot_launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, voi
     PILOT_REQUIRE_SESSION();
     if (!kernel)
         PILOT_RETURN(cudaErrorInvalidDeviceFunction);
+    /* The launch device, looked up once and passed down: every lookup reads thread-local
+     * variables, each a call to __tls_get_addr in a shared library, and this is the hottest
+     * path of the shim (the sum of them had made an async launch measurably slower). */
+    const int dev = pilot_current_device();
     uint64_t stream_handle = pilot_stream_handle(stream);
-    if (pilot_handle_device(stream_handle) != pilot_current_device())
+    if (stream_handle && pilot_handle_device(stream_handle) != dev)
         PILOT_RETURN(cudaErrorInvalidResourceHandle); /* a stream of another device */
-    cudaError_t err = pilot_kernel_resolve(kernel);
+    cudaError_t err = pilot_kernel_resolve(kernel, dev);
     if (err)
         PILOT_RETURN(err);
     struct pilot_kernel_launch_info k;
-    pilot_kernel_info(kernel, &k);
-    if ((err = check_config(grid, block, &k)))
+    pilot_kernel_info(kernel, dev, &k);
+    if ((err = check_config(grid, block, &k, pilot_device_info_of(dev))))
         PILOT_RETURN(err);
     /* Past the kernel's dynamic shared memory limit (48 KiB less its static shared memory until
      * cudaFuncSetAttribute raises it): cudaErrorInvalidValue at the launch, as on the H100. */
@@ -122,7 +127,7 @@ cudaError_t pilot_launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, voi
      * written any of it, so the host fetches again (coherence.c). */
     err = pilot_um_before_launch();
     if (err == cudaSuccess && !ex) {
-        err = pilot_post(PILOT_OP_LAUNCH, &req, sizeof req, buf, k.arg_bytes);
+        err = pilot_post_on(dev, PILOT_OP_LAUNCH, &req, sizeof req, buf, k.arg_bytes);
     } else if (err == cudaSuccess) {
         pilot_req_launch_ex rex = {.launch = req, .cooperative = ex->cooperative,
                                    .priority = ex->priority, .has_priority = ex->has_priority,
@@ -130,10 +135,10 @@ cudaError_t pilot_launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, voi
                                    .cluster_policy = ex->cluster_policy};
         /* Cooperative and cluster launches can fail in the device's own checks: wait for them. */
         if (ex->cooperative || ex->cluster[0])
-            err = pilot_call(PILOT_OP_LAUNCH_EX, &rex, sizeof rex, buf, k.arg_bytes, NULL, 0, NULL,
-                             0, NULL);
+            err = pilot_call_on(dev, PILOT_OP_LAUNCH_EX, &rex, sizeof rex, buf, k.arg_bytes, NULL,
+                                0, NULL, 0, NULL);
         else
-            err = pilot_post(PILOT_OP_LAUNCH_EX, &rex, sizeof rex, buf, k.arg_bytes);
+            err = pilot_post_on(dev, PILOT_OP_LAUNCH_EX, &rex, sizeof rex, buf, k.arg_bytes);
     }
     if (buf != stack_buf)
         free(buf);

@@ -229,11 +229,12 @@ static cudaError_t find_kernel(const void *func, struct pilot_kernel **out)
 /* The kernel's daemon function handle, loading its image on first use. */
 static cudaError_t kernel_function(struct pilot_kernel *k, uint64_t *function)
 {
-    cudaError_t err = pilot_kernel_resolve(k);
+    const int dev = pilot_route_device();
+    cudaError_t err = pilot_kernel_resolve(k, dev);
     if (err != cudaSuccess)
         return err;
     struct pilot_kernel_launch_info info;
-    pilot_kernel_info(k, &info);
+    pilot_kernel_info(k, dev, &info);
     *function = info.function;
     return cudaSuccess;
 }

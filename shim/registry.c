@@ -258,15 +258,15 @@ cudaError_t pilot_image_module(struct pilot_image *img, uint64_t *module)
     return err;
 }
 
-cudaError_t pilot_kernel_resolve(struct pilot_kernel *k)
+cudaError_t pilot_kernel_resolve(struct pilot_kernel *k, int dev)
 {
     static pthread_mutex_t resolve_lock = PTHREAD_MUTEX_INITIALIZER;
-    const int dev = pilot_route_device();
     if (__atomic_load_n(&k->resolved[dev], __ATOMIC_ACQUIRE))
         return cudaSuccess;
     pthread_mutex_lock(&resolve_lock);
     cudaError_t err = cudaSuccess;
     if (!k->resolved[dev]) {
+        int previous = pilot_route_begin(dev); /* the image and the function on dev's part */
         uint64_t module = 0;
         err = pilot_image_module(k->image, &module);
         if (err == cudaSuccess) {
@@ -299,14 +299,14 @@ cudaError_t pilot_kernel_resolve(struct pilot_kernel *k)
                 LOG_WARN("kernel %s: cannot resolve in pilotd (%s)", k->name, cudaGetErrorName(err));
             }
         }
+        pilot_route_end(previous);
     }
     pthread_mutex_unlock(&resolve_lock);
     return err;
 }
 
-void pilot_kernel_info(const struct pilot_kernel *k, struct pilot_kernel_launch_info *out)
+void pilot_kernel_info(const struct pilot_kernel *k, int dev, struct pilot_kernel_launch_info *out)
 {
-    const int dev = pilot_route_device();
     out->function = k->function[dev];
     out->nparams = k->nparams;
     out->arg_bytes = k->arg_bytes;

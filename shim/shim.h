@@ -143,8 +143,9 @@ cudaError_t pilot_um_map_shadow(uint64_t base, uint64_t len, int valid, int kind
 struct pilot_kernel;
 struct pilot_kernel *pilot_kernel_from_host(const void *host_fun);
 struct pilot_kernel *pilot_kernel_from_handle(const void *handle); /* a cudaKernel_t we issued */
-/* Loads the kernel's image and fetches its parameter layout on first use. */
-cudaError_t pilot_kernel_resolve(struct pilot_kernel *k);
+/* Loads the kernel's image on device dev and fetches its function there (and its parameter
+ * layout) on first use. The device is the caller's to look up (pilot_route_device()), once. */
+cudaError_t pilot_kernel_resolve(struct pilot_kernel *k, int dev);
 void pilot_registry_forget_session(void); /* after fork or reset: nothing is loaded any more */
 struct pilot_image;
 /* The image's daemon module handle, loading the image (MODULE_LOAD) on first use. */
@@ -166,7 +167,8 @@ struct pilot_kernel_launch_info {
     int32_t max_threads_per_block;
     int32_t max_dynamic_shared_bytes;
 };
-void pilot_kernel_info(const struct pilot_kernel *k, struct pilot_kernel_launch_info *out);
+/* What a launch on device dev needs of a resolved kernel. */
+void pilot_kernel_info(const struct pilot_kernel *k, int dev, struct pilot_kernel_launch_info *out);
 /* cudaFuncSetAttribute / cudaFuncGetAttributes (api_misc.c): the daemon's current limit. */
 void pilot_kernel_set_max_dynamic_shared(struct pilot_kernel *k, int32_t bytes);
 
