@@ -48,7 +48,6 @@
 #   expect  ok (must match), or why pilot is expected to differ today:
 #             printf    device-side printf/assert: the text is printed by the CUDA driver in
 #                       pilotd's process, so it lands in pilotd's log, not the program's stdout
-#             pinned    cudaMallocHost / cudaHostAlloc / cudaHostRegister (not supported yet)
 #             um        managed memory / pageable memory access from the GPU
 #             texture   texture or surface objects, CUDA arrays
 #             coop      cudaLaunchCooperativeKernel
@@ -145,18 +144,18 @@ simplePrintf|cs:0_Introduction/simplePrintf|simplePrintf.cu|-|-|-|generic;sort|p
 cdpSimplePrint|cs:3_CUDA_Features/cdpSimplePrint|cdpSimplePrint.cu|-rdc=true -lcudadevrt|-|-|generic;sort|printf|dynamic parallelism + device printf
 simpleCooperativeGroups|cs:0_Introduction/simpleCooperativeGroups|simpleCooperativeGroups.cu|-|-|-|generic;sort|printf|thread-block groups only (no cooperative launch); results printed from the device
 simpleAssert|cs:0_Introduction/simpleAssert|simpleAssert.cu|-|-|-|generic|printf|device assert: message printed by the driver, and cudaErrorAssert leaves the (shared) context unusable
-asyncAPI|cs:0_Introduction/asyncAPI|asyncAPI.cu|-|-|-|generic|pinned|cudaMallocHost
-matrixMul|cs:0_Introduction/matrixMul|matrixMul.cu|-|-|-|generic|pinned|cudaMallocHost
-fp16ScalarProduct|cs:0_Introduction/fp16ScalarProduct|fp16ScalarProduct.cu|-|-|-|generic|pinned|cudaMallocHost
-simpleAtomicIntrinsics|cs:0_Introduction/simpleAtomicIntrinsics|simpleAtomicIntrinsics.cu simpleAtomicIntrinsics_cpu.cpp|-|-|-|generic|pinned|cudaMallocHost
-simpleHyperQ|cs:0_Introduction/simpleHyperQ|simpleHyperQ.cu|-|-|-|generic|pinned|cudaMallocHost; 32 streams
-simpleStreams|cs:0_Introduction/simpleStreams|simpleStreams.cu|-|-|-|generic|pinned|cudaHostAlloc / cudaHostRegister
-simpleZeroCopy|cs:0_Introduction/simpleZeroCopy|simpleZeroCopy.cu|-|-|-|generic|pinned|mapped host memory (cudaHostAlloc + cudaHostGetDevicePointer)
-simpleMultiCopy|cs:0_Introduction/simpleMultiCopy|simpleMultiCopy.cu|-|-|-|generic|pinned|cudaHostAlloc; copy/compute overlap
-shfl_scan|cs:2_Concepts_and_Techniques/shfl_scan|shfl_scan.cu|-|-|-|generic|pinned|cudaMallocHost
-inlinePTX|cs:2_Concepts_and_Techniques/inlinePTX|inlinePTX.cu|-|-|-|generic|pinned|cudaMallocHost
-globalToShmemAsyncCopy|cs:3_CUDA_Features/globalToShmemAsyncCopy|globalToShmemAsyncCopy.cu|-|-|-|generic|pinned|cudaMallocHost; memcpy_async / cuda::pipeline
-binaryPartitionCG|cs:3_CUDA_Features/binaryPartitionCG|binaryPartitionCG.cu|-|-|-|generic|pinned|cudaHostAlloc
+asyncAPI|cs:0_Introduction/asyncAPI|asyncAPI.cu|-|-|-|generic|ok|cudaMallocHost
+matrixMul|cs:0_Introduction/matrixMul|matrixMul.cu|-|-|-|generic|ok|cudaMallocHost
+fp16ScalarProduct|cs:0_Introduction/fp16ScalarProduct|fp16ScalarProduct.cu|-|-|-|generic|ok|cudaMallocHost
+simpleAtomicIntrinsics|cs:0_Introduction/simpleAtomicIntrinsics|simpleAtomicIntrinsics.cu simpleAtomicIntrinsics_cpu.cpp|-|-|-|generic|ok|cudaMallocHost
+simpleHyperQ|cs:0_Introduction/simpleHyperQ|simpleHyperQ.cu|-|-|-|generic|ok|cudaMallocHost; 32 streams
+simpleStreams|cs:0_Introduction/simpleStreams|simpleStreams.cu|-|-|-|generic|ok|cudaHostAlloc / cudaHostRegister
+simpleZeroCopy|cs:0_Introduction/simpleZeroCopy|simpleZeroCopy.cu|-|-|-|generic|ok|mapped host memory (cudaHostAlloc + cudaHostGetDevicePointer)
+simpleMultiCopy|cs:0_Introduction/simpleMultiCopy|simpleMultiCopy.cu|-|-|-|generic|ok|cudaHostAlloc; copy/compute overlap
+shfl_scan|cs:2_Concepts_and_Techniques/shfl_scan|shfl_scan.cu|-|-|-|generic|ok|cudaMallocHost
+inlinePTX|cs:2_Concepts_and_Techniques/inlinePTX|inlinePTX.cu|-|-|-|generic|ok|cudaMallocHost
+globalToShmemAsyncCopy|cs:3_CUDA_Features/globalToShmemAsyncCopy|globalToShmemAsyncCopy.cu|-|-|-|generic|ok|cudaMallocHost; memcpy_async / cuda::pipeline
+binaryPartitionCG|cs:3_CUDA_Features/binaryPartitionCG|binaryPartitionCG.cu|-|-|-|generic|ok|cudaHostAlloc
 UnifiedMemoryPerf|cs:6_Performance/UnifiedMemoryPerf|matrixMultiplyPerf.cu commonKernels.cu helperFunctions.cpp|-|-|-|generic|um|cudaMallocManaged, also pinned and mapped host memory
 simpleTexture|cs:0_Introduction/simpleTexture|simpleTexture.cu|-|-|teapot512.pgm ref_rotated.pgm|generic|texture|CUDA array + texture object
 simpleCubemapTexture|cs:0_Introduction/simpleCubemapTexture|simpleCubemapTexture.cu|-|-|-|generic|texture|cubemap CUDA array (cudaMalloc3DArray)
@@ -165,10 +164,10 @@ simpleSurfaceWrite|cs:0_Introduction/simpleSurfaceWrite|simpleSurfaceWrite.cu|-|
 convolutionTexture|cs:2_Concepts_and_Techniques/convolutionTexture|convolutionTexture.cu convolutionTexture_gold.cpp main.cpp|-|-|-|generic|texture|
 stereoDisparity|cs:5_Domain_Specific/stereoDisparity|stereoDisparity.cu|-|-|stereo.im0.640x533.ppm stereo.im1.640x533.ppm|generic|texture|texture objects over pitched memory
 reductionMultiBlockCG|cs:2_Concepts_and_Techniques/reductionMultiBlockCG|reductionMultiBlockCG.cu|-|-|-|generic|ok|grid.sync() through cudaLaunchCooperativeKernel
-simpleAWBarrier|cs:0_Introduction/simpleAWBarrier|simpleAWBarrier.cu|-|-|-|generic|pinned|cudaHostAlloc (and cudaLaunchCooperativeKernel)
+simpleAWBarrier|cs:0_Introduction/simpleAWBarrier|simpleAWBarrier.cu|-|-|-|generic|ok|cudaHostAlloc (and cudaLaunchCooperativeKernel)
 simpleCudaGraphs|cs:3_CUDA_Features/simpleCudaGraphs|simpleCudaGraphs.cu|-|-|-|generic|graph|graphs built by hand and by stream capture, host nodes, cudaHostAlloc
 graphMemoryNodes|cs:3_CUDA_Features/graphMemoryNodes|graphMemoryNodes.cu|-|-|-|generic|graph|graph memory nodes, cudaMallocAsync
-simpleCallback|cs:0_Introduction/simpleCallback|simpleCallback.cu multithreading.cpp|-|-|-|generic;sort|pinned|cudaHostAlloc (and cudaStreamAddCallback from worker threads)
+simpleCallback|cs:0_Introduction/simpleCallback|simpleCallback.cu multithreading.cpp|-|-|-|generic;sort|ok|cudaHostAlloc (and cudaStreamAddCallback from worker threads)
 streamOrderedAllocation|cs:2_Concepts_and_Techniques/streamOrderedAllocation|streamOrderedAllocation.cu|-|-|-|generic|mempool|cudaMallocAsync / cudaFreeAsync, memory pool attributes
 simpleAttributes|cs:0_Introduction/simpleAttributes|simpleAttributes.cu|-|-|-|generic|attr|access policy window (cudaStreamSetAttribute), cudaCtxResetPersistingL2Cache, cudaHostAlloc
 segmentationTreeThrust|cs:2_Concepts_and_Techniques/segmentationTreeThrust|segmentationTree.cu|-|-|test.ppm ref_00.ppm ref_09.ppm|generic|ok|Thrust; this CUB path launches through cudaLaunchKernelExC with programmatic dependent launch

@@ -17,7 +17,7 @@
  *   preserved), and the daemon registers it. While the pages are copied they are read-only; a
  *   thread that writes to them meanwhile waits in the fault handler (coherence.c) until the
  *   move is done. cudaHostUnregister moves private anonymous memory with the same contents back;
- *   so does a fork child (its pages would be shared with the parent otherwise). Only private
+ *   so does a fork child (the memory was private to the program). Only private
  *   writable mappings (heap, anonymous memory, .data/.bss) are moved; anything else (shared or
  *   file mappings, stacks) is registered for the program's bookkeeping only: copies go the
  *   pageable way and it has no device pointer.
@@ -504,13 +504,16 @@ cudaError_t pilot_pinned_copy(void *dst, const void *src, size_t count, enum cud
     return err;
 }
 
-/* After fork: the child's pages must not stay shared with the parent; it has no session. */
+/* After fork the child has no session. Memory of cudaHostAlloc/cudaMallocHost stays shared
+ * with the parent, as natively (the driver's pinned allocations are shared mappings: a child's
+ * write reaches the parent on the H100); registered memory was the program's private memory,
+ * so the child gets its own copy of it, as it would have without pilot. */
 void pilot_host_forget(void)
 {
     pthread_rwlock_init(&g_lock, NULL);
     pthread_mutex_init(&g_move_lock, NULL);
     for (size_t i = 0; i < g_count; i++)
-        if (g_ranges[i].dev)
+        if (g_ranges[i].dev && g_ranges[i].kind == PILOT_HOST_REGISTERED)
             privatize(g_ranges[i].base, g_ranges[i].len);
     g_count = 0;
     __atomic_store_n(&g_any, 0, __ATOMIC_RELEASE);

@@ -313,7 +313,6 @@ md_escape() {  # one table cell: no pipes, no newlines, no backticks, capped
 expect_text() {
     case $1 in
         printf) echo "device printf/assert output is printed in pilotd's process" ;;
-        pinned) echo "pinned host memory not supported yet" ;;
         um) echo "managed / pageable memory from the GPU" ;;
         texture) echo "textures/surfaces/CUDA arrays not supported" ;;
         coop) echo "cooperative launch not supported" ;;
