@@ -3,8 +3,9 @@
  * parameter offsets and sizes the daemon reported for the kernel (cuFuncGetParamInfo), so
  * structs, chars and doubles arrive byte for byte. A launch is posted without waiting: errors
  * the shim can see (launch configuration) return at once, as in CUDA; the rest surface at the
- * next synchronizing call. A kernel runs on the calling thread's current device; a stream of
- * another device is refused, as natively. Launches with attributes: api_launch_ex.c. */
+ * next synchronizing call. A kernel runs on the device of its stream: the calling thread's
+ * current device for the default streams, the stream's own device otherwise (as CUDA does when
+ * the current device is another: seen on two H200s). Launches with attributes: api_launch_ex.c. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,10 +85,8 @@ cudaError_t pilot_launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, voi
     /* The launch device, looked up once and passed down: every lookup reads thread-local
      * variables, each a call to __tls_get_addr in a shared library, and this is the hottest
      * path of the shim (the sum of them had made an async launch measurably slower). */
-    const int dev = pilot_current_device();
     uint64_t stream_handle = pilot_stream_handle(stream);
-    if (stream_handle && pilot_handle_device(stream_handle) != dev)
-        PILOT_RETURN(cudaErrorInvalidResourceHandle); /* a stream of another device */
+    const int dev = stream_handle ? pilot_handle_device(stream_handle) : pilot_current_device();
     cudaError_t err = pilot_kernel_resolve(kernel, dev);
     if (err)
         PILOT_RETURN(err);

@@ -297,6 +297,8 @@ cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemc
         err = copy(dst, src, count, cudaMemcpyDefault, stream, sync);
         if (dst_managed)
             pilot_um_device_wrote((uintptr_t)dst, count);
+        if (dst_managed && sync && err == cudaSuccess)
+            err = pilot_stream_sync(stream);
         return err;
     }
     return copy(dst, src, count, kind, stream, sync);
@@ -407,6 +409,8 @@ cudaError_t pilot_memset(void *ptr, int value, size_t count, uint64_t stream, in
         err = pilot_call_on(dev, PILOT_OP_MEMSET, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
     if (managed)
         pilot_um_device_wrote((uintptr_t)ptr, count);
+    if (managed && sync && err == cudaSuccess)
+        err = pilot_stream_sync(stream);
     return err;
 }
 

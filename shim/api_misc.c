@@ -514,6 +514,8 @@ cudaError_t pilot_copy_2d(void *dst, size_t dpitch, const void *src, size_t spit
     pilot_route_end(previous);
     if (dst_managed && width && height)
         pilot_um_device_wrote((uintptr_t)dst, (height - 1) * dpitch + width);
+    if (dst_managed && sync && err == cudaSuccess)
+        err = pilot_stream_sync(stream);
     return err;
 }
 
@@ -607,6 +609,8 @@ cudaError_t pilot_set_2d(void *ptr, size_t pitch, int value, size_t width, size_
                             NULL);
     if (managed)
         pilot_um_device_wrote((uintptr_t)ptr, (height - 1) * pitch + width);
+    if (managed && sync && err == cudaSuccess)
+        err = pilot_stream_sync(stream);
     return err;
 }
 

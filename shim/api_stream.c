@@ -156,10 +156,8 @@ PILOT_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream)
     PILOT_RETURN(handle_call(pilot_handle_device(v), PILOT_OP_STREAM_DESTROY, v));
 }
 
-PILOT_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream)
+cudaError_t pilot_stream_sync(uint64_t h)
 {
-    PILOT_REQUIRE_SESSION();
-    uint64_t h = pilot_stream_handle(stream);
     int dev = pilot_handle_device(h);
     cudaError_t err = cudaSuccess;
     if (dev < pilot_device_count()) {
@@ -167,7 +165,13 @@ PILOT_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream)
         err = pilot_callbacks_fence(h);
         pilot_route_end(previous);
     }
-    PILOT_RETURN(err ? err : handle_call(dev, PILOT_OP_STREAM_SYNCHRONIZE, h));
+    return err ? err : handle_call(dev, PILOT_OP_STREAM_SYNCHRONIZE, h);
+}
+
+PILOT_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream)
+{
+    PILOT_REQUIRE_SESSION();
+    PILOT_RETURN(pilot_stream_sync(pilot_stream_handle(stream)));
 }
 
 PILOT_EXPORT cudaError_t cudaStreamQuery(cudaStream_t stream)

@@ -260,6 +260,11 @@ int pilot_in_callback(void);      /* the calling thread is running a host callba
  * queued before it wrote. `stream` is a handle of the route device. */
 cudaError_t pilot_callbacks_fence(uint64_t stream);
 int pilot_callbacks_outstanding(void); /* some host callback is registered and has not run */
+/* cudaStreamSynchronize of a handle (api_stream.c). Synchronous copies and memsets into managed
+ * memory end with it: the host may touch the memory next, and the fetch that brings it runs on
+ * the daemon's coherence stream, which would overtake the copy (the driver's own fault handling
+ * waits for the work on the page). */
+cudaError_t pilot_stream_sync(uint64_t handle);
 cudaError_t pilot_callbacks_fence_event(int device, uint64_t event);
 cudaError_t pilot_callbacks_fence_device(int device);
 void pilot_callbacks_forget(void); /* after fork */

@@ -187,9 +187,17 @@ int main()
     printf("stream of device 1 after an event of device 0: %s\n", yes(waited));
     failed |= !waited;
 
-    // Mixing devices where CUDA does not allow it (current device 1).
-    stamp<<<1, 32, 0, s0>>>(copy1, 32, 0);
-    printf("launch on another device's stream fails: %s\n", yes(cudaGetLastError() != cudaSuccess));
+    // A launch on a stream of another device runs on the stream's device (current device 1):
+    // device 0's copy of device_value is added, and device 0's memory is written.
+    stamp<<<N / 256, 256, 0, s0>>>(copy0, N, 500);
+    cudaError_t launched = cudaGetLastError();
+    CHECK(cudaStreamSynchronize(s0));
+    bool there = matches(copy0, 500 + count);
+    printf("launch on another device's stream: %s, ran on its device: %s\n",
+           cudaGetErrorName(launched), yes(there));
+    failed |= launched != cudaSuccess || !there;
+
+    // Mixing devices where CUDA does not allow it.
     printf("event of device 0 recorded on a stream of device 1 fails: %s\n",
            yes(cudaEventRecord(e0, s1) != cudaSuccess));
     CHECK(cudaEventRecord(e1, s1));

@@ -54,7 +54,7 @@ def main() -> int:
         gpu = status["gpus"][0]
         nv = gpu["nvml"] or {}
         check(gpu["capacity"] == 20 * GiB, f"capacity 20 GiB reported ({gpu['capacity']})")
-        check("H100" in nv.get("name", "") and nv.get("memory_total", 0) > 70 * GiB,
+        check("NVIDIA" in nv.get("name", "") and nv.get("memory_total", 0) > 70 * GiB,
               f"NVML reading: {nv.get('name')} {nv.get('memory_used', 0) // MiB} MiB used of "
               f"{nv.get('memory_total', 0) // MiB} MiB, utilization {nv.get('utilization_gpu')}%")
 
