@@ -7,7 +7,8 @@
 #
 # e.g. ... 3 '' '--device 0' '--vgpus-per-gpu 1' -- .realprogs/bin/srad_v2 256 256 0 127 0 127 0.5 2
 # pilot must be installed (tests/gpu/run_compare.sh --install-only). Each run's stdout goes to
-# $OUT/variants/<n>.out; the script prints "<label> run <i>: <md5> (rc)".
+# $OUT/variants/<n>.out; the script prints "<label> run <i>: <md5> (rc)". SHOW_DAEMON_LOG=ERE
+# prints the matching lines of each daemon's log after its runs.
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -46,5 +47,6 @@ for opts in "${variants[@]}"; do
     done
     kill "$pid"
     wait "$pid" 2>/dev/null
+    [ -z "${SHOW_DAEMON_LOG:-}" ] || grep -E "$SHOW_DAEMON_LOG" "$dir/pilotd.log"
 done
 cd "$REPO" && rm -rf "$dir"
