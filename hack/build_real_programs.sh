@@ -177,7 +177,7 @@ gaussian|rod:cuda/gaussian|gaussian.cu|-DclockRate=memoryBusWidth -DdeviceOverla
 lud|rod:cuda/lud/cuda|lud.cu lud_kernel.cu ../common/common.c|-I../common|-s 1024 -v|-|generic|ok|Rodinia; -v verifies against the CPU
 nw|rod:cuda/nw|needle.cu|-|2048 10|-|generic|ok|Rodinia Needleman-Wunsch; result.txt compared
 pathfinder|rod:cuda/pathfinder|pathfinder.cu|-|20000 100 20|-|generic|ok|Rodinia; prints input row and result row
-srad_v2|rod:cuda/srad/srad_v2|srad.cu|-DOUTPUT|256 256 0 127 0 127 0.5 2|-|generic|ok|Rodinia; -DOUTPUT prints the resulting image
+srad_v2|rod:cuda/srad/srad_v2|srad.cu|-DOUTPUT|256 256 0 127 0 127 0.5 2|-|generic|ok|Rodinia; -DOUTPUT prints the resulting image. srad_cuda_1 reads 512 bytes before its first allocation (compute-sanitizer): faults when pilotd serves two GPUs (bench/RESULTS.md)
 streamcluster|rod:cuda/streamcluster|streamcluster_cuda_cpu.cpp streamcluster_cuda.cu streamcluster_header.cu|-|10 20 256 65536 65536 1000 none output.txt 1|-|generic|ok|Rodinia; output.txt compared
 particlefilter_float|rod:cuda/particlefilter|ex_particle_CUDA_float_seq.cu|-use_fast_math|-x 128 -y 128 -z 10 -np 1000|-|rc|ok|Rodinia; seeds its RNG from time(0), so only the exit status is compared
 EOF
