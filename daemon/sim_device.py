@@ -126,6 +126,7 @@ H100_ATTRS: dict[int, int] = {
     121: 1,          # cudaDevAttrDeferredMappingCudaArraySupported
     125: 1,          # cudaDevAttrIpcEventSupport
     126: 4,          # cudaDevAttrMemSyncDomainCount
+    129: 1,          # CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS (cudaDevAttrReserved129)
     130: 0,          # cudaDevAttrNumaConfig (cudaDeviceNumaConfigNone)
     131: -1,         # cudaDevAttrNumaId
     133: 0,          # cudaDevAttrMpsEnabled

@@ -115,7 +115,9 @@ void pilot_fill_device_prop(struct cudaDeviceProp *p, const pilot_rep_device_inf
     p->deferredMappingCudaArraySupported = a[cudaDevAttrDeferredMappingCudaArraySupported];
     p->ipcEventSupported = a[cudaDevAttrIpcEventSupport];
     p->clusterLaunch = a[cudaDevAttrClusterLaunch];
-    p->unifiedFunctionPointers = 0; /* no runtime attribute in CUDA 13 */
+    /* No runtime attribute: the driver's CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS is 129
+     * (cudaDevAttrReserved129); the daemon reports every driver attribute (H100: 1). */
+    p->unifiedFunctionPointers = a[129];
     p->deviceNumaConfig = a[cudaDevAttrNumaConfig];
     p->deviceNumaId = a[cudaDevAttrNumaId];
     p->mpsEnabled = a[cudaDevAttrMpsEnabled];

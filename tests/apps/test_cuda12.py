@@ -98,7 +98,7 @@ def expected_cuda12() -> list[str]:
         f"deviceOverlap {a[15]} kernelExecTimeoutEnabled {a[17]} computeMode {a[20]} "
         f"maxTexture1DLinear {a[69]}",
         f"singleToDoublePrecisionPerfRatio {a[87]} cooperativeMultiDeviceLaunch {a.get(96, 0)}",
-        f"sharedMemPerBlockOptin {a[97]} clusterLaunch {a[120]} unifiedFunctionPointers 0",
+        f"sharedMemPerBlockOptin {a[97]} clusterLaunch {a[120]} unifiedFunctionPointers {a[129]}",
         "properties canary intact",
         f"attribute clockRate {a[13]}",
         f"<<<>>> sum {after_kernel}",

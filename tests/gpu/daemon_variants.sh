@@ -8,7 +8,8 @@
 # e.g. ... 3 '' '--device 0' '--vgpus-per-gpu 1' -- .realprogs/bin/srad_v2 256 256 0 127 0 127 0.5 2
 # pilot must be installed (tests/gpu/run_compare.sh --install-only). Each run's stdout goes to
 # $OUT/variants/<n>.out; the script prints "<label> run <i>: <md5> (rc)". SHOW_DAEMON_LOG=ERE
-# prints the matching lines of each daemon's log after its runs.
+# prints the matching lines of each daemon's log after its runs; SHIM=path preloads another shim
+# (e.g. libpilot12.so for a CUDA 12 program: `pilot shim-path --cuda 12`).
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -20,7 +21,7 @@ variants=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do variants+=("$1"); shift; done
 shift
 program=("$@")
-shim=$("$PYTHON" -c 'import pilot.shim as s; print(s.shim_path())')
+shim=${SHIM:-$("$PYTHON" -c 'import pilot.shim as s; print(s.shim_path())')}
 dir=$(mktemp -d /tmp/pilot-variants.XXXXXX)
 mkdir -p "$OUT/variants"
 n=0
