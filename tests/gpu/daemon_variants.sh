@@ -22,6 +22,9 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do variants+=("$1"); shift; done
 shift
 program=("$@")
 shim=${SHIM:-$("$PYTHON" -c 'import pilot.shim as s; print(s.shim_path())')}
+say() { printf '[variants] %s\n' "$*" >&2; }
+# shellcheck source=tests/gpu/pilotd.sh
+. "$REPO/tests/gpu/pilotd.sh"
 dir=$(mktemp -d /tmp/pilot-variants.XXXXXX)
 mkdir -p "$OUT/variants"
 n=0
@@ -39,15 +42,12 @@ for i in $(seq "$runs"); do run_one "native run $i"; done
 for opts in "${variants[@]}"; do
     sock=$dir/pilot.sock
     # shellcheck disable=SC2086  # opts is a list of words
-    env -u LD_PRELOAD "$PYTHON" -m pilot.daemon --backend cuda --socket "$sock" --metrics-address "" \
-        --state-dir "$dir/state" $opts >"$dir/pilotd.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 600); do grep -q "pilotd ready" "$dir/pilotd.log" && break; sleep 0.1; done
+    pilotd_start "$dir/pilotd.log" --backend cuda --socket "$sock" --metrics-address "" \
+        --state-dir "$dir/state" $opts || continue
     for i in $(seq "$runs"); do
         run_one "pilot '${opts}' run $i" LD_PRELOAD="$shim" PILOT_SOCKET="$sock"
     done
-    kill "$pid"
-    wait "$pid" 2>/dev/null
+    pilotd_stop
     [ -z "${SHOW_DAEMON_LOG:-}" ] || grep -E "$SHOW_DAEMON_LOG" "$dir/pilotd.log"
 done
 cd "$REPO" && rm -rf "$dir"

@@ -111,7 +111,6 @@ MD=$OUT/real_programs.md
 LOG=$OUT/real_programs.log
 : >"$LOG"
 WORK=$(mktemp -d /tmp/pilot-real.XXXXXX)
-DAEMON_PID=
 DAEMON_LOG=
 DAEMON_N=0
 SHIM=
@@ -129,22 +128,10 @@ install_pilot() {
     bash "$REPO/tests/gpu/run_compare.sh" --install-only
 }
 
-stop_daemon() {
-    [ -n "$DAEMON_PID" ] || return 0
-    if kill -0 "$DAEMON_PID" 2>/dev/null; then
-        kill -TERM "$DAEMON_PID" 2>/dev/null
-        for _ in $(seq 100); do
-            kill -0 "$DAEMON_PID" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$DAEMON_PID" 2>/dev/null; then
-            say "pilotd ignored SIGTERM for 10 s: SIGKILL"
-            kill -KILL "$DAEMON_PID" 2>/dev/null
-        fi
-    fi
-    wait "$DAEMON_PID" 2>/dev/null
-    DAEMON_PID=
-}
+# shellcheck source=tests/gpu/pilotd.sh
+. "$REPO/tests/gpu/pilotd.sh"
+
+stop_daemon() { pilotd_stop; }
 
 start_daemon() {
     local args=(--backend "$PILOT_BACKEND" --socket "$SOCK") f
@@ -154,16 +141,7 @@ start_daemon() {
     for f in $PILOT_SIM_KERNELS; do args+=(--sim-kernels "$f"); done
     mkdir -p "$SOCK_DIR"
     rm -f "$SOCK"
-    env -u LD_PRELOAD -u PILOT_SOCKET "$PYTHON" -m pilot.daemon "${args[@]}" </dev/null >"$DAEMON_LOG" 2>&1 &
-    DAEMON_PID=$!
-    for _ in $(seq 600); do  # 60 s
-        grep -q "pilotd ready" "$DAEMON_LOG" && return 0
-        kill -0 "$DAEMON_PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    say "pilotd (${args[*]}) did not become ready; its log:"
-    cat "$DAEMON_LOG" >&2
-    return 1
+    pilotd_start "$DAEMON_LOG" "${args[@]}"
 }
 
 # needs_restart PILOT_RC NDIFFS: restart pilotd before the next program? (see RESTART_AFTER_FAILURE)

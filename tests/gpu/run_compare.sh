@@ -111,26 +111,15 @@ DAEMON_LOG=$OUT/pilotd-compare.log
 WORK=$(mktemp -d /tmp/pilot-compare.XXXXXX)
 BIN=$WORK/bin
 mkdir -p "$BIN"
-DAEMON_PID=
-
 log() { printf '%s\n' "$*" >>"$LOG"; }
+
+# shellcheck source=tests/gpu/pilotd.sh
+. "$REPO/tests/gpu/pilotd.sh"
 
 stop_daemon() {
     [ -n "$DAEMON_PID" ] || return 0
-    if kill -0 "$DAEMON_PID" 2>/dev/null; then
-        kill -TERM "$DAEMON_PID" 2>/dev/null
-        for _ in $(seq 100); do
-            kill -0 "$DAEMON_PID" 2>/dev/null || break
-            sleep 0.1
-        done
-        if kill -0 "$DAEMON_PID" 2>/dev/null; then
-            say "pilotd ignored SIGTERM for 10 s: SIGKILL"
-            kill -KILL "$DAEMON_PID" 2>/dev/null
-        fi
-    fi
-    wait "$DAEMON_PID" 2>/dev/null
-    say "pilotd exited with $?; its log is $DAEMON_LOG"
-    DAEMON_PID=
+    pilotd_stop
+    say "pilotd exited with $DAEMON_STATUS; its log is $DAEMON_LOG"
 }
 
 # shellcheck disable=SC2317  # called by the EXIT trap
@@ -182,19 +171,7 @@ rm -f "$SOCK"
 daemon_args=(--backend "$PILOT_BACKEND" --socket "$SOCK")
 for f in $PILOT_SIM_KERNELS; do daemon_args+=(--sim-kernels "$f"); done
 say "starting pilotd ${daemon_args[*]}"
-env -u LD_PRELOAD -u PILOT_SOCKET "$PYTHON" -m pilot.daemon "${daemon_args[@]}" >"$DAEMON_LOG" 2>&1 &
-DAEMON_PID=$!
-ready=0
-for _ in $(seq 600); do  # 60 s
-    if grep -q "pilotd ready" "$DAEMON_LOG"; then ready=1; break; fi
-    kill -0 "$DAEMON_PID" 2>/dev/null || break
-    sleep 0.1
-done
-if [ "$ready" != 1 ]; then
-    say "pilotd did not become ready; its log:"
-    cat "$DAEMON_LOG" >&2
-    exit 2
-fi
+pilotd_start "$DAEMON_LOG" "${daemon_args[@]}" || exit 2
 say "pilotd ready (pid $DAEMON_PID)"
 
 # ---- comparing ----
