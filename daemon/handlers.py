@@ -329,11 +329,14 @@ def memcpy_d2d(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     vg.metrics.bytes_copied("d2d", req.count)
 
 
-def _slot(s: Session, req: Any) -> memoryview:
-    if s.staging is None:
-        raise BackendError(CUDA_ERROR_INVALID_VALUE, "no staging area open")
+def _slot(s: Session, req: Any, fault: bool = False) -> memoryview:
+    """Slot req.slot of the session's staging area (fault: the fault channel's), req.count bytes."""
+    area = s.fault_staging if fault else s.staging
+    if area is None:
+        raise BackendError(CUDA_ERROR_INVALID_VALUE,
+                           f"no {'fault ' if fault else ''}staging area open")
     try:
-        return s.staging.slot(req.slot, req.count)
+        return area.slot(req.slot, req.count)
     except ValueError as exc:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, str(exc)) from None
 

@@ -127,12 +127,7 @@ def shadow_fetch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     """Device data of [src, src+count), a range of a shadow, into the fault channel's staging
     slot for a host access; bytes outside managed memory read as zero."""
     shadow = _shadow(s, req.src, req.count)
-    if s.fault_staging is None:
-        raise BackendError(CUDA_ERROR_INVALID_VALUE, "no fault staging area open")
-    try:
-        slot = s.fault_staging.slot(req.slot, req.count)
-    except ValueError as exc:
-        raise BackendError(CUDA_ERROR_INVALID_VALUE, str(exc)) from None
+    slot = _slot(s, req, fault=True)
     pieces = shadow.pieces(req.src, req.count)
     if sum(count for _dev, count in pieces) != req.count:
         slot[:] = bytes(req.count)

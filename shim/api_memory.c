@@ -295,11 +295,7 @@ cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemc
         if (err)
             return err;
         err = copy(dst, src, count, cudaMemcpyDefault, stream, sync);
-        if (dst_managed)
-            pilot_um_device_wrote((uintptr_t)dst, count);
-        if (dst_managed && sync && err == cudaSuccess)
-            err = pilot_stream_sync(stream);
-        return err;
+        return dst_managed ? pilot_um_device_wrote((uintptr_t)dst, count, stream, sync, err) : err;
     }
     return copy(dst, src, count, kind, stream, sync);
 }
@@ -407,11 +403,7 @@ cudaError_t pilot_memset(void *ptr, int value, size_t count, uint64_t stream, in
         err = pilot_post_on(dev, PILOT_OP_MEMSET, &req, sizeof req, NULL, 0);
     else
         err = pilot_call_on(dev, PILOT_OP_MEMSET, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
-    if (managed)
-        pilot_um_device_wrote((uintptr_t)ptr, count);
-    if (managed && sync && err == cudaSuccess)
-        err = pilot_stream_sync(stream);
-    return err;
+    return managed ? pilot_um_device_wrote((uintptr_t)ptr, count, stream, sync, err) : err;
 }
 
 PILOT_EXPORT cudaError_t cudaMemset(void *ptr, int value, size_t count)

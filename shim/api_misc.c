@@ -513,9 +513,8 @@ cudaError_t pilot_copy_2d(void *dst, size_t dpitch, const void *src, size_t spit
     cudaError_t err = copy_2d_routed(dst, dpitch, src, spitch, width, height, kind, stream, sync);
     pilot_route_end(previous);
     if (dst_managed && width && height)
-        pilot_um_device_wrote((uintptr_t)dst, (height - 1) * dpitch + width);
-    if (dst_managed && sync && err == cudaSuccess)
-        err = pilot_stream_sync(stream);
+        err = pilot_um_device_wrote((uintptr_t)dst, (height - 1) * dpitch + width, stream, sync,
+                                    err);
     return err;
 }
 
@@ -608,9 +607,7 @@ cudaError_t pilot_set_2d(void *ptr, size_t pitch, int value, size_t width, size_
         err = pilot_call_on(dev, PILOT_OP_MEMSET_2D, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0,
                             NULL);
     if (managed)
-        pilot_um_device_wrote((uintptr_t)ptr, (height - 1) * pitch + width);
-    if (managed && sync && err == cudaSuccess)
-        err = pilot_stream_sync(stream);
+        err = pilot_um_device_wrote((uintptr_t)ptr, (height - 1) * pitch + width, stream, sync, err);
     return err;
 }
 

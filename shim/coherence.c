@@ -339,10 +339,8 @@ cudaError_t pilot_um_before_launch(void)
     return err;
 }
 
-void pilot_um_device_wrote(uint64_t ptr, uint64_t count)
+static void invalidate_range(uint64_t ptr, uint64_t count)
 {
-    if (!count || !__atomic_load_n(&g_any, __ATOMIC_ACQUIRE))
-        return;
     pthread_mutex_lock(&g_lock);
     long k = find_locked(ptr);
     if (k >= 0 && !g_regions[k].lost) {
@@ -355,6 +353,18 @@ void pilot_um_device_wrote(uint64_t ptr, uint64_t count)
                 set_chunks(r, i, i, CHUNK_INVALID);
     }
     pthread_mutex_unlock(&g_lock);
+}
+
+/* The chunks the copy or memset wrote become INVALID. A synchronous one then waits for its
+ * stream: the host may touch the memory next, and the fetch that brings it runs on the daemon's
+ * coherence stream, which would overtake the copy (the driver's own fault handling waits for the
+ * work on the page). */
+cudaError_t pilot_um_device_wrote(uint64_t ptr, uint64_t count, uint64_t stream, int sync,
+                                  cudaError_t err)
+{
+    if (count && __atomic_load_n(&g_any, __ATOMIC_ACQUIRE))
+        invalidate_range(ptr, count);
+    return sync && err == cudaSuccess ? pilot_stream_sync(stream) : err;
 }
 
 /* A fresh buffer for a fetched chunk of len bytes, 2 MiB-aligned when len is a multiple of it

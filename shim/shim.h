@@ -133,7 +133,10 @@ int pilot_um_contains(uint64_t addr);
 uint64_t pilot_um_next_gap(uint64_t from, uint64_t to, uint64_t *gap_end);
 cudaError_t pilot_um_flush(void);         /* before device work that reads managed memory */
 cudaError_t pilot_um_before_launch(void); /* flush, then invalidate every shadow */
-void pilot_um_device_wrote(uint64_t ptr, uint64_t count); /* invalidate what a copy/memset wrote */
+/* After a copy or memset into managed memory that returned err: what it wrote is fetched again
+ * when the host touches it, and a synchronous one waits for its stream (coherence.c). */
+cudaError_t pilot_um_device_wrote(uint64_t ptr, uint64_t count, uint64_t stream, int sync,
+                                  cudaError_t err);
 void pilot_um_forget_session(void);       /* after fork */
 /* Maps a shadow of the daemon's managed range at [base, base+len) and attaches it. *taken is set
  * when the address is in use in this process (the caller may try another one). */
@@ -260,11 +263,7 @@ int pilot_in_callback(void);      /* the calling thread is running a host callba
  * queued before it wrote. `stream` is a handle of the route device. */
 cudaError_t pilot_callbacks_fence(uint64_t stream);
 int pilot_callbacks_outstanding(void); /* some host callback is registered and has not run */
-/* cudaStreamSynchronize of a handle (api_stream.c). Synchronous copies and memsets into managed
- * memory end with it: the host may touch the memory next, and the fetch that brings it runs on
- * the daemon's coherence stream, which would overtake the copy (the driver's own fault handling
- * waits for the work on the page). */
-cudaError_t pilot_stream_sync(uint64_t handle);
+cudaError_t pilot_stream_sync(uint64_t handle); /* cudaStreamSynchronize of a handle */
 cudaError_t pilot_callbacks_fence_event(int device, uint64_t event);
 cudaError_t pilot_callbacks_fence_device(int device);
 void pilot_callbacks_forget(void); /* after fork */
