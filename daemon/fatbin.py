@@ -209,8 +209,8 @@ def _cstring(table: bytes, offset: int, what: str) -> str:
     return table[offset:end].decode("utf-8", "replace")
 
 
-def _entry_functions(sections: list[ElfSection]) -> list[str]:
-    names: list[str] = []
+def _symbols(sections: list[ElfSection]) -> Iterator[tuple[bytes, tuple[int, ...]]]:
+    """(string table, (name, info, other, shndx, value, size)) of every symbol of the ELF."""
     for sec in sections:
         if sec.type != _SHT_SYMTAB:
             continue
@@ -218,10 +218,13 @@ def _entry_functions(sections: list[ElfSection]) -> list[str]:
             raise ValueError("ELF symbol table links to a missing string table")
         strtab = sections[sec.link].data
         for pos in range(0, len(sec.data) - _SYMBOL.size + 1, _SYMBOL.size):
-            name, info, other, _shndx, _value, _size = _SYMBOL.unpack_from(sec.data, pos)
-            if info & 0xF == _STT_FUNC and other & STO_CUDA_ENTRY:
-                names.append(_cstring(strtab, name, "symbol name"))
-    return names
+            yield strtab, _SYMBOL.unpack_from(sec.data, pos)
+
+
+def _entry_functions(sections: list[ElfSection]) -> list[str]:
+    return [_cstring(strtab, name, "symbol name")
+            for strtab, (name, info, other, _shndx, _value, _size) in _symbols(sections)
+            if info & 0xF == _STT_FUNC and other & STO_CUDA_ENTRY]
 
 
 def nv_info_records(data: bytes) -> Iterator[tuple[int, int, bytes]]:
@@ -293,22 +296,15 @@ def elf_globals(elf: bytes | memoryview) -> ModuleGlobals:
     sections = elf_sections(elf)
     by_section: dict[int, list[tuple[str, int, int]]] = {}
     managed: set[str] = set()
-    for sec in sections:
-        if sec.type != _SHT_SYMTAB:
+    for strtab, (name, info, other, shndx, value, size) in _symbols(sections):
+        if info & 0xF != _STT_OBJECT or not 0 < shndx < _SHN_LORESERVE:
             continue
-        if sec.link >= len(sections):
-            raise ValueError("ELF symbol table links to a missing string table")
-        strtab = sections[sec.link].data
-        for pos in range(0, len(sec.data) - _SYMBOL.size + 1, _SYMBOL.size):
-            name, info, other, shndx, value, size = _SYMBOL.unpack_from(sec.data, pos)
-            if info & 0xF != _STT_OBJECT or not 0 < shndx < _SHN_LORESERVE:
-                continue
-            if shndx >= len(sections):
-                raise ValueError(f"ELF symbol in missing section {shndx}")
-            symbol = _cstring(strtab, name, "symbol name")
-            by_section.setdefault(shndx, []).append((symbol, value, size))
-            if other & STO_CUDA_MANAGED:
-                managed.add(symbol)
+        if shndx >= len(sections):
+            raise ValueError(f"ELF symbol in missing section {shndx}")
+        symbol = _cstring(strtab, name, "symbol name")
+        by_section.setdefault(shndx, []).append((symbol, value, size))
+        if other & STO_CUDA_MANAGED:
+            managed.add(symbol)
     offset = 0
     variables: dict[str, tuple[int, int]] = {}
     init: list[tuple[int, bytes]] = []
