@@ -1,3 +1,3 @@
-from .main import main
+from pilot.daemon.main import main
 
 main()

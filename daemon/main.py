@@ -13,10 +13,10 @@ from typing import Any
 
 import click
 
-from .config import DEFAULT_CONFIG_PATH, ConfigError, load_config, parse_bytes
-from .logs import setup_logging
-from .protocol import socket_path
-from .server import Daemon, DaemonError
+from pilot.daemon.config import DEFAULT_CONFIG_PATH, ConfigError, load_config, parse_bytes
+from pilot.daemon.protocol import socket_path
+from pilot.daemon.router.server import Daemon, DaemonError
+from pilot.daemon.telemetry.logs import setup_logging
 
 log = logging.getLogger("pilot.main")
 
@@ -24,11 +24,11 @@ log = logging.getLogger("pilot.main")
 def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] | None,
                  sim_devices: int = 1) -> Any:
     if name == "sim":
-        from .backend_sim import SimBackend
-        from .sim_kernels import load_kernel_files
+        from pilot.daemon.backends.sim import SimBackend
+        from pilot.daemon.sim_kernels import load_kernel_files
 
         return SimBackend(load_kernel_files(list(sim_kernels)), device_count=sim_devices)
-    from .backend_cuda import CudaBackend
+    from pilot.daemon.backends.cuda import CudaBackend
 
     return CudaBackend(list(gpus) if gpus else None)
 

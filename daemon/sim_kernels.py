@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from pilot.daemon.backend import (
+from pilot.daemon.backends.base import (
     CUDA_ERROR_ILLEGAL_ADDRESS,
     CUDA_ERROR_LAUNCH_FAILURE,
     BackendError,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from pilot.daemon.sim_device import H100_ATTRS, SIM_DEVICE_NAME
+from pilot.daemon.backends.sim_device import H100_ATTRS, SIM_DEVICE_NAME
 from pilot.shim import shim_path
 
 APPS_DIR = Path(__file__).resolve().parent

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pilot.daemon.backend import BackendError, Gate, LaunchAttrs
-from pilot.daemon.backend_cuda import CudaBackend
+from pilot.daemon.backends.base import BackendError, Gate, LaunchAttrs
+from pilot.daemon.backends.cuda import CudaBackend
 from pilot.daemon.protocol import ffi, lib
 
 SOURCE = r"""

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from client import ProtoClient, body
 
-from pilot.daemon.fatbin import elf_sections, globals_in_image, iter_images
+from pilot.daemon.backends.fatbin import elf_sections, globals_in_image, iter_images
 from pilot.daemon.protocol import lib
 
 INVALID_VALUE, INVALID_SYMBOL, INVALID_HANDLE = 1, 13, 400

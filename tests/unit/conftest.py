@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pilot.daemon.fatbin import elf_sections, iter_images
+from pilot.daemon.backends.fatbin import elf_sections, iter_images
 
 NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists()
                                 else None)

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from pilot.daemon import backend_cuda
-from pilot.daemon.backend import BackendError, FunctionInfo
-from pilot.daemon.backend_cuda import CudaBackend, check
+from pilot.daemon.backends import cuda as backend_cuda
+from pilot.daemon.backends.base import BackendError, FunctionInfo
+from pilot.daemon.backends.cuda import CudaBackend, check
 
 try:  # the real enum types where cuda-python is installed; a minimal stand-in otherwise
     from cuda.bindings import driver as _real
@@ -408,7 +408,7 @@ def _two_device_backend(drv: FakeDriver) -> CudaBackend:
 
 @needs_real
 def test_launch_ex_passes_attributes_and_the_packed_buffer(backend: CudaBackend, drv: FakeDriver) -> None:
-    from pilot.daemon.backend import LaunchAttrs
+    from pilot.daemon.backends.base import LaunchAttrs
 
     for name in ("CUlaunchConfig", "CUlaunchAttribute", "CUlaunchAttributeID", "CUclusterSchedulingPolicy"):
         setattr(drv, name, getattr(_real, name))
@@ -476,7 +476,7 @@ def _gate_backend(backend: CudaBackend, drv: FakeDriver) -> list[tuple[Any, ...]
 
 
 def test_gate_is_a_host_function_then_a_wait_on_the_word(backend: CudaBackend, drv: FakeDriver) -> None:
-    from pilot.daemon.backend import Gate
+    from pilot.daemon.backends.base import Gate
     from pilot.daemon.protocol import ffi, lib
 
     calls = _gate_backend(backend, drv)
@@ -494,7 +494,7 @@ def test_gate_is_a_host_function_then_a_wait_on_the_word(backend: CudaBackend, d
 
 def test_gate_without_stream_memory_operations_waits_in_the_host_function(
         backend: CudaBackend, drv: FakeDriver) -> None:
-    from pilot.daemon.backend import Gate
+    from pilot.daemon.backends.base import Gate
     from pilot.daemon.protocol import ffi
 
     calls = _gate_backend(backend, drv)

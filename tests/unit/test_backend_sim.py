@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pilot.daemon import backend_sim, sim_kernels
-from pilot.daemon.backend import (
+from pilot.daemon import sim_kernels
+from pilot.daemon.backends import sim as backend_sim
+from pilot.daemon.backends.base import (
     CUDA_ERROR_ILLEGAL_ADDRESS,
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_IMAGE,
@@ -24,8 +25,8 @@ from pilot.daemon.backend import (
     Backend,
     BackendError,
 )
-from pilot.daemon.backend_sim import SIM_BASE_ADDRESS, SimBackend
-from pilot.daemon.fatbin import kernels_in_image
+from pilot.daemon.backends.fatbin import kernels_in_image
+from pilot.daemon.backends.sim import SIM_BASE_ADDRESS, SimBackend
 from pilot.daemon.sim_kernels import KernelRegistry, SimLaunch, load_kernel_file
 
 MiB = 1024 * 1024

@@ -8,9 +8,9 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
-from pilot.daemon import control
-from pilot.daemon.session import Credentials
-from pilot.daemon.tenants import Quota
+from pilot.daemon.resources.tenants import Quota
+from pilot.daemon.router import control
+from pilot.daemon.sessions.session import Credentials
 
 ADMIN = Credentials(uid=0, gid=0, pid=1)
 ALICE = Credentials(uid=1001, gid=1001, pid=2)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pilot.daemon.config import DEFAULT_CONFIG_PATH
-from pilot.daemon.staging import SHM_DIR
+from pilot.daemon.sessions.staging import SHM_DIR
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 UNIT = DEPLOY / "pilotd.service"

@@ -9,8 +9,8 @@ import struct
 
 import pytest
 
-from pilot.daemon import fatbin
-from pilot.daemon.fatbin import (
+from pilot.daemon.backends import fatbin
+from pilot.daemon.backends.fatbin import (
     FATBIN_MAGIC,
     KIND_ELF,
     KIND_PTX,

@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from pilot.daemon import devices, streams
-from pilot.daemon.backend import CUDA_ERROR_INVALID_DEVICE, BackendError, Gate
-from pilot.daemon.backend_sim import SimBackend
+from pilot.daemon.backends.base import CUDA_ERROR_INVALID_DEVICE, BackendError, Gate
+from pilot.daemon.backends.sim import SimBackend
+from pilot.daemon.backends.sim_device import h100_like_info
 from pilot.daemon.config import ConfigError, load_config
 from pilot.daemon.protocol import ffi, lib
-from pilot.daemon.session import Credentials, Session
-from pilot.daemon.sim_device import h100_like_info
+from pilot.daemon.scheduling import streams
+from pilot.daemon.sessions import devices
+from pilot.daemon.sessions.session import Credentials, Session
 from pilot.daemon.sim_kernels import KernelRegistry
 
 TOKEN = struct.Struct("<Q")

@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from pilot.daemon import limits
-from pilot.daemon.backend import CUDA_ERROR_INVALID_VALUE, BackendError
-from pilot.daemon.backend_sim import SimBackend
+from pilot.daemon.backends.base import CUDA_ERROR_INVALID_VALUE, BackendError
+from pilot.daemon.backends.sim import SimBackend
+from pilot.daemon.resources import limits
 from pilot.daemon.sim_kernels import KernelRegistry
 
 STACK, HEAP = 0, 2

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pilot.daemon.logs import (
+from pilot.daemon.telemetry.logs import (
     StructuredFormatter,
     journal_connected,
     quote,

@@ -20,14 +20,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from pilot.daemon.metrics import (
+from pilot.daemon.telemetry.metrics import (
     LATENCY_BUCKETS,
     Metrics,
     PilotCollector,
     parse_address,
     start_exporter,
 )
-from pilot.daemon.nvml import GpuReading
+from pilot.daemon.telemetry.nvml import GpuReading
 
 GiB = 1 << 30
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana-dashboard.json"

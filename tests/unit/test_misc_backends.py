@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from pilot.daemon.backend import (
+from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_PITCH_VALUE,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_UNSUPPORTED_LIMIT,
     BackendError,
 )
-from pilot.daemon.backend_cuda import CudaBackend
-from pilot.daemon.backend_sim import SimBackend
-from pilot.daemon.func_attrs import image_function_attrs
+from pilot.daemon.backends.cuda import CudaBackend
+from pilot.daemon.backends.func_attrs import image_function_attrs
+from pilot.daemon.backends.sim import SimBackend
 from pilot.daemon.sim_kernels import KernelRegistry, SimLaunch
 
 SOURCE = r"""

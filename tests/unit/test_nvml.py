@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pilot.daemon.nvml import (
+from pilot.daemon.telemetry.nvml import (
     SIM_GPU_NAME,
     GpuReading,
     NvmlPoller,

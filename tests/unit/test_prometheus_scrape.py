@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from pilot.daemon.metrics import Exporter, Metrics, PilotCollector, start_exporter
-from pilot.daemon.nvml import SimSource
+from pilot.daemon.telemetry.metrics import Exporter, Metrics, PilotCollector, start_exporter
+from pilot.daemon.telemetry.nvml import SimSource
 
 PROMETHEUS = shutil.which("prometheus") or (
     "/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)

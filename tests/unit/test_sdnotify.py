@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pilot.daemon import sdnotify
-from pilot.daemon.sdnotify import Watchdog, notify, watchdog_interval
+from pilot.daemon.router import sdnotify
+from pilot.daemon.router.sdnotify import Watchdog, notify, watchdog_interval
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from pilot.daemon.backend import CUDA_ERROR_INVALID_VALUE, BackendError
-from pilot.daemon.session import Credentials, Session
+from pilot.daemon.backends.base import CUDA_ERROR_INVALID_VALUE, BackendError
+from pilot.daemon.sessions.session import Credentials, Session
 
 MODULE = 0x10
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from pilot.daemon import streams
-from pilot.daemon.session import Credentials, Session, StreamState
+from pilot.daemon.scheduling import streams
+from pilot.daemon.sessions.session import Credentials, Session, StreamState
 
 
 class Recorder:

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from pilot.daemon import tenants
 from pilot.daemon.config import TenantDef
-from pilot.daemon.tenants import Ledger, Quota, QuotaFileError, QuotaStore, TenantResolver
+from pilot.daemon.resources import tenants
+from pilot.daemon.resources.tenants import Ledger, Quota, QuotaFileError, QuotaStore, TenantResolver
 
 USERS = {1000: "alice", 1001: "bob", 1002: "carol", 1003: "dave", 1004: "erin"}
 GROUPS = {100: "users", 200: "ml", 300: "cv", 400: "pilot-admin", 500: "audio"}

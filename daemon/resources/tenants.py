@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config import TenantDef
+from pilot.daemon.config import TenantDef
 
 log = logging.getLogger("pilot.tenants")
 

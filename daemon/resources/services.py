@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from .metrics import Metrics
-from .tenants import Ledger, QuotaStore
+from pilot.daemon.resources.tenants import Ledger, QuotaStore
+from pilot.daemon.telemetry.metrics import Metrics
 
 
 class GpuBudget:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .fatbin import EIFMT_SVAL, nv_info_records, parse_entries
+from pilot.daemon.backends.fatbin import EIFMT_SVAL, nv_info_records, parse_entries
 
 EIATTR_FRAME_SIZE = 0x11
 EIATTR_REGCOUNT = 0x2F

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from pilot.daemon.backend import (
+from pilot.daemon.backends.base import (
     CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
     CUDA_ERROR_INVALID_CLUSTER_SIZE,
     CUDA_ERROR_INVALID_DEVICE,
@@ -55,10 +55,10 @@ from pilot.daemon.backend import (
     Gate,
     LaunchAttrs,
 )
-from pilot.daemon.fatbin import KernelInfo, globals_in_image, kernel_infos_in_image
-from pilot.daemon.func_attrs import ImageFuncAttrs, image_function_attrs
+from pilot.daemon.backends.fatbin import KernelInfo, globals_in_image, kernel_infos_in_image
+from pilot.daemon.backends.func_attrs import ImageFuncAttrs, image_function_attrs
+from pilot.daemon.backends.sim_device import h100_like_info
 from pilot.daemon.protocol import ffi, lib
-from pilot.daemon.sim_device import h100_like_info
 from pilot.daemon.sim_kernels import CUDA_ERROR_INVALID_DEVICE_FUNCTION, KernelRegistry, SimLaunch
 
 SIM_BASE_ADDRESS = 0x7E00_0000_0000

@@ -9,7 +9,7 @@ import os
 import secrets
 from typing import Any
 
-from .backend import Backend
+from pilot.daemon.backends.base import Backend
 
 # Small slots, many of them: a chunk the DMA engine just wrote is still in the host's last-level
 # cache when the shim copies it out (and the reverse for uploads).

@@ -151,7 +151,7 @@ class Backend(Protocol):
         """Unpin a range pinned by host_register or map_host."""
     def memcpy_htod_async(self, dst: int, src: int, count: int, stream: Any) -> None:
         """Copy from host address `src`, inside a range pinned by map_host, in stream order:
-        returns at once; the bytes are read when the stream gets there (pilot.daemon.pinned)."""
+        returns at once; the bytes are read when the stream gets there (pilot.daemon.ops.host_memory)."""
     def memcpy_dtoh_async(self, dst: int, src: int, count: int, stream: Any) -> None:
         """Copy to host address `dst`, inside a range pinned by map_host, in stream order."""
 

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import streams
-from .backend import CUDA_ERROR_INVALID_DEVICE_FUNCTION, CUDA_ERROR_INVALID_VALUE, BackendError, LaunchAttrs
-from .handlers import handler
-from .protocol import lib
-from .session import Session
+from pilot.daemon.backends.base import (
+    CUDA_ERROR_INVALID_DEVICE_FUNCTION,
+    CUDA_ERROR_INVALID_VALUE,
+    BackendError,
+    LaunchAttrs,
+)
+from pilot.daemon.ops.handlers import handler
+from pilot.daemon.protocol import lib
+from pilot.daemon.scheduling import streams
+from pilot.daemon.sessions.session import Session
 
 if TYPE_CHECKING:
-    from .vgpu import VGpu
+    from pilot.daemon.vgpu.server import VGpu
 
 
 @handler(lib.PILOT_OP_LAUNCH_EX, "pilot_req_launch_ex")

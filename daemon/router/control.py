@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .config import parse_bytes
-from .session import Credentials
+from pilot.daemon.config import parse_bytes
+from pilot.daemon.sessions.session import Credentials
 
 if TYPE_CHECKING:
-    from .server import Daemon
+    from pilot.daemon.router.server import Daemon
 
 log = logging.getLogger("pilot.control")
 

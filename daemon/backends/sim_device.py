@@ -7,7 +7,7 @@ follow an H100 SXM5 80GB as deviceQuery reports it. Attributes not listed read a
 
 from __future__ import annotations
 
-from pilot.daemon.backend import DeviceInfo
+from pilot.daemon.backends.base import DeviceInfo
 
 SIM_DEVICE_NAME = "pilot simulated GPU (H100-like)"
 SIM_DRIVER_VERSION = 13000

@@ -12,7 +12,7 @@ import ctypes
 import os
 import stat
 
-from .backend import CUDA_ERROR_INVALID_VALUE, BackendError
+from pilot.daemon.backends.base import CUDA_ERROR_INVALID_VALUE, BackendError
 
 TMPFS_MAGIC = 0x01021994
 

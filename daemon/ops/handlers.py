@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import limits, streams
-from .backend import (
+from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_DEVICE_FUNCTION,
     CUDA_ERROR_INVALID_MEMCPY_DIRECTION,
     CUDA_ERROR_INVALID_PITCH_VALUE,
@@ -24,12 +23,14 @@ from .backend import (
     CUDA_ERROR_UNSUPPORTED_LIMIT,
     BackendError,
 )
-from .protocol import ffi, lib, new
-from .session import Session, StreamState
-from .staging import Staging
+from pilot.daemon.protocol import ffi, lib, new
+from pilot.daemon.resources import limits
+from pilot.daemon.scheduling import streams
+from pilot.daemon.sessions.session import Session, StreamState
+from pilot.daemon.sessions.staging import Staging
 
 if TYPE_CHECKING:
-    from .vgpu import VGpu
+    from pilot.daemon.vgpu.server import VGpu
 
 Handler = Callable[["VGpu", Session, Any, memoryview], Any]
 
@@ -546,4 +547,6 @@ def memset_2d(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
 
 
 # Handlers of other modules register into HANDLERS as they are imported.
-from . import callbacks, devices, execution  # noqa: E402, F401
+from pilot.daemon.ops import execution  # noqa: E402, F401
+from pilot.daemon.scheduling import callbacks  # noqa: E402, F401
+from pilot.daemon.sessions import devices  # noqa: E402

@@ -9,7 +9,7 @@ from __future__ import annotations
 import mmap
 from dataclasses import dataclass
 
-from .backend import CUDA_ERROR_INVALID_VALUE, BackendError
+from pilot.daemon.backends.base import CUDA_ERROR_INVALID_VALUE, BackendError
 
 PAGE = mmap.PAGESIZE
 

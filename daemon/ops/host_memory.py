@@ -28,22 +28,22 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import streams
-from .backend import (
+from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_MEMCPY_DIRECTION,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_MEMORY_ALLOCATION,
     Backend,
     BackendError,
 )
-from .client_memfd import open_client_memfd
-from .config import parse_bytes
-from .handlers import _u64, handler
-from .protocol import lib
-from .session import Session
+from pilot.daemon.config import parse_bytes
+from pilot.daemon.ops.handlers import _u64, handler
+from pilot.daemon.protocol import lib
+from pilot.daemon.resources.client_memfd import open_client_memfd
+from pilot.daemon.scheduling import streams
+from pilot.daemon.sessions.session import Session
 
 if TYPE_CHECKING:
-    from .vgpu import VGpu
+    from pilot.daemon.vgpu.server import VGpu
 
 log = logging.getLogger("pilot.pinned")
 PAGE = mmap.PAGESIZE

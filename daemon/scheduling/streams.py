@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .session import Session
+from pilot.daemon.sessions.session import Session
 
 if TYPE_CHECKING:
-    from .vgpu import VGpu
+    from pilot.daemon.vgpu.server import VGpu
 
 EVENT_DISABLE_TIMING = 2
 STREAM_NON_BLOCKING = 1

@@ -19,9 +19,7 @@ import threading
 import time
 from typing import Any
 
-from . import managed as _managed  # noqa: F401  (registers the unified-memory handlers)
-from . import pinned as _pinned  # noqa: F401  (registers the pinned host memory handlers)
-from .backend import (
+from pilot.daemon.backends.base import (
     CUDA_ERROR_INITIALIZATION,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_MEMORY_ALLOCATION,
@@ -32,10 +30,12 @@ from .backend import (
     BackendError,
     DeviceInfo,
 )
-from .handlers import HANDLERS, HandlerSpec
-from .protocol import ENVELOPE_SIZE, ProtocolError, ffi, lib, new, op_names
-from .services import Services
-from .session import Credentials, Session
+from pilot.daemon.ops import host_memory as _pinned  # noqa: F401  (registers the pinned host memory handlers)
+from pilot.daemon.ops import unified as _managed  # noqa: F401  (registers the unified-memory handlers)
+from pilot.daemon.ops.handlers import HANDLERS, HandlerSpec
+from pilot.daemon.protocol import ENVELOPE_SIZE, ProtocolError, ffi, lib, new, op_names
+from pilot.daemon.resources.services import Services
+from pilot.daemon.sessions.session import Credentials, Session
 
 log = logging.getLogger("pilot.vgpu")
 

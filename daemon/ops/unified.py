@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Any
 
-from .backend import (
+from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_RESOURCE_HANDLE,
     CUDA_ERROR_INVALID_SYMBOL,
@@ -24,14 +24,14 @@ from .backend import (
     RANGE_ATTR_ID_TYPE,
     BackendError,
 )
-from .handlers import STREAM_NON_BLOCKING, _slot, _u64, handler
-from .protocol import lib, new
-from .session import Session
-from .shadow import Shadow
-from .streams import stream_for_work
+from pilot.daemon.ops.handlers import STREAM_NON_BLOCKING, _slot, _u64, handler
+from pilot.daemon.protocol import lib, new
+from pilot.daemon.scheduling.streams import stream_for_work
+from pilot.daemon.sessions.session import Session
+from pilot.daemon.sessions.shadow import Shadow
 
 if TYPE_CHECKING:
-    from .vgpu import VGpu
+    from pilot.daemon.vgpu.server import VGpu
 
 MANAGED_FLAGS = {lib.PILOT_MANAGED_ATTACH_GLOBAL: 1, lib.PILOT_MANAGED_ATTACH_HOST: 2}
 

@@ -6,7 +6,7 @@ Why the driver API and not the runtime: the daemon must load the client's fatbin
 API hides all three. Each device's *primary* context is used, so anything else in the daemon
 that touches the runtime (NVML helpers, tests) shares the same context and allocations.
 
-cuda-python is imported inside the constructor, so `import pilot.daemon.backend_cuda` works on
+cuda-python is imported inside the constructor, so `import pilot.daemon.backends.cuda` works on
 machines without it (CI, the sim backend's tests).
 
 Handle conventions: device pointers are ints; streams, events, modules and functions are the
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pilot.daemon.backend import (
+from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_READY,

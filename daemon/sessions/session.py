@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backend import (
+from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_RESOURCE_HANDLE,
     CUDA_ERROR_INVALID_VALUE,
     STICKY_ERRORS,

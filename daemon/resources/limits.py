@@ -24,7 +24,7 @@ import threading
 import weakref
 from typing import Any
 
-from .backend import Backend
+from pilot.daemon.backends.base import Backend
 
 log = logging.getLogger("pilot.limits")
 

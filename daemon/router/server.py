@@ -24,19 +24,23 @@ from typing import Any
 import zmq
 
 from pilot import __version__
-
-from . import control, sdnotify
-from .backend import CUDA_ERROR_INITIALIZATION, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_NOT_SUPPORTED, Backend
-from .callbacks import CallbackHub
-from .config import Config
-from .devices import SessionGroup, Topology
-from .metrics import Metrics, PilotCollector, start_exporter
-from .nvml import NvmlPoller, NvmlSource, NvmlUnavailable, SimSource
-from .protocol import ENVELOPE_SIZE, ffi, lib, new, to_bytes
-from .services import GpuBudget, Services
-from .session import Credentials, Session, read_cmdline
-from .tenants import Ledger, QuotaStore, TenantResolver
-from .vgpu import VGpu
+from pilot.daemon.backends.base import (
+    CUDA_ERROR_INITIALIZATION,
+    CUDA_ERROR_INVALID_DEVICE,
+    CUDA_ERROR_NOT_SUPPORTED,
+    Backend,
+)
+from pilot.daemon.config import Config
+from pilot.daemon.protocol import ENVELOPE_SIZE, ffi, lib, new, to_bytes
+from pilot.daemon.resources.services import GpuBudget, Services
+from pilot.daemon.resources.tenants import Ledger, QuotaStore, TenantResolver
+from pilot.daemon.router import control, sdnotify
+from pilot.daemon.scheduling.callbacks import CallbackHub
+from pilot.daemon.sessions.devices import SessionGroup, Topology
+from pilot.daemon.sessions.session import Credentials, Session, read_cmdline
+from pilot.daemon.telemetry.metrics import Metrics, PilotCollector, start_exporter
+from pilot.daemon.telemetry.nvml import NvmlPoller, NvmlSource, NvmlUnavailable, SimSource
+from pilot.daemon.vgpu.server import VGpu
 
 CUDA_ERROR_DEVICES_UNAVAILABLE = 46
 

@@ -39,8 +39,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import streams
-from .backend import (
+from pilot.daemon.backends.base import (
     CUDA_ERROR_INITIALIZATION,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_READY,
@@ -49,12 +48,13 @@ from .backend import (
     BackendError,
     Gate,
 )
-from .handlers import handler
-from .protocol import ENVELOPE_SIZE, ffi, lib, new
-from .session import Session
+from pilot.daemon.ops.handlers import handler
+from pilot.daemon.protocol import ENVELOPE_SIZE, ffi, lib, new
+from pilot.daemon.scheduling import streams
+from pilot.daemon.sessions.session import Session
 
 if TYPE_CHECKING:
-    from .vgpu import VGpu
+    from pilot.daemon.vgpu.server import VGpu
 
 log = logging.getLogger("pilot.callbacks")
 

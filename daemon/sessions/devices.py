@@ -29,20 +29,20 @@ import bisect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import streams
-from .backend import (
+from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_RESOURCE_HANDLE,
     CUDA_ERROR_INVALID_VALUE,
     BackendError,
     DeviceInfo,
 )
-from .handlers import handler
-from .protocol import lib
-from .session import FIRST_HANDLE, Session
+from pilot.daemon.ops.handlers import handler
+from pilot.daemon.protocol import lib
+from pilot.daemon.scheduling import streams
+from pilot.daemon.sessions.session import FIRST_HANDLE, Session
 
 if TYPE_CHECKING:
-    from .vgpu import VGpu
+    from pilot.daemon.vgpu.server import VGpu
 
 HANDLE_SHIFT = lib.PILOT_HANDLE_DEVICE_SHIFT
 MAX_DEVICES = lib.PILOT_MAX_DEVICES
