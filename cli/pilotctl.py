@@ -150,6 +150,17 @@ def quota_get(client: ControlClient, tenant: str | None, gpu: int | None, as_jso
     for g, q in r["gpus"].items():
         click.echo(f"{r['tenant']} GPU {g}: used {_size(q['used'])}, hard {_size(q['hard'])}, "
                    f"provisioned {_size(q['provisioned'])}")
+        _echo_by_kind(q.get("by_kind") or {})
+    pinned = r.get("pinned")
+    if pinned:
+        click.echo(f"{r['tenant']} pinned host memory: used {_size(pinned['used'])}, "
+                   f"limit {_size(pinned['limit'])}")
+
+
+def _echo_by_kind(by_kind: dict[str, int]) -> None:
+    """What each allocation path charged (resource broker kinds)."""
+    for kind, n in sorted(by_kind.items()):
+        click.echo(f"  {kind:<8} {_size(n)}")
 
 
 @quota.command("list")

@@ -23,7 +23,13 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     [gpu.capacity_per_gpu]
     "0" = "40GiB"                  # keys are GPU indexes; they override gpu.capacity
     [policy]
-    name = "none"                  # none | mfit | amfit | madvise
+    name = "none"                  # a registered policy (pilot.policies; `pilotctl status` lists them)
+    max_wait = "30s"               # longest a launch may wait for the policy; 0 = no limit
+    plugins = []                   # Python files or modules that register more policies
+    [policy.<name>]                # that policy's knobs (validated by the policy)
+    [pinned]
+    limit = "64GiB"                # pinned host memory over every tenant (default: half the RAM)
+    limit_per_tenant = "8GiB"      # per tenant (default: no limit of its own)
     [nvml]
     poll_interval = "1s"
     [metrics]
@@ -61,7 +67,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 DEFAULT_CONFIG_PATH = "/etc/pilot/pilotd.toml"
 
 BACKENDS = ("cuda", "sim")
-POLICIES = ("none", "mfit", "amfit", "madvise")
+_POLICY_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
@@ -191,6 +197,11 @@ class Config:
     capacity: int | None = None
     capacity_per_gpu: dict[int, int] = field(default_factory=dict)
     policy: str = "none"
+    policy_max_wait: float = 30.0
+    policy_plugins: tuple[str, ...] = ()
+    policy_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pinned_limit: int | None = None
+    pinned_limit_per_tenant: int | None = None
     nvml_poll_interval: float = 1.0
     metrics_address: str = "127.0.0.1:9400"
     state_dir: str = field(default_factory=default_state_dir)
@@ -342,6 +353,31 @@ def _poll_interval(value: Any) -> float:
     return seconds
 
 
+def _policy_name(value: Any) -> str:
+    """Syntax only: which names exist is the policy registry's to say, once plugins are loaded
+    (pilot.daemon.scheduling.policy_host)."""
+    if not isinstance(value, str) or not _POLICY_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not a policy name")
+    return value
+
+
+def _plugins(value: Any) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{value!r} is not a list of plugin files or modules")
+    return tuple(_string(v) for v in value)
+
+
+def _policy_settings(value: Any) -> dict[str, dict[str, Any]]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{value!r} is not a table of policy knobs")
+    out = {}
+    for name, table in value.items():
+        if not isinstance(table, dict):
+            raise _Invalid(f"{table!r} is not a table", sub=str(name))
+        out[str(name)] = dict(table)
+    return out
+
+
 def _metrics_address(value: Any) -> str:
     if value == "":
         return ""
@@ -413,7 +449,12 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "gpus": _gpus,
     "capacity": _capacity,
     "capacity_per_gpu": _capacity_per_gpu,
-    "policy": _choice(POLICIES),
+    "policy": _policy_name,
+    "policy_max_wait": parse_duration,
+    "policy_plugins": _plugins,
+    "policy_settings": _policy_settings,
+    "pinned_limit": _capacity,
+    "pinned_limit_per_tenant": _capacity,
     "nvml_poll_interval": _poll_interval,
     "metrics_address": _metrics_address,
     "state_dir": _string,
@@ -432,7 +473,8 @@ SECTIONS: dict[str, dict[str, str]] = {
                               "spin_us", "state_dir", "admin_group", "log_level", "log_format",
                               "sim_kernels", "sim_devices")},
     "gpu": {"capacity": "capacity", "capacity_per_gpu": "capacity_per_gpu"},
-    "policy": {"name": "policy"},
+    "policy": {"name": "policy", "max_wait": "policy_max_wait", "plugins": "policy_plugins"},
+    "pinned": {"limit": "pinned_limit", "limit_per_tenant": "pinned_limit_per_tenant"},
     "nvml": {"poll_interval": "nvml_poll_interval"},
     "metrics": {"address": "metrics_address"},
 }
@@ -458,13 +500,19 @@ def _file_values(data: dict[str, Any], base_dir: str, path: str) -> dict[str, tu
         keys = SECTIONS[section]
         for key, value in table.items():
             dotted = f"{section}.{key}"
+            if section == "policy" and isinstance(value, dict):  # [policy.<name>]: its knobs
+                settings = raw.setdefault("policy_settings", ("policy", {}))[1]
+                settings[key] = value
+                continue
             if key not in keys:
                 raise ConfigError(f"{path}: {unknown_key_message(dotted, tuple(keys))}")
             name = keys[key]
             if name in _PATH_FIELDS and isinstance(value, str) and value:
                 value = os.path.join(base_dir, os.path.expanduser(value))
-            elif name == "sim_kernels" and isinstance(value, list):
-                value = [os.path.join(base_dir, os.path.expanduser(v)) if isinstance(v, str) and v
+            elif name in ("sim_kernels", "policy_plugins") and isinstance(value, list):
+                # plugins may also be module names; only paths are made relative to the file
+                value = [os.path.join(base_dir, os.path.expanduser(v))
+                         if isinstance(v, str) and v and (name == "sim_kernels" or v.endswith(".py"))
                          else v for v in value]
             raw[name] = (dotted, value)
     return raw

@@ -16,6 +16,7 @@ import click
 from pilot.daemon.config import DEFAULT_CONFIG_PATH, ConfigError, load_config, parse_bytes
 from pilot.daemon.protocol import socket_path
 from pilot.daemon.router.server import Daemon, DaemonError
+from pilot.daemon.scheduling.policy_host import PolicyStartError, load_policy
 from pilot.daemon.telemetry.logs import setup_logging
 
 log = logging.getLogger("pilot.main")
@@ -57,12 +58,18 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
               help="GPUs the sim backend presents [default: 1].")
 @click.option("--spin-us", type=click.IntRange(0, 10000),
               help="Microseconds a vGPU thread polls for the next call before it sleeps.")
+@click.option("--policy", metavar="NAME", help="Scheduling policy [default: none]; see pilotctl status.")
+@click.option("--policy-plugin", "policy_plugins", metavar="FILE|MODULE", multiple=True,
+              help="Python file or module that registers more policies (repeatable).")
+@click.option("--policy-max-wait", metavar="DURATION",
+              help="Longest a launch may wait for the policy, e.g. 30s (0: no limit).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-format", type=click.Choice(["text", "json"]))
 def main(config_path: str | None, backend: str | None, socket_: str | None, control_socket: str | None,
          vgpus_per_gpu: int | None, devices: tuple[int, ...], capacity: str | None,
          state_dir: str | None, metrics_address: str | None, admin_group: str | None,
          sim_kernels: tuple[str, ...], sim_devices: int | None, spin_us: int | None,
+         policy: str | None, policy_plugins: tuple[str, ...], policy_max_wait: str | None,
          log_level: str | None,
          log_format: str | None) -> None:
     """Serve CUDA programs run under libpilot.so."""
@@ -75,6 +82,8 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
             "admin_group": admin_group, "sim_kernels": tuple(sim_kernels) or None,
             "sim_devices": sim_devices,
             "spin_us": spin_us, "log_level": log_level, "log_format": log_format,
+            "policy": policy, "policy_plugins": tuple(policy_plugins) or None,
+            "policy_max_wait": policy_max_wait,
         }
         config = load_config(config_path, overrides)
     except (ConfigError, ValueError) as exc:
@@ -83,8 +92,12 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
     path = config.socket or socket_path(for_daemon=True)
     control_path = config.control_socket_path(path)
     try:
+        policy = load_policy(config)  # before the backend: a wrong name stops the start at once
+    except PolicyStartError as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
         be = make_backend(config.backend, config.sim_kernels, config.gpus, config.sim_devices)
-        daemon = Daemon(be, config, path, control_path)
+        daemon = Daemon(be, config, path, control_path, policy)
     except (DaemonError, ImportError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # a backend that cannot start (no driver, no GPU)

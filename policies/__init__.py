@@ -1,1 +1,66 @@
-"""Memory policies (MFit, AMFit, MAdvise) and Salus lane admission: issues to come."""
+"""Scheduling policies: the interface the daemon calls (views in, decisions out), the registry
+of policies by name, and the built-ins. docs/POLICIES.md tells how to write one.
+
+This module is the one place built-ins are registered; nothing else registers on import, except
+plugins (load_plugin), which register their own policies.
+"""
+
+from __future__ import annotations
+
+from .api import (
+    ALLOCATION_KINDS,
+    DROP_REASONS,
+    RUN,
+    AllocationView,
+    Decision,
+    GpuView,
+    KernelView,
+    LaunchView,
+    NvmlView,
+    Policy,
+    RangeView,
+    SessionView,
+    Verdict,
+)
+from .errors import PolicyConfigError, UnknownPolicy
+from .none import NonePolicy
+from .planned import AMFit, MAdvise, MFit, Salus
+from .registry import available, create, load_plugin, register
+from .settings import Bytes, Seconds, parse_settings
+
+DEFAULT = "none"
+
+for _cls in (NonePolicy, MFit, AMFit, MAdvise, Salus):
+    register(_cls)
+del _cls
+
+__all__ = [
+    "ALLOCATION_KINDS",
+    "DEFAULT",
+    "DROP_REASONS",
+    "RUN",
+    "AMFit",
+    "AllocationView",
+    "Bytes",
+    "Decision",
+    "GpuView",
+    "KernelView",
+    "LaunchView",
+    "MAdvise",
+    "MFit",
+    "NonePolicy",
+    "NvmlView",
+    "Policy",
+    "PolicyConfigError",
+    "RangeView",
+    "Salus",
+    "Seconds",
+    "SessionView",
+    "UnknownPolicy",
+    "Verdict",
+    "available",
+    "create",
+    "load_plugin",
+    "parse_settings",
+    "register",
+]

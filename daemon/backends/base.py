@@ -100,6 +100,7 @@ class FunctionInfo:
     static_shared_bytes: int
     max_dynamic_shared_bytes: int
     arg_bytes: int = field(init=False)  # size of the packed argument buffer
+    name: str = ""  # the kernel's (mangled) name, for policies and logs
 
     def __post_init__(self) -> None:
         self.arg_bytes = max((off + size for off, size in self.params), default=0)

@@ -1,11 +1,5 @@
-"""Launches with attributes: cudaLaunchKernelExC and cudaLaunchCooperativeKernel (shim/api_launch_ex.c).
-
-The shim has parsed the program's attributes and refused those pilot does not carry; what
-arrives is cooperative or not, an optional cluster shape and scheduling preference, and an
-optional priority. Cooperative and cluster launches come as calls, not posts, because only the
-device knows whether it can run them (cudaErrorCooperativeLaunchTooLarge and the cluster errors
-are returned by the launch itself, natively too).
-"""
+"""Execution control (chapter 6.8): modules, kernels, launches, function attributes,
+occupancy, module variables."""
 
 from __future__ import annotations
 
@@ -13,34 +7,132 @@ from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_DEVICE_FUNCTION,
+    CUDA_ERROR_INVALID_RESOURCE_HANDLE,
+    CUDA_ERROR_INVALID_SYMBOL,
     CUDA_ERROR_INVALID_VALUE,
     BackendError,
     LaunchAttrs,
 )
-from pilot.daemon.ops.handlers import handler
-from pilot.daemon.protocol import lib
-from pilot.daemon.scheduling import streams
+from pilot.daemon.backends.fatbin import module_globals_bytes
+from pilot.daemon.ops.registry import OpTable
+from pilot.daemon.ops.replies import need_payload, u64
+from pilot.daemon.protocol import ffi, lib, new
+from pilot.daemon.scheduling import launch as launches
+from pilot.daemon.scheduling.launch import Launch
 from pilot.daemon.sessions.session import Session
 
 if TYPE_CHECKING:
     from pilot.daemon.vgpu.server import VGpu
 
+OPS = OpTable("execution")
 
-@handler(lib.PILOT_OP_LAUNCH_EX, "pilot_req_launch_ex")
+
+@OPS.handler(lib.PILOT_OP_MODULE_LOAD, "pilot_req_module_load")
+def module_load(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    """Each load of an image is the session's own module, whose globals (`__device__`,
+    `__constant__`, `__managed__` variables) take device memory: charged to the tenant at every
+    load, given back when the session ends."""
+    need_payload(payload, req.image_size, "module image")
+    image = bytes(payload)
+    size = module_globals_bytes(image)
+    module = vg.broker.allocate(s, "module", size, lambda: vg.backend.module_load(image), ptr_of=lambda _m: 0)
+    handle = s.new_handle()
+    s.modules[handle] = module
+    return u64(handle)
+
+@OPS.handler(lib.PILOT_OP_FUNCTION_GET, "pilot_req_function_get")
+def function_get(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    module = s.modules.get(req.module)
+    if module is None:
+        raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"no module {req.module:#x}")
+    name = bytes(payload).decode(errors="strict")
+    info = vg.backend.function_get(module, name)
+    if len(info.params) > lib.PILOT_MAX_PARAMS:
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{name}: {len(info.params)} parameters")
+    info.name = name
+    handle = s.new_handle()
+    s.functions[handle] = info
+    rep = new("pilot_rep_function")
+    rep.function = handle
+    rep.nparams = len(info.params)
+    rep.arg_bytes = info.arg_bytes
+    rep.max_threads_per_block = info.max_threads_per_block
+    rep.static_shared_bytes = info.static_shared_bytes
+    rep.max_dynamic_shared_bytes = info.max_dynamic_shared_bytes
+    params = ffi.new("pilot_param_info[]", max(1, len(info.params)))
+    for i, (offset, size) in enumerate(info.params):
+        params[i].offset, params[i].size = offset, size
+    return rep, ffi.buffer(params, ffi.sizeof("pilot_param_info") * len(info.params))[:]
+
+@OPS.handler(lib.PILOT_OP_LAUNCH, "pilot_req_launch")
+def launch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
+    """<<<>>> and cudaLaunchKernel (posted): the one launch path (scheduling/launch.py)."""
+    g, b = req.grid, req.block
+    launches.submit(vg, s, Launch(req.function, (g[0], g[1], g[2]), (b[0], b[1], b[2]), req.shared_bytes,
+                                  req.stream, payload))
+
+@OPS.handler(lib.PILOT_OP_LAUNCH_EX, "pilot_req_launch_ex")
 def launch_ex(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
+    """cudaLaunchKernelExC and cudaLaunchCooperativeKernel (shim/api_launch_ex.c): the shim has
+    parsed the program's attributes and refused those pilot does not carry; what arrives is
+    cooperative or not, an optional cluster shape and scheduling preference, and an optional
+    priority. Cooperative and cluster launches come as calls, not posts, because only the device
+    knows whether it can run them (cudaErrorCooperativeLaunchTooLarge and the cluster errors are
+    returned by the launch itself, natively too). Then the same path as every launch."""
     base = req.launch
-    info = s.functions.get(base.function)
-    if info is None:
-        raise BackendError(CUDA_ERROR_INVALID_DEVICE_FUNCTION, f"no function {base.function:#x}")
-    if len(payload) != info.arg_bytes:
-        raise BackendError(CUDA_ERROR_INVALID_VALUE,
-                           f"kernel arguments: {len(payload)} bytes, expected {info.arg_bytes}")
     cluster = tuple(req.cluster)
     attrs = LaunchAttrs(cooperative=bool(req.cooperative),
                         cluster=(cluster[0], cluster[1], cluster[2]) if any(cluster) else None,
                         cluster_policy=req.cluster_policy,
                         priority=req.priority if req.has_priority else None)
     g, b = base.grid, base.block
-    vg.backend.launch_ex(info.handle, (g[0], g[1], g[2]), (b[0], b[1], b[2]), base.shared_bytes,
-                         streams.stream_for_work(vg, s, base.stream), payload[:], attrs)
-    vg.shard.kernels += 1
+    launches.submit(vg, s, Launch(base.function, (g[0], g[1], g[2]), (b[0], b[1], b[2]), base.shared_bytes,
+                                  base.stream, payload, attrs))
+
+@OPS.handler(lib.PILOT_OP_SYMBOL_GET, "pilot_req_symbol_get")
+def symbol_get(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    """Address and size of a variable of one of the session's modules, which become memory the
+    session may copy to and from (the shim then copies at address + offset)."""
+    module = s.modules.get(req.module)
+    if module is None:
+        raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"no module {req.module:#x}")
+    try:
+        name = bytes(payload).decode()
+    except UnicodeDecodeError:
+        name = ""
+    if not name or "\0" in name or len(name) > 4096:
+        raise BackendError(CUDA_ERROR_INVALID_SYMBOL, f"bad variable name {bytes(payload)[:64]!r}")
+    address, size = vg.backend.module_get_global(module, name)
+    s.add_symbol(req.module, address, size)
+    return u64(address, size)
+
+def _function(s: Session, handle: int) -> Any:
+    info = s.functions.get(handle)
+    if info is None:
+        raise BackendError(CUDA_ERROR_INVALID_DEVICE_FUNCTION, f"no function {handle:#x}")
+    return info
+
+def _func_attrs(vg: VGpu, info: Any) -> Any:
+    values = vg.backend.function_attributes(info.handle)
+    rep = new("pilot_rep_func_attrs")
+    for i, value in enumerate(values[: lib.PILOT_FUNC_ATTR_COUNT]):
+        rep.values[i] = value
+    info.max_dynamic_shared_bytes = values[8]  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    return rep
+
+@OPS.handler(lib.PILOT_OP_FUNC_GET_ATTRIBUTES, "pilot_req_handle")
+def func_get_attributes(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    return _func_attrs(vg, _function(s, req.handle))
+
+@OPS.handler(lib.PILOT_OP_FUNC_SET_ATTRIBUTE, "pilot_req_func_attr")
+def func_set_attribute(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    """On the session's own CUfunction (each session loads its own modules), so no other
+    tenant's kernels change."""
+    info = _function(s, req.function)
+    vg.backend.function_set_attribute(info.handle, req.attr, req.value)
+    return _func_attrs(vg, info)
+
+@OPS.handler(lib.PILOT_OP_OCCUPANCY, "pilot_req_occupancy")
+def occupancy(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    info = _function(s, req.function)
+    return u64(vg.backend.occupancy(info.handle, req.block_size, req.dynamic_smem, req.flags))

@@ -13,40 +13,38 @@ do natively: no coherence protocol.
 
 A range is known by its address in the client (`base`); `address` is the daemon's view. A
 session may only copy to and from its own ranges, which go when it ends. Pinned bytes are host
-memory: they are counted per session (`pilot sessions --json`) and, over every session of the
-daemon, held under PILOT_PINNED_LIMIT (default: half the host's memory).
+memory: they are counted per session (`pilot sessions --json`) and charged by the resource broker
+against `[pinned] limit_per_tenant` and, over every tenant, `[pinned] limit` (default: half the
+host's memory).
 """
 
 from __future__ import annotations
 
 import bisect
-import ctypes
 import logging
-import mmap
 import os
-import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_MEMCPY_DIRECTION,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_MEMORY_ALLOCATION,
-    Backend,
     BackendError,
 )
-from pilot.daemon.config import parse_bytes
-from pilot.daemon.ops.handlers import _u64, handler
+from pilot.daemon.ops.registry import OpTable
+from pilot.daemon.ops.replies import u64
 from pilot.daemon.protocol import lib
 from pilot.daemon.resources.client_memfd import open_client_memfd
 from pilot.daemon.scheduling import streams
+from pilot.daemon.sessions.pinned import PAGE, PinnedRange, _libc, _mmap
 from pilot.daemon.sessions.session import Session
 
 if TYPE_CHECKING:
     from pilot.daemon.vgpu.server import VGpu
 
+OPS = OpTable("host_memory")
+
 log = logging.getLogger("pilot.pinned")
-PAGE = mmap.PAGESIZE
 CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
 # cudaHostAlloc flags (Portable, Mapped, WriteCombined) and cudaHostRegister flags (Portable,
 # Mapped, IoMemory, ReadOnly). Every range is registered portable and device-mapped whatever
@@ -55,112 +53,18 @@ ALLOC_FLAGS = 0x7
 REGISTER_FLAGS = 0xB  # IoMemory (0x4) is refused: a memfd is never I/O memory
 KINDS = {lib.PILOT_HOST_ALLOC: "alloc", lib.PILOT_HOST_REGISTERED: "registered"}
 
-_PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
-_MAP_FIXED_NOREPLACE = 0x100000
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_long]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def _mmap(fd: int, length: int, want: int) -> int:
-    """Map the memfd at `want` if that address is free here (MAP_FIXED_NOREPLACE; kernels before
-    4.17 take it as a hint), else anywhere."""
-    if want:
-        got = _libc.mmap(want, length, _PROT_RW, mmap.MAP_SHARED | _MAP_FIXED_NOREPLACE, fd, 0)
-        if got == want:
-            return want
-        if got not in (None, _MAP_FAILED):
-            _libc.munmap(got, length)
-    got = _libc.mmap(None, length, _PROT_RW, mmap.MAP_SHARED, fd, 0)
-    if got in (None, _MAP_FAILED):
-        err = ctypes.get_errno()
-        raise BackendError(CUDA_ERROR_MEMORY_ALLOCATION, f"mmap of {length} bytes: {os.strerror(err)}")
-    return int(got)
 
 
-def _default_limit() -> int:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * PAGE // 2
-    except (OSError, ValueError):
-        return 1 << 62
 
 
-class PinnedBudget:
-    """Pinned bytes over every session of the daemon (vGPU threads share it)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._lock = threading.Lock()
-
-    def reserve(self, nbytes: int) -> bool:
-        with self._lock:
-            if self.used + nbytes > self.limit:
-                return False
-            self.used += nbytes
-            return True
-
-    def release(self, nbytes: int) -> None:
-        with self._lock:
-            self.used -= nbytes
 
 
-def _budget_from_env() -> PinnedBudget:
-    text = os.environ.get("PILOT_PINNED_LIMIT", "")
-    try:
-        return PinnedBudget(parse_bytes(text) if text else _default_limit())
-    except ValueError as exc:
-        raise SystemExit(f"PILOT_PINNED_LIMIT={text}: {exc}") from None
 
 
-BUDGET = _budget_from_env()
 
 
-@dataclass(eq=False)
-class PinnedRange:
-    """The client's memfd mapped at `base` there and at `address` here, `length` bytes (whole
-    pages), pinned; the program's range is [base + offset, + size)."""
-
-    base: int
-    length: int
-    address: int
-    offset: int
-    size: int
-    flags: int
-    kind: str  # "alloc" or "registered"
-    device_pointer: int  # of `address`
-    budget: PinnedBudget
-    copies: int = 0
-    copied_bytes: int = 0
-    _registered: bool = True
-
-    @property
-    def user(self) -> int:
-        return self.base + self.offset
-
-    def host(self, ptr: int, count: int) -> int | None:
-        """The daemon's address of the client's [ptr, ptr+count) if the program's range holds it."""
-        off = ptr - self.user
-        if 0 <= off and count >= 0 and off + count <= self.size:
-            return self.address + self.offset + off
-        return None
-
-    def close(self, backend: Backend) -> None:
-        if self._registered:
-            self._registered = False
-            try:
-                backend.host_unregister(self.address)
-            finally:
-                _libc.munmap(self.address, self.length)
-                self.budget.release(self.length)
-
-    def summary(self) -> dict[str, int | str]:
-        return {"base": self.user, "bytes": self.size, "pinned_bytes": self.length,
-                "kind": self.kind, "flags": self.flags, "copies": self.copies,
-                "copied_bytes": self.copied_bytes}
 
 
 def _check_request(req: Any) -> None:
@@ -182,7 +86,7 @@ def _overlapping(s: Session, base: int, length: int) -> PinnedRange | None:
     return r if r is not None and r.base + r.length > base else None
 
 
-@handler(lib.PILOT_OP_HOST_REGISTER, "pilot_req_host_register")
+@OPS.handler(lib.PILOT_OP_HOST_REGISTER, "pilot_req_host_register")
 def host_register(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     """Map the client's memfd, pin it (portable, device-mapped) and answer where: the daemon's
     view and its device pointer. An allocation's client address is that device pointer (the
@@ -190,10 +94,8 @@ def host_register(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     _check_request(req)
     if req.address and _overlapping(s, req.address, req.length) is not None:
         raise BackendError(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, f"{req.address:#x} is registered")
-    if not BUDGET.reserve(req.length):
-        log.warning("pinned: %d-byte range refused (%d of %d pinned)", req.length, BUDGET.used,
-                    BUDGET.limit, extra={"session": s.id, "tenant": s.tenant})
-        raise BackendError(CUDA_ERROR_MEMORY_ALLOCATION, "pinned host memory limit reached")
+    vg.broker.charge(s, "pinned", req.length, "cudaHostAlloc" if req.kind == lib.PILOT_HOST_ALLOC
+                     else "cudaHostRegister")
     address = 0
     try:
         fd = open_client_memfd(s.creds.pid, s.creds.uid, req.fd, req.length)
@@ -205,19 +107,22 @@ def host_register(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     except BaseException:
         if address:
             _libc.munmap(address, req.length)
-        BUDGET.release(req.length)
+        vg.broker.refund(s, "pinned", req.length)
         raise
     device_pointer = vg.backend.host_device_pointer(address)
     r = PinnedRange(req.address or device_pointer, req.length, address, req.offset, req.size,
-                    req.flags, KINDS[req.kind], device_pointer, BUDGET)
+                    req.flags, KINDS[req.kind], device_pointer)
     if _overlapping(s, r.base, r.length) is not None:  # an allocation's address is in use already
         r.close(vg.backend)
+        vg.broker.refund(s, "pinned", req.length)
         raise BackendError(CUDA_ERROR_MEMORY_ALLOCATION, f"{r.base:#x} is registered already")
     s.add_pinned(r)
-    return _u64(address, device_pointer)
+    if vg.broker.policy is not None:
+        vg.broker.policy.allocated(s, "pinned", r.base, r.length)
+    return u64(address, device_pointer)
 
 
-@handler(lib.PILOT_OP_HOST_UNREGISTER, "pilot_req_free")
+@OPS.handler(lib.PILOT_OP_HOST_UNREGISTER, "pilot_req_free")
 def host_unregister(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     """cudaFreeHost / cudaHostUnregister: like natively, wait for the session's work first (an
     asynchronous copy may still be reading or writing the range)."""
@@ -225,10 +130,12 @@ def host_unregister(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None
     if r is None:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{req.ptr:#x} is no pinned range of this session")
     streams.synchronize_session(vg, s)
-    s.pop_pinned(req.ptr).close(vg.backend)
+    r = s.pop_pinned(req.ptr)
+    r.close(vg.backend)
+    vg.broker.release(s, "pinned", r.length, r.base)
 
 
-@handler(lib.PILOT_OP_MEMCPY_PINNED, "pilot_req_memcpy_pinned", synchronizing=True)
+@OPS.handler(lib.PILOT_OP_MEMCPY_PINNED, "pilot_req_memcpy_pinned", synchronizing=True)
 def memcpy_pinned(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     """DMA between device memory and the session's pinned range, on the program's stream; a
     synchronous copy returns once it is done."""

@@ -24,14 +24,17 @@ from pilot.daemon.backends.base import (
     RANGE_ATTR_ID_TYPE,
     BackendError,
 )
-from pilot.daemon.ops.handlers import STREAM_NON_BLOCKING, _slot, _u64, handler
+from pilot.daemon.ops.registry import OpTable
+from pilot.daemon.ops.replies import staging_slot, u64
 from pilot.daemon.protocol import lib, new
-from pilot.daemon.scheduling.streams import stream_for_work
+from pilot.daemon.scheduling.streams import STREAM_NON_BLOCKING, stream_for_work
 from pilot.daemon.sessions.session import Session
 from pilot.daemon.sessions.shadow import Shadow
 
 if TYPE_CHECKING:
     from pilot.daemon.vgpu.server import VGpu
+
+OPS = OpTable("unified")
 
 MANAGED_FLAGS = {lib.PILOT_MANAGED_ATTACH_GLOBAL: 1, lib.PILOT_MANAGED_ATTACH_HOST: 2}
 
@@ -67,24 +70,19 @@ def _check_managed(s: Session, ptr: int, count: int) -> None:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{ptr:#x} is not managed memory")
 
 
-@handler(lib.PILOT_OP_MALLOC_MANAGED, "pilot_req_malloc_managed")
+@OPS.handler(lib.PILOT_OP_MALLOC_MANAGED, "pilot_req_malloc_managed")
 def malloc_managed(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     flags = MANAGED_FLAGS.get(req.flags)
     if flags is None or req.size == 0:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"managed allocation {req.size} flags {req.flags}")
-    vg.admit(s, req.size)
-    try:
-        # Reads as zero without a memset: the driver zeroes managed pages when it first populates
-        # them (tests/apps/managed.cu `zeroed` checks it on the H100 after other frees).
-        ptr = vg.backend.mem_alloc_managed(req.size, flags)
-    except BaseException:
-        vg.unadmit(s, req.size)
-        raise
+    # Reads as zero without a memset: the driver zeroes managed pages when it first populates
+    # them (tests/apps/managed.cu `zeroed` checks it on the H100 after other frees).
+    ptr = vg.broker.allocate(s, "managed", req.size, lambda: vg.backend.mem_alloc_managed(req.size, flags))
     s.add_allocation(ptr, req.size, managed=True)
-    return _u64(ptr)
+    return u64(ptr)
 
 
-@handler(lib.PILOT_OP_SHADOW_ATTACH, "pilot_req_shadow_attach")
+@OPS.handler(lib.PILOT_OP_SHADOW_ATTACH, "pilot_req_shadow_attach")
 def shadow_attach(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     """The client mapped a shadow at [base, base+length) over one managed range of the session:
     an allocation starting in its first page, or the range holding __managed__ variables."""
@@ -102,13 +100,13 @@ def shadow_attach(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     s.add_shadow(Shadow.attach(req.base, req.length, segments, kind, req.chunk))
 
 
-@handler(lib.PILOT_OP_SHADOW_FLUSH, "pilot_req_memcpy")
+@OPS.handler(lib.PILOT_OP_SHADOW_FLUSH, "pilot_req_memcpy")
 def shadow_flush(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     """Host-written bytes of a shadow, [dst, dst+count) in a staging slot, to the device; returns
     once the device holds them, so any later work on any stream sees them. Bytes of the shadow
     outside managed memory (between __managed__ variables) are skipped."""
     shadow = _shadow(s, req.dst, req.count)
-    slot = _slot(s, req)
+    slot = staging_slot(s, req)
     stream = _coherence_stream(vg)
     moved = 0
     for dev, count in shadow.pieces(req.dst, req.count):
@@ -122,12 +120,12 @@ def shadow_flush(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     vg.metrics.bytes_copied("h2d", moved)
 
 
-@handler(lib.PILOT_OP_SHADOW_FETCH, "pilot_req_memcpy")
+@OPS.handler(lib.PILOT_OP_SHADOW_FETCH, "pilot_req_memcpy")
 def shadow_fetch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     """Device data of [src, src+count), a range of a shadow, into the fault channel's staging
     slot for a host access; bytes outside managed memory read as zero."""
     shadow = _shadow(s, req.src, req.count)
-    slot = _slot(s, req, fault=True)
+    slot = staging_slot(s, req, fault=True)
     pieces = shadow.pieces(req.src, req.count)
     if sum(count for _dev, count in pieces) != req.count:
         slot[:] = bytes(req.count)
@@ -141,7 +139,7 @@ def shadow_fetch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     vg.metrics.bytes_copied("d2h", moved)
 
 
-@handler(lib.PILOT_OP_MANAGED_VAR, "pilot_req_symbol_get")
+@OPS.handler(lib.PILOT_OP_MANAGED_VAR, "pilot_req_symbol_get")
 def managed_var(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     """A __managed__ variable of one of the session's modules, and the managed range holding it
     (which the client shadows)."""
@@ -163,14 +161,14 @@ def managed_var(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     return rep
 
 
-@handler(lib.PILOT_OP_MEM_ADVISE, "pilot_req_mem_advise")
+@OPS.handler(lib.PILOT_OP_MEM_ADVISE, "pilot_req_mem_advise")
 def mem_advise(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     _check_managed(s, req.ptr, req.count)
     vg.backend.mem_advise(req.ptr, req.count, req.advice, req.location_type,
                           _device(s, req.location_type, req.location_id))
 
 
-@handler(lib.PILOT_OP_MEM_PREFETCH, "pilot_req_mem_prefetch")
+@OPS.handler(lib.PILOT_OP_MEM_PREFETCH, "pilot_req_mem_prefetch")
 def mem_prefetch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     _check_managed(s, req.ptr, req.count)
     vg.backend.mem_prefetch(req.ptr, req.count, req.location_type,
@@ -178,7 +176,7 @@ def mem_prefetch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
                             stream_for_work(vg, s, req.stream))
 
 
-@handler(lib.PILOT_OP_MEM_RANGE_ATTR, "pilot_req_mem_range_attr")
+@OPS.handler(lib.PILOT_OP_MEM_RANGE_ATTR, "pilot_req_mem_range_attr")
 def mem_range_attr(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     _check_managed(s, req.ptr, req.count)
     if not 0 < req.data_size <= 4096 or req.data_size % 4:
@@ -194,7 +192,7 @@ def mem_range_attr(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     return new("pilot_rep_status"), data
 
 
-@handler(lib.PILOT_OP_STREAM_ATTACH_MEM, "pilot_req_stream_attach_mem")
+@OPS.handler(lib.PILOT_OP_STREAM_ATTACH_MEM, "pilot_req_stream_attach_mem")
 def stream_attach_mem(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     _check_managed(s, req.ptr, max(req.length, 1))
     vg.backend.stream_attach_mem(stream_for_work(vg, s, req.stream), req.ptr, req.length, req.flags)

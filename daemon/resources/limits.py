@@ -55,6 +55,13 @@ class ContextLimits:
     def get(self, limit: int) -> int:
         return self._backend.ctx_get_limit(limit)
 
+    def default(self, limit: int) -> int:
+        """The context's own value of the limit, before any request."""
+        with self._lock:
+            if limit not in self._default:
+                self._default[limit] = self._backend.ctx_get_limit(limit)
+            return self._default[limit]
+
     def request(self, session: int, limit: int, value: int) -> int:
         """Record `session`'s request and apply the largest one; returns the effective value.
         Raises BackendError (and records nothing) if the driver refuses the value."""
@@ -86,6 +93,22 @@ class ContextLimits:
         if self._applied.get(limit, self._default[limit]) != target:
             self._backend.ctx_set_limit(limit, target)
             self._applied[limit] = target
+
+
+# Limits that size device memory: stack (per thread), printf FIFO and malloc heap (bytes).
+STACK, PRINTF_FIFO, MALLOC_HEAP = 0, 1, 2
+_ATTR_SM_COUNT, _ATTR_THREADS_PER_SM = 16, 39  # cudaDevAttrMultiProcessorCount, MaxThreadsPerMultiProcessor
+
+
+def request_bytes(limit: int, value: int, default: int, info: Any) -> int:
+    """Device memory a request of `value` takes beyond the context's `default`: the FIFO and
+    the heap are that many bytes; a stack is reserved for every thread the GPU can hold at once
+    (SMs x threads per SM). Other limits take none."""
+    extra = max(0, value - default)
+    if limit == STACK:
+        attrs = getattr(info, "attrs", {}) or {}
+        return extra * (attrs.get(_ATTR_SM_COUNT) or 1) * (attrs.get(_ATTR_THREADS_PER_SM) or 2048)
+    return extra if limit in (PRINTF_FIFO, MALLOC_HEAP) else 0
 
 
 _tables: weakref.WeakKeyDictionary[Any, dict[int, ContextLimits]] = weakref.WeakKeyDictionary()

@@ -36,7 +36,11 @@ log = logging.getLogger("pilot.tenants")
 QUOTAS_FILE = "quotas.json"
 QUOTAS_VERSION = 1
 WILDCARD = "*"
-KINDS = ("device", "managed")
+# What the resource broker charges, by path. GPU_KINDS count against a tenant's hard quota on a
+# GPU and the GPU's capacity; "pinned" is host memory, held per tenant under HOST (its own limits).
+GPU_KINDS = ("device", "pitch", "managed", "module", "limit")
+KINDS = (*GPU_KINDS, "pinned")
+HOST = -1  # the ledger's "GPU" for host memory
 
 
 # ---- identity ----
@@ -330,17 +334,21 @@ class Ledger:
 
     def reserve(self, tenant: str, gpu: int, nbytes: int, hard_limit: int | None,
                 kind: str = "device") -> bool:
-        """Count `nbytes` more for the tenant unless that would pass `hard_limit` (None: no
-        limit); check and add are one atomic step. True if counted."""
+        """Count `nbytes` more of `kind` for the tenant unless that would take what it holds on
+        that GPU, over every kind (GPU kinds on a GPU, pinned on HOST), past `hard_limit` (None:
+        no limit); check and add are one atomic step. True if counted."""
         if nbytes < 0 or kind not in KINDS:
             raise ValueError(f"bad reservation: {nbytes} bytes of {kind!r}")
         key = (tenant, gpu, kind)
         with self._lock:
             used = self._used.get(key, 0)
-            if hard_limit is not None and used + nbytes > hard_limit:
+            if hard_limit is not None and self._total(tenant, gpu) + nbytes > hard_limit:
                 return False
             self._used[key] = used + nbytes
         return True
+
+    def _total(self, tenant: str, gpu: int) -> int:
+        return sum(self._used.get((tenant, gpu, k), 0) for k in KINDS)
 
     def release(self, tenant: str, gpu: int, nbytes: int, kind: str = "device") -> None:
         """Stop counting `nbytes`. Releasing more than is held is a bookkeeping bug: it is
@@ -358,9 +366,23 @@ class Ledger:
             else:
                 self._used.pop(key, None)
 
-    def usage(self, tenant: str, gpu: int, kind: str = "device") -> int:
+    def usage(self, tenant: str, gpu: int, kind: str | None = None) -> int:
+        """Bytes of `kind` the tenant holds on the GPU; every kind together when None."""
+        if kind is None:
+            return self._total(tenant, gpu)
         return self._used.get((tenant, gpu, kind), 0)
 
-    def snapshot(self, kind: str = "device") -> dict[tuple[str, int], int]:
+    def breakdown(self, tenant: str, gpu: int) -> dict[str, int]:
+        """Bytes per kind the tenant holds on the GPU (kinds it holds none of are left out)."""
         with self._lock:
-            return {(t, g): n for (t, g, k), n in self._used.items() if k == kind}
+            return {k: n for k in KINDS if (n := self._used.get((tenant, gpu, k), 0))}
+
+    def snapshot(self, kind: str | None = None) -> dict[tuple[str, int], int]:
+        """(tenant, GPU) -> bytes of `kind`, or of every GPU kind when None."""
+        kinds = GPU_KINDS if kind is None else (kind,)
+        out: dict[tuple[str, int], int] = {}
+        with self._lock:
+            for (t, g, k), n in self._used.items():
+                if k in kinds:
+                    out[(t, g)] = out.get((t, g), 0) + n
+        return out

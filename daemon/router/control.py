@@ -123,7 +123,8 @@ def status(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, An
     return {"version": daemon.version, "backend": daemon.backend.name, "pid": os.getpid(),
             "uptime_s": round(time.time() - daemon.started, 1), "gpus": gpus,
             "vgpus": snap["vgpus"], "sessions": len({s["session"] for s in snap["sessions"]}),
-            "policy": daemon.config.policy, "you": {"tenant": caller.tenant, "admin": caller.admin}}
+            "policy": daemon.config.policy, "scheduling": daemon.policy.describe(),
+            "you": {"tenant": caller.tenant, "admin": caller.admin}}
 
 
 @command("sessions")
@@ -140,12 +141,12 @@ def quota_get(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str,
     if tenant != caller.tenant and not caller.admin:
         raise ControlError("only admins can read other tenants' quotas")
     gpus = [_gpu_arg(daemon, args)] if args.get("gpu") is not None else sorted(daemon.gpus)
+    usage = daemon.broker.tenant_usage(tenant, gpus)
     out = {}
     for gpu in gpus:
         q = daemon.quotas.get(tenant, gpu)
-        out[str(gpu)] = {"hard": q.hard, "provisioned": q.provisioned,
-                         "used": daemon.ledger.usage(tenant, gpu)}
-    return {"tenant": tenant, "gpus": out}
+        out[str(gpu)] = {"hard": q.hard, "provisioned": q.provisioned, **usage[str(gpu)]}
+    return {"tenant": tenant, "gpus": out, "pinned": usage["host"]}
 
 
 @command("quota.list")

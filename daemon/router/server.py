@@ -32,15 +32,17 @@ from pilot.daemon.backends.base import (
 )
 from pilot.daemon.config import Config
 from pilot.daemon.protocol import ENVELOPE_SIZE, ffi, lib, new, to_bytes
-from pilot.daemon.resources.services import GpuBudget, Services
+from pilot.daemon.resources.broker import GpuBudget, ResourceBroker
 from pilot.daemon.resources.tenants import Ledger, QuotaStore, TenantResolver
 from pilot.daemon.router import control, sdnotify
 from pilot.daemon.scheduling.callbacks import CallbackHub
+from pilot.daemon.scheduling.policy_host import PolicyHost, load_policy
 from pilot.daemon.sessions.devices import SessionGroup, Topology
 from pilot.daemon.sessions.session import Credentials, Session, read_cmdline
 from pilot.daemon.telemetry.metrics import Metrics, PilotCollector, start_exporter
 from pilot.daemon.telemetry.nvml import NvmlPoller, NvmlSource, NvmlUnavailable, SimSource
 from pilot.daemon.vgpu.server import VGpu
+from pilot.policies import Policy
 
 CUDA_ERROR_DEVICES_UNAVAILABLE = 46
 
@@ -83,7 +85,7 @@ def prepare_socket_path(path: str) -> None:
 
 class Daemon:
     def __init__(self, backend: Backend, config: Config, socket_path: str,
-                 control_path: str) -> None:
+                 control_path: str, policy: Policy | None = None) -> None:
         self.backend = backend
         self.config = config
         self.socket_path = socket_path
@@ -103,12 +105,19 @@ class Daemon:
         self.quotas = QuotaStore(config.state_dir)
         self.ledger = Ledger()
         self.metrics = Metrics()
-        self.services = Services(self.quotas, self.ledger, GpuBudget(capacities), self.metrics)
+        self.broker = ResourceBroker(self.quotas, self.ledger, GpuBudget(capacities), self.metrics,
+                                     config.pinned_limit, config.pinned_limit_per_tenant)
         self.vgpus = [
-            VGpu(i, d, backend, f"{socket_path}.vgpu{i}", self.services, config.spin_us, gpu=g)
+            VGpu(i, d, backend, f"{socket_path}.vgpu{i}", self.broker, config.spin_us, gpu=g)
             for i, (g, d) in enumerate((g, d) for g, d in self.gpus.items()
                                        for _ in range(config.vgpus_per_gpu))
         ]
+        self.policy = PolicyHost(policy if policy is not None else load_policy(config), self.metrics,
+                                 config.policy_max_wait)
+        self.policy.wake = self._wake_waiting
+        self.broker.policy = self.policy
+        for vg in self.vgpus:
+            vg.policy = self.policy
         self.topology = self._topology()
         self.callbacks = CallbackHub(f"{socket_path}.callbacks", backend)
         for vg in self.vgpus:
@@ -132,6 +141,15 @@ class Daemon:
                                for p in devices])
         topo.vgpus = [[v for v in self.vgpus if v.gpu == g] for g in order]
         return topo
+
+    def _wake_waiting(self) -> None:
+        """The policy host saw something change: vGPUs with waiting launches ask again."""
+        for vg in self.vgpus:
+            if vg.waits:
+                try:
+                    vg.send_control(b"W")
+                except BlockingIOError:  # the pipe is full of wake-ups already
+                    pass
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -158,6 +176,7 @@ class Daemon:
             os.chmod(self.control_path, 0o666)  # changes are checked against the caller's uid
             self._start_nvml()
             self._start_exporter()
+            self.policy.start()
             log.info("pilotd ready on %s with %d vGPU(s) on GPU(s) %s, backend %s", self.socket_path,
                      len(self.vgpus), sorted(self.gpus), self.backend.name)
             sdnotify.notify("READY=1", f"STATUS=serving {len(self.vgpus)} vGPU(s) on {self.socket_path}")
@@ -168,7 +187,7 @@ class Daemon:
 
     def _start_nvml(self) -> None:
         if self.backend.name == "sim":
-            budget = self.services.budget
+            budget = self.broker.budget
             source: Any = SimSource(total=budget.capacity(min(self.gpus)), used=budget.used)
         else:
             try:
@@ -294,6 +313,7 @@ class Daemon:
         vg.sessions[session.id] = session
         self._watched[session.id] = Watched(session, vg, pidfd, group, [])
         self.callbacks.open_session(session.id, group)
+        self.policy.session_started(session)
         log.info("session %d: pid %d uid %d (%s) on vGPU %d", session.id, creds.pid, creds.uid,
                  session.cmdline[:80], vg.index, extra={"session": session.id, "tenant": tenant})
         return self._placed(rep, session, vg, 0)
@@ -334,6 +354,7 @@ class Daemon:
         part = w.group.add_part(ordinal, vg)
         vg.sessions[part.id] = part
         w.others.append((vg, part))
+        self.policy.session_started(part)
         log.info("session %d: device %d on vGPU %d (GPU %d)", sid, ordinal, vg.index, vg.gpu,
                  extra={"session": sid, "tenant": part.tenant})
         return self._placed(rep, part, vg, ordinal)
@@ -363,7 +384,7 @@ class Daemon:
     def snapshot(self) -> dict[str, Any]:
         """The daemon's state for pilotctl status and the metrics collector (any thread)."""
         readings = self._nvml.latest() if self._nvml is not None else {}
-        budget = self.services.budget
+        budget = self.broker.budget
         return {
             "sessions": self.part_summaries(),
             "gpus": [{"index": g, "capacity": budget.capacity(g), "used_by_pilot": budget.used(g),
@@ -380,6 +401,7 @@ class Daemon:
         }
 
     def _shutdown(self, router: zmq.Socket, control_sock: zmq.Socket) -> None:
+        self.policy.stop()
         self.callbacks.close_all()  # no vGPU may stay blocked behind a gate
         for vg in self.vgpus:
             vg.send_control(b"S")

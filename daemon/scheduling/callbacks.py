@@ -42,15 +42,12 @@ from typing import TYPE_CHECKING, Any
 from pilot.daemon.backends.base import (
     CUDA_ERROR_INITIALIZATION,
     CUDA_ERROR_INVALID_VALUE,
-    CUDA_ERROR_NOT_READY,
     CUDA_ERROR_NOT_SUPPORTED,
     Backend,
     BackendError,
     Gate,
 )
-from pilot.daemon.ops.handlers import handler
 from pilot.daemon.protocol import ENVELOPE_SIZE, ffi, lib, new
-from pilot.daemon.scheduling import streams
 from pilot.daemon.sessions.session import Session
 
 if TYPE_CHECKING:
@@ -377,25 +374,3 @@ def _creds(owner: Any) -> Any:
     return getattr(first, "creds", None)
 
 
-@handler(lib.PILOT_OP_STREAM_CALLBACK, "pilot_req_stream_callback")
-def stream_callback(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    """cudaLaunchHostFunc / cudaStreamAddCallback: a gate on the program's stream."""
-    hub = vg.callbacks
-    if hub is None:
-        raise BackendError(CUDA_ERROR_NOT_SUPPORTED, "host callbacks need the callback hub")
-    if req.kind not in (HOST_FUNC, STREAM_CALLBACK):
-        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"callback kind {req.kind}")
-    if req.stream == 0:
-        streams.own_legacy(vg, s)
-    hub.arm(vg, s, req.id, req.kind, streams.stream_for_work(vg, s, req.stream))
-
-
-@handler(lib.PILOT_OP_DEVICE_QUERY)
-def device_query(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    """Whether every stream of the session's part is idle: what the shim polls instead of a
-    blocking cudaDeviceSynchronize (or cudaFree) while host callbacks are outstanding, so that
-    neither its connection nor this vGPU thread waits for a callback."""
-    backend = vg.backend
-    if not all(backend.stream_query(st.obj) for st in list(s.streams.values())) or \
-            not backend.stream_query(s.legacy or vg.stream):
-        raise BackendError(CUDA_ERROR_NOT_READY)

@@ -32,13 +32,10 @@ from typing import TYPE_CHECKING, Any
 from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_RESOURCE_HANDLE,
-    CUDA_ERROR_INVALID_VALUE,
     BackendError,
     DeviceInfo,
 )
-from pilot.daemon.ops.handlers import handler
 from pilot.daemon.protocol import lib
-from pilot.daemon.scheduling import streams
 from pilot.daemon.sessions.session import FIRST_HANDLE, Session
 
 if TYPE_CHECKING:
@@ -154,71 +151,7 @@ def any_event(s: Session, handle: int) -> Any:
 
 # ---- DEVICE_INFO ----
 
-def fill_device_info(vg: VGpu, s: Session, ordinal: int, rep: Any) -> DeviceInfo:
-    """Device count, capacity and peer mask of program device `ordinal` into rep; returns its
-    DeviceInfo. Without a topology (a VGpu built alone, in tests) the vGPU's own device is the
-    only one."""
-    group, topo = s.group, vg.topology
-    if topo is None or group is None:
-        if ordinal != 0:
-            raise BackendError(CUDA_ERROR_INVALID_DEVICE, f"no device {ordinal}")
-        rep.device_count = 1
-        rep.total_mem = vg.memory_limits(s)[1]
-        return vg.device_info()
-    pos = group.position(ordinal)
-    rep.device_count = len(group)
-    rep.total_mem = topo.vgpus[pos][0].memory_limits(s)[1]
-    mask = 0
-    for q in range(len(group)):
-        if q != ordinal and topo.peers[pos][group.position(q)]:
-            mask |= 1 << q
-    rep.peer_mask = mask
-    return topo.infos[pos]
-
 
 # ---- peer access and peer copies (shim/api_peer.c) ----
 
-def _backend_device(vg: VGpu, s: Session, ordinal: int) -> int:
-    if vg.topology is None or s.group is None:
-        if ordinal != 0:
-            raise BackendError(CUDA_ERROR_INVALID_DEVICE, f"no device {ordinal}")
-        return vg.device
-    return vg.topology.devices[s.group.position(ordinal)]
 
-
-@handler(lib.PILOT_OP_PEER_ENABLE, "pilot_req_device")
-def peer_enable(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    """Lets kernels of this device reach the peer's memory. The contexts are shared by every
-    tenant, so access is enabled once per pair of GPUs and never disabled (it grants nothing
-    the API does not already check); the shim keeps each program's own on/off state."""
-    peer = _backend_device(vg, s, req.device)
-    if peer == vg.device:
-        raise BackendError(CUDA_ERROR_INVALID_DEVICE, "a device is not its own peer")
-    vg.backend.enable_peer_access(vg.device, peer)
-
-
-def _check_on(s: Session, ordinal: int, ptr: int, count: int) -> None:
-    part = s if ordinal == s.ordinal else (s.group.part(ordinal) if s.group else None)
-    ok = part is not None and (part.check_range(ptr, count) is None if part is s
-                               else owns_range(part, ptr, count))
-    if not ok:
-        raise BackendError(CUDA_ERROR_INVALID_VALUE,
-                           f"[{ptr:#x}, +{count}) is not memory of this session on device {ordinal}")
-
-
-@handler(lib.PILOT_OP_MEMCPY_PEER, "pilot_req_memcpy_peer", synchronizing=True)
-def memcpy_peer(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    """cudaMemcpyPeer(Async) and device-to-device copies between devices, issued on a stream of
-    the device the call went to (the shim has already serialized a synchronous one with the
-    other devices' work)."""
-    if req.count == 0:
-        return
-    _check_on(s, req.dst_device, req.dst, req.count)
-    _check_on(s, req.src_device, req.src, req.count)
-    dst_dev = _backend_device(vg, s, req.dst_device)
-    src_dev = _backend_device(vg, s, req.src_device)
-    stream = streams.stream_for_work(vg, s, req.stream)
-    vg.backend.memcpy_peer(req.dst, dst_dev, req.src, src_dev, req.count, stream)
-    if req.sync:
-        vg.backend.stream_synchronize(stream)
-    vg.metrics.bytes_copied("d2d", req.count)

@@ -12,6 +12,7 @@ import logging
 import os
 import struct
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,9 @@ class Session:
 
     # Owned by the vGPU thread.
     allocations: dict[int, int] = field(default_factory=dict)
+    pitched: set[int] = field(default_factory=set)  # allocations of cudaMallocPitch
+    # Bytes the resource broker charged to this session, by kind (resources/broker.py).
+    charged: dict[str, int] = field(default_factory=dict)
     _bases: list[int] = field(default_factory=list)
     streams: dict[int, StreamState] = field(default_factory=dict)
     events: dict[int, Any] = field(default_factory=dict)
@@ -106,9 +110,13 @@ class Session:
     legacy_event: Any = None
     legacy: Any = None  # the legacy stream when the session has one of its own (callbacks.py)
     limits: Any = None  # limits.ContextLimits holding this session's cudaDeviceSetLimit requests
+    limit_charges: dict[int, int] = field(default_factory=dict)  # limit -> bytes charged for it
     # Blocking streams with work issued since the legacy stream last joined them.
     dirty_blocking: dict[int, StreamState] = field(default_factory=dict)
     calls: int = 0
+    # A launch the policy made wait (scheduling/waiting.py), and the calls held behind it.
+    waiting: Any = None
+    backlog: deque[Any] = field(default_factory=deque)
     device_bytes: int = 0
     # Unified memory (daemon/managed.py): managed allocations, the client's shadows of managed
     # ranges by base, and the ranges holding the session's __managed__ variables.
@@ -142,20 +150,27 @@ class Session:
             raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"no event {handle:#x}") from None
 
     # ---- memory ----
-    def add_allocation(self, ptr: int, size: int, managed: bool = False) -> None:
+    def add_allocation(self, ptr: int, size: int, managed: bool = False, pitched: bool = False) -> None:
         self.allocations[ptr] = size
         bisect.insort(self._bases, ptr)
+        if pitched:
+            self.pitched.add(ptr)
         if managed:
             self.managed.add(ptr)
             self.managed_bytes += size
         else:
             self.device_bytes += size
 
+    def allocation_kind(self, ptr: int) -> str:
+        """The broker's kind of one of the session's allocations."""
+        return "managed" if ptr in self.managed else "pitch" if ptr in self.pitched else "device"
+
     def remove_allocation(self, ptr: int) -> int:
         size = self.allocations.pop(ptr, None)
         if size is None:
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{ptr:#x} is not an allocation of this session")
         del self._bases[bisect.bisect_left(self._bases, ptr)]
+        self.pitched.discard(ptr)
         if ptr in self.managed:
             self.managed.discard(ptr)
             self.managed_bytes -= size
@@ -163,10 +178,10 @@ class Session:
             self.device_bytes -= size
         return size
 
-    @property
-    def held_bytes(self) -> int:
-        """Memory charged to the tenant: device and managed allocations."""
-        return self.device_bytes + self.managed_bytes
+    def held_allocations(self) -> list[tuple[str, int, int]]:
+        """(kind, ptr, size) of every allocation and pinned range the session holds."""
+        held = [(self.allocation_kind(p), p, n) for p, n in list(self.allocations.items())]
+        return held + [("pinned", r.base, r.length) for r in list(self.pinned.values())]
 
     # ---- unified-memory shadows ----
     def add_shadow(self, shadow: Any) -> None:
@@ -355,11 +370,16 @@ class Session:
             "managed": [sh.summary() for sh in list(self.shadows.values())],
             "pinned_bytes": self.pinned_bytes,
             "pinned": [r.summary() for r in list(self.pinned.values())],
+            "charged": dict(self.charged),
             "allocations": len(self.allocations),
             "streams": len(self.streams),
             "events": len(self.events),
             "modules": len(self.modules),
             "calls": self.calls,
-            "state": "error" if self.sticky else "active",
+            "state": "error" if self.sticky else "waiting" if self.waiting is not None else "active",
+            "waiting": None if self.waiting is None else {
+                "kernel": self.waiting.launch.info.name if self.waiting.launch.info else "",
+                "reason": self.waiting.reason, "since": self.waiting.since,
+                "held_calls": len(self.backlog)},
             "alive": os.path.exists(f"/proc/{self.creds.pid}"),
         }

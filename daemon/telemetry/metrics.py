@@ -21,7 +21,7 @@ import socketserver
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -63,13 +63,28 @@ class _Shard:
     """One thread's counters. Only its thread writes; the collector copies (dict/list copies are
     atomic under the GIL) and sums."""
 
-    __slots__ = ("calls", "copied", "kernels", "policy")
+    __slots__ = ("calls", "copied", "kernels", "labeled", "policy")
 
     def __init__(self) -> None:
         self.calls: dict[str, list[Any]] = {}
         self.copied: dict[str, int] = dict.fromkeys(DIRECTIONS, 0)
         self.kernels = 0
         self.policy: dict[tuple[str, str], int] = {}
+        self.labeled: dict[tuple[str, tuple[str, ...]], float] = {}
+
+
+# Counters with labels of their own: key -> (metric name, help, label names).
+LABELED_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "allocation_refusals": ("pilot_allocation_refusals_total",
+                            "Allocations refused by the resource broker, by path (kind) and reason.",
+                            ("tenant", "kind", "reason")),
+    "policy_decisions": ("pilot_policy_decisions_total",
+                         "Launch decisions of the scheduling policy.", ("policy", "tenant", "decision")),
+    "launch_waits": ("pilot_launch_waits_total",
+                     "Launches that had to wait, by how their wait ended.", ("tenant", "outcome")),
+    "launch_wait_seconds": ("pilot_launch_wait_seconds_total",
+                            "Seconds launches spent waiting for the policy.", ("tenant",)),
+}
 
 
 @dataclass(frozen=True)
@@ -92,6 +107,7 @@ class MetricsSnapshot:
     kernels: int
     copied: dict[str, int]
     policy: dict[tuple[str, str], int]  # (event, tenant) -> count; events from POLICY_EVENTS
+    labeled: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)
 
 
 class Metrics:
@@ -182,6 +198,15 @@ class Metrics:
     def quota_rejection(self, tenant: str) -> None:
         self._policy("quota_rejection", tenant)
 
+    def count(self, counter: str, labels: tuple[str, ...], n: float = 1) -> None:
+        """Adds n to a counter of LABELED_COUNTERS (labels in its order)."""
+        try:
+            shard = self._local.shard
+        except AttributeError:
+            shard = self._new_shard()
+        key = (counter, labels)
+        shard.labeled[key] = shard.labeled.get(key, 0) + n
+
     def snapshot(self) -> MetricsSnapshot:
         """The sum of every thread's counters. Counts bumped while this runs may or may not be
         included; each call's row is copied whole, so a histogram's count and buckets agree."""
@@ -191,7 +216,10 @@ class Metrics:
         kernels = 0
         copied = dict.fromkeys(DIRECTIONS, 0)
         policy: dict[tuple[str, str], int] = {}
+        labeled: dict[tuple[str, tuple[str, ...]], float] = {}
         for shard in shards:
+            for key, n in dict(shard.labeled).items():
+                labeled[key] = labeled.get(key, 0) + n
             for function, row in dict(shard.calls).items():
                 row = list(row)
                 total = rows.get(function)
@@ -207,7 +235,8 @@ class Metrics:
                 policy[key] = policy.get(key, 0) + n
         calls = {f: CallStats(calls=r[0], buckets=tuple(r[1:_SUM]), latency_sum=r[_SUM])
                  for f, r in rows.items()}
-        return MetricsSnapshot(calls=calls, kernels=kernels, copied=copied, policy=policy)
+        return MetricsSnapshot(calls=calls, kernels=kernels, copied=copied, policy=policy,
+                               labeled=labeled)
 
 
 def _gauge(name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
@@ -351,7 +380,8 @@ class PilotCollector(Collector):
                           ["direction"])
         policy = {event: _counter(name, doc, ["tenant"])
                   for event, (name, doc) in _POLICY_METRICS.items()}
-        families: list[Metric] = [calls, latency, kernels, copied, *policy.values()]
+        labeled = {key: _counter(name, doc, labels) for key, (name, doc, labels) in LABELED_COUNTERS.items()}
+        families: list[Metric] = [calls, latency, kernels, copied, *policy.values(), *labeled.values()]
         poller = self.poller
         if poller is not None:
             nvml_reads = _counter("pilot_nvml_reads_total", "Successful GPU readings (NVML poller).")
@@ -371,6 +401,9 @@ class PilotCollector(Collector):
                 copied.add_metric([direction], n)
             for (event, tenant), n in sorted(snap.policy.items()):
                 policy[event].add_metric([str(tenant)], n)
+            for (key, values), n in sorted(snap.labeled.items()):
+                if key in labeled:
+                    labeled[key].add_metric(list(values), n)
             if poller is not None:
                 nvml_reads.add_metric([], poller.reads_total)
                 nvml_errors.add_metric([], poller.errors_total)

@@ -22,7 +22,6 @@ from typing import Any
 from pilot.daemon.backends.base import (
     CUDA_ERROR_INITIALIZATION,
     CUDA_ERROR_INVALID_VALUE,
-    CUDA_ERROR_MEMORY_ALLOCATION,
     CUDA_ERROR_NOT_SUPPORTED,
     CUDA_ERROR_UNKNOWN,
     STICKY_ERRORS,
@@ -30,32 +29,39 @@ from pilot.daemon.backends.base import (
     BackendError,
     DeviceInfo,
 )
-from pilot.daemon.ops import host_memory as _pinned  # noqa: F401  (registers the pinned host memory handlers)
-from pilot.daemon.ops import unified as _managed  # noqa: F401  (registers the unified-memory handlers)
-from pilot.daemon.ops.handlers import HANDLERS, HandlerSpec
+from pilot.daemon.ops import handler_table
+from pilot.daemon.ops.registry import HandlerSpec
 from pilot.daemon.protocol import ENVELOPE_SIZE, ProtocolError, ffi, lib, new, op_names
-from pilot.daemon.resources.services import Services
+from pilot.daemon.resources.broker import ResourceBroker
+from pilot.daemon.scheduling import streams
+from pilot.daemon.scheduling.launch import KernelWatch, WaitForPolicy
+from pilot.daemon.scheduling.policy_host import PolicyHost
+from pilot.daemon.scheduling.waiting import HeldMessage, WaitQueue
 from pilot.daemon.sessions.session import Credentials, Session
 
 log = logging.getLogger("pilot.vgpu")
 
 STREAM_NON_BLOCKING = 1
 BATCH = 256  # messages taken per wake-up
+WAKE_MS = 10  # how often a vGPU with waiting launches or watched kernels looks again
 CONTROL = struct.Struct("<cQ")  # command, session id
 
 
 class VGpu:
     def __init__(self, index: int, device: int, backend: Backend, endpoint_path: str,
-                 services: Services, spin_us: int = 50, gpu: int | None = None) -> None:
+                 broker: ResourceBroker, spin_us: int = 50, gpu: int | None = None) -> None:
         self.index = index
         self.device = device  # the backend's device number
         self.gpu = device if gpu is None else gpu  # the GPU's index on the host (nvidia-smi)
         self.backend = backend
         self.endpoint_path = endpoint_path
         self.spin_us = spin_us
-        self.services = services
-        self.metrics = services.metrics
+        self.broker = broker
+        self.metrics = broker.metrics
         self.topology: Any = None  # devices.Topology of the daemon's GPUs (set by the Daemon)
+        self.policy: PolicyHost | None = None  # set by the Daemon
+        self.waits = WaitQueue(self)  # launches the policy made wait (scheduling/waiting.py)
+        self.kernel_watch = KernelWatch(self)  # kernel ends, for policies that ask
         self.callbacks: Any = None  # callbacks.CallbackHub (set by the Daemon)
         self._info: DeviceInfo | None = None
         self._op_names = op_names()
@@ -64,7 +70,7 @@ class VGpu:
         self.sessions: dict[int, Session] = {}
         # Owned by the vgpu thread.
         self._by_conn: dict[int, Session] = {}
-        self._specs = {op: _Prepared(spec) for op, spec in HANDLERS.items()}
+        self._specs = {op: _Prepared(spec) for op, spec in handler_table().items()}
         self.stream: Any = None
         self.um_stream: Any = None  # shadow flushes and fetches (daemon/managed.py)
         self.shard: Any = None  # this thread's metrics counters (set in serve)
@@ -86,42 +92,9 @@ class VGpu:
     def send_control(self, command: bytes, session_id: int = 0) -> None:
         os.write(self._control_w, CONTROL.pack(command, session_id))
 
-    # ---- memory admission (vgpu thread) ----
-    def admit(self, s: Session, nbytes: int) -> None:
-        """Reserve nbytes of device memory for s against its tenant's hard quota and the GPU's
-        capacity, or raise cudaErrorMemoryAllocation (and say why in the log)."""
-        svc, gpu = self.services, self.gpu
-        hard = svc.quotas.get(s.tenant, gpu).hard
-        if not svc.ledger.reserve(s.tenant, gpu, nbytes, hard):
-            svc.metrics.quota_rejection(s.tenant)
-            log.warning("quota: %s on GPU %d: %d-byte allocation refused (%d in use, hard limit %d)",
-                        s.tenant, gpu, nbytes, svc.ledger.usage(s.tenant, gpu), hard,
-                        extra={"session": s.id, "tenant": s.tenant, "call": "cudaMalloc"})
-            raise BackendError(CUDA_ERROR_MEMORY_ALLOCATION, "tenant quota exceeded")
-        if not svc.budget.reserve(gpu, nbytes):
-            svc.ledger.release(s.tenant, gpu, nbytes)
-            log.warning("capacity: GPU %d: %d-byte allocation refused (capacity %d)", gpu, nbytes,
-                        svc.budget.capacity(gpu), extra={"session": s.id, "tenant": s.tenant})
-            raise BackendError(CUDA_ERROR_MEMORY_ALLOCATION, "GPU capacity exceeded")
-
-    def unadmit(self, s: Session, nbytes: int) -> None:
-        if nbytes:
-            self.services.ledger.release(s.tenant, self.gpu, nbytes)
-            self.services.budget.release(self.gpu, nbytes)
-
     def memory_limits(self, s: Session) -> tuple[int, int]:
-        """(free, total) as this session's cudaMemGetInfo sees them: the GPU's capacity, or the
-        tenant's hard quota when it is smaller, less what is in use."""
-        svc, gpu = self.services, self.gpu
-        cap = svc.budget.capacity(gpu)
-        free = cap - svc.budget.used(gpu)
-        total = cap
-        hard = svc.quotas.get(s.tenant, gpu).hard
-        if hard is not None and hard < cap:
-            total = hard
-            free = min(free, hard - svc.ledger.usage(s.tenant, gpu))
-        backend_free, _ = self.backend.mem_get_info(self.device)
-        return max(0, min(free, backend_free)), total
+        """(free, total) as this session's cudaMemGetInfo sees them (resources/broker.py)."""
+        return self.broker.memory_limits(s, self.backend.mem_get_info(self.device)[0])
 
     def device_info(self) -> DeviceInfo:
         if self._info is None:
@@ -148,6 +121,7 @@ class VGpu:
         finally:
             for session in list(self.sessions.values()):
                 self._release(session)
+            self.kernel_watch.close()
             lib.pilot_srv_close(self._srv)
             os.close(self._control_r)
             os.close(self._control_w)
@@ -157,13 +131,20 @@ class VGpu:
         msgs = ffi.new("pilot_srv_msg[]", BATCH)
         control = ffi.new("int *")
         srv, handle = self._srv, self.handle
+        waits, watch = self.waits, self.kernel_watch
         while True:
-            n = lib.pilot_srv_wait(srv, -1, self.spin_us, msgs, BATCH, control)
+            # Something to look at again (waiting launches, running kernels): wake up every tick.
+            timeout = WAKE_MS if (waits or watch) else -1
+            n = lib.pilot_srv_wait(srv, timeout, self.spin_us, msgs, BATCH, control)
             if n < 0:
                 log.error("vgpu-%d: endpoint failed; stopping", self.index)
                 return
             for i in range(n):
                 handle(msgs[i])
+            if watch:
+                watch.poll()
+            if waits:
+                waits.poll()
             if control[0]:
                 try:
                     if not self._control():
@@ -181,6 +162,8 @@ class VGpu:
             command, session_id = CONTROL.unpack_from(data, off)
             if command == b"S":
                 return False
+            if command == b"W":  # the policy host: ask waiting launches again (after this)
+                continue
             session = self.sessions.get(session_id)
             if command == b"R" and session is not None:
                 self._release(session)
@@ -192,9 +175,13 @@ class VGpu:
             if conn is not None:
                 self._by_conn.pop(conn, None)
                 lib.pilot_srv_disconnect(self._srv, conn)  # a live client sees EOF
-        held = session.held_bytes
+        self.waits.drop(session)
+        self.kernel_watch.forget(session.id)
+        held = session.held_allocations()
         session.release(self.backend, self.stream)
-        self.unadmit(session, held - session.held_bytes)
+        self.broker.release_session(session, held)
+        if self.policy is not None:
+            self.policy.session_ended(session)
         log.info("session %d (pid %d) released", session.id, session.creds.pid,
                  extra={"session": session.id, "tenant": session.tenant})
 
@@ -206,7 +193,7 @@ class VGpu:
             lib.pilot_srv_send(self._srv, msg.conn, msg.frame[0], ENVELOPE_SIZE, body, size,
                                ffi.from_buffer(payload), len(payload))
 
-    def _status(self, msg: Any, err: int, deferred: int = 0) -> None:
+    def reply_status(self, msg: Any, err: int, deferred: int = 0) -> None:
         rep = new("pilot_rep_status")
         rep.hdr.err, rep.hdr.deferred = err, deferred
         self._send(msg, rep, STATUS_SIZE)
@@ -223,6 +210,9 @@ class VGpu:
         session = self._by_conn.get(msg.conn)
         if env.version != _VERSION or session is None or session.id != env.session:
             self._refuse(msg, env, session, no_reply)
+            return
+        if session.waiting is not None and msg.conn == session.identity:
+            session.backlog.append(HeldMessage(msg))  # behind its waiting launch, in order
             return
         prepared = self._specs.get(opcode)
         result: Any = None
@@ -241,6 +231,10 @@ class VGpu:
             except BackendError as exc:
                 err = exc.code
                 log.debug("session %d: %s: %s", session.id, self._op_names.get(opcode), exc)
+            except WaitForPolicy as wait:
+                self.waits.defer(session, wait, msg, bool(no_reply))
+                session.calls += 1
+                return
             except ProtocolError as exc:
                 err = CUDA_ERROR_INVALID_VALUE
                 log.warning("session %d: malformed %s: %s", session.id, self._op_names.get(opcode), exc)
@@ -274,21 +268,21 @@ class VGpu:
         if no_reply or err in STICKY_ERRORS:
             session.note_async_error(err)
         if not no_reply:
-            self._status(msg, err, session.sticky)
+            self.reply_status(msg, err, session.sticky)
 
     def _refuse(self, msg: Any, env: Any, session: Session | None, no_reply: int) -> None:
         """Requests that get no handler: protocol version, attach, no session on the connection."""
         if env.version != _VERSION:
             log.warning("vgpu-%d: protocol version %d, expected %d", self.index, env.version, _VERSION)
             if not no_reply:
-                self._status(msg, CUDA_ERROR_NOT_SUPPORTED)
+                self.reply_status(msg, CUDA_ERROR_NOT_SUPPORTED)
         elif env.opcode == _OP_ATTACH:
             self._attach(msg, env.session, bool(env.flags & _FAULT_CHANNEL))
         else:
             log.warning("vgpu-%d: %s from a connection with no session %d", self.index,
                         self._op_names.get(env.opcode, env.opcode), env.session)
             if not no_reply:
-                self._status(msg, CUDA_ERROR_INITIALIZATION)
+                self.reply_status(msg, CUDA_ERROR_INITIALIZATION)
 
     def _attach(self, msg: Any, session_id: int, fault_channel: bool = False) -> None:
         """A session's connection (first) or its unified-memory fault channel (second, used by
@@ -310,9 +304,15 @@ class VGpu:
             if fault_channel:
                 session.fault_identity = msg.conn
             else:
+                # Concurrency by default: the session's legacy default stream is a non-blocking
+                # stream of its own, so tenants on one vGPU never queue behind each other.
+                try:
+                    streams.own_legacy(self, session)
+                except BackendError as exc:
+                    err = exc.code
                 session.identity = msg.conn
             self._by_conn[msg.conn] = session
-        self._status(msg, err)
+        self.reply_status(msg, err)
 
 
 class _Prepared:

@@ -175,18 +175,22 @@ def test_registered_ranges_do_not_overlap(daemon):
 
 
 
-def test_the_limit_and_a_dying_client_giving_its_pinned_memory_back(daemon_with, monkeypatch):
-    """PILOT_PINNED_LIMIT caps pinned bytes over every session; a client killed while holding
-    them gives them back (the next one can pin as much again)."""
-    monkeypatch.setenv("PILOT_PINNED_LIMIT", str(4 * PAGE))
-    d = daemon_with()
+@pytest.mark.parametrize("key", ["limit", "limit_per_tenant"])
+def test_the_limit_and_a_dying_client_giving_its_pinned_memory_back(daemon_with, tmp_path, key):
+    """`[pinned] limit` (every tenant) and `limit_per_tenant` cap pinned bytes; a refusal names
+    the path; a client killed while holding them gives them back (the next one can pin as much
+    again)."""
+    config = tmp_path / "pilotd.toml"
+    config.write_text(f"[pinned]\n{key} = {4 * PAGE}\n")
+    d = daemon_with("--config", str(config))
     holder, err, _base = _holder(d.socket_path, 4 * PAGE)
     try:
         assert err == 0
         c = _client(d)
         fd = _memfd(PAGE)
         assert _register(c, fd, PAGE).hdr.err == MEMORY_ALLOCATION  # the holder has it all
-        assert "range refused" in d.log()
+        assert "pinned refused" in d.log()
+        assert ("quota:" if key == "limit_per_tenant" else "capacity:") in d.log()
         holder.kill()
         holder.wait(10)
         deadline = time.monotonic() + 10

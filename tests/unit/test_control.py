@@ -43,7 +43,9 @@ def fake_daemon() -> Any:
     return SimpleNamespace(
         resolver=resolver, quotas=FakeQuotas(), gpus={0: 0},
         config=SimpleNamespace(admin_group="pilot-admin", tenants={}, policy="none"),
-        ledger=SimpleNamespace(usage=lambda tenant, gpu: 5),
+        broker=SimpleNamespace(tenant_usage=lambda tenant, gpus: {
+            **{str(g): {"used": 5, "by_kind": {"device": 5}} for g in gpus},
+            "host": {"used": 0, "by_kind": {}, "limit": None}}),
         session_summaries=lambda: sessions,
         draining=set(), end_session=lambda sid, why: sid == 1)
 

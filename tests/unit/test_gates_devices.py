@@ -15,6 +15,7 @@ from pilot.daemon.backends.base import CUDA_ERROR_INVALID_DEVICE, BackendError, 
 from pilot.daemon.backends.sim import SimBackend
 from pilot.daemon.backends.sim_device import h100_like_info
 from pilot.daemon.config import ConfigError, load_config
+from pilot.daemon.ops.device import fill_device_info
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.scheduling import streams
 from pilot.daemon.sessions import devices
@@ -225,12 +226,12 @@ def test_device_ordinals_start_at_the_session_gpu() -> None:
     devices.SessionGroup(first, base=1, topology=topo)  # placed on GPU 1
     vg = SimpleNamespace(topology=topo)
     rep = SimpleNamespace()
-    assert devices.fill_device_info(vg, first, 0, rep) is infos[1]  # type: ignore[arg-type]
+    assert fill_device_info(vg, first, 0, rep) is infos[1]  # type: ignore[arg-type]
     assert (rep.device_count, rep.total_mem, rep.peer_mask) == (3, 20, 0b110)
-    assert devices.fill_device_info(vg, first, 2, rep) is infos[0]  # type: ignore[arg-type]
+    assert fill_device_info(vg, first, 2, rep) is infos[0]  # type: ignore[arg-type]
     assert (rep.total_mem, rep.peer_mask) == (10, 0b001)  # GPU 0 reaches GPU 1 only: ordinal 0
     with pytest.raises(BackendError) as err:
-        devices.fill_device_info(vg, first, 3, rep)  # type: ignore[arg-type]
+        fill_device_info(vg, first, 3, rep)  # type: ignore[arg-type]
     assert err.value.code == CUDA_ERROR_INVALID_DEVICE
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from pilot.daemon.config import TenantDef
 from pilot.daemon.resources import tenants
-from pilot.daemon.resources.tenants import Ledger, Quota, QuotaFileError, QuotaStore, TenantResolver
+from pilot.daemon.resources.tenants import HOST, Ledger, Quota, QuotaFileError, QuotaStore, TenantResolver
 
 USERS = {1000: "alice", 1001: "bob", 1002: "carol", 1003: "dave", 1004: "erin"}
 GROUPS = {100: "users", 200: "ml", 300: "cv", 400: "pilot-admin", 500: "audio"}
@@ -253,20 +253,24 @@ def test_ledger_basics() -> None:
     led = Ledger()
     assert led.reserve("a", 0, 60, 100)
     assert not led.reserve("a", 0, 41, 100)
-    assert led.reserve("a", 0, 40, 100)  # exactly the limit
+    assert led.reserve("a", 0, 30, 100)
     assert led.reserve("a", 1, 500, None)  # no limit
-    assert led.reserve("a", 0, 7, None, kind="managed")  # counted apart
+    assert not led.reserve("a", 0, 11, 100, kind="managed")  # the hard limit covers every kind
+    assert led.reserve("a", 0, 10, 100, kind="managed")  # exactly the limit
     assert (led.usage("a", 0), led.usage("a", 1), led.usage("b", 0)) == (100, 500, 0)
-    assert led.usage("a", 0, kind="managed") == 7
+    assert (led.usage("a", 0, kind="device"), led.usage("a", 0, kind="managed")) == (90, 10)
+    assert led.breakdown("a", 0) == {"device": 90, "managed": 10}
     led.release("a", 0, 30)
     assert led.snapshot() == {("a", 0): 70, ("a", 1): 500}
-    assert led.snapshot("managed") == {("a", 0): 7}
+    assert led.snapshot("managed") == {("a", 0): 10}
     led.release("a", 1, 600)  # more than held: logged, clamped at 0
     assert led.usage("a", 1) == 0 and ("a", 1) not in led.snapshot()
+    assert led.reserve("a", HOST, 4096, None, kind="pinned")  # host memory, its own "GPU"
+    assert led.snapshot() == {("a", 0): 70} and led.usage("a", HOST) == 4096
     with pytest.raises(ValueError):
         led.reserve("a", 0, -1, None)
     with pytest.raises(ValueError):
-        led.reserve("a", 0, 1, None, kind="pinned")
+        led.reserve("a", 0, 1, None, kind="texture")
 
 
 def test_ledger_concurrent_reservations_never_exceed_the_limit() -> None:

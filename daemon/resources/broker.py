@@ -1,0 +1,195 @@
+"""The resource broker: the one path by which a tenant takes GPU or pinned host memory, and the
+one path by which it gives it back.
+
+Every allocation path (cudaMalloc, cudaMallocPitch, cudaMallocManaged, a module's globals at
+each load, a raised cudaDeviceSetLimit heap or stack, pinned and registered host memory) calls
+`allocate` (or `charge`) before the backend allocates: the bytes are charged to the tenant's
+ledger against its hard quota on that GPU and to the GPU's budget (its configured capacity), or,
+for pinned memory, against the per-tenant and daemon-wide pinned limits. A refusal is the CUDA
+error a GPU out of memory gives (cudaErrorMemoryAllocation), a log line naming the path, and a
+metric (`pilot_allocation_refusals_total{tenant,kind,reason}`).
+
+What a session holds is kept per kind on the session itself (`Session.charged`), so the end of a
+session, however it ends, gives back exactly what is left (`release_all`). The policy host
+hears of every allocation and free (AllocationView events).
+
+Thread-safe: the ledger and the budgets each take their own lock; vGPU threads call in.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pilot.daemon.backends.base import CUDA_ERROR_MEMORY_ALLOCATION, BackendError
+from pilot.daemon.resources.tenants import GPU_KINDS, HOST, KINDS, Ledger, QuotaStore
+
+if TYPE_CHECKING:
+    from pilot.daemon.scheduling.policy_host import PolicyHost
+    from pilot.daemon.sessions.session import Session
+    from pilot.daemon.telemetry.metrics import Metrics
+
+log = logging.getLogger("pilot.broker")
+T = TypeVar("T")
+
+# The call each path answers, for log lines.
+CALLS = {"device": "cudaMalloc", "pitch": "cudaMallocPitch", "managed": "cudaMallocManaged",
+         "module": "module load", "limit": "cudaDeviceSetLimit", "pinned": "cudaHostAlloc/Register"}
+
+
+class GpuBudget:
+    """Device memory pilot grants per GPU: the configured capacity (a smaller GPU can be
+    emulated, or headroom kept) against what all sessions hold."""
+
+    def __init__(self, capacities: dict[int, int]) -> None:
+        self._capacity = dict(capacities)
+        self._used = dict.fromkeys(capacities, 0)
+        self._lock = threading.Lock()
+
+    def capacity(self, gpu: int) -> int:
+        return self._capacity[gpu]
+
+    def used(self, gpu: int) -> int:
+        return self._used[gpu]
+
+    def reserve(self, gpu: int, nbytes: int) -> bool:
+        with self._lock:
+            if self._used[gpu] + nbytes > self._capacity[gpu]:
+                return False
+            self._used[gpu] += nbytes
+            return True
+
+    def release(self, gpu: int, nbytes: int) -> None:
+        with self._lock:
+            self._used[gpu] = max(0, self._used[gpu] - nbytes)
+
+
+def default_pinned_limit() -> int:
+    """Half the host's memory."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (OSError, ValueError):
+        return 1 << 62
+
+
+class ResourceBroker:
+    def __init__(self, quotas: QuotaStore, ledger: Ledger, budget: GpuBudget, metrics: Metrics,
+                 pinned_limit: int | None = None, pinned_limit_per_tenant: int | None = None) -> None:
+        self.quotas = quotas
+        self.ledger = ledger
+        self.budget = budget
+        self.metrics = metrics
+        self.pinned = GpuBudget({HOST: pinned_limit if pinned_limit is not None else default_pinned_limit()})
+        self.pinned_limit_per_tenant = pinned_limit_per_tenant
+        self.policy: PolicyHost | None = None  # set by the Daemon
+
+    # ---- charging ----
+    def charge(self, s: Session, kind: str, nbytes: int, call: str | None = None) -> None:
+        """Charge nbytes of `kind` to s's tenant, or raise cudaErrorMemoryAllocation."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown allocation kind {kind!r}")
+        if nbytes <= 0:
+            return
+        tenant = s.tenant
+        if kind in GPU_KINDS:
+            gpu, hard = s.device, self.quotas.get(s.tenant, s.device).hard
+            pool, what = self.budget, "GPU capacity"
+        else:
+            gpu, hard = HOST, self.pinned_limit_per_tenant
+            pool, what = self.pinned, "pinned host memory limit"
+        if not self.ledger.reserve(tenant, gpu, nbytes, hard, kind):
+            self._refused(s, kind, nbytes, call, "quota",
+                          f"{self.ledger.usage(tenant, gpu)} in use, limit {hard}")
+        if not pool.reserve(gpu, nbytes):
+            self.ledger.release(tenant, gpu, nbytes, kind)
+            self._refused(s, kind, nbytes, call, "capacity",
+                          f"{what} {pool.capacity(gpu)}, {pool.used(gpu)} granted")
+        s.charged[kind] = s.charged.get(kind, 0) + nbytes
+
+    def refund(self, s: Session, kind: str, nbytes: int) -> None:
+        """Give back nbytes of `kind` that s was charged."""
+        held = s.charged.get(kind, 0)
+        nbytes = min(nbytes, held)
+        if nbytes <= 0:
+            return
+        gpu = s.device if kind in GPU_KINDS else HOST
+        self.ledger.release(s.tenant, gpu, nbytes, kind)
+        (self.budget if kind in GPU_KINDS else self.pinned).release(gpu, nbytes)
+        if held == nbytes:
+            del s.charged[kind]
+        else:
+            s.charged[kind] = held - nbytes
+
+    def adjust(self, s: Session, kind: str, old: int, new: int, call: str | None = None) -> None:
+        """A charge of `old` bytes becomes `new` (pitch corrections, a limit raised or lowered)."""
+        if new > old:
+            self.charge(s, kind, new - old, call)
+        elif old > new:
+            self.refund(s, kind, old - new)
+
+    def allocate(self, s: Session, kind: str, nbytes: int, make: Callable[[], T],
+                 call: str | None = None, ptr_of: Callable[[T], int] | None = None) -> T:
+        """Charge, then run `make` (the backend's allocation); refund if it fails. The policy
+        hears of the allocation."""
+        self.charge(s, kind, nbytes, call)
+        try:
+            result = make()
+        except BaseException:
+            self.refund(s, kind, nbytes)
+            raise
+        if self.policy is not None:
+            ptr = ptr_of(result) if ptr_of is not None else (result if isinstance(result, int) else 0)
+            self.policy.allocated(s, kind, ptr, nbytes)
+        return result
+
+    def release(self, s: Session, kind: str, nbytes: int, ptr: int = 0) -> None:
+        """The allocation is gone: refund it and tell the policy."""
+        self.refund(s, kind, nbytes)
+        if self.policy is not None and nbytes:
+            self.policy.freed(s, kind, ptr, nbytes)
+
+    def release_session(self, s: Session, held: list[tuple[str, int, int]]) -> dict[str, int]:
+        """The session ended and its memory is freed: each allocation it held (`held`: kind, ptr,
+        size) is released, then what else it was charged (module globals, limits); returns what
+        was released, by kind."""
+        left = dict(s.charged)
+        for kind, ptr, size in held:
+            self.release(s, kind, size, ptr)
+        for kind, nbytes in list(s.charged.items()):
+            self.release(s, kind, nbytes)
+        return left
+
+    def _refused(self, s: Session, kind: str, nbytes: int, call: str | None, reason: str,
+                 detail: str) -> None:
+        self.metrics.count("allocation_refusals", (s.tenant, kind, reason))
+        if reason == "quota":
+            self.metrics.quota_rejection(s.tenant)
+        where = f"GPU {s.device}" if kind in GPU_KINDS else "host"
+        log.warning("%s: %s on %s: %d-byte %s refused (%s)", reason, s.tenant, where, nbytes,
+                    kind, detail,
+                    extra={"session": s.id, "tenant": s.tenant, "call": call or CALLS[kind]})
+        raise BackendError(CUDA_ERROR_MEMORY_ALLOCATION, f"{kind} allocation refused: {reason}")
+
+    # ---- what a session sees ----
+    def memory_limits(self, s: Session, backend_free: int) -> tuple[int, int]:
+        """(free, total) as s's cudaMemGetInfo sees them: the GPU's capacity, or the tenant's
+        hard quota when smaller, less what is granted; never more than the device has free."""
+        gpu = s.device
+        cap = self.budget.capacity(gpu)
+        free, total = cap - self.budget.used(gpu), cap
+        hard = self.quotas.get(s.tenant, gpu).hard
+        if hard is not None and hard < cap:
+            total = hard
+            free = min(free, hard - self.ledger.usage(s.tenant, gpu))
+        return max(0, min(free, backend_free)), total
+
+    def tenant_usage(self, tenant: str, gpus: list[int]) -> dict[str, Any]:
+        """Per GPU: bytes held and what each path charged; and the tenant's pinned bytes."""
+        out: dict[str, Any] = {str(g): {"used": self.ledger.usage(tenant, g),
+                                        "by_kind": self.ledger.breakdown(tenant, g)} for g in gpus}
+        out["host"] = {"used": self.ledger.usage(tenant, HOST),
+                       "by_kind": self.ledger.breakdown(tenant, HOST), "limit": self.pinned_limit_per_tenant}
+        return out

@@ -1,0 +1,224 @@
+"""The one launch path: `<<<>>>`, cudaLaunchKernel, cudaLaunchKernelExC and cooperative launches
+(LAUNCH and LAUNCH_EX) all come here.
+
+    resolve the kernel -> check the arguments -> unified-memory accounting -> footprint
+    -> ask the policy -> run it now | raise WaitForPolicy (the vGPU defers the call) | refuse
+
+The footprint is the set of the session's allocations (device, managed, pinned) that the
+launch's pointer-sized arguments point into: every 8-byte-aligned word of every parameter of 8
+bytes or more, which covers plain pointer arguments and pointers inside structs passed by value,
+read with the parameter layout the daemon already has (FunctionInfo.params). It is computed only
+when the policy asks for it, so the default policy costs the launch nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pilot.daemon.backends.base import (
+    CUDA_ERROR_INVALID_DEVICE_FUNCTION,
+    CUDA_ERROR_INVALID_VALUE,
+    BackendError,
+    FunctionInfo,
+    LaunchAttrs,
+)
+from pilot.daemon.scheduling import streams
+from pilot.policies import KernelView, LaunchView, RangeView, Verdict
+
+if TYPE_CHECKING:
+    from pilot.daemon.scheduling.policy_host import PolicyHost
+    from pilot.daemon.sessions.session import Session
+    from pilot.daemon.vgpu.server import VGpu
+
+_WORD = struct.Struct("<Q")
+EVENT_DISABLE_TIMING = 2
+
+
+@dataclass(slots=True)
+class Launch:
+    """One launch as the vGPU received it; the arguments are a copy, so the launch can wait."""
+
+    function: int  # the session's function handle
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    stream: int  # the program's stream handle
+    args: bytes | memoryview  # a view of the received message until the launch has to wait
+    attrs: LaunchAttrs | None = None  # LAUNCH_EX's attributes
+    info: FunctionInfo | None = None
+    view: LaunchView | None = None
+
+
+class WaitForPolicy(Exception):
+    """The policy answered WAIT: the vGPU defers this call (and the session's later ones)."""
+
+    def __init__(self, launch: Launch, error: int, reason: str) -> None:
+        super().__init__(reason)
+        self.launch, self.error, self.reason = launch, error, reason
+
+
+def resolve(s: Session, launch: Launch) -> FunctionInfo:
+    info = s.functions.get(launch.function)
+    if info is None:
+        raise BackendError(CUDA_ERROR_INVALID_DEVICE_FUNCTION, f"no function {launch.function:#x}")
+    if len(launch.args) != info.arg_bytes:
+        raise BackendError(CUDA_ERROR_INVALID_VALUE,
+                           f"kernel arguments: {len(launch.args)} bytes, expected {info.arg_bytes}")
+    return info
+
+
+def footprint(s: Session, params: list[tuple[int, int]], args: bytes) -> tuple[RangeView, ...]:
+    """The session's allocations the launch's pointer-sized argument words point into."""
+    found: dict[int, RangeView] = {}
+    for offset, size in params:
+        if size < 8:
+            continue
+        start = -(-offset // 8) * 8
+        for at in range(start, offset + size - 7, 8):
+            (word,) = _WORD.unpack_from(args, at)
+            if word and word not in found:
+                r = allocation_at(s, word)
+                if r is not None:
+                    found.setdefault(r.ptr, r)
+    return tuple(found.values())
+
+
+def allocation_at(s: Session, ptr: int) -> RangeView | None:
+    """The allocation of s (device, managed, or pinned host memory) holding ptr."""
+    i = bisect.bisect_right(s._bases, ptr) - 1
+    if i >= 0:
+        base = s._bases[i]
+        size = s.allocations[base]
+        if ptr < base + size:
+            return RangeView(base, size, s.allocation_kind(base))
+    for r in s.pinned.values():
+        for start in (r.user, r.device_pointer + r.offset):
+            if start <= ptr < start + r.size:
+                return RangeView(r.user, r.size, "pinned")
+    return None
+
+
+def make_view(vg: VGpu, s: Session, launch: Launch, info: FunctionInfo, host: PolicyHost) -> LaunchView:
+    now = time.monotonic()
+    return LaunchView(
+        id=host.new_launch_id(), session=s.id, tenant=s.tenant, pid=s.creds.pid, gpu=s.device,
+        vgpu=vg.index, kernel=info.name, grid=launch.grid, block=launch.block, stream=launch.stream,
+        footprint=footprint(s, info.params, launch.args) if host.needs_footprint else (),
+        requested_at=now, now=now, attempts=1)
+
+
+def submit(vg: VGpu, s: Session, launch: Launch) -> None:
+    """A new launch: resolve, account, ask the policy; run it, or raise WaitForPolicy or the
+    error of a refusal."""
+    info = launch.info = resolve(s, launch)
+    if s.shadows:
+        s.note_managed_launch(memoryview(launch.args))
+    host = vg.policy
+    if host is None or not host.decides_launches:
+        issue(vg, s, launch)
+        return
+    launch.view = make_view(vg, s, launch, info, host)
+    decide(vg, s, launch, host)
+
+
+def decide(vg: VGpu, s: Session, launch: Launch, host: PolicyHost) -> None:
+    """Ask the policy about launch.view; run, refuse, or raise WaitForPolicy."""
+    view = launch.view
+    assert view is not None
+    decision = host.launch_requested(view)
+    if decision.verdict is Verdict.RUN:
+        issue(vg, s, launch)
+        host.launch_started(view)
+        return
+    if decision.verdict is Verdict.REFUSE:
+        raise BackendError(decision.error, f"refused by policy {host.name}: {decision.reason}")
+    raise WaitForPolicy(launch, decision.error, decision.reason)
+
+
+def retry(vg: VGpu, s: Session, launch: Launch) -> None:
+    """A waiting launch, asked again (stream order is kept: the session's later calls are
+    held behind it by the vGPU's wait queue)."""
+    host = vg.policy
+    assert host is not None and launch.view is not None
+    v = launch.view
+    launch.view = LaunchView(v.id, v.session, v.tenant, v.pid, v.gpu, v.vgpu, v.kernel, v.grid,
+                             v.block, v.stream, v.footprint, v.requested_at, time.monotonic(),
+                             v.attempts + 1)
+    decide(vg, s, launch, host)
+
+
+def issue(vg: VGpu, s: Session, launch: Launch) -> None:
+    """Put the kernel on its stream."""
+    info = launch.info
+    assert info is not None
+    if launch.stream == 0 and not s.dirty_blocking:  # the common case, inlined from stream_for_work
+        s.legacy_gen += 1
+        stream = s.legacy or streams.own_legacy(vg, s)
+    else:
+        stream = streams.stream_for_work(vg, s, launch.stream)
+    if launch.attrs is None:
+        vg.backend.launch(info.handle, launch.grid, launch.block, launch.shared_bytes, stream, launch.args[:])
+    else:
+        vg.backend.launch_ex(info.handle, launch.grid, launch.block, launch.shared_bytes, stream,
+                             launch.args[:], launch.attrs)
+    vg.shard.kernels += 1
+    host = vg.policy
+    if host is not None and host.needs_kernel_end and launch.view is not None:
+        vg.kernel_watch.started(s, launch.view, stream)
+
+
+class KernelWatch:
+    """Kernel completion for policies that ask for it (needs_kernel_end): an event recorded
+    after each launch, polled by the vGPU thread between calls. Costs nothing otherwise."""
+
+    def __init__(self, vg: VGpu) -> None:
+        self.vg = vg
+        self._running: list[tuple[Any, Session, LaunchView, float]] = []
+        self._free_events: list[Any] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._running)
+
+    def started(self, s: Session, view: LaunchView, stream: Any) -> None:
+        backend = self.vg.backend
+        ev = self._free_events.pop() if self._free_events else backend.event_create(EVENT_DISABLE_TIMING)
+        backend.event_record(ev, stream)
+        self._running.append((ev, s, view, time.monotonic()))
+
+    def poll(self) -> None:
+        """Report the kernels that finished, in launch order per stream."""
+        if not self._running:
+            return
+        backend, host = self.vg.backend, self.vg.policy
+        still = []
+        for ev, s, view, started in self._running:
+            try:
+                done = backend.event_query(ev)
+            except BackendError:
+                done = True  # a failed kernel is finished too
+            if not done:
+                still.append((ev, s, view, started))
+                continue
+            self._free_events.append(ev)
+            if host is not None:
+                host.kernel_finished(KernelView(view.id, view.session, view.tenant, view.gpu,
+                                                view.kernel, started, time.monotonic()))
+        self._running = still
+
+    def forget(self, session_id: int) -> None:
+        """A session ends: its kernels count as finished now (they were synchronized)."""
+        if any(s.id == session_id for _ev, s, _v, _t in self._running):
+            self.poll()
+            self._running = [r for r in self._running if r[1].id != session_id]
+
+    def close(self) -> None:
+        for ev in self._free_events + [r[0] for r in self._running]:
+            try:
+                self.vg.backend.event_destroy(ev)
+            except Exception:
+                pass
+        self._free_events, self._running = [], []

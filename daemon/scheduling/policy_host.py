@@ -1,0 +1,185 @@
+"""The daemon's side of the policy interface (pilot.policies): it loads the configured policy,
+turns daemon state into the policy's plain views, calls its events one at a time under one
+lock, logs and counts its decisions, and tells the vGPUs when waiting launches should be asked
+again.
+
+The policy itself never sees a daemon object and never blocks a vGPU: a WAIT answer is carried
+out by the vGPU's wait queue (scheduling/waiting.py), which asks again on every tick and after
+every event that may have freed something.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pilot import policies
+from pilot.policies import (
+    RUN,
+    AllocationView,
+    Decision,
+    KernelView,
+    LaunchView,
+    NvmlView,
+    Policy,
+    SessionView,
+    Verdict,
+)
+
+if TYPE_CHECKING:
+    from pilot.daemon.config import Config
+    from pilot.daemon.sessions.session import Session
+    from pilot.daemon.telemetry.metrics import Metrics
+
+log = logging.getLogger("pilot.policy")
+TICK_S = 0.01
+
+
+class PolicyStartError(Exception):
+    """The configured policy cannot be used (unknown, not implemented, bad knobs, bad plugin)."""
+
+
+def load_policy(config: Config) -> Policy:
+    """The policy `[policy] name` names, with its knobs, after loading `[policy] plugins`.
+    Raises PolicyStartError with a message naming what is wrong."""
+    try:
+        for plugin in config.policy_plugins:
+            policies.load_plugin(plugin)
+        for name in config.policy_settings:
+            if name not in policies.available():
+                raise policies.UnknownPolicy(f"[policy.{name}]: no policy {name!r} "
+                                             f"(available: {', '.join(policies.available())})")
+        return policies.create(config.policy, config.policy_settings.get(config.policy))
+    except policies.PolicyConfigError as exc:
+        raise PolicyStartError(f"policy.name = {config.policy!r}: {exc}") from None
+
+
+def session_view(s: Session) -> SessionView:
+    return SessionView(id=s.id, tenant=s.tenant, pid=s.creds.pid, gpu=s.device, vgpu=s.vgpu)
+
+
+class PolicyHost:
+    """One per daemon; thread-safe. `wake` (set by the Daemon) asks every vGPU that has waiting
+    launches to ask the policy again."""
+
+    def __init__(self, policy: Policy, metrics: Metrics, max_wait: float = 0.0) -> None:
+        self.policy = policy
+        self.name = policy.name
+        self.metrics = metrics
+        self.max_wait = max_wait  # seconds a launch may wait; 0: no limit
+        self.decides_launches = policy.decides_launches
+        self.needs_footprint = policy.needs_footprint
+        self.needs_kernel_end = policy.needs_kernel_end
+        self.wake: Callable[[], None] = lambda: None
+        self._lock = threading.Lock()
+        self._next_launch = 1
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- the scheduler thread: ticks ----
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="pilot-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2)
+
+    def _run(self) -> None:
+        while not self._stop.wait(TICK_S):
+            try:
+                self._call(self.policy.tick, time.monotonic())
+                self.wake()
+            except Exception:
+                log.exception("policy %s: tick failed", self.name)
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self._lock:
+            return fn(*args)
+
+    def _event(self, fn: Callable[..., Any], *args: Any) -> None:
+        """An event whose failure must not fail the CUDA call that caused it."""
+        try:
+            with self._lock:
+                fn(*args)
+        except Exception:
+            log.exception("policy %s: %s failed", self.name, getattr(fn, "__name__", fn))
+
+    # ---- sessions and memory (vGPU and router threads) ----
+    def session_started(self, s: Session) -> None:
+        self._event(self.policy.session_started, session_view(s))
+
+    def session_ended(self, s: Session) -> None:
+        self._event(self.policy.session_ended, session_view(s))
+        self.wake()
+
+    def allocated(self, s: Session, kind: str, ptr: int, size: int) -> None:
+        self._event(self.policy.allocated, AllocationView(s.id, s.tenant, s.device, kind, ptr, size))
+
+    def freed(self, s: Session, kind: str, ptr: int, size: int) -> None:
+        self._event(self.policy.freed, AllocationView(s.id, s.tenant, s.device, kind, ptr, size))
+        self.wake()
+
+    def nvml_reading(self, gpu: int, total: int, used: int, utilization: int | None) -> None:
+        self._event(self.policy.nvml_reading, NvmlView(gpu, total, used, utilization))
+
+    # ---- launches (vGPU threads) ----
+    def new_launch_id(self) -> int:
+        with self._lock:
+            n = self._next_launch
+            self._next_launch += 1
+            return n
+
+    def launch_requested(self, view: LaunchView) -> Decision:
+        """The policy's decision, logged and counted. A policy that fails answers RUN (the
+        program must not fail because a policy has a bug), and the failure is logged."""
+        try:
+            with self._lock:
+                decision = self.policy.launch_requested(view)
+        except Exception:
+            log.exception("policy %s: launch_requested failed; the launch runs", self.name)
+            decision = RUN
+        if not isinstance(decision, Decision):
+            log.error("policy %s: launch_requested returned %r, not a Decision; the launch runs",
+                      self.name, decision)
+            decision = RUN
+        verdict = decision.verdict
+        if verdict is not Verdict.WAIT or view.attempts == 1:  # a wait is counted once
+            self.metrics.count("policy_decisions", (self.name, view.tenant, verdict.value))
+        if verdict is not Verdict.RUN or view.attempts > 1:
+            log.info("policy %s: session %d (%s) kernel %s: %s%s", self.name, view.session, view.tenant,
+                     view.kernel, verdict.value, f" ({decision.reason})" if decision.reason else "",
+                     extra={"session": view.session, "tenant": view.tenant})
+        return decision
+
+    def launch_started(self, view: LaunchView) -> None:
+        self._event(self.policy.launch_started, view)
+
+    def launch_dropped(self, view: LaunchView, why: str) -> None:
+        self._event(self.policy.launch_dropped, view, why)
+        log.info("policy %s: session %d kernel %s dropped after %.3f s: %s", self.name, view.session,
+                 view.kernel, view.waited_s, why, extra={"session": view.session, "tenant": view.tenant})
+
+    def kernel_finished(self, view: KernelView) -> None:
+        self._event(self.policy.kernel_finished, view)
+        self.wake()
+
+    # ---- reports ----
+    def describe(self) -> dict[str, Any]:
+        """For pilotctl status: the policy in force, its knobs and state, and every name known."""
+        try:
+            with self._lock:
+                state = self.policy.state()
+        except Exception as exc:
+            state = {"error": str(exc)}
+        settings = self.policy.settings
+        knobs = dict(vars(settings)) if settings is not None and hasattr(settings, "__dict__") else (
+            {f: getattr(settings, f) for f in getattr(settings, "__dataclass_fields__", {})})
+        return {"name": self.name, "summary": self.policy.summary, "max_wait_s": self.max_wait,
+                "settings": knobs, "state": state,
+                "available": {name: {"summary": cls.summary, "implemented": cls.implemented}
+                              for name, cls in policies.available().items()}}

@@ -1,0 +1,151 @@
+"""Calls that wait: a launch the policy answered WAIT, deferred without blocking the vGPU.
+
+The vGPU thread goes on serving every other session. The waiting session is *held*: its later
+calls on its main connection are copied into its backlog in arrival order (its unified-memory
+fault channel is never held), so stream order, and program order, are kept. A waiting launch
+ends when
+- the policy answers RUN: the launch is issued, a caller waiting for a reply gets it, and the
+  backlog is replayed until it is empty or another launch waits;
+- the policy answers REFUSE, or `[policy] max_wait` passes: the Decision's error becomes the
+  launch's error (a posted launch's error is delivered by the next synchronizing call, as
+  CUDA's asynchronous errors are), then the backlog is replayed;
+- the session ends (process exit, pilotctl kill): the launch and the backlog are dropped with
+  the session, which frees everything as any session end does.
+
+The vGPU asks again on every tick of the scheduler thread, after every batch of calls it
+served, and whenever the policy host says something was freed or finished.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pilot.daemon.backends.base import BackendError
+from pilot.daemon.protocol import ffi
+from pilot.daemon.scheduling import launch as launches
+from pilot.daemon.scheduling.launch import Launch, WaitForPolicy
+
+if TYPE_CHECKING:
+    from pilot.daemon.sessions.session import Session
+    from pilot.daemon.vgpu.server import VGpu
+
+
+class HeldMessage:
+    """A copy of a received message (pilot_srv_msg's fields) that outlives the receive buffers."""
+
+    __slots__ = ("_bufs", "conn", "frame", "len", "nframes")
+
+    def __init__(self, msg: Any) -> None:
+        self.conn = msg.conn
+        self.nframes = min(msg.nframes, 3)
+        self._bufs = [bytearray(ffi.buffer(msg.frame[i], msg.len[i])) for i in range(self.nframes)]
+        self.frame = [ffi.from_buffer(b) for b in self._bufs]
+        self.len = [len(b) for b in self._bufs]
+
+
+@dataclass(eq=False)
+class Waiting:
+    session: Session
+    launch: Launch
+    reply_to: HeldMessage | None  # None: a posted launch (no reply)
+    error: int
+    reason: str
+    since: float = field(default_factory=time.monotonic)
+    deadline: float = math.inf
+
+
+class WaitQueue:
+    """The waiting launches of one vGPU, oldest first. Owned by the vGPU thread."""
+
+    def __init__(self, vg: VGpu) -> None:
+        self.vg = vg
+        self.entries: list[Waiting] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def defer(self, s: Session, exc: WaitForPolicy, msg: Any, posted: bool) -> None:
+        host = self.vg.policy
+        max_wait = host.max_wait if host is not None else 0.0
+        exc.launch.args = bytes(exc.launch.args)  # the receive buffer is reused after this call
+        w = Waiting(s, exc.launch, None if posted else HeldMessage(msg), exc.error, exc.reason)
+        if max_wait > 0:
+            w.deadline = w.since + max_wait
+        s.waiting = w
+        self.entries.append(w)
+        self.vg.metrics.admission_wait(s.tenant)
+
+    def poll(self) -> None:
+        """Ask the policy again about every waiting launch, oldest first."""
+        for w in list(self.entries):
+            if w.session.waiting is not w:  # released meanwhile
+                self._remove(w)
+                continue
+            err = 0
+            try:
+                if time.monotonic() >= w.deadline:
+                    raise BackendError(w.error, f"waited {self.vg.policy.max_wait:g} s for the policy"
+                                       if self.vg.policy else "waited too long")
+                launches.retry(self.vg, w.session, w.launch)
+            except WaitForPolicy as again:
+                w.error, w.reason = again.error, again.reason
+                continue
+            except BackendError as exc:
+                err = exc.code
+                outcome = "timeout" if time.monotonic() >= w.deadline else "refused"
+                if self.vg.policy is not None and w.launch.view is not None:
+                    self.vg.policy.launch_dropped(w.launch.view, outcome)
+            else:
+                outcome = "ran"
+            self._finish(w, err, outcome)
+
+    def _finish(self, w: Waiting, err: int, outcome: str) -> None:
+        vg, s = self.vg, w.session
+        self._remove(w)
+        s.waiting = None
+        waited = time.monotonic() - w.since
+        vg.metrics.count("launch_waits", (s.tenant, outcome))
+        vg.metrics.count("launch_wait_seconds", (s.tenant,), waited)
+        if w.reply_to is None:
+            if err:
+                s.note_async_error(err)
+        else:
+            vg.reply_status(w.reply_to, err, s.sticky)
+        self.replay(s)
+
+    def replay(self, s: Session) -> None:
+        """Serve the session's held calls in order, until none is left or one waits again."""
+        while s.backlog and s.waiting is None and s.id in self.vg.sessions:
+            self.vg.handle(s.backlog.popleft())
+
+    def drop(self, s: Session) -> None:
+        """The session ends: forget its waiting launch and held calls."""
+        w = s.waiting
+        if w is not None:
+            s.waiting = None
+            self._remove(w)
+            self.vg.metrics.count("launch_waits", (s.tenant, "session_end"))
+            if self.vg.policy is not None and w.launch.view is not None:
+                self.vg.policy.launch_dropped(w.launch.view, "session_end")
+        s.backlog.clear()
+
+    def _remove(self, w: Waiting) -> None:
+        try:
+            self.entries.remove(w)
+        except ValueError:
+            pass
+
+    def describe(self, s: Session) -> dict[str, Any] | None:
+        w = s.waiting
+        if w is None:
+            return None
+        return {"kernel": w.launch.info.name if w.launch.info else "", "reason": w.reason,
+                "waiting_s": round(time.monotonic() - w.since, 3), "held_calls": len(s.backlog)}
+
+
+def new_backlog() -> deque[Any]:
+    return deque()
