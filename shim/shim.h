@@ -58,7 +58,8 @@ cudaError_t pilot_recv_locked(void *rep, size_t rep_len);
  * any fault, then used by the fault handler only. pilot_fault_call returns the reply's err. */
 cudaError_t pilot_fault_channel_open(void);
 cudaError_t pilot_fault_call(uint16_t op, const void *req, size_t req_len);
-/* A staging area: shared memory the daemon pins, cut into slots (api_memory.c maps them). */
+/* A staging area: shared memory the daemon pins, cut into slots, mapped from its STAGING_OPEN
+ * reply (each part's by api_memory.c, the fault channel's by transport.c). */
 struct pilot_staging {
     uint8_t *base;
     uint64_t slot_bytes;

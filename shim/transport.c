@@ -11,10 +11,12 @@
  * is about. Everything is blocking I/O on the calling thread; a daemon that exits closes the
  * sockets and every waiting call returns at once with an error. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -515,6 +517,38 @@ const pilot_rep_device_info *pilot_device_info_of(int device)
 const pilot_rep_device_info *pilot_device_info(void)
 {
     return pilot_device_info_of(pilot_route_device());
+}
+
+/* ---- staging areas: shared memory the daemon pinned, described by a STAGING_OPEN reply ---- */
+
+cudaError_t pilot_staging_map(const pilot_rep_staging *rep, struct pilot_staging *out)
+{
+    char path[sizeof rep->path];
+    memcpy(path, rep->path, sizeof path);
+    path[sizeof path - 1] = 0;
+    size_t size = rep->slot_bytes * rep->slots;
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    void *p = fd >= 0 && size ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                              : MAP_FAILED;
+    if (fd >= 0) {
+        close(fd);
+        unlink(path); /* both sides have it mapped; nothing left behind on a crash */
+    }
+    if (p == MAP_FAILED) {
+        LOG_ERROR("cannot map the staging area %s", path);
+        return cudaErrorMemoryAllocation;
+    }
+    out->base = p;
+    out->slot_bytes = rep->slot_bytes;
+    out->slots = rep->slots;
+    return cudaSuccess;
+}
+
+void pilot_staging_unmap(struct pilot_staging *stage)
+{
+    if (stage->base)
+        munmap(stage->base, stage->slot_bytes * stage->slots);
+    stage->base = NULL;
 }
 
 /* ---- the unified-memory fault channel (coherence.c) ---- */
