@@ -22,6 +22,7 @@ cudaError_t pilot_ensure_session(void);
  * unless a pilot_route_begin() scope names the device a pointer, stream or event is on. */
 int pilot_device_count(void);               /* devices the daemon offers (after the session) */
 int pilot_current_device(void);             /* the calling thread's (cudaSetDevice) */
+void pilot_set_current_device(int device); /* cudaSetDevice, once the device's part is joined */
 int pilot_route_device(void);
 int pilot_route_begin(int device);          /* returns the previous route for pilot_route_end */
 void pilot_route_end(int previous);

@@ -44,7 +44,8 @@ static pilot_rep_device_info g_infos[PILOT_MAX_DEVICES];
 static int g_info_known[PILOT_MAX_DEVICES]; /* set (release) once g_infos[d] is filled */
 
 static char g_endpoint[PILOT_ENDPOINT_MAX];  /* part 0's vGPU socket */
-static __thread int t_route = -1;           /* device of the call at hand, -1: current */
+static __thread int t_device;               /* the thread's current device (cudaSetDevice) */
+static __thread int t_route = -1;           /* device of the call at hand, -1: t_device */
 
 /* The fault channel: a second connection to the vGPU of the session's part 0, used only by the
  * unified-memory fault handler (coherence.c) to fetch shadow chunks. Its own lock and sequence
@@ -298,9 +299,19 @@ const char *pilot_callbacks_endpoint(void)
 
 /* ---- routing ---- */
 
+int pilot_current_device(void)
+{
+    return t_device;
+}
+
+void pilot_set_current_device(int device)
+{
+    t_device = device;
+}
+
 int pilot_route_device(void)
 {
-    return t_route >= 0 ? t_route : pilot_current_device();
+    return t_route >= 0 ? t_route : t_device;
 }
 
 int pilot_route_begin(int device)
