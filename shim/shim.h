@@ -16,6 +16,9 @@
 /* Opens the session if needed (HELLO on the main socket, ATTACH on the vGPU socket, device info).
  * Returns cudaSuccess or the error every call gets while the daemon cannot be reached. */
 cudaError_t pilot_ensure_session(void);
+/* From now on every call of the calling thread that needs the session fails with
+ * cudaErrorNotPermitted (the callback thread: a host callback may not call CUDA). */
+void pilot_refuse_thread_calls(void);
 
 /* A session spans devices: one part (connection) per device the program uses, joined on first
  * use (DEVICE_JOIN). pilot_call/pilot_post go to the calling thread's route: its current device,
@@ -254,7 +257,6 @@ enum { PILOT_PER_THREAD_STREAM, PILOT_MARKER_EVENT, PILOT_THREAD_OBJECT_KINDS };
 uint64_t pilot_thread_object(int kind, int device);
 
 /* ---- callbacks.c: host callbacks run on the shim's callback thread ---- */
-int pilot_in_callback(void);      /* the calling thread is running a host callback */
 /* While host callbacks are outstanding, a call that waits for device work (a synchronize, a
  * copy to or from pageable memory, cudaFree) must neither hold its device's connection nor
  * block the daemon's vGPU thread while it waits: the work may wait for a callback that waits

@@ -44,6 +44,7 @@ static pilot_rep_device_info g_infos[PILOT_MAX_DEVICES];
 static int g_info_known[PILOT_MAX_DEVICES]; /* set (release) once g_infos[d] is filled */
 
 static char g_endpoint[PILOT_ENDPOINT_MAX];  /* part 0's vGPU socket */
+static __thread int t_refused;              /* pilot_refuse_thread_calls() was called */
 static __thread int t_device;               /* the thread's current device (cudaSetDevice) */
 static __thread int t_route = -1;           /* device of the call at hand, -1: t_device */
 
@@ -265,8 +266,8 @@ static int open_session(void)
 cudaError_t pilot_ensure_session(void)
 {
     cudaError_t err = cudaSuccess;
-    if (pilot_in_callback())
-        return cudaErrorNotPermitted; /* a host callback may not call CUDA */
+    if (t_refused)
+        return cudaErrorNotPermitted; /* the callback thread: a host callback may not call CUDA */
     if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == CONN_READY)
         return cudaSuccess;
     pthread_mutex_lock(&g_session_lock);
@@ -280,6 +281,11 @@ cudaError_t pilot_ensure_session(void)
     }
     pthread_mutex_unlock(&g_session_lock);
     return err;
+}
+
+void pilot_refuse_thread_calls(void)
+{
+    t_refused = 1;
 }
 
 int pilot_device_count(void)
