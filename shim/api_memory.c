@@ -17,12 +17,17 @@
 static pthread_mutex_t g_stage_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct pilot_staging g_stages[PILOT_MAX_DEVICES]; /* one per device part */
 
-void pilot_staging_forget(void)
+static void fork_child(void)
 {
     /* After fork the mappings belong to the parent's session; the child opens its own. */
     pthread_mutex_init(&g_stage_lock, NULL);
     for (int d = 0; d < PILOT_MAX_DEVICES; d++)
         pilot_staging_unmap(&g_stages[d]);
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
 }
 
 /* The route device's staging area, opened on first use. */

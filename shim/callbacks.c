@@ -47,7 +47,7 @@ static uint64_t g_next_id;
 static int g_outstanding; /* registered, not yet run (atomic reads) */
 static enum channel g_channel = CHANNEL_NONE;
 static struct zmtp_conn g_conn = {.fd = -1}; /* the callback thread's once set up */
-void pilot_callbacks_forget(void)
+static void fork_child(void)
 {
     /* After fork: the parent's callbacks, connection and thread are not the child's. */
     pthread_mutex_init(&g_lock, NULL);
@@ -61,6 +61,11 @@ void pilot_callbacks_forget(void)
         close(g_conn.fd);
     g_conn.fd = -1;
     g_channel = CHANNEL_NONE;
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
 }
 
 static struct entry *take(uint64_t id)

@@ -72,16 +72,24 @@ static void init_parts(void)
     }
 }
 
+/* After fork the child must not use the parent's connections or session: it starts afresh on
+ * first use. This resets the transport's own state only: each module above that keeps state of
+ * the parent's session registers its own child handler, from a constructor like this one, so
+ * every shim handler is registered before the program's constructors run (a program's own child
+ * handler that calls CUDA finds the shim reset). Child handlers run in registration order, here
+ * the link order of shim/build.py's SHIM_SOURCES, this one first; their relative order does not
+ * matter. Each resets only its own module's state (api_symbols.c's also drops alloc_table.c's
+ * symbol ranges, which alloc_table.c's own handler keeps while it drops the rest: in either order
+ * the table ends empty); none talks to the daemon or waits for another module's state, and the
+ * child runs nothing else until the last one has returned. */
 static void fork_child(void)
 {
-    /* The child must not use the parent's connections or session: start afresh on first use. */
     pthread_mutex_init(&g_session_lock, NULL);
     pthread_mutex_init(&g_fault_lock, NULL);
     if (g_fault_conn.fd >= 0)
         close(g_fault_conn.fd);
     g_fault_conn.fd = -1;
     pilot_staging_unmap(&g_fault_stage);
-    pilot_um_forget_session();
     for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
         if (g_parts[d].conn.fd >= 0)
             close(g_parts[d].conn.fd);
@@ -91,13 +99,6 @@ static void fork_child(void)
     g_state = CONN_NONE;
     g_session = 0;
     g_device_count = 1;
-    pilot_alloc_clear();
-    pilot_registry_forget_session();
-    pilot_staging_forget();
-    pilot_copy_forget();
-    pilot_streams_forget();
-    pilot_callbacks_forget();
-    pilot_host_forget();
 }
 
 __attribute__((constructor)) static void transport_init(void)
