@@ -9,7 +9,19 @@
  * Which part a call goes to: the calling thread's *route*, its current device (cudaSetDevice)
  * unless a pilot_route_begin() scope names the device of the pointer, stream or event the call
  * is about. Everything is blocking I/O on the calling thread; a daemon that exits closes the
- * sockets and every waiting call returns at once with an error. */
+ * sockets and every waiting call returns at once with an error.
+ *
+ * Layering (tests/unit/test_shim_layers.py checks it on the compiled objects): a module calls
+ * only modules of its own layer or below.
+ *   below the transport: log.c, socket_path.c, zmtp.c, error_state.c, the generated errors.c
+ *   the transport:       this file
+ *   above it:            everything else: api_*.c, registry.c, coherence.c, callbacks.c,
+ *                        alloc_table.c, parallel_copy.c, device_props.c, cuda12_compat.c, and
+ *                        the generated stubs.c
+ * So the transport keeps what it needs to know of the threads above it (the current device
+ * cudaSetDevice sets; whether a thread may call CUDA at all: pilot_refuse_thread_calls), and the
+ * modules above arrange for themselves what they must do when a session ends: after fork each
+ * resets its own state in its own child handler (see fork_child). */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
