@@ -178,9 +178,16 @@ static void keep_only(int symbol, int device)
     pthread_rwlock_unlock(&g_lock);
 }
 
-void pilot_alloc_clear(void)
+static void fork_child(void)
 {
+    /* After fork the allocations are the parent's session's (api_symbols.c's handler drops the
+     * symbol ranges). */
     keep_only(1, -1);
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
 }
 
 void pilot_alloc_clear_device(int device)

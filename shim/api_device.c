@@ -6,13 +6,6 @@
 
 #include "shim.h"
 
-static __thread int t_device;
-
-int pilot_current_device(void)
-{
-    return t_device;
-}
-
 PILOT_EXPORT cudaError_t cudaGetDeviceCount(int *count)
 {
     if (!count)
@@ -32,7 +25,7 @@ PILOT_EXPORT cudaError_t cudaSetDevice(int device)
      * a device that cannot be served fails here, as natively. */
     cudaError_t err = pilot_ensure_device(device);
     if (err == cudaSuccess)
-        t_device = device;
+        pilot_set_current_device(device);
     PILOT_RETURN(err);
 }
 
@@ -41,7 +34,7 @@ PILOT_EXPORT cudaError_t cudaGetDevice(int *device)
     if (!device)
         PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_REQUIRE_SESSION();
-    *device = t_device;
+    *device = pilot_current_device();
     return cudaSuccess;
 }
 
@@ -85,7 +78,7 @@ PILOT_EXPORT cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr 
 PILOT_EXPORT cudaError_t cudaDeviceSynchronize(void)
 {
     PILOT_REQUIRE_SESSION();
-    cudaError_t err = pilot_callbacks_fence_device(t_device);
+    cudaError_t err = pilot_callbacks_fence_device(pilot_current_device());
     if (err)
         PILOT_RETURN(err);
     PILOT_RETURN(pilot_call(PILOT_OP_DEVICE_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0, NULL, 0, NULL));
@@ -94,12 +87,13 @@ PILOT_EXPORT cudaError_t cudaDeviceSynchronize(void)
 PILOT_EXPORT cudaError_t cudaDeviceReset(void)
 {
     PILOT_REQUIRE_SESSION();
-    cudaError_t err = pilot_callbacks_fence_device(t_device);
+    const int dev = pilot_current_device();
+    cudaError_t err = pilot_callbacks_fence_device(dev);
     if (err == cudaSuccess)
         err = pilot_call(PILOT_OP_DEVICE_RESET, NULL, 0, NULL, 0, NULL, 0, NULL, 0, NULL);
     if (err == cudaSuccess) {
-        pilot_alloc_clear_device(t_device);
-        pilot_streams_reset_device(t_device);
+        pilot_alloc_clear_device(dev);
+        pilot_streams_reset_device(dev);
         pilot_um_remove_allocations();
     }
     PILOT_RETURN(err);

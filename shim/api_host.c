@@ -508,7 +508,7 @@ cudaError_t pilot_pinned_copy(void *dst, const void *src, size_t count, enum cud
  * with the parent, as natively (the driver's pinned allocations are shared mappings: a child's
  * write reaches the parent on the H100); registered memory was the program's private memory,
  * so the child gets its own copy of it, as it would have without pilot. */
-void pilot_host_forget(void)
+static void fork_child(void)
 {
     pthread_rwlock_init(&g_lock, NULL);
     pthread_mutex_init(&g_move_lock, NULL);
@@ -517,4 +517,9 @@ void pilot_host_forget(void)
             privatize(g_ranges[i].base, g_ranges[i].len);
     g_count = 0;
     __atomic_store_n(&g_any, 0, __ATOMIC_RELEASE);
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
 }

@@ -9,54 +9,25 @@
  *
  * With several devices, a copy or memset goes to the part of the session on the device of its
  * stream, or else of its device memory; each part has its own staging area. */
-#include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
-#include "log.h"
 #include "shim.h"
 
 static pthread_mutex_t g_stage_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct pilot_staging g_stages[PILOT_MAX_DEVICES]; /* one per device part */
 
-cudaError_t pilot_staging_map(const pilot_rep_staging *rep, struct pilot_staging *out)
-{
-    char path[sizeof rep->path];
-    memcpy(path, rep->path, sizeof path);
-    path[sizeof path - 1] = 0;
-    size_t size = rep->slot_bytes * rep->slots;
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    void *p = fd >= 0 && size ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                              : MAP_FAILED;
-    if (fd >= 0) {
-        close(fd);
-        unlink(path); /* both sides have it mapped; nothing left behind on a crash */
-    }
-    if (p == MAP_FAILED) {
-        LOG_ERROR("cannot map the staging area %s", path);
-        return cudaErrorMemoryAllocation;
-    }
-    out->base = p;
-    out->slot_bytes = rep->slot_bytes;
-    out->slots = rep->slots;
-    return cudaSuccess;
-}
-
-void pilot_staging_unmap(struct pilot_staging *stage)
-{
-    if (stage->base)
-        munmap(stage->base, stage->slot_bytes * stage->slots);
-    stage->base = NULL;
-}
-
-void pilot_staging_forget(void)
+static void fork_child(void)
 {
     /* After fork the mappings belong to the parent's session; the child opens its own. */
     pthread_mutex_init(&g_stage_lock, NULL);
     for (int d = 0; d < PILOT_MAX_DEVICES; d++)
         pilot_staging_unmap(&g_stages[d]);
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
 }
 
 /* The route device's staging area, opened on first use. */

@@ -79,12 +79,17 @@ uint64_t pilot_thread_object(int kind, int device)
     return o->handle;
 }
 
-void pilot_streams_forget(void)
+static void fork_child(void)
 {
     /* After fork: the parent's objects are not the child's (the forking thread's TLS is). */
     for (int d = 0; d < PILOT_MAX_DEVICES; d++)
         __atomic_add_fetch(&g_generation[d], 1, __ATOMIC_RELAXED);
     memset(t_objects, 0, sizeof t_objects);
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
 }
 
 void pilot_streams_reset_device(int device)

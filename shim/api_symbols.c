@@ -85,7 +85,8 @@ void pilot_symbols_forget_image(struct pilot_image *img)
     pthread_mutex_unlock(&g_lock);
 }
 
-void pilot_symbols_forget_session(void)
+/* After fork: nothing is resolved in the child's session, and the ranges are gone. */
+static void fork_child(void)
 {
     pthread_mutex_init(&g_lock, NULL);
     pthread_mutex_init(&g_resolve_lock, NULL);
@@ -96,6 +97,11 @@ void pilot_symbols_forget_session(void)
             memset(s->size, 0, sizeof s->size);
         }
     pilot_alloc_clear_symbols();
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
 }
 
 static struct pilot_symbol *lookup(const void *symbol)

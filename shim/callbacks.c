@@ -47,14 +47,7 @@ static uint64_t g_next_id;
 static int g_outstanding; /* registered, not yet run (atomic reads) */
 static enum channel g_channel = CHANNEL_NONE;
 static struct zmtp_conn g_conn = {.fd = -1}; /* the callback thread's once set up */
-static __thread int t_in_callback;
-
-int pilot_in_callback(void)
-{
-    return t_in_callback;
-}
-
-void pilot_callbacks_forget(void)
+static void fork_child(void)
 {
     /* After fork: the parent's callbacks, connection and thread are not the child's. */
     pthread_mutex_init(&g_lock, NULL);
@@ -68,6 +61,11 @@ void pilot_callbacks_forget(void)
         close(g_conn.fd);
     g_conn.fd = -1;
     g_channel = CHANNEL_NONE;
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
 }
 
 static struct entry *take(uint64_t id)
@@ -90,7 +88,7 @@ static void *callback_thread(void *arg)
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL); /* the program's signals are not for this thread */
-    t_in_callback = 1; /* everything this thread runs is a callback */
+    pilot_refuse_thread_calls(); /* everything this thread runs is a callback */
     for (;;) {
         struct zmtp_frame fr[ZMTP_MAX_FRAMES];
         int n = zmtp_recv(&g_conn, fr, ZMTP_MAX_FRAMES);

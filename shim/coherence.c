@@ -263,7 +263,7 @@ int pilot_um_contains(uint64_t addr)
     return yes;
 }
 
-void pilot_um_forget_session(void)
+static void fork_child(void)
 {
     /* After fork: the child has copies of the shadows (private memory) and no session. Leave
      * the mappings (pointers into them stay mapped) but stop managing them. */
@@ -272,6 +272,11 @@ void pilot_um_forget_session(void)
         free(g_regions[i].state);
     g_count = 0;
     g_any = 0;
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
 }
 
 /* ---- moving data ---- */

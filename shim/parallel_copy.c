@@ -102,7 +102,7 @@ void pilot_copy(void *dst, const void *src, size_t len)
         ;
 }
 
-void pilot_copy_forget(void)
+static void fork_child(void)
 {
     /* After fork the helper thread does not exist in the child. */
     pthread_mutex_init(&g.lock, NULL);
@@ -110,4 +110,9 @@ void pilot_copy_forget(void)
     g.started = 0;
     g.failed = 0;
     g.busy = 0;
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
 }

@@ -324,14 +324,19 @@ static void forget_table(struct pilot_kernel **table)
         }
 }
 
-void pilot_registry_forget_session(void)
+/* After fork: nothing is loaded in the child's session (api_symbols.c forgets its own). */
+static void fork_child(void)
 {
     pthread_mutex_init(&g_lock, NULL);
     pthread_mutex_init(&g_load_lock, NULL);
     forget_table(g_by_host);
     for (struct pilot_image *img = g_images; img; img = img->next)
         memset(img->module, 0, sizeof img->module); /* images with variables and no kernels too */
-    pilot_symbols_forget_session();
+}
+
+__attribute__((constructor)) static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, fork_child);
 }
 
 void pilot_kernel_set_max_dynamic_shared(struct pilot_kernel *k, int32_t bytes)

@@ -16,12 +16,16 @@
 /* Opens the session if needed (HELLO on the main socket, ATTACH on the vGPU socket, device info).
  * Returns cudaSuccess or the error every call gets while the daemon cannot be reached. */
 cudaError_t pilot_ensure_session(void);
+/* From now on every call of the calling thread that needs the session fails with
+ * cudaErrorNotPermitted (the callback thread: a host callback may not call CUDA). */
+void pilot_refuse_thread_calls(void);
 
 /* A session spans devices: one part (connection) per device the program uses, joined on first
  * use (DEVICE_JOIN). pilot_call/pilot_post go to the calling thread's route: its current device,
  * unless a pilot_route_begin() scope names the device a pointer, stream or event is on. */
 int pilot_device_count(void);               /* devices the daemon offers (after the session) */
 int pilot_current_device(void);             /* the calling thread's (cudaSetDevice) */
+void pilot_set_current_device(int device); /* cudaSetDevice, once the device's part is joined */
 int pilot_route_device(void);
 int pilot_route_begin(int device);          /* returns the previous route for pilot_route_end */
 void pilot_route_end(int previous);
@@ -58,7 +62,8 @@ cudaError_t pilot_recv_locked(void *rep, size_t rep_len);
  * any fault, then used by the fault handler only. pilot_fault_call returns the reply's err. */
 cudaError_t pilot_fault_channel_open(void);
 cudaError_t pilot_fault_call(uint16_t op, const void *req, size_t req_len);
-/* A staging area: shared memory the daemon pins, cut into slots (api_memory.c maps them). */
+/* A staging area: shared memory the daemon pins, cut into slots, mapped from its STAGING_OPEN
+ * reply (each part's by api_memory.c, the fault channel's by transport.c). */
 struct pilot_staging {
     uint8_t *base;
     uint64_t slot_bytes;
@@ -105,7 +110,6 @@ int pilot_alloc_contains(uint64_t ptr, uint64_t count);
 int pilot_alloc_is_device(uint64_t ptr);
 /* Ranges are recorded on the route device; the device ptr is on, or -1 if it is no range. */
 int pilot_alloc_device(uint64_t ptr);
-void pilot_alloc_clear(void); /* forgets allocations; symbol ranges stay (modules survive resets) */
 void pilot_alloc_clear_device(int device); /* the same for one device (cudaDeviceReset) */
 /* A module global's range (api_symbols.c): copies may use it, cudaFree refuses it. */
 void pilot_alloc_add_symbol(uint64_t base, uint64_t size);
@@ -137,7 +141,6 @@ cudaError_t pilot_um_before_launch(void); /* flush, then invalidate every shadow
  * when the host touches it, and a synchronous one waits for its stream (coherence.c). */
 cudaError_t pilot_um_device_wrote(uint64_t ptr, uint64_t count, uint64_t stream, int sync,
                                   cudaError_t err);
-void pilot_um_forget_session(void);       /* after fork */
 /* Maps a shadow of the daemon's managed range at [base, base+len) and attaches it. *taken is set
  * when the address is in use in this process (the caller may try another one). */
 cudaError_t pilot_um_map_shadow(uint64_t base, uint64_t len, int valid, int kind, int *taken);
@@ -149,7 +152,6 @@ struct pilot_kernel *pilot_kernel_from_handle(const void *handle); /* a cudaKern
 /* Loads the kernel's image on device dev and fetches its function there (and its parameter
  * layout) on first use. The device is the caller's to look up (pilot_route_device()), once. */
 cudaError_t pilot_kernel_resolve(struct pilot_kernel *k, int dev);
-void pilot_registry_forget_session(void); /* after fork or reset: nothing is loaded any more */
 struct pilot_image;
 /* The image's daemon module handle, loading the image (MODULE_LOAD) on first use. */
 cudaError_t pilot_image_module(struct pilot_image *img, uint64_t *module);
@@ -160,7 +162,6 @@ cudaError_t pilot_um_bind_variable(uint64_t module, const char *name, void **hos
 
 /* ---- api_symbols.c: __device__ and __constant__ variables ---- */
 void pilot_symbols_forget_image(struct pilot_image *img); /* the image was unregistered */
-void pilot_symbols_forget_session(void);                  /* after fork: nothing is resolved */
 
 struct pilot_kernel_launch_info {
     uint64_t function;
@@ -177,10 +178,8 @@ void pilot_kernel_set_max_dynamic_shared(struct pilot_kernel *k, int32_t bytes);
 
 /* ---- parallel_copy.c ---- */
 void pilot_copy(void *dst, const void *src, size_t len); /* memcpy, on two threads when large */
-void pilot_copy_forget(void);                            /* after fork */
 
 /* ---- api_memory.c ---- */
-void pilot_staging_forget(void); /* after fork: the staging area is the parent's */
 /* cudaMemcpy's checks and transports for an already resolved range (stream: daemon handle);
  * routed to the stream's device, else to the device the memory is on. */
 cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
@@ -211,7 +210,6 @@ int pilot_host_attributes(const void *ptr, struct cudaPointerAttributes *attr);
 cudaError_t pilot_pinned_copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                               uint64_t stream, int sync);
 int pilot_host_fault(uint64_t addr); /* from the SIGSEGV handler: 1 if it was a moving page */
-void pilot_host_forget(void);        /* after fork: the child's pinned pages become private */
 
 /* ---- api_peer.c ---- */
 /* A copy between two devices' memory (cudaMemcpyPeer, cross-device cudaMemcpy). */
@@ -243,7 +241,6 @@ uint64_t pilot_stream_handle(cudaStream_t stream);
 int pilot_handle_device(uint64_t handle);
 /* cudaEventRecord: the event and the stream must be on one device. */
 cudaError_t pilot_event_record(cudaEvent_t event, cudaStream_t stream);
-void pilot_streams_forget(void); /* after fork: per-thread streams are the parent's */
 void pilot_streams_reset_device(int device); /* cudaDeviceReset destroyed the device's streams */
 /* Daemon objects a thread keeps per device, created on first use, destroyed when the thread
  * exits, recreated after cudaDeviceReset or fork: its per-thread default stream (a blocking
@@ -252,7 +249,6 @@ enum { PILOT_PER_THREAD_STREAM, PILOT_MARKER_EVENT, PILOT_THREAD_OBJECT_KINDS };
 uint64_t pilot_thread_object(int kind, int device);
 
 /* ---- callbacks.c: host callbacks run on the shim's callback thread ---- */
-int pilot_in_callback(void);      /* the calling thread is running a host callback */
 /* While host callbacks are outstanding, a call that waits for device work (a synchronize, a
  * copy to or from pageable memory, cudaFree) must neither hold its device's connection nor
  * block the daemon's vGPU thread while it waits: the work may wait for a callback that waits
@@ -266,7 +262,6 @@ int pilot_callbacks_outstanding(void); /* some host callback is registered and h
 cudaError_t pilot_stream_sync(uint64_t handle); /* cudaStreamSynchronize of a handle */
 cudaError_t pilot_callbacks_fence_event(int device, uint64_t event);
 cudaError_t pilot_callbacks_fence_device(int device);
-void pilot_callbacks_forget(void); /* after fork */
 
 /* ---- generated from shim/cuda_errors.tsv (errors.c in the build dir) ---- */
 const char *pilot_error_name(int code);

@@ -9,12 +9,26 @@
  * Which part a call goes to: the calling thread's *route*, its current device (cudaSetDevice)
  * unless a pilot_route_begin() scope names the device of the pointer, stream or event the call
  * is about. Everything is blocking I/O on the calling thread; a daemon that exits closes the
- * sockets and every waiting call returns at once with an error. */
+ * sockets and every waiting call returns at once with an error.
+ *
+ * Layering (tests/unit/test_shim_layers.py checks it on the compiled objects): a module calls
+ * only modules of its own layer or below.
+ *   below the transport: log.c, socket_path.c, zmtp.c, error_state.c, the generated errors.c
+ *   the transport:       this file
+ *   above it:            everything else: api_*.c, registry.c, coherence.c, callbacks.c,
+ *                        alloc_table.c, parallel_copy.c, device_props.c, cuda12_compat.c, and
+ *                        the generated stubs.c
+ * So the transport keeps what it needs to know of the threads above it (the current device
+ * cudaSetDevice sets; whether a thread may call CUDA at all: pilot_refuse_thread_calls), and the
+ * modules above arrange for themselves what they must do when a session ends: after fork each
+ * resets its own state in its own child handler (see fork_child). */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -42,7 +56,9 @@ static pilot_rep_device_info g_infos[PILOT_MAX_DEVICES];
 static int g_info_known[PILOT_MAX_DEVICES]; /* set (release) once g_infos[d] is filled */
 
 static char g_endpoint[PILOT_ENDPOINT_MAX];  /* part 0's vGPU socket */
-static __thread int t_route = -1;           /* device of the call at hand, -1: current */
+static __thread int t_refused;              /* pilot_refuse_thread_calls() was called */
+static __thread int t_device;               /* the thread's current device (cudaSetDevice) */
+static __thread int t_route = -1;           /* device of the call at hand, -1: t_device */
 
 /* The fault channel: a second connection to the vGPU of the session's part 0, used only by the
  * unified-memory fault handler (coherence.c) to fetch shadow chunks. Its own lock and sequence
@@ -68,16 +84,24 @@ static void init_parts(void)
     }
 }
 
+/* After fork the child must not use the parent's connections or session: it starts afresh on
+ * first use. This resets the transport's own state only: each module above that keeps state of
+ * the parent's session registers its own child handler, from a constructor like this one, so
+ * every shim handler is registered before the program's constructors run (a program's own child
+ * handler that calls CUDA finds the shim reset). Child handlers run in registration order, here
+ * the link order of shim/build.py's SHIM_SOURCES, this one first; their relative order does not
+ * matter. Each resets only its own module's state (api_symbols.c's also drops alloc_table.c's
+ * symbol ranges, which alloc_table.c's own handler keeps while it drops the rest: in either order
+ * the table ends empty); none talks to the daemon or waits for another module's state, and the
+ * child runs nothing else until the last one has returned. */
 static void fork_child(void)
 {
-    /* The child must not use the parent's connections or session: start afresh on first use. */
     pthread_mutex_init(&g_session_lock, NULL);
     pthread_mutex_init(&g_fault_lock, NULL);
     if (g_fault_conn.fd >= 0)
         close(g_fault_conn.fd);
     g_fault_conn.fd = -1;
     pilot_staging_unmap(&g_fault_stage);
-    pilot_um_forget_session();
     for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
         if (g_parts[d].conn.fd >= 0)
             close(g_parts[d].conn.fd);
@@ -87,13 +111,6 @@ static void fork_child(void)
     g_state = CONN_NONE;
     g_session = 0;
     g_device_count = 1;
-    pilot_alloc_clear();
-    pilot_registry_forget_session();
-    pilot_staging_forget();
-    pilot_copy_forget();
-    pilot_streams_forget();
-    pilot_callbacks_forget();
-    pilot_host_forget();
 }
 
 __attribute__((constructor)) static void transport_init(void)
@@ -262,8 +279,8 @@ static int open_session(void)
 cudaError_t pilot_ensure_session(void)
 {
     cudaError_t err = cudaSuccess;
-    if (pilot_in_callback())
-        return cudaErrorNotPermitted; /* a host callback may not call CUDA */
+    if (t_refused)
+        return cudaErrorNotPermitted; /* the callback thread: a host callback may not call CUDA */
     if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == CONN_READY)
         return cudaSuccess;
     pthread_mutex_lock(&g_session_lock);
@@ -277,6 +294,11 @@ cudaError_t pilot_ensure_session(void)
     }
     pthread_mutex_unlock(&g_session_lock);
     return err;
+}
+
+void pilot_refuse_thread_calls(void)
+{
+    t_refused = 1;
 }
 
 int pilot_device_count(void)
@@ -296,9 +318,19 @@ const char *pilot_callbacks_endpoint(void)
 
 /* ---- routing ---- */
 
+int pilot_current_device(void)
+{
+    return t_device;
+}
+
+void pilot_set_current_device(int device)
+{
+    t_device = device;
+}
+
 int pilot_route_device(void)
 {
-    return t_route >= 0 ? t_route : pilot_current_device();
+    return t_route >= 0 ? t_route : t_device;
 }
 
 int pilot_route_begin(int device)
@@ -515,6 +547,38 @@ const pilot_rep_device_info *pilot_device_info_of(int device)
 const pilot_rep_device_info *pilot_device_info(void)
 {
     return pilot_device_info_of(pilot_route_device());
+}
+
+/* ---- staging areas: shared memory the daemon pinned, described by a STAGING_OPEN reply ---- */
+
+cudaError_t pilot_staging_map(const pilot_rep_staging *rep, struct pilot_staging *out)
+{
+    char path[sizeof rep->path];
+    memcpy(path, rep->path, sizeof path);
+    path[sizeof path - 1] = 0;
+    size_t size = rep->slot_bytes * rep->slots;
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    void *p = fd >= 0 && size ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                              : MAP_FAILED;
+    if (fd >= 0) {
+        close(fd);
+        unlink(path); /* both sides have it mapped; nothing left behind on a crash */
+    }
+    if (p == MAP_FAILED) {
+        LOG_ERROR("cannot map the staging area %s", path);
+        return cudaErrorMemoryAllocation;
+    }
+    out->base = p;
+    out->slot_bytes = rep->slot_bytes;
+    out->slots = rep->slots;
+    return cudaSuccess;
+}
+
+void pilot_staging_unmap(struct pilot_staging *stage)
+{
+    if (stage->base)
+        munmap(stage->base, stage->slot_bytes * stage->slots);
+    stage->base = NULL;
 }
 
 /* ---- the unified-memory fault channel (coherence.c) ---- */
