@@ -180,8 +180,11 @@ static void keep_only(int symbol, int device)
 
 static void fork_child(void)
 {
-    /* After fork the allocations are the parent's session's (api_symbols.c's handler drops the
-     * symbol ranges). */
+    /* The child has one thread: a lock another thread of the parent held at fork stays held
+     * for ever, so start from a fresh one. After fork the allocations are the parent's
+     * session's (api_symbols.c's handler drops the symbol ranges). */
+    pthread_rwlock_t fresh = PTHREAD_RWLOCK_INITIALIZER;
+    g_lock = fresh;
     keep_only(1, -1);
 }
 
