@@ -18,7 +18,6 @@ from pilot.daemon.ops.registry import OpTable
 from pilot.daemon.ops.replies import need_payload, u64
 from pilot.daemon.protocol import ffi, lib, new
 from pilot.daemon.scheduling import launch as launches
-from pilot.daemon.scheduling.launch import Launch
 from pilot.daemon.sessions.session import Session
 
 if TYPE_CHECKING:
@@ -68,8 +67,8 @@ def function_get(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
 def launch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     """<<<>>> and cudaLaunchKernel (posted): the one launch path (scheduling/launch.py)."""
     g, b = req.grid, req.block
-    launches.submit(vg, s, Launch(req.function, (g[0], g[1], g[2]), (b[0], b[1], b[2]), req.shared_bytes,
-                                  req.stream, payload))
+    launches.submit(vg, s, req.function, (g[0], g[1], g[2]), (b[0], b[1], b[2]), req.shared_bytes,
+                    req.stream, payload)
 
 @OPS.handler(lib.PILOT_OP_LAUNCH_EX, "pilot_req_launch_ex")
 def launch_ex(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
@@ -86,8 +85,8 @@ def launch_ex(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
                         cluster_policy=req.cluster_policy,
                         priority=req.priority if req.has_priority else None)
     g, b = base.grid, base.block
-    launches.submit(vg, s, Launch(base.function, (g[0], g[1], g[2]), (b[0], b[1], b[2]), base.shared_bytes,
-                                  base.stream, payload, attrs))
+    launches.submit(vg, s, base.function, (g[0], g[1], g[2]), (b[0], b[1], b[2]), base.shared_bytes,
+                    base.stream, payload, attrs)
 
 @OPS.handler(lib.PILOT_OP_SYMBOL_GET, "pilot_req_symbol_get")
 def symbol_get(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:

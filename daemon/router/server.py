@@ -36,6 +36,7 @@ from pilot.daemon.resources.broker import GpuBudget, ResourceBroker
 from pilot.daemon.resources.tenants import Ledger, QuotaStore, TenantResolver
 from pilot.daemon.router import control, sdnotify
 from pilot.daemon.scheduling.callbacks import CallbackHub
+from pilot.daemon.scheduling.placement import least_busy, place_session
 from pilot.daemon.scheduling.policy_host import PolicyHost, load_policy
 from pilot.daemon.sessions.devices import SessionGroup, Topology
 from pilot.daemon.sessions.session import Credentials, Session, read_cmdline
@@ -176,6 +177,8 @@ class Daemon:
             os.chmod(self.control_path, 0o666)  # changes are checked against the caller's uid
             self._start_nvml()
             self._start_exporter()
+            if self._nvml is not None:
+                self.policy.readings = self._nvml.latest
             self.policy.start()
             log.info("pilotd ready on %s with %d vGPU(s) on GPU(s) %s, backend %s", self.socket_path,
                      len(self.vgpus), sorted(self.gpus), self.backend.name)
@@ -294,14 +297,13 @@ class Daemon:
         for sid, w in list(self._watched.items()):
             if w.session.creds.pid == creds.pid:
                 self.end_session(sid, "process exec'd")
-        open_vgpus = [v for v in self.vgpus if v.gpu not in self.draining]
+        vg = place_session(self.vgpus, self.draining)
         tenant = self.resolver.tenant_of(creds.uid, creds.gid)
-        if not open_vgpus:
+        if vg is None:
             log.warning("router: session of pid %d refused: every GPU is draining", creds.pid,
                         extra={"tenant": tenant})
             rep.hdr.err = CUDA_ERROR_DEVICES_UNAVAILABLE
             return to_bytes(rep)
-        vg = min(open_vgpus, key=lambda v: len(v.sessions))
         session = Session(id=self._next_session, creds=creds, vgpu=vg.index, device=vg.gpu,
                           tenant=tenant, cmdline=read_cmdline(creds.pid))
         self._next_session += 1
@@ -349,8 +351,8 @@ class Daemon:
         if not 0 < ordinal < len(w.group) or w.group.part(ordinal) is not None:
             rep.hdr.err = CUDA_ERROR_INVALID_DEVICE
             return to_bytes(rep)
-        candidates = self.topology.vgpus[w.group.position(ordinal)]
-        vg = min(candidates, key=lambda v: len(v.sessions))
+        vg = least_busy(self.topology.vgpus[w.group.position(ordinal)])
+        assert vg is not None  # every GPU has vGPUs
         part = w.group.add_part(ordinal, vg)
         vg.sessions[part.id] = part
         w.others.append((vg, part))

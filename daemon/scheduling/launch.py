@@ -61,13 +61,13 @@ class WaitForPolicy(Exception):
         self.launch, self.error, self.reason = launch, error, reason
 
 
-def resolve(s: Session, launch: Launch) -> FunctionInfo:
-    info = s.functions.get(launch.function)
+def resolve(s: Session, function: int, args: bytes | memoryview) -> FunctionInfo:
+    info = s.functions.get(function)
     if info is None:
-        raise BackendError(CUDA_ERROR_INVALID_DEVICE_FUNCTION, f"no function {launch.function:#x}")
-    if len(launch.args) != info.arg_bytes:
+        raise BackendError(CUDA_ERROR_INVALID_DEVICE_FUNCTION, f"no function {function:#x}")
+    if len(args) != info.arg_bytes:
         raise BackendError(CUDA_ERROR_INVALID_VALUE,
-                           f"kernel arguments: {len(launch.args)} bytes, expected {info.arg_bytes}")
+                           f"kernel arguments: {len(args)} bytes, expected {info.arg_bytes}")
     return info
 
 
@@ -111,13 +111,19 @@ def make_view(vg: VGpu, s: Session, launch: Launch, info: FunctionInfo, host: Po
         requested_at=now, now=now, attempts=1)
 
 
-def submit(vg: VGpu, s: Session, launch: Launch) -> None:
+Dim3 = tuple[int, int, int]
+
+
+def submit(vg: VGpu, s: Session, function: int, grid: Dim3, block: Dim3, shared_bytes: int, stream: int,
+           args: bytes | memoryview, attrs: LaunchAttrs | None = None) -> None:
     """A new launch: resolve, account, ask the policy; run it, or raise WaitForPolicy or the
-    error of a refusal."""
-    info = launch.info = resolve(s, launch)
+    error of a refusal. This is every launch's hot path: with a policy that does not decide
+    launches nothing is built for it."""
+    info = resolve(s, function, args)
     if s.shadows:
-        s.note_managed_launch(memoryview(launch.args))
+        s.note_managed_launch(memoryview(args))
     host = vg.policy
+    launch = Launch(function, grid, block, shared_bytes, stream, args, attrs, info)
     if host is None or not host.decides_launches:
         issue(vg, s, launch)
         return

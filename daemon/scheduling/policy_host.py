@@ -74,6 +74,9 @@ class PolicyHost:
         self.needs_footprint = policy.needs_footprint
         self.needs_kernel_end = policy.needs_kernel_end
         self.wake: Callable[[], None] = lambda: None
+        # The NVML poller's latest readings (set by the Daemon); new ones go to the policy.
+        self.readings: Callable[[], dict[int, Any]] | None = None
+        self._seen_readings: dict[int, float] = {}
         self._lock = threading.Lock()
         self._next_launch = 1
         self._stop = threading.Event()
@@ -92,10 +95,20 @@ class PolicyHost:
     def _run(self) -> None:
         while not self._stop.wait(TICK_S):
             try:
+                self._forward_readings()
                 self._call(self.policy.tick, time.monotonic())
                 self.wake()
             except Exception:
                 log.exception("policy %s: tick failed", self.name)
+
+    def _forward_readings(self) -> None:
+        if self.readings is None:
+            return
+        for gpu, r in self.readings().items():
+            if r is not None and self._seen_readings.get(gpu) != r.timestamp:
+                self._seen_readings[gpu] = r.timestamp
+                util = None if r.utilization_gpu != r.utilization_gpu else int(r.utilization_gpu)  # NaN
+                self.nvml_reading(gpu, r.memory_total, r.memory_used, util)
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         with self._lock:

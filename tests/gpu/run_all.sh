@@ -3,7 +3,8 @@
 #
 #   bash tests/gpu/run_all.sh [STAGE...]
 #
-# With STAGE names (smoke compare ops bench um_tune) only those run, after wheels and install.
+# With STAGE names (smoke compare ops bench um_tune sched fig1) only those run, after wheels and
+# install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
 #   1. wheels   .whl/*.whl (pyzmq, cffi, pycparser) into $PILOT_SITE with pip --target
@@ -16,6 +17,8 @@
 #               Unified Memory workloads (bench/um.cu, 1 GiB)
 #   7. um_tune  bench/bench.py --only um at other shadow chunk sizes (PILOT_UM_CHUNK) and without
 #               huge pages (PILOT_UM_HUGEPAGE=0), one run each: the measurements behind the defaults
+#   8. sched    tests/gpu/scheduler_check.py: the resource broker and launches that wait, on the GPU
+#   9. fig1     bench/fig1.py: PILOT Fig. 1, bare CUDA vs MPS vs pilot (default configuration)
 # Everything printed is also in $OUT/run_all.log; the compare and bench tables come last.
 # Files under $OUT (default /tmp/pilot-gpu-out): run_all.log, compare.md, compare.log,
 # pilotd-compare.log, bench.md, bench.json, pilotd-bench.log, um_tune.md.
@@ -117,9 +120,12 @@ main() {
         --out "$OUT/bench.md" --json "$OUT/bench.json" --daemon-log "$OUT/pilotd-bench.log" $BENCH_ARGS
 
     stage um_tune um_tune
+    stage sched timeout -k 10 180 "$PYTHON" tests/gpu/scheduler_check.py
+    mkdir -p "$OUT/fig1"
+    stage fig1 timeout -k 20 450 "$PYTHON" bench/fig1.py --out "$OUT/fig1" --python "$PYTHON"
 
     printf '\n==================== results\n\n'
-    for f in compare.md bench.md um_tune.md; do
+    for f in compare.md bench.md um_tune.md fig1/fig1.md; do
         if [ -f "$OUT/$f" ]; then
             cat "$OUT/$f"
         else
@@ -134,8 +140,8 @@ main() {
 }
 
 for wanted in "$@"; do
-    case "$wanted" in smoke | compare | ops | bench | um_tune) ;; *)
-        echo "run_all.sh: unknown stage '$wanted' (smoke compare ops bench um_tune)" >&2
+    case "$wanted" in smoke | compare | ops | bench | um_tune | sched | fig1) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare ops bench um_tune sched fig1)" >&2
         exit 2
     esac
 done
