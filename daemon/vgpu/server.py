@@ -16,28 +16,20 @@ import logging
 import os
 import struct
 import threading
-import time
 from typing import Any
 
 from pilot.daemon.backends.base import (
-    CUDA_ERROR_INITIALIZATION,
-    CUDA_ERROR_INVALID_VALUE,
-    CUDA_ERROR_NOT_SUPPORTED,
-    CUDA_ERROR_UNKNOWN,
-    STICKY_ERRORS,
     Backend,
-    BackendError,
     DeviceInfo,
 )
 from pilot.daemon.ops import handler_table
-from pilot.daemon.ops.registry import HandlerSpec
-from pilot.daemon.protocol import ENVELOPE_SIZE, ProtocolError, ffi, lib, new, op_names
+from pilot.daemon.protocol import ffi, lib, op_names
 from pilot.daemon.resources.broker import ResourceBroker
-from pilot.daemon.scheduling import streams
-from pilot.daemon.scheduling.launch import KernelWatch, WaitForPolicy
+from pilot.daemon.scheduling.launch import KernelWatch
 from pilot.daemon.scheduling.policy_host import PolicyHost
-from pilot.daemon.scheduling.waiting import HeldMessage, WaitQueue
-from pilot.daemon.sessions.session import Credentials, Session
+from pilot.daemon.scheduling.waiting import WaitQueue
+from pilot.daemon.sessions.session import Session
+from pilot.daemon.vgpu.dispatch import Dispatch, _Prepared
 
 log = logging.getLogger("pilot.vgpu")
 
@@ -47,7 +39,7 @@ WAKE_MS = 10  # how often a vGPU with waiting launches or watched kernels looks 
 CONTROL = struct.Struct("<cQ")  # command, session id
 
 
-class VGpu:
+class VGpu(Dispatch):
     def __init__(self, index: int, device: int, backend: Backend, endpoint_path: str,
                  broker: ResourceBroker, spin_us: int = 50, gpu: int | None = None) -> None:
         self.index = index
@@ -184,164 +176,3 @@ class VGpu:
             self.policy.session_ended(session)
         log.info("session %d (pid %d) released", session.id, session.creds.pid,
                  extra={"session": session.id, "tenant": session.tenant})
-
-    def _send(self, msg: Any, body: Any, size: int, payload: Any = None) -> None:
-        if payload is None:
-            lib.pilot_srv_send(self._srv, msg.conn, msg.frame[0], ENVELOPE_SIZE, body, size,
-                               ffi.NULL, 0)
-        else:
-            lib.pilot_srv_send(self._srv, msg.conn, msg.frame[0], ENVELOPE_SIZE, body, size,
-                               ffi.from_buffer(payload), len(payload))
-
-    def reply_status(self, msg: Any, err: int, deferred: int = 0) -> None:
-        rep = new("pilot_rep_status")
-        rep.hdr.err, rep.hdr.deferred = err, deferred
-        self._send(msg, rep, STATUS_SIZE)
-
-    def handle(self, msg: Any) -> None:
-        """One request: envelope, body[, payload]. Never raises. This is the hot path of every
-        call, so cffi constants are module globals and the common case comes first."""
-        if msg.nframes < 2 or msg.len[0] < ENVELOPE_SIZE:
-            log.warning("vgpu-%d: dropped a malformed message (%d frames)", self.index, msg.nframes)
-            return
-        env = _cast(_ENVELOPE_PTR, msg.frame[0])
-        no_reply = env.flags & _NO_REPLY
-        opcode = env.opcode
-        session = self._by_conn.get(msg.conn)
-        if env.version != _VERSION or session is None or session.id != env.session:
-            self._refuse(msg, env, session, no_reply)
-            return
-        if session.waiting is not None and msg.conn == session.identity:
-            session.backlog.append(HeldMessage(msg))  # behind its waiting launch, in order
-            return
-        prepared = self._specs.get(opcode)
-        result: Any = None
-        err = 0
-        t0 = 0.0 if no_reply else _clock()
-        if prepared is None:
-            log.warning("session %d: unknown opcode %d", session.id, opcode)
-            err = CUDA_ERROR_NOT_SUPPORTED
-        else:
-            try:
-                if msg.len[1] < prepared.size:
-                    raise ProtocolError(f"body of {msg.len[1]} bytes, expected {prepared.size}")
-                req = _cast(prepared.ptr, msg.frame[1]) if prepared.ptr is not None else None
-                payload = _buffer(msg.frame[2], msg.len[2]) if msg.nframes > 2 else EMPTY
-                result = prepared.fn(self, session, req, payload)
-            except BackendError as exc:
-                err = exc.code
-                log.debug("session %d: %s: %s", session.id, self._op_names.get(opcode), exc)
-            except WaitForPolicy as wait:
-                self.waits.defer(session, wait, msg, bool(no_reply))
-                session.calls += 1
-                return
-            except ProtocolError as exc:
-                err = CUDA_ERROR_INVALID_VALUE
-                log.warning("session %d: malformed %s: %s", session.id, self._op_names.get(opcode), exc)
-            except Exception:
-                err = CUDA_ERROR_UNKNOWN
-                log.exception("session %d: %s failed", session.id, self._op_names.get(opcode))
-        session.calls += 1
-        name = self._op_names.get(opcode, "unknown")
-        if no_reply:  # posted calls (launches...) are only counted: the hot path stays lean
-            row = self.shard.calls.get(name)
-            if row is None:
-                row = self.shard.calls[name] = self.metrics.new_row()
-            row[0] += 1
-        else:
-            self.metrics.call(name, _clock() - t0)
-        if not err:
-            if no_reply:
-                return
-            out_payload = None
-            if type(result) is tuple:
-                result, out_payload = result
-            if result is None:
-                result = new("pilot_rep_status")
-            if prepared.synchronizing or session.sticky:  # type: ignore[union-attr]
-                result.hdr.deferred = session.take_deferred()
-            self._send(msg, result, _reply_size(result), out_payload)
-            return
-        if err in STICKY_ERRORS:
-            log.error("session %d: context-fatal error %d from %s", session.id, err,
-                      self._op_names.get(opcode))
-        if no_reply or err in STICKY_ERRORS:
-            session.note_async_error(err)
-        if not no_reply:
-            self.reply_status(msg, err, session.sticky)
-
-    def _refuse(self, msg: Any, env: Any, session: Session | None, no_reply: int) -> None:
-        """Requests that get no handler: protocol version, attach, no session on the connection."""
-        if env.version != _VERSION:
-            log.warning("vgpu-%d: protocol version %d, expected %d", self.index, env.version, _VERSION)
-            if not no_reply:
-                self.reply_status(msg, CUDA_ERROR_NOT_SUPPORTED)
-        elif env.opcode == _OP_ATTACH:
-            self._attach(msg, env.session, bool(env.flags & _FAULT_CHANNEL))
-        else:
-            log.warning("vgpu-%d: %s from a connection with no session %d", self.index,
-                        self._op_names.get(env.opcode, env.opcode), env.session)
-            if not no_reply:
-                self.reply_status(msg, CUDA_ERROR_INITIALIZATION)
-
-    def _attach(self, msg: Any, session_id: int, fault_channel: bool = False) -> None:
-        """A session's connection (first) or its unified-memory fault channel (second, used by
-        the client's fault handler so it never waits behind the main connection's lock)."""
-        session = self.sessions.get(session_id)
-        uid, gid, pid = ffi.new("uint32_t *"), ffi.new("uint32_t *"), ffi.new("int32_t *")
-        err = 0
-        if lib.pilot_srv_peer(self._srv, msg.conn, uid, gid, pid) != 0:
-            return
-        creds = Credentials(uid=uid[0], gid=gid[0], pid=pid[0])
-        if session is None or (session.identity is None) == fault_channel or (
-                fault_channel and session.fault_identity is not None):
-            err = CUDA_ERROR_INITIALIZATION
-        elif (creds.pid, creds.uid) != (session.creds.pid, session.creds.uid):
-            log.warning("vgpu-%d: pid %d uid %d tried to attach session %d of pid %d", self.index,
-                        creds.pid, creds.uid, session.id, session.creds.pid)
-            err = CUDA_ERROR_INITIALIZATION
-        else:
-            if fault_channel:
-                session.fault_identity = msg.conn
-            else:
-                # Concurrency by default: the session's legacy default stream is a non-blocking
-                # stream of its own, so tenants on one vGPU never queue behind each other.
-                try:
-                    streams.own_legacy(self, session)
-                except BackendError as exc:
-                    err = exc.code
-                session.identity = msg.conn
-            self._by_conn[msg.conn] = session
-        self.reply_status(msg, err)
-
-
-class _Prepared:
-    """A handler with its request type resolved once, off the hot path."""
-
-    __slots__ = ("fn", "ptr", "size", "synchronizing")
-
-    def __init__(self, spec: HandlerSpec) -> None:
-        self.fn = spec.fn
-        self.synchronizing = spec.synchronizing
-        self.ptr = ffi.typeof(spec.request + " *") if spec.request else None
-        self.size = ffi.sizeof(spec.request) if spec.request else 0
-
-
-EMPTY = memoryview(b"")
-_cast, _buffer = ffi.cast, ffi.buffer
-_clock = time.perf_counter
-_ENVELOPE_PTR = ffi.typeof("pilot_envelope *")
-_NO_REPLY = lib.PILOT_F_NO_REPLY
-_VERSION = lib.PILOT_PROTO_VERSION
-_OP_ATTACH = lib.PILOT_OP_ATTACH
-_FAULT_CHANNEL = lib.PILOT_F_FAULT_CHANNEL
-STATUS_SIZE = ffi.sizeof("pilot_rep_status")
-_SIZES: dict[Any, int] = {}
-
-
-def _reply_size(cdata: Any) -> int:
-    ctype = ffi.typeof(cdata)
-    size = _SIZES.get(ctype)
-    if size is None:
-        size = _SIZES[ctype] = ffi.sizeof(ctype.item)
-    return size

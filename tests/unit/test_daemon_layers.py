@@ -73,7 +73,7 @@ def test_no_import_cycles() -> None:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycle = stack[stack.index(nxt):] + [nxt]
+                cycle = [*stack[stack.index(nxt):], nxt]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if nxt not in state:
                 dfs(nxt)

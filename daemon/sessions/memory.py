@@ -1,0 +1,109 @@
+"""What memory a session holds, as tables a vGPU thread checks every pointer against: its
+allocations (by base, sorted), its module variables, and its pinned host ranges. Mixed into
+Session."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pilot.daemon.backends.base import CUDA_ERROR_INVALID_VALUE, BackendError
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("pilot.session")
+
+
+def _within(bases: list[int], sizes: dict[int, int], ptr: int, count: int) -> bool:
+    """Whether [ptr, ptr+count) lies inside one of the ranges base..base+sizes[base]; `bases` is
+    the sorted list of sizes' keys."""
+    i = bisect.bisect_right(bases, ptr) - 1
+    return i >= 0 and ptr + count <= bases[i] + sizes[bases[i]]
+
+
+class MemoryTables:
+    """Methods of Session (its fields are declared there)."""
+
+    def add_allocation(self, ptr: int, size: int, managed: bool = False, pitched: bool = False) -> None:
+        self.allocations[ptr] = size
+        bisect.insort(self._bases, ptr)
+        if pitched:
+            self.pitched.add(ptr)
+        if managed:
+            self.managed.add(ptr)
+            self.managed_bytes += size
+        else:
+            self.device_bytes += size
+
+    def allocation_kind(self, ptr: int) -> str:
+        """The broker's kind of one of the session's allocations."""
+        return "managed" if ptr in self.managed else "pitch" if ptr in self.pitched else "device"
+
+    def remove_allocation(self, ptr: int) -> int:
+        size = self.allocations.pop(ptr, None)
+        if size is None:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{ptr:#x} is not an allocation of this session")
+        del self._bases[bisect.bisect_left(self._bases, ptr)]
+        self.pitched.discard(ptr)
+        if ptr in self.managed:
+            self.managed.discard(ptr)
+            self.managed_bytes -= size
+        else:
+            self.device_bytes -= size
+        return size
+
+    def held_allocations(self) -> list[tuple[str, int, int]]:
+        """(kind, ptr, size) of every allocation and pinned range the session holds."""
+        held = [(self.allocation_kind(p), p, n) for p, n in list(self.allocations.items())]
+        return held + [("pinned", r.base, r.length) for r in list(self.pinned.values())]
+
+    def check_range(self, ptr: int, count: int) -> None:
+        """Raise unless [ptr, ptr+count) lies inside one allocation or one module variable of
+        this session."""
+        if _within(self._bases, self.allocations, ptr, count) or (
+                self.symbols and _within(self._symbol_bases, self.symbols, ptr, count)):
+            return
+        if self.group is not None and self.group.owns(ptr, count, self):
+            return  # memory of the session on another device (devices.py)
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"[{ptr:#x}, +{count}) is not memory of this session")
+
+    def add_symbol(self, module: int, ptr: int, size: int) -> None:
+        """Record a variable of the session's module `module` (a handle) as its memory."""
+        if ptr in self.symbols:
+            return
+        self.symbols[ptr] = size
+        self._symbol_modules[ptr] = module
+        bisect.insort(self._symbol_bases, ptr)
+
+    def forget_module_symbols(self, module: int) -> None:
+        """The module is going away: its variables are no memory of the session any more."""
+        for ptr in [p for p, mod in self._symbol_modules.items() if mod == module]:
+            del self.symbols[ptr]
+            del self._symbol_modules[ptr]
+            del self._symbol_bases[bisect.bisect_left(self._symbol_bases, ptr)]
+
+    def add_pinned(self, r: Any) -> None:
+        self.pinned[r.base] = r
+        bisect.insort(self._pinned_bases, r.base)
+        self.pinned_bytes += r.length
+
+    def pop_pinned(self, base: int) -> Any:
+        r = self.pinned.pop(base)
+        del self._pinned_bases[bisect.bisect_left(self._pinned_bases, base)]
+        self.pinned_bytes -= r.length
+        return r
+
+    def pinned_view(self, ptr: int, count: int) -> tuple[Any, int]:
+        """(range, the daemon's address of the client's [ptr, ptr+count)) for a pinned range of
+        this session, on any of its devices, that holds it; (None, 0) if none does."""
+        parts = list(self.group.parts.values()) if self.group is not None else [self]
+        for part in [self, *(p for p in parts if p is not self)]:
+            bases = list(part._pinned_bases)  # another part's table may change meanwhile
+            i = bisect.bisect_right(bases, ptr) - 1
+            r = part.pinned.get(bases[i]) if i >= 0 else None
+            address = r.host(ptr, count) if r is not None else None
+            if address is not None:
+                return r, address
+        return None, 0

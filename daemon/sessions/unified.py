@@ -1,0 +1,62 @@
+"""The client's shadows of the session's managed ranges (unified memory), and the per-range
+accounting the memory policies read. Mixed into Session."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import struct
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("pilot.session")
+_POINTER = struct.Struct("<Q")
+
+
+class UnifiedMemory:
+    """Methods of Session (its fields are declared there)."""
+
+    def add_shadow(self, shadow: Any) -> None:
+        self.shadows[shadow.base] = shadow
+        bisect.insort(self._shadow_bases, shadow.base)
+
+    def pop_shadow(self, base: int) -> Any:
+        """The shadow mapped at base (removed), or None."""
+        shadow = self.shadows.pop(base, None)
+        if shadow is not None:
+            del self._shadow_bases[bisect.bisect_left(self._shadow_bases, base)]
+        return shadow
+
+    def drop_shadow(self, ptr: int) -> None:
+        """The managed allocation at ptr is going away: forget the client's shadow of it."""
+        shadow = self.shadow_of(ptr)
+        if shadow is not None and shadow.kind == "allocation" and shadow.lo == ptr:
+            self.pop_shadow(shadow.base)
+
+    def note_managed_launch(self, args: memoryview) -> None:
+        """Accounting for the memory policies: each managed range a launch passes a pointer to
+        (any 8-byte-aligned argument word, struct members included) counts one launch."""
+        seen: set[int] = set()
+        for (word,) in _POINTER.iter_unpack(args[: len(args) - len(args) % 8]):
+            shadow = self.shadow_of(word) if word else None
+            if shadow is not None and shadow.base not in seen:
+                seen.add(shadow.base)
+                shadow.launches += 1
+
+    def shadow_covering(self, ptr: int) -> Any:
+        """The shadow whose mapping [base, base+length) holds ptr, or None."""
+        i = bisect.bisect_right(self._shadow_bases, ptr) - 1
+        if i < 0:
+            return None
+        shadow = self.shadows[self._shadow_bases[i]]
+        return shadow if ptr < shadow.base + shadow.length else None
+
+    def shadow_of(self, ptr: int) -> Any:
+        """The shadow whose managed range holds ptr, or None."""
+        i = bisect.bisect_right(self._shadow_bases, ptr) - 1
+        if i < 0:
+            return None
+        shadow = self.shadows[self._shadow_bases[i]]
+        return shadow if shadow.holds(ptr) else None
