@@ -9,7 +9,8 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     backend = "cuda"               # "cuda" | "sim"
     socket = "/run/pilot/pilot.sock"   # default: the usual socket rule (root / per user)
     control_socket = "..."         # default: control.sock next to the main socket
-    vgpus_per_gpu = 2              # 1..64
+    vgpus_per_gpu = 2              # 1..64: vGPU threads started per GPU
+    max_vgpus_per_gpu = 32         # 1..256: more are started as sessions come (one each), up to this
     gpus = "all"                   # or a list of GPU indexes: [0, 1]
     spin_us = 50                   # 0..10000
     state_dir = "/var/lib/pilot"   # default: /var/lib/pilot (root), else $XDG_STATE_HOME/pilot
@@ -193,6 +194,7 @@ class Config:
     socket: str | None = None
     control_socket: str | None = None
     vgpus_per_gpu: int = 2
+    max_vgpus_per_gpu: int = 32
     gpus: tuple[int, ...] | None = None
     capacity: int | None = None
     capacity_per_gpu: dict[int, int] = field(default_factory=dict)
@@ -446,6 +448,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "socket": _optional_string,
     "control_socket": _optional_string,
     "vgpus_per_gpu": _int_range(1, 64),
+    "max_vgpus_per_gpu": _int_range(1, 256),
     "gpus": _gpus,
     "capacity": _capacity,
     "capacity_per_gpu": _capacity_per_gpu,
@@ -469,7 +472,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
 
 # TOML section -> {key: Config field}; [tenants] is handled apart (its keys are names).
 SECTIONS: dict[str, dict[str, str]] = {
-    "daemon": {k: k for k in ("backend", "socket", "control_socket", "vgpus_per_gpu", "gpus",
+    "daemon": {k: k for k in ("backend", "socket", "control_socket", "vgpus_per_gpu",
+                              "max_vgpus_per_gpu", "gpus",
                               "spin_us", "state_dir", "admin_group", "log_level", "log_format",
                               "sim_kernels", "sim_devices")},
     "gpu": {"capacity": "capacity", "capacity_per_gpu": "capacity_per_gpu"},

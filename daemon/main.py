@@ -44,7 +44,9 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
                    "$XDG_RUNTIME_DIR/pilot/pilot.sock].")
 @click.option("--control-socket", metavar="PATH",
               help="pilotctl's socket [default: control.sock beside --socket].")
-@click.option("--vgpus-per-gpu", type=click.IntRange(1, 64))
+@click.option("--vgpus-per-gpu", type=click.IntRange(1, 64), help="vGPU threads started per GPU [2].")
+@click.option("--max-vgpus-per-gpu", type=click.IntRange(1, 256),
+              help="vGPU threads a GPU may grow to, one per session [32].")
 @click.option("--device", "devices", type=int, multiple=True,
               help="GPU index to serve (repeatable) [default: all].")
 @click.option("--capacity", metavar="SIZE",
@@ -66,7 +68,8 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-format", type=click.Choice(["text", "json"]))
 def main(config_path: str | None, backend: str | None, socket_: str | None, control_socket: str | None,
-         vgpus_per_gpu: int | None, devices: tuple[int, ...], capacity: str | None,
+         vgpus_per_gpu: int | None, max_vgpus_per_gpu: int | None, devices: tuple[int, ...],
+         capacity: str | None,
          state_dir: str | None, metrics_address: str | None, admin_group: str | None,
          sim_kernels: tuple[str, ...], sim_devices: int | None, spin_us: int | None,
          policy: str | None, policy_plugins: tuple[str, ...], policy_max_wait: str | None,
@@ -76,7 +79,8 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
     try:
         overrides = {
             "backend": backend, "socket": socket_, "control_socket": control_socket,
-            "vgpus_per_gpu": vgpus_per_gpu, "gpus": tuple(devices) or None,
+            "vgpus_per_gpu": vgpus_per_gpu, "max_vgpus_per_gpu": max_vgpus_per_gpu,
+            "gpus": tuple(devices) or None,
             "capacity": parse_bytes(capacity) if capacity is not None else None,
             "state_dir": state_dir, "metrics_address": metrics_address,
             "admin_group": admin_group, "sim_kernels": tuple(sim_kernels) or None,

@@ -36,7 +36,7 @@ from pilot.daemon.resources.broker import GpuBudget, ResourceBroker
 from pilot.daemon.resources.tenants import Ledger, QuotaStore, TenantResolver
 from pilot.daemon.router import control, sdnotify
 from pilot.daemon.scheduling.callbacks import CallbackHub
-from pilot.daemon.scheduling.placement import least_busy, place_session
+from pilot.daemon.scheduling.placement import place_part, place_session
 from pilot.daemon.scheduling.policy_host import PolicyHost, load_policy
 from pilot.daemon.sessions.devices import SessionGroup, Topology
 from pilot.daemon.sessions.session import Credentials, Session, read_cmdline
@@ -113,6 +113,7 @@ class Daemon:
             for i, (g, d) in enumerate((g, d) for g, d in self.gpus.items()
                                        for _ in range(config.vgpus_per_gpu))
         ]
+        self.max_vgpus_per_gpu = max(config.max_vgpus_per_gpu, config.vgpus_per_gpu)
         self.policy = PolicyHost(policy if policy is not None else load_policy(config), self.metrics,
                                  config.policy_max_wait)
         self.policy.wake = self._wake_waiting
@@ -142,6 +143,28 @@ class Daemon:
                                for p in devices])
         topo.vgpus = [[v for v in self.vgpus if v.gpu == g] for g in order]
         return topo
+
+    def _grow(self, gpu: int) -> VGpu | None:
+        """A new vGPU thread on `gpu` (router thread), or None at the maximum or if it cannot
+        start (then the session shares a vGPU)."""
+        position = self.topology.position(gpu)
+        if len(self.topology.vgpus[position]) >= self.max_vgpus_per_gpu:
+            return None
+        index = len(self.vgpus)
+        vg = VGpu(index, self.gpus[gpu], self.backend, f"{self.socket_path}.vgpu{index}", self.broker,
+                  self.config.spin_us, gpu=gpu)
+        vg.policy, vg.topology, vg.callbacks = self.policy, self.topology, self.callbacks
+        try:
+            prepare_socket_path(vg.endpoint_path)
+            vg.start()
+            os.chmod(vg.endpoint_path, 0o666)  # access is decided by peer credentials
+        except (OSError, DaemonError, Exception) as exc:
+            log.warning("router: cannot start vGPU %d on GPU %d (%s); sessions share", index, gpu, exc)
+            return None
+        self.vgpus.append(vg)
+        self.topology.vgpus[position].append(vg)
+        log.info("vGPU %d started on GPU %d (%d there)", index, gpu, len(self.topology.vgpus[position]))
+        return vg
 
     def _wake_waiting(self) -> None:
         """The policy host saw something change: vGPUs with waiting launches ask again."""
@@ -297,7 +320,7 @@ class Daemon:
         for sid, w in list(self._watched.items()):
             if w.session.creds.pid == creds.pid:
                 self.end_session(sid, "process exec'd")
-        vg = place_session(self.vgpus, self.draining)
+        vg = place_session(self.vgpus, self.draining, self._grow)
         tenant = self.resolver.tenant_of(creds.uid, creds.gid)
         if vg is None:
             log.warning("router: session of pid %d refused: every GPU is draining", creds.pid,
@@ -351,7 +374,7 @@ class Daemon:
         if not 0 < ordinal < len(w.group) or w.group.part(ordinal) is not None:
             rep.hdr.err = CUDA_ERROR_INVALID_DEVICE
             return to_bytes(rep)
-        vg = least_busy(self.topology.vgpus[w.group.position(ordinal)])
+        vg = place_part(self.topology.vgpus[w.group.position(ordinal)], self._grow)
         assert vg is not None  # every GPU has vGPUs
         part = w.group.add_part(ordinal, vg)
         vg.sessions[part.id] = part

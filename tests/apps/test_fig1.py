@@ -38,8 +38,9 @@ def test_pilot_mode_on_the_sim(tmp_path: Path) -> None:
             v = p["values"]
             assert p["rc"] == 0 and v["ok"] == 1 and v["n"] == (8 << 20) // 12
             assert 0 < v["kernel_s"] <= v["kernel_host_s"] + 0.05 and v["wall_s"] > v["kernel_s"]
-    # the default configuration has 2 vGPUs per GPU; sessions go to the least busy one
-    assert sorted(p["vgpu"] for p in runs[2]["procs"]) == [0, 1]
+    # the default configuration: sessions at once get vGPUs of their own (2 started, more grown)
+    vgpus = [p["vgpu"] for p in runs[2]["procs"]]
+    assert len(set(vgpus)) == 2, vgpus
     assert "| pilot | 2 |" in (out / "fig1.md").read_text()
     assert "pilotd ready" in (out / "pilotd-fig1.log").read_text()
 

@@ -125,7 +125,7 @@ def waiting_check(work: Path, vector_add: Path) -> None:
     plugin = str(REPO / "tests" / "policies_examples" / "hold_file.py")
     expected = subprocess.run([str(vector_add)], capture_output=True, text=True, timeout=60).stdout
     d = Pilotd(work, "hold", "--config", str(config), "--policy", "hold-file", "--policy-plugin", plugin,
-               "--vgpus-per-gpu", "1", "--policy-max-wait", "60s")
+               "--max-vgpus-per-gpu", "1", "--vgpus-per-gpu", "1", "--policy-max-wait", "60s")
     try:
         hold.touch()
         a = subprocess.Popen([str(vector_add)], env=d.client_env, stdout=subprocess.PIPE, text=True)

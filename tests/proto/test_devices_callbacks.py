@@ -162,7 +162,7 @@ def test_ending_a_session_opens_its_gates_for_the_vgpu(daemon_with):
     """A client holds a gate and its vGPU's one thread waits behind it (a synchronize whose
     reply it never reads); pilotctl kill ends the session: the gate opens, the vGPU serves the
     next tenant."""
-    daemon = daemon_with("--vgpus-per-gpu", "1")
+    daemon = daemon_with("--vgpus-per-gpu", "1", "--max-vgpus-per-gpu", "1")
     c, cb = _callback_client(daemon)
     stream, _ = _stream_and_event(c)
     assert _arm(c, stream, 1) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -187,3 +188,43 @@ def test_second_daemon_on_same_socket_is_refused(daemon, tmp_path):
     c = ProtoClient(str(daemon.socket_path))
     c.open()
     c.close()
+
+
+_HOLDER = """
+import sys
+from client import ProtoClient
+c = ProtoClient(sys.argv[1])
+c.open()
+assert c.malloc(4096) != 0
+print(c.session, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_each_session_gets_a_vgpu_of_its_own_up_to_the_maximum(daemon_with) -> None:
+    """The number of vGPUs follows the sessions (scheduling/placement.py): three client
+    processes at once on a daemon that starts one vGPU get three; with --max-vgpus-per-gpu 2 two
+    of them share one."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    for maximum, distinct in (("32", 3), ("2", 2)):
+        d = daemon_with("--vgpus-per-gpu", "1", "--max-vgpus-per-gpu", maximum)
+        holders = [subprocess.Popen([sys.executable, "-c", _HOLDER, str(d.socket_path)], env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                   for _ in range(3)]
+        try:
+            ids = {int(h.stdout.readline()) for h in holders}  # type: ignore[union-attr]
+            rows = [r for r in _sessions(d) if r["session"] in ids]
+            vgpus = [r["vgpu"] for r in rows]
+            assert len(vgpus) == 3 and len(set(vgpus)) == distinct, rows
+            assert d.log().count("started on GPU 0") == distinct - 1
+        finally:
+            for h in holders:
+                h.kill()
+                h.wait()
+
+
+def _sessions(d) -> list[dict]:
+    env = {**os.environ, "PILOT_SOCKET": str(d.socket_path)}
+    out = subprocess.run([sys.executable, "-m", "pilot.cli.pilot", "sessions", "--json"], env=env,
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    return json.loads(out)
