@@ -8,6 +8,9 @@
   environment, returns the CompletedProcess (text mode).
 - `daemon_log()`: the tail of the daemon's output, for failure messages.
 - `pilot_sessions()`: `pilot sessions --json` against the session's daemon, parsed.
+- `start_pilotd(*args, config=None)`: a sim daemon of the test's own (its own socket and
+  --state-dir), started with extra pilotd arguments and an optional TOML config text; returns an
+  `OwnDaemon` (log, sessions, pilotctl, quota); stopped when the test ends.
 
 PILOT_APPS_NATIVE=1 runs the programs without pilot, on the machine's own GPU and libcudart,
 to check the expected outputs against real CUDA; tests that need the shim or the daemon skip.
@@ -38,7 +41,7 @@ GPU_DIR = APPS_DIR.parent / "gpu"
 SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
            ("vector_add", "kernel_args", "copies", "memset", "streams_events", "errors", "threads",
             "alloc", "symbols", "runtime_misc", "managed", "callbacks", "ptds", "multidev",
-            "launch_ex", "scrub", "pinned")}
+            "launch_ex", "scrub", "pinned", "quota_paths", "footprint")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 SOURCES["ptds_per_thread"] = APPS_DIR / "ptds.cu"  # the same source, per-thread default streams
 PROGRAMS = tuple(SOURCES)
@@ -79,6 +82,7 @@ def _command(script: str, module: str) -> list[str]:
 
 PILOT = _command("pilot", "pilot.cli.pilot")
 PILOTD = _command("pilotd", "pilot.daemon.main")
+PILOTCTL = _command("pilotctl", "pilot.cli.pilotctl")
 
 
 @pytest.fixture(scope="session")
@@ -268,3 +272,110 @@ def pilot_sessions(pilotd: Daemon) -> Callable[[], list[dict[str, Any]]]:
         return listed
 
     return sessions
+
+
+# ---- a daemon of the test's own ----
+
+def pilotd_command(workdir: str, *args: str) -> list[str]:
+    """The command of a sim pilotd with its socket and state under `workdir`, serving
+    SIM_KERNEL_FILES, with `args` appended."""
+    return [*PILOTD, "--backend", "sim", "--socket", os.path.join(workdir, "pilot.sock"),
+            "--state-dir", os.path.join(workdir, "state"), "--metrics-address", "",
+            *(arg for path in SIM_KERNEL_FILES for arg in ("--sim-kernels", str(path))), *args]
+
+
+class OwnDaemon:
+    """A sim pilotd of one test; its output goes to `log_path`."""
+
+    def __init__(self, *args: str, config: str | None = None) -> None:
+        self.dir = tempfile.mkdtemp(prefix="pilot-own-")  # short: unix socket paths max 107 bytes
+        self.socket = os.path.join(self.dir, "pilot.sock")
+        self.control_socket = os.path.join(self.dir, "control.sock")
+        self.log_path = Path(self.dir) / "pilotd.log"
+        if config is not None:
+            config_path = Path(self.dir) / "pilotd.toml"
+            config_path.write_text(config)
+            args = ("--config", str(config_path), *args)
+        self.command = pilotd_command(self.dir, *args)
+        with self.log_path.open("w") as log:
+            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                         env=_clean_env())
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while "pilotd ready" not in self.log():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"pilotd did not start (rc {self.proc.returncode})\n"
+                            f"$ {' '.join(self.command)}\n{self.log()}", pytrace=False)
+            time.sleep(0.02)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def env(self) -> dict[str, str]:
+        """Environment of a client of this daemon (no shim: add LD_PRELOAD to run a program)."""
+        env = {k: v for k, v in _clean_env().items() if not k.startswith("PILOT")}
+        return {**env, "PILOT_SOCKET": self.socket}
+
+    def ctl(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        """`pilotctl --control-socket <this daemon's> ARGS`."""
+        proc = subprocess.run([*PILOTCTL, "--control-socket",
+                               self.control_socket, *args], env=self.env(), capture_output=True,
+                              text=True, timeout=30)
+        if ok and proc.returncode != 0:
+            pytest.fail(f"pilotctl {' '.join(args)}: rc {proc.returncode}\n{proc.stderr}\n"
+                        f"pilotd log:\n{self.log_tail()}", pytrace=False)
+        return proc
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """`pilot sessions --json`, parsed."""
+        proc = subprocess.run([*PILOT, "sessions", "--json"], env=self.env(), capture_output=True,
+                              text=True, timeout=30)
+        if proc.returncode != 0:
+            pytest.fail(f"`pilot sessions --json` failed (rc {proc.returncode}):\n{proc.stderr}",
+                        pytrace=False)
+        listed = json.loads(proc.stdout)
+        assert isinstance(listed, list), f"sessions --json printed {proc.stdout!r}"
+        return listed
+
+    def quota(self, tenant: str) -> dict[str, Any]:
+        """`pilotctl quota get TENANT --json`, parsed."""
+        doc = json.loads(self.ctl("quota", "get", tenant, "--json").stdout)
+        assert isinstance(doc, dict), doc
+        return doc
+
+    def stop(self) -> int | None:
+        """SIGTERM (then SIGKILL); the exit status, None if it had to be killed."""
+        killed = _stop(self.proc)
+        return None if killed else self.proc.returncode
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+StartPilotd = Callable[..., OwnDaemon]
+
+
+@pytest.fixture
+def start_pilotd() -> Iterator[StartPilotd]:
+    """start_pilotd(*args, config=None) -> a ready OwnDaemon of this test, stopped after it."""
+    if NATIVE:
+        pytest.skip("PILOT_APPS_NATIVE=1: no daemon")
+    started: list[OwnDaemon] = []
+
+    def start(*args: str, config: str | None = None) -> OwnDaemon:
+        daemon = OwnDaemon(*args, config=config)
+        started.append(daemon)
+        return daemon
+
+    try:
+        yield start
+    finally:
+        for daemon in started:
+            daemon.stop()
+            daemon.remove()

@@ -17,6 +17,9 @@ Parameter layouts (offset, size), as the fatbins' .nv.info report them for sm_75
   axpy12          (0,8) (8,8) (16,4) (20,4)
   pinned_fill     (0,8) (8,4) (12,4)
   pinned_scale    (0,8) (8,4) (12,4)
+  fp_mixed        (0,8) (8,8) (16,8) (24,4)
+  fp_struct       (0,24)
+  fp_none         (0,4) (4,4)
 """
 
 from __future__ import annotations
@@ -393,3 +396,45 @@ def pinned_scale(k: SimLaunch) -> None:
     if count:
         out = _u32_array(k, p, count)
         np.multiply(out, np.uint32(factor), out=out)
+
+
+# ---- footprint.cu (the pointers may be managed or mapped host memory) ----
+
+@sim_kernel("_Z8fp_mixedPiPfPci")
+def fp_mixed(k: SimLaunch) -> None:
+    """dev[i] = dev[i] * 3 + i (int32 wrap-around), managed[i] *= 2 (float32), pinned[i] += 1
+    (char wrap-around), for i < n covered by the grid."""
+    dev, managed, pinned, n = k.ptr(0), k.ptr(1), k.ptr(2), k.i32(3)
+    count = _one_per_element(k, n)
+    if count == 0:
+        return
+    d = _i32_array(k, dev, count)
+    d[:] = d * np.int32(3) + np.arange(count, dtype=np.int32)
+    m = _f32_array(k, managed, count)
+    np.multiply(m, F32(2.0), out=m)
+    p = np.frombuffer(k.view(pinned, count), dtype=np.int8)
+    p += np.int8(1)
+
+
+# struct Pair {int *a; int n; double *b;}: 24 bytes
+_PAIR = struct.Struct("<Qi4xQ")
+
+
+@sim_kernel("_Z9fp_struct4Pair")
+def fp_struct(k: SimLaunch) -> None:
+    """p.b[i] = p.a[i] * 0.5 (float64) for i < p.n covered by the grid."""
+    a, n, b = _PAIR.unpack(k.params[0])
+    count = _one_per_element(k, n)
+    if count == 0:
+        return
+    out = np.frombuffer(k.view(b, 8 * count), dtype=np.float64)
+    np.multiply(_i32_array(k, a, count), 0.5, out=out)
+
+
+@sim_kernel("_Z7fp_noneii")
+def fp_none(k: SimLaunch) -> None:
+    """Thread (0,0): g_product = a * b + 7 (int32 wrap-around)."""
+    a, b = k.i32(0), k.i32(1)
+    if _threads_x(k) == 0:
+        return
+    struct.pack_into("<i", k.symbol_view("g_product"), 0, _wrap_i32(a * b + 7))
