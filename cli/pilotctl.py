@@ -71,6 +71,18 @@ def status(client: ControlClient, as_json: bool) -> None:
         click.echo(line)
     for v in doc["vgpus"]:
         click.echo(f"  vGPU {v['index']} on GPU {v['gpu']}: {v['sessions']} session(s)")
+    sched = doc.get("scheduling")
+    if sched:
+        known = sched.get("available", {})
+        ready = [n for n, p in known.items() if p.get("implemented")]
+        planned = [n for n, p in known.items() if not p.get("implemented")]
+        wait = sched.get("max_wait_s") or 0
+        click.echo(f"policy {sched['name']} ({sched.get('summary') or 'no summary'}); launches wait at most "
+                   f"{f'{wait:g} s' if wait else 'without limit'}")
+        for key, value in (sched.get("settings") or {}).items():
+            click.echo(f"  {key} = {value}")
+        click.echo(f"  policies available: {', '.join(ready)}"
+                   + (f"; planned: {', '.join(planned)}" if planned else ""))
 
 
 @main.command()
@@ -88,6 +100,10 @@ def sessions(client: ControlClient, as_json: bool) -> None:
         click.echo(f"{r['session']:>7} {r['tenant'][:16]:<16} {r['pid']:>7} {r['device']:>3} "
                    f"{_size(r['device_bytes']):>10} {_size(r.get('managed_bytes', 0)):>10} "
                    f"{r['calls']:>9} {r['state']:<7} {r['cmdline'][:50]}")
+        w = r.get("waiting")
+        if w:  # a launch the policy holds, and why
+            click.echo(f"{'':>7} waiting: kernel {w['kernel'] or '?'}: {w['reason'] or 'no reason given'}"
+                       f" ({w['held_calls']} call(s) held behind it)")
 
 
 @main.command()

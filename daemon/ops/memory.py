@@ -64,7 +64,7 @@ def malloc_pitch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
                                  ptr_of=lambda r: r[0])
     size = pitch * height
     try:
-        broker.adjust(s, "pitch", expected, size)
+        broker.adjust(s, "pitch", expected, size, ptr=ptr)
     except BaseException:
         vg.backend.mem_free(ptr)
         broker.release(s, "pitch", expected, ptr)

@@ -123,12 +123,16 @@ class ResourceBroker:
         else:
             s.charged[kind] = held - nbytes
 
-    def adjust(self, s: Session, kind: str, old: int, new: int, call: str | None = None) -> None:
-        """A charge of `old` bytes becomes `new` (pitch corrections, a limit raised or lowered)."""
+    def adjust(self, s: Session, kind: str, old: int, new: int, call: str | None = None,
+               ptr: int = 0) -> None:
+        """A charge of `old` bytes becomes `new` (pitch corrections, a limit raised or lowered);
+        the policy hears the difference as allocated or freed."""
         if new > old:
             self.charge(s, kind, new - old, call)
+            if self.policy is not None:
+                self.policy.allocated(s, kind, ptr, new - old)
         elif old > new:
-            self.refund(s, kind, old - new)
+            self.release(s, kind, old - new, ptr)
 
     def allocate(self, s: Session, kind: str, nbytes: int, make: Callable[[], T],
                  call: str | None = None, ptr_of: Callable[[T], int] | None = None) -> T:

@@ -123,8 +123,11 @@ class SessionGroup:
         for key in ("device_bytes", "pinned_bytes", "allocations", "streams", "events", "modules", "calls"):
             row[key] = sum(int(r[key]) for r in rows)
         row["gpus"] = sorted({r["gpu"] for r in rows})
+        waiting = next((r for r in rows if r["state"] == "waiting"), None)
         if any(r["state"] == "error" for r in rows):
             row["state"] = "error"
+        elif waiting is not None:
+            row["state"], row["waiting"] = "waiting", waiting["waiting"]
         return row
 
 

@@ -85,6 +85,11 @@ def test_status_and_sessions_round_trip(ops: OpsDaemon) -> None:
     assert json.loads(ops.ctl("sessions", "--json").stdout) == []
     human = ops.ctl("status").stdout
     assert "GPU 0: capacity" in human
+    sched = doc["scheduling"]  # the policy in force and every name known, implemented or planned
+    assert sched["name"] == "none" and sched["max_wait_s"] == 30
+    assert {n for n, p in sched["available"].items() if p["implemented"]} >= {"none"}
+    assert {n for n, p in sched["available"].items() if not p["implemented"]} >= {"mfit", "amfit", "madvise"}
+    assert "policy none" in human and "policies available: none" in human and "planned: " in human
 
 
 def test_quota_is_enforced_on_a_live_program_and_survives_restart(

@@ -279,11 +279,6 @@ def test_policy_hears_of_every_allocation(start_pilotd: StartPilotd, tmp_path: P
 
 
 @pilot_only
-@pytest.mark.xfail(strict=True, reason=(
-    "daemon bug: cudaDeviceSetLimit's charge goes through ResourceBroker.adjust -> charge "
-    "(daemon/ops/device.py:111), which never calls policy.allocated, while "
-    "ResourceBroker.release_session reports the leftover charge as freed(kind='limit') at session "
-    "end: a policy hears 32 MiB freed that it never heard allocated"))
 def test_policy_hears_of_limit_charges(start_pilotd: StartPilotd, tmp_path: Path,
                                        app_binaries: dict[str, Path], shim_path: str) -> None:
     """The 32 MiB a larger malloc heap reserves are heard allocated, then freed at exit."""
@@ -296,8 +291,8 @@ def test_policy_hears_of_limit_charges(start_pilotd: StartPilotd, tmp_path: Path
 
 def hold_daemon(start_pilotd: StartPilotd, hold: Path, *args: str, error: int = 2) -> OwnDaemon:
     """A daemon with one vGPU (every session shares vGPU 0) and the hold-file policy on `hold`."""
-    return start_pilotd("--vgpus-per-gpu", "1", "--policy", "hold-file", "--policy-plugin",
-                        str(HOLD_FILE_PLUGIN), *args,
+    return start_pilotd("--vgpus-per-gpu", "1", "--max-vgpus-per-gpu", "1", "--policy", "hold-file",
+                        "--policy-plugin", str(HOLD_FILE_PLUGIN), *args,
                         config=f'[policy.hold-file]\npath = "{hold}"\nerror = {error}\n')
 
 

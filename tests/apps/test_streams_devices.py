@@ -137,7 +137,7 @@ def test_client_killed_in_a_callback_leaves_nothing_blocked(
     """A client whose callback never returns, killed while its main thread waits for that
     stream: the daemon opens the gate, releases the session, and its one vGPU serves the next
     tenant (vector_add) as before."""
-    daemon = SimDaemon("--vgpus-per-gpu", "1")
+    daemon = SimDaemon("--vgpus-per-gpu", "1", "--max-vgpus-per-gpu", "1")
     try:
         env = {**pilot_client_env, "PILOT_SOCKET": daemon.socket}
         proc = subprocess.Popen([str(app_binaries["callbacks"]), "hang"], env=env,

@@ -88,7 +88,7 @@ def broker_check(work: Path, quota_paths: Path) -> None:
     d = Pilotd(work, "broker")
     try:
         user = f"user:{pwd.getpwuid(os.getuid()).pw_name}"
-        subprocess.run([sys.executable, "-m", "pilot.cli.pilotctl", "quota", "set", user, "--hard", "64MiB"],
+        subprocess.run([sys.executable, "-m", "pilot.cli.pilotctl", "quota", "set", user, "64MiB"],
                        env=d.env, check=True, capture_output=True)
         prog = subprocess.Popen([str(quota_paths), "hold"], env=d.client_env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
