@@ -43,14 +43,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from pilotd_process import PilotdProcess  # bench/pilotd_process.py, beside this script
 
 BENCH_DIR = Path(__file__).resolve().parent
 SIM_KERNELS = BENCH_DIR / "sim_kernels.py"
@@ -221,63 +222,16 @@ def build(programs: tuple[Program, ...], out_dir: Path, arch: str) -> dict[str, 
 
 # ---- the daemon ----
 
-class Daemon:
+class Daemon(PilotdProcess):
     """A pilotd started by this script: `python -m pilot.daemon`, output pumped to a file."""
 
     def __init__(self, backend: str, socket: str, log_path: Path, sim_kernels: list[Path]) -> None:
         self.socket = socket
-        self.log_path = log_path
         cmd = [sys.executable, "-m", "pilot.daemon", "--backend", backend, "--socket", socket]
         for f in sim_kernels:
             cmd += ["--sim-kernels", str(f)]
-        self.cmd = cmd
-        self._log_file: IO[str] = log_path.open("w")
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PILOT_SOCKET")}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=env)
-        self._ready = threading.Event()
-        self._tail: list[str] = []
-        self._reader = threading.Thread(target=self._pump, name="pilotd-log", daemon=True)
-        self._reader.start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._log_file.write(line)
-            self._log_file.flush()
-            self._tail = [*self._tail[-199:], line]
-            if "pilotd ready" in line:
-                self._ready.set()
-
-    def tail(self, lines: int = 40) -> str:
-        return "".join(self._tail[-lines:])
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not self._ready.wait(0.05):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"pilotd exited with {self.proc.returncode} before it was ready\n"
-                                   f"$ {' '.join(self.cmd)}\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"pilotd printed no 'pilotd ready' within {timeout:.0f} s\n"
-                                   f"$ {' '.join(self.cmd)}\n{self.tail()}")
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        """SIGTERM, wait, SIGKILL."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                log(f"pilotd ignored SIGTERM for {STOP_TIMEOUT_S:.0f} s: killing it")
-                self.proc.kill()
-                self.proc.wait()
-        self._reader.join(5)
-        self._log_file.close()
-        log(f"pilotd exited with {self.proc.returncode}; its log is {self.log_path}")
+        super().__init__(cmd, log_path, env, log)
 
 
 @contextmanager

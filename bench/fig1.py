@@ -64,6 +64,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from pilotd_process import PilotdProcess  # bench/pilotd_process.py, beside this script
+
 BENCH_DIR = Path(__file__).resolve().parent
 SOURCE = BENCH_DIR / "fig1_vector_add.cu"
 SIM_KERNELS = BENCH_DIR / "fig1_sim_kernels.py"
@@ -264,13 +266,12 @@ def pid_alive(pid: int) -> bool:
 
 # ---- the daemons ----
 
-class Pilotd:
+class Pilotd(PilotdProcess):
     """`python -m pilot.daemon` with the default configuration, output pumped to a file."""
 
     def __init__(self, python: str, backend: str, workdir: Path, log_path: Path,
                  extra_args: list[str]) -> None:
         self.socket = str(workdir / "pilot.sock")
-        self.log_path = log_path
         config = workdir / "pilotd.toml"
         config.write_text("# empty: pilotd's defaults\n")
         cmd = [python, "-m", "pilot.daemon", "--config", str(config), "--backend", backend,
@@ -278,53 +279,7 @@ class Pilotd:
                "--metrics-address", ""]
         if backend == "sim":
             cmd += ["--sim-kernels", str(SIM_KERNELS)]
-        self.cmd = [*cmd, *extra_args]
-        self._log_file: IO[str] = log_path.open("w")
-        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env=clean_env())
-        self._ready = threading.Event()
-        self._tail: list[str] = []
-        self._reader = threading.Thread(target=self._pump, name="pilotd-log", daemon=True)
-        self._reader.start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._log_file.write(line)
-            self._log_file.flush()
-            self._tail = [*self._tail[-199:], line]
-            if "pilotd ready" in line:
-                self._ready.set()
-
-    def tail(self, lines: int = 30) -> str:
-        return "".join(self._tail[-lines:])
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not self._ready.wait(0.05):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"pilotd exited with {self.proc.returncode} before it was "
-                                   f"ready\n$ {shlex.join(self.cmd)}\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"pilotd printed no 'pilotd ready' within {timeout:.0f} s\n"
-                                   f"$ {shlex.join(self.cmd)}\n{self.tail()}")
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        """SIGTERM, wait, SIGKILL."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                log(f"pilotd ignored SIGTERM for {STOP_TIMEOUT_S:.0f} s: killing it")
-                self.proc.kill()
-                self.proc.wait()
-        self._reader.join(5)
-        self._log_file.close()
-        log(f"pilotd exited with {self.proc.returncode}; its log: {self.log_path}")
+        super().__init__([*cmd, *extra_args], log_path, clean_env(), log)
 
     def sessions(self, python: str) -> list[dict[str, Any]]:
         """`pilot sessions --json`."""

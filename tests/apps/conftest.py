@@ -260,18 +260,20 @@ def _text(data: str | bytes | None) -> str:
 def pilot_sessions(pilotd: Daemon) -> Callable[[], list[dict[str, Any]]]:
     """pilot_sessions() -> the daemon's live sessions (`pilot sessions --json`)."""
 
-    def sessions() -> list[dict[str, Any]]:
-        env = {**_clean_env(), "PILOT_SOCKET": pilotd.socket}
-        proc = subprocess.run([*PILOT, "sessions", "--json"], env=env, capture_output=True,
-                              text=True, timeout=30)
-        if proc.returncode != 0:
-            pytest.fail(f"`pilot sessions --json` failed (rc {proc.returncode}):\n{proc.stderr}",
-                        pytrace=False)
-        listed = json.loads(proc.stdout)
-        assert isinstance(listed, list), f"sessions --json printed {proc.stdout!r}"
-        return listed
+    return lambda: list_sessions(pilotd.socket)
 
-    return sessions
+
+def list_sessions(socket: str) -> list[dict[str, Any]]:
+    """`pilot sessions --json` of the daemon on `socket`, parsed."""
+    env = {**_clean_env(), "PILOT_SOCKET": socket}
+    proc = subprocess.run([*PILOT, "sessions", "--json"], env=env, capture_output=True,
+                          text=True, timeout=30)
+    if proc.returncode != 0:
+        pytest.fail(f"`pilot sessions --json` failed (rc {proc.returncode}):\n{proc.stderr}",
+                    pytrace=False)
+    listed = json.loads(proc.stdout)
+    assert isinstance(listed, list), f"sessions --json printed {proc.stdout!r}"
+    return listed
 
 
 # ---- a daemon of the test's own ----
@@ -334,14 +336,7 @@ class OwnDaemon:
 
     def sessions(self) -> list[dict[str, Any]]:
         """`pilot sessions --json`, parsed."""
-        proc = subprocess.run([*PILOT, "sessions", "--json"], env=self.env(), capture_output=True,
-                              text=True, timeout=30)
-        if proc.returncode != 0:
-            pytest.fail(f"`pilot sessions --json` failed (rc {proc.returncode}):\n{proc.stderr}",
-                        pytrace=False)
-        listed = json.loads(proc.stdout)
-        assert isinstance(listed, list), f"sessions --json printed {proc.stdout!r}"
-        return listed
+        return list_sessions(self.socket)
 
     def quota(self, tenant: str) -> dict[str, Any]:
         """`pilotctl quota get TENANT --json`, parsed."""
