@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pilotd_process import PilotdProcess  # bench/pilotd_process.py, beside this script
+from pilotd_process import PilotdProcess, find_nvcc  # bench/pilotd_process.py, beside this script
 
 BENCH_DIR = Path(__file__).resolve().parent
 SIM_KERNELS = BENCH_DIR / "sim_kernels.py"
@@ -188,16 +188,6 @@ def log(msg: str) -> None:
 
 
 # ---- building ----
-
-def find_nvcc() -> str:
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc"):
-        if Path(p).exists():
-            return p
-    raise RuntimeError("nvcc not found (PATH, /usr/local/cuda/bin)")
-
 
 def build(programs: tuple[Program, ...], out_dir: Path, arch: str) -> dict[str, Path]:
     """Compile every program into out_dir, in parallel. Raises with nvcc's output on failure."""

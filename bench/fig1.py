@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from pilotd_process import PilotdProcess  # bench/pilotd_process.py, beside this script
+from pilotd_process import PilotdProcess, find_nvcc  # bench/pilotd_process.py, beside this script
 
 BENCH_DIR = Path(__file__).resolve().parent
 SOURCE = BENCH_DIR / "fig1_vector_add.cu"
@@ -136,16 +136,6 @@ def parse_result(text: str) -> dict[str, float]:
 
 
 # ---- building, the shim, the GPU ----
-
-def find_nvcc() -> str:
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc"):
-        if Path(p).exists():
-            return p
-    raise RuntimeError("nvcc not found (PATH, /usr/local/cuda/bin)")
-
 
 def build(out_dir: Path, arch: str) -> Path:
     exe = out_dir / "fig1_vector_add"

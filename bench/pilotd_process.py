@@ -1,9 +1,11 @@
-"""A pilotd that a benchmark script starts (bench.py, fig1.py): the command's output pumped to a
-log file and kept as a tail, `pilotd ready` awaited, SIGTERM then SIGKILL to stop."""
+"""What the benchmark scripts (bench.py, fig1.py) share: a pilotd they start (the command's output
+pumped to a log file and kept as a tail, `pilotd ready` awaited, SIGTERM then SIGKILL to stop),
+and finding nvcc."""
 
 from __future__ import annotations
 
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -67,3 +69,13 @@ class PilotdProcess:
         self._reader.join(5)
         self._log_file.close()
         self._say(f"pilotd exited with {self.proc.returncode}; its log: {self.log_path}")
+
+
+def find_nvcc() -> str:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc"):
+        if Path(p).exists():
+            return p
+    raise RuntimeError("nvcc not found (PATH, /usr/local/cuda/bin)")
