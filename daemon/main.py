@@ -20,6 +20,7 @@ from pilot.daemon.scheduling.policy_host import PolicyStartError, load_policy
 from pilot.daemon.telemetry.logs import setup_logging
 
 log = logging.getLogger("pilot.main")
+MAX_CONNECTIONS = 32
 
 
 def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] | None,
@@ -29,6 +30,12 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
         from pilot.daemon.sim_kernels import load_kernel_files
 
         return SimBackend(load_kernel_files(list(sim_kernels)), device_count=sim_devices)
+    # Every tenant's streams live in pilotd's one context per GPU, and the driver maps a context's
+    # streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 by default): streams sharing a
+    # queue serialize, so independent tenants would wait for each other (natively and under MPS
+    # each process has queues of its own). 32 is the most the driver takes; an operator's own
+    # value wins. Read by the driver at cuInit, so it is set before the backend starts.
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", str(MAX_CONNECTIONS))
     from pilot.daemon.backends.cuda import CudaBackend
 
     return CudaBackend(list(gpus) if gpus else None)
