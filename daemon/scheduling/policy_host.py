@@ -163,10 +163,14 @@ class PolicyHost:
         verdict = decision.verdict
         if verdict is not Verdict.WAIT or view.attempts == 1:  # a wait is counted once
             self.metrics.count("policy_decisions", (self.name, view.tenant, verdict.value))
-        if verdict is not Verdict.RUN or view.attempts > 1:
-            log.info("policy %s: session %d (%s) kernel %s: %s%s", self.name, view.session, view.tenant,
-                     view.kernel, verdict.value, f" ({decision.reason})" if decision.reason else "",
-                     extra={"session": view.session, "tenant": view.tenant})
+        # Every decision is logged: WAIT, REFUSE and a RUN after a wait at info, a plain RUN at
+        # debug (one line per launch would drown the log).
+        level = logging.INFO if verdict is not Verdict.RUN or view.attempts > 1 else logging.DEBUG
+        if log.isEnabledFor(level):
+            log.log(level, "policy %s: session %d (%s) kernel %s: %s%s", self.name, view.session,
+                    view.tenant, view.kernel, verdict.value,
+                    f" ({decision.reason})" if decision.reason else "",
+                    extra={"session": view.session, "tenant": view.tenant})
         return decision
 
     def launch_started(self, view: LaunchView) -> None:

@@ -228,3 +228,24 @@ def _sessions(d) -> list[dict]:
     out = subprocess.run([sys.executable, "-m", "pilot.cli.pilot", "sessions", "--json"], env=env,
                          capture_output=True, text=True, timeout=30, check=True).stdout
     return json.loads(out)
+
+
+def test_a_limit_no_gpu_could_hold_is_refused_and_not_applied(daemon) -> None:
+    """A stack size of 2**64-1 per thread is device memory no GPU has: the broker refuses it
+    (cudaErrorMemoryAllocation) before the driver is asked, and the context's stack size, which
+    every tenant shares, stays as it was."""
+    c = ProtoClient(str(daemon.socket_path))
+    c.open()
+    try:
+        before = c.call(lib.PILOT_OP_DEVICE_GET_LIMIT, body("pilot_req_limit", limit=0),
+                        rep_type="pilot_rep_u64")
+        assert before.hdr.err == 0
+        rep = c.call(lib.PILOT_OP_DEVICE_SET_LIMIT, body("pilot_req_limit", limit=0, value=2**64 - 1),
+                     rep_type="pilot_rep_u64")
+        assert rep.hdr.err == 2  # cudaErrorMemoryAllocation
+        after = c.call(lib.PILOT_OP_DEVICE_GET_LIMIT, body("pilot_req_limit", limit=0),
+                       rep_type="pilot_rep_u64")
+        assert after.hdr.err == 0 and after.value == before.value
+        assert "byte limit refused (GPU capacity" in daemon.log()
+    finally:
+        c.close()

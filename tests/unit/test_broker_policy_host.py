@@ -1,0 +1,169 @@
+"""The resource broker's accounting (charge, refund, adjust, session release, refusals) and the
+policy host's guarantees (a failing policy never fails a launch; decisions are counted once;
+events reach the policy in order), without a daemon."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pilot.daemon.backends.base import BackendError
+from pilot.daemon.resources.broker import GpuBudget, ResourceBroker
+from pilot.daemon.resources.tenants import HOST, Ledger
+from pilot.daemon.scheduling.policy_host import PolicyHost
+from pilot.daemon.telemetry.metrics import Metrics
+from pilot.policies import RUN, Decision, LaunchView, Policy, Verdict
+
+MiB = 1 << 20
+
+
+class Quotas:
+    def __init__(self, hard: int | None = None) -> None:
+        self.hard = hard
+
+    def get(self, tenant: str, gpu: int) -> Any:
+        return SimpleNamespace(hard=self.hard, provisioned=None)
+
+
+class Recorder(Policy):
+    name = "recorder-test"
+    decides_launches = True
+
+    def __init__(self, answer: Any = RUN) -> None:
+        super().__init__()
+        self.answer = answer
+        self.events: list[tuple[str, Any]] = []
+
+    def allocated(self, a: Any) -> None:
+        self.events.append(("allocated", (a.kind, a.size)))
+
+    def freed(self, a: Any) -> None:
+        self.events.append(("freed", (a.kind, a.size)))
+
+    def session_ended(self, s: Any) -> None:
+        self.events.append(("ended", s.id))
+
+    def launch_requested(self, launch: LaunchView) -> Decision:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def session(sid: int = 1, tenant: str = "user:a", gpu: int = 0) -> Any:
+    return SimpleNamespace(id=sid, tenant=tenant, device=gpu, vgpu=0, charged={},
+                           creds=SimpleNamespace(pid=100 + sid))
+
+
+def broker(hard: int | None = None, capacity: int = 100 * MiB, pinned: int | None = None,
+           pinned_per_tenant: int | None = None) -> tuple[ResourceBroker, Metrics]:
+    metrics = Metrics()
+    return ResourceBroker(Quotas(hard), Ledger(), GpuBudget({0: capacity}), metrics, pinned,
+                          pinned_per_tenant), metrics
+
+
+def refusals(metrics: Metrics) -> dict[tuple[str, ...], float]:
+    return {labels: n for (key, labels), n in metrics.snapshot().labeled.items()
+            if key == "allocation_refusals"}
+
+
+def test_every_gpu_kind_counts_against_one_hard_quota() -> None:
+    b, metrics = broker(hard=10 * MiB)
+    s = session()
+    for kind in ("device", "pitch", "managed", "module"):
+        b.charge(s, kind, 2 * MiB)
+    with pytest.raises(BackendError) as info:
+        b.charge(s, "limit", 3 * MiB)
+    assert info.value.code == 2  # cudaErrorMemoryAllocation
+    b.charge(s, "limit", 2 * MiB)  # exactly the quota
+    assert b.ledger.usage("user:a", 0) == 10 * MiB and b.budget.used(0) == 10 * MiB
+    assert s.charged == dict.fromkeys(("device", "pitch", "managed", "module", "limit"), 2 * MiB)
+    assert refusals(metrics) == {("user:a", "limit", "quota"): 1}
+
+
+def test_capacity_refusal_gives_the_ledger_back() -> None:
+    b, metrics = broker(capacity=4 * MiB)
+    s = session()
+    with pytest.raises(BackendError):
+        b.charge(s, "device", 5 * MiB)
+    assert b.ledger.usage("user:a", 0) == 0 and s.charged == {}
+    assert refusals(metrics) == {("user:a", "device", "capacity"): 1}
+
+
+def test_pinned_memory_has_limits_of_its_own() -> None:
+    b, _ = broker(hard=1 * MiB, pinned=8 * MiB, pinned_per_tenant=5 * MiB)
+    a, c = session(1, "user:a"), session(2, "user:c")
+    b.charge(a, "pinned", 4 * MiB)  # not against the 1 MiB GPU quota
+    with pytest.raises(BackendError):
+        b.charge(a, "pinned", 2 * MiB)  # per tenant
+    b.charge(c, "pinned", 4 * MiB)
+    with pytest.raises(BackendError):
+        b.charge(c, "pinned", 1)  # every tenant together
+    assert b.ledger.usage("user:a", HOST) == 4 * MiB and b.ledger.usage("user:a", 0) == 0
+
+
+def test_a_failed_allocation_is_refunded_and_not_reported() -> None:
+    b, _ = broker()
+    policy = Recorder()
+    b.policy = PolicyHost(policy, Metrics())
+    s = session()
+
+    def fail() -> int:
+        raise BackendError(2, "out of memory")
+
+    with pytest.raises(BackendError):
+        b.allocate(s, "device", 3 * MiB, fail)
+    assert b.budget.used(0) == 0 and s.charged == {} and policy.events == []
+    assert b.allocate(s, "device", 3 * MiB, lambda: 0x1000) == 0x1000
+    assert policy.events == [("allocated", ("device", 3 * MiB))]
+
+
+def test_adjust_and_session_release_keep_the_policy_and_the_ledger_in_step() -> None:
+    b, _ = broker()
+    policy = Recorder()
+    host = PolicyHost(policy, Metrics())
+    b.policy = host
+    s = session()
+    b.allocate(s, "device", 1 * MiB, lambda: 0x1000)
+    b.adjust(s, "limit", 0, 4 * MiB)
+    b.adjust(s, "limit", 4 * MiB, 3 * MiB)
+    b.allocate(s, "module", 2 * MiB, object, ptr_of=lambda _module: 0)  # a module load
+    released = b.release_session(s, [("device", 0x1000, 1 * MiB)])
+    host.session_ended(s)
+    assert released == {"device": 1 * MiB, "limit": 3 * MiB, "module": 2 * MiB}
+    assert b.ledger.usage("user:a", 0) == 0 and b.budget.used(0) == 0 and s.charged == {}
+    heard: dict[str, int] = {}
+    for event, (kind, size) in [e for e in policy.events if e[0] != "ended"]:
+        heard[kind] = heard.get(kind, 0) + (size if event == "allocated" else -size)
+    assert heard == {"device": 0, "limit": 0, "module": 0}  # every byte heard allocated and freed
+    assert policy.events[-1] == ("ended", 1)
+
+
+def view(attempts: int = 1) -> LaunchView:
+    return LaunchView(id=1, session=1, tenant="user:a", pid=101, gpu=0, vgpu=0, kernel="k",
+                      grid=(1, 1, 1), block=(1, 1, 1), stream=0, footprint=(), requested_at=0.0,
+                      now=0.0, attempts=attempts)
+
+
+def test_a_policy_that_raises_or_answers_nonsense_lets_the_launch_run(caplog: Any) -> None:
+    for answer in (RuntimeError("bug"), "yes"):
+        host = PolicyHost(Recorder(answer), Metrics())
+        assert host.launch_requested(view()).verdict is Verdict.RUN
+    assert "launch_requested" in caplog.text
+
+
+def test_decisions_are_counted_once_per_launch() -> None:
+    metrics = Metrics()
+    host = PolicyHost(Recorder(Decision.wait("full")), metrics)
+    for attempt in (1, 2, 3):
+        assert host.launch_requested(view(attempt)).verdict is Verdict.WAIT
+    counted = {labels: n for (key, labels), n in metrics.snapshot().labeled.items()
+               if key == "policy_decisions"}
+    assert counted == {("recorder-test", "user:a", "wait"): 1}
+
+
+def test_describe_lists_the_policy_and_every_name() -> None:
+    doc = PolicyHost(Recorder(), Metrics(), max_wait=5).describe()
+    assert doc["name"] == "recorder-test" and doc["max_wait_s"] == 5
+    assert doc["available"]["none"]["implemented"] and not doc["available"]["mfit"]["implemented"]
