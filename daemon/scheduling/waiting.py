@@ -18,6 +18,7 @@ served, and whenever the policy host says something was freed or finished.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import deque
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from pilot.daemon.sessions.session import Session
     from pilot.daemon.vgpu.server import VGpu
 
+log = logging.getLogger("pilot.scheduling")
+MAX_HELD_BYTES = 256 << 20  # per session: calls held behind a waiting launch
+
 
 class HeldMessage:
     """A copy of a received message (pilot_srv_msg's fields) that outlives the receive buffers."""
@@ -45,6 +49,10 @@ class HeldMessage:
         self._bufs = [bytearray(ffi.buffer(msg.frame[i], msg.len[i])) for i in range(self.nframes)]
         self.frame = [ffi.from_buffer(b) for b in self._bufs]
         self.len = [len(b) for b in self._bufs]
+
+    @property
+    def size(self) -> int:
+        return sum(self.len)
 
 
 @dataclass(eq=False)
@@ -78,6 +86,20 @@ class WaitQueue:
         s.waiting = w
         self.entries.append(w)
         self.vg.metrics.admission_wait(s.tenant)
+
+    def hold(self, s: Session, msg: Any) -> bool:
+        """Queue one of s's calls behind its waiting launch; False (and a log line) once s's held
+        calls would take more than MAX_HELD_BYTES of the daemon's memory: a client posting
+        without end while it waits must not exhaust pilotd (its session is then ended)."""
+        held = HeldMessage(msg)
+        if s.backlog_bytes + held.size > MAX_HELD_BYTES:
+            log.error("session %d (%s): %d calls (%d bytes) held behind a waiting launch: the "
+                      "session is ended", s.id, s.tenant, len(s.backlog), s.backlog_bytes,
+                      extra={"session": s.id, "tenant": s.tenant})
+            return False
+        s.backlog.append(held)
+        s.backlog_bytes += held.size
+        return True
 
     def poll(self) -> None:
         """Ask the policy again about every waiting launch, oldest first."""
@@ -120,7 +142,9 @@ class WaitQueue:
     def replay(self, s: Session) -> None:
         """Serve the session's held calls in order, until none is left or one waits again."""
         while s.backlog and s.waiting is None and s.id in self.vg.sessions:
-            self.vg.handle(s.backlog.popleft())
+            held = s.backlog.popleft()
+            s.backlog_bytes -= held.size
+            self.vg.handle(held)
 
     def drop(self, s: Session) -> None:
         """The session ends: forget its waiting launch and held calls."""
@@ -132,6 +156,7 @@ class WaitQueue:
             if self.vg.policy is not None and w.launch.view is not None:
                 self.vg.policy.launch_dropped(w.launch.view, "session_end")
         s.backlog.clear()
+        s.backlog_bytes = 0
 
     def _remove(self, w: Waiting) -> None:
         try:

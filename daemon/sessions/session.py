@@ -108,6 +108,7 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     # A launch the policy made wait (scheduling/waiting.py), and the calls held behind it.
     waiting: Any = None
     backlog: deque[Any] = field(default_factory=deque)
+    backlog_bytes: int = 0
     device_bytes: int = 0
     # Unified memory (daemon/managed.py): managed allocations, the client's shadows of managed
     # ranges by base, and the ranges holding the session's __managed__ variables.

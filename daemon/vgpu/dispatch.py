@@ -20,7 +20,6 @@ from pilot.daemon.ops.registry import HandlerSpec
 from pilot.daemon.protocol import ENVELOPE_SIZE, ProtocolError, ffi, lib, new
 from pilot.daemon.scheduling import streams
 from pilot.daemon.scheduling.launch import WaitForPolicy
-from pilot.daemon.scheduling.waiting import HeldMessage
 from pilot.daemon.sessions.session import Credentials, Session
 
 if TYPE_CHECKING:
@@ -42,6 +41,7 @@ class Dispatch:
     _by_conn: dict[int, Session]
     _specs: dict[int, _Prepared]
     _op_names: dict[int, str]
+    _release: Any
 
     def _send(self, msg: Any, body: Any, size: int, payload: Any = None) -> None:
         if payload is None:
@@ -70,7 +70,8 @@ class Dispatch:
             self._refuse(msg, env, session, no_reply)
             return
         if session.waiting is not None and msg.conn == session.identity:
-            session.backlog.append(HeldMessage(msg))  # behind its waiting launch, in order
+            if not self.waits.hold(session, msg):  # behind its waiting launch, in order
+                self._release(session)  # it held more than the daemon keeps for anyone
             return
         prepared = self._specs.get(opcode)
         result: Any = None

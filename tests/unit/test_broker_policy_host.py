@@ -167,3 +167,27 @@ def test_describe_lists_the_policy_and_every_name() -> None:
     doc = PolicyHost(Recorder(), Metrics(), max_wait=5).describe()
     assert doc["name"] == "recorder-test" and doc["max_wait_s"] == 5
     assert doc["available"]["none"]["implemented"] and not doc["available"]["mfit"]["implemented"]
+
+
+def test_calls_held_behind_a_waiting_launch_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that keeps posting while its launch waits cannot grow pilotd without end: past
+    MAX_HELD_BYTES the queue refuses (and the vGPU then ends the session); replay frees room."""
+    from collections import deque
+
+    from pilot.daemon.protocol import ffi
+    from pilot.daemon.scheduling import waiting
+
+    monkeypatch.setattr(waiting, "MAX_HELD_BYTES", 1000)
+    frames = [bytearray(b"e" * 40), bytearray(b"b" * 60), bytearray(b"p" * 300)]
+    msg = SimpleNamespace(conn=7, nframes=3, frame=[ffi.from_buffer(f) for f in frames],
+                          len=[len(f) for f in frames])
+    handled: list[bytes] = []
+    vg = SimpleNamespace(sessions={1: None}, handle=lambda m: handled.append(bytes(m._bufs[2])))
+    q = waiting.WaitQueue(vg)  # type: ignore[arg-type]
+    s = SimpleNamespace(id=1, tenant="user:a", waiting=object(), backlog=deque(), backlog_bytes=0)
+    assert q.hold(s, msg) and q.hold(s, msg)  # 400 bytes each
+    assert not q.hold(s, msg) and len(s.backlog) == 2 and s.backlog_bytes == 800
+    frames[2][:] = b"q" * 300  # the held copies do not change with the receive buffer
+    s.waiting = None
+    q.replay(s)
+    assert handled == [b"p" * 300] * 2 and s.backlog_bytes == 0 and not s.backlog
