@@ -345,13 +345,13 @@ def kernels_in_image(image: bytes | memoryview) -> dict[str, list[tuple[int, int
     return {name: info.params for name, info in kernel_infos_in_image(image).items()}
 
 
-def module_globals_bytes(image: bytes | memoryview) -> int:
-    """Device memory a load of the image takes for its variables, as far as its ELF says (0
-    for an image pilot cannot read: compressed or PTX only; the loader then decides)."""
+def readable_globals(image: bytes | memoryview) -> ModuleGlobals:
+    """The image's variables as far as its ELF says; none for an image pilot cannot read
+    (compressed or PTX only: the loader then decides)."""
     try:
-        return globals_in_image(image).size
+        return globals_in_image(image)
     except ValueError:
-        return 0
+        return ModuleGlobals(0, {}, [])
 
 
 def globals_in_image(image: bytes | memoryview) -> ModuleGlobals:

@@ -13,7 +13,7 @@ from pilot.daemon.backends.base import (
     BackendError,
     LaunchAttrs,
 )
-from pilot.daemon.backends.fatbin import module_globals_bytes
+from pilot.daemon.backends.fatbin import readable_globals
 from pilot.daemon.ops.registry import OpTable
 from pilot.daemon.ops.replies import need_payload, u64
 from pilot.daemon.protocol import ffi, lib, new
@@ -33,10 +33,12 @@ def module_load(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     load, given back when the session ends."""
     need_payload(payload, req.image_size, "module image")
     image = bytes(payload)
-    size = module_globals_bytes(image)
-    module = vg.broker.allocate(s, "module", size, lambda: vg.backend.module_load(image), ptr_of=lambda _m: 0)
+    variables = readable_globals(image)
+    module = vg.broker.allocate(s, "module", variables.size, lambda: vg.backend.module_load(image),
+                                ptr_of=lambda _m: 0)
     handle = s.new_handle()
     s.modules[handle] = module
+    s.module_variables[handle] = tuple(variables.variables)  # zeroed before unload (teardown.py)
     return u64(handle)
 
 @OPS.handler(lib.PILOT_OP_FUNCTION_GET, "pilot_req_function_get")

@@ -15,6 +15,7 @@ import errno
 import json
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -63,6 +64,14 @@ class Watched:
     pidfd: int | None  # None: pidfd_open unavailable, checked by polling /proc
     group: SessionGroup
     others: list[tuple[VGpu, Session]]  # parts on other devices (DEVICE_JOIN)
+
+
+def _alive(w: Watched) -> bool:
+    """Whether a watched session's process still runs: its pidfd is not readable (or, without
+    one, /proc has the pid)."""
+    if w.pidfd is None:
+        return os.path.exists(f"/proc/{w.session.creds.pid}")
+    return not select.select([w.pidfd], [], [], 0)[0]
 
 
 def prepare_socket_path(path: str) -> None:
@@ -301,12 +310,26 @@ class Daemon:
             router.send_multipart([frames[0], frames[1], self._join(frames, env.session)])
         elif env.opcode == lib.PILOT_OP_SESSIONS:
             rep = new("pilot_rep_status")
-            listing = json.dumps(self.session_summaries()).encode()
+            listing = json.dumps(self._sessions_for(frames)).encode()
             router.send_multipart([frames[0], frames[1], to_bytes(rep), listing])
         else:
             rep = new("pilot_rep_status")
             rep.hdr.err = CUDA_ERROR_NOT_SUPPORTED
             router.send_multipart([frames[0], frames[1], to_bytes(rep)])
+
+    def _sessions_for(self, frames: list[zmq.Frame]) -> list[dict[str, Any]]:
+        """`pilot sessions`: every session for root and the admin group, the caller's tenant's
+        otherwise (pids, command lines and memory of other tenants are theirs), none without
+        credentials."""
+        try:
+            creds = Credentials.from_peer_address(frames[1].get("Peer-Address"))
+        except (ValueError, zmq.ZMQError):
+            return []
+        rows = self.session_summaries()
+        if self.resolver.is_admin(creds.uid, creds.gid, self.config.admin_group):
+            return rows
+        tenant = self.resolver.tenant_of(creds.uid, creds.gid)
+        return [r for r in rows if r["tenant"] == tenant]
 
     def _hello(self, frames: list[zmq.Frame]) -> bytes:
         rep = new("pilot_rep_hello")
@@ -316,10 +339,22 @@ class Daemon:
             log.warning("router: HELLO refused: %s", exc)
             rep.hdr.err = CUDA_ERROR_INITIALIZATION
             return to_bytes(rep)
-        # A pid that says HELLO again has exec'd a new program: its old session is dead.
+        # A pid that says HELLO again has exec'd a new program: its old session is dead. Only
+        # the same user's: a session of another uid under this pid means its process is gone
+        # and the pid reused (reap it), or a process that changed its credentials, which must
+        # not end (or take over) the session it had.
         for sid, w in list(self._watched.items()):
-            if w.session.creds.pid == creds.pid:
+            if w.session.creds.pid != creds.pid:
+                continue
+            if w.session.creds.uid == creds.uid:
                 self.end_session(sid, "process exec'd")
+            elif not _alive(w):
+                self.end_session(sid, "process exited")
+            else:
+                log.warning("router: HELLO from pid %d uid %d refused: the pid holds session %d of "
+                            "uid %d", creds.pid, creds.uid, sid, w.session.creds.uid)
+                rep.hdr.err = CUDA_ERROR_INITIALIZATION
+                return to_bytes(rep)
         vg = place_session(self.vgpus, self.draining, self._grow)
         tenant = self.resolver.tenant_of(creds.uid, creds.gid)
         if vg is None:

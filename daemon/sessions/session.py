@@ -87,6 +87,7 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     streams: dict[int, StreamState] = field(default_factory=dict)
     events: dict[int, Any] = field(default_factory=dict)
     modules: dict[int, Any] = field(default_factory=dict)
+    module_variables: dict[int, tuple[str, ...]] = field(default_factory=dict)  # handle -> names
     # Module globals (__device__/__constant__ variables) the session looked up: address -> size,
     # and address -> module handle. Copies may use them like allocations; they go with their module.
     symbols: dict[int, int] = field(default_factory=dict)

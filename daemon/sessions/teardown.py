@@ -4,12 +4,9 @@ Mixed into Session."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pilot.daemon.backends.base import Backend
-
-if TYPE_CHECKING:
-    pass
+from pilot.daemon.backends.base import Backend, BackendError
 
 log = logging.getLogger("pilot.session")
 
@@ -29,6 +26,23 @@ class Teardown:
             backend.memset_d8(ptr, 0, size, stream)
             backend.stream_synchronize(stream)
         backend.mem_free(ptr)
+
+    def zero_module_globals(self, backend: Backend, handle: int, module: Any, stream: Any) -> None:
+        """Zero a module's variables before it is unloaded: the driver hands the memory of an
+        unloaded module to the next allocation in the shared context as it was, so another
+        tenant's cudaMalloc could read this session's `__device__` data (natively a process's
+        context goes with it). The names come from the image's ELF at load."""
+        zeroed = 0
+        for name in self.module_variables.pop(handle, ()):
+            try:  # symbols the loader does not export by name (local ones) are skipped
+                address, size = backend.module_get_global(module, name)
+            except BackendError:
+                continue
+            if size:
+                backend.memset_d8(address, 0, size, stream)
+                zeroed += 1
+        if zeroed:
+            backend.stream_synchronize(stream)
 
     def release(self, backend: Backend, stream: Any) -> None:
         """Free everything the session owns (`stream`: the vGPU's, for zeroing freed memory).
@@ -65,6 +79,7 @@ class Teardown:
             self.legacy = None
         for handle, mod in self.modules.items():
             self.forget_module_symbols(handle)
+            attempt("module globals", self.zero_module_globals, backend, handle, mod, stream)
             attempt("module", backend.module_unload, mod)
         for area in (self.staging, self.fault_staging):
             if area is not None:
