@@ -165,12 +165,23 @@ static int spin_us(void)
     return v < 0 ? 0 : v > 100000 ? 100000 : v;
 }
 
+/* $PILOT_CONNECT_TIMEOUT: seconds the set-up of a session (connect, HELLO, ATTACH) may take
+ * before the program is told pilotd does not answer (default 10; a stopped pilotd, or a
+ * PILOT_SOCKET naming another socket, must not hang the program). Calls of a live session
+ * have no timeout: a synchronize may wait for an hour-long kernel. */
+static int setup_timeout_ms(void)
+{
+    const char *env = getenv("PILOT_CONNECT_TIMEOUT");
+    int s = env && *env ? atoi(env) : 10;
+    return (s <= 0 ? 10 : s > 3600 ? 3600 : s) * 1000;
+}
+
 /* Connects to a part's vGPU socket and attaches the session there. 0 or -1. */
 static int attach(struct part *p, const pilot_rep_hello *hrep)
 {
     struct zmtp_frame rep[ZMTP_MAX_FRAMES];
     int n;
-    int rc = zmtp_connect(&p->conn, hrep->endpoint);
+    int rc = zmtp_connect_timeout(&p->conn, hrep->endpoint, setup_timeout_ms());
     p->conn.spin_us = spin_us();
     if (rc) {
         LOG_ERROR("pilot: cannot attach to vGPU socket %s: %s", hrep->endpoint, strerror(-rc));
@@ -180,10 +191,12 @@ static int attach(struct part *p, const pilot_rep_hello *hrep)
     pilot_rep_status st;
     if (exchange(&p->conn, hrep->session, PILOT_OP_ATTACH, &hello, sizeof hello, NULL, 0, rep, &n) ||
         (memcpy(&st, rep[1].data, sizeof st), st.hdr.err)) {
-        LOG_ERROR("pilot: pilotd refused to attach the session");
+        LOG_ERROR("pilot: pilotd refused to attach the session (or did not answer within %d s)",
+                  setup_timeout_ms() / 1000);
         zmtp_close(&p->conn);
         return -1;
     }
+    zmtp_set_timeout(&p->conn, 0); /* the session's calls may wait as long as their work */
     return 0;
 }
 
@@ -199,7 +212,7 @@ static int main_socket_call(uint16_t op, uint64_t session, const void *req, size
         LOG_ERROR("pilot: socket path too long");
         return -1;
     }
-    rc = zmtp_connect(&main_conn, path);
+    rc = zmtp_connect_timeout(&main_conn, path, setup_timeout_ms());
     if (rc) {
         if (!g_warned_absent++)
             fprintf(stderr,
@@ -210,7 +223,8 @@ static int main_socket_call(uint16_t op, uint64_t session, const void *req, size
     }
     if (exchange(&main_conn, session, op, req, req_len, NULL, 0, rep, &n) ||
         rep[1].len < sizeof *out - sizeof out->callbacks) {
-        LOG_ERROR("pilot: pilotd at %s did not answer", path);
+        LOG_ERROR("pilot: pilotd at %s did not answer within %d s (is it stopped? is that pilotd's "
+                  "main socket?)", path, setup_timeout_ms() / 1000);
         zmtp_close(&main_conn);
         return -1;
     }

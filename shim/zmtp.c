@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <time.h>
@@ -160,7 +161,23 @@ static int handshake(struct zmtp_conn *c)
     return 0;
 }
 
+int zmtp_set_timeout(struct zmtp_conn *c, int ms)
+{
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    if (c->fd < 0)
+        return -ENOTCONN;
+    if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+        setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+        return -errno;
+    return 0;
+}
+
 int zmtp_connect(struct zmtp_conn *c, const char *path)
+{
+    return zmtp_connect_timeout(c, path, 0);
+}
+
+int zmtp_connect_timeout(struct zmtp_conn *c, const char *path, int ms)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     c->fd = -1;
@@ -176,7 +193,9 @@ int zmtp_connect(struct zmtp_conn *c, const char *path)
         return -err;
     }
     c->fd = fd;
-    int rc = handshake(c);
+    int rc = ms > 0 ? zmtp_set_timeout(c, ms) : 0;
+    if (rc == 0)
+        rc = handshake(c);
     if (rc) {
         zmtp_close(c);
         return rc;

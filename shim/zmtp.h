@@ -26,6 +26,15 @@ struct zmtp_frame {
 /* Connects to a UNIX socket path and completes the ZMTP handshake. Returns 0 or -errno
  * (-EPROTO when the peer does not speak ZMTP/3 with the NULL mechanism). */
 int zmtp_connect(struct zmtp_conn *c, const char *path);
+
+/* Every send and receive on the connection fails with -EAGAIN after `ms` milliseconds without
+ * progress (0: wait for ever). For set-up: a stopped daemon, or a socket that is no pilotd
+ * endpoint, must not hang the program. */
+int zmtp_set_timeout(struct zmtp_conn *c, int ms);
+
+/* zmtp_connect with the handshake bounded by `ms` (the timeout stays set: clear it with
+ * zmtp_set_timeout(c, 0) when the connection is up). */
+int zmtp_connect_timeout(struct zmtp_conn *c, const char *path, int ms);
 void zmtp_close(struct zmtp_conn *c);
 
 /* Sends one multipart message. Returns 0 or -errno (-EPIPE when the daemon went away). */

@@ -317,6 +317,31 @@ def test_errors(scenario: str, run_under_pilot: RunUnderPilot, daemon_log: Daemo
     check_output(run_under_pilot("errors", scenario), ERROR_SCENARIOS[scenario], daemon_log)
 
 
+@pytest.mark.parametrize("case", ["stopped", "control_socket"])
+def test_a_daemon_that_does_not_answer_fails_fast(run_under_pilot: RunUnderPilot, start_pilotd: Any,
+                                                   case: str) -> None:
+    """A pilotd stopped with SIGSTOP, or PILOT_SOCKET naming its control socket (a socket that
+    accepts the connection and never answers a HELLO): the program's first call fails with
+    cudaErrorNoDevice after PILOT_CONNECT_TIMEOUT, says why, and the program exits normally."""
+    daemon = start_pilotd()
+    socket = daemon.socket if case == "stopped" else daemon.control_socket
+    if case == "stopped":
+        daemon.proc.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        proc = run_under_pilot("errors", "daemon_absent", timeout=30,
+                               env={"PILOT_SOCKET": socket, "PILOT_CONNECT_TIMEOUT": "1"})
+        elapsed = time.monotonic() - started
+    finally:
+        if case == "stopped":
+            daemon.proc.send_signal(signal.SIGCONT)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1:] == ["PASS"], proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0] == "cudaMalloc: cudaErrorNoDevice", proc.stdout
+    assert "pilot: cannot reach pilotd" in proc.stderr or "did not answer within 1 s" in proc.stderr, \
+        proc.stderr
+    assert elapsed < 10.0, f"took {elapsed:.1f} s to give up on a daemon that does not answer"
+
+
 def test_two_programs_at_once(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
     """Two tenants on one daemon at the same time both get their own, right results."""
     with ThreadPoolExecutor(max_workers=2) as pool:
