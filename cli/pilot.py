@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from pilot import __version__
 from pilot.cli.elf import NotElf, find_cudart
 from pilot.shim import CUDA_MAJORS, LIBRARIES, shim_path
 
@@ -17,6 +18,7 @@ CUDA_OPTION = click.Choice([str(m) for m in CUDA_MAJORS])
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="pilot", message="%(prog)s %(version)s")
 def main() -> None:
     """Run CUDA programs through pilotd."""
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from pilot import __version__
 from pilot.cli.client import CommandFailed, ControlClient, DaemonUnreachable, control_socket_path
 
 pass_client = click.make_pass_decorator(ControlClient)
@@ -41,6 +42,7 @@ def _size(n: int | None) -> str:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "PILOTCTL"})
+@click.version_option(__version__, "--version", prog_name="pilotctl", message="%(prog)s %(version)s")
 @click.option("--control-socket", metavar="PATH",
               help="pilotd's control socket [default: control.sock beside $PILOT_SOCKET's path].")
 @click.pass_context

@@ -81,6 +81,7 @@ class ConfigError(ValueError):
 
 # ---- units ----
 
+MAX_SIZE = 2**64 - 1
 _SIZE_UNITS = {
     "": 1, "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -99,10 +100,10 @@ def parse_bytes(text: str | int) -> int:
     if isinstance(text, int):
         if text < 0:
             raise ValueError(f"{text!r} is not a size (negative)")
-        return text
+        return _at_most_64_bits(text)
     if isinstance(text, float):  # TOML `capacity = 8e9`
         if text.is_integer() and text >= 0:
-            return int(text)
+            return _at_most_64_bits(int(text))
         raise ValueError(f"{text!r} is not a size (whole, non-negative bytes)")
     if not isinstance(text, str):
         raise ValueError(f"{text!r} is not a size")
@@ -121,7 +122,14 @@ def parse_bytes(text: str | int) -> int:
     value = Decimal(number) * mult
     if mult == 1 and value != value.to_integral_value():
         raise ValueError(f"{text!r} is not a size (fraction of a byte)")
-    return int(value)  # rounds toward zero: whole bytes
+    return _at_most_64_bits(int(value))  # rounds toward zero: whole bytes
+
+
+def _at_most_64_bits(n: int) -> int:
+    """Sizes are 64-bit (CUDA's size_t): a larger one is a mistake, not a very large quota."""
+    if n > MAX_SIZE:
+        raise ValueError(f"{n} bytes is more than any size can be (16 EiB)")
+    return n
 
 
 def parse_duration(text: str | int | float) -> float:

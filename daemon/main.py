@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from pilot import __version__
 from pilot.daemon.config import DEFAULT_CONFIG_PATH, ConfigError, load_config, parse_bytes
 from pilot.daemon.protocol import socket_path
 from pilot.daemon.router.server import Daemon, DaemonError
@@ -42,6 +43,7 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="pilotd", message="%(prog)s %(version)s")
 @click.option("--config", "config_path", metavar="PATH",
               help="TOML settings [default: /etc/pilot/pilotd.toml if it exists].")
 @click.option("--backend", type=click.Choice(["cuda", "sim"]),
@@ -117,8 +119,12 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
     def stop(signum: int, frame: object) -> None:
         daemon.request_stop()
 
+    def reload(signum: int, frame: object) -> None:
+        daemon.request_reload()
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, reload)
     log.info("pilotd %s starting (pid %d, config %s)", daemon.version, os.getpid(),
              config_path or (DEFAULT_CONFIG_PATH if os.path.exists(DEFAULT_CONFIG_PATH) else "defaults"))
     try:

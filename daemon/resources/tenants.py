@@ -12,7 +12,7 @@
   nothing, in memory or on disk.
 - `Ledger` counts the bytes each tenant holds per GPU; `reserve` checks and adds under one lock,
   so threads racing for the last bytes of a quota can never exceed it together. Amounts are kept
-  per kind ("device" now; "managed" when Unified Memory arrives).
+  per kind (KINDS: what each allocation path charged; resources/broker.py).
 """
 
 from __future__ import annotations
@@ -201,6 +201,11 @@ class QuotaStore:
         if q is None:
             q = per.get(None, UNLIMITED)
         return q
+
+    def entry(self, tenant: str, gpu: int | None) -> Quota | None:
+        """The tenant's own entry for `gpu` (None: its every-GPU entry), without fallbacks."""
+        per = self._quotas.get(tenant)
+        return per.get(gpu) if per is not None else None
 
     def set(self, tenant: str, gpu: int | None, hard: int | None, provisioned: int | None) -> Quota:
         """Replace the tenant's entry for `gpu` (None: every GPU). An entry with both limits

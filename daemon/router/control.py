@@ -91,11 +91,30 @@ def _gpu_arg(daemon: Daemon, args: dict[str, Any]) -> int | None:
     return gpu
 
 
+def _limit(value: Any, current: int | None) -> int | None:
+    """A quota limit from pilotctl: None (not given) keeps `current`, "none" lifts it."""
+    if value is None:
+        return current
+    if isinstance(value, str) and value.strip().lower() in ("none", "unlimited"):
+        return None
+    return parse_bytes(value)
+
+
 def _tenant_arg(daemon: Daemon, name: Any) -> str:
     """A named tenant, `user:NAME`, `uid:N`, or a bare user name (meaning user:NAME)."""
     if not isinstance(name, str) or not name:
         raise ControlError("tenant name required")
-    if name in daemon.config.tenants or name.startswith(("user:", "uid:")):
+    if name in daemon.config.tenants:
+        return name
+    if name.startswith("uid:"):
+        if not name[4:].isdigit():
+            raise ControlError(f"bad tenant {name!r}: uid:N takes a number")
+        return name
+    if name.startswith("user:"):
+        try:
+            pwd.getpwnam(name[5:])
+        except KeyError:
+            raise ControlError(f"unknown tenant {name!r}: no user {name[5:]!r}") from None
         return name
     try:
         pwd.getpwnam(name)
@@ -164,10 +183,13 @@ def quota_list(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str
 def quota_set(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
     tenant = _tenant_arg(daemon, args["tenant"])
     gpu = _gpu_arg(daemon, args)
-    hard = parse_bytes(args["hard"]) if args.get("hard") is not None else None
-    provisioned = parse_bytes(args["provisioned"]) if args.get("provisioned") is not None else None
-    if hard is None and provisioned is None:
+    if args.get("hard") is None and args.get("provisioned") is None:
         raise ControlError("give a hard limit, a provisioned limit, or both")
+    # A limit not given keeps its value in this entry ("none" lifts it): setting the
+    # provisioned share alone must not delete the hard limit.
+    current = daemon.quotas.entry(tenant, gpu)
+    hard = _limit(args.get("hard"), current.hard if current else None)
+    provisioned = _limit(args.get("provisioned"), current.provisioned if current else None)
     q = daemon.quotas.set(tenant, gpu, hard=hard, provisioned=provisioned)
     log.info("quota for %s on %s: hard=%s provisioned=%s", tenant,
              "every GPU" if gpu is None else f"GPU {gpu}", q.hard, q.provisioned,

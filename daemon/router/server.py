@@ -135,6 +135,7 @@ class Daemon:
             vg.topology, vg.callbacks = self.topology, self.callbacks
         self.draining: set[int] = set()
         self._stop = threading.Event()
+        self._reload = threading.Event()
         self._nvml: NvmlPoller | None = None
         self._exporter: Any = None
         # Owned by the router thread.
@@ -183,6 +184,16 @@ class Daemon:
                     vg.send_control(b"W")
                 except BlockingIOError:  # the pipe is full of wake-ups already
                     pass
+
+    def request_reload(self) -> None:
+        """SIGHUP (signal handler): the router re-reads what can change while running."""
+        self._reload.set()
+
+    def _reload_now(self) -> None:
+        self._reload.clear()
+        self.quotas.reload()
+        log.info("SIGHUP: quotas re-read from %s; other settings apply at the next start",
+                 self.config.state_dir)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -260,6 +271,11 @@ class Daemon:
             ready = dict(poller.poll(POLL_MS))
             if watchdog is not None:
                 watchdog.maybe_ping()
+            if self._reload.is_set():
+                try:
+                    self._reload_now()
+                except Exception:
+                    log.exception("router: reload failed; the current quotas stay")
             try:
                 for fd, sid in by_fd.items():
                     if fd in ready:

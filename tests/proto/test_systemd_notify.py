@@ -4,6 +4,7 @@ exit that removes its sockets."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -44,3 +45,46 @@ def test_pilotd_speaks_the_notify_protocol(tmp_path: Path) -> None:
             daemon.kill()
             daemon.wait()
         listener.close()
+
+
+def test_sighup_rereads_quotas_and_keeps_serving(tmp_path: Path) -> None:
+    """SIGHUP no longer kills pilotd: it re-reads quotas.json (an operator's hand edit applies)
+    and goes on serving; a file it cannot read keeps the current quotas."""
+    sock = tmp_path / "pilot.sock"
+    log_path = tmp_path / "pilotd.log"
+    env = {**os.environ, "PILOT_SOCKET": str(sock)}
+    with open(log_path, "w") as log:
+        daemon = subprocess.Popen([sys.executable, "-m", "pilot.daemon", "--backend", "sim", "--socket",
+                                   str(sock), "--state-dir", str(tmp_path / "state"),
+                                   "--metrics-address", ""], env=env, stdout=log, stderr=subprocess.STDOUT)
+    ctl = [sys.executable, "-m", "pilot.cli.pilotctl"]
+    try:
+        deadline = time.monotonic() + 20
+        while "pilotd ready" not in log_path.read_text():
+            assert daemon.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        subprocess.run([*ctl, "quota", "set", "uid:4242", "1GiB"], env=env, check=True, capture_output=True)
+        quotas = tmp_path / "state" / "quotas.json"
+        quotas.write_text(quotas.read_text().replace(str(1 << 30), str(2 << 30)))  # a hand edit
+
+        def hard() -> int:
+            out = subprocess.run([*ctl, "quota", "get", "uid:4242", "--json"], env=env, check=True,
+                                 capture_output=True, text=True).stdout
+            return json.loads(out)["gpus"]["0"]["hard"]
+
+        assert hard() == 1 << 30
+        daemon.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 5
+        while hard() != 2 << 30:
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        quotas.write_text("{not json")
+        daemon.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 5
+        while "reload failed" not in log_path.read_text():
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        assert daemon.poll() is None and hard() == 2 << 30
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(15)

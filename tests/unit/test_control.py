@@ -8,12 +8,27 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from pilot.daemon.resources.tenants import Quota
 from pilot.daemon.router import control
 from pilot.daemon.sessions.session import Credentials
 
+USERS = ("root", "alice", "bob")
 ADMIN = Credentials(uid=0, gid=0, pid=1)
 ALICE = Credentials(uid=1001, gid=1001, pid=2)
+
+
+@pytest.fixture(autouse=True)
+def known_users(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The users of these tests exist (NSS is faked, as in test_tenants.py)."""
+
+    def getpwnam(name: str) -> Any:
+        if name not in USERS:
+            raise KeyError(name)
+        return SimpleNamespace(pw_name=name)
+
+    monkeypatch.setattr(control.pwd, "getpwnam", getpwnam)
 
 
 class FakeQuotas:
@@ -27,6 +42,9 @@ class FakeQuotas:
     def get(self, tenant: str, gpu: int | None) -> Quota:
         per = self.data.get(tenant, {})
         return per.get(str(gpu)) or per.get("*") or Quota()
+
+    def entry(self, tenant: str, gpu: int | None) -> Quota | None:
+        return self.data.get(tenant, {}).get("*" if gpu is None else str(gpu))
 
     def set(self, tenant: str, gpu: int | None, hard: int | None, provisioned: int | None) -> Quota:
         q = Quota(hard=hard, provisioned=provisioned)
@@ -88,3 +106,30 @@ def test_malformed_and_unknown_requests_get_one_line_errors() -> None:
     assert call(d, ADMIN, "quota.set", tenant="user:alice", hard="lots")["ok"] is False
     assert call(d, ADMIN, "kill", session=99) == {"ok": False, "error": "no session 99"}
     assert call(d, ADMIN, "drain", gpu=3)["error"].startswith("no GPU 3")
+
+
+def test_setting_one_limit_keeps_the_other() -> None:
+    """`quota set T --provisioned X` alone keeps T's hard limit (it deleted it before); the word
+    "none" lifts a limit explicitly."""
+    d = fake_daemon()
+    reply = call(d, ADMIN, "quota.set", tenant="user:bob", gpu=0, provisioned="512MiB")
+    assert reply["ok"] and (reply["result"]["hard"], reply["result"]["provisioned"]) == (1 << 30, 512 << 20)
+    reply = call(d, ADMIN, "quota.set", tenant="user:bob", gpu=0, hard="none")
+    assert reply["ok"] and (reply["result"]["hard"], reply["result"]["provisioned"]) == (None, 512 << 20)
+    assert not call(d, ADMIN, "quota.set", tenant="user:bob", gpu=0)["ok"]  # nothing to set
+
+
+def test_tenant_names_are_checked() -> None:
+    d = fake_daemon()
+    for name, why in (("user:no-such-user-here", "no user"), ("uid:abc", "takes a number"),
+                      ("no-such-user-here", "unknown tenant")):
+        reply = call(d, ADMIN, "quota.set", tenant=name, hard="1GiB")
+        assert not reply["ok"] and why in reply["error"], reply
+    assert call(d, ADMIN, "quota.set", tenant="user:alice", hard="1GiB")["ok"]
+    assert call(d, ADMIN, "quota.set", tenant="uid:4242", hard="1GiB")["ok"]
+
+
+def test_sizes_beyond_64_bits_are_refused() -> None:
+    reply = call(fake_daemon(), ADMIN, "quota.set", tenant="user:bob", hard=str(2**64))
+    assert not reply["ok"] and "16 EiB" in reply["error"], reply
+
