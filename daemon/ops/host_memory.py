@@ -94,8 +94,16 @@ def host_register(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     _check_request(req)
     if req.address and _overlapping(s, req.address, req.length) is not None:
         raise BackendError(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, f"{req.address:#x} is registered")
-    vg.broker.charge(s, "pinned", req.length, "cudaHostAlloc" if req.kind == lib.PILOT_HOST_ALLOC
-                     else "cudaHostRegister")
+    call = "cudaHostAlloc" if req.kind == lib.PILOT_HOST_ALLOC else "cudaHostRegister"
+    r = vg.broker.allocate(s, "pinned", req.length, lambda: _pin(vg, s, req), call, ptr_of=lambda r: r.base)
+    s.add_pinned(r)
+    address, device_pointer = r.address, r.device_pointer
+    return u64(address, device_pointer)
+
+
+def _pin(vg: VGpu, s: Session, req: Any) -> PinnedRange:
+    """The client's memfd mapped here and registered with the driver, as a range of s (not yet
+    added); undone if any step fails."""
     address = 0
     try:
         fd = open_client_memfd(s.creds.pid, s.creds.uid, req.fd, req.length)
@@ -107,19 +115,14 @@ def host_register(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     except BaseException:
         if address:
             _libc.munmap(address, req.length)
-        vg.broker.refund(s, "pinned", req.length)
         raise
     device_pointer = vg.backend.host_device_pointer(address)
     r = PinnedRange(req.address or device_pointer, req.length, address, req.offset, req.size,
                     req.flags, KINDS[req.kind], device_pointer)
     if _overlapping(s, r.base, r.length) is not None:  # an allocation's address is in use already
         r.close(vg.backend)
-        vg.broker.refund(s, "pinned", req.length)
         raise BackendError(CUDA_ERROR_MEMORY_ALLOCATION, f"{r.base:#x} is registered already")
-    s.add_pinned(r)
-    if vg.broker.policy is not None:
-        vg.broker.policy.allocated(s, "pinned", r.base, r.length)
-    return u64(address, device_pointer)
+    return r
 
 
 @OPS.handler(lib.PILOT_OP_HOST_UNREGISTER, "pilot_req_free")

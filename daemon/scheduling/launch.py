@@ -14,6 +14,7 @@ when the policy asks for it, so the default policy costs the launch nothing.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import struct
 import time
 from dataclasses import dataclass
@@ -118,7 +119,7 @@ def submit(vg: VGpu, s: Session, function: int, grid: Dim3, block: Dim3, shared_
            args: bytes | memoryview, attrs: LaunchAttrs | None = None) -> None:
     """A new launch: resolve, account, ask the policy; run it, or raise WaitForPolicy or the
     error of a refusal. This is every launch's hot path: with a policy that does not decide
-    launches nothing is built for it."""
+    launches no view or footprint is built for it."""
     info = resolve(s, function, args)
     if s.shadows:
         s.note_managed_launch(memoryview(args))
@@ -150,10 +151,7 @@ def retry(vg: VGpu, s: Session, launch: Launch) -> None:
     held behind it by the vGPU's wait queue)."""
     host = vg.policy
     assert host is not None and launch.view is not None
-    v = launch.view
-    launch.view = LaunchView(v.id, v.session, v.tenant, v.pid, v.gpu, v.vgpu, v.kernel, v.grid,
-                             v.block, v.stream, v.footprint, v.requested_at, time.monotonic(),
-                             v.attempts + 1)
+    launch.view = dataclasses.replace(launch.view, now=time.monotonic(), attempts=launch.view.attempts + 1)
     decide(vg, s, launch, host)
 
 

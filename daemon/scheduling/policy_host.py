@@ -10,6 +10,7 @@ every event that may have freed something.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -194,8 +195,7 @@ class PolicyHost:
         except Exception as exc:
             state = {"error": str(exc)}
         settings = self.policy.settings
-        knobs = dict(vars(settings)) if settings is not None and hasattr(settings, "__dict__") else (
-            {f: getattr(settings, f) for f in getattr(settings, "__dataclass_fields__", {})})
+        knobs = dataclasses.asdict(settings) if dataclasses.is_dataclass(settings) else {}
         return {"name": self.name, "summary": self.policy.summary, "max_wait_s": self.max_wait,
                 "settings": knobs, "state": state,
                 "available": {name: {"summary": cls.summary, "implemented": cls.implemented}

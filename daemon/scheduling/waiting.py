@@ -107,22 +107,19 @@ class WaitQueue:
             if w.session.waiting is not w:  # released meanwhile
                 self._remove(w)
                 continue
-            err = 0
+            err, outcome = 0, "ran"
             try:
                 if time.monotonic() >= w.deadline:
-                    raise BackendError(w.error, f"waited {self.vg.policy.max_wait:g} s for the policy"
-                                       if self.vg.policy else "waited too long")
-                launches.retry(self.vg, w.session, w.launch)
+                    err, outcome = w.error, "timeout"
+                else:
+                    launches.retry(self.vg, w.session, w.launch)
             except WaitForPolicy as again:
                 w.error, w.reason = again.error, again.reason
                 continue
             except BackendError as exc:
-                err = exc.code
-                outcome = "timeout" if time.monotonic() >= w.deadline else "refused"
-                if self.vg.policy is not None and w.launch.view is not None:
-                    self.vg.policy.launch_dropped(w.launch.view, outcome)
-            else:
-                outcome = "ran"
+                err, outcome = exc.code, "refused"
+            if err and self.vg.policy is not None and w.launch.view is not None:
+                self.vg.policy.launch_dropped(w.launch.view, outcome)
             self._finish(w, err, outcome)
 
     def _finish(self, w: Waiting, err: int, outcome: str) -> None:
