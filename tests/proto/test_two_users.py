@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import RunningDaemon, start_daemon, stop_daemon
+from proto_daemon import RunningDaemon, start_daemon, stop_daemon
 
 from pilot.cli.client import query_sessions
 
