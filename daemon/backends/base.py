@@ -230,6 +230,9 @@ class Backend(Protocol):
     def mem_range_attribute(self, ptr: int, count: int, attribute: int, data_size: int) -> bytes:
         """cuMemRangeGetAttribute's value, `data_size` bytes (int32 values, native order)."""
     def stream_attach_mem(self, stream: Any, ptr: int, length: int, flags: int) -> None: ...
+    def managed_residency(self, device: int) -> tuple[int, int] | None:
+        """(resident, peak) bytes of managed memory on `device` as the backend measures them;
+        None when it cannot."""
 
     # several devices, launches with attributes, host callbacks (devices.py, execution.py,
     # callbacks.py). Device numbers are backend indexes, as in device_info.

@@ -514,6 +514,10 @@ class CudaBackend:
     def stream_attach_mem(self, stream: Any, ptr: int, length: int, flags: int) -> None:
         check(self._cu.cuStreamAttachMemAsync(stream, ptr, length, flags), "cuStreamAttachMemAsync")
 
+    def managed_residency(self, device: int) -> tuple[int, int] | None:
+        """The driver reports no per-device residency of managed pages."""
+        return None
+
     # ---- streams and events ------------------------------------------------------------------
     # Runtime and driver flags share values (driver_types.h vs cuda.h, CUDA 13.0):
     # cudaStreamNonBlocking 1 = CU_STREAM_NON_BLOCKING; cudaEventBlockingSync 1,

@@ -21,6 +21,15 @@ Simplifications, on purpose:
   never reused and a guard gap separates blocks, so use-after-free and off-the-end accesses
   fault instead of landing in a neighbour. New memory reads as zeros.
 - All devices share one address space (unified addressing), each with its own capacity.
+- Managed memory is where an H100 with UVM would put it, conservatively: its residency is
+  tracked per 2 MiB page (UM_PAGE) and device. Pages start populated nowhere; a launch on device
+  d makes every page of each managed block its argument words point into resident on d (the
+  daemon's footprint rule), and a copy or memset writing managed memory on d makes the pages it
+  writes resident there; a page stays where it is when all its bytes are preferred on the host
+  and accessed by d. Prefetches move the pages they overlap, whole; reads move nothing; free
+  drops them. managed_residency() reports each device's resident bytes and their peak. Advice is
+  kept per range of host pages. Nothing is evicted: where an H100 would evict pages to make room,
+  the sim's residency goes past the device's capacity.
 - One lock guards all state, held through emulations too: simple, and the sim is not for speed.
 """
 
@@ -29,11 +38,12 @@ from __future__ import annotations
 import bisect
 import collections
 import ctypes
+import itertools
 import mmap
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -64,6 +74,9 @@ from pilot.daemon.sim_kernels import CUDA_ERROR_INVALID_DEVICE_FUNCTION, KernelR
 SIM_BASE_ADDRESS = 0x7E00_0000_0000
 ALIGNMENT = 512
 MANAGED_ALIGNMENT = 2 << 20
+UM_PAGE = 2 << 20  # managed residency is tracked in pages of this size (the driver's big pages)
+ADVICE_PAGE = 4096  # advice and prefetch ranges are rounded out to host pages, as the driver does
+HOST_LOCATIONS = frozenset({2, 3, 4})  # cudaMemLocationType host, host NUMA, host NUMA current
 GUARD_BYTES = ALIGNMENT  # unmapped gap after every block
 DEFAULT_TOTAL_MEM = 80 * 1024**3
 MAX_BLOCK = (1024, 1024, 64)
@@ -103,19 +116,75 @@ class _Block:
     size: int
     device: int
     data: bytearray | mmap.mmap | memoryview
-    managed: _Advice | None = None  # managed memory: what the program advised
+    managed: _Managed | None = None  # managed memory: advice and residency
     host: int = 0  # mapped host memory: the daemon's address of it (data views it there)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Advice:
-    """cudaMemAdvise / cudaMemPrefetchAsync state of a managed block (whole-block granularity),
-    as (cudaMemLocationType, id) pairs; type 0 is none."""
+    """cudaMemAdvise / cudaMemPrefetchAsync state of one range of a managed block, locations as
+    (cudaMemLocationType, id) pairs; type 0 is none."""
 
     read_mostly: bool = False
     preferred: tuple[int, int] = (0, 0)
-    accessed_by: set[int] = field(default_factory=set)
+    accessed_by: frozenset[int] = frozenset()
     last_prefetch: tuple[int, int] = (0, 0)
+
+    def stays_on_host(self, device: int) -> bool:
+        """Preferred on the host and mapped for `device`: its touches read the host's copy."""
+        return self.preferred[0] in HOST_LOCATIONS and device in self.accessed_by
+
+
+class _Managed:
+    """A managed block's advice, by range (segments of byte offsets, rounded out to
+    ADVICE_PAGE), and where each of its UM_PAGE pages lives: page i covers
+    [i * UM_PAGE, (i + 1) * UM_PAGE) of the block, clipped to its size."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.starts = [0]  # segment k covers [starts[k], starts[k + 1] or size) ...
+        self.advice = [_Advice()]  # ... and has advice[k]; neighbours differ
+        self.pages = bytearray(-(-size // UM_PAGE))  # 0: on no device (host); d + 1: on device d
+
+    def _rounded(self, lo: int, hi: int) -> tuple[int, int]:
+        return lo // ADVICE_PAGE * ADVICE_PAGE, min(self.size, -(-hi // ADVICE_PAGE) * ADVICE_PAGE)
+
+    def _split(self, at: int) -> int:
+        """The index of the segment starting at `at`, splitting the one holding it."""
+        if at >= self.size:
+            return len(self.starts)
+        k = bisect.bisect_right(self.starts, at) - 1
+        if self.starts[k] != at:
+            k += 1
+            self.starts.insert(k, at)
+            self.advice.insert(k, self.advice[k - 1])
+        return k
+
+    def update(self, lo: int, hi: int, change: Callable[[_Advice], _Advice]) -> None:
+        """Applies `change` to the advice of [lo, hi) (whole host pages)."""
+        lo, hi = self._rounded(lo, hi)
+        if lo >= hi:
+            return
+        first, end = self._split(lo), self._split(hi)
+        for k in range(first, end):
+            self.advice[k] = change(self.advice[k])
+        starts, advice = [0], [self.advice[0]]
+        for start, value in zip(self.starts[1:], self.advice[1:], strict=True):
+            if value != advice[-1]:
+                starts.append(start)
+                advice.append(value)
+        self.starts, self.advice = starts, advice
+
+    def segments(self, lo: int, hi: int) -> list[tuple[int, int, _Advice]]:
+        """(start, end, advice) of the segments overlapping [lo, hi) (at least one byte)."""
+        k = bisect.bisect_right(self.starts, lo) - 1
+        hi = max(hi, lo + 1)
+        found = []
+        while k < len(self.starts) and self.starts[k] < hi:
+            end = self.starts[k + 1] if k + 1 < len(self.starts) else self.size
+            found.append((self.starts[k], end, self.advice[k]))
+            k += 1
+        return found
 
 
 class SimMemory:
@@ -131,6 +200,8 @@ class SimMemory:
     def __init__(self, device_count: int, capacity: int) -> None:
         self.capacity = capacity
         self.used = [0] * device_count
+        self.resident = [0] * device_count  # bytes of managed pages on each device
+        self.peak = [0] * device_count  # the most `resident` has been
         self._blocks: dict[int, _Block] = {}
         self._bases: list[int] = []  # sorted
         self._next = SIM_BASE_ADDRESS
@@ -155,7 +226,7 @@ class SimMemory:
             if managed:
                 base = -(-base // MANAGED_ALIGNMENT) * MANAGED_ALIGNMENT
             self._next = base + charged + GUARD_BYTES
-        self._blocks[base] = _Block(base, size, device, data, _Advice() if managed else None)
+        self._blocks[base] = _Block(base, size, device, data, _Managed(size) if managed else None)
         bisect.insort(self._bases, base)
         self.used[device] += charged
         return base
@@ -179,9 +250,60 @@ class SimMemory:
                                f"{ptr:#x} is not the base of a live allocation")
         del self._bases[bisect.bisect_left(self._bases, ptr)]
         self.used[block.device] -= _align(block.size)
+        if block.managed is not None:  # its pages vanish wherever they were
+            self._move(block, 0, len(block.managed.pages), 0)
         if block.managed is None and block.size <= self.RECYCLED_MAX_BYTES:  # device memory
             self._recycled.append(block)
             del self._recycled[:-self.RECYCLED_BLOCKS]
+
+    # ---- where managed pages live ----------------------------------------------------------
+
+    def _move(self, block: _Block, first: int, last: int, code: int) -> None:
+        """Pages first..last-1 of a managed block to `code` (0: no device, d + 1: device d)."""
+        assert block.managed is not None
+        pages = block.managed.pages
+        run = pages[first:last]
+        short = (len(pages) * UM_PAGE - block.size) if last == len(pages) else 0  # last page's lack
+        for was in set(run) - {code}:
+            moved = run.count(was) * UM_PAGE - (short if run[-1] == was else 0)
+            if was:
+                self.resident[was - 1] -= moved
+            if code:
+                self.resident[code - 1] += moved
+        if code:
+            self.peak[code - 1] = max(self.peak[code - 1], self.resident[code - 1])
+        pages[first:last] = bytes((code,)) * (last - first)
+
+    def migrate(self, block: _Block, lo: int, hi: int, device: int | None) -> None:
+        """The pages overlapping [lo, hi) of a managed block (offsets) move, whole, to `device`
+        (None: the host)."""
+        if hi > lo:
+            self._move(block, lo // UM_PAGE, -(-hi // UM_PAGE), 0 if device is None else device + 1)
+
+    def touch(self, block: _Block, lo: int, hi: int, device: int) -> None:
+        """`device` accessed [lo, hi) of a managed block: the pages overlapping it become
+        resident there, whole, except those all of whose bytes are preferred on the host and
+        accessed by `device`: they stay where they are (the device maps them)."""
+        managed = block.managed
+        assert managed is not None
+        if hi <= lo:
+            return
+        first, last = lo // UM_PAGE, -(-hi // UM_PAGE)
+        segments = managed.segments(first * UM_PAGE, min(last * UM_PAGE, block.size))
+        if not any(advice.stays_on_host(device) for _s, _e, advice in segments):
+            self._move(block, first, last, device + 1)
+            return
+        moves = bytearray(last - first)  # 1: a page with bytes that would migrate
+        for start, end, advice in segments:
+            if not advice.stays_on_host(device):
+                lo_page, hi_page = max(first, start // UM_PAGE), min(last, -(-end // UM_PAGE))
+                moves[lo_page - first:hi_page - first] = b"\1" * (hi_page - lo_page)
+        page = first
+        for flag, run in itertools.groupby(moves):
+            n = len(list(run))
+            if flag:
+                self._move(block, page, page + n, device + 1)
+            page += n
 
     def map_host(self, address: int, size: int, device: int) -> int:
         """A range of the daemon's own host memory made reachable by kernels and copies at a
@@ -357,6 +479,7 @@ class SimBackend:
             self._check_stream(stream)
             if count:
                 self._device_range(dst, count)  # a bad range fails now, held or not
+                self._touched(stream, self._current_device(), [(dst, count)])
                 self._issue(stream, self._write, dst, source)
 
     def _write(self, dst: int, data: Any) -> None:
@@ -375,6 +498,7 @@ class SimBackend:
         with self._lock:
             self._check_stream(stream)
             if count:
+                self._touched(stream, self._current_device(), [(dst, count)])
                 self._issue(stream, self._dtod, dst, src, count)
 
     def _dtod(self, dst: int, src: int, count: int) -> None:
@@ -386,6 +510,7 @@ class SimBackend:
         with self._lock:
             self._check_stream(stream)
             if count:
+                self._touched(stream, self._current_device(), [(ptr, count)])
                 self._issue(stream, self._memset, ptr, value, count)
 
     def _memset(self, ptr: int, value: int, count: int) -> None:
@@ -412,62 +537,91 @@ class SimBackend:
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{ptr:#x} is not device memory")
         return block.base, block.size
 
-    def _advice(self, ptr: int, count: int) -> _Advice:
+    def _managed(self, ptr: int, count: int) -> tuple[_Block, _Managed]:
         block = self._memory.block(ptr)
         if block is None or block.managed is None or ptr + count > block.base + block.size:
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{ptr:#x}+{count} is not managed memory")
-        return block.managed
+        return block, block.managed
 
     def _check_location(self, location_type: int, location_id: int) -> tuple[int, int]:
         if location_type == 1:
             self._check_device(location_id)
-        elif location_type not in (2, 3, 4):
+        elif location_type not in HOST_LOCATIONS:
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"location type {location_type}")
         return location_type, location_id
 
     def mem_advise(self, ptr: int, count: int, advice: int, location_type: int,
                    location_id: int) -> None:
+        """Advice applies to the host pages of [ptr, ptr+count) only; it moves nothing."""
         with self._lock:
-            state = self._advice(ptr, count)
+            block, state = self._managed(ptr, count)
+            change: Callable[[_Advice], _Advice]
             if advice in (1, 2):
-                state.read_mostly = advice == 1
+                change = partial(replace, read_mostly=advice == 1)
             elif advice == 3:
-                state.preferred = self._check_location(location_type, location_id)
+                change = partial(replace, preferred=self._check_location(location_type, location_id))
             elif advice == 4:
-                state.preferred = (0, 0)
+                change = partial(replace, preferred=(0, 0))
             elif advice in (5, 6):
-                if self._check_location(location_type, location_id)[0] == 1:
-                    (state.accessed_by.add if advice == 5 else state.accessed_by.discard)(location_id)
+                if self._check_location(location_type, location_id)[0] != 1:
+                    return
+                if advice == 5:
+                    def change(a: _Advice) -> _Advice:
+                        return replace(a, accessed_by=a.accessed_by | {location_id})
+                else:
+                    def change(a: _Advice) -> _Advice:
+                        return replace(a, accessed_by=a.accessed_by - {location_id})
             else:
                 raise BackendError(CUDA_ERROR_INVALID_VALUE, f"advice {advice}")
+            state.update(ptr - block.base, ptr - block.base + count, change)
 
     def mem_prefetch(self, ptr: int, count: int, location_type: int, location_id: int,
                      flags: int, stream: Any) -> None:
+        """The pages overlapping [ptr, ptr+count) move, whole, to the location when the stream
+        gets there, whatever the advice says; the range's last prefetch location is what the
+        program asked for at once (as cuMemRangeGetAttribute reports it)."""
         with self._lock:
             self._check_stream(stream)
-            self._advice(ptr, count).last_prefetch = self._check_location(location_type, location_id)
+            block, state = self._managed(ptr, count)
+            location = self._check_location(location_type, location_id)
+            lo = ptr - block.base
+            state.update(lo, lo + count, partial(replace, last_prefetch=location))
+            device = location_id if location_type == 1 else None
+            self._issue(stream, self._migrate, block, lo, lo + count, device)
+
+    def _migrate(self, block: _Block, lo: int, hi: int, device: int | None) -> None:
+        if self._memory.block(block.base) is block:  # not freed while the stream was held
+            self._memory.migrate(block, lo, hi, device)
 
     def mem_range_attribute(self, ptr: int, count: int, attribute: int, data_size: int) -> bytes:
+        """For the whole range, as the driver answers: a value all its pages share, else read
+        mostly 0, locations none (-2, type 0); accessed-by lists the devices every page has."""
         def legacy(location: tuple[int, int]) -> int:  # device id, -1 CPU, -2 none
-            return location[1] if location[0] == 1 else -1 if location[0] in (2, 3, 4) else -2
+            return location[1] if location[0] == 1 else -1 if location[0] in HOST_LOCATIONS else -2
+
+        def shared(locations: set[tuple[int, int]]) -> tuple[int, int]:
+            return locations.pop() if len(locations) == 1 else (0, 0)
 
         with self._lock:
-            state = self._advice(ptr, count)
-            values: list[int]
-            if attribute == 1:
-                values = [int(state.read_mostly)]
-            elif attribute in (2, 4):
-                values = [legacy(state.preferred if attribute == 2 else state.last_prefetch)]
-            elif attribute == 3:
-                if data_size % 4 or not data_size:
-                    raise BackendError(CUDA_ERROR_INVALID_VALUE, "accessed-by size")
-                values = sorted(state.accessed_by)[: data_size // 4]
-                values += [-2] * (data_size // 4 - len(values))
-            elif attribute in (5, 6, 7, 8):
-                location = state.preferred if attribute in (5, 6) else state.last_prefetch
-                values = [location[0] if attribute in (5, 7) else location[1]]
-            else:
-                raise BackendError(CUDA_ERROR_INVALID_VALUE, f"range attribute {attribute}")
+            block, state = self._managed(ptr, count)
+            advice = [a for _s, _e, a in state.segments(ptr - block.base, ptr - block.base + count)]
+        values: list[int]
+        if attribute == 1:
+            values = [int(all(a.read_mostly for a in advice))]
+        elif attribute in (2, 4):
+            values = [legacy(shared({a.preferred if attribute == 2 else a.last_prefetch
+                                     for a in advice}))]
+        elif attribute == 3:
+            if data_size % 4 or not data_size:
+                raise BackendError(CUDA_ERROR_INVALID_VALUE, "accessed-by size")
+            values = sorted(frozenset.intersection(*(a.accessed_by for a in advice)))[: data_size // 4]
+            values += [-2] * (data_size // 4 - len(values))
+        elif attribute in (5, 6, 7, 8):
+            location = shared({a.preferred if attribute in (5, 6) else a.last_prefetch
+                               for a in advice})
+            values = [location[0] if attribute in (5, 7) else location[1]]
+        else:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"range attribute {attribute}")
         if attribute != 3 and data_size != 4:
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"attribute {attribute} is 4 bytes")
         return b"".join(v.to_bytes(4, "little", signed=True) for v in values)
@@ -475,9 +629,34 @@ class SimBackend:
     def stream_attach_mem(self, stream: Any, ptr: int, length: int, flags: int) -> None:
         with self._lock:
             self._check_stream(stream)
-            self._advice(ptr, max(length, 1))
+            self._managed(ptr, max(length, 1))
         if flags not in (1, 2, 4):
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"attach flags {flags}")
+
+    def managed_residency(self, device: int) -> tuple[int, int]:
+        """(resident, peak) bytes of managed pages on `device`: a page is resident on at most one
+        device, from the first touch there (a launch pointing into its block, a copy or memset
+        writing it, a prefetch) until it moves (prefetch, a touch elsewhere) or is freed."""
+        self._check_device(device)
+        with self._lock:
+            return self._memory.resident[device], self._memory.peak[device]
+
+    def _touched(self, stream: Any, device: int, spans: list[tuple[int, int]]) -> None:
+        """`device` writes (or a kernel there reaches) the spans (address, bytes) next on
+        `stream`: the managed pages among them become resident there (SimMemory.touch)."""
+        found = []
+        for addr, count in spans:
+            block = self._memory.block(addr)
+            if block is not None and block.managed is not None and count > 0:
+                lo = addr - block.base
+                found.append((block, lo, min(lo + count, block.size)))
+        if found:
+            self._issue(stream, self._touch, device, found)
+
+    def _touch(self, device: int, found: list[tuple[_Block, int, int]]) -> None:
+        for block, lo, hi in found:
+            if self._memory.block(block.base) is block:  # not freed while the stream was held
+                self._memory.touch(block, lo, hi, device)
 
     def host_register(self, address: int, size: int) -> None:
         """Nothing to pin: the sim copies with the CPU."""
@@ -494,6 +673,7 @@ class SimBackend:
             self._check_stream(stream)
             if count:
                 self._device_range(dst, count)
+                self._touched(stream, self._current_device(), [(dst, count)])
                 self._issue(stream, self._htod_from, dst, src, count)
 
     def _htod_from(self, dst: int, src: int, count: int) -> None:
@@ -783,7 +963,20 @@ class SimBackend:
             launch = SimLaunch(function.info.name, (grid[0], grid[1], grid[2]),
                                (block[0], block[1], block[2]), shared_bytes, params, self._memory,
                                symbols=function.module.globals)
+            self._touched(stream, self._current_device(), self._pointed_blocks(layout, args))
             self._issue(stream, self._kernels.run, launch)
+
+    def _pointed_blocks(self, layout: list[tuple[int, int]], args: bytes) -> list[tuple[int, int]]:
+        """(base, size) of the managed blocks that the launch's 8-byte-aligned argument words
+        point into, in parameters of 8 bytes or more: the daemon's footprint rule
+        (scheduling/launch.py). The kernel is taken to reach all of each such block."""
+        found: dict[int, int] = {}
+        for offset, size in layout:
+            for at in range(-(-offset // 8) * 8, offset + size - 7, 8):
+                block = self._memory.block(int.from_bytes(args[at:at + 8], "little"))
+                if block is not None and block.managed is not None:
+                    found[block.base] = block.size
+        return list(found.items())
 
     def launch_ex(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
                   shared_bytes: int, stream: Any, args: bytes, attrs: LaunchAttrs) -> None:
@@ -833,6 +1026,7 @@ class SimBackend:
                 if count and self._memory.device_of(addr) != device:
                     raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{addr:#x} is not on device {device}")
             if count:
+                self._touched(stream, dst_device, [(dst, count)])
                 self._issue(stream, self._dtod, dst, src, count)
 
     # ---- limits, stream priorities, function attributes, occupancy, 2D memory -------------
@@ -929,6 +1123,7 @@ class SimBackend:
         with self._lock:
             self._check_stream(stream)
             self._rows(dst, dpitch, width, height)  # a bad range fails now, held or not
+            self._touched(stream, self._current_device(), _row_spans(dst, dpitch, width, height))
             self._issue(stream, self._write_rows, dst, dpitch, source, spitch, width, height)
 
     def _write_rows(self, dst: int, dpitch: int, source: Any, spitch: int, width: int,
@@ -953,6 +1148,7 @@ class SimBackend:
             return
         with self._lock:
             self._check_stream(stream)
+            self._touched(stream, self._current_device(), _row_spans(dst, dpitch, width, height))
             self._issue(stream, self._dtod_rows, dst, dpitch, src, spitch, width, height)
 
     def _dtod_rows(self, dst: int, dpitch: int, src: int, spitch: int, width: int,
@@ -968,6 +1164,7 @@ class SimBackend:
         fill = bytes([value & 0xFF]) * width
         with self._lock:
             self._check_stream(stream)
+            self._touched(stream, self._current_device(), _row_spans(ptr, pitch, width, height))
             self._issue(stream, self._fill_rows, ptr, pitch, fill, width, height)
 
     def _fill_rows(self, ptr: int, pitch: int, fill: bytes, width: int, height: int) -> None:
@@ -988,6 +1185,11 @@ def _initial_attrs(max_threads: int, image: ImageFuncAttrs | None) -> list[int]:
     attrs[FA_MAX_DYNAMIC_SHARED] = max(0, SHARED_PER_BLOCK - image.static_shared_bytes)
     attrs[FA_CARVEOUT] = -1  # cudaSharedmemCarveoutDefault
     return attrs
+
+
+def _row_spans(addr: int, pitch: int, width: int, height: int) -> list[tuple[int, int]]:
+    """(address, bytes) of each row of a 2D range."""
+    return [(addr + r * pitch, width) for r in range(height)]
 
 
 def _check_count(count: int) -> None:
