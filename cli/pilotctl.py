@@ -71,6 +71,13 @@ def status(client: ControlClient, as_json: bool) -> None:
         if g["draining"]:
             line += "  [draining]"
         click.echo(line)
+        res = g.get("residency")
+        if res:
+            click.echo(f"  movable memory: {_size(res['movable'])}, resident {_size(res['resident'])} "
+                       f"(peak {_size(res['peak_resident'])}) of room {_size(res['room'])}"
+                       + (" [capacity enforced]" if res["enforced"] else "")
+                       + f"; advised to host {_size(res['advised_to_host'])}, evicted "
+                         f"{_size(res['evicted_bytes'])}, prefetched {_size(res['prefetched_bytes'])}")
     for v in doc["vgpus"]:
         click.echo(f"  vGPU {v['index']} on GPU {v['gpu']}: {v['sessions']} session(s)")
     sched = doc.get("scheduling")
@@ -83,6 +90,8 @@ def status(client: ControlClient, as_json: bool) -> None:
                    f"{f'{wait:g} s' if wait else 'without limit'}")
         for key, value in (sched.get("settings") or {}).items():
             click.echo(f"  {key} = {value}")
+        for key, value in (sched.get("state") or {}).items():
+            click.echo(f"  {key}: {json.dumps(value)}")
         click.echo(f"  policies available: {', '.join(ready)}"
                    + (f"; planned: {', '.join(planned)}" if planned else ""))
 
@@ -97,11 +106,16 @@ def sessions(client: ControlClient, as_json: bool) -> None:
         _emit_json(rows)
         return
     click.echo(f"{'SESSION':>7} {'TENANT':<16} {'PID':>7} {'GPU':>3} {'DEVICE':>10} {'MANAGED':>10} "
-               f"{'CALLS':>9} {'STATE':<7} COMMAND")
+               f"{'CALLS':>9} {'STATE':<9} COMMAND")
     for r in rows:
         click.echo(f"{r['session']:>7} {r['tenant'][:16]:<16} {r['pid']:>7} {r['device']:>3} "
                    f"{_size(r['device_bytes']):>10} {_size(r.get('managed_bytes', 0)):>10} "
-                   f"{r['calls']:>9} {r['state']:<7} {r['cmdline'][:50]}")
+                   f"{r['calls']:>9} {r['state']:<9} {r['cmdline'][:50]}")
+        p = r.get("policy")
+        if p and r["state"] != p["state"]:
+            click.echo(f"{'':>7} {p['state']}: {p['why']}")
+        elif p:
+            click.echo(f"{'':>7} {p['why']}")
         w = r.get("waiting")
         if w:  # a launch the policy holds, and why
             click.echo(f"{'':>7} waiting: kernel {w['kernel'] or '?'}: {w['reason'] or 'no reason given'}"

@@ -21,6 +21,9 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     sim_devices = 1                # GPUs the sim backend presents, 1..16
     [gpu]
     capacity = "70GiB"             # bytes granted per GPU (default: the card's memory)
+    enforce_capacity = true        # keep managed memory resident on the GPU within the capacity
+    managed_limit = "80GiB"        # managed bytes granted per GPU when enforcing (default: the card's)
+    managed_device_memory = true   # serve cudaMalloc with managed memory (movable by the policies)
     [gpu.capacity_per_gpu]
     "0" = "40GiB"                  # keys are GPU indexes; they override gpu.capacity
     [policy]
@@ -206,6 +209,9 @@ class Config:
     gpus: tuple[int, ...] | None = None
     capacity: int | None = None
     capacity_per_gpu: dict[int, int] = field(default_factory=dict)
+    enforce_capacity: bool = False
+    managed_limit: int | None = None
+    managed_device_memory: bool = False
     policy: str = "none"
     policy_max_wait: float = 30.0
     policy_plugins: tuple[str, ...] = ()
@@ -283,6 +289,12 @@ def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
         raise ValueError(f"{value!r} is not one of {', '.join(options)}{hint}")
 
     return convert
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{value!r} is not true or false")
+    return value
 
 
 def _int_range(lo: int, hi: int) -> Callable[[Any], int]:
@@ -460,6 +472,9 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "gpus": _gpus,
     "capacity": _capacity,
     "capacity_per_gpu": _capacity_per_gpu,
+    "enforce_capacity": _flag,
+    "managed_limit": _capacity,
+    "managed_device_memory": _flag,
     "policy": _policy_name,
     "policy_max_wait": parse_duration,
     "policy_plugins": _plugins,
@@ -484,7 +499,8 @@ SECTIONS: dict[str, dict[str, str]] = {
                               "max_vgpus_per_gpu", "gpus",
                               "spin_us", "state_dir", "admin_group", "log_level", "log_format",
                               "sim_kernels", "sim_devices")},
-    "gpu": {"capacity": "capacity", "capacity_per_gpu": "capacity_per_gpu"},
+    "gpu": {k: k for k in ("capacity", "capacity_per_gpu", "enforce_capacity", "managed_limit",
+                           "managed_device_memory")},
     "policy": {"name": "policy", "max_wait": "policy_max_wait", "plugins": "policy_plugins"},
     "pinned": {"limit": "pinned_limit", "limit_per_tenant": "pinned_limit_per_tenant"},
     "nvml": {"poll_interval": "nvml_poll_interval"},

@@ -60,6 +60,12 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
               help="GPU index to serve (repeatable) [default: all].")
 @click.option("--capacity", metavar="SIZE",
               help="Device memory granted per GPU, e.g. 20GiB [default: the card's].")
+@click.option("--enforce-capacity/--no-enforce-capacity", default=None,
+              help="Keep managed memory resident on each GPU within its capacity (emulates a "
+                   "smaller GPU; docs/POLICIES.md).")
+@click.option("--managed-device-memory/--no-managed-device-memory", default=None,
+              help="Serve cudaMalloc with managed memory, which the capacity enforcer and the "
+                   "memory policies can move.")
 @click.option("--state-dir", metavar="DIR", help="Where quotas persist.")
 @click.option("--metrics-address", metavar="HOST:PORT", help='Prometheus exporter ("" disables).')
 @click.option("--admin-group", metavar="GROUP", help="Group allowed to change quotas, kill, drain.")
@@ -78,7 +84,7 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
 @click.option("--log-format", type=click.Choice(["text", "json"]))
 def main(config_path: str | None, backend: str | None, socket_: str | None, control_socket: str | None,
          vgpus_per_gpu: int | None, max_vgpus_per_gpu: int | None, devices: tuple[int, ...],
-         capacity: str | None,
+         capacity: str | None, enforce_capacity: bool | None, managed_device_memory: bool | None,
          state_dir: str | None, metrics_address: str | None, admin_group: str | None,
          sim_kernels: tuple[str, ...], sim_devices: int | None, spin_us: int | None,
          policy: str | None, policy_plugins: tuple[str, ...], policy_max_wait: str | None,
@@ -91,6 +97,7 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
             "vgpus_per_gpu": vgpus_per_gpu, "max_vgpus_per_gpu": max_vgpus_per_gpu,
             "gpus": tuple(devices) or None,
             "capacity": parse_bytes(capacity) if capacity is not None else None,
+            "enforce_capacity": enforce_capacity, "managed_device_memory": managed_device_memory,
             "state_dir": state_dir, "metrics_address": metrics_address,
             "admin_group": admin_group, "sim_kernels": tuple(sim_kernels) or None,
             "sim_devices": sim_devices,

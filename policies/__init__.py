@@ -7,11 +7,13 @@ plugins (load_plugin), which register their own policies.
 
 from __future__ import annotations
 
+from .amfit import AMFit
 from .api import (
     ALLOCATION_KINDS,
     DROP_REASONS,
     RUN,
     AllocationView,
+    Controls,
     Decision,
     GpuView,
     KernelView,
@@ -23,8 +25,10 @@ from .api import (
     Verdict,
 )
 from .errors import PolicyConfigError, UnknownPolicy
+from .madvise import MAdvise
+from .mfit import MFit
 from .none import NonePolicy
-from .planned import AMFit, MAdvise, MFit, Salus
+from .planned import Salus
 from .registry import available, create, load_plugin, register
 from .settings import Bytes, Seconds, parse_settings
 
@@ -42,6 +46,7 @@ __all__ = [
     "AMFit",
     "AllocationView",
     "Bytes",
+    "Controls",
     "Decision",
     "GpuView",
     "KernelView",

@@ -44,14 +44,18 @@ class AllocationView:
     kind: str  # one of ALLOCATION_KINDS
     ptr: int
     size: int
+    movable: bool = False  # the daemon can move it between the GPU and host memory (Controls)
 
 
 @dataclass(frozen=True, slots=True)
 class RangeView:
-    """One allocation a launch's arguments point into (the whole allocation, not the bytes used)."""
+    """One allocation a launch's arguments point into (the whole allocation, not the bytes used).
+    `movable`: managed memory (or cudaMalloc served as managed, `[gpu] managed_device_memory`)
+    that the capacity enforcer tracks and Controls can evict, advise and prefetch."""
     ptr: int
     size: int
     kind: str  # one of ALLOCATION_KINDS
+    movable: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +89,11 @@ class LaunchView:
         return sum(r.size for r in self.footprint if r.kind == "managed")
 
     @property
+    def movable_bytes(self) -> int:
+        """Bytes of the movable allocations (RangeView.movable) the launch points into."""
+        return sum(r.size for r in self.footprint if r.movable)
+
+    @property
     def waited_s(self) -> float:
         """Seconds since the launch was requested."""
         return self.now - self.requested_at
@@ -113,10 +122,51 @@ class NvmlView:
 
 @dataclass(frozen=True, slots=True)
 class GpuView:
-    """What pilot granted on a GPU: its capacity (`[gpu] capacity`) and the bytes allocated."""
+    """A GPU as pilot manages it: its capacity C (`[gpu] capacity`), the bytes of fixed
+    allocations granted (device, pitch, module globals, limits: always on the GPU), and, of the
+    movable memory, what is allocated and what pilot keeps resident. With `[gpu]
+    enforce_capacity` the enforcer keeps used + resident <= capacity at each launch; `room` is
+    what movable memory may occupy."""
     gpu: int
     capacity: int
     used: int
+    movable: int = 0
+    resident: int = 0
+    enforced: bool = False
+
+    @property
+    def room(self) -> int:
+        """Bytes movable memory may keep resident: the capacity less the fixed allocations."""
+        return max(0, self.capacity - self.used)
+
+
+class Controls:
+    """What a policy may see and ask beyond its events; the daemon sets `policy.controls` before
+    the first event. Requests are queued and carried out by the daemon's scheduler thread, in
+    order, right after the event that made them returns; they never fail the policy (a range
+    freed meanwhile is skipped). This base class sees nothing and ignores every request: it is
+    what a policy has outside a daemon (and tests record the calls with a subclass)."""
+
+    def gpu(self, gpu: int) -> GpuView:
+        """The GPU's capacity, fixed allocations and movable memory, as of now."""
+        return GpuView(gpu, 0, 0)
+
+    def evict(self, session: int, keep: tuple[int, ...] = ()) -> None:
+        """Move the session's movable memory to host memory, except the allocations whose
+        pointers are in `keep` (those a running kernel uses)."""
+
+    def advise_host(self, session: int, ptr: int, size: int) -> None:
+        """Keep [ptr, ptr+size) of a movable allocation of the session in host memory: preferred
+        location the CPU, accessed by the GPU (kernels read it remotely instead of migrating
+        it), and moved there now."""
+
+    def unadvise(self, session: int, ptr: int, size: int, prefetch: bool = True) -> None:
+        """Lift advise_host on [ptr, ptr+size), and with `prefetch` move it to the GPU (on the
+        H100, unsetting alone leaves the pages on the host)."""
+
+    def report(self, action: str, tenant: str) -> None:
+        """Count a policy action of its own (`hold`, `release`, `throttle`, `unthrottle`) in
+        pilot_policy_actions_total{policy,tenant,action}."""
 
 
 # ---- decisions ----
@@ -178,6 +228,7 @@ class Policy:
     needs_footprint: ClassVar[bool] = False   # LaunchView.footprint is filled only if True
     needs_kernel_end: ClassVar[bool] = False  # kernel_finished is called only if True
     decides_launches: ClassVar[bool] = False  # launch_requested/started/dropped only if True
+    moves_memory: ClassVar[bool] = False      # uses Controls: the daemon tracks movable memory
     Settings: ClassVar[type | None] = None    # frozen dataclass of knobs ([policy.<name>])
 
     def __init__(self, settings: Any = None) -> None:
@@ -186,6 +237,7 @@ class Policy:
         if settings is None and self.Settings is not None:
             settings = self.parse_settings({})
         self.settings = settings
+        self.controls: Controls = Controls()  # the daemon's, set before the first event
 
     def __repr__(self) -> str:
         return f"<policy {self.name!r} {self.settings!r}>"
@@ -237,3 +289,9 @@ class Policy:
     def state(self) -> dict[str, Any]:
         """A JSON-able snapshot for pilotctl status."""
         return {}
+
+    def session_status(self, session: int) -> tuple[str, str] | None:
+        """What this policy is doing to a session, for pilotctl sessions: (state, why), e.g.
+        ("held", "preempted for launch 12") or ("throttled", "1 GiB beyond its budget kept in
+        host memory"); None: nothing."""
+        return None

@@ -31,6 +31,7 @@ from pilot.daemon.backends.base import (
     CUDA_ERROR_MEMORY_ALLOCATION,
     BackendError,
 )
+from pilot.daemon.ops.memory import note_write
 from pilot.daemon.ops.registry import OpTable
 from pilot.daemon.ops.replies import u64
 from pilot.daemon.protocol import lib
@@ -156,6 +157,7 @@ def memcpy_pinned(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     s.check_range(device, count)
     stream = streams.stream_for_work(vg, s, req.stream)
     if direction == "h2d":
+        note_write(vg, s, device, count, stream)
         vg.backend.memcpy_htod_async(device, view, count, stream)
     else:
         vg.backend.memcpy_dtoh_async(view, device, count, stream)

@@ -24,12 +24,26 @@ if TYPE_CHECKING:
     from pilot.daemon.vgpu.server import VGpu
 
 OPS = OpTable("memory")
+MANAGED_ATTACH_GLOBAL = 1
+
+
+def note_write(vg: VGpu, s: Session, ptr: int, count: int, stream: Any) -> None:
+    """[ptr, ptr+count) is written on the GPU: movable memory there comes onto the GPU (the
+    capacity enforcer makes room first, on the same stream)."""
+    res = vg.broker.residency
+    if res is not None and s.id in res.sessions:
+        res.written(s, ptr, count, stream)
 
 
 @OPS.handler(lib.PILOT_OP_MALLOC, "pilot_req_malloc")
 def malloc(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    """With `[gpu] managed_device_memory` (and an enforced capacity) the memory is managed, so
+    the enforcer and the policies can move it; the program still sees device memory."""
     size = req.size
-    ptr = vg.broker.allocate(s, "device", size, lambda: vg.backend.mem_alloc(size))
+    backend = vg.backend
+    make = ((lambda: backend.mem_alloc_managed(size, MANAGED_ATTACH_GLOBAL))
+            if "device" in vg.broker.movable else (lambda: backend.mem_alloc(size)))
+    ptr = vg.broker.allocate(s, "device", size, make)
     s.add_allocation(ptr, size)
     return u64(ptr)
 
@@ -39,6 +53,8 @@ def free(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{req.ptr:#x} is not an allocation of this session")
     s.drop_shadow(req.ptr)
     streams.synchronize_session(vg, s)  # cudaFree waits for the device; the zeroing must too
+    if vg.broker.residency is not None:
+        vg.broker.residency.quiesce(s)
     s.free_memory(vg.backend, req.ptr, s.legacy or vg.stream)
     kind = s.allocation_kind(req.ptr)
     vg.broker.release(s, kind, s.remove_allocation(req.ptr), req.ptr)
@@ -98,7 +114,9 @@ def _copy_stream(vg: VGpu, s: Session, req: Any) -> Any:
 def memcpy_h2d(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     need_payload(payload, req.count, "host-to-device data")
     s.check_range(req.dst, req.count)
-    vg.backend.memcpy_htod(req.dst, payload, req.count, _copy_stream(vg, s, req))
+    stream = _copy_stream(vg, s, req)
+    note_write(vg, s, req.dst, req.count, stream)
+    vg.backend.memcpy_htod(req.dst, payload, req.count, stream)
     vg.metrics.bytes_copied("h2d", req.count)
 
 @OPS.handler(lib.PILOT_OP_MEMCPY_D2H, "pilot_req_memcpy", synchronizing=True)
@@ -115,14 +133,18 @@ def memcpy_d2h(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
 def memcpy_d2d(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     s.check_range(req.dst, req.count)
     s.check_range(req.src, req.count)
-    vg.backend.memcpy_dtod(req.dst, req.src, req.count, _copy_stream(vg, s, req))
+    stream = _copy_stream(vg, s, req)
+    note_write(vg, s, req.dst, req.count, stream)
+    vg.backend.memcpy_dtod(req.dst, req.src, req.count, stream)
     vg.metrics.bytes_copied("d2d", req.count)
 
 @OPS.handler(lib.PILOT_OP_MEMCPY_H2D_STAGED, "pilot_req_memcpy", synchronizing=True)
 def memcpy_h2d_staged(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     s.check_range(req.dst, req.count)
+    stream = _copy_stream(vg, s, req)
+    note_write(vg, s, req.dst, req.count, stream)
     # The backend returns once the slot may be refilled (it waits for the DMA from pinned memory).
-    vg.backend.memcpy_htod(req.dst, staging_slot(s, req), req.count, _copy_stream(vg, s, req))
+    vg.backend.memcpy_htod(req.dst, staging_slot(s, req), req.count, stream)
     vg.metrics.bytes_copied("h2d", req.count)
 
 @OPS.handler(lib.PILOT_OP_MEMCPY_D2H_STAGED, "pilot_req_memcpy", synchronizing=True)
@@ -134,7 +156,9 @@ def memcpy_d2h_staged(vg: VGpu, s: Session, req: Any, payload: memoryview) -> No
 @OPS.handler(lib.PILOT_OP_MEMSET, "pilot_req_memset")
 def memset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     s.check_range(req.ptr, req.count)
-    vg.backend.memset_d8(req.ptr, req.value & 0xFF, req.count, _copy_stream(vg, s, req))
+    stream = _copy_stream(vg, s, req)
+    note_write(vg, s, req.ptr, req.count, stream)
+    vg.backend.memset_d8(req.ptr, req.value & 0xFF, req.count, stream)
 
 def _rows_span(pitch: int, width: int, height: int) -> int:
     """Bytes from the first row's start to the last row's end; every row is inside the range

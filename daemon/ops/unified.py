@@ -24,6 +24,7 @@ from pilot.daemon.backends.base import (
     RANGE_ATTR_ID_TYPE,
     BackendError,
 )
+from pilot.daemon.ops.memory import note_write
 from pilot.daemon.ops.registry import OpTable
 from pilot.daemon.ops.replies import staging_slot, u64
 from pilot.daemon.protocol import lib, new
@@ -108,6 +109,7 @@ def shadow_flush(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     shadow = _shadow(s, req.dst, req.count)
     slot = staging_slot(s, req)
     stream = _coherence_stream(vg)
+    note_write(vg, s, req.dst, req.count, stream)
     moved = 0
     for dev, count in shadow.pieces(req.dst, req.count):
         at = dev - req.dst
@@ -171,9 +173,13 @@ def mem_advise(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
 @OPS.handler(lib.PILOT_OP_MEM_PREFETCH, "pilot_req_mem_prefetch")
 def mem_prefetch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     _check_managed(s, req.ptr, req.count)
+    stream = stream_for_work(vg, s, req.stream)
+    if req.location_type == MEM_LOCATION_DEVICE:
+        note_write(vg, s, req.ptr, req.count, stream)
+    elif vg.broker.residency is not None:
+        vg.broker.residency.moved_to_host(s, req.ptr, req.count)
     vg.backend.mem_prefetch(req.ptr, req.count, req.location_type,
-                            _device(s, req.location_type, req.location_id), req.flags,
-                            stream_for_work(vg, s, req.stream))
+                            _device(s, req.location_type, req.location_id), req.flags, stream)
 
 
 @OPS.handler(lib.PILOT_OP_MEM_RANGE_ATTR, "pilot_req_mem_range_attr")

@@ -28,6 +28,7 @@ from pilot.daemon.backends.base import CUDA_ERROR_MEMORY_ALLOCATION, BackendErro
 from pilot.daemon.resources.tenants import GPU_KINDS, HOST, KINDS, Ledger, QuotaStore
 
 if TYPE_CHECKING:
+    from pilot.daemon.resources.residency import Residency
     from pilot.daemon.scheduling.policy_host import PolicyHost
     from pilot.daemon.sessions.session import Session
     from pilot.daemon.telemetry.metrics import Metrics
@@ -76,15 +77,33 @@ def default_pinned_limit() -> int:
 
 
 class ResourceBroker:
+    """`movable`: the kinds the residency tracker follows (resources/residency.py): "managed",
+    and "device" when cudaMalloc is served with managed memory. With `managed_limits` (an
+    enforced capacity) they are charged to the tenant's quota as always, but to the GPU's
+    managed limit instead of its capacity, since they may exceed it: the capacity then bounds
+    what is resident, not what exists."""
+
     def __init__(self, quotas: QuotaStore, ledger: Ledger, budget: GpuBudget, metrics: Metrics,
-                 pinned_limit: int | None = None, pinned_limit_per_tenant: int | None = None) -> None:
+                 pinned_limit: int | None = None, pinned_limit_per_tenant: int | None = None,
+                 movable: frozenset[str] = frozenset(), managed_limits: dict[int, int] | None = None
+                 ) -> None:
         self.quotas = quotas
         self.ledger = ledger
         self.budget = budget
         self.metrics = metrics
         self.pinned = GpuBudget({HOST: pinned_limit if pinned_limit is not None else default_pinned_limit()})
         self.pinned_limit_per_tenant = pinned_limit_per_tenant
+        self.movable = movable
+        self.managed = GpuBudget(managed_limits) if managed_limits is not None else None
         self.policy: PolicyHost | None = None  # set by the Daemon
+        self.residency: Residency | None = None  # set by the Daemon: tracks movable memory
+
+    def _pool(self, kind: str) -> tuple[GpuBudget, str]:
+        if self.managed is not None and kind in self.movable:
+            return self.managed, "managed memory limit"
+        if kind in GPU_KINDS:
+            return self.budget, "GPU capacity"
+        return self.pinned, "pinned host memory limit"
 
     # ---- charging ----
     def charge(self, s: Session, kind: str, nbytes: int, call: str | None = None) -> None:
@@ -96,10 +115,9 @@ class ResourceBroker:
         tenant = s.tenant
         if kind in GPU_KINDS:
             gpu, hard = s.device, self.quotas.get(s.tenant, s.device).hard
-            pool, what = self.budget, "GPU capacity"
         else:
             gpu, hard = HOST, self.pinned_limit_per_tenant
-            pool, what = self.pinned, "pinned host memory limit"
+        pool, what = self._pool(kind)
         if not self.ledger.reserve(tenant, gpu, nbytes, hard, kind):
             self._refused(s, kind, nbytes, call, "quota",
                           f"{self.ledger.usage(tenant, gpu)} in use, limit {hard}")
@@ -117,7 +135,7 @@ class ResourceBroker:
             return
         gpu = s.device if kind in GPU_KINDS else HOST
         self.ledger.release(s.tenant, gpu, nbytes, kind)
-        (self.budget if kind in GPU_KINDS else self.pinned).release(gpu, nbytes)
+        self._pool(kind)[0].release(gpu, nbytes)
         if held == nbytes:
             del s.charged[kind]
         else:
@@ -144,16 +162,22 @@ class ResourceBroker:
         except BaseException:
             self.refund(s, kind, nbytes)
             raise
+        ptr = ptr_of(result) if ptr_of is not None else (result if isinstance(result, int) else 0)
+        movable = kind in self.movable and self.residency is not None
+        if movable:
+            self.residency.track(s, ptr, nbytes)  # type: ignore[union-attr]
         if self.policy is not None:
-            ptr = ptr_of(result) if ptr_of is not None else (result if isinstance(result, int) else 0)
-            self.policy.allocated(s, kind, ptr, nbytes)
+            self.policy.allocated(s, kind, ptr, nbytes, movable)
         return result
 
     def release(self, s: Session, kind: str, nbytes: int, ptr: int = 0) -> None:
         """The allocation is gone: refund it and tell the policy."""
         self.refund(s, kind, nbytes)
+        movable = kind in self.movable and self.residency is not None and bool(ptr)
+        if movable:
+            self.residency.untrack(s, ptr)  # type: ignore[union-attr]
         if self.policy is not None and nbytes:
-            self.policy.freed(s, kind, ptr, nbytes)
+            self.policy.freed(s, kind, ptr, nbytes, movable)
 
     def release_session(self, s: Session, held: list[tuple[str, int, int]]) -> dict[str, int]:
         """The session ended and its memory is freed: each allocation it held (`held`: kind, ptr,
@@ -184,6 +208,8 @@ class ResourceBroker:
         gpu = s.device
         cap = self.budget.capacity(gpu)
         free, total = cap - self.budget.used(gpu), cap
+        if self.residency is not None and self.managed is not None:  # resident pages take room
+            free -= self.residency.gpu_numbers(gpu)[1]
         hard = self.quotas.get(s.tenant, gpu).hard
         if hard is not None and hard < cap:
             total = hard

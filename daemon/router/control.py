@@ -133,7 +133,7 @@ def status(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, An
         r = g["reading"]
         gpus.append({
             "index": g["index"], "capacity": g["capacity"], "draining": g["draining"],
-            "used_by_pilot": g["used_by_pilot"],
+            "used_by_pilot": g["used_by_pilot"], "residency": g["residency"],
             "nvml": None if r is None else {
                 "name": r.name, "memory_total": r.memory_total, "memory_used": r.memory_used,
                 "memory_free": r.memory_free, "utilization_gpu": r.utilization_gpu,

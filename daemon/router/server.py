@@ -34,6 +34,7 @@ from pilot.daemon.backends.base import (
 from pilot.daemon.config import Config
 from pilot.daemon.protocol import ENVELOPE_SIZE, ffi, lib, new, to_bytes
 from pilot.daemon.resources.broker import GpuBudget, ResourceBroker
+from pilot.daemon.resources.residency import Residency
 from pilot.daemon.resources.tenants import Ledger, QuotaStore, TenantResolver
 from pilot.daemon.router import control, sdnotify
 from pilot.daemon.scheduling.callbacks import CallbackHub
@@ -115,16 +116,29 @@ class Daemon:
         self.quotas = QuotaStore(config.state_dir)
         self.ledger = Ledger()
         self.metrics = Metrics()
+        policy = policy if policy is not None else load_policy(config)
+        physical = {g: backend.device_info(d).total_mem for g, d in self.gpus.items()}
+        movable = frozenset({"managed", "device"} if config.managed_device_memory else {"managed"})
+        managed_limits = ({g: config.managed_limit or physical[g] for g in self.gpus}
+                          if config.enforce_capacity else None)
         self.broker = ResourceBroker(self.quotas, self.ledger, GpuBudget(capacities), self.metrics,
-                                     config.pinned_limit, config.pinned_limit_per_tenant)
+                                     config.pinned_limit, config.pinned_limit_per_tenant,
+                                     movable, managed_limits)
+        if config.enforce_capacity or policy.moves_memory:
+            self.broker.residency = Residency(backend, self.broker.budget, self.metrics, self.gpus,
+                                              config.enforce_capacity)
+        elif config.managed_device_memory:
+            log.warning("managed_device_memory has no effect without enforce_capacity or a policy "
+                        "that moves memory; cudaMalloc is served with device memory")
+            self.broker.movable = frozenset({"managed"})
         self.vgpus = [
             VGpu(i, d, backend, f"{socket_path}.vgpu{i}", self.broker, config.spin_us, gpu=g)
             for i, (g, d) in enumerate((g, d) for g, d in self.gpus.items()
                                        for _ in range(config.vgpus_per_gpu))
         ]
         self.max_vgpus_per_gpu = max(config.max_vgpus_per_gpu, config.vgpus_per_gpu)
-        self.policy = PolicyHost(policy if policy is not None else load_policy(config), self.metrics,
-                                 config.policy_max_wait)
+        self.policy = PolicyHost(policy, self.metrics, config.policy_max_wait)
+        self.policy.controls.broker = self.broker
         self.policy.wake = self._wake_waiting
         self.broker.policy = self.policy
         for vg in self.vgpus:
@@ -451,7 +465,20 @@ class Daemon:
         return True
 
     def session_summaries(self) -> list[dict[str, Any]]:
-        return [w.group.summary() for w in list(self._watched.values())]
+        """One row per session; `state` is error, waiting (a launch waits for the policy), held
+        or throttled (what the policy does to it, `why` says why), or active."""
+        rows = [w.group.summary() for w in list(self._watched.values())]
+        res = self.broker.residency
+        for row in rows:
+            status = self.policy.session_status(row["session"])
+            row["why"] = row["waiting"]["reason"] if row.get("waiting") else ""
+            if status is not None:
+                row["policy"] = {"state": status[0], "why": status[1]}
+                if row["state"] == "active":
+                    row["state"], row["why"] = status
+            if res is not None:
+                row["movable_bytes"], row["resident_bytes"] = res.session_bytes(row["session"])
+        return rows
 
     def part_summaries(self) -> list[dict[str, Any]]:
         """One row per device a session uses (metrics count memory per GPU)."""
@@ -464,8 +491,9 @@ class Daemon:
         return {
             "sessions": self.part_summaries(),
             "gpus": [{"index": g, "capacity": budget.capacity(g), "used_by_pilot": budget.used(g),
-                      "draining": g in self.draining, "reading": readings.get(g)}
-                     for g in sorted(self.gpus)],
+                      "draining": g in self.draining, "reading": readings.get(g),
+                      "residency": res.describe(g) if res is not None else None}
+                     for g in sorted(self.gpus) for res in [self.broker.residency]],
             # The quota in force on each GPU (a quota for every GPU is expanded), so it lines up
             # with the per-GPU memory series.
             "quotas": {t: {str(g): {"hard": q.hard, "provisioned": q.provisioned}

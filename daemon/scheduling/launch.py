@@ -103,12 +103,23 @@ def allocation_at(s: Session, ptr: int) -> RangeView | None:
     return None
 
 
+def movable_footprint(vg: VGpu, s: Session, launch: Launch) -> tuple[RangeView, ...]:
+    """The launch's footprint with RangeView.movable set from the capacity enforcer."""
+    assert launch.info is not None
+    ranges = footprint(s, launch.info.params, launch.args)
+    res = vg.broker.residency
+    if res is None or s.id not in res.sessions:
+        return ranges
+    return tuple(RangeView(r.ptr, r.size, r.kind, True) if res.is_movable(s, r.ptr) else r
+                 for r in ranges)
+
+
 def make_view(vg: VGpu, s: Session, launch: Launch, info: FunctionInfo, host: PolicyHost) -> LaunchView:
     now = time.monotonic()
     return LaunchView(
         id=host.new_launch_id(), session=s.id, tenant=s.tenant, pid=s.creds.pid, gpu=s.device,
         vgpu=vg.index, kernel=info.name, grid=launch.grid, block=launch.block, stream=launch.stream,
-        footprint=footprint(s, info.params, launch.args) if host.needs_footprint else (),
+        footprint=movable_footprint(vg, s, launch) if host.needs_footprint else (),
         requested_at=now, now=now, attempts=1)
 
 
@@ -164,6 +175,12 @@ def issue(vg: VGpu, s: Session, launch: Launch) -> None:
         stream = s.legacy or streams.own_legacy(vg, s)
     else:
         stream = streams.stream_for_work(vg, s, launch.stream)
+    res = vg.broker.residency
+    touched = None
+    if res is not None and s.id in res.sessions:  # movable memory: room on the GPU first
+        ranges = launch.view.footprint if launch.view is not None and vg.policy is not None and \
+            vg.policy.needs_footprint else movable_footprint(vg, s, launch)
+        touched = res.before_launch(s, [r.ptr for r in ranges if r.movable], stream)
     if launch.attrs is None:
         vg.backend.launch(info.handle, launch.grid, launch.block, launch.shared_bytes, stream, launch.args[:])
     else:
@@ -171,52 +188,68 @@ def issue(vg: VGpu, s: Session, launch: Launch) -> None:
                              launch.args[:], launch.attrs)
     vg.shard.kernels += 1
     host = vg.policy
-    if host is not None and host.needs_kernel_end and launch.view is not None:
-        vg.kernel_watch.started(s, launch.view, stream)
+    view = launch.view if host is not None and host.needs_kernel_end else None
+    if view is not None or touched:
+        vg.kernel_watch.started(s, view, stream, touched)
 
 
 class KernelWatch:
-    """Kernel completion for policies that ask for it (needs_kernel_end): an event recorded
-    after each launch, polled by the vGPU thread between calls. Costs nothing otherwise."""
+    """Kernel completion, for policies that ask for it (needs_kernel_end) and for the capacity
+    enforcer (the extents a running kernel uses are active): an event recorded after each such
+    launch, polled by the vGPU thread between calls. Costs nothing otherwise."""
 
     def __init__(self, vg: VGpu) -> None:
         self.vg = vg
-        self._running: list[tuple[Any, Session, LaunchView, float]] = []
+        self._running: list[tuple[Any, Session, LaunchView | None, float, Any]] = []
         self._free_events: list[Any] = []
 
     def __bool__(self) -> bool:
         return bool(self._running)
 
-    def started(self, s: Session, view: LaunchView, stream: Any) -> None:
+    def started(self, s: Session, view: LaunchView | None, stream: Any, touched: Any = None) -> None:
+        """`view`: tell the policy when it finishes; `touched`: the enforcer's extents."""
         backend = self.vg.backend
         ev = self._free_events.pop() if self._free_events else backend.event_create(EVENT_DISABLE_TIMING)
         backend.event_record(ev, stream)
-        self._running.append((ev, s, view, time.monotonic()))
+        self._running.append((ev, s, view, time.monotonic(), touched))
 
     def poll(self) -> None:
         """Report the kernels that finished, in launch order per stream."""
         if not self._running:
             return
-        backend, host = self.vg.backend, self.vg.policy
+        backend = self.vg.backend
         still = []
-        for ev, s, view, started in self._running:
+        for entry in self._running:
             try:
-                done = backend.event_query(ev)
+                done = backend.event_query(entry[0])
             except BackendError:
                 done = True  # a failed kernel is finished too
             if not done:
-                still.append((ev, s, view, started))
+                still.append(entry)
                 continue
-            self._free_events.append(ev)
-            if host is not None:
-                host.kernel_finished(KernelView(view.id, view.session, view.tenant, view.gpu,
-                                                view.kernel, started, time.monotonic()))
+            self._free_events.append(entry[0])
+            self._finished(entry)
         self._running = still
+
+    def _finished(self, entry: tuple[Any, Session, LaunchView | None, float, Any]) -> None:
+        _ev, s, view, started, touched = entry
+        if touched:
+            res = self.vg.broker.residency
+            if res is not None:
+                res.finished(s, touched)
+        host = self.vg.policy
+        if host is not None and view is not None:
+            host.kernel_finished(KernelView(view.id, view.session, view.tenant, view.gpu,
+                                            view.kernel, started, time.monotonic()))
 
     def forget(self, session_id: int) -> None:
         """A session ends: its kernels count as finished now (they were synchronized)."""
-        if any(s.id == session_id for _ev, s, _v, _t in self._running):
+        if any(r[1].id == session_id for r in self._running):
             self.poll()
+            for r in self._running:
+                if r[1].id == session_id:
+                    self._free_events.append(r[0])
+                    self._finished(r)
             self._running = [r for r in self._running if r[1].id != session_id]
 
     def close(self) -> None:

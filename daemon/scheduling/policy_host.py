@@ -21,7 +21,9 @@ from pilot import policies
 from pilot.policies import (
     RUN,
     AllocationView,
+    Controls,
     Decision,
+    GpuView,
     KernelView,
     LaunchView,
     NvmlView,
@@ -32,6 +34,7 @@ from pilot.policies import (
 
 if TYPE_CHECKING:
     from pilot.daemon.config import Config
+    from pilot.daemon.resources.broker import ResourceBroker
     from pilot.daemon.sessions.session import Session
     from pilot.daemon.telemetry.metrics import Metrics
 
@@ -62,6 +65,63 @@ def session_view(s: Session) -> SessionView:
     return SessionView(id=s.id, tenant=s.tenant, pid=s.creds.pid, gpu=s.device, vgpu=s.vgpu)
 
 
+class DaemonControls(Controls):
+    """The policy's Controls: reads of the broker and the enforcer; requests queued (under the
+    policy lock) and carried out by the scheduler thread once the event that made them returns
+    (`run_pending`), so a policy never waits for the GPU."""
+
+    def __init__(self, host: PolicyHost) -> None:
+        self.host = host
+        self.broker: ResourceBroker | None = None  # set by the Daemon
+        self.pending: list[tuple[str, tuple[Any, ...]]] = []
+        self._pending_lock = threading.Lock()
+
+    def gpu(self, gpu: int) -> GpuView:
+        broker = self.broker
+        if broker is None:
+            return GpuView(gpu, 0, 0)
+        budget = broker.budget
+        res = broker.residency
+        movable, resident = res.gpu_numbers(gpu) if res is not None else (0, 0)
+        return GpuView(gpu, budget.capacity(gpu), budget.used(gpu), movable, resident,
+                       bool(res is not None and res.enforced))
+
+    def _queue(self, what: str, *args: Any) -> None:
+        with self._pending_lock:
+            self.pending.append((what, args))
+        self.host.kick()
+
+    def evict(self, session: int, keep: tuple[int, ...] = ()) -> None:
+        self._queue("evict", session, tuple(keep))
+
+    def advise_host(self, session: int, ptr: int, size: int) -> None:
+        self._queue("advise_host", session, ptr, size)
+
+    def unadvise(self, session: int, ptr: int, size: int, prefetch: bool = True) -> None:
+        self._queue("unadvise", session, ptr, size, prefetch)
+
+    def report(self, action: str, tenant: str) -> None:
+        self.host.metrics.count("policy_actions", (self.host.name, tenant, action))
+
+    def run_pending(self) -> None:
+        """Carry out the queued requests (scheduler thread). One that fails is logged."""
+        with self._pending_lock:
+            pending, self.pending = self.pending, []
+        broker = self.broker
+        res = broker.residency if broker is not None else None
+        for what, args in pending:
+            if res is None:
+                continue
+            try:
+                tenant = res.tenants.get(args[0], "?")
+                moved = getattr(res, "evict_session" if what == "evict" else what)(*args)
+                if moved:
+                    self.host.metrics.count("policy_actions", (self.host.name, tenant, what))
+                log.debug("policy %s: %s%r: %d bytes", self.host.name, what, args, moved)
+            except Exception:
+                log.exception("policy %s: %s%r failed", self.host.name, what, args)
+
+
 class PolicyHost:
     """One per daemon; thread-safe. `wake` (set by the Daemon) asks every vGPU that has waiting
     launches to ask the policy again."""
@@ -81,7 +141,10 @@ class PolicyHost:
         self._lock = threading.Lock()
         self._next_launch = 1
         self._stop = threading.Event()
+        self._kick = threading.Event()
         self._thread: threading.Thread | None = None
+        self.controls = DaemonControls(self)
+        policy.controls = self.controls
 
     # ---- the scheduler thread: ticks ----
     def start(self) -> None:
@@ -90,14 +153,30 @@ class PolicyHost:
 
     def stop(self) -> None:
         self._stop.set()
+        self._kick.set()
         if self._thread is not None:
             self._thread.join(2)
 
+    def kick(self) -> None:
+        """The policy asked for something: the scheduler thread carries it out now."""
+        self._kick.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(TICK_S):
+        next_tick = time.monotonic() + TICK_S
+        while not self._stop.is_set():
+            self._kick.wait(max(0.0, next_tick - time.monotonic()))
+            self._kick.clear()
+            if self._stop.is_set():
+                return
+            self.controls.run_pending()
+            now = time.monotonic()
+            if now < next_tick:
+                continue
+            next_tick = now + TICK_S
             try:
                 self._forward_readings()
-                self._call(self.policy.tick, time.monotonic())
+                self._call(self.policy.tick, now)
+                self.controls.run_pending()
                 self.wake()
             except Exception:
                 log.exception("policy %s: tick failed", self.name)
@@ -131,11 +210,12 @@ class PolicyHost:
         self._event(self.policy.session_ended, session_view(s))
         self.wake()
 
-    def allocated(self, s: Session, kind: str, ptr: int, size: int) -> None:
-        self._event(self.policy.allocated, AllocationView(s.id, s.tenant, s.device, kind, ptr, size))
+    def allocated(self, s: Session, kind: str, ptr: int, size: int, movable: bool = False) -> None:
+        self._event(self.policy.allocated,
+                    AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable))
 
-    def freed(self, s: Session, kind: str, ptr: int, size: int) -> None:
-        self._event(self.policy.freed, AllocationView(s.id, s.tenant, s.device, kind, ptr, size))
+    def freed(self, s: Session, kind: str, ptr: int, size: int, movable: bool = False) -> None:
+        self._event(self.policy.freed, AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable))
         self.wake()
 
     def nvml_reading(self, gpu: int, total: int, used: int, utilization: int | None) -> None:
@@ -187,6 +267,19 @@ class PolicyHost:
         self.wake()
 
     # ---- reports ----
+    def session_status(self, session: int) -> tuple[str, str] | None:
+        """What the policy does to a session (pilotctl sessions), or None."""
+        try:
+            with self._lock:
+                status = self.policy.session_status(session)
+        except Exception:
+            log.exception("policy %s: session_status failed", self.name)
+            return None
+        if status is None:
+            return None
+        state, why = status
+        return str(state), str(why)
+
     def describe(self) -> dict[str, Any]:
         """For pilotctl status: the policy in force, its knobs and state, and every name known."""
         try:

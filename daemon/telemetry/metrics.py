@@ -81,9 +81,19 @@ LABELED_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "policy_decisions": ("pilot_policy_decisions_total",
                          "Launch decisions of the scheduling policy.", ("policy", "tenant", "decision")),
     "launch_waits": ("pilot_launch_waits_total",
-                     "Launches that had to wait, by how their wait ended.", ("tenant", "outcome")),
+                     "Launches that had to wait, by how their wait ended.", ("policy", "tenant", "outcome")),
     "launch_wait_seconds": ("pilot_launch_wait_seconds_total",
-                            "Seconds launches spent waiting for the policy.", ("tenant",)),
+                            "Seconds launches spent waiting for the policy.", ("policy", "tenant")),
+    "policy_actions": ("pilot_policy_actions_total",
+                       "What the policy did to a tenant: hold, release, throttle, unthrottle, and the "
+                       "memory moves it asked for (evict, advise_host, unadvise).",
+                       ("policy", "tenant", "action")),
+    "residency_evicted_bytes": ("pilot_residency_evicted_bytes_total",
+                                "Movable memory moved to host memory, by whose and why (capacity: "
+                                "the enforcer made room; policy: a policy asked).",
+                                ("gpu", "tenant", "reason")),
+    "residency_prefetched_bytes": ("pilot_residency_prefetched_bytes_total",
+                                   "Movable memory a policy moved back onto the GPU.", ("gpu", "tenant")),
 }
 
 
@@ -369,6 +379,27 @@ class PilotCollector(Collector):
             if not math.isnan(reading.utilization_memory):
                 mem_util.add_metric([gpu], reading.utilization_memory / 100.0)
         yield from (info, capacity, draining, used, free, total, util, mem_util)
+
+        resident = _gauge("pilot_gpu_resident_bytes",
+                          "Movable (managed) memory pilot counts resident on a GPU.", ["gpu"])
+        peak = _gauge("pilot_gpu_resident_peak_bytes",
+                      "The most movable memory pilot counted resident on a GPU at once.", ["gpu"])
+        room = _gauge("pilot_gpu_resident_room_bytes",
+                      "What movable memory may occupy: the capacity less fixed allocations.", ["gpu"])
+        movable = _gauge("pilot_gpu_movable_bytes", "Movable (managed) memory allocated on a GPU.",
+                         ["gpu"])
+        advised = _gauge("pilot_gpu_advised_host_bytes",
+                         "Movable memory a policy keeps in host memory (MAdvise).", ["gpu"])
+        for g in gpus:
+            r = g.get("residency")
+            if r:
+                gpu = str(g["index"])
+                resident.add_metric([gpu], r["resident"])
+                peak.add_metric([gpu], r["peak_resident"])
+                room.add_metric([gpu], r["room"])
+                movable.add_metric([gpu], r["movable"])
+                advised.add_metric([gpu], r["advised_to_host"])
+        yield from (resident, peak, room, movable, advised)
 
     def _counter_families(self, snap: MetricsSnapshot | None) -> Iterator[Metric]:
         calls = _counter("pilot_calls_total", "CUDA calls handled, by function.", ["function"])

@@ -170,6 +170,8 @@ class VGpu(Dispatch):
         self.waits.drop(session)
         self.kernel_watch.forget(session.id)
         held = session.held_allocations()
+        if self.broker.residency is not None:
+            self.broker.residency.quiesce(session)
         session.release(self.backend, self.stream)
         self.broker.release_session(session, held)
         if self.policy is not None:

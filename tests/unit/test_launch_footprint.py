@@ -152,7 +152,7 @@ def test_only_aligned_words_are_read(session: Session) -> None:
 
 def _view(session: Session, needs_footprint: bool, args: bytes) -> LaunchView:
     host = SimpleNamespace(needs_footprint=needs_footprint, new_launch_id=lambda: 99)
-    vg = SimpleNamespace(index=3)
+    vg = SimpleNamespace(index=3, broker=SimpleNamespace(residency=None))
     info = FunctionInfo(handle=None, params=[(0, 8), (8, 8), (16, 4)], max_threads_per_block=1024,
                         static_shared_bytes=0, max_dynamic_shared_bytes=0, name="k")
     launch = Launch(function=0x10, grid=(2, 1, 1), block=(64, 1, 1), shared_bytes=0, stream=0,

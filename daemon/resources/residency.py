@@ -1,0 +1,394 @@
+"""The capacity enforcer: pilot keeps the movable memory resident on each GPU within its
+capacity C, so a GPU can be shared as if it were a smaller one (`[gpu] enforce_capacity`).
+
+Movable memory is managed memory (cudaMallocManaged), and cudaMalloc when `[gpu]
+managed_device_memory` serves it with managed memory. The driver would keep it on the card
+until the card (80 GB on an H100) is full; pilot instead evicts, with cudaMemPrefetchAsync to
+host memory, the least recently used idle ranges whenever something is about to bring more onto
+the GPU than the room left: room = C less the fixed allocations (device memory, module globals,
+limits), which are charged to the GPU's budget as before.
+
+Residency is a model, kept at extent granularity (an allocation is cut into extents of at most
+EXTENT_MAX bytes, on 2 MiB boundaries): an extent becomes resident when a launch's arguments
+point into its allocation (the whole allocation counts: the kernel may touch any of it), when
+the program copies or prefetches into it, or when a policy prefetches it; it stops being
+resident when pilot evicts it or the program prefetches it to the CPU. The model over-counts
+(a kernel may touch less than its allocations), so what is really on the GPU stays at or below
+it; bench/RESULTS.md compares it with what the driver reports.
+
+Extents a running kernel uses are *active* (their launches are watched to completion) and are
+evicted only when no idle extent is left; `overflows` counts the times even that was not enough
+(one launch's footprint larger than the room), in which case the kernel runs anyway: pilot
+emulates a smaller GPU, it does not refuse what a smaller GPU would thrash through.
+
+Policies act through the same object (Controls: evict a session's idle ranges, keep a range in
+host memory, lift that); those requests run on the scheduler thread, on a stream of the GPU's
+own. Thread-safe: one lock per GPU; the backend is called under it (prefetch and advice are
+enqueued, not waited for).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pilot.daemon.backends.base import Backend
+    from pilot.daemon.resources.broker import GpuBudget
+    from pilot.daemon.sessions.session import Session
+    from pilot.daemon.telemetry.metrics import Metrics
+
+log = logging.getLogger("pilot.residency")
+
+EXTENT_MAX = 64 << 20
+ALIGN = 2 << 20  # the driver migrates managed memory in 2 MiB blocks at most
+LOCATION_DEVICE, LOCATION_HOST = 1, 2  # CUmemLocationType
+ADVISE_SET_PREFERRED, ADVISE_UNSET_PREFERRED = 3, 4  # CUmem_advise
+ADVISE_SET_ACCESSED_BY, ADVISE_UNSET_ACCESSED_BY = 5, 6
+STREAM_NON_BLOCKING = 1
+EVENT_DISABLE_TIMING = 2
+
+
+@dataclass(eq=False, slots=True)
+class Extent:
+    ptr: int
+    size: int
+    alloc: int  # the allocation's base
+    session: int
+    tenant: str
+    resident: bool = False
+    advised: bool = False  # kept in host memory by a policy (advise_host)
+    active: int = 0  # running kernels that use it
+    used_at: int = 0  # recency: the GPU's clock when it was last brought in or used
+
+
+@dataclass(eq=False)
+class GpuResidency:
+    """One GPU's movable memory. `device` is the backend's device number."""
+    gpu: int
+    device: int
+    allocs: dict[int, list[Extent]] = field(default_factory=dict)
+    bases: list[int] = field(default_factory=list)  # sorted allocation bases
+    by_session: dict[int, set[int]] = field(default_factory=dict)  # session -> allocation bases
+    resident: int = 0
+    peak: int = 0
+    movable: int = 0
+    evicted: int = 0
+    prefetched: int = 0
+    overflows: int = 0
+    clock: int = 0
+    stream: Any = None  # pilot's own stream on this GPU: every eviction and policy move
+    event: Any = None  # recorded on `stream` after evictions, waited for by the launch's stream
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def allocation_at(self, ptr: int) -> int | None:
+        i = bisect.bisect_right(self.bases, ptr) - 1
+        if i >= 0:
+            base = self.bases[i]
+            last = self.allocs[base][-1]
+            if ptr < last.ptr + last.size:
+                return base
+        return None
+
+    def overlapping(self, ptr: int, count: int) -> list[Extent]:
+        """Extents of one allocation that [ptr, ptr+count) overlaps."""
+        base = self.allocation_at(ptr)
+        if base is None or count <= 0:
+            return []
+        end = ptr + count
+        return [e for e in self.allocs[base] if e.ptr < end and ptr < e.ptr + e.size]
+
+
+def cut(ptr: int, size: int) -> list[tuple[int, int]]:
+    """[ptr, ptr+size) in extents of at most EXTENT_MAX bytes whose inner edges are ALIGNed."""
+    out, at, end = [], ptr, ptr + size
+    while at < end:
+        nxt = min(end, (at // ALIGN) * ALIGN + EXTENT_MAX)
+        out.append((at, nxt - at))
+        at = nxt
+    return out
+
+
+class Residency:
+    """Every GPU's movable memory; `enforced` False: tracked (for the policies and pilotctl)
+    but never evicted to keep a capacity."""
+
+    def __init__(self, backend: Backend, budget: GpuBudget, metrics: Metrics,
+                 devices: dict[int, int], enforced: bool) -> None:
+        self.backend = backend
+        self.budget = budget
+        self.metrics = metrics
+        self.enforced = enforced
+        self.gpus = {g: GpuResidency(g, d) for g, d in devices.items()}
+        self.sessions: dict[int, GpuResidency] = {}  # session id -> its GPU's (tracked memory only)
+        self.tenants: dict[int, str] = {}  # session id -> tenant, for metrics of requests
+
+    # ---- allocations (broker) ----
+    def track(self, s: Session, ptr: int, size: int) -> None:
+        g = self.gpus[s.device]
+        with g.lock:
+            g.allocs[ptr] = [Extent(p, n, ptr, s.id, s.tenant) for p, n in cut(ptr, size)]
+            bisect.insort(g.bases, ptr)
+            g.by_session.setdefault(s.id, set()).add(ptr)
+            g.movable += size
+        self.sessions[s.id] = g
+        self.tenants[s.id] = s.tenant
+
+    def untrack(self, s: Session, ptr: int) -> None:
+        g = self.gpus[s.device]
+        with g.lock:
+            extents = g.allocs.pop(ptr, None)
+            if extents is None:
+                return
+            del g.bases[bisect.bisect_left(g.bases, ptr)]
+            bases = g.by_session.get(s.id)
+            if bases is not None:
+                bases.discard(ptr)
+                if not bases:
+                    del g.by_session[s.id]
+                    self.sessions.pop(s.id, None)
+                    self.tenants.pop(s.id, None)
+            for e in extents:
+                g.movable -= e.size
+                if e.resident:
+                    g.resident -= e.size
+
+    def is_movable(self, s: Session, ptr: int) -> bool:
+        g = self.sessions.get(s.id)
+        return g is not None and ptr in g.allocs
+
+    # ---- what brings memory onto the GPU (vGPU threads) ----
+    def before_launch(self, s: Session, allocations: Iterable[int], stream: Any) -> list[Extent]:
+        """A launch whose arguments point into these allocations (bases) is about to be issued
+        on `stream`: make room for the part not resident (evictions go on `stream`, ahead of
+        the kernel), count it resident and active. Returns the extents to pass to `finished`."""
+        g = self.sessions.get(s.id)
+        if g is None:
+            return []
+        with g.lock:
+            extents = [e for base in allocations for e in g.allocs.get(base, ())]
+            if not extents:
+                return []
+            self._bring_in(g, extents, stream, "launch")
+            for e in extents:
+                e.active += 1
+        return extents
+
+    def finished(self, s: Session, extents: list[Extent]) -> None:
+        """The kernel that used these extents finished."""
+        g = self.sessions.get(s.id) or self.gpus.get(s.device)
+        if g is None or not extents:
+            return
+        with g.lock:
+            for e in extents:
+                e.active = max(0, e.active - 1)
+
+    def written(self, s: Session, ptr: int, count: int, stream: Any) -> None:
+        """The program copies, sets or prefetches [ptr, ptr+count) on the GPU (on `stream`):
+        those extents come onto the GPU."""
+        g = self.sessions.get(s.id)
+        if g is None:
+            return
+        with g.lock:
+            extents = g.overlapping(ptr, count)
+            if extents:
+                self._bring_in(g, extents, stream, "copy")
+
+    def moved_to_host(self, s: Session, ptr: int, count: int) -> None:
+        """The program prefetched [ptr, ptr+count) to the CPU: whole extents leave the GPU (a
+        partly covered one is still counted resident)."""
+        g = self.sessions.get(s.id)
+        if g is None:
+            return
+        with g.lock:
+            end = ptr + count
+            for e in g.overlapping(ptr, count):
+                if e.resident and ptr <= e.ptr and e.ptr + e.size <= end:
+                    e.resident = False
+                    g.resident -= e.size
+
+    def quiesce(self, s: Session) -> None:
+        """Before the session frees movable memory: pilot's moves of it are done (a prefetch
+        queued for memory that is freed meanwhile would fail someone else's stream)."""
+        g = self.sessions.get(s.id)
+        if g is not None and g.stream is not None:
+            self.backend.stream_synchronize(g.stream)
+
+    def _room(self, g: GpuResidency) -> int:
+        return max(0, self.budget.capacity(g.gpu) - self.budget.used(g.gpu))
+
+    def _bring_in(self, g: GpuResidency, extents: list[Extent], stream: Any, why: str) -> None:
+        g.clock += 1
+        need = 0
+        for e in extents:
+            e.used_at = g.clock
+            if not e.resident and not e.advised:
+                need += e.size
+        if need and self.enforced:
+            self._make_room(g, need, set(map(id, extents)), stream)
+        for e in extents:
+            if not e.resident and not e.advised:
+                e.resident = True
+                g.resident += e.size
+        g.peak = max(g.peak, g.resident)
+
+    def _make_room(self, g: GpuResidency, need: int, spare: set[int], stream: Any) -> None:
+        """Evict until `need` more bytes fit: idle extents, least recently used first, then
+        active ones; never those in `spare` (ids). The evictions go on pilot's stream of the
+        GPU, and `stream` (the work that needs the room) waits for them."""
+        over = g.resident + need - self._room(g)
+        if over <= 0:
+            return
+        candidates = sorted((e for exts in g.allocs.values() for e in exts
+                             if e.resident and id(e) not in spare),
+                            key=lambda e: (e.active > 0, e.used_at))
+        own = self._stream(g)
+        for e in candidates:
+            if over <= 0:
+                break
+            self._evict(g, e, own, "capacity")
+            over -= e.size
+        if own is not stream:
+            backend = self.backend
+            if g.event is None:
+                g.event = backend.event_create(EVENT_DISABLE_TIMING)
+            backend.event_record(g.event, own)
+            backend.stream_wait_event(stream, g.event)
+        if over > 0:
+            g.overflows += 1
+            log.warning("GPU %d: %d bytes over capacity: one launch needs more than the room left "
+                        "(%d bytes); it runs anyway", g.gpu, over, self._room(g))
+
+    def _evict(self, g: GpuResidency, e: Extent, stream: Any, reason: str) -> None:
+        self.backend.mem_prefetch(e.ptr, e.size, LOCATION_HOST, 0, 0, stream)
+        e.resident = False
+        g.resident -= e.size
+        g.evicted += e.size
+        self.metrics.count("residency_evicted_bytes", (str(g.gpu), e.tenant, reason), e.size)
+
+    def _stream(self, g: GpuResidency) -> Any:
+        """Pilot's stream on the GPU (the calling thread has the GPU's context current)."""
+        if g.stream is None:
+            g.stream = self.backend.stream_create(STREAM_NON_BLOCKING, 0)
+        return g.stream
+
+    # ---- policy requests (the scheduler thread) ----
+    def _own_stream(self, g: GpuResidency) -> Any:
+        self.backend.bind_thread(g.device)
+        return self._stream(g)
+
+    def evict_session(self, session: int, keep: tuple[int, ...] = ()) -> int:
+        """Move the session's resident movable memory to host, but the allocations in `keep`;
+        returns the bytes moved."""
+        g = self.sessions.get(session)
+        if g is None:
+            return 0
+        with g.lock:
+            stream = self._own_stream(g)
+            moved = 0
+            for base in sorted(g.by_session.get(session, ())):
+                if base in keep:
+                    continue
+                for e in g.allocs[base]:
+                    if e.resident:
+                        self._evict(g, e, stream, "policy")
+                        moved += e.size
+            return moved
+
+    def _split_at(self, g: GpuResidency, at: int) -> None:
+        """Make `at` an extent edge (rounded down to ALIGN) within its allocation."""
+        base = g.allocation_at(at)
+        if base is None:
+            return
+        extents = g.allocs[base]
+        at = max(base, (at // ALIGN) * ALIGN)
+        for i, e in enumerate(extents):
+            if e.ptr < at < e.ptr + e.size:
+                tail = Extent(at, e.ptr + e.size - at, base, e.session, e.tenant, e.resident,
+                              e.advised, e.active, e.used_at)
+                e.size = at - e.ptr
+                extents.insert(i + 1, tail)
+                return
+
+    def _range(self, g: GpuResidency, session: int, ptr: int, size: int) -> list[Extent]:
+        base = g.allocation_at(ptr)
+        if base is None or base not in g.by_session.get(session, ()):
+            return []
+        self._split_at(g, ptr)
+        self._split_at(g, ptr + size)
+        end = ptr + size
+        return [e for e in g.allocs[base] if e.ptr < end and ptr < e.ptr + e.size]
+
+    def advise_host(self, session: int, ptr: int, size: int) -> int:
+        """Keep the session's [ptr, ptr+size) in host memory, read remotely by kernels; returns
+        the bytes advised (0: not the session's movable memory)."""
+        g = self.sessions.get(session)
+        if g is None:
+            return 0
+        with g.lock:
+            extents = [e for e in self._range(g, session, ptr, size) if not e.advised]
+            if not extents:
+                return 0
+            stream, backend = self._own_stream(g), self.backend
+            for e in extents:
+                backend.mem_advise(e.ptr, e.size, ADVISE_SET_PREFERRED, LOCATION_HOST, 0)
+                backend.mem_advise(e.ptr, e.size, ADVISE_SET_ACCESSED_BY, LOCATION_DEVICE, g.device)
+                e.advised = True
+                if e.resident:
+                    self._evict(g, e, stream, "policy")
+            return sum(e.size for e in extents)
+
+    def unadvise(self, session: int, ptr: int, size: int, prefetch: bool = True) -> int:
+        """Lift advise_host on the session's [ptr, ptr+size); with `prefetch`, bring it onto
+        the GPU (making room as a launch would). Returns the bytes lifted."""
+        g = self.sessions.get(session)
+        if g is None:
+            return 0
+        with g.lock:
+            extents = [e for e in self._range(g, session, ptr, size) if e.advised]
+            if not extents:
+                return 0
+            stream, backend = self._own_stream(g), self.backend
+            for e in extents:
+                backend.mem_advise(e.ptr, e.size, ADVISE_UNSET_PREFERRED, LOCATION_HOST, 0)
+                backend.mem_advise(e.ptr, e.size, ADVISE_UNSET_ACCESSED_BY, LOCATION_DEVICE, g.device)
+                e.advised = False
+            if prefetch:
+                self._bring_in(g, extents, stream, "policy")
+                for e in extents:
+                    backend.mem_prefetch(e.ptr, e.size, LOCATION_DEVICE, g.device, 0, stream)
+                    g.prefetched += e.size
+                    self.metrics.count("residency_prefetched_bytes", (str(g.gpu), e.tenant), e.size)
+            return sum(e.size for e in extents)
+
+    # ---- reports ----
+    def describe(self, gpu: int) -> dict[str, Any]:
+        g = self.gpus.get(gpu)
+        if g is None:
+            return {}
+        with g.lock:
+            advised = sum(e.size for exts in g.allocs.values() for e in exts if e.advised)
+            return {"enforced": self.enforced, "capacity": self.budget.capacity(gpu),
+                    "room": self._room(g), "movable": g.movable, "resident": g.resident,
+                    "peak_resident": g.peak, "advised_to_host": advised,
+                    "evicted_bytes": g.evicted, "prefetched_bytes": g.prefetched,
+                    "overflows": g.overflows}
+
+    def session_bytes(self, session: int) -> tuple[int, int]:
+        """(movable, resident) bytes of a session."""
+        g = self.sessions.get(session)
+        if g is None:
+            return 0, 0
+        with g.lock:
+            extents = [e for base in g.by_session.get(session, ()) for e in g.allocs[base]]
+            return sum(e.size for e in extents), sum(e.size for e in extents if e.resident)
+
+    def gpu_numbers(self, gpu: int) -> tuple[int, int]:
+        """(movable, resident) bytes on a GPU, without taking its lock (a policy's read)."""
+        g = self.gpus.get(gpu)
+        return (g.movable, g.resident) if g is not None else (0, 0)
+

@@ -1,0 +1,147 @@
+"""MFit (PILOT): a kernel is launched only when its memory footprint fits.
+
+- A launch *fits* when the movable memory it points into, less what running kernels on its GPU
+  already use, fits in the free room: the GPU's room (capacity less fixed allocations) less the
+  movable memory of running kernels (their active memory). Fixed allocations (cudaMalloc without
+  managed_device_memory, module globals) are always resident and already out of the room.
+- A launch with no other kernel running on its GPU starts at once, fit or not (nothing could
+  make room for it).
+- Launches that do not fit wait, in arrival order per GPU: a newer launch does not pass an
+  older waiting one.
+- When the oldest waiting launch has waited `preempt_after`, the tenants running kernels on its
+  GPU are preempted in descending order of the GPU memory they hold, until what they use would
+  free enough. Until pilot can stop a running kernel, *preempt* means: the tenant's further
+  launches wait (it is *held*) and its idle movable memory (not used by its running kernels) is
+  evicted to host memory. Its running kernels finish; then the waiting launch fits and runs, and
+  the holds it caused are lifted (also if it is dropped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .api import RUN, Decision, KernelView, LaunchView, Policy, SessionView
+from .settings import Seconds
+from .tracking import Holdings, RunningKernels, need_bytes, size_text
+
+
+@dataclass(frozen=True, slots=True)
+class MFitSettings:
+    preempt_after: Seconds = 2.0  # a launch waiting this long preempts others; 0: never
+
+    def __post_init__(self) -> None:
+        if self.preempt_after < 0:
+            raise ValueError("preempt_after must be 0 or more")
+
+
+class MFit(Policy):
+    name = "mfit"
+    summary = "MFit: launch a kernel only when its memory footprint fits the GPU's free capacity"
+    decides_launches = True
+    needs_footprint = True
+    needs_kernel_end = True
+    Settings = MFitSettings
+
+    def __init__(self, settings: Any = None) -> None:
+        super().__init__(settings)
+        self.running = RunningKernels()
+        self.holdings = Holdings()
+        self.waiting: dict[int, dict[int, LaunchView]] = {}  # gpu -> launch id -> view, oldest first
+        self.holds: dict[str, int] = {}  # held tenant -> the launch it was preempted for
+        self.preempted_for: set[int] = set()  # launches that preempted others
+
+    # -- bookkeeping --
+    def session_started(self, s: SessionView) -> None:
+        self.holdings.session_started(s)
+
+    def session_ended(self, s: SessionView) -> None:
+        self.holdings.session_ended(s)
+        self.running.drop_session(s.id)
+        for queue in self.waiting.values():
+            for launch_id in [i for i, lv in queue.items() if lv.session == s.id]:
+                self._forget(queue.pop(launch_id))
+
+    def allocated(self, a: Any) -> None:
+        self.holdings.allocated(a)
+
+    def freed(self, a: Any) -> None:
+        self.holdings.freed(a)
+
+    # -- launches --
+    def launch_requested(self, launch: LaunchView) -> Decision:
+        gpu = launch.gpu
+        queue = self.waiting.setdefault(gpu, {})
+        held_for = self.holds.get(launch.tenant)
+        if held_for is not None:
+            queue.pop(launch.id, None)
+            return Decision.wait(f"held: preempted so that launch {held_for} fits")
+        ahead = next((i for i in queue if i < launch.id), None)
+        running = self.running.on_gpu(gpu)
+        if not running:
+            if ahead is None:
+                queue.pop(launch.id, None)
+                return Decision.run("nothing else running") if launch.attempts > 1 else RUN
+            queue.setdefault(launch.id, launch)
+            return Decision.wait(f"behind launch {ahead}")
+        active = self.running.active(gpu)
+        need = need_bytes(launch, active)
+        free = self.controls.gpu(gpu).room - sum(active.values())
+        if ahead is None and need <= free:
+            queue.pop(launch.id, None)
+            return RUN
+        queue[launch.id] = launch
+        if ahead is not None:
+            return Decision.wait(f"behind launch {ahead}")
+        if self.settings.preempt_after and launch.waited_s >= self.settings.preempt_after \
+                and launch.id not in self.preempted_for:
+            self._preempt(launch, need - free)
+        return Decision.wait(f"needs {size_text(need)}, {size_text(max(0, free))} free")
+
+    def _preempt(self, launch: LaunchView, short: int) -> None:
+        """Hold the tenants running on the launch's GPU, most memory held first, until what
+        their kernels use covers `short` bytes; evict their idle memory."""
+        self.preempted_for.add(launch.id)
+        gpu = launch.gpu
+        tenants = {lv.tenant for lv in self.running.on_gpu(gpu)} - {launch.tenant}
+        for tenant in sorted(tenants, key=lambda t: (-self.holdings.held(gpu, t), t)):
+            if short <= 0:
+                break
+            if tenant in self.holds:
+                continue
+            self.holds[tenant] = launch.id
+            self.controls.report("hold", tenant)
+            for session in self.holdings.sessions_of(tenant, gpu):
+                self.controls.evict(session, keep=self.running.pointers_of(session))
+            short -= sum(self.running.active(gpu, {tenant}).values())
+
+    def launch_started(self, launch: LaunchView) -> None:
+        self.running.started(launch)
+        self._forget(launch)
+
+    def launch_dropped(self, launch: LaunchView, why: str) -> None:
+        self.waiting.get(launch.gpu, {}).pop(launch.id, None)
+        self._forget(launch)
+
+    def _forget(self, launch: LaunchView) -> None:
+        """The launch no longer waits: lift the holds it caused."""
+        if launch.id in self.preempted_for:
+            self.preempted_for.discard(launch.id)
+            for tenant in [t for t, i in self.holds.items() if i == launch.id]:
+                del self.holds[tenant]
+                self.controls.report("release", tenant)
+
+    def kernel_finished(self, k: KernelView) -> None:
+        self.running.finished(k.launch)
+
+    # -- reports --
+    def session_status(self, session: int) -> tuple[str, str] | None:
+        tenant = self.holdings.tenant_of(session)
+        if tenant in self.holds:
+            return "held", f"mfit: preempted so that launch {self.holds[tenant]} fits"
+        return None
+
+    def state(self) -> dict[str, Any]:
+        return {"running": len(self.running.by_id),
+                "waiting": {str(g): list(q) for g, q in self.waiting.items() if q},
+                "held": dict(self.holds)}
