@@ -119,11 +119,12 @@ class RunResult:
         return [p.values[key] for p in self.procs if p.ok]
 
 
-def parse_result(text: str) -> dict[str, float]:
-    """The `fig1 key=value ...` line of a process's stdout (the last one, if several)."""
+def parse_result(text: str, pattern: re.Pattern[str] = RESULT_LINE) -> dict[str, float]:
+    """The `fig1 key=value ...` line of a process's stdout (the last one, if several); pattern's
+    group 1 holds the pairs (policy_runner.py parses its `uvm ...` lines with it)."""
     values: dict[str, float] = {}
     for line in text.splitlines():
-        m = RESULT_LINE.match(line.strip())
+        m = pattern.match(line.strip())
         if m:
             values = {}
             for pair in m.group(1).split():
