@@ -54,7 +54,7 @@ def free(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     s.drop_shadow(req.ptr)
     streams.synchronize_session(vg, s)  # cudaFree waits for the device; the zeroing must too
     if vg.broker.residency is not None:
-        vg.broker.residency.quiesce(s)
+        vg.broker.residency.quiesce(s, req.ptr)
     s.free_memory(vg.backend, req.ptr, s.legacy or vg.stream)
     kind = s.allocation_kind(req.ptr)
     vg.broker.release(s, kind, s.remove_allocation(req.ptr), req.ptr)

@@ -211,11 +211,16 @@ class Residency:
                     e.resident = False
                     g.resident -= e.size
 
-    def quiesce(self, s: Session) -> None:
-        """Before the session frees movable memory: pilot's moves of it are done (a prefetch
-        queued for memory that is freed meanwhile would fail someone else's stream)."""
+    def quiesce(self, s: Session, ptr: int | None = None) -> None:
+        """Before the session frees movable memory (the allocation at `ptr`, or all of it): stop
+        tracking it, so that no move of it is queued any more, then wait for the moves queued
+        on pilot's stream (a prefetch of memory freed meanwhile would fail someone's stream)."""
         g = self.sessions.get(s.id)
-        if g is not None and g.stream is not None:
+        if g is None:
+            return
+        for base in ([ptr] if ptr is not None else sorted(g.by_session.get(s.id, ()))):
+            self.untrack(s, base)
+        if g.stream is not None:
             self.backend.stream_synchronize(g.stream)
 
     def _room(self, g: GpuResidency) -> int:
@@ -229,30 +234,36 @@ class Residency:
             if not e.resident and not e.advised:
                 need += e.size
         if need and self.enforced:
-            self._make_room(g, need, set(map(id, extents)), stream)
+            self._make_room(g, need, set(map(id, extents)), stream, extents[0].session)
         for e in extents:
             if not e.resident and not e.advised:
                 e.resident = True
                 g.resident += e.size
         g.peak = max(g.peak, g.resident)
 
-    def _make_room(self, g: GpuResidency, need: int, spare: set[int], stream: Any) -> None:
+    def _make_room(self, g: GpuResidency, need: int, spare: set[int], stream: Any, session: int) -> None:
         """Evict until `need` more bytes fit: idle extents, least recently used first, then
-        active ones; never those in `spare` (ids). The evictions go on pilot's stream of the
-        GPU, and `stream` (the work that needs the room) waits for them."""
+        active ones; never those in `spare` (ids). Idle extents go on pilot's stream of the GPU,
+        and `stream` (the work that needs the room) waits for it; active ones go on `stream`
+        itself, so that they leave after the work queued before on it (a program's earlier
+        kernels), as a smaller GPU would evict them."""
         over = g.resident + need - self._room(g)
         if over <= 0:
             return
         candidates = sorted((e for exts in g.allocs.values() for e in exts
                              if e.resident and id(e) not in spare),
                             key=lambda e: (e.active > 0, e.used_at))
-        own = self._stream(g)
+        own = None
         for e in candidates:
             if over <= 0:
                 break
-            self._evict(g, e, own, "capacity")
+            if e.active and e.session == session:
+                self._evict(g, e, stream, "capacity")
+            else:
+                own = own or self._stream(g)
+                self._evict(g, e, own, "capacity")
             over -= e.size
-        if own is not stream:
+        if own is not None and own is not stream:
             backend = self.backend
             if g.event is None:
                 g.event = backend.event_create(EVENT_DISABLE_TIMING)
@@ -372,7 +383,9 @@ class Residency:
             return {}
         with g.lock:
             advised = sum(e.size for exts in g.allocs.values() for e in exts if e.advised)
-            return {"enforced": self.enforced, "capacity": self.budget.capacity(gpu),
+            measured = self.backend.managed_residency(g.device)
+            return {"measured": None if measured is None else
+                    {"resident": measured[0], "peak_resident": measured[1]},"enforced": self.enforced, "capacity": self.budget.capacity(gpu),
                     "room": self._room(g), "movable": g.movable, "resident": g.resident,
                     "peak_resident": g.peak, "advised_to_host": advised,
                     "evicted_bytes": g.evicted, "prefetched_bytes": g.prefetched,
