@@ -385,7 +385,8 @@ class Residency:
             advised = sum(e.size for exts in g.allocs.values() for e in exts if e.advised)
             measured = self.backend.managed_residency(g.device)
             return {"measured": None if measured is None else
-                    {"resident": measured[0], "peak_resident": measured[1]},"enforced": self.enforced, "capacity": self.budget.capacity(gpu),
+                    {"resident": measured[0], "peak_resident": measured[1]},
+                    "enforced": self.enforced, "capacity": self.budget.capacity(gpu),
                     "room": self._room(g), "movable": g.movable, "resident": g.resident,
                     "peak_resident": g.peak, "advised_to_host": advised,
                     "evicted_bytes": g.evicted, "prefetched_bytes": g.prefetched,
