@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 OPS = OpTable("unified")
 
+SMALL_MANAGED = 2 << 20  # managed allocations below this get a 2 MiB range of their own
 MANAGED_FLAGS = {lib.PILOT_MANAGED_ATTACH_GLOBAL: 1, lib.PILOT_MANAGED_ATTACH_HOST: 2}
 
 
@@ -78,7 +79,11 @@ def malloc_managed(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"managed allocation {req.size} flags {req.flags}")
     # Reads as zero without a memset: the driver zeroes managed pages when it first populates
     # them (tests/apps/managed.cu `zeroed` checks it on the H100 after other frees).
-    ptr = vg.broker.allocate(s, "managed", req.size, lambda: vg.backend.mem_alloc_managed(req.size, flags))
+    # The driver packs small managed allocations at 512-byte granularity, so two sessions' could
+    # share a page (the client shadows whole pages, and the enforcer moves whole ranges): each
+    # gets a 2 MiB range of its own, charged at the size asked for.
+    size = max(req.size, SMALL_MANAGED)
+    ptr = vg.broker.allocate(s, "managed", req.size, lambda: vg.backend.mem_alloc_managed(size, flags))
     s.add_allocation(ptr, req.size, managed=True)
     return u64(ptr)
 
