@@ -145,15 +145,17 @@ class MAdvise(Policy):
     def _throttle(self, o: Owner, budget: int) -> int:
         """Advise o's memory beyond `budget` (not yet advised) to host; returns the bytes."""
         done, offset = 0, 0
-        advised = {(p, n) for _s, p, n in o.advised}
         for session, ptr, size in o.allocations:
             start = max(0, budget - offset)
             offset += size
             if start >= size:
                 continue
-            piece = (ptr + start, size - start)
-            if piece in advised or any(p <= piece[0] < p + n for p, n in advised):
+            # What is advised of an allocation is a tail of it; a smaller budget (a fair share
+            # shrinks as owners come) adds only the part in front of that tail.
+            end = min((p for _s, p, _n in o.advised if ptr <= p < ptr + size), default=ptr + size)
+            if ptr + start >= end:
                 continue
+            piece = (ptr + start, end - ptr - start)
             self.controls.advise_host(session, *piece)
             o.advised.append((session, *piece))
             done += piece[1]

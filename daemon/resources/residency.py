@@ -184,8 +184,14 @@ class Residency:
         if g is None or not extents:
             return
         with g.lock:
+            # `extents` holds every extent of each allocation the launch used, the first one of
+            # each first; advise_host may have split them since (a tail copies `active`), so
+            # each allocation's extents as they are now are the ones to count down.
             for e in extents:
-                e.active = max(0, e.active - 1)
+                now = g.allocs.get(e.alloc)
+                if now is not None and now[0] is e:  # the same allocation, not one freed since
+                    for x in now:
+                        x.active = max(0, x.active - 1)
 
     def written(self, s: Session, ptr: int, count: int, stream: Any) -> None:
         """The program copies, sets or prefetches [ptr, ptr+count) on the GPU (on `stream`):

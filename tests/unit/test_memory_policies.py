@@ -1,0 +1,639 @@
+"""The PILOT memory policies (policies/mfit.py, amfit.py, madvise.py): their decisions and their
+Controls requests, from scripted event sequences. No daemon: a recording Controls stands in for
+the daemon's, with a GPU whose capacity and fixed allocations each test sets."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from pilot.policies import (
+    AllocationView,
+    AMFit,
+    Controls,
+    Decision,
+    GpuView,
+    KernelView,
+    LaunchView,
+    MAdvise,
+    MFit,
+    Policy,
+    PolicyConfigError,
+    RangeView,
+    SessionView,
+    Verdict,
+    create,
+)
+
+MiB = 1 << 20
+
+
+class Recording(Controls):
+    """A GPU of `capacity` bytes with `used` bytes of fixed allocations; every request recorded."""
+
+    def __init__(self, capacity: int = 100 * MiB, used: int = 0) -> None:
+        self.capacity, self.used = capacity, used
+        self.calls: list[tuple[Any, ...]] = []
+
+    def gpu(self, gpu: int) -> GpuView:
+        return GpuView(gpu, self.capacity, self.used, enforced=True)
+
+    def evict(self, session: int, keep: tuple[int, ...] = ()) -> None:
+        self.calls.append(("evict", session, tuple(keep)))
+
+    def advise_host(self, session: int, ptr: int, size: int) -> None:
+        self.calls.append(("advise_host", session, ptr, size))
+
+    def unadvise(self, session: int, ptr: int, size: int, prefetch: bool = True) -> None:
+        self.calls.append(("unadvise", session, ptr, size, prefetch))
+
+    def report(self, action: str, tenant: str) -> None:
+        self.calls.append(("report", action, tenant))
+
+    def take(self) -> list[tuple[Any, ...]]:
+        """The calls since the last take."""
+        calls, self.calls = self.calls, []
+        return calls
+
+
+class World:
+    """Drives a policy the way the daemon would: sessions, allocations (pointer `ptr`, all on
+    one GPU unless told), launches with footprints of whole allocations, kernel ends."""
+
+    def __init__(self, policy: Policy, capacity: int = 100 * MiB, used: int = 0) -> None:
+        self.p = policy
+        self.c = Recording(capacity, used)
+        policy.controls = self.c
+        self.sessions: dict[int, SessionView] = {}
+        self.sizes: dict[int, int] = {}
+        self.next_launch = 1
+
+    def session(self, sid: int, tenant: str, gpu: int = 0) -> SessionView:
+        s = SessionView(sid, tenant, 1000 + sid, gpu, 0)
+        self.sessions[sid] = s
+        self.p.session_started(s)
+        return s
+
+    def end(self, sid: int) -> None:
+        self.p.session_ended(self.sessions.pop(sid))
+
+    def _view(self, sid: int, ptr: int, size: int, movable: bool) -> AllocationView:
+        s = self.sessions[sid]
+        return AllocationView(sid, s.tenant, s.gpu, "managed" if movable else "device", ptr, size, movable)
+
+    def alloc(self, sid: int, ptr: int, size: int, movable: bool = True) -> None:
+        self.sizes[ptr] = size
+        self.p.allocated(self._view(sid, ptr, size, movable))
+
+    def allocs(self, *table: tuple[int, int, int]) -> None:
+        """Movable allocations, each (session, ptr, size in MiB), in order."""
+        for sid, ptr, mib in table:
+            self.alloc(sid, ptr, mib * MiB)
+
+    def free(self, sid: int, ptr: int, movable: bool = True) -> None:
+        self.p.freed(self._view(sid, ptr, self.sizes.pop(ptr), movable))
+
+    def launch(self, sid: int, *ptrs: int, at: float = 10.0, fixed: tuple[int, ...] = ()) -> LaunchView:
+        """A new launch requested at `at` pointing into movable allocations `ptrs` (and fixed ones)."""
+        s = self.sessions[sid]
+        footprint = tuple(RangeView(p, self.sizes[p], "managed", True) for p in ptrs) + \
+            tuple(RangeView(p, self.sizes[p], "device", False) for p in fixed)
+        lid, self.next_launch = self.next_launch, self.next_launch + 1
+        return LaunchView(id=lid, session=sid, tenant=s.tenant, pid=s.pid, gpu=s.gpu, vgpu=0,
+                          kernel=f"k{lid}", grid=(1, 1, 1), block=(32, 1, 1), stream=0,
+                          footprint=footprint, requested_at=at, now=at, attempts=0)
+
+    def ask(self, launch: LaunchView, now: float | None = None) -> tuple[LaunchView, Decision]:
+        """launch_requested again (attempts counts), at `now` (default: when it was requested)."""
+        launch = dataclasses.replace(launch, now=launch.requested_at if now is None else now,
+                                     attempts=launch.attempts + 1)
+        return launch, self.p.launch_requested(launch)
+
+    def run(self, launch: LaunchView, now: float | None = None) -> LaunchView:
+        """Ask; it must run; start it."""
+        launch, decision = self.ask(launch, now)
+        assert decision.verdict is Verdict.RUN, decision
+        self.p.launch_started(launch)
+        return launch
+
+    def finish(self, launch: LaunchView, at: float = 20.0) -> None:
+        self.p.kernel_finished(KernelView(launch.id, launch.session, launch.tenant, launch.gpu,
+                                          launch.kernel, launch.now, at))
+
+
+def waits(decision: Decision, *words: str) -> None:
+    assert decision.verdict is Verdict.WAIT, decision
+    for word in words:
+        assert word in decision.reason, decision.reason
+
+
+def reports(calls: list[tuple[Any, ...]]) -> list[tuple[str, str]]:
+    return [(c[1], c[2]) for c in calls if c[0] == "report"]
+
+
+def requests(calls: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [c for c in calls if c[0] != "report"]
+
+
+def check_reports(policy: Policy, sessions: range = range(0, 12)) -> None:
+    """state() is JSON-able and session_status answers a (str, str) or None for every session."""
+    json.dumps(policy.state())
+    for sid in sessions:
+        status = policy.session_status(sid)
+        assert status is None or (isinstance(status[0], str) and isinstance(status[1], str))
+    assert policy.session_status(999) is None
+
+
+# ---- knobs ----
+
+@pytest.mark.parametrize(("name", "table", "key"), [
+    ("mfit", {"preempt_after": -1}, "preempt_after"),
+    ("mfit", {"preempt_after": "-1s"}, "preempt_after"),
+    ("amfit", {"resume_after": -0.5}, "resume_after"),
+    ("madvise", {"per": "gpu"}, "per"),
+    ("madvise", {"budget": 0}, "budget"),
+    ("madvise", {"recheck": "soon"}, "recheck"),
+    ("mfit", {"preempt": 1}, "preempt"),
+])
+def test_bad_knobs_are_refused(name: str, table: dict[str, Any], key: str) -> None:
+    with pytest.raises(PolicyConfigError, match=key):
+        create(name, table)
+
+
+def test_knobs_parse_and_default() -> None:
+    assert MFit.parse_settings({"preempt_after": "500ms"}).preempt_after == 0.5
+    assert MFit().settings.preempt_after == 2.0 and AMFit().settings.resume_after == 2.0
+    assert AMFit.parse_settings({"resume_after": 0}).resume_after == 0
+    m = create("madvise", {"budget": "1GiB", "per": "tenant", "recheck": "250ms"})
+    assert isinstance(m, MAdvise)
+    assert (m.settings.budget, m.settings.per, m.settings.recheck) == (1 << 30, "tenant", 0.25)
+    assert MAdvise().settings.budget is None and MAdvise().settings.per == "process"
+    assert MFit.moves_memory is False and MAdvise.moves_memory is True
+    assert MFit.decides_launches and MFit.needs_footprint and MFit.needs_kernel_end
+    assert AMFit.decides_launches and AMFit.needs_footprint and AMFit.needs_kernel_end
+    assert not MAdvise.decides_launches and MAdvise.needs_kernel_end
+
+
+# ---- MFit ----
+
+def mfit(preempt_after: float = 2.0, capacity: int = 100 * MiB, used: int = 0) -> World:
+    w = World(MFit(MFit.parse_settings({"preempt_after": preempt_after})), capacity, used)
+    for sid, tenant in ((1, "a"), (2, "b"), (3, "c"), (4, "d")):
+        w.session(sid, tenant)
+    return w
+
+
+def test_mfit_runs_what_fits_beside_running_kernels() -> None:
+    w = mfit()
+    w.allocs((1, 0xA000_00000, 60), (2, 0xB000_00000, 40), (3, 0xC000_00000, 41))
+    w.run(w.launch(1, 0xA000_00000))
+    w.run(w.launch(2, 0xB000_00000))  # 60 + 40 = the room exactly
+    w2 = mfit()
+    for sid, ptr, size in ((1, 0xA000_00000, 60 * MiB), (3, 0xC000_00000, 41 * MiB)):
+        w2.alloc(sid, ptr, size)
+    w2.run(w2.launch(1, 0xA000_00000))
+    _l, d = w2.ask(w2.launch(3, 0xC000_00000))
+    waits(d, "needs 41.0 MiB", "40.0 MiB free")
+    assert d.error == 2
+    assert w.c.calls == [] and w2.c.calls == []
+
+
+def test_mfit_fixed_allocations_take_room_and_are_no_need() -> None:
+    w = mfit(used=30 * MiB)  # room 70
+    w.alloc(1, 0xA000_00000, 50 * MiB)
+    w.alloc(2, 0xB000_00000, 20 * MiB)
+    w.alloc(2, 0xD000_00000, 500 * MiB, movable=False)  # fixed memory: already on the GPU, not a need
+    w.run(w.launch(1, 0xA000_00000))
+    w.run(w.launch(2, 0xB000_00000, fixed=(0xD000_00000,)))
+    w.alloc(3, 0xC000_00000, 1 * MiB)
+    _l, d = w.ask(w.launch(3, 0xC000_00000))
+    waits(d, "needs 1.0 MiB", "0 B free")
+
+
+def test_mfit_runs_alone_whatever_its_size() -> None:
+    w = mfit()
+    w.alloc(1, 0xA000_00000, 300 * MiB)
+    launch = w.run(w.launch(1, 0xA000_00000))
+    assert w.p.state()["running"] == 1
+    w.finish(launch)
+    # A launch that waited and finds the GPU idle runs with a reason.
+    w.alloc(2, 0xB000_00000, 80 * MiB)
+    w.alloc(3, 0xC000_00000, 30 * MiB)
+    first = w.run(w.launch(2, 0xB000_00000))
+    waiting, d = w.ask(w.launch(3, 0xC000_00000))
+    waits(d, "needs 30.0 MiB")
+    w.finish(first)
+    _l, d = w.ask(waiting)
+    assert d.verdict is Verdict.RUN and d.reason == "nothing else running"
+
+
+def test_mfit_memory_a_running_kernel_uses_is_no_extra_need() -> None:
+    w = mfit()
+    w.allocs((1, 0xA000_00000, 70), (1, 0xA100_00000, 30), (1, 0xA200_00000, 31))
+    w.run(w.launch(1, 0xA000_00000))
+    w.run(w.launch(1, 0xA000_00000))  # the same allocation again: needs nothing
+    w.run(w.launch(1, 0xA000_00000, 0xA100_00000))  # 30 new: fits in the 30 left
+    _l, d = w.ask(w.launch(1, 0xA000_00000, 0xA200_00000))  # 31 new
+    waits(d, "needs 31.0 MiB", "0 B free")
+
+
+def test_mfit_waiting_launches_keep_their_order() -> None:
+    w = mfit()
+    w.allocs((1, 0xA000_00000, 60), (2, 0xB000_00000, 50), (3, 0xC000_00000, 10))
+    running = w.run(w.launch(1, 0xA000_00000))
+    older, d = w.ask(w.launch(2, 0xB000_00000))
+    waits(d, "needs 50.0 MiB")
+    newer, d = w.ask(w.launch(3, 0xC000_00000))  # would fit (10 <= 40) but an older launch waits
+    waits(d, f"behind launch {older.id}")
+    assert w.p.state()["waiting"] == {"0": [older.id, newer.id]}
+    w.finish(running)
+    newer, d = w.ask(newer)  # asked first after the kernel ended: still behind
+    waits(d, f"behind launch {older.id}")
+    w.run(older)
+    w.run(newer)  # 50 + 10 fit
+    assert w.p.state()["waiting"] == {}
+    check_reports(w.p)
+
+
+def test_mfit_queues_are_per_gpu() -> None:
+    w = mfit()
+    w.session(5, "e", gpu=1)
+    w.allocs((1, 0xA000_00000, 60), (2, 0xB000_00000, 50), (5, 0xE000_00000, 90))
+    w.run(w.launch(1, 0xA000_00000))
+    _l, d = w.ask(w.launch(2, 0xB000_00000))
+    waits(d, "needs 50.0 MiB")
+    w.run(w.launch(5, 0xE000_00000))  # GPU 1: nobody ahead of it there
+
+
+def preempt_world(preempt_after: float = 2.0) -> tuple[World, LaunchView, dict[str, LaunchView]]:
+    """Three tenants running on GPU 0 (active: a 30, b 10, c 35; held: b 70 > a 40 > c 35),
+    then d's launch of 40 MiB waits (25 MiB free, 15 short), requested at 10.0. Returns the
+    world, d's launch and the running ones by tenant."""
+    w = mfit(preempt_after)
+    w.session(5, "a")  # a second session of tenant a, idle
+    w.allocs((1, 0xA000_00000, 30), (5, 0xA100_00000, 10), (2, 0xB000_00000, 10), (2, 0xB100_00000, 60),
+             (3, 0xC000_00000, 35), (4, 0xD000_00000, 40))
+    running = {w.sessions[sid].tenant: w.run(w.launch(sid, ptr))
+               for sid, ptr in ((1, 0xA000_00000), (2, 0xB000_00000), (3, 0xC000_00000))}
+    head, d = w.ask(w.launch(4, 0xD000_00000, at=10.0))
+    waits(d, "needs 40.0 MiB", "25.0 MiB free")
+    return w, head, running
+
+
+def test_mfit_preempts_most_memory_held_first_and_only_as_needed() -> None:
+    w, head, _running = preempt_world()
+    head, d = w.ask(head, 11.9)
+    waits(d, "needs 40.0 MiB")
+    assert w.c.calls == []  # not waited long enough
+    head, d = w.ask(head, 12.0)
+    waits(d, "needs 40.0 MiB")
+    # b holds 70 MiB (10 active): held first, 5 short left; a (40 held, 30 active) next; c stays.
+    assert w.c.take() == [("report", "hold", "b"), ("evict", 2, (0xB000_00000,)),
+                          ("report", "hold", "a"), ("evict", 1, (0xA000_00000,)), ("evict", 5, ())]
+    assert w.p.state()["held"] == {"b": head.id, "a": head.id}
+    assert w.p.session_status(2) == ("held", f"mfit: preempted so that launch {head.id} fits")
+    assert w.p.session_status(5) is not None and w.p.session_status(3) is None
+    # Held tenants' launches wait, even ones that would fit.
+    for sid, ptr in ((2, 0xB000_00000), (5, 0xA100_00000)):
+        _l, d = w.ask(w.launch(sid, ptr, at=12.0))
+        waits(d, "held", f"launch {head.id}")
+    # Preempting again is not done twice for one launch.
+    head, d = w.ask(head, 14.0)
+    waits(d)
+    assert w.c.calls == []
+    check_reports(w.p)
+
+
+def test_mfit_holds_lift_when_the_preempting_launch_starts() -> None:
+    w, head, running = preempt_world()
+    a, b = running["a"], running["b"]
+    head, _d = w.ask(head, 12.5)
+    w.c.take()
+    w.finish(b)
+    _h, d = w.ask(head, 12.6)
+    waits(d, "needs 40.0 MiB", "35.0 MiB free")  # b's 10 freed, a's 30 not yet
+    w.finish(a)
+    w.run(head, 12.7)  # 35 (c) + 40 fit
+    assert sorted(reports(w.c.take())) == [("release", "a"), ("release", "b")]
+    assert w.p.state()["held"] == {}
+    assert w.p.session_status(2) is None
+    _l, d = w.ask(w.launch(2, 0xB000_00000, at=13.0))  # b is asked again like anyone: 10 fit in 25
+    assert d.verdict is Verdict.RUN
+
+
+@pytest.mark.parametrize("how", ["timeout", "session_end", "refused", "session_ended"])
+def test_mfit_holds_lift_when_the_preempting_launch_goes(how: str) -> None:
+    w, head, _running = preempt_world()
+    head, _d = w.ask(head, 12.0)
+    w.c.take()
+    if how == "session_ended":
+        w.end(4)
+    else:
+        w.p.launch_dropped(head, how)
+    assert sorted(reports(w.c.take())) == [("release", "a"), ("release", "b")]
+    assert w.p.state()["held"] == {} and w.p.state()["waiting"] == {}
+    _l, d = w.ask(w.launch(2, 0xB100_00000, at=13.0))  # b's 60 idle MiB: waits for room, not held
+    waits(d, "needs 60.0 MiB")
+    assert "held" not in d.reason
+
+
+def test_mfit_never_preempts_with_preempt_after_0() -> None:
+    w, head, _running = preempt_world(preempt_after=0)
+    for now in (12.0, 100.0, 10_000.0):
+        head, d = w.ask(head, now)
+        waits(d, "needs 40.0 MiB")
+    assert w.c.calls == [] and w.p.state()["held"] == {}
+
+
+def test_mfit_session_end_forgets_its_kernels_and_launches() -> None:
+    w = mfit()
+    w.allocs((1, 0xA000_00000, 80), (2, 0xB000_00000, 50), (3, 0xC000_00000, 10))
+    w.run(w.launch(1, 0xA000_00000))
+    _l, d = w.ask(w.launch(2, 0xB000_00000))
+    waits(d)
+    w.end(2)  # its waiting launch goes
+    w.run(w.launch(3, 0xC000_00000))  # nobody ahead now
+    w.end(1)  # its kernel counts no more
+    assert w.p.state()["running"] == 1
+
+
+# ---- AMFit ----
+
+def amfit(resume_after: float = 2.0, capacity: int = 100 * MiB) -> World:
+    w = World(AMFit(AMFit.parse_settings({"resume_after": resume_after})), capacity)
+    for sid, tenant in ((1, "a"), (2, "b"), (3, "c")):
+        w.session(sid, tenant)
+    w.allocs((1, 0xA000_00000, 60), (1, 0xA100_00000, 5), (2, 0xB000_00000, 50), (3, 0xC000_00000, 10))
+    return w
+
+
+def overflow(w: World) -> tuple[LaunchView, LaunchView]:
+    """a (60 active) then b (50 active) start at 10.0: 110 > 100, a is held."""
+    la = w.run(w.launch(1, 0xA000_00000, at=10.0))
+    assert w.c.calls == []
+    lb = w.run(w.launch(2, 0xB000_00000, at=10.0))  # runs at once, overflow or not
+    return la, lb
+
+
+def test_amfit_holds_the_tenant_with_most_active_memory() -> None:
+    w = amfit()
+    overflow(w)
+    assert w.c.take() == [("report", "hold", "a"), ("evict", 1, (0xA000_00000,))]
+    _l, d = w.ask(w.launch(1, 0xA100_00000, at=10.5))
+    waits(d, "held", "60.0 MiB")
+    w.run(w.launch(2, 0xB000_00000, at=10.5))  # b is not held
+    w.run(w.launch(3, 0xC000_00000, at=10.5))  # nor c: one hold is enough (b 50 + c 10 fit)
+    assert w.c.calls == []
+    status = w.p.session_status(1)
+    assert status is not None and status[0] == "held" and "amfit" in status[1]
+    assert w.p.session_status(2) is None
+    assert w.p.state()["held"]["a"]["active"] == 60 * MiB
+    check_reports(w.p)
+
+
+def test_amfit_holds_more_while_the_rest_overflow() -> None:
+    w = amfit(capacity=40 * MiB)
+    w.alloc(3, 0xC100_00000, 35 * MiB)
+    w.run(w.launch(1, 0xA000_00000))
+    w.run(w.launch(2, 0xB000_00000))  # a held (60); b alone is no overflow
+    w.run(w.launch(3, 0xC100_00000))  # b 50 + c 35 > 40: b held too
+    assert reports(w.c.take()) == [("hold", "a"), ("hold", "b")]
+
+
+def test_amfit_never_holds_a_tenant_alone() -> None:
+    w = amfit(capacity=10 * MiB)
+    w.run(w.launch(1, 0xA000_00000))
+    w.run(w.launch(1, 0xA100_00000))
+    assert w.c.calls == [] and w.p.state()["held"] == {}
+
+
+def test_amfit_resumes_when_it_fits_beside_the_others() -> None:
+    w = amfit()
+    la, lb = overflow(w)
+    w.c.take()
+    lc = w.run(w.launch(3, 0xC000_00000, at=10.2))
+    w.finish(la, at=10.3)  # a's own kernel ends: others 60 + its 60 do not fit
+    assert w.c.calls == []
+    w.finish(lb, at=10.4)  # c 10 + a 60 fit
+    assert w.c.take() == [("report", "release", "a")]
+    w.run(w.launch(1, 0xA000_00000, at=10.5))
+    assert w.p.session_status(1) is None
+    w.finish(lc)
+    assert w.c.calls == []
+
+
+def test_amfit_resumes_at_the_fit_boundary() -> None:
+    w = amfit()
+    w.alloc(3, 0xC100_00000, 40 * MiB)
+    _la, lb = overflow(w)
+    w.run(w.launch(3, 0xC100_00000, at=10.1))
+    w.c.take()
+    w.finish(lb, at=10.2)  # c 40 + a 60 = 100: fits exactly
+    assert w.c.take() == [("report", "release", "a")]
+
+
+def test_amfit_resumes_after_resume_after_and_is_not_held_again_at_once() -> None:
+    w = amfit(resume_after=2.0)
+    overflow(w)  # held at 10.0
+    w.c.take()
+    w.p.tick(11.99)
+    assert w.c.calls == []
+    w.p.tick(12.0)
+    assert w.c.take() == [("report", "release", "a")]
+    w.run(w.launch(1, 0xA100_00000, at=12.1))  # a runs again, the GPU still overflowing
+    assert w.c.calls == [] and w.p.state()["held"] == {}
+    w.run(w.launch(3, 0xC000_00000, at=14.5))  # resume_after later a is fair game again
+    assert w.c.take() == [("report", "hold", "a"), ("evict", 1, (0xA000_00000, 0xA100_00000))]
+
+
+def test_amfit_resume_after_0_waits_for_room() -> None:
+    w = amfit(resume_after=0)
+    overflow(w)
+    w.c.take()
+    w.p.tick(1e6)
+    assert w.c.calls == [] and "a" in w.p.state()["held"]
+    check_reports(w.p)
+
+
+def test_amfit_holds_per_gpu() -> None:
+    w = amfit()
+    w.session(4, "a", gpu=1)
+    w.alloc(4, 0xE000_00000, 10 * MiB)
+    overflow(w)
+    w.run(w.launch(4, 0xE000_00000, at=10.5))  # a is held on GPU 0 only
+
+
+# ---- MAdvise ----
+
+def madvise(budget: int | None = None, per: str = "process", recheck: float = 0.1,
+            capacity: int = 100 * MiB, used: int = 0) -> World:
+    table: dict[str, Any] = {"per": per, "recheck": recheck}
+    if budget is not None:
+        table["budget"] = budget
+    w = World(MAdvise(MAdvise.parse_settings(table)), capacity, used)
+    for sid, tenant in ((1, "a"), (2, "b"), (3, "c"), (4, "d")):
+        w.session(sid, tenant)
+    return w
+
+
+def owners(w: World) -> dict[str, tuple[int, int]]:
+    return {k: (o["bytes"] // MiB, o["advised"] // MiB) for k, o in w.p.state()["owners"].items()}
+
+
+def test_madvise_no_pressure_no_advice() -> None:
+    w = madvise(budget=10 * MiB)
+    w.alloc(1, 0xA000_00000, 40 * MiB)
+    w.alloc(2, 0xB000_00000, 60 * MiB)  # 100: the room exactly
+    w.alloc(2, 0xB100_00000, 500 * MiB, movable=False)  # fixed memory is not the policy's
+    assert w.c.calls == []
+    assert owners(w) == {"session:1": (40, 0), "session:2": (60, 0)}
+    assert w.p.session_status(1) is None
+
+
+def pressure(w: World) -> None:
+    """Session 1 (tenant a): 3 x 20 MiB; session 2 (b): 50 MiB; 110 > 100."""
+    for ptr in (0xA000_00000, 0xA100_00000, 0xA200_00000):
+        w.alloc(1, ptr, 20 * MiB)
+    w.alloc(2, 0xB000_00000, 50 * MiB)
+
+
+def test_madvise_advises_the_largest_excess_first() -> None:
+    w = madvise(budget=30 * MiB)
+    pressure(w)  # excess: session 1 30, session 2 20; advising session 1's is enough
+    assert w.c.take() == [("advise_host", 1, 0xA100_00000 + 10 * MiB, 10 * MiB),
+                          ("advise_host", 1, 0xA200_00000, 20 * MiB), ("report", "throttle", "a")]
+    assert owners(w) == {"session:1": (60, 30), "session:2": (50, 0)}
+    assert w.p.session_status(1) == ("throttled", "madvise: 30.0 MiB of 60.0 MiB kept in host memory "
+                                                  "(process over its budget)")
+    assert w.p.session_status(2) is None
+    # More pressure: session 1 has nothing more beyond its budget; session 2's excess goes.
+    w.alloc(3, 0xC000_00000, 30 * MiB)
+    assert w.c.take() == [("advise_host", 2, 0xB000_00000 + 30 * MiB, 20 * MiB), ("report", "throttle", "b")]
+    check_reports(w.p)
+
+
+def test_madvise_fair_share_budget() -> None:
+    w = madvise(used=10 * MiB)  # room 90, three owners: 30 each
+    w.alloc(1, 0xA000_00000, 60 * MiB)
+    w.alloc(2, 0xB000_00000, 30 * MiB)
+    assert w.c.calls == []
+    w.alloc(3, 0xC000_00000, 30 * MiB)
+    assert requests(w.c.take()) == [("advise_host", 1, 0xA000_00000 + 30 * MiB, 30 * MiB)]
+
+
+def test_madvise_shrinking_fair_share_advises_only_what_is_new() -> None:
+    w = madvise(capacity=120 * MiB)
+    w.alloc(1, 0xA000_00000, 120 * MiB)
+    w.alloc(2, 0xB000_00000, 60 * MiB)  # budget 60: a's last 60 advised
+    assert requests(w.c.take()) == [("advise_host", 1, 0xA000_00000 + 60 * MiB, 60 * MiB)]
+    w.alloc(3, 0xC000_00000, 30 * MiB)  # budget 40: a's 20 more, then b's last 20
+    assert requests(w.c.take()) == [("advise_host", 1, 0xA000_00000 + 40 * MiB, 20 * MiB),
+                                    ("advise_host", 2, 0xB000_00000 + 40 * MiB, 20 * MiB)]
+    assert owners(w) == {"session:1": (120, 80), "session:2": (60, 20), "session:3": (30, 0)}
+    kept = sum(b - a for b, a in owners(w).values())
+    assert kept <= 120
+
+
+def test_madvise_per_tenant() -> None:
+    w = madvise(budget=40 * MiB, per="tenant")
+    w.session(5, "a")
+    w.alloc(1, 0xA000_00000, 30 * MiB)
+    w.alloc(5, 0xA100_00000, 30 * MiB)
+    w.alloc(2, 0xB000_00000, 50 * MiB)  # tenant a 60 (20 over), b 50 (10 over): a's tail goes
+    assert w.c.take() == [("advise_host", 5, 0xA100_00000 + 10 * MiB, 20 * MiB), ("report", "throttle", "a")]
+    assert owners(w) == {"tenant:a": (60, 20), "tenant:b": (50, 0)}
+    assert w.p.session_status(1) == w.p.session_status(5) == \
+        ("throttled", "madvise: 20.0 MiB of 60.0 MiB kept in host memory (tenant over its budget)")
+    w.free(5, 0xA100_00000)
+    assert w.c.calls == [] and owners(w) == {"tenant:a": (30, 0), "tenant:b": (50, 0)}
+    check_reports(w.p)
+
+
+def test_madvise_unthrottles_when_memory_is_freed() -> None:
+    w = madvise(budget=30 * MiB)
+    pressure(w)
+    w.c.take()
+    w.alloc(3, 0xC000_00000, 20 * MiB)  # 80 + 20 = 100: no pressure, still no room for a's 30
+    assert w.c.calls == []
+    w.free(3, 0xC000_00000)  # 80 kept, 20 free: not enough for a's 30
+    assert w.c.calls == []
+    w.free(2, 0xB000_00000)  # 30 kept, 70 free
+    assert w.c.take() == [("unadvise", 1, 0xA100_00000 + 10 * MiB, 10 * MiB, True),
+                          ("unadvise", 1, 0xA200_00000, 20 * MiB, True), ("report", "unthrottle", "a")]
+    assert w.p.session_status(1) is None and owners(w) == {"session:1": (60, 0)}
+
+
+def test_madvise_unthrottles_when_room_grows() -> None:
+    w = madvise(used=40 * MiB)  # room 60
+    w.alloc(1, 0xA000_00000, 50 * MiB)
+    w.alloc(2, 0xB000_00000, 30 * MiB)  # fair share 30: a's 20 over
+    assert requests(w.c.take()) == [("advise_host", 1, 0xA000_00000 + 30 * MiB, 20 * MiB)]
+    w.c.used = 0  # fixed memory freed (no policy event for it)
+    w.p.kernel_finished(KernelView(1, 2, "b", 0, "k", 1.0, 2.0))
+    assert w.c.take() == [("unadvise", 1, 0xA000_00000 + 30 * MiB, 20 * MiB, True),
+                          ("report", "unthrottle", "a")]
+
+
+def two_throttled(w: World) -> None:
+    """Budget 20: session 1 throttled at 1.0 (40 MiB advised), session 2 at 2.0 (20 MiB)."""
+    w.alloc(1, 0xA000_00000, 60 * MiB)
+    w.alloc(2, 0xB000_00000, 40 * MiB)
+    w.p.kernel_finished(KernelView(1, 1, "a", 0, "k", 0.5, 1.0))
+    w.alloc(3, 0xC000_00000, 10 * MiB)
+    w.p.kernel_finished(KernelView(2, 1, "a", 0, "k", 1.5, 2.0))
+    w.alloc(4, 0xD000_00000, 40 * MiB)
+    assert requests(w.c.take()) == [("advise_host", 1, 0xA000_00000 + 20 * MiB, 40 * MiB),
+                                    ("advise_host", 2, 0xB000_00000 + 20 * MiB, 20 * MiB)]
+    assert owners(w)["session:1"] == (60, 40) and owners(w)["session:2"] == (40, 20)
+
+
+def test_madvise_unthrottles_the_longest_throttled_first() -> None:
+    w = madvise(budget=20 * MiB)
+    two_throttled(w)
+    w.free(4, 0xD000_00000)  # 50 free: session 1's 40 first, then session 2's 20 does not fit
+    assert requests(w.c.take()) == [("unadvise", 1, 0xA000_00000 + 20 * MiB, 40 * MiB, True)]
+    assert w.p.session_status(1) is None and w.p.session_status(2) is not None
+
+
+def test_madvise_unthrottles_one_whose_advice_fits() -> None:
+    w = madvise(budget=20 * MiB)
+    two_throttled(w)
+    w.free(3, 0xC000_00000)  # 20 free: not session 1's 40, session 2's 20
+    assert w.c.take() == [("unadvise", 2, 0xB000_00000 + 20 * MiB, 20 * MiB, True),
+                          ("report", "unthrottle", "b")]
+
+
+def test_madvise_tick_rechecks_at_most_every_recheck() -> None:
+    w = madvise(budget=30 * MiB, recheck=0.5, used=10 * MiB)  # room 90
+    w.alloc(1, 0xA000_00000, 60 * MiB)
+    w.alloc(2, 0xB000_00000, 40 * MiB)
+    assert requests(w.c.take()) == [("advise_host", 1, 0xA000_00000 + 30 * MiB, 30 * MiB)]
+    w.p.tick(10.0)
+    assert w.c.calls == []
+    w.c.used = 0  # 70 kept, 30 free: a's 30 fit
+    w.p.tick(10.2)
+    w.p.tick(10.49)
+    assert w.c.calls == []
+    w.p.tick(10.5)
+    assert requests(w.c.take()) == [("unadvise", 1, 0xA000_00000 + 30 * MiB, 30 * MiB, True)]
+    w.p.tick(11.5)
+    assert w.c.calls == []
+
+
+def test_madvise_freeing_advised_memory_forgets_its_advice() -> None:
+    w = madvise(budget=30 * MiB)
+    pressure(w)
+    w.alloc(3, 0xC000_00000, 20 * MiB)  # 100 kept: no room to unthrottle
+    w.c.take()
+    w.free(1, 0xA200_00000)  # a keeps 20 + 10 on the GPU, 10 advised; 100 kept
+    assert owners(w)["session:1"] == (40, 10)
+    w.free(1, 0xA100_00000)
+    assert owners(w)["session:1"] == (20, 0) and w.p.session_status(1) is None
+    assert w.c.calls == []
+    w.free(1, 0xA000_00000)
+    w.end(1)
+    assert "session:1" not in owners(w)
+    check_reports(w.p)

@@ -1,0 +1,474 @@
+"""The capacity enforcer (daemon/resources/residency.py) against a backend that records its
+calls: extents, what launches and copies bring in, least-recently-used eviction within the room,
+and the policies' requests (evict, advise to host, lift the advice). No GPU."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import defaultdict
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pilot.daemon.resources.broker import GpuBudget
+from pilot.daemon.resources.residency import (
+    ADVISE_SET_ACCESSED_BY,
+    ADVISE_SET_PREFERRED,
+    ADVISE_UNSET_ACCESSED_BY,
+    ADVISE_UNSET_PREFERRED,
+    ALIGN,
+    EXTENT_MAX,
+    LOCATION_DEVICE,
+    LOCATION_HOST,
+    Residency,
+    cut,
+)
+
+MiB = 1 << 20
+DEVICE = 3  # the backend's device number of GPU 0
+A, B, C, D = (0x7F00_0000_0000 + i * (1 << 32) for i in range(4))  # 2 MiB-aligned, far apart
+
+
+class FakeBackend:
+    """Records the calls the enforcer makes; streams and events are names."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.made = 0
+
+    def _make(self, what: str) -> str:
+        self.made += 1
+        return f"{what}{self.made}"
+
+    def stream_create(self, flags: int, priority: int) -> str:
+        self.calls.append(("stream_create", flags, priority))
+        return self._make("pilot-stream")
+
+    def event_create(self, flags: int) -> str:
+        self.calls.append(("event_create", flags))
+        return self._make("event")
+
+    def event_record(self, event: Any, stream: Any) -> None:
+        self.calls.append(("event_record", event, stream))
+
+    def stream_wait_event(self, stream: Any, event: Any) -> None:
+        self.calls.append(("stream_wait_event", stream, event))
+
+    def stream_synchronize(self, stream: Any) -> None:
+        self.calls.append(("stream_synchronize", stream))
+
+    def bind_thread(self, device: int) -> None:
+        self.calls.append(("bind_thread", device))
+
+    def mem_prefetch(self, ptr: int, count: int, location_type: int, location_id: int, flags: int,
+                     stream: Any) -> None:
+        self.calls.append(("mem_prefetch", ptr, count, location_type, location_id, flags, stream))
+
+    def mem_advise(self, ptr: int, count: int, advice: int, location_type: int, location_id: int) -> None:
+        self.calls.append(("mem_advise", ptr, count, advice, location_type, location_id))
+
+    def of(self, name: str) -> list[tuple[Any, ...]]:
+        return [c[1:] for c in self.calls if c[0] == name]
+
+    def take(self) -> list[tuple[Any, ...]]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+class Counts:
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+
+    def count(self, counter: str, labels: tuple[str, ...], n: float = 1) -> None:
+        self.counts[(counter, labels)] += n
+
+
+class Env:
+    def __init__(self, capacity: int = 100 * MiB, enforced: bool = True, fixed: int = 0) -> None:
+        self.budget = GpuBudget({0: capacity})
+        if fixed:
+            assert self.budget.reserve(0, fixed)
+        self.backend = FakeBackend()
+        self.metrics = Counts()
+        self.res = Residency(self.backend, self.budget, self.metrics, {0: DEVICE}, enforced)  # type: ignore[arg-type]
+        self.g = self.res.gpus[0]
+        self.s = {sid: SimpleNamespace(id=sid, device=0, tenant=tenant)
+                  for sid, tenant in ((1, "a"), (2, "b"), (3, "c"))}
+
+    def track(self, sid: int, ptr: int, size: int) -> None:
+        self.res.track(self.s[sid], ptr, size)  # type: ignore[arg-type]
+
+    def launch(self, sid: int, *bases: int, stream: str = "user-stream") -> list[Any]:
+        return self.res.before_launch(self.s[sid], list(bases), stream)  # type: ignore[arg-type]
+
+    def finish(self, sid: int, extents: list[Any]) -> None:
+        self.res.finished(self.s[sid], extents)  # type: ignore[arg-type]
+
+    def run(self, sid: int, *bases: int) -> None:
+        """A launch that has finished."""
+        self.finish(sid, self.launch(sid, *bases))
+
+    def extents(self, base: int) -> list[tuple[int, int, bool, bool, int]]:
+        """(offset MiB, size MiB, resident, advised, active) of each extent of an allocation."""
+        return [((e.ptr - base) / MiB, e.size / MiB, e.resident, e.advised, e.active)
+                for e in self.g.allocs[base]]
+
+    def resident(self) -> int:
+        """Resident bytes, counted from the extents; checks the running total agrees."""
+        n = sum(e.size for exts in self.g.allocs.values() for e in exts if e.resident)
+        assert n == self.g.resident
+        return n
+
+    def room(self) -> int:
+        return self.budget.capacity(0) - self.budget.used(0)
+
+    def evicted(self) -> list[tuple[int, int]]:
+        """(ptr, size) of the prefetches to host, in order (taking the backend's calls)."""
+        return [(c[1], c[2]) for c in self.backend.take() if c[0] == "mem_prefetch" and c[3] == LOCATION_HOST]
+
+
+def test_cut_extents() -> None:
+    assert cut(A, 200 * MiB) == [(A, 64 * MiB), (A + 64 * MiB, 64 * MiB), (A + 128 * MiB, 64 * MiB),
+                                 (A + 192 * MiB, 8 * MiB)]
+    odd = A + MiB + 4096  # not aligned: the first extent ends at the next 64 MiB edge
+    assert cut(odd, 130 * MiB) == [(odd, 63 * MiB - 4096), (A + 64 * MiB, 64 * MiB),
+                                   (A + 128 * MiB, 3 * MiB + 4096)]
+    assert cut(A + 12, 100) == [(A + 12, 100)]
+    assert cut(A, 0) == []
+    for ptr, size in ((A + 3 * MiB + 17, 777 * MiB + 5), (A, 64 * MiB), (A + 2 * MiB, 64 * MiB)):
+        pieces = cut(ptr, size)
+        assert pieces[0][0] == ptr and sum(n for _p, n in pieces) == size
+        assert all(n <= EXTENT_MAX for _p, n in pieces)
+        assert all(p % ALIGN == 0 for p, _n in pieces[1:])
+        assert all(p + n == q for (p, n), (q, _m) in itertools.pairwise(pieces))
+
+
+def test_track_and_untrack() -> None:
+    env = Env()
+    env.track(1, A, 100 * MiB)
+    env.track(1, B, 10 * MiB)
+    env.track(2, C, 20 * MiB)
+    assert [n for _o, n, *_ in env.extents(A)] == [64, 36]
+    assert env.res.describe(0)["movable"] == 130 * MiB
+    assert env.res.is_movable(env.s[1], A) and not env.res.is_movable(env.s[1], A + 4096)  # type: ignore[arg-type]
+    assert not env.res.is_movable(env.s[3], A)  # type: ignore[arg-type]
+    assert env.res.session_bytes(1) == (110 * MiB, 0)
+    assert env.g.allocation_at(A + 99 * MiB) == A and env.g.allocation_at(A + 100 * MiB) is None
+    env.run(1, A)
+    assert env.res.session_bytes(1) == (110 * MiB, 100 * MiB)
+    env.res.untrack(env.s[1], A)  # type: ignore[arg-type]
+    assert env.resident() == 0 and env.g.movable == 30 * MiB
+    assert env.res.sessions[1] is env.g and env.res.tenants[1] == "a"
+    env.res.untrack(env.s[1], A)  # type: ignore[arg-type]  # twice: nothing
+    env.res.untrack(env.s[1], B)  # type: ignore[arg-type]
+    assert 1 not in env.res.sessions and 1 not in env.res.tenants and 1 not in env.g.by_session
+    assert env.res.session_bytes(1) == (0, 0) and env.g.bases == [C]
+    assert env.backend.calls == []
+
+
+def test_a_launch_that_fits_brings_its_allocations_in() -> None:
+    env = Env()
+    env.track(1, A, 40 * MiB)
+    env.track(1, B, 100 * MiB)
+    extents = env.launch(1, A)
+    assert env.extents(A) == [(0, 40, True, False, 1)]
+    assert [e.ptr for e in extents] == [A]
+    assert env.extents(B) == [(0, 64, False, False, 0), (64, 36, False, False, 0)]
+    env.finish(1, extents)
+    assert env.extents(A) == [(0, 40, True, False, 0)]
+    assert env.resident() == 40 * MiB and env.backend.calls == []  # no room to make
+    assert env.launch(1, D) == [] and env.launch(1) == []  # not movable, or nothing
+
+
+def test_eviction_is_least_recently_used_first_and_waits_on_pilots_stream() -> None:
+    env = Env()
+    env.track(1, A, 40 * MiB)
+    env.track(2, B, 40 * MiB)
+    env.track(1, C, 30 * MiB)
+    env.run(1, A)
+    env.run(2, B)
+    env.res.written(env.s[1], A + MiB, 10, "copy-stream")  # type: ignore[arg-type]  # A used again
+    env.launch(1, C, stream="user-stream")  # 80 + 30 > 100: B (least recently used) goes
+    calls = env.backend.take()
+    own = calls[0]
+    assert own[0] == "stream_create"
+    stream = "pilot-stream1"
+    assert calls[1:] == [("mem_prefetch", B, 40 * MiB, LOCATION_HOST, 0, 0, stream),
+                         ("event_create", 2), ("event_record", "event2", stream),
+                         ("stream_wait_event", "user-stream", "event2")]
+    assert env.resident() == 70 * MiB
+    assert env.metrics.counts[("residency_evicted_bytes", ("0", "b", "capacity"))] == 40 * MiB
+    # The next eviction reuses pilot's stream and event.
+    env.track(2, D, 40 * MiB)
+    env.launch(2, D, stream="s2")
+    assert env.backend.take() == [("mem_prefetch", A, 40 * MiB, LOCATION_HOST, 0, 0, stream),
+                                  ("event_record", "event2", stream), ("stream_wait_event", "s2", "event2")]
+
+
+def test_idle_extents_go_before_active_ones_and_never_the_launchs_own() -> None:
+    env = Env()
+    env.track(1, A, 40 * MiB)
+    env.track(2, B, 30 * MiB)
+    env.track(3, C, 30 * MiB)
+    env.track(3, D, 30 * MiB)
+    running = env.launch(1, A)  # least recently used, but active
+    env.run(2, B)
+    env.run(3, C)  # 100 resident
+    env.launch(3, D)  # 30 more: B, the idle one used least recently, goes
+    assert env.evicted() == [(B, 30 * MiB)]
+    env.launch(2, B, C)  # 30 more; C is the launch's own, D and A active: A (older) goes
+    assert env.evicted() == [(A, 40 * MiB)]
+    env.finish(1, running)
+    assert env.resident() == 90 * MiB
+
+
+def test_resident_stays_within_the_room() -> None:
+    env = Env(capacity=256 * MiB, fixed=56 * MiB)  # room 200
+    rng = random.Random(7)
+    sizes = {A + i * (1 << 30): rng.choice((2, 10, 50, 70, 130)) * MiB for i in range(12)}
+    for i, (base, size) in enumerate(sizes.items()):
+        env.track(1 + i % 3, base, size)
+    running: list[tuple[int, list[Any]]] = []
+    for _ in range(300):
+        sid = rng.randint(1, 3)
+        mine = [b for b in env.g.by_session.get(sid, ())]
+        picked = rng.sample(mine, rng.randint(1, min(3, len(mine))))
+        if sum(sizes[b] for b in picked) > env.room():
+            continue
+        running.append((sid, env.launch(sid, *picked)))
+        assert env.resident() <= env.room()
+        for e in running[-1][1]:
+            assert e.resident
+        if rng.random() < 0.3:
+            env.res.written(env.s[sid], rng.choice(mine) + MiB, 3 * MiB, "s")  # type: ignore[arg-type]
+            assert env.resident() <= env.room()
+        while len(running) > 2:
+            env.finish(*running.pop(0))
+    assert env.g.overflows == 0 and env.g.peak <= env.room()
+
+
+def test_a_footprint_larger_than_the_room_overflows_and_runs() -> None:
+    env = Env()
+    env.track(1, A, 40 * MiB)
+    env.track(2, B, 150 * MiB)
+    env.run(1, A)
+    extents = env.launch(2, B)
+    assert env.evicted() == [(A, 40 * MiB)]
+    assert all(e.resident for e in extents) and env.resident() == 150 * MiB
+    d = env.res.describe(0)
+    assert (d["overflows"], d["peak_resident"], d["resident"]) == (1, 150 * MiB, 150 * MiB)
+
+
+def test_not_enforced_tracks_but_never_evicts() -> None:
+    env = Env(enforced=False)
+    env.track(1, A, 80 * MiB)
+    env.track(2, B, 80 * MiB)
+    env.run(1, A)
+    env.run(2, B)
+    assert env.resident() == 160 * MiB and env.backend.calls == []
+    d = env.res.describe(0)
+    assert (d["enforced"], d["overflows"], d["evicted_bytes"]) == (False, 0, 0)
+
+
+def test_written_brings_in_the_extents_it_touches() -> None:
+    env = Env(capacity=1 << 30)
+    env.track(1, A, 200 * MiB)
+    env.res.written(env.s[1], A + 70 * MiB, MiB, "s")  # type: ignore[arg-type]
+    assert [r for _o, _n, r, _a, _c in env.extents(A)] == [False, True, False, False]
+    env.res.written(env.s[1], A + 60 * MiB, 5 * MiB, "s")  # type: ignore[arg-type]  # across an edge
+    assert [r for _o, _n, r, _a, _c in env.extents(A)] == [True, True, False, False]
+    env.res.written(env.s[1], A + 200 * MiB, MiB, "s")  # type: ignore[arg-type]  # past its end
+    env.res.written(env.s[2], A, MiB, "s")  # type: ignore[arg-type]  # another session: not tracked
+    env.res.written(env.s[1], A + 190 * MiB, 0, "s")  # type: ignore[arg-type]
+    assert env.resident() == 128 * MiB and env.backend.calls == []
+
+
+def test_moved_to_host_counts_whole_extents_only() -> None:
+    env = Env(capacity=1 << 30)
+    env.track(1, A, 200 * MiB)
+    env.run(1, A)
+    env.res.moved_to_host(env.s[1], A + 64 * MiB, 64 * MiB)  # type: ignore[arg-type]
+    assert env.resident() == 136 * MiB
+    env.res.moved_to_host(env.s[1], A + 130 * MiB, 60 * MiB)  # type: ignore[arg-type]  # part of [128, 192)
+    assert env.resident() == 136 * MiB
+    env.res.moved_to_host(env.s[1], A + 128 * MiB, 72 * MiB)  # type: ignore[arg-type]
+    assert env.resident() == 64 * MiB
+    env.res.moved_to_host(env.s[1], A, 200 * MiB)  # type: ignore[arg-type]
+    assert env.resident() == 0 and env.backend.calls == []  # the program's own prefetch
+
+
+def advised_env() -> Env:
+    """A 128 MiB allocation of session 1, resident, with [41 MiB, 128 MiB) advised to host;
+    the room is 130 MiB."""
+    env = Env(capacity=130 * MiB)
+    env.track(1, A, 128 * MiB)
+    env.run(1, A)
+    assert env.res.advise_host(1, A + 41 * MiB, 87 * MiB) == 88 * MiB  # from the 2 MiB edge below
+    return env
+
+
+def test_advise_host_splits_advises_and_evicts() -> None:
+    env = advised_env()
+    assert env.extents(A) == [(0, 40, True, False, 0), (40, 24, False, True, 0), (64, 64, False, True, 0)]
+    calls = env.backend.take()
+    assert calls[0] == ("bind_thread", DEVICE)
+    stream = "pilot-stream1"
+    assert [c for c in calls if c[0] in ("mem_advise", "mem_prefetch")] == [
+        ("mem_advise", A + 40 * MiB, 24 * MiB, ADVISE_SET_PREFERRED, LOCATION_HOST, 0),
+        ("mem_advise", A + 40 * MiB, 24 * MiB, ADVISE_SET_ACCESSED_BY, LOCATION_DEVICE, DEVICE),
+        ("mem_prefetch", A + 40 * MiB, 24 * MiB, LOCATION_HOST, 0, 0, stream),
+        ("mem_advise", A + 64 * MiB, 64 * MiB, ADVISE_SET_PREFERRED, LOCATION_HOST, 0),
+        ("mem_advise", A + 64 * MiB, 64 * MiB, ADVISE_SET_ACCESSED_BY, LOCATION_DEVICE, DEVICE),
+        ("mem_prefetch", A + 64 * MiB, 64 * MiB, LOCATION_HOST, 0, 0, stream)]
+    assert env.metrics.counts[("residency_evicted_bytes", ("0", "a", "policy"))] == 88 * MiB
+    d = env.res.describe(0)
+    assert (d["advised_to_host"], d["resident"], d["evicted_bytes"]) == (88 * MiB, 40 * MiB, 88 * MiB)
+    # Again, or not the session's memory: nothing.
+    assert env.res.advise_host(1, A + 64 * MiB, 64 * MiB) == 0
+    assert env.res.advise_host(2, A, 10 * MiB) == 0 and env.res.advise_host(9, A, 10 * MiB) == 0
+    assert env.res.advise_host(1, D, 10 * MiB) == 0
+    assert env.backend.of("mem_advise") == []
+
+
+def test_advised_extents_stay_on_the_host() -> None:
+    env = advised_env()
+    env.backend.take()
+    extents = env.launch(1, A)
+    env.res.written(env.s[1], A + 100 * MiB, MiB, "s")  # type: ignore[arg-type]
+    assert env.resident() == 40 * MiB and all(e.active == 1 for e in extents)
+    env.finish(1, extents)
+    assert env.backend.calls == []
+
+
+def test_unadvise_unsets_and_prefetches_after_making_room() -> None:
+    env = advised_env()
+    env.track(2, B, 50 * MiB)
+    env.run(2, B)  # 90 resident: A's 88 do not fit beside it in 130
+    env.backend.take()
+    assert env.res.unadvise(1, A + 41 * MiB, 87 * MiB) == 88 * MiB
+    stream = "pilot-stream1"
+    assert env.backend.take() == [
+        ("bind_thread", DEVICE),
+        ("mem_advise", A + 40 * MiB, 24 * MiB, ADVISE_UNSET_PREFERRED, LOCATION_HOST, 0),
+        ("mem_advise", A + 40 * MiB, 24 * MiB, ADVISE_UNSET_ACCESSED_BY, LOCATION_DEVICE, DEVICE),
+        ("mem_advise", A + 64 * MiB, 64 * MiB, ADVISE_UNSET_PREFERRED, LOCATION_HOST, 0),
+        ("mem_advise", A + 64 * MiB, 64 * MiB, ADVISE_UNSET_ACCESSED_BY, LOCATION_DEVICE, DEVICE),
+        # room first (on pilot's stream, so no event to wait on): A's head is older than B
+        ("mem_prefetch", A, 40 * MiB, LOCATION_HOST, 0, 0, stream),
+        ("mem_prefetch", B, 50 * MiB, LOCATION_HOST, 0, 0, stream),
+        ("mem_prefetch", A + 40 * MiB, 24 * MiB, LOCATION_DEVICE, DEVICE, 0, stream),
+        ("mem_prefetch", A + 64 * MiB, 64 * MiB, LOCATION_DEVICE, DEVICE, 0, stream)]
+    assert env.resident() == 88 * MiB
+    assert env.metrics.counts[("residency_prefetched_bytes", ("0", "a"))] == 88 * MiB
+    d = env.res.describe(0)
+    assert (d["advised_to_host"], d["prefetched_bytes"]) == (0, 88 * MiB)
+    assert env.res.unadvise(1, A + 41 * MiB, 87 * MiB) == 0  # nothing advised left
+
+
+def test_unadvise_without_prefetch_leaves_it_on_the_host() -> None:
+    env = advised_env()
+    env.backend.take()
+    assert env.res.unadvise(1, A + 64 * MiB, 64 * MiB, prefetch=False) == 64 * MiB
+    assert env.backend.of("mem_prefetch") == [] and len(env.backend.of("mem_advise")) == 2
+    assert env.extents(A)[2] == (64, 64, False, False, 0)
+    env.run(1, A)  # a launch brings it in now
+    assert env.resident() == 104 * MiB
+
+
+def test_a_running_kernel_ends_on_extents_split_while_it_ran() -> None:
+    env = Env(capacity=130 * MiB)
+    env.track(1, A, 128 * MiB)
+    env.track(2, B, 60 * MiB)
+    running = env.launch(1, A)
+    env.res.advise_host(1, A + 40 * MiB, 88 * MiB)  # splits the first extent the kernel uses
+    env.finish(1, running)
+    assert [active for *_x, active in env.extents(A)] == [0, 0, 0]
+    env.res.unadvise(1, A + 40 * MiB, 88 * MiB)  # A: 128 resident, [40, 64) the most recent
+    env.backend.take()
+    env.launch(2, B)  # 128 + 60 > 130: idle extents go, least recently used first
+    assert env.evicted() == [(A, 40 * MiB), (A + 40 * MiB, 24 * MiB)]
+
+
+def test_a_kernel_ending_after_its_allocation_was_made_again_leaves_the_new_one() -> None:
+    env = Env()
+    env.track(1, A, 10 * MiB)
+    old = env.launch(1, A)
+    env.res.untrack(env.s[1], A)  # type: ignore[arg-type]
+    env.track(1, A, 10 * MiB)  # the same address again, used by a new kernel
+    new = env.launch(1, A)
+    env.finish(1, old)
+    assert env.extents(A) == [(0, 10, True, False, 1)]
+    env.finish(1, new)
+    assert env.extents(A) == [(0, 10, True, False, 0)]
+
+
+def test_evict_session_keeps_what_is_asked() -> None:
+    env = Env()
+    env.track(1, A, 20 * MiB)
+    env.track(1, B, 30 * MiB)
+    env.track(2, C, 40 * MiB)
+    for sid, base in ((1, A), (1, B), (2, C)):
+        env.run(sid, base)
+    env.backend.take()
+    assert env.res.evict_session(1, keep=(A,)) == 30 * MiB
+    calls = env.backend.take()
+    assert calls[0] == ("bind_thread", DEVICE) and calls[1][0] == "stream_create"
+    assert calls[2:] == [("mem_prefetch", B, 30 * MiB, LOCATION_HOST, 0, 0, "pilot-stream1")]
+    assert env.res.session_bytes(1) == (50 * MiB, 20 * MiB)
+    assert env.res.session_bytes(2) == (40 * MiB, 40 * MiB)
+    assert env.metrics.counts[("residency_evicted_bytes", ("0", "a", "policy"))] == 30 * MiB
+    assert env.res.evict_session(1) == 20 * MiB
+    assert env.res.evict_session(1) == 0 and env.res.evict_session(9) == 0
+    assert env.resident() == 40 * MiB
+
+
+def test_quiesce_waits_for_pilots_stream() -> None:
+    env = Env()
+    env.track(1, A, 20 * MiB)
+    env.res.quiesce(env.s[1])  # type: ignore[arg-type]  # no stream yet
+    env.res.quiesce(env.s[2])  # type: ignore[arg-type]  # nothing tracked
+    assert env.backend.calls == []
+    env.run(1, A)
+    env.res.evict_session(1)
+    env.backend.take()
+    env.res.quiesce(env.s[1])  # type: ignore[arg-type]
+    env.res.quiesce(env.s[2])  # type: ignore[arg-type]
+    assert env.backend.take() == [("stream_synchronize", "pilot-stream1")]
+
+
+def test_describe_and_the_room_fixed_allocations_leave() -> None:
+    env = Env(capacity=100 * MiB)
+    env.track(1, A, 40 * MiB)
+    env.track(2, B, 40 * MiB)
+    env.run(1, A)
+    env.run(2, B)
+    assert env.evicted() == []
+    assert env.budget.reserve(0, 30 * MiB)  # a cudaMalloc of 30: room 70
+    env.run(2, B)  # nothing new to bring in: nothing evicted yet
+    assert env.evicted() == []
+    env.track(3, C, 10 * MiB)
+    env.run(3, C)  # 80 + 10 > 70: A, the least recently used, goes
+    assert env.evicted() == [(A, 40 * MiB)]
+    assert env.res.describe(0) == {
+        "enforced": True, "capacity": 100 * MiB, "room": 70 * MiB, "movable": 90 * MiB,
+        "resident": 50 * MiB, "peak_resident": 80 * MiB, "advised_to_host": 0,
+        "evicted_bytes": 40 * MiB, "prefetched_bytes": 0, "overflows": 0}
+    assert env.res.gpu_numbers(0) == (90 * MiB, 50 * MiB) and env.res.gpu_numbers(5) == (0, 0)
+    assert env.res.describe(5) == {}
+    env.budget.release(0, 30 * MiB)
+    assert env.res.describe(0)["room"] == 100 * MiB
+    assert env.budget.reserve(0, 100 * MiB)
+    assert env.res.describe(0)["room"] == 0
+
+
+@pytest.mark.parametrize("fixed", [0, 60 * MiB])
+def test_launch_after_fixed_memory_grows(fixed: int) -> None:
+    env = Env(capacity=100 * MiB, fixed=fixed)
+    env.track(1, A, 30 * MiB)
+    env.track(2, B, 30 * MiB)
+    env.run(1, A)
+    env.run(2, B)
+    assert env.evicted() == ([] if not fixed else [(A, 30 * MiB)])
+    assert env.resident() <= env.room()
