@@ -11,9 +11,12 @@
 - When the oldest waiting launch has waited `preempt_after`, the tenants running kernels on its
   GPU are preempted in descending order of the GPU memory they hold, until what they use would
   free enough. Until pilot can stop a running kernel, *preempt* means: the tenant's further
-  launches wait (it is *held*) and its idle movable memory (not used by its running kernels) is
-  evicted to host memory. Its running kernels finish; then the waiting launch fits and runs, and
-  the holds it caused are lifted (also if it is dropped).
+  launches on that GPU wait (it is *held*) and its idle movable memory (not used by its running
+  kernels) is evicted to host memory. Its running kernels finish; then the waiting launch fits
+  and runs. The holds last while the waiting launch's session keeps the GPU busy, and are lifted
+  once it has had no kernel running or waiting for `preempt_after` (a program launches kernel
+  after kernel: releasing the others at its first launch would make each of its next launches
+  wait again), when it ends, or when the launch gives up waiting.
 """
 
 from __future__ import annotations
@@ -48,8 +51,10 @@ class MFit(Policy):
         self.running = RunningKernels()
         self.holdings = Holdings()
         self.waiting: dict[int, dict[int, LaunchView]] = {}  # gpu -> launch id -> view, oldest first
-        self.holds: dict[str, int] = {}  # held tenant -> the launch it was preempted for
-        self.preempted_for: set[int] = set()  # launches that preempted others
+        self.holds: dict[tuple[int, str], int] = {}  # (gpu, held tenant) -> the session it yields to
+        self.protected: dict[int, tuple[int, float]] = {}  # that session -> (gpu, last busy)
+        self.preempted_for: set[int] = set()  # waiting launches that preempted others
+        self.now = 0.0
 
     # -- bookkeeping --
     def session_started(self, s: SessionView) -> None:
@@ -60,7 +65,8 @@ class MFit(Policy):
         self.running.drop_session(s.id)
         for queue in self.waiting.values():
             for launch_id in [i for i, lv in queue.items() if lv.session == s.id]:
-                self._forget(queue.pop(launch_id))
+                self.preempted_for.discard(queue.pop(launch_id).id)
+        self._release(s.id)
 
     def allocated(self, a: Any) -> None:
         self.holdings.allocated(a)
@@ -71,11 +77,12 @@ class MFit(Policy):
     # -- launches --
     def launch_requested(self, launch: LaunchView) -> Decision:
         gpu = launch.gpu
+        self._busy(launch.session, launch.now)
         queue = self.waiting.setdefault(gpu, {})
-        held_for = self.holds.get(launch.tenant)
+        held_for = self.holds.get((gpu, launch.tenant))
         if held_for is not None:
             queue.pop(launch.id, None)
-            return Decision.wait(f"held: preempted so that launch {held_for} fits")
+            return Decision.wait(f"held: preempted for session {held_for}")
         ahead = next((i for i in queue if i < launch.id), None)
         running = self.running.on_gpu(gpu)
         if not running:
@@ -100,16 +107,18 @@ class MFit(Policy):
 
     def _preempt(self, launch: LaunchView, short: int) -> None:
         """Hold the tenants running on the launch's GPU, most memory held first, until what
-        their kernels use covers `short` bytes; evict their idle memory."""
+        their kernels use covers `short` bytes; evict their idle memory. The holds last while
+        the launch's session keeps the GPU busy (see _release_idle)."""
         self.preempted_for.add(launch.id)
         gpu = launch.gpu
+        self.protected[launch.session] = (gpu, launch.now)
         tenants = {lv.tenant for lv in self.running.on_gpu(gpu)} - {launch.tenant}
         for tenant in sorted(tenants, key=lambda t: (-self.holdings.held(gpu, t), t)):
             if short <= 0:
                 break
-            if tenant in self.holds:
+            if (gpu, tenant) in self.holds:
                 continue
-            self.holds[tenant] = launch.id
+            self.holds[(gpu, tenant)] = launch.session
             self.controls.report("hold", tenant)
             for session in self.holdings.sessions_of(tenant, gpu):
                 self.controls.evict(session, keep=self.running.pointers_of(session))
@@ -117,31 +126,54 @@ class MFit(Policy):
 
     def launch_started(self, launch: LaunchView) -> None:
         self.running.started(launch)
-        self._forget(launch)
+        self.preempted_for.discard(launch.id)
+        self._busy(launch.session, launch.now)
 
     def launch_dropped(self, launch: LaunchView, why: str) -> None:
         self.waiting.get(launch.gpu, {}).pop(launch.id, None)
-        self._forget(launch)
-
-    def _forget(self, launch: LaunchView) -> None:
-        """The launch no longer waits: lift the holds it caused."""
-        if launch.id in self.preempted_for:
+        if launch.id in self.preempted_for:  # it gave up: the others may go on
             self.preempted_for.discard(launch.id)
-            for tenant in [t for t, i in self.holds.items() if i == launch.id]:
-                del self.holds[tenant]
-                self.controls.report("release", tenant)
+            self._release(launch.session)
 
     def kernel_finished(self, k: KernelView) -> None:
         self.running.finished(k.launch)
+        self.now = max(self.now, k.finished_at)
+        self._busy(k.session, k.finished_at)
+        self._release_idle()
+
+    def tick(self, now: float) -> None:
+        self.now = now
+        self._release_idle()
+
+    def _busy(self, session: int, now: float) -> None:
+        self.now = max(self.now, now)
+        if session in self.protected:
+            self.protected[session] = (self.protected[session][0], now)
+
+    def _release_idle(self) -> None:
+        """Lift the holds made for a session that has had no kernel running or waiting on the
+        GPU for preempt_after: it no longer needs the room."""
+        for session, (gpu, last) in list(self.protected.items()):
+            busy = any(lv.session == session for lv in self.running.by_id.values()) or \
+                any(lv.session == session for lv in self.waiting.get(gpu, {}).values())
+            if not busy and self.now - last >= self.settings.preempt_after:
+                self._release(session)
+
+    def _release(self, session: int) -> None:
+        self.protected.pop(session, None)
+        for key in [k for k, s in self.holds.items() if s == session]:
+            del self.holds[key]
+            self.controls.report("release", key[1])
 
     # -- reports --
     def session_status(self, session: int) -> tuple[str, str] | None:
-        tenant = self.holdings.tenant_of(session)
-        if tenant in self.holds:
-            return "held", f"mfit: preempted so that launch {self.holds[tenant]} fits"
-        return None
+        s = self.holdings.sessions.get(session)
+        held_for = self.holds.get((s.gpu, s.tenant)) if s is not None else None
+        if held_for is None:
+            return None
+        return "held", f"mfit: preempted so that session {held_for}'s launches fit"
 
     def state(self) -> dict[str, Any]:
         return {"running": len(self.running.by_id),
                 "waiting": {str(g): list(q) for g, q in self.waiting.items() if q},
-                "held": dict(self.holds)}
+                "held": {f"{t}@{g}": s for (g, t), s in self.holds.items()}}

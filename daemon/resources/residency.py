@@ -79,6 +79,7 @@ class GpuResidency:
     movable: int = 0
     evicted: int = 0
     prefetched: int = 0
+    advised: int = 0  # bytes advise_host ever advised (pilotctl, tests)
     overflows: int = 0
     clock: int = 0
     stream: Any = None  # pilot's own stream on this GPU: every eviction and policy move
@@ -227,7 +228,10 @@ class Residency:
         for base in ([ptr] if ptr is not None else sorted(g.by_session.get(s.id, ()))):
             self.untrack(s, base)
         if g.stream is not None:
-            self.backend.stream_synchronize(g.stream)
+            try:
+                self.backend.stream_synchronize(g.stream)
+            except Exception as exc:  # a sticky context error: the free must still go on
+                log.error("GPU %d: waiting for pilot's moves before a free failed: %s", g.gpu, exc)
 
     def _room(self, g: GpuResidency) -> int:
         return max(0, self.budget.capacity(g.gpu) - self.budget.used(g.gpu))
@@ -355,6 +359,7 @@ class Residency:
                 backend.mem_advise(e.ptr, e.size, ADVISE_SET_PREFERRED, LOCATION_HOST, 0)
                 backend.mem_advise(e.ptr, e.size, ADVISE_SET_ACCESSED_BY, LOCATION_DEVICE, g.device)
                 e.advised = True
+                g.advised += e.size
                 if e.resident:
                     self._evict(g, e, stream, "policy")
             return sum(e.size for e in extents)
@@ -396,6 +401,7 @@ class Residency:
                     "room": self._room(g), "movable": g.movable, "resident": g.resident,
                     "peak_resident": g.peak, "advised_to_host": advised,
                     "evicted_bytes": g.evicted, "prefetched_bytes": g.prefetched,
+                    "advised_bytes": g.advised,
                     "overflows": g.overflows}
 
     def session_bytes(self, session: int) -> tuple[int, int]:

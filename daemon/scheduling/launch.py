@@ -17,6 +17,7 @@ import bisect
 import dataclasses
 import struct
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -196,11 +197,12 @@ def issue(vg: VGpu, s: Session, launch: Launch) -> None:
 class KernelWatch:
     """Kernel completion, for policies that ask for it (needs_kernel_end) and for the capacity
     enforcer (the extents a running kernel uses are active): an event recorded after each such
-    launch, polled by the vGPU thread between calls. Costs nothing otherwise."""
+    launch, polled by the vGPU thread between calls. Kernels of one stream finish in order, so
+    a poll queries only the oldest unfinished launch of each stream. Costs nothing otherwise."""
 
     def __init__(self, vg: VGpu) -> None:
         self.vg = vg
-        self._running: list[tuple[Any, Session, LaunchView | None, float, Any]] = []
+        self._running: dict[Any, deque[tuple[Any, Session, LaunchView | None, float, Any]]] = {}
         self._free_events: list[Any] = []
 
     def __bool__(self) -> bool:
@@ -211,25 +213,30 @@ class KernelWatch:
         backend = self.vg.backend
         ev = self._free_events.pop() if self._free_events else backend.event_create(EVENT_DISABLE_TIMING)
         backend.event_record(ev, stream)
-        self._running.append((ev, s, view, time.monotonic(), touched))
+        queue = self._running.get(stream)
+        if queue is None:
+            queue = self._running[stream] = deque()
+        queue.append((ev, s, view, time.monotonic(), touched))
 
     def poll(self) -> None:
         """Report the kernels that finished, in launch order per stream."""
         if not self._running:
             return
         backend = self.vg.backend
-        still = []
-        for entry in self._running:
-            try:
-                done = backend.event_query(entry[0])
-            except BackendError:
-                done = True  # a failed kernel is finished too
-            if not done:
-                still.append(entry)
-                continue
-            self._free_events.append(entry[0])
-            self._finished(entry)
-        self._running = still
+        for stream, queue in list(self._running.items()):
+            while queue:
+                entry = queue[0]
+                try:
+                    done = backend.event_query(entry[0])
+                except BackendError:
+                    done = True  # a failed kernel is finished too
+                if not done:
+                    break
+                queue.popleft()
+                self._free_events.append(entry[0])
+                self._finished(entry)
+            if not queue:
+                del self._running[stream]
 
     def _finished(self, entry: tuple[Any, Session, LaunchView | None, float, Any]) -> None:
         _ev, s, view, started, touched = entry
@@ -244,16 +251,22 @@ class KernelWatch:
 
     def forget(self, session_id: int) -> None:
         """A session ends: its kernels count as finished now (they were synchronized)."""
-        if any(r[1].id == session_id for r in self._running):
-            self.poll()
-            for r in self._running:
-                if r[1].id == session_id:
-                    self._free_events.append(r[0])
-                    self._finished(r)
-            self._running = [r for r in self._running if r[1].id != session_id]
+        if not any(r[1].id == session_id for q in self._running.values() for r in q):
+            return
+        self.poll()
+        for stream, queue in list(self._running.items()):
+            mine = [r for r in queue if r[1].id == session_id]
+            for r in mine:
+                self._free_events.append(r[0])
+                self._finished(r)
+            rest = deque(r for r in queue if r[1].id != session_id)
+            if rest:
+                self._running[stream] = rest
+            else:
+                del self._running[stream]
 
     def close(self) -> None:
-        for ev in self._free_events + [r[0] for r in self._running]:
+        for ev in self._free_events + [r[0] for q in self._running.values() for r in q]:
             try:
                 self.vg.backend.event_destroy(ev)
             except Exception:

@@ -446,7 +446,8 @@ def test_every_kernel_has_an_emulation(app_binaries: dict[str, Path]) -> None:
     here = Path(__file__).parent
     registry = sim_kernels.load_kernel_files([here / "sim_kernels.py",
                                               here / "sim_kernels_streams.py",
-                                              here.parent / "gpu" / "sim_kernels.py"])
+                                              here.parent / "gpu" / "sim_kernels.py",
+                                              here.parent.parent / "bench" / "policy_sim_kernels.py"])
     kernels: set[str] = set()
     for exe in app_binaries.values():
         nm = subprocess.run(["nm", "--defined-only", str(exe)], capture_output=True, text=True,
@@ -462,8 +463,8 @@ def test_every_kernel_has_an_emulation(app_binaries: dict[str, Path]) -> None:
             assert len(found) == 1, f"{exe.name}: cannot tell the kernel of stub {sym}"
             kernels |= found
     # 22 in tests/apps (4 runtime_misc, 5 managed), 8 in the callback/stream/device programs,
-    # 2 in pinned, 3 in footprint, 5 in tests/gpu
-    assert len(kernels) == 40, sorted(kernels)
+    # 2 in pinned, 3 in footprint, 5 in tests/gpu, 3 in bench/uvm/pagedos.cu, 3 in stream.cu
+    assert len(kernels) == 46, sorted(kernels)
     assert sorted(kernels - set(registry.names())) == []
 
 

@@ -476,7 +476,7 @@ def test_unusable_policy_stops_the_start(case: str, tmp_path: Path) -> None:
     if case == "unknown":
         args, names = ["--policy", "nosuch"], ["'nosuch'", "unknown policy"]
     elif case == "not implemented":
-        args, names = ["--policy", "mfit"], ["'mfit'", "not implemented"]
+        args, names = ["--policy", "salus"], ["'salus'", "not implemented"]
     else:
         table = "hold-file" if case == "bad knob" else "nosuch-either"
         config = tmp_path / "pilotd.toml"

@@ -293,13 +293,14 @@ def test_mfit_preempts_most_memory_held_first_and_only_as_needed() -> None:
     # b holds 70 MiB (10 active): held first, 5 short left; a (40 held, 30 active) next; c stays.
     assert w.c.take() == [("report", "hold", "b"), ("evict", 2, (0xB000_00000,)),
                           ("report", "hold", "a"), ("evict", 1, (0xA000_00000,)), ("evict", 5, ())]
-    assert w.p.state()["held"] == {"b": head.id, "a": head.id}
-    assert w.p.session_status(2) == ("held", f"mfit: preempted so that launch {head.id} fits")
+    assert w.p.state()["held"] == {"b@0": head.session, "a@0": head.session}
+    assert w.p.session_status(2) == ("held", f"mfit: preempted so that session {head.session}'s "
+                                             "launches fit")
     assert w.p.session_status(5) is not None and w.p.session_status(3) is None
     # Held tenants' launches wait, even ones that would fit.
     for sid, ptr in ((2, 0xB000_00000), (5, 0xA100_00000)):
         _l, d = w.ask(w.launch(sid, ptr, at=12.0))
-        waits(d, "held", f"launch {head.id}")
+        waits(d, "held", f"session {head.session}")
     # Preempting again is not done twice for one launch.
     head, d = w.ask(head, 14.0)
     waits(d)
@@ -307,20 +308,27 @@ def test_mfit_preempts_most_memory_held_first_and_only_as_needed() -> None:
     check_reports(w.p)
 
 
-def test_mfit_holds_lift_when_the_preempting_launch_starts() -> None:
+def test_mfit_holds_last_while_the_preempting_session_keeps_the_gpu_busy() -> None:
     w, head, running = preempt_world()
     a, b = running["a"], running["b"]
     head, _d = w.ask(head, 12.5)
     w.c.take()
-    w.finish(b)
+    w.finish(b, at=12.55)
     _h, d = w.ask(head, 12.6)
     waits(d, "needs 40.0 MiB", "35.0 MiB free")  # b's 10 freed, a's 30 not yet
-    w.finish(a)
-    w.run(head, 12.7)  # 35 (c) + 40 fit
+    w.finish(a, at=12.65)
+    head = w.run(head, 12.7)  # 35 (c) + 40 fit
+    assert w.c.take() == [] and len(w.p.state()["held"]) == 2  # d goes on launching: still held
+    w.finish(head, at=13.0)
+    nxt = w.run(w.launch(4, 0xD000_00000, at=14.0))  # d again, within preempt_after: held on
+    w.finish(nxt, at=14.5)
+    w.p.tick(16.4)
+    assert w.c.take() == [] and w.p.session_status(2) is not None
+    w.p.tick(16.5)  # d idle for preempt_after (2 s): the holds are lifted
     assert sorted(reports(w.c.take())) == [("release", "a"), ("release", "b")]
     assert w.p.state()["held"] == {}
     assert w.p.session_status(2) is None
-    _l, d = w.ask(w.launch(2, 0xB000_00000, at=13.0))  # b is asked again like anyone: 10 fit in 25
+    _l, d = w.ask(w.launch(2, 0xB000_00000, at=17.0))  # b is asked again like anyone: 10 fit in 25
     assert d.verdict is Verdict.RUN
 
 

@@ -42,6 +42,9 @@ class FakeBackend:
         self.made += 1
         return f"{what}{self.made}"
 
+    def managed_residency(self, device: int) -> tuple[int, int] | None:
+        return None  # as the CUDA backend: not measurable
+
     def stream_create(self, flags: int, priority: int) -> str:
         self.calls.append(("stream_create", flags, priority))
         return self._make("pilot-stream")
@@ -424,18 +427,21 @@ def test_evict_session_keeps_what_is_asked() -> None:
     assert env.resident() == 40 * MiB
 
 
-def test_quiesce_waits_for_pilots_stream() -> None:
+def test_quiesce_stops_tracking_then_waits_for_pilots_stream() -> None:
     env = Env()
     env.track(1, A, 20 * MiB)
-    env.res.quiesce(env.s[1])  # type: ignore[arg-type]  # no stream yet
-    env.res.quiesce(env.s[2])  # type: ignore[arg-type]  # nothing tracked
+    env.track(1, B, 20 * MiB)
+    env.res.quiesce(env.s[2])  # type: ignore[arg-type]  # nothing tracked: nothing to wait for
     assert env.backend.calls == []
     env.run(1, A)
     env.res.evict_session(1)
     env.backend.take()
-    env.res.quiesce(env.s[1])  # type: ignore[arg-type]
-    env.res.quiesce(env.s[2])  # type: ignore[arg-type]
+    env.res.quiesce(env.s[1], A)  # type: ignore[arg-type]  # one allocation is freed
     assert env.backend.take() == [("stream_synchronize", "pilot-stream1")]
+    assert not env.res.is_movable(env.s[1], A) and env.res.is_movable(env.s[1], B)  # type: ignore[arg-type]
+    assert env.res.evict_session(1) == 0  # nothing of A is queued any more
+    env.res.quiesce(env.s[1])  # type: ignore[arg-type]  # the session ends: all of it
+    assert env.res.session_bytes(1) == (0, 0)
 
 
 def test_describe_and_the_room_fixed_allocations_leave() -> None:
@@ -453,7 +459,8 @@ def test_describe_and_the_room_fixed_allocations_leave() -> None:
     assert env.evicted() == [(A, 40 * MiB)]
     assert env.res.describe(0) == {
         "enforced": True, "capacity": 100 * MiB, "room": 70 * MiB, "movable": 90 * MiB,
-        "resident": 50 * MiB, "peak_resident": 80 * MiB, "advised_to_host": 0,
+        "resident": 50 * MiB, "peak_resident": 80 * MiB, "advised_to_host": 0, "advised_bytes": 0,
+        "measured": None,
         "evicted_bytes": 40 * MiB, "prefetched_bytes": 0, "overflows": 0}
     assert env.res.gpu_numbers(0) == (90 * MiB, 50 * MiB) and env.res.gpu_numbers(5) == (0, 0)
     assert env.res.describe(5) == {}

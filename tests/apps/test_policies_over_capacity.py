@@ -105,10 +105,9 @@ def test_two_programs_over_capacity_finish_within_it(
     assert final["peak_resident"] <= room
     assert max(s["resident"] for s in samples) <= room
     # the enforcer had to act: 84 MiB cannot all be resident in 64 MiB
-    moved = final["evicted_bytes"] + max(s["advised_to_host"] for s in samples)
-    assert moved > 0, samples[-3:]
+    assert final["evicted_bytes"] + final["advised_bytes"] > 0, final
     if policy == "madvise":  # pressure: someone's memory beyond its budget was kept on the host
-        assert max(s["advised_to_host"] for s in samples) > 0, samples
+        assert final["advised_bytes"] > 0, final
     # everything given back at exit
     assert final["movable"] == 0 and final["resident"] == 0
 
