@@ -1,13 +1,14 @@
 """AMFit (PILOT): kernels launch at once; the policy steps in when active memory overflows.
 
 - Active memory: the movable memory running kernels use (each allocation their arguments point
-  into, once), per tenant, as the daemon observes it from launch footprints and kernel ends.
-- When the active memory of the tenants not held exceeds the GPU's room (capacity less fixed
-  allocations), the tenant with the most active memory is held: its further launches wait, and
+  into, once), per owner, as the daemon observes it from launch footprints and kernel ends.
+- Owners: each process, or with `per = "tenant"` each tenant.
+- When the active memory of the owners not held exceeds the GPU's room (capacity less fixed
+  allocations), the owner with the most active memory is held: its further launches wait, and
   its idle movable memory (not used by its running kernels) is evicted to host memory. This
-  repeats while the others still overflow and more than one tenant is active.
-- A held tenant resumes when enough capacity frees (what the others use plus what it used when
-  held fits in the room), or after `resume_after` (so a tenant is never starved; 0: only when
+  repeats while the others still overflow and more than one owner is active.
+- A held owner resumes when enough capacity frees (what the others use plus what it used when
+  held fits in the room), or after `resume_after` (so an owner is never starved; 0: only when
   capacity frees), oldest hold first.
 """
 
@@ -18,28 +19,30 @@ from typing import Any
 
 from .api import RUN, Decision, KernelView, LaunchView, Policy, SessionView
 from .settings import Seconds
-from .tracking import Holdings, RunningKernels, size_text
+from .tracking import Holdings, RunningKernels, check_owner, size_text
 
 
 @dataclass(frozen=True, slots=True)
 class AMFitSettings:
-    resume_after: Seconds = 2.0  # a held tenant resumes after this long at most; 0: no limit
+    resume_after: Seconds = 2.0  # a held owner resumes after this long at most; 0: no limit
+    per: str = "process"  # what is held: each process, or a whole tenant ("tenant")
 
     def __post_init__(self) -> None:
         if self.resume_after < 0:
             raise ValueError("resume_after must be 0 or more")
+        check_owner(self.per)
 
 
 @dataclass
 class Hold:
     gpu: int
     since: float
-    active: int  # the tenant's active memory when held: what it needs to resume
+    active: int  # the owner's active memory when held: what it needs to resume
 
 
 class AMFit(Policy):
     name = "amfit"
-    summary = ("AMFit: launch at once; when active memory exceeds capacity, hold the tenant "
+    summary = ("AMFit: launch at once; when active memory exceeds capacity, hold the process "
                "with the most active memory")
     decides_launches = True
     needs_footprint = True
@@ -49,9 +52,9 @@ class AMFit(Policy):
     def __init__(self, settings: Any = None) -> None:
         super().__init__(settings)
         self.running = RunningKernels()
-        self.holdings = Holdings()
+        self.holdings = Holdings(self.settings.per)
         self.holds: dict[str, Hold] = {}
-        self.released: dict[str, float] = {}  # tenant -> when its last hold ended
+        self.released: dict[str, float] = {}  # owner -> when its last hold ended
         self.now = 0.0
 
     def session_started(self, s: SessionView) -> None:
@@ -70,7 +73,7 @@ class AMFit(Policy):
 
     def launch_requested(self, launch: LaunchView) -> Decision:
         self.now = max(self.now, launch.now)
-        hold = self.holds.get(launch.tenant)
+        hold = self.holds.get(self.holdings.owner_of(launch))
         if hold is not None and hold.gpu == launch.gpu:
             return Decision.wait(f"held: most active memory ({size_text(hold.active)}) when the GPU "
                                  "overflowed")
@@ -92,19 +95,20 @@ class AMFit(Policy):
 
     def _rebalance(self, gpu: int) -> None:
         room = self.controls.gpu(gpu).room
-        active = self.running.active_by_tenant(gpu)
+        h = self.holdings
+        active = self.running.active_by(gpu, h.owner_of)
         # Resume: oldest hold first, when it fits beside the others, or when it waited enough.
-        for tenant, hold in sorted(self.holds.items(), key=lambda kv: kv[1].since):
+        for owner, hold in sorted(self.holds.items(), key=lambda kv: kv[1].since):
             if hold.gpu != gpu:
                 continue
-            others = sum(b for t, b in active.items() if t != tenant)
+            others = sum(b for t, b in active.items() if t != owner)
             waited = self.now - hold.since
             limit = self.settings.resume_after
             if others + hold.active <= room or (limit and waited >= limit):
-                del self.holds[tenant]
-                self.released[tenant] = self.now
-                self.controls.report("release", tenant)
-        # Hold: the tenant with the most active memory, while the unheld overflow. A tenant
+                del self.holds[owner]
+                self.released[owner] = self.now
+                self.controls.report("release", h.tenant_of_owner(owner))
+        # Hold: the owner with the most active memory, while the unheld overflow. An owner
         # released within resume_after is not held again (it would never get to run).
         limit = self.settings.resume_after
         while True:
@@ -112,15 +116,15 @@ class AMFit(Policy):
                       and not (limit and self.now - self.released.get(t, -limit) < limit)}
             if len(unheld) < 2 or sum(unheld.values()) <= room:
                 return
-            tenant = max(unheld, key=lambda t: (unheld[t], t))
-            self.holds[tenant] = Hold(gpu, self.now, unheld[tenant])
-            self.controls.report("hold", tenant)
-            for session in self.holdings.sessions_of(tenant, gpu):
+            owner = max(unheld, key=lambda t: (unheld[t], t))
+            self.holds[owner] = Hold(gpu, self.now, unheld[owner])
+            self.controls.report("hold", h.tenant_of_owner(owner))
+            for session in h.sessions_of(owner, gpu):
                 self.controls.evict(session, keep=self.running.pointers_of(session))
 
     def session_status(self, session: int) -> tuple[str, str] | None:
-        tenant = self.holdings.tenant_of(session)
-        hold = self.holds.get(tenant) if tenant is not None else None
+        owner = self.holdings.owner_of_session(session)
+        hold = self.holds.get(owner) if owner is not None else None
         if hold is None:
             return None
         return "held", (f"amfit: most active memory ({size_text(hold.active)}) when GPU {hold.gpu} "

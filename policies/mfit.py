@@ -8,11 +8,12 @@
   make room for it).
 - Launches that do not fit wait, in arrival order per GPU: a newer launch does not pass an
   older waiting one.
-- When the oldest waiting launch has waited `preempt_after`, the tenants running kernels on its
-  GPU are preempted in descending order of the GPU memory they hold, until what they use would
-  free enough. Until pilot can stop a running kernel, *preempt* means: the tenant's further
-  launches on that GPU wait (it is *held*) and its idle movable memory (not used by its running
-  kernels) is evicted to host memory. Its running kernels finish; then the waiting launch fits
+- When the oldest waiting launch has waited `preempt_after`, the owners (each process, or with
+  `per = "tenant"` each tenant) running kernels on its GPU are preempted in descending order of
+  the GPU memory they hold, until what they use would free enough. Until pilot can stop a
+  running kernel, *preempt* means: the owner's further launches on that GPU wait (it is *held*)
+  and its idle movable memory (not used by its running kernels) is evicted to host memory. Its
+  running kernels finish; then the waiting launch fits
   and runs. The holds last while the waiting launch's session keeps the GPU busy, and are lifted
   once it has had no kernel running or waiting for `preempt_after` (a program launches kernel
   after kernel: releasing the others at its first launch would make each of its next launches
@@ -26,16 +27,18 @@ from typing import Any
 
 from .api import RUN, Decision, KernelView, LaunchView, Policy, SessionView
 from .settings import Seconds
-from .tracking import Holdings, RunningKernels, need_bytes, size_text
+from .tracking import Holdings, RunningKernels, check_owner, need_bytes, size_text
 
 
 @dataclass(frozen=True, slots=True)
 class MFitSettings:
     preempt_after: Seconds = 2.0  # a launch waiting this long preempts others; 0: never
+    per: str = "process"  # what is preempted: each process, or a whole tenant ("tenant")
 
     def __post_init__(self) -> None:
         if self.preempt_after < 0:
             raise ValueError("preempt_after must be 0 or more")
+        check_owner(self.per)
 
 
 class MFit(Policy):
@@ -49,9 +52,9 @@ class MFit(Policy):
     def __init__(self, settings: Any = None) -> None:
         super().__init__(settings)
         self.running = RunningKernels()
-        self.holdings = Holdings()
+        self.holdings = Holdings(self.settings.per)
         self.waiting: dict[int, dict[int, LaunchView]] = {}  # gpu -> launch id -> view, oldest first
-        self.holds: dict[tuple[int, str], int] = {}  # (gpu, held tenant) -> the session it yields to
+        self.holds: dict[tuple[int, str], int] = {}  # (gpu, held owner) -> the session it yields to
         self.protected: dict[int, tuple[int, float]] = {}  # that session -> (gpu, last busy)
         self.preempted_for: set[int] = set()  # waiting launches that preempted others
         self.now = 0.0
@@ -79,7 +82,7 @@ class MFit(Policy):
         gpu = launch.gpu
         self._busy(launch.session, launch.now)
         queue = self.waiting.setdefault(gpu, {})
-        held_for = self.holds.get((gpu, launch.tenant))
+        held_for = self.holds.get((gpu, self.holdings.owner_of(launch)))
         if held_for is not None:
             queue.pop(launch.id, None)
             return Decision.wait(f"held: preempted for session {held_for}")
@@ -112,17 +115,18 @@ class MFit(Policy):
         self.preempted_for.add(launch.id)
         gpu = launch.gpu
         self.protected[launch.session] = (gpu, launch.now)
-        tenants = {lv.tenant for lv in self.running.on_gpu(gpu)} - {launch.tenant}
-        for tenant in sorted(tenants, key=lambda t: (-self.holdings.held(gpu, t), t)):
+        h = self.holdings
+        owners = {h.owner_of(lv) for lv in self.running.on_gpu(gpu)} - {h.owner_of(launch)}
+        for owner in sorted(owners, key=lambda o: (-h.held(gpu, o), o)):
             if short <= 0:
                 break
-            if (gpu, tenant) in self.holds:
+            if (gpu, owner) in self.holds:
                 continue
-            self.holds[(gpu, tenant)] = launch.session
-            self.controls.report("hold", tenant)
-            for session in self.holdings.sessions_of(tenant, gpu):
+            self.holds[(gpu, owner)] = launch.session
+            self.controls.report("hold", h.tenant_of_owner(owner))
+            for session in h.sessions_of(owner, gpu):
                 self.controls.evict(session, keep=self.running.pointers_of(session))
-            short -= sum(self.running.active(gpu, {tenant}).values())
+            short -= sum(self.running.active(gpu, {owner}, h.owner_of).values())
 
     def launch_started(self, launch: LaunchView) -> None:
         self.running.started(launch)
@@ -163,12 +167,12 @@ class MFit(Policy):
         self.protected.pop(session, None)
         for key in [k for k, s in self.holds.items() if s == session]:
             del self.holds[key]
-            self.controls.report("release", key[1])
+            self.controls.report("release", self.holdings.tenant_of_owner(key[1]))
 
     # -- reports --
     def session_status(self, session: int) -> tuple[str, str] | None:
         s = self.holdings.sessions.get(session)
-        held_for = self.holds.get((s.gpu, s.tenant)) if s is not None else None
+        held_for = self.holds.get((s.gpu, self.holdings.owner(s.id, s.tenant))) if s is not None else None
         if held_for is None:
             return None
         return "held", f"mfit: preempted so that session {held_for}'s launches fit"

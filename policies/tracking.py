@@ -4,6 +4,7 @@ and what each session and tenant holds. Plain data, fed from the policy events."
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .api import AllocationView, LaunchView, SessionView
@@ -28,25 +29,26 @@ class RunningKernels:
     def on_gpu(self, gpu: int) -> list[LaunchView]:
         return [lv for lv in self.by_id.values() if lv.gpu == gpu]
 
-    def active(self, gpu: int, tenants: set[str] | None = None) -> dict[int, int]:
-        """{allocation: size} of the movable memory running kernels on `gpu` use (of `tenants`
-        only, when given): each allocation once, however many kernels use it."""
+    def active(self, gpu: int, owners: set[str] | None = None,
+               key: Callable[[LaunchView], str] = lambda lv: lv.tenant) -> dict[int, int]:
+        """{allocation: size} of the movable memory running kernels on `gpu` use (of `owners`
+        only, when given, by `key`): each allocation once, however many kernels use it."""
         out: dict[int, int] = {}
         for lv in self.by_id.values():
-            if lv.gpu == gpu and (tenants is None or lv.tenant in tenants):
+            if lv.gpu == gpu and (owners is None or key(lv) in owners):
                 for r in lv.footprint:
                     if r.movable:
                         out[r.ptr] = r.size
         return out
 
-    def active_by_tenant(self, gpu: int) -> dict[str, int]:
-        """Active movable bytes per tenant on `gpu`."""
+    def active_by(self, gpu: int, key: Callable[[LaunchView], str] = lambda lv: lv.tenant) -> dict[str, int]:
+        """Active movable bytes per owner (`key`: a launch's owner; default its tenant) on `gpu`."""
         per: dict[str, dict[int, int]] = defaultdict(dict)
         for lv in self.by_id.values():
             if lv.gpu == gpu:
                 for r in lv.footprint:
                     if r.movable:
-                        per[lv.tenant][r.ptr] = r.size
+                        per[key(lv)][r.ptr] = r.size
         return {t: sum(d.values()) for t, d in per.items()}
 
     def pointers_of(self, session: int) -> tuple[int, ...]:
@@ -60,12 +62,29 @@ def need_bytes(launch: LaunchView, active: dict[int, int]) -> int:
     return sum(r.size for r in launch.footprint if r.movable and r.ptr not in active)
 
 
+OWNERS = ("process", "tenant")
+"""What a policy holds, throttles or budgets: each process (session), or each tenant."""
+
+
+def check_owner(per: str) -> None:
+    if per not in OWNERS:
+        raise ValueError(f"per must be one of {', '.join(OWNERS)}, not {per!r}")
+
+
 @dataclass
 class Holdings:
     """Sessions (id -> view) and GPU memory held, from session and allocation events; pinned host
-    memory does not count."""
+    memory does not count. `per` says what an owner is: "process" (a session, keyed "session
+    N") or "tenant" (keyed by its name)."""
+    per: str = "tenant"
     sessions: dict[int, SessionView] = field(default_factory=dict)
-    by_tenant: dict[tuple[int, str], int] = field(default_factory=lambda: defaultdict(int))
+    by_owner: dict[tuple[int, str], int] = field(default_factory=lambda: defaultdict(int))
+
+    def owner(self, session: int, tenant: str) -> str:
+        return tenant if self.per == "tenant" else f"session {session}"
+
+    def owner_of(self, lv: LaunchView) -> str:
+        return self.owner(lv.session, lv.tenant)
 
     def session_started(self, s: SessionView) -> None:
         self.sessions[s.id] = s
@@ -75,22 +94,30 @@ class Holdings:
 
     def allocated(self, a: AllocationView) -> None:
         if a.kind != "pinned":
-            self.by_tenant[(a.gpu, a.tenant)] += a.size
+            self.by_owner[(a.gpu, self.owner(a.session, a.tenant))] += a.size
 
     def freed(self, a: AllocationView) -> None:
         if a.kind != "pinned":
-            key = (a.gpu, a.tenant)
-            self.by_tenant[key] = max(0, self.by_tenant[key] - a.size)
+            key = (a.gpu, self.owner(a.session, a.tenant))
+            self.by_owner[key] = max(0, self.by_owner[key] - a.size)
 
-    def held(self, gpu: int, tenant: str) -> int:
-        return self.by_tenant.get((gpu, tenant), 0)
+    def held(self, gpu: int, owner: str) -> int:
+        return self.by_owner.get((gpu, owner), 0)
 
-    def sessions_of(self, tenant: str, gpu: int) -> list[int]:
-        return [s.id for s in self.sessions.values() if s.tenant == tenant and s.gpu == gpu]
+    def sessions_of(self, owner: str, gpu: int) -> list[int]:
+        return [s.id for s in self.sessions.values()
+                if self.owner(s.id, s.tenant) == owner and s.gpu == gpu]
 
-    def tenant_of(self, session: int) -> str | None:
+    def owner_of_session(self, session: int) -> str | None:
         s = self.sessions.get(session)
-        return s.tenant if s is not None else None
+        return self.owner(s.id, s.tenant) if s is not None else None
+
+    def tenant_of_owner(self, owner: str) -> str:
+        """The tenant an owner belongs to (for metrics)."""
+        if self.per == "tenant":
+            return owner
+        s = self.sessions.get(int(owner.split()[-1]))
+        return s.tenant if s is not None else "?"
 
 
 def size_text(n: int) -> str:

@@ -179,8 +179,8 @@ def test_knobs_parse_and_default() -> None:
 
 # ---- MFit ----
 
-def mfit(preempt_after: float = 2.0, capacity: int = 100 * MiB, used: int = 0) -> World:
-    w = World(MFit(MFit.parse_settings({"preempt_after": preempt_after})), capacity, used)
+def mfit(preempt_after: float = 2.0, capacity: int = 100 * MiB, used: int = 0, per: str = "tenant") -> World:
+    w = World(MFit(MFit.parse_settings({"preempt_after": preempt_after, "per": per})), capacity, used)
     for sid, tenant in ((1, "a"), (2, "b"), (3, "c"), (4, "d")):
         w.session(sid, tenant)
     return w
@@ -370,8 +370,8 @@ def test_mfit_session_end_forgets_its_kernels_and_launches() -> None:
 
 # ---- AMFit ----
 
-def amfit(resume_after: float = 2.0, capacity: int = 100 * MiB) -> World:
-    w = World(AMFit(AMFit.parse_settings({"resume_after": resume_after})), capacity)
+def amfit(resume_after: float = 2.0, capacity: int = 100 * MiB, per: str = "tenant") -> World:
+    w = World(AMFit(AMFit.parse_settings({"resume_after": resume_after, "per": per})), capacity)
     for sid, tenant in ((1, "a"), (2, "b"), (3, "c")):
         w.session(sid, tenant)
     w.allocs((1, 0xA000_00000, 60), (1, 0xA100_00000, 5), (2, 0xB000_00000, 50), (3, 0xC000_00000, 10))
@@ -645,3 +645,46 @@ def test_madvise_freeing_advised_memory_forgets_its_advice() -> None:
     w.end(1)
     assert "session:1" not in owners(w)
     check_reports(w.p)
+
+
+def test_mfit_per_process_preempts_other_processes_of_one_tenant() -> None:
+    """The default, per = "process": two programs of one user are preempted one from another
+    (with per = "tenant" nothing could be: a tenant is never preempted for itself)."""
+    w = World(MFit(MFit.parse_settings({"preempt_after": 1.0})))
+    for sid in (1, 2):
+        w.session(sid, "same-user")
+    w.allocs((1, 0xA000_00000, 80), (2, 0xB000_00000, 40))
+    big = w.run(w.launch(1, 0xA000_00000))
+    head, d = w.ask(w.launch(2, 0xB000_00000, at=10.0))
+    waits(d, "needs 40.0 MiB", "20.0 MiB free")
+    head, d = w.ask(head, 11.0)
+    waits(d)
+    assert w.c.take() == [("report", "hold", "same-user"), ("evict", 1, (0xA000_00000,))]
+    assert w.p.session_status(1) is not None and w.p.session_status(2) is None
+    _l, d = w.ask(w.launch(1, 0xA000_00000, at=11.5))  # the big one's next launch is held
+    waits(d, "held", "session 2")
+    w.finish(big, at=11.6)
+    w.run(head, 11.7)  # alone now
+    tenant_wide = World(MFit(MFit.parse_settings({"preempt_after": 1.0, "per": "tenant"})))
+    for sid in (1, 2):
+        tenant_wide.session(sid, "same-user")
+    tenant_wide.allocs((1, 0xA000_00000, 80), (2, 0xB000_00000, 40))
+    tenant_wide.run(tenant_wide.launch(1, 0xA000_00000))
+    head, _d = tenant_wide.ask(tenant_wide.launch(2, 0xB000_00000, at=10.0))
+    head, d = tenant_wide.ask(head, 11.0)
+    waits(d)
+    assert tenant_wide.c.take() == []
+
+
+def test_amfit_per_process_holds_one_process_of_a_tenant() -> None:
+    w = World(AMFit(AMFit.parse_settings({"resume_after": 2.0})))
+    for sid in (1, 2):
+        w.session(sid, "same-user")
+    w.allocs((1, 0xA000_00000, 70), (2, 0xB000_00000, 40))
+    w.run(w.launch(1, 0xA000_00000))
+    w.run(w.launch(2, 0xB000_00000))  # 110 active > 100: the larger process is held
+    assert w.c.take() == [("report", "hold", "same-user"), ("evict", 1, (0xA000_00000,))]
+    _l, d = w.ask(w.launch(1, 0xA000_00000, at=11.0))
+    waits(d, "held")
+    _l, d = w.ask(w.launch(2, 0xB000_00000, at=11.0))
+    assert d.verdict is Verdict.RUN
