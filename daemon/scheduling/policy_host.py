@@ -244,9 +244,11 @@ class PolicyHost:
         verdict = decision.verdict
         if verdict is not Verdict.WAIT or view.attempts == 1:  # a wait is counted once
             self.metrics.count("policy_decisions", (self.name, view.tenant, verdict.value))
-        # Every decision is logged: WAIT, REFUSE and a RUN after a wait at info, a plain RUN at
-        # debug (one line per launch would drown the log).
-        level = logging.INFO if verdict is not Verdict.RUN or view.attempts > 1 else logging.DEBUG
+        # Every decision is logged: a first WAIT, REFUSE and a RUN after a wait at info; a plain
+        # RUN and a waiting launch asked again (every tick) at debug, or the log would drown.
+        first = view.attempts == 1
+        level = (logging.INFO if (verdict is Verdict.WAIT and first) or verdict is Verdict.REFUSE
+                 or (verdict is Verdict.RUN and not first) else logging.DEBUG)
         if log.isEnabledFor(level):
             log.log(level, "policy %s: session %d (%s) kernel %s: %s%s", self.name, view.session,
                     view.tenant, view.kernel, verdict.value,
