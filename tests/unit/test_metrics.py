@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from pilot.daemon.telemetry.metrics import (
+    LABELED_COUNTERS,
     LATENCY_BUCKETS,
     Metrics,
     PilotCollector,
@@ -51,7 +52,9 @@ def fake_state() -> dict[str, Any]:
              "managed_bytes": 0},
         ],
         "gpus": [
-            {"index": 0, "capacity": 40 * GiB, "draining": False, "reading": reading(0, 10 * GiB)},
+            {"index": 0, "capacity": 40 * GiB, "draining": False, "reading": reading(0, 10 * GiB),
+             "residency": {"resident": 3 * GiB, "peak_resident": 4 * GiB, "room": 38 * GiB,
+                           "movable": 5 * GiB, "advised_to_host": 1 * GiB}},
             {"index": 1, "capacity": 80 * GiB, "draining": True,
              "reading": reading(1, 6 * GiB, util=math.nan, util_mem=math.nan)},
             {"index": 2, "capacity": 80 * GiB, "draining": False, "reading": None},
@@ -331,6 +334,8 @@ def exported_series() -> dict[str, set[str]]:
     m.bytes_copied("h2d", 1)
     for event in ("admission_wait", "throttle", "advise", "preemption", "quota_rejection"):
         getattr(m, event)("alice")
+    for key, (_name, _doc, labels) in LABELED_COUNTERS.items():
+        m.count(key, tuple("x" for _ in labels))
     registry = registry_for(m, poller=SimpleNamespace(reads_total=1, errors_total=1))
     series: dict[str, set[str]] = {}
     for family in registry.collect():
