@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pilot import policies
 from pilot.daemon import config
 from pilot.daemon.config import (
     Config,
@@ -292,7 +293,16 @@ def test_every_example_setting_is_valid(tmp_path: Path) -> None:
     c = load_config(write(tmp_path, settings.sub("", text)))
     assert c.tenants == {"ml-team": TenantDef("ml-team", ("alice", "bob"), ("ml",))}
     assert c.capacity == 70 * GiB and c.capacity_per_gpu == {0: 40 * GiB}
+    assert c.managed_limit == 80 * GiB  # an example value: the default is the card's memory
+    # each policy's documented knobs are its defaults (madvise's budget is an example value)
+    assert set(c.policy_settings) == {"mfit", "amfit", "madvise"}
+    for name, table in c.policy_settings.items():
+        documented = policies.create(name, table).settings
+        default = policies.create(name).settings
+        diff = {k for k in table if getattr(documented, k) != getattr(default, k)}
+        assert diff <= {"budget"}, (name, diff)
     defaults = Config(socket="/run/pilot/pilot.sock", control_socket="/run/pilot/control.sock",
                       state_dir="/var/lib/pilot", capacity=c.capacity,
-                      capacity_per_gpu=c.capacity_per_gpu, tenants=c.tenants)
+                      capacity_per_gpu=c.capacity_per_gpu, tenants=c.tenants,
+                      managed_limit=c.managed_limit, policy_settings=c.policy_settings)
     assert c == defaults
