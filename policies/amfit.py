@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .api import RUN, Decision, KernelView, LaunchView, Policy, SessionView
+from .api import RUN, Decision, KernelView, LaunchView, SessionView
 from .settings import Seconds
-from .tracking import Holdings, RunningKernels, check_owner, size_text
+from .tracking import FootprintPolicy, check_owner, size_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,36 +40,20 @@ class Hold:
     active: int  # the owner's active memory when held: what it needs to resume
 
 
-class AMFit(Policy):
+class AMFit(FootprintPolicy):
     name = "amfit"
     summary = ("AMFit: launch at once; when active memory exceeds capacity, hold the process "
                "with the most active memory")
-    decides_launches = True
-    needs_footprint = True
-    needs_kernel_end = True
     Settings = AMFitSettings
 
     def __init__(self, settings: Any = None) -> None:
         super().__init__(settings)
-        self.running = RunningKernels()
-        self.holdings = Holdings(self.settings.per)
         self.holds: dict[str, Hold] = {}
         self.released: dict[str, float] = {}  # owner -> when its last hold ended
-        self.now = 0.0
-
-    def session_started(self, s: SessionView) -> None:
-        self.holdings.session_started(s)
 
     def session_ended(self, s: SessionView) -> None:
-        self.holdings.session_ended(s)
-        self.running.drop_session(s.id)
+        super().session_ended(s)
         self._rebalance(s.gpu)
-
-    def allocated(self, a: Any) -> None:
-        self.holdings.allocated(a)
-
-    def freed(self, a: Any) -> None:
-        self.holdings.freed(a)
 
     def launch_requested(self, launch: LaunchView) -> Decision:
         self.now = max(self.now, launch.now)

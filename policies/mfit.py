@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .api import RUN, Decision, KernelView, LaunchView, Policy, SessionView
+from .api import RUN, Decision, KernelView, LaunchView, SessionView
 from .settings import Seconds
-from .tracking import Holdings, RunningKernels, check_owner, need_bytes, size_text
+from .tracking import FootprintPolicy, check_owner, need_bytes, size_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,41 +41,24 @@ class MFitSettings:
         check_owner(self.per)
 
 
-class MFit(Policy):
+class MFit(FootprintPolicy):
     name = "mfit"
     summary = "MFit: launch a kernel only when its memory footprint fits the GPU's free capacity"
-    decides_launches = True
-    needs_footprint = True
-    needs_kernel_end = True
     Settings = MFitSettings
 
     def __init__(self, settings: Any = None) -> None:
         super().__init__(settings)
-        self.running = RunningKernels()
-        self.holdings = Holdings(self.settings.per)
         self.waiting: dict[int, dict[int, LaunchView]] = {}  # gpu -> launch id -> view, oldest first
         self.holds: dict[tuple[int, str], int] = {}  # (gpu, held owner) -> the session it yields to
         self.protected: dict[int, tuple[int, float]] = {}  # that session -> (gpu, last busy)
         self.preempted_for: set[int] = set()  # waiting launches that preempted others
-        self.now = 0.0
-
-    # -- bookkeeping --
-    def session_started(self, s: SessionView) -> None:
-        self.holdings.session_started(s)
 
     def session_ended(self, s: SessionView) -> None:
-        self.holdings.session_ended(s)
-        self.running.drop_session(s.id)
+        super().session_ended(s)
         for queue in self.waiting.values():
             for launch_id in [i for i, lv in queue.items() if lv.session == s.id]:
                 self.preempted_for.discard(queue.pop(launch_id).id)
         self._release(s.id)
-
-    def allocated(self, a: Any) -> None:
-        self.holdings.allocated(a)
-
-    def freed(self, a: Any) -> None:
-        self.holdings.freed(a)
 
     # -- launches --
     def launch_requested(self, launch: LaunchView) -> Decision:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from .api import AllocationView, LaunchView, SessionView
+from .api import AllocationView, LaunchView, Policy, SessionView
 
 
 class RunningKernels:
@@ -125,3 +126,32 @@ def size_text(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
+
+
+class FootprintPolicy(Policy):
+    """What MFit and AMFit share: they decide launches from footprints and kernel ends, and keep
+    the running kernels and what each owner holds (Settings must have `per`). A subclass that
+    overrides session_ended calls super() first."""
+
+    decides_launches = True
+    needs_footprint = True
+    needs_kernel_end = True
+
+    def __init__(self, settings: Any = None) -> None:
+        super().__init__(settings)
+        self.running = RunningKernels()
+        self.holdings = Holdings(self.settings.per)
+        self.now = 0.0
+
+    def session_started(self, s: SessionView) -> None:
+        self.holdings.session_started(s)
+
+    def session_ended(self, s: SessionView) -> None:
+        self.holdings.session_ended(s)
+        self.running.drop_session(s.id)
+
+    def allocated(self, a: AllocationView) -> None:
+        self.holdings.allocated(a)
+
+    def freed(self, a: AllocationView) -> None:
+        self.holdings.freed(a)

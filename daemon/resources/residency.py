@@ -347,39 +347,35 @@ class Residency:
     def advise_host(self, session: int, ptr: int, size: int) -> int:
         """Keep the session's [ptr, ptr+size) in host memory, read remotely by kernels; returns
         the bytes advised (0: not the session's movable memory)."""
-        g = self.sessions.get(session)
-        if g is None:
-            return 0
-        with g.lock:
-            extents = [e for e in self._range(g, session, ptr, size) if not e.advised]
-            if not extents:
-                return 0
-            stream, backend = self._own_stream(g), self.backend
-            for e in extents:
-                backend.mem_advise(e.ptr, e.size, ADVISE_SET_PREFERRED, LOCATION_HOST, 0)
-                backend.mem_advise(e.ptr, e.size, ADVISE_SET_ACCESSED_BY, LOCATION_DEVICE, g.device)
-                e.advised = True
-                g.advised += e.size
-                if e.resident:
-                    self._evict(g, e, stream, "policy")
-            return sum(e.size for e in extents)
+        return self._advice(session, ptr, size, True, True)
 
     def unadvise(self, session: int, ptr: int, size: int, prefetch: bool = True) -> int:
         """Lift advise_host on the session's [ptr, ptr+size); with `prefetch`, bring it onto
         the GPU (making room as a launch would). Returns the bytes lifted."""
+        return self._advice(session, ptr, size, False, prefetch)
+
+    def _advice(self, session: int, ptr: int, size: int, to_host: bool, move: bool) -> int:
+        """Set (to_host) or lift the host advice on the extents of the range not yet so; `move`:
+        evict them (set) or prefetch them back (lift)."""
         g = self.sessions.get(session)
         if g is None:
             return 0
+        preferred, accessed_by = ((ADVISE_SET_PREFERRED, ADVISE_SET_ACCESSED_BY) if to_host
+                                  else (ADVISE_UNSET_PREFERRED, ADVISE_UNSET_ACCESSED_BY))
         with g.lock:
-            extents = [e for e in self._range(g, session, ptr, size) if e.advised]
+            extents = [e for e in self._range(g, session, ptr, size) if e.advised != to_host]
             if not extents:
                 return 0
             stream, backend = self._own_stream(g), self.backend
             for e in extents:
-                backend.mem_advise(e.ptr, e.size, ADVISE_UNSET_PREFERRED, LOCATION_HOST, 0)
-                backend.mem_advise(e.ptr, e.size, ADVISE_UNSET_ACCESSED_BY, LOCATION_DEVICE, g.device)
-                e.advised = False
-            if prefetch:
+                backend.mem_advise(e.ptr, e.size, preferred, LOCATION_HOST, 0)
+                backend.mem_advise(e.ptr, e.size, accessed_by, LOCATION_DEVICE, g.device)
+                e.advised = to_host
+                if to_host:
+                    g.advised += e.size
+                    if e.resident and move:
+                        self._evict(g, e, stream, "policy")
+            if move and not to_host:
                 self._bring_in(g, extents, stream, "policy")
                 for e in extents:
                     backend.mem_prefetch(e.ptr, e.size, LOCATION_DEVICE, g.device, 0, stream)
