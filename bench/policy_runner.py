@@ -26,8 +26,10 @@ Unified Memory traffic of the pilotd process: all tenants' page faults and migra
 there. Per run: P's wall time (started to exited, seen from here) and its time / T_alone, pageDoS
 passes/s, the CUPTI counters (GPU page fault groups, bytes HtoD and DtoH; both tenants together),
 pilot's residency (`status` on the control socket every 50 ms: peak_resident, evicted and
-prefetched bytes) and, independently, NVML's used memory polled every 20 ms: peak less the reading
-before pilotd started (this includes pilotd's CUDA context and non-managed allocations).
+prefetched bytes) and, independently, (a) every 250 ms pilotd's page table (`status --measure`:
+managed bytes not in host RAM, an upper bound of what is on the GPU, from /proc/<pilotd>/pagemap)
+and (b) NVML's used memory polled every 20 ms: peak less the reading before pilotd started (this
+includes pilotd's CUDA context and non-managed allocations).
 
 Targets, a PASS/FAIL line each: at f = 0.75 every policy within 10% of none's time; at f >= 1
 each policy has fewer GPU page faults than none for every program and is faster for most;
@@ -264,21 +266,23 @@ class Pilotd(PilotdProcess):
             env.update(CUDA_INJECTION64_PATH=str(counters), UM_COUNTERS_OUT=str(counters_out))
         super().__init__([*cmd, *args.pilotd_arg], log_path, env, log)
 
-    def status(self) -> dict[str, Any]:
-        return control_call(self.control, "status")
+    def status(self, measure: bool = False) -> dict[str, Any]:
+        return control_call(self.control, "status", measure)
 
 
-def control_call(path: str, cmd: str) -> Any:
-    """One command on pilotd's control socket (pilot.cli.client, else pilotctl)."""
+def control_call(path: str, cmd: str, measure: bool = False) -> Any:
+    """One command on pilotd's control socket (pilot.cli.client, else pilotctl); `measure`:
+    status also reads pilotd's page table (pagemap) for where managed memory is."""
     try:
         from pilot.cli.client import ControlClient  # type: ignore[import-not-found]
     except ImportError:
         proc = subprocess.run([sys.executable, "-m", "pilot.cli.pilotctl", "--control-socket",
-                               path, cmd, "--json"], capture_output=True, text=True, timeout=10)
+                               path, cmd, "--json", *(["--measure"] if measure else [])],
+                              capture_output=True, text=True, timeout=10)
         if proc.returncode != 0:
             raise RuntimeError(f"pilotctl {cmd}: {proc.stderr.strip()}") from None
         return json.loads(proc.stdout)
-    return ControlClient(path, timeout_ms=3000).call(cmd)
+    return ControlClient(path, timeout_ms=3000).call(cmd, **({"measure": True} if measure else {}))
 
 
 class Poller:
@@ -317,10 +321,19 @@ class Poller:
         self.poll()
 
 
-def residency_reader(daemon: Pilotd) -> Any:
+def residency_reader(daemon: Pilotd, measure_every: int = 5) -> Any:
+    """pilot's residency; every `measure_every`-th reading also pilotd's page table (the
+    `gpu_at_most` it gives is flattened into the reading, so the Poller keeps its peak)."""
+    count = 0
+
     def read() -> dict[str, Any] | None:
-        gpus = daemon.status().get("gpus") or [{}]
-        return gpus[0].get("residency")
+        nonlocal count
+        count += 1
+        gpus = daemon.status(measure=count % measure_every == 1).get("gpus") or [{}]
+        res = gpus[0].get("residency")
+        if res is not None and res.get("pagemap"):
+            res = {**res, "pagemap_gpu_at_most": res["pagemap"]["gpu_at_most"]}
+        return res
     return read
 
 
@@ -457,7 +470,8 @@ def run_once(args: argparse.Namespace, run: Run, tenants: list[tuple[str, list[s
     run.procs = [c.result() for c in children]
     if residency and (residency.last or residency.peak):
         run.residency = {**(residency.last or {}), "polled_peak_resident":
-                         residency.peak.get("resident"), "poll_errors": residency.errors}
+                         residency.peak.get("resident"), "poll_errors": residency.errors,
+                         "pagemap_peak_gpu_at_most": residency.peak.get("pagemap_gpu_at_most")}
     if nvml and "used" in baseline:
         peak = nvml.peak.get("used", baseline["used"])
         run.nvml = {"baseline": baseline["used"], "peak": peak, "delta": peak - baseline["used"]}
@@ -609,8 +623,9 @@ def tables(runs: list[Run], args: argparse.Namespace) -> str:
         out.append(f"### {name}: alone {t:.2f} s, footprint {gib(base.footprint)} GiB"
                    if t and base else f"### {name}: alone run failed ({base.error if base else '-'})")
         out.append("\n| f | policy | time / alone | pageDoS passes/s | GPU fault groups | HtoD GiB | "
-                   "DtoH GiB | pilot peak resident GiB (C) | NVML peak - base GiB | pageDoS GiB |")
-        out.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+                   "DtoH GiB | pilot peak resident GiB (C) | page table: peak on GPU at most GiB | "
+                   "NVML peak - base GiB | pageDoS GiB |")
+        out.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for f in args.fractions:
             for pol in args.policies:
                 r = shared(runs, name, f, pol)
@@ -622,7 +637,8 @@ def tables(runs: list[Run], args: argparse.Namespace) -> str:
                 out.append(f"| {f:g} | {pol} | {time_cell(r, name)} | "
                            f"{'-' if rate is None else f'{rate:.2f}'} | {c.get('gpu_page_faults', '-')} | "
                            f"{gib(c.get('htod_bytes'))} | {gib(c.get('dtoh_bytes'))} | "
-                           f"{gib(res.get('peak_resident'))} ({gib(C)}) | {gib(nv.get('delta'))} | "
+                           f"{gib(res.get('peak_resident'))} ({gib(C)}) | "
+                           f"{gib(res.get('pagemap_peak_gpu_at_most'))} | {gib(nv.get('delta'))} | "
                            f"{gib(r.pagedos_bytes)} |")
         out.append("")
     pairs = [r for r in runs if r.kind == "pair"]

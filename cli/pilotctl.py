@@ -53,10 +53,13 @@ def main(ctx: click.Context, control_socket: str | None) -> None:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@click.option("--measure", is_flag=True,
+              help="Also measure where managed memory is from pilotd's page table (costs 8 bytes "
+                   "read per 4 KiB page).")
 @pass_client
-def status(client: ControlClient, as_json: bool) -> None:
+def status(client: ControlClient, as_json: bool, measure: bool) -> None:
     """GPUs (NVML memory and utilization, capacity), vGPUs and sessions."""
-    doc = _call(client, "status")
+    doc = _call(client, "status", measure=measure) if measure else _call(client, "status")
     if as_json:
         _emit_json(doc)
         return
@@ -78,6 +81,10 @@ def status(client: ControlClient, as_json: bool) -> None:
                        + (" [capacity enforced]" if res["enforced"] else "")
                        + f"; advised to host {_size(res['advised_to_host'])}, evicted "
                          f"{_size(res['evicted_bytes'])}, prefetched {_size(res['prefetched_bytes'])}")
+            pm = res.get("pagemap")
+            if pm:
+                click.echo(f"  page table: {_size(pm['host_resident'])} in host RAM, so at most "
+                           f"{_size(pm['gpu_at_most'])} on the GPU")
     for v in doc["vgpus"]:
         click.echo(f"  vGPU {v['index']} on GPU {v['gpu']}: {v['sessions']} session(s)")
     sched = doc.get("scheduling")

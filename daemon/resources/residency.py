@@ -36,6 +36,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pilot.daemon.resources import pagemap
+
 if TYPE_CHECKING:
     from pilot.daemon.backends.base import Backend
     from pilot.daemon.resources.broker import GpuBudget
@@ -399,6 +401,19 @@ class Residency:
                     "evicted_bytes": g.evicted, "prefetched_bytes": g.prefetched,
                     "advised_bytes": g.advised,
                     "overflows": g.overflows}
+
+    def measure(self, gpu: int) -> dict[str, int] | None:
+        """Residency as the CPU's page table sees it (resources/pagemap.py), on the CUDA backend:
+        movable bytes in host RAM, and so at most how many can be on the GPU. None elsewhere (the
+        sim keeps its memory in host RAM; it measures its own residency)."""
+        g = self.gpus.get(gpu)
+        if g is None or getattr(self.backend, "name", "") != "cuda":
+            return None
+        with g.lock:
+            ranges = [(e.ptr, e.size) for exts in g.allocs.values() for e in exts]
+            movable = g.movable
+        in_ram = min(movable, pagemap.host_resident(ranges))
+        return {"host_resident": in_ram, "gpu_at_most": movable - in_ram}
 
     def session_bytes(self, session: int) -> tuple[int, int]:
         """(movable, resident) bytes of a session."""

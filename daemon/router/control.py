@@ -127,9 +127,13 @@ def _tenant_arg(daemon: Daemon, name: Any) -> str:
 
 @command("status")
 def status(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    """`measure`: also read where movable memory is from the CPU's page table (pagemap)."""
     snap = daemon.snapshot()
     gpus = []
+    res = daemon.broker.residency
     for g in snap["gpus"]:
+        if args.get("measure") and res is not None and g["residency"] is not None:
+            g["residency"]["pagemap"] = res.measure(g["index"])
         r = g["reading"]
         gpus.append({
             "index": g["index"], "capacity": g["capacity"], "draining": g["draining"],

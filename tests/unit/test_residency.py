@@ -479,3 +479,23 @@ def test_launch_after_fixed_memory_grows(fixed: int) -> None:
     env.run(2, B)
     assert env.evicted() == ([] if not fixed else [(A, 30 * MiB)])
     assert env.resident() <= env.room()
+
+
+def test_measure_reads_the_page_table_on_the_cuda_backend_only() -> None:
+    """`status --measure`: movable bytes in host RAM (pagemap) and so at most how many can be on
+    the GPU; here the "managed" memory is an mmap of this process, 3 of its 8 pages touched."""
+    import ctypes
+    import mmap
+
+    from pilot.daemon.resources.pagemap import PAGE
+
+    env = Env()
+    m = mmap.mmap(-1, 8 * PAGE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    env.track(1, base, 8 * PAGE)
+    for i in (0, 3, 7):
+        m[i * PAGE] = 1
+    assert env.res.measure(0) is None  # not the CUDA backend: the sim measures itself
+    env.backend.name = "cuda"  # type: ignore[attr-defined]
+    assert env.res.measure(0) == {"host_resident": 3 * PAGE, "gpu_at_most": 5 * PAGE}
+    assert env.res.measure(7) is None
