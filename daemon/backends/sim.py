@@ -74,6 +74,8 @@ from pilot.daemon.sim_kernels import CUDA_ERROR_INVALID_DEVICE_FUNCTION, KernelR
 SIM_BASE_ADDRESS = 0x7E00_0000_0000
 ALIGNMENT = 512
 MANAGED_ALIGNMENT = 2 << 20
+PACK_BELOW = 2 << 20  # cudaMallocManaged below this is packed (the H100: a few hundred B to KiB)
+PACK_ALIGNMENT = 512
 UM_PAGE = 2 << 20  # managed residency is tracked in pages of this size (the driver's big pages)
 ADVICE_PAGE = 4096  # advice and prefetch ranges are rounded out to host pages, as the driver does
 HOST_LOCATIONS = frozenset({2, 3, 4})  # cudaMemLocationType host, host NUMA, host NUMA current
@@ -206,9 +208,12 @@ class SimMemory:
         self._bases: list[int] = []  # sorted
         self._next = SIM_BASE_ADDRESS
         self._recycled: list[_Block] = []  # freed device blocks, oldest first
+        self._slab = self._slab_end = 0  # where the next small managed allocation is packed
 
-    def alloc(self, size: int, device: int, managed: bool = False) -> int:
-        """Managed blocks start on a MANAGED_ALIGNMENT boundary, as the driver's do."""
+    def alloc(self, size: int, device: int, managed: bool = False, packed: bool = False) -> int:
+        """Managed blocks start on a MANAGED_ALIGNMENT boundary, as the driver's do; with
+        `packed` (cudaMallocManaged), one below PACK_BELOW is packed PACK_ALIGNMENT bytes apart
+        after the previous small one, as the H100's driver does (0x...3a00 addresses)."""
         if size < 0:
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"negative allocation size {size}")
         if size == 0:
@@ -222,10 +227,18 @@ class SimMemory:
             base, data = reused.base, reused.data
         else:
             data = mmap.mmap(-1, size) if size >= _MMAP_THRESHOLD else bytearray(size)
-            base = self._next
-            if managed:
-                base = -(-base // MANAGED_ALIGNMENT) * MANAGED_ALIGNMENT
-            self._next = base + charged + GUARD_BYTES
+            if managed and packed and size < PACK_BELOW:
+                if self._slab + size > self._slab_end:  # a new 2 MiB slab
+                    self._slab = -(-self._next // MANAGED_ALIGNMENT) * MANAGED_ALIGNMENT
+                    self._slab_end = self._slab + MANAGED_ALIGNMENT
+                    self._next = self._slab_end + GUARD_BYTES
+                base = self._slab
+                self._slab += -(-size // PACK_ALIGNMENT) * PACK_ALIGNMENT
+            else:
+                base = self._next
+                if managed:
+                    base = -(-base // MANAGED_ALIGNMENT) * MANAGED_ALIGNMENT
+                self._next = base + charged + GUARD_BYTES
         self._blocks[base] = _Block(base, size, device, data, _Managed(size) if managed else None)
         bisect.insort(self._bases, base)
         self.used[device] += charged
@@ -526,7 +539,7 @@ class SimBackend:
         if flags not in (1, 2):
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"managed flags {flags}")
         with self._lock:
-            return self._memory.alloc(size, self._current_device(), managed=True)
+            return self._memory.alloc(size, self._current_device(), managed=True, packed=True)
 
     def mem_address_range(self, ptr: int) -> tuple[int, int]:
         with self._lock:

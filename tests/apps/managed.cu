@@ -396,6 +396,41 @@ static void collision(void)
     CHECK(cudaFree(b));
 }
 
+// Small managed allocations, which the driver packs 512 bytes apart (the H100 returned addresses
+// such as 0x...3a00): each written on the host, incremented by a kernel, read back, and one
+// freed and allocated again between the others.
+static void small(void)
+{
+    static const int sizes[] = {2, 25, 128, 750, 1024, 4000, 5000, 70000};
+    enum { N = sizeof sizes / sizeof *sizes };
+    int *p[N];
+    int ok = 1;
+    for (int k = 0; k < N; k++) {
+        CHECK(cudaMallocManaged((void **)&p[k], sizes[k] * sizeof(int), cudaMemAttachGlobal));
+        for (int i = 0; i < sizes[k]; i++)
+            p[k][i] = k * 1000 + i;
+    }
+    CHECK(cudaFree(p[3]));
+    CHECK(cudaMallocManaged((void **)&p[3], sizes[3] * sizeof(int), cudaMemAttachGlobal));
+    for (int i = 0; i < sizes[3]; i++)
+        p[3][i] = 3000 + i;
+    for (int k = 0; k < N; k++) {
+        um_fill<<<(sizes[k] + 255) / 256, 256>>>(p[k], sizes[k], k * 7);
+        CHECK(cudaDeviceSynchronize());
+        for (int i = 0; i < sizes[k]; i++)
+            ok &= p[k][i] == k * 7 + i;
+        p[k][0] = -1;  // a host write after the kernel, seen by the next one
+    }
+    um_fill<<<1, 1>>>(p[N - 1] + 1, 1, 5);
+    CHECK(cudaDeviceSynchronize());
+    for (int k = 0; k < N; k++)
+        ok &= p[k][0] == -1;
+    ok &= p[N - 1][1] == 5;
+    for (int k = 0; k < N; k++)
+        CHECK(cudaFree(p[k]));
+    verdict("small", ok, "wrong values");
+}
+
 // For the accounting test: one managed buffer written, used by two launches, read back; then
 // waits for a line on stdin so the daemon's session can be inspected.
 static void hold(void)
@@ -425,7 +460,7 @@ int main(int argc, char **argv)
     } scenarios[] = {{"iterative", iterative}, {"zeroed", zeroed},     {"pointers", pointers},
                      {"variables", variables}, {"copies", copies},     {"no_sync_writes", no_sync_writes},
                      {"own_sigsegv", own_sigsegv}, {"threads", threads}, {"api", api},
-                     {"collision", collision}, {"hold", hold}};
+                     {"collision", collision}, {"small", small}, {"hold", hold}};
     setvbuf(stdout, NULL, _IONBF, 0);
     for (size_t i = 0; i < sizeof scenarios / sizeof *scenarios; i++)
         if (argc < 2 ? scenarios[i].fn != hold : strcmp(argv[1], scenarios[i].name) == 0)
