@@ -144,6 +144,15 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
             managed_device=True, note="Rodinia pathfinder, 100000 x 1000"),
     Program("UnifiedMemoryPerf", ("{real}/bin/UnifiedMemoryPerf",), None, 256 << 20,
             note="cuda-samples, cudaMallocManaged among other kinds"),
+    # Not yet run on the H100 (sizes are guesses; the alone run measures them):
+    Program("backprop", ("{real}/bin/backprop", "2097152"), None, 512 << 20, managed_device=True,
+            note="Rodinia back-propagation, 2^21 input units"),
+    Program("streamcluster", ("{real}/bin/streamcluster", "10", "20", "256", "262144", "262144",
+                              "1000", "none", "/dev/null", "1"), None, 256 << 20,
+            managed_device=True, note="Rodinia streamcluster, 262144 points of 256 dimensions"),
+    Program("particlefilter", ("{real}/bin/particlefilter_float", "-x", "128", "-y", "128", "-z",
+                               "10", "-np", "100000"), None, 64 << 20, managed_device=True,
+            note="Rodinia particle filter, 100000 particles"),
 )}
 DEFAULT_PROGRAMS = "stream,gather,lud"
 QUICK = {"programs": "stream,lud", "fractions": "0.75,1.5"}
