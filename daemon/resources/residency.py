@@ -235,8 +235,15 @@ class Residency:
             except Exception as exc:  # a sticky context error: the free must still go on
                 log.error("GPU %d: waiting for pilot's moves before a free failed: %s", g.gpu, exc)
 
+    def fixed_used(self, gpu: int) -> int:
+        """Bytes of fixed allocations granted on the GPU. Enforced, movable memory is charged
+        apart (to the managed limit); otherwise the budget holds it too and it is taken out."""
+        used = self.budget.used(gpu)
+        g = self.gpus.get(gpu)
+        return used if self.enforced or g is None else max(0, used - g.movable)
+
     def _room(self, g: GpuResidency) -> int:
-        return max(0, self.budget.capacity(g.gpu) - self.budget.used(g.gpu))
+        return max(0, self.budget.capacity(g.gpu) - self.fixed_used(g.gpu))
 
     def _bring_in(self, g: GpuResidency, extents: list[Extent], stream: Any, why: str) -> None:
         g.clock += 1

@@ -83,7 +83,8 @@ class DaemonControls(Controls):
         budget = broker.budget
         res = broker.residency
         movable, resident = res.gpu_numbers(gpu) if res is not None else (0, 0)
-        return GpuView(gpu, budget.capacity(gpu), budget.used(gpu), movable, resident,
+        used = res.fixed_used(gpu) if res is not None else budget.used(gpu)
+        return GpuView(gpu, budget.capacity(gpu), used, movable, resident,
                        bool(res is not None and res.enforced))
 
     def _queue(self, what: str, *args: Any) -> None:

@@ -499,3 +499,16 @@ def test_measure_reads_the_page_table_on_the_cuda_backend_only() -> None:
     env.backend.name = "cuda"  # type: ignore[attr-defined]
     assert env.res.measure(0) == {"host_resident": 3 * PAGE, "gpu_at_most": 5 * PAGE}
     assert env.res.measure(7) is None
+
+
+def test_without_enforcement_the_room_leaves_out_movable_memory_the_budget_holds() -> None:
+    """Not enforced (madvise alone): managed memory is charged to the GPU's budget like fixed
+    memory, so the room must not count it twice (once as used, once as movable)."""
+    env = Env(capacity=100 * MiB, enforced=False)
+    assert env.budget.reserve(0, 30 * MiB + 10 * MiB)  # 30 movable (below) + 10 fixed
+    env.track(1, A, 30 * MiB)
+    assert env.res.fixed_used(0) == 10 * MiB
+    assert env.res.describe(0)["room"] == 90 * MiB
+    enforced = Env(capacity=100 * MiB, fixed=10 * MiB)
+    enforced.track(1, A, 30 * MiB)  # charged to the managed limit, not the budget
+    assert enforced.res.fixed_used(0) == 10 * MiB and enforced.res.describe(0)["room"] == 90 * MiB
