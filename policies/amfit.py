@@ -80,7 +80,7 @@ class AMFit(FootprintPolicy):
     def _rebalance(self, gpu: int) -> None:
         room = self.controls.gpu(gpu).room
         h = self.holdings
-        active = self.running.active_by(gpu, h.owner_of)
+        active = self.running.active_by(gpu)
         # Resume: oldest hold first, when it fits beside the others, or when it waited enough.
         for owner, hold in sorted(self.holds.items(), key=lambda kv: kv[1].since):
             if hold.gpu != gpu:

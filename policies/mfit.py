@@ -2,10 +2,13 @@
 
 - A launch *fits* when the movable memory it points into, less what running kernels on its GPU
   already use, fits in the free room: the GPU's room (capacity less fixed allocations) less the
-  movable memory of running kernels (their active memory). Fixed allocations (cudaMalloc without
-  managed_device_memory, module globals) are always resident and already out of the room.
-- A launch with no other kernel running on its GPU starts at once, fit or not (nothing could
-  make room for it).
+  movable memory the running kernels of *other* owners use (their active memory). Its owner's
+  own running kernels do not count: they run in its stream order anyway, and the enforcer makes
+  room among its own memory (counting them made a program wait for its own kernels). Fixed
+  allocations (cudaMalloc without managed_device_memory, module globals) are always resident
+  and already out of the room.
+- A launch with no other owner's kernel running on its GPU starts at once, fit or not (nothing
+  could make room for it).
 - Launches that do not fit wait, in arrival order per GPU: a newer launch does not pass an
   older waiting one.
 - When the oldest waiting launch has waited `preempt_after`, the owners (each process, or with
@@ -70,16 +73,15 @@ class MFit(FootprintPolicy):
             queue.pop(launch.id, None)
             return Decision.wait(f"held: preempted for session {held_for}")
         ahead = next((i for i in queue if i < launch.id), None)
-        running = self.running.on_gpu(gpu)
-        if not running:
+        me = self.holdings.owner_of(launch)
+        if not self.running.owners_on(gpu) - {me}:
             if ahead is None:
                 queue.pop(launch.id, None)
                 return Decision.run("nothing else running") if launch.attempts > 1 else RUN
             queue.setdefault(launch.id, launch)
             return Decision.wait(f"behind launch {ahead}")
-        active = self.running.active(gpu)
-        need = need_bytes(launch, active)
-        free = self.controls.gpu(gpu).room - sum(active.values())
+        need = need_bytes(launch, self.running.active(gpu))
+        free = self.controls.gpu(gpu).room - self.running.active_others(gpu, me)
         if ahead is None and need <= free:
             queue.pop(launch.id, None)
             return RUN
@@ -99,7 +101,7 @@ class MFit(FootprintPolicy):
         gpu = launch.gpu
         self.protected[launch.session] = (gpu, launch.now)
         h = self.holdings
-        owners = {h.owner_of(lv) for lv in self.running.on_gpu(gpu)} - {h.owner_of(launch)}
+        owners = self.running.owners_on(gpu) - {h.owner_of(launch)}
         for owner in sorted(owners, key=lambda o: (-h.held(gpu, o), o)):
             if short <= 0:
                 break
@@ -109,7 +111,7 @@ class MFit(FootprintPolicy):
             self.controls.report("hold", h.tenant_of_owner(owner))
             for session in h.sessions_of(owner, gpu):
                 self.controls.evict(session, keep=self.running.pointers_of(session))
-            short -= sum(self.running.active(gpu, {owner}, h.owner_of).values())
+            short -= sum(self.running.active(gpu, {owner}).values())
 
     def launch_started(self, launch: LaunchView) -> None:
         self.running.started(launch)
@@ -141,7 +143,7 @@ class MFit(FootprintPolicy):
         """Lift the holds made for a session that has had no kernel running or waiting on the
         GPU for preempt_after: it no longer needs the room."""
         for session, (gpu, last) in list(self.protected.items()):
-            busy = any(lv.session == session for lv in self.running.by_id.values()) or \
+            busy = self.running.session_busy(session) or \
                 any(lv.session == session for lv in self.waiting.get(gpu, {}).values())
             if not busy and self.now - last >= self.settings.preempt_after:
                 self._release(session)

@@ -12,45 +12,97 @@ from .api import AllocationView, LaunchView, Policy, SessionView
 
 
 class RunningKernels:
-    """Launches started and not yet finished (launch_started .. kernel_finished)."""
+    """Launches started and not yet finished (launch_started .. kernel_finished), with the
+    movable memory they use counted incrementally: per GPU and per owner (`key`: a launch's
+    owner, default its tenant), each allocation with how many running kernels use it. So the
+    queries a policy makes on every launch cost the number of allocations, not of launches (a
+    program may have thousands of kernels queued)."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: Callable[[LaunchView], str] = lambda lv: lv.tenant) -> None:
+        self.key = key
         self.by_id: dict[int, LaunchView] = {}
+        self._gpu: dict[int, dict[int, list[int]]] = {}  # gpu -> ptr -> [kernels, size]
+        self._owner: dict[tuple[int, str], dict[int, int]] = {}  # (gpu, owner) -> ptr -> kernels
+        self._launches: dict[tuple[int, str], int] = {}  # (gpu, owner) -> running launches
+        self._sessions: dict[int, int] = {}  # session -> running launches
 
     def started(self, launch: LaunchView) -> None:
+        if launch.id in self.by_id:
+            return
         self.by_id[launch.id] = launch
+        owner = (launch.gpu, self.key(launch))
+        self._launches[owner] = self._launches.get(owner, 0) + 1
+        self._sessions[launch.session] = self._sessions.get(launch.session, 0) + 1
+        movable = self._movable(launch)
+        if not movable:
+            return
+        refs, mine = self._gpu.setdefault(launch.gpu, {}), self._owner.setdefault(owner, {})
+        for ptr, size in movable.items():
+            ref = refs.setdefault(ptr, [0, size])
+            ref[0] += 1
+            mine[ptr] = mine.get(ptr, 0) + 1
 
     def finished(self, launch_id: int) -> LaunchView | None:
-        return self.by_id.pop(launch_id, None)
+        launch = self.by_id.pop(launch_id, None)
+        if launch is None:
+            return None
+        owner = (launch.gpu, self.key(launch))
+        self._drop(self._launches, owner)
+        self._drop(self._sessions, launch.session)
+        movable = self._movable(launch)
+        if not movable:
+            return launch
+        refs, mine = self._gpu[launch.gpu], self._owner[owner]
+        for ptr in movable:
+            ref = refs[ptr]
+            ref[0] -= 1
+            if not ref[0]:
+                del refs[ptr]
+            self._drop(mine, ptr)
+        if not mine:
+            del self._owner[owner]
+        return launch
+
+    @staticmethod
+    def _movable(launch: LaunchView) -> dict[int, int]:
+        return {r.ptr: r.size for r in launch.footprint if r.movable}
+
+    @staticmethod
+    def _drop(counts: dict[Any, int], key: Any) -> None:
+        n = counts[key] - 1
+        if n:
+            counts[key] = n
+        else:
+            del counts[key]
 
     def drop_session(self, session: int) -> None:
         for launch_id in [i for i, lv in self.by_id.items() if lv.session == session]:
-            del self.by_id[launch_id]
+            self.finished(launch_id)
 
-    def on_gpu(self, gpu: int) -> list[LaunchView]:
-        return [lv for lv in self.by_id.values() if lv.gpu == gpu]
+    def owners_on(self, gpu: int) -> set[str]:
+        """Owners with kernels running on `gpu`."""
+        return {o for (g, o) in self._launches if g == gpu}
 
-    def active(self, gpu: int, owners: set[str] | None = None,
-               key: Callable[[LaunchView], str] = lambda lv: lv.tenant) -> dict[int, int]:
+    def session_busy(self, session: int) -> bool:
+        return session in self._sessions
+
+    def active(self, gpu: int, owners: set[str] | None = None) -> dict[int, int]:
         """{allocation: size} of the movable memory running kernels on `gpu` use (of `owners`
-        only, when given, by `key`): each allocation once, however many kernels use it."""
-        out: dict[int, int] = {}
-        for lv in self.by_id.values():
-            if lv.gpu == gpu and (owners is None or key(lv) in owners):
-                for r in lv.footprint:
-                    if r.movable:
-                        out[r.ptr] = r.size
-        return out
+        only, when given): each allocation once, however many kernels use it."""
+        refs = self._gpu.get(gpu, {})
+        if owners is None:
+            return {ptr: size for ptr, (_n, size) in refs.items()}
+        return {ptr: refs[ptr][1] for o in owners for ptr in self._owner.get((gpu, o), ())}
 
-    def active_by(self, gpu: int, key: Callable[[LaunchView], str] = lambda lv: lv.tenant) -> dict[str, int]:
-        """Active movable bytes per owner (`key`: a launch's owner; default its tenant) on `gpu`."""
-        per: dict[str, dict[int, int]] = defaultdict(dict)
-        for lv in self.by_id.values():
-            if lv.gpu == gpu:
-                for r in lv.footprint:
-                    if r.movable:
-                        per[key(lv)][r.ptr] = r.size
-        return {t: sum(d.values()) for t, d in per.items()}
+    def active_others(self, gpu: int, owner: str) -> int:
+        """Bytes of movable memory kernels of owners other than `owner` use on `gpu`."""
+        mine = self._owner.get((gpu, owner), {})
+        return sum(size for ptr, (n, size) in self._gpu.get(gpu, {}).items() if n > mine.get(ptr, 0))
+
+    def active_by(self, gpu: int) -> dict[str, int]:
+        """Active movable bytes per owner on `gpu`."""
+        refs = self._gpu.get(gpu, {})
+        return {o: sum(refs[ptr][1] for ptr in mine) for (g, o), mine in self._owner.items() if g == gpu}
 
     def pointers_of(self, session: int) -> tuple[int, ...]:
         """Allocations the session's running kernels use (what an eviction must keep)."""
@@ -58,7 +110,7 @@ class RunningKernels:
                              for r in lv.footprint}))
 
 
-def need_bytes(launch: LaunchView, active: dict[int, int]) -> int:
+def need_bytes(launch: LaunchView, active: dict[int, int] | set[int]) -> int:
     """Movable bytes the launch would bring in beyond what running kernels already use."""
     return sum(r.size for r in launch.footprint if r.movable and r.ptr not in active)
 
@@ -139,8 +191,8 @@ class FootprintPolicy(Policy):
 
     def __init__(self, settings: Any = None) -> None:
         super().__init__(settings)
-        self.running = RunningKernels()
         self.holdings = Holdings(self.settings.per)
+        self.running = RunningKernels(self.holdings.owner_of)
         self.now = 0.0
 
     def session_started(self, s: SessionView) -> None:

@@ -232,12 +232,23 @@ def test_mfit_runs_alone_whatever_its_size() -> None:
 
 def test_mfit_memory_a_running_kernel_uses_is_no_extra_need() -> None:
     w = mfit()
-    w.allocs((1, 0xA000_00000, 70), (1, 0xA100_00000, 30), (1, 0xA200_00000, 31))
+    w.allocs((1, 0xA000_00000, 70), (2, 0xB000_00000, 30), (2, 0xB100_00000, 31))
     w.run(w.launch(1, 0xA000_00000))
-    w.run(w.launch(1, 0xA000_00000))  # the same allocation again: needs nothing
-    w.run(w.launch(1, 0xA000_00000, 0xA100_00000))  # 30 new: fits in the 30 left
-    _l, d = w.ask(w.launch(1, 0xA000_00000, 0xA200_00000))  # 31 new
-    waits(d, "needs 31.0 MiB", "0 B free")
+    w.run(w.launch(2, 0xB000_00000))  # 30 new: fits in the 30 left beside a's 70
+    w.run(w.launch(2, 0xB000_00000))  # the same allocation again: needs nothing
+    _l, d = w.ask(w.launch(2, 0xB000_00000, 0xB100_00000))  # 31 new; b's own 30 do not count
+    waits(d, "needs 31.0 MiB", "30.0 MiB free")
+
+
+def test_mfit_an_owners_own_kernels_do_not_make_it_wait() -> None:
+    """A program's own running kernels are no reason to wait (they run in its stream order, and
+    the enforcer makes room among its own memory): pageDoS's pieces waited for one another."""
+    w = mfit()
+    w.allocs((1, 0xA000_00000, 70), (1, 0xA100_00000, 60), (2, 0xB000_00000, 20))
+    w.run(w.launch(1, 0xA000_00000))
+    w.run(w.launch(1, 0xA100_00000))  # 130 of a's own: runs
+    _l, d = w.ask(w.launch(2, 0xB000_00000))  # b: 20 new, a's 130 active: waits
+    waits(d, "needs 20.0 MiB", "0 B free")
 
 
 def test_mfit_waiting_launches_keep_their_order() -> None:
@@ -649,7 +660,7 @@ def test_madvise_freeing_advised_memory_forgets_its_advice() -> None:
 
 def test_mfit_per_process_preempts_other_processes_of_one_tenant() -> None:
     """The default, per = "process": two programs of one user are preempted one from another
-    (with per = "tenant" nothing could be: a tenant is never preempted for itself)."""
+    (with per = "tenant" they are one owner, and the second's kernel simply runs)."""
     w = World(MFit(MFit.parse_settings({"preempt_after": 1.0})))
     for sid in (1, 2):
         w.session(sid, "same-user")
@@ -670,9 +681,8 @@ def test_mfit_per_process_preempts_other_processes_of_one_tenant() -> None:
         tenant_wide.session(sid, "same-user")
     tenant_wide.allocs((1, 0xA000_00000, 80), (2, 0xB000_00000, 40))
     tenant_wide.run(tenant_wide.launch(1, 0xA000_00000))
-    head, _d = tenant_wide.ask(tenant_wide.launch(2, 0xB000_00000, at=10.0))
-    head, d = tenant_wide.ask(head, 11.0)
-    waits(d)
+    # one owner: the second process's kernel is the owner's own business, it runs
+    tenant_wide.run(tenant_wide.launch(2, 0xB000_00000, at=10.0))
     assert tenant_wide.c.take() == []
 
 
@@ -688,3 +698,39 @@ def test_amfit_per_process_holds_one_process_of_a_tenant() -> None:
     waits(d, "held")
     _l, d = w.ask(w.launch(2, 0xB000_00000, at=11.0))
     assert d.verdict is Verdict.RUN
+
+
+def test_running_kernels_counts_stay_right_through_shared_allocations() -> None:
+    """RunningKernels keeps per-GPU and per-owner counts incrementally: an allocation stays
+    active while any kernel using it runs, and everything is gone once they all finished."""
+    from pilot.policies.tracking import RunningKernels
+
+    w = World(Policy())
+    for sid, tenant in ((1, "a"), (2, "b")):
+        w.session(sid, tenant)
+    w.allocs((1, 0xA000_00000, 10), (1, 0xA100_00000, 20), (2, 0xB000_00000, 30))
+    rk = RunningKernels()
+    for _ in range(2):  # kernels that use no movable memory, finishing one after the other
+        lone = [w.launch(2), w.launch(2)]
+        for k in lone:
+            rk.started(k)
+        for k in lone:
+            rk.finished(k.id)
+    assert rk.by_id == {} and rk.owners_on(0) == set()
+    k1, k2 = w.launch(1, 0xA000_00000, 0xA100_00000), w.launch(1, 0xA000_00000)
+    k3, bare, bare2 = w.launch(2, 0xB000_00000), w.launch(1), w.launch(1)  # bare: no movable memory
+    for k in (bare, k1, k2, k3, bare2):
+        rk.started(k)
+    rk.finished(bare.id)
+    rk.finished(bare2.id)
+    rk.started(k1)  # twice: counted once
+    assert rk.active(0) == {0xA000_00000: 10 * MiB, 0xA100_00000: 20 * MiB, 0xB000_00000: 30 * MiB}
+    assert rk.active_by(0) == {"a": 30 * MiB, "b": 30 * MiB} and rk.owners_on(0) == {"a", "b"}
+    assert rk.active_others(0, "a") == 30 * MiB and rk.active(0, {"b"}) == {0xB000_00000: 30 * MiB}
+    rk.finished(k1.id)
+    assert rk.active_by(0) == {"a": 10 * MiB, "b": 30 * MiB} and rk.session_busy(1)
+    rk.drop_session(1)
+    assert rk.active_by(0) == {"b": 30 * MiB} and not rk.session_busy(1) and rk.owners_on(0) == {"b"}
+    assert rk.finished(k2.id) is None
+    rk.finished(k3.id)
+    assert rk.active(0) == {} and rk.owners_on(0) == set() and rk.by_id == {}
