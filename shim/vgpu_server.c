@@ -24,6 +24,7 @@
 #define FLAG_COMMAND 0x04
 #define MAX_FRAMES 4
 #define MAX_MESSAGE (1ull << 30)     /* no request is larger (fatbin images included) */
+#define PRE_ATTACH_MAX (64u << 10)   /* until ATTACH succeeds: ATTACH (and a refusal) is small */
 #define READ_CHUNK (256u << 10)      /* bytes read per connection per wake-up, at most */
 #define MAX_CONNECTIONS 4096
 #define SEND_STALL_MS 1000           /* a peer that reads nothing for this long is dropped */
@@ -37,6 +38,7 @@ struct conn {
     int dead;
     uint32_t uid, gid;
     int32_t pid;
+    uint64_t max_message; /* PRE_ATTACH_MAX until pilot_srv_trust, then MAX_MESSAGE */
     uint8_t *buf;
     size_t cap, len, pos; /* unparsed bytes are buf[pos, len) */
     struct conn *next;
@@ -127,6 +129,7 @@ static void accept_all(pilot_srv *s)
         c->uid = cred.uid;
         c->gid = cred.gid;
         c->pid = cred.pid;
+        c->max_message = PRE_ATTACH_MAX;
         struct iovec iov = {hello, sizeof hello};
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
         if (write_all(fd, &iov, 1) != 0 || epoll_ctl(s->efd, EPOLL_CTL_ADD, fd, &ev) != 0) {
@@ -240,7 +243,7 @@ static int next_message(pilot_srv *s, struct conn *c, pilot_srv_msg *m)
             size_t h = frame_header(c->buf + p, c->len - p, &flags, &size);
             if (!h)
                 return 0;
-            if (size > MAX_MESSAGE || (!(flags & FLAG_COMMAND) && n >= MAX_FRAMES)) {
+            if (size > c->max_message || (!(flags & FLAG_COMMAND) && n >= MAX_FRAMES)) {
                 kill_conn(s, c);
                 return 0;
             }
@@ -448,6 +451,15 @@ int pilot_srv_peer(pilot_srv *s, uint32_t conn, uint32_t *uid, uint32_t *gid, in
     *uid = c->uid;
     *gid = c->gid;
     *pid = c->pid;
+    return 0;
+}
+
+int pilot_srv_trust(pilot_srv *s, uint32_t conn)
+{
+    struct conn *c = find(s, conn);
+    if (!c)
+        return -1;
+    c->max_message = MAX_MESSAGE;
     return 0;
 }
 

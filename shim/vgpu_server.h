@@ -43,6 +43,11 @@ int pilot_srv_send(pilot_srv *s, uint32_t conn, const void *f0, size_t l0, const
 /* The kernel's credentials of a connection's peer. Returns 0, or -1 if the connection is gone. */
 int pilot_srv_peer(pilot_srv *s, uint32_t conn, uint32_t *uid, uint32_t *gid, int32_t *pid);
 
+/* A connection attached a session: its messages may now be as large as any request (1 GiB);
+ * before, a frame over 64 KiB closes the connection, so an unattached peer cannot make the
+ * server buffer more than that. Returns 0, or -1 if the connection is gone. */
+int pilot_srv_trust(pilot_srv *s, uint32_t conn);
+
 /* Closes a connection (its session was ended): the peer sees EOF at once. Returns 0 or -1. */
 int pilot_srv_disconnect(pilot_srv *s, uint32_t conn);
 

@@ -171,6 +171,8 @@ class Dispatch:
                     err = exc.code
                 session.identity = msg.conn
             self._by_conn[msg.conn] = session
+            if not err:
+                lib.pilot_srv_trust(self._srv, msg.conn)  # large requests from now on
         self.reply_status(msg, err)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -249,3 +250,59 @@ def test_a_limit_no_gpu_could_hold_is_refused_and_not_applied(daemon) -> None:
         assert "byte limit refused (GPU capacity" in daemon.log()
     finally:
         c.close()
+
+
+def _raw_vgpu_connection(path: str) -> socket.socket:
+    """A ZMTP/3.0 peer of a vGPU endpoint by hand: greeting and READY, nothing attached."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(path)
+    greeting = b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + b"\0" * 32
+    ready = b"\x05READY" + b"\x0bSocket-Type" + (6).to_bytes(4, "big") + b"DEALER"
+    s.sendall(greeting + bytes([0x04, len(ready)]) + ready)
+    return s
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_an_unattached_connection_cannot_make_the_endpoint_buffer_a_large_frame(daemon):
+    """Attack 5 of issue 12: a peer that never attaches announced 1 GiB frames and the endpoint
+    buffered them. Before ATTACH a frame over 64 KiB now closes the connection at its header;
+    an attached session still sends large requests, and others are served meanwhile."""
+    c = ProtoClient(str(daemon.socket_path))
+    c.open()
+    endpoint = c.vgpu.getsockopt_string(zmq.LAST_ENDPOINT).removeprefix("ipc://")
+    rss_before = _rss_kib(daemon.proc.pid)
+    attackers = []
+    for _ in range(3):
+        s = _raw_vgpu_connection(endpoint)
+        try:  # a LONG frame of 1 GiB announced; the endpoint closes the connection mid-way
+            s.sendall(bytes([0x02]) + (1 << 30).to_bytes(8, "big") + b"\0" * (256 << 10))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        attackers.append(s)
+    for s in attackers:  # closed by the endpoint: EOF after its greeting and READY
+        data = b""
+        try:
+            while chunk := s.recv(1 << 16):
+                data += chunk
+        except ConnectionResetError:
+            pass
+        assert len(data) < 4096
+        s.close()
+    assert _rss_kib(daemon.proc.pid) - rss_before < 64 << 10  # not the 3 GiB of before
+    small = _raw_vgpu_connection(endpoint)  # a frame under the limit is read, not a reason to drop
+    small.sendall(bytes([0x00, 8]) + b"\0" * 8)
+    big = bytes(range(256)) * 400  # 100 KiB in one message: fine once attached
+    ptr = c.malloc(len(big))
+    assert c.call(lib.PILOT_OP_MEMCPY_H2D, body("pilot_req_memcpy", dst=ptr, count=len(big), sync=1),
+                  big).err == 0
+    n = lib.PILOT_INLINE_MAX
+    assert c.call(lib.PILOT_OP_MEMCPY_D2H, body("pilot_req_memcpy", src=ptr + len(big) - n, count=n,
+                                                 sync=1)).err == 0
+    assert c.last_payload == big[-n:]
+    small.close()
+    c.close()
