@@ -8,7 +8,6 @@
 #include "vgpu_server.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +26,7 @@
 #define PRE_ATTACH_MAX (64u << 10)   /* until ATTACH succeeds: ATTACH (and a refusal) is small */
 #define READ_CHUNK (256u << 10)      /* bytes read per connection per wake-up, at most */
 #define MAX_CONNECTIONS 4096
-#define SEND_STALL_MS 1000           /* a peer that reads nothing for this long is dropped */
+#define OUT_MAX (1u << 20)           /* replies queued for a peer that does not read, at most */
 
 enum conn_state { ST_GREETING, ST_READY, ST_OPEN };
 
@@ -41,6 +40,8 @@ struct conn {
     uint64_t max_message; /* PRE_ATTACH_MAX until pilot_srv_trust, then MAX_MESSAGE */
     uint8_t *buf;
     size_t cap, len, pos; /* unparsed bytes are buf[pos, len) */
+    uint8_t *out;         /* replies the socket did not take yet: out[out_pos, out_len) */
+    size_t out_len, out_pos;
     struct conn *next;
 };
 
@@ -61,43 +62,107 @@ static uint64_t now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+static size_t write_some(int fd, struct iovec *iov, int *iovcnt);
+
 static void kill_conn(pilot_srv *s, struct conn *c)
 {
     if (c->dead)
         return;
+    if (c->out_len != c->out_pos) { /* what the socket takes now of the queued replies */
+        struct iovec iov = {c->out + c->out_pos, c->out_len - c->out_pos};
+        int iovcnt = 1;
+        write_some(c->fd, &iov, &iovcnt);
+    }
     epoll_ctl(s->efd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     c->fd = -1;
     c->dead = 1;
 }
 
-static int write_all(int fd, struct iovec *iov, int iovcnt)
+/* Writes what the socket takes now, without waiting; advances iov. Returns the bytes left, or
+ * (size_t)-1 when the peer is gone. */
+static size_t write_some(int fd, struct iovec *iov, int *iovcnt)
 {
-    while (iovcnt > 0) {
-        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
+    while (*iovcnt > 0) {
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)*iovcnt};
         ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            if (errno == EAGAIN) {
-                struct pollfd p = {.fd = fd, .events = POLLOUT};
-                if (poll(&p, 1, SEND_STALL_MS) <= 0)
-                    return -1;
-                continue;
-            }
-            return -1;
+            if (errno == EAGAIN)
+                break;
+            return (size_t)-1;
         }
-        while (iovcnt > 0 && (size_t)n >= iov->iov_len) {
+        while (*iovcnt > 0 && (size_t)n >= iov->iov_len) {
             n -= (ssize_t)iov->iov_len;
             iov++;
-            iovcnt--;
+            (*iovcnt)--;
         }
-        if (iovcnt > 0) {
+        if (*iovcnt > 0) {
             iov->iov_base = (char *)iov->iov_base + n;
             iov->iov_len -= (size_t)n;
         }
     }
-    return 0;
+    size_t left = 0;
+    for (int i = 0; i < *iovcnt; i++)
+        left += iov[i].iov_len;
+    return left;
+}
+
+/* The vGPU thread never waits for a peer: what its socket does not take is queued (at most
+ * OUT_MAX; a peer that lets more pile up is dropped) and written when it becomes writable. */
+static int queue_out(pilot_srv *s, struct conn *c, struct iovec *iov, int iovcnt)
+{
+    if (c->out_len == c->out_pos) {
+        c->out_len = c->out_pos = 0;
+        size_t left = write_some(c->fd, iov, &iovcnt);
+        if (left == (size_t)-1)
+            return -1;
+        if (left == 0)
+            return 0;
+        /* iov now holds the rest */
+    }
+    size_t add = 0;
+    for (int i = 0; i < iovcnt; i++)
+        add += iov[i].iov_len;
+    if (c->out_len - c->out_pos + add > OUT_MAX)
+        return -1;
+    if (c->out_pos > 0) {
+        memmove(c->out, c->out + c->out_pos, c->out_len - c->out_pos);
+        c->out_len -= c->out_pos;
+        c->out_pos = 0;
+    }
+    uint8_t *nb = realloc(c->out, c->out_len + add);
+    if (!nb)
+        return -1;
+    c->out = nb;
+    for (int i = 0; i < iovcnt; i++) {
+        memcpy(c->out + c->out_len, iov[i].iov_base, iov[i].iov_len);
+        c->out_len += iov[i].iov_len;
+    }
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.ptr = c};
+    return epoll_ctl(s->efd, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
+/* The peer's socket is writable: write what is queued; stop watching for it once done. */
+static void flush_out(pilot_srv *s, struct conn *c)
+{
+    if (c->dead || c->out_len == c->out_pos)
+        return;
+    struct iovec iov = {c->out + c->out_pos, c->out_len - c->out_pos};
+    int iovcnt = 1;
+    size_t left = write_some(c->fd, &iov, &iovcnt);
+    if (left == (size_t)-1) {
+        kill_conn(s, c);
+        return;
+    }
+    c->out_pos = c->out_len - left;
+    if (left == 0) {
+        c->out_len = c->out_pos = 0;
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+        if (epoll_ctl(s->efd, EPOLL_CTL_MOD, c->fd, &ev) != 0)
+            kill_conn(s, c);
+    }
 }
 
 static void accept_all(pilot_srv *s)
@@ -131,8 +196,10 @@ static void accept_all(pilot_srv *s)
         c->pid = cred.pid;
         c->max_message = PRE_ATTACH_MAX;
         struct iovec iov = {hello, sizeof hello};
+        int iovcnt = 1;
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
-        if (write_all(fd, &iov, 1) != 0 || epoll_ctl(s->efd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        /* a fresh socket's buffer takes the 100-byte greeting whole */
+        if (write_some(fd, &iov, &iovcnt) != 0 || epoll_ctl(s->efd, EPOLL_CTL_ADD, fd, &ev) != 0) {
             close(fd);
             free(c);
             continue;
@@ -299,6 +366,7 @@ static void reap_and_compact(pilot_srv *s)
             if (s->rr == c)
                 s->rr = NULL;
             free(c->buf);
+            free(c->out);
             free(c);
             s->nconns--;
             continue;
@@ -367,6 +435,9 @@ int pilot_srv_wait(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *out
 {
     struct epoll_event ev[64];
     *control = 0;
+    for (struct conn *c = s->conns; c; c = c->next) /* replies queued for slow readers */
+        if (c->out_len != c->out_pos)
+            flush_out(s, c);
     reap_and_compact(s);
     int n = collect(s, out, max);
     if (n > 0)
@@ -387,8 +458,13 @@ int pilot_srv_wait(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *out
             accept_all(s);
         else if (ev[i].data.ptr == &CONTROL_TAG)
             *control = 1;
-        else
-            read_available(s, ev[i].data.ptr);
+        else {
+            struct conn *c = ev[i].data.ptr;
+            if (ev[i].events & EPOLLOUT)
+                flush_out(s, c);
+            if (ev[i].events & ~(uint32_t)EPOLLOUT)
+                read_available(s, c);
+        }
     }
     return collect(s, out, max);
 }
@@ -436,7 +512,7 @@ int pilot_srv_send(pilot_srv *s, uint32_t conn, const void *f0, size_t l0, const
             iov[n++].iov_len = lens[i];
         }
     }
-    if (write_all(c->fd, iov, n) != 0) {
+    if (queue_out(s, c, iov, n) != 0) {
         kill_conn(s, c);
         return -1;
     }

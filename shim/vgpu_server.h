@@ -35,8 +35,10 @@ void pilot_srv_close(pilot_srv *s);
 int pilot_srv_wait(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *out, int max,
                    int *control);
 
-/* Sends a 2- or 3-frame message (f2 may be NULL) to a connection. A peer that does not read its
- * replies for a second is disconnected. Returns 0, or -1 if the connection is gone. */
+/* Sends a 2- or 3-frame message (f2 may be NULL) to a connection, without waiting: what the
+ * socket does not take now is queued and written when the peer reads (the server's wait does
+ * it). A peer that lets more than 1 MiB of replies pile up is disconnected. Returns 0, or -1 if
+ * the connection is gone. */
 int pilot_srv_send(pilot_srv *s, uint32_t conn, const void *f0, size_t l0, const void *f1,
                    size_t l1, const void *f2, size_t l2);
 

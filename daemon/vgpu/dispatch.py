@@ -138,10 +138,14 @@ class Dispatch:
         elif env.opcode == _OP_ATTACH:
             self._attach(msg, env.session, bool(env.flags & _FAULT_CHANNEL))
         else:
-            log.warning("vgpu-%d: %s from a connection with no session %d", self.index,
-                        self._op_names.get(env.opcode, env.opcode), env.session)
+            # The first call on a connection must be ATTACH: a peer that does otherwise gets
+            # one refusal and loses the connection (a flood of them must cost pilotd nothing
+            # but that; issue 12, attack 6).
+            log.warning("vgpu-%d: %s from a connection with no session %d: refused, connection "
+                        "closed", self.index, self._op_names.get(env.opcode, env.opcode), env.session)
             if not no_reply:
                 self.reply_status(msg, CUDA_ERROR_INITIALIZATION)
+            lib.pilot_srv_disconnect(self._srv, msg.conn)
 
     def _attach(self, msg: Any, session_id: int, fault_channel: bool = False) -> None:
         """A session's connection (first) or its unified-memory fault channel (second, used by

@@ -306,3 +306,31 @@ def test_an_unattached_connection_cannot_make_the_endpoint_buffer_a_large_frame(
     assert c.last_payload == big[-n:]
     small.close()
     c.close()
+
+
+def test_clients_that_never_read_their_replies_do_not_stall_the_others(daemon_with):
+    """Attack 6 of issue 12: each connection that did not read its replies stalled its vGPU for
+    up to a second (20 of them: 4 s per iteration of a well-behaved client). Replies the socket
+    does not take are now queued and the vGPU goes on; a peer with over 1 MiB queued is dropped.
+    All sessions share one vGPU here; the 20 attackers are processes with sessions of their own."""
+    daemon = daemon_with("--vgpus-per-gpu", "1", "--max-vgpus-per-gpu", "1")
+    c = ProtoClient(str(daemon.socket_path))
+    c.open()
+    attackers = [subprocess.Popen([sys.executable, str(HERE / "nonreader.py"), str(daemon.socket_path),
+                                   "30000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  cwd=HERE) for _ in range(20)]
+    try:
+        started, slowest = time.monotonic(), 0.0
+        for _ in range(100):
+            t0 = time.monotonic()
+            assert c.malloc(256) != 0
+            slowest = max(slowest, time.monotonic() - t0)
+        took = time.monotonic() - started
+        said = [p.stdout.readline().strip() for p in attackers]  # every flood was taken in
+        assert set(said) <= {"sent", "dropped"}, said
+        assert took < 5 and slowest < 1.0, (took, slowest)  # it was over 1 s per non-reader
+        assert daemon.alive() and c.malloc(256) != 0
+    finally:
+        for p in attackers:
+            p.communicate("", timeout=30)
+    c.close()
