@@ -13,6 +13,7 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     max_vgpus_per_gpu = 32         # 1..256: more are started as sessions come (one each), up to this
     gpus = "all"                   # or a list of GPU indexes: [0, 1]
     spin_us = 50                   # 0..10000
+    callback_timeout = "60s"       # a host callback unanswered this long ends its session; 0: never
     state_dir = "/var/lib/pilot"   # default: /var/lib/pilot (root), else $XDG_STATE_HOME/pilot
     admin_group = "pilot-admin"
     log_level = "info"             # debug | info | warning | error
@@ -212,6 +213,7 @@ class Config:
     enforce_capacity: bool = False
     managed_limit: int | None = None
     managed_device_memory: bool = False
+    callback_timeout: float = 60.0
     policy: str = "none"
     policy_max_wait: float = 30.0
     policy_plugins: tuple[str, ...] = ()
@@ -475,6 +477,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "enforce_capacity": _flag,
     "managed_limit": _capacity,
     "managed_device_memory": _flag,
+    "callback_timeout": parse_duration,
     "policy": _policy_name,
     "policy_max_wait": parse_duration,
     "policy_plugins": _plugins,
@@ -496,7 +499,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
 # TOML section -> {key: Config field}; [tenants] is handled apart (its keys are names).
 SECTIONS: dict[str, dict[str, str]] = {
     "daemon": {k: k for k in ("backend", "socket", "control_socket", "vgpus_per_gpu",
-                              "max_vgpus_per_gpu", "gpus",
+                              "max_vgpus_per_gpu", "gpus", "callback_timeout",
                               "spin_us", "state_dir", "admin_group", "log_level", "log_format",
                               "sim_kernels", "sim_devices")},
     "gpu": {k: k for k in ("capacity", "capacity_per_gpu", "enforce_capacity", "managed_limit",

@@ -75,6 +75,9 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
               help="GPUs the sim backend presents [default: 1].")
 @click.option("--spin-us", type=click.IntRange(0, 10000),
               help="Microseconds a vGPU thread polls for the next call before it sleeps.")
+@click.option("--callback-timeout", metavar="DURATION",
+              help="A host callback the program does not answer this long ends its session "
+                   "[60s] (0: never).")
 @click.option("--policy", metavar="NAME", help="Scheduling policy [default: none]; see pilotctl status.")
 @click.option("--policy-plugin", "policy_plugins", metavar="FILE|MODULE", multiple=True,
               help="Python file or module that registers more policies (repeatable).")
@@ -87,7 +90,8 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
          capacity: str | None, enforce_capacity: bool | None, managed_device_memory: bool | None,
          state_dir: str | None, metrics_address: str | None, admin_group: str | None,
          sim_kernels: tuple[str, ...], sim_devices: int | None, spin_us: int | None,
-         policy: str | None, policy_plugins: tuple[str, ...], policy_max_wait: str | None,
+         callback_timeout: str | None, policy: str | None, policy_plugins: tuple[str, ...],
+         policy_max_wait: str | None,
          log_level: str | None,
          log_format: str | None) -> None:
     """Serve CUDA programs run under libpilot.so."""
@@ -103,7 +107,7 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
             "sim_devices": sim_devices,
             "spin_us": spin_us, "log_level": log_level, "log_format": log_format,
             "policy": policy, "policy_plugins": tuple(policy_plugins) or None,
-            "policy_max_wait": policy_max_wait,
+            "policy_max_wait": policy_max_wait, "callback_timeout": callback_timeout,
         }
         config = load_config(config_path, overrides)
     except (ConfigError, ValueError) as exc:

@@ -15,6 +15,7 @@ import errno
 import json
 import logging
 import os
+import queue
 import select
 import socket
 import threading
@@ -144,7 +145,9 @@ class Daemon:
         for vg in self.vgpus:
             vg.policy = self.policy
         self.topology = self._topology()
-        self.callbacks = CallbackHub(f"{socket_path}.callbacks", backend)
+        self.callbacks = CallbackHub(f"{socket_path}.callbacks", backend, config.callback_timeout)
+        self._ends: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()  # from other threads
+        self.callbacks.on_overdue = lambda sid, why: self._ends.put((sid, why))
         for vg in self.vgpus:
             vg.topology, vg.callbacks = self.topology, self.callbacks
         self.draining: set[int] = set()
@@ -294,6 +297,8 @@ class Daemon:
                 for fd, sid in by_fd.items():
                     if fd in ready:
                         self.end_session(sid, "process exited")
+                while not self._ends.empty():  # asked by other threads (the callback hub)
+                    self.end_session(*self._ends.get_nowait())
                 self._reap_without_pidfd()
             except Exception:  # the front door stays open whatever one session does
                 log.exception("router: session reaping failed")

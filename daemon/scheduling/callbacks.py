@@ -36,6 +36,8 @@ import os
 import queue
 import struct
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,14 +80,20 @@ class _Pending:
     kind: int
     fired: bool = False
     opened: bool = False
+    asked_at: float = 0.0  # when CALLBACK_RUN went to the client (monotonic); 0: not asked
 
 
 class CallbackHub:
     """The `pilot-callbacks` thread, its socket, and the gate slots of every vGPU."""
 
-    def __init__(self, endpoint_path: str, backend: Backend) -> None:
+    def __init__(self, endpoint_path: str, backend: Backend, timeout: float = 60.0) -> None:
         self.endpoint_path = endpoint_path
         self.backend = backend
+        # A callback the client has not answered after `timeout` s ends its session (0: never):
+        # its gates open (a vGPU may wait behind one) and `on_overdue(session, why)` asks the
+        # router to release it. Set by the Daemon.
+        self.timeout = timeout
+        self.on_overdue: Callable[[int, str], None] = lambda sid, why: None
         self._read_fd, self._write_fd = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(self._read_fd, False)
         try:
@@ -246,11 +254,14 @@ class CallbackHub:
     def _serve(self) -> None:
         msgs = ffi.new("pilot_srv_msg[]", BATCH)
         control = ffi.new("int *")
+        wait_ms = max(100, min(1000, int(self.timeout * 250))) if self.timeout > 0 else -1
         while True:
-            n = lib.pilot_srv_wait(self._srv, -1, 0, msgs, BATCH, control)
+            n = lib.pilot_srv_wait(self._srv, wait_ms, 0, msgs, BATCH, control)
             if n < 0:
                 log.error("callback socket failed; host callbacks stop")
                 return
+            if self.timeout > 0:
+                self._end_overdue()
             for i in range(n):
                 try:
                     self._message(msgs[i])
@@ -303,10 +314,25 @@ class CallbackHub:
             msg.id, msg.status = p.client_id, status
             msg.flags = lib.PILOT_CALLBACK_SKIP if skip else 0
             sent = self._send(conn, lib.PILOT_OP_CALLBACK_RUN, msg, p.session)
+            if sent and not skip:
+                p.asked_at = time.monotonic()
         if skip or not sent:  # nobody will answer: open it now
             with self._lock:
                 self._open_locked(p)
             self.backend.kick()
+
+    def _end_overdue(self) -> None:
+        """Sessions with a callback unanswered for longer than the timeout lose the session (not
+        the vGPU: their gates open now)."""
+        now = time.monotonic()
+        with self._lock:
+            late = {p.session for p in self._pending.values()
+                    if p.asked_at and not p.opened and now - p.asked_at > self.timeout}
+        for sid in late:
+            why = f"a host callback unanswered for {self.timeout:g} s"
+            log.warning("session %d: %s: the session is ended", sid, why, extra={"session": sid})
+            self.close_session(sid)
+            self.on_overdue(sid, why)
 
     def _send(self, conn: int, op: int, body: Any, session: int) -> bool:
         env = new("pilot_envelope")

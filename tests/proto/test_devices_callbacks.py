@@ -7,11 +7,15 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import zmq
 from client import ProtoClient, body
 
 from pilot.daemon.protocol import ffi, lib, new, to_bytes
+
+HERE = Path(__file__).parent
 
 INITIALIZATION, INVALID_DEVICE, NOT_READY = 3, 101, 600
 SHIFT = lib.PILOT_HANDLE_DEVICE_SHIFT
@@ -178,3 +182,39 @@ def test_ending_a_session_opens_its_gates_for_the_vgpu(daemon_with):
     assert daemon.alive()
     other.close()
     c.close()
+
+
+def test_a_callback_left_unanswered_ends_its_session_not_the_vgpu(daemon_with):
+    """Attack 1 of issue 12: a client arms a host callback, never answers CALLBACK_DONE and
+    synchronizes the stream, so its vGPU's thread waits behind the gate. After
+    `--callback-timeout` the session is ended (its gates open); the vGPU serves the next tenant,
+    another process, which had waited behind it."""
+    daemon = daemon_with("--vgpus-per-gpu", "1", "--max-vgpus-per-gpu", "1", "--callback-timeout", "1s")
+    c, cb = _callback_client(daemon)
+    stream, _ = _stream_and_event(c)
+    assert _arm(c, stream, 1) == 0
+    _run_message(c, cb)  # asked to run it; it never answers
+    started = time.monotonic()
+    c.send(lib.PILOT_OP_STREAM_SYNCHRONIZE, body("pilot_req_handle", handle=stream))  # blocks the vGPU
+    time.sleep(0.3)  # the vGPU has taken the synchronize
+    peer = subprocess.Popen([sys.executable, str(HERE / "peer.py"), str(daemon.socket_path)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE)
+    try:
+        line = peer.stdout.readline()  # attached and allocated: served
+        waited = time.monotonic() - started
+        assert line.split() and int(line.split()[1]) != 0, line
+        assert 0.9 < waited < 5, waited  # behind the gate until the timeout, not for ever
+        assert c.vgpu.poll(5000)  # the synchronize is answered too (the gate opened)
+        sessions = {s["session"] for s in _sessions()}
+        assert c.session not in sessions and int(line.split()[0]) in sessions
+        assert "a host callback unanswered for 1 s" in daemon.log_path.read_text()
+    finally:
+        peer.communicate("\n", timeout=10)
+    c.close()
+
+
+def _sessions() -> list[dict]:
+    proc = subprocess.run([sys.executable, "-m", "pilot.cli.pilot", "sessions", "--json"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
