@@ -36,7 +36,11 @@
 #include "socket_path.h"
 #include "zmtp.h"
 
-enum conn_state { CONN_NONE, CONN_READY, CONN_LOST };
+/* CONN_FAILED: the set-up timed out or was refused (a stopped pilotd, a socket that is not
+ * pilotd's main one): like CUDA's own initialisation errors, that is final for the process, so
+ * later calls fail at once instead of each waiting PILOT_CONNECT_TIMEOUT again. A socket nobody
+ * listens on is not: it fails fast, and pilotd may be started meanwhile. */
+enum conn_state { CONN_NONE, CONN_READY, CONN_LOST, CONN_FAILED };
 
 struct part {
     pthread_mutex_t lock;
@@ -200,7 +204,8 @@ static int attach(struct part *p, const pilot_rep_hello *hrep)
     return 0;
 }
 
-/* One request on the main socket (HELLO, DEVICE_JOIN). 0 with *out filled, or -1. */
+/* One request on the main socket (HELLO, DEVICE_JOIN). 0 with *out filled; -2: nothing listens
+ * there (or the socket cannot be opened); -1: no answer in time, or not an answer of pilotd's. */
 static int main_socket_call(uint16_t op, uint64_t session, const void *req, size_t req_len,
                             pilot_rep_hello *out)
 {
@@ -213,13 +218,18 @@ static int main_socket_call(uint16_t op, uint64_t session, const void *req, size
         return -1;
     }
     rc = zmtp_connect_timeout(&main_conn, path, setup_timeout_ms());
+    if (rc == -EAGAIN || rc == -ETIMEDOUT) { /* connected, but no greeting came back */
+        LOG_ERROR("pilot: pilotd at %s did not answer within %d s (is it stopped? is that pilotd's "
+                  "main socket?)", path, setup_timeout_ms() / 1000);
+        return -1;
+    }
     if (rc) {
         if (!g_warned_absent++)
             fprintf(stderr,
                     "pilot: cannot reach pilotd at %s (%s); is the daemon running? Start it with "
                     "`pilotd` or set PILOT_SOCKET. CUDA calls return cudaErrorNoDevice.\n",
                     path, strerror(-rc));
-        return -1;
+        return -2;
     }
     if (exchange(&main_conn, session, op, req, req_len, NULL, 0, rep, &n) ||
         rep[1].len < sizeof *out - sizeof out->callbacks) {
@@ -254,15 +264,19 @@ static int info_on(struct part *p, int device)
     return 0;
 }
 
+/* 0; -2: pilotd cannot be reached (try again later); -1: the set-up failed for good. */
 static int open_session(void)
 {
     pilot_req_hello hello = {.proto_version = PILOT_PROTO_VERSION, .cuda_abi = CUDART_VERSION};
     pilot_rep_hello hrep;
-    if (main_socket_call(PILOT_OP_HELLO, 0, &hello, sizeof hello, &hrep) != 0)
-        return -1;
+    int rc0 = main_socket_call(PILOT_OP_HELLO, 0, &hello, sizeof hello, &hrep);
+    if (rc0 != 0)
+        return rc0;
     if (hrep.hdr.err) {
-        fprintf(stderr, "pilot: pilotd refused the session (%s)\n",
-                pilot_error_name(hrep.hdr.err) ? pilot_error_name(hrep.hdr.err) : "error");
+        fprintf(stderr, "pilot: pilotd refused the session (%s)%s\n",
+                pilot_error_name(hrep.hdr.err) ? pilot_error_name(hrep.hdr.err) : "error",
+                hrep.hdr.err == cudaErrorNotSupported
+                    ? ": is PILOT_SOCKET pilotd's main socket, not its control socket?" : "");
         return -1;
     }
     struct part *p = &g_parts[0];
@@ -300,11 +314,17 @@ cudaError_t pilot_ensure_session(void)
     pthread_mutex_lock(&g_session_lock);
     if (g_state == CONN_LOST)
         err = ERR_LOST;
+    else if (g_state == CONN_FAILED)
+        err = ERR_NO_DAEMON;
     else if (g_state == CONN_NONE) {
-        if (open_session() == 0)
+        int rc = open_session();
+        if (rc == 0)
             __atomic_store_n(&g_state, CONN_READY, __ATOMIC_RELEASE);
-        else
+        else {
+            if (rc == -1)
+                g_state = CONN_FAILED;
             err = ERR_NO_DAEMON;
+        }
     }
     pthread_mutex_unlock(&g_session_lock);
     return err;

@@ -321,6 +321,14 @@ class Daemon:
                 self.end_session(sid, "process exited")
 
     def _handle_control(self, sock: zmq.Socket, frames: list[zmq.Frame]) -> None:
+        if len(frames) >= 3 and len(frames[1]) == ENVELOPE_SIZE:
+            # A program under the shim pointed at this socket (PILOT_SOCKET=control.sock): tell
+            # it at once, in its own protocol, instead of letting it wait for its set-up timeout.
+            rep = new("pilot_rep_hello")
+            rep.hdr.err = CUDA_ERROR_NOT_SUPPORTED
+            sock.send_multipart([frames[0], frames[1], to_bytes(rep)])
+            log.warning("control: a CUDA program connected to the control socket; refused")
+            return
         if len(frames) != 2:
             log.warning("control: dropped a malformed message")
             return

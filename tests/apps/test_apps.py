@@ -320,26 +320,36 @@ def test_errors(scenario: str, run_under_pilot: RunUnderPilot, daemon_log: Daemo
 @pytest.mark.parametrize("case", ["stopped", "control_socket"])
 def test_a_daemon_that_does_not_answer_fails_fast(run_under_pilot: RunUnderPilot, start_pilotd: Any,
                                                    case: str) -> None:
-    """A pilotd stopped with SIGSTOP, or PILOT_SOCKET naming its control socket (a socket that
-    accepts the connection and never answers a HELLO): the program's first call fails with
-    cudaErrorNoDevice after PILOT_CONNECT_TIMEOUT, says why, and the program exits normally."""
+    """A pilotd stopped with SIGSTOP (a socket that accepts the connection and never answers):
+    the program's first call fails with cudaErrorNoDevice after PILOT_CONNECT_TIMEOUT, says why,
+    every later call fails at once (vector_add makes a dozen), and the program exits normally.
+    PILOT_SOCKET naming pilotd's control socket: refused at once, in the shim's protocol, with
+    the default 10 s timeout."""
     daemon = start_pilotd()
     socket = daemon.socket if case == "stopped" else daemon.control_socket
+    env = {"PILOT_SOCKET": socket, **({"PILOT_CONNECT_TIMEOUT": "1"} if case == "stopped" else {})}
     if case == "stopped":
         daemon.proc.send_signal(signal.SIGSTOP)
     try:
         started = time.monotonic()
-        proc = run_under_pilot("errors", "daemon_absent", timeout=30,
-                               env={"PILOT_SOCKET": socket, "PILOT_CONNECT_TIMEOUT": "1"})
+        proc = run_under_pilot("errors", "daemon_absent", timeout=30, env=env)
         elapsed = time.monotonic() - started
+        started = time.monotonic()
+        many = run_under_pilot("vector_add", timeout=60, env=env)
+        many_elapsed = time.monotonic() - started
     finally:
         if case == "stopped":
             daemon.proc.send_signal(signal.SIGCONT)
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1:] == ["PASS"], proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[0] == "cudaMalloc: cudaErrorNoDevice", proc.stdout
-    assert "pilot: cannot reach pilotd" in proc.stderr or "did not answer within 1 s" in proc.stderr, \
-        proc.stderr
-    assert elapsed < 10.0, f"took {elapsed:.1f} s to give up on a daemon that does not answer"
+    if case == "stopped":
+        assert "did not answer within 1 s" in proc.stderr, proc.stderr
+        assert elapsed < 4.0, f"took {elapsed:.1f} s to give up on a daemon that does not answer"
+    else:
+        assert "is PILOT_SOCKET pilotd's main socket, not its control socket?" in proc.stderr, proc.stderr
+        assert elapsed < 4.0, f"took {elapsed:.1f} s to refuse the control socket"
+    assert many.returncode != 0 and "cudaErrorNoDevice" in many.stdout + many.stderr, many.stdout
+    assert many_elapsed < 4.0, f"vector_add took {many_elapsed:.1f} s: each call waited again"
 
 
 def test_two_programs_at_once(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
