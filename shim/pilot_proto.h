@@ -45,6 +45,8 @@ enum pilot_op {
     PILOT_OP_BYE = 3,                 /* orderly exit: release everything the session owns */
     PILOT_OP_STAGING_OPEN = 4,        /* map the session's pinned shared-memory staging area */
     PILOT_OP_SESSIONS = 10,           /* main socket: list sessions (JSON payload in reply) */
+    PILOT_OP_PING = 11,               /* main socket: is pilotd alive? (status reply; a client
+                                       * whose call waits long asks, shim/transport.c) */
 
     /* 100: device management */
     PILOT_OP_DEVICE_INFO = 101,

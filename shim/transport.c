@@ -180,6 +180,38 @@ static int setup_timeout_ms(void)
     return (s <= 0 ? 10 : s > 3600 ? 3600 : s) * 1000;
 }
 
+/* $PILOT_LIVENESS: seconds a call may wait for its reply before the shim asks pilotd's main
+ * socket whether pilotd is alive (default 5; then again every as many seconds). Its router
+ * answers whatever the vGPU threads are doing, so a synchronize on an hour-long kernel goes on;
+ * a pilotd that is stopped or hung does not answer within PILOT_CONNECT_TIMEOUT, and the call
+ * fails (cudaErrorDevicesUnavailable) instead of waiting for ever. */
+static int liveness_ms(void)
+{
+    const char *env = getenv("PILOT_LIVENESS");
+    int s = env && *env ? atoi(env) : 5;
+    return (s <= 0 ? 5 : s > 3600 ? 3600 : s) * 1000;
+}
+
+static int daemon_alive(void)
+{
+    char path[512];
+    struct zmtp_conn c = {.fd = -1};
+    struct zmtp_frame rep[ZMTP_MAX_FRAMES];
+    uint64_t seq = 0;
+    int n;
+    if (pilot_socket_path(0, path, sizeof path) != 0)
+        return 1; /* cannot tell: keep waiting */
+    int ok = zmtp_connect_timeout(&c, path, setup_timeout_ms()) == 0;
+    if (ok)
+        ok = exchange_on(&c, &seq, 0, g_session, PILOT_OP_PING, NULL, 0, NULL, 0, rep, &n) ==
+                 cudaSuccess && n >= 2;
+    zmtp_close(&c);
+    if (!ok)
+        LOG_ERROR("pilot: pilotd did not answer a liveness check within %d s (stopped? hung?)",
+                  setup_timeout_ms() / 1000);
+    return ok;
+}
+
 /* Connects to a part's vGPU socket and attaches the session there. 0 or -1. */
 static int attach(struct part *p, const pilot_rep_hello *hrep)
 {
@@ -200,7 +232,9 @@ static int attach(struct part *p, const pilot_rep_hello *hrep)
         zmtp_close(&p->conn);
         return -1;
     }
-    zmtp_set_timeout(&p->conn, 0); /* the session's calls may wait as long as their work */
+    zmtp_set_timeout(&p->conn, 0); /* the session's calls may wait as long as their work, */
+    p->conn.alive_ms = liveness_ms(); /* as long as pilotd is alive */
+    p->conn.alive = daemon_alive;
     return 0;
 }
 
@@ -452,7 +486,7 @@ static cudaError_t recv_on(struct part *p, void *rep, size_t rep_len, void *out,
         return ERR_LOST;
     int n = zmtp_recv(&p->conn, fr, ZMTP_MAX_FRAMES);
     if (n < 0) {
-        lose_connection(p, strerror(-n));
+        lose_connection(p, n == -ETIMEDOUT ? "it stopped answering" : strerror(-n));
         return ERR_LOST;
     }
     if (n < 2 || fr[0].len < sizeof(pilot_envelope) || fr[1].len < sizeof(pilot_reply_hdr)) {

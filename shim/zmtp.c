@@ -1,6 +1,7 @@
 #include "zmtp.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -261,6 +262,14 @@ int zmtp_recv(struct zmtp_conn *c, struct zmtp_frame *frames, int max_frames)
         return -ENOTCONN;
     if (c->spin_us > 0)
         spin_until_readable(c->fd, c->spin_us);
+    while (c->alive_ms > 0 && c->alive) { /* a long wait: is the peer still there? */
+        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+        int r = poll(&pfd, 1, c->alive_ms);
+        if (r > 0 || (r < 0 && errno != EINTR))
+            break;
+        if (r == 0 && !c->alive())
+            return -ETIMEDOUT;
+    }
     for (;;) {
         uint8_t flags;
         uint64_t size;

@@ -13,6 +13,10 @@
 struct zmtp_conn {
     int fd;
     int spin_us; /* poll this long for a reply before sleeping */
+    /* Liveness: while zmtp_recv waits for a message, every `alive_ms` (0: never) it calls
+     * alive(); a 0 from it ends the wait with -ETIMEDOUT (the peer stopped answering). */
+    int alive_ms;
+    int (*alive)(void);
     /* receive buffer for one whole multipart message */
     uint8_t *buf;
     size_t cap;

@@ -351,6 +351,8 @@ class Daemon:
             router.send_multipart([frames[0], frames[1], body])
         elif env.opcode == lib.PILOT_OP_DEVICE_JOIN:
             router.send_multipart([frames[0], frames[1], self._join(frames, env.session)])
+        elif env.opcode == lib.PILOT_OP_PING:  # a client waiting long on a call: alive
+            router.send_multipart([frames[0], frames[1], to_bytes(new("pilot_rep_status"))])
         elif env.opcode == lib.PILOT_OP_SESSIONS:
             rep = new("pilot_rep_status")
             listing = json.dumps(self._sessions_for(frames)).encode()

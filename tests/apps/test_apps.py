@@ -788,3 +788,35 @@ def test_runtime_misc(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> 
     cudaDeviceSetLimit requests when its session ended."""
     for _ in range(2):
         check_output(run_under_pilot("runtime_misc"), expected_runtime_misc(), daemon_log)
+
+
+def test_a_call_waits_as_long_as_pilotd_lives(run_under_pilot: RunUnderPilot) -> None:
+    """A synchronize behind a 3 s host callback, with a liveness check every second: pilotd
+    answers each (its router is not the busy vGPU), so the call is not cut short."""
+    proc = run_under_pilot("liveness", timeout=60, env={"PILOT_LIVENESS": "1"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "slow_callback ok", proc.stdout + proc.stderr
+    assert "liveness" not in proc.stderr, proc.stderr
+
+
+def test_a_call_fails_soon_once_pilotd_stops_answering(start_pilotd: Any, app_binaries: dict[str, Path],
+                                                      shim_path: str) -> None:
+    """Issue 12, attack 10: a pilotd stopped (SIGSTOP) while a program waits for a reply hung it
+    for ever. The shim asks pilotd's main socket after PILOT_LIVENESS s and gives up after
+    PILOT_CONNECT_TIMEOUT more: the call fails with cudaErrorDevicesUnavailable."""
+    daemon = start_pilotd()
+    env = {**daemon.env(), "LD_PRELOAD": shim_path, "PILOT_LIVENESS": "1", "PILOT_CONNECT_TIMEOUT": "1"}
+    proc = subprocess.Popen([str(app_binaries["liveness"]), "loop"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "looping"
+        time.sleep(0.5)
+        daemon.proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        line = proc.stdout.readline().strip()
+        noticed = time.monotonic() - stopped
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=60)
+    assert line == "cudaErrorDevicesUnavailable", (line, out, err)
+    assert noticed < 6.0, f"took {noticed:.1f} s to notice a stopped pilotd"
+    assert "did not answer a liveness check" in err and proc.returncode == 0, err
