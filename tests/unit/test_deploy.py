@@ -75,6 +75,10 @@ def one(service: dict[str, list[str]], key: str) -> str:
     ("RestrictRealtime", "yes"),
     ("SystemCallArchitectures", "native"),
     ("DevicePolicy", "closed"),
+    ("MemoryHigh", "70%"),  # issue 12: a root daemon facing untrusted users has bounds
+    ("MemoryMax", "80%"),
+    ("TasksMax", "4096"),
+    ("LimitCORE", "0"),
 ])
 def test_unit_setting(service: dict[str, list[str]], key: str, value: str) -> None:
     assert one(service, key) == value
