@@ -38,7 +38,7 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     [nvml]
     poll_interval = "1s"
     [metrics]
-    address = "127.0.0.1:9400"     # Prometheus endpoint: host:port, [v6]:port, :port; "" = off
+    address = "127.0.0.1:19400"    # Prometheus endpoint: host:port, [v6]:port, :port; "" = off
     [tenants.<name>]               # name: [a-z0-9][a-z0-9_.-]*
     users = ["alice"]
     groups = ["ml"]
@@ -221,7 +221,8 @@ class Config:
     pinned_limit: int | None = None
     pinned_limit_per_tenant: int | None = None
     nvml_poll_interval: float = 1.0
-    metrics_address: str = "127.0.0.1:9400"
+    # Outside 9100-9999, where Prometheus exporters' default ports are (9400: dcgm-exporter).
+    metrics_address: str = "127.0.0.1:19400"
     state_dir: str = field(default_factory=default_state_dir)
     admin_group: str = "pilot-admin"
     log_level: str = "info"

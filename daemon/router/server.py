@@ -267,10 +267,10 @@ class Daemon:
         try:
             self._exporter = start_exporter(self.config.metrics_address,
                                             PilotCollector(self.metrics, self.snapshot, self._nvml))
-        except (OSError, ValueError) as exc:
-            log.warning("metrics exporter disabled: cannot listen on %s (%s)",
-                        self.config.metrics_address, exc)
-            return
+        except (OSError, ValueError) as exc:  # a port taken is a mistake to fix, not to hide
+            raise DaemonError(f"metrics: cannot listen on {self.config.metrics_address} ({exc}); "
+                              "choose another [metrics] address (--metrics-address), or \"\" to "
+                              "run without metrics") from None
         log.info("metrics on http://%s/metrics", self.config.metrics_address)
 
     def _serve(self, router: zmq.Socket, control_sock: zmq.Socket) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import platform
 import socket
 import socketserver
 import threading
@@ -34,6 +35,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from pilot import __version__
 
 log = logging.getLogger("pilot.metrics")
 
@@ -295,6 +298,10 @@ class PilotCollector(Collector):
         except Exception:
             log.exception("metrics state snapshot failed; exporting counters only")
             state = None
+        build = _gauge("pilot_build_info", "Always 1; pilot's version and the Python it runs on.",
+                       ["version", "python"])
+        build.add_metric([__version__, platform.python_version()], 1)
+        yield build
         if state is not None:
             yield from self._state_families(state)
         yield from self._counter_families(self.metrics.snapshot())

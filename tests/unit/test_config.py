@@ -97,7 +97,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert (c.backend, c.socket, c.control_socket, c.vgpus_per_gpu, c.gpus, c.capacity) == (
         "cuda", None, None, 2, None, None)
     assert (c.policy, c.nvml_poll_interval, c.metrics_address, c.admin_group) == (
-        "none", 1.0, "127.0.0.1:9400", "pilot-admin")
+        "none", 1.0, "127.0.0.1:19400", "pilot-admin")
     assert (c.log_level, c.log_format, c.spin_us, c.sim_kernels) == ("info", "text", 50, ())
     assert c.capacity_per_gpu == {} and c.tenants == {}
     assert c.state_dir == str(tmp_path / "home" / ".local" / "state" / "pilot")
@@ -121,7 +121,7 @@ def test_control_socket_path_and_capacity_for() -> None:
     c = Config(capacity="70GiB", capacity_per_gpu={1: 40 * GiB})
     assert c.capacity_for(0, 80 * GiB) == 70 * GiB
     assert c.capacity_for(1, 80 * GiB) == 40 * GiB
-    assert c.metrics_host_port() == ("127.0.0.1", 9400)
+    assert c.metrics_host_port() == ("127.0.0.1", 19400)
     assert Config(metrics_address="").metrics_host_port() is None
 
 

@@ -393,3 +393,36 @@ def test_grafana_dashboard_queries_only_exported_metrics() -> None:
                  "pilot_quota_rejections_total"):
         assert name in used, name
     assert exprs >= 20
+
+
+def test_build_info() -> None:
+    """pilot_build_info{version, python} = 1, so dashboards can tell versions apart (issue 15)."""
+    import platform
+
+    from pilot import __version__
+
+    samples = {s.name: s for f in registry_for(Metrics()).collect() for s in f.samples}
+    build = samples["pilot_build_info"]
+    assert build.value == 1
+    assert build.labels == {"version": __version__, "python": platform.python_version()}
+
+
+def test_pilotd_does_not_start_when_its_metrics_port_is_taken(tmp_path: Path) -> None:
+    """A busy metrics port stopped nothing but the metrics (the daemon said ready); now the
+    start fails with a message naming the address and the way out (issue 15)."""
+    import socket as socket_module
+    import subprocess
+    import sys
+
+    with socket_module.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "pilot.daemon", "--backend", "sim", "--socket",
+             str(tmp_path / "p.sock"), "--state-dir", str(tmp_path / "state"),
+             "--metrics-address", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert f"metrics: cannot listen on 127.0.0.1:{port}" in proc.stderr, proc.stderr
+    assert '"" to run without metrics' in proc.stderr
+    assert not (tmp_path / "p.sock").exists()  # nothing left behind
