@@ -165,4 +165,4 @@ def memcpy_pinned(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
         vg.backend.stream_synchronize(stream)
     r.copies += 1
     r.copied_bytes += count
-    vg.metrics.bytes_copied(direction, count)
+    vg.metrics.bytes_copied(direction, count, s.tenant)

@@ -117,7 +117,7 @@ def memcpy_h2d(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     stream = _copy_stream(vg, s, req)
     note_write(vg, s, req.dst, req.count, stream)
     vg.backend.memcpy_htod(req.dst, payload, req.count, stream)
-    vg.metrics.bytes_copied("h2d", req.count)
+    vg.metrics.bytes_copied("h2d", req.count, s.tenant)
 
 @OPS.handler(lib.PILOT_OP_MEMCPY_D2H, "pilot_req_memcpy", synchronizing=True)
 def memcpy_d2h(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
@@ -126,7 +126,7 @@ def memcpy_d2h(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     s.check_range(req.src, req.count)
     out = bytearray(req.count)
     vg.backend.memcpy_dtoh(out, req.src, req.count, _copy_stream(vg, s, req))
-    vg.metrics.bytes_copied("d2h", req.count)
+    vg.metrics.bytes_copied("d2h", req.count, s.tenant)
     return new("pilot_rep_status"), out
 
 @OPS.handler(lib.PILOT_OP_MEMCPY_D2D, "pilot_req_memcpy", synchronizing=True)
@@ -136,7 +136,7 @@ def memcpy_d2d(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     stream = _copy_stream(vg, s, req)
     note_write(vg, s, req.dst, req.count, stream)
     vg.backend.memcpy_dtod(req.dst, req.src, req.count, stream)
-    vg.metrics.bytes_copied("d2d", req.count)
+    vg.metrics.bytes_copied("d2d", req.count, s.tenant)
 
 @OPS.handler(lib.PILOT_OP_MEMCPY_H2D_STAGED, "pilot_req_memcpy", synchronizing=True)
 def memcpy_h2d_staged(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
@@ -145,13 +145,13 @@ def memcpy_h2d_staged(vg: VGpu, s: Session, req: Any, payload: memoryview) -> No
     note_write(vg, s, req.dst, req.count, stream)
     # The backend returns once the slot may be refilled (it waits for the DMA from pinned memory).
     vg.backend.memcpy_htod(req.dst, staging_slot(s, req), req.count, stream)
-    vg.metrics.bytes_copied("h2d", req.count)
+    vg.metrics.bytes_copied("h2d", req.count, s.tenant)
 
 @OPS.handler(lib.PILOT_OP_MEMCPY_D2H_STAGED, "pilot_req_memcpy", synchronizing=True)
 def memcpy_d2h_staged(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     s.check_range(req.src, req.count)
     vg.backend.memcpy_dtoh(staging_slot(s, req), req.src, req.count, _copy_stream(vg, s, req))
-    vg.metrics.bytes_copied("d2h", req.count)
+    vg.metrics.bytes_copied("d2h", req.count, s.tenant)
 
 @OPS.handler(lib.PILOT_OP_MEMSET, "pilot_req_memset")
 def memset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
@@ -182,7 +182,7 @@ def memcpy_2d(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
         s.check_range(req.dst, _rows_span(dpitch, width, height))
         stream = _copy_stream(vg, s, req)
         backend.memcpy_2d_htod(req.dst, dpitch, payload, width, width, height, stream)
-        vg.metrics.bytes_copied("h2d", width * height)
+        vg.metrics.bytes_copied("h2d", width * height, s.tenant)
         return None
     if kind == lib.PILOT_COPY_D2H:
         if width * height > lib.PILOT_INLINE_MAX:
@@ -190,14 +190,14 @@ def memcpy_2d(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
         s.check_range(req.src, _rows_span(spitch, width, height))
         out = bytearray(width * height)
         backend.memcpy_2d_dtoh(out, width, req.src, spitch, width, height, _copy_stream(vg, s, req))
-        vg.metrics.bytes_copied("d2h", width * height)
+        vg.metrics.bytes_copied("d2h", width * height, s.tenant)
         return new("pilot_rep_status"), out
     if kind == lib.PILOT_COPY_D2D:
         s.check_range(req.dst, _rows_span(dpitch, width, height))
         s.check_range(req.src, _rows_span(spitch, width, height))
         backend.memcpy_2d_dtod(req.dst, dpitch, req.src, spitch, width, height,
                                _copy_stream(vg, s, req))
-        vg.metrics.bytes_copied("d2d", width * height)
+        vg.metrics.bytes_copied("d2d", width * height, s.tenant)
         return None
     raise BackendError(CUDA_ERROR_INVALID_MEMCPY_DIRECTION, f"2D copy kind {kind}")
 
@@ -234,4 +234,4 @@ def memcpy_peer(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     vg.backend.memcpy_peer(req.dst, dst_dev, req.src, src_dev, req.count, stream)
     if req.sync:
         vg.backend.stream_synchronize(stream)
-    vg.metrics.bytes_copied("d2d", req.count)
+    vg.metrics.bytes_copied("d2d", req.count, s.tenant)

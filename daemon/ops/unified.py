@@ -124,7 +124,7 @@ def shadow_flush(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     shadow.flushes += 1
     shadow.flushed_bytes += moved
     shadow.dirty_chunks += -(-req.count // shadow.chunk)
-    vg.metrics.bytes_copied("h2d", moved)
+    vg.metrics.bytes_copied("h2d", moved, s.tenant)
 
 
 @OPS.handler(lib.PILOT_OP_SHADOW_FETCH, "pilot_req_memcpy")
@@ -143,7 +143,7 @@ def shadow_fetch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
         moved += count
     shadow.fetches += 1
     shadow.fetched_bytes += moved
-    vg.metrics.bytes_copied("d2h", moved)
+    vg.metrics.bytes_copied("d2h", moved, s.tenant)
 
 
 @OPS.handler(lib.PILOT_OP_MANAGED_VAR, "pilot_req_symbol_get")

@@ -187,7 +187,10 @@ def issue(vg: VGpu, s: Session, launch: Launch) -> None:
     else:
         vg.backend.launch_ex(info.handle, launch.grid, launch.block, launch.shared_bytes, stream,
                              launch.args[:], launch.attrs)
-    vg.shard.kernels += 1
+    shard = vg.shard
+    shard.kernels += 1
+    key = ("tenant_launches", (s.tenant,))
+    shard.labeled[key] = shard.labeled.get(key, 0) + 1
     host = vg.policy
     view = launch.view if host is not None and host.needs_kernel_end else None
     if view is not None or touched:

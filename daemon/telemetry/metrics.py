@@ -95,6 +95,10 @@ LABELED_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                 "Movable memory moved to host memory, by whose and why (capacity: "
                                 "the enforcer made room; policy: a policy asked).",
                                 ("gpu", "tenant", "reason")),
+    "tenant_launches": ("pilot_tenant_launches_total", "Kernels launched, by tenant.", ("tenant",)),
+    "tenant_copied_bytes": ("pilot_tenant_copied_bytes_total",
+                            "Bytes copied by cudaMemcpy and friends, by tenant and direction.",
+                            ("tenant", "direction")),
     "residency_prefetched_bytes": ("pilot_residency_prefetched_bytes_total",
                                    "Movable memory a policy moved back onto the GPU.", ("gpu", "tenant")),
 }
@@ -177,8 +181,8 @@ class Metrics:
             shard = self._new_shard()
         shard.kernels += n
 
-    def bytes_copied(self, direction: str, n: int) -> None:
-        """`direction` is one of h2d, d2h, d2d."""
+    def bytes_copied(self, direction: str, n: int, tenant: str | None = None) -> None:
+        """`direction` is one of h2d, d2h, d2d; with `tenant`, counted for it too."""
         try:
             shard = self._local.shard
         except AttributeError:
@@ -187,6 +191,9 @@ class Metrics:
             shard.copied[direction] += n
         except KeyError:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}") from None
+        if tenant is not None:
+            key = ("tenant_copied_bytes", (tenant, direction))
+            shard.labeled[key] = shard.labeled.get(key, 0) + n
 
     def _policy(self, event: str, tenant: str) -> None:
         try:
