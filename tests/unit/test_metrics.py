@@ -431,3 +431,28 @@ def test_pilotd_does_not_start_when_its_metrics_port_is_taken(tmp_path: Path) ->
     assert f"metrics: cannot listen on 127.0.0.1:{port}" in proc.stderr, proc.stderr
     assert '"" to run without metrics' in proc.stderr
     assert not (tmp_path / "p.sock").exists()  # nothing left behind
+
+
+ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "pilot-alerts.yml"
+
+
+def test_alert_rules_use_exported_metrics_and_pass_promtool() -> None:
+    """deploy/pilot-alerts.yml (issue 15): every pilot_* metric its rules query is exported (with
+    the labels they use), and `promtool check rules` accepts it where promtool is installed."""
+    import shutil
+    import subprocess
+
+    series = exported_series()
+    exprs = re.findall(r"^\s+expr: (.+)$", ALERTS.read_text(), flags=re.M)
+    assert len(exprs) >= 5
+    for expr in exprs:
+        names, labels = promql_names(expr)
+        for name in names - {"up"}:
+            assert name in series, (expr, name)
+            assert labels <= series[name] | {"instance", "job"}, (expr, labels - series[name])
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed: the rules' syntax is not checked here")
+    proc = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
