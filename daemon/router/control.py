@@ -100,6 +100,15 @@ def _limit(value: Any, current: int | None) -> int | None:
     return parse_bytes(value)
 
 
+def _most_grantable(daemon: Daemon, gpu: int | None) -> int:
+    """The most a tenant could hold on `gpu` (None: on any GPU): its capacity, or with an
+    enforced capacity its managed limit when larger (movable memory may exceed the capacity)."""
+    broker = daemon.broker
+    gpus = sorted(daemon.gpus) if gpu is None else [gpu]
+    return max(max(broker.budget.capacity(g), broker.managed.capacity(g) if broker.managed else 0)
+               for g in gpus)
+
+
 def _tenant_arg(daemon: Daemon, name: Any) -> str:
     """A named tenant, `user:NAME`, `uid:N`, or a bare user name (meaning user:NAME)."""
     if not isinstance(name, str) or not name:
@@ -194,6 +203,12 @@ def quota_set(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str,
     current = daemon.quotas.entry(tenant, gpu)
     hard = _limit(args.get("hard"), current.hard if current else None)
     provisioned = _limit(args.get("provisioned"), current.provisioned if current else None)
+    most = _most_grantable(daemon, gpu)
+    for what, value in (("hard", hard), ("provisioned", provisioned)):
+        if value is not None and value > most:
+            where = "any GPU" if gpu is None else f"GPU {gpu}"
+            raise ControlError(f"{what} limit {value} bytes is more than {where} can grant "
+                               f"({most} bytes: its capacity, or its managed limit)")
     q = daemon.quotas.set(tenant, gpu, hard=hard, provisioned=provisioned)
     log.info("quota for %s on %s: hard=%s provisioned=%s", tenant,
              "every GPU" if gpu is None else f"GPU {gpu}", q.hard, q.provisioned,

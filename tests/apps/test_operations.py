@@ -186,6 +186,11 @@ def test_errors_are_one_line_and_exit_1(ops: OpsDaemon) -> None:
     assert "unknown tenant" in out.stderr
     out = ops.ctl("quota", "set", "root", "lots", ok=False)
     assert out.returncode == 1 and "lots" in out.stderr
+    # at most what a GPU can grant (issue 15: size bounds)
+    out = ops.ctl("quota", "set", "root", "100TiB", "--gpu", "0", ok=False)
+    assert out.returncode == 1 and "more than GPU 0 can grant" in out.stderr, out.stderr
+    out = ops.ctl("quota", "set", "root", "1GiB", "--provisioned", "100TiB", ok=False)
+    assert out.returncode == 1 and "provisioned limit" in out.stderr and "any GPU" in out.stderr
     out = ops.ctl("drain", "7", ok=False)
     assert out.returncode == 1 and "no GPU 7" in out.stderr
     gone = subprocess.run([sys.executable, "-m", "pilot.cli.pilotctl", "--control-socket",
