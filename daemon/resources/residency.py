@@ -30,6 +30,7 @@ enqueued, not waited for).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import threading
 from collections.abc import Iterable
@@ -66,6 +67,7 @@ class Extent:
     advised: bool = False  # kept in host memory by a policy (advise_host)
     active: int = 0  # running kernels that use it
     used_at: int = 0  # recency: the GPU's clock when it was last brought in or used
+    busy_until: Any = None  # while active: an event recorded after its last kernel
 
 
 @dataclass(eq=False)
@@ -86,7 +88,9 @@ class GpuResidency:
     clock: int = 0
     stream: Any = None  # pilot's own stream on this GPU: every eviction and policy move
     event: Any = None  # recorded on `stream` after evictions, waited for by the launch's stream
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Reentrant: a launch holds it from making room until the event after its kernel is known
+    # (Residency.launching), and calls back in meanwhile.
+    lock: threading.RLock = field(default_factory=threading.RLock)
 
     def allocation_at(self, ptr: int) -> int | None:
         i = bisect.bisect_right(self.bases, ptr) - 1
@@ -165,6 +169,13 @@ class Residency:
         return g is not None and ptr in g.allocs
 
     # ---- what brings memory onto the GPU (vGPU threads) ----
+    def launching(self, s: Session) -> Any:
+        """Held around a launch of s that uses movable memory, from before_launch until its
+        extents know the event after its kernel (launched): no other launch may evict them in
+        between without waiting for that kernel."""
+        g = self.sessions.get(s.id)
+        return g.lock if g is not None else contextlib.nullcontext()
+
     def before_launch(self, s: Session, allocations: Iterable[int], stream: Any) -> list[Extent]:
         """A launch whose arguments point into these allocations (bases) is about to be issued
         on `stream`: make room for the part not resident (evictions go on `stream`, ahead of
@@ -195,6 +206,21 @@ class Residency:
                 if now is not None and now[0] is e:  # the same allocation, not one freed since
                     for x in now:
                         x.active = max(0, x.active - 1)
+                        if not x.active:
+                            x.busy_until = None  # its event is recycled after this
+
+    def launched(self, s: Session, extents: list[Extent], event: Any) -> None:
+        """The kernel using these extents was issued and `event` recorded after it (KernelWatch):
+        evicting them for someone else waits for it (see _make_room)."""
+        g = self.sessions.get(s.id)
+        if g is None or not extents:
+            return
+        with g.lock:
+            for e in extents:
+                now = g.allocs.get(e.alloc)
+                if now is not None and now[0] is e:
+                    for x in now:
+                        x.busy_until = event
 
     def written(self, s: Session, ptr: int, count: int, stream: Any) -> None:
         """The program copies, sets or prefetches [ptr, ptr+count) on the GPU (on `stream`):
@@ -280,6 +306,10 @@ class Residency:
                 self._evict(g, e, stream, "capacity")
             else:
                 own = own or self._stream(g)
+                if e.active and e.busy_until is not None:
+                    # Another session's kernel uses it: move it only once that kernel is done,
+                    # or the kernel would fault it back and the GPU would hold more than C.
+                    self.backend.stream_wait_event(own, e.busy_until)
                 self._evict(g, e, own, "capacity")
             over -= e.size
         if own is not None and own is not stream:

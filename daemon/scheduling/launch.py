@@ -177,11 +177,18 @@ def issue(vg: VGpu, s: Session, launch: Launch) -> None:
     else:
         stream = streams.stream_for_work(vg, s, launch.stream)
     res = vg.broker.residency
-    touched = None
     if res is not None and s.id in res.sessions:  # movable memory: room on the GPU first
         ranges = launch.view.footprint if launch.view is not None and vg.policy is not None and \
             vg.policy.needs_footprint else movable_footprint(vg, s, launch)
-        touched = res.before_launch(s, [r.ptr for r in ranges if r.movable], stream)
+        with res.launching(s):  # until the extents know the event after the kernel
+            touched = res.before_launch(s, [r.ptr for r in ranges if r.movable], stream)
+            _launch_and_watch(vg, s, launch, info, stream, touched)
+    else:
+        _launch_and_watch(vg, s, launch, info, stream, None)
+
+
+def _launch_and_watch(vg: VGpu, s: Session, launch: Launch, info: FunctionInfo, stream: Any,
+                      touched: Any) -> None:
     if launch.attrs is None:
         vg.backend.launch(info.handle, launch.grid, launch.block, launch.shared_bytes, stream, launch.args[:])
     else:
@@ -216,6 +223,10 @@ class KernelWatch:
         backend = self.vg.backend
         ev = self._free_events.pop() if self._free_events else backend.event_create(EVENT_DISABLE_TIMING)
         backend.event_record(ev, stream)
+        if touched:
+            res = self.vg.broker.residency
+            if res is not None:
+                res.launched(s, touched, ev)
         queue = self._running.get(stream)
         if queue is None:
             queue = self._running[stream] = deque()

@@ -512,3 +512,25 @@ def test_without_enforcement_the_room_leaves_out_movable_memory_the_budget_holds
     enforced = Env(capacity=100 * MiB, fixed=10 * MiB)
     enforced.track(1, A, 30 * MiB)  # charged to the managed limit, not the budget
     assert enforced.res.fixed_used(0) == 10 * MiB and enforced.res.describe(0)["room"] == 90 * MiB
+
+
+def test_another_sessions_active_extent_leaves_after_its_kernel() -> None:
+    """Evicting what another session's running kernel uses would let that kernel fault it back
+    (more than C on the GPU): pilot's stream first waits for the event recorded after that
+    kernel, and the new launch waits for pilot's stream."""
+    env = Env(capacity=100 * MiB)
+    env.track(1, A, 60 * MiB)
+    env.track(2, B, 60 * MiB)
+    running = env.launch(1, A)
+    env.res.launched(env.s[1], running, "event-after-a")  # type: ignore[arg-type]
+    env.backend.take()
+    env.launch(2, B)  # 60 more: only A is there, and it is busy
+    calls = env.backend.take()
+    own = next(c[1] for c in calls if c[0] == "stream_wait_event" and c[2] == "event-after-a")
+    wait_at = calls.index(("stream_wait_event", own, "event-after-a"))
+    evict_at = next(i for i, c in enumerate(calls) if c[0] == "mem_prefetch" and c[1] == A)
+    assert wait_at < evict_at and calls[evict_at][-1] == own  # on pilot's stream, after the wait
+    recorded = next(c for c in calls[evict_at:] if c[0] == "event_record")
+    assert recorded[2] == own and ("stream_wait_event", "user-stream", recorded[1]) in calls  # launch waits
+    env.finish(1, running)
+    assert all(e.busy_until is None for e in env.g.allocs[A])  # its event may be recycled now
