@@ -63,7 +63,8 @@ def fake_daemon() -> Any:
         config=SimpleNamespace(admin_group="pilot-admin", tenants={}, policy="none"),
         broker=SimpleNamespace(tenant_usage=lambda tenant, gpus: {
             **{str(g): {"used": 5, "by_kind": {"device": 5}} for g in gpus},
-            "host": {"used": 0, "by_kind": {}, "limit": None}}),
+            "host": {"used": 0, "by_kind": {}, "limit": None}},
+            budget=SimpleNamespace(capacity=lambda g: 80 << 30), managed=None),
         session_summaries=lambda: sessions,
         draining=set(), end_session=lambda sid, why: sid == 1)
 
@@ -133,3 +134,12 @@ def test_sizes_beyond_64_bits_are_refused() -> None:
     reply = call(fake_daemon(), ADMIN, "quota.set", tenant="user:bob", hard=str(2**64))
     assert not reply["ok"] and "16 EiB" in reply["error"], reply
 
+
+
+def test_quota_limits_are_bounded_by_what_a_gpu_can_grant() -> None:
+    d = fake_daemon()
+    reply = call(d, ADMIN, "quota.set", tenant="user:bob", gpu=0, hard="81GiB")
+    assert not reply["ok"] and "more than GPU 0 can grant (85899345920 bytes" in reply["error"]
+    assert call(d, ADMIN, "quota.set", tenant="user:bob", gpu=0, hard="80GiB")["ok"]
+    d.broker.managed = SimpleNamespace(capacity=lambda g: 200 << 30)  # enforced: managed limit
+    assert call(d, ADMIN, "quota.set", tenant="user:bob", hard="150GiB")["ok"]
