@@ -122,6 +122,7 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
     try:
         be = make_backend(config.backend, config.sim_kernels, config.gpus, config.sim_devices)
         daemon = Daemon(be, config, path, control_path, policy)
+        daemon.reread_config = lambda: load_config(config_path, overrides)  # SIGHUP
     except (DaemonError, ImportError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # a backend that cannot start (no driver, no GPU)

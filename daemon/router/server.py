@@ -20,7 +20,8 @@ import select
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import zmq
@@ -43,6 +44,7 @@ from pilot.daemon.scheduling.placement import place_part, place_session
 from pilot.daemon.scheduling.policy_host import PolicyHost, load_policy
 from pilot.daemon.sessions.devices import SessionGroup, Topology
 from pilot.daemon.sessions.session import Credentials, Session, read_cmdline
+from pilot.daemon.telemetry.logs import setup_logging
 from pilot.daemon.telemetry.metrics import Metrics, PilotCollector, start_exporter
 from pilot.daemon.telemetry.nvml import NvmlPoller, NvmlSource, NvmlUnavailable, SimSource
 from pilot.daemon.vgpu.server import VGpu
@@ -151,6 +153,7 @@ class Daemon:
         for vg in self.vgpus:
             vg.topology, vg.callbacks = self.topology, self.callbacks
         self.draining: set[int] = set()
+        self.reread_config: Callable[[], Config] | None = None  # set by main: SIGHUP re-reads
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._nvml: NvmlPoller | None = None
@@ -206,11 +209,39 @@ class Daemon:
         """SIGHUP (signal handler): the router re-reads what can change while running."""
         self._reload.set()
 
+    # Settings SIGHUP applies to the running daemon; every other one applies at the next start.
+    LIVE_SETTINGS = ("log_level", "log_format", "policy_max_wait", "callback_timeout")
+
     def _reload_now(self) -> None:
+        """SIGHUP: quotas.json again, and the config file (with the command line's overrides):
+        the LIVE_SETTINGS that changed are applied; any other change is named in the log as
+        waiting for a restart. A config that does not load changes nothing (logged)."""
         self._reload.clear()
         self.quotas.reload()
-        log.info("SIGHUP: quotas re-read from %s; other settings apply at the next start",
-                 self.config.state_dir)
+        log.info("SIGHUP: quotas re-read from %s", self.config.state_dir)
+        if self.reread_config is None:
+            return
+        try:
+            new = self.reread_config()
+        except Exception as exc:  # ConfigError and any surprise: keep what runs
+            log.error("SIGHUP: the configuration does not load, nothing changed: %s", exc)
+            return
+        old = self.config
+        changed = [f.name for f in fields(Config) if getattr(old, f.name) != getattr(new, f.name)]
+        live = [k for k in changed if k in self.LIVE_SETTINGS]
+        if "log_level" in live or "log_format" in live:
+            setup_logging(new.log_level, new.log_format)
+        if "policy_max_wait" in live:
+            self.policy.max_wait = new.policy_max_wait
+        if "callback_timeout" in live:
+            self.callbacks.timeout = new.callback_timeout
+        # the applied values become the daemon's; the others keep theirs until a restart
+        self.config = replace(old, **{k: getattr(new, k) for k in live})
+        if live:
+            log.info("SIGHUP: applied %s", ", ".join(f"{k} = {getattr(new, k)!r}" for k in live))
+        rest = [k for k in changed if k not in self.LIVE_SETTINGS]
+        if rest:
+            log.warning("SIGHUP: %s changed; that applies at the next start", ", ".join(rest))
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -254,8 +254,8 @@ class CallbackHub:
     def _serve(self) -> None:
         msgs = ffi.new("pilot_srv_msg[]", BATCH)
         control = ffi.new("int *")
-        wait_ms = max(100, min(1000, int(self.timeout * 250))) if self.timeout > 0 else -1
-        while True:
+        while True:  # the timeout may change (SIGHUP): the wait follows it
+            wait_ms = max(100, min(1000, int(self.timeout * 250))) if self.timeout > 0 else 1000
             n = lib.pilot_srv_wait(self._srv, wait_ms, 0, msgs, BATCH, control)
             if n < 0:
                 log.error("callback socket failed; host callbacks stop")

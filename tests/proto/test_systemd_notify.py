@@ -88,3 +88,53 @@ def test_sighup_rereads_quotas_and_keeps_serving(tmp_path: Path) -> None:
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(15)
+
+
+def test_sighup_rereads_the_config_and_applies_what_can_change_live(tmp_path: Path) -> None:
+    """Issue 15: SIGHUP re-reads pilotd.toml: log level and format, [policy] max_wait and
+    [daemon] callback_timeout apply at once; any other change is named as waiting for a
+    restart; a file that does not load changes nothing."""
+    sock = tmp_path / "pilot.sock"
+    log_path = tmp_path / "pilotd.log"
+    config = tmp_path / "pilotd.toml"
+    config.write_text('[daemon]\ncallback_timeout = "60s"\n[policy]\nmax_wait = "30s"\n')
+    env = {**os.environ, "PILOT_SOCKET": str(sock)}
+    with open(log_path, "w") as log:
+        daemon = subprocess.Popen([sys.executable, "-m", "pilot.daemon", "--backend", "sim", "--config",
+                                   str(config), "--socket", str(sock), "--state-dir", str(tmp_path / "state"),
+                                   "--metrics-address", ""], env=env, stdout=log, stderr=subprocess.STDOUT)
+    ctl = [sys.executable, "-m", "pilot.cli.pilotctl"]
+
+    def max_wait() -> float:
+        out = subprocess.run([*ctl, "status", "--json"], env=env, check=True, capture_output=True,
+                             text=True).stdout
+        return json.loads(out)["scheduling"]["max_wait_s"]
+
+    def logged(text: str) -> None:
+        deadline = time.monotonic() + 5
+        while text not in log_path.read_text():
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+
+    try:
+        deadline = time.monotonic() + 20
+        while "pilotd ready" not in log_path.read_text():
+            assert daemon.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        assert max_wait() == 30
+        config.write_text('[daemon]\ncallback_timeout = "2s"\nvgpus_per_gpu = 3\nlog_format = "json"\n'
+                          '[policy]\nmax_wait = "5s"\n')
+        daemon.send_signal(signal.SIGHUP)
+        logged("vgpus_per_gpu changed; that applies at the next start")
+        text = log_path.read_text()
+        assert "callback_timeout = 2.0" in text and "policy_max_wait = 5.0" in text, text
+        assert '"msg": "SIGHUP: vgpus_per_gpu changed' in text or '"msg":"SIGHUP: vgpus' in text.replace(
+            " ", ""), text  # the new format is in force for that very line
+        assert max_wait() == 5
+        config.write_text("[policy]\nmax_wait = \"a while\"\n")
+        daemon.send_signal(signal.SIGHUP)
+        logged("the configuration does not load, nothing changed")
+        assert daemon.poll() is None and max_wait() == 5
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(15)
