@@ -34,7 +34,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.resources import pagemap
@@ -368,8 +368,7 @@ class Residency:
         at = max(base, (at // ALIGN) * ALIGN)
         for i, e in enumerate(extents):
             if e.ptr < at < e.ptr + e.size:
-                tail = Extent(at, e.ptr + e.size - at, base, e.session, e.tenant, e.resident,
-                              e.advised, e.active, e.used_at)
+                tail = replace(e, ptr=at, size=e.ptr + e.size - at)  # the head's state, all of it
                 e.size = at - e.ptr
                 extents.insert(i + 1, tail)
                 return

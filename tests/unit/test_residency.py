@@ -534,3 +534,16 @@ def test_another_sessions_active_extent_leaves_after_its_kernel() -> None:
     assert recorded[2] == own and ("stream_wait_event", "user-stream", recorded[1]) in calls  # launch waits
     env.finish(1, running)
     assert all(e.busy_until is None for e in env.g.allocs[A])  # its event may be recycled now
+
+
+def test_a_split_extent_keeps_the_event_of_the_kernel_that_uses_it() -> None:
+    """advise_host splitting an extent while a kernel uses it: the tail too waits for that
+    kernel before another session may evict it (it lost `busy_until` before)."""
+    env = Env(capacity=130 * MiB)
+    env.track(1, A, 64 * MiB)
+    running = env.launch(1, A)
+    env.res.launched(env.s[1], running, "event-after-a")  # type: ignore[arg-type]
+    env.res.advise_host(1, A + 62 * MiB, 2 * MiB)  # splits [0, 64) at 62 MiB
+    assert [e.busy_until for e in env.g.allocs[A]] == ["event-after-a"] * 2
+    env.finish(1, running)
+    assert [e.busy_until for e in env.g.allocs[A]] == [None, None]
