@@ -33,7 +33,7 @@ import bisect
 import contextlib
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +120,17 @@ def cut(ptr: int, size: int) -> list[tuple[int, int]]:
     return out
 
 
+def _current(g: GpuResidency, extents: list[Extent]) -> Iterator[Extent]:
+    """The extents, as they are now, of the allocations a launch used. `extents` holds every
+    extent of each allocation, the first one of each first; advise_host may have split them
+    since (a tail copies the head's state), and an allocation may have been freed and made
+    again at the same address (then its first extent is another object): skipped."""
+    for e in extents:
+        now = g.allocs.get(e.alloc)
+        if now is not None and now[0] is e:
+            yield from now
+
+
 class Residency:
     """Every GPU's movable memory; `enforced` False: tracked (for the policies and pilotctl)
     but never evicted to keep a capacity."""
@@ -187,7 +198,7 @@ class Residency:
             extents = [e for base in allocations for e in g.allocs.get(base, ())]
             if not extents:
                 return []
-            self._bring_in(g, extents, stream, "launch")
+            self._bring_in(g, extents, stream)
             for e in extents:
                 e.active += 1
         return extents
@@ -198,16 +209,10 @@ class Residency:
         if g is None or not extents:
             return
         with g.lock:
-            # `extents` holds every extent of each allocation the launch used, the first one of
-            # each first; advise_host may have split them since (a tail copies `active`), so
-            # each allocation's extents as they are now are the ones to count down.
-            for e in extents:
-                now = g.allocs.get(e.alloc)
-                if now is not None and now[0] is e:  # the same allocation, not one freed since
-                    for x in now:
-                        x.active = max(0, x.active - 1)
-                        if not x.active:
-                            x.busy_until = None  # its event is recycled after this
+            for x in _current(g, extents):
+                x.active = max(0, x.active - 1)
+                if not x.active:
+                    x.busy_until = None  # its event is recycled after this
 
     def launched(self, s: Session, extents: list[Extent], event: Any) -> None:
         """The kernel using these extents was issued and `event` recorded after it (KernelWatch):
@@ -216,11 +221,8 @@ class Residency:
         if g is None or not extents:
             return
         with g.lock:
-            for e in extents:
-                now = g.allocs.get(e.alloc)
-                if now is not None and now[0] is e:
-                    for x in now:
-                        x.busy_until = event
+            for x in _current(g, extents):
+                x.busy_until = event
 
     def written(self, s: Session, ptr: int, count: int, stream: Any) -> None:
         """The program copies, sets or prefetches [ptr, ptr+count) on the GPU (on `stream`):
@@ -231,7 +233,7 @@ class Residency:
         with g.lock:
             extents = g.overlapping(ptr, count)
             if extents:
-                self._bring_in(g, extents, stream, "copy")
+                self._bring_in(g, extents, stream)
 
     def moved_to_host(self, s: Session, ptr: int, count: int) -> None:
         """The program prefetched [ptr, ptr+count) to the CPU: whole extents leave the GPU (a
@@ -271,7 +273,7 @@ class Residency:
     def _room(self, g: GpuResidency) -> int:
         return max(0, self.budget.capacity(g.gpu) - self.fixed_used(g.gpu))
 
-    def _bring_in(self, g: GpuResidency, extents: list[Extent], stream: Any, why: str) -> None:
+    def _bring_in(self, g: GpuResidency, extents: list[Extent], stream: Any) -> None:
         g.clock += 1
         need = 0
         for e in extents:
@@ -288,10 +290,12 @@ class Residency:
 
     def _make_room(self, g: GpuResidency, need: int, spare: set[int], stream: Any, session: int) -> None:
         """Evict until `need` more bytes fit: idle extents, least recently used first, then
-        active ones; never those in `spare` (ids). Idle extents go on pilot's stream of the GPU,
-        and `stream` (the work that needs the room) waits for it; active ones go on `stream`
-        itself, so that they leave after the work queued before on it (a program's earlier
-        kernels), as a smaller GPU would evict them."""
+        active ones; never those in `spare` (ids). Evictions go on pilot's stream of the GPU, and
+        `stream` (the work of `session` that needs the room) waits for it; but the session's own
+        active extents go on `stream` itself, so that they leave after its kernels queued before,
+        not under them, and another session's active extents leave after its kernel (pilot's
+        stream waits for the event recorded after it, `busy_until`): so what is resident stays
+        within the room, at the price of the new work waiting for that kernel."""
         over = g.resident + need - self._room(g)
         if over <= 0:
             return
@@ -414,7 +418,7 @@ class Residency:
                     if e.resident and move:
                         self._evict(g, e, stream, "policy")
             if move and not to_host:
-                self._bring_in(g, extents, stream, "policy")
+                self._bring_in(g, extents, stream)
                 for e in extents:
                     backend.mem_prefetch(e.ptr, e.size, LOCATION_DEVICE, g.device, 0, stream)
                     g.prefetched += e.size

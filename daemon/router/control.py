@@ -233,19 +233,19 @@ def kill(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]
     return {"session": sid}
 
 
-@command("drain", admin=True)
-def drain(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+def _set_draining(daemon: Daemon, args: dict[str, Any], draining: bool) -> dict[str, Any]:
     gpu = _gpu_arg(daemon, args)
     if gpu is None:
         raise ControlError("which GPU?")
-    daemon.draining.add(gpu)
-    return {"gpu": gpu, "draining": True}
+    (daemon.draining.add if draining else daemon.draining.discard)(gpu)
+    return {"gpu": gpu, "draining": draining}
+
+
+@command("drain", admin=True)
+def drain(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    return _set_draining(daemon, args, True)
 
 
 @command("undrain", admin=True)
 def undrain(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-    gpu = _gpu_arg(daemon, args)
-    if gpu is None:
-        raise ControlError("which GPU?")
-    daemon.draining.discard(gpu)
-    return {"gpu": gpu, "draining": False}
+    return _set_draining(daemon, args, False)

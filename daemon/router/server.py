@@ -533,13 +533,13 @@ class Daemon:
     def snapshot(self) -> dict[str, Any]:
         """The daemon's state for pilotctl status and the metrics collector (any thread)."""
         readings = self._nvml.latest() if self._nvml is not None else {}
-        budget = self.broker.budget
+        budget, res = self.broker.budget, self.broker.residency
         return {
             "sessions": self.part_summaries(),
             "gpus": [{"index": g, "capacity": budget.capacity(g), "used_by_pilot": budget.used(g),
                       "draining": g in self.draining, "reading": readings.get(g),
                       "residency": res.describe(g) if res is not None else None}
-                     for g in sorted(self.gpus) for res in [self.broker.residency]],
+                     for g in sorted(self.gpus)],
             # The quota in force on each GPU (a quota for every GPU is expanded), so it lines up
             # with the per-GPU memory series.
             "quotas": {t: {str(g): {"hard": q.hard, "provisioned": q.provisioned}

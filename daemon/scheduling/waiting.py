@@ -127,9 +127,8 @@ class WaitQueue:
         self._remove(w)
         s.waiting = None
         waited = time.monotonic() - w.since
-        policy = vg.policy.name if vg.policy is not None else "none"
-        vg.metrics.count("launch_waits", (policy, s.tenant, outcome))
-        vg.metrics.count("launch_wait_seconds", (policy, s.tenant), waited)
+        vg.metrics.count("launch_waits", (self._policy_name(), s.tenant, outcome))
+        vg.metrics.count("launch_wait_seconds", (self._policy_name(), s.tenant), waited)
         if w.reply_to is None:
             if err:
                 s.note_async_error(err)
@@ -150,12 +149,15 @@ class WaitQueue:
         if w is not None:
             s.waiting = None
             self._remove(w)
-            self.vg.metrics.count("launch_waits", (self.vg.policy.name if self.vg.policy else "none",
-                                                   s.tenant, "session_end"))
+            self.vg.metrics.count("launch_waits", (self._policy_name(), s.tenant, "session_end"))
             if self.vg.policy is not None and w.launch.view is not None:
                 self.vg.policy.launch_dropped(w.launch.view, "session_end")
         s.backlog.clear()
         s.backlog_bytes = 0
+
+    def _policy_name(self) -> str:
+        """The `policy` label of the wait metrics."""
+        return self.vg.policy.name if self.vg.policy is not None else "none"
 
     def _remove(self, w: Waiting) -> None:
         try:
