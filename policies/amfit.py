@@ -10,6 +10,10 @@
 - A held owner resumes when enough capacity frees (what the others use plus what it used when
   held fits in the room), or after `resume_after` (so an owner is never starved; 0: only when
   capacity frees), oldest hold first.
+- What yields memory: the policy sets the enforcer's eviction order to held owners first, then
+  the owners by the most active memory each has had (its peak), largest first. So while a held
+  owner runs again, the memory of the owners with less active memory stays on the GPU and the
+  large one thrashes through its own.
 """
 
 from __future__ import annotations
@@ -50,10 +54,18 @@ class AMFit(FootprintPolicy):
         super().__init__(settings)
         self.holds: dict[str, Hold] = {}
         self.released: dict[str, float] = {}  # owner -> when its last hold ended
+        self.peak_active: dict[str, int] = {}  # owner -> the most active memory it has had
+
+    def session_started(self, s: SessionView) -> None:
+        super().session_started(s)
+        self._rerank(s.gpu)
 
     def session_ended(self, s: SessionView) -> None:
         super().session_ended(s)
-        self._rebalance(s.gpu)
+        owner = self.holdings.owner(s.id, s.tenant)
+        if not self.holdings.sessions_of(owner, s.gpu):
+            self.peak_active.pop(owner, None)
+        self._rebalance(s.gpu, rerank=True)
 
     def launch_requested(self, launch: LaunchView) -> Decision:
         self.now = max(self.now, launch.now)
@@ -77,10 +89,27 @@ class AMFit(FootprintPolicy):
         for gpu in {h.gpu for h in self.holds.values()}:
             self._rebalance(gpu)
 
-    def _rebalance(self, gpu: int) -> None:
+    def _rerank(self, gpu: int) -> None:
+        """Tell the enforcer the eviction order if it changed: held owners (oldest hold first),
+        then by peak active memory, largest first (ties: the newer session first)."""
+        first = self.holdings.owners_on(gpu)
+
+        def key(owner: str) -> tuple[int, float, int, int]:
+            hold = self.holds.get(owner)
+            if hold is not None and hold.gpu == gpu:
+                return 0, hold.since, 0, 0
+            return 1, 0.0, -self.peak_active.get(owner, 0), -first[owner]
+        self.set_order(gpu, sorted(first, key=key))
+
+    def _rebalance(self, gpu: int, rerank: bool = False) -> None:
         room = self.controls.gpu(gpu).room
         h = self.holdings
         active = self.running.active_by(gpu)
+        for owner, n in active.items():
+            if n > self.peak_active.get(owner, 0):
+                self.peak_active[owner] = n
+                rerank = True
+        holds, released = len(self.holds), False
         # Resume: oldest hold first, when it fits beside the others, or when it waited enough.
         for owner, hold in sorted(self.holds.items(), key=lambda kv: kv[1].since):
             if hold.gpu != gpu:
@@ -90,6 +119,7 @@ class AMFit(FootprintPolicy):
             limit = self.settings.resume_after
             if others + hold.active <= room or (limit and waited >= limit):
                 del self.holds[owner]
+                released = True
                 self.released[owner] = self.now
                 self.controls.report("release", h.tenant_of_owner(owner))
         # Hold: the owner with the most active memory, while the unheld overflow. An owner
@@ -99,12 +129,14 @@ class AMFit(FootprintPolicy):
             unheld = {t: b for t, b in active.items() if b and t not in self.holds
                       and not (limit and self.now - self.released.get(t, -limit) < limit)}
             if len(unheld) < 2 or sum(unheld.values()) <= room:
-                return
+                break
             owner = max(unheld, key=lambda t: (unheld[t], t))
             self.holds[owner] = Hold(gpu, self.now, unheld[owner])
             self.controls.report("hold", h.tenant_of_owner(owner))
             for session in h.sessions_of(owner, gpu):
                 self.controls.evict(session, keep=self.running.pointers_of(session))
+        if rerank or len(self.holds) != holds or released:
+            self._rerank(gpu)
 
     def session_status(self, session: int) -> tuple[str, str] | None:
         owner = self.holdings.owner_of_session(session)

@@ -141,15 +141,25 @@ class GpuView:
 
 
 class Controls:
-    """What a policy may see and ask beyond its events; the daemon sets `policy.controls` before
-    the first event. Requests are queued and carried out by the daemon's scheduler thread, in
-    order, right after the event that made them returns; they never fail the policy (a range
-    freed meanwhile is skipped). This base class sees nothing and ignores every request: it is
+    """What a policy may see and ask beyond its events; the daemon sets `policy.controls` before the
+    first event. Requests that move memory are queued and carried out by the daemon's scheduler
+    thread, in order, right after the event that made them returns; they never fail the policy (a
+    range freed meanwhile is skipped). This base class sees nothing and ignores every request: it is
     what a policy has outside a daemon (and tests record the calls with a subclass)."""
 
     def gpu(self, gpu: int) -> GpuView:
         """The GPU's capacity, fixed allocations and movable memory, as of now."""
         return GpuView(gpu, 0, 0)
+
+    def resident(self, session: int) -> int:
+        """Bytes of the session's movable memory pilot counts on the GPU, as of now."""
+        return 0
+
+    def set_eviction_order(self, gpu: int, sessions: tuple[int, ...]) -> None:
+        """When the capacity enforcer must make room on `gpu`, it evicts idle memory of
+        `sessions` in this order (the first loses its memory first), then of sessions not named;
+        memory another session's running kernel uses goes last. Takes effect at once (not
+        queued); () restores plain least-recently-used order."""
 
     def evict(self, session: int, keep: tuple[int, ...] = ()) -> None:
         """Move the session's movable memory to host memory, except the allocations whose

@@ -157,6 +157,15 @@ class Holdings:
     def held(self, gpu: int, owner: str) -> int:
         return self.by_owner.get((gpu, owner), 0)
 
+    def owners_on(self, gpu: int) -> dict[str, int]:
+        """The owners with sessions on `gpu`, each with the id of its oldest session."""
+        first: dict[str, int] = {}
+        for s in self.sessions.values():
+            if s.gpu == gpu:
+                owner = self.owner(s.id, s.tenant)
+                first[owner] = min(first.get(owner, s.id), s.id)
+        return first
+
     def sessions_of(self, owner: str, gpu: int) -> list[int]:
         return [s.id for s in self.sessions.values()
                 if self.owner(s.id, s.tenant) == owner and s.gpu == gpu]
@@ -194,6 +203,15 @@ class FootprintPolicy(Policy):
         self.holdings = Holdings(self.settings.per)
         self.running = RunningKernels(self.holdings.owner_of)
         self.now = 0.0
+        self._orders: dict[int, tuple[int, ...]] = {}  # gpu -> the eviction order last set
+
+    def set_order(self, gpu: int, owners: list[str]) -> None:
+        """Give the enforcer these owners' sessions as its eviction order on `gpu` (the first
+        owner's memory goes first), if it changed."""
+        order = tuple(sid for owner in owners for sid in sorted(self.holdings.sessions_of(owner, gpu)))
+        if self._orders.get(gpu) != order:
+            self._orders[gpu] = order
+            self.controls.set_eviction_order(gpu, order)
 
     def session_started(self, s: SessionView) -> None:
         self.holdings.session_started(s)

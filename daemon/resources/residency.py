@@ -79,6 +79,10 @@ class GpuResidency:
     bases: list[int] = field(default_factory=list)  # sorted allocation bases
     by_session: dict[int, set[int]] = field(default_factory=dict)  # session -> allocation bases
     resident: int = 0
+    resident_by: dict[int, int] = field(default_factory=dict)  # session -> resident bytes
+    # session -> rank: a policy's eviction order (Residency.set_eviction_order); replaced whole,
+    # never changed in place, so it is read without the lock
+    evict_rank: dict[int, int] = field(default_factory=dict)
     peak: int = 0
     movable: int = 0
     evicted: int = 0
@@ -100,6 +104,19 @@ class GpuResidency:
             if ptr < last.ptr + last.size:
                 return base
         return None
+
+    def set_resident(self, e: Extent, resident: bool) -> None:
+        """Count e on the GPU or off it (the GPU's and its session's totals)."""
+        if e.resident == resident:
+            return
+        e.resident = resident
+        delta = e.size if resident else -e.size
+        self.resident += delta
+        n = self.resident_by.get(e.session, 0) + delta
+        if n:
+            self.resident_by[e.session] = n
+        else:
+            self.resident_by.pop(e.session, None)
 
     def overlapping(self, ptr: int, count: int) -> list[Extent]:
         """Extents of one allocation that [ptr, ptr+count) overlaps."""
@@ -172,8 +189,7 @@ class Residency:
                     self.tenants.pop(s.id, None)
             for e in extents:
                 g.movable -= e.size
-                if e.resident:
-                    g.resident -= e.size
+                g.set_resident(e, False)
 
     def is_movable(self, s: Session, ptr: int) -> bool:
         g = self.sessions.get(s.id)
@@ -245,8 +261,7 @@ class Residency:
             end = ptr + count
             for e in g.overlapping(ptr, count):
                 if e.resident and ptr <= e.ptr and e.ptr + e.size <= end:
-                    e.resident = False
-                    g.resident -= e.size
+                    g.set_resident(e, False)
 
     def quiesce(self, s: Session, ptr: int | None = None) -> None:
         """Before the session frees movable memory (the allocation at `ptr`, or all of it): stop
@@ -283,25 +298,31 @@ class Residency:
         if need and self.enforced:
             self._make_room(g, need, set(map(id, extents)), stream, extents[0].session)
         for e in extents:
-            if not e.resident and not e.advised:
-                e.resident = True
-                g.resident += e.size
+            if not e.advised:
+                g.set_resident(e, True)
         g.peak = max(g.peak, g.resident)
 
     def _make_room(self, g: GpuResidency, need: int, spare: set[int], stream: Any, session: int) -> None:
-        """Evict until `need` more bytes fit: idle extents, least recently used first, then
-        active ones; never those in `spare` (ids). Evictions go on pilot's stream of the GPU, and
-        `stream` (the work of `session` that needs the room) waits for it; but the session's own
-        active extents go on `stream` itself, so that they leave after its kernels queued before,
-        not under them, and another session's active extents leave after its kernel (pilot's
-        stream waits for the event recorded after it, `busy_until`): so what is resident stays
-        within the room, at the price of the new work waiting for that kernel."""
+        """Evict until `need` more bytes fit: idle extents, least recently used first, then active
+        ones; never those in `spare` (ids). With a policy's eviction order (set_eviction_order):
+        session by session in that order, idle extents first, then (for `session` itself) active
+        ones; other sessions' active extents last of all. Evictions go on pilot's stream of the
+        GPU, and `stream` (the work of `session` that needs the room) waits for it; but the
+        session's own active extents go on `stream` itself, so that they leave after its kernels
+        queued before, not under them, and another session's active extents leave after its kernel
+        (pilot's stream waits for the event recorded after it, `busy_until`): so what is resident
+        stays within the room, at the price of the new work waiting for that kernel."""
         over = g.resident + need - self._room(g)
         if over <= 0:
             return
-        candidates = sorted((e for exts in g.allocs.values() for e in exts
-                             if e.resident and id(e) not in spare),
-                            key=lambda e: (e.active > 0, e.used_at))
+        resident = (e for exts in g.allocs.values() for e in exts if e.resident and id(e) not in spare)
+        rank = g.evict_rank
+        if rank:  # a policy's order: idle memory by rank, then the session's own, then others' busy
+            last = len(rank)
+            candidates = sorted(resident, key=lambda e: (
+                e.active > 0 and e.session != session, rank.get(e.session, last), e.active > 0, e.used_at))
+        else:
+            candidates = sorted(resident, key=lambda e: (e.active > 0, e.used_at))
         own = None
         for e in candidates:
             if over <= 0:
@@ -329,8 +350,7 @@ class Residency:
 
     def _evict(self, g: GpuResidency, e: Extent, stream: Any, reason: str) -> None:
         self.backend.mem_prefetch(e.ptr, e.size, LOCATION_HOST, 0, 0, stream)
-        e.resident = False
-        g.resident -= e.size
+        g.set_resident(e, False)
         g.evicted += e.size
         self.metrics.count("residency_evicted_bytes", (str(g.gpu), e.tenant, reason), e.size)
 
@@ -341,6 +361,19 @@ class Residency:
         return g.stream
 
     # ---- policy requests (the scheduler thread) ----
+    def set_eviction_order(self, gpu: int, sessions: tuple[int, ...]) -> None:
+        """When making room on `gpu`, evict the idle memory of `sessions` in this order (the
+        first loses its memory first), then of sessions not named; () restores plain LRU.
+        Any thread; no lock (the rank table is replaced whole)."""
+        g = self.gpus.get(gpu)
+        if g is not None:
+            g.evict_rank = {s: i for i, s in enumerate(sessions)}
+
+    def session_resident(self, session: int) -> int:
+        """Bytes of the session's movable memory counted on the GPU, without the lock."""
+        g = self.sessions.get(session)
+        return g.resident_by.get(session, 0) if g is not None else 0
+
     def _own_stream(self, g: GpuResidency) -> Any:
         self.backend.bind_thread(g.device)
         return self._stream(g)

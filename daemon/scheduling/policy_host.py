@@ -87,6 +87,17 @@ class DaemonControls(Controls):
         return GpuView(gpu, budget.capacity(gpu), used, movable, resident,
                        bool(res is not None and res.enforced))
 
+    def resident(self, session: int) -> int:
+        broker = self.broker
+        res = broker.residency if broker is not None else None
+        return res.session_resident(session) if res is not None else 0
+
+    def set_eviction_order(self, gpu: int, sessions: tuple[int, ...]) -> None:
+        broker = self.broker
+        res = broker.residency if broker is not None else None
+        if res is not None:
+            res.set_eviction_order(gpu, tuple(sessions))
+
     def _queue(self, what: str, *args: Any) -> None:
         with self._pending_lock:
             self.pending.append((what, args))

@@ -37,9 +37,17 @@ class Recording(Controls):
     def __init__(self, capacity: int = 100 * MiB, used: int = 0) -> None:
         self.capacity, self.used = capacity, used
         self.calls: list[tuple[Any, ...]] = []
+        self.kept: dict[int, int] = {}  # session -> resident bytes, as each test sets them
+        self.orders: dict[int, tuple[int, ...]] = {}  # gpu -> the eviction order last set
 
     def gpu(self, gpu: int) -> GpuView:
         return GpuView(gpu, self.capacity, self.used, enforced=True)
+
+    def resident(self, session: int) -> int:
+        return self.kept.get(session, 0)
+
+    def set_eviction_order(self, gpu: int, sessions: tuple[int, ...]) -> None:
+        self.orders[gpu] = tuple(sessions)
 
     def evict(self, session: int, keep: tuple[int, ...] = ()) -> None:
         self.calls.append(("evict", session, tuple(keep)))
@@ -157,6 +165,7 @@ def check_reports(policy: Policy, sessions: range = range(0, 12)) -> None:
     ("madvise", {"budget": 0}, "budget"),
     ("madvise", {"recheck": "soon"}, "recheck"),
     ("mfit", {"preempt": 1}, "preempt"),
+    ("mfit", {"max_hold": -1}, "max_hold"),
 ])
 def test_bad_knobs_are_refused(name: str, table: dict[str, Any], key: str) -> None:
     with pytest.raises(PolicyConfigError, match=key):
@@ -179,92 +188,104 @@ def test_knobs_parse_and_default() -> None:
 
 # ---- MFit ----
 
-def mfit(preempt_after: float = 2.0, capacity: int = 100 * MiB, used: int = 0, per: str = "tenant") -> World:
-    w = World(MFit(MFit.parse_settings({"preempt_after": preempt_after, "per": per})), capacity, used)
+def mfit(preempt_after: float = 2.0, capacity: int = 100 * MiB, used: int = 0, per: str = "tenant",
+         max_hold: float = 0.0) -> World:
+    w = World(MFit(MFit.parse_settings({"preempt_after": preempt_after, "per": per, "max_hold": max_hold})),
+              capacity, used)
     for sid, tenant in ((1, "a"), (2, "b"), (3, "c"), (4, "d")):
         w.session(sid, tenant)
     return w
 
 
-def test_mfit_runs_what_fits_beside_running_kernels() -> None:
+def test_mfit_ranks_owners_by_memory_held_and_orders_eviction_so() -> None:
     w = mfit()
-    w.allocs((1, 0xA000_00000, 60), (2, 0xB000_00000, 40), (3, 0xC000_00000, 41))
-    w.run(w.launch(1, 0xA000_00000))
-    w.run(w.launch(2, 0xB000_00000))  # 60 + 40 = the room exactly
-    w2 = mfit()
-    for sid, ptr, size in ((1, 0xA000_00000, 60 * MiB), (3, 0xC000_00000, 41 * MiB)):
-        w2.alloc(sid, ptr, size)
-    w2.run(w2.launch(1, 0xA000_00000))
-    _l, d = w2.ask(w2.launch(3, 0xC000_00000))
-    waits(d, "needs 41.0 MiB", "40.0 MiB free")
+    w.allocs((1, 0xA000_00000, 60), (2, 0xB000_00000, 40), (3, 0xC000_00000, 10))
+    w.alloc(3, 0xC100_00000, 200 * MiB, movable=False)  # fixed memory held counts too
+    assert w.p.ranking(0) == ["c", "a", "b", "d"]  # c holds most: it yields first; d holds nothing
+    assert w.c.orders[0] == (3, 1, 2, 4)
+    w.free(3, 0xC100_00000, movable=False)
+    w.allocs((2, 0xB100_00000, 30))  # b: 70
+    assert w.p.ranking(0) == ["b", "a", "c", "d"] and w.c.orders[0] == (2, 1, 3, 4)
+    w.session(5, "a")  # per tenant: a's second session goes with it
+    assert w.c.orders[0] == (2, 1, 5, 3, 4)
+    w.session(6, "e")
+    w.session(7, "f")  # equal memory held (none): the older session ranks higher
+    assert w.p.ranking(0)[-3:] == ["f", "e", "d"]
+    assert w.c.calls == []
+    check_reports(w.p)
+
+
+def test_mfit_fit_counts_what_higher_ranked_owners_keep() -> None:
+    w = mfit()
+    w.allocs((1, 0xA000_00000, 60), (2, 0xB000_00000, 40), (3, 0xC000_00000, 10))
+    w.c.kept = {1: 60 * MiB, 2: 40 * MiB, 3: 10 * MiB}
+    w.run(w.launch(2, 0xB000_00000))
+    _l, d = w.ask(w.launch(1, 0xA000_00000))  # above a: b 40 and c 10 kept
+    waits(d, "needs 60.0 MiB", "50.0 MiB free")
     assert d.error == 2
-    assert w.c.calls == [] and w2.c.calls == []
+    w.run(w.launch(3, 0xC000_00000))  # c ranks first: nothing above it
+    w.run(w.launch(2, 0xB000_00000))  # above b: c's 10; 40 (its running kernel's) + 0 new
+    w.c.kept[2] = 30 * MiB
+    w.run(w.launch(1, 0xA000_00000))  # 60 <= 100 - 30 - 10
+    assert w.c.calls == []
 
 
-def test_mfit_fixed_allocations_take_room_and_are_no_need() -> None:
+def test_mfit_counts_its_owners_running_kernels() -> None:
+    """A program that holds more than it may keep runs its pieces only as far as they fit beside
+    the smaller programs' memory: the enforcer then evicts its own pieces, not theirs."""
+    w = mfit()
+    w.allocs((2, 0xB000_00000, 20), (1, 0xA000_00000, 30), (1, 0xA100_00000, 30), (1, 0xA200_00000, 30))
+    w.c.kept = {2: 20 * MiB}
+    b = w.run(w.launch(2, 0xB000_00000))
+    a1 = w.run(w.launch(1, 0xA000_00000))
+    w.run(w.launch(1, 0xA100_00000))
+    third, d = w.ask(w.launch(1, 0xA200_00000))
+    waits(d, "needs 90.0 MiB", "80.0 MiB free")
+    w.finish(a1)
+    w.run(third)  # 60 now
+    w.finish(b)
+    _l, d = w.ask(w.launch(1, 0xA000_00000))  # b idle but keeping its 20: a's 90 still wait
+    waits(d, "needs 90.0 MiB", "80.0 MiB free")
+
+
+def test_mfit_fixed_allocations_take_room_and_launches_without_movable_memory_run() -> None:
     w = mfit(used=30 * MiB)  # room 70
-    w.alloc(1, 0xA000_00000, 50 * MiB)
-    w.alloc(2, 0xB000_00000, 20 * MiB)
-    w.alloc(2, 0xD000_00000, 500 * MiB, movable=False)  # fixed memory: already on the GPU, not a need
+    w.allocs((1, 0xA000_00000, 50), (2, 0xB000_00000, 20), (3, 0xC000_00000, 1))
+    w.alloc(2, 0xD000_00000, 500 * MiB, movable=False)  # b holds most: it ranks last
+    w.c.kept = {1: 50 * MiB, 3: 1 * MiB}
     w.run(w.launch(1, 0xA000_00000))
-    w.run(w.launch(2, 0xB000_00000, fixed=(0xD000_00000,)))
-    w.alloc(3, 0xC000_00000, 1 * MiB)
-    _l, d = w.ask(w.launch(3, 0xC000_00000))
-    waits(d, "needs 1.0 MiB", "0 B free")
+    _l, d = w.ask(w.launch(2, 0xB000_00000, fixed=(0xD000_00000,)))  # 20 vs 70 - 50 - 1
+    waits(d, "needs 20.0 MiB", "19.0 MiB free")
+    w.run(w.launch(2, fixed=(0xD000_00000,)))  # no movable memory: nothing to fit
 
 
 def test_mfit_runs_alone_whatever_its_size() -> None:
     w = mfit()
-    w.alloc(1, 0xA000_00000, 300 * MiB)
+    w.allocs((1, 0xA000_00000, 300), (2, 0xB000_00000, 80), (3, 0xC000_00000, 30))
     launch = w.run(w.launch(1, 0xA000_00000))
     assert w.p.state()["running"] == 1
     w.finish(launch)
-    # A launch that waited and finds the GPU idle runs with a reason.
-    w.alloc(2, 0xB000_00000, 80 * MiB)
-    w.alloc(3, 0xC000_00000, 30 * MiB)
-    first = w.run(w.launch(2, 0xB000_00000))
-    waiting, d = w.ask(w.launch(3, 0xC000_00000))
-    waits(d, "needs 30.0 MiB")
+    w.c.kept = {3: 30 * MiB}
+    first = w.run(w.launch(3, 0xC000_00000))
+    waiting, d = w.ask(w.launch(2, 0xB000_00000))  # above b: c's 30
+    waits(d, "needs 80.0 MiB", "70.0 MiB free")
     w.finish(first)
-    _l, d = w.ask(waiting)
+    _l, d = w.ask(waiting)  # nothing running: it starts, the enforcer evicts what it must
     assert d.verdict is Verdict.RUN and d.reason == "nothing else running"
 
 
-def test_mfit_memory_a_running_kernel_uses_is_no_extra_need() -> None:
+def test_mfit_a_launch_that_fits_is_not_held_behind_one_that_waits() -> None:
     w = mfit()
-    w.allocs((1, 0xA000_00000, 70), (2, 0xB000_00000, 30), (2, 0xB100_00000, 31))
-    w.run(w.launch(1, 0xA000_00000))
-    w.run(w.launch(2, 0xB000_00000))  # 30 new: fits in the 30 left beside a's 70
-    w.run(w.launch(2, 0xB000_00000))  # the same allocation again: needs nothing
-    _l, d = w.ask(w.launch(2, 0xB000_00000, 0xB100_00000))  # 31 new; b's own 30 do not count
-    waits(d, "needs 31.0 MiB", "30.0 MiB free")
-
-
-def test_mfit_an_owners_own_kernels_do_not_make_it_wait() -> None:
-    """A program's own running kernels are no reason to wait (they run in its stream order, and
-    the enforcer makes room among its own memory): pageDoS's pieces waited for one another."""
-    w = mfit()
-    w.allocs((1, 0xA000_00000, 70), (1, 0xA100_00000, 60), (2, 0xB000_00000, 20))
-    w.run(w.launch(1, 0xA000_00000))
-    w.run(w.launch(1, 0xA100_00000))  # 130 of a's own: runs
-    _l, d = w.ask(w.launch(2, 0xB000_00000))  # b: 20 new, a's 130 active: waits
-    waits(d, "needs 20.0 MiB", "0 B free")
-
-
-def test_mfit_waiting_launches_keep_their_order() -> None:
-    w = mfit()
-    w.allocs((1, 0xA000_00000, 60), (2, 0xB000_00000, 50), (3, 0xC000_00000, 10))
-    running = w.run(w.launch(1, 0xA000_00000))
-    older, d = w.ask(w.launch(2, 0xB000_00000))
-    waits(d, "needs 50.0 MiB")
-    newer, d = w.ask(w.launch(3, 0xC000_00000))  # would fit (10 <= 40) but an older launch waits
-    waits(d, f"behind launch {older.id}")
-    assert w.p.state()["waiting"] == {"0": [older.id, newer.id]}
+    w.allocs((3, 0xC000_00000, 10), (2, 0xB000_00000, 50), (1, 0xA000_00000, 60))
+    w.c.kept = {3: 10 * MiB, 2: 50 * MiB}
+    running = w.run(w.launch(2, 0xB000_00000))
+    big, d = w.ask(w.launch(1, 0xA000_00000))
+    waits(d, "needs 60.0 MiB", "40.0 MiB free")
+    w.run(w.launch(3, 0xC000_00000))  # c fits at once, a's launch waiting or not
+    assert w.p.state()["waiting"] == {"0": [big.id]}
     w.finish(running)
-    newer, d = w.ask(newer)  # asked first after the kernel ended: still behind
-    waits(d, f"behind launch {older.id}")
-    w.run(older)
-    w.run(newer)  # 50 + 10 fit
+    w.c.kept[2] = 0
+    w.run(big)
     assert w.p.state()["waiting"] == {}
     check_reports(w.p)
 
@@ -273,94 +294,109 @@ def test_mfit_queues_are_per_gpu() -> None:
     w = mfit()
     w.session(5, "e", gpu=1)
     w.allocs((1, 0xA000_00000, 60), (2, 0xB000_00000, 50), (5, 0xE000_00000, 90))
-    w.run(w.launch(1, 0xA000_00000))
-    _l, d = w.ask(w.launch(2, 0xB000_00000))
-    waits(d, "needs 50.0 MiB")
-    w.run(w.launch(5, 0xE000_00000))  # GPU 1: nobody ahead of it there
+    w.c.kept = {2: 50 * MiB}
+    w.run(w.launch(2, 0xB000_00000))
+    _l, d = w.ask(w.launch(1, 0xA000_00000))
+    waits(d, "needs 60.0 MiB")
+    w.run(w.launch(5, 0xE000_00000))  # GPU 1: b's memory is not there
+    assert w.c.orders[1] == (5,)
 
 
-def preempt_world(preempt_after: float = 2.0) -> tuple[World, LaunchView, dict[str, LaunchView]]:
-    """Three tenants running on GPU 0 (active: a 30, b 10, c 35; held: b 70 > a 40 > c 35),
-    then d's launch of 40 MiB waits (25 MiB free, 15 short), requested at 10.0. Returns the
-    world, d's launch and the running ones by tenant."""
-    w = mfit(preempt_after)
+def preempt_world(preempt_after: float = 2.0, max_hold: float = 0.0) -> tuple[World, LaunchView]:
+    """Held on GPU 0: b 70, a 40 (two sessions, 1 and 5), d 40, c 35: ranking b, d, a, c. a, b
+    and c run a kernel each; a keeps 30, c 35, b 40. d's launch of 40 MiB waits: above it a
+    and c keep 65, 35 MiB free, 5 short. Requested at 10.0."""
+    w = mfit(preempt_after, max_hold=max_hold)
     w.session(5, "a")  # a second session of tenant a, idle
     w.allocs((1, 0xA000_00000, 30), (5, 0xA100_00000, 10), (2, 0xB000_00000, 10), (2, 0xB100_00000, 60),
              (3, 0xC000_00000, 35), (4, 0xD000_00000, 40))
-    running = {w.sessions[sid].tenant: w.run(w.launch(sid, ptr))
-               for sid, ptr in ((1, 0xA000_00000), (2, 0xB000_00000), (3, 0xC000_00000))}
+    w.c.kept = {1: 30 * MiB, 2: 40 * MiB, 3: 35 * MiB}
+    for sid, ptr in ((1, 0xA000_00000), (2, 0xB000_00000), (3, 0xC000_00000)):
+        w.run(w.launch(sid, ptr))
+    assert w.p.ranking(0) == ["b", "d", "a", "c"]
     head, d = w.ask(w.launch(4, 0xD000_00000, at=10.0))
-    waits(d, "needs 40.0 MiB", "25.0 MiB free")
-    return w, head, running
+    waits(d, "needs 40.0 MiB", "35.0 MiB free")
+    return w, head
 
 
-def test_mfit_preempts_most_memory_held_first_and_only_as_needed() -> None:
-    w, head, _running = preempt_world()
+def test_mfit_preempts_those_above_most_memory_held_first_and_only_as_needed() -> None:
+    w, head = preempt_world()
     head, d = w.ask(head, 11.9)
     waits(d, "needs 40.0 MiB")
     assert w.c.calls == []  # not waited long enough
     head, d = w.ask(head, 12.0)
     waits(d, "needs 40.0 MiB")
-    # b holds 70 MiB (10 active): held first, 5 short left; a (40 held, 30 active) next; c stays.
-    assert w.c.take() == [("report", "hold", "b"), ("evict", 2, (0xB000_00000,)),
-                          ("report", "hold", "a"), ("evict", 1, (0xA000_00000,)), ("evict", 5, ())]
-    assert w.p.state()["held"] == {"b@0": head.session, "a@0": head.session}
-    assert w.p.session_status(2) == ("held", f"mfit: preempted so that session {head.session}'s "
+    # a (40 held, keeps 30) covers the 5 short; c (35) stays; b ranks below d: not in the way.
+    assert w.c.take() == [("report", "hold", "a"), ("evict", 1, (0xA000_00000,)), ("evict", 5, ())]
+    assert w.p.state()["held"] == {"a@0": head.session}
+    assert w.p.ranking(0) == ["a", "b", "c", "d"] and w.c.orders[0] == (1, 5, 2, 3, 4)
+    assert w.p.session_status(1) == ("held", f"mfit: preempted so that session {head.session}'s "
                                              "launches fit")
-    assert w.p.session_status(5) is not None and w.p.session_status(3) is None
-    # Held tenants' launches wait, even ones that would fit.
-    for sid, ptr in ((2, 0xB000_00000), (5, 0xA100_00000)):
+    assert w.p.session_status(5) is not None and w.p.session_status(2) is None
+    for sid, ptr in ((1, 0xA000_00000), (5, 0xA100_00000)):  # held: they wait, even if they fit
         _l, d = w.ask(w.launch(sid, ptr, at=12.0))
         waits(d, "held", f"session {head.session}")
-    # Preempting again is not done twice for one launch.
-    head, d = w.ask(head, 14.0)
-    waits(d)
-    assert w.c.calls == []
+    w.run(head, 12.1)  # d ranks first now: nothing above it
     check_reports(w.p)
 
 
 def test_mfit_holds_last_while_the_preempting_session_keeps_the_gpu_busy() -> None:
-    w, head, running = preempt_world()
-    a, b = running["a"], running["b"]
+    w, head = preempt_world()
     head, _d = w.ask(head, 12.5)
     w.c.take()
-    w.finish(b, at=12.55)
-    _h, d = w.ask(head, 12.6)
-    waits(d, "needs 40.0 MiB", "35.0 MiB free")  # b's 10 freed, a's 30 not yet
-    w.finish(a, at=12.65)
-    head = w.run(head, 12.7)  # 35 (c) + 40 fit
-    assert w.c.take() == [] and len(w.p.state()["held"]) == 2  # d goes on launching: still held
+    head = w.run(head, 12.6)
     w.finish(head, at=13.0)
     nxt = w.run(w.launch(4, 0xD000_00000, at=14.0))  # d again, within preempt_after: held on
     w.finish(nxt, at=14.5)
     w.p.tick(16.4)
-    assert w.c.take() == [] and w.p.session_status(2) is not None
+    assert w.c.take() == [] and w.p.session_status(1) is not None
     w.p.tick(16.5)  # d idle for preempt_after (2 s): the holds are lifted
-    assert sorted(reports(w.c.take())) == [("release", "a"), ("release", "b")]
-    assert w.p.state()["held"] == {}
-    assert w.p.session_status(2) is None
-    _l, d = w.ask(w.launch(2, 0xB000_00000, at=17.0))  # b is asked again like anyone: 10 fit in 25
+    assert reports(w.c.take()) == [("release", "a")]
+    assert w.p.state()["held"] == {} and w.p.session_status(1) is None
+    assert w.p.ranking(0) == ["b", "d", "a", "c"]
+    _l, d = w.ask(w.launch(1, 0xA000_00000, at=17.0))  # a is asked again like anyone
     assert d.verdict is Verdict.RUN
+
+
+def test_mfit_holds_last_at_most_max_hold_then_owners_take_turns() -> None:
+    w, head = preempt_world(max_hold=5.0)
+    head, _d = w.ask(head, 12.0)  # preempts at 12.0
+    w.c.take()
+    head = w.run(head, 12.1)
+    busy = w.run(w.launch(4, 0xD000_00000, at=16.0))  # d keeps the GPU busy
+    w.p.tick(16.9)
+    assert w.p.state()["held"] != {}
+    w.p.tick(17.0)  # max_hold: released though d is busy
+    assert reports(w.c.take()) == [("release", "a")]
+    assert w.p.ranking(0)[-1] == "c"
+    waiting, d = w.ask(w.launch(4, 0xD000_00000, at=17.1))  # a and c above d again
+    waits(d)
+    waiting, d = w.ask(waiting, 18.9)
+    assert w.c.calls == []  # d's launch must wait preempt_after again before preempting
+    w.finish(busy, at=19.0)
+    waiting, d = w.ask(waiting, 19.1)
+    waits(d)
+    assert reports(w.c.take()) == [("hold", "a")]
 
 
 @pytest.mark.parametrize("how", ["timeout", "session_end", "refused", "session_ended"])
 def test_mfit_holds_lift_when_the_preempting_launch_goes(how: str) -> None:
-    w, head, _running = preempt_world()
+    w, head = preempt_world()
     head, _d = w.ask(head, 12.0)
     w.c.take()
     if how == "session_ended":
         w.end(4)
     else:
         w.p.launch_dropped(head, how)
-    assert sorted(reports(w.c.take())) == [("release", "a"), ("release", "b")]
+    assert reports(w.c.take()) == [("release", "a")]
     assert w.p.state()["held"] == {} and w.p.state()["waiting"] == {}
-    _l, d = w.ask(w.launch(2, 0xB100_00000, at=13.0))  # b's 60 idle MiB: waits for room, not held
-    waits(d, "needs 60.0 MiB")
-    assert "held" not in d.reason
+    assert w.p.ranking(0)[:1] == ["b"]
+    _l, d = w.ask(w.launch(5, 0xA100_00000, at=13.0))  # a is not held: 10 fits beside c's 35
+    assert d.verdict is Verdict.RUN
 
 
 def test_mfit_never_preempts_with_preempt_after_0() -> None:
-    w, head, _running = preempt_world(preempt_after=0)
+    w, head = preempt_world(preempt_after=0)
     for now in (12.0, 100.0, 10_000.0):
         head, d = w.ask(head, now)
         waits(d, "needs 40.0 MiB")
@@ -369,14 +405,46 @@ def test_mfit_never_preempts_with_preempt_after_0() -> None:
 
 def test_mfit_session_end_forgets_its_kernels_and_launches() -> None:
     w = mfit()
-    w.allocs((1, 0xA000_00000, 80), (2, 0xB000_00000, 50), (3, 0xC000_00000, 10))
+    w.allocs((1, 0xA000_00000, 20), (2, 0xB000_00000, 90), (3, 0xC000_00000, 10))
+    w.c.kept = {1: 20 * MiB}
     w.run(w.launch(1, 0xA000_00000))
     _l, d = w.ask(w.launch(2, 0xB000_00000))
     waits(d)
     w.end(2)  # its waiting launch goes
-    w.run(w.launch(3, 0xC000_00000))  # nobody ahead now
+    assert w.p.state()["waiting"] == {} and 2 not in w.c.orders[0]
+    w.run(w.launch(3, 0xC000_00000))
     w.end(1)  # its kernel counts no more
     assert w.p.state()["running"] == 1
+
+
+def test_mfit_per_process_ranks_processes_of_one_tenant() -> None:
+    """The default, per = "process": two programs of one user are ranked and preempted one
+    against the other (with per = "tenant" they are one owner, and the second's kernel runs)."""
+    w = World(MFit(MFit.parse_settings({"preempt_after": 1.0})))
+    for sid in (1, 2):
+        w.session(sid, "same-user")
+    w.allocs((1, 0xA000_00000, 40), (2, 0xB000_00000, 80))
+    w.c.kept = {1: 40 * MiB}
+    small = w.run(w.launch(1, 0xA000_00000))
+    head, d = w.ask(w.launch(2, 0xB000_00000, at=10.0))
+    waits(d, "needs 80.0 MiB", "60.0 MiB free")
+    head, d = w.ask(head, 11.0)
+    waits(d)
+    assert w.c.take() == [("report", "hold", "same-user"), ("evict", 1, (0xA000_00000,))]
+    assert w.p.session_status(1) is not None and w.p.session_status(2) is None
+    _l, d = w.ask(w.launch(1, 0xA000_00000, at=11.5))  # the small one's next launch is held
+    waits(d, "held", "session 2")
+    w.finish(small, at=11.6)
+    w.run(head, 11.7)
+    tenant_wide = World(MFit(MFit.parse_settings({"preempt_after": 1.0, "per": "tenant"})))
+    for sid in (1, 2):
+        tenant_wide.session(sid, "same-user")
+    tenant_wide.allocs((1, 0xA000_00000, 40), (2, 0xB000_00000, 50))
+    tenant_wide.c.kept = {1: 40 * MiB}
+    tenant_wide.run(tenant_wide.launch(1, 0xA000_00000))
+    # one owner: 40 running + 50 new fit in 100
+    tenant_wide.run(tenant_wide.launch(2, 0xB000_00000, at=10.0))
+    assert tenant_wide.c.take() == []
 
 
 # ---- AMFit ----
@@ -411,6 +479,21 @@ def test_amfit_holds_the_tenant_with_most_active_memory() -> None:
     assert w.p.session_status(2) is None
     assert w.p.state()["held"]["a"]["active"] == 60 * MiB
     check_reports(w.p)
+
+
+def test_amfit_eviction_order_held_first_then_most_active_memory_seen() -> None:
+    w = amfit(resume_after=2.0)
+    assert w.c.orders[0] == (3, 2, 1)  # nobody active yet: the newer session first
+    w.run(w.launch(3, 0xC000_00000, at=9.0))
+    assert w.c.orders[0] == (3, 2, 1)  # c: 10 active, the most so far
+    la, lb = overflow(w)  # a held (60 active), b 50
+    assert w.c.orders[0] == (1, 2, 3)
+    w.finish(la, at=10.1)
+    w.finish(lb, at=10.1)
+    w.p.tick(12.0)  # a resumes: ranked by the most it had active, 60 > 50 > 10
+    assert w.p.state()["held"] == {} and w.c.orders[0] == (1, 2, 3)
+    w.end(1)
+    assert w.c.orders[0] == (2, 3)
 
 
 def test_amfit_holds_more_while_the_rest_overflow() -> None:
@@ -656,34 +739,6 @@ def test_madvise_freeing_advised_memory_forgets_its_advice() -> None:
     w.end(1)
     assert "session:1" not in owners(w)
     check_reports(w.p)
-
-
-def test_mfit_per_process_preempts_other_processes_of_one_tenant() -> None:
-    """The default, per = "process": two programs of one user are preempted one from another
-    (with per = "tenant" they are one owner, and the second's kernel simply runs)."""
-    w = World(MFit(MFit.parse_settings({"preempt_after": 1.0})))
-    for sid in (1, 2):
-        w.session(sid, "same-user")
-    w.allocs((1, 0xA000_00000, 80), (2, 0xB000_00000, 40))
-    big = w.run(w.launch(1, 0xA000_00000))
-    head, d = w.ask(w.launch(2, 0xB000_00000, at=10.0))
-    waits(d, "needs 40.0 MiB", "20.0 MiB free")
-    head, d = w.ask(head, 11.0)
-    waits(d)
-    assert w.c.take() == [("report", "hold", "same-user"), ("evict", 1, (0xA000_00000,))]
-    assert w.p.session_status(1) is not None and w.p.session_status(2) is None
-    _l, d = w.ask(w.launch(1, 0xA000_00000, at=11.5))  # the big one's next launch is held
-    waits(d, "held", "session 2")
-    w.finish(big, at=11.6)
-    w.run(head, 11.7)  # alone now
-    tenant_wide = World(MFit(MFit.parse_settings({"preempt_after": 1.0, "per": "tenant"})))
-    for sid in (1, 2):
-        tenant_wide.session(sid, "same-user")
-    tenant_wide.allocs((1, 0xA000_00000, 80), (2, 0xB000_00000, 40))
-    tenant_wide.run(tenant_wide.launch(1, 0xA000_00000))
-    # one owner: the second process's kernel is the owner's own business, it runs
-    tenant_wide.run(tenant_wide.launch(2, 0xB000_00000, at=10.0))
-    assert tenant_wide.c.take() == []
 
 
 def test_amfit_per_process_holds_one_process_of_a_tenant() -> None:

@@ -547,3 +547,45 @@ def test_a_split_extent_keeps_the_event_of_the_kernel_that_uses_it() -> None:
     assert [e.busy_until for e in env.g.allocs[A]] == ["event-after-a"] * 2
     env.finish(1, running)
     assert [e.busy_until for e in env.g.allocs[A]] == [None, None]
+
+
+def test_a_policys_eviction_order_goes_before_recency() -> None:
+    """set_eviction_order: memory of the session ranked first goes first, however recently
+    used (its idle memory, then, when it is the one needing the room, its active memory); a
+    session's own idle memory goes before another's busy memory. () restores plain LRU."""
+    env = Env(capacity=80 * MiB)
+    env.track(1, A, 30 * MiB)  # session 1: the small program
+    env.track(2, B, 30 * MiB)  # session 2: the big one, in pieces
+    env.track(2, C, 30 * MiB)
+    env.track(2, D, 30 * MiB)
+    env.run(1, A)
+    env.run(2, B)
+    env.res.set_eviction_order(0, (2, 1))
+    env.launch(2, D)  # 10 over: B (2's, idle) goes, not A (used less recently, ranked after)
+    assert env.evicted() == [(B, 30 * MiB)]
+    c_running = env.launch(2, C)  # 10 over: D (2's own, active: after its kernel) before A
+    env.res.launched(env.s[2], c_running, "event-after-c")  # type: ignore[arg-type]
+    assert env.evicted() == [(D, 30 * MiB)]
+    assert env.res.session_resident(1) == 30 * MiB and env.res.session_resident(2) == 30 * MiB
+    env.track(1, B + 128 * MiB, 40 * MiB)
+    env.launch(1, B + 128 * MiB)  # 20 over: 1's idle A before C, which 2's kernel uses
+    assert env.evicted() == [(A, 30 * MiB)]
+    assert env.res.session_resident(1) == 40 * MiB and env.resident() == 70 * MiB
+    env.res.set_eviction_order(0, ())
+    assert env.g.evict_rank == {}
+
+
+def test_session_resident_follows_every_move() -> None:
+    env = Env(capacity=100 * MiB)
+    env.track(1, A, 40 * MiB)
+    env.track(2, B, 70 * MiB)
+    env.run(1, A)
+    assert env.res.session_resident(1) == 40 * MiB and env.res.session_resident(2) == 0
+    env.run(2, B)  # A goes
+    assert env.res.session_resident(1) == 0 and env.res.session_resident(2) == 70 * MiB
+    env.res.moved_to_host(env.s[2], B, 70 * MiB)  # type: ignore[arg-type]
+    assert env.res.session_resident(2) == 0
+    env.run(1, A)
+    env.res.untrack(env.s[1], A)  # type: ignore[arg-type]
+    assert env.res.session_resident(1) == 0 and env.g.resident_by == {}
+    assert env.res.session_resident(99) == 0
