@@ -14,6 +14,7 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     gpus = "all"                   # or a list of GPU indexes: [0, 1]
     spin_us = 50                   # 0..10000
     callback_timeout = "60s"       # a host callback unanswered this long ends its session; 0: never
+    switch_interval = "5ms"        # Python thread switch interval (a busy vGPU thread vs the rest)
     state_dir = "/var/lib/pilot"   # default: /var/lib/pilot (root), else $XDG_STATE_HOME/pilot
     admin_group = "pilot-admin"
     log_level = "info"             # debug | info | warning | error
@@ -155,6 +156,13 @@ def parse_duration(text: str | int | float) -> float:
     return float(Decimal(m.group(1)) * mult)
 
 
+def _switch_interval(text: str | int | float) -> float:
+    seconds = parse_duration(text)
+    if not 1e-5 <= seconds <= 0.1:
+        raise ValueError(f"{text!r} is out of range (10us to 100ms)")
+    return seconds
+
+
 def parse_address(text: str) -> tuple[str, int]:
     """(host, port) of "host:port", "[v6]:port" or ":port" (host "": every interface). Port 0
     asks the kernel for a free port (tests)."""
@@ -214,6 +222,7 @@ class Config:
     managed_limit: int | None = None
     managed_device_memory: bool = False
     callback_timeout: float = 60.0
+    switch_interval: float = 0.005
     policy: str = "none"
     policy_max_wait: float = 30.0
     policy_plugins: tuple[str, ...] = ()
@@ -479,6 +488,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "managed_limit": _capacity,
     "managed_device_memory": _flag,
     "callback_timeout": parse_duration,
+    "switch_interval": _switch_interval,
     "policy": _policy_name,
     "policy_max_wait": parse_duration,
     "policy_plugins": _plugins,
@@ -500,7 +510,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
 # TOML section -> {key: Config field}; [tenants] is handled apart (its keys are names).
 SECTIONS: dict[str, dict[str, str]] = {
     "daemon": {k: k for k in ("backend", "socket", "control_socket", "vgpus_per_gpu",
-                              "max_vgpus_per_gpu", "gpus", "callback_timeout",
+                              "max_vgpus_per_gpu", "gpus", "callback_timeout", "switch_interval",
                               "spin_us", "state_dir", "admin_group", "log_level", "log_format",
                               "sim_kernels", "sim_devices")},
     "gpu": {k: k for k in ("capacity", "capacity_per_gpu", "enforce_capacity", "managed_limit",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 from typing import Any
 
 import click
@@ -113,6 +114,7 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     setup_logging(config.log_level, config.log_format)
+    sys.setswitchinterval(config.switch_interval)
     path = config.socket or socket_path(for_daemon=True)
     control_path = config.control_socket_path(path)
     try:

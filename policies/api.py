@@ -239,6 +239,9 @@ class Policy:
     needs_kernel_end: ClassVar[bool] = False  # kernel_finished is called only if True
     decides_launches: ClassVar[bool] = False  # launch_requested/started/dropped only if True
     moves_memory: ClassVar[bool] = False      # uses Controls: the daemon tracks movable memory
+    # The enforcer moves a launch's movable memory that is not on the GPU onto it before the
+    # kernel (bulk copies), instead of the kernel faulting it in while it holds its SMs.
+    prefetches_footprint: ClassVar[bool] = False
     Settings: ClassVar[type | None] = None    # frozen dataclass of knobs ([policy.<name>])
 
     def __init__(self, settings: Any = None) -> None:

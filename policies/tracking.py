@@ -197,6 +197,10 @@ class FootprintPolicy(Policy):
     decides_launches = True
     needs_footprint = True
     needs_kernel_end = True
+    # What they admit comes in before the kernel: a program thrashing through its own memory
+    # then copies it in bulk instead of faulting page by page with its kernel on the SMs
+    # (measured: bench/RESULTS.md).
+    prefetches_footprint = True
 
     def __init__(self, settings: Any = None) -> None:
         super().__init__(settings)

@@ -203,10 +203,15 @@ class Residency:
         g = self.sessions.get(s.id)
         return g.lock if g is not None else contextlib.nullcontext()
 
-    def before_launch(self, s: Session, allocations: Iterable[int], stream: Any) -> list[Extent]:
+    def before_launch(self, s: Session, allocations: Iterable[int], stream: Any,
+                      prefetch: bool = False) -> list[Extent]:
         """A launch whose arguments point into these allocations (bases) is about to be issued
         on `stream`: make room for the part not resident (evictions go on `stream`, ahead of
-        the kernel), count it resident and active. Returns the extents to pass to `finished`."""
+        the kernel), count it resident and active. With `prefetch` (the policy asks for it,
+        Policy.prefetches_footprint) that part is also moved onto the GPU on `stream`, ahead of
+        the kernel, in bulk, instead of the kernel faulting it in page by page while it holds
+        its SMs; not when it does not fit in the room (the GPU would hold more than C). Returns
+        the extents to pass to `finished`."""
         g = self.sessions.get(s.id)
         if g is None:
             return []
@@ -214,7 +219,9 @@ class Residency:
             extents = [e for base in allocations for e in g.allocs.get(base, ())]
             if not extents:
                 return []
-            self._bring_in(g, extents, stream)
+            incoming = self._bring_in(g, extents, stream)
+            if prefetch and incoming and self.enforced:
+                self._prefetch_in(g, incoming, stream)
             for e in extents:
                 e.active += 1
         return extents
@@ -288,21 +295,39 @@ class Residency:
     def _room(self, g: GpuResidency) -> int:
         return max(0, self.budget.capacity(g.gpu) - self.fixed_used(g.gpu))
 
-    def _bring_in(self, g: GpuResidency, extents: list[Extent], stream: Any) -> None:
+    def _bring_in(self, g: GpuResidency, extents: list[Extent], stream: Any) -> list[Extent]:
+        """Count the extents resident, making room first; returns those that were not and now
+        fit (none when they did not fit in the room)."""
         g.clock += 1
-        need = 0
+        incoming = []
         for e in extents:
             e.used_at = g.clock
             if not e.resident and not e.advised:
-                need += e.size
-        if need and self.enforced:
-            self._make_room(g, need, set(map(id, extents)), stream, extents[0].session)
+                incoming.append(e)
+        fits = True
+        if incoming and self.enforced:
+            need = sum(e.size for e in incoming)
+            fits = self._make_room(g, need, set(map(id, extents)), stream, extents[0].session)
         for e in extents:
             if not e.advised:
                 g.set_resident(e, True)
         g.peak = max(g.peak, g.resident)
+        return incoming if fits else []
 
-    def _make_room(self, g: GpuResidency, need: int, spare: set[int], stream: Any, session: int) -> None:
+    def _prefetch_in(self, g: GpuResidency, extents: list[Extent], stream: Any) -> None:
+        """Move the extents onto the GPU on `stream`, adjacent ones of an allocation in one call."""
+        runs: list[list[int]] = []  # [ptr, size] of contiguous runs
+        for e in sorted(extents, key=lambda x: x.ptr):
+            if runs and runs[-1][0] + runs[-1][1] == e.ptr:
+                runs[-1][1] += e.size
+            else:
+                runs.append([e.ptr, e.size])
+            self.metrics.count("residency_prefetched_bytes", (str(g.gpu), e.tenant), e.size)
+        for ptr, size in runs:
+            self.backend.mem_prefetch(ptr, size, LOCATION_DEVICE, g.device, 0, stream)
+            g.prefetched += size
+
+    def _make_room(self, g: GpuResidency, need: int, spare: set[int], stream: Any, session: int) -> bool:
         """Evict until `need` more bytes fit: idle extents, least recently used first, then active
         ones; never those in `spare` (ids). With a policy's eviction order (set_eviction_order):
         session by session in that order, idle extents first, then (for `session` itself) active
@@ -311,10 +336,11 @@ class Residency:
         session's own active extents go on `stream` itself, so that they leave after its kernels
         queued before, not under them, and another session's active extents leave after its kernel
         (pilot's stream waits for the event recorded after it, `busy_until`): so what is resident
-        stays within the room, at the price of the new work waiting for that kernel."""
+        stays within the room, at the price of the new work waiting for that kernel. Returns
+        whether `need` fits now."""
         over = g.resident + need - self._room(g)
         if over <= 0:
-            return
+            return True
         resident = (e for exts in g.allocs.values() for e in exts if e.resident and id(e) not in spare)
         rank = g.evict_rank
         if rank:  # a policy's order: idle memory by rank, then the session's own, then others' busy
@@ -347,6 +373,8 @@ class Residency:
             g.overflows += 1
             log.warning("GPU %d: %d bytes over capacity: one launch needs more than the room left "
                         "(%d bytes); it runs anyway", g.gpu, over, self._room(g))
+            return False
+        return True
 
     def _evict(self, g: GpuResidency, e: Extent, stream: Any, reason: str) -> None:
         self.backend.mem_prefetch(e.ptr, e.size, LOCATION_HOST, 0, 0, stream)

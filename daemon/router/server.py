@@ -18,6 +18,7 @@ import os
 import queue
 import select
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -210,7 +211,7 @@ class Daemon:
         self._reload.set()
 
     # Settings SIGHUP applies to the running daemon; every other one applies at the next start.
-    LIVE_SETTINGS = ("log_level", "log_format", "policy_max_wait", "callback_timeout")
+    LIVE_SETTINGS = ("log_level", "log_format", "policy_max_wait", "callback_timeout", "switch_interval")
 
     def _reload_now(self) -> None:
         """SIGHUP: quotas.json again, and the config file (with the command line's overrides):
@@ -235,6 +236,8 @@ class Daemon:
             self.policy.max_wait = new.policy_max_wait
         if "callback_timeout" in live:
             self.callbacks.timeout = new.callback_timeout
+        if "switch_interval" in live:
+            sys.setswitchinterval(new.switch_interval)
         # the applied values become the daemon's; the others keep theirs until a restart
         self.config = replace(old, **{k: getattr(new, k) for k in live})
         if live:

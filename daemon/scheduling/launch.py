@@ -178,10 +178,12 @@ def issue(vg: VGpu, s: Session, launch: Launch) -> None:
         stream = streams.stream_for_work(vg, s, launch.stream)
     res = vg.broker.residency
     if res is not None and s.id in res.sessions:  # movable memory: room on the GPU first
-        ranges = launch.view.footprint if launch.view is not None and vg.policy is not None and \
-            vg.policy.needs_footprint else movable_footprint(vg, s, launch)
+        host = vg.policy
+        ranges = launch.view.footprint if launch.view is not None and host is not None and \
+            host.needs_footprint else movable_footprint(vg, s, launch)
         with res.launching(s):  # until the extents know the event after the kernel
-            touched = res.before_launch(s, [r.ptr for r in ranges if r.movable], stream)
+            touched = res.before_launch(s, [r.ptr for r in ranges if r.movable], stream,
+                                        prefetch=host is not None and host.prefetches_footprint)
             _launch_and_watch(vg, s, launch, info, stream, touched)
     else:
         _launch_and_watch(vg, s, launch, info, stream, None)

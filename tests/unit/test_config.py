@@ -99,7 +99,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert (c.policy, c.nvml_poll_interval, c.metrics_address, c.admin_group) == (
         "none", 1.0, "127.0.0.1:19400", "pilot-admin")
     assert (c.log_level, c.log_format, c.spin_us, c.sim_kernels) == ("info", "text", 50, ())
-    assert c.capacity_per_gpu == {} and c.tenants == {}
+    assert c.capacity_per_gpu == {} and c.tenants == {} and c.switch_interval == 0.005
     assert c.state_dir == str(tmp_path / "home" / ".local" / "state" / "pilot")
     assert load_config(None) == c  # no file at DEFAULT_CONFIG_PATH: defaults only
 
@@ -219,6 +219,8 @@ def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
     ("[daemon]\nvgpus_per_gpu = 65", "daemon.vgpus_per_gpu: 65 is not in 1..64"),
     ("[daemon]\nvgpus_per_gpu = true", "daemon.vgpus_per_gpu: True is not an integer"),
     ("[daemon]\nspin_us = 10001", "daemon.spin_us: 10001 is not in 0..10000"),
+    ("[daemon]\nswitch_interval = '1s'", "daemon.switch_interval: '1s' is out of range"),
+    ("[daemon]\nswitch_interval = 0", "daemon.switch_interval: 0 is out of range"),
     ("[daemon]\ngpus = 'some'", "daemon.gpus: 'some' is not \"all\""),
     ("[daemon]\ngpus = []", "daemon.gpus: empty list"),
     ("[daemon]\ngpus = [0, 0]", "daemon.gpus: [0, 0] lists a GPU twice"),
@@ -306,3 +308,9 @@ def test_every_example_setting_is_valid(tmp_path: Path) -> None:
                       capacity_per_gpu=c.capacity_per_gpu, tenants=c.tenants,
                       managed_limit=c.managed_limit, policy_settings=c.policy_settings)
     assert c == defaults
+
+
+def test_switch_interval_takes_durations(tmp_path: Path) -> None:
+    path = tmp_path / "pilotd.toml"
+    path.write_text("[daemon]\nswitch_interval = '500us'\n")
+    assert load_config(str(path)).switch_interval == 0.0005

@@ -589,3 +589,29 @@ def test_session_resident_follows_every_move() -> None:
     env.res.untrack(env.s[1], A)  # type: ignore[arg-type]
     assert env.res.session_resident(1) == 0 and env.g.resident_by == {}
     assert env.res.session_resident(99) == 0
+
+
+def test_prefetch_brings_what_is_not_resident_in_bulk_when_it_fits() -> None:
+    """before_launch(prefetch=True) (Policy.prefetches_footprint): after making room, the part
+    not resident is prefetched to the GPU on the launch's stream, adjacent extents in one call;
+    what is resident already is not; a launch that does not fit prefetches nothing."""
+    env = Env(capacity=200 * MiB)
+    env.track(1, A, 100 * MiB)  # two extents: 64 + 36
+    env.track(1, B, 10 * MiB)
+    env.run(1, B)
+    env.backend.take()
+    env.res.before_launch(env.s[1], [A, B], "user-stream", prefetch=True)  # type: ignore[arg-type]
+    assert env.backend.of("mem_prefetch") == [(A, 100 * MiB, LOCATION_DEVICE, DEVICE, 0, "user-stream")]
+    assert env.g.prefetched == 100 * MiB
+    assert env.metrics.counts[("residency_prefetched_bytes", ("0", "a"))] == 100 * MiB
+    env.backend.take()
+    env.res.before_launch(env.s[1], [A], "user-stream", prefetch=True)  # type: ignore[arg-type]
+    assert env.backend.of("mem_prefetch") == []  # resident already
+    env.track(2, C, 300 * MiB)
+    env.backend.take()
+    env.res.before_launch(env.s[2], [C], "s2", prefetch=True)  # type: ignore[arg-type]
+    assert not [c for c in env.backend.of("mem_prefetch") if c[2] == LOCATION_DEVICE]  # overflow
+    env.track(3, D, 20 * MiB)
+    env.backend.take()
+    env.launch(3, D)  # without prefetch: room made (evictions), nothing brought in
+    assert [c for c in env.backend.of("mem_prefetch") if c[2] == LOCATION_DEVICE] == []
