@@ -238,7 +238,10 @@ class SimMemory:
                 base = self._next
                 if managed:
                     base = -(-base // MANAGED_ALIGNMENT) * MANAGED_ALIGNMENT
-                self._next = base + charged + GUARD_BYTES
+                # The H100's driver places large managed allocations one right after another
+                # (three 512 MiB cudaMallocManaged are contiguous): no gap, so that a range
+                # spanning two of them is possible here too (a prefetch may not span two).
+                self._next = base + charged + (0 if managed else GUARD_BYTES)
         self._blocks[base] = _Block(base, size, device, data, _Managed(size) if managed else None)
         bisect.insort(self._bases, base)
         self.used[device] += charged

@@ -23,14 +23,16 @@ emulates a smaller GPU, it does not refuse what a smaller GPU would thrash throu
 
 Policies act through the same object (Controls: evict a session's idle ranges, keep a range in
 host memory, lift that); those requests run on the scheduler thread, on a stream of the GPU's
-own. Thread-safe: one lock per GPU; the backend is called under it (prefetch and advice are
-enqueued, not waited for).
+own. Thread-safe: one lock per GPU, held only to update the model and plan the moves
+(`Moves`); the moves themselves are issued after it is released, by the thread that needs
+them. cuMemPrefetchAsync does its work on the calling thread (H100: about 110 ms per GiB to
+the host, 23 ms to the device; bench/prefetch_cost.py), and under the lock every other
+session's launch on the GPU waited for it.
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
 import threading
 from collections.abc import Iterable, Iterator
@@ -66,6 +68,7 @@ class Extent:
     resident: bool = False
     advised: bool = False  # kept in host memory by a policy (advise_host)
     active: int = 0  # running kernels that use it
+    pending: int = 0  # launches that made room for it and whose kernel is not issued yet
     used_at: int = 0  # recency: the GPU's clock when it was last brought in or used
     busy_until: Any = None  # while active: an event recorded after its last kernel
 
@@ -137,6 +140,39 @@ def cut(ptr: int, size: int) -> list[tuple[int, int]]:
     return out
 
 
+class Moves:
+    """Backend calls planned under a GPU's lock and issued after it, in order, by `run`."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.ops)
+
+    def prefetch(self, ptr: int, size: int, location: int, device: int, stream: Any) -> None:
+        self.ops.append(("mem_prefetch", (ptr, size, location, device, 0, stream)))
+
+    def wait(self, stream: Any, event: Any) -> None:
+        self.ops.append(("stream_wait_event", (stream, event)))
+
+    def record(self, event: Any, stream: Any) -> None:
+        self.ops.append(("event_record", (event, stream)))
+
+    def advise(self, ptr: int, size: int, advice: int, location: int, device: int) -> None:
+        self.ops.append(("mem_advise", (ptr, size, advice, location, device)))
+
+    def run(self, backend: Backend, gpu: int) -> None:
+        """Issue the calls. One that fails (the range was freed meanwhile: the free waited
+        for what was queued on pilot's stream, not for what was still planned) is logged and
+        the rest go on: a move is an optimisation, never the program's correctness."""
+        for name, args in self.ops:
+            try:
+                getattr(backend, name)(*args)
+            except Exception as exc:  # BackendError, or a sticky context error
+                log.warning("GPU %d: %s%s failed: %s", gpu, name, args[:2], exc)
+        self.ops = []
+
+
 def _current(g: GpuResidency, extents: list[Extent]) -> Iterator[Extent]:
     """The extents, as they are now, of the allocations a launch used. `extents` holds every
     extent of each allocation, the first one of each first; advise_host may have split them
@@ -196,13 +232,6 @@ class Residency:
         return g is not None and ptr in g.allocs
 
     # ---- what brings memory onto the GPU (vGPU threads) ----
-    def launching(self, s: Session) -> Any:
-        """Held around a launch of s that uses movable memory, from before_launch until its
-        extents know the event after its kernel (launched): no other launch may evict them in
-        between without waiting for that kernel."""
-        g = self.sessions.get(s.id)
-        return g.lock if g is not None else contextlib.nullcontext()
-
     def before_launch(self, s: Session, allocations: Iterable[int], stream: Any,
                       prefetch: bool = False) -> list[Extent]:
         """A launch whose arguments point into these allocations (bases) is about to be issued
@@ -211,20 +240,37 @@ class Residency:
         Policy.prefetches_footprint) that part is also moved onto the GPU on `stream`, ahead of
         the kernel, in bulk, instead of the kernel faulting it in page by page while it holds
         its SMs; not when it does not fit in the room (the GPU would hold more than C). Returns
-        the extents to pass to `finished`."""
+        the extents to pass to `launched` (or `not_launched`) and `finished`. Until `launched`
+        they are *pending*: no other session evicts them (it could not wait for a kernel that
+        is not issued yet)."""
         g = self.sessions.get(s.id)
         if g is None:
             return []
+        moves = Moves()
         with g.lock:
             extents = [e for base in allocations for e in g.allocs.get(base, ())]
             if not extents:
                 return []
-            incoming = self._bring_in(g, extents, stream)
+            incoming = self._bring_in(g, extents, stream, moves)
             if prefetch and incoming and self.enforced:
-                self._prefetch_in(g, incoming, stream)
+                self._prefetch_in(g, incoming, stream, moves)
             for e in extents:
                 e.active += 1
+                e.pending += 1
+        if moves:
+            moves.run(self.backend, g.gpu)
         return extents
+
+    def not_launched(self, s: Session, extents: list[Extent]) -> None:
+        """The launch before_launch made room for failed: its extents are neither pending nor
+        active for it."""
+        g = self.sessions.get(s.id)
+        if g is None or not extents:
+            return
+        with g.lock:
+            for x in _current(g, extents):
+                x.pending = max(0, x.pending - 1)
+                x.active = max(0, x.active - 1)
 
     def finished(self, s: Session, extents: list[Extent]) -> None:
         """The kernel that used these extents finished."""
@@ -246,6 +292,7 @@ class Residency:
         with g.lock:
             for x in _current(g, extents):
                 x.busy_until = event
+                x.pending = max(0, x.pending - 1)
 
     def written(self, s: Session, ptr: int, count: int, stream: Any) -> None:
         """The program copies, sets or prefetches [ptr, ptr+count) on the GPU (on `stream`):
@@ -253,10 +300,13 @@ class Residency:
         g = self.sessions.get(s.id)
         if g is None:
             return
+        moves = Moves()
         with g.lock:
             extents = g.overlapping(ptr, count)
             if extents:
-                self._bring_in(g, extents, stream)
+                self._bring_in(g, extents, stream, moves)
+        if moves:
+            moves.run(self.backend, g.gpu)
 
     def moved_to_host(self, s: Session, ptr: int, count: int) -> None:
         """The program prefetched [ptr, ptr+count) to the CPU: whole extents leave the GPU (a
@@ -295,7 +345,7 @@ class Residency:
     def _room(self, g: GpuResidency) -> int:
         return max(0, self.budget.capacity(g.gpu) - self.fixed_used(g.gpu))
 
-    def _bring_in(self, g: GpuResidency, extents: list[Extent], stream: Any) -> list[Extent]:
+    def _bring_in(self, g: GpuResidency, extents: list[Extent], stream: Any, moves: Moves) -> list[Extent]:
         """Count the extents resident, making room first; returns those that were not and now
         fit (none when they did not fit in the room)."""
         g.clock += 1
@@ -307,27 +357,30 @@ class Residency:
         fits = True
         if incoming and self.enforced:
             need = sum(e.size for e in incoming)
-            fits = self._make_room(g, need, set(map(id, extents)), stream, extents[0].session)
+            fits = self._make_room(g, need, set(map(id, extents)), stream, extents[0].session, moves)
         for e in extents:
             if not e.advised:
                 g.set_resident(e, True)
         g.peak = max(g.peak, g.resident)
         return incoming if fits else []
 
-    def _prefetch_in(self, g: GpuResidency, extents: list[Extent], stream: Any) -> None:
+    def _prefetch_in(self, g: GpuResidency, extents: list[Extent], stream: Any, moves: Moves) -> None:
         """Move the extents onto the GPU on `stream`, adjacent ones of an allocation in one call."""
-        runs: list[list[int]] = []  # [ptr, size] of contiguous runs
+        runs: list[list[int]] = []  # [ptr, size, allocation] of contiguous runs
         for e in sorted(extents, key=lambda x: x.ptr):
-            if runs and runs[-1][0] + runs[-1][1] == e.ptr:
+            # never across allocations, even adjacent ones: one prefetch may not span two
+            # (cudaErrorInvalidValue on the H100)
+            if runs and runs[-1][0] + runs[-1][1] == e.ptr and runs[-1][2] == e.alloc:
                 runs[-1][1] += e.size
             else:
-                runs.append([e.ptr, e.size])
+                runs.append([e.ptr, e.size, e.alloc])
             self.metrics.count("residency_prefetched_bytes", (str(g.gpu), e.tenant), e.size)
-        for ptr, size in runs:
-            self.backend.mem_prefetch(ptr, size, LOCATION_DEVICE, g.device, 0, stream)
+        for ptr, size, _alloc in runs:
+            moves.prefetch(ptr, size, LOCATION_DEVICE, g.device, stream)
             g.prefetched += size
 
-    def _make_room(self, g: GpuResidency, need: int, spare: set[int], stream: Any, session: int) -> bool:
+    def _make_room(self, g: GpuResidency, need: int, spare: set[int], stream: Any, session: int,
+                   moves: Moves) -> bool:
         """Evict until `need` more bytes fit: idle extents, least recently used first, then active
         ones; never those in `spare` (ids). With a policy's eviction order (set_eviction_order):
         session by session in that order, idle extents first, then (for `session` itself) active
@@ -336,12 +389,14 @@ class Residency:
         session's own active extents go on `stream` itself, so that they leave after its kernels
         queued before, not under them, and another session's active extents leave after its kernel
         (pilot's stream waits for the event recorded after it, `busy_until`): so what is resident
-        stays within the room, at the price of the new work waiting for that kernel. Returns
-        whether `need` fits now."""
+        stays within the room, at the price of the new work waiting for that kernel. Another
+        session's pending extents (its launch is between before_launch and launched) are not
+        touched. The moves are planned into `moves`. Returns whether `need` fits now."""
         over = g.resident + need - self._room(g)
         if over <= 0:
             return True
-        resident = (e for exts in g.allocs.values() for e in exts if e.resident and id(e) not in spare)
+        resident = (e for exts in g.allocs.values() for e in exts if e.resident and id(e) not in spare
+                    and not (e.pending and e.session != session))
         rank = g.evict_rank
         if rank:  # a policy's order: idle memory by rank, then the session's own, then others' busy
             last = len(rank)
@@ -354,21 +409,20 @@ class Residency:
             if over <= 0:
                 break
             if e.active and e.session == session:
-                self._evict(g, e, stream, "capacity")
+                self._evict(g, e, stream, "capacity", moves)
             else:
                 own = own or self._stream(g)
                 if e.active and e.busy_until is not None:
                     # Another session's kernel uses it: move it only once that kernel is done,
                     # or the kernel would fault it back and the GPU would hold more than C.
-                    self.backend.stream_wait_event(own, e.busy_until)
-                self._evict(g, e, own, "capacity")
+                    moves.wait(own, e.busy_until)
+                self._evict(g, e, own, "capacity", moves)
             over -= e.size
         if own is not None and own is not stream:
-            backend = self.backend
             if g.event is None:
-                g.event = backend.event_create(EVENT_DISABLE_TIMING)
-            backend.event_record(g.event, own)
-            backend.stream_wait_event(stream, g.event)
+                g.event = self.backend.event_create(EVENT_DISABLE_TIMING)
+            moves.record(g.event, own)
+            moves.wait(stream, g.event)
         if over > 0:
             g.overflows += 1
             log.warning("GPU %d: %d bytes over capacity: one launch needs more than the room left "
@@ -376,8 +430,8 @@ class Residency:
             return False
         return True
 
-    def _evict(self, g: GpuResidency, e: Extent, stream: Any, reason: str) -> None:
-        self.backend.mem_prefetch(e.ptr, e.size, LOCATION_HOST, 0, 0, stream)
+    def _evict(self, g: GpuResidency, e: Extent, stream: Any, reason: str, moves: Moves) -> None:
+        moves.prefetch(e.ptr, e.size, LOCATION_HOST, 0, stream)
         g.set_resident(e, False)
         g.evicted += e.size
         self.metrics.count("residency_evicted_bytes", (str(g.gpu), e.tenant, reason), e.size)
@@ -412,6 +466,7 @@ class Residency:
         g = self.sessions.get(session)
         if g is None:
             return 0
+        moves = Moves()
         with g.lock:
             stream = self._own_stream(g)
             moved = 0
@@ -419,10 +474,11 @@ class Residency:
                 if base in keep:
                     continue
                 for e in g.allocs[base]:
-                    if e.resident:
-                        self._evict(g, e, stream, "policy")
+                    if e.resident and not e.pending:
+                        self._evict(g, e, stream, "policy", moves)
                         moved += e.size
-            return moved
+        moves.run(self.backend, g.gpu)
+        return moved
 
     def _split_at(self, g: GpuResidency, at: int) -> None:
         """Make `at` an extent edge (rounded down to ALIGN) within its allocation."""
@@ -465,26 +521,29 @@ class Residency:
             return 0
         preferred, accessed_by = ((ADVISE_SET_PREFERRED, ADVISE_SET_ACCESSED_BY) if to_host
                                   else (ADVISE_UNSET_PREFERRED, ADVISE_UNSET_ACCESSED_BY))
+        moves = Moves()
         with g.lock:
             extents = [e for e in self._range(g, session, ptr, size) if e.advised != to_host]
             if not extents:
                 return 0
-            stream, backend = self._own_stream(g), self.backend
+            stream = self._own_stream(g)
             for e in extents:
-                backend.mem_advise(e.ptr, e.size, preferred, LOCATION_HOST, 0)
-                backend.mem_advise(e.ptr, e.size, accessed_by, LOCATION_DEVICE, g.device)
+                moves.advise(e.ptr, e.size, preferred, LOCATION_HOST, 0)
+                moves.advise(e.ptr, e.size, accessed_by, LOCATION_DEVICE, g.device)
                 e.advised = to_host
                 if to_host:
                     g.advised += e.size
                     if e.resident and move:
-                        self._evict(g, e, stream, "policy")
+                        self._evict(g, e, stream, "policy", moves)
             if move and not to_host:
-                self._bring_in(g, extents, stream)
+                self._bring_in(g, extents, stream, moves)
                 for e in extents:
-                    backend.mem_prefetch(e.ptr, e.size, LOCATION_DEVICE, g.device, 0, stream)
+                    moves.prefetch(e.ptr, e.size, LOCATION_DEVICE, g.device, stream)
                     g.prefetched += e.size
                     self.metrics.count("residency_prefetched_bytes", (str(g.gpu), e.tenant), e.size)
-            return sum(e.size for e in extents)
+            advised = sum(e.size for e in extents)
+        moves.run(self.backend, g.gpu)
+        return advised
 
     # ---- reports ----
     def describe(self, gpu: int) -> dict[str, Any]:

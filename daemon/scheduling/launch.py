@@ -181,10 +181,14 @@ def issue(vg: VGpu, s: Session, launch: Launch) -> None:
         host = vg.policy
         ranges = launch.view.footprint if launch.view is not None and host is not None and \
             host.needs_footprint else movable_footprint(vg, s, launch)
-        with res.launching(s):  # until the extents know the event after the kernel
-            touched = res.before_launch(s, [r.ptr for r in ranges if r.movable], stream,
-                                        prefetch=host is not None and host.prefetches_footprint)
+        # pending from here until the kernel watch knows the event after the kernel
+        touched = res.before_launch(s, [r.ptr for r in ranges if r.movable], stream,
+                                    prefetch=host is not None and host.prefetches_footprint)
+        try:
             _launch_and_watch(vg, s, launch, info, stream, touched)
+        except BaseException:
+            res.not_launched(s, touched)
+            raise
     else:
         _launch_and_watch(vg, s, launch, info, stream, None)
 

@@ -367,7 +367,7 @@ static void api(void)
 
 // The address the daemon picks for a managed allocation is taken in this process: the
 // allocation must land elsewhere and leave the program's mapping alone. (Under the sim daemon the
-// next address is predictable: 2 MiB past the previous small allocation; natively this only
+// next address is predictable: right after the previous small allocation's 2 MiB; natively this only
 // checks that allocating next to a mapping of the program works.)
 static void collision(void)
 {
@@ -375,8 +375,8 @@ static void collision(void)
     char *a, *b;
     CHECK(cudaMallocManaged((void **)&a, 4096, cudaMemAttachGlobal));
     // pilotd gives a small managed allocation a 2 MiB range of its own; the sim daemon puts the
-    // next one past a guard, on the next 2 MiB boundary (natively: no collision, that is fine)
-    char *want = a + 2 * two_mib;
+    // next one right after it, as the driver does (natively: no collision, that is fine)
+    char *want = a + two_mib;
     char *mine = (char *)mmap(want, two_mib, PROT_READ | PROT_WRITE,
                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
     if (mine != MAP_FAILED)

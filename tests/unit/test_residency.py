@@ -104,7 +104,10 @@ class Env:
         self.res.track(self.s[sid], ptr, size)  # type: ignore[arg-type]
 
     def launch(self, sid: int, *bases: int, stream: str = "user-stream") -> list[Any]:
-        return self.res.before_launch(self.s[sid], list(bases), stream)  # type: ignore[arg-type]
+        """A launch issued (its kernel running; no event known unless a test sets one)."""
+        extents = self.res.before_launch(self.s[sid], list(bases), stream)  # type: ignore[arg-type]
+        self.res.launched(self.s[sid], extents, None)  # type: ignore[arg-type]
+        return extents
 
     def finish(self, sid: int, extents: list[Any]) -> None:
         self.res.finished(self.s[sid], extents)  # type: ignore[arg-type]
@@ -198,8 +201,8 @@ def test_eviction_is_least_recently_used_first_and_waits_on_pilots_stream() -> N
     own = calls[0]
     assert own[0] == "stream_create"
     stream = "pilot-stream1"
-    assert calls[1:] == [("mem_prefetch", B, 40 * MiB, LOCATION_HOST, 0, 0, stream),
-                         ("event_create", 2), ("event_record", "event2", stream),
+    assert calls[1:] == [("event_create", 2), ("mem_prefetch", B, 40 * MiB, LOCATION_HOST, 0, 0, stream),
+                         ("event_record", "event2", stream),
                          ("stream_wait_event", "user-stream", "event2")]
     assert env.resident() == 70 * MiB
     assert env.metrics.counts[("residency_evicted_bytes", ("0", "b", "capacity"))] == 40 * MiB
@@ -607,6 +610,10 @@ def test_prefetch_brings_what_is_not_resident_in_bulk_when_it_fits() -> None:
     env.backend.take()
     env.res.before_launch(env.s[1], [A], "user-stream", prefetch=True)  # type: ignore[arg-type]
     assert env.backend.of("mem_prefetch") == []  # resident already
+    env.track(3, A + 100 * MiB, 4 * MiB)  # right after A: adjacent, but another allocation
+    env.backend.take()
+    env.res.before_launch(env.s[3], [A, A + 100 * MiB], "s3", prefetch=True)  # type: ignore[arg-type]
+    assert env.backend.of("mem_prefetch") == [(A + 100 * MiB, 4 * MiB, LOCATION_DEVICE, DEVICE, 0, "s3")]
     env.track(2, C, 300 * MiB)
     env.backend.take()
     env.res.before_launch(env.s[2], [C], "s2", prefetch=True)  # type: ignore[arg-type]
@@ -615,3 +622,29 @@ def test_prefetch_brings_what_is_not_resident_in_bulk_when_it_fits() -> None:
     env.backend.take()
     env.launch(3, D)  # without prefetch: room made (evictions), nothing brought in
     assert [c for c in env.backend.of("mem_prefetch") if c[2] == LOCATION_DEVICE] == []
+
+
+def test_a_launch_not_yet_issued_keeps_its_memory_from_others() -> None:
+    """Between before_launch and launched (the kernel is not on its stream yet, no event to wait
+    for) another session's launch leaves the extents alone, and so does a policy's eviction;
+    afterwards they are evictable again, after the kernel. A launch that failed frees them."""
+    env = Env(capacity=100 * MiB)
+    env.track(1, A, 60 * MiB)
+    env.track(2, B, 60 * MiB)
+    env.track(3, C, 60 * MiB)
+    pending = env.res.before_launch(env.s[1], [A], "s1")  # type: ignore[arg-type]
+    assert env.res.evict_session(1) == 0
+    env.backend.take()
+    env.launch(2, B)  # 20 over, but A is pending: nothing to evict, an overflow
+    assert env.evicted() == [] and env.g.overflows == 1
+    env.res.launched(env.s[1], pending, "event-after-a")  # type: ignore[arg-type]
+    env.finish(2, env.g.allocs[B])
+    env.launch(3, C)  # 80 over: B (idle now) first, then A, after its kernel
+    calls = env.backend.take()
+    evicted = [(c[1], c[2]) for c in calls if c[0] == "mem_prefetch" and c[3] == LOCATION_HOST]
+    assert evicted == [(B, 60 * MiB), (A, 60 * MiB)]
+    assert calls.index(("stream_wait_event", "pilot-stream1", "event-after-a")) < \
+        calls.index(("mem_prefetch", A, 60 * MiB, LOCATION_HOST, 0, 0, "pilot-stream1"))
+    failed = env.res.before_launch(env.s[2], [B], "s2")  # type: ignore[arg-type]
+    env.res.not_launched(env.s[2], failed)  # type: ignore[arg-type]
+    assert [(e.pending, e.active) for e in env.g.allocs[B]] == [(0, 0)]
