@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pilot.residency")
 
 EXTENT_MAX = 64 << 20
+COLD_S = 1.0  # memory no kernel or copy used for this long goes first, whatever a policy's order
 ALIGN = 2 << 20  # the driver migrates managed memory in 2 MiB blocks at most
 LOCATION_DEVICE, LOCATION_HOST = 1, 2  # CUmemLocationType
 ADVISE_SET_PREFERRED, ADVISE_UNSET_PREFERRED = 3, 4  # CUmem_advise
@@ -70,6 +72,7 @@ class Extent:
     active: int = 0  # running kernels that use it
     pending: int = 0  # launches that made room for it and whose kernel is not issued yet
     used_at: int = 0  # recency: the GPU's clock when it was last brought in or used
+    used_s: float = 0.0  # time.monotonic() then
     busy_until: Any = None  # while active: an event recorded after its last kernel
 
 
@@ -349,9 +352,10 @@ class Residency:
         """Count the extents resident, making room first; returns those that were not and now
         fit (none when they did not fit in the room)."""
         g.clock += 1
+        now = time.monotonic()
         incoming = []
         for e in extents:
-            e.used_at = g.clock
+            e.used_at, e.used_s = g.clock, now
             if not e.resident and not e.advised:
                 incoming.append(e)
         fits = True
@@ -383,6 +387,7 @@ class Residency:
                    moves: Moves) -> bool:
         """Evict until `need` more bytes fit: idle extents, least recently used first, then active
         ones; never those in `spare` (ids). With a policy's eviction order (set_eviction_order):
+        idle extents unused for COLD_S first (memory nobody uses is no one's to keep), then
         session by session in that order, idle extents first, then (for `session` itself) active
         ones; other sessions' active extents last of all. Evictions go on pilot's stream of the
         GPU, and `stream` (the work of `session` that needs the room) waits for it; but the
@@ -398,10 +403,12 @@ class Residency:
         resident = (e for exts in g.allocs.values() for e in exts if e.resident and id(e) not in spare
                     and not (e.pending and e.session != session))
         rank = g.evict_rank
-        if rank:  # a policy's order: idle memory by rank, then the session's own, then others' busy
-            last = len(rank)
+        if rank:  # cold memory, then a policy's order: idle memory by rank, then the session's own,
+            last = len(rank)  # then others' busy
+            cold = time.monotonic() - COLD_S
             candidates = sorted(resident, key=lambda e: (
-                e.active > 0 and e.session != session, rank.get(e.session, last), e.active > 0, e.used_at))
+                e.active > 0 and e.session != session, e.active > 0 or e.used_s > cold,
+                rank.get(e.session, last), e.active > 0, e.used_at))
         else:
             candidates = sorted(resident, key=lambda e: (e.active > 0, e.used_at))
         own = None

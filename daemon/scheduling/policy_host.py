@@ -11,6 +11,7 @@ every event that may have freed something.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -152,7 +153,7 @@ class PolicyHost:
         self.readings: Callable[[], dict[int, Any]] | None = None
         self._seen_readings: dict[int, float] = {}
         self._lock = threading.Lock()
-        self._next_launch = 1
+        self._launch_ids = itertools.count(1)
         self._stop = threading.Event()
         self._kick = threading.Event()
         self._thread: threading.Thread | None = None
@@ -236,10 +237,7 @@ class PolicyHost:
 
     # ---- launches (vGPU threads) ----
     def new_launch_id(self) -> int:
-        with self._lock:
-            n = self._next_launch
-            self._next_launch += 1
-            return n
+        return next(self._launch_ids)  # atomic under the GIL: no lock on every launch
 
     def launch_requested(self, view: LaunchView) -> Decision:
         """The policy's decision, logged and counted. A policy that fails answers RUN (the

@@ -99,7 +99,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert (c.policy, c.nvml_poll_interval, c.metrics_address, c.admin_group) == (
         "none", 1.0, "127.0.0.1:19400", "pilot-admin")
     assert (c.log_level, c.log_format, c.spin_us, c.sim_kernels) == ("info", "text", 50, ())
-    assert c.capacity_per_gpu == {} and c.tenants == {} and c.switch_interval == 0.005
+    assert c.capacity_per_gpu == {} and c.tenants == {} and c.switch_interval == 0.0005
     assert c.state_dir == str(tmp_path / "home" / ".local" / "state" / "pilot")
     assert load_config(None) == c  # no file at DEFAULT_CONFIG_PATH: defaults only
 

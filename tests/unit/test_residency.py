@@ -648,3 +648,24 @@ def test_a_launch_not_yet_issued_keeps_its_memory_from_others() -> None:
     failed = env.res.before_launch(env.s[2], [B], "s2")  # type: ignore[arg-type]
     env.res.not_launched(env.s[2], failed)  # type: ignore[arg-type]
     assert [(e.pending, e.active) for e in env.g.allocs[B]] == [(0, 0)]
+
+
+def test_cold_memory_goes_first_whatever_the_policys_order() -> None:
+    """Memory no kernel or copy used for COLD_S is evicted before the order a policy set: a
+    program's allocation it no longer uses is nobody's to keep (MFit made pageDoS thrash
+    through its own pieces while a buffer stream never touched stayed resident)."""
+    from pilot.daemon.resources.residency import COLD_S
+
+    env = Env(capacity=100 * MiB)
+    env.track(1, A, 30 * MiB)  # the small program's buffer it used once
+    env.track(1, B, 30 * MiB)  # and the one it keeps using
+    env.track(2, C, 30 * MiB)
+    env.track(2, D, 30 * MiB)
+    env.run(1, A)
+    env.run(1, B)
+    env.run(2, C)
+    env.res.set_eviction_order(0, (2, 1))
+    for e in env.g.allocs[A]:
+        e.used_s -= COLD_S + 0.1
+    env.launch(2, D)  # 20 over: A (cold) goes, though session 2 ranks first
+    assert env.evicted() == [(A, 30 * MiB)]
