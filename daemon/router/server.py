@@ -291,7 +291,9 @@ class Daemon:
             source: Any = SimSource(total=budget.capacity(min(self.gpus)), used=budget.used)
         else:
             try:
-                source = NvmlSource()
+                # NVML numbers GPUs in PCI order, CUDA its own way: find each by PCI bus id
+                source = NvmlSource(bus_ids={g: i.pci_bus_id for g, i in
+                                             zip(self.topology.gpus, self.topology.ids, strict=True)})
             except NvmlUnavailable as exc:
                 log.warning("NVML unavailable (%s): no GPU readings", exc)
                 return
@@ -563,13 +565,15 @@ class Daemon:
     def snapshot(self) -> dict[str, Any]:
         """The daemon's state for pilotctl status and the metrics collector (any thread)."""
         readings = self._nvml.latest() if self._nvml is not None else {}
-        budget, res = self.broker.budget, self.broker.residency
+        budget, res, topo = self.broker.budget, self.broker.residency, self.topology
         return {
             "sessions": self.part_summaries(),
             "gpus": [{"index": g, "capacity": budget.capacity(g), "used_by_pilot": budget.used(g),
                       "draining": g in self.draining, "reading": readings.get(g),
-                      "residency": res.describe(g) if res is not None else None}
-                     for g in sorted(self.gpus)],
+                      "residency": res.describe(g) if res is not None else None,
+                      "name": topo.infos[p].name, "uuid": topo.ids[p].uuid,
+                      "pci_bus_id": topo.ids[p].pci_bus_id}
+                     for p, g in enumerate(topo.gpus)],
             # The quota in force on each GPU (a quota for every GPU is expanded), so it lines up
             # with the per-GPU memory series.
             "quotas": {t: {str(g): {"hard": q.hard, "provisioned": q.provisioned}

@@ -10,9 +10,14 @@ pilotd's log (the session's device list and the GPU of each part it joined).
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import subprocess
+import urllib.request
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from test_streams_devices import CLEAN_ENV, SimDaemon  # pytest puts tests/apps on sys.path
@@ -151,3 +156,23 @@ def test_selection_cannot_widen(app_binaries: dict, shim_path: str, gpus_1_and_2
     check(run(app_binaries, shim_path, gpus_1_and_2, "1,2,3,4"), expected([1, 2], sim), gpus_1_and_2)
     check(run(app_binaries, shim_path, gpus_1_and_2, None), expected([1, 2], sim), gpus_1_and_2)
     assert last_session_gpus(gpus_1_and_2) == [1, 2]
+
+
+def test_uuids_in_status_and_metrics(start_pilotd: Callable[..., Any]) -> None:
+    """`pilotctl status` and pilot_gpu_info name each GPU by the UUID programs see and select
+    it by (and its PCI bus id), so pilot's series join DCGM's."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    daemon = start_pilotd("--sim-devices", "2", "--metrics-address", f"127.0.0.1:{port}")
+    doc = json.loads(daemon.ctl("status", "--json").stdout)
+    assert [(g["index"], g["uuid"], g["pci_bus_id"]) for g in doc["gpus"]] == [
+        (0, uuid(0), "00000000:23:00.0"), (1, uuid(1), "00000000:1B:00.0")]
+    text = daemon.ctl("status").stdout
+    assert f"GPU 0 {uuid(0)} (00000000:23:00.0)" in text and f"GPU 1 {uuid(1)}" in text, text
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    info = sorted(line for line in metrics.splitlines() if line.startswith("pilot_gpu_info{"))
+    assert len(info) == 2, metrics
+    for gpu, line in enumerate(info):
+        assert f'gpu="{gpu}"' in line and f'uuid="{uuid(gpu)}"' in line, info
+        assert f'pci_bus_id="00000000:{sim_pci_bus(gpu):02X}:00.0"' in line, info
