@@ -67,14 +67,15 @@ def status(client: ControlClient, as_json: bool, measure: bool) -> None:
                f"up {doc['uptime_s']:.0f} s, policy {doc['policy']}): {doc['sessions']} session(s)")
     for g in doc["gpus"]:
         nv = g["nvml"]
-        line = (f"GPU {g['index']} {g.get('uuid', '')} ({g.get('pci_bus_id', '')}): capacity "
-                f"{_size(g['capacity'])}, pilot holds {_size(g['used_by_pilot'])}")
+        line = f"GPU {g['index']}: capacity {_size(g['capacity'])}, pilot holds {_size(g['used_by_pilot'])}"
         if nv:
             line += (f"; {nv['name']}: {_size(nv['memory_used'])} used of {_size(nv['memory_total'])}, "
                      f"utilization {nv['utilization_gpu']:.0f}%")
         if g["draining"]:
             line += "  [draining]"
         click.echo(line)
+        if g.get("uuid"):
+            click.echo(f"  {g['uuid']}, PCI bus id {g['pci_bus_id']}")
         res = g.get("residency")
         if res:
             click.echo(f"  movable memory: {_size(res['movable'])}, resident {_size(res['resident'])} "

@@ -169,7 +169,7 @@ def test_uuids_in_status_and_metrics(start_pilotd: Callable[..., Any]) -> None:
     assert [(g["index"], g["uuid"], g["pci_bus_id"]) for g in doc["gpus"]] == [
         (0, uuid(0), "00000000:23:00.0"), (1, uuid(1), "00000000:1B:00.0")]
     text = daemon.ctl("status").stdout
-    assert f"GPU 0 {uuid(0)} (00000000:23:00.0)" in text and f"GPU 1 {uuid(1)}" in text, text
+    assert f"  {uuid(0)}, PCI bus id 00000000:23:00.0\n" in text and f"  {uuid(1)}, PCI" in text, text
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     info = sorted(line for line in metrics.splitlines() if line.startswith("pilot_gpu_info{"))
     assert len(info) == 2, metrics
