@@ -74,6 +74,8 @@ def status(client: ControlClient, as_json: bool, measure: bool) -> None:
         if g["draining"]:
             line += "  [draining]"
         click.echo(line)
+        if g.get("uuid"):
+            click.echo(f"  {g['uuid']}, PCI bus id {g['pci_bus_id']}")
         res = g.get("residency")
         if res:
             click.echo(f"  movable memory: {_size(res['movable'])}, resident {_size(res['resident'])} "

@@ -1,7 +1,8 @@
 /* Device management and versions. Device facts come from DEVICE_INFO replies cached once per
  * device, so attribute and property queries cost no round trip after the first. The program
- * sees every GPU the daemon offers, numbered from the one its session started on (see
- * daemon/devices.py); as in CUDA, each host thread has its own current device. */
+ * sees the GPUs its CUDA_VISIBLE_DEVICES selects (sent in HELLO, resolved by pilotd), or every
+ * GPU the daemon offers, numbered from the one its session started on (see
+ * daemon/sessions/devices.py); as in CUDA, each host thread has its own current device. */
 #include <string.h>
 
 #include "shim.h"

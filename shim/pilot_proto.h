@@ -25,7 +25,7 @@
 
 /* PILOT_CDEF_BEGIN */
 
-#define PILOT_PROTO_VERSION 2
+#define PILOT_PROTO_VERSION 3
 #define PILOT_ENDPOINT_MAX 256
 #define PILOT_NAME_MAX 256
 #define PILOT_ATTR_COUNT 160          /* covers every cudaDeviceAttr value of CUDA 13.0 (max 147) */
@@ -182,9 +182,20 @@ typedef struct pilot_rep_u64 {
 } pilot_rep_u64;
 
 /* ---- session ---- */
+/* HELLO carries the program's device selection (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER of its
+ * environment), which pilotd resolves against the GPUs it serves (daemon/sessions/visible.py):
+ * it can only narrow what the session sees. ATTACH sends the same struct with flags 0. */
+#define PILOT_VISIBLE_MAX 1024        /* bytes of CUDA_VISIBLE_DEVICES carried, NUL included */
+#define PILOT_HELLO_VISIBLE_SET 1     /* CUDA_VISIBLE_DEVICES is set (an empty value too) */
+#define PILOT_HELLO_PCI_BUS_ORDER 2   /* CUDA_DEVICE_ORDER=PCI_BUS_ID */
+
 typedef struct pilot_req_hello {
     uint32_t proto_version;
     uint32_t cuda_abi;                /* CUDART_VERSION the shim was built for, e.g. 13000 */
+    uint32_t flags;                   /* PILOT_HELLO_* */
+    uint32_t reserved;
+    char visible_devices[PILOT_VISIBLE_MAX]; /* CUDA_VISIBLE_DEVICES, NUL-terminated (cut at
+                                              * the last whole entry that fits) */
 } pilot_req_hello;
 
 typedef struct pilot_rep_hello {

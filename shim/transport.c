@@ -298,14 +298,45 @@ static int info_on(struct part *p, int device)
     return 0;
 }
 
+/* The program's device selection, as HELLO carries it: CUDA_VISIBLE_DEVICES (set or not, cut
+ * after the last whole entry that fits) and CUDA_DEVICE_ORDER. pilotd parses and resolves it
+ * against the GPUs it serves (daemon/sessions/visible.py), so the selection can only narrow. */
+static void device_selection(pilot_req_hello *hello)
+{
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    const char *order = getenv("CUDA_DEVICE_ORDER");
+    if (order && strcmp(order, "PCI_BUS_ID") == 0)
+        hello->flags |= PILOT_HELLO_PCI_BUS_ORDER;
+    if (!visible)
+        return;
+    hello->flags |= PILOT_HELLO_VISIBLE_SET;
+    size_t n = strlen(visible);
+    if (n >= sizeof hello->visible_devices) {
+        /* CUDA would read on; pilot keeps the entries that fit whole (16 devices at most) */
+        n = sizeof hello->visible_devices - 1;
+        while (n > 0 && visible[n] != ',')
+            n--;
+        LOG_WARN("pilot: CUDA_VISIBLE_DEVICES is longer than %zu bytes; its first %zu are used",
+                 sizeof hello->visible_devices - 1, n);
+    }
+    memcpy(hello->visible_devices, visible, n);
+    hello->visible_devices[n] = 0;
+}
+
 /* 0; -2: pilotd cannot be reached (try again later); -1: the set-up failed for good. */
 static int open_session(void)
 {
     pilot_req_hello hello = {.proto_version = PILOT_PROTO_VERSION, .cuda_abi = CUDART_VERSION};
     pilot_rep_hello hrep;
+    device_selection(&hello);
     int rc0 = main_socket_call(PILOT_OP_HELLO, 0, &hello, sizeof hello, &hrep);
     if (rc0 != 0)
         return rc0;
+    if (hrep.hdr.err == cudaErrorNoDevice) {
+        /* the selection named no GPU pilotd serves: CUDA then has no device either */
+        LOG_INFO("CUDA_VISIBLE_DEVICES selects no GPU of pilotd's: no CUDA device");
+        return -1;
+    }
     if (hrep.hdr.err) {
         fprintf(stderr, "pilot: pilotd refused the session (%s)%s\n",
                 pilot_error_name(hrep.hdr.err) ? pilot_error_name(hrep.hdr.err) : "error",

@@ -92,6 +92,23 @@ class DeviceInfo:
     attrs: dict[int, int] = field(default_factory=dict)  # cudaDeviceAttr -> value
 
 
+def format_uuid(raw: bytes) -> str:
+    """CUDA's 16 UUID bytes as nvidia-smi prints them."""
+    h = bytes(raw[:16]).ljust(16, b"\0").hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def format_pci_bus_id(domain: int, bus: int, device: int) -> str:
+    """A PCI bus id in NVML's form (nvmlPciInfo_t.busId): 8-digit domain, bus, device, function 0."""
+    return f"{domain & 0xFFFFFFFF:08X}:{bus & 0xFF:02X}:{device & 0xFF:02X}.0"
+
+
+def pci_bus_id_of(info: DeviceInfo) -> str:
+    """A device's PCI bus id from its attributes (cudaDevAttrPciDomainId, PciBusId, PciDeviceId)."""
+    a = info.attrs
+    return format_pci_bus_id(a.get(50, 0), a.get(33, 0), a.get(34, 0))
+
+
 @dataclass
 class FunctionInfo:
     handle: Any

@@ -36,6 +36,7 @@ from pilot.daemon.backends.base import (
     FunctionInfo,
     Gate,
     LaunchAttrs,
+    format_pci_bus_id,
 )
 from pilot.daemon.protocol import ffi as _pffi
 from pilot.daemon.protocol import lib as _plib
@@ -369,6 +370,21 @@ class CudaBackend:
         return DeviceInfo(
             name=name, uuid=uuid, total_mem=int(total), driver_version=int(version), attrs=attrs
         )
+
+    def host_pci_bus_ids(self) -> dict[int, str]:
+        """The PCI bus id of every GPU the driver enumerates, by CUDA ordinal (not in the
+        Backend interface: the router ranks GPUs by it for CUDA_DEVICE_ORDER=PCI_BUS_ID)."""
+        cu = self._cu
+        attr = cu.CUdevice_attribute
+        ids: dict[int, str] = {}
+        for ordinal in range(check(cu.cuDeviceGetCount(), "cuDeviceGetCount")):
+            dev = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+            domain, bus, device = (
+                int(check(cu.cuDeviceGetAttribute(a, dev), "cuDeviceGetAttribute"))
+                for a in (attr.CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, attr.CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
+                          attr.CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID))
+            ids[ordinal] = format_pci_bus_id(domain, bus, device)
+        return ids
 
     def mem_get_info(self, device: int) -> tuple[int, int]:
         with self._context(device):

@@ -7,11 +7,12 @@ follow an H100 SXM5 80GB as deviceQuery reports it. Attributes not listed read a
 
 from __future__ import annotations
 
+import hashlib
+
 from pilot.daemon.backends.base import DeviceInfo
 
 SIM_DEVICE_NAME = "pilot simulated GPU (H100-like)"
 SIM_DRIVER_VERSION = 13000
-_UUID_PREFIX = b"pilot-sim-gpu"  # + 3 bytes of device index = 16
 
 H100_ATTRS: dict[int, int] = {
     1: 1024,         # cudaDevAttrMaxThreadsPerBlock
@@ -135,13 +136,26 @@ H100_ATTRS: dict[int, int] = {
 }
 
 
+def sim_uuid(index: int) -> bytes:
+    """Simulated device `index`'s 16-byte UUID: fixed, and like real ones different from the
+    first hex digits on (devices 0 and 1 share only the first: "GPU-4")."""
+    return hashlib.sha256(f"pilot-sim-gpu-{index}".encode()).digest()[:16]
+
+
+def sim_pci_bus(index: int) -> int:
+    """Simulated device `index`'s PCI bus: 0x1B, 0x23, ... with each pair swapped (device 0 on
+    0x23, device 1 on 0x1B, device 2 on 0x33, ...), so CUDA's default order (the sim's index
+    order) and CUDA_DEVICE_ORDER=PCI_BUS_ID differ, as they may on a real server."""
+    return H100_ATTRS[33] + 8 * (index ^ 1)
+
+
 def h100_like_info(total_mem: int, index: int = 0) -> DeviceInfo:
     """DeviceInfo for simulated device `index`; devices differ in UUID and PCI bus only."""
     attrs = dict(H100_ATTRS)
-    attrs[33] += index  # cudaDevAttrPciBusId
+    attrs[33] = sim_pci_bus(index)  # cudaDevAttrPciBusId
     return DeviceInfo(
         name=SIM_DEVICE_NAME,
-        uuid=_UUID_PREFIX + index.to_bytes(3, "big"),
+        uuid=sim_uuid(index),
         total_mem=total_mem,
         driver_version=SIM_DRIVER_VERSION,
         attrs=attrs,

@@ -145,7 +145,8 @@ def status(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, An
             g["residency"]["pagemap"] = res.measure(g["index"])
         r = g["reading"]
         gpus.append({
-            "index": g["index"], "capacity": g["capacity"], "draining": g["draining"],
+            "index": g["index"], "uuid": g["uuid"], "pci_bus_id": g["pci_bus_id"], "name": g["name"],
+            "capacity": g["capacity"], "draining": g["draining"],
             "used_by_pilot": g["used_by_pilot"], "residency": g["residency"],
             "nvml": None if r is None else {
                 "name": r.name, "memory_total": r.memory_total, "memory_used": r.memory_used,

@@ -31,6 +31,7 @@ from pilot import __version__
 from pilot.daemon.backends.base import (
     CUDA_ERROR_INITIALIZATION,
     CUDA_ERROR_INVALID_DEVICE,
+    CUDA_ERROR_NO_DEVICE,
     CUDA_ERROR_NOT_SUPPORTED,
     Backend,
 )
@@ -43,6 +44,7 @@ from pilot.daemon.router import control, sdnotify
 from pilot.daemon.scheduling.callbacks import CallbackHub
 from pilot.daemon.scheduling.placement import place_part, place_session
 from pilot.daemon.scheduling.policy_host import PolicyHost, load_policy
+from pilot.daemon.sessions import visible
 from pilot.daemon.sessions.devices import SessionGroup, Topology
 from pilot.daemon.sessions.session import Credentials, Session, read_cmdline
 from pilot.daemon.telemetry.logs import setup_logging
@@ -168,10 +170,14 @@ class Daemon:
         order = sorted(self.gpus)
         devices = [self.gpus[g] for g in order]
         backend = self.backend
-        topo = Topology(gpus=order, devices=devices,
-                        infos=[backend.device_info(d) for d in devices],
+        infos = [backend.device_info(d) for d in devices]
+        # Every GPU of the host, where the backend can tell: CUDA_DEVICE_ORDER=PCI_BUS_ID
+        # indices count the GPUs pilotd does not serve too.
+        host_bus_ids = getattr(backend, "host_pci_bus_ids", None)
+        topo = Topology(gpus=order, devices=devices, infos=infos,
                         peers=[[p == q or backend.can_access_peer(p, q) for q in devices]
-                               for p in devices])
+                               for p in devices],
+                        ids=visible.identities(order, infos, host_bus_ids() if host_bus_ids else None))
         topo.vgpus = [[v for v in self.vgpus if v.gpu == g] for g in order]
         return topo
 
@@ -288,7 +294,9 @@ class Daemon:
             source: Any = SimSource(total=budget.capacity(min(self.gpus)), used=budget.used)
         else:
             try:
-                source = NvmlSource()
+                # NVML numbers GPUs in PCI order, CUDA its own way: find each by PCI bus id
+                source = NvmlSource(bus_ids={g: i.pci_bus_id for g, i in
+                                             zip(self.topology.gpus, self.topology.ids, strict=True)})
             except NvmlUnavailable as exc:
                 log.warning("NVML unavailable (%s): no GPU readings", exc)
                 return
@@ -434,10 +442,21 @@ class Daemon:
                             "uid %d", creds.pid, creds.uid, sid, w.session.creds.uid)
                 rep.hdr.err = CUDA_ERROR_INITIALIZATION
                 return to_bytes(rep)
-        vg = place_session(self.vgpus, self.draining, self._grow)
         tenant = self.resolver.tenant_of(creds.uid, creds.gid)
+        selected = self._selection(frames)
+        if selected is not None and not selected:
+            log.info("router: session of pid %d refused: its CUDA_VISIBLE_DEVICES selects no GPU "
+                     "pilotd serves", creds.pid, extra={"tenant": tenant})
+            rep.hdr.err = CUDA_ERROR_NO_DEVICE
+            return to_bytes(rep)
+        if selected is None:
+            vg = place_session(self.vgpus, self.draining, self._grow)
+        else:  # the program's device 0 is the GPU it selected first
+            vg = place_session(self.topology.vgpus[selected[0]], self.draining, self._grow)
         if vg is None:
-            log.warning("router: session of pid %d refused: every GPU is draining", creds.pid,
+            log.warning("router: session of pid %d refused: %s", creds.pid,
+                        "every GPU is draining" if selected is None else
+                        f"its device 0 (GPU {self.topology.gpus[selected[0]]}) is draining",
                         extra={"tenant": tenant})
             rep.hdr.err = CUDA_ERROR_DEVICES_UNAVAILABLE
             return to_bytes(rep)
@@ -448,14 +467,27 @@ class Daemon:
             pidfd: int | None = os.pidfd_open(creds.pid)
         except (AttributeError, OSError):
             pidfd = None
-        group = SessionGroup(session, self.topology.position(vg.gpu), self.topology)
+        group = SessionGroup(session, self.topology.position(vg.gpu), self.topology, selected)
         vg.sessions[session.id] = session
         self._watched[session.id] = Watched(session, vg, pidfd, group, [])
         self.callbacks.open_session(session.id, group)
         self.policy.session_started(session)
-        log.info("session %d: pid %d uid %d (%s) on vGPU %d", session.id, creds.pid, creds.uid,
-                 session.cmdline[:80], vg.index, extra={"session": session.id, "tenant": tenant})
+        log.info("session %d: pid %d uid %d (%s) on vGPU %d (GPU %d); devices: GPUs %s%s",
+                 session.id, creds.pid, creds.uid, session.cmdline[:80], vg.index, vg.gpu,
+                 ",".join(str(self.topology.gpus[p]) for p in group.positions),
+                 "" if selected is None else " (CUDA_VISIBLE_DEVICES)",
+                 extra={"session": session.id, "tenant": tenant})
         return self._placed(rep, session, vg, 0)
+
+    def _selection(self, frames: list[zmq.Frame]) -> list[int] | None:
+        """The topology positions a HELLO's CUDA_VISIBLE_DEVICES selects (None: not set)."""
+        req = ffi.new("pilot_req_hello *")
+        if len(frames) >= 3:
+            ffi.memmove(req, frames[2].bytes, min(len(frames[2]), ffi.sizeof("pilot_req_hello")))
+        if not req.flags & lib.PILOT_HELLO_VISIBLE_SET:
+            return None
+        value = ffi.string(req.visible_devices, lib.PILOT_VISIBLE_MAX).decode(errors="replace")
+        return visible.select(value, self.topology.ids, bool(req.flags & lib.PILOT_HELLO_PCI_BUS_ORDER))
 
     def _placed(self, rep: Any, session: Session, vg: VGpu, ordinal: int) -> bytes:
         rep.session = session.id
@@ -536,13 +568,15 @@ class Daemon:
     def snapshot(self) -> dict[str, Any]:
         """The daemon's state for pilotctl status and the metrics collector (any thread)."""
         readings = self._nvml.latest() if self._nvml is not None else {}
-        budget, res = self.broker.budget, self.broker.residency
+        budget, res, topo = self.broker.budget, self.broker.residency, self.topology
         return {
             "sessions": self.part_summaries(),
             "gpus": [{"index": g, "capacity": budget.capacity(g), "used_by_pilot": budget.used(g),
                       "draining": g in self.draining, "reading": readings.get(g),
-                      "residency": res.describe(g) if res is not None else None}
-                     for g in sorted(self.gpus)],
+                      "residency": res.describe(g) if res is not None else None,
+                      "name": topo.infos[p].name, "uuid": topo.ids[p].uuid,
+                      "pci_bus_id": topo.ids[p].pci_bus_id}
+                     for p, g in enumerate(topo.gpus)],
             # The quota in force on each GPU (a quota for every GPU is expanded), so it lines up
             # with the per-GPU memory series.
             "quotas": {t: {str(g): {"hard": q.hard, "provisioned": q.provisioned}

@@ -6,7 +6,10 @@ Session object on a vGPU of that device, reached over its own connection from th
 by that vGPU's thread. The parts share the session's id, credentials and tenant; the router
 creates part 0 at HELLO and the others at DEVICE_JOIN, when the program first uses the device.
 
-Program ordinals are relative to the session's first GPU, like CUDA_VISIBLE_DEVICES: device 0
+Program ordinals map to the daemon's GPUs through the session's `positions`. A program whose
+environment sets CUDA_VISIBLE_DEVICES sees the GPUs it selects, in its order (visible.py; the
+shim sends the selection in HELLO, and the router resolves it against the GPUs pilotd serves,
+so it can only narrow). Without one, ordinals are relative to the session's first GPU: device 0
 is the GPU the router placed the session on (the least busy one), device i the i-th next GPU in
 host order, wrapping. So single-GPU programs still spread over the server's GPUs, and every
 program sees all of them.
@@ -37,6 +40,7 @@ from pilot.daemon.backends.base import (
 )
 from pilot.daemon.protocol import lib
 from pilot.daemon.sessions.session import FIRST_HANDLE, Session
+from pilot.daemon.sessions.visible import GpuIdentity, identities
 
 if TYPE_CHECKING:
     from pilot.daemon.vgpu.server import VGpu
@@ -60,6 +64,11 @@ class Topology:
     infos: list[DeviceInfo]
     peers: list[list[bool]]  # peers[p][q]: GPU p can access GPU q's memory
     vgpus: list[list[VGpu]] = field(default_factory=list)
+    ids: list[GpuIdentity] = field(default_factory=list)  # UUIDs, PCI bus ids and orders
+
+    def __post_init__(self) -> None:
+        if not self.ids:
+            self.ids = identities(self.gpus, self.infos)
 
     def __len__(self) -> int:
         return min(len(self.gpus), MAX_DEVICES)
@@ -74,22 +83,27 @@ class SessionGroup:
     Owned by the router thread (it adds parts); parts are read from vGPU threads, which only
     use `part()` and the helpers below."""
 
-    def __init__(self, first: Session, base: int, topology: Topology | None) -> None:
+    def __init__(self, first: Session, base: int, topology: Topology | None,
+                 selected: list[int] | None = None) -> None:
+        """`base`: the topology position of device 0's GPU when the program selected none;
+        `selected`: the positions its CUDA_VISIBLE_DEVICES selected, as program ordinals."""
         self.id = first.id
-        self.base = base  # position of device 0's GPU in the topology
         self.topology = topology
+        n = len(topology) if topology is not None else 1
+        self.positions: list[int] = (list(selected)[:MAX_DEVICES] if selected is not None
+                                     else [(base + i) % n for i in range(n)])
         self.parts: dict[int, Session] = {0: first}
         first.group = self
 
     def __len__(self) -> int:
-        return len(self.topology) if self.topology is not None else 1
+        return len(self.positions)
 
     def position(self, ordinal: int) -> int:
         """The topology position of program device `ordinal`."""
         n = len(self)
         if not 0 <= ordinal < n:
             raise BackendError(CUDA_ERROR_INVALID_DEVICE, f"no device {ordinal} (of {n})")
-        return (self.base + ordinal) % n
+        return self.positions[ordinal]
 
     def part(self, ordinal: int) -> Session | None:
         return self.parts.get(ordinal)

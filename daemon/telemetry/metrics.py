@@ -281,7 +281,8 @@ class PilotCollector(Collector):
     `Metrics` counters and one `state()` snapshot.
 
     `state()` returns {"sessions": [{"session", "tenant", "pid", "gpu", "device_bytes",
-    "managed_bytes"}], "gpus": [{"index", "capacity", "draining", "reading": GpuReading | None}],
+    "managed_bytes"}], "gpus": [{"index", "capacity", "draining", "reading": GpuReading | None,
+    "name", "uuid", "pci_bus_id"}],
     "quotas": {tenant: {gpu_key: {"hard": int | None, "provisioned": int | None}}},
     "vgpus": [{"index", "gpu", "sessions"}]}; missing keys count as empty. If it raises, the
     scrape still returns the counters (and the failure is logged), so a bug there cannot blind
@@ -362,7 +363,8 @@ class PilotCollector(Collector):
                         f.add_metric([str(tenant), str(gpu_key), kind], int(value))
         yield f
 
-        info = _gauge("pilot_gpu_info", "Always 1; the GPU's name as a label.", ["gpu", "name"])
+        info = _gauge("pilot_gpu_info", "Always 1; the GPU's name, UUID (as nvidia-smi and DCGM show "
+                      "it) and PCI bus id as labels.", ["gpu", "name", "uuid", "pci_bus_id"])
         capacity = _gauge("pilot_gpu_capacity_bytes",
                           "Memory pilot hands out on a GPU (--capacity, or the GPU's total).", ["gpu"])
         draining = _gauge("pilot_gpu_draining", "1 while a GPU takes no new sessions.", ["gpu"])
@@ -382,9 +384,10 @@ class PilotCollector(Collector):
                 capacity.add_metric([gpu], int(g["capacity"]))
             draining.add_metric([gpu], 1 if g.get("draining") else 0)
             reading = g.get("reading")
+            name = g.get("name") or (reading.name if reading is not None else "")
+            info.add_metric([gpu, str(name), str(g.get("uuid", "")), str(g.get("pci_bus_id", ""))], 1)
             if reading is None:
                 continue  # no reading (poller not started, or the GPU's last read failed)
-            info.add_metric([gpu, reading.name], 1)
             used.add_metric([gpu], reading.memory_used)
             free.add_metric([gpu], reading.memory_free)
             total.add_metric([gpu], reading.memory_total)

@@ -8,8 +8,10 @@ Readings are taken by `NvmlPoller` on its own thread (`nvml-poller`), never on a
 NVML query takes tens of microseconds, and a wedged driver can block one for seconds. Consumers
 (the metrics collector, control queries) only read the poller's last snapshot.
 
-Indices are NVML indices, which follow PCI bus order; CUDA's device ordinals follow it only when
-CUDA_DEVICE_ORDER=PCI_BUS_ID. Map by PCI bus id or UUID where the two may differ.
+GPUs are pilotd's GPU numbers (CUDA ordinals). NVML numbers GPUs in PCI bus order, which CUDA
+follows only under CUDA_DEVICE_ORDER=PCI_BUS_ID, so `NvmlSource` finds each GPU by its PCI bus id
+(`bus_ids`, from the backend's device attributes), never by taking the CUDA ordinal for an NVML
+index.
 """
 
 from __future__ import annotations
@@ -65,7 +67,10 @@ class NvmlSource:
     pynvml module (tests).
     """
 
-    def __init__(self, library: Any = None) -> None:
+    def __init__(self, library: Any = None, bus_ids: dict[int, str] | None = None) -> None:
+        """`bus_ids`: pilotd's GPU number -> PCI bus id; a GPU without one is read by NVML
+        index (only right where NVML's order is CUDA's)."""
+        self._bus_ids = dict(bus_ids or {})
         if library is None:
             try:
                 import pynvml as library
@@ -127,7 +132,10 @@ class NvmlSource:
     def _handle(self, index: int) -> Any:
         handle = self._handles.get(index)
         if handle is None:
-            handle = self._handles[index] = self._nvml.nvmlDeviceGetHandleByIndex(index)
+            bus_id = self._bus_ids.get(index)
+            handle = (self._nvml.nvmlDeviceGetHandleByPciBusId(bus_id) if bus_id is not None
+                      else self._nvml.nvmlDeviceGetHandleByIndex(index))
+            self._handles[index] = handle
         return handle
 
     def _is_not_supported(self, e: Exception) -> bool:

@@ -44,17 +44,21 @@ class ProtoClient:
             raise TimeoutError("no reply from pilotd")
         return sock.recv_multipart()
 
-    def hello(self) -> Any:
+    def hello(self, visible: bytes | None = None, flags: int = 0) -> Any:
+        """HELLO; `visible`: the CUDA_VISIBLE_DEVICES it carries (None: unset)."""
         req = new("pilot_req_hello")
-        req.proto_version, req.cuda_abi = lib.PILOT_PROTO_VERSION, 13000
+        req.proto_version, req.cuda_abi, req.flags = lib.PILOT_PROTO_VERSION, 13000, flags
+        if visible is not None:
+            req.flags |= lib.PILOT_HELLO_VISIBLE_SET
+            ffi.memmove(req.visible_devices, visible, len(visible))
         self.main.send_multipart([self.envelope(lib.PILOT_OP_HELLO), to_bytes(req)])
         frames = self.recv(self.main)
         rep = ffi.new("pilot_rep_hello *")
         ffi.memmove(rep, frames[1], ffi.sizeof(rep[0]))
         return rep
 
-    def open(self) -> None:
-        rep = self.hello()
+    def open(self, visible: bytes | None = None, flags: int = 0) -> None:
+        rep = self.hello(visible, flags)
         assert rep.hdr.err == 0
         self.session = rep.session
         self.vgpu = self._connect(ffi.string(rep.endpoint).decode())

@@ -57,7 +57,9 @@ def fake_state() -> dict[str, Any]:
                            "movable": 5 * GiB, "advised_to_host": 1 * GiB}},
             {"index": 1, "capacity": 80 * GiB, "draining": True,
              "reading": reading(1, 6 * GiB, util=math.nan, util_mem=math.nan)},
-            {"index": 2, "capacity": 80 * GiB, "draining": False, "reading": None},
+            {"index": 2, "capacity": 80 * GiB, "draining": False, "reading": None,
+             "name": "NVIDIA H100", "uuid": "GPU-ea0ce21c-5c12-3b9e-069b-eb51ddc95d91",
+             "pci_bus_id": "00000000:33:00.0"},
         ],
         "quotas": {
             "alice": {"0": {"hard": 8 * GiB, "provisioned": 2 * GiB}},
@@ -205,7 +207,10 @@ def test_state_gauges() -> None:
     assert v("pilot_gpu_utilization_ratio", {"gpu": "0"}) == 0.5
     assert v("pilot_gpu_memory_utilization_ratio", {"gpu": "0"}) == 0.25
     assert v("pilot_gpu_utilization_ratio", {"gpu": "1"}) is None  # NaN: not reported
-    assert v("pilot_gpu_info", {"gpu": "0", "name": "NVIDIA H100"}) == 1
+    assert v("pilot_gpu_info", {"gpu": "0", "name": "NVIDIA H100", "uuid": "", "pci_bus_id": ""}) == 1
+    # the identity comes from the daemon, so a GPU without an NVML reading has it too
+    assert v("pilot_gpu_info", {"gpu": "2", "name": "NVIDIA H100", "pci_bus_id": "00000000:33:00.0",
+                                "uuid": "GPU-ea0ce21c-5c12-3b9e-069b-eb51ddc95d91"}) == 1
     assert [v("pilot_gpu_capacity_bytes", {"gpu": g}) for g in "012"] == [40 * GiB, 80 * GiB,
                                                                           80 * GiB]
     assert [v("pilot_gpu_draining", {"gpu": g}) for g in "012"] == [0, 1, 0]

@@ -258,3 +258,24 @@ def test_real_pynvml_reads_or_reports_unavailable() -> None:
         assert r.memory_total > 0 and r.memory_used + r.memory_free <= r.memory_total
     finally:
         src.close()
+
+
+def test_nvml_source_finds_gpus_by_pci_bus_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML numbers GPUs in PCI order, CUDA (FASTEST_FIRST) may not: pilotd's GPU 0 on bus 0x23
+    is NVML's device 1 here, and must be read as that, not as NVML index 0."""
+    by_bus = {"00000000:1B:00.0": "h0", "00000000:23:00.0": "h1"}
+
+    def get_by_bus(bus_id: str) -> str:
+        if bus_id not in by_bus:
+            raise FakeNvmlError(6)  # NVML_ERROR_NOT_FOUND
+        return by_bus[bus_id]
+
+    fake = fake_pynvml(nvmlDeviceGetHandleByPciBusId=get_by_bus)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    src = NvmlSource(bus_ids={0: "00000000:23:00.0", 1: "00000000:1B:00.0", 2: "00000000:99:00.0"})
+    assert (src.read(0).index, src.read(0).name) == (0, "NVIDIA H200")
+    assert src.read(1).name == "NVIDIA H100 80GB HBM3"
+    assert not any(c.startswith("handle") for c in fake.calls)  # never by index
+    with pytest.raises(NvmlUnavailable, match="GPU 2"):
+        src.read(2)
+    src.close()
