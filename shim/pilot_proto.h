@@ -25,7 +25,7 @@
 
 /* PILOT_CDEF_BEGIN */
 
-#define PILOT_PROTO_VERSION 3
+#define PILOT_PROTO_VERSION 4
 #define PILOT_ENDPOINT_MAX 256
 #define PILOT_NAME_MAX 256
 #define PILOT_ATTR_COUNT 160          /* covers every cudaDeviceAttr value of CUDA 13.0 (max 147) */
@@ -194,6 +194,9 @@ typedef struct pilot_req_hello {
     uint32_t cuda_abi;                /* CUDART_VERSION the shim was built for, e.g. 13000 */
     uint32_t flags;                   /* PILOT_HELLO_* */
     uint32_t reserved;
+    uint64_t start_time;              /* the sender's start time, /proc/self/stat field 22 (clock
+                                       * ticks after boot): pilotd refuses a HELLO whose peer pid
+                                       * now names another process (reused); 0: not checked */
     char visible_devices[PILOT_VISIBLE_MAX]; /* CUDA_VISIBLE_DEVICES, NUL-terminated (cut at
                                               * the last whole entry that fits) */
 } pilot_req_hello;

@@ -323,12 +323,36 @@ static void device_selection(pilot_req_hello *hello)
     hello->visible_devices[n] = 0;
 }
 
+/* This process's start time in clock ticks after boot (/proc/self/stat field 22), 0 if it
+ * cannot be read. pilotd compares it with what /proc says of the peer pid of the HELLO: a pid
+ * reused after the sender exited is then not taken for the program. */
+static uint64_t own_start_time(void)
+{
+    char buf[1024];
+    FILE *f = fopen("/proc/self/stat", "re");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    if (!p)
+        return 0;
+    unsigned long long start = 0;
+    /* after ") ": state is field 3; start time is field 22 */
+    if (sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d "
+                      "%*d %llu", &start) != 1)
+        return 0;
+    return start;
+}
+
 /* 0; -2: pilotd cannot be reached (try again later); -1: the set-up failed for good. */
 static int open_session(void)
 {
     pilot_req_hello hello = {.proto_version = PILOT_PROTO_VERSION, .cuda_abi = CUDART_VERSION};
     pilot_rep_hello hrep;
     device_selection(&hello);
+    hello.start_time = own_start_time();
     int rc0 = main_socket_call(PILOT_OP_HELLO, 0, &hello, sizeof hello, &hrep);
     if (rc0 != 0)
         return rc0;

@@ -46,7 +46,7 @@ from pilot.daemon.scheduling.placement import place_part, place_session
 from pilot.daemon.scheduling.policy_host import PolicyHost, load_policy
 from pilot.daemon.sessions import visible
 from pilot.daemon.sessions.devices import SessionGroup, Topology
-from pilot.daemon.sessions.session import Credentials, Session, read_cmdline
+from pilot.daemon.sessions.session import Credentials, Session, process_start_time, read_cmdline
 from pilot.daemon.telemetry.logs import setup_logging
 from pilot.daemon.telemetry.metrics import Metrics, PilotCollector, start_exporter
 from pilot.daemon.telemetry.nvml import NvmlPoller, NvmlSource, NvmlUnavailable, SimSource
@@ -426,6 +426,41 @@ class Daemon:
             log.warning("router: HELLO refused: %s", exc)
             rep.hdr.err = CUDA_ERROR_INITIALIZATION
             return to_bytes(rep)
+        # Pin the peer's process, then make sure it is the one that sent the HELLO: if it exited
+        # meanwhile and its pid was reused, the pid's process started later than the sender says
+        # it did, and it must neither get the session nor end the sessions it has.
+        try:
+            pidfd: int | None = os.pidfd_open(creds.pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        claimed = self._hello_start_time(frames)
+        actual = process_start_time(creds.pid) if claimed else None
+        if claimed and actual is not None and actual != claimed:
+            log.warning("router: HELLO from pid %d refused: that pid is now another process "
+                        "(started at tick %d, the sender at %d): the sender exited and its pid was "
+                        "reused", creds.pid, actual, claimed)
+            if pidfd is not None:
+                os.close(pidfd)
+            rep.hdr.err = CUDA_ERROR_INITIALIZATION
+            return to_bytes(rep)
+        reply = self._hello_session(frames, creds, rep, pidfd)
+        if pidfd is not None and not any(w.pidfd == pidfd for w in self._watched.values()):
+            os.close(pidfd)  # refused: no session watches it
+        return reply
+
+    @staticmethod
+    def _hello_start_time(frames: list[zmq.Frame]) -> int:
+        """The start time a HELLO says its sender has (0: none)."""
+        if len(frames) < 3 or len(frames[2]) < ffi.offsetof("pilot_req_hello", "visible_devices"):
+            return 0
+        req = ffi.new("pilot_req_hello *")
+        ffi.memmove(req, frames[2].bytes, min(len(frames[2]), ffi.sizeof("pilot_req_hello")))
+        return int(req.start_time)
+
+    def _hello_session(self, frames: list[zmq.Frame], creds: Credentials, rep: Any,
+                       pidfd: int | None) -> bytes:
+        """The rest of HELLO: end what the pid had, place the session (watched through
+        `pidfd`). Returns the reply."""
         # A pid that says HELLO again has exec'd a new program: its old session is dead. Only
         # the same user's: a session of another uid under this pid means its process is gone
         # and the pid reused (reap it), or a process that changed its credentials, which must
@@ -463,10 +498,6 @@ class Daemon:
         session = Session(id=self._next_session, creds=creds, vgpu=vg.index, device=vg.gpu,
                           tenant=tenant, cmdline=read_cmdline(creds.pid))
         self._next_session += 1
-        try:
-            pidfd: int | None = os.pidfd_open(creds.pid)
-        except (AttributeError, OSError):
-            pidfd = None
         group = SessionGroup(session, self.topology.position(vg.gpu), self.topology, selected)
         vg.sessions[session.id] = session
         self._watched[session.id] = Watched(session, vg, pidfd, group, [])

@@ -54,6 +54,21 @@ def read_cmdline(pid: int) -> str:
         return ""
 
 
+def process_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks after boot (/proc/<pid>/stat field 22), None if
+    it cannot be read (gone, or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2:].split()  # the command name may hold spaces and ')'
+    try:
+        return int(fields[19])  # field 22; fields[0] is field 3
+    except (IndexError, ValueError):
+        return None
+
+
 @dataclass
 class StreamState:
     """A program stream; `blocking` streams synchronize with the legacy default stream."""

@@ -44,10 +44,12 @@ class ProtoClient:
             raise TimeoutError("no reply from pilotd")
         return sock.recv_multipart()
 
-    def hello(self, visible: bytes | None = None, flags: int = 0) -> Any:
-        """HELLO; `visible`: the CUDA_VISIBLE_DEVICES it carries (None: unset)."""
+    def hello(self, visible: bytes | None = None, flags: int = 0, start_time: int = 0) -> Any:
+        """HELLO; `visible`: the CUDA_VISIBLE_DEVICES it carries (None: unset); `start_time`:
+        the start time it claims for its sender (0: none)."""
         req = new("pilot_req_hello")
         req.proto_version, req.cuda_abi, req.flags = lib.PILOT_PROTO_VERSION, 13000, flags
+        req.start_time = start_time
         if visible is not None:
             req.flags |= lib.PILOT_HELLO_VISIBLE_SET
             ffi.memmove(req.visible_devices, visible, len(visible))

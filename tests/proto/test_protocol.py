@@ -68,6 +68,35 @@ def test_calls_before_attach_are_refused(daemon):
     c.close()
 
 
+def test_hello_from_a_pid_that_now_names_another_process_is_refused(daemon):
+    """HELLO carries the sender's start time; pilotd pins the peer pid (pidfd) and compares: a
+    sender that exited before its HELLO was served, its pid reused, must not get a session for
+    (nor end the sessions of) the process that now has the pid."""
+    from pilot.daemon.sessions.session import process_start_time
+
+    mine = process_start_time(os.getpid())
+    assert mine
+    c = ProtoClient(str(daemon.socket_path))
+    assert c.hello(start_time=mine + 1000).hdr.err == INITIALIZATION
+    assert "that pid is now another process" in daemon.log()
+    rep = c.hello(start_time=mine)
+    assert rep.hdr.err == 0 and rep.session != 0
+    c.close()
+
+
+def test_process_start_time_reads_field_22(tmp_path):
+    from pilot.daemon.sessions.session import process_start_time
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        theirs, mine = process_start_time(proc.pid), process_start_time(os.getpid())
+        assert theirs is not None and mine is not None and theirs >= mine
+    finally:
+        proc.kill()
+        proc.wait()
+    assert process_start_time(proc.pid) is None  # gone
+
+
 def start_peer(daemon, *args: str) -> tuple[subprocess.Popen[str], int, int, str]:
     peer = subprocess.Popen([sys.executable, str(HERE / "peer.py"), str(daemon.socket_path), *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE)
