@@ -435,7 +435,10 @@ class Daemon:
             pidfd = None
         claimed = self._hello_start_time(frames)
         actual = process_start_time(creds.pid) if claimed else None
-        if claimed and actual is not None and actual != claimed:
+        # Only "started later" counts: a reused pid's process always started after the sender
+        # (and a client in a time namespace sees its start time shifted; those shifted forward
+        # still pass).
+        if claimed and actual is not None and actual > claimed:
             log.warning("router: HELLO from pid %d refused: that pid is now another process "
                         "(started at tick %d, the sender at %d): the sender exited and its pid was "
                         "reused", creds.pid, actual, claimed)
