@@ -77,7 +77,12 @@ class AMFit(FootprintPolicy):
 
     def launch_started(self, launch: LaunchView) -> None:
         self.running.started(launch)
-        self._rebalance(launch.gpu)
+        owner = self.holdings.owner_of(launch)
+        n = self.running.owner_bytes(launch.gpu, owner)
+        peak = n > self.peak_active.get(owner, 0)
+        if peak:
+            self.peak_active[owner] = n
+        self._rebalance(launch.gpu, rerank=peak)
 
     def kernel_finished(self, k: KernelView) -> None:
         self.running.finished(k.launch)
@@ -103,12 +108,12 @@ class AMFit(FootprintPolicy):
 
     def _rebalance(self, gpu: int, rerank: bool = False) -> None:
         room = self.controls.gpu(gpu).room
+        if not self.holds and self.running.gpu_bytes(gpu) <= room:
+            if rerank:  # nobody to hold or resume: only the order may change
+                self._rerank(gpu)
+            return
         h = self.holdings
         active = self.running.active_by(gpu)
-        for owner, n in active.items():
-            if n > self.peak_active.get(owner, 0):
-                self.peak_active[owner] = n
-                rerank = True
         holds, released = len(self.holds), False
         # Resume: oldest hold first, when it fits beside the others, or when it waited enough.
         for owner, hold in sorted(self.holds.items(), key=lambda kv: kv[1].since):

@@ -135,8 +135,9 @@ class MFit(FootprintPolicy):
         if not launch.movable_bytes:
             queue.pop(launch.id, None)
             return RUN
-        mine = self.running.active(gpu, {me})
-        need = sum(mine.values()) + sum(r.size for r in launch.footprint if r.movable and r.ptr not in mine)
+        mine = self.running.owner_pointers(gpu, me)
+        need = self.running.owner_bytes(gpu, me) + \
+            sum(r.size for r in launch.footprint if r.movable and r.ptr not in mine)
         above = self._above(gpu, me)
         free = self.controls.gpu(gpu).room - sum(self._kept(gpu, o) for o in above)
         if need <= free:

@@ -4,7 +4,7 @@ and what each session and tenant holds. Plain data, fed from the policy events."
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,8 @@ class RunningKernels:
         self._owner: dict[tuple[int, str], dict[int, int]] = {}  # (gpu, owner) -> ptr -> kernels
         self._launches: dict[tuple[int, str], int] = {}  # (gpu, owner) -> running launches
         self._sessions: dict[int, int] = {}  # session -> running launches
+        self._bytes: dict[tuple[int, str], int] = {}  # (gpu, owner) -> its active bytes
+        self._gpu_bytes: dict[int, int] = {}  # gpu -> active bytes (each allocation once)
 
     def started(self, launch: LaunchView) -> None:
         if launch.id in self.by_id:
@@ -39,8 +41,13 @@ class RunningKernels:
         refs, mine = self._gpu.setdefault(launch.gpu, {}), self._owner.setdefault(owner, {})
         for ptr, size in movable.items():
             ref = refs.setdefault(ptr, [0, size])
+            if not ref[0]:
+                self._gpu_bytes[launch.gpu] = self._gpu_bytes.get(launch.gpu, 0) + size
             ref[0] += 1
-            mine[ptr] = mine.get(ptr, 0) + 1
+            n = mine.get(ptr, 0)
+            if not n:
+                self._bytes[owner] = self._bytes.get(owner, 0) + size
+            mine[ptr] = n + 1
 
     def finished(self, launch_id: int) -> LaunchView | None:
         launch = self.by_id.pop(launch_id, None)
@@ -58,10 +65,21 @@ class RunningKernels:
             ref[0] -= 1
             if not ref[0]:
                 del refs[ptr]
+                self._drop_bytes(self._gpu_bytes, launch.gpu, ref[1])
+            if mine[ptr] == 1:
+                self._drop_bytes(self._bytes, owner, ref[1])
             self._drop(mine, ptr)
         if not mine:
             del self._owner[owner]
         return launch
+
+    @staticmethod
+    def _drop_bytes(totals: dict[Any, int], key: Any, size: int) -> None:
+        n = totals[key] - size
+        if n:
+            totals[key] = n
+        else:
+            del totals[key]
 
     @staticmethod
     def _movable(launch: LaunchView) -> dict[int, int]:
@@ -94,6 +112,18 @@ class RunningKernels:
             return {ptr: size for ptr, (_n, size) in refs.items()}
         return {ptr: refs[ptr][1] for o in owners for ptr in self._owner.get((gpu, o), ())}
 
+    def owner_bytes(self, gpu: int, owner: str) -> int:
+        """Active movable bytes of `owner` on `gpu` (kept as kernels start and end)."""
+        return self._bytes.get((gpu, owner), 0)
+
+    def owner_pointers(self, gpu: int, owner: str) -> Mapping[int, int]:
+        """The allocations `owner`'s running kernels on `gpu` use (a live view: do not keep)."""
+        return self._owner.get((gpu, owner), {})
+
+    def gpu_bytes(self, gpu: int) -> int:
+        """Active movable bytes on `gpu`, each allocation once."""
+        return self._gpu_bytes.get(gpu, 0)
+
     def active_others(self, gpu: int, owner: str) -> int:
         """Bytes of movable memory kernels of owners other than `owner` use on `gpu`."""
         mine = self._owner.get((gpu, owner), {})
@@ -101,8 +131,7 @@ class RunningKernels:
 
     def active_by(self, gpu: int) -> dict[str, int]:
         """Active movable bytes per owner on `gpu`."""
-        refs = self._gpu.get(gpu, {})
-        return {o: sum(refs[ptr][1] for ptr in mine) for (g, o), mine in self._owner.items() if g == gpu}
+        return {o: n for (g, o), n in self._bytes.items() if g == gpu}
 
     def pointers_of(self, session: int) -> tuple[int, ...]:
         """Allocations the session's running kernels use (what an eviction must keep)."""

@@ -782,10 +782,14 @@ def test_running_kernels_counts_stay_right_through_shared_allocations() -> None:
     assert rk.active(0) == {0xA000_00000: 10 * MiB, 0xA100_00000: 20 * MiB, 0xB000_00000: 30 * MiB}
     assert rk.active_by(0) == {"a": 30 * MiB, "b": 30 * MiB} and rk.owners_on(0) == {"a", "b"}
     assert rk.active_others(0, "a") == 30 * MiB and rk.active(0, {"b"}) == {0xB000_00000: 30 * MiB}
+    assert (rk.gpu_bytes(0), rk.owner_bytes(0, "a"), rk.owner_bytes(0, "b")) == (60 * MiB, 30 * MiB, 30 * MiB)
+    assert set(rk.owner_pointers(0, "a")) == {0xA000_00000, 0xA100_00000}
     rk.finished(k1.id)
     assert rk.active_by(0) == {"a": 10 * MiB, "b": 30 * MiB} and rk.session_busy(1)
+    assert rk.gpu_bytes(0) == 40 * MiB and rk.owner_bytes(0, "a") == 10 * MiB
     rk.drop_session(1)
     assert rk.active_by(0) == {"b": 30 * MiB} and not rk.session_busy(1) and rk.owners_on(0) == {"b"}
     assert rk.finished(k2.id) is None
     rk.finished(k3.id)
     assert rk.active(0) == {} and rk.owners_on(0) == set() and rk.by_id == {}
+    assert rk.gpu_bytes(0) == 0 and rk.owner_bytes(0, "b") == 0 and rk.owner_pointers(0, "a") == {}
