@@ -132,10 +132,19 @@ def sessions(client: ControlClient, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("session", type=int)
+@click.argument("session", type=int, required=False)
+@click.option("--tenant", help="end every session of this tenant (e.g. slurm:job_42) instead")
 @pass_client
-def kill(client: ControlClient, session: int) -> None:
+def kill(client: ControlClient, session: int | None, tenant: str | None) -> None:
     """End SESSION: its memory is freed and its program's CUDA calls fail from now on."""
+    if (session is None) == (tenant is None):
+        raise click.UsageError("give a SESSION or --tenant, not both")
+    if tenant is not None:
+        ended = _call(client, "kill", tenant=tenant)
+        sessions = ended["sessions"]
+        click.echo(f"tenant {ended['tenant']}: {len(sessions)} session(s) ended"
+                   + (f" ({', '.join(map(str, sessions))})" if sessions else ""))
+        return
     _call(client, "kill", session=session)
     click.echo(f"session {session} ended")
 

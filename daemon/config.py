@@ -36,6 +36,8 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     [pinned]
     limit = "64GiB"                # pinned host memory over every tenant (default: half the RAM)
     limit_per_tenant = "8GiB"      # per tenant (default: no limit of its own)
+    [slurm]
+    job_tenants = false            # a process in a Slurm job is tenant slurm:job_<id> (deploy/slurm)
     [nvml]
     poll_interval = "1s"
     [metrics]
@@ -232,6 +234,7 @@ class Config:
     pinned_limit: int | None = None
     pinned_limit_per_tenant: int | None = None
     nvml_poll_interval: float = 1.0
+    slurm_job_tenants: bool = False
     # Outside 9100-9999, where Prometheus exporters' default ports are (9400: dcgm-exporter).
     metrics_address: str = "127.0.0.1:19400"
     state_dir: str = field(default_factory=default_state_dir)
@@ -498,6 +501,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "pinned_limit": _capacity,
     "pinned_limit_per_tenant": _capacity,
     "nvml_poll_interval": _poll_interval,
+    "slurm_job_tenants": _flag,
     "metrics_address": _metrics_address,
     "state_dir": _string,
     "admin_group": _string,
@@ -520,6 +524,7 @@ SECTIONS: dict[str, dict[str, str]] = {
     "policy": {"name": "policy", "max_wait": "policy_max_wait", "plugins": "policy_plugins"},
     "pinned": {"limit": "pinned_limit", "limit_per_tenant": "pinned_limit_per_tenant"},
     "nvml": {"poll_interval": "nvml_poll_interval"},
+    "slurm": {"job_tenants": "slurm_job_tenants"},
     "metrics": {"address": "metrics_address"},
 }
 _PATH_FIELDS = ("socket", "control_socket", "state_dir")

@@ -5,6 +5,8 @@
   supplementary group (the first such tenant by name, so the answer never depends on NSS
   order), else `user:<name>`, or `uid:<n>` for a uid without a passwd entry. Results are cached
   because NSS lookups can be slow (LDAP); `clear_cache()` forgets them after a membership change.
+  With `[slurm] job_tenants`, a process inside a Slurm job is the job's tenant instead,
+  `slurm:job_<id>` (`slurm_job_of`: from the process tree, not from the client).
 - `QuotaStore` keeps each tenant's limits per GPU (`None` = every GPU, `"*"` on disk and in
   listings) in `<state_dir>/quotas.json`, which survives restarts. vGPU threads read it on every
   allocation, so reads take no lock: writers build a new dict, persist it, then swap it in, and a
@@ -80,6 +82,57 @@ def is_admin(uid: int, gid: int, admin_group: str) -> bool:
         return True
     user = _user_name(uid)
     return user is not None and admin_gid in _group_ids(user, gid)
+
+
+SLURM_TENANT_PREFIX = "slurm:job_"
+_MAX_ANCESTORS = 64
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/<pid>/stat from field 3 on (state, ppid, ...), None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def _real_uid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def slurm_job_of(pid: int) -> str | None:
+    """The Slurm job a process runs in, from the kernel's process tree: the nearest ancestor that
+    is a root-owned `slurmstepd: [JOB.STEP]` (slurmd's step daemon names itself so), else None.
+    A program cannot make itself another job's descendant, and only root can run a slurmstepd,
+    so this is no claim of the client's; a process that left its job's tree (daemonized) is in
+    no job and gets its user's tenant."""
+    at = pid
+    for _ in range(_MAX_ANCESTORS):
+        fields = _stat_fields(at)
+        if fields is None or len(fields) < 2:
+            return None
+        try:
+            with open(f"/proc/{at}/cmdline", "rb") as f:
+                cmdline = f.read(256)
+        except OSError:
+            return None
+        if cmdline.startswith(b"slurmstepd: [") and _real_uid(at) == 0:
+            job = cmdline[len(b"slurmstepd: ["):].split(b".", 1)[0].split(b"]", 1)[0]
+            return job.decode() if job.isdigit() else None
+        ppid = int(fields[1])
+        if ppid <= 1:
+            return None
+        at = ppid
+    return None
 
 
 class TenantResolver:

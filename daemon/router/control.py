@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.config import parse_bytes
+from pilot.daemon.resources.tenants import SLURM_TENANT_PREFIX
 from pilot.daemon.sessions.session import Credentials
 
 if TYPE_CHECKING:
@@ -110,7 +111,8 @@ def _most_grantable(daemon: Daemon, gpu: int | None) -> int:
 
 
 def _tenant_arg(daemon: Daemon, name: Any) -> str:
-    """A named tenant, `user:NAME`, `uid:N`, or a bare user name (meaning user:NAME)."""
+    """A named tenant, `user:NAME`, `uid:N`, `slurm:job_N`, or a bare user name (meaning
+    user:NAME)."""
     if not isinstance(name, str) or not name:
         raise ControlError("tenant name required")
     if name in daemon.config.tenants:
@@ -118,6 +120,10 @@ def _tenant_arg(daemon: Daemon, name: Any) -> str:
     if name.startswith("uid:"):
         if not name[4:].isdigit():
             raise ControlError(f"bad tenant {name!r}: uid:N takes a number")
+        return name
+    if name.startswith(SLURM_TENANT_PREFIX):
+        if not name[len(SLURM_TENANT_PREFIX):].isdigit():
+            raise ControlError(f"bad tenant {name!r}: {SLURM_TENANT_PREFIX}N takes a job id")
         return name
     if name.startswith("user:"):
         try:
@@ -228,7 +234,14 @@ def quota_unset(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[st
 
 @command("kill", admin=True)
 def kill(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
-    sid = args["session"]
+    """One session (`session`), or every session of a tenant (`tenant`: a Slurm epilog ends its
+    job's sessions so)."""
+    if args.get("tenant") is not None:
+        tenant = _tenant_arg(daemon, args["tenant"])
+        ended = [row["session"] for row in daemon.session_summaries() if row["tenant"] == tenant]
+        why = f"tenant {tenant} killed by uid {caller.creds.uid}"
+        return {"tenant": tenant, "sessions": [sid for sid in ended if daemon.end_session(sid, why)]}
+    sid = args.get("session")
     if not isinstance(sid, int) or not daemon.end_session(sid, f"killed by uid {caller.creds.uid}"):
         raise ControlError(f"no session {sid}")
     return {"session": sid}

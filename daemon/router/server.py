@@ -39,7 +39,13 @@ from pilot.daemon.config import Config
 from pilot.daemon.protocol import ENVELOPE_SIZE, ffi, lib, new, to_bytes
 from pilot.daemon.resources.broker import GpuBudget, ResourceBroker
 from pilot.daemon.resources.residency import Residency
-from pilot.daemon.resources.tenants import Ledger, QuotaStore, TenantResolver
+from pilot.daemon.resources.tenants import (
+    SLURM_TENANT_PREFIX,
+    Ledger,
+    QuotaStore,
+    TenantResolver,
+    slurm_job_of,
+)
 from pilot.daemon.router import control, sdnotify
 from pilot.daemon.scheduling.callbacks import CallbackHub
 from pilot.daemon.scheduling.placement import place_part, place_session
@@ -480,7 +486,7 @@ class Daemon:
                             "uid %d", creds.pid, creds.uid, sid, w.session.creds.uid)
                 rep.hdr.err = CUDA_ERROR_INITIALIZATION
                 return to_bytes(rep)
-        tenant = self.resolver.tenant_of(creds.uid, creds.gid)
+        tenant = self._tenant_of(creds)
         selected = self._selection(frames)
         if selected is not None and not selected:
             log.info("router: session of pid %d refused: its CUDA_VISIBLE_DEVICES selects no GPU "
@@ -512,6 +518,15 @@ class Daemon:
                  "" if selected is None else " (CUDA_VISIBLE_DEVICES)",
                  extra={"session": session.id, "tenant": tenant})
         return self._placed(rep, session, vg, 0)
+
+    def _tenant_of(self, creds: Credentials) -> str:
+        """The session's tenant: its Slurm job's with `[slurm] job_tenants` when it runs in one,
+        else its user's (or named) tenant."""
+        if self.config.slurm_job_tenants:
+            job = slurm_job_of(creds.pid)
+            if job is not None:
+                return SLURM_TENANT_PREFIX + job
+        return self.resolver.tenant_of(creds.uid, creds.gid)
 
     def _selection(self, frames: list[zmq.Frame]) -> list[int] | None:
         """The topology positions a HELLO's CUDA_VISIBLE_DEVICES selects (None: not set)."""

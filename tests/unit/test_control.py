@@ -128,6 +128,20 @@ def test_tenant_names_are_checked() -> None:
         assert not reply["ok"] and why in reply["error"], reply
     assert call(d, ADMIN, "quota.set", tenant="user:alice", hard="1GiB")["ok"]
     assert call(d, ADMIN, "quota.set", tenant="uid:4242", hard="1GiB")["ok"]
+    assert call(d, ADMIN, "quota.set", tenant="slurm:job_77", hard="1GiB")["ok"]
+    reply = call(d, ADMIN, "quota.set", tenant="slurm:job_x", hard="1GiB")
+    assert not reply["ok"] and "takes a job id" in reply["error"]
+
+
+def test_kill_a_tenants_sessions() -> None:
+    """What a Slurm epilog does: every session of the tenant ends (admins only)."""
+    d = fake_daemon()
+    ended: list[int] = []
+    d.end_session = lambda sid, why: ended.append(sid) or True
+    assert call(d, ALICE, "kill", tenant="user:alice")["ok"] is False
+    reply = call(d, ADMIN, "kill", tenant="user:alice")
+    assert reply["ok"] and reply["result"] == {"tenant": "user:alice", "sessions": [1]} and ended == [1]
+    assert call(d, ADMIN, "kill", tenant="slurm:job_5")["result"]["sessions"] == []
 
 
 def test_sizes_beyond_64_bits_are_refused() -> None:
