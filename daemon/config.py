@@ -42,6 +42,7 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     poll_interval = "1s"
     [metrics]
     address = "127.0.0.1:19400"    # Prometheus endpoint: host:port, [v6]:port, :port; "" = off
+    kernel_time = false            # charge tenants their kernels' GPU time (events per launch)
     [tenants.<name>]               # name: [a-z0-9][a-z0-9_.-]*
     users = ["alice"]
     groups = ["ml"]
@@ -235,6 +236,7 @@ class Config:
     pinned_limit_per_tenant: int | None = None
     nvml_poll_interval: float = 1.0
     slurm_job_tenants: bool = False
+    metrics_kernel_time: bool = False
     # Outside 9100-9999, where Prometheus exporters' default ports are (9400: dcgm-exporter).
     metrics_address: str = "127.0.0.1:19400"
     state_dir: str = field(default_factory=default_state_dir)
@@ -502,6 +504,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "pinned_limit_per_tenant": _capacity,
     "nvml_poll_interval": _poll_interval,
     "slurm_job_tenants": _flag,
+    "metrics_kernel_time": _flag,
     "metrics_address": _metrics_address,
     "state_dir": _string,
     "admin_group": _string,
@@ -525,7 +528,7 @@ SECTIONS: dict[str, dict[str, str]] = {
     "pinned": {"limit": "pinned_limit", "limit_per_tenant": "pinned_limit_per_tenant"},
     "nvml": {"poll_interval": "nvml_poll_interval"},
     "slurm": {"job_tenants": "slurm_job_tenants"},
-    "metrics": {"address": "metrics_address"},
+    "metrics": {"address": "metrics_address", "kernel_time": "metrics_kernel_time"},
 }
 _PATH_FIELDS = ("socket", "control_socket", "state_dir")
 

@@ -154,7 +154,7 @@ class Daemon:
         self.policy.wake = self._wake_waiting
         self.broker.policy = self.policy
         for vg in self.vgpus:
-            vg.policy = self.policy
+            vg.policy, vg.kernel_time = self.policy, config.metrics_kernel_time
         self.topology = self._topology()
         self.callbacks = CallbackHub(f"{socket_path}.callbacks", backend, config.callback_timeout)
         self._ends: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()  # from other threads
@@ -197,6 +197,7 @@ class Daemon:
         vg = VGpu(index, self.gpus[gpu], self.backend, f"{self.socket_path}.vgpu{index}", self.broker,
                   self.config.spin_us, gpu=gpu)
         vg.policy, vg.topology, vg.callbacks = self.policy, self.topology, self.callbacks
+        vg.kernel_time = self.config.metrics_kernel_time
         try:
             prepare_socket_path(vg.endpoint_path)
             vg.start()

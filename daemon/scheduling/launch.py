@@ -195,40 +195,67 @@ def issue(vg: VGpu, s: Session, launch: Launch) -> None:
 
 def _launch_and_watch(vg: VGpu, s: Session, launch: Launch, info: FunctionInfo, stream: Any,
                       touched: Any) -> None:
-    if launch.attrs is None:
-        vg.backend.launch(info.handle, launch.grid, launch.block, launch.shared_bytes, stream, launch.args[:])
-    else:
-        vg.backend.launch_ex(info.handle, launch.grid, launch.block, launch.shared_bytes, stream,
-                             launch.args[:], launch.attrs)
+    watch = vg.kernel_watch
+    start = watch.start_event(stream) if vg.kernel_time else None  # [metrics] kernel_time
+    try:
+        if launch.attrs is None:
+            vg.backend.launch(info.handle, launch.grid, launch.block, launch.shared_bytes, stream,
+                              launch.args[:])
+        else:
+            vg.backend.launch_ex(info.handle, launch.grid, launch.block, launch.shared_bytes, stream,
+                                 launch.args[:], launch.attrs)
+    except BaseException:
+        if start is not None:
+            watch.unused(start)
+        raise
     shard = vg.shard
     shard.kernels += 1
     key = ("tenant_launches", (s.tenant,))
     shard.labeled[key] = shard.labeled.get(key, 0) + 1
     host = vg.policy
     view = launch.view if host is not None and host.needs_kernel_end else None
-    if view is not None or touched:
-        vg.kernel_watch.started(s, view, stream, touched)
+    if view is not None or touched or start is not None:
+        watch.started(s, view, stream, touched, start)
 
 
 class KernelWatch:
-    """Kernel completion, for policies that ask for it (needs_kernel_end) and for the capacity
-    enforcer (the extents a running kernel uses are active): an event recorded after each such
-    launch, polled by the vGPU thread between calls. Kernels of one stream finish in order, so
-    a poll queries only the oldest unfinished launch of each stream. Costs nothing otherwise."""
+    """Kernel completion, for policies that ask for it (needs_kernel_end), for the capacity
+    enforcer (the extents a running kernel uses are active) and for `[metrics] kernel_time` (a
+    timing event before the kernel too; at its end the tenant is charged the time between): an
+    event recorded after each such launch, polled by the vGPU thread between calls. Kernels of
+    one stream finish in order, so a poll queries only the oldest unfinished launch of each
+    stream. Costs nothing otherwise."""
 
     def __init__(self, vg: VGpu) -> None:
         self.vg = vg
-        self._running: dict[Any, deque[tuple[Any, Session, LaunchView | None, float, Any]]] = {}
-        self._free_events: list[Any] = []
+        # stream -> (end event, session, view, started, touched, start event or None), oldest first
+        self._running: dict[Any, deque[tuple[Any, Session, LaunchView | None, float, Any, Any]]] = {}
+        self._free_events: list[Any] = []  # without timing
+        self._free_timed: list[Any] = []  # with timing ([metrics] kernel_time)
 
     def __bool__(self) -> bool:
         return bool(self._running)
 
-    def started(self, s: Session, view: LaunchView | None, stream: Any, touched: Any = None) -> None:
-        """`view`: tell the policy when it finishes; `touched`: the enforcer's extents."""
-        backend = self.vg.backend
-        ev = self._free_events.pop() if self._free_events else backend.event_create(EVENT_DISABLE_TIMING)
-        backend.event_record(ev, stream)
+    def _event(self, timed: bool) -> Any:
+        pool = self._free_timed if timed else self._free_events
+        return pool.pop() if pool else self.vg.backend.event_create(0 if timed else EVENT_DISABLE_TIMING)
+
+    def start_event(self, stream: Any) -> Any:
+        """A timing event recorded on `stream` now, before a kernel (pass it to started)."""
+        ev = self._event(True)
+        self.vg.backend.event_record(ev, stream)
+        return ev
+
+    def unused(self, event: Any) -> None:
+        """A start event whose launch failed."""
+        self._free_timed.append(event)
+
+    def started(self, s: Session, view: LaunchView | None, stream: Any, touched: Any = None,
+                start: Any = None) -> None:
+        """`view`: tell the policy when it finishes; `touched`: the enforcer's extents; `start`:
+        the timing event before the kernel (charge its time to the tenant)."""
+        ev = self._event(start is not None)
+        self.vg.backend.event_record(ev, stream)
         if touched:
             res = self.vg.broker.residency
             if res is not None:
@@ -236,7 +263,7 @@ class KernelWatch:
         queue = self._running.get(stream)
         if queue is None:
             queue = self._running[stream] = deque()
-        queue.append((ev, s, view, time.monotonic(), touched))
+        queue.append((ev, s, view, time.monotonic(), touched, start))
 
     def poll(self) -> None:
         """Report the kernels that finished, in launch order per stream."""
@@ -253,13 +280,24 @@ class KernelWatch:
                 if not done:
                     break
                 queue.popleft()
-                self._free_events.append(entry[0])
                 self._finished(entry)
             if not queue:
                 del self._running[stream]
 
-    def _finished(self, entry: tuple[Any, Session, LaunchView | None, float, Any]) -> None:
-        _ev, s, view, started, touched = entry
+    def _finished(self, entry: tuple[Any, Session, LaunchView | None, float, Any, Any]) -> None:
+        ev, s, view, started, touched, start = entry
+        if start is not None:
+            try:
+                seconds = self.vg.backend.event_elapsed_ms(start, ev) / 1e3
+            except BackendError:
+                seconds = 0.0  # a failed kernel, or one ended with its session: not charged
+            if seconds > 0:
+                shard = self.vg.shard
+                key = ("tenant_kernel_seconds", (s.tenant,))
+                shard.labeled[key] = shard.labeled.get(key, 0.0) + seconds
+            self._free_timed += (start, ev)
+        else:
+            self._free_events.append(ev)
         if touched:
             res = self.vg.broker.residency
             if res is not None:
@@ -275,9 +313,7 @@ class KernelWatch:
             return
         self.poll()
         for stream, queue in list(self._running.items()):
-            mine = [r for r in queue if r[1].id == session_id]
-            for r in mine:
-                self._free_events.append(r[0])
+            for r in [r for r in queue if r[1].id == session_id]:
                 self._finished(r)
             rest = deque(r for r in queue if r[1].id != session_id)
             if rest:
@@ -286,9 +322,13 @@ class KernelWatch:
                 del self._running[stream]
 
     def close(self) -> None:
-        for ev in self._free_events + [r[0] for q in self._running.values() for r in q]:
+        events = self._free_events + self._free_timed
+        for queue in self._running.values():
+            for r in queue:
+                events += [r[0]] + ([r[5]] if r[5] is not None else [])
+        for ev in events:
             try:
                 self.vg.backend.event_destroy(ev)
             except Exception:
                 pass
-        self._free_events, self._running = [], []
+        self._free_events, self._free_timed, self._running = [], [], {}

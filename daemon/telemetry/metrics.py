@@ -96,11 +96,16 @@ LABELED_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                 "the enforcer made room; policy: a policy asked).",
                                 ("gpu", "tenant", "reason")),
     "tenant_launches": ("pilot_tenant_launches_total", "Kernels launched, by tenant.", ("tenant",)),
+    "tenant_kernel_seconds": ("pilot_tenant_kernel_seconds_total",
+                              "GPU time of the tenant's kernels, from events recorded around each "
+                              "launch ([metrics] kernel_time; kernels that overlap count each).",
+                              ("tenant",)),
     "tenant_copied_bytes": ("pilot_tenant_copied_bytes_total",
                             "Bytes copied by cudaMemcpy and friends, by tenant and direction.",
                             ("tenant", "direction")),
     "residency_prefetched_bytes": ("pilot_residency_prefetched_bytes_total",
-                                   "Movable memory a policy moved back onto the GPU.", ("gpu", "tenant")),
+                                   "Movable memory moved onto the GPU ahead of use: a policy's "
+                                   "unthrottle, or a launch's footprint (MFit, AMFit).", ("gpu", "tenant")),
 }
 
 

@@ -54,6 +54,7 @@ class VGpu(Dispatch):
         self.policy: PolicyHost | None = None  # set by the Daemon
         self.waits = WaitQueue(self)  # launches the policy made wait (scheduling/waiting.py)
         self.kernel_watch = KernelWatch(self)  # kernel ends, for policies that ask
+        self.kernel_time = False  # [metrics] kernel_time: every launch timed (set by the Daemon)
         self.callbacks: Any = None  # callbacks.CallbackHub (set by the Daemon)
         self._info: DeviceInfo | None = None
         self._op_names = op_names()

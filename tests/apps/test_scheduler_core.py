@@ -502,23 +502,40 @@ def test_unusable_policy_stops_the_start(case: str, tmp_path: Path) -> None:
         assert name in out, out
 
 
-def test_per_tenant_usage_metrics(start_pilotd: StartPilotd, app_binaries: dict[str, Path],
-                                  shim_path: str) -> None:
-    """Issue 15: launches and bytes copied per tenant, on the daemon's /metrics."""
+def _metrics_after_vector_add(start_pilotd: StartPilotd, app_binaries: dict[str, Path], shim_path: str,
+                              config: str | None = None) -> dict[str, float]:
+    """The daemon's /metrics sample values after one vector_add under it."""
     import socket as socket_module
     import urllib.request
 
     with socket_module.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    daemon = start_pilotd("--metrics-address", f"127.0.0.1:{port}")
+    daemon = start_pilotd("--metrics-address", f"127.0.0.1:{port}", config=config)
     proc = subprocess.run([str(app_binaries["vector_add"])], env={**daemon.env(), "LD_PRELOAD": shim_path},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(("pilot_tenant_launches_total", "pilot_tenant_copied_bytes_total",
-                                  "pilot_build_info"))}
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("pilot_")}
+
+
+def test_per_tenant_kernel_time_when_asked(start_pilotd: StartPilotd, app_binaries: dict[str, Path],
+                                           shim_path: str) -> None:
+    """Issue 15: `[metrics] kernel_time` charges each tenant its kernels' GPU time (events
+    around each launch); off by default, when no launch pays for it."""
+    key = f'pilot_tenant_kernel_seconds_total{{tenant="{ME}"}}'
+    off = _metrics_after_vector_add(start_pilotd, app_binaries, shim_path)
+    assert off.get(key, 0.0) == 0.0, off
+    on = _metrics_after_vector_add(start_pilotd, app_binaries, shim_path,
+                                   config="[metrics]\nkernel_time = true\n")
+    assert 0.0 < on[key] < 60.0, on
+
+
+def test_per_tenant_usage_metrics(start_pilotd: StartPilotd, app_binaries: dict[str, Path],
+                                  shim_path: str) -> None:
+    """Issue 15: launches and bytes copied per tenant, on the daemon's /metrics."""
+    values = _metrics_after_vector_add(start_pilotd, app_binaries, shim_path)
     assert values[f'pilot_tenant_launches_total{{tenant="{ME}"}}'] >= 1, values
     assert values[f'pilot_tenant_copied_bytes_total{{direction="h2d",tenant="{ME}"}}'] > 0, values
     assert values[f'pilot_tenant_copied_bytes_total{{direction="d2h",tenant="{ME}"}}'] > 0, values
