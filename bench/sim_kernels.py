@@ -44,3 +44,58 @@ def reduce(k: SimLaunch) -> None:
         total = float(np.frombuffer(k.view(x, 4 * n), dtype=np.float32).sum(dtype=np.float64))
         (old,) = struct.unpack("<d", k.read(out, 8))
         k.write(out, struct.pack("<d", old + total))
+
+
+@sim_kernel("_Z11touch_pagesPKfPKiiPf")
+def touch_pages(k: SimLaunch) -> None:
+    """um_touch.cu: out[i] = x[order[i] * 1024] for i < pages."""
+    x, order_ptr = k.ptr(0), k.ptr(1)
+    (pages,) = k.arg(2, "<i")
+    out_ptr = k.ptr(3)
+    if pages <= 0:
+        return
+    order = np.frombuffer(k.view(order_ptr, 4 * pages), dtype=np.int32)
+    out = np.frombuffer(k.view(out_ptr, 4 * pages), dtype=np.float32)
+    last = int(order.max())
+    x_all = np.frombuffer(k.view(x, 4 * (last * 1024 + 1)), dtype=np.float32)
+    out[:] = x_all[order.astype(np.int64) * 1024]
+
+
+def _floats(k: SimLaunch, index: int, n: int) -> np.ndarray:
+    return np.frombuffer(k.view(k.ptr(index), 4 * n), dtype=np.float32)
+
+
+@sim_kernel("_Z7st_copyPKfPfm")
+def st_copy(k: SimLaunch) -> None:
+    """um_stream.cu: c = a."""
+    (n,) = k.arg(2, "<Q")
+    _floats(k, 1, n)[:] = _floats(k, 0, n)
+
+
+@sim_kernel("_Z6st_mulPfPKffm")
+def st_mul(k: SimLaunch) -> None:
+    """um_stream.cu: b = s c."""
+    (s,), (n,) = k.arg(2, "<f"), k.arg(3, "<Q")
+    np.multiply(_floats(k, 1, n), np.float32(s), out=_floats(k, 0, n))
+
+
+@sim_kernel("_Z6st_addPKfS0_Pfm")
+def st_add(k: SimLaunch) -> None:
+    """um_stream.cu: c = a + b."""
+    (n,) = k.arg(3, "<Q")
+    np.add(_floats(k, 0, n), _floats(k, 1, n), out=_floats(k, 2, n))
+
+
+@sim_kernel("_Z8st_triadPfPKfS1_fm")
+def st_triad(k: SimLaunch) -> None:
+    """um_stream.cu: a = b + s c."""
+    (s,), (n,) = k.arg(3, "<f"), k.arg(4, "<Q")
+    np.add(_floats(k, 1, n), np.multiply(_floats(k, 2, n), np.float32(s)), out=_floats(k, 0, n))
+
+
+@sim_kernel("_Z6st_dotPKfS0_mPd")
+def st_dot(k: SimLaunch) -> None:
+    """um_stream.cu: *sum += sum(a b) (the kernel's atomicAdd of every thread's part)."""
+    (n,) = k.arg(2, "<Q")
+    total = np.frombuffer(k.view(k.ptr(3), 8), dtype=np.float64)
+    total[0] += float(np.dot(_floats(k, 0, n).astype(np.float64), _floats(k, 1, n).astype(np.float64)))
