@@ -3,6 +3,7 @@
  * sees the GPUs its CUDA_VISIBLE_DEVICES selects (sent in HELLO, resolved by pilotd), or every
  * GPU the daemon offers, numbered from the one its session started on (see
  * daemon/sessions/devices.py); as in CUDA, each host thread has its own current device. */
+#include <stdio.h>
 #include <string.h>
 
 #include "shim.h"
@@ -74,6 +75,54 @@ PILOT_EXPORT cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr 
         PILOT_RETURN(cudaErrorInvalidValue);
     *value = info->attrs[attr];
     return cudaSuccess;
+}
+
+/* "dddd:bb:dd.f" as cuDeviceGetPCIBusId writes it: a 4-digit domain, upper-case hex (NCCL
+ * lower-cases it itself), 12 characters and the NUL; cut to `len` with the NUL kept. */
+PILOT_EXPORT cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device)
+{
+    if (!pciBusId || len <= 0)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    PILOT_REQUIRE_SESSION();
+    const pilot_rep_device_info *info;
+    cudaError_t err = info_of(device, &info);
+    if (err)
+        PILOT_RETURN(err);
+    char id[32];
+    snprintf(id, sizeof id, "%04X:%02X:%02X.0", (unsigned)info->attrs[cudaDevAttrPciDomainId] & 0xFFFFu,
+             (unsigned)info->attrs[cudaDevAttrPciBusId] & 0xFFu,
+             (unsigned)info->attrs[cudaDevAttrPciDeviceId] & 0xFFu);
+    size_t n = strlen(id) < (size_t)len - 1 ? strlen(id) : (size_t)len - 1;
+    memcpy(pciBusId, id, n);
+    pciBusId[n] = 0;
+    return cudaSuccess;
+}
+
+/* The program ordinal of the device at "[domain:]bus:device[.function]" (hex, any case), among
+ * the devices the program sees. */
+PILOT_EXPORT cudaError_t cudaDeviceGetByPCIBusId(int *device, const char *pciBusId)
+{
+    if (!device || !pciBusId)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    PILOT_REQUIRE_SESSION();
+    unsigned domain = 0, bus = 0, dev = 0, function = 0;
+    if (sscanf(pciBusId, "%x:%x:%x.%x", &domain, &bus, &dev, &function) < 3) {
+        domain = 0;
+        if (sscanf(pciBusId, "%x:%x.%x", &bus, &dev, &function) < 2)
+            PILOT_RETURN(cudaErrorInvalidValue);
+    }
+    for (int d = 0; d < pilot_device_count(); d++) {
+        const pilot_rep_device_info *info;
+        if (info_of(d, &info))
+            continue;
+        if ((unsigned)info->attrs[cudaDevAttrPciDomainId] == domain &&
+            (unsigned)info->attrs[cudaDevAttrPciBusId] == bus &&
+            (unsigned)info->attrs[cudaDevAttrPciDeviceId] == dev) {
+            *device = d;
+            return cudaSuccess;
+        }
+    }
+    PILOT_RETURN(cudaErrorInvalidDevice);
 }
 
 PILOT_EXPORT cudaError_t cudaDeviceSynchronize(void)

@@ -1,5 +1,6 @@
 // devices: which devices the program sees (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER): the count
-// and its error, each device's UUID and PCI bus id, that each one takes memory and a copy, and
+// and its error, each device's UUID and PCI bus id (from its properties, and as cudaDeviceGetPCIBusId
+// writes it and cudaDeviceGetByPCIBusId reads it), that each one takes memory and a copy, and
 // the error for the first ordinal past the last.
 #include <cuda_runtime.h>
 
@@ -28,6 +29,14 @@ int main()
         printf("device %d: ", d);
         print_uuid(prop.uuid);
         printf(" pci %04x:%02x:%02x\n", prop.pciDomainID, prop.pciBusID, prop.pciDeviceID);
+    }
+    for (int d = 0; d < count; d++) {  // the bus id string, and back to the ordinal
+        char id[32] = "";
+        int back = -1;
+        cudaError_t get = cudaDeviceGetPCIBusId(id, sizeof id, d);
+        cudaError_t by = cudaDeviceGetByPCIBusId(&back, id);
+        printf("device %d: bus id %s %s, by bus id %s %d\n", d, cudaGetErrorName(get), id,
+               cudaGetErrorName(by), back);
     }
     for (int d = 0; d < count; d++) {
         int *p = nullptr, back = 0, value = 1000 + d;

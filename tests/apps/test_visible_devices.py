@@ -61,6 +61,8 @@ def expected(gpus: list[int], sim_index: dict[int, int] | None = None) -> list[s
     n = len(gpus)
     return ([f"count: cudaSuccess {n}"]
             + [f"device {d}: {uuid(s)} pci 0000:{sim_pci_bus(s):02x}:00" for d, s in enumerate(sim)]
+            + [f"device {d}: bus id cudaSuccess 0000:{sim_pci_bus(s):02X}:00.0, by bus id cudaSuccess {d}"
+               for d, s in enumerate(sim)]
             + [f"device {d}: set cudaSuccess, malloc cudaSuccess, copy cudaSuccess yes"
                for d in range(n)]
             + [f"set device {n}: cudaErrorInvalidDevice", f"properties of device {n}: cudaErrorInvalidDevice",
