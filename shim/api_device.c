@@ -49,13 +49,22 @@ static cudaError_t info_of(int device, const pilot_rep_device_info **out)
     return *out ? cudaSuccess : cudaErrorDevicesUnavailable;
 }
 
+/* The session's device `device`, as a query of it needs it: the sticky or connection error,
+ * else info_of's answer. */
+static cudaError_t session_info_of(int device, const pilot_rep_device_info **out)
+{
+    cudaError_t err = pilot_sticky_error();
+    if (err == cudaSuccess)
+        err = pilot_ensure_session();
+    return err ? err : info_of(device, out);
+}
+
 PILOT_EXPORT cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
 {
     if (!prop)
         PILOT_RETURN(cudaErrorInvalidValue);
-    PILOT_REQUIRE_SESSION();
     const pilot_rep_device_info *info;
-    cudaError_t err = info_of(device, &info);
+    cudaError_t err = session_info_of(device, &info);
     if (err)
         PILOT_RETURN(err);
     pilot_fill_device_prop(prop, info);
@@ -66,9 +75,8 @@ PILOT_EXPORT cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr 
 {
     if (!value)
         PILOT_RETURN(cudaErrorInvalidValue);
-    PILOT_REQUIRE_SESSION();
     const pilot_rep_device_info *info;
-    cudaError_t err = info_of(device, &info);
+    cudaError_t err = session_info_of(device, &info);
     if (err)
         PILOT_RETURN(err);
     if ((int)attr <= 0 || (int)attr >= PILOT_ATTR_COUNT)
@@ -83,9 +91,8 @@ PILOT_EXPORT cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int devi
 {
     if (!pciBusId || len <= 0)
         PILOT_RETURN(cudaErrorInvalidValue);
-    PILOT_REQUIRE_SESSION();
     const pilot_rep_device_info *info;
-    cudaError_t err = info_of(device, &info);
+    cudaError_t err = session_info_of(device, &info);
     if (err)
         PILOT_RETURN(err);
     char id[32];
