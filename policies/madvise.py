@@ -24,9 +24,7 @@ from typing import Any
 
 from .api import AllocationView, KernelView, Policy, SessionView
 from .settings import Bytes, Seconds
-from .tracking import size_text
-
-OWNERS = ("process", "tenant")
+from .tracking import check_owner, size_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +34,7 @@ class MAdviseSettings:
     recheck: Seconds = 0.1  # how often the tick looks for capacity that freed
 
     def __post_init__(self) -> None:
-        if self.per not in OWNERS:
-            raise ValueError(f"per must be one of {', '.join(OWNERS)}, not {self.per!r}")
+        check_owner(self.per)
         if self.budget is not None and self.budget <= 0:
             raise ValueError("budget must be above 0 (leave it out for a fair share)")
 

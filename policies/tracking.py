@@ -139,11 +139,6 @@ class RunningKernels:
                              for r in lv.footprint}))
 
 
-def need_bytes(launch: LaunchView, active: dict[int, int] | set[int]) -> int:
-    """Movable bytes the launch would bring in beyond what running kernels already use."""
-    return sum(r.size for r in launch.footprint if r.movable and r.ptr not in active)
-
-
 OWNERS = ("process", "tenant")
 """What a policy holds, throttles or budgets: each process (session), or each tenant."""
 

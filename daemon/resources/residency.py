@@ -98,8 +98,8 @@ class GpuResidency:
     clock: int = 0
     stream: Any = None  # pilot's own stream on this GPU: every eviction and policy move
     event: Any = None  # recorded on `stream` after evictions, waited for by the launch's stream
-    # Reentrant: a launch holds it from making room until the event after its kernel is known
-    # (Residency.launching), and calls back in meanwhile.
+    # Held only to update the model and plan moves (Moves), never across a backend call that
+    # migrates memory; a launch's extents are kept from others by Extent.pending instead.
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def allocation_at(self, ptr: int) -> int | None:

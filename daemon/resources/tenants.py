@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pilot.daemon.config import TenantDef
+from pilot.daemon.sessions.session import stat_fields
 
 log = logging.getLogger("pilot.tenants")
 
@@ -88,16 +89,6 @@ SLURM_TENANT_PREFIX = "slurm:job_"
 _MAX_ANCESTORS = 64
 
 
-def _stat_fields(pid: int) -> list[bytes] | None:
-    """/proc/<pid>/stat from field 3 on (state, ppid, ...), None if unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return stat[stat.rfind(b")") + 2:].split()
-
-
 def _real_uid(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
@@ -117,7 +108,7 @@ def slurm_job_of(pid: int) -> str | None:
     no job and gets its user's tenant."""
     at = pid
     for _ in range(_MAX_ANCESTORS):
-        fields = _stat_fields(at)
+        fields = stat_fields(at)
         if fields is None or len(fields) < 2:
             return None
         try:

@@ -440,7 +440,10 @@ class Daemon:
             pidfd: int | None = os.pidfd_open(creds.pid)
         except (AttributeError, OSError):
             pidfd = None
-        claimed = self._hello_start_time(frames)
+        req = self._hello_request(frames)
+        # a frame too short to hold the whole field claims nothing
+        whole = len(frames) >= 3 and len(frames[2]) >= ffi.offsetof("pilot_req_hello", "visible_devices")
+        claimed = int(req.start_time) if whole else 0
         actual = process_start_time(creds.pid) if claimed else None
         # Only "started later" counts: a reused pid's process always started after the sender
         # (and a client in a time namespace sees its start time shifted; those shifted forward
@@ -453,21 +456,20 @@ class Daemon:
                 os.close(pidfd)
             rep.hdr.err = CUDA_ERROR_INITIALIZATION
             return to_bytes(rep)
-        reply = self._hello_session(frames, creds, rep, pidfd)
+        reply = self._hello_session(req, creds, rep, pidfd)
         if pidfd is not None and not any(w.pidfd == pidfd for w in self._watched.values()):
             os.close(pidfd)  # refused: no session watches it
         return reply
 
     @staticmethod
-    def _hello_start_time(frames: list[zmq.Frame]) -> int:
-        """The start time a HELLO says its sender has (0: none)."""
-        if len(frames) < 3 or len(frames[2]) < ffi.offsetof("pilot_req_hello", "visible_devices"):
-            return 0
+    def _hello_request(frames: list[zmq.Frame]) -> Any:
+        """The HELLO's pilot_req_hello, zero-filled where its frame is short or missing."""
         req = ffi.new("pilot_req_hello *")
-        ffi.memmove(req, frames[2].bytes, min(len(frames[2]), ffi.sizeof("pilot_req_hello")))
-        return int(req.start_time)
+        if len(frames) >= 3:
+            ffi.memmove(req, frames[2].bytes, min(len(frames[2]), ffi.sizeof("pilot_req_hello")))
+        return req
 
-    def _hello_session(self, frames: list[zmq.Frame], creds: Credentials, rep: Any,
+    def _hello_session(self, req: Any, creds: Credentials, rep: Any,
                        pidfd: int | None) -> bytes:
         """The rest of HELLO: end what the pid had, place the session (watched through
         `pidfd`). Returns the reply."""
@@ -488,7 +490,7 @@ class Daemon:
                 rep.hdr.err = CUDA_ERROR_INITIALIZATION
                 return to_bytes(rep)
         tenant = self._tenant_of(creds)
-        selected = self._selection(frames)
+        selected = self._selection(req)
         if selected is not None and not selected:
             log.info("router: session of pid %d refused: its CUDA_VISIBLE_DEVICES selects no GPU "
                      "pilotd serves", creds.pid, extra={"tenant": tenant})
@@ -529,11 +531,8 @@ class Daemon:
                 return SLURM_TENANT_PREFIX + job
         return self.resolver.tenant_of(creds.uid, creds.gid)
 
-    def _selection(self, frames: list[zmq.Frame]) -> list[int] | None:
+    def _selection(self, req: Any) -> list[int] | None:
         """The topology positions a HELLO's CUDA_VISIBLE_DEVICES selects (None: not set)."""
-        req = ffi.new("pilot_req_hello *")
-        if len(frames) >= 3:
-            ffi.memmove(req, frames[2].bytes, min(len(frames[2]), ffi.sizeof("pilot_req_hello")))
         if not req.flags & lib.PILOT_HELLO_VISIBLE_SET:
             return None
         value = ffi.string(req.visible_devices, lib.PILOT_VISIBLE_MAX).decode(errors="replace")

@@ -36,6 +36,7 @@ from pilot.policies import (
 if TYPE_CHECKING:
     from pilot.daemon.config import Config
     from pilot.daemon.resources.broker import ResourceBroker
+    from pilot.daemon.resources.residency import Residency
     from pilot.daemon.sessions.session import Session
     from pilot.daemon.telemetry.metrics import Metrics
 
@@ -88,14 +89,16 @@ class DaemonControls(Controls):
         return GpuView(gpu, budget.capacity(gpu), used, movable, resident,
                        bool(res is not None and res.enforced))
 
-    def resident(self, session: int) -> int:
+    def _residency(self) -> Residency | None:
         broker = self.broker
-        res = broker.residency if broker is not None else None
+        return broker.residency if broker is not None else None
+
+    def resident(self, session: int) -> int:
+        res = self._residency()
         return res.session_resident(session) if res is not None else 0
 
     def set_eviction_order(self, gpu: int, sessions: tuple[int, ...]) -> None:
-        broker = self.broker
-        res = broker.residency if broker is not None else None
+        res = self._residency()
         if res is not None:
             res.set_eviction_order(gpu, tuple(sessions))
 
@@ -120,8 +123,7 @@ class DaemonControls(Controls):
         """Carry out the queued requests (scheduler thread). One that fails is logged."""
         with self._pending_lock:
             pending, self.pending = self.pending, []
-        broker = self.broker
-        res = broker.residency if broker is not None else None
+        res = self._residency()
         for what, args in pending:
             if res is None:
                 continue

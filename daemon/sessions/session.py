@@ -54,17 +54,23 @@ def read_cmdline(pid: int) -> str:
         return ""
 
 
-def process_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks after boot (/proc/<pid>/stat field 22), None if
-    it cannot be read (gone, or no /proc)."""
+def stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/<pid>/stat from field 3 on (state, ppid, ...), None if unreadable (gone, or no
+    /proc). The command name before them may hold spaces and ')'."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
-    fields = stat[stat.rfind(b")") + 2:].split()  # the command name may hold spaces and ')'
+    return stat[stat.rfind(b")") + 2:].split()
+
+
+def process_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks after boot (/proc/<pid>/stat field 22), None if
+    it cannot be read."""
+    fields = stat_fields(pid)
     try:
-        return int(fields[19])  # field 22; fields[0] is field 3
+        return int(fields[19]) if fields is not None else None  # field 22; fields[0] is field 3
     except (IndexError, ValueError):
         return None
 
