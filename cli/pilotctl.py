@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 import click
@@ -89,6 +90,7 @@ def status(client: ControlClient, as_json: bool, measure: bool) -> None:
                            f"{_size(pm['gpu_at_most'])} on the GPU")
     for v in doc["vgpus"]:
         click.echo(f"  vGPU {v['index']} on GPU {v['gpu']}: {v['sessions']} session(s)")
+    _show_faults(doc.get("faults") or [])
     sched = doc.get("scheduling")
     if sched:
         known = sched.get("available", {})
@@ -103,6 +105,21 @@ def status(client: ControlClient, as_json: bool, measure: bool) -> None:
             click.echo(f"  {key}: {json.dumps(value)}")
         click.echo(f"  policies available: {', '.join(ready)}"
                    + (f"; planned: {', '.join(planned)}" if planned else ""))
+
+
+def _show_faults(faults: list[dict[str, Any]]) -> None:
+    """GPU faults since the service started, the last one in full."""
+    if not faults:
+        return
+    f = faults[-1]
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f["detected"]))
+    who = ", ".join(f"session {s['session']} of {s['tenant']} (pid {s['pid']})" for s in f["suspects"])
+    line = (f"GPU faults: {len(faults)}; last on GPU {f['gpu']} at {when}: error {f['error']}, "
+            + (f"work of {who}" if f["known"] else f"work in flight: {who}" if who else
+               "no session had work in flight"))
+    if f.get("restarted"):
+        line += f"; serving again after {f['restarted'] - f['detected']:.2f} s"
+    click.echo(line)
 
 
 @main.command()

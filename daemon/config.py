@@ -15,6 +15,8 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     spin_us = 50                   # 0..10000
     callback_timeout = "60s"       # a host callback unanswered this long ends its session; 0: never
     switch_interval = "500us"      # Python thread switch interval (a busy vGPU thread vs the rest)
+    fault_recovery = "restart"     # after a context-fatal GPU fault: "restart" in place | "exit"
+    fault_poll_interval = "20ms"   # how often each GPU's context is checked for a fault; 0: never
     state_dir = "/var/lib/pilot"   # default: /var/lib/pilot (root), else $XDG_STATE_HOME/pilot
     admin_group = "pilot-admin"
     log_level = "info"             # debug | info | warning | error
@@ -76,6 +78,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 DEFAULT_CONFIG_PATH = "/etc/pilot/pilotd.toml"
 
 BACKENDS = ("cuda", "sim")
+FAULT_RECOVERY = ("restart", "exit")
 _POLICY_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
@@ -228,6 +231,10 @@ class Config:
     # Python's 5 ms let a thread holding the policy lock keep other vGPU threads waiting for it
     # (bench/RESULTS.md: 2.26x -> 1.08x for a program beside pageDoS under AMFit at 100%)
     switch_interval: float = 0.0005
+    # After a context-fatal GPU fault the process cannot use the GPU again (router/recovery.py):
+    # "restart" re-executes pilotd in place, "exit" stops it (status 3) for systemd to restart.
+    fault_recovery: str = "restart"
+    fault_poll_interval: float = 0.02
     policy: str = "none"
     policy_max_wait: float = 30.0
     policy_plugins: tuple[str, ...] = ()
@@ -394,6 +401,15 @@ def _poll_interval(value: Any) -> float:
     return seconds
 
 
+def _fault_poll_interval(value: Any) -> float:
+    """0 turns the watch off (faults are then noticed at the next call that returns one); at
+    most 1 s, so a fault nobody calls into is still noticed soon."""
+    seconds = parse_duration(value)
+    if not 0 <= seconds <= 1:
+        raise ValueError(f"{value!r}: must be between 0 and 1s")
+    return seconds
+
+
 def _policy_name(value: Any) -> str:
     """Syntax only: which names exist is the policy registry's to say, once plugins are loaded
     (pilot.daemon.scheduling.policy_host)."""
@@ -496,6 +512,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "managed_device_memory": _flag,
     "callback_timeout": parse_duration,
     "switch_interval": _switch_interval,
+    "fault_recovery": _choice(FAULT_RECOVERY),
+    "fault_poll_interval": _fault_poll_interval,
     "policy": _policy_name,
     "policy_max_wait": parse_duration,
     "policy_plugins": _plugins,
@@ -520,7 +538,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
 SECTIONS: dict[str, dict[str, str]] = {
     "daemon": {k: k for k in ("backend", "socket", "control_socket", "vgpus_per_gpu",
                               "max_vgpus_per_gpu", "gpus", "callback_timeout", "switch_interval",
-                              "spin_us", "state_dir", "admin_group", "log_level", "log_format",
+                              "fault_recovery", "fault_poll_interval", "spin_us", "state_dir",
+                              "admin_group", "log_level", "log_format",
                               "sim_kernels", "sim_devices")},
     "gpu": {k: k for k in ("capacity", "capacity_per_gpu", "enforce_capacity", "managed_limit",
                            "managed_device_memory")},

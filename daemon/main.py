@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import click
@@ -17,6 +18,7 @@ import click
 from pilot import __version__
 from pilot.daemon.config import DEFAULT_CONFIG_PATH, ConfigError, load_config, parse_bytes
 from pilot.daemon.protocol import socket_path
+from pilot.daemon.router.recovery import exec_afresh, handover_from_environment
 from pilot.daemon.router.server import Daemon, DaemonError
 from pilot.daemon.scheduling.policy_host import PolicyStartError, load_policy
 from pilot.daemon.telemetry.logs import setup_logging
@@ -121,10 +123,18 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
         policy = load_policy(config)  # before the backend: a wrong name stops the start at once
     except PolicyStartError as exc:
         raise click.ClickException(str(exc)) from exc
+    # After a GPU fault the process before this one handed over its sockets and faults
+    handover = handover_from_environment()
+    if handover.exec_at:
+        log.info("restarted after a GPU fault: %.3f s from the exec to here", time.time() - handover.exec_at)
+    started = time.time()
     try:
         be = make_backend(config.backend, config.sim_kernels, config.gpus, config.sim_devices)
-        daemon = Daemon(be, config, path, control_path, policy)
+        daemon = Daemon(be, config, path, control_path, policy, handover=handover)
+        if handover.exec_at:
+            log.info("backend and daemon set up in %.3f s", time.time() - started)
         daemon.reread_config = lambda: load_config(config_path, overrides)  # SIGHUP
+        daemon.restart = exec_afresh
     except (DaemonError, ImportError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # a backend that cannot start (no driver, no GPU)
@@ -145,6 +155,8 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
         daemon.run()
     except DaemonError as exc:
         raise click.ClickException(str(exc)) from exc
+    if daemon.exit_status:
+        sys.exit(daemon.exit_status)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -131,6 +132,19 @@ static void lose_connection(struct part *p, const char *why)
     p->state = CONN_LOST;
 }
 
+/* The socket error of the calling thread's last failed exchange (-ECONNRESET: pilotd closed the
+ * connection), for the session set-up to tell a restarting pilotd from one that does not answer. */
+static __thread int t_exchange_rc;
+
+/* A session set-up step that failed because pilotd closed the connection mid-way: it restarts
+ * (after a GPU fault, router/recovery.py) and keeps its listening socket, so try again. */
+#define SETUP_RETRY (-3)
+
+static int closed_by_peer(int rc)
+{
+    return rc == -ECONNRESET || rc == -EPIPE;
+}
+
 static cudaError_t exchange_on(struct zmtp_conn *c, uint64_t *seq, uint32_t flags,
                                uint64_t session, uint16_t op, const void *req, size_t req_len,
                                const void *payload, size_t payload_len, struct zmtp_frame *reply,
@@ -140,9 +154,11 @@ static cudaError_t exchange_on(struct zmtp_conn *c, uint64_t *seq, uint32_t flag
                           .seq = __atomic_add_fetch(seq, 1, __ATOMIC_RELAXED), .session = session};
     struct zmtp_frame frames[3] = {{&env, sizeof env}, {req, req_len}, {payload, payload_len}};
     int rc = zmtp_send(c, frames, payload_len ? 3 : 2);
+    t_exchange_rc = rc;
     if (rc)
         return ERR_LOST;
     int n = zmtp_recv(c, reply, ZMTP_MAX_FRAMES);
+    t_exchange_rc = n < 0 ? n : 0;
     if (n < 2 || reply[0].len < sizeof(pilot_envelope) ||
         ((const pilot_envelope *)reply[0].data)->seq != env.seq ||
         reply[1].len < sizeof(pilot_reply_hdr))
@@ -220,16 +236,22 @@ static int attach(struct part *p, const pilot_rep_hello *hrep)
     int rc = zmtp_connect_timeout(&p->conn, hrep->endpoint, setup_timeout_ms());
     p->conn.spin_us = spin_us();
     if (rc) {
+        if (closed_by_peer(rc) || rc == -ECONNREFUSED || rc == -ENOENT)
+            return SETUP_RETRY; /* the vGPU of a pilotd that is restarting */
         LOG_ERROR("pilot: cannot attach to vGPU socket %s: %s", hrep->endpoint, strerror(-rc));
         return -1;
     }
     pilot_req_hello hello = {.proto_version = PILOT_PROTO_VERSION, .cuda_abi = CUDART_VERSION};
-    pilot_rep_status st;
+    pilot_rep_status st = {0};
     if (exchange(&p->conn, hrep->session, PILOT_OP_ATTACH, &hello, sizeof hello, NULL, 0, rep, &n) ||
         (memcpy(&st, rep[1].data, sizeof st), st.hdr.err)) {
+        int retry = st.hdr.err ? pilot_error_is_sticky((cudaError_t)st.hdr.err)
+                               : closed_by_peer(t_exchange_rc);
+        zmtp_close(&p->conn);
+        if (retry) /* its GPU faulted, or it closed the connection: it is restarting */
+            return SETUP_RETRY;
         LOG_ERROR("pilot: pilotd refused to attach the session (or did not answer within %d s)",
                   setup_timeout_ms() / 1000);
-        zmtp_close(&p->conn);
         return -1;
     }
     zmtp_set_timeout(&p->conn, 0); /* the session's calls may wait as long as their work, */
@@ -252,6 +274,8 @@ static int main_socket_call(uint16_t op, uint64_t session, const void *req, size
         return -1;
     }
     rc = zmtp_connect_timeout(&main_conn, path, setup_timeout_ms());
+    if (closed_by_peer(rc))
+        return SETUP_RETRY; /* accepted, then closed: pilotd restarted meanwhile */
     if (rc == -EAGAIN || rc == -ETIMEDOUT) { /* connected, but no greeting came back */
         LOG_ERROR("pilot: pilotd at %s did not answer within %d s (is it stopped? is that pilotd's "
                   "main socket?)", path, setup_timeout_ms() / 1000);
@@ -267,6 +291,10 @@ static int main_socket_call(uint16_t op, uint64_t session, const void *req, size
     }
     if (exchange(&main_conn, session, op, req, req_len, NULL, 0, rep, &n) ||
         rep[1].len < sizeof *out - sizeof out->callbacks) {
+        if (closed_by_peer(t_exchange_rc)) {
+            zmtp_close(&main_conn);
+            return SETUP_RETRY;
+        }
         LOG_ERROR("pilot: pilotd at %s did not answer within %d s (is it stopped? is that pilotd's "
                   "main socket?)", path, setup_timeout_ms() / 1000);
         zmtp_close(&main_conn);
@@ -346,8 +374,8 @@ static uint64_t own_start_time(void)
     return start;
 }
 
-/* 0; -2: pilotd cannot be reached (try again later); -1: the set-up failed for good. */
-static int open_session(void)
+/* One try of open_session: 0, -1, -2 as it, or SETUP_RETRY. */
+static int open_session_once(void)
 {
     pilot_req_hello hello = {.proto_version = PILOT_PROTO_VERSION, .cuda_abi = CUDART_VERSION};
     pilot_rep_hello hrep;
@@ -377,20 +405,50 @@ static int open_session(void)
         memcpy(g_endpoint, hrep.endpoint, sizeof g_endpoint);
         p->state = CONN_READY;
         if (info_on(p, 0) != 0) {
-            LOG_ERROR("pilot: pilotd sent no device information");
+            rc = p->state == CONN_LOST ? SETUP_RETRY : -1; /* lost: pilotd restarted meanwhile */
+            if (rc == -1)
+                LOG_ERROR("pilot: pilotd sent no device information");
             zmtp_close(&p->conn);
             p->state = CONN_NONE;
-            rc = -1;
         }
     }
     pthread_mutex_unlock(&p->lock);
     if (rc != 0)
-        return -1;
+        return rc == SETUP_RETRY ? SETUP_RETRY : -1;
     int count = g_infos[0].device_count;
     g_device_count = count < 1 ? 1 : count > PILOT_MAX_DEVICES ? PILOT_MAX_DEVICES : count;
     LOG_INFO("session %llu on vGPU %u (%s), %d device(s)", (unsigned long long)g_session, hrep.vgpu,
              hrep.endpoint, g_device_count);
     return 0;
+}
+
+static long long monotonic_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* 0; -2: pilotd cannot be reached (try again later); -1: the set-up failed for good. A pilotd
+ * that closes the connection mid-way (it restarts after a GPU fault, keeping its listening
+ * socket) is tried again until the set-up timeout. */
+static int open_session(void)
+{
+    long long deadline = monotonic_ms() + setup_timeout_ms();
+    for (int attempt = 0;; attempt++) {
+        int rc = open_session_once();
+        if (rc != SETUP_RETRY)
+            return rc;
+        if (monotonic_ms() >= deadline) {
+            LOG_ERROR("pilot: pilotd kept closing the connection for %d s while the session was "
+                      "set up", setup_timeout_ms() / 1000);
+            return -1;
+        }
+        if (attempt == 0)
+            LOG_WARN("pilot: pilotd closed the connection during the session set-up (restarting "
+                     "after a GPU fault?); trying again");
+        usleep(20 * 1000);
+    }
 }
 
 cudaError_t pilot_ensure_session(void)
@@ -471,7 +529,12 @@ void pilot_route_end(int previous)
 /* The part of `device`, joined on first use, locked. */
 static cudaError_t lock_part(int device, struct part **out)
 {
-    cudaError_t err = pilot_ensure_session();
+    /* After a context-fatal error every CUDA call fails with it, as natively: the session's
+     * work on the GPU is gone (and pilotd may have restarted since). */
+    cudaError_t err = pilot_sticky_error();
+    if (err)
+        return err;
+    err = pilot_ensure_session();
     if (err)
         return err;
     if (device < 0 || device >= g_device_count)

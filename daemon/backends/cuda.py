@@ -300,6 +300,8 @@ class CudaBackend:
         self._add_callback: Any = None
         self._wait_value_ok: bool | None = None  # cuStreamWaitValue32 usable (probed once)
         self._gate_lock = threading.Lock()
+        self._probes: dict[int, Any] = {}  # device index -> the fault watch's idle stream
+        self._probe_lock = threading.Lock()
 
     def close(self) -> None:
         """Release the primary contexts (not in the interface; for orderly daemon shutdown)."""
@@ -346,6 +348,23 @@ class CudaBackend:
             yield
         finally:
             check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
+
+    def context_error(self, device: int) -> int:
+        """A query of an idle stream of pilotd's own: after a context-fatal fault the driver
+        answers every call with the fault's error (~10 us on the H100, fault_probe.py)."""
+        cu = self._cu
+        index = self._index(device)
+        with self._probe_lock:
+            stream = self._probes.get(index)
+            if stream is None:
+                with self._context(device):
+                    stream = self._probes[index] = check(
+                        cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        with self._context(device):
+            err = int(cu.cuStreamQuery(stream)[0])
+        if err in (0, CUDA_ERROR_NOT_READY):
+            return 0
+        return DRIVER_TO_RUNTIME.get(err, (err, ""))[0]
 
     def device_info(self, device: int) -> DeviceInfo:
         cu = self._cu

@@ -38,7 +38,9 @@ from __future__ import annotations
 import bisect
 import collections
 import ctypes
+import functools
 import itertools
+import logging
 import mmap
 import threading
 import time
@@ -59,6 +61,7 @@ from pilot.daemon.backends.base import (
     CUDA_ERROR_MEMORY_ALLOCATION,
     CUDA_ERROR_NOT_READY,
     CUDA_ERROR_UNSUPPORTED_LIMIT,
+    STICKY_ERRORS,
     BackendError,
     DeviceInfo,
     FunctionInfo,
@@ -70,6 +73,8 @@ from pilot.daemon.backends.func_attrs import ImageFuncAttrs, image_function_attr
 from pilot.daemon.backends.sim_device import h100_like_info
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.sim_kernels import CUDA_ERROR_INVALID_DEVICE_FUNCTION, KernelRegistry, SimLaunch
+
+log = logging.getLogger("pilot.backend.sim")
 
 SIM_BASE_ADDRESS = 0x7E00_0000_0000
 ALIGNMENT = 512
@@ -447,6 +452,20 @@ class SimBackend:
         self._thread = threading.local()
         self._limit_values: dict[int, dict[int, int]] = {}  # device -> cudaLimit -> value
         self._var_ranges: dict[int, int] = {}  # __managed__ variable address -> size
+        self._poisoned = 0  # the sticky error of a kernel fault (_poison), 0 while none
+
+    # ---- context-fatal faults ---------------------------------------------------------------
+
+    def _poison(self, exc: BackendError) -> None:
+        """A kernel faulted: as on the H100, every later call fails with its error, on every
+        device and session of this process, until the process ends (fault_probe.py)."""
+        if not self._poisoned:
+            log.error("sim: kernel fault (%s): every call now fails with error %d", exc, exc.code)
+            self._poisoned = exc.code
+
+    def context_error(self, device: int) -> int:
+        self._check_device(device)
+        return self._poisoned
 
     # ---- device ---------------------------------------------------------------------------
 
@@ -747,6 +766,8 @@ class SimBackend:
                             head()
                         except BackendError as exc:
                             stream.error = stream.error or exc
+                            if exc.code in STICKY_ERRORS:
+                                self._poison(exc)
                     moved = True
                 if not q:
                     self._held.discard(stream)
@@ -980,7 +1001,12 @@ class SimBackend:
                                (block[0], block[1], block[2]), shared_bytes, params, self._memory,
                                symbols=function.module.globals)
             self._touched(stream, self._current_device(), self._pointed_blocks(layout, args))
-            self._issue(stream, self._kernels.run, launch)
+            try:
+                self._issue(stream, self._kernels.run, launch)
+            except BackendError as exc:
+                if exc.code not in STICKY_ERRORS:
+                    raise
+                self._poison(exc)  # the launch itself succeeds: the GPU reports faults later
 
     def _pointed_blocks(self, layout: list[tuple[int, int]], args: bytes) -> list[tuple[int, int]]:
         """(base, size) of the managed blocks that the launch's 8-byte-aligned argument words
@@ -1253,3 +1279,23 @@ def _check_launch_config(grid: tuple[int, int, int], block: tuple[int, int, int]
         raise bad(f"dynamic shared memory outside 0..{max_dynamic}")
     if threads > max_threads:
         raise bad(f"{threads} threads per block exceed the kernel's limit {max_threads}")
+
+
+# Calls that still work after a fault, as on the H100 (device queries, making a context current);
+# every other public call fails with the fault's error (_guarded).
+_UNPOISONED = frozenset({"device_count", "device_info", "bind_thread", "context_error", "kick"})
+
+
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def guarded(self: SimBackend, *args: Any, **kwargs: Any) -> Any:
+        if self._poisoned:
+            raise BackendError(self._poisoned, "the context was corrupted by an earlier kernel "
+                                               "fault; every call fails until pilotd restarts")
+        return fn(self, *args, **kwargs)
+    return guarded
+
+
+for _name, _fn in list(vars(SimBackend).items()):
+    if not _name.startswith("_") and callable(_fn) and _name not in _UNPOISONED:
+        setattr(SimBackend, _name, _guarded(_fn))

@@ -163,6 +163,7 @@ def status(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, An
             "uptime_s": round(time.time() - daemon.started, 1), "gpus": gpus,
             "vgpus": snap["vgpus"], "sessions": len({s["session"] for s in snap["sessions"]}),
             "policy": daemon.config.policy, "scheduling": daemon.policy.describe(),
+            "faults": snap["faults"],
             "you": {"tenant": caller.tenant, "admin": caller.admin}}
 
 

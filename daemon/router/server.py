@@ -11,6 +11,7 @@ Prometheus exporter.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -22,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import zmq
@@ -47,6 +48,7 @@ from pilot.daemon.resources.tenants import (
     slurm_job_of,
 )
 from pilot.daemon.router import control, sdnotify
+from pilot.daemon.router.recovery import FAULT_GRACE, Fault, FaultMonitor, Handover
 from pilot.daemon.scheduling.callbacks import CallbackHub
 from pilot.daemon.scheduling.placement import place_part, place_session
 from pilot.daemon.scheduling.policy_host import PolicyHost, load_policy
@@ -64,6 +66,8 @@ CUDA_ERROR_DEVICES_UNAVAILABLE = 46
 log = logging.getLogger("pilot.server")
 
 POLL_MS = 200
+LISTEN_BACKLOG = 512  # programs that connect while pilotd restarts after a fault wait here
+EXIT_FAULT = 3  # pilotd's exit status after a GPU fault with fault_recovery = "exit"
 
 
 class DaemonError(Exception):
@@ -108,7 +112,10 @@ def prepare_socket_path(path: str) -> None:
 
 class Daemon:
     def __init__(self, backend: Backend, config: Config, socket_path: str,
-                 control_path: str, policy: Policy | None = None) -> None:
+                 control_path: str, policy: Policy | None = None, *,
+                 handover: Handover | None = None) -> None:
+        """`handover`: what the process this one replaces after a GPU fault handed over (its
+        listening sockets, faults and session numbering; router/recovery.py)."""
         self.backend = backend
         self.config = config
         self.socket_path = socket_path
@@ -169,7 +176,19 @@ class Daemon:
         self._exporter: Any = None
         # Owned by the router thread.
         self._watched: dict[int, Watched] = {}
-        self._next_session = 1
+        # GPU faults (router/recovery.py): this process's and those of the processes before it.
+        handover = handover or Handover()
+        self.faults: list[Fault] = list(handover.faults)
+        self._inherited = dict(handover.fds)
+        self._next_session = handover.next_session
+        self._listeners: dict[str, int] = {}  # name -> listening descriptor (libzmq owns it)
+        self.restart: Callable[[Handover], None] | None = None  # set by main: exec_afresh
+        self.exit_status = 0
+        self._fault_wake_r, self._fault_wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.monitor = FaultMonitor(backend, self.gpus, config.fault_poll_interval,
+                                    self._fault_noticed)
+        for vg in self.vgpus:
+            vg.report_fault = self.monitor.report
 
     def _topology(self) -> Topology:
         """The GPUs in host order, as programs number them (relative to their first GPU)."""
@@ -198,6 +217,7 @@ class Daemon:
                   self.config.spin_us, gpu=gpu)
         vg.policy, vg.topology, vg.callbacks = self.policy, self.topology, self.callbacks
         vg.kernel_time = self.config.metrics_kernel_time
+        vg.report_fault = self.monitor.report
         try:
             prepare_socket_path(vg.endpoint_path)
             vg.start()
@@ -265,15 +285,10 @@ class Daemon:
     def run(self) -> None:
         """Bind everything, then serve on the calling thread until request_stop()."""
         threading.current_thread().name = "pilot-router"
-        for path in (self.socket_path, self.control_path, self.callbacks.endpoint_path,
-                     *(vg.endpoint_path for vg in self.vgpus)):
+        for path in (self.callbacks.endpoint_path, *(vg.endpoint_path for vg in self.vgpus)):
             prepare_socket_path(path)
-        router = self.ctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.LINGER, 0)
-        router.bind(f"ipc://{self.socket_path}")
-        control_sock = self.ctx.socket(zmq.ROUTER)
-        control_sock.setsockopt(zmq.LINGER, 0)
-        control_sock.bind(f"ipc://{self.control_path}")
+        router = self._listen("main", self.socket_path)
+        control_sock = self._listen("control", self.control_path)
         try:
             for vg in self.vgpus:
                 vg.start()
@@ -287,13 +302,95 @@ class Daemon:
             if self._nvml is not None:
                 self.policy.readings = self._nvml.latest
             self.policy.start()
+            self.monitor.start()
             log.info("pilotd ready on %s with %d vGPU(s) on GPU(s) %s, backend %s", self.socket_path,
                      len(self.vgpus), sorted(self.gpus), self.backend.name)
+            self._note_recovered()
             sdnotify.notify("READY=1", f"STATUS=serving {len(self.vgpus)} vGPU(s) on {self.socket_path}")
             self._serve(router, control_sock)
+            if self.monitor.fired:
+                self._after_fault()
         finally:
             sdnotify.notify("STOPPING=1")
             self._shutdown(router, control_sock)
+
+    def _listen(self, name: str, path: str) -> zmq.Socket:
+        """A ROUTER socket on a listening UNIX socket of pilotd's own (a new one, or the one the
+        process before this one handed over): pilotd keeps it across a restart after a GPU fault
+        (router/recovery.py), so that programs connecting meanwhile wait instead of failing."""
+        fd = self._inherited.pop(name, None)
+        if fd is not None:
+            listener = socket.socket(fileno=fd)
+        else:
+            prepare_socket_path(path)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(path)
+            listener.listen(LISTEN_BACKLOG)
+        fd = listener.detach()  # libzmq closes it with the socket
+        self._listeners[name] = fd
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.USE_FD, fd)
+        sock.bind(f"ipc://{path}")
+        return sock
+
+    # ---- GPU faults (router/recovery.py) ----
+
+    def _fault_noticed(self, gpu: int, error: int, via: str) -> None:
+        """The first context-fatal fault (any thread): name the suspects, count, wake the router."""
+        fault = Fault(gpu=gpu, error=error, detected=time.time(), via=via,
+                      suspects=self._fault_suspects(gpu))
+        fault.known = len(fault.suspects) == 1
+        self.faults.append(fault)
+        who = ", ".join(f"session {s['session']} (tenant {s['tenant']}, pid {s['pid']}: "
+                        f"{s['cmdline'][:80]})" for s in fault.suspects) or "no session had work in flight"
+        log.error("GPU %d: context-fatal fault %s (%d), seen by a %s; %s %s. Every session on it "
+                  "gets this error; pilotd restarts (fault_recovery = %s)", gpu, fault.name, error,
+                  "call" if via == "call" else "fault watch",
+                  "the faulting work is" if fault.known else "work in flight:", who,
+                  self.config.fault_recovery)
+        with contextlib.suppress(OSError):
+            os.write(self._fault_wake_w, b"F")
+
+    def _fault_suspects(self, gpu: int) -> list[dict[str, Any]]:
+        """Sessions on `gpu` that launched kernels since their last synchronizing call: the
+        work that may have faulted."""
+        found = []
+        for w in list(self._watched.values()):
+            for part in list(w.group.parts.values()):
+                if part.device == gpu and part.work_in_flight:
+                    found.append({"session": w.session.id, "tenant": part.tenant,
+                                  "pid": part.creds.pid, "cmdline": part.cmdline})
+                    break
+        return found
+
+    def _after_fault(self) -> None:
+        """Calls in flight get the fault's error for FAULT_GRACE, then pilotd starts afresh in
+        place (does not return), or stops with EXIT_FAULT."""
+        fault = self.faults[-1]
+        sdnotify.notify(f"STATUS=GPU {fault.gpu} faulted ({fault.name}); restarting")
+        time.sleep(FAULT_GRACE)
+        for w in list(self._watched.values()):  # their files would outlive this process
+            for part in list(w.group.parts.values()):
+                for staging in (part.staging, part.fault_staging):
+                    path = getattr(staging, "path", None)
+                    if path:
+                        with contextlib.suppress(OSError):
+                            os.unlink(path)
+        if self.restart is not None and self.config.fault_recovery == "restart":
+            log.info("restarting in place %.3f s after the fault was noticed", time.time() - fault.detected)
+            self.restart(Handover(fds=dict(self._listeners),
+                                  faults=self.faults, next_session=self._next_session))
+        self.exit_status = EXIT_FAULT
+
+    def _note_recovered(self) -> None:
+        if self.faults and self.faults[-1].restarted is None:
+            fault = self.faults[-1]
+            fault.restarted = time.time()
+            log.warning("recovered from the GPU %d fault (%s) of %s: serving again %.2f s after it "
+                        "was noticed", fault.gpu, fault.name,
+                        time.strftime("%H:%M:%S", time.localtime(fault.detected)),
+                        fault.restarted - fault.detected)
 
     def _start_nvml(self) -> None:
         if self.backend.name == "sim":
@@ -329,12 +426,15 @@ class Daemon:
             poller = zmq.Poller()
             poller.register(router, zmq.POLLIN)
             poller.register(control_sock, zmq.POLLIN)
+            poller.register(self._fault_wake_r, zmq.POLLIN)
             by_fd: dict[int, int] = {}
             for sid, w in self._watched.items():
                 if w.pidfd is not None:
                     poller.register(w.pidfd, zmq.POLLIN)
                     by_fd[w.pidfd] = sid
             ready = dict(poller.poll(POLL_MS))
+            if self.monitor.fired:  # no new session on a GPU that cannot serve it: restart
+                return
             if watchdog is not None:
                 watchdog.maybe_ping()
             if self._reload.is_set():
@@ -634,9 +734,11 @@ class Daemon:
                        for t in self.quotas.list()},
             "vgpus": [{"index": v.index, "gpu": v.gpu, "sessions": len(v.sessions)}
                       for v in self.vgpus],
+            "faults": [asdict(f) for f in self.faults],
         }
 
     def _shutdown(self, router: zmq.Socket, control_sock: zmq.Socket) -> None:
+        self.monitor.stop()
         self.policy.stop()
         self.callbacks.close_all()  # no vGPU may stay blocked behind a gate
         for vg in self.vgpus:
@@ -653,6 +755,8 @@ class Daemon:
                 os.close(w.pidfd)
         router.close(0)
         control_sock.close(0)
+        for fd in (self._fault_wake_r, self._fault_wake_w):
+            os.close(fd)
         for path in [self.socket_path, self.control_path, self.callbacks.endpoint_path,
                      *(vg.endpoint_path for vg in self.vgpus)]:
             try:

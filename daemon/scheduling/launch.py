@@ -208,6 +208,7 @@ def _launch_and_watch(vg: VGpu, s: Session, launch: Launch, info: FunctionInfo, 
         if start is not None:
             watch.unused(start)
         raise
+    s.work_in_flight = True
     shard = vg.shard
     shard.kernels += 1
     key = ("tenant_launches", (s.tenant,))

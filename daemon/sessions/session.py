@@ -118,6 +118,8 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     staging: Any = None
     fault_staging: Any = None  # the unified-memory fault channel's own staging area
     deferred: int = 0  # first error of an asynchronous call, until a synchronizing call
+    # Kernels launched since the last synchronizing call succeeded: named when the GPU faults.
+    work_in_flight: bool = False
     sticky: int = 0
     legacy_gen: int = 0
     legacy_event: Any = None

@@ -319,6 +319,28 @@ class PilotCollector(Collector):
             yield from self._state_families(state)
         yield from self._counter_families(self.metrics.snapshot())
 
+    @staticmethod
+    def _fault_families(faults: list[dict[str, Any]]) -> Iterator[Metric]:
+        """GPU faults since pilotd's service started (they survive its restarts after a fault)."""
+        counts: dict[tuple[str, str, str], int] = {}
+        for f in faults:
+            key = (str(f["gpu"]), str(f["error"]), str(f["suspects"][0]["tenant"]) if f["known"]
+                   else "unknown")
+            counts[key] = counts.get(key, 0) + 1
+        total = _counter("pilot_gpu_faults", "Context-fatal GPU faults (a kernel's illegal address, "
+                         "device assert...): every session on the GPU got the error and pilotd "
+                         "restarted. tenant: whose work faulted, where it is known.",
+                         ["gpu", "error", "tenant"])
+        for labels, n in sorted(counts.items()):
+            total.add_metric(list(labels), n)
+        yield total
+        recovery = _gauge("pilot_gpu_fault_recovery_seconds",
+                          "From the last fault noticed to serving again.", ["gpu"])
+        for f in faults:
+            if f.get("restarted"):
+                recovery.add_metric([str(f["gpu"])], f["restarted"] - f["detected"])
+        yield recovery
+
     def _state_families(self, state: dict[str, Any]) -> Iterator[Metric]:
         sessions = list(state.get("sessions") or ())
         gpus = list(state.get("gpus") or ())
@@ -401,6 +423,7 @@ class PilotCollector(Collector):
             if not math.isnan(reading.utilization_memory):
                 mem_util.add_metric([gpu], reading.utilization_memory / 100.0)
         yield from (info, capacity, draining, used, free, total, util, mem_util)
+        yield from self._fault_families(list(state.get("faults") or ()))
 
         resident = _gauge("pilot_gpu_resident_bytes",
                           "Movable (managed) memory pilot counts resident on a GPU.", ["gpu"])

@@ -42,6 +42,8 @@ class Dispatch:
     _specs: dict[int, _Prepared]
     _op_names: dict[int, str]
     _release: Any
+    device: int
+    report_fault: Any  # FaultMonitor.report(device, error), set by the router
 
     def _send(self, msg: Any, body: Any, size: int, payload: Any = None) -> None:
         if payload is None:
@@ -119,11 +121,14 @@ class Dispatch:
                 result = new("pilot_rep_status")
             if prepared.synchronizing or session.sticky:  # type: ignore[union-attr]
                 result.hdr.deferred = session.take_deferred()
+                session.work_in_flight = False
             self._send(msg, result, _reply_size(result), out_payload)
             return
         if err in STICKY_ERRORS:
             log.error("session %d: context-fatal error %d from %s", session.id, err,
                       self._op_names.get(opcode))
+            if self.report_fault is not None:
+                self.report_fault(self.device, err)
         if no_reply or err in STICKY_ERRORS:
             session.note_async_error(err)
         if not no_reply:

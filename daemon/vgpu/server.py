@@ -56,6 +56,7 @@ class VGpu(Dispatch):
         self.kernel_watch = KernelWatch(self)  # kernel ends, for policies that ask
         self.kernel_time = False  # [metrics] kernel_time: every launch timed (set by the Daemon)
         self.callbacks: Any = None  # callbacks.CallbackHub (set by the Daemon)
+        self.report_fault: Any = None  # recovery.FaultMonitor.report (set by the Daemon)
         self._info: DeviceInfo | None = None
         self._op_names = op_names()
         self._control_r, self._control_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

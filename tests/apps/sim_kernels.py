@@ -438,3 +438,21 @@ def fp_none(k: SimLaunch) -> None:
     if _threads_x(k) == 0:
         return
     struct.pack_into("<i", k.symbol_view("g_product"), 0, _wrap_i32(a * b + 7))
+
+
+# ---- fault.cu ----
+
+@sim_kernel("_Z4pokePix")
+def poke(k: SimLaunch) -> None:
+    """p[offset] = 1: far outside every allocation, cudaErrorIllegalAddress (k.write refuses it,
+    which faults the simulated context as the kernel faults the GPU's)."""
+    (offset,) = k.arg(1, "<q")
+    k.write(k.ptr(0) + 4 * offset, struct.pack("<i", 1))
+
+
+@sim_kernel("_Z7add_onePii")
+def add_one(k: SimLaunch) -> None:
+    n = min(k.i32(1), _threads_x(k))
+    if n > 0:
+        view = np.frombuffer(k.view(k.ptr(0), 4 * n), dtype=np.int32)
+        view += 1

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import signal
 import subprocess
 import sys
 import tempfile
@@ -18,16 +17,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+from gpu_checks import check, exit_status, stop_pilotd
+
 REPO = Path(__file__).resolve().parents[2]
 OUT = Path(os.environ.get("OUT", "/tmp/pilot-gpu-out"))
 GiB, MiB = 1 << 30, 1 << 20
-failures = 0
-
-
-def check(ok: bool, what: str) -> None:
-    global failures
-    print(("PASS " if ok else "FAIL ") + what, flush=True)
-    failures += not ok
 
 
 def main() -> int:
@@ -83,14 +77,8 @@ def main() -> int:
                      "pilot_tenant_quota_bytes", "pilot_quota_rejections_total"):
             check(name in text, f"metric {name} exported")
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            rc = daemon.wait(30)
-            check(rc == 0, f"pilotd stopped cleanly on SIGTERM (rc {rc})")
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            check(False, "pilotd stopped on SIGTERM")
-    return 1 if failures else 0
+        stop_pilotd(daemon)
+    return exit_status()
 
 
 if __name__ == "__main__":

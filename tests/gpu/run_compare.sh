@@ -370,6 +370,12 @@ for src in "${SOURCES[@]}"; do
         continue
     elif [ "$name" = errors ]; then
         for scenario in "${ERROR_SCENARIOS[@]}"; do compare errors "$scenario"; done
+    elif [ "$name" = fault ]; then
+        # a kernel fault: under pilot it restarts pilotd (router/recovery.py), so the programs
+        # compared after it also check that the restarted pilotd serves correctly
+        compare fault work
+        compare fault fault
+        compare fault work
     elif [ "$name" = scrub ]; then
         compare scrub fill # natively, then under pilot: the pilot read below follows a pilot fill
         compare scrub read

@@ -391,19 +391,41 @@ def test_emulation_crash_is_sticky_launch_failure(
         raise ZeroDivisionError("emulation bug")
 
     fn = sim.function_get(sim.module_load(image), "_Z6orphanPi")
-    with (caplog.at_level(logging.ERROR, logger="pilot.daemon.sim_kernels"),
-          pytest.raises(BackendError) as exc):
-        sim.launch(fn.handle, (1, 1, 1), (1, 1, 1), 0, None, bytes(8))
+    with caplog.at_level(logging.ERROR, logger="pilot.daemon.sim_kernels"):
+        sim.launch(fn.handle, (1, 1, 1), (1, 1, 1), 0, None, bytes(8))  # reported later, as on the GPU
+    with pytest.raises(BackendError) as exc:
+        sim.stream_synchronize(None)
     assert _code(exc) == CUDA_ERROR_LAUNCH_FAILURE and exc.value.code in STICKY_ERRORS
     assert "ZeroDivisionError" in caplog.text and "_Z6orphanPi" in caplog.text
+
+
+def test_kernel_fault_corrupts_every_later_call(sim: SimBackend, image: bytes) -> None:
+    """As on the H100 (tests/gpu/fault_probe.py): a kernel that faults makes every later call of
+    the process fail with the fault's error, allocations and new streams included; device
+    queries still answer, and context_error() reports it."""
+    fn = sim.function_get(sim.module_load(image), VADD)
+    a = sim.mem_alloc(16)
+    other = sim.stream_create(1, 0)
+    assert sim.context_error(0) == 0
+    sim.mem_free(a)
+    sim.launch(fn.handle, (1, 1, 1), (4, 1, 1), 0, None, struct.pack("<QQQi", a, a, a, 4))
+    assert sim.context_error(0) == CUDA_ERROR_ILLEGAL_ADDRESS
+    for call in (lambda: sim.stream_synchronize(None), lambda: sim.stream_query(other),
+                 lambda: sim.mem_alloc(16), lambda: sim.stream_create(1, 0),
+                 lambda: sim.mem_get_info(0), lambda: sim.module_load(image)):
+        with pytest.raises(BackendError) as exc:
+            call()
+        assert _code(exc) == CUDA_ERROR_ILLEGAL_ADDRESS
+    assert sim.device_count() >= 1 and sim.device_info(0).name
 
 
 def test_emulation_out_of_bounds_is_illegal_address(sim: SimBackend, image: bytes) -> None:
     fn = sim.function_get(sim.module_load(image), VADD)
     a = sim.mem_alloc(16)
     sim.mem_free(a)
-    with pytest.raises(BackendError) as exc:  # reads a freed buffer
-        sim.launch(fn.handle, (1, 1, 1), (4, 1, 1), 0, None, struct.pack("<QQQi", a, a, a, 4))
+    sim.launch(fn.handle, (1, 1, 1), (4, 1, 1), 0, None, struct.pack("<QQQi", a, a, a, 4))
+    with pytest.raises(BackendError) as exc:  # the kernel read a freed buffer
+        sim.stream_synchronize(None)
     assert _code(exc) == CUDA_ERROR_ILLEGAL_ADDRESS
 
 

@@ -1,0 +1,188 @@
+"""Recovery from a context-fatal GPU fault: notice it, tell the sessions, start afresh.
+
+What the H100 does (tests/gpu/fault_probe.py, bench/RESULTS.md "GPU faults"): after a kernel
+faults (cudaErrorIllegalAddress and the other sticky errors), every CUDA call of the process on
+that device fails with the fault's error, in every context of the process (its primary context,
+contexts it created, green contexts), and neither cuDevicePrimaryCtxReset nor destroying the
+contexts makes the device usable again: the process must end. pilotd's tenants share its
+process, so one tenant's bad kernel takes everyone's work on the GPU down, as under MPS.
+
+What pilotd does about it:
+- *Notice*: any call that returns a sticky error reports it (vGPU dispatch), and the
+  `pilot-faultwatch` thread asks each GPU's context every `[daemon] fault_poll_interval` (20 ms;
+  a query of an idle stream, ~10 us) so that a fault nobody calls into is noticed too.
+- *Tell*: from the fault on, every call of every session fails with the fault's error (the
+  driver's doing); the router stops taking new sessions, waits FAULT_GRACE so that calls in
+  flight get that error, and names the sessions whose kernels may have faulted (those with
+  launches since their last synchronizing call: one means it is known).
+- *Start afresh*: pilotd re-executes itself in place (same pid, so systemd, pidfds and
+  `pilotctl` see the same daemon), keeping its main and control sockets' listening descriptors
+  open across the exec, so that programs connecting meanwhile wait in the socket's backlog
+  instead of being refused. Every other descriptor (the driver's included) is closed by the
+  exec, which frees the old context's GPU memory. Sessions of the old process lose their
+  connections: their next call fails (cudaErrorDevicesUnavailable, sticky), as natively after
+  such a fault. The faults seen so far travel in the environment (PILOT_RECOVERY), so metrics
+  and `pilotctl status` keep them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, NoReturn
+
+from pilot.daemon.backends.base import STICKY_ERRORS, Backend, BackendError
+
+log = logging.getLogger("pilot.recovery")
+
+RECOVERY_ENV = "PILOT_RECOVERY"
+FAULT_GRACE = 0.05  # seconds calls in flight have to get the fault's error before the restart
+ERROR_NAMES = {700: "cudaErrorIllegalAddress", 702: "cudaErrorLaunchTimeout",
+               710: "cudaErrorAssert", 714: "cudaErrorHardwareStackError",
+               715: "cudaErrorIllegalInstruction", 716: "cudaErrorMisalignedAddress",
+               717: "cudaErrorInvalidAddressSpace", 718: "cudaErrorInvalidPc",
+               719: "cudaErrorLaunchFailure", 214: "cudaErrorECCUncorrectable"}
+
+
+@dataclass
+class Fault:
+    """One context-fatal fault, as logged, counted and carried across the restart."""
+
+    gpu: int  # host index
+    error: int
+    detected: float  # time.time()
+    via: str  # "call" (a call returned it) or "watch" (the fault watch saw it)
+    suspects: list[dict[str, Any]] = field(default_factory=list)  # session, tenant, pid, cmdline
+    known: bool = False  # exactly one suspect: that session's work faulted
+    restarted: float | None = None  # when the new process was ready (time.time())
+
+    @property
+    def name(self) -> str:
+        return ERROR_NAMES.get(self.error, f"error {self.error}")
+
+    @property
+    def tenant(self) -> str:
+        """The faulting tenant when it is known, else "unknown" (the metric's label)."""
+        return self.suspects[0]["tenant"] if self.known else "unknown"
+
+
+class FaultMonitor:
+    """Takes fault reports from any thread and polls the GPUs; calls `on_fault(gpu, error, via)`
+    once, for the first fault (the process is done with CUDA after it)."""
+
+    def __init__(self, backend: Backend, gpus: dict[int, int], interval: float,
+                 on_fault: Callable[[int, int, str], None]) -> None:
+        self.backend = backend
+        self.gpus = gpus  # host index -> backend device
+        self.interval = interval
+        self.on_fault = on_fault
+        self._by_device = {d: g for g, d in gpus.items()}
+        self._lock = threading.Lock()
+        self._fired = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def fired(self) -> bool:
+        return self._fired
+
+    def report(self, device: int, error: int, via: str = "call") -> None:
+        """A call on backend `device` returned `error` (any thread); non-sticky errors are ignored."""
+        if error not in STICKY_ERRORS or self._fired:
+            return
+        with self._lock:
+            if self._fired:
+                return
+            self._fired = True
+        self.on_fault(self._by_device.get(device, device), error, via)
+
+    def start(self) -> None:
+        if self.interval <= 0 or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="pilot-faultwatch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval) and not self._fired:
+            for device in self.gpus.values():
+                try:
+                    error = self.backend.context_error(device)
+                except BackendError as exc:
+                    error = exc.code
+                except Exception:  # never let the watch die on a surprise
+                    log.exception("fault watch: context query failed")
+                    continue
+                if error:
+                    self.report(device, error, "watch")
+                    return
+
+
+@dataclass
+class Handover:
+    """What a pilotd process hands the one that replaces it after a fault."""
+
+    fds: dict[str, int] = field(default_factory=dict)  # "main"/"control" -> listening descriptor
+    faults: list[Fault] = field(default_factory=list)
+    next_session: int = 1  # session ids go on, so logs and metrics never reuse one
+    exec_at: float = 0.0  # time.time() at the exec, for the log of how long the restart took
+
+
+def handover_from_environment() -> Handover:
+    """What the process before this one handed over, if any (removed from the environment, so
+    nothing started later inherits it)."""
+    raw = os.environ.pop(RECOVERY_ENV, "")
+    if not raw:
+        return Handover()
+    try:
+        data = json.loads(raw)
+        return Handover(fds={str(k): int(v) for k, v in data.get("fds", {}).items()},
+                        faults=[Fault(**f) for f in data.get("faults", [])],
+                        next_session=max(1, int(data.get("next_session", 1))),
+                        exec_at=float(data.get("exec_at", 0.0)))
+    except (ValueError, TypeError, AttributeError) as exc:
+        log.warning("ignoring a malformed %s (%s)", RECOVERY_ENV, exc)
+        return Handover()
+
+
+def _close_on_exec_all_but(keep: set[int]) -> None:
+    """Mark every open descriptor but `keep` (and stdio) close-on-exec. Setting the flag, unlike
+    closing, leaves the threads still using them (the driver's, libzmq's) undisturbed until the
+    exec."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd <= 2 or fd in keep:
+            continue
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone already
+            flags = fcntl.fcntl(fd, fcntl.F_GETFD)
+            if not flags & fcntl.FD_CLOEXEC:
+                fcntl.fcntl(fd, fcntl.F_SETFD, flags | fcntl.FD_CLOEXEC)
+
+
+def exec_afresh(handover: Handover) -> NoReturn:
+    """Replace this process with a new pilotd of the same command line, handing over its
+    listening sockets, faults and session numbering."""
+    for fd in handover.fds.values():
+        os.set_inheritable(fd, True)
+    _close_on_exec_all_but(set(handover.fds.values()))
+    handover.exec_at = time.time()
+    env = dict(os.environ)
+    env[RECOVERY_ENV] = json.dumps(asdict(handover))
+    argv = list(getattr(sys, "orig_argv", []) or [sys.executable, *sys.argv])
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os.execve(sys.executable, argv, env)
