@@ -91,6 +91,11 @@ def status(client: ControlClient, as_json: bool, measure: bool) -> None:
     for v in doc["vgpus"]:
         click.echo(f"  vGPU {v['index']} on GPU {v['gpu']}: {v['sessions']} session(s)")
     _show_faults(doc.get("faults") or [])
+    iso = doc.get("isolation") or {}
+    if iso.get("serves"):
+        click.echo(f"isolated pilotd: serves tenant {iso['serves']} alone")
+    for e in iso.get("engines") or []:
+        click.echo(f"isolated tenant {e['tenant']}: pilotd pid {e['pid']} ({_size(e['capacity'])} per GPU)")
     sched = doc.get("scheduling")
     if sched:
         known = sched.get("available", {})
@@ -116,7 +121,8 @@ def _show_faults(faults: list[dict[str, Any]]) -> None:
     who = ", ".join(f"session {s['session']} of {s['tenant']} (pid {s['pid']})" for s in f["suspects"])
     line = (f"GPU faults: {len(faults)}; last on GPU {f['gpu']} at {when}: error {f['error']}, "
             + (f"work of {who}" if f["known"] else f"work in flight: {who}" if who else
-               "no session had work in flight"))
+               "no session had work in flight")
+            + (f"; tenant {f['tenant']}" if f.get("tenant", "unknown") != "unknown" else ""))
     if f.get("restarted"):
         line += f"; serving again after {f['restarted'] - f['detected']:.2f} s"
     click.echo(line)
@@ -253,6 +259,51 @@ def quota_unset(client: ControlClient, tenant: str, gpu: int | None) -> None:
     """Remove TENANT's quota (on one GPU, or all of them)."""
     r = _call(client, "quota.unset", tenant=tenant, gpu=gpu)
     click.echo(f"{r['tenant']}: quota removed")
+
+
+@main.group()
+def isolate() -> None:
+    """Tenants whose work runs in a pilotd process of their own, so that their kernel faults
+    reach only their own sessions (docs/ARCHITECTURE.md, GPU faults)."""
+
+
+@isolate.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@pass_client
+def isolate_list(client: ControlClient, as_json: bool) -> None:
+    """Isolated tenants (from the config, or marked) and their running pilotd processes."""
+    r = _call(client, "isolate.list")
+    if as_json:
+        _emit_json(r)
+        return
+    if r["configured"]:
+        click.echo(f"isolated by the config: {', '.join(r['configured'])}")
+    for tenant, mark in sorted(r["marked"].items()):
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mark["since"]))
+        click.echo(f"{tenant}: isolated since {since}: {mark['why']}")
+    for e in r["engines"]:
+        click.echo(f"{e['tenant']}: pilotd pid {e['pid']} on {e['socket']}, {_size(e['capacity'])} per GPU")
+    if not (r["configured"] or r["marked"] or r["engines"]):
+        click.echo("no tenant is isolated")
+
+
+@isolate.command("set")
+@click.argument("tenant")
+@pass_client
+def isolate_set(client: ControlClient, tenant: str) -> None:
+    """Run TENANT's new sessions in a pilotd of their own, until cleared."""
+    r = _call(client, "isolate.set", tenant=tenant)
+    click.echo(f"{r['tenant']}: isolated (new sessions)")
+
+
+@isolate.command("clear")
+@click.argument("tenant")
+@pass_client
+def isolate_clear(client: ControlClient, tenant: str) -> None:
+    """End TENANT's isolation mark (after a fault of theirs, or `isolate set`)."""
+    r = _call(client, "isolate.clear", tenant=tenant)
+    click.echo(f"{r['tenant']}: " + ("no longer marked isolated" if not r["isolated"]
+                                     else "mark cleared, still isolated by the config"))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,11 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     limit_per_tenant = "8GiB"      # per tenant (default: no limit of its own)
     [slurm]
     job_tenants = false            # a process in a Slurm job is tenant slurm:job_<id> (deploy/slurm)
+    [isolation]
+    tenants = []                   # tenants whose work runs in a pilotd process of its own; "all"
+    after_fault = true             # a tenant whose kernel faulted runs isolated until cleared
+    capacity = "8GiB"              # device memory per GPU each isolated tenant's process gets
+    idle_exit = "5m"               # an isolated tenant's process with no session ends after this
     [nvml]
     poll_interval = "1s"
     [metrics]
@@ -243,6 +248,12 @@ class Config:
     pinned_limit_per_tenant: int | None = None
     nvml_poll_interval: float = 1.0
     slurm_job_tenants: bool = False
+    # Isolation (router/isolation.py): tenants served by a pilotd process of their own.
+    isolation_tenants: tuple[str, ...] = ()  # ("all",) for every tenant
+    isolation_after_fault: bool = True
+    isolation_capacity: int | None = None  # per GPU; default: a quarter of the GPU's capacity
+    isolation_idle_exit: float = 300.0
+    isolated_tenant: str | None = None  # set in the process that serves one isolated tenant
     metrics_kernel_time: bool = False
     # Outside 9100-9999, where Prometheus exporters' default ports are (9400: dcgm-exporter).
     metrics_address: str = "127.0.0.1:19400"
@@ -442,6 +453,19 @@ def _metrics_address(value: Any) -> str:
     return value
 
 
+def _isolation_tenants(value: Any) -> tuple[str, ...]:
+    """"all", or a list of tenant names as pilotctl shows them (user:alice, slurm:job_42, ml)."""
+    if value == "all":
+        return ("all",)
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{value!r}: give \"all\" or a list of tenant names")
+    out = tuple(value)
+    for v in out:
+        if not isinstance(v, str) or not v or any(c.isspace() for c in v):
+            raise ValueError(f"{v!r} is not a tenant name")
+    return out
+
+
 def _paths(value: Any) -> tuple[str, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
         raise ValueError(f"{value!r} is not a list of paths")
@@ -522,6 +546,11 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "pinned_limit_per_tenant": _capacity,
     "nvml_poll_interval": _poll_interval,
     "slurm_job_tenants": _flag,
+    "isolation_tenants": _isolation_tenants,
+    "isolation_after_fault": _flag,
+    "isolation_capacity": _capacity,
+    "isolation_idle_exit": parse_duration,
+    "isolated_tenant": _optional_string,
     "metrics_kernel_time": _flag,
     "metrics_address": _metrics_address,
     "state_dir": _string,
@@ -547,6 +576,8 @@ SECTIONS: dict[str, dict[str, str]] = {
     "pinned": {"limit": "pinned_limit", "limit_per_tenant": "pinned_limit_per_tenant"},
     "nvml": {"poll_interval": "nvml_poll_interval"},
     "slurm": {"job_tenants": "slurm_job_tenants"},
+    "isolation": {"tenants": "isolation_tenants", "after_fault": "isolation_after_fault",
+                  "capacity": "isolation_capacity", "idle_exit": "isolation_idle_exit"},
     "metrics": {"address": "metrics_address", "kernel_time": "metrics_kernel_time"},
 }
 _PATH_FIELDS = ("socket", "control_socket", "state_dir")

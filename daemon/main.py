@@ -86,6 +86,8 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
               help="Python file or module that registers more policies (repeatable).")
 @click.option("--policy-max-wait", metavar="DURATION",
               help="Longest a launch may wait for the policy, e.g. 30s (0: no limit).")
+@click.option("--isolated-tenant", metavar="TENANT", hidden=True,
+              help="Serve this tenant alone (an isolated tenant's pilotd, started by pilotd).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-format", type=click.Choice(["text", "json"]))
 def main(config_path: str | None, backend: str | None, socket_: str | None, control_socket: str | None,
@@ -94,7 +96,7 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
          state_dir: str | None, metrics_address: str | None, admin_group: str | None,
          sim_kernels: tuple[str, ...], sim_devices: int | None, spin_us: int | None,
          callback_timeout: str | None, policy: str | None, policy_plugins: tuple[str, ...],
-         policy_max_wait: str | None,
+         policy_max_wait: str | None, isolated_tenant: str | None,
          log_level: str | None,
          log_format: str | None) -> None:
     """Serve CUDA programs run under libpilot.so."""
@@ -111,6 +113,7 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
             "spin_us": spin_us, "log_level": log_level, "log_format": log_format,
             "policy": policy, "policy_plugins": tuple(policy_plugins) or None,
             "policy_max_wait": policy_max_wait, "callback_timeout": callback_timeout,
+            "isolated_tenant": isolated_tenant,
         }
         config = load_config(config_path, overrides)
     except (ConfigError, ValueError) as exc:

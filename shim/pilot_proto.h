@@ -188,6 +188,10 @@ typedef struct pilot_rep_u64 {
 #define PILOT_VISIBLE_MAX 1024        /* bytes of CUDA_VISIBLE_DEVICES carried, NUL included */
 #define PILOT_HELLO_VISIBLE_SET 1     /* CUDA_VISIBLE_DEVICES is set (an empty value too) */
 #define PILOT_HELLO_PCI_BUS_ORDER 2   /* CUDA_DEVICE_ORDER=PCI_BUS_ID */
+/* pilot_rep_hello.hdr.err of a HELLO to be said again at another main socket, named in
+ * `endpoint`: the program's tenant is isolated in a pilotd of its own (router/isolation.py). The
+ * shim then uses that socket for every main-socket request of the session. Not a cudaError_t. */
+#define PILOT_HELLO_REDIRECT 65536
 
 typedef struct pilot_req_hello {
     uint32_t proto_version;

@@ -61,6 +61,9 @@ static pilot_rep_device_info g_infos[PILOT_MAX_DEVICES];
 static int g_info_known[PILOT_MAX_DEVICES]; /* set (release) once g_infos[d] is filled */
 
 static char g_endpoint[PILOT_ENDPOINT_MAX];  /* part 0's vGPU socket */
+/* The main socket of the pilotd serving this session when HELLO was redirected there (the
+ * program's tenant is isolated: router/isolation.py); empty: the usual one (socket_path.c). */
+static char g_main_path[PILOT_ENDPOINT_MAX];
 static __thread int t_refused;              /* pilot_refuse_thread_calls() was called */
 static __thread int t_device;               /* the thread's current device (cudaSetDevice) */
 static __thread int t_route = -1;           /* device of the call at hand, -1: t_device */
@@ -103,6 +106,7 @@ static void fork_child(void)
 {
     pthread_mutex_init(&g_session_lock, NULL);
     pthread_mutex_init(&g_fault_lock, NULL);
+    g_main_path[0] = 0;
     if (g_fault_conn.fd >= 0)
         close(g_fault_conn.fd);
     g_fault_conn.fd = -1;
@@ -208,6 +212,17 @@ static int liveness_ms(void)
     return (s <= 0 ? 5 : s > 3600 ? 3600 : s) * 1000;
 }
 
+/* The main socket's path: the redirected one, else the usual one. 0 or -1 (too long). */
+static int main_socket_path(char *path, size_t len)
+{
+    if (!g_main_path[0])
+        return pilot_socket_path(0, path, len);
+    if (strlen(g_main_path) >= len)
+        return -1;
+    strcpy(path, g_main_path);
+    return 0;
+}
+
 static int daemon_alive(void)
 {
     char path[512];
@@ -215,7 +230,7 @@ static int daemon_alive(void)
     struct zmtp_frame rep[ZMTP_MAX_FRAMES];
     uint64_t seq = 0;
     int n;
-    if (pilot_socket_path(0, path, sizeof path) != 0)
+    if (main_socket_path(path, sizeof path) != 0)
         return 1; /* cannot tell: keep waiting */
     int ok = zmtp_connect_timeout(&c, path, setup_timeout_ms()) == 0;
     if (ok)
@@ -269,7 +284,7 @@ static int main_socket_call(uint16_t op, uint64_t session, const void *req, size
     struct zmtp_conn main_conn = {.fd = -1};
     struct zmtp_frame rep[ZMTP_MAX_FRAMES];
     int n, rc;
-    if (pilot_socket_path(0, path, sizeof path) != 0) {
+    if (main_socket_path(path, sizeof path) != 0) {
         LOG_ERROR("pilot: socket path too long");
         return -1;
     }
@@ -382,6 +397,19 @@ static int open_session_once(void)
     device_selection(&hello);
     hello.start_time = own_start_time();
     int rc0 = main_socket_call(PILOT_OP_HELLO, 0, &hello, sizeof hello, &hrep);
+    if (rc0 == 0 && hrep.hdr.err == PILOT_HELLO_REDIRECT) {
+        /* the tenant is isolated: its own pilotd serves the session (once: it never redirects) */
+        if (g_main_path[0]) {
+            LOG_ERROR("pilot: pilotd redirected the session twice; giving up");
+            return -1;
+        }
+        memcpy(g_main_path, hrep.endpoint, sizeof g_main_path);
+        g_main_path[sizeof g_main_path - 1] = 0;
+        LOG_INFO("isolated tenant: session served by the pilotd at %s", g_main_path);
+        rc0 = main_socket_call(PILOT_OP_HELLO, 0, &hello, sizeof hello, &hrep);
+        if (rc0 == 0 && hrep.hdr.err == PILOT_HELLO_REDIRECT)
+            hrep.hdr.err = cudaErrorInitializationError;
+    }
     if (rc0 != 0)
         return rc0;
     if (hrep.hdr.err == cudaErrorNoDevice) {

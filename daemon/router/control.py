@@ -163,7 +163,7 @@ def status(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, An
             "uptime_s": round(time.time() - daemon.started, 1), "gpus": gpus,
             "vgpus": snap["vgpus"], "sessions": len({s["session"] for s in snap["sessions"]}),
             "policy": daemon.config.policy, "scheduling": daemon.policy.describe(),
-            "faults": snap["faults"],
+            "faults": snap["faults"], "isolation": snap["isolation"],
             "you": {"tenant": caller.tenant, "admin": caller.admin}}
 
 
@@ -231,6 +231,29 @@ def quota_unset(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[st
     if not daemon.quotas.unset(tenant, gpu):
         raise ControlError(f"{tenant} has no quota" + ("" if gpu is None else f" on GPU {gpu}"))
     return {"tenant": tenant, "gpu": gpu}
+
+
+@command("isolate.list")
+def isolate_list(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    return {**daemon.isolation.describe(), "engines": daemon.engines.describe()}
+
+
+@command("isolate.set", admin=True)
+def isolate_set(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    """Runs the tenant's new sessions in a pilotd of their own; running ones stay where they are."""
+    tenant = _tenant_arg(daemon, args["tenant"])
+    daemon.isolation.mark(tenant, f"set by uid {caller.creds.uid}")
+    return {"tenant": tenant, "isolated": True}
+
+
+@command("isolate.clear", admin=True)
+def isolate_clear(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    tenant = _tenant_arg(daemon, args["tenant"])
+    if not daemon.isolation.clear(tenant):
+        why = (" (it is isolated by [isolation] tenants in the config)"
+               if daemon.isolation.isolated(tenant) else "")
+        raise ControlError(f"{tenant} is not marked isolated{why}")
+    return {"tenant": tenant, "isolated": daemon.isolation.isolated(tenant)}
 
 
 @command("kill", admin=True)

@@ -14,7 +14,8 @@ What pilotd does about it:
 - *Tell*: from the fault on, every call of every session fails with the fault's error (the
   driver's doing); the router stops taking new sessions, waits FAULT_GRACE so that calls in
   flight get that error, and names the sessions whose kernels may have faulted (those with
-  launches since their last synchronizing call: one means it is known).
+  launches since their last synchronizing call: one means it is known; several of one tenant
+  mean the tenant is).
 - *Start afresh*: pilotd re-executes itself in place (same pid, so systemd, pidfds and
   `pilotctl` see the same daemon), keeping its main and control sockets' listening descriptors
   open across the exec, so that programs connecting meanwhile wait in the socket's backlog
@@ -70,8 +71,14 @@ class Fault:
 
     @property
     def tenant(self) -> str:
-        """The faulting tenant when it is known, else "unknown" (the metric's label)."""
-        return self.suspects[0]["tenant"] if self.known else "unknown"
+        """The faulting tenant when it is known (every suspect is its), else "unknown" (the
+        metric's label)."""
+        return fault_tenant(self.suspects)
+
+
+def fault_tenant(suspects: list[dict[str, Any]]) -> str:
+    tenants = {s["tenant"] for s in suspects}
+    return tenants.pop() if len(tenants) == 1 else "unknown"
 
 
 class FaultMonitor:
@@ -138,6 +145,7 @@ class Handover:
     faults: list[Fault] = field(default_factory=list)
     next_session: int = 1  # session ids go on, so logs and metrics never reuse one
     exec_at: float = 0.0  # time.time() at the exec, for the log of how long the restart took
+    engines: list[dict[str, Any]] = field(default_factory=list)  # isolation.Engines.handover()
 
 
 def handover_from_environment() -> Handover:
@@ -151,7 +159,8 @@ def handover_from_environment() -> Handover:
         return Handover(fds={str(k): int(v) for k, v in data.get("fds", {}).items()},
                         faults=[Fault(**f) for f in data.get("faults", [])],
                         next_session=max(1, int(data.get("next_session", 1))),
-                        exec_at=float(data.get("exec_at", 0.0)))
+                        exec_at=float(data.get("exec_at", 0.0)),
+                        engines=[dict(e) for e in data.get("engines", [])])
     except (ValueError, TypeError, AttributeError) as exc:
         log.warning("ignoring a malformed %s (%s)", RECOVERY_ENV, exc)
         return Handover()

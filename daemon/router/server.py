@@ -48,6 +48,7 @@ from pilot.daemon.resources.tenants import (
     slurm_job_of,
 )
 from pilot.daemon.router import control, sdnotify
+from pilot.daemon.router.isolation import EngineError, Engines, IsolationList
 from pilot.daemon.router.recovery import FAULT_GRACE, Fault, FaultMonitor, Handover
 from pilot.daemon.scheduling.callbacks import CallbackHub
 from pilot.daemon.scheduling.placement import place_part, place_session
@@ -189,6 +190,12 @@ class Daemon:
                                     self._fault_noticed)
         for vg in self.vgpus:
             vg.report_fault = self.monitor.report
+        # Isolation (router/isolation.py): tenants served by a pilotd of their own
+        self.isolation = IsolationList(config.state_dir, config.isolation_tenants)
+        self.engines = Engines(socket_path, self.broker.budget, sorted(self.gpus),
+                               config.isolation_capacity)
+        self.engines.adopt(handover.engines)
+        self._idle_since = time.monotonic()
 
     def _topology(self) -> Topology:
         """The GPUs in host order, as programs number them (relative to their first GPU)."""
@@ -252,7 +259,8 @@ class Daemon:
         waiting for a restart. A config that does not load changes nothing (logged)."""
         self._reload.clear()
         self.quotas.reload()
-        log.info("SIGHUP: quotas re-read from %s", self.config.state_dir)
+        self.isolation.reload()
+        log.info("SIGHUP: quotas and isolation marks re-read from %s", self.config.state_dir)
         if self.reread_config is None:
             return
         try:
@@ -303,8 +311,10 @@ class Daemon:
                 self.policy.readings = self._nvml.latest
             self.policy.start()
             self.monitor.start()
-            log.info("pilotd ready on %s with %d vGPU(s) on GPU(s) %s, backend %s", self.socket_path,
-                     len(self.vgpus), sorted(self.gpus), self.backend.name)
+            log.info("pilotd ready on %s with %d vGPU(s) on GPU(s) %s, backend %s%s", self.socket_path,
+                     len(self.vgpus), sorted(self.gpus), self.backend.name,
+                     f" (isolated: serves tenant {self.config.isolated_tenant} alone)"
+                     if self.config.isolated_tenant else "")
             self._note_recovered()
             sdnotify.notify("READY=1", f"STATUS=serving {len(self.vgpus)} vGPU(s) on {self.socket_path}")
             self._serve(router, control_sock)
@@ -342,6 +352,13 @@ class Daemon:
                       suspects=self._fault_suspects(gpu))
         fault.known = len(fault.suspects) == 1
         self.faults.append(fault)
+        if (fault.tenant != "unknown" and self.config.isolation_after_fault
+                and not self.config.isolated_tenant):
+            try:
+                self.isolation.mark(fault.tenant, f"its kernel faulted ({fault.name}) at "
+                                                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+            except OSError as exc:
+                log.error("cannot mark tenant %s isolated: %s", fault.tenant, exc)
         who = ", ".join(f"session {s['session']} (tenant {s['tenant']}, pid {s['pid']}: "
                         f"{s['cmdline'][:80]})" for s in fault.suspects) or "no session had work in flight"
         log.error("GPU %d: context-fatal fault %s (%d), seen by a %s; %s %s. Every session on it "
@@ -379,8 +396,9 @@ class Daemon:
                             os.unlink(path)
         if self.restart is not None and self.config.fault_recovery == "restart":
             log.info("restarting in place %.3f s after the fault was noticed", time.time() - fault.detected)
-            self.restart(Handover(fds=dict(self._listeners),
-                                  faults=self.faults, next_session=self._next_session))
+            self.restart(Handover(fds=dict(self._listeners), faults=self.faults,
+                                  next_session=self._next_session,
+                                  engines=self.engines.handover()))
         self.exit_status = EXIT_FAULT
 
     def _note_recovered(self) -> None:
@@ -437,6 +455,11 @@ class Daemon:
                 return
             if watchdog is not None:
                 watchdog.maybe_ping()
+            self.engines.reap()
+            if self._idle_too_long():
+                log.info("isolated pilotd of %s: no session for %.0f s; stopping",
+                         self.config.isolated_tenant, self.config.isolation_idle_exit)
+                return
             if self._reload.is_set():
                 try:
                     self._reload_now()
@@ -463,6 +486,13 @@ class Daemon:
                         handle(sock, frames)
                     except Exception:
                         log.exception("router: request failed; dropped")
+
+    def _idle_too_long(self) -> bool:
+        """An isolated tenant's pilotd ends after `[isolation] idle_exit` without a session."""
+        if not self.config.isolated_tenant or self._watched:
+            self._idle_since = time.monotonic()
+            return False
+        return time.monotonic() - self._idle_since > self.config.isolation_idle_exit
 
     def _reap_without_pidfd(self) -> None:
         for sid, w in list(self._watched.items()):
@@ -590,6 +620,13 @@ class Daemon:
                 rep.hdr.err = CUDA_ERROR_INITIALIZATION
                 return to_bytes(rep)
         tenant = self._tenant_of(creds)
+        if self.config.isolated_tenant is not None and tenant != self.config.isolated_tenant:
+            log.warning("router: HELLO from pid %d (tenant %s) refused: this pilotd serves tenant "
+                        "%s alone", creds.pid, tenant, self.config.isolated_tenant)
+            rep.hdr.err = CUDA_ERROR_INITIALIZATION
+            return to_bytes(rep)
+        if self.config.isolated_tenant is None and self.isolation.isolated(tenant):
+            return self._redirect(rep, tenant, creds)
         selected = self._selection(req)
         if selected is not None and not selected:
             log.info("router: session of pid %d refused: its CUDA_VISIBLE_DEVICES selects no GPU "
@@ -621,6 +658,21 @@ class Daemon:
                  "" if selected is None else " (CUDA_VISIBLE_DEVICES)",
                  extra={"session": session.id, "tenant": tenant})
         return self._placed(rep, session, vg, 0)
+
+    def _redirect(self, rep: Any, tenant: str, creds: Credentials) -> bytes:
+        """HELLO of an isolated tenant: say it again at its own pilotd (started if need be)."""
+        try:
+            path = self.engines.socket_for(tenant)
+        except EngineError as exc:
+            log.error("router: session of pid %d refused: %s", creds.pid, exc, extra={"tenant": tenant})
+            rep.hdr.err = CUDA_ERROR_DEVICES_UNAVAILABLE
+            return to_bytes(rep)
+        rep.hdr.err = lib.PILOT_HELLO_REDIRECT
+        encoded = path.encode()
+        ffi.memmove(rep.endpoint, encoded, len(encoded))
+        log.info("router: pid %d of isolated tenant %s sent to %s", creds.pid, tenant, path,
+                 extra={"tenant": tenant})
+        return to_bytes(rep)
 
     def _tenant_of(self, creds: Credentials) -> str:
         """The session's tenant: its Slurm job's with `[slurm] job_tenants` when it runs in one,
@@ -734,11 +786,14 @@ class Daemon:
                        for t in self.quotas.list()},
             "vgpus": [{"index": v.index, "gpu": v.gpu, "sessions": len(v.sessions)}
                       for v in self.vgpus],
-            "faults": [asdict(f) for f in self.faults],
+            "faults": [{**asdict(f), "tenant": f.tenant} for f in self.faults],
+            "isolation": {**self.isolation.describe(), "engines": self.engines.describe(),
+                          "serves": self.config.isolated_tenant},
         }
 
     def _shutdown(self, router: zmq.Socket, control_sock: zmq.Socket) -> None:
         self.monitor.stop()
+        self.engines.stop_all()
         self.policy.stop()
         self.callbacks.close_all()  # no vGPU may stay blocked behind a gate
         for vg in self.vgpus:

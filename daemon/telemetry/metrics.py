@@ -324,8 +324,7 @@ class PilotCollector(Collector):
         """GPU faults since pilotd's service started (they survive its restarts after a fault)."""
         counts: dict[tuple[str, str, str], int] = {}
         for f in faults:
-            key = (str(f["gpu"]), str(f["error"]), str(f["suspects"][0]["tenant"]) if f["known"]
-                   else "unknown")
+            key = (str(f["gpu"]), str(f["error"]), str(f.get("tenant") or "unknown"))
             counts[key] = counts.get(key, 0) + 1
         total = _counter("pilot_gpu_faults", "Context-fatal GPU faults (a kernel's illegal address, "
                          "device assert...): every session on the GPU got the error and pilotd "

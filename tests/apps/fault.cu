@@ -7,6 +7,9 @@
 //   quiet SECS     the faulting kernel, then no CUDA call for SECS seconds, then a synchronize:
 //                  prints what it returns (natively the fault's error)
 //   work           one checked computation: "work: ok" or what failed
+//   spin SECS      one-block kernels of ~1 ms each (2M clock cycles), a synchronize every 8,
+//                  for SECS seconds: prints "spin: ok" or the error, then the kernels per
+//                  second on a line of its own (not compared; what sharing the GPU costs)
 // Natively each program has a GPU context of its own, so `steady` beside `fault` stays ok;
 // under pilot the two share pilotd's context and `steady` gets the fault's error (the
 // program's output says which).
@@ -20,6 +23,13 @@
 #define N 4096
 
 __global__ void poke(int *p, long long offset) { p[offset] = 1; }
+
+__global__ void spin_kernel(long long cycles)
+{
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
 
 __global__ void add_one(int *p, int n)
 {
@@ -93,6 +103,22 @@ static int steady(double seconds)
     return 0;
 }
 
+static int spin(double seconds)
+{
+    long kernels = 0;
+    cudaError_t err = cudaSuccess;
+    double t0 = now(), end = t0 + seconds;
+    while (!err && now() < end) {
+        for (int i = 0; i < 8; i++)
+            spin_kernel<<<1, 32>>>(2000000LL);
+        err = cudaDeviceSynchronize();
+        kernels += err ? 0 : 8;
+    }
+    printf("spin: %s\n", err ? cudaGetErrorName(err) : "ok");
+    printf("%.1f kernels/s\n", kernels / (now() - t0));
+    return 0;
+}
+
 static int work(void)
 {
     static int host[N];
@@ -117,6 +143,8 @@ int main(int argc, char **argv)
         return steady(argc > 2 ? atof(argv[2]) : 5.0);
     if (!strcmp(mode, "work"))
         return work();
+    if (!strcmp(mode, "spin"))
+        return spin(argc > 2 ? atof(argv[2]) : 5.0);
     fprintf(stderr, "usage: %s fault | quiet SECONDS | steady SECONDS | work\n", argv[0]);
     return 2;
 }

@@ -456,3 +456,8 @@ def add_one(k: SimLaunch) -> None:
     if n > 0:
         view = np.frombuffer(k.view(k.ptr(0), 4 * n), dtype=np.int32)
         view += 1
+
+
+@sim_kernel("_Z11spin_kernelx")
+def spin_kernel(k: SimLaunch) -> None:
+    """Spins on the GPU for a number of clock cycles: nothing to compute."""

@@ -10,8 +10,11 @@ address every call of the daemon's process fails with cudaErrorIllegalAddress.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -91,7 +94,7 @@ def faulting_pid(daemon: OwnDaemon) -> int:
 
 def test_sessions_go_on_numbering_after_the_restart(
         start_pilotd: StartPilotd, app_binaries: dict[str, Path], shim_path: str) -> None:
-    daemon = start_pilotd()
+    daemon = start_pilotd(config="[isolation]\nafter_fault = false\n")
     exe = app_binaries["fault"]
     assert run(daemon, shim_path, exe, "work").stdout == "work: ok\n"
     assert run(daemon, shim_path, exe, "fault").stdout == FAULT_OUTPUT
@@ -124,3 +127,86 @@ def test_fault_noticed_without_a_call(start_pilotd: StartPilotd, app_binaries: d
     lines = quiet.stdout.splitlines()
     assert lines[0] == "launch: cudaSuccess"
     assert lines[1] in tuple(f"synchronize: {e}" for e in CLEAN_ERRORS), quiet.stdout
+
+
+# ---- isolation (router/isolation.py) ----
+
+NOBODY = 65534
+
+
+def as_nobody() -> None:
+    """preexec_fn: the program runs as user nobody (another tenant: user:nobody)."""
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)
+
+
+def shared_copy(exe: Path) -> Path:
+    """`exe` where another user can run it."""
+    directory = Path(tempfile.mkdtemp(prefix="pilot-iso-", dir="/tmp"))
+    directory.chmod(0o755)
+    copy = directory / exe.name
+    shutil.copy2(exe, copy)
+    copy.chmod(0o755)
+    return copy
+
+
+def isolated_pids(daemon: OwnDaemon) -> list[int]:
+    return [e["pid"] for e in json.loads(daemon.ctl("isolate", "list", "--json").stdout)["engines"]]
+
+
+def test_isolated_tenant_runs_in_a_pilotd_of_its_own(
+        start_pilotd: StartPilotd, app_binaries: dict[str, Path], shim_path: str) -> None:
+    daemon = start_pilotd(config='[isolation]\ntenants = ["all"]\n')
+    exe = app_binaries["fault"]
+    assert run(daemon, shim_path, exe, "work").stdout == "work: ok\n"
+    (engine,) = isolated_pids(daemon)
+    assert engine != daemon.proc.pid
+    # its fault restarts its own pilotd only
+    assert run(daemon, shim_path, exe, "fault").stdout == FAULT_OUTPUT
+    assert run(daemon, shim_path, exe, "work").stdout == "work: ok\n"
+    status = json.loads(daemon.ctl("status", "--json").stdout)
+    assert status["faults"] == [] and status["pid"] == daemon.proc.pid
+    assert isolated_pids(daemon) == [engine]  # restarted in place: same pid
+    assert "serves tenant user:" in daemon.log() and "recovered from the GPU 0 fault" in daemon.log()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a program as a second user")
+def test_fault_of_an_isolated_tenant_spares_the_others(
+        start_pilotd: StartPilotd, app_binaries: dict[str, Path], shim_path: str) -> None:
+    daemon = start_pilotd(config='[isolation]\ntenants = ["user:nobody"]\n')
+    Path(daemon.dir).chmod(0o755)
+    exe = shared_copy(app_binaries["fault"])
+    env = {**daemon.env(), "LD_PRELOAD": shim_path}
+    beside = start(daemon, shim_path, exe, "steady", "4")  # root, in the shared pilotd
+    wait_for_session(daemon, beside.pid)
+    faulting = subprocess.run([str(exe), "fault"], env=env, capture_output=True, text=True,
+                              timeout=60, preexec_fn=as_nobody)
+    assert faulting.stdout == FAULT_OUTPUT, f"{faulting.stderr}\n{daemon.log_tail()}"
+    after = subprocess.run([str(exe), "work"], env=env, capture_output=True, text=True,
+                           timeout=60, preexec_fn=as_nobody)
+    assert after.stdout == "work: ok\n", after.stderr
+    out, err = beside.communicate(timeout=30)
+    assert out.splitlines()[0] == "steady: ok", f"{out}\n{err}\n{daemon.log_tail()}"
+    assert json.loads(daemon.ctl("status", "--json").stdout)["faults"] == []
+
+
+def test_a_tenant_that_faulted_runs_isolated_until_cleared(
+        start_pilotd: StartPilotd, app_binaries: dict[str, Path], shim_path: str) -> None:
+    daemon = start_pilotd()
+    exe = app_binaries["fault"]
+    assert run(daemon, shim_path, exe, "fault").stdout == FAULT_OUTPUT  # in the shared pilotd
+    assert run(daemon, shim_path, exe, "work").stdout == "work: ok\n"
+    listing = json.loads(daemon.ctl("isolate", "list", "--json").stdout)
+    (tenant,) = listing["marked"]
+    assert "kernel faulted" in listing["marked"][tenant]["why"] and len(listing["engines"]) == 1
+    assert f"of isolated tenant {tenant} sent to" in daemon.log()
+    # the mark survives a restart of pilotd
+    daemon.proc.send_signal(15)
+    daemon.proc.wait(30)
+    again = start_pilotd("--state-dir", f"{daemon.dir}/state")
+    assert tenant in json.loads(again.ctl("isolate", "list", "--json").stdout)["marked"]
+    again.ctl("isolate", "clear", tenant)
+    assert run(again, shim_path, exe, "work").stdout == "work: ok\n"
+    assert isolated_pids(again) == [] and "sent to" not in again.log()
+    assert again.ctl("isolate", "clear", tenant, ok=False).returncode != 0

@@ -7,14 +7,19 @@ each program prints on its own; then under pilot. Prints PASS/FAIL lines and INF
 
 Checks: the faulting program prints what it prints natively; the one beside it ends at a clean
 CUDA error (never hangs, never a wrong value); the next one runs correctly; pilotd keeps its
-pid, names the faulting program, counts the fault, and frees the old context's GPU memory;
-a fault nobody calls into is noticed by the fault watch; three faults in a row.
+pid, names the faulting program, counts the fault, and frees the old context's GPU memory.
+Then isolation (router/isolation.py): the faulting tenant now runs in a pilotd of its own; a
+second tenant (user nobody) running beside its next faults is untouched; a fault nobody calls
+into is noticed by the fault watch; faults in a row. Last, what isolation costs: two programs
+of 1 ms one-block kernels at once, natively, in the shared pilotd, and with one isolated.
+Runs as root (the second tenant is `nobody`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import subprocess
 import sys
@@ -29,6 +34,15 @@ OUT = Path(os.environ.get("OUT", "/tmp/pilot-gpu-out"))
 FAULT_OUTPUT = ["launch: cudaSuccess", "synchronize: cudaErrorIllegalAddress",
                 "malloc after: cudaErrorIllegalAddress", "last error: cudaErrorIllegalAddress"]
 CLEAN = ("cudaErrorIllegalAddress", "cudaErrorDevicesUnavailable")
+ME = "user:" + pwd.getpwuid(os.getuid()).pw_name
+NOBODY = 65534
+
+
+def as_nobody() -> None:
+    """preexec_fn: run as user nobody (a second tenant)."""
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)
 
 
 def gpu_memory_used_mib() -> int:
@@ -48,6 +62,7 @@ def log_times(log: str, pattern: str) -> list[float]:
 
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="pilot-fault-"))
+    work.chmod(0o755)  # a second user's programs reach the binary and the sockets
     exe = work / "fault"
     subprocess.run(["nvcc", "-cudart", "shared", "-O2", "-arch=sm_90", "-o", str(exe),
                     str(REPO / "tests/apps/fault.cu")], check=True)
@@ -136,25 +151,79 @@ def main() -> int:
               f"the faulting program is named ({faults[0]['suspects'] if faults else None})")
         time.sleep(1)
         mem_after = gpu_memory_used_mib()
-        info(f"GPU memory used: {mem_before} MiB before the fault, {mem_after} MiB after the restart")
-        check(mem_after <= mem_before + 64, "the faulted context's memory was freed")
+        listing = subprocess.run([*ctl, "isolate", "list", "--json"], env=env, capture_output=True,
+                                 text=True, check=True).stdout
+        engines = len(json.loads(listing)["engines"])
+        info(f"GPU memory used: {mem_before} MiB before the fault, {mem_after} MiB after the restart "
+             f"({engines} isolated pilotd(s) started since, ~530 MiB of context each)")
+        check(mem_after <= mem_before + 64 + 600 * engines, "the faulted context's memory was freed")
 
-        # a fault no call sees: the fault watch
+        # after its fault the tenant runs isolated ([isolation] after_fault, on by default)
+        marked = json.loads(subprocess.run([*ctl, "isolate", "list", "--json"], env=env,
+                                           capture_output=True, text=True, check=True).stdout)
+        check(list(marked["marked"]) == [ME], f"the faulting tenant is isolated now ({marked['marked']})")
+
+        # isolation: another tenant's program in the shared pilotd is untouched by its faults
+        nobody_beside = subprocess.Popen([str(exe), "steady", "8"], env=penv, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True, preexec_fn=as_nobody)
+        time.sleep(2)
+        f = subprocess.run([str(exe), "fault"], env=penv, capture_output=True, text=True, timeout=60)
+        check(f.stdout.splitlines() == FAULT_OUTPUT, "isolated: the faulting program's output")
+        w = subprocess.run([str(exe), "work"], env=penv, capture_output=True, text=True, timeout=60)
+        check(w.stdout == "work: ok\n", f"isolated: the tenant's next program runs ({w.stdout.strip()})")
+        out, _ = nobody_beside.communicate(timeout=60)
+        check(out.startswith("steady: ok"),
+              f"isolated: another tenant's program beside the fault is untouched ({out.split()[:2]})")
+        st = status()
+        check(len(st["faults"]) == 1 and st["pid"] == daemon.pid,
+              "isolated: the shared pilotd saw no fault and kept running")
+
+        # a fault no call sees (in the isolated pilotd): the fault watch
         quiet = subprocess.run([str(exe), "quiet", "3"], env=penv, capture_output=True, text=True,
                                timeout=60)
         lines = quiet.stdout.splitlines()
         check("seen by a fault watch" in log(), "a fault nobody calls into is noticed by the watch")
         check(len(lines) > 1 and lines[1] in tuple(f"synchronize: {e}" for e in CLEAN),
               f"its program gets a clean error at its next call ({lines})")
-
-        for i in range(3):
+        for i in range(2):
             f = subprocess.run([str(exe), "fault"], env=penv, capture_output=True, text=True, timeout=60)
             w = subprocess.run([str(exe), "work"], env=penv, capture_output=True, text=True, timeout=60)
             check(f.stdout.splitlines() == FAULT_OUTPUT and w.stdout == "work: ok\n",
                   f"fault then work, round {i + 1}")
         times = [float(x) for x in re.findall(r"serving again ([\d.]+) s after", log())]
-        info(f"recovery times (noticed -> serving): {', '.join(f'{t:.2f}' for t in times)} s")
-        check(len(status()["faults"]) == 5, "five faults counted")
+        info(f"recovery times (noticed -> serving; the first in the shared pilotd, the others in "
+             f"the isolated one): {', '.join(f'{t:.2f}' for t in times)} s")
+
+        # what isolation costs: two programs of 1-block ~1 ms kernels at once
+        def spin_pair(first_env: dict, second_env: dict) -> tuple[float, float]:
+            a = subprocess.Popen([str(exe), "spin", "4"], env=first_env, stdout=subprocess.PIPE, text=True)
+            b = subprocess.Popen([str(exe), "spin", "4"], env=second_env, stdout=subprocess.PIPE,
+                                 text=True, preexec_fn=as_nobody)
+            rates = []
+            for p in (a, b):
+                out, _ = p.communicate(timeout=60)
+                lines = out.splitlines()
+                ok = bool(lines) and lines[0] == "spin: ok"
+                rates.append(float(lines[1].split()[0]) if ok and len(lines) > 1 else 0.0)
+            return rates[0], rates[1]
+
+        def spin_alone(run_env: dict) -> float:
+            out = subprocess.run([str(exe), "spin", "4"], env=run_env, capture_output=True, text=True,
+                                 timeout=60).stdout.splitlines()
+            return float(out[1].split()[0]) if len(out) > 1 and out[0] == "spin: ok" else 0.0
+
+        native_env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        alone = spin_alone(native_env)
+        n1, n2 = spin_pair(native_env, native_env)
+        subprocess.run([*ctl, "isolate", "clear", ME], env=env, check=True, capture_output=True)
+        p_alone = spin_alone(penv)
+        s1, s2 = spin_pair(penv, penv)
+        subprocess.run([*ctl, "isolate", "set", ME], env=env, check=True, capture_output=True)
+        i1, i2 = spin_pair(penv, penv)
+        info(f"1 ms one-block kernels per second: native alone {alone:.0f}, two native processes "
+             f"{n1:.0f} + {n2:.0f}; pilot alone {p_alone:.0f}, two tenants in the shared pilotd "
+             f"{s1:.0f} + {s2:.0f}, one of them isolated {i1:.0f} (isolated) + {i2:.0f}")
+        check(min(s1, s2, i1, i2) > 0, "the spin programs ran in every arrangement")
     finally:
         stop_pilotd(daemon)
     return exit_status()

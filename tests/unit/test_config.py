@@ -296,6 +296,7 @@ def test_every_example_setting_is_valid(tmp_path: Path) -> None:
     assert c.tenants == {"ml-team": TenantDef("ml-team", ("alice", "bob"), ("ml",))}
     assert c.capacity == 70 * GiB and c.capacity_per_gpu == {0: 40 * GiB}
     assert c.managed_limit == 80 * GiB  # an example value: the default is the card's memory
+    assert c.isolation_capacity == 8 * GiB  # an example value: the default is a quarter
     # each policy's documented knobs are its defaults (madvise's budget is an example value)
     assert set(c.policy_settings) == {"mfit", "amfit", "madvise"}
     for name, table in c.policy_settings.items():
@@ -306,7 +307,8 @@ def test_every_example_setting_is_valid(tmp_path: Path) -> None:
     defaults = Config(socket="/run/pilot/pilot.sock", control_socket="/run/pilot/control.sock",
                       state_dir="/var/lib/pilot", capacity=c.capacity,
                       capacity_per_gpu=c.capacity_per_gpu, tenants=c.tenants,
-                      managed_limit=c.managed_limit, policy_settings=c.policy_settings)
+                      managed_limit=c.managed_limit, policy_settings=c.policy_settings,
+                      isolation_capacity=c.isolation_capacity)
     assert c == defaults
 
 

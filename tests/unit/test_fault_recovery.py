@@ -150,9 +150,15 @@ def test_fault_metrics() -> None:
     known = Fault(gpu=0, error=700, detected=10.0, via="call", restarted=11.25, known=True,
                   suspects=[{"session": 1, "tenant": "user:bob", "pid": 2, "cmdline": ""}])
     unknown = Fault(gpu=0, error=719, detected=20.0, via="watch", suspects=[])
-    families = {f.name: f for f in PilotCollector._fault_families([asdict(known), asdict(unknown)])}
+    two = Fault(gpu=1, error=700, detected=30.0, via="call", suspects=[
+        {"session": 1, "tenant": "user:bob", "pid": 2, "cmdline": ""},
+        {"session": 3, "tenant": "user:bob", "pid": 4, "cmdline": ""}])
+    assert two.tenant == "user:bob" and unknown.tenant == "unknown"
+    families = {f.name: f for f in PilotCollector._fault_families(
+        [{**asdict(f), "tenant": f.tenant} for f in (known, unknown, two)])}
     samples = {tuple(s.labels.values()): s.value for s in families["pilot_gpu_faults"].samples
                if s.name.endswith("_total")}
-    assert samples == {("0", "700", "user:bob"): 1, ("0", "719", "unknown"): 1}
+    assert samples == {("0", "700", "user:bob"): 1, ("0", "719", "unknown"): 1,
+                       ("1", "700", "user:bob"): 1}
     (recovered,) = families["pilot_gpu_fault_recovery_seconds"].samples
     assert recovered.value == pytest.approx(1.25)
