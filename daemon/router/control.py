@@ -218,6 +218,7 @@ def quota_set(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str,
             raise ControlError(f"{what} limit {value} bytes is more than {where} can grant "
                                f"({most} bytes: its capacity, or its managed limit)")
     q = daemon.quotas.set(tenant, gpu, hard=hard, provisioned=provisioned)
+    daemon.engines.reread_quotas()
     log.info("quota for %s on %s: hard=%s provisioned=%s", tenant,
              "every GPU" if gpu is None else f"GPU {gpu}", q.hard, q.provisioned,
              extra={"tenant": tenant})
@@ -230,6 +231,7 @@ def quota_unset(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[st
     gpu = _gpu_arg(daemon, args)
     if not daemon.quotas.unset(tenant, gpu):
         raise ControlError(f"{tenant} has no quota" + ("" if gpu is None else f" on GPU {gpu}"))
+    daemon.engines.reread_quotas()
     return {"tenant": tenant, "gpu": gpu}
 
 

@@ -227,6 +227,14 @@ class Engines:
         return [{"tenant": e.tenant, "pid": e.pid, "socket": e.socket, "started": e.started,
                  "capacity": e.capacity} for e in self._engines.values()]
 
+    def reread_quotas(self) -> None:
+        """SIGHUP to every engine: a quota changed here, and they enforce it too."""
+        for engine in self._engines.values():
+            try:
+                os.kill(engine.pid, 1)
+            except ProcessLookupError:
+                pass
+
     def stop_all(self, timeout: float = 20) -> None:
         """SIGTERM every engine and wait for them (their sessions' programs then get errors)."""
         for engine in self._engines.values():

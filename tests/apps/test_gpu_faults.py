@@ -210,3 +210,21 @@ def test_a_tenant_that_faulted_runs_isolated_until_cleared(
     assert run(again, shim_path, exe, "work").stdout == "work: ok\n"
     assert isolated_pids(again) == [] and "sent to" not in again.log()
     assert again.ctl("isolate", "clear", tenant, ok=False).returncode != 0
+
+
+def test_isolated_tenant_keeps_its_quota_and_its_changes(
+        start_pilotd: StartPilotd, app_binaries: dict[str, Path], shim_path: str) -> None:
+    daemon = start_pilotd(config='[isolation]\ntenants = ["all"]\n')
+    tenant = json.loads(daemon.ctl("status", "--json").stdout)["you"]["tenant"]
+    daemon.ctl("quota", "set", tenant, "1GiB")
+    first = run(daemon, shim_path, app_binaries["alloc"], "512M", "1G").stdout.splitlines()
+    assert first[:2] == ["malloc 512M: cudaSuccess", "malloc 1G: cudaErrorMemoryAllocation"], first
+    assert isolated_pids(daemon), "the program did not run in an isolated pilotd"
+    daemon.ctl("quota", "set", tenant, "2GiB")  # the isolated pilotd re-reads it (SIGHUP)
+    deadline = time.monotonic() + 10
+    while True:
+        lines = run(daemon, shim_path, app_binaries["alloc"], "512M", "1G").stdout.splitlines()
+        if lines[:2] == ["malloc 512M: cudaSuccess", "malloc 1G: cudaSuccess"]:
+            break
+        assert time.monotonic() < deadline, (lines, daemon.log_tail())
+        time.sleep(0.1)
