@@ -201,6 +201,8 @@ PILOT_EXPORT cudaError_t cudaFree(void *ptr)
     if (err == cudaSuccess && pilot_alloc_remove((uintptr_t)ptr) == 0 &&
         pilot_um_contains((uintptr_t)ptr))
         pilot_um_remove((uintptr_t)ptr);
+    if (err == cudaSuccess)
+        pilot_mempool_forget((uintptr_t)ptr); /* a stream-ordered allocation leaves its pool */
     PILOT_RETURN(err);
 }
 

@@ -196,6 +196,47 @@ PILOT_EXPORT cudaError_t cudaDeviceGetCacheConfig(enum cudaFuncCache *config)
 
 /* The profiler switches only matter to a profiler attached to the process; none can see the
  * daemon's work from here, so they succeed and do nothing. */
+/* Shared-memory bank size: fixed on Hopper (four bytes); the setting is accepted and changes
+ * nothing, as on the GPU. */
+PILOT_EXPORT cudaError_t cudaDeviceGetSharedMemConfig(enum cudaSharedMemConfig *config)
+{
+    PILOT_REQUIRE_SESSION();
+    if (!config)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    *config = cudaSharedMemBankSizeFourByte;
+    return cudaSuccess;
+}
+
+PILOT_EXPORT cudaError_t cudaDeviceSetSharedMemConfig(enum cudaSharedMemConfig config)
+{
+    PILOT_REQUIRE_SESSION();
+    if ((unsigned)config > cudaSharedMemBankSizeEightByte)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    return cudaSuccess;
+}
+
+/* Initializes a device's context early: pilotd's contexts exist already, so this validates the
+ * device (and the flags: deviceFlags are applied only by cudaSetDeviceFlags). */
+PILOT_EXPORT cudaError_t cudaInitDevice(int device, unsigned int deviceFlags, unsigned int flags)
+{
+    (void)deviceFlags;
+    PILOT_REQUIRE_SESSION();
+    if (device < 0 || device >= pilot_device_count())
+        PILOT_RETURN(cudaErrorInvalidDevice);
+    if (flags & ~(unsigned)cudaInitDeviceFlagsAreValid)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    return cudaSuccess;
+}
+
+/* A channel format description: a plain value, used to describe CUDA arrays (which pilot does
+ * not serve) but callable on its own. */
+PILOT_EXPORT struct cudaChannelFormatDesc cudaCreateChannelDesc(int x, int y, int z, int w,
+                                                               enum cudaChannelFormatKind f)
+{
+    struct cudaChannelFormatDesc desc = {x, y, z, w, f};
+    return desc;
+}
+
 PILOT_EXPORT cudaError_t cudaProfilerStart(void)
 {
     PILOT_REQUIRE_SESSION();

@@ -50,6 +50,7 @@ SHIM_SOURCES = [
     "api_managed.c",
     "api_host.c",
     "api_device.c",
+    "api_mempool.c",
     "api_memory.c",
     "api_launch.c",
     "api_stream.c",

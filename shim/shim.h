@@ -98,6 +98,9 @@ int pilot_error_is_sticky(cudaError_t err);
             return pilot_set_error(e_);                      \
     } while (0)
 
+/* ---- api_mempool.c: the stream-ordered allocator ---- */
+void pilot_mempool_forget(uint64_t ptr); /* freed: no longer counted in its memory pool */
+
 /* ---- alloc_table.c: the session's device allocations, mirrored ---- */
 /* The index of the last of `count` items, `stride` bytes each and sorted by a leading uint64_t
  * base, whose base <= key; -1 if none. The shim's range tables (allocations, shadows, pinned

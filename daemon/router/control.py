@@ -264,9 +264,11 @@ def kill(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]
     job's sessions so)."""
     if args.get("tenant") is not None:
         tenant = _tenant_arg(daemon, args["tenant"])
-        ended = [row["session"] for row in daemon.session_summaries() if row["tenant"] == tenant]
+        ended = [row["session"] for row in daemon.session_summaries()
+                 if row["tenant"] == tenant and not row.get("isolated")]
         why = f"tenant {tenant} killed by uid {caller.creds.uid}"
-        return {"tenant": tenant, "sessions": [sid for sid in ended if daemon.end_session(sid, why)]}
+        here = [sid for sid in ended if daemon.end_session(sid, why)]
+        return {"tenant": tenant, "sessions": here + daemon.engines.stop_tenant(tenant)}
     sid = args.get("session")
     if not isinstance(sid, int) or not daemon.end_session(sid, f"killed by uid {caller.creds.uid}"):
         raise ControlError(f"no session {sid}")

@@ -40,6 +40,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import zmq
+
+from pilot.daemon.protocol import lib, new, to_bytes
 from pilot.daemon.resources.broker import GpuBudget
 from pilot.daemon.router.recovery import RECOVERY_ENV
 
@@ -117,6 +120,26 @@ class Engine:
         except ChildProcessError:
             return False
         return pid == 0
+
+
+def _ask_sessions(path: str, timeout_ms: int) -> list[dict[str, Any]]:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(f"ipc://{path}")
+        env = new("pilot_envelope")
+        env.version, env.opcode, env.seq = lib.PILOT_PROTO_VERSION, lib.PILOT_OP_SESSIONS, 1
+        sock.send_multipart([to_bytes(env), b""])
+        if not sock.poll(timeout_ms):
+            return []
+        frames = sock.recv_multipart()
+        rows = json.loads(frames[2]) if len(frames) >= 3 else []
+        return [r for r in rows if isinstance(r, dict)]
+    except (zmq.ZMQError, ValueError):
+        return []
+    finally:
+        sock.close(0)
 
 
 def _safe_name(tenant: str) -> str:
@@ -220,6 +243,16 @@ class Engines:
                     self.budget.reserve(gpu, engine.capacity)
                 self._engines[engine.tenant] = engine
 
+    def sessions(self, timeout_ms: int = 500) -> list[dict[str, Any]]:
+        """Every engine's sessions (SESSIONS on its main socket; this pilotd's uid sees all),
+        each row marked with `isolated: True`. An engine that does not answer in time is left
+        out (it is starting or restarting)."""
+        rows: list[dict[str, Any]] = []
+        for engine in list(self._engines.values()):
+            for row in _ask_sessions(engine.socket, timeout_ms):
+                rows.append({**row, "isolated": True})
+        return rows
+
     def handover(self) -> list[dict[str, Any]]:
         return [asdict(e) for e in self._engines.values()]
 
@@ -235,15 +268,28 @@ class Engines:
             except ProcessLookupError:
                 pass
 
+    def stop_tenant(self, tenant: str) -> list[int]:
+        """End `tenant`'s engine, and so every session it serves (`pilotctl kill --tenant`, a
+        Slurm epilog). Returns those sessions."""
+        engine = self._engines.get(tenant)
+        if engine is None:
+            return []
+        ended = [int(r["session"]) for r in _ask_sessions(engine.socket, 500)]
+        self._stop([engine])
+        return ended
+
     def stop_all(self, timeout: float = 20) -> None:
         """SIGTERM every engine and wait for them (their sessions' programs then get errors)."""
-        for engine in self._engines.values():
+        self._stop(list(self._engines.values()), timeout)
+
+    def _stop(self, engines: list[Engine], timeout: float = 20) -> None:
+        for engine in engines:
             try:
                 os.kill(engine.pid, 15)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + timeout
-        for engine in list(self._engines.values()):
+        for engine in engines:
             while engine.alive() and time.monotonic() < deadline:
                 time.sleep(0.02)
             if engine.alive():

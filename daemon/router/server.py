@@ -747,9 +747,11 @@ class Daemon:
         return True
 
     def session_summaries(self) -> list[dict[str, Any]]:
-        """One row per session; `state` is error, waiting (a launch waits for the policy), held
-        or throttled (what the policy does to it, `why` says why), or active."""
+        """One row per session, those of isolated tenants' pilotds too (`isolated`); `state` is
+        error, waiting (a launch waits for the policy), held or throttled (what the policy does
+        to it, `why` says why), or active."""
         rows = [w.group.summary() for w in list(self._watched.values())]
+        isolated = self.engines.sessions() if len(self.engines) else []
         res = self.broker.residency
         for row in rows:
             status = self.policy.session_status(row["session"])
@@ -760,7 +762,7 @@ class Daemon:
                     row["state"], row["why"] = status
             if res is not None:
                 row["movable_bytes"], row["resident_bytes"] = res.session_bytes(row["session"])
-        return rows
+        return rows + isolated
 
     def part_summaries(self) -> list[dict[str, Any]]:
         """One row per device a session uses (metrics count memory per GPU)."""

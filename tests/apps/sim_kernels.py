@@ -461,3 +461,14 @@ def add_one(k: SimLaunch) -> None:
 @sim_kernel("_Z11spin_kernelx")
 def spin_kernel(k: SimLaunch) -> None:
     """Spins on the GPU for a number of clock cycles: nothing to compute."""
+
+
+# ---- mempool.cu ----
+
+@sim_kernel("_Z9fill_intsPiii")
+def fill_ints(k: SimLaunch) -> None:
+    """p[i] = v + i for i < n covered by the grid."""
+    n = min(k.i32(1), _threads_x(k))
+    if n > 0:
+        view = np.frombuffer(k.view(k.ptr(0), 4 * n), dtype=np.int32)
+        view[:] = k.i32(2) + np.arange(n, dtype=np.int32)

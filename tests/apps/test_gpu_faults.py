@@ -228,3 +228,17 @@ def test_isolated_tenant_keeps_its_quota_and_its_changes(
             break
         assert time.monotonic() < deadline, (lines, daemon.log_tail())
         time.sleep(0.1)
+
+
+def test_isolated_sessions_are_listed_and_killed_with_their_tenant(
+        start_pilotd: StartPilotd, app_binaries: dict[str, Path], shim_path: str) -> None:
+    daemon = start_pilotd(config='[isolation]\ntenants = ["all"]\n')
+    tenant = json.loads(daemon.ctl("status", "--json").stdout)["you"]["tenant"]
+    prog = start(daemon, shim_path, app_binaries["fault"], "steady", "60")
+    wait_for_session(daemon, prog.pid)  # `pilot sessions` lists it, from the isolated pilotd
+    (row,) = [r for r in daemon.sessions() if r["pid"] == prog.pid]
+    assert row["isolated"] and row["tenant"] == tenant
+    daemon.ctl("kill", "--tenant", tenant)  # ends its isolated pilotd, and so the session
+    out, _ = prog.communicate(timeout=30)
+    assert out.splitlines()[0] == "steady: cudaErrorDevicesUnavailable", out
+    assert isolated_pids(daemon) == []

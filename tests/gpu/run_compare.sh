@@ -376,6 +376,10 @@ for src in "${SOURCES[@]}"; do
         compare fault work
         compare fault fault
         compare fault work
+        # the fault isolated this user's tenant ([isolation] after_fault; the last run went to
+        # its own pilotd): back to the shared pilotd for the programs after it
+        "$PYTHON" -m pilot.cli.pilotctl --control-socket "$(dirname "$SOCK")/control.sock" \
+            isolate clear "user:$(id -un)" >/dev/null || bad=1
     elif [ "$name" = scrub ]; then
         compare scrub fill # natively, then under pilot: the pilot read below follows a pilot fill
         compare scrub read
