@@ -50,3 +50,34 @@ def socket_path(for_daemon: bool) -> str:
     if lib.pilot_socket_path(1 if for_daemon else 0, buf, 4096) != 0:
         raise ValueError("socket path too long")
     return ffi.string(buf).decode()
+
+
+def ask_sessions(path: str, timeout_ms: int) -> list[dict[str, Any]] | None:
+    """SESSIONS on the main socket at `path` (what `pilot sessions` shows): the rows, or None if
+    no pilotd answered in time or it refused. The caller's peer credentials decide which rows."""
+    import json
+
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(f"ipc://{path}")
+        env = new("pilot_envelope")
+        env.version, env.opcode, env.seq = lib.PILOT_PROTO_VERSION, lib.PILOT_OP_SESSIONS, 1
+        sock.send_multipart([to_bytes(env), b""])
+        if not sock.poll(timeout_ms):
+            return None
+        frames = sock.recv_multipart()
+    except zmq.ZMQError:
+        return None
+    finally:
+        sock.close(0)
+    hdr = ffi.from_buffer("pilot_reply_hdr *", frames[1]) if len(frames) >= 2 else None
+    if hdr is None or hdr.err or len(frames) < 3:
+        return None
+    try:
+        rows = json.loads(frames[2])
+    except ValueError:
+        return None
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else None

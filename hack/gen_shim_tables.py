@@ -189,6 +189,10 @@ def cuda12_plan(rows12: list[dict[str, str]], rows13: list[dict[str, str]]
                 renamed.append(r["name"])
         else:
             raise ValueError(f"{r['name']}: unknown status {r['status']!r} in the CUDA 12 table")
+    # CUDA 13 functions libcudart.so.12 does not have (cudaMemGetDefaultMemPool...): their
+    # definitions in the shared sources must not become libpilot12.so exports either
+    names12 = {r["name"] for r in rows12}
+    renamed += [r["name"] for r in rows13 if r["name"] not in names12 and r["status"] == "impl"]
     hidden = [by13[n] for n in renamed if by13[n]["status"] == "stub"]
     return stubs, hidden, sorted(renamed)
 

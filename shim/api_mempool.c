@@ -77,6 +77,16 @@ static int slot_of(cudaMemPool_t pool)
     return g_pools[i].live ? i : -1;
 }
 
+/* The device of a pool handle, or -1 if it names no live pool. */
+static int pool_device(cudaMemPool_t pool)
+{
+    pthread_mutex_lock(&g_lock);
+    int slot = slot_of(pool);
+    int device = slot >= 0 ? g_pools[slot].device : -1;
+    pthread_mutex_unlock(&g_lock);
+    return device;
+}
+
 static cudaMemPool_t handle_of(int slot)
 {
     return (cudaMemPool_t)(void *)&g_pools[slot];
@@ -160,12 +170,12 @@ PILOT_EXPORT cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMe
 {
     (void)stream;
     PILOT_REQUIRE_SESSION();
+    int device = pool_device(memPool);
+    if (device < 0)
+        PILOT_RETURN(cudaErrorInvalidValue);
     pthread_mutex_lock(&g_lock);
     int slot = slot_of(memPool);
-    int device = slot >= 0 ? g_pools[slot].device : -1;
     pthread_mutex_unlock(&g_lock);
-    if (slot < 0)
-        PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_RETURN(alloc_from(ptr, size, slot, device));
 }
 
@@ -332,13 +342,14 @@ PILOT_EXPORT cudaError_t cudaMemPoolDestroy(cudaMemPool_t memPool)
     PILOT_RETURN(err);
 }
 
-PILOT_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr,
-                                                 void *value)
+/* cudaMemPoolSetAttribute (set) and cudaMemPoolGetAttribute: int reuse flags, 64-bit amounts. */
+static cudaError_t pool_attribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void *value,
+                                  int set)
 {
-    PILOT_REQUIRE_SESSION();
     if (!value)
-        PILOT_RETURN(cudaErrorInvalidValue);
+        return cudaErrorInvalidValue;
     cudaError_t err = cudaSuccess;
+    unsigned long long *amount = value;
     pthread_mutex_lock(&g_lock);
     int slot = slot_of(memPool);
     struct pool *p = slot >= 0 ? &g_pools[slot] : NULL;
@@ -346,67 +357,61 @@ PILOT_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cud
         err = cudaErrorInvalidValue;
     } else if (attr >= cudaMemPoolReuseFollowEventDependencies &&
                attr <= cudaMemPoolReuseAllowInternalDependencies) {
-        p->reuse[attr] = *(int *)value != 0;
+        if (set)
+            p->reuse[attr] = *(int *)value != 0;
+        else
+            *(int *)value = p->reuse[attr];
     } else if (attr == cudaMemPoolAttrReleaseThreshold) {
-        p->release = *(unsigned long long *)value;
+        if (set)
+            p->release = *amount;
+        else
+            *amount = p->release;
     } else if (attr == cudaMemPoolAttrReservedMemHigh || attr == cudaMemPoolAttrUsedMemHigh) {
-        if (*(unsigned long long *)value != 0) /* only a reset to 0 is allowed */
+        if (!set)
+            *amount = p->used_high;
+        else if (*amount != 0) /* only a reset to 0 is allowed */
             err = cudaErrorInvalidValue;
         else
             p->used_high = p->used;
+    } else if (attr == cudaMemPoolAttrReservedMemCurrent || attr == cudaMemPoolAttrUsedMemCurrent) {
+        if (set)
+            err = cudaErrorInvalidValue; /* read-only */
+        else
+            *amount = p->used; /* released at once: reserved = used */
     } else {
-        err = cudaErrorInvalidValue; /* the current amounts are read-only */
+        err = cudaErrorInvalidValue;
     }
     pthread_mutex_unlock(&g_lock);
-    PILOT_RETURN(err);
+    return err;
+}
+
+PILOT_EXPORT cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr,
+                                                 void *value)
+{
+    PILOT_REQUIRE_SESSION();
+    PILOT_RETURN(pool_attribute(memPool, attr, value, 1));
 }
 
 PILOT_EXPORT cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr,
                                                  void *value)
 {
     PILOT_REQUIRE_SESSION();
-    if (!value)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    cudaError_t err = cudaSuccess;
-    pthread_mutex_lock(&g_lock);
-    int slot = slot_of(memPool);
-    struct pool *p = slot >= 0 ? &g_pools[slot] : NULL;
-    if (!p)
-        err = cudaErrorInvalidValue;
-    else if (attr >= cudaMemPoolReuseFollowEventDependencies &&
-             attr <= cudaMemPoolReuseAllowInternalDependencies)
-        *(int *)value = p->reuse[attr];
-    else if (attr == cudaMemPoolAttrReleaseThreshold)
-        *(unsigned long long *)value = p->release;
-    else if (attr == cudaMemPoolAttrReservedMemCurrent || attr == cudaMemPoolAttrUsedMemCurrent)
-        *(unsigned long long *)value = p->used; /* released at once: reserved = used */
-    else if (attr == cudaMemPoolAttrReservedMemHigh || attr == cudaMemPoolAttrUsedMemHigh)
-        *(unsigned long long *)value = p->used_high;
-    else
-        err = cudaErrorInvalidValue;
-    pthread_mutex_unlock(&g_lock);
-    PILOT_RETURN(err);
+    PILOT_RETURN(pool_attribute(memPool, attr, value, 0));
 }
 
 PILOT_EXPORT cudaError_t cudaMemPoolTrimTo(cudaMemPool_t memPool, size_t minBytesToKeep)
 {
     (void)minBytesToKeep; /* nothing is kept: freed memory goes back at once */
     PILOT_REQUIRE_SESSION();
-    pthread_mutex_lock(&g_lock);
-    int slot = slot_of(memPool);
-    pthread_mutex_unlock(&g_lock);
-    PILOT_RETURN(slot < 0 ? cudaErrorInvalidValue : cudaSuccess);
+    PILOT_RETURN(pool_device(memPool) < 0 ? cudaErrorInvalidValue : cudaSuccess);
 }
 
 PILOT_EXPORT cudaError_t cudaMemPoolSetAccess(cudaMemPool_t memPool,
                                               const struct cudaMemAccessDesc *descList, size_t count)
 {
     PILOT_REQUIRE_SESSION();
-    pthread_mutex_lock(&g_lock);
-    int slot = slot_of(memPool);
-    int device = slot >= 0 ? g_pools[slot].device : -1;
-    pthread_mutex_unlock(&g_lock);
-    if (slot < 0 || (count && !descList))
+    int device = pool_device(memPool);
+    if (device < 0 || (count && !descList))
         PILOT_RETURN(cudaErrorInvalidValue);
     for (size_t i = 0; i < count; i++) {
         const struct cudaMemAccessDesc *d = &descList[i];
@@ -430,11 +435,8 @@ PILOT_EXPORT cudaError_t cudaMemPoolGetAccess(enum cudaMemAccessFlags *flags, cu
     PILOT_REQUIRE_SESSION();
     if (!flags || !location)
         PILOT_RETURN(cudaErrorInvalidValue);
-    pthread_mutex_lock(&g_lock);
-    int slot = slot_of(memPool);
-    int device = slot >= 0 ? g_pools[slot].device : -1;
-    pthread_mutex_unlock(&g_lock);
-    if (slot < 0 || location->type != cudaMemLocationTypeDevice || !valid_device(location->id))
+    int device = pool_device(memPool);
+    if (device < 0 || location->type != cudaMemLocationTypeDevice || !valid_device(location->id))
         PILOT_RETURN(cudaErrorInvalidValue);
     *flags = location->id == device ? cudaMemAccessFlagsProtReadWrite : cudaMemAccessFlagsProtNone;
     return cudaSuccess;

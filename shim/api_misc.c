@@ -228,15 +228,6 @@ PILOT_EXPORT cudaError_t cudaInitDevice(int device, unsigned int deviceFlags, un
     return cudaSuccess;
 }
 
-/* A channel format description: a plain value, used to describe CUDA arrays (which pilot does
- * not serve) but callable on its own. */
-PILOT_EXPORT struct cudaChannelFormatDesc cudaCreateChannelDesc(int x, int y, int z, int w,
-                                                               enum cudaChannelFormatKind f)
-{
-    struct cudaChannelFormatDesc desc = {x, y, z, w, f};
-    return desc;
-}
-
 PILOT_EXPORT cudaError_t cudaProfilerStart(void)
 {
     PILOT_REQUIRE_SESSION();

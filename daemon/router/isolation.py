@@ -40,9 +40,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import zmq
-
-from pilot.daemon.protocol import lib, new, to_bytes
+from pilot.daemon.protocol import ask_sessions
 from pilot.daemon.resources.broker import GpuBudget
 from pilot.daemon.router.recovery import RECOVERY_ENV
 
@@ -120,26 +118,6 @@ class Engine:
         except ChildProcessError:
             return False
         return pid == 0
-
-
-def _ask_sessions(path: str, timeout_ms: int) -> list[dict[str, Any]]:
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.connect(f"ipc://{path}")
-        env = new("pilot_envelope")
-        env.version, env.opcode, env.seq = lib.PILOT_PROTO_VERSION, lib.PILOT_OP_SESSIONS, 1
-        sock.send_multipart([to_bytes(env), b""])
-        if not sock.poll(timeout_ms):
-            return []
-        frames = sock.recv_multipart()
-        rows = json.loads(frames[2]) if len(frames) >= 3 else []
-        return [r for r in rows if isinstance(r, dict)]
-    except (zmq.ZMQError, ValueError):
-        return []
-    finally:
-        sock.close(0)
 
 
 def _safe_name(tenant: str) -> str:
@@ -249,7 +227,7 @@ class Engines:
         out (it is starting or restarting)."""
         rows: list[dict[str, Any]] = []
         for engine in list(self._engines.values()):
-            for row in _ask_sessions(engine.socket, timeout_ms):
+            for row in ask_sessions(engine.socket, timeout_ms) or []:
                 rows.append({**row, "isolated": True})
         return rows
 
@@ -274,7 +252,7 @@ class Engines:
         engine = self._engines.get(tenant)
         if engine is None:
             return []
-        ended = [int(r["session"]) for r in _ask_sessions(engine.socket, 500)]
+        ended = [int(r["session"]) for r in ask_sessions(engine.socket, 500) or []]
         self._stop([engine])
         return ended
 

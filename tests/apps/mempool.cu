@@ -1,7 +1,7 @@
 // The stream-ordered allocator and the queries programs and libraries make around it
 // (shim/api_mempool.c): cudaMallocAsync / cudaFreeAsync on streams, the default and a created
 // memory pool with their attributes, cudaMallocFromPoolAsync, stream-capture status queries,
-// and two device calls (cudaInitDevice, cudaCreateChannelDesc). Prints one line per check;
+// and cudaInitDevice. Prints one line per check;
 // compared byte for byte with native.
 #include <cuda_runtime.h>
 
@@ -124,8 +124,6 @@ int main(void)
     show("exchange back", cudaThreadExchangeStreamCaptureMode(&mode));
     printf("previous mode: %d\n", (int)mode);
 
-    struct cudaChannelFormatDesc desc = cudaCreateChannelDesc(32, 0, 0, 0, cudaChannelFormatKindFloat);
-    printf("channel desc: %d %d %d %d %d\n", desc.x, desc.y, desc.z, desc.w, (int)desc.f);
     show("init device 0", cudaInitDevice(0, 0, 0));
     show("init device 99", cudaInitDevice(99, 0, 0));
 

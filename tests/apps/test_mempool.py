@@ -69,7 +69,6 @@ MEMPOOL_OUTPUT = [
     'previous mode: 0',
     'exchange back: cudaSuccess',
     'previous mode: 2',
-    'channel desc: 32 0 0 0 2',
     'init device 0: cudaSuccess',
     'init device 99: cudaErrorInvalidDevice',
     'last error: cudaErrorInvalidDevice',

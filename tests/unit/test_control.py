@@ -66,7 +66,8 @@ def fake_daemon() -> Any:
             "host": {"used": 0, "by_kind": {}, "limit": None}},
             budget=SimpleNamespace(capacity=lambda g: 80 << 30), managed=None),
         session_summaries=lambda: sessions,
-        draining=set(), end_session=lambda sid, why: sid == 1)
+        draining=set(), end_session=lambda sid, why: sid == 1,
+        engines=SimpleNamespace(reread_quotas=lambda: None, stop_tenant=lambda tenant: []))
 
 
 def call(daemon: Any, creds: Credentials, cmd: str, **args: Any) -> dict[str, Any]:
