@@ -289,7 +289,9 @@ class Backend(Protocol):
 
     # SM partitions (compute shares, resources/shares.py). A partition is an execution context
     # confined to some SMs (a green context on CUDA). What a thread creates while a partition is
-    # current (streams, modules, events, memory) is that partition's. pilotd keeps a session's
+    # current (modules, events, memory) is that partition's; streams are the exception:
+    # stream_create always makes a whole-GPU stream (the daemon's own: coherence, eviction),
+    # partition_stream_create a session's stream in its partition. pilotd keeps a session's
     # module, streams and current context all in its partition: a whole-GPU module's kernel
     # launched on a partition's stream faulted on the H100 (cudaErrorIllegalAddress, fatal to
     # every context of the device; bench/RESULTS.md), and the sim refuses that mix the same way.
@@ -298,6 +300,8 @@ class Backend(Protocol):
     def partition_create(self, device: int, units: tuple[int, ...], spare: bool) -> Any:
         """A partition of the given units (indexes below SmLayout.units), plus the spare SMs if
         `spare`; the object has `sm_count`."""
+    def partition_stream_create(self, partition: Any, flags: int, priority: int) -> Any:
+        """A stream of `partition`: kernels launched on it run on the partition's SMs."""
     def partition_destroy(self, partition: Any) -> None:
         """Destroy a partition nothing uses any more (its streams and modules are gone)."""
     def use_partition(self, device: int, partition: Any) -> None:

@@ -546,13 +546,22 @@ class CudaBackend:
     # cudaEventDisableTiming 2, cudaEventInterprocess 4 = CU_EVENT_* of the same values.
 
     def stream_create(self, flags: int, priority: int) -> Any:
-        part = getattr(self._tls, "partition", None)
-        if part is not None:  # a stream of the current partition: its kernels run on its SMs
-            return check(self._cu.cuGreenCtxStreamCreate(part.green, flags, priority),
-                         "cuGreenCtxStreamCreate")
-        return check(
-            self._cu.cuStreamCreateWithPriority(flags, priority), "cuStreamCreateWithPriority"
-        )
+        """A whole-GPU stream, even while a partition is current (the daemon's own streams,
+        made lazily on a vGPU thread that may be serving a capped session)."""
+        if getattr(self._tls, "partition", None) is None:
+            return check(self._cu.cuStreamCreateWithPriority(flags, priority),
+                         "cuStreamCreateWithPriority")
+        cu = self._cu
+        check(cu.cuCtxPushCurrent(self._contexts[self._index(self._tls.device)]), "cuCtxPushCurrent")
+        try:
+            return check(cu.cuStreamCreateWithPriority(flags, priority),
+                         "cuStreamCreateWithPriority")
+        finally:
+            check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
+
+    def partition_stream_create(self, partition: Any, flags: int, priority: int) -> Any:
+        return check(self._cu.cuGreenCtxStreamCreate(partition.green, flags, priority),
+                     "cuGreenCtxStreamCreate")
 
     def stream_destroy(self, stream: Any) -> None:
         check(self._cu.cuStreamDestroy(stream), "cuStreamDestroy")

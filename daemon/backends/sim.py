@@ -816,8 +816,14 @@ class SimBackend:
         if flags & ~STREAM_NON_BLOCKING:
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"bad stream flags {flags:#x}")
         least, greatest = STREAM_PRIORITY_RANGE
-        return _Stream(flags, min(least, max(greatest, priority)),  # clamped, as CUDA does
-                       getattr(self._thread, "partition", None))
+        return _Stream(flags, min(least, max(greatest, priority)))  # clamped, as CUDA does
+
+    def partition_stream_create(self, partition: Any, flags: int, priority: int) -> Any:
+        if not (isinstance(partition, _Partition) and partition.alive):
+            raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"bad partition {partition!r}")
+        stream = self.stream_create(flags, priority)
+        stream.partition = partition
+        return stream
 
     def stream_destroy(self, stream: Any) -> None:
         with self._lock:

@@ -595,7 +595,7 @@ def test_kernel_runs_only_where_its_module_was_loaded(sim: SimBackend, image: by
     outside = sim.function_get(sim.module_load(image), VADD)
     part = sim.partition_create(0, (0, 1, 2, 3), False)
     sim.use_partition(0, part)
-    stream = sim.stream_create(1, 0)
+    stream = sim.partition_stream_create(part, 1, 0)
     with pytest.raises(BackendError) as exc:
         sim.launch(outside.handle, (1, 1, 1), (256, 1, 1), 0, stream, args)
     assert _code(exc) == CUDA_ERROR_ILLEGAL_ADDRESS and CUDA_ERROR_ILLEGAL_ADDRESS in STICKY_ERRORS
@@ -612,7 +612,7 @@ def test_kernel_runs_only_where_its_module_was_loaded(sim: SimBackend, image: by
 def test_cooperative_grid_is_bounded_by_the_partition(sim: SimBackend, image: bytes) -> None:
     part = sim.partition_create(0, (0, 1, 2, 3), False)
     sim.use_partition(0, part)
-    stream = sim.stream_create(1, 0)
+    stream = sim.partition_stream_create(part, 1, 0)
     fn = sim.function_get(sim.module_load(image), VADD)
     per_sm = sim.occupancy(fn.handle, 1024, 0, 0)
     coop = LaunchAttrs(cooperative=True)
