@@ -1,6 +1,6 @@
 """`pilotctl`: the operator's view and controls of a running pilotd.
 
-Reads (`status`, `sessions`, `quota get|list`) take --json and print one JSON document on
+Reads (`status`, `sessions`, `quota get|list`, `share list`) take --json and print one JSON document on
 stdout; everything else is for people. Changes need root or the admin group (checked by the
 daemon from the kernel's peer credentials). Errors are one line on stderr and exit status 1.
 """
@@ -304,6 +304,67 @@ def isolate_clear(client: ControlClient, tenant: str) -> None:
     r = _call(client, "isolate.clear", tenant=tenant)
     click.echo(f"{r['tenant']}: " + ("no longer marked isolated" if not r["isolated"]
                                      else "mark cleared, still isolated by the config"))
+
+
+@main.group()
+def share() -> None:
+    """Compute shares: the percent of a GPU's SMs a tenant's kernels may use.
+
+    \b
+    A capped tenant's kernels run in an SM partition of its own (a green context): its share
+    rounded down to the GPU's 8-SM units, at least one (25% is 32 of an H100's 132 SMs).
+    While it has sessions on a GPU, uncapped sessions started then run on the SMs no capped
+    tenant holds: they keep the rest. On an H100 a compute-bound kernel in a 25% partition ran
+    at 0.243 of its whole-GPU throughput, beside a tenant in the rest at 0.758 (the driver
+    directly; bench/RESULTS.md). Costs: SMs held stay unused while their tenant is idle; a
+    session keeps the partition it started in, so a change applies to sessions started after
+    the tenant's running ones end; an uncapped session that started before a capped tenant
+    arrived keeps the whole GPU. On CUDA shares are enforced only when pilotd runs with
+    PILOT_SM_SHARES=1 (see docs/ARCHITECTURE.md, Compute shares); `set` says "not enforced"
+    for a GPU where they are not.
+    """
+
+
+@share.command("set")
+@click.argument("tenant")
+@click.argument("percent")
+@click.option("--gpu", type=int, help="Only this GPU [default: every GPU].")
+@pass_client
+def share_set(client: ControlClient, tenant: str, percent: str, gpu: int | None) -> None:
+    """Cap TENANT at PERCENT (1-100) of the SMs, e.g. `pilotctl share set alice 25 --gpu 0`."""
+    r = _call(client, "share.set", tenant=tenant, percent=percent, gpu=gpu)
+    where = "every GPU" if r["gpu"] is None else f"GPU {r['gpu']}"
+    sms = ", ".join(f"GPU {g}: {v[0]} of {v[1]} SMs" if v else f"GPU {g}: not enforced"
+                    for g, v in r["sms"].items())
+    click.echo(f"{r['tenant']} on {where}: {r['percent']}% ({sms})")
+
+
+@share.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@pass_client
+def share_list(client: ControlClient, as_json: bool) -> None:
+    """Every share set ("*": every GPU; the config's sm_share too), and the SMs each capped
+    tenant with sessions holds now."""
+    r = _call(client, "share.list")
+    if as_json:
+        _emit_json(r)
+        return
+    for tenant, per in r["shares"].items():
+        for g, percent in per.items():
+            click.echo(f"{tenant} on {'every GPU' if g == '*' else f'GPU {g}'}: {percent}%")
+    for g, rep in r["gpus"].items():
+        for tenant, sms in rep["held"].items():
+            click.echo(f"GPU {g}: {tenant} holds {sms} of {rep['sms']} SMs")
+
+
+@share.command("unset")
+@click.argument("tenant")
+@click.option("--gpu", type=int)
+@pass_client
+def share_unset(client: ControlClient, tenant: str, gpu: int | None) -> None:
+    """Remove TENANT's share set by pilotctl (on one GPU, or all of them)."""
+    r = _call(client, "share.unset", tenant=tenant, gpu=gpu)
+    click.echo(f"{r['tenant']}: share removed")
 
 
 if __name__ == "__main__":

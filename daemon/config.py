@@ -53,6 +53,7 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     [tenants.<name>]               # name: [a-z0-9][a-z0-9_.-]*
     users = ["alice"]
     groups = ["ml"]
+    sm_share = 25                  # % of each GPU's SMs its kernels may use (default: all)
 
 Sizes are integers (bytes) or strings with a unit: B, KB/MB/GB/TB (powers of 1000),
 KiB/MiB/GiB/TiB (powers of 1024); fractions round down to whole bytes. Durations are numbers
@@ -214,6 +215,7 @@ class TenantDef:
     name: str
     users: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
+    sm_share: int | None = None  # percent of each GPU's SMs (resources/shares.py); None: no cap
 
 
 @dataclass(frozen=True)
@@ -484,7 +486,7 @@ def _names(value: Any, what: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-_TENANT_KEYS = ("users", "groups")
+_TENANT_KEYS = ("users", "groups", "sm_share")
 
 
 def _tenants(value: Any) -> dict[str, TenantDef]:
@@ -499,7 +501,7 @@ def _tenants(value: Any) -> dict[str, TenantDef]:
         if isinstance(spec, TenantDef):
             if spec.name != name:
                 raise _Invalid(f"TenantDef named {spec.name!r} under key {name!r}", sub=name)
-            spec = {"users": spec.users, "groups": spec.groups}
+            spec = {"users": spec.users, "groups": spec.groups, "sm_share": spec.sm_share}
         if not isinstance(spec, Mapping):
             raise _Invalid(f"{spec!r} is not a table with users and groups", sub=name)
         for key in spec:
@@ -518,7 +520,11 @@ def _tenants(value: Any) -> dict[str, TenantDef]:
                                    sub=f"{name}.{key}")
         if not members["users"] and not members["groups"]:
             raise _Invalid("a tenant needs at least one user or group", sub=name)
-        out[name] = TenantDef(name, members["users"], members["groups"])
+        share = spec.get("sm_share")
+        if share is not None and (isinstance(share, bool) or not isinstance(share, int)
+                                  or not 1 <= share <= 100):
+            raise _Invalid(f"{share!r} is not a percentage from 1 to 100", sub=f"{name}.sm_share")
+        out[name] = TenantDef(name, members["users"], members["groups"], share)
     return out
 
 

@@ -134,6 +134,19 @@ class LaunchAttrs:
 
 
 @dataclass(frozen=True)
+class SmLayout:
+    """How a device's SMs can be partitioned (compute shares, resources/shares.py). A partition
+    is a set of `units`, each `unit` SMs (the device's smallest partition and its step: 8 on an
+    H100, whose 132 SMs split into 15 units and 12 SMs in none); the `spare` SMs in no unit only
+    ever belong to the partition of everyone uncapped."""
+
+    sms: int
+    unit: int
+    units: int
+    spare: int
+
+
+@dataclass(frozen=True)
 class Gate:
     """One host-callback gate (callbacks.py): a `pilot_gate` (shim/gates.h) in pinned host
     memory. The stream runs pilot_gate_fire on it, then waits until its word reaches target."""
@@ -277,3 +290,24 @@ class Backend(Protocol):
         holds back later work until the gate's word reaches its target."""
     def kick(self) -> None:
         """A gate was opened from the host (the sim runs what the gate held back)."""
+
+    # SM partitions (compute shares, resources/shares.py). A partition is an execution context
+    # confined to some SMs (a green context on CUDA). What a thread creates while a partition is
+    # current (modules, events, memory) is that partition's; streams are the exception:
+    # stream_create always makes a whole-GPU stream (the daemon's own: coherence, eviction),
+    # partition_stream_create a session's stream in its partition. pilotd keeps a session's
+    # module, streams and current context all in its partition: a whole-GPU module's kernel
+    # launched on a partition's stream faulted on the H100 (cudaErrorIllegalAddress, fatal to
+    # every context of the device; bench/RESULTS.md), and the sim refuses that mix the same way.
+    def sm_layout(self, device: int) -> SmLayout | None:
+        """The device's partition geometry; None where it cannot be partitioned."""
+    def partition_create(self, device: int, units: tuple[int, ...], spare: bool) -> Any:
+        """A partition of the given units (indexes below SmLayout.units), plus the spare SMs if
+        `spare`; the object has `sm_count`."""
+    def partition_stream_create(self, partition: Any, flags: int, priority: int) -> Any:
+        """A stream of `partition`: kernels launched on it run on the partition's SMs."""
+    def partition_destroy(self, partition: Any) -> None:
+        """Destroy a partition nothing uses any more (its streams and modules are gone)."""
+    def use_partition(self, device: int, partition: Any) -> None:
+        """Make `partition` (None: the device's whole-GPU context) current on the calling
+        thread; a bound vGPU thread calls it before working for a session of another one."""

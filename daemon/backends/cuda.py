@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +37,7 @@ from pilot.daemon.backends.base import (
     FunctionInfo,
     Gate,
     LaunchAttrs,
+    SmLayout,
     format_pci_bus_id,
 )
 from pilot.daemon.protocol import ffi as _pffi
@@ -84,6 +86,9 @@ CALL_OVERRIDES: dict[tuple[str, int], int] = {
 
 # What cudart reports when there is no driver library at all: cudaErrorInsufficientDriver.
 _NO_DRIVER = 35
+
+# The opt-in for compute shares on CUDA (sm_layout says why).
+SM_SHARES_ENV = "PILOT_SM_SHARES"
 
 # CUresult values the backend branches on; same numbers as the cudaError_t ones.
 _CU_ERROR_INVALID_VALUE = CUDA_ERROR_INVALID_VALUE
@@ -335,6 +340,7 @@ class CudaBackend:
     def bind_thread(self, device: int) -> None:
         check(self._cu.cuCtxSetCurrent(self._contexts[self._index(device)]), "cuCtxSetCurrent")
         self._tls.device = device
+        self._tls.partition = None
 
     @contextmanager
     def _context(self, device: int) -> Iterator[None]:
@@ -559,9 +565,22 @@ class CudaBackend:
     # cudaEventDisableTiming 2, cudaEventInterprocess 4 = CU_EVENT_* of the same values.
 
     def stream_create(self, flags: int, priority: int) -> Any:
-        return check(
-            self._cu.cuStreamCreateWithPriority(flags, priority), "cuStreamCreateWithPriority"
-        )
+        """A whole-GPU stream, even while a partition is current (the daemon's own streams,
+        made lazily on a vGPU thread that may be serving a capped session)."""
+        if getattr(self._tls, "partition", None) is None:
+            return check(self._cu.cuStreamCreateWithPriority(flags, priority),
+                         "cuStreamCreateWithPriority")
+        cu = self._cu
+        check(cu.cuCtxPushCurrent(self._contexts[self._index(self._tls.device)]), "cuCtxPushCurrent")
+        try:
+            return check(cu.cuStreamCreateWithPriority(flags, priority),
+                         "cuStreamCreateWithPriority")
+        finally:
+            check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
+
+    def partition_stream_create(self, partition: Any, flags: int, priority: int) -> Any:
+        return check(self._cu.cuGreenCtxStreamCreate(partition.green, flags, priority),
+                     "cuGreenCtxStreamCreate")
 
     def stream_destroy(self, stream: Any) -> None:
         check(self._cu.cuStreamDestroy(stream), "cuStreamDestroy")
@@ -963,6 +982,99 @@ class CudaBackend:
 
     def kick(self) -> None:
         """The GPU polls the gate words itself: nothing to do."""
+
+
+    # ---- SM partitions (green contexts; compute shares, resources/shares.py) -----------------
+
+    def _sm_resource(self, device: int) -> Any:
+        cu = self._cu
+        return check(cu.cuDeviceGetDevResource(self._devices[self._index(device)],
+                                               cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM),
+                     "cuDeviceGetDevResource")
+
+    def _units(self, device: int) -> tuple[list[Any], Any]:
+        """The device's SMs split into as many groups of the smallest partition as it makes
+        (deterministic: the same SMs each time), and the SMs left over."""
+        res = self._sm_resource(device)
+        unit = int(res.sm.minSmPartitionSize) or 8
+        groups, count, rest = check(self._cu.cuDevSmResourceSplitByCount(
+            max(1, int(res.sm.smCount) // unit), res, 0, unit), "cuDevSmResourceSplitByCount")
+        groups = list(groups) if isinstance(groups, (list, tuple)) else [groups]
+        return groups[:int(count)], rest
+
+    def sm_layout(self, device: int) -> SmLayout | None:
+        """None where the driver has no green contexts (before CUDA 12.4, or a device that
+        cannot split its SMs), and unless PILOT_SM_SHARES=1: shares are then not enforced.
+
+        Why opt-in: on the H100 (bench/RESULTS.md, 2026-11-23) green partitions gave exactly the
+        SM shares asked for (0.243 and 0.758 of the whole GPU's throughput), but every probe
+        kernel that dereferenced a pointer faulted in a green context (700), whatever context
+        its module and memory came from, and that run had no whole-GPU control case. Until a
+        run of tests/gpu/share_run.sh shows pilot's own launches (packed parameter buffer)
+        working in partitions, a fault there must not be risked: it is fatal to every context
+        of the device, so to every tenant on the GPU."""
+        if os.environ.get(SM_SHARES_ENV) != "1":
+            log.warning("device %d: compute shares are recorded but not enforced (set %s=1 to "
+                        "enforce them with green contexts; docs/ARCHITECTURE.md, Compute shares)",
+                        device, SM_SHARES_ENV)
+            return None
+        try:
+            groups, rest = self._units(device)
+        except (BackendError, AttributeError) as exc:
+            log.warning("device %d cannot be partitioned (%s): compute shares are not enforced",
+                        device, exc)
+            return None
+        if not groups:
+            return None
+        unit = int(groups[0].sm.smCount)
+        return SmLayout(sms=unit * len(groups) + int(rest.sm.smCount), unit=unit,
+                        units=len(groups), spare=int(rest.sm.smCount))
+
+    def partition_create(self, device: int, units: tuple[int, ...], spare: bool) -> Any:
+        """A green context over the chosen groups (and the leftover SMs), made from a fresh
+        split, which gives the same SMs every time. If the driver refuses the leftover SMs in
+        the descriptor, the partition goes without them (logged)."""
+        groups, rest = self._units(device)
+        chosen = [groups[u] for u in units]
+        try:
+            return self._green(device, [*chosen, rest] if spare and int(rest.sm.smCount) else chosen)
+        except BackendError as exc:
+            if not spare or not chosen:
+                raise
+            log.warning("device %d: the %d leftover SMs cannot join a partition (%s)", device,
+                        int(rest.sm.smCount), exc)
+            return self._green(device, chosen)
+
+    def _green(self, device: int, resources: list[Any]) -> _Partition:
+        cu = self._cu
+        desc = check(cu.cuDevResourceGenerateDesc(resources, len(resources)),
+                     "cuDevResourceGenerateDesc")
+        green = check(cu.cuGreenCtxCreate(desc, self._devices[self._index(device)],
+                                          cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM),
+                      "cuGreenCtxCreate")
+        ctx = check(cu.cuCtxFromGreenCtx(green), "cuCtxFromGreenCtx")
+        sms = check(cu.cuCtxGetDevResource(ctx, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM),
+                    "cuCtxGetDevResource")
+        return _Partition(device, green, ctx, int(sms.sm.smCount))
+
+    def partition_destroy(self, partition: Any) -> None:
+        check(self._cu.cuGreenCtxDestroy(partition.green), "cuGreenCtxDestroy")
+
+    def use_partition(self, device: int, partition: Any) -> None:
+        """cuCtxSetCurrent of the partition's context (about 1 us on the H100), so that the
+        session's modules, events and streams are created in it and its launches run in it."""
+        ctx = self._contexts[self._index(device)] if partition is None else partition.ctx
+        check(self._cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        self._tls.partition = partition
+
+
+class _Partition:
+    """A green context: `green` (CUgreenCtx), `ctx` (its CUcontext), its SMs."""
+
+    __slots__ = ("ctx", "device", "green", "sm_count")
+
+    def __init__(self, device: int, green: Any, ctx: Any, sm_count: int) -> None:
+        self.device, self.green, self.ctx, self.sm_count = device, green, ctx, sm_count
 
 
 # CUmemorytype (cuda.h): CU_MEMORYTYPE_HOST 1, CU_MEMORYTYPE_DEVICE 2.

@@ -51,6 +51,7 @@ from typing import Any
 
 from pilot.daemon.backends.base import (
     CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
+    CUDA_ERROR_ILLEGAL_ADDRESS,
     CUDA_ERROR_INVALID_CLUSTER_SIZE,
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_IMAGE,
@@ -67,6 +68,7 @@ from pilot.daemon.backends.base import (
     FunctionInfo,
     Gate,
     LaunchAttrs,
+    SmLayout,
 )
 from pilot.daemon.backends.fatbin import KernelInfo, globals_in_image, kernel_infos_in_image
 from pilot.daemon.backends.func_attrs import ImageFuncAttrs, image_function_attrs
@@ -391,9 +393,20 @@ class _Hold:
 
 
 @dataclass(eq=False)
+class _Partition:
+    """A simulated SM partition (a green context on CUDA)."""
+
+    device: int
+    units: tuple[int, ...]
+    sm_count: int
+    alive: bool = True
+
+
+@dataclass(eq=False)
 class _Stream:
     flags: int
     priority: int
+    partition: _Partition | None = None  # the context it was created in (None: whole GPU)
     alive: bool = True
     # Work issued while the stream is held: callables and _Holds, in order (sim lock held).
     queue: collections.deque = field(default_factory=collections.deque)
@@ -412,6 +425,7 @@ class _Event:
 @dataclass(eq=False)
 class _Module:
     kernels: dict[str, KernelInfo]
+    partition: _Partition | None = None  # the context it was loaded in
     alive: bool = True
     globals_block: int = 0  # sim memory holding the module's variables, 0 if it has none
     managed_block: int = 0  # managed sim memory holding its __managed__ variables
@@ -479,6 +493,7 @@ class SimBackend:
 
     def bind_thread(self, device: int) -> None:
         self._thread.device = self._check_device(device)
+        self._thread.partition = None
 
     def _current_device(self) -> int:
         return getattr(self._thread, "device", 0)
@@ -824,6 +839,13 @@ class SimBackend:
         least, greatest = STREAM_PRIORITY_RANGE
         return _Stream(flags, min(least, max(greatest, priority)))  # clamped, as CUDA does
 
+    def partition_stream_create(self, partition: Any, flags: int, priority: int) -> Any:
+        if not (isinstance(partition, _Partition) and partition.alive):
+            raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"bad partition {partition!r}")
+        stream = self.stream_create(flags, priority)
+        stream.partition = partition
+        return stream
+
     def stream_destroy(self, stream: Any) -> None:
         with self._lock:
             if stream is None:
@@ -904,7 +926,8 @@ class SimBackend:
             layout = globals_in_image(image)
         except ValueError as exc:
             raise BackendError(CUDA_ERROR_INVALID_IMAGE, f"cannot read image: {exc}") from exc
-        module = _Module(kernels, attrs=image_function_attrs(image))
+        module = _Module(kernels, getattr(self._thread, "partition", None),
+                         attrs=image_function_attrs(image))
         if layout.size:
             with self._lock:
                 base = self._memory.alloc(layout.size, self._current_device())
@@ -988,6 +1011,7 @@ class SimBackend:
                 raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"bad function {function!r}")
             self._module(function.module)
             self._check_stream(stream)
+            self._check_context(function.module, stream)
             _check_launch_config(grid, block, shared_bytes, function.max_threads,
                                  function.max_dynamic_shared)
             layout = function.info.params
@@ -1030,7 +1054,7 @@ class SimBackend:
             if attrs.cooperative:
                 threads = block[0] * block[1] * block[2]
                 per_sm = self.occupancy(function, threads, shared_bytes, 0) if threads <= 1024 else 0
-                sms = self._infos[self._current_device()].attrs.get(16, 132)
+                sms = self._sms(stream)
                 if grid[0] * grid[1] * grid[2] > per_sm * sms:
                     raise BackendError(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
                                        f"{grid} blocks of {threads} threads: at most "
@@ -1099,6 +1123,55 @@ class SimBackend:
         with self._lock:
             self._check_stream(stream)
             return stream.priority if stream is not None else 0
+
+    def _check_context(self, module: _Module, stream: Any) -> None:
+        """A kernel whose module was loaded in another context than its stream's: on the H100
+        (a primary-context module on a green-context stream) the launch returned success and
+        the kernel faulted with cudaErrorIllegalAddress, fatal to the context (which of the
+        mix-ups that run tried are safe is open: bench/RESULTS.md). The sim fails it the same
+        way, at the launch, so a daemon path that mixes contexts shows in CI."""
+        stream_part = stream.partition if isinstance(stream, _Stream) else None
+        if module.partition is not stream_part:
+            raise BackendError(CUDA_ERROR_ILLEGAL_ADDRESS,
+                               "kernel of a module loaded in another context than its stream's")
+
+    def _sms(self, stream: Any) -> int:
+        """The SMs a launch on `stream` may use: its partition's, else the device's."""
+        part = stream.partition if isinstance(stream, _Stream) else None
+        if part is not None:
+            return part.sm_count
+        return int(self._infos[self._current_device()].attrs.get(16, 132))
+
+    # ---- SM partitions (compute shares) -----------------------------------------------------
+    # The H100's geometry (tests/gpu/green_probe.py): 132 SMs, partitions of 8-SM units, 15 of
+    # them, 12 SMs in none. Kernels take no time here, so a share shows in what the sim can
+    # check: the SM count a session is told, cooperative grids, and contexts not mixed.
+
+    def sm_layout(self, device: int) -> SmLayout | None:
+        sms = int(self._infos[self._check_device(device)].attrs.get(16, 132))
+        unit = 8
+        units = min(sms // unit, max(1, (sms - 12) // unit))  # the H100 keeps 12 SMs apart
+        return SmLayout(sms=sms, unit=unit, units=units, spare=sms - units * unit)
+
+    def partition_create(self, device: int, units: tuple[int, ...], spare: bool) -> Any:
+        layout = self.sm_layout(device)
+        assert layout is not None
+        if (not units and not spare) or any(not 0 <= u < layout.units for u in units) or \
+                len(set(units)) != len(units):
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"bad partition units {units}")
+        return _Partition(device, tuple(units), len(units) * layout.unit + (layout.spare if spare else 0))
+
+    def partition_destroy(self, partition: Any) -> None:
+        if not (isinstance(partition, _Partition) and partition.alive):
+            raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"bad partition {partition!r}")
+        partition.alive = False
+
+    def use_partition(self, device: int, partition: Any) -> None:
+        self._check_device(device)
+        if partition is not None and not (isinstance(partition, _Partition) and partition.alive
+                                          and partition.device == device):
+            raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"bad partition {partition!r}")
+        self._thread.partition = partition
 
     def _function(self, function: Any) -> _Function:
         if not isinstance(function, _Function):

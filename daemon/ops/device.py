@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from pilot.daemon.vgpu.server import VGpu
 
 OPS = OpTable("device")
+ATTR_MULTIPROCESSOR_COUNT = 16  # cudaDevAttrMultiProcessorCount
 
 
 @OPS.handler(lib.PILOT_OP_DEVICE_INFO, "pilot_req_device")
@@ -36,6 +37,11 @@ def device_info(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     for attr, value in info.attrs.items():
         if 0 <= attr < lib.PILOT_ATTR_COUNT:
             rep.attrs[attr] = value
+    part = s if s.group is None else s.group.part(req.device)
+    if part is not None and part.partition is not None:
+        # A capped session sees its partition's SMs, as a program in a green context reads them
+        # (cuCtxGetDevResource): grids sized by the SM count, and cooperative grids, then fit.
+        rep.attrs[ATTR_MULTIPROCESSOR_COUNT] = part.partition.sm_count
     return rep
 
 def fill_device_info(vg: VGpu, s: Session, ordinal: int, rep: Any) -> DeviceInfo:

@@ -31,7 +31,7 @@ OPS = OpTable("streams")
 def stream_create(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     # Every daemon stream is non-blocking towards CUDA's real null stream, which no tenant uses;
     # the program's blocking semantics are kept by streams.py.
-    obj = vg.backend.stream_create(STREAM_NON_BLOCKING, req.priority)
+    obj = streams.session_stream(vg, s, STREAM_NON_BLOCKING, req.priority)
     handle = s.new_handle()
     s.streams[handle] = StreamState(obj, blocking=not (req.flags & STREAM_NON_BLOCKING))
     return u64(handle)

@@ -178,6 +178,47 @@ class TenantResolver:
 
 # ---- quotas ----
 
+def without_entry(table: dict[str, dict[Any, Any]], tenant: str, key: int | None,
+                  whole: bool) -> dict[str, dict[Any, Any]] | None:
+    """A copy of a per-tenant, per-GPU table (quotas, shares) less the tenant's entry for `key`
+    (every entry of the tenant when `whole`); None if there is none. A copy, since the stores
+    swap tables in whole for their lock-free readers."""
+    per = table.get(tenant)
+    if per is None or (not whole and key not in per):
+        return None
+    new = dict(table)
+    rest = {} if whole else {g: v for g, v in per.items() if g != key}
+    if rest:
+        new[tenant] = rest
+    else:
+        del new[tenant]
+    return new
+
+
+def write_json_atomic(path: str, doc: Any) -> None:
+    """Replace `path` with `doc` as JSON, atomically and durably (a temporary file of mode 0600
+    beside it, fsync, rename, fsync of the directory): a crash leaves the old file or the new."""
+    directory = os.path.dirname(path) or "."
+    name = os.path.basename(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:  # mkstemp: mode 0600
+            json.dump(doc, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)  # the rename itself survives a crash
+    finally:
+        os.close(dfd)
+
+
 def _check_bytes(what: str, value: Any) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"{what} must be a number of bytes >= 0 or None, not {value!r}")
@@ -268,15 +309,9 @@ class QuotaStore:
         every-GPU one. False if there was nothing to remove."""
         key: int | None = None if gpu == WILDCARD else _check_gpu(gpu)
         with self._lock:
-            per = self._quotas.get(tenant)
-            if per is None or (gpu is not None and key not in per):
+            new = without_entry(self._quotas, tenant, key, whole=gpu is None)
+            if new is None:
                 return False
-            new = dict(self._quotas)
-            rest = {} if gpu is None else {g: q for g, q in per.items() if g != key}
-            if rest:
-                new[tenant] = rest
-            else:
-                del new[tenant]
             self._commit(new)
         return True
 
@@ -298,23 +333,7 @@ class QuotaStore:
                "quotas": {t: {g: {"hard": q.hard, "provisioned": q.provisioned}
                               for g, q in per.items()}
                           for t, per in self._listing(table).items()}}
-        fd, tmp = tempfile.mkstemp(prefix=".quotas.", suffix=".tmp", dir=self.state_dir)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:  # mkstemp: mode 0600
-                json.dump(doc, fh, indent=2, sort_keys=True)
-                fh.write("\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        dfd = os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)  # the rename itself survives a crash
-        finally:
-            os.close(dfd)
+        write_json_atomic(self.path, doc)
         self._quotas = table
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""The control socket's commands (pilotctl): status, sessions, quotas, kill, drain.
+"""The control socket's commands (pilotctl): status, sessions, quotas, compute shares, kill, drain.
 
 Requests and replies are one JSON frame each: `{"cmd": "quota.set", "args": {...}}` ->
 `{"ok": true, "result": ...}` or `{"ok": false, "error": "one line"}`. The caller's uid and gid
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.config import parse_bytes
+from pilot.daemon.resources.shares import units_for
 from pilot.daemon.resources.tenants import SLURM_TENANT_PREFIX
 from pilot.daemon.sessions.session import Credentials
 
@@ -256,6 +257,57 @@ def isolate_clear(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[
                if daemon.isolation.isolated(tenant) else "")
         raise ControlError(f"{tenant} is not marked isolated{why}")
     return {"tenant": tenant, "isolated": daemon.isolation.isolated(tenant)}
+
+
+# ---- compute shares (resources/shares.py) ----
+
+@command("share.list")
+def share_list(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    """The shares set (config defaults under "*"), and per GPU the SMs each capped tenant with
+    sessions holds now."""
+    shares = daemon.shares.store.list()
+    gpus = {str(g): r for g, r in daemon.shares.report().items()}
+    if not caller.admin:
+        shares = {t: v for t, v in shares.items() if t == caller.tenant}
+        for r in gpus.values():
+            r["held"] = {t: n for t, n in r["held"].items() if t == caller.tenant}
+    return {"shares": shares, "gpus": gpus}
+
+
+@command("share.set", admin=True)
+def share_set(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    tenant = _tenant_arg(daemon, args["tenant"])
+    gpu = _gpu_arg(daemon, args)
+    percent = args.get("percent")
+    if isinstance(percent, str) and percent.rstrip("%").isdigit():
+        percent = int(percent.rstrip("%"))
+    daemon.shares.store.set(tenant, gpu, percent)
+    where = "every GPU" if gpu is None else f"GPU {gpu}"
+    log.info("compute share of %s on %s: %d%%", tenant, where, percent, extra={"tenant": tenant})
+    return {"tenant": tenant, "gpu": gpu, "percent": percent,
+            "sms": _share_sms(daemon, gpu, percent)}
+
+
+def _share_sms(daemon: Daemon, gpu: int | None, percent: int) -> dict[str, list[int] | None]:
+    """What `percent` gives on each GPU it applies to: [SMs, of SMs], None where the GPU
+    cannot be partitioned."""
+    out: dict[str, list[int] | None] = {}
+    for g, planner in daemon.shares.planners.items():
+        if gpu is None or g == gpu:
+            lay = planner.layout
+            out[str(g)] = None if lay is None else [
+                lay.sms if percent >= 100 else units_for(percent, lay) * lay.unit, lay.sms]
+    return out
+
+
+@command("share.unset", admin=True)
+def share_unset(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    tenant = _tenant_arg(daemon, args["tenant"])
+    gpu = _gpu_arg(daemon, args)
+    if not daemon.shares.store.unset(tenant, gpu):
+        raise ControlError(f"{tenant} has no share set by pilotctl"
+                           + ("" if gpu is None else f" on GPU {gpu}"))
+    return {"tenant": tenant, "gpu": gpu}
 
 
 @command("kill", admin=True)

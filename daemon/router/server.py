@@ -40,6 +40,7 @@ from pilot.daemon.config import Config
 from pilot.daemon.protocol import ENVELOPE_SIZE, ffi, lib, new, to_bytes
 from pilot.daemon.resources.broker import GpuBudget, ResourceBroker
 from pilot.daemon.resources.residency import Residency
+from pilot.daemon.resources.shares import ComputeShares, ShareStore
 from pilot.daemon.resources.tenants import (
     SLURM_TENANT_PREFIX,
     Ledger,
@@ -134,6 +135,9 @@ class Daemon:
                       for g, d in self.gpus.items()}
         self.resolver = TenantResolver(config.tenants)
         self.quotas = QuotaStore(config.state_dir)
+        self.shares = ComputeShares(
+            ShareStore(config.state_dir, {t.name: t.sm_share for t in config.tenants.values()
+                                          if t.sm_share is not None}), backend, self.gpus)
         self.ledger = Ledger()
         self.metrics = Metrics()
         policy = policy if policy is not None else load_policy(config)
@@ -163,6 +167,7 @@ class Daemon:
         self.broker.policy = self.policy
         for vg in self.vgpus:
             vg.policy, vg.kernel_time = self.policy, config.metrics_kernel_time
+            vg.shares = self.shares
         self.topology = self._topology()
         self.callbacks = CallbackHub(f"{socket_path}.callbacks", backend, config.callback_timeout)
         self._ends: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()  # from other threads
@@ -225,6 +230,7 @@ class Daemon:
         vg.policy, vg.topology, vg.callbacks = self.policy, self.topology, self.callbacks
         vg.kernel_time = self.config.metrics_kernel_time
         vg.report_fault = self.monitor.report
+        vg.shares = self.shares
         try:
             prepare_socket_path(vg.endpoint_path)
             vg.start()
@@ -260,7 +266,8 @@ class Daemon:
         self._reload.clear()
         self.quotas.reload()
         self.isolation.reload()
-        log.info("SIGHUP: quotas and isolation marks re-read from %s", self.config.state_dir)
+        self.shares.store.reload()
+        log.info("SIGHUP: quotas, isolation marks and shares re-read from %s", self.config.state_dir)
         if self.reread_config is None:
             return
         try:
@@ -646,6 +653,7 @@ class Daemon:
             return to_bytes(rep)
         session = Session(id=self._next_session, creds=creds, vgpu=vg.index, device=vg.gpu,
                           tenant=tenant, cmdline=read_cmdline(creds.pid))
+        self.shares.place(session)
         self._next_session += 1
         group = SessionGroup(session, self.topology.position(vg.gpu), self.topology, selected)
         vg.sessions[session.id] = session
@@ -724,6 +732,7 @@ class Daemon:
         vg = place_part(self.topology.vgpus[w.group.position(ordinal)], self._grow)
         assert vg is not None  # every GPU has vGPUs
         part = w.group.add_part(ordinal, vg)
+        self.shares.place(part)
         vg.sessions[part.id] = part
         w.others.append((vg, part))
         self.policy.session_started(part)
@@ -791,6 +800,7 @@ class Daemon:
             "faults": [{**asdict(f), "tenant": f.tenant} for f in self.faults],
             "isolation": {**self.isolation.describe(), "engines": self.engines.describe(),
                           "serves": self.config.isolated_tenant},
+            "shares": self.shares.report(),
         }
 
     def _shutdown(self, router: zmq.Socket, control_sock: zmq.Socket) -> None:

@@ -25,12 +25,24 @@ EVENT_DISABLE_TIMING = 2
 STREAM_NON_BLOCKING = 1
 
 
+def session_stream(vg: VGpu, s: Session, flags: int, priority: int) -> Any:
+    """A new stream of the session: in its SM partition when it has one (compute shares)."""
+    if s.partition is None:
+        return vg.backend.stream_create(flags, priority)
+    return vg.backend.partition_stream_create(s.partition, flags, priority)
+
+
 def own_legacy(vg: VGpu, s: Session) -> Any:
     """Give the session a legacy stream of its own (once), ordered after the work it already
     issued on the shared one."""
     if s.legacy is None:
         backend = vg.backend
-        own = backend.stream_create(STREAM_NON_BLOCKING, 0)
+        own = session_stream(vg, s, STREAM_NON_BLOCKING, 0)
+        if s.partition is not None:
+            # Its stream is in its SM partition's context (made at attach, before any work, so
+            # nothing on the vGPU stream to order after); no event of its crosses contexts.
+            s.legacy = own
+            return own
         if s.legacy_event is None:
             s.legacy_event = backend.event_create(EVENT_DISABLE_TIMING)
         backend.event_record(s.legacy_event, vg.stream)

@@ -112,6 +112,7 @@ class WaitQueue:
                 if time.monotonic() >= w.deadline:
                     err, outcome = w.error, "timeout"
                 else:
+                    self.vg.enter(w.session)
                     launches.retry(self.vg, w.session, w.launch)
             except WaitForPolicy as again:
                 w.error, w.reason = again.error, again.reason

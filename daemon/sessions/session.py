@@ -98,6 +98,9 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     fault_identity: int | None = None  # its unified-memory fault channel, once opened
     ordinal: int = 0  # the program's number for this part's device (devices.py)
     group: Any = None  # devices.SessionGroup: the session's parts on every device it uses
+    # Its SM partition (resources/shares.py), None for the whole GPU; fixed for its life, since
+    # its streams and modules are created in it.
+    partition: Any = None
 
     # Owned by the vGPU thread.
     allocations: dict[int, int] = field(default_factory=dict)

@@ -289,9 +289,10 @@ class PilotCollector(Collector):
     "managed_bytes"}], "gpus": [{"index", "capacity", "draining", "reading": GpuReading | None,
     "name", "uuid", "pci_bus_id"}],
     "quotas": {tenant: {gpu_key: {"hard": int | None, "provisioned": int | None}}},
-    "vgpus": [{"index", "gpu", "sessions"}]}; missing keys count as empty. If it raises, the
-    scrape still returns the counters (and the failure is logged), so a bug there cannot blind
-    the counters. `poller` (an NvmlPoller), when given, adds its read/error counters.
+    "vgpus": [{"index", "gpu", "sessions"}],
+    "shares": {gpu: {"sms": int | None, "held": {tenant: SMs}}}}; missing keys count as empty.
+    If it raises, the scrape still returns the counters (and the failure is logged), so a bug
+    there cannot blind the counters. `poller` (an NvmlPoller), when given, adds its read/error counters.
     """
 
     def __init__(self, metrics: Metrics, state: Callable[[], dict[str, Any]],
@@ -387,6 +388,16 @@ class PilotCollector(Collector):
                     value = (limits or {}).get(kind)
                     if value is not None:
                         f.add_metric([str(tenant), str(gpu_key), kind], int(value))
+        yield f
+
+        f = _gauge("pilot_tenant_sm_share_ratio",
+                   "The part of a GPU's SMs a capped tenant's partition holds now (compute shares; "
+                   "tenants without a partition run on the whole GPU).", ["tenant", "gpu"])
+        for gpu, rep in sorted(dict(state.get("shares") or {}).items(), key=lambda kv: str(kv[0])):
+            sms = (rep or {}).get("sms")
+            for tenant, held in sorted(((rep or {}).get("held") or {}).items()):
+                if sms:
+                    f.add_metric([str(tenant), str(gpu)], held / sms)
         yield f
 
         info = _gauge("pilot_gpu_info", "Always 1; the GPU's name, UUID (as nvidia-smi and DCGM show "

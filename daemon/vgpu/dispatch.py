@@ -42,8 +42,19 @@ class Dispatch:
     _specs: dict[int, _Prepared]
     _op_names: dict[int, str]
     _release: Any
+    backend: Any
     device: int
     report_fault: Any  # FaultMonitor.report(device, error), set by the router
+    _partition: Any  # the SM partition current on this thread (None: the whole GPU)
+
+    def enter(self, session: Session) -> None:
+        """Make the session's SM partition current on this thread (compute shares): what the
+        session creates is then created in it and its kernels run on its SMs. About 1 us, only
+        when the thread moves between sessions of different partitions."""
+        part = session.partition
+        if part is not self._partition:
+            self.backend.use_partition(self.device, part)
+            self._partition = part
 
     def _send(self, msg: Any, body: Any, size: int, payload: Any = None) -> None:
         if payload is None:
@@ -75,6 +86,8 @@ class Dispatch:
             if not self.waits.hold(session, msg):  # behind its waiting launch, in order
                 self._release(session)  # it held more than the daemon keeps for anyone
             return
+        if session.partition is not self._partition:
+            self.enter(session)
         prepared = self._specs.get(opcode)
         result: Any = None
         err = 0
@@ -175,6 +188,7 @@ class Dispatch:
                 # Concurrency by default: the session's legacy default stream is a non-blocking
                 # stream of its own, so tenants on one vGPU never queue behind each other.
                 try:
+                    self.enter(session)  # its legacy stream is created in its partition
                     streams.own_legacy(self, session)
                 except BackendError as exc:
                     err = exc.code

@@ -57,6 +57,8 @@ class VGpu(Dispatch):
         self.kernel_time = False  # [metrics] kernel_time: every launch timed (set by the Daemon)
         self.callbacks: Any = None  # callbacks.CallbackHub (set by the Daemon)
         self.report_fault: Any = None  # recovery.FaultMonitor.report (set by the Daemon)
+        self.shares: Any = None  # shares.ComputeShares (set by the Daemon; None: no shares)
+        self._partition: Any = None  # the SM partition current on this thread (dispatch.enter)
         self._info: DeviceInfo | None = None
         self._op_names = op_names()
         self._control_r, self._control_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -174,8 +176,14 @@ class VGpu(Dispatch):
         held = session.held_allocations()
         if self.broker.residency is not None:
             self.broker.residency.quiesce(session)
+        self.enter(session)  # its modules and streams go in the context they were made in
         session.release(self.backend, self.stream)
         self.broker.release_session(session, held)
+        if session.partition is not None:
+            self.backend.use_partition(self.device, None)  # never destroy the current context
+            self._partition = None
+            if self.shares is not None:
+                self.shares.release(session)
         if self.policy is not None:
             self.policy.session_ended(session)
         log.info("session %d (pid %d) released", session.id, session.creds.pid,

@@ -72,11 +72,12 @@ def emit(probe: str, **kv: Any) -> None:
     print(f"PROBE {probe}: " + " ".join(f"{k}={v}" for k, v in kv.items()), flush=True)
 
 
-def build() -> bytes:
+def build(source: str = SOURCE) -> bytes:
+    """`source` compiled to an sm_90 cubin (green_probe.py builds its kernels with it too)."""
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.cu")
         with open(src, "w") as f:
-            f.write(SOURCE)
+            f.write(source)
         nvcc = os.environ.get("NVCC", "/usr/local/cuda/bin/nvcc")
         subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-o", f"{tmp}/k.cubin", src], check=True)
         with open(f"{tmp}/k.cubin", "rb") as f:

@@ -13,6 +13,7 @@ import pytest
 from pilot.daemon import sim_kernels
 from pilot.daemon.backends import sim as backend_sim
 from pilot.daemon.backends.base import (
+    CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
     CUDA_ERROR_ILLEGAL_ADDRESS,
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_IMAGE,
@@ -24,6 +25,7 @@ from pilot.daemon.backends.base import (
     STICKY_ERRORS,
     Backend,
     BackendError,
+    LaunchAttrs,
 )
 from pilot.daemon.backends.fatbin import kernels_in_image
 from pilot.daemon.backends.sim import SIM_BASE_ADDRESS, SimBackend
@@ -590,3 +592,53 @@ def test_sim_launch_symbols() -> None:
         assert _code(exc) == CUDA_ERROR_LAUNCH_FAILURE
     with pytest.raises(BackendError):
         SimLaunch("k", (1, 1, 1), (1, 1, 1), 0, [], memory).symbol("counter")
+
+
+# ---- SM partitions (compute shares) ----
+
+def test_sm_layout_is_the_h100s(sim: SimBackend) -> None:
+    """The geometry tests/gpu/green_probe.py read on the H100: 15 units of 8 SMs, 12 in none."""
+    lay = sim.sm_layout(0)
+    assert lay is not None and (lay.sms, lay.unit, lay.units, lay.spare) == (132, 8, 15, 12)
+    assert sim.partition_create(0, (0, 1, 2, 3), False).sm_count == 32
+    assert sim.partition_create(0, tuple(range(4, 15)), True).sm_count == 100
+    for bad in ((), (15,), (1, 1)):
+        with pytest.raises(BackendError) as exc:
+            sim.partition_create(0, bad, False)
+        assert _code(exc) == CUDA_ERROR_INVALID_VALUE
+
+
+def test_kernel_runs_only_where_its_module_was_loaded(sim: SimBackend, image: bytes) -> None:
+    """A module loaded in the whole-GPU context, launched on a partition's stream, faulted on the
+    H100 (context-fatal 700): the sim fails it the same way; loaded in the partition it runs."""
+    n = 256
+    a, b, c, a_host, b_host = _vadd_setup(sim, n)
+    args = struct.pack("<QQQi", a, b, c, n)
+    outside = sim.function_get(sim.module_load(image), VADD)
+    part = sim.partition_create(0, (0, 1, 2, 3), False)
+    sim.use_partition(0, part)
+    stream = sim.partition_stream_create(part, 1, 0)
+    with pytest.raises(BackendError) as exc:
+        sim.launch(outside.handle, (1, 1, 1), (256, 1, 1), 0, stream, args)
+    assert _code(exc) == CUDA_ERROR_ILLEGAL_ADDRESS and CUDA_ERROR_ILLEGAL_ADDRESS in STICKY_ERRORS
+    inside = sim.function_get(sim.module_load(image), VADD)
+    sim.launch(inside.handle, (1, 1, 1), (256, 1, 1), 0, stream, args)
+    out = array.array("f", bytes(4 * n))
+    sim.memcpy_dtoh(out, c, 4 * n, stream)
+    assert out[255] == a_host[255] + b_host[255]
+    sim.use_partition(0, None)
+    with pytest.raises(BackendError):  # and the partition's kernel on a whole-GPU stream
+        sim.launch(inside.handle, (1, 1, 1), (256, 1, 1), 0, sim.stream_create(1, 0), args)
+
+
+def test_cooperative_grid_is_bounded_by_the_partition(sim: SimBackend, image: bytes) -> None:
+    part = sim.partition_create(0, (0, 1, 2, 3), False)
+    sim.use_partition(0, part)
+    stream = sim.partition_stream_create(part, 1, 0)
+    fn = sim.function_get(sim.module_load(image), VADD)
+    per_sm = sim.occupancy(fn.handle, 1024, 0, 0)
+    coop = LaunchAttrs(cooperative=True)
+    sim.launch_ex(fn.handle, (per_sm * 32, 1, 1), (1024, 1, 1), 0, stream, bytes(28), coop)
+    with pytest.raises(BackendError) as exc:  # fits on 132 SMs, not on the partition's 32
+        sim.launch_ex(fn.handle, (per_sm * 32 + 1, 1, 1), (1024, 1, 1), 0, stream, bytes(28), coop)
+    assert _code(exc) == CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE

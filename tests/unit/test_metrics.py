@@ -66,6 +66,8 @@ def fake_state() -> dict[str, Any]:
             "bob": {"all": {"hard": None, "provisioned": 1 * GiB}},
         },
         "vgpus": [{"index": 0, "gpu": 0, "sessions": 2}, {"index": 1, "gpu": 1, "sessions": 1}],
+        "shares": {0: {"sms": 132, "unit": 8, "held": {"alice": 33}},
+                   1: {"sms": None, "unit": None, "held": {}}},
     }
 
 
@@ -215,6 +217,8 @@ def test_state_gauges() -> None:
                                                                           80 * GiB]
     assert [v("pilot_gpu_draining", {"gpu": g}) for g in "012"] == [0, 1, 0]
     assert v("pilot_gpu_memory_used_bytes", {"gpu": "2"}) is None  # no reading: unknown, not 0
+    assert v("pilot_tenant_sm_share_ratio", {"tenant": "alice", "gpu": "0"}) == 0.25
+    assert v("pilot_tenant_sm_share_ratio", {"tenant": "bob", "gpu": "1"}) is None
 
 
 def test_no_pid_or_session_labels() -> None:
