@@ -319,9 +319,8 @@ def share() -> None:
     directly; bench/RESULTS.md). Costs: SMs held stay unused while their tenant is idle; a
     session keeps the partition it started in, so a change applies to sessions started after
     the tenant's running ones end; an uncapped session that started before a capped tenant
-    arrived keeps the whole GPU. On CUDA shares are enforced only when pilotd runs with
-    PILOT_SM_SHARES=1 (see docs/ARCHITECTURE.md, Compute shares); `set` says "not enforced"
-    for a GPU where they are not.
+    arrived keeps the whole GPU. pilotd run with PILOT_SM_SHARES=0 (or a GPU without green
+    contexts) records shares without enforcing them; `set` then says "not enforced".
     """
 
 

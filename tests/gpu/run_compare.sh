@@ -12,6 +12,8 @@
 #   PILOT_SITE     install target, put first on PYTHONPATH (default /tmp/site, where the wheels
 #                  of .whl/ go too)
 #   PYTHON         interpreter (default python3)
+#   COMPARE_SM_SHARE  a compute share (percent) set for this user's tenant before the programs
+#                  run, so that they all run in an SM partition (green context)
 #   NVCC_ARCH      default sm_90
 #   PILOT_BACKEND  daemon backend (default cuda). With sim, set PILOT_SIM_KERNELS to a
 #                  space-separated list of emulation files; COMPARE_DRY_RUN=1 then also runs the
@@ -173,6 +175,11 @@ for f in $PILOT_SIM_KERNELS; do daemon_args+=(--sim-kernels "$f"); done
 say "starting pilotd ${daemon_args[*]}"
 pilotd_start "$DAEMON_LOG" "${daemon_args[@]}" || exit 2
 say "pilotd ready (pid $DAEMON_PID)"
+if [ -n "${COMPARE_SM_SHARE:-}" ]; then
+    # every program under pilot runs in an SM partition of this user's tenant (compute shares)
+    "$PYTHON" -m pilot.cli.pilotctl --control-socket "$(dirname "$SOCK")/control.sock" \
+        share set "user:$(id -un)" "$COMPARE_SM_SHARE" || exit 2
+fi
 
 # ---- comparing ----
 

@@ -6,7 +6,7 @@
 # 1. wheels and pilot into $PILOT_SITE (as run_all.sh does: run_compare.sh --install-only);
 # 2. tests/gpu/green_probe.py: which memory-touching kernels run in green contexts (with the
 #    whole-GPU control cases), then the raw partition throughput;
-# 3. tests/gpu/share_check.py with PILOT_SM_SHARES=1: pilot itself, a tenant capped at 25%
+# 3. tests/gpu/share_check.py: pilot itself, a tenant capped at 25%
 #    beside an uncapped one. Outputs in $OUT (green_probe.txt, share_check.txt, pilotd-share.log).
 set -u -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -24,6 +24,6 @@ bash tests/gpu/run_compare.sh --install-only >"$OUT/install.log" 2>&1 || { cat "
 export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
 rc=0
 timeout "${PROBE_TIMEOUT:-120}" "$PYTHON" tests/gpu/green_probe.py 2>&1 | tee "$OUT/green_probe.txt" || rc=1
-PILOT_SM_SHARES=1 timeout "${SHARE_TIMEOUT:-120}" "$PYTHON" tests/gpu/share_check.py 2>&1 \
+timeout "${SHARE_TIMEOUT:-120}" "$PYTHON" tests/gpu/share_check.py 2>&1 \
     | tee "$OUT/share_check.txt" || rc=1
 exit $rc
