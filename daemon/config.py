@@ -43,7 +43,8 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     [isolation]
     tenants = []                   # tenants whose work runs in a pilotd process of its own; "all"
     after_fault = true             # a tenant whose kernel faulted runs isolated until cleared
-    capacity = "8GiB"              # device memory per GPU each isolated tenant's process gets
+    capacity = "8GiB"              # per GPU for each isolated tenant's process, withheld from the
+                                   # shared one (default: the same capacity, nothing withheld)
     idle_exit = "5m"               # an isolated tenant's process with no session ends after this
     [nvml]
     poll_interval = "1s"
@@ -253,7 +254,7 @@ class Config:
     # Isolation (router/isolation.py): tenants served by a pilotd process of their own.
     isolation_tenants: tuple[str, ...] = ()  # ("all",) for every tenant
     isolation_after_fault: bool = True
-    isolation_capacity: int | None = None  # per GPU; default: a quarter of the GPU's capacity
+    isolation_capacity: int | None = None  # per GPU, withheld; default: the same, not withheld
     isolation_idle_exit: float = 300.0
     isolated_tenant: str | None = None  # set in the process that serves one isolated tenant
     metrics_kernel_time: bool = False

@@ -6,9 +6,11 @@ process on that device, created and green contexts included (tests/gpu/fault_pro
 only boundary that holds is the process. An *isolated tenant* is served by an **engine**: a
 pilotd started by this one with the same command line and settings plus `--isolated-tenant T`
 (it serves T alone), its own sockets under `<socket dir>/isolated/<T>/`, no metrics endpoint,
-and `[isolation] capacity` of device memory per GPU, which this pilotd withholds from its own
-budget while the engine runs. An engine recovers from its own faults like any pilotd
-(router/recovery.py) while the others' work goes on.
+and a capacity per GPU: by default the same as this pilotd's, so a program sees the same GPU
+isolated or not (the two processes' allocations together are then bounded by the GPU itself,
+as between native processes: the driver's out-of-memory decides); with `[isolation] capacity`
+set, that much, withheld from this pilotd's budget while the engine runs. An engine recovers
+from its own faults like any pilotd (router/recovery.py) while the others' work goes on.
 
 A program of an isolated tenant says HELLO to the main socket as always; the router answers
 PILOT_HELLO_REDIRECT with the engine's main socket, and the shim says HELLO there (the engine
@@ -109,7 +111,8 @@ class Engine:
     pid: int
     socket: str  # its main socket
     started: float
-    capacity: int  # device memory withheld per GPU for it
+    capacity: int  # device memory it grants per GPU
+    withheld: int = 0  # what this pilotd's budget holds back for it, per GPU
 
     def alive(self) -> bool:
         """Reaps it when it has exited (it is this process's child)."""
@@ -142,10 +145,11 @@ class Engines:
     def __len__(self) -> int:
         return len(self._engines)
 
-    def _capacity(self) -> int:
+    def _capacity(self) -> tuple[int, int]:
+        """(what the engine grants per GPU, what this pilotd withholds for it)."""
         if self.capacity is not None:
-            return self.capacity
-        return min(self.budget.capacity(g) for g in self.gpus) // 4
+            return self.capacity, self.capacity
+        return min(self.budget.capacity(g) for g in self.gpus), 0
 
     def socket_for(self, tenant: str) -> str:
         """The main socket of `tenant`'s engine, started if it is not running."""
@@ -157,13 +161,13 @@ class Engines:
         return self._start(tenant).socket
 
     def _start(self, tenant: str) -> Engine:
-        capacity = self._capacity()
+        capacity, withheld = self._capacity()
         taken: list[int] = []
         for gpu in self.gpus:
-            if not self.budget.reserve(gpu, capacity):
+            if not self.budget.reserve(gpu, withheld):
                 for g in taken:
-                    self.budget.release(g, capacity)
-                raise EngineError(f"GPU {gpu} has not {capacity} bytes left for an isolated tenant")
+                    self.budget.release(g, withheld)
+                raise EngineError(f"GPU {gpu} has not {withheld} bytes left for an isolated tenant")
             taken.append(gpu)
         directory = os.path.join(self.base, _safe_name(tenant))
         path = os.path.join(directory, "pilot.sock")
@@ -192,9 +196,9 @@ class Engines:
             listener.close()  # the engine has its own copy
         except OSError as exc:
             for g in taken:
-                self.budget.release(g, capacity)
+                self.budget.release(g, withheld)
             raise EngineError(f"cannot start the isolated pilotd of {tenant}: {exc}") from exc
-        engine = Engine(tenant, proc.pid, path, time.time(), capacity)
+        engine = Engine(tenant, proc.pid, path, time.time(), capacity, withheld)
         self._engines[tenant] = engine
         log.info("tenant %s: isolated pilotd started (pid %d, %s, %d bytes per GPU)", tenant,
                  proc.pid, path, capacity, extra={"tenant": tenant})
@@ -203,7 +207,7 @@ class Engines:
     def _ended(self, engine: Engine) -> None:
         self._engines.pop(engine.tenant, None)
         for gpu in self.gpus:
-            self.budget.release(gpu, engine.capacity)
+            self.budget.release(gpu, engine.withheld)
         log.info("tenant %s: isolated pilotd (pid %d) ended", engine.tenant, engine.pid,
                  extra={"tenant": engine.tenant})
 
@@ -218,7 +222,7 @@ class Engines:
             engine = Engine(**e)
             if engine.alive():
                 for gpu in self.gpus:
-                    self.budget.reserve(gpu, engine.capacity)
+                    self.budget.reserve(gpu, engine.withheld)
                 self._engines[engine.tenant] = engine
 
     def sessions(self, timeout_ms: int = 500) -> list[dict[str, Any]]:
@@ -236,7 +240,7 @@ class Engines:
 
     def describe(self) -> list[dict[str, Any]]:
         return [{"tenant": e.tenant, "pid": e.pid, "socket": e.socket, "started": e.started,
-                 "capacity": e.capacity} for e in self._engines.values()]
+                 "capacity": e.capacity, "withheld": e.withheld} for e in self._engines.values()]
 
     def reread_quotas(self) -> None:
         """SIGHUP to every engine: a quota changed here, and they enforce it too."""

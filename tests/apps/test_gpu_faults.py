@@ -162,6 +162,10 @@ def test_isolated_tenant_runs_in_a_pilotd_of_its_own(
     assert run(daemon, shim_path, exe, "work").stdout == "work: ok\n"
     (engine,) = isolated_pids(daemon)
     assert engine != daemon.proc.pid
+    # by default it grants the same capacity, withholding nothing: programs see the same GPU
+    status = json.loads(daemon.ctl("status", "--json").stdout)
+    (row,) = json.loads(daemon.ctl("isolate", "list", "--json").stdout)["engines"]
+    assert (row["capacity"], row["withheld"]) == (status["gpus"][0]["capacity"], 0)
     # its fault restarts its own pilotd only
     assert run(daemon, shim_path, exe, "fault").stdout == FAULT_OUTPUT
     assert run(daemon, shim_path, exe, "work").stdout == "work: ok\n"
