@@ -141,7 +141,7 @@ def generate_tables(out_dir: Path, cuda: int = 13) -> list[Path]:
 # and a program's references to them are versioned with it. glibc's lookup matches versions by
 # name, so exporting them under a node of that name binds the program's calls to the shim.
 GLIBC_BASE_VERSION = {"x86_64": "GLIBC_2.2.5", "aarch64": "GLIBC_2.17"}
-LIBC_OVERRIDES = ("sigaction", "signal")
+LIBC_OVERRIDES = ("sigaction", "signal", "sigset", "bsd_signal")
 
 
 def version_script(gen_dir: Path, cuda: int = 13) -> Path:

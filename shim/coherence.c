@@ -611,6 +611,37 @@ PILOT_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigactio
     return 0;
 }
 
+/* sigset() (System V) and bsd_signal() (BSD): glibc implements them with its own sigaction,
+ * which would put the program's SIGSEGV handler in place of ours; here they go through ours.
+ * sigset keeps its System V meaning: SIG_HOLD blocks the signal, any other disposition is
+ * installed and the signal unblocked; the previous disposition (SIG_HOLD if it was blocked) is
+ * returned. */
+PILOT_EXPORT __sighandler_t sigset(int sig, __sighandler_t disp)
+{
+    struct sigaction old;
+    sigset_t one, prev;
+    sigemptyset(&one);
+    if (disp == SIG_ERR || sigaddset(&one, sig) != 0) {
+        errno = EINVAL;
+        return SIG_ERR;
+    }
+    if (disp == SIG_HOLD) {
+        if (sigaction(sig, NULL, &old) != 0 || sigprocmask(SIG_BLOCK, &one, &prev) != 0)
+            return SIG_ERR;
+        return sigismember(&prev, sig) ? SIG_HOLD : old.sa_handler;
+    }
+    struct sigaction act = {.sa_handler = disp};
+    sigemptyset(&act.sa_mask);
+    if (sigaction(sig, &act, &old) != 0 || sigprocmask(SIG_UNBLOCK, &one, &prev) != 0)
+        return SIG_ERR;
+    return sigismember(&prev, sig) ? SIG_HOLD : old.sa_handler;
+}
+
+PILOT_EXPORT __sighandler_t bsd_signal(int sig, __sighandler_t handler)
+{
+    return signal(sig, handler);
+}
+
 PILOT_EXPORT __sighandler_t signal(int sig, __sighandler_t handler)
 {
     struct sigaction act = {.sa_handler = handler, .sa_flags = SA_RESTART}, old;

@@ -255,6 +255,38 @@ static void own_sigsegv(void)
     CHECK(cudaFree(m));
 }
 
+static void own_plain(int sig)
+{
+    (void)sig;
+    g_caught++;
+    siglongjmp(g_jump, 1);
+}
+
+// The same with the System V and BSD spellings (sigset, bsd_signal) and a plain handler.
+extern "C" __sighandler_t bsd_signal(int sig, __sighandler_t handler); // glibc's; no header has it
+static void own_sigset(void)
+{
+    int *m;
+    CHECK(cudaMallocManaged(&m, 4096 * sizeof(int), cudaMemAttachGlobal));
+    g_caught = 0;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" // sigset: what some programs still call
+    __sighandler_t before = sigset(SIGSEGV, own_plain);
+#pragma GCC diagnostic pop
+    char *guard = (char *)mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (sigsetjmp(g_jump, 1) == 0)
+        guard[10] = 1; // the program's handler must see its own fault
+    for (int i = 0; i < 4096; i++)
+        m[i] = i;
+    um_fill<<<16, 256>>>(m, 4096, 1);
+    CHECK(cudaDeviceSynchronize());
+    int ok = before != SIG_ERR && g_caught == 1 && m[4095] == 4096;
+    ok &= bsd_signal(SIGSEGV, before) == own_plain;
+    munmap(guard, 4096);
+    verdict("own_sigset", ok, "handler not chained");
+    CHECK(cudaFree(m));
+}
+
 struct half {
     int *m;
     int from, to;
@@ -459,7 +491,8 @@ int main(int argc, char **argv)
         void (*fn)(void);
     } scenarios[] = {{"iterative", iterative}, {"zeroed", zeroed},     {"pointers", pointers},
                      {"variables", variables}, {"copies", copies},     {"no_sync_writes", no_sync_writes},
-                     {"own_sigsegv", own_sigsegv}, {"threads", threads}, {"api", api},
+                     {"own_sigsegv", own_sigsegv}, {"own_sigset", own_sigset},
+                     {"threads", threads}, {"api", api},
                      {"collision", collision}, {"small", small}, {"hold", hold}};
     setvbuf(stdout, NULL, _IONBF, 0);
     for (size_t i = 0; i < sizeof scenarios / sizeof *scenarios; i++)

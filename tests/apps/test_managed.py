@@ -19,7 +19,7 @@ from scenario_output import check_output
 
 RunUnderPilot = Callable[..., "subprocess.CompletedProcess[str]"]
 SCENARIOS = ("iterative", "zeroed", "pointers", "variables", "copies", "no_sync_writes",
-             "own_sigsegv", "threads", "api", "collision", "small")
+             "own_sigsegv", "own_sigset", "threads", "api", "collision", "small")
 # What api prints besides its verdict: natively on the H100 (CUDA 13.0, driver 580) too.
 API_LINES = [
     "api unregistered device=-2 devptr=0 hostptr=1",
