@@ -19,6 +19,10 @@ from pathlib import Path
 PT_LOAD, PT_DYNAMIC = 1, 2
 DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_RPATH, DT_RUNPATH = 0, 1, 5, 10, 15, 29
 CUDART = re.compile(r"libcudart\.so\.(\d+)(?:\.|$)")
+# Libraries that reach the GPU without the CUDA runtime pilot interposes: the driver API itself,
+# and the CUDA libraries, which link the runtime statically and call libcuda (issue 13).
+BYPASS = re.compile(r"lib(cuda|cublas|cublasLt|cudnn\w*|cufft\w*|cusparse\w*|cusolver\w*|curand"
+                    r"|nvjpeg|npp\w*|nvrtc-builtins)\.so(\.|$)")
 # Sections nvcc puts in every program with device code; with no libcudart NEEDED they mean the
 # runtime was linked statically (nvcc's default, `-cudart static`).
 FATBIN_SECTIONS = frozenset((".nv_fatbin", ".nvFatBinSegment"))
@@ -142,6 +146,7 @@ class CudartLink:
     majors: set[int]                 # libcudart.so.N it needs, directly or through its libraries
     via: dict[int, Path]             # N -> the object whose NEEDED names it
     device_code: bool = False        # has nvcc's fatbin sections (with no libcudart: static runtime)
+    bypass: dict[str, Path] = field(default_factory=dict)  # BYPASS library -> the object needing it
 
 
 def find_cudart(program: str | os.PathLike[str], env: dict[str, str] | None = None) -> CudartLink:
@@ -153,8 +158,7 @@ def find_cudart(program: str | os.PathLike[str], env: dict[str, str] | None = No
     top = read_dynamic(program)
     link = CudartLink(set(), {}, device_code=bool(top.sections & FATBIN_SECTIONS))
     _note(link, top.needed, program)
-    if link.majors:
-        return link
+    from_program = set(link.majors)  # the program's own NEEDED win over its libraries'
     ld_path = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d]
     queue = deque([(program, top)])
     seen = {program.resolve()}
@@ -175,6 +179,9 @@ def find_cudart(program: str | os.PathLike[str], env: dict[str, str] | None = No
                 continue
             _note(link, sub.needed, lib)
             queue.append((lib, sub))
+    if from_program:
+        link.majors = from_program
+        link.via = {m: p for m, p in link.via.items() if m in from_program}
     return link
 
 
@@ -182,6 +189,9 @@ def _note(link: CudartLink, needed: list[str], obj: Path) -> None:
     for major in cudart_majors(needed):
         link.majors.add(major)
         link.via.setdefault(major, obj)
+    for name in needed:
+        if BYPASS.match(os.path.basename(name)):
+            link.bypass.setdefault(os.path.basename(name), obj)
 
 
 def _locate(name: str, dirs: list[str]) -> Path | None:

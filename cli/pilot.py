@@ -39,6 +39,24 @@ def shim_path_cmd(cuda: str) -> None:
     click.echo(str(_shim(int(cuda))))
 
 
+class NotCarried(click.ClickException):
+    """A program pilot would not carry whole: part of its GPU work would bypass pilot."""
+
+    exit_code = 3
+
+
+def _refuse_bypass(program: str, bypass: dict[str, Path]) -> None:
+    """A program (or one of its libraries) that links the driver API or a CUDA library would
+    use the GPU outside pilot: no quota, no isolation, pointers pilot gave it meaningless there."""
+    what = ", ".join(f"{name} (needed by {obj})" for name, obj in sorted(bypass.items()))
+    raise NotCarried(
+        f"{program} links {what}: that code talks to the GPU through the CUDA driver directly, "
+        "not through the CUDA runtime pilot interposes, so it would run outside pilot (no quota, "
+        "no isolation, and pilot's device pointers mean nothing there). pilot does not carry "
+        "the driver API and the CUDA libraries (cuBLAS, cuDNN, ...; PyTorch) yet. Run it "
+        "without pilot, or force it with --cuda 12|13 at your own risk")
+
+
 def program_cuda_major(program: str, env: dict[str, str]) -> int:
     """The CUDA major version whose libcudart `program` (a name on PATH or a path) links, from
     its ELF NEEDED entries. Raises ClickException when that cannot be told or served."""
@@ -52,6 +70,8 @@ def program_cuda_major(program: str, env: dict[str, str]) -> int:
         raise click.ClickException(
             f"{exc}: pilot cannot tell which CUDA runtime it loads; if it is a script or loads "
             f"libcudart itself, say which with {hint}") from exc
+    if link.bypass:
+        _refuse_bypass(program, link.bypass)
     served = sorted(link.majors & set(CUDA_MAJORS))
     if len(served) == 1:
         return served[0]
@@ -78,7 +98,9 @@ def program_cuda_major(program: str, env: dict[str, str]) -> int:
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--cuda", type=CUDA_OPTION,
               help="Preload the shim for this CUDA version instead of reading it from COMMAND's "
-                   "ELF NEEDED entries (libcudart.so.12 or libcudart.so.13).")
+                   "ELF NEEDED entries (libcudart.so.12 or libcudart.so.13); this also runs a "
+                   "program that links the driver API or a CUDA library, which pilot refuses "
+                   "otherwise (exit status 3).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(cuda: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND with the right shim preloaded: pilot run -- ./app args..."""

@@ -42,6 +42,14 @@ class Programs:
                  d / "empty.c", f"-L{lib}", "-Wl,--no-as-needed", "-l:libcudart.so.12")
         self.indirect = self.program("indirect", "-l:libmine.so", "-Wl,-rpath,$ORIGIN/lib",
                                      "-Wl,--enable-new-dtags")
+        # the driver API and a CUDA library, directly and through a library of the program's
+        for name in ("libcuda.so.1", "libcublas.so.13"):
+            self.gcc("-shared", "-fPIC", f"-Wl,-soname,{name}", "-o", lib / name, d / "empty.c")
+        self.driver = self.program("driver", "-l:libcudart.so.13", "-l:libcuda.so.1")
+        self.gcc("-shared", "-fPIC", "-Wl,-soname,libgemm.so", "-o", lib / "libgemm.so",
+                 d / "empty.c", f"-L{lib}", "-Wl,--no-as-needed", "-l:libcublas.so.13")
+        self.blas = self.program("blas", "-l:libcudart.so.13", "-l:libgemm.so",
+                                 "-Wl,-rpath,$ORIGIN/lib", "-Wl,--enable-new-dtags")
         self.script = d / "script.sh"
         self.script.write_text("#!/bin/sh\nexit 0\n")
         self.script.chmod(0o755)
@@ -186,6 +194,21 @@ def test_run_refuses_what_it_cannot_serve(progs: Programs, exec_calls: list, pro
     assert res.exit_code == 1 and not exec_calls
     assert message in " ".join(res.output.split()), res.output
     assert res.output.startswith("Error: ")
+
+
+@pytest.mark.parametrize(("prog", "needed"), [
+    ("driver", "libcuda.so.1 (needed by"), ("blas", "libcublas.so.13 (needed by")])
+def test_run_refuses_programs_that_would_bypass_pilot(progs: Programs, exec_calls: list, prog: str,
+                                                      needed: str) -> None:
+    """A program whose GPU work would partly go around the runtime pilot interposes (the driver
+    API, a CUDA library, even through a library of its own) is refused with exit status 3; --cuda
+    forces it."""
+    res = _run("run", "--", str(getattr(progs, prog)))
+    assert res.exit_code == 3 and not exec_calls, res.output
+    text = " ".join(res.output.split())
+    assert needed in text and "would run outside pilot" in text, res.output
+    res = _run("run", "--cuda", "13", "--", str(getattr(progs, prog)), env={"LD_PRELOAD": ""})
+    assert res.exit_code == 0 and exec_calls[-1][2]["LD_PRELOAD"] == str(shim_path(13))
 
 
 def test_run_missing_program() -> None:
