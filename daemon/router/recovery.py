@@ -76,6 +76,25 @@ class Fault:
         return fault_tenant(self.suspects)
 
 
+SUSPECT_WINDOW = 3600.0  # seconds: a tenant among the suspects of two faults this close is isolated
+
+
+def repeat_suspects(faults: list[Fault]) -> dict[str, str]:
+    """Who the last fault makes isolated ([isolation] after_fault), and why: its tenant when it
+    is known; else every suspect tenant that was also a suspect of an earlier fault within
+    SUSPECT_WINDOW, so that a tenant cannot fault again and again by always having another
+    tenant's work in flight beside its own (a busy bystander may be isolated with it)."""
+    last = faults[-1]
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last.detected))
+    if last.tenant != "unknown":
+        return {last.tenant: f"its kernel faulted ({last.name}) at {when}"}
+    earlier = {s["tenant"] for f in faults[:-1] if last.detected - f.detected <= SUSPECT_WINDOW
+               for s in f.suspects}
+    return {s["tenant"]: f"it had work in flight at two faults within an hour, the last "
+                         f"({last.name}) at {when}"
+            for s in last.suspects if s["tenant"] in earlier}
+
+
 def fault_tenant(suspects: list[dict[str, Any]]) -> str:
     tenants = {s["tenant"] for s in suspects}
     return tenants.pop() if len(tenants) == 1 else "unknown"

@@ -50,7 +50,13 @@ from pilot.daemon.resources.tenants import (
 )
 from pilot.daemon.router import control, sdnotify
 from pilot.daemon.router.isolation import EngineError, Engines, IsolationList
-from pilot.daemon.router.recovery import FAULT_GRACE, Fault, FaultMonitor, Handover
+from pilot.daemon.router.recovery import (
+    FAULT_GRACE,
+    Fault,
+    FaultMonitor,
+    Handover,
+    repeat_suspects,
+)
 from pilot.daemon.scheduling.callbacks import CallbackHub
 from pilot.daemon.scheduling.placement import place_part, place_session
 from pilot.daemon.scheduling.policy_host import PolicyHost, load_policy
@@ -359,13 +365,12 @@ class Daemon:
                       suspects=self._fault_suspects(gpu))
         fault.known = len(fault.suspects) == 1
         self.faults.append(fault)
-        if (fault.tenant != "unknown" and self.config.isolation_after_fault
-                and not self.config.isolated_tenant):
-            try:
-                self.isolation.mark(fault.tenant, f"its kernel faulted ({fault.name}) at "
-                                                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
-            except OSError as exc:
-                log.error("cannot mark tenant %s isolated: %s", fault.tenant, exc)
+        if self.config.isolation_after_fault and not self.config.isolated_tenant:
+            for tenant, why in repeat_suspects(self.faults).items():
+                try:
+                    self.isolation.mark(tenant, why)
+                except OSError as exc:
+                    log.error("cannot mark tenant %s isolated: %s", tenant, exc)
         who = ", ".join(f"session {s['session']} (tenant {s['tenant']}, pid {s['pid']}: "
                         f"{s['cmdline'][:80]})" for s in fault.suspects) or "no session had work in flight"
         log.error("GPU %d: context-fatal fault %s (%d), seen by a %s; %s %s. Every session on it "

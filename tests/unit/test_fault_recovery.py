@@ -162,3 +162,24 @@ def test_fault_metrics() -> None:
                        ("1", "700", "user:bob"): 1}
     (recovered,) = families["pilot_gpu_fault_recovery_seconds"].samples
     assert recovered.value == pytest.approx(1.25)
+
+
+def _suspect(tenant: str, session: int = 1) -> dict[str, Any]:
+    return {"session": session, "tenant": tenant, "pid": session, "cmdline": ""}
+
+
+def test_who_a_fault_isolates() -> None:
+    known = Fault(gpu=0, error=700, detected=100.0, via="call", suspects=[_suspect("user:a")])
+    assert list(recovery.repeat_suspects([known])) == ["user:a"]
+    # two tenants in flight: nobody at the first fault...
+    first = Fault(gpu=0, error=700, detected=100.0, via="call",
+                  suspects=[_suspect("user:a"), _suspect("user:b", 2)])
+    assert recovery.repeat_suspects([first]) == {}
+    # ...but whoever is in flight again at the next one within the hour
+    second = Fault(gpu=0, error=700, detected=200.0, via="call",
+                   suspects=[_suspect("user:a"), _suspect("user:c", 3)])
+    assert list(recovery.repeat_suspects([first, second])) == ["user:a"]
+    late = Fault(gpu=0, error=700, detected=100.0 + recovery.SUSPECT_WINDOW + 1, via="call",
+                 suspects=[_suspect("user:b"), _suspect("user:d", 4)])
+    assert recovery.repeat_suspects([first, late]) == {}
+    assert recovery.repeat_suspects([Fault(gpu=0, error=700, detected=1.0, via="watch")]) == {}
