@@ -181,7 +181,8 @@ def test_fault_of_an_isolated_tenant_spares_the_others(
     daemon = start_pilotd(config='[isolation]\ntenants = ["user:nobody"]\n')
     Path(daemon.dir).chmod(0o755)
     exe = shared_copy(app_binaries["fault"])
-    env = {**daemon.env(), "LD_PRELOAD": shim_path}
+    # the installed shim may sit where nobody cannot read it (CI installs under /root)
+    env = {**daemon.env(), "LD_PRELOAD": str(shared_copy(Path(shim_path)))}
     beside = start(daemon, shim_path, exe, "steady", "4")  # root, in the shared pilotd
     wait_for_session(daemon, beside.pid)
     faulting = subprocess.run([str(exe), "fault"], env=env, capture_output=True, text=True,
