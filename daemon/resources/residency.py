@@ -101,6 +101,10 @@ class GpuResidency:
     # Held only to update the model and plan moves (Moves), never across a backend call that
     # migrates memory; a launch's extents are kept from others by Extent.pending instead.
     lock: threading.RLock = field(default_factory=threading.RLock)
+    # Taken under `lock` by a planner with moves and held while they are issued: moves are
+    # issued in the order they were planned, so a launch's wait for `event` comes after the
+    # record of the evictions it counted on (Residency._issue).
+    issuing: threading.Lock = field(default_factory=threading.Lock)
 
     def allocation_at(self, ptr: int) -> int | None:
         i = bisect.bisect_right(self.bases, ptr) - 1
@@ -260,8 +264,8 @@ class Residency:
             for e in extents:
                 e.active += 1
                 e.pending += 1
-        if moves:
-            moves.run(self.backend, g.gpu)
+            self._take_turn(g, moves)
+        self._issue(g, moves)
         return extents
 
     def not_launched(self, s: Session, extents: list[Extent]) -> None:
@@ -308,8 +312,8 @@ class Residency:
             extents = g.overlapping(ptr, count)
             if extents:
                 self._bring_in(g, extents, stream, moves)
-        if moves:
-            moves.run(self.backend, g.gpu)
+            self._take_turn(g, moves)
+        self._issue(g, moves)
 
     def moved_to_host(self, s: Session, ptr: int, count: int) -> None:
         """The program prefetched [ptr, ptr+count) to the CPU: whole extents leave the GPU (a
@@ -362,6 +366,11 @@ class Residency:
         if incoming and self.enforced:
             need = sum(e.size for e in incoming)
             fits = self._make_room(g, need, set(map(id, extents)), stream, extents[0].session, moves)
+            waited = ("stream_wait_event", (stream, g.event))
+            if g.event is not None and stream is not g.stream and waited not in moves.ops:
+                # The room may come from evictions planned earlier and still under way on pilot's
+                # stream: the pages come in only after they left, or the GPU would hold more than C.
+                moves.wait(stream, g.event)
         for e in extents:
             if not e.advised:
                 g.set_resident(e, True)
@@ -426,9 +435,7 @@ class Residency:
                 self._evict(g, e, own, "capacity", moves)
             over -= e.size
         if own is not None and own is not stream:
-            if g.event is None:
-                g.event = self.backend.event_create(EVENT_DISABLE_TIMING)
-            moves.record(g.event, own)
+            self._fence(g, own, moves)
             moves.wait(stream, g.event)
         if over > 0:
             g.overflows += 1
@@ -436,6 +443,27 @@ class Residency:
                         "(%d bytes); it runs anyway", g.gpu, over, self._room(g))
             return False
         return True
+
+    def _fence(self, g: GpuResidency, own: Any, moves: Moves) -> None:
+        """Record the GPU's event on pilot's stream after the evictions planned on it."""
+        if g.event is None:
+            g.event = self.backend.event_create(EVENT_DISABLE_TIMING)
+        moves.record(g.event, own)
+
+    @staticmethod
+    def _take_turn(g: GpuResidency, moves: Moves) -> None:
+        """Under g.lock, with moves planned: queue to issue them in planning order."""
+        if moves:
+            g.issuing.acquire()
+
+    def _issue(self, g: GpuResidency, moves: Moves) -> None:
+        """After g.lock: issue the moves _take_turn queued, then let the next planner issue."""
+        if not moves:
+            return
+        try:
+            moves.run(self.backend, g.gpu)
+        finally:
+            g.issuing.release()
 
     def _evict(self, g: GpuResidency, e: Extent, stream: Any, reason: str, moves: Moves) -> None:
         moves.prefetch(e.ptr, e.size, LOCATION_HOST, 0, stream)
@@ -484,7 +512,10 @@ class Residency:
                     if e.resident and not e.pending:
                         self._evict(g, e, stream, "policy", moves)
                         moved += e.size
-        moves.run(self.backend, g.gpu)
+            if moved:
+                self._fence(g, stream, moves)
+            self._take_turn(g, moves)
+        self._issue(g, moves)
         return moved
 
     def _split_at(self, g: GpuResidency, at: int) -> None:
@@ -548,8 +579,11 @@ class Residency:
                     moves.prefetch(e.ptr, e.size, LOCATION_DEVICE, g.device, stream)
                     g.prefetched += e.size
                     self.metrics.count("residency_prefetched_bytes", (str(g.gpu), e.tenant), e.size)
+            if to_host and move:
+                self._fence(g, stream, moves)
             advised = sum(e.size for e in extents)
-        moves.run(self.backend, g.gpu)
+            self._take_turn(g, moves)
+        self._issue(g, moves)
         return advised
 
     # ---- reports ----

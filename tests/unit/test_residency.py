@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
@@ -421,7 +422,9 @@ def test_evict_session_keeps_what_is_asked() -> None:
     assert env.res.evict_session(1, keep=(A,)) == 30 * MiB
     calls = env.backend.take()
     assert calls[0] == ("bind_thread", DEVICE) and calls[1][0] == "stream_create"
-    assert calls[2:] == [("mem_prefetch", B, 30 * MiB, LOCATION_HOST, 0, 0, "pilot-stream1")]
+    own = "pilot-stream1"
+    assert calls[2:] == [("event_create", 2), ("mem_prefetch", B, 30 * MiB, LOCATION_HOST, 0, 0, own),
+                         ("event_record", "event2", own)]
     assert env.res.session_bytes(1) == (50 * MiB, 20 * MiB)
     assert env.res.session_bytes(2) == (40 * MiB, 40 * MiB)
     assert env.metrics.counts[("residency_evicted_bytes", ("0", "a", "policy"))] == 30 * MiB
@@ -669,3 +672,52 @@ def test_cold_memory_goes_first_whatever_the_policys_order() -> None:
         e.used_s -= COLD_S + 0.1
     env.launch(2, D)  # 20 over: A (cold) goes, though session 2 ranks first
     assert env.evicted() == [(A, 30 * MiB)]
+
+
+def test_pages_come_in_only_after_the_evictions_that_made_their_room() -> None:
+    """A policy's eviction (on pilot's stream) makes room; a later launch of another session that
+    brings pages into that room waits for it, or for a moment the GPU would hold more than C."""
+    env = Env()
+    env.track(1, A, 60 * MiB)
+    env.track(2, B, 40 * MiB)
+    env.run(1, A)
+    env.backend.take()
+    assert env.res.evict_session(1) == 60 * MiB
+    env.backend.take()
+    env.launch(2, B, stream="s2")  # 40 MiB fit without evicting: the room came from session 1
+    assert env.backend.take() == [("stream_wait_event", "s2", "event2")]
+    env.launch(2, B, stream="s2")  # resident now: nothing comes in, nothing to wait for
+    assert env.backend.take() == []
+
+
+def test_moves_are_issued_in_the_order_they_were_planned() -> None:
+    """Planning is under the GPU's lock, issuing after it; a second planner's moves wait for the
+    first's to be issued (its wait must not come before the record it counts on)."""
+    env = Env()
+    env.track(1, A, 60 * MiB)
+    env.track(2, B, 60 * MiB)
+    env.run(1, A)
+    started, release = threading.Event(), threading.Event()
+    issued: list[str] = []
+    real = env.backend.mem_prefetch
+
+    def slow_prefetch(*args: Any) -> None:
+        started.set()
+        release.wait(5)
+        issued.append("evict")
+        real(*args)
+
+    env.backend.mem_prefetch = slow_prefetch  # type: ignore[method-assign]
+    first = threading.Thread(target=env.res.evict_session, args=(1,))
+    first.start()
+    assert started.wait(5)
+    second = threading.Thread(target=env.launch, args=(2, B), kwargs={"stream": "s2"})
+    second.start()
+    second.join(0.2)
+    assert second.is_alive() and issued == []  # planned, but not issued before the eviction
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert issued[0] == "evict"
+    waits = [c for c in env.backend.calls if c[0] == "stream_wait_event"]
+    assert waits and waits[-1][1] == "s2"
