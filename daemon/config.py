@@ -17,6 +17,7 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     switch_interval = "500us"      # Python thread switch interval (a busy vGPU thread vs the rest)
     fault_recovery = "restart"     # after a context-fatal GPU fault: "restart" in place | "exit"
     fault_poll_interval = "20ms"   # how often each GPU's context is checked for a fault; 0: never
+    fast_launch = true             # plain launches go on their stream in C, without Python
     state_dir = "/var/lib/pilot"   # default: /var/lib/pilot (root), else $XDG_STATE_HOME/pilot
     admin_group = "pilot-admin"
     log_level = "info"             # debug | info | warning | error
@@ -243,6 +244,7 @@ class Config:
     # "restart" re-executes pilotd in place, "exit" stops it (status 3) for systemd to restart.
     fault_recovery: str = "restart"
     fault_poll_interval: float = 0.02
+    fast_launch: bool = True
     policy: str = "none"
     policy_max_wait: float = 30.0
     policy_plugins: tuple[str, ...] = ()
@@ -545,6 +547,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "switch_interval": _switch_interval,
     "fault_recovery": _choice(FAULT_RECOVERY),
     "fault_poll_interval": _fault_poll_interval,
+    "fast_launch": _flag,
     "policy": _policy_name,
     "policy_max_wait": parse_duration,
     "policy_plugins": _plugins,
@@ -574,7 +577,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
 SECTIONS: dict[str, dict[str, str]] = {
     "daemon": {k: k for k in ("backend", "socket", "control_socket", "vgpus_per_gpu",
                               "max_vgpus_per_gpu", "gpus", "callback_timeout", "switch_interval",
-                              "fault_recovery", "fault_poll_interval", "spin_us", "state_dir",
+                              "fault_recovery", "fault_poll_interval", "fast_launch", "spin_us",
+                              "state_dir",
                               "admin_group", "log_level", "log_format",
                               "sim_kernels", "sim_devices")},
     "gpu": {k: k for k in ("capacity", "capacity_per_gpu", "enforce_capacity", "managed_limit",

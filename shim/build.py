@@ -92,14 +92,15 @@ def _make_ffi() -> FFI:
     ffi = FFI()
     ffi.cdef(_cdef_text(PROTO_HEADER, "PILOT_CDEF"))
     ffi.cdef(_cdef_text(SHIM_DIR / "vgpu_server.h", "PILOT_SRV_CDEF"))
+    ffi.cdef(_cdef_text(SHIM_DIR / "fast_launch.h", "PILOT_FAST_CDEF"))
     ffi.cdef(_cdef_text(SHIM_DIR / "gates.h", "PILOT_GATE_CDEF"))
     ffi.cdef("int pilot_socket_path(int for_daemon, char *buf, size_t len);")
     ffi.set_source(
         "pilot.shim._proto",
         '#include "pilot_proto.h"\n#include "socket_path.h"\n#include "vgpu_server.h"\n'
-        '#include "gates.h"\n',
+        '#include "fast_launch.h"\n#include "gates.h"\n',
         sources=[str(SHIM_DIR / "socket_path.c"), str(SHIM_DIR / "vgpu_server.c"),
-                 str(SHIM_DIR / "gates.c")],
+                 str(SHIM_DIR / "fast_launch.c"), str(SHIM_DIR / "gates.c")],
         include_dirs=[str(SHIM_DIR)],
         extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],
     )

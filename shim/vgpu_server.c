@@ -6,6 +6,7 @@
  * sockets; a connection that breaks the protocol is closed, never the server. */
 #define _GNU_SOURCE
 #include "vgpu_server.h"
+#include "fast_launch.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -38,6 +39,7 @@ struct conn {
     uint32_t uid, gid;
     int32_t pid;
     uint64_t max_message; /* PRE_ATTACH_MAX until pilot_srv_trust, then MAX_MESSAGE */
+    int fast_state;       /* in filter_fast: STATE_FAST until one of its messages goes to Python */
     uint8_t *buf;
     size_t cap, len, pos; /* unparsed bytes are buf[pos, len) */
     uint8_t *out;         /* replies the socket did not take yet: out[out_pos, out_len) */
@@ -51,6 +53,9 @@ struct pilot_srv {
     int nconns;
     struct conn *conns;
     struct conn *rr; /* where the next collect() starts, for fairness */
+    pilot_fast *fast; /* launches run in C as they arrive (fast_launch.c), or NULL */
+    size_t *starts;   /* where each collected message began in its connection's buffer */
+    int starts_cap;
 };
 
 static char LISTEN_TAG, CONTROL_TAG;
@@ -338,12 +343,22 @@ static int next_message(pilot_srv *s, struct conn *c, pilot_srv_msg *m)
 static int collect(pilot_srv *s, pilot_srv_msg *out, int max)
 {
     int n = 0, progress = 1;
+    if (s->fast && s->starts_cap < max) {
+        size_t *starts = realloc(s->starts, (size_t)max * sizeof *starts);
+        if (!starts)
+            return -1;
+        s->starts = starts;
+        s->starts_cap = max;
+    }
     while (n < max && progress) {
         progress = 0;
         struct conn *start = s->rr ? s->rr : s->conns;
         struct conn *c = start;
         while (c && n < max) {
+            size_t at = c->pos;
             if (next_message(s, c, &out[n])) {
+                if (s->starts)
+                    s->starts[n] = at;
                 n++;
                 progress = 1;
             }
@@ -354,6 +369,44 @@ static int collect(pilot_srv *s, pilot_srv_msg *out, int max)
         s->rr = c;
     }
     return n;
+}
+
+static struct conn *find(pilot_srv *s, uint32_t id);
+
+/* A connection's messages in filter_fast: all run here so far; one went to Python, so the rest
+ * go too; one went to Python and will teach the fast path, so the rest are put back. */
+enum { STATE_FAST = 0, STATE_PYTHON, STATE_LEARNING };
+
+/* Runs the launches of out[0..n) that the fast path can (fast_launch.c) and returns how many
+ * messages are left for Python, moved to the front in order. Per connection, once one message
+ * goes to Python the later ones do too; and when that one teaches the fast path something (the
+ * first launch of a kernel or on a stream), the later ones are put back unread, to be taken
+ * again after Python has handled it, when most of them can run here. */
+static int filter_fast(pilot_srv *s, pilot_srv_msg *out, int n)
+{
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        struct conn *c = find(s, out[i].conn);
+        if (!c) {
+            out[kept++] = out[i];
+            continue;
+        }
+        if (c->fast_state == STATE_LEARNING) {
+            if (c->pos > s->starts[i]) /* the first message after: read again from here */
+                c->pos = s->starts[i];
+            continue;
+        }
+        if (c->fast_state == STATE_FAST) {
+            int r = pilot_fast_try(s->fast, &out[i]);
+            if (r == FAST_DONE)
+                continue;
+            c->fast_state = r == FAST_LEARN ? STATE_LEARNING : STATE_PYTHON;
+        }
+        out[kept++] = out[i];
+    }
+    for (struct conn *c = s->conns; c; c = c->next)
+        c->fast_state = STATE_FAST;
+    return kept;
 }
 
 static void reap_and_compact(pilot_srv *s)
@@ -427,6 +480,7 @@ void pilot_srv_close(pilot_srv *s)
     reap_and_compact(s);
     close(s->lfd);
     close(s->efd);
+    free(s->starts);
     free(s);
 }
 
@@ -441,7 +495,7 @@ int pilot_srv_wait(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *out
     reap_and_compact(s);
     int n = collect(s, out, max);
     if (n > 0)
-        return n;
+        return s->fast ? filter_fast(s, out, n) : n;
     int k = 0;
     if (spin_us > 0) {
         uint64_t deadline = now_us() + (uint64_t)spin_us;
@@ -466,7 +520,13 @@ int pilot_srv_wait(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *out
                 read_available(s, c);
         }
     }
-    return collect(s, out, max);
+    n = collect(s, out, max);
+    return s->fast && n > 0 ? filter_fast(s, out, n) : n;
+}
+
+void pilot_srv_set_fast(pilot_srv *s, pilot_fast *f)
+{
+    s->fast = f;
 }
 
 static struct conn *find(pilot_srv *s, uint32_t id)

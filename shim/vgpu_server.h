@@ -57,4 +57,10 @@ int pilot_srv_disconnect(pilot_srv *s, uint32_t conn);
 int pilot_srv_connections(pilot_srv *s);
 /* PILOT_SRV_CDEF_END */
 
+/* Launches that need nothing of Python run in C as wait() receives them (fast_launch.h); NULL
+ * turns that off. wait() then returns only the messages left for Python (possibly 0). Declared
+ * for cffi in fast_launch.h. */
+struct pilot_fast;
+void pilot_srv_set_fast(pilot_srv *s, struct pilot_fast *f);
+
 #endif

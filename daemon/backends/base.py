@@ -210,6 +210,11 @@ class Backend(Protocol):
     def module_get_global(self, module: Any, name: str) -> tuple[int, int]:
         """(device address, size) of the module's `__device__`/`__constant__` variable `name`
         (its exact ELF symbol name); cudaErrorInvalidSymbol if the module has none."""
+    def native_launch_address(self) -> int | None:
+        """The address of the driver's cuLaunchKernel for the vGPU's fast launch path
+        (shim/fast_launch.c), taking this backend's function and stream handles as int(handle);
+        None: the backend has none (the sim launches through a callback instead)."""
+
     def launch(
         self,
         function: Any,

@@ -680,6 +680,16 @@ class CudaBackend:
         dptr, size = check(self._cu.cuModuleGetGlobal(module, name.encode()), "cuModuleGetGlobal")
         return int(dptr), int(size)
 
+    def native_launch_address(self) -> int | None:
+        """The driver's cuLaunchKernel, for the vGPU's fast launch path (shim/fast_launch.c),
+        which calls it with the CUfunction and CUstream values of this backend's handles."""
+        try:
+            address = ctypes.cast(ctypes.CDLL("libcuda.so.1").cuLaunchKernel, ctypes.c_void_p).value
+        except (OSError, AttributeError) as exc:
+            log.warning("no fast launch path: %s", exc)
+            return None
+        return address or None
+
     def launch(
         self,
         function: Any,

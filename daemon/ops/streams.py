@@ -41,6 +41,8 @@ def stream_destroy(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     st = s.stream(req.handle)
     del s.streams[req.handle]
     s.dirty_blocking.pop(req.handle, None)
+    if vg.fast is not None:
+        vg.fast.stream_gone(s, req.handle)
     if st.join_event is not None:
         vg.backend.event_destroy(st.join_event)
     vg.backend.stream_destroy(st.obj)

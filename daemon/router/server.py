@@ -173,6 +173,7 @@ class Daemon:
         self.broker.policy = self.policy
         for vg in self.vgpus:
             vg.policy, vg.kernel_time = self.policy, config.metrics_kernel_time
+            vg.fast_launch = config.fast_launch
             vg.shares = self.shares
         self.topology = self._topology()
         self.callbacks = CallbackHub(f"{socket_path}.callbacks", backend, config.callback_timeout)
@@ -235,6 +236,7 @@ class Daemon:
                   self.config.spin_us, gpu=gpu)
         vg.policy, vg.topology, vg.callbacks = self.policy, self.topology, self.callbacks
         vg.kernel_time = self.config.metrics_kernel_time
+        vg.fast_launch = self.config.fast_launch
         vg.report_fault = self.monitor.report
         vg.shares = self.shares
         try:

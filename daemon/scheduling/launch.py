@@ -191,6 +191,9 @@ def issue(vg: VGpu, s: Session, launch: Launch) -> None:
             raise
     else:
         _launch_and_watch(vg, s, launch, info, stream, None)
+        fast = vg.fast
+        if fast is not None:  # its next launches may run in C (vgpu/fast.py)
+            fast.launched(s, launch, stream)
 
 
 def _launch_and_watch(vg: VGpu, s: Session, launch: Launch, info: FunctionInfo, stream: Any,

@@ -96,6 +96,9 @@ LABELED_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                 "the enforcer made room; policy: a policy asked).",
                                 ("gpu", "tenant", "reason")),
     "tenant_launches": ("pilot_tenant_launches_total", "Kernels launched, by tenant.", ("tenant",)),
+    "fast_launches": ("pilot_fast_launches_total",
+                      "Of the kernels launched, those pilotd put on their stream in C, without "
+                      "Python ([daemon] fast_launch), by tenant.", ("tenant",)),
     "tenant_kernel_seconds": ("pilot_tenant_kernel_seconds_total",
                               "GPU time of the tenant's kernels, from events recorded around each "
                               "launch ([metrics] kernel_time; kernels that overlap count each).",

@@ -46,6 +46,7 @@ class Dispatch:
     device: int
     report_fault: Any  # FaultMonitor.report(device, error), set by the router
     _partition: Any  # the SM partition current on this thread (None: the whole GPU)
+    fast: Any = None  # vgpu/fast.py's FastLaunches, or None
 
     def enter(self, session: Session) -> None:
         """Make the session's SM partition current on this thread (compute shares): what the
@@ -55,6 +56,8 @@ class Dispatch:
         if part is not self._partition:
             self.backend.use_partition(self.device, part)
             self._partition = part
+            if self.fast is not None:
+                self.fast.context(part)
 
     def _send(self, msg: Any, body: Any, size: int, payload: Any = None) -> None:
         if payload is None:

@@ -30,6 +30,7 @@ from pilot.daemon.scheduling.policy_host import PolicyHost
 from pilot.daemon.scheduling.waiting import WaitQueue
 from pilot.daemon.sessions.session import Session
 from pilot.daemon.vgpu.dispatch import Dispatch, _Prepared
+from pilot.daemon.vgpu.fast import FastLaunches
 
 log = logging.getLogger("pilot.vgpu")
 
@@ -58,6 +59,8 @@ class VGpu(Dispatch):
         self.callbacks: Any = None  # callbacks.CallbackHub (set by the Daemon)
         self.report_fault: Any = None  # recovery.FaultMonitor.report (set by the Daemon)
         self.shares: Any = None  # shares.ComputeShares (set by the Daemon; None: no shares)
+        self.fast_launch = True  # [daemon] fast_launch (set by the Daemon)
+        self.fast: FastLaunches | None = None  # launches run in C (vgpu/fast.py), made in serve
         self._partition: Any = None  # the SM partition current on this thread (dispatch.enter)
         self._info: DeviceInfo | None = None
         self._op_names = op_names()
@@ -118,6 +121,9 @@ class VGpu(Dispatch):
             for session in list(self.sessions.values()):
                 self._release(session)
             self.kernel_watch.close()
+            lib.pilot_srv_set_fast(self._srv, ffi.NULL)
+            if self.fast is not None:
+                self.fast.close()
             lib.pilot_srv_close(self._srv)
             os.close(self._control_r)
             os.close(self._control_w)
@@ -128,6 +134,11 @@ class VGpu(Dispatch):
         control = ffi.new("int *")
         srv, handle = self._srv, self.handle
         waits, watch = self.waits, self.kernel_watch
+        if self.fast_launch:
+            self.fast = FastLaunches.create(self)
+            if self.fast is not None:
+                lib.pilot_srv_set_fast(srv, self.fast.ptr)
+        by_conn = self._by_conn
         while True:
             # Something to look at again (waiting launches, running kernels): wake up every tick.
             timeout = WAKE_MS if (waits or watch) else -1
@@ -135,8 +146,16 @@ class VGpu(Dispatch):
             if n < 0:
                 log.error("vgpu-%d: endpoint failed; stopping", self.index)
                 return
+            fast = self.fast
+            if fast is not None:
+                fast.fold()  # what C launched came before these messages
             for i in range(n):
                 handle(msgs[i])
+            if fast is not None and n:
+                for conn in {msgs[i].conn for i in range(n)}:
+                    session = by_conn.get(conn)
+                    if session is not None:
+                        fast.update(session)
             if watch:
                 watch.poll()
             if waits:
@@ -167,6 +186,8 @@ class VGpu(Dispatch):
 
     def _release(self, session: Session) -> None:
         self.sessions.pop(session.id, None)
+        if self.fast is not None:
+            self.fast.forget(session)
         for conn in (session.identity, session.fault_identity):
             if conn is not None:
                 self._by_conn.pop(conn, None)
@@ -182,6 +203,8 @@ class VGpu(Dispatch):
         if session.partition is not None:
             self.backend.use_partition(self.device, None)  # never destroy the current context
             self._partition = None
+            if self.fast is not None:
+                self.fast.context(None)
             if self.shares is not None:
                 self.shares.release(session)
         if self.policy is not None:

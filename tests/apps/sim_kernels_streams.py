@@ -117,3 +117,36 @@ def stamp_blocks(k: SimLaunch) -> None:
     blocks, threads = k.grid[0], k.block[0]
     if blocks * threads:
         _i32(k, p, blocks * threads)[:] = np.repeat(np.arange(blocks, dtype=np.int32) + base, threads)
+
+
+# ---- launch_order.cu ----
+
+def _u32(k: SimLaunch, addr: int, n: int) -> np.ndarray:
+    return np.frombuffer(k.view(addr, 4 * n), dtype=np.uint32)
+
+
+@sim_kernel("_Z4stepPjij")
+def step(k: SimLaunch) -> None:
+    """x[i] = x[i] * 3 + k + i (uint32 wrap-around) for i < n covered by the grid."""
+    x, n, add = k.ptr(0), k.i32(1), k.u32(2)
+    count = _covered(k, n)
+    if count:
+        v = _u32(k, x, count)
+        v[:] = v * np.uint32(3) + np.uint32(add) + np.arange(count, dtype=np.uint32)
+
+
+@sim_kernel("_Z9step_pairPji4Pairm")
+def step_pair(k: SimLaunch) -> None:
+    """x[i] = (x[i] ^ p.a) * 5 + p.b + (uint32)shift for i < n covered by the grid."""
+    x, n = k.ptr(0), k.i32(1)
+    a, b = k.arg(2, "<II")
+    (shift,) = k.arg(3, "<Q")
+    count = _covered(k, n)
+    if count:
+        v = _u32(k, x, count)
+        v[:] = (v ^ np.uint32(a)) * np.uint32(5) + np.uint32(b) + np.uint32(shift & 0xFFFFFFFF)
+
+
+@sim_kernel("_Z6noargsv")
+def noargs(k: SimLaunch) -> None:
+    """Does nothing."""

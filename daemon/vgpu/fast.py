@@ -1,0 +1,185 @@
+"""The vGPU's fast launch path (shim/fast_launch.c): posted launches that need nothing of Python
+run in C as the endpoint receives them, on the vGPU thread, without the GIL.
+
+Python decides everything: which sessions qualify (`_state`), which of their kernels and streams
+C may launch (registered when Python itself launches them the first time, `launched`), and after
+each wait it folds the counts of what C ran into the session, the metrics and the fault
+bookkeeping (`fold`). A session qualifies while no per-launch work of the daemon applies to it:
+no policy that sees launches, no capacity enforcement of its memory, no unified-memory shadows,
+no kernel timing, no waiting launch, no sticky error. Work on the program's legacy stream goes
+to C only while none of its blocking streams has work the legacy stream must wait for; blocking
+streams themselves always go through Python (their implicit ordering with the legacy stream is
+Python's, scheduling/streams.py).
+
+With the CUDA backend C calls the driver's cuLaunchKernel itself; with the sim backend it calls
+back into the sim's launch (a cffi callback), so CI exercises the same C path.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pilot.daemon.backends.base import BackendError
+from pilot.daemon.protocol import ffi, lib
+
+if TYPE_CHECKING:
+    from pilot.daemon.scheduling.launch import Launch
+    from pilot.daemon.sessions.session import Session
+    from pilot.daemon.vgpu.server import VGpu
+
+log = logging.getLogger("pilot.vgpu")
+
+CUDA_ERROR_UNKNOWN = 999
+COUNTS = 64  # connections folded per take
+
+
+class FastLaunches:
+    def __init__(self, vg: VGpu, native: int | None) -> None:
+        """native: the address of the driver's cuLaunchKernel, or None to launch through the
+        backend's own launch (sim)."""
+        self.vg = vg
+        self._objects: dict[int, Any] = {}  # generic mode: raw value -> backend object
+        self._states: dict[int, tuple[int, int, int, int, int]] = {}  # session id -> what C was told
+        self._counts = ffi.new("pilot_fast_count[]", COUNTS)
+        self._callback: Any = None
+        if native:
+            self._raw = _native_value
+            self.ptr = lib.pilot_fast_new(ffi.cast("void *", native), ffi.NULL, lib.PILOT_PROTO_VERSION)
+        else:
+            self._raw = self._registered
+            self._callback = ffi.callback("pilot_fast_launch_fn", self._generic_launch,
+                                          onerror=_callback_failed)
+            self.ptr = lib.pilot_fast_new(ffi.NULL, self._callback, lib.PILOT_PROTO_VERSION)
+        if self.ptr == ffi.NULL:
+            raise MemoryError("pilot_fast_new")
+
+    @classmethod
+    def create(cls, vg: VGpu) -> FastLaunches | None:
+        """For a vGPU whose every launch needs Python (a policy that sees launches, kernel
+        timing) or a backend that offers neither path: None."""
+        host = vg.policy
+        if host is not None and (host.decides_launches or host.needs_kernel_end or host.needs_footprint):
+            return None
+        if vg.kernel_time:
+            return None
+        backend = vg.backend
+        native = backend.native_launch_address() if hasattr(backend, "native_launch_address") else None
+        if native is None and getattr(backend, "name", "") != "sim":
+            return None
+        return cls(vg, native)
+
+    def close(self) -> None:
+        if self.ptr != ffi.NULL:
+            lib.pilot_fast_free(self.ptr)
+            self.ptr = ffi.NULL
+
+    # ---- handles ----
+    def _registered(self, obj: Any) -> int:
+        """Generic mode: a value standing for a backend object (kept alive here)."""
+        key = id(obj)
+        self._objects[key] = obj
+        return key
+
+    def _generic_launch(self, function: int, grid: Any, block: Any, shared_bytes: int, stream: int,
+                        args: Any, arg_bytes: int) -> int:
+        """The sim's launch, called from C (with the GIL taken by cffi)."""
+        data = bytes(ffi.buffer(args, arg_bytes)) if arg_bytes else b""
+        try:
+            self.vg.backend.launch(self._objects[function], (grid[0], grid[1], grid[2]),
+                                   (block[0], block[1], block[2]), shared_bytes,
+                                   self._objects[stream], data)
+        except BackendError as exc:
+            return exc.code or CUDA_ERROR_UNKNOWN
+        return 0
+
+    # ---- what Python tells C ----
+    def context(self, partition: Any) -> None:
+        """The SM partition now current on the vGPU thread."""
+        lib.pilot_fast_context(self.ptr, 0 if partition is None else id(partition))
+
+    def update(self, s: Session) -> None:
+        """After Python handled calls of the session: whether C may launch for it now."""
+        conn = s.identity
+        if conn is None:
+            return
+        res = self.vg.broker.residency
+        enabled = not (s.shadows or s.sticky or s.waiting is not None
+                       or (res is not None and s.id in res.sessions))
+        legacy = self._raw(s.legacy) if enabled and s.legacy is not None else 0
+        state = (conn, int(enabled), legacy, int(bool(s.dirty_blocking)),
+                 0 if s.partition is None else id(s.partition))
+        if self._states.get(s.id) != state:
+            self._states[s.id] = state
+            if lib.pilot_fast_session(self.ptr, *state[:1], s.id, *state[1:]) != 0:
+                raise MemoryError("pilot_fast_session")
+
+    def launched(self, s: Session, launch: Launch, stream: Any) -> None:
+        """Python put this launch on `stream`: later launches of its kernel (and stream, when
+        not the legacy one and not blocking) may go to C."""
+        conn = s.identity
+        info = launch.info
+        if conn is None or info is None or launch.attrs is not None or s.id not in self._states:
+            return
+        try:
+            lib.pilot_fast_function(self.ptr, conn, launch.function, self._raw(info.handle),
+                                    info.arg_bytes)
+            if launch.stream:
+                st = s.streams.get(launch.stream)
+                if st is not None:  # a blocking stream's launches stay with Python
+                    lib.pilot_fast_stream(self.ptr, conn, launch.stream, self._raw(st.obj),
+                                          int(st.blocking))
+        except (TypeError, ValueError) as exc:  # a handle with no value: C cannot launch it
+            log.warning("vgpu-%d: fast launches off: %s", self.vg.index, exc)
+            self.disable()
+
+    def disable(self) -> None:
+        """Every launch through Python from now on (the C state is kept until close)."""
+        lib.pilot_srv_set_fast(self.vg._srv, ffi.NULL)
+        self.vg.fast = None
+
+    def stream_gone(self, s: Session, handle: int) -> None:
+        if s.identity is not None and s.id in self._states:
+            lib.pilot_fast_stream(self.ptr, s.identity, handle, 0, 0)
+
+    def forget(self, s: Session) -> None:
+        if self._states.pop(s.id, None) is not None and s.identity is not None:
+            lib.pilot_fast_forget(self.ptr, s.identity)
+
+    # ---- what C did ----
+    def fold(self) -> None:
+        """Charge what C launched since the last fold, as the Python path does per launch."""
+        vg = self.vg
+        while True:
+            n = lib.pilot_fast_take(self.ptr, self._counts, COUNTS)
+            if not n:
+                return
+            shard = vg.shard
+            row = shard.calls.get("launch")
+            for i in range(n):
+                count = self._counts[i]
+                s = vg._by_conn.get(count.conn)
+                if s is None:
+                    continue
+                launches = count.launches
+                s.calls += launches
+                s.work_in_flight = True
+                s.legacy_gen += count.legacy
+                shard.kernels += launches
+                for key in (("tenant_launches", (s.tenant,)), ("fast_launches", (s.tenant,))):
+                    shard.labeled[key] = shard.labeled.get(key, 0) + launches
+                if row is None:
+                    row = shard.calls["launch"] = vg.metrics.new_row()
+                row[0] += launches
+            if n < COUNTS:
+                return
+
+
+def _native_value(obj: Any) -> int:
+    """A cuda-python handle's value (CUfunction, CUstream: the driver's pointer)."""
+    return int(obj)
+
+
+def _callback_failed(exc_type: Any, exc: Any, tb: Any) -> int:
+    log.error("fast launch callback failed: %s", exc)
+    return CUDA_ERROR_UNKNOWN

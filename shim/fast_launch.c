@@ -1,0 +1,284 @@
+/* The daemon's fast launch path (see fast_launch.h). Compiled into pilot.shim._proto with the
+ * vGPU endpoint; one pilot_fast per vGPU thread, used only by that thread (no locks). */
+#include "fast_launch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "pilot_proto.h"
+#include "vgpu_server.h"
+
+typedef int (*cu_launch_kernel_fn)(uint64_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                   unsigned by, unsigned bz, unsigned shmem, uint64_t stream,
+                                   void **params, void **extra);
+
+/* cuda.h's CU_LAUNCH_PARAM_* (the pointers 1, 2 and 0). */
+#define LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
+#define LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
+#define LAUNCH_PARAM_END ((void *)0)
+
+/* Open-addressing map of nonzero 64-bit keys to two values; 0 keys mark free slots and deleted
+ * slots keep a tombstone value so probes go on past them. */
+struct entry {
+    uint64_t key;
+    uint64_t value;  /* CUfunction or CUstream; 0: deleted */
+    uint32_t extra;  /* arg_bytes */
+};
+
+struct map {
+    struct entry *slots;
+    uint32_t cap, used; /* used counts tombstones too */
+};
+
+struct fconn {
+    uint32_t conn;
+    int enabled, legacy_slow;
+    uint64_t session, legacy, context;
+    struct map functions, streams;
+    pilot_fast_count count;
+};
+
+struct pilot_fast {
+    cu_launch_kernel_fn cuda;
+    pilot_fast_launch_fn generic;
+    uint16_t version;
+    uint64_t context;
+    struct fconn **conns; /* small: one per attached session of this vGPU */
+    uint32_t nconns, cap;
+};
+
+static uint64_t mix(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return k;
+}
+
+static struct entry *map_find(const struct map *m, uint64_t key)
+{
+    if (!m->cap || !key)
+        return NULL;
+    for (uint32_t i = (uint32_t)mix(key) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+        struct entry *e = &m->slots[i];
+        if (e->key == key)
+            return e->value ? e : NULL;
+        if (!e->key)
+            return NULL;
+    }
+}
+
+static int map_put(struct map *m, uint64_t key, uint64_t value, uint32_t extra)
+{
+    if (!key)
+        return -1;
+    struct entry *e = NULL;
+    if (m->cap) {
+        for (uint32_t i = (uint32_t)mix(key) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+            if (m->slots[i].key == key || !m->slots[i].key) {
+                e = &m->slots[i];
+                break;
+            }
+        }
+    }
+    if (e && e->key == key) {
+        e->value = value;
+        e->extra = extra;
+        return 0;
+    }
+    if (!value)
+        return 0; /* removing what is not there */
+    if ((m->used + 1) * 4 > m->cap * 3) { /* grow (and drop tombstones) */
+        uint32_t cap = m->cap ? m->cap * 2 : 16;
+        struct entry *slots = calloc(cap, sizeof *slots);
+        if (!slots)
+            return -1;
+        struct map grown = {slots, cap, 0};
+        for (uint32_t i = 0; i < m->cap; i++)
+            if (m->slots[i].key && m->slots[i].value)
+                map_put(&grown, m->slots[i].key, m->slots[i].value, m->slots[i].extra);
+        free(m->slots);
+        *m = grown;
+        return map_put(m, key, value, extra);
+    }
+    e->key = key;
+    e->value = value;
+    e->extra = extra;
+    m->used++;
+    return 0;
+}
+
+pilot_fast *pilot_fast_new(void *cuda, pilot_fast_launch_fn generic, uint16_t protocol_version)
+{
+    if (!cuda && !generic)
+        return NULL;
+    pilot_fast *f = calloc(1, sizeof *f);
+    if (!f)
+        return NULL;
+    f->cuda = (cu_launch_kernel_fn)cuda;
+    f->generic = generic;
+    f->version = protocol_version;
+    return f;
+}
+
+static void free_conn(struct fconn *c)
+{
+    free(c->functions.slots);
+    free(c->streams.slots);
+    free(c);
+}
+
+void pilot_fast_free(pilot_fast *f)
+{
+    if (!f)
+        return;
+    for (uint32_t i = 0; i < f->nconns; i++)
+        free_conn(f->conns[i]);
+    free(f->conns);
+    free(f);
+}
+
+static struct fconn *find_conn(pilot_fast *f, uint32_t conn)
+{
+    for (uint32_t i = 0; i < f->nconns; i++)
+        if (f->conns[i]->conn == conn)
+            return f->conns[i];
+    return NULL;
+}
+
+int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabled,
+                       uint64_t legacy_stream, int legacy_slow, uint64_t context)
+{
+    struct fconn *c = find_conn(f, conn);
+    if (!c) {
+        if (!enabled)
+            return 0;
+        if (f->nconns == f->cap) {
+            uint32_t cap = f->cap ? f->cap * 2 : 8;
+            struct fconn **grown = realloc(f->conns, cap * sizeof *grown);
+            if (!grown)
+                return -1;
+            f->conns = grown;
+            f->cap = cap;
+        }
+        c = calloc(1, sizeof *c);
+        if (!c)
+            return -1;
+        c->conn = c->count.conn = conn;
+        f->conns[f->nconns++] = c;
+    }
+    if (c->session != session) { /* another session on this connection: nothing carries over */
+        free(c->functions.slots);
+        free(c->streams.slots);
+        memset(&c->functions, 0, sizeof c->functions);
+        memset(&c->streams, 0, sizeof c->streams);
+    }
+    c->session = session;
+    c->enabled = enabled;
+    c->legacy = legacy_stream;
+    c->legacy_slow = legacy_slow;
+    c->context = context;
+    return 0;
+}
+
+void pilot_fast_context(pilot_fast *f, uint64_t context)
+{
+    f->context = context;
+}
+
+int pilot_fast_function(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t function,
+                        uint32_t arg_bytes)
+{
+    struct fconn *c = find_conn(f, conn);
+    return c ? map_put(&c->functions, token, function, arg_bytes) : -1;
+}
+
+int pilot_fast_stream(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t stream, int slow)
+{
+    struct fconn *c = find_conn(f, conn);
+    if (!c)
+        return -1;
+    /* a slow stream is kept as the value ~0 (never a launch's stream) */
+    return map_put(&c->streams, token, stream && slow ? ~(uint64_t)0 : stream, 0);
+}
+
+void pilot_fast_forget(pilot_fast *f, uint32_t conn)
+{
+    for (uint32_t i = 0; i < f->nconns; i++) {
+        if (f->conns[i]->conn == conn) {
+            free_conn(f->conns[i]);
+            f->conns[i] = f->conns[--f->nconns];
+            return;
+        }
+    }
+}
+
+int pilot_fast_take(pilot_fast *f, pilot_fast_count *out, int max)
+{
+    int n = 0;
+    for (uint32_t i = 0; i < f->nconns && n < max; i++) {
+        struct fconn *c = f->conns[i];
+        if (c->count.launches) {
+            out[n++] = c->count;
+            c->count.launches = c->count.legacy = 0;
+        }
+    }
+    return n;
+}
+
+int pilot_fast_try(pilot_fast *f, const pilot_srv_msg *m)
+{
+    struct fconn *c = find_conn(f, m->conn);
+    if (!c || !c->enabled || c->context != f->context || m->nframes < 2 || m->nframes > 3 ||
+        m->len[0] < sizeof(pilot_envelope) || m->len[1] < sizeof(pilot_req_launch))
+        return FAST_PYTHON;
+    pilot_envelope env;
+    pilot_req_launch req;
+    memcpy(&env, m->frame[0], sizeof env); /* frames are not aligned */
+    if (env.version != f->version || env.opcode != PILOT_OP_LAUNCH ||
+        !(env.flags & PILOT_F_NO_REPLY) || env.session != c->session)
+        return FAST_PYTHON;
+    memcpy(&req, m->frame[1], sizeof req);
+    uint64_t arg_bytes = m->nframes == 3 ? m->len[2] : 0;
+    const struct entry *fn = map_find(&c->functions, req.function);
+    if (!fn)
+        return FAST_LEARN;
+    if (fn->extra != arg_bytes || req.arg_bytes != arg_bytes)
+        return FAST_PYTHON; /* Python reports the mismatch */
+    uint64_t stream;
+    if (req.stream) {
+        const struct entry *st = map_find(&c->streams, req.stream);
+        if (!st)
+            return FAST_LEARN;
+        stream = st->value;
+    } else {
+        if (c->legacy_slow)
+            return FAST_PYTHON;
+        stream = c->legacy;
+    }
+    if (!stream)
+        return FAST_LEARN;
+    if (stream == ~(uint64_t)0)
+        return FAST_PYTHON;
+    const void *args = arg_bytes ? m->frame[2] : NULL;
+    int err;
+    if (f->cuda) {
+        size_t size = (size_t)arg_bytes;
+        void *extra[] = {LAUNCH_PARAM_BUFFER_POINTER, (void *)args, LAUNCH_PARAM_BUFFER_SIZE,
+                         &size, LAUNCH_PARAM_END};
+        err = f->cuda(fn->value, req.grid[0], req.grid[1], req.grid[2], req.block[0],
+                      req.block[1], req.block[2], req.shared_bytes, stream, NULL,
+                      arg_bytes ? extra : NULL);
+    } else {
+        err = f->generic(fn->value, req.grid, req.block, req.shared_bytes, stream, args,
+                         (uint32_t)arg_bytes);
+    }
+    /* A launch the driver refused put nothing on the stream: Python makes the same call again
+     * and reports its error as it reports every posted call's. */
+    if (err)
+        return FAST_PYTHON;
+    c->count.launches++;
+    if (!req.stream)
+        c->count.legacy++;
+    return FAST_DONE;
+}

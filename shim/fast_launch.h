@@ -1,0 +1,73 @@
+/* The daemon's fast launch path: posted kernel launches that need nothing of the daemon's Python
+ * (no policy decision, no capacity enforcement, no unified-memory coherence, no timing) are put
+ * on their stream here, in C, on the vGPU thread, without the GIL, as the endpoint receives them.
+ * Everything else (and any launch this path is not sure of) goes to Python as before.
+ *
+ * Python (daemon/vgpu/fast.py) owns every decision: it says which sessions qualify, which of
+ * their kernels and streams may be launched here (the first launch of each goes through Python,
+ * which registers them), and it folds the counts of what ran here into its own bookkeeping after
+ * each wait. Order is kept per connection: once one message of a connection goes to Python, the
+ * rest of that connection's messages in the same batch do too.
+ *
+ * The declarations between the CDEF markers are read by cffi. */
+#ifndef PILOT_FAST_LAUNCH_H
+#define PILOT_FAST_LAUNCH_H
+
+#include <stdint.h>
+
+#include "vgpu_server.h"
+
+/* PILOT_FAST_CDEF_BEGIN */
+typedef struct pilot_fast pilot_fast;
+
+/* What ran here for one connection since the last pilot_fast_take. */
+typedef struct pilot_fast_count {
+    uint32_t conn;
+    uint32_t launches;       /* kernels put on a stream */
+    uint32_t legacy;         /* of which on the session's legacy (default) stream */
+    uint32_t reserved;
+} pilot_fast_count;
+
+/* A generic launcher (the sim backend's, through a cffi callback): returns 0 or a CUresult. */
+typedef int (*pilot_fast_launch_fn)(uint64_t function, const uint32_t *grid, const uint32_t *block,
+                                    uint32_t shared_bytes, uint64_t stream, const void *args,
+                                    uint32_t arg_bytes);
+
+/* cuda != NULL: the driver's cuLaunchKernel (called with the packed buffer in `extra`);
+ * else `generic`. protocol_version: the envelope version launches must carry. */
+pilot_fast *pilot_fast_new(void *cuda, pilot_fast_launch_fn generic, uint16_t protocol_version);
+void pilot_fast_free(pilot_fast *f);
+
+/* A connection's session qualifies (enabled 1) or not (0, the default). legacy_stream is the
+ * CUstream that work on the program's stream 0 goes to, or 0 when none exists yet; legacy_slow:
+ * such work must go through Python (its blocking streams have work the legacy stream must wait
+ * for). context: the key of
+ * the (green) context the session's work runs in; a launch runs here only while the thread's
+ * current key (pilot_fast_context) is the same. Returns 0, or -1 when out of memory. */
+int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabled,
+                       uint64_t legacy_stream, int legacy_slow, uint64_t context);
+/* The context now current on the vGPU thread. */
+void pilot_fast_context(pilot_fast *f, uint64_t context);
+/* The session's function handle `token` is CUfunction `function` taking `arg_bytes` of packed
+ * arguments; its stream handle `token` is CUstream `stream` (0: forgotten, the stream is gone),
+ * or with `slow` a stream whose launches go through Python (a blocking stream). Return 0, or -1
+ * when out of memory or the connection is unknown. */
+int pilot_fast_function(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t function,
+                        uint32_t arg_bytes);
+int pilot_fast_stream(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t stream, int slow);
+/* Use f for the endpoint's launches (vgpu_server.h; NULL: none). */
+void pilot_srv_set_fast(pilot_srv *s, pilot_fast *f);
+/* Forget a connection (its session ended). */
+void pilot_fast_forget(pilot_fast *f, uint32_t conn);
+/* Copies up to max counts of connections with launches run here since the last take, and zeroes
+ * them; returns how many were copied. */
+int pilot_fast_take(pilot_fast *f, pilot_fast_count *out, int max);
+/* For vgpu_server.c: runs the message's launch here (FAST_DONE), or says it goes to Python
+ * (FAST_PYTHON), or goes to Python, which will teach this path something (FAST_LEARN: the
+ * first launch of a kernel, or on a stream, not known here yet). */
+enum pilot_fast_verdict { FAST_PYTHON = 0, FAST_DONE = 1, FAST_LEARN = 2 };
+int pilot_fast_try(pilot_fast *f, const pilot_srv_msg *m);
+/* PILOT_FAST_CDEF_END */
+
+
+#endif

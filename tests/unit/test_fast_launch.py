@@ -1,0 +1,132 @@
+"""shim/fast_launch.c through cffi: which messages it launches, with what, and which it leaves
+to Python (FAST_PYTHON) or to Python first, to learn from (FAST_LEARN)."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+
+from pilot.daemon.protocol import ffi, lib
+
+FAST_PYTHON, FAST_DONE, FAST_LEARN = 0, 1, 2
+CONN, SESSION, LEGACY = 7, 42, 0x5000
+
+
+class Harness:
+    def __init__(self, fail_with: int = 0) -> None:
+        self.launched: list[tuple[Any, ...]] = []
+        self.fail_with = fail_with
+        self.cb = ffi.callback("pilot_fast_launch_fn", self._launch)
+        self.f = lib.pilot_fast_new(ffi.NULL, self.cb, lib.PILOT_PROTO_VERSION)
+        self.keep: list[Any] = []
+
+    def _launch(self, function: int, grid: Any, block: Any, shm: int, stream: int, args: Any,
+                nbytes: int) -> int:
+        self.launched.append((function, tuple(grid[0:3]), tuple(block[0:3]), shm, stream,
+                              bytes(ffi.buffer(args, nbytes)) if nbytes else b""))
+        return self.fail_with
+
+    def msg(self, function: int, stream: int = 0, args: bytes = b"\x01" * 12, *, opcode: int | None = None,
+            flags: int | None = None, session: int = SESSION, conn: int = CONN) -> Any:
+        env = ffi.new("pilot_envelope *")
+        env.version = lib.PILOT_PROTO_VERSION
+        env.opcode = lib.PILOT_OP_LAUNCH if opcode is None else opcode
+        env.flags = lib.PILOT_F_NO_REPLY if flags is None else flags
+        env.session = session
+        req = ffi.new("pilot_req_launch *")
+        req.function, req.stream, req.shared_bytes, req.arg_bytes = function, stream, 16, len(args)
+        req.grid = [2, 1, 1]
+        req.block = [128, 1, 1]
+        payload = ffi.new("uint8_t[]", args or b"\0")
+        self.keep += [env, req, payload]
+        m = ffi.new("pilot_srv_msg *")
+        m.conn, m.nframes = conn, 3 if args else 2
+        m.frame[0], m.len[0] = ffi.cast("uint8_t *", env), ffi.sizeof("pilot_envelope")
+        m.frame[1], m.len[1] = ffi.cast("uint8_t *", req), ffi.sizeof("pilot_req_launch")
+        m.frame[2], m.len[2] = payload, len(args)
+        self.keep.append(m)
+        return m
+
+    def close(self) -> None:
+        lib.pilot_fast_free(self.f)
+
+
+@pytest.fixture
+def h() -> Any:
+    harness = Harness()
+    assert lib.pilot_fast_session(harness.f, CONN, SESSION, 1, LEGACY, 0, 0) == 0
+    yield harness
+    harness.close()
+
+
+def test_a_known_kernel_on_the_legacy_stream_runs_here(h: Harness) -> None:
+    assert lib.pilot_fast_try(h.f, h.msg(0x10)) == FAST_LEARN  # kernel not known yet
+    assert lib.pilot_fast_function(h.f, CONN, 0x10, 0xF00, 12) == 0
+    assert lib.pilot_fast_try(h.f, h.msg(0x10)) == FAST_DONE
+    assert h.launched == [(0xF00, (2, 1, 1), (128, 1, 1), 16, LEGACY, b"\x01" * 12)]
+    counts = ffi.new("pilot_fast_count[]", 4)
+    assert lib.pilot_fast_take(h.f, counts, 4) == 1
+    assert (counts[0].conn, counts[0].launches, counts[0].legacy) == (CONN, 1, 1)
+    assert lib.pilot_fast_take(h.f, counts, 4) == 0  # taken
+
+
+def test_streams_known_unknown_slow_and_gone(h: Harness) -> None:
+    lib.pilot_fast_function(h.f, CONN, 0x10, 0xF00, 12)
+    assert lib.pilot_fast_try(h.f, h.msg(0x10, stream=3)) == FAST_LEARN
+    lib.pilot_fast_stream(h.f, CONN, 3, 0xAAA, 0)
+    assert lib.pilot_fast_try(h.f, h.msg(0x10, stream=3)) == FAST_DONE
+    assert h.launched[-1][4] == 0xAAA
+    lib.pilot_fast_stream(h.f, CONN, 4, 0xBBB, 1)  # blocking: Python's
+    assert lib.pilot_fast_try(h.f, h.msg(0x10, stream=4)) == FAST_PYTHON
+    lib.pilot_fast_stream(h.f, CONN, 3, 0, 0)  # destroyed
+    assert lib.pilot_fast_try(h.f, h.msg(0x10, stream=3)) == FAST_LEARN
+    assert len(h.launched) == 1
+
+
+def test_what_always_goes_to_python(h: Harness) -> None:
+    lib.pilot_fast_function(h.f, CONN, 0x10, 0xF00, 12)
+    assert lib.pilot_fast_try(h.f, h.msg(0x10, args=b"\x01" * 8)) == FAST_PYTHON  # wrong size
+    assert lib.pilot_fast_try(h.f, h.msg(0x10, flags=0)) == FAST_PYTHON  # a call, not a post
+    assert lib.pilot_fast_try(h.f, h.msg(0x10, opcode=lib.PILOT_OP_LAUNCH_EX)) == FAST_PYTHON
+    assert lib.pilot_fast_try(h.f, h.msg(0x10, session=SESSION + 1)) == FAST_PYTHON
+    assert lib.pilot_fast_try(h.f, h.msg(0x10, conn=CONN + 1)) == FAST_PYTHON  # unknown connection
+    lib.pilot_fast_context(h.f, 99)  # another partition is current on the thread
+    assert lib.pilot_fast_try(h.f, h.msg(0x10)) == FAST_PYTHON
+    lib.pilot_fast_context(h.f, 0)
+    lib.pilot_fast_session(h.f, CONN, SESSION, 1, LEGACY, 1, 0)  # blocking streams have work
+    assert lib.pilot_fast_try(h.f, h.msg(0x10)) == FAST_PYTHON
+    lib.pilot_fast_session(h.f, CONN, SESSION, 0, LEGACY, 0, 0)  # session no longer qualifies
+    assert lib.pilot_fast_try(h.f, h.msg(0x10)) == FAST_PYTHON
+    lib.pilot_fast_session(h.f, CONN, SESSION, 1, 0, 0, 0)  # no legacy stream yet
+    assert lib.pilot_fast_try(h.f, h.msg(0x10)) == FAST_LEARN
+    assert h.launched == []
+
+
+def test_a_launch_the_driver_refuses_goes_to_python() -> None:
+    h = Harness(fail_with=1)
+    try:
+        lib.pilot_fast_session(h.f, CONN, SESSION, 1, LEGACY, 0, 0)
+        lib.pilot_fast_function(h.f, CONN, 0x10, 0xF00, 12)
+        assert lib.pilot_fast_try(h.f, h.msg(0x10)) == FAST_PYTHON  # Python calls again, reports
+        counts = ffi.new("pilot_fast_count[]", 4)
+        assert lib.pilot_fast_take(h.f, counts, 4) == 0
+    finally:
+        h.close()
+
+
+def test_many_kernels_and_a_new_session_on_the_connection(h: Harness) -> None:
+    for token in range(1, 3000):
+        assert lib.pilot_fast_function(h.f, CONN, token, 0x100000 + token, 4) == 0
+    for token in range(1, 3000, 2):  # forget half (tombstones), then look all up
+        lib.pilot_fast_function(h.f, CONN, token, 0, 0)
+    results = {lib.pilot_fast_try(h.f, h.msg(t, args=struct.pack("<I", t))) for t in range(1, 3000, 2)}
+    assert results == {FAST_LEARN}
+    for t in range(2, 3000, 2):
+        assert lib.pilot_fast_try(h.f, h.msg(t, args=struct.pack("<I", t))) == FAST_DONE
+    assert [x[0] for x in h.launched] == [0x100000 + t for t in range(2, 3000, 2)]
+    lib.pilot_fast_session(h.f, CONN, SESSION + 1, 1, LEGACY, 0, 0)  # nothing carries over
+    assert lib.pilot_fast_try(h.f, h.msg(2, args=b"\0" * 4, session=SESSION + 1)) == FAST_LEARN
+    lib.pilot_fast_forget(h.f, CONN)
+    assert lib.pilot_fast_try(h.f, h.msg(2, args=b"\0" * 4, session=SESSION + 1)) == FAST_PYTHON
