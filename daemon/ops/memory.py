@@ -55,12 +55,17 @@ def free(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     streams.synchronize_session(vg, s)  # cudaFree waits for the device; the zeroing must too
     if vg.broker.residency is not None:
         vg.broker.residency.quiesce(s, req.ptr)
-    s.free_memory(vg.backend, req.ptr, s.legacy or vg.stream)
+    size = s.allocations[req.ptr]
+    if size and req.ptr not in s.managed:  # zeroed, then freed once that is done (quarantine.py)
+        vg.quarantine.free_later(req.ptr, size, s.legacy or vg.stream)
+    else:
+        s.free_memory(vg.backend, req.ptr, s.legacy or vg.stream)
     kind = s.allocation_kind(req.ptr)
     vg.broker.release(s, kind, s.remove_allocation(req.ptr), req.ptr)
 
 @OPS.handler(lib.PILOT_OP_MEM_GET_INFO)
 def mem_get_info(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    vg.quarantine.drain()  # memory freed a moment ago is free
     return u64(*vg.memory_limits(s))
 
 TEXTURE_ALIGNMENT_ATTR = 14  # cudaDevAttrTextureAlignment: cudaMallocPitch's pitch unit (512)

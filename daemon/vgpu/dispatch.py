@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from pilot.daemon.backends.base import (
     CUDA_ERROR_INITIALIZATION,
     CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_MEMORY_ALLOCATION,
     CUDA_ERROR_NOT_SUPPORTED,
     CUDA_ERROR_UNKNOWN,
     STICKY_ERRORS,
@@ -47,6 +48,7 @@ class Dispatch:
     report_fault: Any  # FaultMonitor.report(device, error), set by the router
     _partition: Any  # the SM partition current on this thread (None: the whole GPU)
     fast: Any = None  # vgpu/fast.py's FastLaunches, or None
+    quarantine: Any  # sessions/quarantine.py: freed memory being zeroed
 
     def enter(self, session: Session) -> None:
         """Make the session's SM partition current on this thread (compute shares): what the
@@ -58,6 +60,15 @@ class Dispatch:
             self._partition = part
             if self.fast is not None:
                 self.fast.context(part)
+
+    def _after_drain(self, prepared: Any, session: Session, req: Any, payload: Any) -> tuple[Any, int]:
+        """An allocation failed for want of memory while freed memory is still being zeroed:
+        free that (waiting for its zeroing), then try once more. Returns (result, error)."""
+        self.quarantine.drain()
+        try:
+            return prepared.fn(self, session, req, payload), 0
+        except BackendError as exc:
+            return None, exc.code
 
     def _send(self, msg: Any, body: Any, size: int, payload: Any = None) -> None:
         if payload is None:
@@ -107,7 +118,10 @@ class Dispatch:
                 result = prepared.fn(self, session, req, payload)
             except BackendError as exc:
                 err = exc.code
-                log.debug("session %d: %s: %s", session.id, self._op_names.get(opcode), exc)
+                if err == CUDA_ERROR_MEMORY_ALLOCATION and self.quarantine:
+                    result, err = self._after_drain(prepared, session, req, payload)
+                if err:
+                    log.debug("session %d: %s: %s", session.id, self._op_names.get(opcode), exc)
             except WaitForPolicy as wait:
                 self.waits.defer(session, wait, msg, bool(no_reply))
                 session.calls += 1

@@ -28,6 +28,7 @@ from pilot.daemon.resources.broker import ResourceBroker
 from pilot.daemon.scheduling.launch import KernelWatch
 from pilot.daemon.scheduling.policy_host import PolicyHost
 from pilot.daemon.scheduling.waiting import WaitQueue
+from pilot.daemon.sessions.quarantine import Quarantine
 from pilot.daemon.sessions.session import Session
 from pilot.daemon.vgpu.dispatch import Dispatch, _Prepared
 from pilot.daemon.vgpu.fast import FastLaunches
@@ -61,6 +62,7 @@ class VGpu(Dispatch):
         self.shares: Any = None  # shares.ComputeShares (set by the Daemon; None: no shares)
         self.fast_launch = True  # [daemon] fast_launch (set by the Daemon)
         self.fast: FastLaunches | None = None  # launches run in C (vgpu/fast.py), made in serve
+        self.quarantine = Quarantine(backend)  # freed memory being zeroed (sessions/quarantine.py)
         self._partition: Any = None  # the SM partition current on this thread (dispatch.enter)
         self._info: DeviceInfo | None = None
         self._op_names = op_names()
@@ -121,6 +123,7 @@ class VGpu(Dispatch):
             for session in list(self.sessions.values()):
                 self._release(session)
             self.kernel_watch.close()
+            self.quarantine.close()
             lib.pilot_srv_set_fast(self._srv, ffi.NULL)
             if self.fast is not None:
                 self.fast.close()
@@ -133,15 +136,16 @@ class VGpu(Dispatch):
         msgs = ffi.new("pilot_srv_msg[]", BATCH)
         control = ffi.new("int *")
         srv, handle = self._srv, self.handle
-        waits, watch = self.waits, self.kernel_watch
+        waits, watch, quarantine = self.waits, self.kernel_watch, self.quarantine
         if self.fast_launch:
             self.fast = FastLaunches.create(self)
             if self.fast is not None:
                 lib.pilot_srv_set_fast(srv, self.fast.ptr)
         by_conn = self._by_conn
         while True:
-            # Something to look at again (waiting launches, running kernels): wake up every tick.
-            timeout = WAKE_MS if (waits or watch) else -1
+            # Something to look at again (waiting launches, running kernels, memory being
+            # zeroed): wake up every tick.
+            timeout = WAKE_MS if (waits or watch or quarantine) else -1
             n = lib.pilot_srv_wait(srv, timeout, self.spin_us, msgs, BATCH, control)
             if n < 0:
                 log.error("vgpu-%d: endpoint failed; stopping", self.index)
@@ -158,6 +162,8 @@ class VGpu(Dispatch):
                         fast.update(session)
             if watch:
                 watch.poll()
+            if quarantine:
+                quarantine.poll()
             if waits:
                 waits.poll()
             if control[0]:

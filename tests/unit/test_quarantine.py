@@ -1,0 +1,92 @@
+"""sessions/quarantine.py: freed memory is zeroed on a stream, freed only once that is done, in
+order; drained whole before an allocation is retried (vgpu/dispatch.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from pilot.daemon.backends.base import CUDA_ERROR_MEMORY_ALLOCATION, BackendError
+from pilot.daemon.sessions.quarantine import Quarantine
+
+
+class FakeBackend:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.done: set[str] = set()
+        self.made = 0
+
+    def memset_d8(self, ptr: int, value: int, count: int, stream: Any) -> None:
+        self.calls.append(("memset", ptr, value, count, stream))
+
+    def event_create(self, flags: int) -> str:
+        self.made += 1
+        return f"ev{self.made}"
+
+    def event_record(self, event: str, stream: Any) -> None:
+        self.calls.append(("record", event, stream))
+
+    def event_query(self, event: str) -> bool:
+        return event in self.done
+
+    def event_synchronize(self, event: str) -> None:
+        self.calls.append(("sync", event))
+
+    def event_destroy(self, event: str) -> None:
+        self.calls.append(("destroy", event))
+
+    def mem_free(self, ptr: int) -> None:
+        self.calls.append(("free", ptr))
+
+
+def test_freed_only_after_its_zeroing_and_in_order() -> None:
+    b = FakeBackend()
+    q = Quarantine(b)  # type: ignore[arg-type]
+    q.free_later(0x1000, 256, "s")
+    q.free_later(0x2000, 512, "s")
+    assert b.calls == [("memset", 0x1000, 0, 256, "s"), ("record", "ev1", "s"),
+                       ("memset", 0x2000, 0, 512, "s"), ("record", "ev2", "s")]
+    assert q and q.bytes == 768
+    b.calls.clear()
+    q.poll()
+    assert b.calls == []  # nothing zeroed yet: nothing freed
+    b.done.add("ev2")  # cannot be: events of one stream complete in order; poll stops at ev1
+    q.poll()
+    assert b.calls == []
+    b.done.add("ev1")
+    q.poll()
+    assert b.calls == [("free", 0x1000), ("free", 0x2000)] and not q and q.bytes == 0
+    q.free_later(0x3000, 64, "s")  # events are reused
+    assert b.made == 2
+
+
+def test_drain_waits_for_every_zeroing() -> None:
+    b = FakeBackend()
+    q = Quarantine(b)  # type: ignore[arg-type]
+    q.free_later(0x1000, 256, "s")
+    q.free_later(0x2000, 256, "t")
+    b.calls.clear()
+    q.drain()
+    assert b.calls == [("sync", "ev1"), ("free", 0x1000), ("sync", "ev2"), ("free", 0x2000)]
+    q.close()
+    assert ("destroy", "ev1") in b.calls and ("destroy", "ev2") in b.calls
+
+
+def test_an_allocation_short_of_memory_is_tried_again_after_a_drain() -> None:
+    from pilot.daemon.vgpu.dispatch import Dispatch
+
+    b = FakeBackend()
+    vg = Dispatch()
+    vg.quarantine = Quarantine(b)  # type: ignore[arg-type]
+    vg.quarantine.free_later(0x1000, 256, "s")
+    attempts: list[int] = []
+
+    def allocate(vg: Any, s: Any, req: Any, payload: Any) -> str:
+        attempts.append(len(b.calls))
+        if ("free", 0x1000) not in b.calls:
+            raise BackendError(CUDA_ERROR_MEMORY_ALLOCATION, "out of memory")
+        return "ptr"
+
+    prepared = SimpleNamespace(fn=allocate)
+    assert vg._after_drain(prepared, None, None, None) == ("ptr", 0)  # type: ignore[arg-type]
+    assert not vg.quarantine
