@@ -176,8 +176,16 @@ class FastLaunches:
 
 
 def _native_value(obj: Any) -> int:
-    """A cuda-python handle's value (CUfunction, CUstream: the driver's pointer)."""
-    return int(obj)
+    """A cuda-python handle's value (CUfunction, CUstream: the driver's pointer):
+    cuda.bindings.utils.get_cuda_native_handle where it exists, else int(handle), which older
+    cuda-bindings document for it."""
+    return _native_handle(obj) if _native_handle is not None else int(obj)
+
+
+try:
+    from cuda.bindings.utils import get_cuda_native_handle as _native_handle
+except ImportError:  # older cuda-bindings, or none (the sim)
+    _native_handle = None
 
 
 def _callback_failed(exc_type: Any, exc: Any, tb: Any) -> int:
