@@ -327,6 +327,44 @@ PILOT_EXPORT cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, 
     PILOT_RETURN(err);
 }
 
+/* The kernel's name as its image has it (the mangled name, like the driver's cuFuncGetName);
+ * answered in the shim, which registered it. */
+PILOT_EXPORT cudaError_t cudaFuncGetName(const char **name, const void *func)
+{
+    if (!name)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    struct pilot_kernel *k;
+    cudaError_t err = find_kernel(func, &k);
+    if (err == cudaSuccess)
+        *name = pilot_kernel_name(k);
+    PILOT_RETURN(err);
+}
+
+/* Offset and size of parameter paramIndex, from the layout the daemon reported when it loaded
+ * the kernel (cuFuncGetParamInfo there); an index past the last parameter is
+ * cudaErrorInvalidValue, as CUDA says. */
+PILOT_EXPORT cudaError_t cudaFuncGetParamInfo(const void *func, size_t paramIndex,
+                                              size_t *paramOffset, size_t *paramSize)
+{
+    if (!paramOffset && !paramSize)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    PILOT_REQUIRE_SESSION();
+    struct pilot_kernel *k;
+    uint64_t function;
+    cudaError_t err = find_function(func, &k, &function);
+    if (err != cudaSuccess)
+        PILOT_RETURN(err);
+    struct pilot_kernel_launch_info info;
+    pilot_kernel_info(k, pilot_route_device(), &info);
+    if (paramIndex >= info.nparams)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    if (paramOffset)
+        *paramOffset = info.params[paramIndex].offset;
+    if (paramSize)
+        *paramSize = info.params[paramIndex].size;
+    PILOT_RETURN(cudaSuccess);
+}
+
 PILOT_EXPORT cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr,
                                               int value)
 {

@@ -213,6 +213,11 @@ struct pilot_kernel *pilot_kernel_from_handle(const void *handle)
     return k;
 }
 
+const char *pilot_kernel_name(const struct pilot_kernel *k)
+{
+    return k->name;
+}
+
 PILOT_EXPORT cudaError_t __cudaGetKernel(cudaKernel_t *out, const void *host_fun)
 {
     struct pilot_kernel *k = pilot_kernel_from_host(host_fun);
@@ -220,6 +225,12 @@ PILOT_EXPORT cudaError_t __cudaGetKernel(cudaKernel_t *out, const void *host_fun
         PILOT_RETURN(cudaErrorInvalidValue);
     *out = (cudaKernel_t)k;
     PILOT_RETURN(k ? cudaSuccess : cudaErrorInvalidDeviceFunction);
+}
+
+/* The public cudaGetKernel is the same lookup. */
+PILOT_EXPORT cudaError_t cudaGetKernel(cudaKernel_t *out, const void *host_fun)
+{
+    return __cudaGetKernel(out, host_fun);
 }
 
 /* The image's module in the daemon, loaded on first use: the one path kernels and variables

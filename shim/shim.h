@@ -176,6 +176,8 @@ struct pilot_kernel_launch_info {
 };
 /* What a launch on device dev needs of a resolved kernel. */
 void pilot_kernel_info(const struct pilot_kernel *k, int dev, struct pilot_kernel_launch_info *out);
+/* The kernel's (mangled) device name, as the fatbin registered it. */
+const char *pilot_kernel_name(const struct pilot_kernel *k);
 /* cudaFuncSetAttribute / cudaFuncGetAttributes (api_misc.c): the daemon's current limit. */
 void pilot_kernel_set_max_dynamic_shared(struct pilot_kernel *k, int32_t bytes);
 

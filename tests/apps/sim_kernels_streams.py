@@ -150,3 +150,15 @@ def step_pair(k: SimLaunch) -> None:
 @sim_kernel("_Z6noargsv")
 def noargs(k: SimLaunch) -> None:
     """Does nothing."""
+
+
+# ---- func_info.cu (never launched: only asked about) ----
+
+@sim_kernel("_Z13params_kernel5MixedcPds")
+def params_kernel(k: SimLaunch) -> None:
+    """Does nothing."""
+
+
+@sim_kernel("plain_c_kernel")
+def plain_c_kernel(k: SimLaunch) -> None:
+    """Does nothing."""

@@ -469,13 +469,16 @@ def test_every_kernel_has_an_emulation(app_binaries: dict[str, Path]) -> None:
                 continue
             start = len("_Z") + len(m.group(1))
             rest = sym[start:start + int(m.group(1))][len("__device_stub__"):]
-            found = {"_" + rest, rest} & symbols  # C++ kernels: "_Z...", extern "C": name
+            found = {"_" + rest, rest} & symbols  # C++ kernels: "_Z..."
+            plain = re.match(r"Z(\d+)", rest)  # extern "C": the stub mangles the plain name
+            if not found and plain:
+                found = {rest[plain.end():plain.end() + int(plain.group(1))]} & symbols
             assert len(found) == 1, f"{exe.name}: cannot tell the kernel of stub {sym}"
             kernels |= found
     # 22 in tests/apps (4 runtime_misc, 5 managed), 8 in the callback/stream/device programs,
     # 2 in pinned, 3 in footprint, 3 in fault, 1 in mempool, 5 in tests/gpu, 3 in bench/uvm/pagedos.cu,
-    # 3 in stream.cu, 3 in launch_order
-    assert len(kernels) == 53, sorted(kernels)
+    # 3 in stream.cu, 3 in launch_order, 2 in func_info
+    assert len(kernels) == 55, sorted(kernels)
     assert sorted(kernels - set(registry.names())) == []
 
 
@@ -821,3 +824,32 @@ def test_a_call_fails_soon_once_pilotd_stops_answering(start_pilotd: Any, app_bi
     assert line == "cudaErrorDevicesUnavailable", (line, out, err)
     assert noticed < 6.0, f"took {noticed:.1f} s to notice a stopped pilotd"
     assert "did not answer a liveness check" in err and proc.returncode == 0, err
+
+
+FUNC_INFO = """\
+getKernel: cudaSuccess 1
+name: cudaSuccess _Z13params_kernel5MixedcPds
+name C: cudaSuccess plain_c_kernel
+name by kernel handle: cudaSuccess _Z13params_kernel5MixedcPds
+params_kernel param 0: offset 0 size 24
+params_kernel param 1: offset 24 size 1
+params_kernel param 2: offset 32 size 8
+params_kernel param 3: offset 40 size 2
+params_kernel param 4: cudaErrorInvalidValue
+plain_c_kernel param 0: offset 0 size 8
+plain_c_kernel param 1: offset 8 size 4
+plain_c_kernel param 2: cudaErrorInvalidValue
+name of main: cudaErrorInvalidResourceHandle
+name of NULL: cudaErrorInvalidDeviceFunction
+params of main: cudaErrorInvalidResourceHandle
+done
+"""
+
+
+def test_func_info(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
+    """cudaGetKernel, cudaFuncGetName (the mangled name; an extern "C" kernel's plain one) and
+    cudaFuncGetParamInfo (the layout the daemon reported; an index past the last parameter is
+    cudaErrorInvalidValue), answered in the shim; the errors for a host function and NULL are
+    cudaFuncGetAttributes's (seen on the H100)."""
+    proc = run_under_pilot("func_info")
+    assert proc.stdout == FUNC_INFO, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
