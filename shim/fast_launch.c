@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pilot_proto.h"
 #include "vgpu_server.h"
@@ -11,6 +12,9 @@
 typedef int (*cu_launch_kernel_fn)(uint64_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                    unsigned by, unsigned bz, unsigned shmem, uint64_t stream,
                                    void **params, void **extra);
+
+typedef int (*cu_dtoh_fn)(void *dst, uint64_t src, size_t count, uint64_t stream);
+typedef int (*cu_htod_fn)(uint64_t dst, const void *src, size_t count, uint64_t stream);
 
 /* cuda.h's CU_LAUNCH_PARAM_* (the pointers 1, 2 and 0). */
 #define LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
@@ -30,17 +34,29 @@ struct map {
     uint32_t cap, used; /* used counts tombstones too */
 };
 
+struct range {
+    uint64_t base, size;
+};
+
 struct fconn {
     uint32_t conn;
-    int enabled, legacy_slow;
+    int enabled, legacy_slow, deferred;
     uint64_t session, legacy, context;
     struct map functions, streams;
+    struct range *ranges; /* sorted by base, disjoint */
+    uint32_t nranges, cap_ranges;
     pilot_fast_count count;
 };
 
 struct pilot_fast {
     cu_launch_kernel_fn cuda;
+    cu_dtoh_fn dtoh;
+    cu_htod_fn htod;
     pilot_fast_launch_fn generic;
+    pilot_fast_copy_fn generic_copy;
+    double bounds[PILOT_FAST_BUCKETS - 1];
+    int nbounds;
+    uint8_t *reply; /* a device-to-host copy's bytes, on their way back */
     uint16_t version;
     uint64_t context;
     struct fconn **conns; /* small: one per attached session of this vGPU */
@@ -108,15 +124,30 @@ static int map_put(struct map *m, uint64_t key, uint64_t value, uint32_t extra)
     return 0;
 }
 
-pilot_fast *pilot_fast_new(void *cuda, pilot_fast_launch_fn generic, uint16_t protocol_version)
+pilot_fast *pilot_fast_new(void *cuda_launch, void *cuda_dtoh, void *cuda_htod,
+                           pilot_fast_launch_fn generic_launch, pilot_fast_copy_fn generic_copy,
+                           const double *bounds, int nbounds, uint16_t protocol_version)
 {
-    if (!cuda && !generic)
+    if (cuda_launch ? !cuda_dtoh || !cuda_htod : !generic_launch || !generic_copy)
+        return NULL;
+    if (nbounds < 0 || nbounds >= PILOT_FAST_BUCKETS)
         return NULL;
     pilot_fast *f = calloc(1, sizeof *f);
     if (!f)
         return NULL;
-    f->cuda = (cu_launch_kernel_fn)cuda;
-    f->generic = generic;
+    f->reply = malloc(PILOT_INLINE_MAX);
+    if (!f->reply) {
+        free(f);
+        return NULL;
+    }
+    f->cuda = (cu_launch_kernel_fn)cuda_launch;
+    f->dtoh = (cu_dtoh_fn)cuda_dtoh;
+    f->htod = (cu_htod_fn)cuda_htod;
+    f->generic = generic_launch;
+    f->generic_copy = generic_copy;
+    for (int i = 0; i < nbounds; i++)
+        f->bounds[i] = bounds[i];
+    f->nbounds = nbounds;
     f->version = protocol_version;
     return f;
 }
@@ -125,6 +156,7 @@ static void free_conn(struct fconn *c)
 {
     free(c->functions.slots);
     free(c->streams.slots);
+    free(c->ranges);
     free(c);
 }
 
@@ -135,6 +167,7 @@ void pilot_fast_free(pilot_fast *f)
     for (uint32_t i = 0; i < f->nconns; i++)
         free_conn(f->conns[i]);
     free(f->conns);
+    free(f->reply);
     free(f);
 }
 
@@ -147,7 +180,7 @@ static struct fconn *find_conn(pilot_fast *f, uint32_t conn)
 }
 
 int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabled,
-                       uint64_t legacy_stream, int legacy_slow, uint64_t context)
+                       uint64_t legacy_stream, int legacy_slow, int deferred, uint64_t context)
 {
     struct fconn *c = find_conn(f, conn);
     if (!c) {
@@ -172,11 +205,13 @@ int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabl
         free(c->streams.slots);
         memset(&c->functions, 0, sizeof c->functions);
         memset(&c->streams, 0, sizeof c->streams);
+        c->nranges = 0;
     }
     c->session = session;
     c->enabled = enabled;
     c->legacy = legacy_stream;
     c->legacy_slow = legacy_slow;
+    c->deferred = deferred;
     c->context = context;
     return 0;
 }
@@ -202,6 +237,57 @@ int pilot_fast_stream(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t str
     return map_put(&c->streams, token, stream && slow ? ~(uint64_t)0 : stream, 0);
 }
 
+/* The index of the first range whose base is above `at`. */
+static uint32_t ranges_after(const struct fconn *c, uint64_t at)
+{
+    uint32_t lo = 0, hi = c->nranges;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (c->ranges[mid].base <= at)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int pilot_fast_range(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t size)
+{
+    struct fconn *c = find_conn(f, conn);
+    if (!c)
+        return -1;
+    uint32_t i = ranges_after(c, base);
+    if (i && c->ranges[i - 1].base == base) { /* known: forget it (and add it again if sized) */
+        memmove(&c->ranges[i - 1], &c->ranges[i], (c->nranges - i) * sizeof *c->ranges);
+        c->nranges--;
+        i--;
+    }
+    if (!size)
+        return 0;
+    if (c->nranges == c->cap_ranges) {
+        uint32_t cap = c->cap_ranges ? c->cap_ranges * 2 : 16;
+        struct range *grown = realloc(c->ranges, cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        c->ranges = grown;
+        c->cap_ranges = cap;
+    }
+    memmove(&c->ranges[i + 1], &c->ranges[i], (c->nranges - i) * sizeof *c->ranges);
+    c->ranges[i] = (struct range){base, size};
+    c->nranges++;
+    return 0;
+}
+
+/* Whether [ptr, ptr+count) lies inside one of the session's ranges. */
+static int owns(const struct fconn *c, uint64_t ptr, uint64_t count)
+{
+    uint32_t i = ranges_after(c, ptr);
+    if (!i)
+        return 0;
+    const struct range *r = &c->ranges[i - 1];
+    return ptr - r->base < r->size && count <= r->size - (ptr - r->base);
+}
+
 void pilot_fast_forget(pilot_fast *f, uint32_t conn)
 {
     for (uint32_t i = 0; i < f->nconns; i++) {
@@ -218,25 +304,101 @@ int pilot_fast_take(pilot_fast *f, pilot_fast_count *out, int max)
     int n = 0;
     for (uint32_t i = 0; i < f->nconns && n < max; i++) {
         struct fconn *c = f->conns[i];
-        if (c->count.launches) {
+        if (c->count.launches || c->count.d2h || c->count.h2d) {
             out[n++] = c->count;
-            c->count.launches = c->count.legacy = 0;
+            memset(&c->count, 0, sizeof c->count);
+            c->count.conn = c->conn;
         }
     }
     return n;
 }
 
-int pilot_fast_try(pilot_fast *f, const pilot_srv_msg *m)
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The CUstream for work on program stream `token`, or 0 when Python must see it. */
+static uint64_t copy_stream(const struct fconn *c, uint64_t token)
+{
+    if (!token)
+        return c->legacy_slow ? 0 : c->legacy;
+    const struct entry *st = map_find(&c->streams, token);
+    return st && st->value != ~(uint64_t)0 ? st->value : 0;
+}
+
+/* cudaMemcpy D2H / H2D of the session's device memory, carried inline: done and answered here
+ * when the range is the session's, the stream known, no error is waiting to be reported. */
+static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_srv_msg *m,
+                    const pilot_envelope *env)
+{
+    int to_host = env->opcode == PILOT_OP_MEMCPY_D2H;
+    if (!srv || c->deferred || (env->flags & PILOT_F_NO_REPLY) ||
+        m->len[1] < sizeof(pilot_req_memcpy) || m->nframes != (to_host ? 2 : 3))
+        return FAST_PYTHON;
+    pilot_req_memcpy req;
+    memcpy(&req, m->frame[1], sizeof req);
+    uint64_t dev = to_host ? req.src : req.dst;
+    if (!req.count || req.count > PILOT_INLINE_MAX || (!to_host && m->len[2] != req.count) ||
+        !owns(c, dev, req.count))
+        return FAST_PYTHON;
+    uint64_t stream = copy_stream(c, req.stream);
+    if (!stream)
+        return FAST_PYTHON;
+    double t0 = now_s();
+    int err;
+    if (f->cuda)
+        err = to_host ? f->dtoh(f->reply, dev, req.count, stream)
+                      : f->htod(dev, m->frame[2], req.count, stream);
+    else
+        err = to_host ? f->generic_copy(1, (uint64_t)(uintptr_t)f->reply, dev, req.count, stream)
+                      : f->generic_copy(0, dev, (uint64_t)(uintptr_t)m->frame[2], req.count,
+                                        stream);
+    if (err)
+        return FAST_PYTHON; /* Python makes the same copy again and reports its error */
+    pilot_rep_status rep = {{0, 0}};
+    if (pilot_srv_send(srv, m->conn, m->frame[0], sizeof(pilot_envelope), &rep, sizeof rep,
+                       to_host ? f->reply : NULL, to_host ? req.count : 0) != 0)
+        return FAST_DONE; /* the client is gone: nothing to answer */
+    double dt = now_s() - t0;
+    int b = 0;
+    while (b < f->nbounds && dt > f->bounds[b])
+        b++;
+    pilot_fast_count *n = &c->count;
+    if (to_host) {
+        n->d2h++;
+        n->d2h_bytes += req.count;
+        n->d2h_buckets[b]++;
+        n->d2h_seconds += dt;
+    } else {
+        n->h2d++;
+        n->h2d_bytes += req.count;
+        n->h2d_buckets[b]++;
+        n->h2d_seconds += dt;
+    }
+    if (!req.stream)
+        n->legacy++; /* work on the legacy stream, as Python counts it (blocking-stream order) */
+    n->synced = 1;
+    return FAST_DONE;
+}
+
+int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
 {
     struct fconn *c = find_conn(f, m->conn);
     if (!c || !c->enabled || c->context != f->context || m->nframes < 2 || m->nframes > 3 ||
-        m->len[0] < sizeof(pilot_envelope) || m->len[1] < sizeof(pilot_req_launch))
+        m->len[0] < sizeof(pilot_envelope))
         return FAST_PYTHON;
     pilot_envelope env;
     pilot_req_launch req;
     memcpy(&env, m->frame[0], sizeof env); /* frames are not aligned */
-    if (env.version != f->version || env.opcode != PILOT_OP_LAUNCH ||
-        !(env.flags & PILOT_F_NO_REPLY) || env.session != c->session)
+    if (env.version != f->version || env.session != c->session)
+        return FAST_PYTHON;
+    if (env.opcode == PILOT_OP_MEMCPY_D2H || env.opcode == PILOT_OP_MEMCPY_H2D)
+        return try_copy(f, srv, c, m, &env);
+    if (env.opcode != PILOT_OP_LAUNCH || !(env.flags & PILOT_F_NO_REPLY) ||
+        m->len[1] < sizeof(pilot_req_launch))
         return FAST_PYTHON;
     memcpy(&req, m->frame[1], sizeof req);
     uint64_t arg_bytes = m->nframes == 3 ? m->len[2] : 0;
@@ -280,5 +442,6 @@ int pilot_fast_try(pilot_fast *f, const pilot_srv_msg *m)
     c->count.launches++;
     if (!req.stream)
         c->count.legacy++;
+    c->count.synced = 0;
     return FAST_DONE;
 }

@@ -1,7 +1,9 @@
-/* The daemon's fast launch path: posted kernel launches that need nothing of the daemon's Python
- * (no policy decision, no capacity enforcement, no unified-memory coherence, no timing) are put
- * on their stream here, in C, on the vGPU thread, without the GIL, as the endpoint receives them.
- * Everything else (and any launch this path is not sure of) goes to Python as before.
+/* The daemon's fast path: posted kernel launches, and small copies between the program's device
+ * memory and its host (cudaMemcpy H2D and D2H carried inline), that need nothing of the daemon's
+ * Python (no policy decision, no capacity enforcement, no unified-memory coherence, no timing)
+ * run here, in C, on the vGPU thread, without the GIL, as the endpoint receives them; a copy is
+ * answered from here too. Everything else (and anything this path is not sure of) goes to
+ * Python as before.
  *
  * Python (daemon/vgpu/fast.py) owns every decision: it says which sessions qualify, which of
  * their kernels and streams may be launched here (the first launch of each goes through Python,
@@ -21,21 +23,35 @@
 typedef struct pilot_fast pilot_fast;
 
 /* What ran here for one connection since the last pilot_fast_take. */
+#define PILOT_FAST_BUCKETS 24 /* latency buckets of the copies (+Inf last), see pilot_fast_new */
+
 typedef struct pilot_fast_count {
     uint32_t conn;
     uint32_t launches;       /* kernels put on a stream */
     uint32_t legacy;         /* of which on the session's legacy (default) stream */
-    uint32_t reserved;
+    int32_t synced;          /* the last thing done here: 1 a copy (synchronizing), 0 a launch */
+    uint32_t d2h, h2d;       /* copies answered here */
+    uint64_t d2h_bytes, h2d_bytes;
+    uint32_t d2h_buckets[PILOT_FAST_BUCKETS], h2d_buckets[PILOT_FAST_BUCKETS];
+    double d2h_seconds, h2d_seconds;
 } pilot_fast_count;
 
-/* A generic launcher (the sim backend's, through a cffi callback): returns 0 or a CUresult. */
+/* A generic launcher and copier (the sim backend's, through cffi callbacks): return 0 or a
+ * CUresult. copy: to_host 1 copies device `src` to host `dst`, 0 host `src` to device `dst`;
+ * a copy to the host returns once the bytes are there. */
 typedef int (*pilot_fast_launch_fn)(uint64_t function, const uint32_t *grid, const uint32_t *block,
                                     uint32_t shared_bytes, uint64_t stream, const void *args,
                                     uint32_t arg_bytes);
+typedef int (*pilot_fast_copy_fn)(int to_host, uint64_t dst, uint64_t src, uint64_t count,
+                                  uint64_t stream);
 
-/* cuda != NULL: the driver's cuLaunchKernel (called with the packed buffer in `extra`);
- * else `generic`. protocol_version: the envelope version launches must carry. */
-pilot_fast *pilot_fast_new(void *cuda, pilot_fast_launch_fn generic, uint16_t protocol_version);
+/* The driver's cuLaunchKernel, cuMemcpyDtoHAsync_v2 and cuMemcpyHtoDAsync_v2 (copies to
+ * pageable memory return once done), or NULL and the generic functions. bounds: the copies'
+ * latency buckets in seconds (nbounds < PILOT_FAST_BUCKETS; +Inf follows). protocol_version:
+ * the envelope version requests must carry. */
+pilot_fast *pilot_fast_new(void *cuda_launch, void *cuda_dtoh, void *cuda_htod,
+                           pilot_fast_launch_fn generic_launch, pilot_fast_copy_fn generic_copy,
+                           const double *bounds, int nbounds, uint16_t protocol_version);
 void pilot_fast_free(pilot_fast *f);
 
 /* A connection's session qualifies (enabled 1) or not (0, the default). legacy_stream is the
@@ -45,7 +61,11 @@ void pilot_fast_free(pilot_fast *f);
  * the (green) context the session's work runs in; a launch runs here only while the thread's
  * current key (pilot_fast_context) is the same. Returns 0, or -1 when out of memory. */
 int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabled,
-                       uint64_t legacy_stream, int legacy_slow, uint64_t context);
+                       uint64_t legacy_stream, int legacy_slow, int deferred, uint64_t context);
+/* The session's device memory [base, base+size) that copies may touch (size 0: forget the range
+ * at base). deferred (above): an asynchronous error waits for the next synchronizing call, so
+ * copies go to Python, which reports it. Returns 0, or -1. */
+int pilot_fast_range(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t size);
 /* The context now current on the vGPU thread. */
 void pilot_fast_context(pilot_fast *f, uint64_t context);
 /* The session's function handle `token` is CUfunction `function` taking `arg_bytes` of packed
@@ -66,7 +86,7 @@ int pilot_fast_take(pilot_fast *f, pilot_fast_count *out, int max);
  * (FAST_PYTHON), or goes to Python, which will teach this path something (FAST_LEARN: the
  * first launch of a kernel, or on a stream, not known here yet). */
 enum pilot_fast_verdict { FAST_PYTHON = 0, FAST_DONE = 1, FAST_LEARN = 2 };
-int pilot_fast_try(pilot_fast *f, const pilot_srv_msg *m);
+int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m);
 /* PILOT_FAST_CDEF_END */
 
 

@@ -397,7 +397,7 @@ static int filter_fast(pilot_srv *s, pilot_srv_msg *out, int n)
             continue;
         }
         if (c->fast_state == STATE_FAST) {
-            int r = pilot_fast_try(s->fast, &out[i]);
+            int r = pilot_fast_try(s->fast, s, &out[i]);
             if (r == FAST_DONE)
                 continue;
             c->fast_state = r == FAST_LEARN ? STATE_LEARNING : STATE_PYTHON;

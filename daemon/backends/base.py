@@ -210,10 +210,11 @@ class Backend(Protocol):
     def module_get_global(self, module: Any, name: str) -> tuple[int, int]:
         """(device address, size) of the module's `__device__`/`__constant__` variable `name`
         (its exact ELF symbol name); cudaErrorInvalidSymbol if the module has none."""
-    def native_launch_address(self) -> int | None:
-        """The address of the driver's cuLaunchKernel for the vGPU's fast launch path
-        (shim/fast_launch.c), taking this backend's function and stream handles as int(handle);
-        None: the backend has none (the sim launches through a callback instead)."""
+    def native_fast_functions(self) -> tuple[int, int, int] | None:
+        """The addresses of the driver's cuLaunchKernel, cuMemcpyDtoHAsync_v2 and
+        cuMemcpyHtoDAsync_v2 for the vGPU's fast path (shim/fast_launch.c), taking this
+        backend's function and stream handles as their values; None: the backend has none (the
+        sim is called back instead)."""
 
     def launch(
         self,

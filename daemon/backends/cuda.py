@@ -680,15 +680,21 @@ class CudaBackend:
         dptr, size = check(self._cu.cuModuleGetGlobal(module, name.encode()), "cuModuleGetGlobal")
         return int(dptr), int(size)
 
-    def native_launch_address(self) -> int | None:
-        """The driver's cuLaunchKernel, for the vGPU's fast launch path (shim/fast_launch.c),
-        which calls it with the CUfunction and CUstream values of this backend's handles."""
+    def native_fast_functions(self) -> tuple[int, int, int] | None:
+        """The driver's cuLaunchKernel, cuMemcpyDtoHAsync_v2 and cuMemcpyHtoDAsync_v2, for the
+        vGPU's fast path (shim/fast_launch.c), which calls them with the CUfunction and CUstream
+        values of this backend's handles."""
         try:
-            address = ctypes.cast(ctypes.CDLL("libcuda.so.1").cuLaunchKernel, ctypes.c_void_p).value
+            lib = ctypes.CDLL("libcuda.so.1")
+            addresses = tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in
+                              ("cuLaunchKernel", "cuMemcpyDtoHAsync_v2", "cuMemcpyHtoDAsync_v2"))
         except (OSError, AttributeError) as exc:
-            log.warning("no fast launch path: %s", exc)
+            log.warning("no fast path: %s", exc)
             return None
-        return address or None
+        if not all(addresses):
+            return None
+        launch, dtoh, htod = addresses
+        return launch or 0, dtoh or 0, htod or 0
 
     def launch(
         self,

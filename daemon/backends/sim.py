@@ -1004,8 +1004,8 @@ class SimBackend:
                                 static_shared_bytes=handle.attrs[FA_SHARED],
                                 max_dynamic_shared_bytes=handle.max_dynamic_shared)
 
-    def native_launch_address(self) -> int | None:
-        """None: the vGPU's fast launch path calls back into `launch` (vgpu/fast.py)."""
+    def native_fast_functions(self) -> tuple[int, int, int] | None:
+        """None: the vGPU's fast path calls back into `launch` and the copies (vgpu/fast.py)."""
         return None
 
     def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],

@@ -29,6 +29,8 @@ class MemoryTables:
     def add_allocation(self, ptr: int, size: int, managed: bool = False, pitched: bool = False) -> None:
         self.allocations[ptr] = size
         bisect.insort(self._bases, ptr)
+        if self.fast_ranges is not None and not managed:
+            self.fast_ranges(ptr, size)
         if pitched:
             self.pitched.add(ptr)
         if managed:
@@ -46,6 +48,8 @@ class MemoryTables:
         if size is None:
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{ptr:#x} is not an allocation of this session")
         del self._bases[bisect.bisect_left(self._bases, ptr)]
+        if self.fast_ranges is not None:
+            self.fast_ranges(ptr, 0)
         self.pitched.discard(ptr)
         if ptr in self.managed:
             self.managed.discard(ptr)

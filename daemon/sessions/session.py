@@ -121,6 +121,9 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     staging: Any = None
     fault_staging: Any = None  # the unified-memory fault channel's own staging area
     deferred: int = 0  # first error of an asynchronous call, until a synchronizing call
+    # (ptr, size) -> None, told of each device allocation made (size 0: freed) while the vGPU's
+    # fast path may copy the session's memory (vgpu/fast.py)
+    fast_ranges: Any = None
     # Kernels launched since the last synchronizing call succeeded: named when the GPU faults.
     work_in_flight: bool = False
     sticky: int = 0

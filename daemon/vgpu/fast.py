@@ -1,18 +1,24 @@
-"""The vGPU's fast launch path (shim/fast_launch.c): posted launches that need nothing of Python
-run in C as the endpoint receives them, on the vGPU thread, without the GIL.
+"""The vGPU's fast path (shim/fast_launch.c): posted launches, and small cudaMemcpy H2D/D2H of
+the program's device memory, that need nothing of Python run in C as the endpoint receives them,
+on the vGPU thread, without the GIL (a copy is answered from C too).
 
-Python decides everything: which sessions qualify (`_state`), which of their kernels and streams
-C may launch (registered when Python itself launches them the first time, `launched`), and after
-each wait it folds the counts of what C ran into the session, the metrics and the fault
-bookkeeping (`fold`). A session qualifies while no per-launch work of the daemon applies to it:
-no policy that sees launches, no capacity enforcement of its memory, no unified-memory shadows,
-no kernel timing, no waiting launch, no sticky error. Work on the program's legacy stream goes
-to C only while none of its blocking streams has work the legacy stream must wait for; blocking
-streams themselves always go through Python (their implicit ordering with the legacy stream is
-Python's, scheduling/streams.py).
+Python decides everything: which sessions qualify (`update`), which of their kernels and streams
+C may launch on (registered when Python itself launches them the first time, `launched`), which
+device memory C may copy (the session's device allocations, told as they are made and freed:
+Session.fast_ranges), and after each wait it folds the counts of what C did into the session,
+the metrics and the fault bookkeeping (`fold`).
 
-With the CUDA backend C calls the driver's cuLaunchKernel itself; with the sim backend it calls
-back into the sim's launch (a cffi callback), so CI exercises the same C path.
+A session qualifies while no per-launch work of the daemon applies to it: no policy that sees
+launches, no capacity enforcement of its memory, no unified-memory shadows, no kernel timing, no
+waiting launch, no sticky error. Work on the program's legacy stream goes to C only while none
+of its blocking streams has work the legacy stream must wait for; blocking streams themselves
+always go through Python (their implicit ordering with the legacy stream is Python's,
+scheduling/streams.py). Copies go to Python while an asynchronous error waits to be reported
+(the next synchronizing call reports it), and for any memory but the session's own device
+allocations (module variables, other devices' memory).
+
+With the CUDA backend C calls the driver's cuLaunchKernel and copies itself; with the sim
+backend it calls back into the sim (cffi callbacks), so CI exercises the same C path.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.backends.base import BackendError
 from pilot.daemon.protocol import ffi, lib
+from pilot.daemon.telemetry.metrics import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
     from pilot.daemon.scheduling.launch import Launch
@@ -35,22 +42,28 @@ COUNTS = 64  # connections folded per take
 
 
 class FastLaunches:
-    def __init__(self, vg: VGpu, native: int | None) -> None:
-        """native: the address of the driver's cuLaunchKernel, or None to launch through the
-        backend's own launch (sim)."""
+    def __init__(self, vg: VGpu, native: tuple[int, int, int] | None) -> None:
+        """native: the addresses of the driver's cuLaunchKernel, cuMemcpyDtoHAsync_v2 and
+        cuMemcpyHtoDAsync_v2, or None to call back into the backend (sim)."""
         self.vg = vg
         self._objects: dict[int, Any] = {}  # generic mode: raw value -> backend object
-        self._states: dict[int, tuple[int, int, int, int, int]] = {}  # session id -> what C was told
+        self._states: dict[int, tuple[int, ...]] = {}  # session id -> what C was told
         self._counts = ffi.new("pilot_fast_count[]", COUNTS)
-        self._callback: Any = None
+        self._bounds = ffi.new("double[]", list(LATENCY_BUCKETS))
+        self._callbacks: tuple[Any, ...] = ()
+        version = lib.PILOT_PROTO_VERSION
         if native:
             self._raw = _native_value
-            self.ptr = lib.pilot_fast_new(ffi.cast("void *", native), ffi.NULL, lib.PILOT_PROTO_VERSION)
+            launch, dtoh, htod = (ffi.cast("void *", a) for a in native)
+            self.ptr = lib.pilot_fast_new(launch, dtoh, htod, ffi.NULL, ffi.NULL, self._bounds,
+                                          len(LATENCY_BUCKETS), version)
         else:
             self._raw = self._registered
-            self._callback = ffi.callback("pilot_fast_launch_fn", self._generic_launch,
-                                          onerror=_callback_failed)
-            self.ptr = lib.pilot_fast_new(ffi.NULL, self._callback, lib.PILOT_PROTO_VERSION)
+            self._callbacks = (
+                ffi.callback("pilot_fast_launch_fn", self._generic_launch, onerror=_callback_failed),
+                ffi.callback("pilot_fast_copy_fn", self._generic_copy, onerror=_callback_failed))
+            self.ptr = lib.pilot_fast_new(ffi.NULL, ffi.NULL, ffi.NULL, *self._callbacks,
+                                          self._bounds, len(LATENCY_BUCKETS), version)
         if self.ptr == ffi.NULL:
             raise MemoryError("pilot_fast_new")
 
@@ -64,7 +77,7 @@ class FastLaunches:
         if vg.kernel_time:
             return None
         backend = vg.backend
-        native = backend.native_launch_address() if hasattr(backend, "native_launch_address") else None
+        native = backend.native_fast_functions() if hasattr(backend, "native_fast_functions") else None
         if native is None and getattr(backend, "name", "") != "sim":
             return None
         return cls(vg, native)
@@ -93,6 +106,21 @@ class FastLaunches:
             return exc.code or CUDA_ERROR_UNKNOWN
         return 0
 
+    def _generic_copy(self, to_host: int, dst: int, src: int, count: int, stream: int) -> int:
+        """The sim's copies, called from C: to_host, device src to the host buffer at dst; else
+        the host bytes at src to device dst."""
+        try:
+            if to_host:
+                data = bytearray(count)
+                self.vg.backend.memcpy_dtoh(data, src, count, self._objects[stream])
+                ffi.buffer(ffi.cast("uint8_t *", dst), count)[:] = data
+            else:
+                data = bytes(ffi.buffer(ffi.cast("uint8_t *", src), count))
+                self.vg.backend.memcpy_htod(dst, data, count, self._objects[stream])
+        except BackendError as exc:
+            return exc.code or CUDA_ERROR_UNKNOWN
+        return 0
+
     # ---- what Python tells C ----
     def context(self, partition: Any) -> None:
         """The SM partition now current on the vGPU thread."""
@@ -107,12 +135,25 @@ class FastLaunches:
         enabled = not (s.shadows or s.sticky or s.waiting is not None
                        or (res is not None and s.id in res.sessions))
         legacy = self._raw(s.legacy) if enabled and s.legacy is not None else 0
-        state = (conn, int(enabled), legacy, int(bool(s.dirty_blocking)),
+        state = (conn, int(enabled), legacy, int(bool(s.dirty_blocking)), int(bool(s.deferred)),
                  0 if s.partition is None else id(s.partition))
         if self._states.get(s.id) != state:
             self._states[s.id] = state
             if lib.pilot_fast_session(self.ptr, *state[:1], s.id, *state[1:]) != 0:
                 raise MemoryError("pilot_fast_session")
+            if s.fast_ranges is None:  # from now on C knows the session's device memory
+                s.fast_ranges = self._ranges_of(conn)
+                for ptr, size in list(s.allocations.items()):
+                    if ptr not in s.managed:
+                        s.fast_ranges(ptr, size)
+
+    def _ranges_of(self, conn: int) -> Any:
+        fast, set_range = self.ptr, lib.pilot_fast_range
+
+        def tell(ptr: int, size: int) -> None:
+            if set_range(fast, conn, ptr, size) != 0 and size:
+                raise MemoryError("pilot_fast_range")
+        return tell
 
     def launched(self, s: Session, launch: Launch, stream: Any) -> None:
         """Python put this launch on `stream`: later launches of its kernel (and stream, when
@@ -143,6 +184,7 @@ class FastLaunches:
             lib.pilot_fast_stream(self.ptr, s.identity, handle, 0, 0)
 
     def forget(self, s: Session) -> None:
+        s.fast_ranges = None
         if self._states.pop(s.id, None) is not None and s.identity is not None:
             lib.pilot_fast_forget(self.ptr, s.identity)
 
@@ -155,24 +197,42 @@ class FastLaunches:
             if not n:
                 return
             shard = vg.shard
-            row = shard.calls.get("launch")
             for i in range(n):
                 count = self._counts[i]
                 s = vg._by_conn.get(count.conn)
                 if s is None:
                     continue
                 launches = count.launches
-                s.calls += launches
-                s.work_in_flight = True
+                s.calls += launches + count.d2h + count.h2d
+                s.work_in_flight = not count.synced  # as after the last thing C did
                 s.legacy_gen += count.legacy
-                shard.kernels += launches
-                for key in (("tenant_launches", (s.tenant,)), ("fast_launches", (s.tenant,))):
-                    shard.labeled[key] = shard.labeled.get(key, 0) + launches
-                if row is None:
-                    row = shard.calls["launch"] = vg.metrics.new_row()
-                row[0] += launches
+                if launches:
+                    shard.kernels += launches
+                    for key in (("tenant_launches", (s.tenant,)), ("fast_launches", (s.tenant,))):
+                        shard.labeled[key] = shard.labeled.get(key, 0) + launches
+                    self._row("launch")[0] += launches
+                for direction, calls, nbytes, buckets, seconds in (
+                        ("d2h", count.d2h, count.d2h_bytes, count.d2h_buckets, count.d2h_seconds),
+                        ("h2d", count.h2d, count.h2d_bytes, count.h2d_buckets, count.h2d_seconds)):
+                    if calls:
+                        row = self._row("memcpy_" + direction)
+                        row[0] += calls
+                        for b in range(len(LATENCY_BUCKETS) + 1):
+                            row[b + 1] += buckets[b]
+                        row[-1] += seconds
+                        vg.metrics.bytes_copied(direction, nbytes, s.tenant)
+                        key = ("fast_copies", (s.tenant,))
+                        shard.labeled[key] = shard.labeled.get(key, 0) + calls
             if n < COUNTS:
                 return
+
+    def _row(self, name: str) -> Any:
+        """This thread's metrics row of a call (count, latency buckets, sum: Metrics.call)."""
+        calls = self.vg.shard.calls
+        row = calls.get(name)
+        if row is None:
+            row = calls[name] = self.vg.metrics.new_row()
+        return row
 
 
 def _native_value(obj: Any) -> int:

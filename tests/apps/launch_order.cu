@@ -123,6 +123,20 @@ int main(int argc, char **argv)
     CHECK(cudaDeviceSynchronize());
     show("after_refused", a);
 
+    // 7. small synchronous copies both ways between launches: each read sees every write and
+    // launch before it
+    uint64_t sum = 0;
+    for (int k = 0; k < rounds / 4; k++) {
+        uint32_t v = (uint32_t)k * 2654435761u;
+        CHECK(cudaMemcpy(c + (k % N), &v, sizeof v, cudaMemcpyHostToDevice));
+        step<<<1, 256>>>(c, N, (uint32_t)k);
+        uint32_t back[2];
+        CHECK(cudaMemcpy(back, c + ((k * 7) % (N - 1)), sizeof back, cudaMemcpyDeviceToHost));
+        sum = sum * 31 + back[0] + back[1];
+    }
+    printf("copies %016llx\n", (unsigned long long)sum);
+    show("after_copies", c);
+
     CHECK(cudaStreamDestroy(nb));
     CHECK(cudaStreamDestroy(bl[0]));
     CHECK(cudaStreamDestroy(bl[1]));

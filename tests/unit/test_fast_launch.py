@@ -19,7 +19,10 @@ class Harness:
         self.launched: list[tuple[Any, ...]] = []
         self.fail_with = fail_with
         self.cb = ffi.callback("pilot_fast_launch_fn", self._launch)
-        self.f = lib.pilot_fast_new(ffi.NULL, self.cb, lib.PILOT_PROTO_VERSION)
+        self.copy_cb = ffi.callback("pilot_fast_copy_fn", lambda *a: 0)
+        self.bounds = ffi.new("double[]", [1e-6, 1e-3])
+        self.f = lib.pilot_fast_new(ffi.NULL, ffi.NULL, ffi.NULL, self.cb, self.copy_cb, self.bounds,
+                                    2, lib.PILOT_PROTO_VERSION)
         self.keep: list[Any] = []
 
     def _launch(self, function: int, grid: Any, block: Any, shm: int, stream: int, args: Any,
@@ -56,15 +59,15 @@ class Harness:
 @pytest.fixture
 def h() -> Any:
     harness = Harness()
-    assert lib.pilot_fast_session(harness.f, CONN, SESSION, 1, LEGACY, 0, 0) == 0
+    assert lib.pilot_fast_session(harness.f, CONN, SESSION, 1, LEGACY, 0, 0, 0) == 0
     yield harness
     harness.close()
 
 
 def test_a_known_kernel_on_the_legacy_stream_runs_here(h: Harness) -> None:
-    assert lib.pilot_fast_try(h.f, h.msg(0x10)) == FAST_LEARN  # kernel not known yet
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10)) == FAST_LEARN  # kernel not known yet
     assert lib.pilot_fast_function(h.f, CONN, 0x10, 0xF00, 12) == 0
-    assert lib.pilot_fast_try(h.f, h.msg(0x10)) == FAST_DONE
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10)) == FAST_DONE
     assert h.launched == [(0xF00, (2, 1, 1), (128, 1, 1), 16, LEGACY, b"\x01" * 12)]
     counts = ffi.new("pilot_fast_count[]", 4)
     assert lib.pilot_fast_take(h.f, counts, 4) == 1
@@ -74,42 +77,42 @@ def test_a_known_kernel_on_the_legacy_stream_runs_here(h: Harness) -> None:
 
 def test_streams_known_unknown_slow_and_gone(h: Harness) -> None:
     lib.pilot_fast_function(h.f, CONN, 0x10, 0xF00, 12)
-    assert lib.pilot_fast_try(h.f, h.msg(0x10, stream=3)) == FAST_LEARN
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10, stream=3)) == FAST_LEARN
     lib.pilot_fast_stream(h.f, CONN, 3, 0xAAA, 0)
-    assert lib.pilot_fast_try(h.f, h.msg(0x10, stream=3)) == FAST_DONE
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10, stream=3)) == FAST_DONE
     assert h.launched[-1][4] == 0xAAA
     lib.pilot_fast_stream(h.f, CONN, 4, 0xBBB, 1)  # blocking: Python's
-    assert lib.pilot_fast_try(h.f, h.msg(0x10, stream=4)) == FAST_PYTHON
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10, stream=4)) == FAST_PYTHON
     lib.pilot_fast_stream(h.f, CONN, 3, 0, 0)  # destroyed
-    assert lib.pilot_fast_try(h.f, h.msg(0x10, stream=3)) == FAST_LEARN
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10, stream=3)) == FAST_LEARN
     assert len(h.launched) == 1
 
 
 def test_what_always_goes_to_python(h: Harness) -> None:
     lib.pilot_fast_function(h.f, CONN, 0x10, 0xF00, 12)
-    assert lib.pilot_fast_try(h.f, h.msg(0x10, args=b"\x01" * 8)) == FAST_PYTHON  # wrong size
-    assert lib.pilot_fast_try(h.f, h.msg(0x10, flags=0)) == FAST_PYTHON  # a call, not a post
-    assert lib.pilot_fast_try(h.f, h.msg(0x10, opcode=lib.PILOT_OP_LAUNCH_EX)) == FAST_PYTHON
-    assert lib.pilot_fast_try(h.f, h.msg(0x10, session=SESSION + 1)) == FAST_PYTHON
-    assert lib.pilot_fast_try(h.f, h.msg(0x10, conn=CONN + 1)) == FAST_PYTHON  # unknown connection
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10, args=b"\x01" * 8)) == FAST_PYTHON  # wrong size
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10, flags=0)) == FAST_PYTHON  # a call, not a post
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10, opcode=lib.PILOT_OP_LAUNCH_EX)) == FAST_PYTHON
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10, session=SESSION + 1)) == FAST_PYTHON
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10, conn=CONN + 1)) == FAST_PYTHON  # unknown connection
     lib.pilot_fast_context(h.f, 99)  # another partition is current on the thread
-    assert lib.pilot_fast_try(h.f, h.msg(0x10)) == FAST_PYTHON
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10)) == FAST_PYTHON
     lib.pilot_fast_context(h.f, 0)
-    lib.pilot_fast_session(h.f, CONN, SESSION, 1, LEGACY, 1, 0)  # blocking streams have work
-    assert lib.pilot_fast_try(h.f, h.msg(0x10)) == FAST_PYTHON
-    lib.pilot_fast_session(h.f, CONN, SESSION, 0, LEGACY, 0, 0)  # session no longer qualifies
-    assert lib.pilot_fast_try(h.f, h.msg(0x10)) == FAST_PYTHON
-    lib.pilot_fast_session(h.f, CONN, SESSION, 1, 0, 0, 0)  # no legacy stream yet
-    assert lib.pilot_fast_try(h.f, h.msg(0x10)) == FAST_LEARN
+    lib.pilot_fast_session(h.f, CONN, SESSION, 1, LEGACY, 1, 0, 0)  # blocking streams have work
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10)) == FAST_PYTHON
+    lib.pilot_fast_session(h.f, CONN, SESSION, 0, LEGACY, 0, 0, 0)  # session no longer qualifies
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10)) == FAST_PYTHON
+    lib.pilot_fast_session(h.f, CONN, SESSION, 1, 0, 0, 0, 0)  # no legacy stream yet
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10)) == FAST_LEARN
     assert h.launched == []
 
 
 def test_a_launch_the_driver_refuses_goes_to_python() -> None:
     h = Harness(fail_with=1)
     try:
-        lib.pilot_fast_session(h.f, CONN, SESSION, 1, LEGACY, 0, 0)
+        lib.pilot_fast_session(h.f, CONN, SESSION, 1, LEGACY, 0, 0, 0)
         lib.pilot_fast_function(h.f, CONN, 0x10, 0xF00, 12)
-        assert lib.pilot_fast_try(h.f, h.msg(0x10)) == FAST_PYTHON  # Python calls again, reports
+        assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10)) == FAST_PYTHON  # Python calls again, reports
         counts = ffi.new("pilot_fast_count[]", 4)
         assert lib.pilot_fast_take(h.f, counts, 4) == 0
     finally:
@@ -121,12 +124,35 @@ def test_many_kernels_and_a_new_session_on_the_connection(h: Harness) -> None:
         assert lib.pilot_fast_function(h.f, CONN, token, 0x100000 + token, 4) == 0
     for token in range(1, 3000, 2):  # forget half (tombstones), then look all up
         lib.pilot_fast_function(h.f, CONN, token, 0, 0)
-    results = {lib.pilot_fast_try(h.f, h.msg(t, args=struct.pack("<I", t))) for t in range(1, 3000, 2)}
+    results = {lib.pilot_fast_try(h.f, ffi.NULL, h.msg(t, args=struct.pack("<I", t))) for t in range(1, 3000, 2)}
     assert results == {FAST_LEARN}
     for t in range(2, 3000, 2):
-        assert lib.pilot_fast_try(h.f, h.msg(t, args=struct.pack("<I", t))) == FAST_DONE
+        assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(t, args=struct.pack("<I", t))) == FAST_DONE
     assert [x[0] for x in h.launched] == [0x100000 + t for t in range(2, 3000, 2)]
-    lib.pilot_fast_session(h.f, CONN, SESSION + 1, 1, LEGACY, 0, 0)  # nothing carries over
-    assert lib.pilot_fast_try(h.f, h.msg(2, args=b"\0" * 4, session=SESSION + 1)) == FAST_LEARN
+    lib.pilot_fast_session(h.f, CONN, SESSION + 1, 1, LEGACY, 0, 0, 0)  # nothing carries over
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(2, args=b"\0" * 4, session=SESSION + 1)) == FAST_LEARN
     lib.pilot_fast_forget(h.f, CONN)
-    assert lib.pilot_fast_try(h.f, h.msg(2, args=b"\0" * 4, session=SESSION + 1)) == FAST_PYTHON
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(2, args=b"\0" * 4, session=SESSION + 1)) == FAST_PYTHON
+
+
+def test_ranges_the_session_may_copy() -> None:
+    """pilot_fast_range keeps the session's device allocations sorted; a copy outside them, a
+    copy while an error waits to be reported, or one with no endpoint to answer on goes to Python."""
+    h = Harness()
+    try:
+        lib.pilot_fast_session(h.f, CONN, SESSION, 1, LEGACY, 0, 0, 0)
+        for base in (0x3000, 0x1000, 0x2000):
+            assert lib.pilot_fast_range(h.f, CONN, base, 0x100) == 0
+        assert lib.pilot_fast_range(h.f, CONN, 0x2000, 0) == 0  # freed
+        assert lib.pilot_fast_range(h.f, CONN + 1, 0x2000, 0x10) == -1  # unknown connection
+        env = ffi.new("pilot_envelope *", {"version": lib.PILOT_PROTO_VERSION,
+                                            "opcode": lib.PILOT_OP_MEMCPY_D2H, "session": SESSION})
+        req = ffi.new("pilot_req_memcpy *", {"src": 0x1000, "count": 16})
+        m = ffi.new("pilot_srv_msg *")
+        m.conn, m.nframes = CONN, 2
+        m.frame[0], m.len[0] = ffi.cast("uint8_t *", env), ffi.sizeof("pilot_envelope")
+        m.frame[1], m.len[1] = ffi.cast("uint8_t *", req), ffi.sizeof("pilot_req_memcpy")
+        # no endpoint to answer on (NULL): Python's, even for the session's own memory
+        assert lib.pilot_fast_try(h.f, ffi.NULL, m) == FAST_PYTHON
+    finally:
+        h.close()
