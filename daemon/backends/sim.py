@@ -32,9 +32,10 @@ Simplifications, on purpose:
   the sim's residency goes past the device's capacity.
 - CUDA arrays are linear storage in sim memory (rows of width x element size bytes, packed; so
   a freed array's storage goes to the next allocation of its size like any block, and must be
-  zeroed), with the H100's size limits. Texture and surface objects are numbered from 1 as the
-  driver's are; emulations read them through `k.texture(i)` / `k.surface(i)` (SimImage: point
-  sampling, address modes, element reads and surface writes, sim_kernels.py).
+  zeroed), within the device's texture limits (its attributes). Texture and surface objects are
+  numbered from 1 as the driver's are; emulations read them through `k.texture(i)` /
+  `k.surface(i)` (SimImage: point sampling, address modes, element reads and surface writes,
+  sim_kernels.py).
 - One lock guards all state, held through emulations too: simple, and the sim is not for speed.
 """
 
@@ -464,12 +465,13 @@ class _Function:
         return self.attrs[FA_MAX_DYNAMIC_SHARED] if self.attrs else MAX_DYNAMIC_SHARED
 
 
-# CUDA array limits of an H100 (cudaDevAttrMaxTexture*: 1D width, 2D width/height, 3D
-# width/height/depth, layered 2D width/height/layers).
-MAX_ARRAY_1D = 131072
-MAX_ARRAY_2D = (131072, 65536)
-MAX_ARRAY_3D = (16384, 16384, 16384)
-MAX_ARRAY_LAYERED = (32768, 32768, 2048)
+# Device attributes (cudaDeviceAttr) bounding arrays and textures: the maximum extents by kind
+# of array (1D, 2D, 3D, layered 1D/2D: width, height, depth or layers), the alignment of a
+# texture's memory and of a pitch2D texture's pitch, and the pitch2D extent.
+ARRAY_LIMIT_ATTRS = {"1d": (21,), "2d": (22, 23), "3d": (24, 25, 26), "1d_layered": (42, 43),
+                     "2d_layered": (27, 28, 29)}
+ATTR_TEXTURE_ALIGNMENT, ATTR_TEXTURE_PITCH_ALIGNMENT = 14, 51
+ATTR_TEXTURE_2D_LINEAR = (70, 71)  # cudaDevAttrMaxTexture2DLinearWidth / Height
 
 
 @dataclass(eq=False)
@@ -1335,17 +1337,15 @@ class SimBackend:
     def array_create(self, width: int, height: int, depth: int, desc: ChannelDesc,
                      flags: int) -> Any:
         desc.check()
-        layered = flags & 1
-        if layered:
-            fits = width <= MAX_ARRAY_LAYERED[0] and height <= MAX_ARRAY_LAYERED[1] \
-                and depth <= MAX_ARRAY_LAYERED[2]
-        elif depth:
-            fits = all(n <= m for n, m in zip((width, height, depth), MAX_ARRAY_3D, strict=True))
-        elif height:
-            fits = width <= MAX_ARRAY_2D[0] and height <= MAX_ARRAY_2D[1]
+        if flags & 1:  # layered: depth counts layers
+            kind, extent = ("2d_layered", (width, height, depth)) if height else \
+                ("1d_layered", (width, depth))
         else:
-            fits = width <= MAX_ARRAY_1D
-        if not width or not fits:
+            kind, extent = ("3d", (width, height, depth)) if depth else \
+                ("2d", (width, height)) if height else ("1d", (width,))
+        attrs = self._infos[self._current_device()].attrs
+        limits = [attrs.get(a, 0) for a in ARRAY_LIMIT_ATTRS[kind]]
+        if not width or any(n > m for n, m in zip(extent, limits, strict=True)):
             raise BackendError(CUDA_ERROR_INVALID_VALUE, f"array extent {width}x{height}x{depth}")
         with self._lock:
             array = _Array(width, height, depth, desc, flags=flags)
@@ -1429,11 +1429,26 @@ class SimBackend:
             if resource.type == RESOURCE_ARRAY:
                 self._array(resource.array)
             else:
-                self._device_range(resource.ptr, max(resource.size, 1) if resource.type ==
-                                   RESOURCE_LINEAR else
-                                   (resource.height - 1) * resource.pitch
-                                   + resource.width * resource.desc.element_size)
+                self._check_texture_memory(resource)
             return self._new_object(_Object(resource, texture, view))
+
+    def _check_texture_memory(self, r: Resource) -> None:
+        """What cuTexObjectCreate requires of linear and pitch2D memory: inside one allocation,
+        the pointer aligned to the texture alignment, a pitch2D's pitch to the pitch alignment
+        and its extent within the device's linear 2D limits (cudaErrorInvalidValue)."""
+        assert r.desc is not None
+        attrs = self._infos[self._current_device()].attrs
+        if r.ptr % attrs.get(ATTR_TEXTURE_ALIGNMENT, 1):
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"texture memory at {r.ptr:#x} unaligned")
+        if r.type == RESOURCE_LINEAR:
+            self._device_range(r.ptr, max(r.size, 1))
+            return
+        max_w, max_h = (attrs.get(a, 0) for a in ATTR_TEXTURE_2D_LINEAR)
+        if (r.pitch % attrs.get(ATTR_TEXTURE_PITCH_ALIGNMENT, 1) or r.width > max_w
+                or r.height > max_h):
+            raise BackendError(CUDA_ERROR_INVALID_VALUE,
+                               f"pitch2D texture {r.width}x{r.height}, pitch {r.pitch}")
+        self._device_range(r.ptr, (r.height - 1) * r.pitch + r.width * r.desc.element_size)
 
     def _destroy_object(self, handle: int, surface: bool) -> None:
         with self._lock:
