@@ -6,7 +6,7 @@
 // (checksums of the contents, sampled values, error names), then "<scenario> ok". Everything
 // printed is exact and the same on every run: tests/gpu/run_compare.sh and arrays_compare.sh
 // diff it against a native run. Scenarios: helpers pitched3d arrays arrays3d texture surface
-// errors (all of them with no argument). Pilot-only modes (tests/apps/test_arrays.py): `hold`
+// errors peer3d (all of them with no argument; peer3d copies only with two devices or more). Pilot-only modes (tests/apps/test_arrays.py): `hold`
 // creates an array, a texture and a surface, prints their handles and waits for a line on stdin;
 // `forge ARRAY TEXTURE SURFACE` uses another process's handles; `hog COUNT` allocates 1 MiB
 // arrays until one fails and holds them; `scrub` reads a new array where a freed one was.
@@ -715,6 +715,62 @@ static void errors(void)
     verdict("errors", ok, "array changed");
 }
 
+// cudaMemcpy3DPeer between two devices' pitched memory (one device: nothing to copy across).
+static void peer3d(void)
+{
+    int n = 0;
+    CHECK(cudaGetDeviceCount(&n));
+    if (n < 2) {
+        printf("peer3d devices=1\n");
+        verdict("peer3d", 1, "");
+        return;
+    }
+    cudaPitchedPtr a, b;
+    CHECK(cudaSetDevice(0));
+    CHECK(cudaMalloc3D(&a, make_cudaExtent(64, 4, 3)));
+    const size_t AP = a.pitch;
+    unsigned char *ma = pattern(AP * 4 * 3, 41);
+    cudaMemcpy3DParms c;
+    memset(&c, 0, sizeof c);
+    c.srcPtr = make_cudaPitchedPtr(ma, AP, 64, 4);
+    c.dstPtr = a;
+    c.extent = make_cudaExtent(64, 4, 3);
+    c.kind = cudaMemcpyHostToDevice;
+    CHECK(cudaMemcpy3D(&c));
+    CHECK(cudaSetDevice(1));
+    CHECK(cudaMalloc3D(&b, make_cudaExtent(96, 5, 3)));
+    const size_t BP = b.pitch;
+    CHECK(cudaMemset3D(b, 0, make_cudaExtent(96, 5, 3)));
+    unsigned char *mb = zeros(BP * 5 * 3);
+    cudaMemcpy3DPeerParms p;
+    memset(&p, 0, sizeof p);
+    p.srcPtr = a;
+    p.srcDevice = 0;
+    p.srcPos = make_cudaPos(4, 1, 0);
+    p.dstPtr = b;
+    p.dstDevice = 1;
+    p.dstPos = make_cudaPos(10, 2, 1);
+    p.extent = make_cudaExtent(50, 3, 2);
+    CHECK(cudaMemcpy3DPeer(&p));
+    box(mb, BP, 5, 10, 2, 1, ma, AP, 4, 4, 1, 0, 50, 3, 2);
+    unsigned char *back = zeros(BP * 5 * 3);
+    memset(&c, 0, sizeof c);
+    c.srcPtr = b;
+    c.dstPtr = make_cudaPitchedPtr(back, BP, 96, 5);
+    c.extent = make_cudaExtent(96, 5, 3);
+    c.kind = cudaMemcpyDeviceToHost;
+    CHECK(cudaMemcpy3D(&c));
+    int ok = 1;
+    for (size_t r = 0; r < 5 * 3 && ok; r++)
+        ok = same(back + r * BP, mb + r * BP, 96, "peer3d");
+    printf("peer3d devices>=2\n");
+    CHECK(cudaFree(b.ptr));
+    CHECK(cudaSetDevice(0));
+    CHECK(cudaFree(a.ptr));
+    free(ma), free(mb), free(back);
+    verdict("peer3d", ok, "contents");
+}
+
 // ---- pilot-only modes ----
 
 static int hold(void)
@@ -839,7 +895,7 @@ int main(int argc, char **argv)
         void (*fn)(void);
     } scenarios[] = {{"helpers", helpers}, {"pitched3d", pitched3d}, {"arrays", arrays},
                      {"arrays3d", arrays3d}, {"texture", texture}, {"surface", surface},
-                     {"errors", errors}};
+                     {"errors", errors}, {"peer3d", peer3d}};
     int ran = 0;
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
         if (argc < 2 || strcmp(argv[1], scenarios[i].name) == 0) {

@@ -63,6 +63,7 @@ LINES = {
                "errors copy3d_outside=cudaErrorInvalidValue",
                "errors copy3d_two_sources=cudaErrorInvalidValue",
                "errors three_channels=cudaErrorInvalidChannelDescriptor"],
+    "peer3d": ["peer3d devices=1"],  # the shared daemon serves one device
 }
 
 
@@ -80,6 +81,15 @@ def test_all_scenarios_in_one_process(run_under_pilot: RunUnderPilot,
                                       daemon_log: Callable[[], str]) -> None:
     check_output(run_under_pilot("arrays"), [line for s in LINES for line in expected(s)],
                  daemon_log)
+
+
+@pilot_only
+def test_memcpy_3d_peer_between_two_devices(start_pilotd: StartPilotd,
+                                            app_binaries: dict[str, Path], shim_path: str) -> None:
+    """cudaMemcpy3DPeer from device 0's pitched memory to device 1's, row by row."""
+    daemon = start_pilotd("--sim-devices", "2")
+    prog = Program(daemon, app_binaries["arrays"], "peer3d", shim=shim_path)
+    check_output(prog.finish(), ["peer3d devices>=2", "peer3d ok"], daemon.log_tail)
 
 
 @pilot_only
