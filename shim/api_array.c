@@ -358,9 +358,10 @@ cudaError_t pilot_copy_end_memory(struct pilot_copy_end *e, const void *ptr, siz
     memset(e, 0, sizeof *e);
     if (!ptr)
         return cudaErrorInvalidValue;
+    ptr = (const void *)(uintptr_t)pilot_host_unalias((uintptr_t)ptr); /* registered memory */
     int device = pilot_alloc_is_device((uintptr_t)ptr);
-    if (kind_default)
-        host_side = !device;
+    if (kind_default || (device && pilot_um_active() && pilot_alloc_is_managed((uintptr_t)ptr)))
+        host_side = !device; /* managed memory is copied where it lives, whatever the kind */
     else if (host_side && device)
         return cudaErrorInvalidValue; /* the shim cannot read device memory as host memory */
     e->type = host_side ? PILOT_MEM_HOST : PILOT_MEM_DEVICE;

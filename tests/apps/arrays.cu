@@ -333,6 +333,18 @@ static void arrays(void)
     CHECK(cudaStreamSynchronize(s));
     ok = ok && same(hs, mb, RB * H, "from array async");
 
+    // managed memory on the linear side, named as host memory (as CUDA allows it)
+    unsigned char *um, *back2 = zeros(2 * RB), *h9 = pattern(2 * RB, 9);
+    CHECK(cudaMallocManaged(&um, 2 * RB));
+    CHECK(cudaMemcpy2DFromArray(um, RB, a, 0, 0, RB, 2, cudaMemcpyDeviceToHost));
+    ok = ok && same(um, ma, 2 * RB, "array to managed");
+    memcpy(um, h9, 2 * RB);
+    CHECK(cudaMemcpy2DToArray(a, 0, 0, um, RB, RB, 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy2DFromArray(back2, RB, a, 0, 0, RB, 2, cudaMemcpyDeviceToHost));
+    ok = ok && same(back2, h9, 2 * RB, "managed to array");
+    CHECK(cudaFree(um));
+    free(back2), free(h9);
+
     // a 1D array (height 0)
     cudaChannelFormatDesc id = cudaCreateChannelDesc<int>();
     cudaArray_t f;
