@@ -117,6 +117,11 @@ static cudaError_t array_create(cudaArray_t *array, const struct cudaChannelForm
     if (!array || !desc)
         return cudaErrorInvalidValue;
     *array = NULL;
+    if (flags & (cudaArraySparse | cudaArrayDeferredMapping | cudaArrayColorAttachment)) {
+        pilot_log_unsupported("cudaMallocArray/cudaMalloc3DArray (sparse, deferred-mapping or "
+                              "color-attachment arrays)");
+        return cudaErrorNotSupported;
+    }
     pilot_req_array_create req = {
         .width = extent.width, .height = extent.height, .depth = extent.depth,
         .desc = {.x = desc->x, .y = desc->y, .z = desc->z, .w = desc->w, .f = (int32_t)desc->f},
