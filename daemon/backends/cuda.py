@@ -867,19 +867,27 @@ class CudaBackend:
         return _Array(width, height, depth, desc, handle)
 
     def array_destroy(self, array: Any, stream: Any) -> None:
-        """Zeroed slice by slice from one zeroed slice of linear memory, then destroyed."""
+        """Zeroed rows at a time from a zeroed block of device memory (at most _ZERO_CHUNK;
+        pageable zeros when even that cannot be had: the GPU may be full), then destroyed."""
         cu = self._cu
         row, rows = array.row_bytes, array.rows
-        zeros = check(cu.cuMemAlloc(row * rows), "cuMemAlloc")
+        per = max(1, min(rows, _ZERO_CHUNK // row))
+        res = cu.cuMemAlloc(row * per)
+        block = 0 if res[0] else int(res[1])
         try:
-            check(cu.cuMemsetD8Async(zeros, 0, row * rows, stream), "cuMemsetD8Async")
+            if block:
+                check(cu.cuMemsetD8Async(block, 0, row * per, stream), "cuMemsetD8Async")
+                zeros = CopySide("device", ptr=block, pitch=row, rows=per)
+            else:
+                zeros = CopySide("host", buffer=bytes(row * per), pitch=row, rows=per)
             for z in range(array.slices):
-                self.memcpy_3d(CopySide("array", array=array, z=z),
-                               CopySide("device", ptr=int(zeros), pitch=row, rows=rows),
-                               row, rows, 1, stream)
+                for y in range(0, rows, per):
+                    self.memcpy_3d(CopySide("array", array=array, y=y, z=z), zeros, row,
+                                   min(per, rows - y), 1, stream)
             check(self._sync(stream), "cuStreamSynchronize")
         finally:
-            check(cu.cuMemFree(zeros), "cuMemFree")
+            if block:
+                check(cu.cuMemFree(block), "cuMemFree")
         check(cu.cuArrayDestroy(array.handle), "cuArrayDestroy")
 
     def memcpy_3d(self, dst: CopySide, src: CopySide, width: int, height: int, depth: int,
@@ -1235,6 +1243,7 @@ class _Partition:
 _MEMORY_HOST = 1
 _MEMORY_DEVICE = 2
 _MEMORY_ARRAY = 3
+_ZERO_CHUNK = 8 << 20  # the most device memory zeroing a freed array takes
 
 
 @dataclass(eq=False)

@@ -642,3 +642,21 @@ def test_texture_objects(arr_backend: CudaBackend, drv: FakeDriver) -> None:
     assert arr_backend.surface_create(arr) == 8
     arr_backend.surface_destroy(8)
     assert [int(h) for (h,) in drv.called("cuSurfObjectDestroy")] == [8]
+
+
+def test_array_destroy_zeroes_in_chunks_and_without_device_memory(arr_backend: CudaBackend,
+                                                                   drv: FakeDriver) -> None:
+    big = arr_backend.array_create(1024, 4096, 0, FLOAT1, 0)  # 4 KiB rows, 16 MiB
+    drv.calls.clear()
+    arr_backend.array_destroy(big, "s")
+    assert drv.called("cuMemAlloc") == [(8 << 20,)]  # 2048 rows at a time
+    assert [(p.dstY, p.Height) for p, _ in drv.called("cuMemcpy3DAsync")] == [(0, 2048), (2048, 2048)]
+
+    arr, _ = _array(arr_backend, drv)
+    drv.calls.clear()
+    drv.replies["cuMemAlloc"] = (_cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY, None)  # the GPU is full
+    arr_backend.array_destroy(arr, "s")
+    copies = [p for p, _ in drv.called("cuMemcpy3DAsync")]
+    assert len(copies) == 4 and all(p.srcMemoryType == _cu.CUmemorytype.CU_MEMORYTYPE_HOST
+                                    for p in copies)
+    assert not drv.called("cuMemFree") and drv.called("cuArrayDestroy")
