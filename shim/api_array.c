@@ -167,12 +167,13 @@ PILOT_EXPORT cudaError_t cudaFreeArray(cudaArray_t array)
     /* Sent whatever the table says: the daemon is the authority on whose array it is. */
     uint64_t h = (uintptr_t)array;
     int dev = pilot_handle_device(h);
+    if (dev >= pilot_device_count())
+        PILOT_RETURN(cudaErrorInvalidResourceHandle); /* no handle the daemon gives */
     cudaError_t err = pilot_callbacks_fence_device(dev); /* it waits for the device, as natively */
     pilot_req_handle req = {.handle = h};
     if (err == cudaSuccess)
-        err = pilot_call_on(dev < PILOT_MAX_DEVICES ? dev : pilot_current_device(),
-                            PILOT_OP_ARRAY_DESTROY, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0,
-                            NULL);
+        err = pilot_call_on(dev, PILOT_OP_ARRAY_DESTROY, &req, sizeof req, NULL, 0, NULL, 0, NULL,
+                            0, NULL);
     if (err == cudaSuccess)
         forget(h);
     PILOT_RETURN(err);
@@ -387,7 +388,7 @@ cudaError_t pilot_copy_end_array(struct pilot_copy_end *e, const void *array)
         /* Not one of this process's: the daemon decides (it refuses others' handles). */
         e->info.handle = (uintptr_t)array;
         e->info.device = pilot_handle_device(e->info.handle);
-        if (e->info.device >= PILOT_MAX_DEVICES)
+        if (e->info.device >= pilot_device_count())
             return cudaErrorInvalidResourceHandle;
         e->info.elem = 1;
         e->info.width = e->info.height = e->info.depth = UINT64_MAX;

@@ -111,7 +111,7 @@ static cudaError_t wire_resource(const struct cudaResourceDesc *r, pilot_resourc
             return cudaErrorInvalidValue;
         w->array = (uintptr_t)r->res.array.array;
         int dev = pilot_handle_device(w->array);
-        if (dev >= PILOT_MAX_DEVICES)
+        if (dev >= pilot_device_count())
             return cudaErrorInvalidResourceHandle;
         *device = dev;
         return cudaSuccess;
