@@ -265,9 +265,17 @@ static void to_wire(pilot_copy_side *w, const struct pilot_copy_end *e, uint64_t
     w->z = e->z + dz;
 }
 
+/* The i-th row of a host side's box of `height` rows a slice, from row (y, z) on. */
+static uint8_t *host_row(const struct pilot_copy_end *host, uint64_t height, uint64_t x,
+                         uint64_t y, uint64_t z, uint64_t i)
+{
+    return host->host + ((z + i / height) * host->rows + y + i % height) * host->pitch + x;
+}
+
 /* Host rows to or from the device side, packed into messages of up to PILOT_INLINE_MAX bytes:
- * whole rows, or pieces of a row wider than that. Uploads are posted but a synchronous copy's
- * last (its reply delivers the others' errors); each download is a call. */
+ * whole slices when they fit (several a message), else whole rows, else pieces of a row wider
+ * than a message. Uploads are posted but a synchronous copy's last (its reply delivers the
+ * others' errors); each download is a call. */
 static cudaError_t host_rows(const struct pilot_copy_end *dst, const struct pilot_copy_end *src,
                              uint64_t width, uint64_t height, uint64_t depth, uint64_t stream,
                              int sync)
@@ -275,41 +283,44 @@ static cudaError_t host_rows(const struct pilot_copy_end *dst, const struct pilo
     const int up = src->type == PILOT_MEM_HOST;
     const struct pilot_copy_end *host = up ? src : dst;
     const uint64_t piece = min_size(width, PILOT_INLINE_MAX); /* bytes of a row per message */
-    const uint64_t per_msg = width <= PILOT_INLINE_MAX ? PILOT_INLINE_MAX / width : 1;
-    uint8_t *pack = malloc(min_size(per_msg, height) * piece);
+    const uint64_t per_msg = width <= PILOT_INLINE_MAX ? PILOT_INLINE_MAX / width : 1; /* rows */
+    const int slices = height <= per_msg; /* whole slices a message */
+    uint8_t *pack = malloc(min_size(per_msg, height * depth) * piece);
     if (!pack)
         return cudaErrorMemoryAllocation;
     cudaError_t err = cudaSuccess;
-    for (uint64_t z = 0; z < depth && err == cudaSuccess; z++)
+    for (uint64_t z = 0, nz; z < depth && err == cudaSuccess; z += nz) {
+        nz = slices ? min_size(per_msg / height, depth - z) : 1;
         for (uint64_t y = 0, n; y < height && err == cudaSuccess; y += n) {
             n = min_size(per_msg, height - y);
+            const uint64_t nrows = n * nz; /* n == height when nz > 1 */
             for (uint64_t x = 0, w; x < width && err == cudaSuccess; x += w) {
                 w = min_size(piece, width - x);
-                uint8_t *rows = host->host + (z * host->rows + y) * host->pitch + x;
-                pilot_req_memcpy_3d req = {.width = w, .height = n, .depth = 1, .stream = stream,
+                pilot_req_memcpy_3d req = {.width = w, .height = n, .depth = nz, .stream = stream,
                                            .sync = (uint32_t)sync};
                 to_wire(&req.dst, dst, up ? x : 0, up ? y : 0, up ? z : 0);
                 to_wire(&req.src, src, up ? 0 : x, up ? 0 : y, up ? 0 : z);
                 if (up) {
-                    for (uint64_t i = 0; i < n; i++)
-                        memcpy(pack + i * w, rows + i * host->pitch, w);
-                    int last = z + 1 == depth && y + n == height && x + w == width;
+                    for (uint64_t i = 0; i < nrows; i++)
+                        memcpy(pack + i * w, host_row(host, n, x, y, z, i), w);
+                    int last = z + nz == depth && y + n == height && x + w == width;
                     err = sync && last ? pilot_call(PILOT_OP_MEMCPY_3D, &req, sizeof req, pack,
-                                                    n * w, NULL, 0, NULL, 0, NULL)
+                                                    nrows * w, NULL, 0, NULL, 0, NULL)
                                        : pilot_post(PILOT_OP_MEMCPY_3D, &req, sizeof req, pack,
-                                                    n * w);
+                                                    nrows * w);
                     continue;
                 }
                 pilot_rep_status rep;
                 size_t got = 0;
                 err = pilot_call(PILOT_OP_MEMCPY_3D, &req, sizeof req, NULL, 0, &rep, sizeof rep,
-                                 pack, n * w, &got);
-                if (err == cudaSuccess && got != n * w)
+                                 pack, nrows * w, &got);
+                if (err == cudaSuccess && got != nrows * w)
                     err = cudaErrorUnknown;
-                for (uint64_t i = 0; err == cudaSuccess && i < n; i++)
-                    memcpy(rows + i * host->pitch, pack + i * w, w);
+                for (uint64_t i = 0; err == cudaSuccess && i < nrows; i++)
+                    memcpy(host_row(host, n, x, y, z, i), pack + i * w, w);
             }
         }
+    }
     free(pack);
     return err;
 }

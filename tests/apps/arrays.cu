@@ -485,6 +485,28 @@ static void arrays3d(void)
         ok = same(bl + r * LP, ml + r * LP, 64, "linear");
     printf("arrays3d c=%08x e=%08x\n", fnv(mc, RB * H * D), fnv(me, RB * H * D));
 
+    // slices of 20 KiB: three go in one message of pilot's, then two
+    cudaChannelFormatDesc f4 = cudaCreateChannelDesc<float4>();
+    cudaArray_t v;
+    CHECK(cudaMalloc3DArray(&v, &f4, make_cudaExtent(40, 32, 5), 0));
+    const size_t VR = 40 * 16, VN = VR * 32 * 5;
+    unsigned char *mv = pattern(VN, 15), *bv = zeros(VN);
+    memset(&p, 0, sizeof p);
+    p.srcPtr = make_cudaPitchedPtr(mv, VR, 40, 32);
+    p.dstArray = v;
+    p.extent = make_cudaExtent(40, 32, 5);
+    p.kind = cudaMemcpyHostToDevice;
+    CHECK(cudaMemcpy3D(&p));
+    memset(&p, 0, sizeof p);
+    p.srcArray = v;
+    p.dstPtr = make_cudaPitchedPtr(bv, VR, 40, 32);
+    p.extent = make_cudaExtent(40, 32, 5);
+    p.kind = cudaMemcpyDeviceToHost;
+    CHECK(cudaMemcpy3D(&p));
+    ok = ok && same(bv, mv, VN, "array v");
+    CHECK(cudaFreeArray(v));
+    free(mv), free(bv);
+
     CHECK(cudaStreamDestroy(s));
     CHECK(cudaFreeArray(c));
     CHECK(cudaFreeArray(e));
