@@ -343,6 +343,13 @@ static void arrays(void)
     CHECK(cudaMemcpy2DFromArray(back2, RB, a, 0, 0, RB, 2, cudaMemcpyDeviceToHost));
     ok = ok && same(back2, h9, 2 * RB, "managed to array");
     CHECK(cudaFree(um));
+    // pinned host memory on the host side
+    unsigned char *pin;
+    CHECK(cudaMallocHost(&pin, 2 * RB));
+    CHECK(cudaMemcpy2DFromArrayAsync(pin, RB, a, 0, 0, RB, 2, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    ok = ok && same(pin, h9, 2 * RB, "array to pinned");
+    CHECK(cudaFreeHost(pin));
     free(back2), free(h9);
 
     // a 1D array (height 0)
