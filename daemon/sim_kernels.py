@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import logging
+import math
 import struct
 import sys
 import threading
@@ -46,12 +47,88 @@ class DeviceMemory(Protocol):
         ...
 
 
+_CHANNEL_FORMATS = {(0, 8): "b", (0, 16): "h", (0, 32): "i", (1, 8): "B", (1, 16): "H",
+                    (1, 32): "I", (2, 16): "e", (2, 32): "f"}
+ADDRESS_WRAP, ADDRESS_CLAMP, ADDRESS_MIRROR, ADDRESS_BORDER = 0, 1, 2, 3
+
+
+class SimImage:
+    """What a texture or surface object reads (the sim backend builds one per k.texture(i) /
+    k.surface(i)): `height` rows of `width` elements, `pitch` bytes apart, `depth` slices of
+    `height` rows, over `data`. Texture fetches emulate point sampling (floor of the coordinate,
+    after scaling normalized ones) with CUDA's address modes; linear filtering and the
+    normalized-float read mode are not emulated (they raise, failing the launch)."""
+
+    def __init__(self, data: memoryview, width: int, height: int, depth: int, pitch: int,
+                 channels: int, bits: int, kind: int, address_mode: tuple[int, ...] = (0, 0, 0),
+                 filter_mode: int = 0, read_mode: int = 0, normalized: bool = False,
+                 border: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0), linear: bool = False) -> None:
+        self.data = data
+        self.width, self.height, self.depth, self.pitch = width, height, depth, pitch
+        self.channels, self.bits, self.kind = channels, bits, kind
+        self.elem = channels * bits // 8
+        self.fmt = "<" + _CHANNEL_FORMATS[(kind, bits)] * channels
+        self.address_mode = tuple(address_mode)
+        self.filter_mode, self.read_mode = filter_mode, read_mode
+        self.normalized, self.border, self.linear = normalized, tuple(border), linear
+
+    def element(self, x: int, y: int = 0, z: int = 0) -> tuple:
+        """The element at integer coordinates (inside the image)."""
+        off = (z * self.height + y) * self.pitch + x * self.elem
+        return struct.unpack_from(self.fmt, self.data, off)
+
+    def _index(self, c: float, size: int, mode: int) -> int | None:
+        """The texel a point-sampled coordinate lands on; None for the border."""
+        if self.normalized:
+            if mode == ADDRESS_WRAP:
+                c = c - math.floor(c)
+            elif mode == ADDRESS_MIRROR:
+                period = c - 2 * math.floor(c / 2)
+                c = 2 - period if period > 1 else period
+            c *= size
+        i = math.floor(c)
+        if 0 <= i < size:
+            return i
+        if mode == ADDRESS_BORDER:
+            return None
+        return min(max(i, 0), size - 1)  # clamp (wrap and mirror without normalized: clamp)
+
+    def fetch(self, x: float, y: float = 0.5, z: float = 0.5) -> tuple:
+        """tex1D/tex2D/tex3D with point filtering and cudaReadModeElementType."""
+        if self.filter_mode != 0 or self.read_mode != 0:
+            raise NotImplementedError("the sim emulates point sampling of element types only")
+        coords = []
+        for c, size, mode in ((x, self.width, self.address_mode[0]),
+                              (y, self.height, self.address_mode[1]),
+                              (z, self.depth, self.address_mode[2])):
+            i = self._index(c, size, mode)
+            if i is None:
+                return tuple(self.border[:self.channels]) if self.kind == 2 else (0,) * self.channels
+            coords.append(i)
+        return self.element(*coords)
+
+    def fetch_index(self, i: int) -> tuple:
+        """tex1Dfetch over linear memory: an integer index, zeros outside."""
+        if not 0 <= i < self.width:
+            return (0,) * self.channels
+        return self.element(i)
+
+    def write(self, values: tuple, x_bytes: int, y: int = 0, z: int = 0) -> None:
+        """surf1Dwrite/surf2Dwrite/surf3Dwrite with cudaBoundaryModeTrap: x in bytes; outside
+        the image or misaligned faults like the kernel would."""
+        if (x_bytes % self.elem or not 0 <= x_bytes < self.width * self.elem
+                or not 0 <= y < self.height or not 0 <= z < self.depth):
+            raise BackendError(CUDA_ERROR_ILLEGAL_ADDRESS, f"surface write at ({x_bytes}, {y}, {z})")
+        struct.pack_into(self.fmt, self.data, (z * self.height + y) * self.pitch + x_bytes, *values)
+
+
 class SimLaunch:
     """One launch as an emulation sees it: configuration, parameters and device memory."""
 
     def __init__(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int],
                  shared_bytes: int, params: list[bytes], memory: DeviceMemory,
-                 symbols: Mapping[str, tuple[int, int]] | None = None) -> None:
+                 symbols: Mapping[str, tuple[int, int]] | None = None,
+                 images: Callable[[int, bool], SimImage | None] | None = None) -> None:
         self.name = name
         self.grid = grid
         self.block = block
@@ -59,6 +136,25 @@ class SimLaunch:
         self.params = params
         self._memory = memory
         self._symbols = symbols or {}
+        self._images = images
+
+    # texture and surface objects
+    def _image(self, i: int, surface: bool) -> SimImage:
+        handle = self.arg(i, "<Q")[0]
+        image = self._images(handle, surface) if self._images is not None else None
+        if image is None:
+            raise BackendError(CUDA_ERROR_ILLEGAL_ADDRESS,
+                               f"{self.name}: parameter {i} ({handle:#x}) is no live "
+                               f"{'surface' if surface else 'texture'} object")
+        return image
+
+    def texture(self, i: int) -> SimImage:
+        """The texture object passed as parameter i."""
+        return self._image(i, False)
+
+    def surface(self, i: int) -> SimImage:
+        """The surface object passed as parameter i."""
+        return self._image(i, True)
 
     # module variables
     def _variable(self, name: str) -> tuple[int, int]:

@@ -14,9 +14,10 @@ from typing import Any, ClassVar
 
 from . import settings as _settings
 
-ALLOCATION_KINDS = ("device", "pitch", "managed", "module", "limit", "pinned")
+ALLOCATION_KINDS = ("device", "pitch", "managed", "module", "limit", "pinned", "array")
 """AllocationView.kind and RangeView.kind: cudaMalloc, cudaMallocPitch/3D, cudaMallocManaged,
-a module's globals, what a cudaDeviceSetLimit reserves (stack, printf, heap), pinned host memory."""
+a module's globals, what a cudaDeviceSetLimit reserves (stack, printf, heap), pinned host memory,
+CUDA arrays (cudaMallocArray/3DArray; `ptr` is the session's handle of the array)."""
 
 DROP_REASONS = ("timeout", "session_end", "refused")
 """Policy.launch_dropped's `why`: `[policy] max_wait` passed, the session ended while the launch

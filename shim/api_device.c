@@ -150,6 +150,8 @@ PILOT_EXPORT cudaError_t cudaDeviceReset(void)
         err = pilot_call(PILOT_OP_DEVICE_RESET, NULL, 0, NULL, 0, NULL, 0, NULL, 0, NULL);
     if (err == cudaSuccess) {
         pilot_alloc_clear_device(dev);
+        pilot_arrays_clear_device(dev);
+        pilot_objects_clear_device(dev);
         pilot_streams_reset_device(dev);
         pilot_um_remove_allocations();
     }

@@ -59,6 +59,10 @@ SHIM_SOURCES = [
     "api_launch_ex.c",
     "api_peer.c",
     "api_ptds.c",
+    "api_array.c",
+    "api_memory3d.c",
+    "api_texture.c",
+    "api_helpers.c",
     "callbacks.c",
     "device_props.c",
 ]

@@ -87,4 +87,44 @@ struct pilot_cuda12_pointer_attributes {
 };
 _Static_assert(sizeof(struct pilot_cuda12_pointer_attributes) == 24, "12.x cudaPointerAttributes");
 
+/* struct cudaResourceDesc of CUDA 12.x: CUDA 13 added a 128-byte member to the union and `flags`
+ * after it, so the 12.x one is the 13 one's resType and the start of its union. */
+struct pilot_cuda12_resource_desc {
+    enum cudaResourceType resType;
+    union {
+        struct {
+            cudaArray_t array;
+        } array;
+        struct {
+            cudaMipmappedArray_t mipmap;
+        } mipmap;
+        struct {
+            void *devPtr;
+            struct cudaChannelFormatDesc desc;
+            size_t sizeInBytes;
+        } linear;
+        struct {
+            void *devPtr;
+            struct cudaChannelFormatDesc desc;
+            size_t width;
+            size_t height;
+            size_t pitchInBytes;
+        } pitch2D;
+    } res;
+};
+_Static_assert(sizeof(struct pilot_cuda12_resource_desc) == 64, "12.x cudaResourceDesc");
+
+/* struct cudaResourceViewDesc of CUDA 12.x: CUDA 13's without its trailing reserved words. */
+struct pilot_cuda12_resource_view_desc {
+    enum cudaResourceViewFormat format;
+    size_t width;
+    size_t height;
+    size_t depth;
+    unsigned int firstMipmapLevel;
+    unsigned int lastMipmapLevel;
+    unsigned int firstLayer;
+    unsigned int lastLayer;
+};
+_Static_assert(sizeof(struct pilot_cuda12_resource_view_desc) == 48, "12.x cudaResourceViewDesc");
+
 #endif

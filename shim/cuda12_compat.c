@@ -10,7 +10,9 @@
  * - cudaDeviceProp: 12.x layout (cuda12_abi.h), filled from the CUDA 13 one plus the fields 13
  *   removed, which come from the device attributes the daemon reported.
  * - Unified memory hints took an int device in 12.x; the _v2 forms took CUDA 13's location.
- * - The cudaThread* aliases of the device functions, and other 12.x-only names. */
+ * - The cudaThread* aliases of the device functions, and other 12.x-only names.
+ * - Texture and surface objects: cudaResourceDesc and cudaResourceViewDesc grew in 13 (12.x's
+ *   are their prefixes, cuda12_abi.h); cudaChooseDevice reads the 12.x cudaDeviceProp. */
 #include <string.h>
 
 #include "cuda12_abi.h"
@@ -27,6 +29,12 @@
 #undef cudaMemPrefetchAsync_ptsz
 #undef cudaPointerGetAttributes
 #undef cudaRuntimeGetVersion
+#undef cudaChooseDevice
+#undef cudaCreateTextureObject
+#undef cudaCreateSurfaceObject
+#undef cudaGetTextureObjectResourceDesc
+#undef cudaGetTextureObjectResourceViewDesc
+#undef cudaGetSurfaceObjectResourceDesc
 
 /* CUDA 13 per-thread-stream entry points the CUDA 13 headers do not declare. */
 cudaError_t pilot13_cudaMemPrefetchAsync_ptsz(const void *ptr, size_t count,
@@ -84,6 +92,18 @@ PILOT_EXPORT cudaError_t cudaGetDeviceProperties(void *prop, int device)
     if (err == cudaSuccess)
         memcpy(prop, &p, PILOT_CUDA11_DEVICE_PROP_SIZE);
     return err;
+}
+
+/* Only the compute capability counts (api_helpers.c), at the same place in 11.x's and 12.x's. */
+PILOT_EXPORT cudaError_t cudaChooseDevice(int *device, const struct pilot_cuda12_device_prop *prop)
+{
+    if (!prop)
+        return pilot13_cudaChooseDevice(device, NULL);
+    struct cudaDeviceProp p13;
+    memset(&p13, 0, sizeof p13);
+    p13.major = prop->major;
+    p13.minor = prop->minor;
+    return pilot13_cudaChooseDevice(device, &p13);
 }
 
 PILOT_EXPORT cudaError_t cudaPointerGetAttributes(struct pilot_cuda12_pointer_attributes *attributes,
@@ -210,4 +230,76 @@ PILOT_EXPORT cudaError_t cudaSetDoubleForHost(double *d)
     if (!d)
         PILOT_RETURN(cudaErrorInvalidValue);
     return cudaSuccess;
+}
+
+/* ---- texture and surface objects ---- */
+
+static const struct cudaResourceDesc *resource13(const struct pilot_cuda12_resource_desc *r,
+                                                 struct cudaResourceDesc *out)
+{
+    if (!r)
+        return NULL;
+    memset(out, 0, sizeof *out); /* flags 0, as 12.x had none */
+    out->resType = r->resType;
+    memcpy(&out->res, &r->res, sizeof r->res);
+    return out;
+}
+
+static void resource12(struct pilot_cuda12_resource_desc *r, const struct cudaResourceDesc *r13)
+{
+    r->resType = r13->resType;
+    memcpy(&r->res, &r13->res, sizeof r->res);
+}
+
+PILOT_EXPORT cudaError_t cudaCreateTextureObject(cudaTextureObject_t *pTexObject,
+                                                 const struct pilot_cuda12_resource_desc *pResDesc,
+                                                 const struct cudaTextureDesc *pTexDesc,
+                                                 const struct pilot_cuda12_resource_view_desc *view)
+{
+    struct cudaResourceDesc r13;
+    struct cudaResourceViewDesc v13;
+    if (view) {
+        memset(&v13, 0, sizeof v13);
+        memcpy(&v13, view, sizeof *view); /* the 13 struct's prefix */
+    }
+    return pilot13_cudaCreateTextureObject(pTexObject, resource13(pResDesc, &r13), pTexDesc,
+                                           view ? &v13 : NULL);
+}
+
+PILOT_EXPORT cudaError_t cudaCreateSurfaceObject(cudaSurfaceObject_t *pSurfObject,
+                                                 const struct pilot_cuda12_resource_desc *pResDesc)
+{
+    struct cudaResourceDesc r13;
+    return pilot13_cudaCreateSurfaceObject(pSurfObject, resource13(pResDesc, &r13));
+}
+
+PILOT_EXPORT cudaError_t cudaGetTextureObjectResourceDesc(
+    struct pilot_cuda12_resource_desc *pResDesc, cudaTextureObject_t texObject)
+{
+    struct cudaResourceDesc r13;
+    cudaError_t err = pilot13_cudaGetTextureObjectResourceDesc(pResDesc ? &r13 : NULL, texObject);
+    if (err == cudaSuccess)
+        resource12(pResDesc, &r13);
+    return err;
+}
+
+PILOT_EXPORT cudaError_t cudaGetSurfaceObjectResourceDesc(
+    struct pilot_cuda12_resource_desc *pResDesc, cudaSurfaceObject_t surfObject)
+{
+    struct cudaResourceDesc r13;
+    cudaError_t err = pilot13_cudaGetSurfaceObjectResourceDesc(pResDesc ? &r13 : NULL, surfObject);
+    if (err == cudaSuccess)
+        resource12(pResDesc, &r13);
+    return err;
+}
+
+PILOT_EXPORT cudaError_t cudaGetTextureObjectResourceViewDesc(
+    struct pilot_cuda12_resource_view_desc *pResViewDesc, cudaTextureObject_t texObject)
+{
+    struct cudaResourceViewDesc v13;
+    cudaError_t err = pilot13_cudaGetTextureObjectResourceViewDesc(pResViewDesc ? &v13 : NULL,
+                                                                   texObject);
+    if (err == cudaSuccess)
+        memcpy(pResViewDesc, &v13, sizeof *pResViewDesc);
+    return err;
 }

@@ -15,7 +15,8 @@
  *
  * Opcodes are numbered in blocks that follow the CUDA runtime reference manual, as cricket's
  * IDL does: 1 session, 100 device management, 140 error handling, 250 streams, 280 events,
- * 310 execution control, 400 memory (430: pinned host memory), 500 unified memory. Unassigned
+ * 310 execution control, 400 memory (424: arrays, 430: pinned host memory, 440: textures and
+ * surfaces), 500 unified memory. Unassigned
  * numbers are reserved.
  */
 #ifndef PILOT_PROTO_H
@@ -122,7 +123,16 @@ enum pilot_op {
     PILOT_OP_MEMSET_2D = 422,         /* pilot_req_memset_2d */
     /* 423-429: peer copies (api_peer.c) */
     PILOT_OP_MEMCPY_PEER = 423,       /* pilot_req_memcpy_peer; posted when async */
-    /* 430-449: pinned and mapped host memory (shim/api_host.c, daemon/pinned.py) */
+    /* 424-429: CUDA arrays (shim/api_array.c, daemon/ops/arrays.py) */
+    PILOT_OP_ARRAY_CREATE = 424,      /* pilot_req_array_create; reply pilot_rep_u64 {value: the
+                                       * session's handle of the array (never a device address),
+                                       * value2: its element size in bytes} */
+    PILOT_OP_ARRAY_DESTROY = 425,     /* pilot_req_handle (an array handle) */
+    PILOT_OP_MEMCPY_3D = 426,         /* pilot_req_memcpy_3d: a box between two endpoints, at least
+                                       * one an array; host rows packed in frame 2 (to the device)
+                                       * or in the reply's frame 2 (to the host); posted when async
+                                       * and nothing comes back */
+    /* 430-439: pinned and mapped host memory (shim/api_host.c, daemon/pinned.py) */
     PILOT_OP_HOST_REGISTER = 430,     /* pilot_req_host_register: the client's memfd, which the
                                        * daemon maps and pins; reply pilot_rep_u64 {value: the
                                        * daemon's address of the mapping, value2: its device
@@ -131,7 +141,15 @@ enum pilot_op {
                                        * the session's streams finish, then unpin and unmap */
     PILOT_OP_MEMCPY_PINNED = 432,     /* pilot_req_memcpy_pinned: DMA between device memory and
                                        * a registered host range; posted when async */
-    /* 433-499 reserved */
+    /* 433-439 reserved */
+    /* 440-469: texture and surface objects (shim/api_texture.c, daemon/ops/arrays.py) */
+    PILOT_OP_TEXTURE_CREATE = 440,    /* pilot_req_texture_create; reply pilot_rep_u64 {value: the
+                                       * driver's cudaTextureObject_t, which kernels use} */
+    PILOT_OP_TEXTURE_DESTROY = 441,   /* pilot_req_handle (a texture object of the session) */
+    PILOT_OP_SURFACE_CREATE = 442,    /* pilot_req_texture_create (resource only); reply
+                                       * pilot_rep_u64 {value: the cudaSurfaceObject_t} */
+    PILOT_OP_SURFACE_DESTROY = 443,   /* pilot_req_handle (a surface object of the session) */
+    /* 444-469 reserved: textures and surfaces; 470-499 reserved */
     /* 500: unified memory (shim/api_managed.c, shim/coherence.c, daemon/managed.py) */
     PILOT_OP_MALLOC_MANAGED = 500,    /* pilot_req_malloc_managed; reply pilot_rep_u64 {ptr} */
     PILOT_OP_SHADOW_ATTACH = 501,     /* pilot_req_shadow_attach: the client shadows a range */
@@ -546,6 +564,103 @@ typedef struct pilot_req_memcpy_peer {
     uint32_t sync;
     uint32_t reserved;
 } pilot_req_memcpy_peer;
+
+/* ---- CUDA arrays, texture and surface objects (shim/api_array.c, shim/api_texture.c) ----
+ * An array is the daemon's (a CUarray); the client knows it by a handle of its session. Channel
+ * formats use the runtime's numbering (struct cudaChannelFormatDesc: bits per channel x y z w
+ * and enum cudaChannelFormatKind). */
+typedef struct pilot_channel_desc {
+    int32_t x, y, z, w;
+    int32_t f;
+    uint32_t reserved;
+} pilot_channel_desc;
+
+typedef struct pilot_req_array_create {
+    uint64_t width;                   /* elements; height 0: a 1D array, depth 0: 1D or 2D */
+    uint64_t height;
+    uint64_t depth;
+    pilot_channel_desc desc;
+    uint32_t flags;                   /* cudaArray* flags as given */
+    uint32_t reserved;
+} pilot_req_array_create;
+
+/* One side of a 3D copy. Positions and pitches are in bytes (the shim converts the runtime's
+ * element units with the array's element size). */
+#define PILOT_MEM_HOST 1              /* rows packed in the message (width bytes apart) */
+#define PILOT_MEM_DEVICE 2            /* linear device memory: ptr, pitch, rows per slice */
+#define PILOT_MEM_ARRAY 3             /* an array of the session: handle */
+
+typedef struct pilot_copy_side {
+    uint64_t ptr;                     /* device address (PILOT_MEM_DEVICE) */
+    uint64_t array;                   /* array handle (PILOT_MEM_ARRAY) */
+    uint64_t pitch;                   /* bytes between rows (PILOT_MEM_DEVICE) */
+    uint64_t rows;                    /* rows between slices (PILOT_MEM_DEVICE) */
+    uint64_t x;                       /* byte offset in a row */
+    uint64_t y;
+    uint64_t z;
+    uint32_t type;                    /* PILOT_MEM_* */
+    uint32_t reserved;
+} pilot_copy_side;
+
+typedef struct pilot_req_memcpy_3d {
+    pilot_copy_side dst;
+    pilot_copy_side src;
+    uint64_t width;                   /* bytes per row */
+    uint64_t height;                  /* rows per slice */
+    uint64_t depth;                   /* slices */
+    uint64_t stream;
+    uint32_t sync;
+    uint32_t reserved;
+} pilot_req_memcpy_3d;
+
+/* A texture's or surface's resource (struct cudaResourceDesc, flattened). */
+typedef struct pilot_resource {
+    uint32_t type;                    /* enum cudaResourceType: 0 array, 2 linear, 3 pitch2D */
+    uint32_t flags;                   /* must be 0 */
+    uint64_t array;                   /* array handle (type 0) */
+    uint64_t ptr;                     /* device address (types 2, 3) */
+    uint64_t size;                    /* bytes (type 2) */
+    uint64_t width;                   /* elements (type 3) */
+    uint64_t height;                  /* rows (type 3) */
+    uint64_t pitch;                   /* bytes (type 3) */
+    pilot_channel_desc desc;          /* types 2, 3 */
+} pilot_resource;
+
+typedef struct pilot_texture_desc {     /* struct cudaTextureDesc, field by field */
+    int32_t address_mode[3];
+    int32_t filter_mode;
+    int32_t read_mode;
+    int32_t srgb;
+    float border_color[4];
+    int32_t normalized_coords;
+    uint32_t max_anisotropy;
+    int32_t mipmap_filter_mode;
+    float mipmap_level_bias;
+    float min_mipmap_level_clamp;
+    float max_mipmap_level_clamp;
+    int32_t disable_trilinear_optimization;
+    int32_t seamless_cubemap;
+} pilot_texture_desc;
+
+typedef struct pilot_view_desc {        /* struct cudaResourceViewDesc, field by field */
+    int32_t format;                   /* enum cudaResourceViewFormat */
+    uint32_t reserved;
+    uint64_t width;
+    uint64_t height;
+    uint64_t depth;
+    uint32_t first_mipmap_level;
+    uint32_t last_mipmap_level;
+    uint32_t first_layer;
+    uint32_t last_layer;
+} pilot_view_desc;
+
+typedef struct pilot_req_texture_create {
+    pilot_resource res;
+    pilot_texture_desc tex;           /* textures only */
+    pilot_view_desc view;             /* textures only, when has_view */
+    uint32_t has_view;
+    uint32_t reserved;
+} pilot_req_texture_create;
 
 /* PILOT_CDEF_END */
 

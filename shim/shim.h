@@ -203,6 +203,36 @@ cudaError_t pilot_to_symbol(const void *symbol, const void *src, size_t count, s
 cudaError_t pilot_from_symbol(void *dst, const void *symbol, size_t count, size_t offset,
                               enum cudaMemcpyKind kind, uint64_t stream, int sync);
 
+/* ---- api_array.c: CUDA arrays and copies with an array endpoint ---- */
+struct pilot_array_info {          /* what the shim knows of one of the process's arrays */
+    uint64_t handle;
+    int device;
+    uint32_t elem;                 /* bytes per element */
+    uint64_t width, height, depth; /* elements, rows, slices (0 in the extent counts as 1) */
+    unsigned int flags;
+    struct cudaChannelFormatDesc desc;
+};
+int pilot_array_info(const void *array, struct pilot_array_info *out); /* 0 if not ours */
+void pilot_arrays_clear_device(int device); /* cudaDeviceReset freed the device's arrays */
+void pilot_objects_clear_device(int device); /* ... and its texture and surface objects */
+/* One side of a copy: PILOT_MEM_HOST (host: the box's first byte, pitch bytes between rows,
+ * rows per slice), PILOT_MEM_DEVICE (ptr, pitch, rows per slice, position x bytes, y, z) or
+ * PILOT_MEM_ARRAY (info; position x in bytes, y, z). */
+struct pilot_copy_end {
+    int type;
+    uint8_t *host;
+    uint64_t ptr, pitch, rows;
+    uint64_t x, y, z;
+    struct pilot_array_info info;
+};
+cudaError_t pilot_copy_end_memory(struct pilot_copy_end *e, const void *ptr, size_t pitch,
+                                  size_t rows, int host_side, int kind_default);
+cudaError_t pilot_copy_end_array(struct pilot_copy_end *e, const void *array);
+/* A width x height x depth box (bytes, rows, slices) where at least one side is an array. */
+cudaError_t pilot_array_copy(const struct pilot_copy_end *dst, const struct pilot_copy_end *src,
+                             uint64_t width, uint64_t height, uint64_t depth, uint64_t stream,
+                             int sync);
+
 /* ---- api_host.c: pinned and mapped host memory ---- */
 /* 1 if [ptr, ptr+count) lies inside one pinned range the daemon holds (copies to and from it
  * are DMA in the daemon: pilot_pinned_copy). One atomic load without pinned memory. */

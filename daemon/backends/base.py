@@ -27,6 +27,7 @@ CUDA_ERROR_INITIALIZATION = 3
 CUDA_ERROR_INVALID_CONFIGURATION = 9
 CUDA_ERROR_INVALID_PITCH_VALUE = 12
 CUDA_ERROR_INVALID_SYMBOL = 13
+CUDA_ERROR_INVALID_CHANNEL_DESCRIPTOR = 20
 CUDA_ERROR_INVALID_DEVICE_POINTER = 17
 CUDA_ERROR_INVALID_MEMCPY_DIRECTION = 21
 CUDA_ERROR_NO_DEVICE = 100
@@ -157,6 +158,145 @@ class Gate:
     stream_callback: bool  # cudaStreamAddCallback: the host function also gets the status
 
 
+# CUDA arrays, texture and surface objects (daemon/ops/arrays.py). Channel formats use the
+# runtime's numbering (cudaChannelFormatKind: 0 signed, 1 unsigned, 2 float).
+CHANNEL_SIGNED, CHANNEL_UNSIGNED, CHANNEL_FLOAT = 0, 1, 2
+ARRAY_LAYERED, ARRAY_SURFACE_LOAD_STORE, ARRAY_CUBEMAP, ARRAY_TEXTURE_GATHER = 1, 2, 4, 8
+ARRAY_FLAGS = ARRAY_LAYERED | ARRAY_SURFACE_LOAD_STORE | ARRAY_CUBEMAP | ARRAY_TEXTURE_GATHER
+RESOURCE_ARRAY, RESOURCE_LINEAR, RESOURCE_PITCH2D = 0, 2, 3  # cudaResourceType
+
+
+@dataclass(frozen=True)
+class ChannelDesc:
+    """struct cudaChannelFormatDesc: bits of each channel and the kind. pilot carries the plain
+    formats: 1, 2 or 4 channels of equal width, 8/16/32-bit signed or unsigned integers, 16-bit
+    (half) or 32-bit floats."""
+
+    x: int
+    y: int
+    z: int
+    w: int
+    f: int
+
+    @property
+    def channels(self) -> int:
+        return sum(1 for bits in (self.x, self.y, self.z, self.w) if bits)
+
+    @property
+    def bits(self) -> int:
+        return self.x
+
+    @property
+    def element_size(self) -> int:
+        return self.channels * self.x // 8
+
+    def check(self) -> None:
+        """cudaErrorInvalidChannelDescriptor for a format CUDA has no array format for."""
+        widths = (self.x, self.y, self.z, self.w)
+        n = self.channels
+        ok = (n in (1, 2, 4) and all(widths[i] == self.x for i in range(n))
+              and not any(widths[n:])
+              and (self.x in (8, 16, 32) if self.f in (CHANNEL_SIGNED, CHANNEL_UNSIGNED)
+                   else self.x in (16, 32) if self.f == CHANNEL_FLOAT else False))
+        if not ok:
+            raise BackendError(CUDA_ERROR_INVALID_CHANNEL_DESCRIPTOR,
+                               f"channel format {widths} kind {self.f}")
+
+
+@dataclass
+class ArrayShape:
+    """An array's extent as created (0: that dimension absent) and its element format."""
+
+    width: int
+    height: int
+    depth: int
+    desc: ChannelDesc
+
+    @property
+    def row_bytes(self) -> int:
+        return self.width * self.desc.element_size
+
+    @property
+    def rows(self) -> int:
+        return max(self.height, 1)
+
+    @property
+    def slices(self) -> int:
+        return max(self.depth, 1)
+
+    @property
+    def size(self) -> int:
+        return self.row_bytes * self.rows * self.slices
+
+
+@dataclass
+class CopySide:
+    """One side of a 3D copy (Backend.memcpy_3d). `kind` "host": `buffer` (buffer protocol)
+    holds the box's rows packed, `pitch` bytes apart, `rows` rows a slice; "device": linear
+    memory at `ptr`, `pitch` bytes a row, `rows` rows a slice, the box starting at byte x of
+    row y of slice z; "array": `array` (a backend array), the box at byte x, row y, slice z."""
+
+    kind: str
+    ptr: int = 0
+    buffer: Any = None
+    array: Any = None
+    pitch: int = 0
+    rows: int = 0
+    x: int = 0
+    y: int = 0
+    z: int = 0
+
+
+@dataclass(frozen=True)
+class Resource:
+    """What a texture or surface object reads (struct cudaResourceDesc): `array` (a backend
+    array) for RESOURCE_ARRAY; `ptr` and `size` for RESOURCE_LINEAR; `ptr`, `width`, `height`,
+    `pitch` for RESOURCE_PITCH2D, with `desc` their element format."""
+
+    type: int
+    array: Any = None
+    ptr: int = 0
+    size: int = 0
+    width: int = 0
+    height: int = 0
+    pitch: int = 0
+    desc: ChannelDesc | None = None
+
+
+@dataclass(frozen=True)
+class TextureDesc:
+    """struct cudaTextureDesc (runtime numbering: cudaAddressModeWrap 0, Clamp 1, Mirror 2,
+    Border 3; cudaFilterModePoint 0, Linear 1; cudaReadModeElementType 0, NormalizedFloat 1)."""
+
+    address_mode: tuple[int, int, int] = (0, 0, 0)
+    filter_mode: int = 0
+    read_mode: int = 0
+    srgb: int = 0
+    border_color: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    normalized_coords: int = 0
+    max_anisotropy: int = 0
+    mipmap_filter_mode: int = 0
+    mipmap_level_bias: float = 0.0
+    min_mipmap_level_clamp: float = 0.0
+    max_mipmap_level_clamp: float = 0.0
+    disable_trilinear_optimization: int = 0
+    seamless_cubemap: int = 0
+
+
+@dataclass(frozen=True)
+class ViewDesc:
+    """struct cudaResourceViewDesc."""
+
+    format: int = 0
+    width: int = 0
+    height: int = 0
+    depth: int = 0
+    first_mipmap_level: int = 0
+    last_mipmap_level: int = 0
+    first_layer: int = 0
+    last_layer: int = 0
+
+
 class Backend(Protocol):
     name: str
 
@@ -255,6 +395,27 @@ class Backend(Protocol):
                        height: int, stream: Any) -> None: ...
     def memset_2d_d8(self, ptr: int, pitch: int, value: int, width: int, height: int,
                      stream: Any) -> None: ...
+
+    # CUDA arrays, texture and surface objects (daemon/ops/arrays.py). The daemon has checked
+    # the format (ChannelDesc.check), the flags, every copy's bounds and each resource's range.
+    def array_create(self, width: int, height: int, depth: int, desc: ChannelDesc,
+                     flags: int) -> Any:
+        """A CUDA array (cuArray3DCreate): width elements, height rows (0: 1D), depth slices
+        (0: 1D or 2D) or layers (ARRAY_LAYERED)."""
+    def array_destroy(self, array: Any, stream: Any) -> None:
+        """Zero the array on `stream` and wait for it (the next tenant's allocation may get its
+        memory), then free it."""
+    def memcpy_3d(self, dst: CopySide, src: CopySide, width: int, height: int, depth: int,
+                  stream: Any) -> None:
+        """A box of width bytes x height rows x depth slices (cuMemcpy3DAsync). Returns once a
+        host source may be reused; a host destination holds the bytes on return."""
+    def texture_create(self, resource: Resource, texture: TextureDesc,
+                       view: ViewDesc | None) -> int:
+        """cuTexObjectCreate: the object's value, which kernels use."""
+    def texture_destroy(self, texture: int) -> None: ...
+    def surface_create(self, array: Any) -> int:
+        """cuSurfObjectCreate over an array made with ARRAY_SURFACE_LOAD_STORE."""
+    def surface_destroy(self, surface: int) -> None: ...
 
     # unified memory (daemon/managed.py). Advice, location types and range attributes use the
     # runtime's numbering, which is the driver's (cudaMemoryAdvise = CUmem_advise, ...); device

@@ -22,9 +22,13 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from pilot.daemon.backends.base import (
+    CHANNEL_FLOAT,
+    CHANNEL_SIGNED,
+    CHANNEL_UNSIGNED,
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_READY,
@@ -32,12 +36,20 @@ from pilot.daemon.backends.base import (
     CUDA_ERROR_UNKNOWN,
     RANGE_ATTR_DEVICE_IDS,
     RANGE_ATTR_ID_TYPE,
+    RESOURCE_ARRAY,
+    RESOURCE_LINEAR,
+    ArrayShape,
     BackendError,
+    ChannelDesc,
+    CopySide,
     DeviceInfo,
     FunctionInfo,
     Gate,
     LaunchAttrs,
+    Resource,
     SmLayout,
+    TextureDesc,
+    ViewDesc,
     format_pci_bus_id,
 )
 from pilot.daemon.protocol import ffi as _pffi
@@ -848,6 +860,158 @@ class CudaBackend:
             check(self._cu.cuMemsetD2D8Async(ptr, pitch, value & 0xFF, width, height, stream),
                   "cuMemsetD2D8Async")
 
+    # ---- CUDA arrays, texture and surface objects (daemon/ops/arrays.py) ---------------------
+
+    def _format(self, desc: ChannelDesc) -> Any:
+        """The CUarray_format of a checked channel format (the runtime's cudaChannelFormatDesc
+        to the driver's format and channel count, as cudart converts them)."""
+        code = {(CHANNEL_UNSIGNED, 8): 0x01, (CHANNEL_UNSIGNED, 16): 0x02,
+                (CHANNEL_UNSIGNED, 32): 0x03, (CHANNEL_SIGNED, 8): 0x08,
+                (CHANNEL_SIGNED, 16): 0x09, (CHANNEL_SIGNED, 32): 0x0A,
+                (CHANNEL_FLOAT, 16): 0x10, (CHANNEL_FLOAT, 32): 0x20}[(desc.f, desc.bits)]
+        return self._cu.CUarray_format(code)
+
+    def array_create(self, width: int, height: int, depth: int, desc: ChannelDesc,
+                     flags: int) -> Any:
+        cu = self._cu
+        d = cu.CUDA_ARRAY3D_DESCRIPTOR()
+        d.Width, d.Height, d.Depth = width, height, depth
+        d.Format = self._format(desc)
+        d.NumChannels = desc.channels
+        d.Flags = flags  # CUDA_ARRAY3D_LAYERED 1, SURFACE_LDST 2, CUBEMAP 4, TEXTURE_GATHER 8
+        handle = check(cu.cuArray3DCreate(d), "cuArray3DCreate")
+        return _Array(width, height, depth, desc, handle)
+
+    def array_destroy(self, array: Any, stream: Any) -> None:
+        """Zeroed rows at a time from a zeroed block of device memory (at most _ZERO_CHUNK;
+        pageable zeros when even that cannot be had: the GPU may be full), then destroyed."""
+        cu = self._cu
+        row, rows = array.row_bytes, array.rows
+        per = max(1, min(rows, _ZERO_CHUNK // row))
+        res = cu.cuMemAlloc(row * per)
+        block = 0 if res[0] else int(res[1])
+        try:
+            if block:
+                check(cu.cuMemsetD8Async(block, 0, row * per, stream), "cuMemsetD8Async")
+                zeros = CopySide("device", ptr=block, pitch=row, rows=per)
+            else:
+                zeros = CopySide("host", buffer=bytes(row * per), pitch=row, rows=per)
+            for z in range(array.slices):
+                for y in range(0, rows, per):
+                    self.memcpy_3d(CopySide("array", array=array, y=y, z=z), zeros, row,
+                                   min(per, rows - y), 1, stream)
+            check(self._sync(stream), "cuStreamSynchronize")
+        finally:
+            if block:
+                check(cu.cuMemFree(block), "cuMemFree")
+        check(cu.cuArrayDestroy(array.handle), "cuArrayDestroy")
+
+    def memcpy_3d(self, dst: CopySide, src: CopySide, width: int, height: int, depth: int,
+                  stream: Any) -> None:
+        """cuMemcpy3DAsync. A host source is pageable (staged by the driver before the call
+        returns) unless registered, then the stream is synchronized; a host destination always."""
+        if not (width and height and depth):
+            return
+        cu = self._cu
+        p = cu.CUDA_MEMCPY3D()
+        views = []
+        try:
+            for name, side in (("src", src), ("dst", dst)):
+                if side.kind == "host":
+                    view = _export(side.buffer, ((depth - 1) * side.rows + height - 1) * side.pitch
+                                   + width, writable=name == "dst")
+                    views.append(view)
+                    setattr(p, name + "MemoryType", cu.CUmemorytype(_MEMORY_HOST))
+                    setattr(p, name + "Host", view.buf)
+                elif side.kind == "device":
+                    setattr(p, name + "MemoryType", cu.CUmemorytype(_MEMORY_DEVICE))
+                    setattr(p, name + "Device", side.ptr)
+                else:
+                    setattr(p, name + "MemoryType", cu.CUmemorytype(_MEMORY_ARRAY))
+                    setattr(p, name + "Array", side.array.handle)
+                if side.kind != "array":
+                    setattr(p, name + "Pitch", side.pitch)
+                    setattr(p, name + "Height", side.rows)
+                setattr(p, name + "XInBytes", side.x)
+                setattr(p, name + "Y", side.y)
+                setattr(p, name + "Z", side.z)
+            p.WidthInBytes, p.Height, p.Depth = width, height, depth
+            check(cu.cuMemcpy3DAsync(p, stream), "cuMemcpy3DAsync")
+            if dst.kind == "host" or (src.kind == "host" and self._pinned and
+                                      self._is_pinned(views[0].buf, views[0].len)):
+                check(self._sync(stream), "cuStreamSynchronize")
+        finally:
+            for view in views:
+                _release_buffer(ctypes.byref(view))
+
+    def _resource_desc(self, resource: Resource) -> Any:
+        cu = self._cu
+        rd = cu.CUDA_RESOURCE_DESC()
+        rd.resType = cu.CUresourcetype(resource.type)  # the runtime's numbering is the driver's
+        if resource.type == RESOURCE_ARRAY:
+            rd.res.array.hArray = resource.array.handle
+            return rd
+        assert resource.desc is not None
+        res = rd.res.linear if resource.type == RESOURCE_LINEAR else rd.res.pitch2D
+        res.devPtr = resource.ptr
+        res.format = self._format(resource.desc)
+        res.numChannels = resource.desc.channels
+        if resource.type == RESOURCE_LINEAR:
+            res.sizeInBytes = resource.size
+        else:
+            res.width, res.height, res.pitchInBytes = resource.width, resource.height, resource.pitch
+        return rd
+
+    def texture_create(self, resource: Resource, texture: TextureDesc,
+                       view: ViewDesc | None) -> int:
+        """The runtime's cudaTextureDesc as cudart gives it to the driver: element-type reads of
+        integer formats are CU_TRSF_READ_AS_INTEGER, normalized coordinates, sRGB, trilinear and
+        seamless-cubemap settings are flags."""
+        cu = self._cu
+        desc = resource.array.desc if resource.type == RESOURCE_ARRAY else resource.desc
+        td = cu.CUDA_TEXTURE_DESC()
+        td.addressMode = [cu.CUaddress_mode(m) for m in texture.address_mode]
+        td.filterMode = cu.CUfilter_mode(texture.filter_mode)
+        flags = 0
+        if texture.read_mode == 0 and desc is not None and desc.f != CHANNEL_FLOAT:
+            flags |= 0x01  # CU_TRSF_READ_AS_INTEGER
+        if texture.normalized_coords:
+            flags |= 0x02  # CU_TRSF_NORMALIZED_COORDINATES
+        if texture.srgb:
+            flags |= 0x10  # CU_TRSF_SRGB
+        if texture.disable_trilinear_optimization:
+            flags |= 0x20  # CU_TRSF_DISABLE_TRILINEAR_OPTIMIZATION
+        if texture.seamless_cubemap:
+            flags |= 0x40  # CU_TRSF_SEAMLESS_CUBEMAP
+        td.flags = flags
+        td.maxAnisotropy = texture.max_anisotropy
+        td.mipmapFilterMode = cu.CUfilter_mode(texture.mipmap_filter_mode)
+        td.mipmapLevelBias = texture.mipmap_level_bias
+        td.minMipmapLevelClamp = texture.min_mipmap_level_clamp
+        td.maxMipmapLevelClamp = texture.max_mipmap_level_clamp
+        td.borderColor = list(texture.border_color)
+        vd = None
+        if view is not None:
+            vd = cu.CUDA_RESOURCE_VIEW_DESC()
+            vd.format = cu.CUresourceViewFormat(view.format)
+            vd.width, vd.height, vd.depth = view.width, view.height, view.depth
+            vd.firstMipmapLevel, vd.lastMipmapLevel = view.first_mipmap_level, view.last_mipmap_level
+            vd.firstLayer, vd.lastLayer = view.first_layer, view.last_layer
+        handle = check(cu.cuTexObjectCreate(self._resource_desc(resource), td, vd),
+                       "cuTexObjectCreate")
+        return int(handle)
+
+    def texture_destroy(self, texture: int) -> None:
+        check(self._cu.cuTexObjectDestroy(self._cu.CUtexObject(texture)), "cuTexObjectDestroy")
+
+    def surface_create(self, array: Any) -> int:
+        handle = check(self._cu.cuSurfObjectCreate(
+            self._resource_desc(Resource(RESOURCE_ARRAY, array=array))), "cuSurfObjectCreate")
+        return int(handle)
+
+    def surface_destroy(self, surface: int) -> None:
+        check(self._cu.cuSurfObjectDestroy(self._cu.CUsurfObject(surface)), "cuSurfObjectDestroy")
+
 
     # ---- several devices, launches with attributes (devices.py, execution.py) ---------------
 
@@ -1094,6 +1258,15 @@ class _Partition:
 # CUmemorytype (cuda.h): CU_MEMORYTYPE_HOST 1, CU_MEMORYTYPE_DEVICE 2.
 _MEMORY_HOST = 1
 _MEMORY_DEVICE = 2
+_MEMORY_ARRAY = 3
+_ZERO_CHUNK = 8 << 20  # the most device memory zeroing a freed array takes
+
+
+@dataclass(eq=False)
+class _Array(ArrayShape):
+    """A CUDA array: the driver's CUarray and its shape (zeroing and texture formats need it)."""
+
+    handle: Any = None
 
 
 __all__ = ["CALL_OVERRIDES", "DRIVER_TO_RUNTIME", "CudaBackend", "check", "error"]

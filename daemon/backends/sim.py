@@ -30,6 +30,12 @@ Simplifications, on purpose:
   drops them. managed_residency() reports each device's resident bytes and their peak. Advice is
   kept per range of host pages. Nothing is evicted: where an H100 would evict pages to make room,
   the sim's residency goes past the device's capacity.
+- CUDA arrays are linear storage in sim memory (rows of width x element size bytes, packed; so
+  a freed array's storage goes to the next allocation of its size like any block, and must be
+  zeroed), within the device's texture limits (its attributes). Texture and surface objects are
+  numbered from 1 as the driver's are; emulations read them through `k.texture(i)` /
+  `k.surface(i)` (SimImage: point sampling, address modes, element reads and surface writes,
+  sim_kernels.py).
 - One lock guards all state, held through emulations too: simple, and the sim is not for speed.
 """
 
@@ -62,19 +68,32 @@ from pilot.daemon.backends.base import (
     CUDA_ERROR_MEMORY_ALLOCATION,
     CUDA_ERROR_NOT_READY,
     CUDA_ERROR_UNSUPPORTED_LIMIT,
+    RESOURCE_ARRAY,
+    RESOURCE_LINEAR,
     STICKY_ERRORS,
+    ArrayShape,
     BackendError,
+    ChannelDesc,
+    CopySide,
     DeviceInfo,
     FunctionInfo,
     Gate,
     LaunchAttrs,
+    Resource,
     SmLayout,
+    TextureDesc,
+    ViewDesc,
 )
 from pilot.daemon.backends.fatbin import KernelInfo, globals_in_image, kernel_infos_in_image
 from pilot.daemon.backends.func_attrs import ImageFuncAttrs, image_function_attrs
 from pilot.daemon.backends.sim_device import h100_like_info
 from pilot.daemon.protocol import ffi, lib
-from pilot.daemon.sim_kernels import CUDA_ERROR_INVALID_DEVICE_FUNCTION, KernelRegistry, SimLaunch
+from pilot.daemon.sim_kernels import (
+    CUDA_ERROR_INVALID_DEVICE_FUNCTION,
+    KernelRegistry,
+    SimImage,
+    SimLaunch,
+)
 
 log = logging.getLogger("pilot.backend.sim")
 
@@ -446,6 +465,31 @@ class _Function:
         return self.attrs[FA_MAX_DYNAMIC_SHARED] if self.attrs else MAX_DYNAMIC_SHARED
 
 
+# Device attributes (cudaDeviceAttr) bounding arrays and textures: the maximum extents by kind
+# of array (1D, 2D, 3D, layered 1D/2D: width, height, depth or layers), the alignment of a
+# texture's memory and of a pitch2D texture's pitch, and the pitch2D extent.
+ARRAY_LIMIT_ATTRS = {"1d": (21,), "2d": (22, 23), "3d": (24, 25, 26), "1d_layered": (42, 43),
+                     "2d_layered": (27, 28, 29)}
+ATTR_TEXTURE_ALIGNMENT, ATTR_TEXTURE_PITCH_ALIGNMENT = 14, 51
+ATTR_TEXTURE_2D_LINEAR = (70, 71)  # cudaDevAttrMaxTexture2DLinearWidth / Height
+
+
+@dataclass(eq=False)
+class _Array(ArrayShape):
+    base: int = 0  # its storage in sim memory
+    flags: int = 0
+    alive: bool = True
+
+
+@dataclass(eq=False)
+class _Object:
+    """A texture or surface object."""
+
+    resource: Resource
+    texture: TextureDesc | None  # None: a surface
+    view: ViewDesc | None = None
+
+
 class SimBackend:
     """backend.Backend over host memory and Python kernel emulations."""
 
@@ -467,6 +511,8 @@ class SimBackend:
         self._limit_values: dict[int, dict[int, int]] = {}  # device -> cudaLimit -> value
         self._var_ranges: dict[int, int] = {}  # __managed__ variable address -> size
         self._poisoned = 0  # the sticky error of a kernel fault (_poison), 0 while none
+        self._objects: dict[int, _Object] = {}  # texture and surface objects by value
+        self._next_object = 1
 
     # ---- context-fatal faults ---------------------------------------------------------------
 
@@ -1027,7 +1073,7 @@ class SimBackend:
             params = [bytes(args[off:off + size]) for off, size in layout]
             launch = SimLaunch(function.info.name, (grid[0], grid[1], grid[2]),
                                (block[0], block[1], block[2]), shared_bytes, params, self._memory,
-                               symbols=function.module.globals)
+                               symbols=function.module.globals, images=self._image)
             self._touched(stream, self._current_device(), self._pointed_blocks(layout, args))
             try:
                 self._issue(stream, self._kernels.run, launch)
@@ -1289,6 +1335,173 @@ class SimBackend:
     def _fill_rows(self, ptr: int, pitch: int, fill: bytes, width: int, height: int) -> None:
         for row in self._rows(ptr, pitch, width, height):
             row[:] = fill
+
+    # ---- CUDA arrays, texture and surface objects (daemon/ops/arrays.py) ---------------------
+
+    def array_create(self, width: int, height: int, depth: int, desc: ChannelDesc,
+                     flags: int) -> Any:
+        desc.check()
+        if flags & 1:  # layered: depth counts layers
+            kind, extent = ("2d_layered", (width, height, depth)) if height else \
+                ("1d_layered", (width, depth))
+        else:
+            kind, extent = ("3d", (width, height, depth)) if depth else \
+                ("2d", (width, height)) if height else ("1d", (width,))
+        attrs = self._infos[self._current_device()].attrs
+        limits = [attrs.get(a, 0) for a in ARRAY_LIMIT_ATTRS[kind]]
+        if not width or any(n > m for n, m in zip(extent, limits, strict=True)):
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"array extent {width}x{height}x{depth}")
+        with self._lock:
+            array = _Array(width, height, depth, desc, flags=flags)
+            array.base = self._memory.alloc(array.size, self._current_device())
+            return array
+
+    def _array(self, array: Any) -> _Array:
+        if not isinstance(array, _Array) or not array.alive:
+            raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"bad array {array!r}")
+        return array
+
+    def array_destroy(self, array: Any, stream: Any) -> None:
+        with self._lock:
+            self._check_stream(stream)
+            self._wait_idle(stream)
+            a = self._array(array)
+            self._memset(a.base, 0, a.size)
+            self._memory.free(a.base)
+            a.alive = False
+
+    def _box_rows(self, side: CopySide, width: int, height: int, depth: int,
+                  host: memoryview | None) -> list[memoryview]:
+        """The box's rows on one side, slice after slice."""
+        if side.kind == "host":
+            assert host is not None
+            return [host[(z * side.rows + y) * side.pitch:][:width]
+                    for z in range(depth) for y in range(height)]
+        if side.kind == "array":
+            a = self._array(side.array)
+            pitch, rows, base = a.row_bytes, a.rows, a.base
+            if (side.x + width > a.row_bytes or side.y + height > a.rows
+                    or side.z + depth > a.slices):
+                raise BackendError(CUDA_ERROR_INVALID_VALUE, "copy outside the array")
+        else:
+            pitch, rows, base = side.pitch, side.rows, side.ptr
+        return [self._device_range(base + ((side.z + z) * rows + side.y + y) * pitch + side.x,
+                                   width)
+                for z in range(depth) for y in range(height)]
+
+    def memcpy_3d(self, dst: CopySide, src: CopySide, width: int, height: int, depth: int,
+                  stream: Any) -> None:
+        if not (width and height and depth):
+            return
+        host_size = ((depth - 1) * height + height - 1) * width + width
+        with self._lock:
+            self._check_stream(stream)
+            if dst.kind == "host":
+                target = _host_view(dst.buffer, host_size, writable=True)
+                self._wait_idle(stream)
+                rows = self._box_rows(src, width, height, depth, None)
+                for row, out in zip(rows, self._box_rows(dst, width, height, depth, target),
+                                    strict=True):
+                    out[:] = row
+                return
+            source = (_host_view(src.buffer, host_size, writable=False) if src.kind == "host"
+                      else None)
+            self._box_rows(dst, width, height, depth, None)  # a bad range fails now
+            self._box_rows(src, width, height, depth, source)
+            if dst.kind == "device":
+                self._touched(stream, self._current_device(),
+                              [(dst.ptr + ((dst.z + z) * dst.rows + dst.y + y) * dst.pitch + dst.x,
+                                width) for z in range(depth) for y in range(height)])
+            self._issue(stream, self._copy_box, dst, src, width, height, depth, source)
+
+    def _copy_box(self, dst: CopySide, src: CopySide, width: int, height: int, depth: int,
+                  source: Any) -> None:
+        view = memoryview(source).cast("B") if source is not None else None
+        rows = [bytes(r) for r in self._box_rows(src, width, height, depth, view)]  # may overlap
+        for out, data in zip(self._box_rows(dst, width, height, depth, None), rows, strict=True):
+            out[:] = data
+
+    def _new_object(self, obj: _Object) -> int:
+        handle = self._next_object
+        self._next_object += 1
+        self._objects[handle] = obj
+        return handle
+
+    def texture_create(self, resource: Resource, texture: TextureDesc,
+                       view: ViewDesc | None) -> int:
+        with self._lock:
+            if resource.type == RESOURCE_ARRAY:
+                self._array(resource.array)
+            else:
+                self._check_texture_memory(resource)
+            return self._new_object(_Object(resource, texture, view))
+
+    def _check_texture_memory(self, r: Resource) -> None:
+        """What cuTexObjectCreate requires of linear and pitch2D memory: inside one allocation,
+        the pointer aligned to the texture alignment, a pitch2D's pitch to the pitch alignment
+        and its extent within the device's linear 2D limits (cudaErrorInvalidValue)."""
+        assert r.desc is not None
+        attrs = self._infos[self._current_device()].attrs
+        if r.ptr % attrs.get(ATTR_TEXTURE_ALIGNMENT, 1):
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"texture memory at {r.ptr:#x} unaligned")
+        if r.type == RESOURCE_LINEAR:
+            self._device_range(r.ptr, max(r.size, 1))
+            return
+        max_w, max_h = (attrs.get(a, 0) for a in ATTR_TEXTURE_2D_LINEAR)
+        if (r.pitch % attrs.get(ATTR_TEXTURE_PITCH_ALIGNMENT, 1) or r.width > max_w
+                or r.height > max_h):
+            raise BackendError(CUDA_ERROR_INVALID_VALUE,
+                               f"pitch2D texture {r.width}x{r.height}, pitch {r.pitch}")
+        self._device_range(r.ptr, (r.height - 1) * r.pitch + r.width * r.desc.element_size)
+
+    def _destroy_object(self, handle: int, surface: bool) -> None:
+        with self._lock:
+            obj = self._objects.get(handle)
+            if obj is None or (obj.texture is None) != surface:
+                raise BackendError(CUDA_ERROR_INVALID_VALUE, f"no such object {handle}")
+            del self._objects[handle]
+
+    def texture_destroy(self, texture: int) -> None:
+        self._destroy_object(texture, surface=False)
+
+    def surface_create(self, array: Any) -> int:
+        with self._lock:
+            a = self._array(array)
+            if not a.flags & 2:
+                raise BackendError(CUDA_ERROR_INVALID_VALUE, "array without cudaArraySurfaceLoadStore")
+            return self._new_object(_Object(Resource(RESOURCE_ARRAY, array=a), None))
+
+    def surface_destroy(self, surface: int) -> None:
+        self._destroy_object(surface, surface=True)
+
+    def _image(self, handle: int, surface: bool) -> SimImage | None:
+        """What an emulation's k.texture(i) / k.surface(i) reads (sim lock held: launches run
+        under it)."""
+        obj = self._objects.get(handle)
+        if obj is None or (obj.texture is None) != surface:
+            return None
+        r = obj.resource
+        if r.type == RESOURCE_ARRAY:
+            a = r.array
+            if not a.alive:
+                return None
+            desc, width, height, depth = a.desc, a.width, a.rows, a.slices
+            pitch, base = a.row_bytes, a.base
+        elif r.type == RESOURCE_LINEAR:
+            assert r.desc is not None
+            desc, width, height, depth = r.desc, r.size // r.desc.element_size, 1, 1
+            pitch, base = r.size, r.ptr
+        else:
+            assert r.desc is not None
+            desc, width, height, depth, pitch, base = r.desc, r.width, r.height, 1, r.pitch, r.ptr
+        data = self._memory.region(base, (depth * height - 1) * pitch + width * desc.element_size)
+        if data is None:
+            return None
+        tex = obj.texture or TextureDesc()
+        return SimImage(data, width, height, depth, pitch, desc.channels, desc.bits, desc.f,
+                        tex.address_mode, tex.filter_mode, tex.read_mode,
+                        bool(tex.normalized_coords), tex.border_color,
+                        linear=r.type == RESOURCE_LINEAR)
 
 
 def _initial_attrs(max_threads: int, image: ImageFuncAttrs | None) -> list[int]:

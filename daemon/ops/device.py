@@ -17,6 +17,7 @@ from pilot.daemon.ops.replies import u64
 from pilot.daemon.protocol import ffi, lib, new
 from pilot.daemon.resources import limits
 from pilot.daemon.scheduling import streams
+from pilot.daemon.sessions.arrays import release_objects
 from pilot.daemon.sessions.session import Session
 
 if TYPE_CHECKING:
@@ -84,6 +85,9 @@ def device_reset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     """Frees the session's memory, streams and events; loaded modules stay (kernels relaunch)."""
     streams.synchronize_session(vg, s)
     backend = vg.backend
+    # arrays, texture and surface objects
+    for handle, charged in release_objects(s, backend, s.legacy or vg.stream):
+        vg.broker.release(s, "array", charged, handle)
     for ptr in list(s.allocations):
         s.drop_shadow(ptr)
         s.free_memory(backend, ptr, s.legacy or vg.stream)

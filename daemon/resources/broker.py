@@ -1,8 +1,8 @@
 """The resource broker: the one path by which a tenant takes GPU or pinned host memory, and the
 one path by which it gives it back.
 
-Every allocation path (cudaMalloc, cudaMallocPitch, cudaMallocManaged, a module's globals at
-each load, a raised cudaDeviceSetLimit heap or stack, pinned and registered host memory) calls
+Every allocation path (cudaMalloc, cudaMallocPitch, cudaMallocManaged, CUDA arrays, a module's
+globals at each load, a raised cudaDeviceSetLimit heap or stack, pinned and registered host memory) calls
 `allocate` (or `charge`) before the backend allocates: the bytes are charged to the tenant's
 ledger against its hard quota on that GPU and to the GPU's budget (its configured capacity), or,
 for pinned memory, against the per-tenant and daemon-wide pinned limits. A refusal is the CUDA
@@ -38,7 +38,8 @@ T = TypeVar("T")
 
 # The call each path answers, for log lines.
 CALLS = {"device": "cudaMalloc", "pitch": "cudaMallocPitch", "managed": "cudaMallocManaged",
-         "module": "module load", "limit": "cudaDeviceSetLimit", "pinned": "cudaHostAlloc/Register"}
+         "module": "module load", "limit": "cudaDeviceSetLimit", "pinned": "cudaHostAlloc/Register",
+         "array": "cudaMallocArray/cudaMalloc3DArray"}
 
 
 class GpuBudget:

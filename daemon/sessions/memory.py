@@ -59,8 +59,10 @@ class MemoryTables:
         return size
 
     def held_allocations(self) -> list[tuple[str, int, int]]:
-        """(kind, ptr, size) of every allocation and pinned range the session holds."""
+        """(kind, ptr, size) of every allocation, array (ptr: its handle) and pinned range the
+        session holds."""
         held = [(self.allocation_kind(p), p, n) for p, n in list(self.allocations.items())]
+        held += [("array", h, rec.charged) for h, rec in list(self.arrays.items())]
         return held + [("pinned", r.base, r.length) for r in list(self.pinned.values())]
 
     def check_range(self, ptr: int, count: int) -> None:

@@ -151,6 +151,11 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     pinned: dict[int, Any] = field(default_factory=dict)  # base -> pinned.PinnedRange
     _pinned_bases: list[int] = field(default_factory=list)
     pinned_bytes: int = 0
+    # CUDA arrays by handle (sessions/arrays.ArrayRecord), texture and surface objects by their
+    # driver value -> the resource they read (ops/arrays.py).
+    arrays: dict[int, Any] = field(default_factory=dict)
+    textures: dict[int, Any] = field(default_factory=dict)
+    surfaces: dict[int, Any] = field(default_factory=dict)
     _next_handle: int = FIRST_HANDLE
 
     # ---- handles ----
@@ -213,6 +218,8 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
             "pinned": [r.summary() for r in list(self.pinned.values())],
             "charged": dict(self.charged),
             "allocations": len(self.allocations),
+            "arrays": len(self.arrays),
+            "textures": len(self.textures) + len(self.surfaces),
             "streams": len(self.streams),
             "events": len(self.events),
             "modules": len(self.modules),

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from pilot.daemon.backends.base import Backend, BackendError
+from pilot.daemon.sessions.arrays import release_objects
 
 log = logging.getLogger("pilot.session")
 
@@ -62,6 +63,8 @@ class Teardown:
         self._shadow_bases.clear()
         for base in list(self.pinned):
             attempt("pinned memory", self.pop_pinned(base).close, backend)
+        attempt("arrays and texture objects", release_objects, self, backend,
+                self.legacy or stream)
         for ptr in list(self.allocations):
             attempt("memory", self.free_memory, backend, ptr, self.legacy or stream)
             self.remove_allocation(ptr)

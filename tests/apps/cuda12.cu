@@ -131,6 +131,53 @@ int main(void)
         printf("pointer attributes: devicePointer %p, want %p\n", attrs.a.devicePointer, dy);
     cudaGetLastError();  // whatever the hints returned is not this program's concern
 
+    // Texture objects take and give 12.x's cudaResourceDesc / cudaResourceViewDesc (smaller than
+    // 13's): a pitch2D texture over dy, its descriptors read back into structs with canaries.
+    struct {
+        cudaResourceDesc r;
+        unsigned char canary[64];
+    } rd;
+    memset(&rd, 0, sizeof rd.r);
+    memset(rd.canary, 0xA5, sizeof rd.canary);
+    rd.r.resType = cudaResourceTypePitch2D;
+    rd.r.res.pitch2D.devPtr = dy;
+    rd.r.res.pitch2D.desc = cudaCreateChannelDesc<int>();
+    rd.r.res.pitch2D.width = 25;
+    rd.r.res.pitch2D.height = 7;
+    rd.r.res.pitch2D.pitchInBytes = 512;
+    cudaTextureDesc td;
+    memset(&td, 0, sizeof td);
+    td.addressMode[0] = td.addressMode[1] = cudaAddressModeClamp;
+    struct {
+        cudaResourceViewDesc v;
+        unsigned char canary[64];
+    } vd;
+    memset(&vd, 0, sizeof vd.v);
+    memset(vd.canary, 0xA5, sizeof vd.canary);
+    vd.v.format = cudaResViewFormatSignedInt1;
+    vd.v.width = 25;
+    vd.v.height = 7;
+    cudaTextureObject_t tex;
+    CHECK(cudaCreateTextureObject(&tex, &rd.r, &td, &vd.v));
+    memset(&rd.r, 0, sizeof rd.r);
+    memset(&vd.v, 0, sizeof vd.v);
+    CHECK(cudaGetTextureObjectResourceDesc(&rd.r, tex));
+    CHECK(cudaGetTextureObjectResourceViewDesc(&vd.v, tex));
+    canary_ok = 1;
+    for (size_t i = 0; i < sizeof rd.canary; i++)
+        canary_ok &= rd.canary[i] == 0xA5 && vd.canary[i] == 0xA5;
+    printf("texture descs canary %s type %d %zux%zu pitch %zu view %d %zux%zu\n",
+           canary_ok ? "intact" : "OVERWRITTEN", (int)rd.r.resType, rd.r.res.pitch2D.width,
+           rd.r.res.pitch2D.height, rd.r.res.pitch2D.pitchInBytes, (int)vd.v.format, vd.v.width,
+           vd.v.height);
+    CHECK(cudaDestroyTextureObject(tex));
+    cudaDeviceProp want;
+    memset(&want, 0, sizeof want);
+    want.major = 9;
+    int chosen = -1;
+    CHECK(cudaChooseDevice(&chosen, &want));
+    printf("cudaChooseDevice sm 9.0: %d\n", chosen);
+
     CHECK(cudaFree(dx));
     CHECK(cudaFree(dy));
     CHECK(cudaThreadExit());

@@ -108,6 +108,8 @@ def expected_cuda12() -> list[str]:
         "cudaMemAdvise int == _v2: yes",
         "cudaMemPrefetchAsync int == _v2: yes",
         "pointer attributes canary intact",
+        "texture descs canary intact type 3 25x7 pitch 512 view 16 25x7",  # cudaResViewFormatSignedInt1
+        "cudaChooseDevice sm 9.0: 0",
         "PASS",
     ]
 

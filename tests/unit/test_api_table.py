@@ -69,17 +69,19 @@ def _run_check(*args: str, cuda: str | None = "13") -> subprocess.CompletedProce
     )
 
 
-C_RET = {"err": "int", "void": "void", "ptr": "void *", "char": "char", "uint": "unsigned int"}
+C_RET = {"err": "int", "void": "void", "ptr": "void *", "char": "char", "uint": "unsigned int",
+         "struct": "struct fake_struct"}
 
 
 def _fake_shim(dirpath: Path, extra: str = "") -> Path:
     """A shim source that defines every impl row (CUDA-free types), plus `extra`."""
     dirpath.mkdir(parents=True, exist_ok=True)
-    parts = ['#define PILOT_EXPORT __attribute__((visibility("default")))\n']
+    parts = ['#define PILOT_EXPORT __attribute__((visibility("default")))\n'
+             "struct fake_struct { int x; };\n"]
     for r in _rows():
         if r["status"] != "impl":
             continue
-        ret = "" if r["ret"] == "void" else " 0"
+        ret = {"void": "", "struct": " (struct fake_struct){0}"}.get(r["ret"], " 0")
         parts.append(
             f"PILOT_EXPORT {C_RET[r['ret']]} {r['name']}(void);\n"
             f"PILOT_EXPORT {C_RET[r['ret']]} {r['name']}(void)\n{{\n    return{ret};\n}}\n"
@@ -218,14 +220,10 @@ def stub_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return ctypes.CDLL(str(d / "lib.so"))
 
 
-class ChannelDesc(ctypes.Structure):
-    _fields_ = [(c, ctypes.c_int) for c in ("x", "y", "z", "w", "f")]
-
-
 def test_stubs_log_once_and_fail(stub_lib: ctypes.CDLL) -> None:
     stub_lib.harness_last.restype = ctypes.c_char_p
     before = stub_lib.harness_logged()
-    fn = stub_lib.cudaArrayGetInfo
+    fn = stub_lib.cudaArrayGetMemoryRequirements
     threads = [threading.Thread(target=fn) for _ in range(8)]
     for t in threads:
         t.start()
@@ -233,14 +231,11 @@ def test_stubs_log_once_and_fail(stub_lib: ctypes.CDLL) -> None:
         t.join()
     assert fn() == 801
     assert stub_lib.harness_logged() == before + 1
-    assert stub_lib.harness_last() == b"cudaArrayGetInfo"
+    assert stub_lib.harness_last() == b"cudaArrayGetMemoryRequirements"
 
     stub_lib.__cudaGetProcAddress.restype = ctypes.c_void_p
     assert stub_lib.__cudaGetProcAddress() is None
     assert stub_lib.harness_logged() == before + 2
-    stub_lib.cudaCreateChannelDesc.restype = ChannelDesc
-    d = stub_lib.cudaCreateChannelDesc(8, 8, 8, 8, 2)
-    assert (d.x, d.y, d.z, d.w, d.f) == (0, 0, 0, 0, 0)
 
 
 def test_error_functions(stub_lib: ctypes.CDLL) -> None:
@@ -305,7 +300,8 @@ def test_check_fails_on_duplicate_row(tmp_path: Path) -> None:
 
 
 def test_check_fails_on_hand_defined_stub_and_unknown_function(tmp_path: Path) -> None:
-    extra = "int cudaArrayGetInfo(void) { return 0; }\nint cudaNotInTable(void) { return 0; }\n"
+    extra = ("int cudaArrayGetMemoryRequirements(void) { return 0; }\n"
+             "int cudaNotInTable(void) { return 0; }\n")
     res = _run_check(
         "--shim-dir",
         str(_fake_shim(tmp_path / "shim", extra)),
@@ -316,7 +312,7 @@ def test_check_fails_on_hand_defined_stub_and_unknown_function(tmp_path: Path) -
     )
     assert res.returncode == 1
     line = next(ln for ln in res.stdout.splitlines() if "stub rows defined by hand" in ln)
-    assert line.startswith("[ERROR]") and "(1): cudaArrayGetInfo (fake.c:" in line
+    assert line.startswith("[ERROR]") and "(1): cudaArrayGetMemoryRequirements (fake.c:" in line
     assert "absent from the table (1): cudaNotInTable" in res.stdout
 
 
@@ -334,12 +330,12 @@ def test_check_fails_on_missing_impl_and_cuts_long_lists(tmp_path: Path) -> None
 )
 def test_check_compares_with_real_cudart(tmp_path: Path) -> None:
     lines = EXPORTS.read_text().splitlines()
-    dropped = next(ln for ln in lines if ln.startswith("cudaArrayGetInfo\t"))
+    dropped = next(ln for ln in lines if ln.startswith("cudaArrayGetMemoryRequirements\t"))
     table = tmp_path / "t.tsv"
     table.write_text("\n".join(ln for ln in lines if ln != dropped) + "\n")
     shim = _fake_shim(tmp_path / "shim")
     res = _run_check("--table", str(table), "--shim-dir", str(shim), "--include", NOWHERE)
-    assert "but not in the table (1): cudaArrayGetInfo" in res.stdout
+    assert "but not in the table (1): cudaArrayGetMemoryRequirements" in res.stdout
     assert res.returncode == 1
     ok = _run_check("--shim-dir", str(shim), "--include", NOWHERE)
     assert ok.returncode == 0, ok.stdout

@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 
 from pilot.daemon.backends import cuda as backend_cuda
-from pilot.daemon.backends.base import BackendError, FunctionInfo
+from pilot.daemon.backends.base import (
+    BackendError,
+    ChannelDesc,
+    CopySide,
+    FunctionInfo,
+    Resource,
+    TextureDesc,
+    ViewDesc,
+)
 from pilot.daemon.backends.cuda import CudaBackend, check
 
 try:  # the real enum types where cuda-python is installed; a minimal stand-in otherwise
@@ -524,3 +532,131 @@ def test_pinned_copies_are_stream_ordered(backend: CudaBackend, drv: FakeDriver)
     assert drv.called("cuMemcpyHtoDAsync") == [(0xD000, 0x7000, 4096, "s")]
     assert drv.called("cuMemcpyDtoHAsync") == [(0x7000, 0xD000, 4096, "s")]
     assert not drv.called("cuStreamSynchronize")
+
+
+# ---- CUDA arrays, 3D copies, texture and surface objects ---------------------------------------
+# The driver's functions are the recording stand-in, its structs and enums cuda-python's own (so
+# every field set is type-checked by the real bindings); tests/gpu/arrays_compare.sh runs them on
+# the real driver.
+
+_cu = _real
+STRUCTS = ("CUDA_ARRAY3D_DESCRIPTOR", "CUDA_MEMCPY3D", "CUDA_RESOURCE_DESC", "CUDA_TEXTURE_DESC",
+           "CUDA_RESOURCE_VIEW_DESC", "CUarray_format", "CUmemorytype", "CUresourcetype",
+           "CUaddress_mode", "CUfilter_mode", "CUresourceViewFormat", "CUtexObject",
+           "CUsurfObject", "CUarray")
+FLOAT1 = ChannelDesc(32, 0, 0, 0, 2)
+UCHAR4 = ChannelDesc(8, 8, 8, 8, 1)
+
+
+@pytest.fixture
+def arr_backend(drv: FakeDriver) -> CudaBackend:
+    if _cu is None:
+        pytest.skip("needs cuda-python's structs")
+    for name in STRUCTS:
+        setattr(drv, name, getattr(_cu, name))
+    drv.replies["cuArray3DCreate"] = lambda d: (OK, _cu.CUarray(0x1234))
+    drv.replies["cuMemAlloc"] = lambda n: (OK, _cu.CUdeviceptr(0x9000))
+    drv.replies["cuTexObjectCreate"] = lambda rd, td, vd: (OK, _cu.CUtexObject(7))
+    drv.replies["cuSurfObjectCreate"] = lambda rd: (OK, _cu.CUsurfObject(8))
+    be = CudaBackend()
+    be.bind_thread(0)
+    drv.calls.clear()
+    return be
+
+
+def _array(backend: CudaBackend, drv: FakeDriver, desc: ChannelDesc = UCHAR4) -> Any:
+    arr = backend.array_create(9, 5, 4, desc, 2)
+    [(d,)] = drv.called("cuArray3DCreate")
+    return arr, d
+
+
+def test_array_create_converts_the_channel_format(arr_backend: CudaBackend, drv: FakeDriver) -> None:
+    _, d = _array(arr_backend, drv)
+    assert (d.Width, d.Height, d.Depth, d.NumChannels, d.Flags) == (9, 5, 4, 4, 2)
+    assert d.Format == _cu.CUarray_format.CU_AD_FORMAT_UNSIGNED_INT8
+    drv.calls.clear()
+    arr_backend.array_create(16, 0, 0, ChannelDesc(16, 0, 0, 0, 2), 0)
+    [(d,)] = drv.called("cuArray3DCreate")
+    assert d.Format == _cu.CUarray_format.CU_AD_FORMAT_HALF and (d.Height, d.Depth) == (0, 0)
+
+
+def test_memcpy_3d_names_each_side(arr_backend: CudaBackend, drv: FakeDriver) -> None:
+    arr, _ = _array(arr_backend, drv)
+    host = bytearray(36 * 3 * 2)
+    arr_backend.memcpy_3d(CopySide("array", array=arr, x=4, y=1, z=2),
+                          CopySide("host", buffer=host, pitch=36, rows=3), 36, 3, 2, "s")
+    [(p, stream)] = drv.called("cuMemcpy3DAsync")
+    assert stream == "s" and (p.WidthInBytes, p.Height, p.Depth) == (36, 3, 2)
+    assert p.srcMemoryType == _cu.CUmemorytype.CU_MEMORYTYPE_HOST
+    assert (p.srcPitch, p.srcHeight) == (36, 3)
+    assert p.dstMemoryType == _cu.CUmemorytype.CU_MEMORYTYPE_ARRAY
+    assert int(p.dstArray) == 0x1234 and (p.dstXInBytes, p.dstY, p.dstZ) == (4, 1, 2)
+    assert not drv.called("cuStreamSynchronize")  # a pageable source is staged by the driver
+
+    drv.calls.clear()
+    arr_backend.memcpy_3d(CopySide("host", buffer=host, pitch=36, rows=3),
+                          CopySide("device", ptr=0x5000, pitch=512, rows=6, x=8, y=2, z=1),
+                          36, 3, 2, "s")
+    [(p, _)] = drv.called("cuMemcpy3DAsync")
+    assert int(p.srcDevice) == 0x5000 and (p.srcPitch, p.srcHeight, p.srcXInBytes) == (512, 6, 8)
+    assert drv.called("cuStreamSynchronize") == [("s",)]  # the host holds the bytes on return
+
+
+def test_array_destroy_zeroes_every_slice_first(arr_backend: CudaBackend, drv: FakeDriver) -> None:
+    arr, _ = _array(arr_backend, drv)
+    drv.calls.clear()
+    arr_backend.array_destroy(arr, "s")
+    assert drv.called("cuMemAlloc") == [(36 * 5,)]
+    copies = [p for p, _ in drv.called("cuMemcpy3DAsync")]
+    assert [p.dstZ for p in copies] == [0, 1, 2, 3]
+    assert all(int(p.srcDevice) == 0x9000 and p.WidthInBytes == 36 and p.Height == 5
+               for p in copies)
+    names = [n for n, _ in drv.calls]
+    assert names.index("cuStreamSynchronize") < names.index("cuArrayDestroy")
+    assert names[-1] == "cuArrayDestroy"
+
+
+def test_texture_objects(arr_backend: CudaBackend, drv: FakeDriver) -> None:
+    arr, _ = _array(arr_backend, drv, ChannelDesc(32, 0, 0, 0, 1))
+    handle = arr_backend.texture_create(
+        Resource(0, array=arr), TextureDesc(address_mode=(1, 1, 0), normalized_coords=1), None)
+    assert handle == 7
+    [(rd, td, vd)] = drv.called("cuTexObjectCreate")
+    assert rd.resType == _cu.CUresourcetype.CU_RESOURCE_TYPE_ARRAY and vd is None
+    assert int(rd.res.array.hArray) == 0x1234
+    assert td.flags == 0x03  # integer elements read as such, normalized coordinates
+    assert td.addressMode[0] == _cu.CUaddress_mode.CU_TR_ADDRESS_MODE_CLAMP
+
+    drv.calls.clear()
+    arr_backend.texture_create(Resource(3, ptr=0x7000, width=5, height=4, pitch=512, desc=FLOAT1),
+                               TextureDesc(), ViewDesc(format=0x1, width=5, height=4))
+    [(rd, td, vd)] = drv.called("cuTexObjectCreate")
+    assert rd.resType == _cu.CUresourcetype.CU_RESOURCE_TYPE_PITCH2D and td.flags == 0
+    p2d = rd.res.pitch2D
+    assert (int(p2d.devPtr), p2d.width, p2d.height, p2d.pitchInBytes, p2d.numChannels) == \
+        (0x7000, 5, 4, 512, 1)
+    assert p2d.format == _cu.CUarray_format.CU_AD_FORMAT_FLOAT and vd.width == 5
+
+    arr_backend.texture_destroy(7)
+    assert [int(h) for (h,) in drv.called("cuTexObjectDestroy")] == [7]
+    assert arr_backend.surface_create(arr) == 8
+    arr_backend.surface_destroy(8)
+    assert [int(h) for (h,) in drv.called("cuSurfObjectDestroy")] == [8]
+
+
+def test_array_destroy_zeroes_in_chunks_and_without_device_memory(arr_backend: CudaBackend,
+                                                                   drv: FakeDriver) -> None:
+    big = arr_backend.array_create(1024, 4096, 0, FLOAT1, 0)  # 4 KiB rows, 16 MiB
+    drv.calls.clear()
+    arr_backend.array_destroy(big, "s")
+    assert drv.called("cuMemAlloc") == [(8 << 20,)]  # 2048 rows at a time
+    assert [(p.dstY, p.Height) for p, _ in drv.called("cuMemcpy3DAsync")] == [(0, 2048), (2048, 2048)]
+
+    arr, _ = _array(arr_backend, drv)
+    drv.calls.clear()
+    drv.replies["cuMemAlloc"] = (_cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY, None)  # the GPU is full
+    arr_backend.array_destroy(arr, "s")
+    copies = [p for p, _ in drv.called("cuMemcpy3DAsync")]
+    assert len(copies) == 4 and all(p.srcMemoryType == _cu.CUmemorytype.CU_MEMORYTYPE_HOST
+                                    for p in copies)
+    assert not drv.called("cuMemFree") and drv.called("cuArrayDestroy")

@@ -294,7 +294,8 @@ def test_views() -> None:
                  KernelView(7, 3, "a", 0, "k", 1.0, 2.0), NvmlView(0, 100, 50, None),
                  policies.GpuView(0, 100, 10)):
         assert not hasattr(view, "__dict__")  # slots
-    assert policies.ALLOCATION_KINDS == ("device", "pitch", "managed", "module", "limit", "pinned")
+    assert policies.ALLOCATION_KINDS == ("device", "pitch", "managed", "module", "limit", "pinned",
+                                        "array")
 
 
 def test_decisions() -> None:
