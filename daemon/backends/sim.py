@@ -55,6 +55,7 @@ from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_CLUSTER_SIZE,
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_IMAGE,
+    CUDA_ERROR_INVALID_PTX,
     CUDA_ERROR_INVALID_PITCH_VALUE,
     CUDA_ERROR_INVALID_RESOURCE_HANDLE,
     CUDA_ERROR_INVALID_SYMBOL,
@@ -70,7 +71,14 @@ from pilot.daemon.backends.base import (
     LaunchAttrs,
     SmLayout,
 )
-from pilot.daemon.backends.fatbin import KernelInfo, globals_in_image, kernel_infos_in_image
+from pilot.daemon.backends.fatbin import (
+    KernelInfo,
+    globals_in_image,
+    is_elf,
+    is_fatbin,
+    kernel_infos_in_image,
+    ptx_text,
+)
 from pilot.daemon.backends.func_attrs import ImageFuncAttrs, image_function_attrs
 from pilot.daemon.backends.sim_device import h100_like_info
 from pilot.daemon.protocol import ffi, lib
@@ -563,6 +571,16 @@ class SimBackend:
                 self._touched(stream, self._current_device(), [(ptr, count)])
                 self._issue(stream, self._memset, ptr, value, count)
 
+    def memset_wide(self, ptr: int, value: int, elem_size: int, count: int, stream: Any) -> None:
+        _check_count(count * elem_size)
+        pattern = (value & ((1 << (8 * elem_size)) - 1)).to_bytes(elem_size, "little")
+        with self._lock:
+            self._check_stream(stream)
+            if count:
+                self._touched(stream, self._current_device(), [(ptr, count * elem_size)])
+                self._issue(stream, self._fill_rows, ptr, count * elem_size, pattern * count,
+                            count * elem_size, 1)
+
     def _memset(self, ptr: int, value: int, count: int) -> None:
         region = self._device_range(ptr, count)
         chunk = bytes([value & 0xFF]) * min(count, _MMAP_THRESHOLD)
@@ -925,7 +943,11 @@ class SimBackend:
             kernels = kernel_infos_in_image(image)
             layout = globals_in_image(image)
         except ValueError as exc:
-            raise BackendError(CUDA_ERROR_INVALID_IMAGE, f"cannot read image: {exc}") from exc
+            # The driver's answers for an image it cannot use: PTX its JIT rejects, or any other
+            # bytes (a broken fatbin or cubin, or what is neither).
+            ptx = not is_elf(image) and not is_fatbin(image) and ptx_text(image) is not None
+            raise BackendError(CUDA_ERROR_INVALID_PTX if ptx else CUDA_ERROR_INVALID_IMAGE,
+                               f"cannot read image: {exc}") from exc
         module = _Module(kernels, getattr(self._thread, "partition", None),
                          attrs=image_function_attrs(image))
         if layout.size:
