@@ -5,11 +5,6 @@
 #include "log.h"
 #include "shim.h"
 
-static int session_open(void)
-{
-    return pilot_session_id() != 0;
-}
-
 static cudaError_t launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, void **args,
                           const void *packed, size_t packed_size, size_t shared,
                           cudaStream_t stream)
@@ -35,11 +30,10 @@ PILOT_EXPORT const struct pilot_driver_ops pilot_driver_ops = {
     .version = PILOT_DRIVER_OPS_VERSION,
     PILOT_DRIVER_RUNTIME_CALLS(PILOT_DRIVER_OPS_ENTRY)
     .ensure_session = pilot_ensure_session,
-    .session_open = session_open,
     .driver_begin = pilot_driver_begin,
     .driver_end = pilot_driver_end,
     .runtime_bound = pilot_runtime_bound,
-    .log_unsupported = pilot_log_unsupported,
+    .log_unsupported = pilot_log_unsupported_driver,
     .module_load_image = pilot_module_load_image,
     .module_valid = pilot_module_valid,
     .module_unload = pilot_module_unload,

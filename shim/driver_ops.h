@@ -41,9 +41,8 @@ struct pilot_driver_ops {
 #define PILOT_DRIVER_OPS_FIELD(name) __typeof__(&name) name;
     PILOT_DRIVER_RUNTIME_CALLS(PILOT_DRIVER_OPS_FIELD)
 #undef PILOT_DRIVER_OPS_FIELD
-    /* The session (opened on first use), and whether one is open (the runtime is initialized). */
+    /* The session (opened on first use). */
     cudaError_t (*ensure_session)(void);
-    int (*session_open)(void);
     /* Around each runtime call the driver library makes: cudaGetLastError stays as it was, and
      * the call is not the thread's use of the runtime. runtime_bound: 1 if this thread used the
      * runtime (its primary context is then current), 2 if any thread did (cuInit was implied). */
