@@ -305,7 +305,8 @@ def gen_driver(rows: list[dict[str, str]], table: Path, include: Path) -> str:
             out.append(f"int {name}(void); /* drv_*.c */\n")
     out.append("\nconst struct pilot_drv_proc pilot_drv_procs[] = {\n")
     out += [f"    {{{c_string(n)}, (void *){n}}},\n" for n in names]
-    out.append("};\nconst size_t pilot_drv_proc_count = sizeof pilot_drv_procs / sizeof *pilot_drv_procs;\n\n")
+    out.append("};\nconst size_t pilot_drv_proc_count =\n"
+               "    sizeof pilot_drv_procs / sizeof *pilot_drv_procs;\n\n")
     exported = set(names)
     aliases = sorted((b, api.default.get(b), api.per_thread.get(b))
                      for b in set(api.default) | set(api.per_thread))
@@ -314,7 +315,8 @@ def gen_driver(rows: list[dict[str, str]], table: Path, include: Path) -> str:
         d = c_string(dflt) if dflt in exported else "NULL"
         t = c_string(pt) if pt in exported else "NULL"
         out.append(f"    {{{c_string(base)}, {d}, {t}}},\n")
-    out.append("};\nconst size_t pilot_drv_alias_count = sizeof pilot_drv_aliases / sizeof *pilot_drv_aliases;\n\n")
+    out.append("};\nconst size_t pilot_drv_alias_count =\n"
+               "    sizeof pilot_drv_aliases / sizeof *pilot_drv_aliases;\n\n")
     out.append("const char *pilot_drv_error_name(int code)\n{\n    switch (code) {\n")
     for code, name in sorted(driver_errors(include).items()):
         out.append(f"    case {code}:\n        return {c_string(name)};\n")

@@ -643,6 +643,15 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuCtxGetStreamPriorityRange(int *leastPriority
 
 /* ---- events ---- */
 
+/* An event call of the runtime on a CUevent (the same handle); NULL is no event. */
+static CUresult on_event(CUevent event, cudaError_t (*call)(cudaEvent_t))
+{
+    PILOT_DRV_ENTER(1);
+    if (!event)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return PILOT_DRV_RT(call((cudaEvent_t)event));
+}
+
 PILOT_DRV_EXPORT CUresult CUDAAPI cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
     if (!phEvent)
@@ -662,18 +671,12 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent hEvent)
 {
-    PILOT_DRV_ENTER(1);
-    if (!hEvent)
-        return CUDA_ERROR_INVALID_HANDLE;
-    return PILOT_DRV_RT(OPS->cudaEventSynchronize((cudaEvent_t)hEvent));
+    return on_event(hEvent, OPS->cudaEventSynchronize);
 }
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuEventQuery(CUevent hEvent)
 {
-    PILOT_DRV_ENTER(1);
-    if (!hEvent)
-        return CUDA_ERROR_INVALID_HANDLE;
-    return PILOT_DRV_RT(OPS->cudaEventQuery((cudaEvent_t)hEvent));
+    return on_event(hEvent, OPS->cudaEventQuery);
 }
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart,
@@ -699,10 +702,7 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuEventElapsedTime(float *pMilliseconds, CUeve
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent)
 {
-    PILOT_DRV_ENTER(1);
-    if (!hEvent)
-        return CUDA_ERROR_INVALID_HANDLE;
-    return PILOT_DRV_RT(OPS->cudaEventDestroy((cudaEvent_t)hEvent));
+    return on_event(hEvent, OPS->cudaEventDestroy);
 }
 
 /* ---- pointer attributes ---- */

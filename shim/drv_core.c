@@ -183,6 +183,13 @@ static CUresult check_device(CUdevice dev)
                                                               : CUDA_ERROR_INVALID_DEVICE;
 }
 
+/* A device entry point's start: initialized, and dev one of the session's devices. */
+static CUresult enter_device(CUdevice dev)
+{
+    CUresult r = pilot_drv_enter(0);
+    return r != CUDA_SUCCESS ? r : check_device(dev);
+}
+
 PILOT_DRV_EXPORT CUresult CUDAAPI cuDeviceGetCount(int *count)
 {
     if (!count)
@@ -200,8 +207,7 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal)
 {
     if (!device)
         return CUDA_ERROR_INVALID_VALUE;
-    PILOT_DRV_ENTER(0);
-    CUresult r = check_device(ordinal);
+    CUresult r = enter_device(ordinal);
     if (r == CUDA_SUCCESS)
         *device = ordinal;
     return r;
@@ -209,8 +215,7 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal)
 
 static CUresult properties(CUdevice dev, struct cudaDeviceProp *prop)
 {
-    PILOT_DRV_ENTER(0);
-    CUresult r = check_device(dev);
+    CUresult r = enter_device(dev);
     return r ? r : PILOT_DRV_RT(pilot_drv_ops->cudaGetDeviceProperties(prop, dev));
 }
 
@@ -277,8 +282,7 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribu
 {
     if (!pi)
         return CUDA_ERROR_INVALID_VALUE;
-    PILOT_DRV_ENTER(0);
-    CUresult r = check_device(dev);
+    CUresult r = enter_device(dev);
     /* CUdevice_attribute and cudaDeviceAttr number the attributes alike. */
     return r ? r : PILOT_DRV_RT(pilot_drv_ops->cudaDeviceGetAttribute(pi, (enum cudaDeviceAttr)attrib,
                                                                        dev));
@@ -296,8 +300,7 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUde
 {
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
-    PILOT_DRV_ENTER(0);
-    CUresult r = check_device(dev);
+    CUresult r = enter_device(dev);
     if (r != CUDA_SUCCESS)
         return r;
     pthread_mutex_lock(&g_primary_lock);
@@ -309,8 +312,7 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUde
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    PILOT_DRV_ENTER(0);
-    CUresult r = check_device(dev);
+    CUresult r = enter_device(dev);
     if (r != CUDA_SUCCESS)
         return r;
     pthread_mutex_lock(&g_primary_lock);
@@ -324,8 +326,7 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    PILOT_DRV_ENTER(0);
-    CUresult r = check_device(dev);
+    CUresult r = enter_device(dev);
     if (r != CUDA_SUCCESS)
         return r;
     /* Everything the session holds on the device goes, as the primary context's resources do. */
@@ -347,8 +348,7 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsig
 {
     if (!flags || !active)
         return CUDA_ERROR_INVALID_VALUE;
-    PILOT_DRV_ENTER(0);
-    CUresult r = check_device(dev);
+    CUresult r = enter_device(dev);
     if (r != CUDA_SUCCESS)
         return r;
     pthread_mutex_lock(&g_primary_lock);
@@ -360,8 +360,7 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsig
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 {
-    PILOT_DRV_ENTER(0);
-    CUresult r = check_device(dev);
+    CUresult r = enter_device(dev);
     if (r != CUDA_SUCCESS)
         return r;
     if (flags & ~(unsigned)(CU_CTX_SCHED_MASK | CU_CTX_LMEM_RESIZE_TO_MAX | CU_CTX_SYNC_MEMOPS))
@@ -382,12 +381,20 @@ static CUresult push(CUcontext ctx)
     return r;
 }
 
+/* Pops the thread's current context; the one below it becomes current. */
+static CUcontext pop(void)
+{
+    CUcontext popped = t_stack[--t_depth];
+    if (t_depth)
+        make_current(t_stack[t_depth - 1]);
+    return popped;
+}
+
 PILOT_DRV_EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
-    PILOT_DRV_ENTER(0);
-    CUresult r = check_device(dev);
+    CUresult r = enter_device(dev);
     if (r != CUDA_SUCCESS)
         return r;
     (void)flags; /* scheduling hints: no shared effect */
@@ -412,11 +419,8 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
     PILOT_DRV_ENTER(0);
     if (!context(ctx))
         return CUDA_ERROR_INVALID_VALUE;
-    if (t_depth && t_stack[t_depth - 1] == ctx) {
-        t_depth--;
-        if (t_depth)
-            make_current(t_stack[t_depth - 1]);
-    }
+    if (t_depth && t_stack[t_depth - 1] == ctx)
+        pop();
     return CUDA_SUCCESS;
 }
 
@@ -456,11 +460,9 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext *pctx)
     PILOT_DRV_ENTER(0);
     if (!t_depth || !t_stack[t_depth - 1])
         return CUDA_ERROR_INVALID_CONTEXT;
-    CUcontext popped = t_stack[--t_depth];
+    CUcontext popped = pop();
     if (pctx)
         *pctx = popped;
-    if (t_depth)
-        make_current(t_stack[t_depth - 1]);
     return CUDA_SUCCESS;
 }
 
