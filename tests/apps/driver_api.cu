@@ -91,6 +91,12 @@ int main(int argc, char **argv)
     CUdevice cdev = -1;
     MUST(cuCtxGetDevice(&cdev));
     std::printf("context device %d\n", cdev);
+    MUST(cuCtxCreate(&ctx, nullptr, 0, dev));
+    MUST(cuCtxGetCurrent(&cur));
+    std::printf("created context current: %d\n", cur == ctx);
+    MUST(cuCtxDestroy(ctx));
+    MUST(cuCtxGetCurrent(&cur));
+    std::printf("after cuCtxDestroy, current is primary: %d\n", cur == primary);
 
     // Modules: from the cubin file and from the embedded fatbin.
     CUmodule cubin_mod, fat_mod, junk_mod;
@@ -138,6 +144,16 @@ int main(int argc, char **argv)
     size_t size = 0;
     MUST(cuMemGetAddressRange(&base, &size, d + 40));
     std::printf("address range: base ok %d size %zu\n", base == d, size);
+    unsigned mtype = 0;
+    int ordinal = -1;
+    size_t rsize = 0;
+    CUdeviceptr rstart = 0;
+    MUST(cuPointerGetAttribute(&mtype, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, d));
+    MUST(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, d + 8));
+    MUST(cuPointerGetAttribute(&rsize, CU_POINTER_ATTRIBUTE_RANGE_SIZE, d + 8));
+    MUST(cuPointerGetAttribute(&rstart, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, d + 8));
+    std::printf("pointer: device memory %d ordinal %d range %zu start ok %d\n",
+                mtype == CU_MEMORYTYPE_DEVICE, ordinal, rsize, rstart == d);
 
     // Streams, events, the `extra` form, async copies and memsets.
     CUstream s;
@@ -204,6 +220,29 @@ int main(int argc, char **argv)
     MUST(cuMemcpyDtoD(dy, dx, n * sizeof(int)));
     MUST(cuMemcpyDtoH(hy.data(), dy, n * sizeof(int)));
     std::printf("dtod: %d %d\n", hy[0], hy[999]);
+    MUST(cuMemsetD8(dy, 0, n * sizeof(int)));
+    MUST(cuMemcpy(dy + 4, dx, 8));
+    MUST(cuMemcpyDtoH(hy.data(), dy, 16));
+    std::printf("cuMemcpy: %d %d %d %d\n", hy[0], hy[1], hy[2], hy[3]);
+
+    // A library (context-independent modules) and cuLaunchKernelEx with its CUkernel.
+    CUlibrary lib;
+    CUkernel lk;
+    MUST(cuLibraryLoadData(&lib, drv_fatbin, nullptr, nullptr, 0, nullptr, nullptr, 0));
+    MUST(cuLibraryGetKernel(&lk, lib, "drv_axpb"));
+    CUlaunchConfig config = {};
+    config.gridDimX = 2;
+    config.gridDimY = config.gridDimZ = 1;
+    config.blockDimX = 128;
+    config.blockDimY = config.blockDimZ = 1;
+    config.hStream = s;
+    int la = -2, lb = 1, ln = 300;
+    void *lparams[] = {&dx, &dy, &la, &lb, &ln};
+    MUST(cuLaunchKernelEx(&config, (CUfunction)lk, lparams, nullptr));
+    MUST(cuStreamSynchronize(s));
+    MUST(cuMemcpyDtoH(hy.data(), dy, n * sizeof(int)));
+    std::printf("library kernel: %d %d %d\n", hy[0], hy[255], hy[256]);
+    MUST(cuLibraryUnload(lib));
 
     // The runtime and the driver share streams, events and memory.
     int *rt = nullptr;

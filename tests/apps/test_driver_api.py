@@ -25,6 +25,8 @@ primary: flags 0 active 1
 current is primary: 1
 popped primary: 1
 context device 0
+created context current: 1
+after cuCtxDestroy, current is primary: 1
 cuModuleLoadData(broken ELF): CUDA_ERROR_INVALID_IMAGE
 cuModuleLoad(missing file): CUDA_ERROR_FILE_NOT_FOUND
 cuModuleGetFunction(missing): CUDA_ERROR_NOT_FOUND
@@ -35,6 +37,7 @@ cuLaunchKernel(2048 threads): CUDA_ERROR_INVALID_VALUE
 cuLaunchKernel(null function): CUDA_ERROR_INVALID_HANDLE
 scale: h[1]=1.50 h[999]=1498.50 sum=749250.0
 address range: base ok 1 size 4000
+pointer: device memory 1 ordinal 0 range 4000 start ok 1
 axpb: y[0]=-3503 y[500]=-3 y[989]=3420 y[990]=0xdeadbeef elapsed >= 0: 1
 cuStreamQuery(idle): CUDA_SUCCESS
 cuEventQuery(done): CUDA_SUCCESS
@@ -43,6 +46,8 @@ counter: 42 (4 bytes)
 cuModuleGetGlobal(missing): CUDA_ERROR_NOT_FOUND
 memset: 0xabcd 0xabcd / 0x5a 0x5a 0xab 0xab
 dtod: -500 499
+cuMemcpy: 0 -500 -499 0
+library kernel: 1001 491 0
 mixed: cudaSuccess -500 499
 cuMemFree(runtime pointer): CUDA_SUCCESS
 runtime last error untouched: cudaSuccess
