@@ -74,8 +74,9 @@ static CUresult load(const void *image, int dev, struct pilot_image **out)
     size_t size = image_size(&image);
     if (size <= 1)
         return CUDA_ERROR_INVALID_IMAGE;
-    cudaError_t err = OPS->module_load_image(image, size, dev, out);
-    return err == cudaErrorInvalidKernelImage ? CUDA_ERROR_INVALID_IMAGE : pilot_drv_result(err);
+    /* the daemon's driver (or the sim) answers CUDA_ERROR_INVALID_IMAGE, _INVALID_PTX,
+     * _NO_BINARY_FOR_GPU as the program's own cuModuleLoadData would */
+    return PILOT_DRV_RT(OPS->module_load_image(image, size, dev, out));
 }
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image)

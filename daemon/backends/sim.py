@@ -61,6 +61,7 @@ from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_SYMBOL,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_MEMORY_ALLOCATION,
+    CUDA_ERROR_NO_BINARY_FOR_GPU,
     CUDA_ERROR_NOT_READY,
     CUDA_ERROR_UNSUPPORTED_LIMIT,
     STICKY_ERRORS,
@@ -73,6 +74,7 @@ from pilot.daemon.backends.base import (
 )
 from pilot.daemon.backends.fatbin import (
     KernelInfo,
+    elf_arch,
     globals_in_image,
     is_elf,
     is_fatbin,
@@ -80,7 +82,7 @@ from pilot.daemon.backends.fatbin import (
     ptx_text,
 )
 from pilot.daemon.backends.func_attrs import ImageFuncAttrs, image_function_attrs
-from pilot.daemon.backends.sim_device import h100_like_info
+from pilot.daemon.backends.sim_device import H100_ATTRS, h100_like_info
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.sim_kernels import CUDA_ERROR_INVALID_DEVICE_FUNCTION, KernelRegistry, SimLaunch
 
@@ -948,6 +950,12 @@ class SimBackend:
             ptx = not is_elf(image) and not is_fatbin(image) and ptx_text(image) is not None
             raise BackendError(CUDA_ERROR_INVALID_PTX if ptx else CUDA_ERROR_INVALID_IMAGE,
                                f"cannot read image: {exc}") from exc
+        if is_elf(image):
+            # A cubin runs on its own SM major at the same or a later minor, as on the GPU.
+            arch, sm = elf_arch(image), H100_ATTRS[75] * 10 + H100_ATTRS[76]
+            if arch // 10 != sm // 10 or arch % 10 > sm % 10:
+                raise BackendError(CUDA_ERROR_NO_BINARY_FOR_GPU,
+                                   f"a cubin for sm_{arch} cannot run on this sm_{sm} device")
         module = _Module(kernels, getattr(self._thread, "partition", None),
                          attrs=image_function_attrs(image))
         if layout.size:
