@@ -12,7 +12,7 @@ import click
 
 from pilot import __version__
 from pilot.cli.elf import NotElf, find_cudart
-from pilot.shim import CUDA_MAJORS, LIBRARIES, shim_path
+from pilot.shim import CUDA_MAJORS, DRIVER_LIBRARY, LIBRARIES, driver_path, shim_path
 
 CUDA_OPTION = click.Choice([str(m) for m in CUDA_MAJORS])
 
@@ -26,6 +26,13 @@ def main() -> None:
 def _shim(cuda: int) -> Path:
     try:
         return shim_path(cuda)
+    except FileNotFoundError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _driver() -> Path:
+    try:
+        return driver_path()
     except FileNotFoundError as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -45,21 +52,27 @@ class NotCarried(click.ClickException):
     exit_code = 3
 
 
+# The driver API, which pilot carries (libpilot-cuda.so stands in for it).
+DRIVER_SONAME = "libcuda.so.1"
+
+
 def _refuse_bypass(program: str, bypass: dict[str, Path]) -> None:
-    """A program (or one of its libraries) that links the driver API or a CUDA library would
-    use the GPU outside pilot: no quota, no isolation, pointers pilot gave it meaningless there."""
+    """A program (or one of its libraries) that links a CUDA library would use the GPU outside
+    pilot: no quota, no isolation, pointers pilot gave it meaningless there."""
     what = ", ".join(f"{name} (needed by {obj})" for name, obj in sorted(bypass.items()))
     raise NotCarried(
         f"{program} links {what}: that code talks to the GPU through the CUDA driver directly, "
-        "not through the CUDA runtime pilot interposes, so it would run outside pilot (no quota, "
-        "no isolation, and pilot's device pointers mean nothing there). pilot does not carry "
-        "the driver API and the CUDA libraries (cuBLAS, cuDNN, ...; PyTorch) yet. Run it "
+        "not through the CUDA runtime and driver API pilot interposes, so it would run outside "
+        "pilot (no quota, no isolation, and pilot's device pointers mean nothing there). pilot "
+        "does not carry the CUDA libraries (cuBLAS, cuDNN, ...; PyTorch) yet. Run it "
         "without pilot, or force it with --cuda 12|13 at your own risk")
 
 
-def program_cuda_major(program: str, env: dict[str, str]) -> int:
+def program_cuda_major(program: str, env: dict[str, str]) -> tuple[int, bool]:
     """The CUDA major version whose libcudart `program` (a name on PATH or a path) links, from
-    its ELF NEEDED entries. Raises ClickException when that cannot be told or served."""
+    its ELF NEEDED entries, and whether it links the driver API (libcuda.so.1). A program of the
+    driver API alone is served with the CUDA 13 shim (its session). Raises ClickException when
+    that cannot be told or served."""
     path = shutil.which(program, path=env.get("PATH")) if "/" not in program else program
     if path is None or not os.path.isfile(path):
         raise click.ClickException(f"cannot run {program}: No such file or directory")
@@ -70,11 +83,15 @@ def program_cuda_major(program: str, env: dict[str, str]) -> int:
         raise click.ClickException(
             f"{exc}: pilot cannot tell which CUDA runtime it loads; if it is a script or loads "
             f"libcudart itself, say which with {hint}") from exc
-    if link.bypass:
-        _refuse_bypass(program, link.bypass)
+    driver = DRIVER_SONAME in link.bypass
+    others = {name: obj for name, obj in link.bypass.items() if name != DRIVER_SONAME}
+    if others:
+        _refuse_bypass(program, others)
     served = sorted(link.majors & set(CUDA_MAJORS))
     if len(served) == 1:
-        return served[0]
+        return served[0], driver
+    if driver and not link.majors and not link.device_code:
+        return 13, True
     if len(served) > 1:
         via = ", ".join(f"libcudart.so.{m} (needed by {link.via[m]})" for m in served)
         raise click.ClickException(f"{program} loads two CUDA runtimes, {via}: one process can "
@@ -98,19 +115,21 @@ def program_cuda_major(program: str, env: dict[str, str]) -> int:
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--cuda", type=CUDA_OPTION,
               help="Preload the shim for this CUDA version instead of reading it from COMMAND's "
-                   "ELF NEEDED entries (libcudart.so.12 or libcudart.so.13); this also runs a "
-                   "program that links the driver API or a CUDA library, which pilot refuses "
-                   "otherwise (exit status 3).")
+                   "ELF NEEDED entries (libcudart.so.12 or libcudart.so.13), with the driver API "
+                   "library; this also runs a program that links a CUDA library (cuBLAS, "
+                   "cuDNN, ...), which pilot refuses otherwise (exit status 3).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(cuda: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND with the right shim preloaded: pilot run -- ./app args..."""
     env = dict(os.environ)
-    major = int(cuda) if cuda else program_cuda_major(command[0], env)
+    major, driver = (int(cuda), True) if cuda else program_cuda_major(command[0], env)
     lib = str(_shim(major))
-    # The other shim out of an inherited LD_PRELOAD: one process, one libcudart.
-    others = {str(Path(lib).with_name(name)) for name in LIBRARIES.values()} - {lib}
+    # The driver API library after the shim (it serves through the shim's session); the other
+    # shim out of an inherited LD_PRELOAD: one process, one libcudart.
+    preload = [lib] + ([str(_driver())] if driver else [])
+    others = {str(Path(lib).with_name(name)) for name in [*LIBRARIES.values(), DRIVER_LIBRARY]}
     kept = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p not in others]
-    env["LD_PRELOAD"] = " ".join([lib] + [p for p in kept if p != lib])
+    env["LD_PRELOAD"] = " ".join(preload + kept)
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as exc:

@@ -18,6 +18,15 @@ built library, and every ``as13`` row is checked to really have CUDA 13's ABI: t
 prototype in the 12 and 13 headers, and no structure whose layout differs between them.
 The 12.x library and headers come from PyPI's nvidia-cuda-runtime-cu12 (a test dependency).
 
+The driver API library (libpilot-cuda.so, SONAME libcuda.so.1) has the table
+shim/cuda_driver_exports.tsv (name, status: ``impl`` in shim/drv_*.c or ``stub``, generated). It is
+checked against the exports the driver headers declare (cuda.h, cudaProfiler.h: the declared
+names, the versions cuda.h maps them to and their per-thread-stream forms), a real libcuda.so.1
+when one is found (every export of it but the GL/EGL/VDPAU interop ones must be a row), the
+hand-written sources and the built library (exactly the table, unversioned, like libcuda). The
+built libpilot.so may export one symbol beyond libcudart's: pilot_driver_ops@PILOT_PRIVATE_1,
+the driver library's way into the shim's session (shim/driver_ops.h).
+
 Usage: python3 hack/check_api_table.py [--cuda {12,13}] [--table TSV] [--shim-dir DIR]
                                        [--cudart LIB] [--include DIR] [--lib libpilot.so]
                                        [--table12 TSV] [--cudart12 LIB] [--include12 DIR]
@@ -47,6 +56,16 @@ VERSION = "libcudart.so.13"
 DEFAULT_TABLE12 = REPO / "shim" / "cudart12_exports.tsv"
 VERSION12 = "libcudart.so.12"
 CUDA12_SOURCES = "cuda12_*.c"  # the CUDA 12 build's own sources; the 13 build leaves them out
+DEFAULT_DRIVER_TABLE = REPO / "shim" / "cuda_driver_exports.tsv"
+DRIVER_SOURCES = "drv_*.c"
+DRIVER_STATUSES = frozenset(("impl", "stub"))
+# Exports of the real libcuda for OpenGL, EGL and VDPAU interop: declared in headers that need
+# those libraries' own headers, so the table leaves them out (programs using them are refused
+# by the loader's symbol lookup, as they would be with no GL).
+DRIVER_INTEROP = re.compile(r"cu(Graphics)?(GL|WGL|EGL|VDPAU|Vdpau)")
+# libpilot.so's own exports beyond libcudart's (shim/build.py PRIVATE_NODE, PRIVATE_EXPORTS).
+PRIVATE_NODE = "PILOT_PRIVATE_1"
+PRIVATE_EXPORTS = ("pilot_driver_ops",)
 
 
 def _libc_overrides() -> tuple[str, ...]:
@@ -294,6 +313,11 @@ def check_built_lib(rows: list[Row], lib: Path, rep: Report, version: str = VERS
         rep.error("--lib given but nm is not installed")
         return
     exported = dynamic_exports(lib)
+    private = {n: v for n, v in exported if n in PRIVATE_EXPORTS}
+    if private != dict.fromkeys(PRIVATE_EXPORTS, PRIVATE_NODE):
+        rep.error(f"{lib.name} must export {', '.join(PRIVATE_EXPORTS)} @{PRIVATE_NODE} only",
+                  sorted(f"{n}@{v}" for n, v in private.items()) or ["none exported"])
+    exported = [(n, v) for n, v in exported if n not in private]
     # libc functions the shim overrides (shim/build.py LIBC_OVERRIDES), under glibc's version
     overrides = {n: v for n, v in exported if n in LIBC_OVERRIDES}
     names = {n for n, _ in exported} - set(overrides)
@@ -594,7 +618,7 @@ def shared_sources(shim_dir: Path) -> list[Path]:
 
 def check_sources(
     rows: list[Row], shim_dir: Path, rep: Report, sources: list[Path] | None = None,
-    pattern: str = "*.c",
+    pattern: str = "*.c", prefix: str = r"_*cuda",
 ) -> None:
     """impl rows are defined once in ``sources`` (default: the shared ones), stub rows never,
     and every cuda* function defined there is a row."""
@@ -629,7 +653,7 @@ def check_sources(
                     f"{r.name} ({d.file}:{d.line} returns {d.ret}, table says {r.ret})"
                 )
     for name, ds in sorted(defs.items()):
-        if re.match(r"_*cuda", name) and name not in by_name and not all(d.static for d in ds):
+        if re.match(prefix, name) and name not in by_name and not all(d.static for d in ds):
             unknown.append(f"{name} ({where(ds)})")
     if missing:
         rep.error(f"impl rows with no definition in {shim_dir}/{pattern}", missing)
@@ -643,7 +667,8 @@ def check_sources(
             stub_defined,
         )
     if unknown:
-        rep.error("cuda* functions defined in the shim but absent from the table", unknown)
+        rep.error(f"{prefix.lstrip('_*')}* functions defined in the shim but absent from the table",
+                  unknown)
     if wrong_ret:
         rep.error("definitions whose return type disagrees with the table", wrong_ret)
     if sources and not (missing or multiple or statics or stub_defined or unknown or wrong_ret):
@@ -741,6 +766,120 @@ def check_abi12(
         rep.ok(f"as13 rows have the same ABI in {include12} and {include13}")
 
 
+# ---------------------------------------------------------------- the driver API table
+
+
+def _gen_tables_module():
+    """hack/gen_shim_tables.py (its driver_api reads the headers the same way the build does)."""
+    spec = importlib.util.spec_from_file_location("pilot_gen_shim_tables",
+                                                  Path(__file__).resolve().parent / "gen_shim_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("pilot_gen_shim_tables", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_driver_table(path: Path, rep: Report) -> list[Row]:
+    """Rows of the driver table (name, status); section and ret are fixed (every driver entry
+    point returns CUresult)."""
+    rows: list[Row] = []
+    header_seen = False
+    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
+        if not raw.strip() or raw.startswith("#"):
+            continue
+        fields = [f.strip() for f in raw.split("\t")]
+        if not header_seen:
+            header_seen = True
+            if fields != ["name", "status"]:
+                rep.error(f"{path.name}:{lineno}: header must be name<TAB>status, got {raw!r}")
+            continue
+        if len(fields) != 2 or not re.fullmatch(r"cu\w+", fields[0]) or \
+                fields[1] not in DRIVER_STATUSES:
+            rep.error(f"{path.name}:{lineno}: invalid row {raw!r}")
+            continue
+        rows.append(Row(fields[0], "driver", "err", fields[1], lineno))
+    if not header_seen:
+        rep.error(f"{path.name}: empty table")
+    return rows
+
+
+def find_libcuda() -> Path | None:
+    """A real libcuda: the toolkit's stub, else the driver's."""
+    cands = [root / "lib64" / "stubs" / "libcuda.so" for root in cuda_roots()]
+    cands += [Path("/usr/lib/x86_64-linux-gnu/libcuda.so.1"), Path("/usr/lib64/libcuda.so.1"),
+              Path("/usr/lib/aarch64-linux-gnu/libcuda.so.1")]
+    return next((c for c in cands if c.exists()), None)
+
+
+def check_driver_headers(rows: list[Row], include: Path | None, rep: Report) -> None:
+    if include is None or not (include / "cuda.h").exists():
+        rep.skip("driver table == cuda.h exports: headers not found (set CUDA_HOME or --include)")
+        return
+    declared = _gen_tables_module().driver_api(include).exports
+    table = {r.name for r in rows}
+    if declared - table:
+        rep.error("declared by the driver headers but not in the driver table",
+                  sorted(declared - table))
+    if table - declared:
+        rep.error("in the driver table but not declared by the driver headers",
+                  sorted(table - declared))
+    if declared == table:
+        rep.ok(f"driver table matches the {len(declared)} exports the headers in {include} declare")
+
+
+def check_against_libcuda(rows: list[Row], libcuda: Path | None, rep: Report) -> None:
+    if libcuda is None or not libcuda.exists():
+        rep.skip("driver table vs a real libcuda.so.1: none found (--libcuda)")
+        return
+    if shutil.which("nm") is None:
+        rep.skip("driver table vs a real libcuda.so.1: nm not installed")
+        return
+    real = {n for n, _ in dynamic_exports(libcuda) if n.startswith("cu")}
+    table = {r.name for r in rows}
+    missing = sorted(n for n in real - table if not DRIVER_INTEROP.match(n))
+    extra = sorted(table - real)
+    if missing:
+        rep.error(f"exported by {libcuda} but not in the driver table", missing)
+    if extra:
+        rep.error(f"in the driver table but not exported by {libcuda}", extra)
+    if not missing and not extra:
+        rep.ok(f"driver table matches the exports of {libcuda} (interop ones aside)")
+
+
+def check_driver_lib(rows: list[Row], lib: Path, rep: Report) -> None:
+    """libpilot-cuda.so exports exactly the table, unversioned."""
+    if not lib.exists():
+        rep.error(f"--libdrv {lib}: no such file")
+        return
+    if shutil.which("nm") is None:
+        rep.error("--libdrv given but nm is not installed")
+        return
+    exported = dynamic_exports(lib)
+    names = {n for n, _ in exported}
+    table = {r.name for r in rows}
+    versioned = sorted(f"{n}@{v}" for n, v in exported if v)
+    if table - names:
+        rep.error(f"{lib.name} lacks driver table symbols", sorted(table - names))
+    if names - table:
+        rep.error(f"{lib.name} exports symbols outside the driver table", sorted(names - table))
+    if versioned:
+        rep.error(f"{lib.name} exports versioned symbols (libcuda's are not)", versioned)
+    if names == table and not versioned:
+        rep.ok(f"{lib.name} exports exactly the {len(table)} driver table symbols, unversioned")
+
+
+def run_checks_driver(args: argparse.Namespace, rep: Report) -> list[Row]:
+    rows = read_driver_table(args.driver_table, rep)
+    check_duplicates(rows, rep)
+    check_driver_headers(rows, args.include or find_include(), rep)
+    check_against_libcuda(rows, args.libcuda or find_libcuda(), rep)
+    sources = sorted(args.shim_dir.glob(DRIVER_SOURCES))
+    check_sources(rows, args.shim_dir, rep, sources, DRIVER_SOURCES, prefix=r"cu[A-Z]")
+    if args.libdrv is not None:
+        check_driver_lib(rows, args.libdrv, rep)
+    return rows
+
+
 def run_checks13(args: argparse.Namespace, rep: Report) -> list[Row]:
     rows = read_table(args.table, rep)
     check_duplicates(rows, rep)
@@ -795,6 +934,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"real {VERSION12} (default: nvidia-cuda-runtime-cu12's, /usr/local/cuda-12*)")
     ap.add_argument("--include12", type=Path, help="CUDA 12 include dir (default: likewise)")
     ap.add_argument("--lib12", type=Path, help="built libpilot12.so to check the exports of")
+    ap.add_argument("--driver-table", type=Path, default=DEFAULT_DRIVER_TABLE)
+    ap.add_argument("--libcuda", type=Path,
+                    help="a real libcuda.so.1 (default: the toolkit's stub, else the driver's)")
+    ap.add_argument("--libdrv", type=Path, help="built libpilot-cuda.so to check the exports of")
     args = ap.parse_args(argv)
 
     rep = Report()
@@ -820,6 +963,11 @@ def main(argv: list[str] | None = None) -> int:
         count = {s: sum(r.status == s for r in rows12) for s in sorted(STATUSES12)}
         summary.append(f"CUDA 12: {len(rows12)} symbols, "
                        + ", ".join(f"{n} {s}" for s, n in count.items()))
+    if args.cuda is None:
+        print(f"-- {args.driver_table.name} (libcuda.so.1)")
+        rowsd = run_checks_driver(args, rep)
+        n_impl = sum(r.status == "impl" for r in rowsd)
+        summary.append(f"driver: {len(rowsd)} symbols, {n_impl} impl, {len(rowsd) - n_impl} stub")
     line = "; ".join(summary)
     print(f"[FAIL] {line}" if rep.failed else f"[PASS] {line}")
     return 1 if rep.failed else 0

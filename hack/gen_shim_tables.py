@@ -29,8 +29,10 @@ hidden stub when the 13 table says stub) and never leaks out as the CUDA 12 one.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,6 +40,10 @@ DEFAULT_EXPORTS = REPO / "shim" / "cudart_exports.tsv"
 DEFAULT_EXPORTS12 = REPO / "shim" / "cudart12_exports.tsv"
 RENAME_PREFIX = "pilot13_"  # the CUDA 13 function of a name whose CUDA 12 ABI differs
 DEFAULT_ERRORS = REPO / "shim" / "cuda_errors.tsv"
+DEFAULT_DRIVER_EXPORTS = REPO / "shim" / "cuda_driver_exports.tsv"
+# Headers declaring libcuda.so.1's exports (the GL, EGL and VDPAU interop headers need those
+# libraries' own headers; their few functions are not in the table).
+DRIVER_HEADERS = ("cuda.h", "cudaProfiler.h")
 CUDA_ERROR_NOT_SUPPORTED = 801
 
 # Structures returned by value: the stub must return the same layout, otherwise the
@@ -211,6 +217,113 @@ def gen_renames(renamed: list[str], table: Path) -> str:
     return "".join(out)
 
 
+# ---- the driver API (libpilot-cuda.so, standing in for libcuda.so.1) ----
+
+_DECL = re.compile(r"CUresult\s+CUDAAPI\s+(cu\w+)\s*\(")
+_ALIAS = re.compile(r"^\s*#\s*define\s+(cu\w+)\s+(cu\w+)\s*$", re.M)
+_PER_THREAD = re.compile(r"^\s*#\s*define\s+(cu\w+)\s+__CUDA_API_PT(DS|SZ)\((cu\w+)\)", re.M)
+
+
+@dataclass
+class DriverApi:
+    """What the driver headers say: every symbol libcuda exports for them (the declared names,
+    the versioned names the header maps them to, and their per-thread-stream forms), and for
+    cuGetProcAddress each base name's default symbol and per-thread symbol."""
+
+    exports: set[str]
+    default: dict[str, str]
+    per_thread: dict[str, str]
+
+
+def driver_api(include: Path) -> DriverApi:
+    text = "\n".join((include / h).read_text(errors="replace") for h in DRIVER_HEADERS)
+    declared = set(_DECL.findall(text))
+    alias: dict[str, str] = {}
+    for base, target in _ALIAS.findall(text):
+        alias.setdefault(base, target)  # the first: the header's unconditional version map
+    default: dict[str, str] = {}
+    per_thread: dict[str, str] = {}
+    for base, kind, target in _PER_THREAD.findall(text):
+        default.setdefault(base, target)
+        per_thread.setdefault(base, f"{target}_pt{kind.lower()}")
+    for base, target in alias.items():
+        if target.startswith(base) and base in declared:
+            default.setdefault(base, target)
+    exports = set(declared)
+    for name in declared:
+        for table in (default, per_thread):
+            if name in table:
+                exports.add(table[name])
+    grown = True
+    while grown:  # versioned names that are themselves mapped (cuGetProcAddress_v2 -> _ptsz)
+        more = {alias[n] for n in exports if n in alias and alias[n].startswith(n)} - exports
+        exports |= more
+        grown = bool(more)
+    return DriverApi(exports, default, per_thread)
+
+
+def driver_errors(include: Path) -> dict[int, str]:
+    """CUresult code -> name (cuda.h's enum cudaError_enum)."""
+    text = (include / "cuda.h").read_text(errors="replace")
+    body = text[text.index("typedef enum cudaError_enum"):]
+    body = body[:body.index("} CUresult;")]
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    codes: dict[int, str] = {}
+    for name, value in re.findall(r"(CUDA_\w+)\s*=\s*(\d+)", body):
+        codes.setdefault(int(value), name)
+    return codes
+
+
+def gen_driver(rows: list[dict[str, str]], table: Path, include: Path) -> str:
+    """drv_gen.c: a stub per ``stub`` row (log once, CUDA_ERROR_NOT_SUPPORTED), the table of
+    every export for cuGetProcAddress (sorted by name), its base names' default and per-thread
+    symbols, and the CUresult names."""
+    api = driver_api(include)
+    names = sorted(r["name"] for r in rows)
+    if len(set(names)) != len(names):
+        raise ValueError("duplicate names in the driver table")
+    out = [
+        banner(table),
+        "/* libpilot-cuda.so: stubs, the cuGetProcAddress tables, the CUresult names. */\n",
+        "#include <stdatomic.h>\n#include <stddef.h>\n\n",
+        '#include "drv_tables.h"\n\n',
+        "void pilot_drv_log_unsupported(const char *name);\n\n",
+        '#define PILOT_STUB __attribute__((visibility("default")))\n',
+        "#define PILOT_STUB_LOG_ONCE(sym) do { \\\n",
+        "        static atomic_flag logged_ = ATOMIC_FLAG_INIT; \\\n",
+        "        if (!atomic_flag_test_and_set_explicit(&logged_, memory_order_relaxed)) \\\n",
+        "            pilot_drv_log_unsupported(#sym); \\\n",
+        "    } while (0)\n\n",
+    ]
+    for r in sorted(rows, key=lambda r: r["name"]):
+        name = r["name"]
+        if r["status"] == "stub":
+            out.append(f"PILOT_STUB int {name}(void);\nPILOT_STUB int {name}(void)\n{{\n"
+                       f"    PILOT_STUB_LOG_ONCE({name});\n"
+                       "    return 801; /* CUDA_ERROR_NOT_SUPPORTED */\n}\n\n")
+        else:
+            out.append(f"int {name}(void); /* drv_*.c */\n")
+    out.append("\nconst struct pilot_drv_proc pilot_drv_procs[] = {\n")
+    out += [f"    {{{c_string(n)}, (void *){n}}},\n" for n in names]
+    out.append("};\nconst size_t pilot_drv_proc_count =\n"
+               "    sizeof pilot_drv_procs / sizeof *pilot_drv_procs;\n\n")
+    exported = set(names)
+    aliases = sorted((b, api.default.get(b), api.per_thread.get(b))
+                     for b in set(api.default) | set(api.per_thread))
+    out.append("const struct pilot_drv_alias pilot_drv_aliases[] = {\n")
+    for base, dflt, pt in aliases:
+        d = c_string(dflt) if dflt in exported else "NULL"
+        t = c_string(pt) if pt in exported else "NULL"
+        out.append(f"    {{{c_string(base)}, {d}, {t}}},\n")
+    out.append("};\nconst size_t pilot_drv_alias_count =\n"
+               "    sizeof pilot_drv_aliases / sizeof *pilot_drv_aliases;\n\n")
+    out.append("const char *pilot_drv_error_name(int code)\n{\n    switch (code) {\n")
+    for code, name in sorted(driver_errors(include).items()):
+        out.append(f"    case {code}:\n        return {c_string(name)};\n")
+    out.append("    default:\n        return NULL;\n    }\n}\n")
+    return "".join(out)
+
+
 def write_if_changed(path: Path, text: str) -> None:
     """Leave an identical file untouched so make does not rebuild needlessly."""
     if path.exists() and path.read_text() == text:
@@ -226,7 +339,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--errors", type=Path, default=DEFAULT_ERRORS)
     ap.add_argument("--cuda", type=int, choices=(12, 13), default=13,
                     help="which libcudart the build stands in for (default 13)")
+    ap.add_argument("--driver", type=Path, metavar="INCLUDE",
+                    help="generate drv_gen.c for libpilot-cuda.so instead, from "
+                         "shim/cuda_driver_exports.tsv and the driver headers in INCLUDE")
+    ap.add_argument("--driver-exports", type=Path, default=DEFAULT_DRIVER_EXPORTS)
     args = ap.parse_args(argv)
+    if args.driver is not None:
+        try:
+            text = gen_driver(read_tsv(args.driver_exports), args.driver_exports, args.driver)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"gen_shim_tables: {e}", file=sys.stderr)
+            return 1
+        args.outdir.mkdir(parents=True, exist_ok=True)
+        write_if_changed(args.outdir / "drv_gen.c", text)
+        return 0
     renames = None
     try:
         rows13 = read_tsv(args.exports)

@@ -7,6 +7,9 @@ from pathlib import Path
 # The shim for programs linked with libcudart.so.<major>.
 LIBRARIES = {13: "libpilot.so", 12: "libpilot12.so"}
 CUDA_MAJORS = tuple(sorted(LIBRARIES))
+# The driver API library (SONAME libcuda.so.1), preloaded beside a shim for programs that call
+# the driver API; it serves them through the shim's session (shim/driver_ops.h).
+DRIVER_LIBRARY = "libpilot-cuda.so"
 
 
 def shim_path(cuda: int = 13) -> Path:
@@ -15,6 +18,14 @@ def shim_path(cuda: int = 13) -> Path:
         raise ValueError(f"no shim for CUDA {cuda} (there are shims for CUDA "
                          f"{' and '.join(map(str, CUDA_MAJORS))})")
     path = Path(__file__).resolve().parent / LIBRARIES[cuda]
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: reinstall pilot (pip install .)")
+    return path
+
+
+def driver_path() -> Path:
+    """Absolute path of the installed driver API library (libpilot-cuda.so)."""
+    path = Path(__file__).resolve().parent / DRIVER_LIBRARY
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: reinstall pilot (pip install .)")
     return path

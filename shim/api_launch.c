@@ -79,6 +79,13 @@ static cudaError_t check_config(dim3 grid, dim3 block, const struct pilot_kernel
 cudaError_t pilot_launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, void **args,
                          size_t shared, cudaStream_t stream, const struct pilot_launch_ex *ex)
 {
+    return pilot_launch_packed(kernel, grid, block, args, NULL, 0, shared, stream, ex);
+}
+
+cudaError_t pilot_launch_packed(struct pilot_kernel *kernel, dim3 grid, dim3 block, void **args,
+                                const void *packed, size_t packed_size, size_t shared,
+                                cudaStream_t stream, const struct pilot_launch_ex *ex)
+{
     PILOT_REQUIRE_SESSION();
     if (!kernel)
         PILOT_RETURN(cudaErrorInvalidDeviceFunction);
@@ -105,13 +112,17 @@ cudaError_t pilot_launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, voi
     unsigned char *buf = k.arg_bytes <= sizeof stack_buf ? stack_buf : malloc(k.arg_bytes);
     if (!buf)
         PILOT_RETURN(cudaErrorMemoryAllocation);
-    if (k.nparams && !args) {
+    /* The arguments: one pointer per parameter, or (cuLaunchKernel's `extra`) a buffer packed
+     * by the program, which must hold the kernel's whole parameter layout. */
+    if (packed ? packed_size < k.arg_bytes : (k.nparams && !args)) {
         if (buf != stack_buf)
             free(buf);
         PILOT_RETURN(cudaErrorInvalidValue);
     }
     memset(buf, 0, k.arg_bytes);
-    for (uint32_t i = 0; i < k.nparams; i++)
+    if (packed)
+        memcpy(buf, packed, k.arg_bytes);
+    for (uint32_t i = 0; !packed && i < k.nparams; i++)
         memcpy(buf + k.params[i].offset, args[i], k.params[i].size);
 
     pilot_req_launch req = {

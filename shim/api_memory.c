@@ -361,22 +361,34 @@ PILOT_EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t coun
 
 cudaError_t pilot_memset(void *ptr, int value, size_t count, uint64_t stream, int sync)
 {
+    return pilot_memset_elems(ptr, (uint32_t)value, 1, count, stream, sync);
+}
+
+cudaError_t pilot_memset_elems(void *ptr, uint32_t value, uint32_t elem_size, size_t count,
+                               uint64_t stream, int sync)
+{
     if (count == 0)
         return cudaSuccess;
-    if (!pilot_alloc_contains((uintptr_t)ptr, count))
+    if (count > SIZE_MAX / elem_size || !pilot_alloc_contains((uintptr_t)ptr, count * elem_size))
         return cudaErrorInvalidValue;
+    size_t bytes = count * elem_size;
     pilot_req_memset req = {.ptr = (uintptr_t)ptr, .count = count, .stream = stream,
-                            .value = value, .sync = (uint32_t)sync};
+                            .value = (int32_t)value, .sync = (uint32_t)sync};
+    pilot_req_memset_wide wide = {.ptr = (uintptr_t)ptr, .count = count, .stream = stream,
+                                  .value = value, .elem_size = elem_size, .sync = (uint32_t)sync};
+    uint16_t op = elem_size == 1 ? PILOT_OP_MEMSET : PILOT_OP_MEMSET_WIDE;
+    const void *body = elem_size == 1 ? (const void *)&req : (const void *)&wide;
+    size_t body_len = elem_size == 1 ? sizeof req : sizeof wide;
     int managed = pilot_um_active() && pilot_alloc_is_managed((uintptr_t)ptr);
     cudaError_t err = managed ? pilot_um_flush() : cudaSuccess; /* partly written chunks */
     if (err)
         return err;
     int dev = pilot_memory_route(stream, ptr, NULL);
     if (!sync)
-        err = pilot_post_on(dev, PILOT_OP_MEMSET, &req, sizeof req, NULL, 0);
+        err = pilot_post_on(dev, op, body, body_len, NULL, 0);
     else
-        err = pilot_call_on(dev, PILOT_OP_MEMSET, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
-    return managed ? pilot_um_device_wrote((uintptr_t)ptr, count, stream, sync, err) : err;
+        err = pilot_call_on(dev, op, body, body_len, NULL, 0, NULL, 0, NULL, 0, NULL);
+    return managed ? pilot_um_device_wrote((uintptr_t)ptr, bytes, stream, sync, err) : err;
 }
 
 PILOT_EXPORT cudaError_t cudaMemset(void *ptr, int value, size_t count)

@@ -65,10 +65,24 @@ SHIM_SOURCES = [
     "api_helpers.c",
     "callbacks.c",
     "device_props.c",
+    "driver_ops.c",
 ]
+# The driver API library's sources (libpilot-cuda.so, SONAME libcuda.so.1); drv_gen.c is
+# generated from shim/cuda_driver_exports.tsv and the driver headers.
+DRIVER_SOURCES = ["drv_core.c", "drv_api.c"]
+# libpilot.so's one export beyond libcudart's: the driver library's way in (driver_ops.h).
+PRIVATE_NODE = "PILOT_PRIVATE_1"
+PRIVATE_EXPORTS = ("pilot_driver_ops",)
 # The CUDA 12 build's own sources (shim/cuda12_*.c; hack/check_api_table.py reads them as such).
 CUDA12_SOURCES = ["cuda12_compat.c"]
 C_FLAGS = ["-std=gnu11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"]
+
+
+def _shim_package():
+    spec = importlib.util.spec_from_file_location("pilot_shim_init", SHIM_DIR / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _library_names() -> dict[int, str]:
@@ -81,6 +95,7 @@ def _library_names() -> dict[int, str]:
 
 
 LIBRARIES = _library_names()
+DRIVER_LIBRARY = _shim_package().DRIVER_LIBRARY
 
 
 def _cdef_text(header: Path, marker: str) -> str:
@@ -158,6 +173,7 @@ def version_script(gen_dir: Path, cuda: int = 13) -> Path:
     text = (SHIM_DIR / "libcudart.map").read_text().replace("libcudart.so.13",
                                                              f"libcudart.so.{cuda}")
     text += f"\n{base} {{\n  global: {'; '.join(LIBC_OVERRIDES)};\n}};\n"
+    text += f"\n{PRIVATE_NODE} {{\n  global: {'; '.join(PRIVATE_EXPORTS)};\n}};\n"
     out = gen_dir / "libpilot.map"
     out.write_text(text)
     return out
@@ -209,9 +225,38 @@ def build_shim(compiler, out_dir: str, build_temp: str = "build/shim", cuda: int
     return target
 
 
+def build_driver(compiler, out_dir: str, build_temp: str = "build/shim") -> Path:
+    """libpilot-cuda.so: SONAME libcuda.so.1, exporting exactly shim/cuda_driver_exports.tsv,
+    unversioned like the real libcuda. It links only libc: libpilot.so's table is found at run
+    time (shim/drv_core.c), so linking never records libpilot.so's SONAME, libcudart.so.13, as
+    needed (which could map the real runtime beside the shim)."""
+    gen_dir = Path(build_temp) / "shim_gen_driver"
+    gen_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, str(REPO_DIR / "hack" / "gen_shim_tables.py"), str(gen_dir),
+                    "--driver", str(cuda_include_dir())], check=True)
+    include_dirs = [str(SHIM_DIR), str(gen_dir), str(cuda_include_dir())]
+    sources = [str(SHIM_DIR / s) for s in DRIVER_SOURCES] + [str(gen_dir / "drv_gen.c")]
+    objects = compiler.compile(sources, output_dir=str(Path(build_temp) / "shim_obj_driver"),
+                               include_dirs=include_dirs, extra_postargs=C_FLAGS)
+    script = gen_dir / "libpilot-cuda.map"
+    script.write_text("/* Unversioned, like libcuda.so.1's exports. */\n"
+                      "{\n  global: cu*;\n  local: *;\n};\n")
+    target = Path(out_dir) / DRIVER_LIBRARY
+    compiler.link_shared_object(
+        objects,
+        str(target),
+        libraries=["pthread", "dl"],
+        extra_postargs=["-Wl,-soname,libcuda.so.1", f"-Wl,--version-script={script}",
+                        "-Wl,--no-undefined", "-Wl,-z,now"],
+    )
+    return target
+
+
 def build_shims(compiler, out_dir: str, build_temp: str = "build/shim") -> list[Path]:
-    """Both libraries: libpilot.so for CUDA 13 programs, libpilot12.so for CUDA 12 ones."""
-    return [build_shim(compiler, out_dir, build_temp, cuda) for cuda in LIBRARIES]
+    """The libraries: libpilot.so for CUDA 13 programs, libpilot12.so for CUDA 12 ones, and
+    libpilot-cuda.so for the driver API."""
+    return [build_shim(compiler, out_dir, build_temp, cuda) for cuda in LIBRARIES] + [
+        build_driver(compiler, out_dir, build_temp)]
 
 
 def main() -> None:

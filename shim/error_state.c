@@ -36,6 +36,40 @@ cudaError_t pilot_set_error(cudaError_t err)
     return err;
 }
 
+/* The driver API library's calls into the runtime (driver_ops.h): they leave the thread's last
+ * error as it was, and do not count as the thread's use of the runtime, which (as the runtime's
+ * primary context) makes the thread's current device its current driver context. */
+static __thread int t_in_driver __attribute__((tls_model("initial-exec")));
+static __thread int t_runtime_bound __attribute__((tls_model("initial-exec")));
+static int g_runtime_used;
+
+void pilot_runtime_call(void)
+{
+    if (!t_runtime_bound && !t_in_driver) {
+        t_runtime_bound = 1;
+        __atomic_store_n(&g_runtime_used, 1, __ATOMIC_RELEASE);
+    }
+}
+
+int pilot_runtime_bound(void)
+{
+    return (t_runtime_bound ? 1 : 0) | (__atomic_load_n(&g_runtime_used, __ATOMIC_ACQUIRE) ? 2 : 0);
+}
+
+cudaError_t pilot_driver_begin(void)
+{
+    t_in_driver++;
+    cudaError_t saved = t_last_error;
+    t_last_error = cudaSuccess;
+    return saved;
+}
+
+void pilot_driver_end(cudaError_t saved)
+{
+    t_in_driver--;
+    t_last_error = saved;
+}
+
 cudaError_t pilot_sticky_error(void)
 {
     return __atomic_load_n(&g_sticky, __ATOMIC_ACQUIRE);

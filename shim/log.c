@@ -54,3 +54,8 @@ void pilot_log_unsupported(const char *name)
 {
     LOG_WARN("%s is not supported by pilot yet; returning cudaErrorNotSupported", name);
 }
+
+void pilot_log_unsupported_driver(const char *name)
+{
+    LOG_WARN("%s is not supported by pilot yet; returning CUDA_ERROR_NOT_SUPPORTED", name);
+}

@@ -22,5 +22,6 @@ void pilot_log_write(int level, const char *file, int line, const char *fmt, ...
 
 /* Called by the generated stubs, once per unimplemented function. */
 void pilot_log_unsupported(const char *name);
+void pilot_log_unsupported_driver(const char *name); /* the driver API library's */
 
 #endif

@@ -102,6 +102,9 @@ enum pilot_op {
     /* 320-329: launches with attributes (api_launch_ex.c, daemon/execution.py) */
     PILOT_OP_LAUNCH_EX = 320,         /* pilot_req_launch_ex; frame 2: packed arguments. Posted, or a
                                        * call when the launch has checks only the device makes */
+    /* 330-349: the driver API (libpilot-cuda.so, shim/drv_*.c) */
+    PILOT_OP_MODULE_UNLOAD = 330,     /* pilot_req_handle (module); status reply */
+    PILOT_OP_MEMSET_WIDE = 331,       /* pilot_req_memset_wide: cuMemsetD16/D32; posted when async */
     /* 316-399 reserved (issue 3) */
 
     /* 400: memory management */
@@ -361,6 +364,17 @@ typedef struct pilot_req_memset {
     int32_t value;
     uint32_t sync;
 } pilot_req_memset;
+
+/* cuMemsetD16/D32[Async]: `count` elements of `elem_size` (2 or 4) bytes set to `value`. */
+typedef struct pilot_req_memset_wide {
+    uint64_t ptr;
+    uint64_t count;
+    uint64_t stream;
+    uint32_t value;
+    uint32_t elem_size;
+    uint32_t sync;
+    uint32_t pad;
+} pilot_req_memset_wide;
 
 /* ---- symbols ---- */
 typedef struct pilot_req_symbol_get {   /* frame 2: the variable's name (deviceName, no NUL) */

@@ -41,6 +41,7 @@ struct managed_var {
 struct pilot_image {
     const void *data;
     size_t size;
+    int driver;      /* loaded by the driver API (cuModuleLoadData): data is our own copy */
     uint64_t module[PILOT_MAX_DEVICES]; /* daemon handle per device, 0 until loaded */
     int dead;        /* unregistered (library unloaded) */
     struct managed_var *managed; /* registered __managed__ variables */
@@ -353,4 +354,141 @@ __attribute__((constructor)) static void register_fork_handler(void)
 void pilot_kernel_set_max_dynamic_shared(struct pilot_kernel *k, int32_t bytes)
 {
     __atomic_store_n(&k->max_dynamic_shared_bytes[pilot_route_device()], bytes, __ATOMIC_RELAXED);
+}
+
+/* ---- modules of the driver API (libpilot-cuda.so, through driver_ops.c) ----
+ * cuModuleLoadData's image becomes an image of this registry like a registered fatbin (its own
+ * copy: the program may free its buffer), loaded at once on the context's device, so a bad
+ * image fails the load as it does natively. Its functions are kernels found by handle only
+ * (no host stub), so every launch path, cudaFuncGetAttributes and cudaLaunchKernel take them. */
+
+cudaError_t pilot_module_load_image(const void *data, size_t size, int dev, struct pilot_image **out)
+{
+    struct pilot_image *img = calloc(1, sizeof *img);
+    void *copy = malloc(size ? size : 1);
+    if (!img || !copy) {
+        free(img);
+        free(copy);
+        return cudaErrorMemoryAllocation;
+    }
+    memcpy(copy, data, size);
+    img->data = copy;
+    img->size = size;
+    img->driver = 1;
+    uint64_t module;
+    int previous = pilot_route_begin(dev);
+    cudaError_t err = pilot_image_module(img, &module);
+    pilot_route_end(previous);
+    if (err != cudaSuccess) {
+        free(copy);
+        free(img);
+        return err;
+    }
+    pthread_mutex_lock(&g_lock);
+    img->next = g_images;
+    g_images = img;
+    pthread_mutex_unlock(&g_lock);
+    *out = img;
+    return cudaSuccess;
+}
+
+int pilot_module_valid(const struct pilot_image *img)
+{
+    int found = 0;
+    pthread_mutex_lock(&g_lock);
+    for (struct pilot_image *i = g_images; i && !found; i = i->next)
+        found = i == img && i->driver && !i->dead;
+    pthread_mutex_unlock(&g_lock);
+    return found;
+}
+
+cudaError_t pilot_module_unload(struct pilot_image *img)
+{
+    if (!pilot_module_valid(img))
+        return cudaErrorInvalidResourceHandle;
+    pthread_mutex_lock(&g_lock);
+    img->dead = 1;
+    unlink_image_kernels(g_by_handle, img, 0); /* its functions are no handles any more */
+    pthread_mutex_unlock(&g_lock);
+    cudaError_t err = cudaSuccess;
+    pthread_mutex_lock(&g_load_lock);
+    for (int dev = 0; dev < PILOT_MAX_DEVICES; dev++) {
+        if (!img->module[dev])
+            continue;
+        pilot_req_handle req = {.handle = img->module[dev]};
+        cudaError_t e = pilot_call_on(dev, PILOT_OP_MODULE_UNLOAD, &req, sizeof req, NULL, 0, NULL,
+                                      0, NULL, 0, NULL);
+        err = err ? err : e;
+        img->module[dev] = 0;
+    }
+    pthread_mutex_unlock(&g_load_lock);
+    return err; /* the record is leaked on purpose, as __cudaUnregisterFatBinary does */
+}
+
+cudaError_t pilot_module_function(struct pilot_image *img, const char *name, int dev,
+                                  struct pilot_kernel **out)
+{
+    if (!pilot_module_valid(img))
+        return cudaErrorInvalidResourceHandle;
+    struct pilot_kernel *k = NULL;
+    pthread_mutex_lock(&g_lock); /* one kernel per image and name, as one CUfunction natively */
+    for (unsigned b = 0; b < BUCKETS && !k; b++)
+        for (struct pilot_kernel *i = g_by_handle[b]; i && !k; i = i->next_by_handle)
+            if (i->image == img && strcmp(i->name, name) == 0)
+                k = i;
+    pthread_mutex_unlock(&g_lock);
+    int created = !k;
+    if (created) {
+        k = calloc(1, sizeof *k);
+        if (!k || !(k->name = strdup(name))) {
+            free(k);
+            return cudaErrorMemoryAllocation;
+        }
+        k->image = img;
+    }
+    cudaError_t err = pilot_kernel_resolve(k, dev);
+    if (err != cudaSuccess) {
+        if (created) {
+            free(k->name);
+            free(k);
+        }
+        return err;
+    }
+    if (created) {
+        pthread_mutex_lock(&g_lock);
+        unsigned b = bucket(k);
+        k->next_by_handle = g_by_handle[b];
+        g_by_handle[b] = k;
+        pthread_mutex_unlock(&g_lock);
+    }
+    *out = k;
+    return cudaSuccess;
+}
+
+struct pilot_image *pilot_kernel_image(const struct pilot_kernel *k)
+{
+    return k->image;
+}
+
+cudaError_t pilot_module_global(struct pilot_image *img, const char *name, int dev,
+                                uint64_t *ptr, uint64_t *size)
+{
+    if (!pilot_module_valid(img))
+        return cudaErrorInvalidResourceHandle;
+    int previous = pilot_route_begin(dev);
+    uint64_t module = 0;
+    cudaError_t err = pilot_image_module(img, &module);
+    if (err == cudaSuccess) {
+        pilot_req_symbol_get req = {.module = module};
+        pilot_rep_u64 rep;
+        err = pilot_call(PILOT_OP_SYMBOL_GET, &req, sizeof req, name, strlen(name), &rep,
+                         sizeof rep, NULL, 0, NULL);
+        if (err == cudaSuccess) {
+            pilot_alloc_add_symbol(rep.value, rep.value2);
+            *ptr = rep.value;
+            *size = rep.value2;
+        }
+    }
+    pilot_route_end(previous);
+    return err;
 }

@@ -85,6 +85,11 @@ const pilot_rep_device_info *pilot_device_info_of(int device);
 /* ---- error_state.c: CUDA's error state ---- */
 cudaError_t pilot_set_error(cudaError_t err); /* records err as the thread's last error */
 cudaError_t pilot_sticky_error(void);         /* the process's sticky error, or cudaSuccess */
+/* The driver API library around its runtime calls (error_state.c, driver_ops.h). */
+cudaError_t pilot_driver_begin(void);
+void pilot_driver_end(cudaError_t saved);
+void pilot_runtime_call(void);  /* a runtime entry point ran on this thread (not the driver's) */
+int pilot_runtime_bound(void);  /* 1: this thread used the runtime; 2: some thread did */
 void pilot_note_async_error(cudaError_t err);  /* an error delivered from an earlier async call */
 int pilot_error_is_sticky(cudaError_t err);
 #define PILOT_RETURN(expr) return pilot_set_error(expr)
@@ -92,6 +97,7 @@ int pilot_error_is_sticky(cudaError_t err);
 #define PILOT_REQUIRE_SESSION()                              \
     do {                                                     \
         cudaError_t e_ = pilot_sticky_error();               \
+        pilot_runtime_call();                                \
         if (e_ == cudaSuccess)                               \
             e_ = pilot_ensure_session();                     \
         if (e_ != cudaSuccess)                               \
@@ -158,6 +164,17 @@ cudaError_t pilot_kernel_resolve(struct pilot_kernel *k, int dev);
 struct pilot_image;
 /* The image's daemon module handle, loading the image (MODULE_LOAD) on first use. */
 cudaError_t pilot_image_module(struct pilot_image *img, uint64_t *module);
+/* Modules of the driver API (registry.c): an image copied and loaded now on device dev, its
+ * validity, its unloading (MODULE_UNLOAD on every device it was loaded on), its functions (one
+ * kernel per name, a handle pilot_kernel_from_handle knows) and its variables (range mirrored). */
+cudaError_t pilot_module_load_image(const void *data, size_t size, int dev, struct pilot_image **out);
+int pilot_module_valid(const struct pilot_image *img);
+cudaError_t pilot_module_unload(struct pilot_image *img);
+cudaError_t pilot_module_function(struct pilot_image *img, const char *name, int dev,
+                                  struct pilot_kernel **out);
+cudaError_t pilot_module_global(struct pilot_image *img, const char *name, int dev,
+                                uint64_t *ptr, uint64_t *size);
+struct pilot_image *pilot_kernel_image(const struct pilot_kernel *k);
 
 /* ---- api_managed.c ---- */
 /* Binds a loaded module's __managed__ variable: maps its shadow, fills *host_ptr. */
@@ -190,6 +207,9 @@ void pilot_copy(void *dst, const void *src, size_t len); /* memcpy, on two threa
 cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                          uint64_t stream, int sync);
 cudaError_t pilot_memset(void *ptr, int value, size_t count, uint64_t stream, int sync);
+/* The same in elements of 1, 2 or 4 bytes (cuMemsetD8/D16/D32). */
+cudaError_t pilot_memset_elems(void *ptr, uint32_t value, uint32_t elem_size, size_t count,
+                               uint64_t stream, int sync);
 /* The device a copy or memset runs on: the stream's if one is named, else the memory's. */
 int pilot_memory_route(uint64_t stream, const void *a, const void *b);
 
@@ -262,6 +282,11 @@ struct pilot_launch_ex {
 /* A kernel launch: <<<>>>, cudaLaunchKernel, and with attributes (ex != NULL). */
 cudaError_t pilot_launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, void **args,
                          size_t shared, cudaStream_t stream, const struct pilot_launch_ex *ex);
+/* The same with the arguments already packed by the layout (packed != NULL: cuLaunchKernel's
+ * CU_LAUNCH_PARAM_BUFFER_POINTER; packed_size must cover the layout), else from args. */
+cudaError_t pilot_launch_packed(struct pilot_kernel *kernel, dim3 grid, dim3 block, void **args,
+                                const void *packed, size_t packed_size, size_t shared,
+                                cudaStream_t stream, const struct pilot_launch_ex *ex);
 
 /* ---- device_props.c ---- */
 void pilot_fill_device_prop(struct cudaDeviceProp *prop, const pilot_rep_device_info *info);

@@ -34,6 +34,8 @@ CUDA_ERROR_NO_DEVICE = 100
 CUDA_ERROR_INVALID_DEVICE = 101
 CUDA_ERROR_INVALID_DEVICE_FUNCTION = 98
 CUDA_ERROR_INVALID_IMAGE = 200
+CUDA_ERROR_INVALID_PTX = 218
+CUDA_ERROR_NO_BINARY_FOR_GPU = 209
 CUDA_ERROR_UNSUPPORTED_LIMIT = 215
 CUDA_ERROR_INVALID_RESOURCE_HANDLE = 400
 CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217
@@ -119,6 +121,7 @@ class FunctionInfo:
     max_dynamic_shared_bytes: int
     arg_bytes: int = field(init=False)  # size of the packed argument buffer
     name: str = ""  # the kernel's (mangled) name, for policies and logs
+    module_handle: int = 0  # the session's handle of its module (cuModuleUnload forgets it)
 
     def __post_init__(self) -> None:
         self.arg_bytes = max((off + size for off, size in self.params), default=0)
@@ -320,6 +323,8 @@ class Backend(Protocol):
         """Copy into a writable host buffer; returns when the bytes are there."""
     def memcpy_dtod(self, dst: int, src: int, count: int, stream: Any) -> None: ...
     def memset_d8(self, ptr: int, value: int, count: int, stream: Any) -> None: ...
+    def memset_wide(self, ptr: int, value: int, elem_size: int, count: int, stream: Any) -> None:
+        """cuMemsetD16/D32Async: `count` elements of `elem_size` (2 or 4) bytes."""
     def host_register(self, address: int, size: int) -> None:
         """Pin a host range of the daemon (staging shared memory) for DMA."""
     def host_unregister(self, address: int) -> None:

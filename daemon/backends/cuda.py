@@ -491,6 +491,15 @@ class CudaBackend:
             # cudaMemset takes an int and uses its low byte.
             check(self._cu.cuMemsetD8Async(ptr, value & 0xFF, count, stream), "cuMemsetD8Async")
 
+    def memset_wide(self, ptr: int, value: int, elem_size: int, count: int, stream: Any) -> None:
+        if count:
+            if elem_size == 2:
+                check(self._cu.cuMemsetD16Async(ptr, value & 0xFFFF, count, stream),
+                      "cuMemsetD16Async")
+            else:
+                check(self._cu.cuMemsetD32Async(ptr, value & 0xFFFFFFFF, count, stream),
+                      "cuMemsetD32Async")
+
     def host_register(self, address: int, size: int) -> None:
         """Pin with CU_MEMHOSTREGISTER_PORTABLE (1) rather than 0: with several devices the
         staging memory must count as pinned in every primary context, not only the current one

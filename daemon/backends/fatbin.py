@@ -27,12 +27,18 @@ Formats (little endian; checked against nvcc 13.0 output, see tests/unit/test_fa
   names `__cudaRegisterVar` reports (mangled inside namespaces; static ones keep their name in
   whole-program builds).
 
+Images given to the driver API (cuModuleLoadData) may also be a bare device ELF (a cubin: the
+arch is e_flags bits 8..15) or PTX text (read up to its NUL): `image_elves` and
+`kernel_infos_in_image` accept all three; PTX kernels' layouts come from their `.entry` parameter
+lists (natural alignment, `.align` where given), as ptxas would lay them out.
+
 Compressed entries are reported, not decompressed (no zstd in the standard library of 3.11).
 Every malformed input raises ValueError; no IndexError or struct.error escapes.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -323,19 +329,99 @@ def elf_globals(elf: bytes | memoryview) -> ModuleGlobals:
 
 # ---- whole images --------------------------------------------------------------------------
 
-def kernel_infos_in_image(image: bytes | memoryview) -> dict[str, KernelInfo]:
-    """Kernels of every uncompressed ELF entry; layouts are the same for every arch, so the
-    first entry naming a kernel wins."""
+ELF_MAGIC = b"\x7fELF"
+
+
+def is_elf(image: bytes | memoryview) -> bool:
+    return bytes(image[:4]) == ELF_MAGIC
+
+
+def is_fatbin(image: bytes | memoryview) -> bool:
+    return len(image) >= 4 and struct.unpack_from("<I", image, 0)[0] == FATBIN_MAGIC
+
+
+def elf_arch(elf: bytes | memoryview) -> int:
+    """The SM version of a cubin (e_flags bits 8..15, e.g. 90)."""
+    return (_unpack(_ELF_HEADER, elf, 0, "ELF header")[7] >> 8) & 0xFF
+
+
+def image_elves(image: bytes | memoryview) -> list[tuple[int, bytes]]:
+    """(arch, device ELF) of every uncompressed ELF of an image: a fatbin's ELF entries, or the
+    image itself if it is a cubin. Raises ValueError for a fatbin whose ELF entries are all
+    compressed."""
+    if is_elf(image):
+        return [(elf_arch(image), bytes(image))]
     entries = parse_entries(image)
     elves = [e for e in entries if e.is_elf]
-    readable = [e for e in elves if not e.compressed]
+    readable = [(e.arch, e.payload) for e in elves if not e.compressed]
     if elves and not readable:
         raise ValueError("every ELF entry is compressed (built with -Xfatbin -compress-all?)")
+    return readable
+
+
+_PTX_ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\(([^)]*)\)([^{]*)\{")
+_PTX_PARAM = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.([usbf])(8|16|32|64)"
+                        r"(?:\s+\.ptr(?:\s+\.\w+)*)?\s+[\w$]+\s*(?:\[(\d+)\])?$")
+_PTX_MAXNTID = re.compile(r"\.maxntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
+
+
+def ptx_text(image: bytes | memoryview) -> str | None:
+    """The image as PTX source (up to its NUL), or None if it does not look like PTX."""
+    raw = bytes(image)
+    end = raw.find(b"\0")
+    raw = raw if end < 0 else raw[:end]
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return text if ".version" in text and ".target" in text else None
+
+
+def ptx_kernels(text: str) -> dict[str, KernelInfo]:
+    """Kernels of PTX source with their parameter layouts; ValueError for a parameter list
+    this reader does not understand (the driver's JIT decides on the GPU)."""
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", " ", text, flags=re.S)
+    kernels: dict[str, KernelInfo] = {}
+    for match in _PTX_ENTRY.finditer(text):
+        name, params_text, directives = match.groups()
+        params: list[tuple[int, int]] = []
+        offset = 0
+        for param in filter(None, (p.strip() for p in params_text.split(","))):
+            found = _PTX_PARAM.match(" ".join(param.split()))
+            if not found:
+                raise ValueError(f"PTX kernel {name}: cannot read parameter {param!r}")
+            align_text, _kind, bits, count = found.groups()
+            elem = int(bits) // 8
+            align = int(align_text) if align_text else elem
+            size = elem * (int(count) if count else 1)
+            offset = -(-offset // align) * align
+            params.append((offset, size))
+            offset += size
+        ntid = _PTX_MAXNTID.search(directives)
+        max_threads = None
+        if ntid:
+            max_threads = 1
+            for dim in ntid.groups():
+                max_threads *= int(dim) if dim else 1
+        kernels[name] = KernelInfo(name, params, max_threads)
+    return kernels
+
+
+def kernel_infos_in_image(image: bytes | memoryview) -> dict[str, KernelInfo]:
+    """Kernels of every uncompressed ELF of the image (a fatbin, a cubin) or of its PTX;
+    layouts are the same for every arch, so the first ELF naming a kernel wins."""
+    if not is_elf(image) and not is_fatbin(image):
+        text = ptx_text(image)
+        if text is None:
+            raise ValueError("not a fatbin, a cubin or PTX text")
+        return ptx_kernels(text)
+    entries = [] if is_elf(image) else parse_entries(image)
+    elves = image_elves(image)
     if not elves and any(e.is_ptx for e in entries):
         raise ValueError("PTX-only image: no ELF entry to read kernel parameters from")
     kernels: dict[str, KernelInfo] = {}
-    for entry in readable:
-        for name, info in elf_kernels(entry.payload).items():
+    for _arch, elf in elves:
+        for name, info in elf_kernels(elf).items():
             kernels.setdefault(name, info)
     return kernels
 
@@ -355,8 +441,12 @@ def readable_globals(image: bytes | memoryview) -> ModuleGlobals:
 
 
 def globals_in_image(image: bytes | memoryview) -> ModuleGlobals:
-    """Variables of the image's first uncompressed ELF entry (every entry of one image is
-    compiled from the same sources, so each declares the same variables)."""
+    """Variables of the image's first uncompressed ELF (every entry of one image is compiled
+    from the same sources, so each declares the same variables); none for PTX text."""
+    if not is_elf(image) and not is_fatbin(image):
+        return ModuleGlobals(0, {}, [])
+    if is_elf(image):
+        return elf_globals(image)
     for entry in parse_entries(image):
         if entry.is_elf and not entry.compressed:
             return elf_globals(entry.payload)

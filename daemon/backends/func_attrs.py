@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from pilot.daemon.backends.fatbin import EIFMT_SVAL, nv_info_records, parse_entries
+from pilot.daemon.backends.fatbin import EIFMT_SVAL, elf_arch, is_elf, nv_info_records, parse_entries
 
 EIATTR_FRAME_SIZE = 0x11
 EIATTR_REGCOUNT = 0x2F
@@ -104,18 +104,21 @@ def _elf_attrs(elf: bytes, arch: int, ptx: int) -> dict[str, ImageFuncAttrs]:
 
 
 def image_function_attrs(image: bytes | memoryview) -> dict[str, ImageFuncAttrs]:
-    """Kernel name -> what the image says of it (first uncompressed ELF entry naming it)."""
+    """Kernel name -> what the image says of it (first uncompressed ELF entry naming it; a
+    cubin's own ELF)."""
     try:
-        entries = parse_entries(image)
+        if is_elf(image):
+            elves, ptx = [(elf_arch(image), bytes(image))], 0
+        else:
+            entries = parse_entries(image)
+            elves = [(e.arch, e.payload) for e in entries if e.is_elf and not e.compressed]
+            ptx = next((e.arch for e in entries if e.is_ptx), 0)
     except ValueError:
         return {}
-    ptx = next((e.arch for e in entries if e.is_ptx), 0)
     found: dict[str, ImageFuncAttrs] = {}
-    for entry in entries:
-        if not entry.is_elf or entry.compressed:
-            continue
+    for arch, elf in elves:
         try:
-            attrs = _elf_attrs(entry.payload, entry.arch, ptx)
+            attrs = _elf_attrs(elf, arch, ptx)
         except (struct.error, ValueError, IndexError):
             continue
         for name, value in attrs.items():

@@ -62,10 +62,12 @@ from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_IMAGE,
     CUDA_ERROR_INVALID_PITCH_VALUE,
+    CUDA_ERROR_INVALID_PTX,
     CUDA_ERROR_INVALID_RESOURCE_HANDLE,
     CUDA_ERROR_INVALID_SYMBOL,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_MEMORY_ALLOCATION,
+    CUDA_ERROR_NO_BINARY_FOR_GPU,
     CUDA_ERROR_NOT_READY,
     CUDA_ERROR_UNSUPPORTED_LIMIT,
     RESOURCE_ARRAY,
@@ -84,9 +86,17 @@ from pilot.daemon.backends.base import (
     TextureDesc,
     ViewDesc,
 )
-from pilot.daemon.backends.fatbin import KernelInfo, globals_in_image, kernel_infos_in_image
+from pilot.daemon.backends.fatbin import (
+    KernelInfo,
+    elf_arch,
+    globals_in_image,
+    is_elf,
+    is_fatbin,
+    kernel_infos_in_image,
+    ptx_text,
+)
 from pilot.daemon.backends.func_attrs import ImageFuncAttrs, image_function_attrs
-from pilot.daemon.backends.sim_device import h100_like_info
+from pilot.daemon.backends.sim_device import H100_ATTRS, h100_like_info
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.sim_kernels import (
     CUDA_ERROR_INVALID_DEVICE_FUNCTION,
@@ -609,6 +619,16 @@ class SimBackend:
                 self._touched(stream, self._current_device(), [(ptr, count)])
                 self._issue(stream, self._memset, ptr, value, count)
 
+    def memset_wide(self, ptr: int, value: int, elem_size: int, count: int, stream: Any) -> None:
+        _check_count(count * elem_size)
+        pattern = (value & ((1 << (8 * elem_size)) - 1)).to_bytes(elem_size, "little")
+        with self._lock:
+            self._check_stream(stream)
+            if count:
+                self._touched(stream, self._current_device(), [(ptr, count * elem_size)])
+                self._issue(stream, self._fill_rows, ptr, count * elem_size, pattern * count,
+                            count * elem_size, 1)
+
     def _memset(self, ptr: int, value: int, count: int) -> None:
         region = self._device_range(ptr, count)
         chunk = bytes([value & 0xFF]) * min(count, _MMAP_THRESHOLD)
@@ -971,7 +991,17 @@ class SimBackend:
             kernels = kernel_infos_in_image(image)
             layout = globals_in_image(image)
         except ValueError as exc:
-            raise BackendError(CUDA_ERROR_INVALID_IMAGE, f"cannot read image: {exc}") from exc
+            # The driver's answers for an image it cannot use: PTX its JIT rejects, or any other
+            # bytes (a broken fatbin or cubin, or what is neither).
+            ptx = not is_elf(image) and not is_fatbin(image) and ptx_text(image) is not None
+            raise BackendError(CUDA_ERROR_INVALID_PTX if ptx else CUDA_ERROR_INVALID_IMAGE,
+                               f"cannot read image: {exc}") from exc
+        if is_elf(image):
+            # A cubin runs on its own SM major at the same or a later minor, as on the GPU.
+            arch, sm = elf_arch(image), H100_ATTRS[75] * 10 + H100_ATTRS[76]
+            if arch // 10 != sm // 10 or arch % 10 > sm % 10:
+                raise BackendError(CUDA_ERROR_NO_BINARY_FOR_GPU,
+                                   f"a cubin for sm_{arch} cannot run on this sm_{sm} device")
         module = _Module(kernels, getattr(self._thread, "partition", None),
                          attrs=image_function_attrs(image))
         if layout.size:

@@ -18,6 +18,7 @@ from pilot.daemon.ops.registry import OpTable
 from pilot.daemon.ops.replies import need_payload, u64
 from pilot.daemon.protocol import ffi, lib, new
 from pilot.daemon.scheduling import launch as launches
+from pilot.daemon.scheduling import streams
 from pilot.daemon.sessions.session import Session
 
 if TYPE_CHECKING:
@@ -39,7 +40,25 @@ def module_load(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     handle = s.new_handle()
     s.modules[handle] = module
     s.module_variables[handle] = tuple(variables.variables)  # zeroed before unload (teardown.py)
+    s.module_charges[handle] = variables.size
     return u64(handle)
+
+@OPS.handler(lib.PILOT_OP_MODULE_UNLOAD, "pilot_req_handle", synchronizing=True)
+def module_unload(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
+    """cuModuleUnload (the driver API library): the session's work is finished first (the
+    module's code and variables may be in use), its variables are zeroed (teardown.py says why)
+    and its functions forgotten; its charge goes back to the tenant."""
+    module = s.modules.get(req.handle)
+    if module is None:
+        raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"no module {req.handle:#x}")
+    streams.synchronize_session(vg, s)
+    s.forget_module_symbols(req.handle)
+    s.zero_module_globals(vg.backend, req.handle, module, s.legacy or vg.stream)
+    del s.modules[req.handle]
+    for handle in [h for h, f in s.functions.items() if f.module_handle == req.handle]:
+        del s.functions[handle]
+    vg.backend.module_unload(module)
+    vg.broker.release(s, "module", s.module_charges.pop(req.handle, 0))
 
 @OPS.handler(lib.PILOT_OP_FUNCTION_GET, "pilot_req_function_get")
 def function_get(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
@@ -51,6 +70,7 @@ def function_get(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     if len(info.params) > lib.PILOT_MAX_PARAMS:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{name}: {len(info.params)} parameters")
     info.name = name
+    info.module_handle = req.module
     handle = s.new_handle()
     s.functions[handle] = info
     rep = new("pilot_rep_function")

@@ -165,6 +165,17 @@ def memset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     note_write(vg, s, req.ptr, req.count, stream)
     vg.backend.memset_d8(req.ptr, req.value & 0xFF, req.count, stream)
 
+@OPS.handler(lib.PILOT_OP_MEMSET_WIDE, "pilot_req_memset_wide")
+def memset_wide(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
+    """cuMemsetD16/D32 (the driver API library): elements of 2 or 4 bytes."""
+    if req.elem_size not in (2, 4):
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"element size {req.elem_size}")
+    count = req.count * req.elem_size
+    s.check_range(req.ptr, count)
+    stream = _copy_stream(vg, s, req)
+    note_write(vg, s, req.ptr, count, stream)
+    vg.backend.memset_wide(req.ptr, req.value, req.elem_size, req.count, stream)
+
 def _rows_span(pitch: int, width: int, height: int) -> int:
     """Bytes from the first row's start to the last row's end; every row is inside the range
     [ptr, ptr + span) that Session.check_range then checks."""

@@ -112,6 +112,7 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     events: dict[int, Any] = field(default_factory=dict)
     modules: dict[int, Any] = field(default_factory=dict)
     module_variables: dict[int, tuple[str, ...]] = field(default_factory=dict)  # handle -> names
+    module_charges: dict[int, int] = field(default_factory=dict)  # handle -> bytes charged
     # Module globals (__device__/__constant__ variables) the session looked up: address -> size,
     # and address -> module handle. Copies may use them like allocations; they go with their module.
     symbols: dict[int, int] = field(default_factory=dict)

@@ -43,7 +43,7 @@ SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
            ("vector_add", "kernel_args", "copies", "memset", "streams_events", "errors", "threads",
             "alloc", "symbols", "runtime_misc", "managed", "callbacks", "ptds", "multidev",
             "launch_ex", "scrub", "pinned", "quota_paths", "footprint", "liveness", "devices",
-            "fault", "mempool", "launch_order", "func_info", "arrays")}
+            "fault", "mempool", "launch_order", "func_info", "arrays", "driver_api")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 SOURCES["ptds_per_thread"] = APPS_DIR / "ptds.cu"  # the same source, per-thread default streams
 # PILOT's pageDoS and a streaming Unified Memory workload (bench/uvm), for the memory policies
@@ -51,6 +51,31 @@ SOURCES |= {"pagedos": BENCH_DIR / "uvm" / "pagedos.cu", "uvm_stream": BENCH_DIR
 PROGRAMS = tuple(SOURCES)
 NVCC_FLAGS = ("-cudart", "shared", "-O2", "-Wno-deprecated-gpu-targets")
 EXTRA_FLAGS = {"ptds_per_thread": ("-default-stream", "per-thread")}
+# driver_api.cu calls the driver API: it embeds the fatbin of driver_kernels.cu, loads the cubin
+# built next to it (driver_kernels.cubin, its argument) and links with -lcuda (the toolkit's stub
+# if it has one, else pilot's own libpilot-cuda.so, whose SONAME is libcuda.so.1).
+DRIVER_KERNELS = APPS_DIR / "driver_kernels.cu"
+
+
+def _driver_flags(nvcc: str, out_dir: Path) -> tuple[list[str], str]:
+    """Builds driver_kernels.cubin and .fatbin into out_dir; returns driver_api's extra nvcc
+    flags and the output of the builds."""
+    out = ""
+    for kind in ("cubin", "fatbin"):
+        proc = subprocess.run([nvcc, f"-{kind}", "-arch=sm_90", "-o",
+                               str(out_dir / f"driver_kernels.{kind}"), str(DRIVER_KERNELS)],
+                              capture_output=True, text=True, timeout=600)
+        out += proc.stdout + proc.stderr
+    stub = Path(NVCC).resolve().parent.parent / "lib64" / "stubs"
+    if not (stub / "libcuda.so").exists():
+        from pilot.shim import driver_path
+        stub = out_dir / "libcuda-link"
+        stub.mkdir(exist_ok=True)
+        link = stub / "libcuda.so"
+        if not link.exists():
+            link.symlink_to(driver_path())
+    return [f"-DDRV_FATBIN={out_dir / 'driver_kernels.fatbin'}", "-arch=sm_90", "-L", str(stub),
+            "-lcuda"], out
 # Kernel emulations the sim daemons load.
 SIM_KERNEL_FILES = (APPS_DIR / "sim_kernels.py", APPS_DIR / "sim_kernels_streams.py",
                     APPS_DIR / "sim_kernels_arrays.py", GPU_DIR / "sim_kernels.py",
@@ -100,9 +125,13 @@ def app_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
 
     def build(name: str) -> tuple[str, Build, int]:
         exe = out_dir / name
-        cmd = [nvcc, *NVCC_FLAGS, *EXTRA_FLAGS.get(name, ()), "-o", str(exe), str(SOURCES[name])]
+        extra, pre = list(EXTRA_FLAGS.get(name, ())), ""
+        if name == "driver_api":
+            flags, pre = _driver_flags(nvcc, out_dir)
+            extra += flags
+        cmd = [nvcc, *NVCC_FLAGS, *extra, "-o", str(exe), str(SOURCES[name])]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        return name, Build(exe, cmd, proc.stdout + proc.stderr), proc.returncode
+        return name, Build(exe, cmd, pre + proc.stdout + proc.stderr), proc.returncode
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(build, PROGRAMS))

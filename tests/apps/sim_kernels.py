@@ -472,3 +472,42 @@ def fill_ints(k: SimLaunch) -> None:
     if n > 0:
         view = np.frombuffer(k.view(k.ptr(0), 4 * n), dtype=np.int32)
         view[:] = k.i32(2) + np.arange(n, dtype=np.int32)
+
+
+# ---- driver_kernels.cu (loaded through the driver API by driver_api.cu) ----
+
+@sim_kernel("drv_scale")
+def drv_scale(k: SimLaunch) -> None:
+    """x[i] = x[i] * a for i < n covered by the grid."""
+    x, a, n = k.ptr(0), F32(k.arg(1, "<f")[0]), k.i32(2)
+    count = _one_per_element(k, n)
+    if count:
+        view = _f32_array(k, x, count)
+        np.multiply(view, a, out=view)
+
+
+@sim_kernel("drv_axpb")
+def drv_axpb(k: SimLaunch) -> None:
+    """y[i] = a * x[i] + b (int, wrapping) for i < n covered by the grid."""
+    x, y, a, b, n = k.ptr(0), k.ptr(1), k.i32(2), k.i32(3), k.i32(4)
+    count = _one_per_element(k, n)
+    if count:
+        xs = np.frombuffer(k.view(x, 4 * count), dtype=np.int32).astype(np.int64)
+        out = np.frombuffer(k.view(y, 4 * count), dtype=np.int32)
+        out[:] = ((a * xs + b + 2**31) % 2**32 - 2**31).astype(np.int32)
+
+
+@sim_kernel("drv_pair")
+def drv_pair(k: SimLaunch) -> None:
+    """out[0] = p.a * 1000 + (long long)p.b * 10 + c (struct Pair {int a; double b;})."""
+    a, b = k.arg(0, "<i4xd")
+    c = k.arg(1, "<b")[0]
+    out = k.ptr(2)
+    k.view(out, 8)[:] = struct.pack("<q", a * 1000 + int(b) * 10 + c)
+
+
+@sim_kernel("drv_bump")
+def drv_bump(k: SimLaunch) -> None:
+    """counter += n (the module's __device__ int)."""
+    view = k.symbol_view("counter")
+    view[:] = struct.pack("<i", _wrap_i32(struct.unpack("<i", view)[0] + k.i32(0)))

@@ -142,7 +142,12 @@ SOURCES=()
 for src in "$REPO"/tests/apps/*.cu "$REPO/tests/gpu/matmul_tiled.cu" "$REPO/tests/gpu/multistream.cu"; do
     # cuda12.cu is a CUDA 12 program: it builds against the 12.x runtime headers
     # (tests/apps/test_cuda12.py), not with this machine's nvcc 13.
-    [ "$(basename "$src")" = cuda12.cu ] || SOURCES+=("$src")
+    # driver_api.cu (with driver_kernels.cu, its module) links -lcuda and loads a cubin:
+    # tests/gpu/driver_compare.sh builds and compares it.
+    case "$(basename "$src")" in
+        cuda12.cu | driver_api.cu | driver_kernels.cu) ;;
+        *) SOURCES+=("$src") ;;
+    esac
 done
 build_failed=0
 say "building ${#SOURCES[@]} programs with $NVCC -arch=$NVCC_ARCH"

@@ -377,10 +377,11 @@ def _build_fake_lib(d: Path, versioned: bool, extra: str = "") -> Path:
     if versioned:  # like shim/build.py's: the libc overrides under glibc's base version
         overrides = "; ".join(check.LIBC_OVERRIDES)
         (d / "v.map").write_text("libcudart.so.13 { global: cuda*; __cuda*; local: *; };\n"
-                                 f"GLIBC_2.2.5 {{ global: {overrides}; }};\n")
+                                 f"GLIBC_2.2.5 {{ global: {overrides}; }};\n"
+                                 f"{check.PRIVATE_NODE} {{ global: pilot_driver_ops; }};\n")
         (d / "overrides.c").write_text("".join(
             f'__attribute__((visibility("default"))) int {n}(void) {{ return 0; }}\n'
-            for n in check.LIBC_OVERRIDES))
+            for n in (*check.LIBC_OVERRIDES, *check.PRIVATE_EXPORTS)))
         cmd += [str(d / "overrides.c"), f"-Wl,--version-script={d / 'v.map'}"]
     subprocess.run(cmd, check=True)
     return lib
@@ -404,6 +405,7 @@ def test_check_lib_exports(tmp_path: Path) -> None:
     assert res.returncode == 1
     assert "outside the table" in res.stdout and "pilot_leak" in res.stdout
     assert "without version libcudart.so.13 (422)" in res.stdout
+    assert f"must export pilot_driver_ops @{check.PRIVATE_NODE} only" in res.stdout
 
 
 def _shim_sources_complete() -> bool:

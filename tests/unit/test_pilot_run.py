@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from pilot.cli import pilot as pilot_cli
 from pilot.cli.elf import NotElf, cudart_majors, find_cudart, read_dynamic
-from pilot.shim import shim_path
+from pilot.shim import driver_path, shim_path
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
 
@@ -177,7 +177,8 @@ def test_run_finds_programs_on_path_and_takes_cuda_override(progs: Programs,
     assert exec_calls[-1][2]["LD_PRELOAD"] == str(shim_path(12))
     res = _run("run", "--cuda", "12", "--", str(progs.script), env={"LD_PRELOAD": ""})
     assert res.exit_code == 0, res.output
-    assert exec_calls[-1][2]["LD_PRELOAD"] == str(shim_path(12))
+    # told, not read: the driver API library too, in case the program loads libcuda itself
+    assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(12)} {driver_path()}"
 
 
 @pytest.mark.parametrize(("prog", "message"), [
@@ -196,19 +197,27 @@ def test_run_refuses_what_it_cannot_serve(progs: Programs, exec_calls: list, pro
     assert res.output.startswith("Error: ")
 
 
-@pytest.mark.parametrize(("prog", "needed"), [
-    ("driver", "libcuda.so.1 (needed by"), ("blas", "libcublas.so.13 (needed by")])
-def test_run_refuses_programs_that_would_bypass_pilot(progs: Programs, exec_calls: list, prog: str,
-                                                      needed: str) -> None:
-    """A program whose GPU work would partly go around the runtime pilot interposes (the driver
-    API, a CUDA library, even through a library of its own) is refused with exit status 3; --cuda
-    forces it."""
-    res = _run("run", "--", str(getattr(progs, prog)))
+def test_run_refuses_programs_that_would_bypass_pilot(progs: Programs, exec_calls: list) -> None:
+    """A program whose GPU work would partly go around pilot (a CUDA library, even through a
+    library of its own) is refused with exit status 3; --cuda forces it (with the driver API
+    library preloaded too)."""
+    res = _run("run", "--", str(progs.blas))
     assert res.exit_code == 3 and not exec_calls, res.output
     text = " ".join(res.output.split())
-    assert needed in text and "would run outside pilot" in text, res.output
-    res = _run("run", "--cuda", "13", "--", str(getattr(progs, prog)), env={"LD_PRELOAD": ""})
-    assert res.exit_code == 0 and exec_calls[-1][2]["LD_PRELOAD"] == str(shim_path(13))
+    assert "libcublas.so.13 (needed by" in text and "would run outside pilot" in text, res.output
+    res = _run("run", "--cuda", "13", "--", str(progs.blas), env={"LD_PRELOAD": ""})
+    assert res.exit_code == 0
+    assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(13)} {driver_path()}"
+
+
+def test_run_carries_the_driver_api(progs: Programs, exec_calls: list) -> None:
+    """A program linking libcuda.so.1 beside libcudart runs with both libraries preloaded, the
+    driver API library after the shim whose session it uses; an inherited copy is not doubled."""
+    res = _run("run", "--", str(progs.driver), env={"LD_PRELOAD": str(driver_path())})
+    assert res.exit_code == 0, res.output
+    assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(13)} {driver_path()}"
+    res = _run("run", "--", str(progs.prog13), env={"LD_PRELOAD": ""})
+    assert exec_calls[-1][2]["LD_PRELOAD"] == str(shim_path(13))
 
 
 def test_run_missing_program() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pilot.shim import shim_path
+from pilot.shim import driver_path, shim_path
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "shim"
@@ -52,11 +52,23 @@ def test_installed_shim_is_a_plain_library_named_like_libcudart(cuda):
 
 def test_installed_shims_export_exactly_their_tables():
     out = subprocess.run([sys.executable, str(REPO / "hack" / "check_api_table.py"), "--lib",
-                          str(shim_path()), "--lib12", str(shim_path(12))],
+                          str(shim_path()), "--lib12", str(shim_path(12)), "--libdrv",
+                          str(driver_path())],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "[PASS]" in out.stdout
     assert "libpilot12.so exports exactly the 435 table symbols @libcudart.so.12" in out.stdout
+    assert "libpilot-cuda.so exports exactly the 638 driver table symbols, unversioned" in out.stdout
+
+
+def test_installed_driver_library_is_named_like_libcuda():
+    """SONAME libcuda.so.1, and only libc needed: libpilot.so is found at run time, so its SONAME
+    (libcudart.so.13) is never a NEEDED entry that could map the real runtime."""
+    dyn = subprocess.run(["readelf", "-d", str(driver_path())], capture_output=True, text=True,
+                         check=True).stdout
+    assert "Library soname: [libcuda.so.1]" in dyn
+    needed = [line.split("[")[1].rstrip("]") for line in dyn.splitlines() if "(NEEDED)" in line]
+    assert set(needed) <= {"libc.so.6", "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1"}, needed
 
 
 def test_shim_path_names_the_builds():

@@ -1,0 +1,47 @@
+/* libpilot.so's side of the private interface to the driver API library (driver_ops.h): the
+ * one table libpilot-cuda.so reaches the process's session through. Exported as
+ * pilot_driver_ops@PILOT_PRIVATE_1 (shim/build.py's version script), nothing else. */
+#include "driver_ops.h"
+#include "log.h"
+#include "shim.h"
+
+static cudaError_t launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, void **args,
+                          const void *packed, size_t packed_size, size_t shared,
+                          cudaStream_t stream)
+{
+    return pilot_launch_packed(kernel, grid, block, args, packed, packed_size, shared, stream, NULL);
+}
+
+static int alloc_range(uint64_t ptr, uint64_t *base, uint64_t *size)
+{
+    return pilot_alloc_flags(ptr, base, size);
+}
+
+static cudaError_t memset_wide(uint64_t ptr, uint32_t value, uint32_t elem_size, uint64_t count,
+                               cudaStream_t stream, int sync)
+{
+    PILOT_REQUIRE_SESSION();
+    PILOT_RETURN(pilot_memset_elems((void *)(uintptr_t)ptr, value, elem_size, count,
+                                    pilot_stream_handle(stream), sync));
+}
+
+#define PILOT_DRIVER_OPS_ENTRY(name) .name = name,
+PILOT_EXPORT const struct pilot_driver_ops pilot_driver_ops = {
+    .version = PILOT_DRIVER_OPS_VERSION,
+    PILOT_DRIVER_RUNTIME_CALLS(PILOT_DRIVER_OPS_ENTRY)
+    .ensure_session = pilot_ensure_session,
+    .driver_begin = pilot_driver_begin,
+    .driver_end = pilot_driver_end,
+    .runtime_bound = pilot_runtime_bound,
+    .log_unsupported = pilot_log_unsupported_driver,
+    .module_load_image = pilot_module_load_image,
+    .module_valid = pilot_module_valid,
+    .module_unload = pilot_module_unload,
+    .module_function = pilot_module_function,
+    .module_global = pilot_module_global,
+    .kernel_from_handle = pilot_kernel_from_handle,
+    .kernel_image = pilot_kernel_image,
+    .launch = launch,
+    .alloc_range = alloc_range,
+    .memset_wide = memset_wide,
+};

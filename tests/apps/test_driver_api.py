@@ -1,0 +1,102 @@
+"""Programs of the CUDA driver API under pilot (issue 13): tests/apps/driver_api.cu, linked with
+-lcuda, runs with libpilot.so and libpilot-cuda.so preloaded against the sim daemon and must print
+what it prints natively on the H100 (tests/gpu/driver_compare.sh diffs the two there)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pilot.shim import driver_path
+
+# What the H100 prints (the program prints exact results and error names only).
+EXPECTED = """\
+before cuInit: cuDeviceGetCount: CUDA_ERROR_NOT_INITIALIZED
+cuInit(1): CUDA_ERROR_INVALID_VALUE
+driver version >= 13000: 1
+devices >= 1: 1
+cuDeviceGet(9999): CUDA_ERROR_INVALID_DEVICE
+compute capability 9.0, warp 32, SMs > 0: 1
+name non-empty: 1, memory > 1 GiB: 1
+current after cuInit: none
+cuMemAlloc without a context: CUDA_ERROR_INVALID_CONTEXT
+primary: flags 0 active 1
+current is primary: 1
+popped primary: 1
+context device 0
+created context current: 1
+after cuCtxDestroy, current is primary: 1
+cuModuleLoadData(broken ELF): CUDA_ERROR_INVALID_IMAGE
+cuModuleLoad(missing file): CUDA_ERROR_FILE_NOT_FOUND
+cuModuleGetFunction(missing): CUDA_ERROR_NOT_FOUND
+cuModuleGetFunction(null module): CUDA_ERROR_INVALID_HANDLE
+drv_scale max threads 1024
+cuMemAlloc(0 bytes): CUDA_ERROR_INVALID_VALUE
+cuLaunchKernel(2048 threads): CUDA_ERROR_INVALID_VALUE
+cuLaunchKernel(null function): CUDA_ERROR_INVALID_HANDLE
+scale: h[1]=1.50 h[999]=1498.50 sum=749250.0
+address range: base ok 1 size 4000
+pointer: device memory 1 ordinal 0 range 4000 start ok 1
+axpb: y[0]=-3503 y[500]=-3 y[989]=3420 y[990]=0xdeadbeef elapsed >= 0: 1
+cuStreamQuery(idle): CUDA_SUCCESS
+cuEventQuery(done): CUDA_SUCCESS
+pair: 4025
+counter: 42 (4 bytes)
+cuModuleGetGlobal(missing): CUDA_ERROR_NOT_FOUND
+memset: 0xabcd 0xabcd / 0x5a 0x5a 0xab 0xab
+dtod: -500 499
+cuMemcpy: 0 -500 -499 0
+library kernel: 1001 491 0
+mixed: cudaSuccess -500 499
+cuMemFree(runtime pointer): CUDA_SUCCESS
+runtime last error untouched: cudaSuccess
+cuMemFree(bad pointer): CUDA_ERROR_INVALID_VALUE
+runtime last error after a failed driver call: cudaSuccess
+cuGetErrorName(bogus): CUDA_ERROR_INVALID_VALUE
+bogus name is null: 1
+cuGetProcAddress(cuMemAlloc): status 0 allocates 1
+cuGetProcAddress(cuNoSuch): CUDA_ERROR_NOT_FOUND
+status 1
+done
+"""
+
+
+@pytest.fixture
+def driver_env(shim_path: str) -> dict[str, str]:
+    return {"LD_PRELOAD": f"{shim_path}:{driver_path()}"}
+
+
+def test_driver_api_program(run_under_pilot, app_binaries: dict[str, Path], driver_env,
+                            daemon_log) -> None:
+    cubin = app_binaries["driver_api"].parent / "driver_kernels.cubin"
+    proc = run_under_pilot("driver_api", str(cubin), env=driver_env)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
+    assert proc.stdout == EXPECTED
+    # every driver call it makes is carried: no "not supported" line for it
+    assert "not supported" not in proc.stderr
+
+
+def test_ptx_module_in_the_sim() -> None:
+    """The sim reads PTX kernels' parameter layouts as ptxas lays them out."""
+    from pilot.daemon.backends.fatbin import kernel_infos_in_image
+
+    ptx = b""".version 9.0
+.target sm_90
+.address_size 64
+.visible .entry k(
+\t.param .u64 k_param_0,
+\t.param .u8 k_param_1,
+\t.param .align 8 .b8 k_param_2[16],
+\t.param .f32 k_param_3
+)
+.maxntid 128, 1, 1
+{
+\tret;
+}
+\0"""
+    [info] = kernel_infos_in_image(ptx).values()
+    assert info.params == [(0, 8), (8, 1), (16, 16), (32, 4)]
+    assert info.max_threads == 128
+    with pytest.raises(ValueError):
+        kernel_infos_in_image(b"\x00\x01 not an image")

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The driver API on a real GPU (issue 13): tests/apps/driver_api.cu, linked with -lcuda, runs
+# natively and under `pilot run` (libpilot.so + libpilot-cuda.so preloaded), and their stdout must
+# be identical byte for byte. Also records what the machine's real libcuda.so.1 exports against
+# shim/cuda_driver_exports.tsv and whether its symbols are versioned (informational).
+#
+#   tests/gpu/driver_compare.sh               install pilot (run_compare.sh --install-only), compare
+#   tests/gpu/driver_compare.sh --no-install  pilot is already installed in $PILOT_SITE
+#
+# Environment: OUT (default /tmp/pilot-gpu-out: driver-compare.log, pilotd-driver.log), PILOT_SITE
+# (default /tmp/site), PYTHON (python3), NVCC_ARCH (sm_90); PILOT_BACKEND=sim with
+# PILOT_SIM_KERNELS (emulation files) and COMPARE_DRY_RUN=1 run the "native" side under pilot too
+# (checks this script on a machine without a GPU).
+# Exit status: 0 identical, 1 different or failed, 2 pilot not installable or pilotd not started.
+set -u -o pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OUT=${OUT:-/tmp/pilot-gpu-out}
+PILOT_SITE=${PILOT_SITE:-/tmp/site}
+PYTHON=${PYTHON:-python3}
+NVCC_ARCH=${NVCC_ARCH:-sm_90}
+PILOT_BACKEND=${PILOT_BACKEND:-cuda}
+PILOT_SIM_KERNELS=${PILOT_SIM_KERNELS:-}
+COMPARE_DRY_RUN=${COMPARE_DRY_RUN:-0}
+SOCK_DIR=/tmp/pilot-gpu-driver
+SOCK=$SOCK_DIR/pilot.sock
+export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
+
+say() { printf '[driver] %s\n' "$*" >&2; }
+
+if [ "${1:-}" != --no-install ]; then
+    bash "$REPO/tests/gpu/run_compare.sh" --install-only || exit 2
+fi
+mkdir -p "$OUT" "$SOCK_DIR"
+LOG=$OUT/driver-compare.log
+: >"$LOG"
+WORK=$(mktemp -d /tmp/pilot-driver.XXXXXX)
+
+# shellcheck source=tests/gpu/pilotd.sh
+. "$REPO/tests/gpu/pilotd.sh"
+# shellcheck disable=SC2317  # called by the EXIT trap
+cleanup() {
+    pilotd_stop
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+STUBS=$(dirname "$(dirname "$(readlink -f "$NVCC")")")/lib64/stubs
+if [ ! -e "$STUBS/libcuda.so" ]; then  # a toolkit without the stub: link with pilot's libcuda.so.1
+    STUBS=$WORK/stubs
+    mkdir -p "$STUBS"
+    ln -s "$("$PYTHON" -c 'from pilot.shim import driver_path; print(driver_path())')" "$STUBS/libcuda.so"
+fi
+KERNELS=$REPO/tests/apps/driver_kernels.cu
+say "building driver_api with $NVCC -arch=$NVCC_ARCH"
+"$NVCC" -cubin "-arch=$NVCC_ARCH" -o "$WORK/driver_kernels.cubin" "$KERNELS" >>"$LOG" 2>&1 &&
+    "$NVCC" -fatbin "-arch=$NVCC_ARCH" -o "$WORK/driver_kernels.fatbin" "$KERNELS" >>"$LOG" 2>&1 &&
+    "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" "-DDRV_FATBIN=$WORK/driver_kernels.fatbin" \
+        -o "$WORK/driver_api" "$REPO/tests/apps/driver_api.cu" -L "$STUBS" -lcuda >>"$LOG" 2>&1 ||
+    { say "build failed; see $LOG"; cat "$LOG" >&2; exit 1; }
+
+REAL=$(env -u LD_PRELOAD ldd "$WORK/driver_api" | awk '/libcuda\.so\.1/ {print $3}')
+{
+    echo "### the machine's libcuda.so.1: $REAL"
+    readelf -V "$REAL" 2>&1 | head -20
+    echo "### hack/check_api_table.py --libcuda $REAL"
+    "$PYTHON" "$REPO/hack/check_api_table.py" --libcuda "$REAL" 2>&1 | sed -n '/cuda_driver_exports/,$p'
+} >>"$LOG"
+
+daemon_args=(--backend "$PILOT_BACKEND" --socket "$SOCK")
+for f in $PILOT_SIM_KERNELS; do daemon_args+=(--sim-kernels "$f"); done
+pilotd_start "$OUT/pilotd-driver.log" "${daemon_args[@]}" || exit 2
+CUBIN=$WORK/driver_kernels.cubin
+if [ "$COMPARE_DRY_RUN" = 1 ]; then
+    env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/driver_api" "$CUBIN" \
+        >"$WORK/native.out" 2>"$WORK/native.err"
+else
+    env -u LD_PRELOAD -u PILOT_SOCKET "$WORK/driver_api" "$CUBIN" >"$WORK/native.out" 2>"$WORK/native.err"
+fi
+native=$?
+env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/driver_api" "$CUBIN" \
+    >"$WORK/pilot.out" 2>"$WORK/pilot.err"
+under=$?
+{
+    echo "### native (exit $native)"; cat "$WORK/native.out" "$WORK/native.err"
+    echo "### pilot (exit $under)"; cat "$WORK/pilot.out" "$WORK/pilot.err"
+    echo "### diff"
+} >>"$LOG"
+if [ "$native" = "$under" ] && diff -u "$WORK/native.out" "$WORK/pilot.out" >>"$LOG"; then
+    say "driver_api: identical (exit $native); log $LOG"
+    exit 0
+fi
+say "driver_api: DIFFERENT (native exit $native, pilot exit $under); see $LOG"
+diff -u "$WORK/native.out" "$WORK/pilot.out" >&2
+exit 1
