@@ -124,7 +124,8 @@ def test_many_kernels_and_a_new_session_on_the_connection(h: Harness) -> None:
         assert lib.pilot_fast_function(h.f, CONN, token, 0x100000 + token, 4) == 0
     for token in range(1, 3000, 2):  # forget half (tombstones), then look all up
         lib.pilot_fast_function(h.f, CONN, token, 0, 0)
-    results = {lib.pilot_fast_try(h.f, ffi.NULL, h.msg(t, args=struct.pack("<I", t))) for t in range(1, 3000, 2)}
+    results = {lib.pilot_fast_try(h.f, ffi.NULL, h.msg(t, args=struct.pack("<I", t)))
+               for t in range(1, 3000, 2)}
     assert results == {FAST_LEARN}
     for t in range(2, 3000, 2):
         assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(t, args=struct.pack("<I", t))) == FAST_DONE
