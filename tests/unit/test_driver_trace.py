@@ -40,14 +40,14 @@ def build_tracer(real: Path, out: Path, pool: int) -> None:
 
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory):
-    """(dir with the fake libcuda.so.1, libother.so and app, tracer dir with pool 64)."""
+    """(dir with the fake libcuda.so.1, libcuother.so and app, tracer dir with pool 64)."""
     d = tmp_path_factory.mktemp("fakecuda")
     subprocess.run([*CC, "-shared", "-fPIC", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", "-o",
                     str(d / "libcuda.so.1"), str(FAKE / "fake_libcuda.c")], check=True)
-    subprocess.run([*CC, "-shared", "-fPIC", "-o", str(d / "libother.so"), str(FAKE / "fake_other.c"),
+    subprocess.run([*CC, "-shared", "-fPIC", "-o", str(d / "libcuother.so"), str(FAKE / "fake_other.c"),
                     f"-L{d}", "-l:libcuda.so.1"], check=True)
     subprocess.run([*CC, "-o", str(d / "app"), str(FAKE / "fake_app.c"), f"-L{d}", "-l:libcuda.so.1",
-                    "-lother", "-lpthread", "-ldl"], check=True)
+                    "-lcuother", "-lpthread", "-ldl"], check=True)
     tracer = d / "tracer"
     build_tracer(d / "libcuda.so.1", tracer, 64)
     return d, tracer
@@ -104,18 +104,18 @@ def test_counts_callers_proc_address_and_export_tables(fake, tmp_path):
     assert alloc["via"] == "proc_address" and alloc["requested"] == "cuMemAlloc" and alloc["calls"] == 2
     assert alloc["requested_by"].endswith("/app")
     hidden = {Path(c["requested_by"]).name: c["calls"] for c in calls(parent, "cuHidden", "proc_address")}
-    assert hidden == {"app": 4, "libother.so": 2}                       # one pool slot per library
-    other = next(c for c in calls(parent, "cuHidden") if c["requested_by"].endswith("libother.so"))
-    assert [Path(k).name for k in other["callers"]] == ["libother.so"]
+    assert hidden == {"app": 4, "libcuother.so": 2}                       # one pool slot per library
+    other = next(c for c in calls(parent, "cuHidden") if c["requested_by"].endswith("libcuother.so"))
+    assert [Path(k).name for k in other["callers"]] == ["libcuother.so"]
     reqs = {(Path(r["lib"]).name, r["symbol"]): r for r in parent["proc_address"]}
-    assert reqs["libother.so", "cuHidden"]["via"].endswith("/app")      # the library up the stack
+    assert reqs["libcuother.so", "cuHidden"]["via"].endswith("/app")      # the library up the stack
     assert reqs["app", "cuMemAlloc"]["resolved"] == "cuMemAlloc_v2"
     assert reqs["app", "cuHidden"]["resolved"] is None and reqs["app", "cuHidden"]["flags"] == 2
     assert (reqs["app", "cuMix"]["api"], reqs["app", "cuMix"]["version"]) == (2, 12080)
     assert reqs["app", "cuGetProcAddress"]["api"] == 1
     nope = reqs["app", "cuNope"]
     assert (nope["rc"], nope["status"], nope["resolved"]) == (500, 1, None)
-    assert sum(c["calls"] for c in calls(parent, "cuGetProcAddress_v2")) == 6   # 4 app + 2 libother.so
+    assert sum(c["calls"] for c in calls(parent, "cuGetProcAddress_v2")) == 6   # 4 app + 2 libcuother.so
     # export tables: passed through and recorded, entries not counted unless wrapped
     tables = {t["uuid"][:8]: t for t in parent["export_tables"]}
     assert tables["ab010203"]["rc"] == 0 and tables["ab010203"]["first_word"] == 24
@@ -123,7 +123,7 @@ def test_counts_callers_proc_address_and_export_tables(fake, tmp_path):
     assert not [c for c in parent["calls"] if c["via"] == "export_table"]
     assert parent["first_use"][:2] == ["cuInit", "cuMix"]
     loaded = {Path(x["path"]).name: x["needs_libcuda"] for x in parent["loaded"]}
-    assert loaded["app"] and loaded["libother.so"] and not loaded["libc.so.6"]
+    assert loaded["app"] and loaded["libcuother.so"] and not loaded["libc.so.6"]
     assert parent["pool_used"] == 4 and parent["pool_exhausted"] == 0
 
 
@@ -158,10 +158,15 @@ def test_summary_merges_processes_per_workload(fake, tmp_path):
     a = json.loads((top / "a.json").read_text())
     assert a["calls"]["cuInit"]["total"] == 43002 and len(a["processes"]) == 2     # parent + child
     assert a["calls"]["cuMix"]["export"] == 200 and a["calls"]["cuMix"]["proc_address"] == 1
-    assert a["proc_address"]["libother.so"]["symbols"]["cuHidden"]["count"] == 2
+    assert a["proc_address"]["libcuother.so"]["symbols"]["cuHidden"]["count"] == 2
     md = (top / "summary.md").read_text()
     assert "| `cuInit` | device | 43002 | 43002 |" in md
-    assert "| b | libother.so | app 2 | 2 | 1 | 0 | [13000] | [0] | 1 |" in md
+    assert "| b | libcuother.so | app 2 | 2 | 1 | 0 | [13000] | [0] | 1 |" in md
     assert "ab010203[2] 2" in md and "cuNope (app)" in md
+    # the loaded library that asks cuGetProcAddress itself, read from its ELF file
+    (facts,) = json.loads((top / "libraries.json").read_text())
+    assert facts["library"] == "libcuother.so" and facts["needs"] == ["libcuda.so.1"]
+    assert (facts["imports_runtime"], facts["imports_driver"]) == (0, 1) and facts["names_cuGetProcAddress"]
+    assert "| libcuother.so |" in md
     summary = json.loads((top / "summary.json").read_text())
     assert summary["b"]["calls"]["ab010203[2]"] == 2 and "ab010203[2]" not in summary["a"]["calls"]

@@ -25,7 +25,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # Written in C by tracer.c (the trampoline slot keeps its index and counter).
 WRAPPED = ("cuGetProcAddress", "cuGetProcAddress_v2", "cuGetExportTable")
-SHT_DYNSYM, SHT_GNU_VERDEF = 11, 0x6FFFFFFD
+SHT_DYNAMIC, SHT_DYNSYM, SHT_GNU_VERDEF = 6, 11, 0x6FFFFFFD
+DT_NEEDED = 1
 STT_FUNC, STT_GNU_IFUNC = 2, 10
 STB_GLOBAL, STB_WEAK = 1, 2
 CANDIDATES = ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1",
@@ -52,10 +53,11 @@ def find_real_libcuda(skip_dir: str | None = None) -> str | None:
     return None
 
 
-def dynamic_functions(path: str) -> tuple[list[str], bool]:
-    """Names of the defined, default-visibility global/weak functions in the ELF .dynsym of a 64-bit
-    little-endian shared library, in table order without repeats; and whether it defines symbol
-    versions (.gnu.version_d)."""
+def elf_dynamic(path: str) -> dict:
+    """The dynamic linking facts of a 64-bit little-endian ELF shared library, from its section
+    headers: `functions`, the defined default-visibility global/weak functions of .dynsym in table
+    order without repeats; `undefined`, the names it imports; `needed`, its DT_NEEDED entries;
+    `versions`, whether it defines symbol versions (.gnu.version_d)."""
     data = Path(path).read_bytes()
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
@@ -64,26 +66,43 @@ def dynamic_functions(path: str) -> tuple[list[str], bool]:
     if shoff == 0 or shnum == 0:
         raise ValueError(f"{path}: no section headers")
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    has_versions = any(sh[1] == SHT_GNU_VERDEF for sh in sections)
-    names: list[str] = []
+
+    def string(table: int, offset: int) -> str:
+        return data[table + offset:data.index(b"\0", table + offset)].decode(errors="replace")
+
+    out: dict = {"functions": [], "undefined": [], "needed": [],
+                 "versions": any(sh[1] == SHT_GNU_VERDEF for sh in sections)}
     seen: set[str] = set()
-    for _name, sh_type, _f, _a, off, size, link, _i, _al, entsize in sections:
+    for _name, sh_type, _f, _a, off, size, link, _i, _al, _entsize in sections:
+        stroff = sections[link][4]
+        if sh_type == SHT_DYNAMIC:
+            for k in range(size // 16):
+                tag, val = struct.unpack_from("<qQ", data, off + 16 * k)
+                if tag == DT_NEEDED:
+                    out["needed"].append(string(stroff, val))
         if sh_type != SHT_DYNSYM:
             continue
-        stroff = sections[link][4]
-        for k in range(1, size // (entsize or 24)):
+        for k in range(1, size // 24):
             st_name, st_info, st_other, st_shndx = struct.unpack_from("<IBBH", data, off + k * 24)
-            if st_shndx == 0 or (st_other & 3) != 0:
-                continue
             bind, kind = st_info >> 4, st_info & 15
-            if bind not in (STB_GLOBAL, STB_WEAK) or kind not in (STT_FUNC, STT_GNU_IFUNC):
+            if st_shndx == 0:
+                if st_name:
+                    out["undefined"].append(string(stroff, st_name))
                 continue
-            end = data.index(b"\0", stroff + st_name)
-            name = data[stroff + st_name:end].decode()
+            exported = (st_other & 3) == 0 and bind in (STB_GLOBAL, STB_WEAK)
+            if not exported or kind not in (STT_FUNC, STT_GNU_IFUNC):
+                continue
+            name = string(stroff, st_name)
             if name and name not in seen:
                 seen.add(name)
-                names.append(name)
-    return names, has_versions
+                out["functions"].append(name)
+    return out
+
+
+def dynamic_functions(path: str) -> tuple[list[str], bool]:
+    """The exported functions of a shared library (elf_dynamic's `functions`) and `versions`."""
+    info = elf_dynamic(path)
+    return info["functions"], info["versions"]
 
 
 def trampoline(label: str, index: int) -> str:

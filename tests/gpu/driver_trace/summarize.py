@@ -12,9 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
+
+import gen_trace
+
+# Libraries whose way to the driver the summary describes (basename patterns).
+CUDA_NEEDED = ("libcudart", "libcuda.", "libcublas", "libcudnn", "libnvrtc")
+CUDA_LIB = re.compile(r"^(lib(cu|nv|cudnn|torch_cuda|c10_cuda|triton|nccl)|cuda_utils|__triton_launcher)")
 
 # Prefix -> category, first match wins (for the design note's roll-up).
 CATEGORIES = [
@@ -33,6 +40,18 @@ CATEGORIES = [
     ("device", ("cuDevice", "cuInit", "cuDriverGetVersion")),
     ("entry points", ("cuGetProcAddress", "cuGetExportTable", "cuGetErrorString", "cuGetErrorName")),
 ]
+
+
+# Export-table UUIDs (bytes in order) named as ZLUDA's dark_api names them (public reimplementation).
+KNOWN_TABLES = {
+    "6bd5fb6c5bf4e74a8987d93912fd9df9": "CUDART_INTERFACE",
+    "42d85a8123f6cb478298f6e78a3aecdc": "TOOLS_TLS",
+    "a094798c2e742e7493f20800200c0a66": "TOOLS_RUNTIME_CALLBACK_HOOKS",
+    "c693336e1121df11a8c368f355d89593": "CONTEXT_LOCAL_STORAGE_INTERFACE_V0301",
+    "0ca50b8c1004929a89a7d0df10e77286": "CTX_CREATE_BYPASS",
+    "195bcbf4d67d024aacc51d29cea631ae": "HEAP_ACCESS",
+    "b10541e1f7c7c74a9f64f223be99f1e2": "DEVICE_EXTENDED_RT",
+}
 
 
 def category(fn: str) -> str:
@@ -54,7 +73,7 @@ def merge(files: list[Path]) -> dict:
     calls: dict[str, dict] = {}
     gpa: dict[str, dict] = defaultdict(lambda: {"requests": 0, "symbols": {}, "via": Counter()})
     tables: dict[str, dict] = {}
-    procs, needs, first_use = [], set(), []
+    procs, needs, loaded, first_use = [], set(), set(), []
     pool_used = pool_exhausted = 0
     real = None
     for path in sorted(files):
@@ -99,6 +118,7 @@ def merge(files: list[Path]) -> dict:
             e["rc"].add(t["rc"])
             e["entries_wrapped"] = max(e["entries_wrapped"], t["entries_wrapped"])
         needs.update(short(x["path"]) for x in d["loaded"] if x["needs_libcuda"])
+        loaded.update(x["path"] for x in d["loaded"])
     for g in gpa.values():
         for s in g["symbols"].values():
             for k in ("versions", "flags", "rc"):
@@ -107,7 +127,33 @@ def merge(files: list[Path]) -> dict:
         t["rc"] = sorted(t["rc"])
     return {"real": real, "processes": procs, "calls": calls, "proc_address": dict(gpa),
             "export_tables": tables, "first_use": first_use, "libraries_needing_libcuda": sorted(needs),
+            "loaded": sorted(loaded),
             "pool_used": pool_used, "pool_exhausted": pool_exhausted}
+
+
+def library_facts(paths: list[str]) -> list[dict]:
+    """How each loaded CUDA library reaches the driver, read from its ELF file: runtime (cuda*) and
+    driver (cu*) functions it imports, whether it needs libcudart / libcuda.so.1, and whether it
+    names cuGetProcAddress / libcuda.so (it loads the driver itself and asks for entry points)."""
+    facts = []
+    for path in paths:
+        name = os.path.basename(path)
+        if not CUDA_LIB.match(name) or name.startswith("libcuda.so"):
+            continue
+        try:
+            info = gen_trace.elf_dynamic(path)
+            data = Path(path).read_bytes()
+        except (OSError, ValueError) as e:
+            facts.append({"library": name, "path": path, "error": str(e)})
+            continue
+        und = info["undefined"]
+        facts.append({"library": name, "path": path, "mib": round(len(data) / 2**20, 1),
+                      "imports_runtime": sum(1 for u in und if u.startswith("cuda")),
+                      "imports_driver": sum(1 for u in und if re.match(r"cu[A-Z]", u)),
+                      "needs": [n for n in info["needed"] if n.startswith(CUDA_NEEDED)],
+                      "names_cuGetProcAddress": b"cuGetProcAddress" in data,
+                      "names_libcuda": b"libcuda.so" in data})
+    return facts
 
 
 def read_runs(path: Path) -> dict[str, dict]:
@@ -202,13 +248,24 @@ def markdown(merged: dict[str, dict], runs: dict[str, dict]) -> str:
             for fn, e in m["calls"].items():
                 if "[" in fn and u.startswith(fn.split("[")[0]):
                     entry_calls[fn] += e["total"]
-        rows.append([f"`{u}`", first_word, top(libs, 4), top(via, 2), " ".join(seen_in), wrapped,
-                     top(entry_calls, 6) or "-"])
+        rows.append([f"`{u}`", KNOWN_TABLES.get(u, "?"), first_word, top(libs, 4), top(via, 2),
+                     " ".join(seen_in), wrapped, top(entry_calls, 6) or "-"])
     md += ["## Export tables (cuGetExportTable)", "",
            "`first word`: the table's first 8 bytes (often its size); entries are counted only in runs "
            "with DRIVER_TRACE_WRAP_TABLES=1.", ""]
-    head = ["uuid", "first word", "requested by", "via", "workloads", "entries wrapped",
+    head = ["uuid", "name (ZLUDA's)", "first word", "requested by", "via", "workloads", "entries wrapped",
             "entry calls (uuid prefix[index])"]
+    md += [*table(head, rows), ""]
+    facts = library_facts(sorted({p for m in merged.values() for p in m["loaded"]}))
+    rows = [[f["library"], f.get("mib", "-"), f.get("imports_runtime", "-"), f.get("imports_driver", "-"),
+             " ".join(f.get("needs", [])) or "-", "yes" if f.get("names_cuGetProcAddress") else "no",
+             "yes" if f.get("names_libcuda") else "no"] for f in facts]
+    md += ["## How each loaded CUDA library reaches the driver (its ELF file)", "",
+           "`runtime imports`: undefined cuda* symbols (0 with a static runtime); `driver imports`: "
+           "undefined cu* symbols (linked against libcuda); the last two: the file names the string "
+           "(loads libcuda itself / asks cuGetProcAddress for entry points).", ""]
+    head = ["library", "MiB", "runtime imports", "driver imports", "needs", "names cuGetProcAddress",
+            "names libcuda.so"]
     md += [*table(head, rows), ""]
     needs = sorted({x for m in merged.values() for x in m["libraries_needing_libcuda"]})
     md += ["## Libraries linked against libcuda.so.1 (DT_NEEDED)", "", ", ".join(needs) or "none", ""]
@@ -237,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     for w, m in merged.items():
         (top_dir / f"{w}.json").write_text(json.dumps(m, indent=1, default=dict))
     (top_dir / "summary.md").write_text(markdown(merged, runs))
+    facts = library_facts(sorted({p for m in merged.values() for p in m["loaded"]}))
+    (top_dir / "libraries.json").write_text(json.dumps(facts, indent=1))
     (top_dir / "summary.json").write_text(json.dumps(
         {w: {"calls": {fn: e["total"] for fn, e in m["calls"].items()},
              "proc_address_symbols": {lib: sorted(g["symbols"]) for lib, g in m["proc_address"].items()},
