@@ -10,7 +10,7 @@
 # cuGetProcAddress requesters, export-table UUIDs), summary.json, <workload>.json (merged),
 # raw/<workload>.<pid>.json (per process), runs.tsv, <workload>.log, build.log.
 # Environment: PYTHON (default python3), DRIVER_TRACE_REAL (the real libcuda.so.1; default: found
-# through ldconfig -p, else /usr/lib/x86_64-linux-gnu or /usr/lib64), WORKLOAD_TIMEOUT (default 45 s each), WORKLOADS (default
+# through ldconfig -p, else /usr/lib/x86_64-linux-gnu or /usr/lib64), WORKLOAD_TIMEOUT (default 60 s each), WORKLOADS (default
 # "init ops ops_expandable matmul conv triton mlp all_wrapped"). all_wrapped runs every workload in one
 # process with DRIVER_TRACE_WRAP_TABLES=1 (calls into the private export tables counted per entry).
 # Exit status: 0 when the tracer built and every workload passed under it, 1 otherwise.
@@ -20,7 +20,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DT=$REPO/tests/gpu/driver_trace
 OUT=${OUT:-/tmp/pilot-gpu-out}
 PYTHON=${PYTHON:-python3}
-WORKLOAD_TIMEOUT=${WORKLOAD_TIMEOUT:-45}
+WORKLOAD_TIMEOUT=${WORKLOAD_TIMEOUT:-60}
 WORKLOADS=${WORKLOADS:-init ops ops_expandable matmul conv triton mlp all_wrapped}
 TR=$OUT/trace
 BUILD=$(mktemp -d /tmp/driver-trace-build.XXXXXX)

@@ -43,7 +43,7 @@ def fake(tmp_path_factory):
     """(dir with the fake libcuda.so.1, libcuother.so and app, tracer dir with pool 64)."""
     d = tmp_path_factory.mktemp("fakecuda")
     subprocess.run([*CC, "-shared", "-fPIC", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", "-o",
-                    str(d / "libcuda.so.1"), str(FAKE / "fake_libcuda.c")], check=True)
+                    str(d / "libcuda.so.1"), str(FAKE / "fake_libcuda.c"), "-ldl"], check=True)
     subprocess.run([*CC, "-shared", "-fPIC", "-o", str(d / "libcuother.so"), str(FAKE / "fake_other.c"),
                     f"-L{d}", "-l:libcuda.so.1"], check=True)
     subprocess.run([*CC, "-o", str(d / "app"), str(FAKE / "fake_app.c"), f"-L{d}", "-l:libcuda.so.1",
@@ -98,8 +98,10 @@ def test_counts_callers_proc_address_and_export_tables(fake, tmp_path):
     assert next(iter(init["callers"])).endswith("/app")
     # linked and through cuGetProcAddress v1 (requested under the old version 12080, flags 1)
     assert {c["via"]: c["calls"] for c in calls(parent, "cuMix")} == {"export": 200, "proc_address": 1}
-    (ver,) = calls(parent, "cuDriverGetVersion")                       # dlopen + dlsym
-    assert ver["via"] == "export" and ver["calls"] == 5
+    # 5 calls after dlopen + dlsym, 1 from the real library's constructor while the tracer loaded it
+    (ver,) = calls(parent, "cuDriverGetVersion")
+    assert ver["via"] == "export" and ver["calls"] == 6
+    assert {Path(k).name: n for k, n in ver["callers"].items()} == {"app": 5, "(real libcuda)": 1}
     (alloc,) = calls(parent, "cuMemAlloc_v2")
     assert alloc["via"] == "proc_address" and alloc["requested"] == "cuMemAlloc" and alloc["calls"] == 2
     assert alloc["requested_by"].endswith("/app")
@@ -121,7 +123,7 @@ def test_counts_callers_proc_address_and_export_tables(fake, tmp_path):
     assert tables["ab010203"]["rc"] == 0 and tables["ab010203"]["first_word"] == 24
     assert tables["cd010203"]["rc"] == 500 and tables["cd010203"]["entries_wrapped"] == 0
     assert not [c for c in parent["calls"] if c["via"] == "export_table"]
-    assert parent["first_use"][:2] == ["cuInit", "cuMix"]
+    assert parent["first_use"][:3] == ["cuDriverGetVersion", "cuInit", "cuMix"]   # the constructor first
     loaded = {Path(x["path"]).name: x["needs_libcuda"] for x in parent["loaded"]}
     assert loaded["app"] and loaded["libcuother.so"] and not loaded["libc.so.6"]
     assert parent["pool_used"] == 4 and parent["pool_exhausted"] == 0

@@ -158,11 +158,6 @@ static void init(void)
     use_backtrace = !((e = getenv("DRIVER_TRACE_BACKTRACE")) && *e == '0');
     quiet = (e = getenv("DRIVER_TRACE_QUIET")) && *e == '1';
     int deep = (e = getenv("DRIVER_TRACE_DEEPBIND")) && *e == '1';
-    real_handle = dlopen(dt_real_path, RTLD_NOW | RTLD_LOCAL | (deep ? RTLD_DEEPBIND : 0));
-    if (!real_handle) {
-        fprintf(stderr, "driver_trace: cannot load the real %s: %s\n", dt_real_path, dlerror());
-        abort();
-    }
     callers = calloc(total, sizeof(*callers));
     seen = calloc(total, 1);
     order = calloc(MAXORDER, sizeof(*order));
@@ -174,6 +169,14 @@ static void init(void)
     pool_keys = calloc(pool_cap * 2, sizeof(*pool_keys));
     pool_vals = calloc(pool_cap, sizeof(*pool_vals));
     if (!callers || !seen || !order || !pool_meta || !ptr_keys || !ptr_vals || !pool_keys || !pool_vals) abort();
+    /* The real library's constructors may call its exports through our trampolines already: the
+     * first calls of each take the slow path, which resolves dt_real lazily (resolve_export). */
+    void *h = dlopen(dt_real_path, RTLD_NOW | RTLD_LOCAL | (deep ? RTLD_DEEPBIND : 0));
+    if (!h) {
+        fprintf(stderr, "driver_trace: cannot load the real %s: %s\n", dt_real_path, dlerror());
+        abort();
+    }
+    real_handle = h;
     for (size_t i = 0; i < dt_nexports; i++) {
         void *p = dlsym(real_handle, dt_names[i]);
         dt_real[i] = p ? p : (void *)dt_missing;
@@ -207,8 +210,6 @@ static int lib_of(const void *addr)
         base = di.dli_fbase;
         name = di.dli_fname && *di.dli_fname ? di.dli_fname : "(main program)";
     }
-    if (base == real_base && base) name = "(real libcuda)";
-    else if (base == own_base && base) name = "(tracer)";
     pthread_mutex_lock(&mu);
     int id;
     for (id = 0; id < nlibs; id++)
@@ -229,13 +230,23 @@ static int via_of(int direct)
     int n = backtrace(frames, 16);
     for (int i = 1; i < n; i++) {
         int id = lib_of(frames[i]);
-        if (id != direct && lib_name[id] && strcmp(lib_name[id], "(tracer)") != 0) return id;
+        if (id != direct && lib_base[id] != own_base) return id;
     }
     return -1;
 }
 
+/* An export called before init has its real address (from the real library's own constructor). */
+static void resolve_export(size_t slot)
+{
+    void *h = real_handle ? real_handle : dlopen(dt_real_path, RTLD_NOW | RTLD_NOLOAD);
+    void *p = h ? dlsym(h, dt_names[slot]) : NULL;
+    __atomic_store_n(&dt_real[slot], p ? p : (void *)dt_missing, __ATOMIC_RELEASE);
+}
+
 void dt_note_caller(size_t slot, void *ret)
 {
+    if (slot < dt_nexports && !__atomic_load_n(&dt_real[slot], __ATOMIC_ACQUIRE)) resolve_export(slot);
+    if (!callers) return;
     int id = lib_of(ret);
     pthread_mutex_lock(&mu);
     if (!seen[slot]) {
@@ -409,9 +420,12 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* Named at the end: a library met before init finished (the real one's constructor) is known then. */
 static void json_lib(FILE *f, int id)
 {
     if (id < 0 || id >= MAXLIBS || !lib_name[id]) fputs("null", f);
+    else if (lib_base[id] && lib_base[id] == real_base) fputs("\"(real libcuda)\"", f);
+    else if (lib_base[id] && lib_base[id] == own_base) fputs("\"(tracer)\"", f);
     else json_str(f, lib_name[id]);
 }
 

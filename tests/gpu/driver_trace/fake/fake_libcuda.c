@@ -1,7 +1,10 @@
 /* A fake libcuda.so.1 for tests/unit/test_driver_trace.py: a few exports (one with stack and
  * floating-point arguments), cuGetProcAddress(_v2) that also hands out a function it does not export,
  * and an export table {size, f0, f1} under a UUID starting 0xab. Build with -Wl,-Bsymbolic like the
- * real driver (its own references bind inside it). */
+ * real driver (its own references bind inside it). Its constructor calls cuDriverGetVersion of the
+ * libcuda.so.1 already loaded, i.e. the tracer's, before the tracer has finished loading it. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -34,3 +37,11 @@ static int lookup(const char *s, void **pfn, int *st)
 }
 int cuGetProcAddress_v2(const char *s, void **pfn, int v, uint64_t f, int *st) { (void)v; (void)f; return lookup(s, pfn, st); }
 int cuGetProcAddress(const char *s, void **pfn, int v, uint64_t f) { (void)v; (void)f; return lookup(s, pfn, NULL); }
+
+__attribute__((constructor)) static void fake_ctor(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    int (*ver)(int *) = h ? (int (*)(int *))dlsym(h, "cuDriverGetVersion") : NULL;
+    int v = 0;
+    if (ver && (ver(&v) != 0 || v != 13000)) __builtin_trap();
+}
