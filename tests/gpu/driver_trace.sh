@@ -13,7 +13,8 @@
 # through ldconfig -p, else /usr/lib/x86_64-linux-gnu or /usr/lib64), WORKLOAD_TIMEOUT (default 60 s each), WORKLOADS (default
 # "init ops ops_expandable matmul conv triton mlp all_wrapped"). all_wrapped runs every workload in one
 # process with DRIVER_TRACE_WRAP_TABLES=1 (calls into the private export tables counted per entry).
-# Exit status: 0 when the tracer built and every workload passed under it, 1 otherwise.
+# Exit status: 0 when the tracer built and every workload but all_wrapped passed under it, 1
+# otherwise (an all_wrapped failure is reported in runs.tsv and summary.md only).
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -54,7 +55,10 @@ for w in $WORKLOADS; do
     printf '%s\t%s\t%s\t%s\n' "$w" "$rc" "$((SECONDS - s))" "$result" >>"$TR/runs.tsv"
     say "$w: rc=$rc $((SECONDS - s)) s: $result"
     if [ "$rc" != 0 ] || ! grep -q '^ok .* traced=True' "$TR/$w.log"; then
-        status=1; tail -20 "$TR/$w.log" >&2
+        tail -20 "$TR/$w.log" >&2
+        # wrapping the private tables is intrusive: its failure is a finding, not a broken run
+        if [ "$w" = all_wrapped ]; then say "all_wrapped failed: the other workloads' traces stand"
+        else status=1; fi
     fi
 done
 "$PYTHON" "$DT/summarize.py" "$TR" || status=1

@@ -81,27 +81,32 @@ def test_generator_lists_exported_functions_only(fake):
     assert "Library soname: [libcuda.so.1]" in dyn
     exported = {line.split()[-1] for line in dyn.splitlines()
                 if " FUNC " in line and " GLOBAL " in line and " UND " not in line}
-    assert exported == EXPORTS          # the trampolines and the three C wrappers, nothing else
+    assert exported == EXPORTS | {"driver_trace_snapshot"}   # trampolines, C wrappers, its own
 
 
 def test_counts_callers_proc_address_and_export_tables(fake, tmp_path):
     parent, child = run_app(fake, tmp_path)
     assert parent["real"].endswith("libcuda.so.1") and parent["wrap_tables"] is False
     # exact counts through the export trampolines, 4 threads included; the fork child starts at zero
-    assert [c["calls"] for c in calls(parent, "cuInit")] == [3001 + 4 * 10000]
+    assert [c["calls"] for c in calls(parent, "cuInit")] == [3101 + 4 * 10000]
     assert child["forked_from"] == parent["pid"]
     assert [(c["fn"], c["calls"]) for c in child["calls"]] == [("cuInit", 1)]
     # callers sampled: the first 64 calls and every 1024th after
     (init,) = calls(parent, "cuInit")
-    (sampled,) = init["callers"].values()      # 64 + 43001 // 1024 single-threaded; threads race on it
+    (sampled,) = init["callers"].values()      # 64 + 43101 // 1024 single-threaded; threads race on it
     assert 64 + 20 <= sampled <= 64 + 60
     assert next(iter(init["callers"])).endswith("/app")
     # linked and through cuGetProcAddress v1 (requested under the old version 12080, flags 1)
     assert {c["via"]: c["calls"] for c in calls(parent, "cuMix")} == {"export": 200, "proc_address": 1}
-    # 5 calls after dlopen + dlsym, 1 from the real library's constructor while the tracer loaded it
+    # 30 calls after dlopen + dlsym, 1 from the real library's constructor while the tracer loaded it
     (ver,) = calls(parent, "cuDriverGetVersion")
-    assert ver["via"] == "export" and ver["calls"] == 6
-    assert {Path(k).name: n for k, n in ver["callers"].items()} == {"app": 5, "(real libcuda)": 1}
+    assert ver["via"] == "export" and ver["calls"] == 31
+    assert {Path(k).name: n for k, n in ver["callers"].items()} == {"app": 30, "(real libcuda)": 1}
+    # the counts at the two snapshots around 100 cuInit and 25 cuDriverGetVersion
+    (begin, end) = parent["snapshots"]
+    assert (begin["label"], end["label"]) == ("loop:begin", "loop:end:100")
+    delta = {fn: n - dict(begin["calls"]).get(fn, 0) for fn, n in end["calls"]}
+    assert {fn: n for fn, n in delta.items() if n} == {"cuInit": 100, "cuDriverGetVersion": 25}
     (alloc,) = calls(parent, "cuMemAlloc_v2")
     assert alloc["via"] == "proc_address" and alloc["requested"] == "cuMemAlloc" and alloc["calls"] == 2
     assert alloc["requested_by"].endswith("/app")
@@ -158,11 +163,14 @@ def test_summary_merges_processes_per_workload(fake, tmp_path):
     (top / "runs.tsv").write_text("a\t0\t1\tok a\nb\t0\t2\tok b\n")
     assert summarize.main([str(top)]) == 0
     a = json.loads((top / "a.json").read_text())
-    assert a["calls"]["cuInit"]["total"] == 43002 and len(a["processes"]) == 2     # parent + child
+    assert a["calls"]["cuInit"]["total"] == 43102 and len(a["processes"]) == 2     # parent + child
+    assert a["steady"] == {"loop": {"iterations": 100, "per_iteration": {"cuInit": 1.0,
+                                                                          "cuDriverGetVersion": 0.25}}}
     assert a["calls"]["cuMix"]["export"] == 200 and a["calls"]["cuMix"]["proc_address"] == 1
     assert a["proc_address"]["libcuother.so"]["symbols"]["cuHidden"]["count"] == 2
     md = (top / "summary.md").read_text()
-    assert "| `cuInit` | device | 43002 | 43002 |" in md
+    assert "| `cuInit` | device | 43102 | 43102 |" in md
+    assert "| a | loop | 100 | 1.25 | cuInit 1.00, cuDriverGetVersion 0.25 |" in md
     assert "| b | libcuother.so | app 2 | 2 | 1 | 0 | [13000] | [0] | 1 |" in md
     assert "ab010203[2] 2" in md and "cuNope (app)" in md
     # the loaded library that asks cuGetProcAddress itself, read from its ELF file
@@ -172,3 +180,17 @@ def test_summary_merges_processes_per_workload(fake, tmp_path):
     assert "| libcuother.so |" in md
     summary = json.loads((top / "summary.json").read_text())
     assert summary["b"]["calls"]["ab010203[2]"] == 2 and "ab010203[2]" not in summary["a"]["calls"]
+
+
+def test_workloads_take_snapshots_through_the_tracer(fake, tmp_path):
+    """workloads.py's snapshot() reaches driver_trace_snapshot of the libcuda.so.1 it loads (the
+    torch workloads themselves need a GPU: tests/gpu/driver_trace.sh)."""
+    d, tracer = fake
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{tracer}:{d}", "DRIVER_TRACE_OUT": str(tmp_path / "w.%p.json")}
+    code = "import workloads; workloads.snapshot('p:begin'); workloads.snapshot('p:end:3')"
+    res = subprocess.run([sys.executable, "-c", code], cwd=DT, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    (doc,) = [json.loads(p.read_text()) for p in tmp_path.glob("w.*.json")]
+    assert [s["label"] for s in doc["snapshots"]] == ["p:begin", "p:end:3"]
+    assert summarize.steady_state(doc["snapshots"]) == {"p": {"iterations": 3, "per_iteration": {}}}

@@ -53,12 +53,13 @@ def find_real_libcuda(skip_dir: str | None = None) -> str | None:
     return None
 
 
-def elf_dynamic(path: str) -> dict:
+def elf_dynamic(path: str, data: bytes | None = None) -> dict:
     """The dynamic linking facts of a 64-bit little-endian ELF shared library, from its section
     headers: `functions`, the defined default-visibility global/weak functions of .dynsym in table
     order without repeats; `undefined`, the names it imports; `needed`, its DT_NEEDED entries;
-    `versions`, whether it defines symbol versions (.gnu.version_d)."""
-    data = Path(path).read_bytes()
+    `versions`, whether it defines symbol versions (.gnu.version_d). `data`: the file, if read."""
+    if data is None:
+        data = Path(path).read_bytes()
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
     shoff, = struct.unpack_from("<Q", data, 0x28)

@@ -69,12 +69,35 @@ def short(lib: str | None) -> str:
     return lib if lib.startswith("(") else os.path.basename(lib)
 
 
+def steady_state(snapshots: list[dict]) -> dict[str, dict]:
+    """Calls per iteration of each phase a workload bracketed with snapshots `<phase>:begin` and
+    `<phase>:end:<iterations>` (counts summed by function name over its slots)."""
+    totals = {}
+    for snap in snapshots:
+        per_fn: Counter = Counter()
+        for fn, n in snap["calls"]:
+            per_fn[fn] += n
+        totals[snap["label"]] = per_fn
+    out = {}
+    for label, end in totals.items():
+        phase, _, rest = label.partition(":end:")
+        begin = totals.get(f"{phase}:begin")
+        if not rest.isdigit() or begin is None or int(rest) <= 0:
+            continue
+        n = int(rest)
+        per = {fn: round((c - begin.get(fn, 0)) / n, 3) for fn, c in end.items() if c > begin.get(fn, 0)}
+        ordered = dict(sorted(per.items(), key=lambda kv: (-kv[1], kv[0])))
+        out[phase] = {"iterations": n, "per_iteration": ordered}
+    return out
+
+
 def merge(files: list[Path]) -> dict:
     calls: dict[str, dict] = {}
     gpa: dict[str, dict] = defaultdict(lambda: {"requests": 0, "symbols": {}, "via": Counter()})
     tables: dict[str, dict] = {}
     procs, needs, loaded, first_use = [], set(), set(), []
     pool_used = pool_exhausted = 0
+    steady: dict[str, dict] = {}
     real = None
     for path in sorted(files):
         try:
@@ -117,6 +140,7 @@ def merge(files: list[Path]) -> dict:
                 e["via"][short(t["via"])] += 1
             e["rc"].add(t["rc"])
             e["entries_wrapped"] = max(e["entries_wrapped"], t["entries_wrapped"])
+        steady.update(steady_state(d.get("snapshots", [])))
         needs.update(short(x["path"]) for x in d["loaded"] if x["needs_libcuda"])
         loaded.update(x["path"] for x in d["loaded"])
     for g in gpa.values():
@@ -127,7 +151,7 @@ def merge(files: list[Path]) -> dict:
         t["rc"] = sorted(t["rc"])
     return {"real": real, "processes": procs, "calls": calls, "proc_address": dict(gpa),
             "export_tables": tables, "first_use": first_use, "libraries_needing_libcuda": sorted(needs),
-            "loaded": sorted(loaded),
+            "loaded": sorted(loaded), "steady": steady,
             "pool_used": pool_used, "pool_exhausted": pool_exhausted}
 
 
@@ -141,8 +165,8 @@ def library_facts(paths: list[str]) -> list[dict]:
         if not CUDA_LIB.match(name) or name.startswith("libcuda.so"):
             continue
         try:
-            info = gen_trace.elf_dynamic(path)
             data = Path(path).read_bytes()
+            info = gen_trace.elf_dynamic(path, data)
         except (OSError, ValueError) as e:
             facts.append({"library": name, "path": path, "error": str(e)})
             continue
@@ -177,7 +201,7 @@ def top(counter: Counter, n: int = 4) -> str:
     return ", ".join(f"{k} {v}" for k, v in counter.most_common(n)) + (" ..." if len(counter) > n else "")
 
 
-def markdown(merged: dict[str, dict], runs: dict[str, dict]) -> str:
+def markdown(merged: dict[str, dict], runs: dict[str, dict], facts: list[dict]) -> str:
     names = list(merged)
     md = ["# Driver API calls per workload (tracing libcuda.so.1)", ""]
     real = next((m["real"] for m in merged.values() if m["real"]), "?")
@@ -195,6 +219,17 @@ def markdown(merged: dict[str, dict], runs: dict[str, dict]) -> str:
     head = ["workload", "rc", "s", "procs", "calls", "functions", "GPA requests", "export tables", "pool",
             "result"]
     md += ["## Runs", "", *table(head, rows), ""]
+    rows = []
+    for w in names:
+        for phase, st in merged[w]["steady"].items():
+            per = st["per_iteration"]
+            rows.append([w, phase, st["iterations"], f"{sum(per.values()):.2f}",
+                         ", ".join(f"{fn} {x:.2f}" for fn, x in list(per.items())[:12])
+                         + (" ..." if len(per) > 12 else "")])
+    md += ["## Steady state: driver calls per iteration", "",
+           "Between two snapshots a workload took around a loop (after warm-up), divided by its "
+           "iterations: what each GEMM, conv step, kernel launch or training step costs in driver calls.", ""]
+    md += [*table(["workload", "phase", "iterations", "calls/iteration", "per function"], rows), ""]
     cats = defaultdict(Counter)
     for w in names:
         for fn, e in merged[w]["calls"].items():
@@ -256,7 +291,6 @@ def markdown(merged: dict[str, dict], runs: dict[str, dict]) -> str:
     head = ["uuid", "name (ZLUDA's)", "first word", "requested by", "via", "workloads", "entries wrapped",
             "entry calls (uuid prefix[index])"]
     md += [*table(head, rows), ""]
-    facts = library_facts(sorted({p for m in merged.values() for p in m["loaded"]}))
     rows = [[f["library"], f.get("mib", "-"), f.get("imports_runtime", "-"), f.get("imports_driver", "-"),
              " ".join(f.get("needs", [])) or "-", "yes" if f.get("names_cuGetProcAddress") else "no",
              "yes" if f.get("names_libcuda") else "no"] for f in facts]
@@ -293,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"summarize: no trace from workload {w}", file=sys.stderr)
     for w, m in merged.items():
         (top_dir / f"{w}.json").write_text(json.dumps(m, indent=1, default=dict))
-    (top_dir / "summary.md").write_text(markdown(merged, runs))
     facts = library_facts(sorted({p for m in merged.values() for p in m["loaded"]}))
+    (top_dir / "summary.md").write_text(markdown(merged, runs, facts))
     (top_dir / "libraries.json").write_text(json.dumps(facts, indent=1))
     (top_dir / "summary.json").write_text(json.dumps(
         {w: {"calls": {fn: e["total"] for fn, e in m["calls"].items()},

@@ -15,6 +15,8 @@
  *   library are pool trampolines, so private-table calls are counted by (UUID, index).
  * - Libraries that dlopen libcuda.so.1 and dlsym a name get the export trampolines (the name
  *   resolves in this library), so their calls are in the "export" counts.
+ * - One export of its own, driver_trace_snapshot(label): a copy of the counts at that moment,
+ *   written with the rest (a program brackets a loop with two to get calls per iteration).
  *
  * Environment: DRIVER_TRACE_OUT (JSON path, %p = pid; default driver_trace.%p.json in the working
  * directory; written by the destructor), DRIVER_TRACE_WRAP_TABLES=1, DRIVER_TRACE_BACKTRACE=0 (no
@@ -54,6 +56,7 @@ enum { KIND_EXPORT, KIND_PROC, KIND_TABLE };
 #define NCALLERS 6
 #define MAXORDER 16384
 #define MAXTABLES 256
+#define MAXSNAPS 32
 
 struct callers { uint16_t lib[NCALLERS]; uint32_t n[NCALLERS]; uint32_t other; };
 struct slot { int export_idx; int lib; int kind; char *name; };
@@ -61,6 +64,7 @@ struct request { int lib, via, api, version, rc, status, resolved; uint64_t flag
 struct table_req { int lib, via, rc; CUuuid uuid; const void *table; uint64_t size_hint; int wrapped; };
 struct table_copy { const void *orig; const void *copy; int wrapped; };
 struct segment { uintptr_t lo, hi; int exec; };
+struct snapshot { char label[64]; unsigned long *counts; };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -93,6 +97,8 @@ static struct table_req treqs[4096];
 static size_t ntreqs;
 static struct table_copy tcopies[MAXTABLES];
 static size_t ntcopies;
+static struct snapshot snaps[MAXSNAPS];
+static int nsnaps;
 static int wrap_tables, use_backtrace = 1, quiet;
 static pid_t forked_from;
 
@@ -147,6 +153,7 @@ static void reset_in_child(void)
     memset(callers, 0, sizeof(*callers) * (dt_nexports + dt_pool));
     memset(seen, 0, dt_nexports + dt_pool);
     norder = nreqs = ntreqs = 0;
+    nsnaps = 0;
     pthread_mutex_init(&mu, NULL);
 }
 
@@ -406,6 +413,24 @@ EXPORT CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExpo
     return rc;
 }
 
+EXPORT int driver_trace_snapshot(const char *label)
+{
+    pthread_once(&once, init);
+    size_t n = dt_nexports + dt_pool;
+    unsigned long *c = malloc(n * sizeof(*c));
+    if (!c) return -1;
+    for (size_t i = 0; i < n; i++) c[i] = __atomic_load_n(&dt_counts[i], __ATOMIC_RELAXED);
+    pthread_mutex_lock(&mu);
+    int k = nsnaps < MAXSNAPS ? nsnaps++ : -1;
+    if (k >= 0) {
+        snprintf(snaps[k].label, sizeof snaps[k].label, "%s", label ? label : "");
+        snaps[k].counts = c;
+    }
+    pthread_mutex_unlock(&mu);
+    if (k < 0) free(c);
+    return k;
+}
+
 /* ---- the JSON written at exit ---- */
 
 static void json_str(FILE *f, const char *s)
@@ -533,6 +558,20 @@ static void dump(void)
     for (size_t i = 0; i < norder; i++) {
         if (i) fputs(", ", f);
         json_str(f, slot_name(order[i]));
+    }
+    fputs("],\n\"snapshots\": [", f);
+    for (int k = 0; k < nsnaps; k++) {
+        fputs(k ? ",\n  {\"label\": " : "\n  {\"label\": ", f);
+        json_str(f, snaps[k].label);
+        fputs(", \"calls\": [", f);
+        int any = 0;
+        for (size_t s = 0; s < total; s++) {
+            if (!snaps[k].counts[s]) continue;
+            fputs(any++ ? ", [" : "[", f);
+            json_str(f, slot_name(s));
+            fprintf(f, ", %lu]", snaps[k].counts[s]);
+        }
+        fputs("]}", f);
     }
     fputs("],\n\"proc_address\": [", f);
     for (size_t i = 0; i < nreqs; i++) {

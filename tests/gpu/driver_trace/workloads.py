@@ -5,20 +5,50 @@
 
 Each checks its results against the CPU (or exact values) and prints `ok NAME ...`; a wrong result
 exits 1. It also says whether the libcuda.so.1 mapped in the process is the tracer (directory in
-DRIVER_TRACE_DIR), so a run that bypassed the tracer cannot pass for a trace. Memory: < 1 GiB.
+DRIVER_TRACE_DIR), so a run that bypassed the tracer cannot pass for a trace. After warm-up, each
+brackets a loop of its main operation with the tracer's snapshots (`<phase>:begin`,
+`<phase>:end:<iterations>`), which give the driver calls per iteration. Memory: < 1 GiB.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import time
+from collections.abc import Callable
 
 
 def check(cond: bool, what: str) -> None:
     if not cond:
         print(f"FAIL {what}", flush=True)
         sys.exit(1)
+
+
+_snapshot: Callable[[bytes], int] | None = None
+
+
+def snapshot(label: str) -> None:
+    """The tracer's driver_trace_snapshot(label), when the libcuda.so.1 loaded is the tracer."""
+    global _snapshot
+    if _snapshot is None:
+        try:
+            fn = ctypes.CDLL("libcuda.so.1").driver_trace_snapshot
+            fn.argtypes, fn.restype = [ctypes.c_char_p], ctypes.c_int
+            _snapshot = fn
+        except (OSError, AttributeError):
+            _snapshot = lambda label: -1  # noqa: E731 (not traced: nothing to record)
+    _snapshot(label.encode())
+
+
+def steady(torch, phase: str, iterations: int, body: Callable[[int], object]) -> None:
+    """Runs body(i) `iterations` times between two snapshots, synchronized on both sides."""
+    torch.cuda.synchronize()
+    snapshot(f"{phase}:begin")
+    for i in range(iterations):
+        body(i)
+    torch.cuda.synchronize()
+    snapshot(f"{phase}:end:{iterations}")
 
 
 def libcuda_maps() -> list[str]:
@@ -74,24 +104,42 @@ def w_ops(torch) -> str:
     check(torch.allclose(f.cpu(), host * 0.5), "side stream")
     idx = torch.randint(0, 1 << 20, (4096,), device=dev)
     check(torch.equal(a[idx].cpu(), host[idx.cpu()]), "gather")
+
+    def step(_: int) -> None:
+        e = (a * 2 + b).exp_().clamp_(max=50.0)
+        d.copy_(e)
+        float(d.sum())                             # reduction, then a D2H copy that synchronizes
+
+    steady(torch, "ops_step", 20, step)
     stats = torch.cuda.memory_stats()
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     return f"alloc_conf={conf!r} segments={stats.get('segment.all.allocated', 0)}"
+
+
+def set_tf32(torch, on: bool) -> None:
+    """TF32 for fp32 matmuls, through whichever switch this PyTorch has."""
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = on
+    except (AttributeError, RuntimeError):
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if on else "ieee"
 
 
 def w_matmul(torch) -> str:
     g = torch.Generator().manual_seed(2)
     a, b = torch.randn(512, 256, generator=g), torch.randn(256, 384, generator=g)
     ref = a @ b
-    torch.backends.cuda.matmul.allow_tf32 = False
+    set_tf32(torch, False)
     ga, gb = a.cuda(), b.cuda()
     check(torch.allclose((ga @ gb).cpu(), ref, rtol=1e-4, atol=1e-3), "fp32 matmul")
-    torch.backends.cuda.matmul.allow_tf32 = True
+    steady(torch, "matmul_fp32", 50, lambda _: ga @ gb)
+    set_tf32(torch, True)
     check(torch.allclose((ga @ gb).cpu(), ref, rtol=2e-2, atol=5e-1), "tf32 matmul")
-    torch.backends.cuda.matmul.allow_tf32 = False
+    set_tf32(torch, False)
     for dt, tol in ((torch.bfloat16, 1.0), (torch.float16, 0.2)):
         r = (ga.to(dt) @ gb.to(dt)).float().cpu()
         check(torch.allclose(r, ref, rtol=5e-2, atol=tol), f"{dt} matmul")
+    ha, hb = ga.bfloat16(), gb.bfloat16()
+    steady(torch, "matmul_bf16", 50, lambda _: ha @ hb)
     bat = torch.randn(8, 64, 32, generator=g)
     check(torch.allclose(torch.bmm(bat.cuda(), bat.cuda().transpose(1, 2)).cpu(),
                          torch.bmm(bat, bat.transpose(1, 2)), rtol=1e-3, atol=1e-2), "bmm")
@@ -123,6 +171,7 @@ def w_conv(torch) -> str:
     check(torch.allclose(y.detach().cpu(), ref.detach(), rtol=1e-3, atol=1e-3), "conv2d forward")
     check(torch.allclose(gconv.weight.grad.cpu(), ref_grad, rtol=1e-3, atol=1e-2), "conv2d backward")
     check(gx.grad is not None and gx.grad.shape == x.shape, "conv2d input grad")
+    steady(torch, "conv_step", 20, lambda _: gconv(gx).sum().backward())
     bn = torch.nn.BatchNorm2d(16).cuda()
     z = bn(y.detach())
     torch.cuda.synchronize()
@@ -146,10 +195,12 @@ def w_triton(torch) -> str:
     x = torch.rand(n, device="cuda")
     y = torch.rand(n, device="cuda")
     out = torch.empty_like(x)
+    grid = (triton.cdiv(n, 1024),)
     for _ in range(3):
-        add_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
+        add_kernel[grid](x, y, out, n, BLOCK=1024)
     torch.cuda.synchronize()
     check(torch.equal(out, x + y), "triton vector add")
+    steady(torch, "triton_launch", 100, lambda _: add_kernel[grid](x, y, out, n, BLOCK=1024))
     return f"triton={triton.__version__}"
 
 
@@ -161,12 +212,16 @@ def w_mlp(torch) -> str:
     data = torch.randn(5, 128, 64, device="cuda")
     target = torch.randint(0, 10, (5, 128), device="cuda")
     losses = []
-    for step in range(5):
+
+    def step(i: int) -> None:
         opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(data[step]), target[step])
+        loss = torch.nn.functional.cross_entropy(model(data[i]), target[i])
         loss.backward()
         opt.step()
         losses.append(float(loss))
+
+    step(0)
+    steady(torch, "mlp_step", 4, lambda i: step(i + 1))
     check(all(v == v and 0 < v < 10 for v in losses), f"losses {losses}")
     return "losses " + " ".join(f"{v:.4f}" for v in losses)
 

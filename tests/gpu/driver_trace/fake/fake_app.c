@@ -32,6 +32,10 @@ int main(void)
     const char *dir = getenv("DRIVER_TRACE_DIR");   /* dlsym must find the tracer's trampoline */
     CHECK(ver && dir && dladdr((void *)ver, &di) && !strncmp(di.dli_fname, dir, strlen(dir)));
     for (int i = 0; i < 5; i++) { int v = 0; CHECK(ver(&v) == 0 && v == 13000); }
+    int (*snap)(const char *) = (int (*)(const char *))dlsym(h, "driver_trace_snapshot");
+    CHECK(snap && snap("loop:begin") == 0);
+    for (int i = 0; i < 100; i++) { CHECK(cuInit(0) == 0); CHECK(i % 4 || ver(&(int){0}) == 0); }
+    CHECK(snap("loop:end:100") == 1);
     int st = -1;
     int (*alloc)(uint64_t *, size_t) = 0;
     CHECK(cuGetProcAddress_v2("cuMemAlloc", (void **)&alloc, 13000, 0, &st) == 0 && st == 0 && alloc);
