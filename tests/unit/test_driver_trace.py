@@ -66,8 +66,8 @@ def run_app(fake, out: Path, tracer: Path | None = None, **env) -> list[dict]:
     return sorted(docs, key=lambda doc: doc["forked_from"])   # parent first
 
 
-def calls(doc: dict, fn: str, via: str | None = None) -> list[dict]:
-    return [c for c in doc["calls"] if c["fn"] == fn and (via is None or c["via"] == via)]
+def calls(doc: dict, fn: str, through: str | None = None) -> list[dict]:
+    return [c for c in doc["calls"] if c["fn"] == fn and (through is None or c["through"] == through)]
 
 
 def test_generator_lists_exported_functions_only(fake):
@@ -97,10 +97,10 @@ def test_counts_callers_proc_address_and_export_tables(fake, tmp_path):
     assert 64 + 20 <= sampled <= 64 + 60
     assert next(iter(init["callers"])).endswith("/app")
     # linked and through cuGetProcAddress v1 (requested under the old version 12080, flags 1)
-    assert {c["via"]: c["calls"] for c in calls(parent, "cuMix")} == {"export": 200, "proc_address": 1}
+    assert {c["through"]: c["calls"] for c in calls(parent, "cuMix")} == {"export": 200, "proc_address": 1}
     # 30 calls after dlopen + dlsym, 1 from the real library's constructor while the tracer loaded it
     (ver,) = calls(parent, "cuDriverGetVersion")
-    assert ver["via"] == "export" and ver["calls"] == 31
+    assert ver["through"] == "export" and ver["calls"] == 31
     assert {Path(k).name: n for k, n in ver["callers"].items()} == {"app": 30, "(real libcuda)": 1}
     # the counts at the two snapshots around 100 cuInit and 25 cuDriverGetVersion
     (begin, end) = parent["snapshots"]
@@ -108,7 +108,7 @@ def test_counts_callers_proc_address_and_export_tables(fake, tmp_path):
     delta = {fn: n - dict(begin["calls"]).get(fn, 0) for fn, n in end["calls"]}
     assert {fn: n for fn, n in delta.items() if n} == {"cuInit": 100, "cuDriverGetVersion": 25}
     (alloc,) = calls(parent, "cuMemAlloc_v2")
-    assert alloc["via"] == "proc_address" and alloc["requested"] == "cuMemAlloc" and alloc["calls"] == 2
+    assert alloc["through"] == "proc_address" and alloc["requested"] == "cuMemAlloc" and alloc["calls"] == 2
     assert alloc["requested_by"].endswith("/app")
     hidden = {Path(c["requested_by"]).name: c["calls"] for c in calls(parent, "cuHidden", "proc_address")}
     assert hidden == {"app": 4, "libcuother.so": 2}                       # one pool slot per library
@@ -127,7 +127,7 @@ def test_counts_callers_proc_address_and_export_tables(fake, tmp_path):
     tables = {t["uuid"][:8]: t for t in parent["export_tables"]}
     assert tables["ab010203"]["rc"] == 0 and tables["ab010203"]["first_word"] == 24
     assert tables["cd010203"]["rc"] == 500 and tables["cd010203"]["entries_wrapped"] == 0
-    assert not [c for c in parent["calls"] if c["via"] == "export_table"]
+    assert not [c for c in parent["calls"] if c["through"] == "export_table"]
     assert parent["first_use"][:3] == ["cuDriverGetVersion", "cuInit", "cuMix"]   # the constructor first
     loaded = {Path(x["path"]).name: x["needs_libcuda"] for x in parent["loaded"]}
     assert loaded["app"] and loaded["libcuother.so"] and not loaded["libc.so.6"]
@@ -136,7 +136,7 @@ def test_counts_callers_proc_address_and_export_tables(fake, tmp_path):
 
 def test_wrapped_export_table_entries_are_counted(fake, tmp_path):
     parent, _ = run_app(fake, tmp_path, DRIVER_TRACE_WRAP_TABLES="1")
-    entries = {c["fn"]: c["calls"] for c in parent["calls"] if c["via"] == "export_table"}
+    entries = {c["fn"]: c["calls"] for c in parent["calls"] if c["through"] == "export_table"}
     assert entries == {"ab010203[1]": 1, "ab010203[2]": 2}              # f0(0) once, f1 twice
     assert {t["uuid"][:8]: t["entries_wrapped"] for t in parent["export_tables"]} == {"ab010203": 2,
                                                                                       "cd010203": 0}
@@ -150,7 +150,7 @@ def test_full_pool_falls_back_to_the_export_trampolines(fake, tmp_path):
     assert parent["pool_used"] == 1 and parent["pool_exhausted"] >= 3
     # the first pointer got the pool slot; cuMix through cuGetProcAddress is still counted (as export)
     assert sum(c["calls"] for c in calls(parent, "cuMix")) == 201
-    assert [c["via"] for c in calls(parent, "cuMemAlloc_v2")] == ["proc_address"]
+    assert [c["through"] for c in calls(parent, "cuMemAlloc_v2")] == ["proc_address"]
 
 
 def test_summary_merges_processes_per_workload(fake, tmp_path):

@@ -116,7 +116,7 @@ def merge(files: list[Path]) -> dict:
             e = calls.setdefault(c["fn"], {"total": 0, "export": 0, "proc_address": 0, "export_table": 0,
                                            "callers": Counter(), "requested_by": Counter()})
             e["total"] += c["calls"]
-            e[c["via"]] += c["calls"]
+            e[c["through"]] += c["calls"]
             for lib, n in c["callers"].items():
                 e["callers"][short(lib)] += n
             if c["requested_by"]:

@@ -541,7 +541,7 @@ static void dump(void)
         fputs(first ? "\n  {\"fn\": " : ",\n  {\"fn\": ", f);
         first = 0;
         json_str(f, slot_name(s));
-        fprintf(f, ", \"via\": \"%s\", \"calls\": %lu, \"requested\": ", kinds[m ? m->kind : KIND_EXPORT], n);
+        fprintf(f, ", \"through\": \"%s\", \"calls\": %lu, \"requested\": ", kinds[m ? m->kind : KIND_EXPORT], n);
         if (m) json_str(f, m->name); else fputs("null", f);
         fputs(", \"requested_by\": ", f);
         json_lib(f, m ? m->lib : -1);
