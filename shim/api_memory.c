@@ -253,6 +253,15 @@ static cudaError_t memcpy_routed(void *dst, const void *src, size_t count,
 cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                          uint64_t stream, int sync)
 {
+    /* Stream capture: an async copy on a capturing stream is recorded; a synchronous one may be
+     * forbidden (graph_capture.c). */
+    if (pilot_capture_any()) {
+        cudaError_t err = cudaSuccess;
+        if (sync && (err = pilot_capture_check_sync(stream, 1)))
+            return err;
+        if (!sync && count && pilot_capture_copy(stream, dst, 0, src, 0, count, 1, kind, &err))
+            return err;
+    }
     /* A registered range's device pointer names its host pages (copies use the host address). */
     dst = (void *)(uintptr_t)pilot_host_unalias((uintptr_t)dst);
     src = (const void *)(uintptr_t)pilot_host_unalias((uintptr_t)src);
@@ -363,6 +372,13 @@ cudaError_t pilot_memset(void *ptr, int value, size_t count, uint64_t stream, in
 {
     if (count == 0)
         return cudaSuccess;
+    if (pilot_capture_any()) {
+        cudaError_t err = cudaSuccess;
+        if (sync && (err = pilot_capture_check_sync(stream, 1)))
+            return err;
+        if (!sync && pilot_capture_memset(stream, ptr, count, value, count, 1, &err))
+            return err;
+    }
     if (!pilot_alloc_contains((uintptr_t)ptr, count))
         return cudaErrorInvalidValue;
     pilot_req_memset req = {.ptr = (uintptr_t)ptr, .count = count, .stream = stream,

@@ -61,6 +61,9 @@ SHIM_SOURCES = [
     "api_ptds.c",
     "callbacks.c",
     "device_props.c",
+    "api_graph.c",
+    "graph_capture.c",
+    "api_stream_attr.c",
 ]
 # The CUDA 12 build's own sources (shim/cuda12_*.c; hack/check_api_table.py reads them as such).
 CUDA12_SOURCES = ["cuda12_compat.c"]

@@ -43,7 +43,7 @@ SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
            ("vector_add", "kernel_args", "copies", "memset", "streams_events", "errors", "threads",
             "alloc", "symbols", "runtime_misc", "managed", "callbacks", "ptds", "multidev",
             "launch_ex", "scrub", "pinned", "quota_paths", "footprint", "liveness", "devices",
-            "fault", "mempool", "launch_order")}
+            "fault", "mempool", "launch_order", "graphs")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 SOURCES["ptds_per_thread"] = APPS_DIR / "ptds.cu"  # the same source, per-thread default streams
 # PILOT's pageDoS and a streaming Unified Memory workload (bench/uvm), for the memory policies
@@ -53,6 +53,7 @@ NVCC_FLAGS = ("-cudart", "shared", "-O2", "-Wno-deprecated-gpu-targets")
 EXTRA_FLAGS = {"ptds_per_thread": ("-default-stream", "per-thread")}
 # Kernel emulations the sim daemons load.
 SIM_KERNEL_FILES = (APPS_DIR / "sim_kernels.py", APPS_DIR / "sim_kernels_streams.py",
+                    APPS_DIR / "sim_kernels_graphs.py",
                     GPU_DIR / "sim_kernels.py", BENCH_DIR / "policy_sim_kernels.py")
 NVCC = shutil.which("nvcc") or next(
     (p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc") if Path(p).exists()), None)
