@@ -1211,6 +1211,18 @@ PILOT_EXPORT cudaError_t cudaGraphKernelNodeGetParams(cudaGraphNode_t node,
     LOCKED(kernel_get(node, pNodeParams));
 }
 
+/* The live node `node` of `type`, or (in_exec) its copy in the live exec `exec`; NULL if not. */
+static struct gnode *target(int in_exec, cudaGraphExec_t exec, cudaGraphNode_t node,
+                            enum cudaGraphNodeType type)
+{
+    struct gnode *n = typed(node, type);
+    if (n && in_exec) {
+        struct gexec *e = exec_get(exec);
+        n = e ? exec_node(e, n) : NULL;
+    }
+    return n;
+}
+
 /* Sets a kernel node's parameters: the program's node, or (exec != NULL) its copy in exec. */
 static cudaError_t kernel_set(cudaGraphExec_t exec, cudaGraphNode_t node,
                               const struct cudaKernelNodeParams *p)
@@ -1223,11 +1235,7 @@ static cudaError_t kernel_set(cudaGraphExec_t exec, cudaGraphNode_t node,
         return err;
     }
     pthread_mutex_lock(&pilot_graph_lock);
-    struct gnode *n = typed(node, cudaGraphNodeTypeKernel);
-    if (n && exec) {
-        struct gexec *e = exec_get(exec);
-        n = e ? exec_node(e, n) : NULL;
-    }
+    struct gnode *n = target(exec != NULL, exec, node, cudaGraphNodeTypeKernel);
     err = n ? fill_kernel(n, &f) : cudaErrorInvalidValue;
     pthread_mutex_unlock(&pilot_graph_lock);
     free((void *)f.buf);
@@ -1249,72 +1257,73 @@ PILOT_EXPORT cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t hGraph
     PILOT_RETURN(kernel_set(hGraphExec, node, pNodeParams));
 }
 
-/* Get/set of the other kinds, under the lock: n is the node itself or its copy in exec. */
-static cudaError_t locate(cudaGraphExec_t exec, cudaGraphNode_t node, enum cudaGraphNodeType type,
-                          struct gnode **out)
+/* Reads (get) or sets (set) the parameters of a memcpy, memset, host or event node: the
+ * program's node, or (in_exec) its copy in exec. Under the lock. */
+static cudaError_t node_params(int in_exec, cudaGraphExec_t exec, cudaGraphNode_t node,
+                               enum cudaGraphNodeType type, void *get, const void *set)
 {
-    struct gnode *n = typed(node, type);
-    if (n && exec) {
-        struct gexec *e = exec_get(exec);
-        n = e ? exec_node(e, n) : NULL;
+    struct gnode *n = target(in_exec, exec, node, type);
+    if (!n || (!get && !set))
+        return cudaErrorInvalidValue;
+    switch (type) {
+    case cudaGraphNodeTypeMemcpy:
+        if (get)
+            *(struct cudaMemcpy3DParms *)get = n->u.copy.p;
+        return get ? cudaSuccess : pilot_node_set_copy(n, set);
+    case cudaGraphNodeTypeMemset:
+        if (get)
+            *(struct cudaMemsetParams *)get = n->u.set.p;
+        return get ? cudaSuccess : pilot_node_set_memset(n, set);
+    case cudaGraphNodeTypeHost:
+        if (get)
+            *(struct cudaHostNodeParams *)get = n->u.host;
+        return get ? cudaSuccess : fill_host(n, set);
+    default: /* event record and wait nodes: the event (set: the value itself) */
+        if (get)
+            *(cudaEvent_t *)get = n->u.event;
+        else
+            n->u.event = (cudaEvent_t)set;
+        return cudaSuccess;
     }
-    *out = n;
-    return n ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-static cudaError_t copy_get(cudaGraphNode_t node, struct cudaMemcpy3DParms *p)
-{
-    struct gnode *n;
-    if (!p || locate(NULL, node, cudaGraphNodeTypeMemcpy, &n))
-        return cudaErrorInvalidValue;
-    *p = n->u.copy.p;
-    return cudaSuccess;
-}
+#define GET(node, type, out) LOCKED(node_params(0, NULL, node, type, out, NULL))
+#define SET(node, type, in) LOCKED(node_params(0, NULL, node, type, NULL, in))
+#define EXEC_SET(exec, node, type, in) LOCKED(node_params(1, exec, node, type, NULL, in))
 
 PILOT_EXPORT cudaError_t cudaGraphMemcpyNodeGetParams(cudaGraphNode_t node,
                                                       struct cudaMemcpy3DParms *pNodeParams)
 {
-    LOCKED(copy_get(node, pNodeParams));
-}
-
-static cudaError_t copy_set(cudaGraphExec_t exec, cudaGraphNode_t node,
-                            const struct cudaMemcpy3DParms *p)
-{
-    struct gnode *n;
-    if (!p || locate(exec, node, cudaGraphNodeTypeMemcpy, &n))
-        return cudaErrorInvalidValue;
-    return pilot_node_set_copy(n, p);
+    GET(node, cudaGraphNodeTypeMemcpy, pNodeParams);
 }
 
 PILOT_EXPORT cudaError_t cudaGraphMemcpyNodeSetParams(cudaGraphNode_t node,
                                                       const struct cudaMemcpy3DParms *pNodeParams)
 {
-    LOCKED(copy_set(NULL, node, pNodeParams));
+    SET(node, cudaGraphNodeTypeMemcpy, pNodeParams);
 }
 
 PILOT_EXPORT cudaError_t cudaGraphExecMemcpyNodeSetParams(cudaGraphExec_t hGraphExec,
                                                           cudaGraphNode_t node,
                                                           const struct cudaMemcpy3DParms *pNodeParams)
 {
-    if (!hGraphExec)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    LOCKED(copy_set(hGraphExec, node, pNodeParams));
+    EXEC_SET(hGraphExec, node, cudaGraphNodeTypeMemcpy, pNodeParams);
 }
 
-static cudaError_t copy_set_1d(cudaGraphExec_t exec, cudaGraphNode_t node, void *dst,
+/* The 1D forms: the parameters as cudaGraphAddMemcpyNode1D makes them. */
+static cudaError_t copy_set_1d(int in_exec, cudaGraphExec_t exec, cudaGraphNode_t node, void *dst,
                                const void *src, size_t count, enum cudaMemcpyKind kind)
 {
-    struct gnode *n;
-    if (locate(exec, node, cudaGraphNodeTypeMemcpy, &n))
-        return cudaErrorInvalidValue;
-    return pilot_node_set_copy_1d(n, dst, src, count, kind);
+    struct gnode scratch = {.type = cudaGraphNodeTypeMemcpy};
+    cudaError_t err = pilot_node_set_copy_1d(&scratch, dst, src, count, kind);
+    return err ? err : node_params(in_exec, exec, node, cudaGraphNodeTypeMemcpy, NULL, &scratch.u.copy.p);
 }
 
 PILOT_EXPORT cudaError_t cudaGraphMemcpyNodeSetParams1D(cudaGraphNode_t node, void *dst,
                                                         const void *src, size_t count,
                                                         enum cudaMemcpyKind kind)
 {
-    LOCKED(copy_set_1d(NULL, node, dst, src, count, kind));
+    LOCKED(copy_set_1d(0, NULL, node, dst, src, count, kind));
 }
 
 PILOT_EXPORT cudaError_t cudaGraphExecMemcpyNodeSetParams1D(cudaGraphExec_t hGraphExec,
@@ -1322,142 +1331,88 @@ PILOT_EXPORT cudaError_t cudaGraphExecMemcpyNodeSetParams1D(cudaGraphExec_t hGra
                                                             const void *src, size_t count,
                                                             enum cudaMemcpyKind kind)
 {
-    if (!hGraphExec)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    LOCKED(copy_set_1d(hGraphExec, node, dst, src, count, kind));
-}
-
-static cudaError_t memset_get(cudaGraphNode_t node, struct cudaMemsetParams *p)
-{
-    struct gnode *n;
-    if (!p || locate(NULL, node, cudaGraphNodeTypeMemset, &n))
-        return cudaErrorInvalidValue;
-    *p = n->u.set.p;
-    return cudaSuccess;
+    LOCKED(copy_set_1d(1, hGraphExec, node, dst, src, count, kind));
 }
 
 PILOT_EXPORT cudaError_t cudaGraphMemsetNodeGetParams(cudaGraphNode_t node,
                                                       struct cudaMemsetParams *pNodeParams)
 {
-    LOCKED(memset_get(node, pNodeParams));
-}
-
-static cudaError_t memset_set(cudaGraphExec_t exec, cudaGraphNode_t node,
-                              const struct cudaMemsetParams *p)
-{
-    struct gnode *n;
-    if (!p || locate(exec, node, cudaGraphNodeTypeMemset, &n))
-        return cudaErrorInvalidValue;
-    return pilot_node_set_memset(n, p);
+    GET(node, cudaGraphNodeTypeMemset, pNodeParams);
 }
 
 PILOT_EXPORT cudaError_t cudaGraphMemsetNodeSetParams(cudaGraphNode_t node,
                                                       const struct cudaMemsetParams *pNodeParams)
 {
-    LOCKED(memset_set(NULL, node, pNodeParams));
+    SET(node, cudaGraphNodeTypeMemset, pNodeParams);
 }
 
 PILOT_EXPORT cudaError_t cudaGraphExecMemsetNodeSetParams(cudaGraphExec_t hGraphExec,
                                                           cudaGraphNode_t node,
                                                           const struct cudaMemsetParams *pNodeParams)
 {
-    if (!hGraphExec)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    LOCKED(memset_set(hGraphExec, node, pNodeParams));
-}
-
-static cudaError_t host_get(cudaGraphNode_t node, struct cudaHostNodeParams *p)
-{
-    struct gnode *n;
-    if (!p || locate(NULL, node, cudaGraphNodeTypeHost, &n))
-        return cudaErrorInvalidValue;
-    *p = n->u.host;
-    return cudaSuccess;
+    EXEC_SET(hGraphExec, node, cudaGraphNodeTypeMemset, pNodeParams);
 }
 
 PILOT_EXPORT cudaError_t cudaGraphHostNodeGetParams(cudaGraphNode_t node,
                                                     struct cudaHostNodeParams *pNodeParams)
 {
-    LOCKED(host_get(node, pNodeParams));
-}
-
-static cudaError_t host_set(cudaGraphExec_t exec, cudaGraphNode_t node,
-                            const struct cudaHostNodeParams *p)
-{
-    struct gnode *n;
-    if (!p || locate(exec, node, cudaGraphNodeTypeHost, &n))
-        return cudaErrorInvalidValue;
-    return fill_host(n, p);
+    GET(node, cudaGraphNodeTypeHost, pNodeParams);
 }
 
 PILOT_EXPORT cudaError_t cudaGraphHostNodeSetParams(cudaGraphNode_t node,
                                                     const struct cudaHostNodeParams *pNodeParams)
 {
-    LOCKED(host_set(NULL, node, pNodeParams));
+    SET(node, cudaGraphNodeTypeHost, pNodeParams);
 }
 
 PILOT_EXPORT cudaError_t cudaGraphExecHostNodeSetParams(cudaGraphExec_t hGraphExec,
                                                         cudaGraphNode_t node,
                                                         const struct cudaHostNodeParams *pNodeParams)
 {
-    if (!hGraphExec)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    LOCKED(host_set(hGraphExec, node, pNodeParams));
+    EXEC_SET(hGraphExec, node, cudaGraphNodeTypeHost, pNodeParams);
 }
 
-static cudaError_t event_node(cudaGraphExec_t exec, cudaGraphNode_t node,
-                              enum cudaGraphNodeType type, cudaEvent_t *get, cudaEvent_t set)
+/* Event nodes: a NULL event is refused where it is set. */
+static cudaError_t set_event(int in_exec, cudaGraphExec_t exec, cudaGraphNode_t node,
+                             enum cudaGraphNodeType type, cudaEvent_t event)
 {
-    struct gnode *n;
-    if (locate(exec, node, type, &n) || (get == NULL && set == NULL))
-        return cudaErrorInvalidValue;
-    if (get)
-        *get = n->u.event;
-    else
-        n->u.event = set;
-    return cudaSuccess;
+    if (!event)
+        return cudaErrorInvalidResourceHandle;
+    return node_params(in_exec, exec, node, type, NULL, event);
 }
 
 PILOT_EXPORT cudaError_t cudaGraphEventRecordNodeGetEvent(cudaGraphNode_t node, cudaEvent_t *event_out)
 {
-    if (!event_out)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    LOCKED(event_node(NULL, node, cudaGraphNodeTypeEventRecord, event_out, NULL));
+    GET(node, cudaGraphNodeTypeEventRecord, event_out);
 }
 
 PILOT_EXPORT cudaError_t cudaGraphEventRecordNodeSetEvent(cudaGraphNode_t node, cudaEvent_t event)
 {
-    LOCKED(event_node(NULL, node, cudaGraphNodeTypeEventRecord, NULL, event));
+    LOCKED(set_event(0, NULL, node, cudaGraphNodeTypeEventRecord, event));
 }
 
 PILOT_EXPORT cudaError_t cudaGraphEventWaitNodeGetEvent(cudaGraphNode_t node, cudaEvent_t *event_out)
 {
-    if (!event_out)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    LOCKED(event_node(NULL, node, cudaGraphNodeTypeWaitEvent, event_out, NULL));
+    GET(node, cudaGraphNodeTypeWaitEvent, event_out);
 }
 
 PILOT_EXPORT cudaError_t cudaGraphEventWaitNodeSetEvent(cudaGraphNode_t node, cudaEvent_t event)
 {
-    LOCKED(event_node(NULL, node, cudaGraphNodeTypeWaitEvent, NULL, event));
+    LOCKED(set_event(0, NULL, node, cudaGraphNodeTypeWaitEvent, event));
 }
 
 PILOT_EXPORT cudaError_t cudaGraphExecEventRecordNodeSetEvent(cudaGraphExec_t hGraphExec,
                                                               cudaGraphNode_t hNode,
                                                               cudaEvent_t event)
 {
-    if (!hGraphExec)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    LOCKED(event_node(hGraphExec, hNode, cudaGraphNodeTypeEventRecord, NULL, event));
+    LOCKED(set_event(1, hGraphExec, hNode, cudaGraphNodeTypeEventRecord, event));
 }
 
 PILOT_EXPORT cudaError_t cudaGraphExecEventWaitNodeSetEvent(cudaGraphExec_t hGraphExec,
                                                             cudaGraphNode_t hNode,
                                                             cudaEvent_t event)
 {
-    if (!hGraphExec)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    LOCKED(event_node(hGraphExec, hNode, cudaGraphNodeTypeWaitEvent, NULL, event));
+    LOCKED(set_event(1, hGraphExec, hNode, cudaGraphNodeTypeWaitEvent, event));
 }
 
 /* ---- executable graphs ---- */

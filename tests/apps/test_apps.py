@@ -456,6 +456,7 @@ def test_every_kernel_has_an_emulation(app_binaries: dict[str, Path]) -> None:
     here = Path(__file__).parent
     registry = sim_kernels.load_kernel_files([here / "sim_kernels.py",
                                               here / "sim_kernels_streams.py",
+                                              here / "sim_kernels_graphs.py",
                                               here.parent / "gpu" / "sim_kernels.py",
                                               here.parent.parent / "bench" / "policy_sim_kernels.py"])
     kernels: set[str] = set()
@@ -474,8 +475,8 @@ def test_every_kernel_has_an_emulation(app_binaries: dict[str, Path]) -> None:
             kernels |= found
     # 22 in tests/apps (4 runtime_misc, 5 managed), 8 in the callback/stream/device programs,
     # 2 in pinned, 3 in footprint, 3 in fault, 1 in mempool, 5 in tests/gpu, 3 in bench/uvm/pagedos.cu,
-    # 3 in stream.cu, 3 in launch_order
-    assert len(kernels) == 53, sorted(kernels)
+    # 3 in stream.cu, 3 in launch_order, 3 in graphs
+    assert len(kernels) == 56, sorted(kernels)
     assert sorted(kernels - set(registry.names())) == []
 
 
