@@ -614,6 +614,15 @@ static struct gnode *exec_node(const struct gexec *e, const struct gnode *node)
         PILOT_RETURN(e__);                           \
     } while (0)
 
+/* The same, for a helper that returns the value instead. */
+#define LOCKED_VALUE(expr)                           \
+    do {                                             \
+        pthread_mutex_lock(&pilot_graph_lock);       \
+        cudaError_t e__ = (expr);                    \
+        pthread_mutex_unlock(&pilot_graph_lock);     \
+        return e__;                                  \
+    } while (0)
+
 PILOT_EXPORT cudaError_t cudaGraphCreate(cudaGraph_t *pGraph, unsigned int flags)
 {
     if (!pGraph || flags)
@@ -1714,4 +1723,143 @@ PILOT_EXPORT cudaError_t cudaGraphDebugDotPrint(cudaGraph_t graph, const char *p
 {
     (void)flags;
     LOCKED(dot_print(graph, path));
+}
+
+/* ---- the generic node API (cudaGraphNodeParams): the typed calls above ---- */
+
+static int g_logged_generic;
+
+static cudaError_t generic_unsupported(enum cudaGraphNodeType type)
+{
+    if (!__atomic_exchange_n(&g_logged_generic, 1, __ATOMIC_RELAXED))
+        LOG_WARN("graph nodes of type %d (memory, conditional, external semaphore) are not "
+                 "supported by pilot", (int)type);
+    return cudaErrorNotSupported;
+}
+
+static struct cudaKernelNodeParams kernel_v1(const struct cudaGraphNodeParams *p)
+{
+    struct cudaKernelNodeParams k = {.func = p->kernel.func, .sharedMemBytes = p->kernel.sharedMemBytes,
+                                     .kernelParams = p->kernel.kernelParams, .extra = p->kernel.extra};
+    k.gridDim = (dim3){p->kernel.gridDim.x, p->kernel.gridDim.y, p->kernel.gridDim.z};
+    k.blockDim = (dim3){p->kernel.blockDim.x, p->kernel.blockDim.y, p->kernel.blockDim.z};
+    return k;
+}
+
+static struct cudaMemsetParams memset_v1(const struct cudaGraphNodeParams *p)
+{
+    return (struct cudaMemsetParams){.dst = p->memset.dst, .pitch = p->memset.pitch,
+                                     .value = p->memset.value,
+                                     .elementSize = p->memset.elementSize,
+                                     .width = p->memset.width, .height = p->memset.height};
+}
+
+static cudaError_t fill_child_moved(struct gnode *n, const void *arg)
+{
+    struct ggraph *child = pilot_graph_get((cudaGraph_t)arg);
+    if (!child || child == n->graph || child->owner || pilot_capture_owns(child))
+        return cudaErrorInvalidValue;
+    n->u.child = child; /* cudaGraphChildGraphOwnershipMove: the node owns the program's graph */
+    child->owner = n;
+    return cudaSuccess;
+}
+
+PILOT_EXPORT cudaError_t cudaGraphAddNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                          const cudaGraphNode_t *pDependencies,
+                                          const cudaGraphEdgeData *dependencyData,
+                                          size_t numDependencies,
+                                          struct cudaGraphNodeParams *nodeParams)
+{
+    if (!nodeParams)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    for (size_t i = 0; dependencyData && i < numDependencies; i++)
+        if (!edge_data_default(&dependencyData[i]))
+            PILOT_RETURN(cudaErrorNotSupported); /* programmatic edges */
+    const cudaGraphNode_t *d = pDependencies;
+    size_t nd = numDependencies;
+    struct cudaGraphNodeParams *p = nodeParams;
+    switch (p->type) {
+    case cudaGraphNodeTypeKernel: {
+        struct cudaKernelNodeParams k = kernel_v1(p);
+        return cudaGraphAddKernelNode(pGraphNode, graph, d, nd, &k);
+    }
+    case cudaGraphNodeTypeMemcpy:
+        if (p->memcpy.flags)
+            PILOT_RETURN(cudaErrorInvalidValue);
+        return cudaGraphAddMemcpyNode(pGraphNode, graph, d, nd, &p->memcpy.copyParams);
+    case cudaGraphNodeTypeMemset: {
+        struct cudaMemsetParams m = memset_v1(p);
+        return cudaGraphAddMemsetNode(pGraphNode, graph, d, nd, &m);
+    }
+    case cudaGraphNodeTypeHost: {
+        struct cudaHostNodeParams h = {p->host.fn, p->host.userData};
+        return cudaGraphAddHostNode(pGraphNode, graph, d, nd, &h);
+    }
+    case cudaGraphNodeTypeGraph:
+        if (p->graph.ownership == cudaGraphChildGraphOwnershipMove)
+            return add_node(pGraphNode, graph, d, nd, cudaGraphNodeTypeGraph, fill_child_moved,
+                            p->graph.graph);
+        return cudaGraphAddChildGraphNode(pGraphNode, graph, d, nd, p->graph.graph);
+    case cudaGraphNodeTypeEmpty:
+        return cudaGraphAddEmptyNode(pGraphNode, graph, d, nd);
+    case cudaGraphNodeTypeEventRecord:
+        return cudaGraphAddEventRecordNode(pGraphNode, graph, d, nd, p->eventRecord.event);
+    case cudaGraphNodeTypeWaitEvent:
+        return cudaGraphAddEventWaitNode(pGraphNode, graph, d, nd, p->eventWait.event);
+    default:
+        PILOT_RETURN(generic_unsupported(p->type));
+    }
+}
+
+/* cudaGraphNodeSetParams (exec NULL) and cudaGraphExecNodeSetParams: the node's own type only. */
+static cudaError_t generic_set(cudaGraphExec_t exec, cudaGraphNode_t node,
+                               const struct cudaGraphNodeParams *p)
+{
+    pthread_mutex_lock(&pilot_graph_lock);
+    struct gnode *n = pilot_node_get(node);
+    int type = n ? (int)n->type : -1;
+    pthread_mutex_unlock(&pilot_graph_lock);
+    if (!p || type < 0 || (int)p->type != type)
+        return cudaErrorInvalidValue;
+    int in_exec = exec != NULL;
+    switch (p->type) {
+    case cudaGraphNodeTypeKernel: {
+        struct cudaKernelNodeParams k = kernel_v1(p);
+        return kernel_set(exec, node, &k);
+    }
+    case cudaGraphNodeTypeMemcpy:
+        if (p->memcpy.flags)
+            return cudaErrorInvalidValue;
+        LOCKED_VALUE(node_params(in_exec, exec, node, p->type, NULL, &p->memcpy.copyParams));
+    case cudaGraphNodeTypeMemset: {
+        struct cudaMemsetParams m = memset_v1(p);
+        LOCKED_VALUE(node_params(in_exec, exec, node, p->type, NULL, &m));
+    }
+    case cudaGraphNodeTypeHost: {
+        struct cudaHostNodeParams h = {p->host.fn, p->host.userData};
+        LOCKED_VALUE(node_params(in_exec, exec, node, p->type, NULL, &h));
+    }
+    case cudaGraphNodeTypeEmpty:
+        return cudaSuccess;
+    case cudaGraphNodeTypeEventRecord:
+        LOCKED_VALUE(set_event(in_exec, exec, node, p->type, p->eventRecord.event));
+    case cudaGraphNodeTypeWaitEvent:
+        LOCKED_VALUE(set_event(in_exec, exec, node, p->type, p->eventWait.event));
+    default: /* child graphs: cudaGraphExecChildGraphNodeSetParams is not carried either */
+        return generic_unsupported(p->type);
+    }
+}
+
+PILOT_EXPORT cudaError_t cudaGraphNodeSetParams(cudaGraphNode_t node,
+                                                struct cudaGraphNodeParams *nodeParams)
+{
+    PILOT_RETURN(generic_set(NULL, node, nodeParams));
+}
+
+PILOT_EXPORT cudaError_t cudaGraphExecNodeSetParams(cudaGraphExec_t graphExec, cudaGraphNode_t node,
+                                                    struct cudaGraphNodeParams *nodeParams)
+{
+    if (!graphExec)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    PILOT_RETURN(generic_set(graphExec, node, nodeParams));
 }

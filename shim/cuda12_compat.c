@@ -30,6 +30,7 @@
 #undef cudaPointerGetAttributes
 #undef cudaRuntimeGetVersion
 #undef cudaGraphAddDependencies
+#undef cudaGraphAddNode
 #undef cudaGraphRemoveDependencies
 #undef cudaGraphGetEdges
 #undef cudaGraphNodeGetDependencies
@@ -401,4 +402,24 @@ PILOT_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies_v2_ptsz(
 {
     return pilot13_cudaStreamUpdateCaptureDependencies_ptsz(stream, dependencies, dependencyData,
                                                             numDependencies, flags);
+}
+
+/* The node parameters have CUDA 13's layout (cudaGraphNodeSetParams is as13). */
+PILOT_EXPORT cudaError_t cudaGraphAddNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                          const cudaGraphNode_t *pDependencies,
+                                          size_t numDependencies,
+                                          struct cudaGraphNodeParams *nodeParams)
+{
+    return pilot13_cudaGraphAddNode(pGraphNode, graph, pDependencies, NULL, numDependencies,
+                                    nodeParams);
+}
+
+PILOT_EXPORT cudaError_t cudaGraphAddNode_v2(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                             const cudaGraphNode_t *pDependencies,
+                                             const cudaGraphEdgeData *dependencyData,
+                                             size_t numDependencies,
+                                             struct cudaGraphNodeParams *nodeParams)
+{
+    return pilot13_cudaGraphAddNode(pGraphNode, graph, pDependencies, dependencyData,
+                                    numDependencies, nodeParams);
 }

@@ -9,6 +9,7 @@
 //   - a fork/join capture over two streams with events (the simpleCudaGraphs pattern), launched
 //     on the other stream; a captured graph launch (a child graph node); an unjoined fork;
 //   - what CUDA forbids during a capture and the errors it gives; a relaxed-mode capture;
+//   - cudaGraphAddNode and the generic set calls, a child graph moved into its parent;
 //   - NULL handles; stream attributes.
 // Prints only exact values and error names (identical natively and under pilot).
 // `graphs garbage` (pilot only: natively these would crash) passes destroyed and made-up handles.
@@ -458,6 +459,70 @@ static void forbidden()
     CHECK(cudaGraphDestroy(g));
 }
 
+// cudaGraphAddNode / cudaGraphNodeSetParams / cudaGraphExecNodeSetParams, a child graph moved in
+static void generic_nodes()
+{
+    cudaGraph_t g, child;
+    CHECK(cudaGraphCreate(&g, 0));
+    CHECK(cudaGraphCreate(&child, 0));
+    int n = N, mul = 3, add = 4, one = 1, seven = 7;
+    void *args[4] = {&d_c, &n, &mul, &add};
+    void *child_args[4] = {&d_c, &n, &one, &seven};
+    cudaGraphNodeParams sp = {};
+    sp.type = cudaGraphNodeTypeMemset;
+    sp.memset.dst = d_c;
+    sp.memset.value = 2;
+    sp.memset.elementSize = 4;
+    sp.memset.width = N;
+    sp.memset.height = 1;
+    cudaGraphNode_t set, k, ck, sub;
+    CHECK(cudaGraphAddNode(&set, g, NULL, NULL, 0, &sp));
+    cudaGraphNodeParams kp = {};
+    kp.type = cudaGraphNodeTypeKernel;
+    kp.kernel.func = (void *)graph_axpb;
+    kp.kernel.gridDim = dim3(N / THREADS);
+    kp.kernel.blockDim = dim3(THREADS);
+    kp.kernel.kernelParams = args;
+    CHECK(cudaGraphAddNode(&k, g, &set, NULL, 1, &kp)); // c = 2 * mul + add
+    cudaGraphNodeParams ckp = kp;
+    ckp.kernel.kernelParams = child_args;
+    CHECK(cudaGraphAddNode(&ck, child, NULL, NULL, 0, &ckp)); // c += 7
+    cudaGraphNodeParams gp = {};
+    gp.type = cudaGraphNodeTypeGraph;
+    gp.graph.graph = child;
+    gp.graph.ownership = cudaGraphChildGraphOwnershipMove;
+    CHECK(cudaGraphAddNode(&sub, g, &k, NULL, 1, &gp));
+    structure("generic", g);
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, g, 0));
+    int got[3];
+    CHECK(cudaGraphLaunch(exec, s1));
+    CHECK(cudaMemcpyAsync(h_out, d_c, N * sizeof(int), cudaMemcpyDeviceToHost, s1));
+    CHECK(cudaStreamSynchronize(s1));
+    got[0] = h_out[N - 1];
+    mul = 5;
+    CHECK(cudaGraphExecNodeSetParams(exec, k, &kp));
+    CHECK(cudaGraphLaunch(exec, s1));
+    CHECK(cudaMemcpyAsync(h_out, d_c, N * sizeof(int), cudaMemcpyDeviceToHost, s1));
+    CHECK(cudaStreamSynchronize(s1));
+    got[1] = h_out[N - 1];
+    add = 1;
+    CHECK(cudaGraphNodeSetParams(k, &kp));
+    cudaGraphExecUpdateResultInfo info = {};
+    CHECK(cudaGraphExecUpdate(exec, g, &info));
+    CHECK(cudaGraphLaunch(exec, s1));
+    CHECK(cudaMemcpyAsync(h_out, d_c, N * sizeof(int), cudaMemcpyDeviceToHost, s1));
+    CHECK(cudaStreamSynchronize(s1));
+    got[2] = h_out[N - 1];
+    cudaGraphNodeParams wrong = {};
+    wrong.type = cudaGraphNodeTypeEmpty;
+    cudaError_t e = cudaGraphNodeSetParams(k, &wrong);
+    (void)cudaGetLastError();
+    printf("generic values %d %d %d wrong_type %s\n", got[0], got[1], got[2], name(e));
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(g));
+}
+
 static void null_handles()
 {
     cudaGraphExec_t exec;
@@ -561,6 +626,7 @@ int main(int argc, char **argv)
     capture_loop();
     fork_join();
     forbidden();
+    generic_nodes();
     null_handles();
     stream_attributes();
     CHECK(cudaDeviceSynchronize());

@@ -79,6 +79,8 @@ def expected() -> list[str]:
         "event_query cudaErrorCapturedEvent",
         "relaxed_copy cudaSuccess nodes 0",
         _show("relaxed", forkjoin),
+        "generic nodes 3 roots 1 edges 2",
+        "generic values 17 21 18 wrong_type cudaErrorInvalidValue",
         "null instantiate cudaErrorInvalidValue",
         "null add cudaErrorInvalidValue",
         "null type cudaErrorInvalidValue",
