@@ -66,8 +66,13 @@ static int live_has(const void *p)
 
 static int live_add(void *p)
 {
-    if ((g_live_used + 1) * 2 > g_live_cap) {
-        size_t cap = g_live_cap ? g_live_cap * 2 : 256;
+    if ((g_live_used + 1) * 2 > g_live_cap) { /* rebuilt at most a quarter full, tombstones gone */
+        size_t live = 0;
+        for (size_t i = 0; i < g_live_cap; i++)
+            live += g_live[i] && g_live[i] != TOMB;
+        size_t cap = g_live_cap ? g_live_cap : 256;
+        while ((live + 1) * 4 > cap)
+            cap *= 2;
         void **table = calloc(cap, sizeof *table);
         if (!table)
             return -1;
@@ -405,6 +410,7 @@ cudaError_t pilot_node_set_memset(struct gnode *n, const struct cudaMemsetParams
 /* ---- copies ---- */
 
 static cudaError_t node_copy_params(struct gnode *dst, const struct gnode *src);
+static void index_nodes(const struct ggraph *g);
 
 struct gnode *pilot_node_copy(struct ggraph *g, const struct gnode *src)
 {
@@ -459,13 +465,11 @@ struct ggraph *pilot_graph_clone(const struct ggraph *src)
             pilot_graph_free(g);
             return NULL;
         }
+    index_nodes(src);
     for (size_t i = 0; i < src->count; i++) {
         const struct gnode *from = src->nodes[i];
         for (size_t j = 0; j < from->nouts; j++) {
-            size_t k = 0;
-            while (src->nodes[k] != from->outs[j])
-                k++;
-            if (edge_add(g->nodes[i], g->nodes[k])) {
+            if (edge_add(g->nodes[i], g->nodes[from->outs[j]->index])) {
                 pilot_graph_free(g);
                 return NULL;
             }
@@ -535,43 +539,43 @@ cudaError_t pilot_node_issue(const struct gnode *n, cudaStream_t stream)
     }
 }
 
-/* Appends g's nodes to e->order in a topological order (Kahn's, creation order among the
- * ready), child graphs in place. -1: a cycle; -2: out of memory. */
+/* Numbers g's nodes (n->index = position in g->nodes) for the walks below. */
+static void index_nodes(const struct ggraph *g)
+{
+    for (size_t i = 0; i < g->count; i++)
+        g->nodes[i]->index = i;
+}
+
+/* Appends g's nodes to e->order in a topological order (Kahn's, a FIFO of ready nodes seeded in
+ * creation order), child graphs in place. -1: a cycle; -2: out of memory. */
 static int order_graph(struct gexec *e, const struct ggraph *g, size_t *cap)
 {
-    size_t n = g->count, done = 0;
-    size_t *indeg = calloc(n ? n : 1, sizeof *indeg);
-    if (!indeg)
-        return -2;
-    for (size_t i = 0; i < n; i++)
-        indeg[i] = g->nodes[i]->ndeps;
-    int rc = 0;
-    while (done < n && rc == 0) {
-        size_t i = 0;
-        while (i < n && indeg[i] != 0)
-            i++;
-        if (i == n) {
-            rc = -1; /* every node left waits for another: a cycle */
-            break;
-        }
-        indeg[i] = SIZE_MAX;
-        done++;
-        struct gnode *node = g->nodes[i];
+    size_t n = g->count, head = 0, tail = 0;
+    size_t *indeg = malloc((n ? n : 1) * sizeof *indeg);
+    struct gnode **ready = malloc((n ? n : 1) * sizeof *ready);
+    int rc = indeg && ready ? 0 : -2;
+    if (rc == 0)
+        index_nodes(g);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (!(indeg[i] = g->nodes[i]->ndeps))
+            ready[tail++] = g->nodes[i];
+    while (rc == 0 && head < tail) {
+        struct gnode *node = ready[head++];
         for (size_t j = 0; j < node->nouts; j++)
-            for (size_t k = 0; k < n; k++)
-                if (g->nodes[k] == node->outs[j]) {
-                    indeg[k]--;
-                    break;
-                }
+            if (--indeg[node->outs[j]->index] == 0)
+                ready[tail++] = node->outs[j];
         if (node->type == cudaGraphNodeTypeGraph) {
-            rc = order_graph(e, node->u.child, cap);
+            rc = order_graph(e, node->u.child, cap); /* renumbers the child's nodes only */
         } else if (grow(&e->order, cap, e->count + 1, sizeof *e->order)) {
             rc = -2;
         } else {
             e->order[e->count++] = node;
         }
     }
+    if (rc == 0 && head < n)
+        rc = -1; /* the nodes left all wait for one another: a cycle */
     free(indeg);
+    free(ready);
     return rc;
 }
 
@@ -1617,6 +1621,7 @@ static cudaError_t exec_update(cudaGraphExec_t exec, cudaGraph_t graph,
     cudaGraphNode_t bad = NULL, bad_from = NULL;
     if (old->count != g->count)
         why = cudaGraphExecUpdateErrorTopologyChanged;
+    index_nodes(g);
     for (size_t i = 0; !why && i < g->count; i++) {
         struct gnode *a = old->nodes[i], *b = g->nodes[i];
         bad = (cudaGraphNode_t)b;
@@ -1628,12 +1633,11 @@ static cudaError_t exec_update(cudaGraphExec_t exec, cudaGraph_t graph,
                  b->u.child->count != a->u.child->count)
             why = cudaGraphExecUpdateErrorTopologyChanged;
         for (size_t j = 0; !why && j < b->ndeps; j++) {
-            size_t k = 0; /* the same edges: dependency j of both is the same-numbered node */
-            while (g->nodes[k] != b->deps[j])
-                k++;
+            /* the same edges: each dependency of b is the same-numbered node's copy in a's */
+            const struct gnode *want = old->nodes[b->deps[j]->index];
             int found = 0;
             for (size_t m = 0; m < a->ndeps; m++)
-                found |= a->deps[m] == old->nodes[k];
+                found |= a->deps[m] == want;
             if (!found) {
                 why = cudaGraphExecUpdateErrorTopologyChanged;
                 bad_from = (cudaGraphNode_t)b->deps[j];

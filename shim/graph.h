@@ -30,6 +30,7 @@ struct gnode {
     size_t ndeps, cap_deps, nouts, cap_outs;
     int enabled;   /* in an executable graph: cudaGraphNodeSetEnabled */
     uint64_t mark; /* graph walks (graph_capture.c) */
+    size_t index;  /* position in its graph's nodes, while a walk needs it (api_graph.c) */
     union {
         struct {
             struct pilot_kernel *kernel;

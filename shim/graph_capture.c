@@ -612,22 +612,43 @@ PILOT_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream,
                                          dependencyData, numDependencies, mode);
 }
 
-/* Marks every node the origin's dependency set depends on (itself included) with `mark`. */
-static void mark_ancestors(struct gnode *const *from, size_t n, uint64_t mark)
+/* Marks every node the origin's dependency set depends on (itself included) with `mark`,
+ * without recursion (a capture of a long loop is a chain of as many nodes). 0: out of memory. */
+static int mark_ancestors(struct gnode *const *from, size_t n, uint64_t mark)
 {
-    for (size_t i = 0; i < n; i++) {
-        if (from[i]->mark == mark)
+    size_t cap = n + 16, top = 0;
+    struct gnode **stack = malloc(cap * sizeof *stack);
+    if (!stack)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        stack[top++] = from[i];
+    while (top) {
+        struct gnode *node = stack[--top];
+        if (node->mark == mark)
             continue;
-        from[i]->mark = mark;
-        mark_ancestors(from[i]->deps, from[i]->ndeps, mark);
+        node->mark = mark;
+        if (top + node->ndeps > cap) {
+            cap = (top + node->ndeps) * 2;
+            struct gnode **bigger = realloc(stack, cap * sizeof *stack);
+            if (!bigger) {
+                free(stack);
+                return 0;
+            }
+            stack = bigger;
+        }
+        for (size_t i = 0; i < node->ndeps; i++)
+            stack[top++] = node->deps[i];
     }
+    free(stack);
+    return 1;
 }
 
 /* 1 if every stream that joined the capture was joined back into the origin stream. */
 static int joined(struct capture *cap, struct cstream *origin)
 {
     uint64_t mark = ++g_mark;
-    mark_ancestors(origin->deps, origin->n, mark);
+    if (!mark_ancestors(origin->deps, origin->n, mark))
+        return 1; /* out of memory: the graph is returned unchecked */
     for (struct cstream *s = g_streams; s; s = s->next)
         if (s->cap == cap && s != origin)
             for (size_t i = 0; i < s->n; i++)

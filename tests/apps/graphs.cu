@@ -352,6 +352,22 @@ static void capture_loop()
     CHECK(cudaGraphDestroy(outer));
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphDestroy(g));
+
+    // a long chain: 3000 launches captured, one node each
+    CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal));
+    for (int k = 0; k < 3000; k++)
+        graph_axpb<<<1, THREADS, 0, s1>>>(d_c, THREADS, 1, k % 3);
+    CHECK(cudaGetLastError());
+    CHECK(cudaStreamEndCapture(s1, &g));
+    CHECK(cudaGraphInstantiate(&exec, g, 0));
+    CHECK(cudaMemcpyAsync(d_c, h_in, N * sizeof(int), cudaMemcpyHostToDevice, s1));
+    CHECK(cudaGraphLaunch(exec, s1));
+    CHECK(cudaMemcpyAsync(h_out2, d_c, N * sizeof(int), cudaMemcpyDeviceToHost, s1));
+    CHECK(cudaStreamSynchronize(s1));
+    printf("long_chain nodes %zu\n", count_nodes(g));
+    show("long_chain", h_out2);
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(g));
 }
 
 static void fork_join()

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 
 N = 1024
+THREADS = 256
 TABLE = [j * j - 5 for j in range(16)]
 H_IN = [3 * i + 1 for i in range(N)]
 MASK = 0xFFFFFFFF
@@ -65,6 +66,8 @@ def expected() -> list[str]:
         _show("loop", loop),
         "captured_launch nodes 1 type 4",
         _show("captured_launch", loop),
+        "long_chain nodes 3000",
+        _show("long_chain", [h + 3000 if i < THREADS else h for i, h in enumerate(H_IN)]),
         "fork s2 status 1 same_id 1",
         "joined s2 status 0",
         "forkjoin nodes 6 roots 1 edges 6",
