@@ -438,6 +438,25 @@ static void forbidden()
 
     e = cudaStreamBeginCapture(0, cudaStreamCaptureModeGlobal);
     printf("legacy_capture %s\n", name(e));
+    e = cudaStreamEndCapture(s1, &g);
+    printf("end_not_capturing %s\n", name(e));
+    CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+    e = cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal);
+    printf("begin_twice %s\n", name(e));
+    g = NULL;
+    (void)cudaStreamEndCapture(s1, &g); // whether that invalidated it is not printed
+    if (g)
+        CHECK(cudaGraphDestroy(g));
+    (void)cudaGetLastError();
+
+    // asking about the legacy stream while a blocking stream captures: refused, not invalidated
+    CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+    e = cudaStreamIsCapturing(0, &st);
+    graph_axpb<<<N / THREADS, THREADS, 0, s1>>>(d_c, N, 1, 1);
+    end = cudaStreamEndCapture(s1, &g);
+    printf("legacy_query %s end %s\n", name(e), name(end));
+    if (end == cudaSuccess)
+        CHECK(cudaGraphDestroy(g));
     (void)cudaGetLastError();
 
     CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
@@ -549,6 +568,7 @@ static void null_handles()
     printf("null type %s\n", name(cudaGraphNodeGetType(NULL, &t)));
     printf("null destroy %s\n", name(cudaGraphDestroy(NULL)));
     printf("null create %s\n", name(cudaGraphCreate(NULL, 0)));
+    printf("null launch %s\n", name(cudaGraphLaunch(NULL, s1)));
     (void)cudaGetLastError();
 }
 

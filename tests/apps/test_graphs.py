@@ -77,6 +77,9 @@ def expected() -> list[str]:
         "launch_after cudaErrorStreamCaptureInvalidated end cudaErrorStreamCaptureInvalidated "
         "graph 0 status 0",
         "legacy_capture cudaErrorStreamCaptureUnsupported",
+        "end_not_capturing cudaErrorIllegalState",
+        "begin_twice cudaErrorIllegalState",
+        "legacy_query cudaErrorStreamCaptureImplicit end cudaSuccess",
         "sync_copy cudaErrorStreamCaptureImplicit end cudaErrorStreamCaptureInvalidated",
         "device_sync cudaErrorStreamCaptureUnsupported end cudaErrorStreamCaptureInvalidated",
         "event_query cudaErrorCapturedEvent",
@@ -89,6 +92,7 @@ def expected() -> list[str]:
         "null type cudaErrorInvalidValue",
         "null destroy cudaErrorInvalidValue",
         "null create cudaErrorInvalidValue",
+        "null launch cudaErrorInvalidValue",
         "window base 1 bytes 4096 hit 50 props 2 1",
         "sync_policy 2",
         "copied bytes 4096",
