@@ -172,12 +172,14 @@ PILOT_EXPORT cudaError_t cudaMalloc(void **ptr, size_t size)
         PILOT_RETURN(cudaErrorInvalidValue);
     *ptr = NULL;
     PILOT_REQUIRE_SESSION();
+    cudaError_t err = pilot_capture_check_unsafe(); /* not during a capture (graph_capture.c) */
+    if (err)
+        PILOT_RETURN(err);
     if (size == 0)
         return cudaSuccess;
     pilot_req_malloc req = {.size = size};
     pilot_rep_u64 rep;
-    cudaError_t err =
-        pilot_call(PILOT_OP_MALLOC, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
+    err = pilot_call(PILOT_OP_MALLOC, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
     if (err == cudaSuccess) {
         *ptr = (void *)(uintptr_t)rep.value;
         pilot_alloc_add(rep.value, size);
@@ -190,12 +192,15 @@ PILOT_EXPORT cudaError_t cudaFree(void *ptr)
     PILOT_REQUIRE_SESSION();
     if (!ptr)
         return cudaSuccess;
+    cudaError_t err = pilot_capture_check_unsafe(); /* it waits for the device */
+    if (err)
+        PILOT_RETURN(err);
     if (pilot_alloc_is_symbol((uintptr_t)ptr)) /* a module global, never an allocation */
         PILOT_RETURN(cudaErrorInvalidValue);
     pilot_req_free req = {.ptr = (uintptr_t)ptr};
     int owner = pilot_alloc_device((uintptr_t)ptr); /* freed on its device, as with UVA */
     owner = owner >= 0 ? owner : pilot_current_device();
-    cudaError_t err = pilot_callbacks_fence_device(owner); /* cudaFree waits for the device */
+    err = pilot_callbacks_fence_device(owner); /* cudaFree waits for the device */
     if (err == cudaSuccess)
         err = pilot_call_on(owner, PILOT_OP_FREE, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
     if (err == cudaSuccess && pilot_alloc_remove((uintptr_t)ptr) == 0 &&

@@ -140,8 +140,12 @@ static cudaError_t alloc_from(void **ptr, size_t size, int slot, int device)
     cudaError_t err = cudaSuccess;
     if (device != previous)
         err = cudaSetDevice(device); /* the pool's device holds the memory */
+    /* stream-ordered, so capture-safe: not the unsafe cudaMalloc a capture refuses */
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
     if (err == cudaSuccess)
         err = cudaMalloc(ptr, size);
+    cudaThreadExchangeStreamCaptureMode(&mode);
     if (device != previous)
         cudaSetDevice(previous);
     if (err == cudaSuccess && *ptr)
@@ -200,8 +204,11 @@ PILOT_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream)
         PILOT_RETURN(err);
     /* after the work issued to the stream before this call: that work may still use it */
     err = cudaStreamSynchronize(stream);
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode); /* as in alloc_from */
     if (err == cudaSuccess)
         err = cudaFree(devPtr); /* forgets it in its pool too */
+    cudaThreadExchangeStreamCaptureMode(&mode);
     PILOT_RETURN(err);
 }
 

@@ -15,10 +15,11 @@
  * work while a blocking stream of the device captures (cudaErrorStreamCaptureImplicit); a
  * synchronous copy or memset where the thread's capture mode forbids unsafe calls
  * (cudaErrorStreamCaptureUnsupported); waiting in a capture for an event recorded outside it
- * (cudaErrorStreamCaptureIsolation). Synchronizing or querying an event recorded in a capture is
- * cudaErrorCapturedEvent. Work pilot cannot put in a graph (stream-ordered allocation, peer
- * copies, cooperative launches, stream callbacks) is cudaErrorNotSupported on a capturing stream,
- * logged, and invalidates the capture. */
+ * (cudaErrorStreamCaptureIsolation); cudaMalloc and cudaFree where the capture modes forbid
+ * unsafe calls (cudaErrorStreamCaptureUnsupported); synchronizing or querying an event recorded
+ * in a capture (cudaErrorCapturedEvent). Work pilot cannot put in a graph (stream-ordered
+ * allocation, peer copies, cooperative launches, stream callbacks) is cudaErrorNotSupported on a
+ * capturing stream, logged, and invalidates the capture. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -494,6 +495,16 @@ cudaError_t pilot_capture_check_sync(uint64_t stream, int unsafe)
     return err;
 }
 
+cudaError_t pilot_capture_check_unsafe(void)
+{
+    if (!pilot_capture_any())
+        return cudaSuccess;
+    pthread_mutex_lock(&pilot_graph_lock);
+    cudaError_t err = unsafe_forbidden() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+    pthread_mutex_unlock(&pilot_graph_lock);
+    return err;
+}
+
 cudaError_t pilot_capture_check_device(int device)
 {
     if (!pilot_capture_any())
@@ -515,6 +526,8 @@ cudaError_t pilot_capture_check_event(cudaEvent_t event)
         return cudaSuccess;
     pthread_mutex_lock(&pilot_graph_lock);
     struct cevent *e = find_event((uintptr_t)event);
+    if (e)
+        e->cap->invalidated = 1; /* as CUDA does (hip-tests check it on NVIDIA) */
     pthread_mutex_unlock(&pilot_graph_lock);
     return e ? cudaErrorCapturedEvent : cudaSuccess;
 }

@@ -290,6 +290,7 @@ int pilot_capture_refuse(uint64_t stream, const char *what, cudaError_t *err);
  * mode forbids unsafe calls); cudaDeviceSynchronize; an event query or synchronize. */
 cudaError_t pilot_capture_check_sync(uint64_t stream, int unsafe);
 cudaError_t pilot_capture_check_device(int device);
+cudaError_t pilot_capture_check_unsafe(void); /* cudaMalloc, cudaFree: by the capture modes */
 cudaError_t pilot_capture_check_event(cudaEvent_t event);
 
 /* ---- generated from shim/cuda_errors.tsv (errors.c in the build dir) ---- */

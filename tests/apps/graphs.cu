@@ -477,11 +477,21 @@ static void forbidden()
     graph_axpb<<<N / THREADS, THREADS, 0, s1>>>(d_c, N, 1, 1);
     CHECK(cudaEventRecord(ev, s1));
     e = cudaEventQuery(ev);
-    printf("event_query %s\n", name(e));
+    end = cudaStreamEndCapture(s1, &g);
+    printf("event_query %s end %s\n", name(e), name(end));
+    (void)cudaGetLastError();
+
+    // cudaMalloc is an unsafe call in a global-mode capture of the calling thread
+    int *scratch = NULL;
+    CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+    e = cudaMalloc(&scratch, 256);
     g = NULL;
-    (void)cudaStreamEndCapture(s1, &g); // whether the query invalidated it is not printed
+    (void)cudaStreamEndCapture(s1, &g); // whether that invalidated it is not printed
     if (g)
         CHECK(cudaGraphDestroy(g));
+    printf("malloc_in_capture %s\n", name(e));
+    if (e == cudaSuccess)
+        CHECK(cudaFree(scratch));
     (void)cudaGetLastError();
     CHECK(cudaEventDestroy(ev));
 
