@@ -53,7 +53,6 @@ NVCC_FLAGS = ("-cudart", "shared", "-O2", "-Wno-deprecated-gpu-targets")
 EXTRA_FLAGS = {"ptds_per_thread": ("-default-stream", "per-thread")}
 # Kernel emulations the sim daemons load.
 SIM_KERNEL_FILES = (APPS_DIR / "sim_kernels.py", APPS_DIR / "sim_kernels_streams.py",
-                    APPS_DIR / "sim_kernels_graphs.py",
                     GPU_DIR / "sim_kernels.py", BENCH_DIR / "policy_sim_kernels.py")
 NVCC = shutil.which("nvcc") or next(
     (p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc") if Path(p).exists()), None)

@@ -456,7 +456,6 @@ def test_every_kernel_has_an_emulation(app_binaries: dict[str, Path]) -> None:
     here = Path(__file__).parent
     registry = sim_kernels.load_kernel_files([here / "sim_kernels.py",
                                               here / "sim_kernels_streams.py",
-                                              here / "sim_kernels_graphs.py",
                                               here.parent / "gpu" / "sim_kernels.py",
                                               here.parent.parent / "bench" / "policy_sim_kernels.py"])
     kernels: set[str] = set()
