@@ -135,7 +135,10 @@ PILOT_EXPORT cudaError_t cudaDeviceGetByPCIBusId(int *device, const char *pciBus
 PILOT_EXPORT cudaError_t cudaDeviceSynchronize(void)
 {
     PILOT_REQUIRE_SESSION();
-    cudaError_t err = pilot_callbacks_fence_device(pilot_current_device());
+    cudaError_t err = pilot_capture_check_device(pilot_current_device()); /* graph_capture.c */
+    if (err)
+        PILOT_RETURN(err);
+    err = pilot_callbacks_fence_device(pilot_current_device());
     if (err)
         PILOT_RETURN(err);
     PILOT_RETURN(pilot_call(PILOT_OP_DEVICE_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0, NULL, 0, NULL));

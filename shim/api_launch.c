@@ -133,6 +133,19 @@ cudaError_t pilot_launch_packed(struct pilot_kernel *kernel, dim3 grid, dim3 blo
         .shared_bytes = (uint32_t)shared,
         .arg_bytes = k.arg_bytes,
     };
+    /* On a capturing stream the launch becomes a node of the capture's graph (graph_capture.c);
+     * pilot cannot record cooperative or cluster launches. */
+    if (pilot_capture_any()) {
+        int taken = ex && (ex->cooperative || ex->cluster[0])
+                        ? pilot_capture_refuse(stream_handle, "a cooperative or cluster launch", &err)
+                        : pilot_capture_launch(stream_handle, kernel, grid, block, (unsigned)shared,
+                                               &k, buf, &err);
+        if (taken) {
+            if (buf != stack_buf)
+                free(buf);
+            PILOT_RETURN(err);
+        }
+    }
     /* Host writes to managed memory reach the device first; afterwards the kernel may have
      * written any of it, so the host fetches again (coherence.c). */
     err = pilot_um_before_launch();

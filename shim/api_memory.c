@@ -172,12 +172,14 @@ PILOT_EXPORT cudaError_t cudaMalloc(void **ptr, size_t size)
         PILOT_RETURN(cudaErrorInvalidValue);
     *ptr = NULL;
     PILOT_REQUIRE_SESSION();
+    cudaError_t err = pilot_capture_check_unsafe(); /* not during a capture (graph_capture.c) */
+    if (err)
+        PILOT_RETURN(err);
     if (size == 0)
         return cudaSuccess;
     pilot_req_malloc req = {.size = size};
     pilot_rep_u64 rep;
-    cudaError_t err =
-        pilot_call(PILOT_OP_MALLOC, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
+    err = pilot_call(PILOT_OP_MALLOC, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
     if (err == cudaSuccess) {
         *ptr = (void *)(uintptr_t)rep.value;
         pilot_alloc_add(rep.value, size);
@@ -190,12 +192,15 @@ PILOT_EXPORT cudaError_t cudaFree(void *ptr)
     PILOT_REQUIRE_SESSION();
     if (!ptr)
         return cudaSuccess;
+    cudaError_t err = pilot_capture_check_unsafe(); /* it waits for the device */
+    if (err)
+        PILOT_RETURN(err);
     if (pilot_alloc_is_symbol((uintptr_t)ptr)) /* a module global, never an allocation */
         PILOT_RETURN(cudaErrorInvalidValue);
     pilot_req_free req = {.ptr = (uintptr_t)ptr};
     int owner = pilot_alloc_device((uintptr_t)ptr); /* freed on its device, as with UVA */
     owner = owner >= 0 ? owner : pilot_current_device();
-    cudaError_t err = pilot_callbacks_fence_device(owner); /* cudaFree waits for the device */
+    err = pilot_callbacks_fence_device(owner); /* cudaFree waits for the device */
     if (err == cudaSuccess)
         err = pilot_call_on(owner, PILOT_OP_FREE, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
     if (err == cudaSuccess && pilot_alloc_remove((uintptr_t)ptr) == 0 &&
@@ -253,6 +258,15 @@ static cudaError_t memcpy_routed(void *dst, const void *src, size_t count,
 cudaError_t pilot_memcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                          uint64_t stream, int sync)
 {
+    /* Stream capture: an async copy on a capturing stream is recorded; a synchronous one may be
+     * forbidden (graph_capture.c). */
+    if (pilot_capture_any()) {
+        cudaError_t err = cudaSuccess;
+        if (sync && (err = pilot_capture_check_sync(stream, 1)))
+            return err;
+        if (!sync && count && pilot_capture_copy(stream, dst, 0, src, 0, count, 1, kind, &err))
+            return err;
+    }
     /* A registered range's device pointer names its host pages (copies use the host address). */
     dst = (void *)(uintptr_t)pilot_host_unalias((uintptr_t)dst);
     src = (const void *)(uintptr_t)pilot_host_unalias((uintptr_t)src);
@@ -369,6 +383,16 @@ cudaError_t pilot_memset_elems(void *ptr, uint32_t value, uint32_t elem_size, si
 {
     if (count == 0)
         return cudaSuccess;
+    if (pilot_capture_any()) {
+        cudaError_t err = cudaSuccess;
+        if (sync && (err = pilot_capture_check_sync(stream, 1)))
+            return err;
+        /* a captured memset is a byte memset node; the driver's wider memsets are refused there */
+        if (!sync && elem_size == 1 && pilot_capture_memset(stream, ptr, count, value, count, 1, &err))
+            return err;
+        if (!sync && elem_size != 1 && pilot_capture_refuse(stream, "cuMemsetD16/D32Async", &err))
+            return err;
+    }
     if (count > SIZE_MAX / elem_size || !pilot_alloc_contains((uintptr_t)ptr, count * elem_size))
         return cudaErrorInvalidValue;
     size_t bytes = count * elem_size;

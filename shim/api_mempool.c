@@ -1,7 +1,5 @@
 /* The stream-ordered allocator (cudaMallocAsync, cudaFreeAsync, memory pools) on top of pilot's
- * ordinary allocations, and the stream-capture queries a program or library makes even when it
- * never captures (pilot builds no graphs: cudaStreamBeginCapture stays unsupported, so no stream
- * is ever capturing).
+ * ordinary allocations (a capturing stream refuses them: graph memory nodes are not carried).
  *
  * Semantics kept: an allocation is usable by work ordered after cudaMallocAsync on its stream (it
  * is made at once, which is earlier, so it is); cudaFreeAsync frees once the work issued to its
@@ -32,7 +30,6 @@ struct pool {
 static struct pool g_pools[MAX_POOLS];
 static int g_current[PILOT_MAX_DEVICES]; /* each device's current pool (cudaDeviceSetMemPool) */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static __thread enum cudaStreamCaptureMode t_capture_mode = cudaStreamCaptureModeGlobal;
 
 /* Which pool each stream-ordered allocation came from: ptr -> pool slot and size. */
 struct owned {
@@ -143,8 +140,12 @@ static cudaError_t alloc_from(void **ptr, size_t size, int slot, int device)
     cudaError_t err = cudaSuccess;
     if (device != previous)
         err = cudaSetDevice(device); /* the pool's device holds the memory */
+    /* stream-ordered, so capture-safe: not the unsafe cudaMalloc a capture refuses */
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
     if (err == cudaSuccess)
         err = cudaMalloc(ptr, size);
+    cudaThreadExchangeStreamCaptureMode(&mode);
     if (device != previous)
         cudaSetDevice(previous);
     if (err == cudaSuccess && *ptr)
@@ -152,10 +153,22 @@ static cudaError_t alloc_from(void **ptr, size_t size, int slot, int device)
     return err;
 }
 
+/* Graph memory nodes are not carried: a capturing stream refuses stream-ordered allocation. */
+static cudaError_t refuse_capture(cudaStream_t stream, const char *what)
+{
+    cudaError_t err = cudaSuccess;
+    if (pilot_capture_any())
+        pilot_capture_refuse(pilot_stream_handle(stream), what, &err);
+    return err;
+}
+
 PILOT_EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream)
 {
-    (void)stream; /* made now, so usable by everything ordered after this call */
+    /* made now, so usable by everything ordered after this call */
     PILOT_REQUIRE_SESSION();
+    cudaError_t err = refuse_capture(stream, "cudaMallocAsync");
+    if (err)
+        PILOT_RETURN(err);
     int device = pilot_current_device();
     if (!valid_device(device))
         PILOT_RETURN(cudaErrorInvalidDevice);
@@ -168,8 +181,10 @@ PILOT_EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t s
 PILOT_EXPORT cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool,
                                                  cudaStream_t stream)
 {
-    (void)stream;
     PILOT_REQUIRE_SESSION();
+    cudaError_t err = refuse_capture(stream, "cudaMallocFromPoolAsync");
+    if (err)
+        PILOT_RETURN(err);
     int device = pool_device(memPool);
     if (device < 0)
         PILOT_RETURN(cudaErrorInvalidValue);
@@ -184,10 +199,16 @@ PILOT_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream)
     PILOT_REQUIRE_SESSION();
     if (!devPtr)
         return cudaSuccess;
+    cudaError_t err = refuse_capture(stream, "cudaFreeAsync");
+    if (err)
+        PILOT_RETURN(err);
     /* after the work issued to the stream before this call: that work may still use it */
-    cudaError_t err = cudaStreamSynchronize(stream);
+    err = cudaStreamSynchronize(stream);
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode); /* as in alloc_from */
     if (err == cudaSuccess)
         err = cudaFree(devPtr); /* forgets it in its pool too */
+    cudaThreadExchangeStreamCaptureMode(&mode);
     PILOT_RETURN(err);
 }
 
@@ -442,66 +463,3 @@ PILOT_EXPORT cudaError_t cudaMemPoolGetAccess(enum cudaMemAccessFlags *flags, cu
     return cudaSuccess;
 }
 
-/* ---- stream capture: never capturing ---- */
-
-PILOT_EXPORT cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
-                                               enum cudaStreamCaptureStatus *pCaptureStatus)
-{
-    (void)stream;
-    PILOT_REQUIRE_SESSION();
-    if (!pCaptureStatus)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    *pCaptureStatus = cudaStreamCaptureStatusNone;
-    return cudaSuccess;
-}
-
-PILOT_EXPORT cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t stream,
-                                                    enum cudaStreamCaptureStatus *pCaptureStatus)
-{
-    return cudaStreamIsCapturing(stream, pCaptureStatus);
-}
-
-PILOT_EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
-                                                  enum cudaStreamCaptureStatus *captureStatus_out,
-                                                  unsigned long long *id_out, cudaGraph_t *graph_out,
-                                                  const cudaGraphNode_t **dependencies_out,
-                                                  const cudaGraphEdgeData **edgeData_out,
-                                                  size_t *numDependencies_out)
-{
-    (void)stream;
-    PILOT_REQUIRE_SESSION();
-    if (!captureStatus_out)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    *captureStatus_out = cudaStreamCaptureStatusNone;
-    /* the other outputs are defined only while capturing; cleared all the same */
-    if (id_out)
-        *id_out = 0;
-    if (graph_out)
-        *graph_out = NULL;
-    if (dependencies_out)
-        *dependencies_out = NULL;
-    if (edgeData_out)
-        *edgeData_out = NULL;
-    if (numDependencies_out)
-        *numDependencies_out = 0;
-    return cudaSuccess;
-}
-
-PILOT_EXPORT cudaError_t cudaStreamGetCaptureInfo_ptsz(
-    cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out, unsigned long long *id_out,
-    cudaGraph_t *graph_out, const cudaGraphNode_t **dependencies_out,
-    const cudaGraphEdgeData **edgeData_out, size_t *numDependencies_out)
-{
-    return cudaStreamGetCaptureInfo(stream, captureStatus_out, id_out, graph_out, dependencies_out,
-                                    edgeData_out, numDependencies_out);
-}
-
-PILOT_EXPORT cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode)
-{
-    if (!mode || (unsigned)*mode > cudaStreamCaptureModeRelaxed)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    enum cudaStreamCaptureMode previous = t_capture_mode;
-    t_capture_mode = *mode;
-    *mode = previous;
-    return cudaSuccess;
-}

@@ -116,11 +116,14 @@ PILOT_EXPORT cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_
         PILOT_RETURN(cudaErrorInvalidResourceHandle);
     if (flags & ~(unsigned)cudaEventRecordExternal)
         PILOT_RETURN(cudaErrorInvalidValue);
-    /* cudaEventRecordExternal only means something while a stream is being captured into a
-     * graph, which pilot does not offer; outside a capture CUDA 13 answers this (seen on the
-     * H100). */
-    if (flags & cudaEventRecordExternal)
+    /* cudaEventRecordExternal makes an event record node in a capture (graph_capture.c);
+     * outside a capture CUDA 13 answers this (seen on the H100). */
+    if (flags & cudaEventRecordExternal) {
+        cudaError_t err = cudaSuccess;
+        if (pilot_capture_record(pilot_stream_handle(stream), event, 1, &err))
+            PILOT_RETURN(err);
         PILOT_RETURN(cudaErrorIllegalState);
+    }
     PILOT_RETURN(pilot_event_record(event, stream));
 }
 
@@ -567,6 +570,13 @@ static cudaError_t copy_2d_routed(void *dst, size_t dpitch, const void *src, siz
 cudaError_t pilot_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                           size_t height, enum cudaMemcpyKind kind, uint64_t stream, int sync)
 {
+    if (pilot_capture_any()) { /* graph_capture.c */
+        cudaError_t err = cudaSuccess;
+        if (sync && (err = pilot_capture_check_sync(stream, 1)))
+            return err;
+        if (!sync && pilot_capture_copy(stream, dst, dpitch, src, spitch, width, height, kind, &err))
+            return err;
+    }
     /* Managed memory is copied where it really lives, as in pilot_memcpy: host writes are
      * flushed first, and the shadow chunks the copy writes are fetched again when touched. */
     int dst_managed = pilot_um_active() && pilot_alloc_is_managed((uintptr_t)dst);
@@ -659,6 +669,13 @@ cudaError_t pilot_set_2d(void *ptr, size_t pitch, int value, size_t width, size_
         return cudaSuccess;
     if (height > 1 && width > pitch)
         return cudaErrorInvalidValue; /* as seen on the H100; one row ignores its pitch */
+    if (pilot_capture_any()) { /* graph_capture.c */
+        cudaError_t err = cudaSuccess;
+        if (sync && (err = pilot_capture_check_sync(stream, 1)))
+            return err;
+        if (!sync && pilot_capture_memset(stream, ptr, pitch, value, width, height, &err))
+            return err;
+    }
     if (height == 1)
         pitch = width;
     if (!device_rows(ptr, pitch, width, height))

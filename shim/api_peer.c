@@ -127,6 +127,10 @@ PILOT_EXPORT cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const voi
                                              int srcDevice, size_t count, cudaStream_t stream)
 {
     PILOT_REQUIRE_SESSION();
+    cudaError_t err = cudaSuccess;
+    if (pilot_capture_any() &&
+        pilot_capture_refuse(pilot_stream_handle(stream), "cudaMemcpyPeerAsync", &err))
+        PILOT_RETURN(err);
     PILOT_RETURN(pilot_memcpy_peer(dst, dstDevice, src, srcDevice, count,
                                    pilot_stream_handle(stream), 0));
 }

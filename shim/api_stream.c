@@ -176,13 +176,18 @@ cudaError_t pilot_stream_sync(uint64_t h)
 PILOT_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(pilot_stream_sync(pilot_stream_handle(stream)));
+    uint64_t h = pilot_stream_handle(stream);
+    cudaError_t err = pilot_capture_check_sync(h, 0); /* a capturing stream: refused */
+    PILOT_RETURN(err ? err : pilot_stream_sync(h));
 }
 
 PILOT_EXPORT cudaError_t cudaStreamQuery(cudaStream_t stream)
 {
     PILOT_REQUIRE_SESSION();
     uint64_t h = pilot_stream_handle(stream);
+    cudaError_t err = pilot_capture_check_sync(h, 0);
+    if (err)
+        PILOT_RETURN(err);
     PILOT_RETURN(handle_call(pilot_handle_device(h), PILOT_OP_STREAM_QUERY, h));
 }
 
@@ -198,6 +203,9 @@ PILOT_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev
      * orders them before this one: a round trip to the event's part first makes sure its
      * cudaEventRecord has reached the device. */
     uint64_t h = pilot_stream_handle(stream);
+    cudaError_t cerr = cudaSuccess; /* in a capture: a dependency, not a wait (graph_capture.c) */
+    if (pilot_capture_wait(h, event, flags, &cerr))
+        PILOT_RETURN(cerr);
     if (edev != pilot_handle_device(h)) {
         pilot_req_handle query = {.handle = (uintptr_t)event};
         cudaError_t err = pilot_call_on(edev, PILOT_OP_EVENT_QUERY, &query, sizeof query, NULL, 0,
@@ -257,6 +265,9 @@ cudaError_t pilot_event_record(cudaEvent_t event, cudaStream_t stream)
     uint64_t h = pilot_stream_handle(stream);
     if (pilot_handle_device(h) != dev) /* "fails if event and stream are on different devices" */
         return cudaErrorInvalidResourceHandle;
+    cudaError_t err = cudaSuccess;
+    if (pilot_capture_record(h, event, 0, &err)) /* recorded in a capture (graph_capture.c) */
+        return err;
     pilot_req_event_record req = {.event = (uintptr_t)event, .stream = h};
     return pilot_post_on(dev, PILOT_OP_EVENT_RECORD, &req, sizeof req, NULL, 0);
 }
@@ -271,13 +282,19 @@ PILOT_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
     PILOT_REQUIRE_SESSION();
     int dev = event_device(event);
-    cudaError_t err = dev >= 0 ? pilot_callbacks_fence_event(dev, (uintptr_t)event) : cudaSuccess;
+    cudaError_t err = pilot_capture_check_event(event);
+    if (err)
+        PILOT_RETURN(err);
+    err = dev >= 0 ? pilot_callbacks_fence_event(dev, (uintptr_t)event) : cudaSuccess;
     PILOT_RETURN(err ? err : handle_call(dev, PILOT_OP_EVENT_SYNCHRONIZE, (uintptr_t)event));
 }
 
 PILOT_EXPORT cudaError_t cudaEventQuery(cudaEvent_t event)
 {
     PILOT_REQUIRE_SESSION();
+    cudaError_t err = pilot_capture_check_event(event);
+    if (err)
+        PILOT_RETURN(err);
     PILOT_RETURN(handle_call(event_device(event), PILOT_OP_EVENT_QUERY, (uintptr_t)event));
 }
 

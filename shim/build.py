@@ -66,6 +66,9 @@ SHIM_SOURCES = [
     "callbacks.c",
     "device_props.c",
     "driver_ops.c",
+    "api_graph.c",
+    "graph_capture.c",
+    "api_stream_attr.c",
 ]
 # The driver API library's sources (libpilot-cuda.so, SONAME libcuda.so.1); drv_gen.c is
 # generated from shim/cuda_driver_exports.tsv and the driver headers.

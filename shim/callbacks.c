@@ -261,6 +261,9 @@ PILOT_EXPORT cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn
     PILOT_REQUIRE_SESSION();
     if (!fn)
         PILOT_RETURN(cudaErrorInvalidValue);
+    cudaError_t err = cudaSuccess; /* a host node of a capture (graph_capture.c) */
+    if (pilot_capture_host(pilot_stream_handle(stream), fn, userData, &err))
+        PILOT_RETURN(err);
     PILOT_RETURN(add_callback(stream, PILOT_CALLBACK_HOST_FUNC, fn, NULL, userData));
 }
 
@@ -276,6 +279,9 @@ PILOT_EXPORT cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCa
     PILOT_REQUIRE_SESSION();
     if (!callback || flags != 0) /* flags are reserved and must be 0 */
         PILOT_RETURN(cudaErrorInvalidValue);
+    cudaError_t err = cudaSuccess;
+    if (pilot_capture_refuse(pilot_stream_handle(stream), "cudaStreamAddCallback", &err))
+        PILOT_RETURN(err);
     PILOT_RETURN(add_callback(stream, PILOT_CALLBACK_STREAM, NULL, callback, userData));
 }
 

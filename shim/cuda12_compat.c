@@ -12,7 +12,9 @@
  * - Unified memory hints took an int device in 12.x; the _v2 forms took CUDA 13's location.
  * - The cudaThread* aliases of the device functions, and other 12.x-only names.
  * - Texture and surface objects: cudaResourceDesc and cudaResourceViewDesc grew in 13 (12.x's
- *   are their prefixes, cuda12_abi.h); cudaChooseDevice reads the 12.x cudaDeviceProp. */
+ *   are their prefixes, cuda12_abi.h); cudaChooseDevice reads the 12.x cudaDeviceProp.
+ * - Graph edges and capture dependencies: the 12.x forms lack the edge data CUDA 13 added (the
+ *   _v2/_v3 forms have CUDA 13's ABI); cudaStreamGetCaptureInfo was the 3-argument query. */
 #include <string.h>
 
 #include "cuda12_abi.h"
@@ -35,11 +37,32 @@
 #undef cudaGetTextureObjectResourceDesc
 #undef cudaGetTextureObjectResourceViewDesc
 #undef cudaGetSurfaceObjectResourceDesc
+#undef cudaGraphAddDependencies
+#undef cudaGraphAddNode
+#undef cudaGraphRemoveDependencies
+#undef cudaGraphGetEdges
+#undef cudaGraphNodeGetDependencies
+#undef cudaGraphNodeGetDependentNodes
+#undef cudaStreamGetCaptureInfo
+#undef cudaStreamGetCaptureInfo_ptsz
+#undef cudaStreamUpdateCaptureDependencies
+#undef cudaStreamUpdateCaptureDependencies_ptsz
 
 /* CUDA 13 per-thread-stream entry points the CUDA 13 headers do not declare. */
 cudaError_t pilot13_cudaMemPrefetchAsync_ptsz(const void *ptr, size_t count,
                                               struct cudaMemLocation location, unsigned int flags,
                                               cudaStream_t stream);
+cudaError_t pilot13_cudaStreamGetCaptureInfo_ptsz(cudaStream_t stream,
+                                                  enum cudaStreamCaptureStatus *captureStatus_out,
+                                                  unsigned long long *id_out, cudaGraph_t *graph_out,
+                                                  const cudaGraphNode_t **dependencies_out,
+                                                  const cudaGraphEdgeData **edgeData_out,
+                                                  size_t *numDependencies_out);
+cudaError_t pilot13_cudaStreamUpdateCaptureDependencies_ptsz(cudaStream_t stream,
+                                                             cudaGraphNode_t *dependencies,
+                                                             const cudaGraphEdgeData *dependencyData,
+                                                             size_t numDependencies,
+                                                             unsigned int flags);
 
 /* ---- device properties ---- */
 
@@ -302,4 +325,193 @@ PILOT_EXPORT cudaError_t cudaGetTextureObjectResourceViewDesc(
     if (err == cudaSuccess)
         memcpy(pResViewDesc, &v13, sizeof *pResViewDesc);
     return err;
+}
+
+/* ---- graphs and stream capture: the forms without edge data ---- */
+
+PILOT_EXPORT cudaError_t cudaGraphAddDependencies(cudaGraph_t graph, const cudaGraphNode_t *from,
+                                                  const cudaGraphNode_t *to, size_t numDependencies)
+{
+    return pilot13_cudaGraphAddDependencies(graph, from, to, NULL, numDependencies);
+}
+
+PILOT_EXPORT cudaError_t cudaGraphAddDependencies_v2(cudaGraph_t graph, const cudaGraphNode_t *from,
+                                                     const cudaGraphNode_t *to,
+                                                     const cudaGraphEdgeData *edgeData,
+                                                     size_t numDependencies)
+{
+    return pilot13_cudaGraphAddDependencies(graph, from, to, edgeData, numDependencies);
+}
+
+PILOT_EXPORT cudaError_t cudaGraphRemoveDependencies(cudaGraph_t graph, const cudaGraphNode_t *from,
+                                                     const cudaGraphNode_t *to,
+                                                     size_t numDependencies)
+{
+    return pilot13_cudaGraphRemoveDependencies(graph, from, to, NULL, numDependencies);
+}
+
+PILOT_EXPORT cudaError_t cudaGraphRemoveDependencies_v2(cudaGraph_t graph,
+                                                        const cudaGraphNode_t *from,
+                                                        const cudaGraphNode_t *to,
+                                                        const cudaGraphEdgeData *edgeData,
+                                                        size_t numDependencies)
+{
+    return pilot13_cudaGraphRemoveDependencies(graph, from, to, edgeData, numDependencies);
+}
+
+PILOT_EXPORT cudaError_t cudaGraphGetEdges(cudaGraph_t graph, cudaGraphNode_t *from,
+                                           cudaGraphNode_t *to, size_t *numEdges)
+{
+    return pilot13_cudaGraphGetEdges(graph, from, to, NULL, numEdges);
+}
+
+PILOT_EXPORT cudaError_t cudaGraphGetEdges_v2(cudaGraph_t graph, cudaGraphNode_t *from,
+                                              cudaGraphNode_t *to, cudaGraphEdgeData *edgeData,
+                                              size_t *numEdges)
+{
+    return pilot13_cudaGraphGetEdges(graph, from, to, edgeData, numEdges);
+}
+
+PILOT_EXPORT cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t node,
+                                                      cudaGraphNode_t *pDependencies,
+                                                      size_t *pNumDependencies)
+{
+    return pilot13_cudaGraphNodeGetDependencies(node, pDependencies, NULL, pNumDependencies);
+}
+
+PILOT_EXPORT cudaError_t cudaGraphNodeGetDependencies_v2(cudaGraphNode_t node,
+                                                         cudaGraphNode_t *pDependencies,
+                                                         cudaGraphEdgeData *edgeData,
+                                                         size_t *pNumDependencies)
+{
+    return pilot13_cudaGraphNodeGetDependencies(node, pDependencies, edgeData, pNumDependencies);
+}
+
+PILOT_EXPORT cudaError_t cudaGraphNodeGetDependentNodes(cudaGraphNode_t node,
+                                                        cudaGraphNode_t *pDependentNodes,
+                                                        size_t *pNumDependentNodes)
+{
+    return pilot13_cudaGraphNodeGetDependentNodes(node, pDependentNodes, NULL, pNumDependentNodes);
+}
+
+PILOT_EXPORT cudaError_t cudaGraphNodeGetDependentNodes_v2(cudaGraphNode_t node,
+                                                           cudaGraphNode_t *pDependentNodes,
+                                                           cudaGraphEdgeData *edgeData,
+                                                           size_t *pNumDependentNodes)
+{
+    return pilot13_cudaGraphNodeGetDependentNodes(node, pDependentNodes, edgeData,
+                                                  pNumDependentNodes);
+}
+
+PILOT_EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
+                                                  enum cudaStreamCaptureStatus *captureStatus_out,
+                                                  unsigned long long *id_out)
+{
+    return pilot13_cudaStreamGetCaptureInfo(stream, captureStatus_out, id_out, NULL, NULL, NULL,
+                                            NULL);
+}
+
+PILOT_EXPORT cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t stream,
+                                                       enum cudaStreamCaptureStatus *captureStatus_out,
+                                                       unsigned long long *id_out)
+{
+    return pilot13_cudaStreamGetCaptureInfo_ptsz(stream, captureStatus_out, id_out, NULL, NULL,
+                                                 NULL, NULL);
+}
+
+PILOT_EXPORT cudaError_t cudaStreamGetCaptureInfo_v2(cudaStream_t stream,
+                                                     enum cudaStreamCaptureStatus *captureStatus_out,
+                                                     unsigned long long *id_out,
+                                                     cudaGraph_t *graph_out,
+                                                     const cudaGraphNode_t **dependencies_out,
+                                                     size_t *numDependencies_out)
+{
+    return pilot13_cudaStreamGetCaptureInfo(stream, captureStatus_out, id_out, graph_out,
+                                            dependencies_out, NULL, numDependencies_out);
+}
+
+PILOT_EXPORT cudaError_t cudaStreamGetCaptureInfo_v2_ptsz(
+    cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out, unsigned long long *id_out,
+    cudaGraph_t *graph_out, const cudaGraphNode_t **dependencies_out, size_t *numDependencies_out)
+{
+    return pilot13_cudaStreamGetCaptureInfo_ptsz(stream, captureStatus_out, id_out, graph_out,
+                                                 dependencies_out, NULL, numDependencies_out);
+}
+
+PILOT_EXPORT cudaError_t cudaStreamGetCaptureInfo_v3(cudaStream_t stream,
+                                                     enum cudaStreamCaptureStatus *captureStatus_out,
+                                                     unsigned long long *id_out,
+                                                     cudaGraph_t *graph_out,
+                                                     const cudaGraphNode_t **dependencies_out,
+                                                     const cudaGraphEdgeData **edgeData_out,
+                                                     size_t *numDependencies_out)
+{
+    return pilot13_cudaStreamGetCaptureInfo(stream, captureStatus_out, id_out, graph_out,
+                                            dependencies_out, edgeData_out, numDependencies_out);
+}
+
+PILOT_EXPORT cudaError_t cudaStreamGetCaptureInfo_v3_ptsz(
+    cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out, unsigned long long *id_out,
+    cudaGraph_t *graph_out, const cudaGraphNode_t **dependencies_out,
+    const cudaGraphEdgeData **edgeData_out, size_t *numDependencies_out)
+{
+    return pilot13_cudaStreamGetCaptureInfo_ptsz(stream, captureStatus_out, id_out, graph_out,
+                                                 dependencies_out, edgeData_out,
+                                                 numDependencies_out);
+}
+
+PILOT_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t stream,
+                                                             cudaGraphNode_t *dependencies,
+                                                             size_t numDependencies,
+                                                             unsigned int flags)
+{
+    return pilot13_cudaStreamUpdateCaptureDependencies(stream, dependencies, NULL,
+                                                       numDependencies, flags);
+}
+
+PILOT_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies_ptsz(cudaStream_t stream,
+                                                                  cudaGraphNode_t *dependencies,
+                                                                  size_t numDependencies,
+                                                                  unsigned int flags)
+{
+    return pilot13_cudaStreamUpdateCaptureDependencies_ptsz(stream, dependencies, NULL,
+                                                            numDependencies, flags);
+}
+
+PILOT_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies_v2(cudaStream_t stream,
+                                                                cudaGraphNode_t *dependencies,
+                                                                const cudaGraphEdgeData *dependencyData,
+                                                                size_t numDependencies,
+                                                                unsigned int flags)
+{
+    return pilot13_cudaStreamUpdateCaptureDependencies(stream, dependencies, dependencyData,
+                                                       numDependencies, flags);
+}
+
+PILOT_EXPORT cudaError_t cudaStreamUpdateCaptureDependencies_v2_ptsz(
+    cudaStream_t stream, cudaGraphNode_t *dependencies, const cudaGraphEdgeData *dependencyData,
+    size_t numDependencies, unsigned int flags)
+{
+    return pilot13_cudaStreamUpdateCaptureDependencies_ptsz(stream, dependencies, dependencyData,
+                                                            numDependencies, flags);
+}
+
+/* The node parameters have CUDA 13's layout (cudaGraphNodeSetParams is as13). */
+PILOT_EXPORT cudaError_t cudaGraphAddNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                          const cudaGraphNode_t *pDependencies,
+                                          size_t numDependencies,
+                                          struct cudaGraphNodeParams *nodeParams)
+{
+    return pilot13_cudaGraphAddNode(pGraphNode, graph, pDependencies, NULL, numDependencies,
+                                    nodeParams);
+}
+
+PILOT_EXPORT cudaError_t cudaGraphAddNode_v2(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                             const cudaGraphNode_t *pDependencies,
+                                             const cudaGraphEdgeData *dependencyData,
+                                             size_t numDependencies,
+                                             struct cudaGraphNodeParams *nodeParams)
+{
+    return pilot13_cudaGraphAddNode(pGraphNode, graph, pDependencies, dependencyData,
+                                    numDependencies, nodeParams);
 }

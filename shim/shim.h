@@ -323,6 +323,33 @@ cudaError_t pilot_stream_sync(uint64_t handle); /* cudaStreamSynchronize of a ha
 cudaError_t pilot_callbacks_fence_event(int device, uint64_t event);
 cudaError_t pilot_callbacks_fence_device(int device);
 
+/* ---- graph_capture.c: stream capture (api_graph.c keeps the graphs) ---- */
+/* Each hook returns 0 when the stream does not capture (issue the operation as usual), else 1
+ * with *err the operation's result: recorded as a node of the capture, or refused. `stream` is a
+ * daemon handle (pilot_stream_handle). One atomic load while nothing captures. */
+int pilot_capture_any(void);
+int pilot_capture_launch(uint64_t stream, struct pilot_kernel *kernel, dim3 grid, dim3 block,
+                         unsigned shared, const struct pilot_kernel_launch_info *info,
+                         const unsigned char *buf, cudaError_t *err);
+/* A copy of height rows of width bytes (height 1: a plain copy, the pitches unused). */
+int pilot_capture_copy(uint64_t stream, void *dst, size_t dpitch, const void *src, size_t spitch,
+                       size_t width, size_t height, enum cudaMemcpyKind kind, cudaError_t *err);
+int pilot_capture_memset(uint64_t stream, void *ptr, size_t pitch, int value, size_t width,
+                         size_t height, cudaError_t *err);
+int pilot_capture_host(uint64_t stream, cudaHostFn_t fn, void *data, cudaError_t *err);
+int pilot_capture_record(uint64_t stream, cudaEvent_t event, int external, cudaError_t *err);
+int pilot_capture_wait(uint64_t stream, cudaEvent_t event, unsigned flags, cudaError_t *err);
+/* Work pilot cannot record (`what` names it in the log line): cudaErrorNotSupported, and the
+ * capture is invalidated. */
+int pilot_capture_refuse(uint64_t stream, const char *what, cudaError_t *err);
+/* What a call that waits must check first: a synchronize or query of `stream` (unsafe 0), a
+ * synchronous copy or memset ordered on it (unsafe 1: also refused where the thread's capture
+ * mode forbids unsafe calls); cudaDeviceSynchronize; an event query or synchronize. */
+cudaError_t pilot_capture_check_sync(uint64_t stream, int unsafe);
+cudaError_t pilot_capture_check_device(int device);
+cudaError_t pilot_capture_check_unsafe(void); /* cudaMalloc, cudaFree: by the capture modes */
+cudaError_t pilot_capture_check_event(cudaEvent_t event);
+
 /* ---- generated from shim/cuda_errors.tsv (errors.c in the build dir) ---- */
 const char *pilot_error_name(int code);
 const char *pilot_error_string(int code);

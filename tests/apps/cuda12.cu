@@ -3,7 +3,9 @@
 // cudaLaunchKernel with the host stub: -D__NV_LEGACY_LAUNCH) and as 12.4+ does (__cudaGetKernel
 // and __cudaLaunchKernel). Exercises what differs from CUDA 13: the 12.x cudaDeviceProp
 // (cudaGetDeviceProperties_v2), the cudaThread* aliases, int-device unified memory hints and the
-// 12.x cudaPointerAttributes. Prints lines the test recomputes, then PASS.
+// 12.x cudaPointerAttributes, and the 12.x forms of graph calls that CUDA 13 changed (the capture
+// query that cudaStreamGetCaptureInfo_v2 was, edge queries without edge data). Prints lines the
+// test recomputes, then PASS.
 #include <cuda_runtime.h>
 
 #include <stdio.h>
@@ -107,6 +109,39 @@ int main(void)
     CHECK(cudaThreadSetCacheConfig(cudaFuncCachePreferShared));
     CHECK(cudaThreadGetCacheConfig(&cache));
     printf("cudaThreadGetCacheConfig %d\n", (int)cache);
+
+    // a captured graph, queried with the 12.x forms (no edge data), launched twice: y += 4x
+    cudaStream_t cs;
+    CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+    axpy12<<<(n + 127) / 128, 128, 0, cs>>>(dy, dx, 1, n);
+    axpy12<<<(n + 127) / 128, 128, 0, cs>>>(dy, dx, 1, n);
+    cudaStreamCaptureStatus status;
+    unsigned long long capture_id = 0;
+    cudaGraph_t building = NULL;
+    const cudaGraphNode_t *capture_deps = NULL;
+    size_t ncapture_deps = 0;
+    CHECK(cudaStreamGetCaptureInfo(cs, &status, &capture_id, &building, &capture_deps,
+                                   &ncapture_deps));
+    cudaGraph_t graph;
+    CHECK(cudaStreamEndCapture(cs, &graph));
+    size_t edges = 0, nnodes = 2, deps0 = 0, deps1 = 0;
+    cudaGraphNode_t nodes[2];
+    CHECK(cudaGraphGetEdges(graph, NULL, NULL, &edges));
+    CHECK(cudaGraphGetNodes(graph, nodes, &nnodes));
+    CHECK(cudaGraphNodeGetDependencies(nodes[0], NULL, &deps0));
+    CHECK(cudaGraphNodeGetDependencies(nodes[1], NULL, &deps1));
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK(cudaGraphLaunch(exec, cs));
+    CHECK(cudaGraphLaunch(exec, cs));
+    CHECK(cudaStreamSynchronize(cs));
+    CHECK(cudaMemcpy(hy, dy, n * sizeof(int), cudaMemcpyDeviceToHost));
+    printf("graph capture status %d deps %zu nodes %zu edges %zu deps %zu sum %lld\n", (int)status,
+           ncapture_deps, nnodes, edges, deps0 + deps1, sum(hy, n));
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    CHECK(cudaStreamDestroy(cs));
 
     // int-device hints and their _v2 forms must reach the same CUDA 13 function.
     cudaMemLocation dev0 = {cudaMemLocationTypeDevice, 0};

@@ -1,4 +1,5 @@
-"""Sim-backend emulations of the kernels of callbacks.cu, ptds.cu, multidev.cu and launch_ex.cu.
+"""Sim-backend emulations of the kernels of callbacks.cu, ptds.cu, multidev.cu, launch_ex.cu,
+launch_order.cu and graphs.cu.
 
 Loaded by the tests' pilotd next to sim_kernels.py. Each computes what its kernel computes for
 the launch shape it gets (threads past gridDim*blockDim do nothing), in int32 arithmetic with
@@ -162,3 +163,39 @@ def params_kernel(k: SimLaunch) -> None:
 @sim_kernel("plain_c_kernel")
 def plain_c_kernel(k: SimLaunch) -> None:
     """Does nothing."""
+
+
+# ---- graphs.cu ----
+
+GRAPH_TABLE = 16
+
+
+@sim_kernel("_Z10graph_axpbPiiii")
+def graph_axpb(k: SimLaunch) -> None:
+    """x[i] = x[i] * mul + add."""
+    x, n, mul, add = k.ptr(0), k.i32(1), k.i32(2), k.i32(3)
+    count = _covered(k, n)
+    if count:
+        out = _i32(k, x, count)
+        out[:] = _wrap(out.astype(np.int64) * mul + add)
+
+
+@sim_kernel("_Z9graph_addPiPKii")
+def graph_add(k: SimLaunch) -> None:
+    """dst[i] += src[i]."""
+    dst, src, n = k.ptr(0), k.ptr(1), k.i32(2)
+    count = _covered(k, n)
+    if count:
+        out = _i32(k, dst, count)
+        out[:] = _wrap(out.astype(np.int64) + _i32(k, src, count))
+
+
+@sim_kernel("_Z11graph_tablePii")
+def graph_table(k: SimLaunch) -> None:
+    """x[i] += g_table[i % 16]."""
+    x, n = k.ptr(0), k.i32(1)
+    count = _covered(k, n)
+    if count:
+        table = np.frombuffer(k.symbol_view("g_table"), dtype=np.int32)[:GRAPH_TABLE].astype(np.int64)
+        out = _i32(k, x, count)
+        out[:] = _wrap(out.astype(np.int64) + table[np.arange(count) % GRAPH_TABLE])

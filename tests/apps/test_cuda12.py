@@ -105,6 +105,7 @@ def expected_cuda12() -> list[str]:
         f"cudaLaunchKernel sum {sum(y)}",
         "cudaThreadGetLimit heap 32 MiB",
         "cudaThreadGetCacheConfig 1",  # cudaFuncCachePreferShared
+        f"graph capture status 1 deps 1 nodes 2 edges 1 deps 1 sum {sum(y) + 4 * sum(range(1000))}",
         "cudaMemAdvise int == _v2: yes",
         "cudaMemPrefetchAsync int == _v2: yes",
         "pointer attributes canary intact",

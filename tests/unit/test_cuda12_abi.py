@@ -69,11 +69,12 @@ def test_table12_shape() -> None:
                  "cudaPointerGetAttributes", "cudaThreadSynchronize", "cudaThreadExit",
                  "cudaThreadSetLimit", "cudaThreadGetLimit", "cudaThreadSetCacheConfig",
                  "cudaThreadGetCacheConfig", "cudaRuntimeGetVersion", "cudaChooseDevice",
-                 "cudaCreateTextureObject", "cudaGetTextureObjectResourceViewDesc"):
+                 "cudaCreateTextureObject", "cudaGetTextureObjectResourceViewDesc",
+                 "cudaStreamGetCaptureInfo", "cudaStreamGetCaptureInfo_v2", "cudaGraphGetEdges",
+                 "cudaGraphAddDependencies_v2"):
         assert status[name] == "impl", name
     # 12.x ABIs pilot does not serve yet: never CUDA 13's function under a 12.x name
-    for name in ("cudaStreamGetCaptureInfo", "cudaStreamGetCaptureInfo_v2", "cudaGraphAddNode",
-                 "cudaLaunchCooperativeKernelMultiDevice"):
+    for name in ("cudaLaunchCooperativeKernelMultiDevice", "cudaSignalExternalSemaphoresAsync_v2"):
         assert status[name] == "stub", name
 
 
@@ -98,7 +99,7 @@ def test_renames_and_hidden_stubs() -> None:
     assert "cudaMalloc" not in renamed and "cudaThreadSynchronize" not in renamed  # same, 12-only
     assert {r["name"] for r in hidden} == {n for n in renamed if by13[n] == "stub"}
     names = {r["name"] for r in stubs}
-    assert "cudaStreamGetCaptureInfo_v2" in names and "cudaThreadExit" not in names
+    assert "cudaWaitExternalSemaphoresAsync_v2" in names and "cudaThreadExit" not in names
     assert names >= {r["name"] for r in rows12 if r["status"] == "as13" and by13[r["name"]] == "stub"}
     text = gen.gen_renames(renamed, TABLE12)
     assert "#define cudaMemAdvise pilot13_cudaMemAdvise\n" in text

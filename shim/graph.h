@@ -1,0 +1,99 @@
+/* CUDA graphs in the shim: the objects api_graph.c keeps (graphs, nodes, executable graphs) and
+ * what stream capture (graph_capture.c) needs of them. Nothing here reaches the daemon: a graph
+ * is the program's list of operations, and launching an executable graph issues them, in a
+ * topological order, on the launch stream through the shim's ordinary entry points. */
+#ifndef PILOT_GRAPH_H
+#define PILOT_GRAPH_H
+
+#include <pthread.h>
+
+#include "shim.h"
+
+struct pilot_kernel;
+
+struct gnode;
+
+struct ggraph {
+    uint32_t magic;        /* GRAPH_MAGIC while alive */
+    struct gnode **nodes;  /* creation order */
+    size_t count, cap;
+    struct gnode *owner;   /* the child-graph node that embeds it, or NULL */
+};
+
+struct gnode {
+    uint32_t magic; /* NODE_MAGIC while alive */
+    enum cudaGraphNodeType type;
+    struct ggraph *graph;
+    const struct gnode *orig; /* the node this one was copied from (clone, instantiate); never read */
+    uint64_t seq;             /* creation number: a stable name in dot files */
+    struct gnode **deps, **outs;
+    size_t ndeps, cap_deps, nouts, cap_outs;
+    int enabled;   /* in an executable graph: cudaGraphNodeSetEnabled */
+    uint64_t mark; /* graph walks (graph_capture.c) */
+    size_t index;  /* position in its graph's nodes, while a walk needs it (api_graph.c) */
+    union {
+        struct {
+            struct pilot_kernel *kernel;
+            void *func;
+            dim3 grid, block;
+            unsigned shared;
+            uint32_t nparams, arg_bytes;
+            uint32_t *offsets, *sizes;
+            unsigned char *buf; /* the arguments, packed at their offsets */
+            void **args;        /* args[i] = buf + offsets[i] */
+        } k;
+        struct {
+            struct cudaMemcpy3DParms p;
+        } copy;
+        struct {
+            struct cudaMemsetParams p;
+            unsigned char *pattern; /* one row, for values whose bytes differ (elementSize > 1) */
+        } set;
+        struct cudaHostNodeParams host;
+        struct ggraph *child;
+        cudaEvent_t event;
+    } u;
+};
+
+/* The lock over every graph object and the capture state. Graph calls hold it while they touch
+ * objects; nothing that reaches the daemon is called with it held. */
+extern pthread_mutex_t pilot_graph_lock;
+
+/* Handle checks (under the lock): the object if h is a live one of that kind, else NULL. */
+struct ggraph *pilot_graph_get(cudaGraph_t h);
+struct gnode *pilot_node_get(cudaGraphNode_t h);
+
+struct ggraph *pilot_graph_new(void);        /* registered, empty */
+void pilot_graph_free(struct ggraph *g);      /* with its nodes (and their child graphs) */
+/* A node of type `type` added to g after deps (all already checked to be g's); NULL if out of
+ * memory. Its parameters are the caller's to fill. */
+struct gnode *pilot_node_add(struct ggraph *g, enum cudaGraphNodeType type, struct gnode *const *deps,
+                             size_t ndeps);
+void pilot_node_destroy(struct gnode *n);
+
+/* Node parameters, checked and copied (kernel arguments deep-copied with the sizes the daemon
+ * reported for the kernel). Called without the lock (they may resolve the kernel). */
+cudaError_t pilot_node_set_kernel(struct gnode *n, const struct cudaKernelNodeParams *p);
+cudaError_t pilot_node_set_kernel_packed(struct gnode *n, struct pilot_kernel *kernel, void *func,
+                                         dim3 grid, dim3 block, unsigned shared,
+                                         const struct pilot_kernel_launch_info *info,
+                                         const unsigned char *buf);
+cudaError_t pilot_node_set_copy(struct gnode *n, const struct cudaMemcpy3DParms *p);
+cudaError_t pilot_node_set_copy_1d(struct gnode *n, void *dst, const void *src, size_t count,
+                                   enum cudaMemcpyKind kind);
+cudaError_t pilot_node_set_memset(struct gnode *n, const struct cudaMemsetParams *p);
+/* A deep copy of src (its child graph too) as a node of g, without edges. */
+struct gnode *pilot_node_copy(struct ggraph *g, const struct gnode *src);
+struct ggraph *pilot_graph_clone(const struct ggraph *src); /* nodes' orig = src's nodes */
+
+/* Issues one node's work on a stream (a program's cudaStream_t). */
+cudaError_t pilot_node_issue(const struct gnode *n, cudaStream_t stream);
+
+/* ---- graph_capture.c ---- */
+/* 1 if a capture under way builds g (cudaGraphDestroy refuses it). Under the lock. */
+int pilot_capture_owns(const struct ggraph *g);
+/* cudaGraphLaunch into a capturing stream: 1 if the stream captures (then a child graph node,
+ * a copy of g, was added, or *err says why not), 0 if the launch is to be issued. */
+int pilot_capture_graph(cudaStream_t stream, const struct ggraph *g, cudaError_t *err);
+
+#endif
