@@ -1538,7 +1538,7 @@ PILOT_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t
     pthread_mutex_unlock(&pilot_graph_lock);
     if (!e)
         PILOT_RETURN(cudaErrorInvalidValue);
-    /* Launched into a capturing stream: the capture gets a child graph node, a copy of e. */
+    /* Launched into a capturing stream: refused, and the capture invalidated (graph_capture.c). */
     cudaError_t err = cudaSuccess;
     if (pilot_capture_graph(stream, e->graph, &err))
         PILOT_RETURN(err);

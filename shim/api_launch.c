@@ -119,6 +119,13 @@ cudaError_t pilot_launch_packed(struct pilot_kernel *kernel, dim3 grid, dim3 blo
             free(buf);
         PILOT_RETURN(cudaErrorInvalidValue);
     }
+    /* A packed buffer larger than the kernel's parameters: the H100 (driver 580) refuses it with
+     * CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (a struct padded to 32 bytes for 28 of parameters). */
+    if (packed && packed_size > k.arg_bytes) {
+        if (buf != stack_buf)
+            free(buf);
+        PILOT_RETURN(cudaErrorLaunchOutOfResources);
+    }
     memset(buf, 0, k.arg_bytes);
     if (packed)
         memcpy(buf, packed, k.arg_bytes);

@@ -147,12 +147,23 @@ static cudaError_t copy_3d(const struct cudaMemcpy3DParms *p, uint64_t stream, i
         return cudaErrorInvalidMemcpyDirection;
     const struct cudaExtent e = p->extent;
     struct pilot_copy_end d, s;
-    cudaError_t err = side(&d, p->dstArray, p->dstPos, p->dstPtr, dst_host, dflt, e.height);
-    if (err == cudaSuccess)
-        err = side(&s, p->srcArray, p->srcPos, p->srcPtr, src_host, dflt, e.height);
+    /* The array side first: with an array on one side, the H100 (driver 580) reads the pointer
+     * side's x position in that array's elements too (srcPos.x = 4 beside a uchar4 array starts
+     * 16 bytes into the host row), not in bytes as the manual's "unsigned char" suggests. */
+    cudaError_t err = p->dstArray ? side(&d, p->dstArray, p->dstPos, p->dstPtr, dst_host, dflt, e.height)
+                                  : side(&s, p->srcArray, p->srcPos, p->srcPtr, src_host, dflt, e.height);
     if (err)
         return err;
     uint32_t elem = p->dstArray ? d.info.elem : s.info.elem;
+    struct cudaPos src_pos = p->srcPos, dst_pos = p->dstPos;
+    if (!p->srcArray && __builtin_mul_overflow(src_pos.x, (size_t)elem, &src_pos.x))
+        return cudaErrorInvalidValue;
+    if (!p->dstArray && __builtin_mul_overflow(dst_pos.x, (size_t)elem, &dst_pos.x))
+        return cudaErrorInvalidValue;
+    err = p->dstArray ? side(&s, p->srcArray, src_pos, p->srcPtr, src_host, dflt, e.height)
+                      : side(&d, p->dstArray, dst_pos, p->dstPtr, dst_host, dflt, e.height);
+    if (err)
+        return err;
     if (p->dstArray && p->srcArray && d.info.elem != s.info.elem)
         return cudaErrorInvalidValue; /* two arrays of different element sizes */
     uint64_t width;

@@ -3,7 +3,7 @@
  * the capture's graph (api_graph.c), each depending on the stream's current dependency set, which
  * it then replaces. The entry points ask first (`pilot_capture_*`, one atomic load while nothing
  * captures): kernel launches, async copies and memsets (1D, 2D, symbols), host functions, event
- * records and waits, graph launches. Cross-stream capture works as in CUDA: an event recorded on a
+ * records and waits (a graph launch is refused, as CUDA 13 does). Cross-stream capture works as in CUDA: an event recorded on a
  * capturing stream remembers the stream's dependency set; a stream that waits for it joins the
  * capture (fork) or merges that set into its own (join). cudaStreamEndCapture on the origin stream
  * ends the capture for every stream in it and returns the graph (cudaErrorStreamCaptureUnjoined if
@@ -348,19 +348,18 @@ int pilot_capture_host(uint64_t stream, cudaHostFn_t fn, void *data, cudaError_t
     return leave(err, cudaSuccess);
 }
 
+/* A graph launched into a capturing stream: CUDA 13 refuses it with
+ * cudaErrorStreamCaptureUnsupported (seen on the H100, driver 580) and the capture is then
+ * invalidated, as for every call a capture cannot take. */
 int pilot_capture_graph(cudaStream_t stream, const struct ggraph *g, cudaError_t *err)
 {
+    (void)g;
     int taken;
     struct cstream *s = enter(pilot_stream_handle(stream), &taken, err);
     if (!s)
         return taken ? leave(err, *err) : 0;
-    struct gnode *n = append(s, cudaGraphNodeTypeGraph);
-    if (!n)
-        return leave(err, cudaErrorMemoryAllocation);
-    if (!(n->u.child = pilot_graph_clone(g)))
-        return fail_node(s, n, err, cudaErrorMemoryAllocation);
-    n->u.child->owner = n;
-    return leave(err, cudaSuccess);
+    s->cap->invalidated = 1;
+    return leave(err, cudaErrorStreamCaptureUnsupported);
 }
 
 int pilot_capture_record(uint64_t stream, cudaEvent_t event, int external, cudaError_t *err)

@@ -408,8 +408,9 @@ static void arrays3d(void)
     p.srcPtr = make_cudaPitchedPtr(me, RB, W, H);
     p.dstArray = e;
     CHECK(cudaMemcpy3D(&p));
-    // host -> array from an offset in a host box of another pitch (positions: host in bytes,
-    // array in elements; the extent in the array's elements)
+    // host -> array from an offset in a host box of another pitch (positions and the extent in
+    // the array's elements on both sides: srcPos.x = 4 starts 16 bytes into the host row on the
+    // H100, not 4 as the manual's "unsigned char elements for pointers" suggests)
     const size_t HP = 50, HR = 6, HD = 5;
     unsigned char *host = pattern(HP * HR * HD, 13);
     memset(&p, 0, sizeof p);
@@ -420,7 +421,7 @@ static void arrays3d(void)
     p.extent = make_cudaExtent(7, 5, 3);
     p.kind = cudaMemcpyHostToDevice;
     CHECK(cudaMemcpy3D(&p));
-    box(mc, RB, H, 1 * E, 0, 0, host, HP, HR, 4, 1, 1, 7 * E, 5, 3);
+    box(mc, RB, H, 1 * E, 0, 0, host, HP, HR, 4 * E, 1, 1, 7 * E, 5, 3);
     // array -> array
     memset(&p, 0, sizeof p);
     p.srcArray = c;
@@ -442,11 +443,11 @@ static void arrays3d(void)
     p.srcArray = c;
     p.srcPos = make_cudaPos(1, 1, 1);
     p.dstPtr = lin;
-    p.dstPos = make_cudaPos(8, 2, 0);  // bytes in the pointer
+    p.dstPos = make_cudaPos(8, 2, 0);  // in the array's elements: 32 bytes into the row
     p.extent = make_cudaExtent(4, 3, 2);
     p.kind = cudaMemcpyDeviceToDevice;
     CHECK(cudaMemcpy3D(&p));
-    box(ml, LP, 6, 8, 2, 0, mc, RB, H, 1 * E, 1, 1, 4 * E, 3, 2);
+    box(ml, LP, 6, 8 * E, 2, 0, mc, RB, H, 1 * E, 1, 1, 4 * E, 3, 2);
     memset(&p, 0, sizeof p);
     p.srcPtr = lin;
     p.dstArray = e;

@@ -6,6 +6,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -174,9 +175,14 @@ int main(int argc, char **argv)
         CUdeviceptr x, y;
         int a, b, n;
     } packed = {dx, dy, 7, -3, n - 10};
+    // the struct is padded to 32 bytes; the kernel's parameters take 28, and a larger buffer is
+    // refused (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES on the H100)
     size_t packed_size = sizeof packed;
     void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &packed, CU_LAUNCH_PARAM_BUFFER_SIZE,
                      &packed_size, CU_LAUNCH_PARAM_END};
+    printf("cuLaunchKernel(extra of %zu bytes): %s\n", packed_size,
+           name(cuLaunchKernel(axpb, 4, 1, 1, 256, 1, 1, 0, s, nullptr, extra)));
+    packed_size = offsetof(decltype(packed), n) + sizeof packed.n;
     MUST(cuLaunchKernel(axpb, 4, 1, 1, 256, 1, 1, 0, s, nullptr, extra));
     MUST(cuEventRecord(stop, s));
     MUST(cuMemcpyDtoHAsync(hy.data(), dy, n * sizeof(int), s));

@@ -332,24 +332,18 @@ static void capture_loop()
     CHECK(cudaStreamSynchronize(s1));
     show("loop", h_out2);
 
-    // a graph launch captured: one child graph node
-    cudaGraph_t outer;
+    // a graph launch into a capturing stream: CUDA 13 refuses it (cudaErrorStreamCaptureUnsupported
+    // on the H100), and the capture cannot end in a graph
+    cudaGraph_t outer = NULL;
     CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
-    CHECK(cudaGraphLaunch(exec, s1));
-    CHECK(cudaStreamEndCapture(s1, &outer));
-    size_t n = 1;
-    cudaGraphNode_t only;
-    CHECK(cudaGraphGetNodes(outer, &only, &n));
-    CHECK(cudaGraphNodeGetType(only, &t));
-    printf("captured_launch nodes %zu type %d\n", count_nodes(outer), (int)t);
-    cudaGraphExec_t outer_exec;
-    CHECK(cudaGraphInstantiate(&outer_exec, outer, 0));
-    memset(h_out2, 0, N * sizeof(int));
-    CHECK(cudaGraphLaunch(outer_exec, s2));
-    CHECK(cudaStreamSynchronize(s2));
-    show("captured_launch", h_out2);
-    CHECK(cudaGraphExecDestroy(outer_exec));
-    CHECK(cudaGraphDestroy(outer));
+    cudaError_t launched = cudaGraphLaunch(exec, s1);
+    cudaError_t ended = cudaStreamEndCapture(s1, &outer);
+    CHECK(cudaStreamIsCapturing(s1, &st));
+    printf("captured_launch %s end %s graph %d status %d\n", name(launched), name(ended),
+           outer != NULL, (int)st);
+    cudaGetLastError();
+    if (outer)
+        CHECK(cudaGraphDestroy(outer));
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphDestroy(g));
 

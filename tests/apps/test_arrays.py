@@ -47,7 +47,7 @@ LINES = {
                "arrays a=ac81e631 b=cd22f879",
                "arrays 1d extent=50,0,0"],
     "arrays3d": ["arrays3d extent=9,5,4 flags=0",
-                 "arrays3d c=019e28c5 e=9cb2f459"],
+                 "arrays3d c=636a76f1 e=31f276e9"],
     "texture": ["texture clamp 0 37 23 10 27 2 34 0",
                 "texture wrap 0 12 26 37",
                 "texture border 0 0 11 0",

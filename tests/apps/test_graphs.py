@@ -64,8 +64,8 @@ def expected() -> list[str]:
         "ended status 0",
         "loop nodes 22 roots 1 edges 21",
         _show("loop", loop),
-        "captured_launch nodes 1 type 4",
-        _show("captured_launch", loop),
+        "captured_launch cudaErrorStreamCaptureUnsupported end cudaErrorStreamCaptureInvalidated"
+        " graph 0 status 0",
         "long_chain nodes 3000",
         _show("long_chain", [h + 3000 if i < THREADS else h for i, h in enumerate(H_IN)]),
         "fork s2 status 1 same_id 1",
