@@ -588,8 +588,12 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void *
     if (!fn)
         fn = find_proc(symbol);
     *pfn = fn;
-    if (symbolStatus)
+    /* An unknown name with a status to report it in: CUDA_SUCCESS, the status saying
+     * SYMBOL_NOT_FOUND and a NULL function (as the H100's driver 580 answers). */
+    if (symbolStatus) {
         *symbolStatus = fn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_SUCCESS;
+    }
     return fn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
