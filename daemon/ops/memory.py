@@ -42,7 +42,9 @@ def malloc(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     size = req.size
     backend = vg.backend
     make = ((lambda: backend.mem_alloc_managed(size, MANAGED_ATTACH_GLOBAL))
-            if "device" in vg.broker.movable else (lambda: backend.mem_alloc(size)))
+            if "device" in vg.broker.movable else
+            # a zeroed block freed a moment ago, of this very size, else the driver's
+            (lambda: vg.quarantine.take(size) or backend.mem_alloc(size)))
     ptr = vg.broker.allocate(s, "device", size, make)
     s.add_allocation(ptr, size)
     return u64(ptr)

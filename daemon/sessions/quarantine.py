@@ -7,9 +7,14 @@ has its own context). Waiting for the zeroing inside cudaFree put a memset, a st
 synchronization and cuMemFree on every free's critical path; now cudaFree answers once the
 memset is queued, and the vGPU thread frees the memory when the event after it has completed
 (checked between calls, `poll`). Until then the memory is in neither the tenant's hands nor the
-driver's free pool, so no one can be given it before it is zero. An allocation that fails for
-want of memory while some is held here is retried after `drain` (vgpu/dispatch.py), and
-cudaMemGetInfo drains first, so holding it never makes a program see less memory.
+driver's free pool, so no one can be given it before it is zero.
+
+Zeroed blocks of up to 64 MiB are kept a while (at most 16 blocks, 128 MiB per vGPU) and a cudaMalloc of
+exactly such a size takes one (`take`) instead of calling cuMemAlloc: a program that allocates
+and frees in a loop then pays neither cuMemAlloc nor cuMemFree, as with the driver's own
+caching. A block given out is zero, whoever had it before. An allocation that fails for want of
+memory while some is held here is retried after `drain` (vgpu/dispatch.py), and cudaMemGetInfo
+drains first, so holding it never makes a program see less memory.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ log = logging.getLogger("pilot.session")
 
 EVENT_DISABLE_TIMING = 2
 SPARE_EVENTS = 16
+KEEP_BLOCKS = 16  # zeroed blocks kept for reuse, at most
+KEEP_BYTES = 128 << 20
+KEEP_BLOCK_MAX = 64 << 20  # larger ones are freed at once
 
 
 class Quarantine:
@@ -33,7 +41,9 @@ class Quarantine:
         self.backend = backend
         self._held: deque[tuple[int, int, Any]] = deque()  # (ptr, size, event after its zeroing)
         self._spare: list[Any] = []
-        self.bytes = 0
+        self.bytes = 0  # held, being zeroed
+        self._kept: deque[tuple[int, int]] = deque()  # zeroed blocks (ptr, size), oldest first
+        self.kept_bytes = 0
 
     def __bool__(self) -> bool:
         return bool(self._held)
@@ -49,8 +59,8 @@ class Quarantine:
         self.bytes += size
 
     def poll(self) -> None:
-        """Free what is zeroed by now (events complete in stream order: stop at the first that
-        is not)."""
+        """Keep or free what is zeroed by now, oldest first (stops at the first still under way:
+        the rest is looked at next time)."""
         held, backend = self._held, self.backend
         while held:
             ptr, size, event = held[0]
@@ -60,7 +70,19 @@ class Quarantine:
             except Exception as exc:  # a sticky context error: the memory goes with the context
                 log.error("zeroing freed memory at %#x failed: %s", ptr, exc)
             held.popleft()
-            self._free(ptr, size, event)
+            self._zeroed(ptr, size, event)
+
+    def take(self, size: int) -> int | None:
+        """A zeroed block of exactly `size` bytes for a new allocation, or None."""
+        if self._held:
+            self.poll()
+        kept = self._kept
+        for i, (ptr, n) in enumerate(kept):
+            if n == size:
+                del kept[i]
+                self.kept_bytes -= n
+                return ptr
+        return None
 
     def drain(self) -> None:
         """Wait for every zeroing and free it all (before an allocation is retried, a memory
@@ -72,7 +94,12 @@ class Quarantine:
                 backend.event_synchronize(event)
             except Exception as exc:
                 log.error("zeroing freed memory at %#x failed: %s", ptr, exc)
-            self._free(ptr, size, event)
+            self._release_event(event)
+            self._free(ptr, size)
+        while self._kept:
+            ptr, size = self._kept.popleft()
+            self.kept_bytes -= size
+            self._free(ptr, size, held=False)
 
     def close(self) -> None:
         self.drain()
@@ -83,13 +110,31 @@ class Quarantine:
                 log.debug("event_destroy: %s", exc)
         self._spare.clear()
 
-    def _free(self, ptr: int, size: int, event: Any) -> None:
-        backend = self.backend
+    def _zeroed(self, ptr: int, size: int, event: Any) -> None:
+        """Its zeroing is done: keep it for reuse, or free it (and the oldest kept beyond the
+        limits)."""
+        self._release_event(event)
         self.bytes -= size
+        if size > KEEP_BLOCK_MAX:
+            self._free(ptr, size, held=False)
+            return
+        self._kept.append((ptr, size))
+        self.kept_bytes += size
+        while len(self._kept) > KEEP_BLOCKS or self.kept_bytes > KEEP_BYTES:
+            old, n = self._kept.popleft()
+            self.kept_bytes -= n
+            self._free(old, n, held=False)
+
+    def _free(self, ptr: int, size: int, held: bool = True) -> None:
+        if held:
+            self.bytes -= size
         try:
-            backend.mem_free(ptr)
+            self.backend.mem_free(ptr)
         except Exception as exc:
             log.error("freeing %#x (%d bytes) after zeroing failed: %s", ptr, size, exc)
+
+    def _release_event(self, event: Any) -> None:
+        backend = self.backend
         if len(self._spare) < SPARE_EVENTS:
             self._spare.append(event)
         else:

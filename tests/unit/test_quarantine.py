@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from pilot.daemon.backends.base import CUDA_ERROR_MEMORY_ALLOCATION, BackendError
-from pilot.daemon.sessions.quarantine import Quarantine
+from pilot.daemon.sessions.quarantine import KEEP_BLOCK_MAX, KEEP_BLOCKS, Quarantine
 
 
 class FakeBackend:
@@ -25,6 +25,7 @@ class FakeBackend:
 
     def event_record(self, event: str, stream: Any) -> None:
         self.calls.append(("record", event, stream))
+        self.done.discard(event)  # recorded again: not complete until its new work is
 
     def event_query(self, event: str) -> bool:
         return event in self.done
@@ -55,9 +56,30 @@ def test_freed_only_after_its_zeroing_and_in_order() -> None:
     assert b.calls == []
     b.done.add("ev1")
     q.poll()
-    assert b.calls == [("free", 0x1000), ("free", 0x2000)] and not q and q.bytes == 0
+    # zeroed now: kept for a cudaMalloc of the same size, not freed yet
+    assert b.calls == [] and not q and q.bytes == 0 and q.kept_bytes == 768
+    assert q.take(512) == 0x2000 and q.take(512) is None and q.take(100) is None
     q.free_later(0x3000, 64, "s")  # events are reused
     assert b.made == 2
+    assert q.take(64) is None  # still being zeroed: never handed out
+
+
+def test_what_is_kept_for_reuse_is_bounded() -> None:
+    b = FakeBackend()
+    q = Quarantine(b)  # type: ignore[arg-type]
+    big = KEEP_BLOCK_MAX + 1
+    q.free_later(0x100000000, big, "s")
+    for i in range(KEEP_BLOCKS + 2):
+        q.free_later(0x1000 * (i + 1), 4096, "s")
+    b.done.update(f"ev{i}" for i in range(1, 40))
+    b.calls.clear()
+    q.poll()
+    frees = [c[1] for c in b.calls if c[0] == "free"]
+    # the large block at once, then the two oldest beyond the count limit
+    assert frees == [0x100000000, 0x1000, 0x2000]
+    assert q.kept_bytes == KEEP_BLOCKS * 4096
+    q.drain()  # everything kept goes back to the driver
+    assert q.kept_bytes == 0 and len([c for c in b.calls if c[0] == "free"]) == 3 + KEEP_BLOCKS
 
 
 def test_drain_waits_for_every_zeroing() -> None:
