@@ -68,6 +68,7 @@ SHIM_SOURCES = [
     "driver_ops.c",
     "api_graph.c",
     "graph_capture.c",
+    "static_check.c",
     "api_stream_attr.c",
 ]
 # The driver API library's sources (libpilot-cuda.so, SONAME libcuda.so.1); drv_gen.c is

@@ -854,3 +854,25 @@ def test_func_info(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> Non
     cudaFuncGetAttributes's (seen on the H100)."""
     proc = run_under_pilot("func_info")
     assert proc.stdout == FUNC_INFO, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
+
+
+STATIC_WARNING = "links the CUDA runtime statically"
+
+
+def test_the_shim_says_when_a_program_has_the_static_runtime(
+        app_builds: dict[str, Any], pilot_client_env: dict[str, str], tmp_path: Path) -> None:
+    """vector_add.cu built with nvcc's default (-cudart static) never calls the shim: the shim
+    says so once on stderr (its GPU work runs outside pilot); built -cudart shared, nothing."""
+    if NATIVE:
+        pytest.skip("the shim is not loaded natively")
+    cmd = [c for c in app_builds["vector_add"].command if c not in ("-cudart", "shared")]
+    exe = tmp_path / "vector_add_static"
+    cmd[cmd.index("-o") + 1] = str(exe)
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    env = {**pilot_client_env, "CUDA_VISIBLE_DEVICES": ""}  # no GPU needed to see the warning
+    static = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=60)
+    assert static.stderr.count(STATIC_WARNING) == 1, static.stderr
+    shared = subprocess.run([str(app_builds["vector_add"].exe)], env=pilot_client_env,
+                            capture_output=True, text=True, timeout=60)
+    assert STATIC_WARNING not in shared.stderr and shared.returncode == 0, shared.stderr

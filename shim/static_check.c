@@ -1,0 +1,84 @@
+/* A program whose CUDA runtime is linked statically (nvcc's default, -cudart static) never calls
+ * the preloaded shim: its GPU work would run outside pilot unnoticed. The shim cannot carry it
+ * (issue 13's design note), so it says so once, on stderr, when the process starts: the
+ * executable has nvcc's fatbin sections but does not need libcudart.so. `pilot run` refuses
+ * such programs before they start (cli/elf.py); this is for plain LD_PRELOAD. */
+#include <elf.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define MAX_SECTIONS 4096
+#define MAX_TABLE (1u << 20) /* section-name and dynamic string tables read, at most */
+
+static int read_at(int fd, void *buf, size_t len, uint64_t off)
+{
+    return pread(fd, buf, len, (off_t)off) == (ssize_t)len ? 0 : -1;
+}
+
+/* 1: the executable at `path` has device code and does not need libcudart; 0 otherwise or when
+ * it cannot tell (never a false alarm). */
+static int static_runtime(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    int found = 0, needs_cudart = 0;
+    Elf64_Ehdr eh;
+    Elf64_Shdr *sh = NULL;
+    char *names = NULL, *dynstr = NULL;
+    Elf64_Dyn *dyn = NULL;
+    if (read_at(fd, &eh, sizeof eh, 0) || memcmp(eh.e_ident, ELFMAG, SELFMAG) ||
+        eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_shentsize != sizeof(Elf64_Shdr) ||
+        !eh.e_shnum || eh.e_shnum > MAX_SECTIONS || eh.e_shstrndx >= eh.e_shnum)
+        goto out;
+    sh = malloc((size_t)eh.e_shnum * sizeof *sh);
+    if (!sh || read_at(fd, sh, (size_t)eh.e_shnum * sizeof *sh, eh.e_shoff))
+        goto out;
+    const Elf64_Shdr *strs = &sh[eh.e_shstrndx];
+    if (!strs->sh_size || strs->sh_size > MAX_TABLE || !(names = malloc(strs->sh_size + 1)) ||
+        read_at(fd, names, strs->sh_size, strs->sh_offset))
+        goto out;
+    names[strs->sh_size] = '\0';
+    for (unsigned i = 0; i < eh.e_shnum; i++) {
+        if (sh[i].sh_name >= strs->sh_size)
+            continue;
+        const char *name = names + sh[i].sh_name;
+        if (!strcmp(name, ".nv_fatbin") || !strcmp(name, ".nvFatBinSegment"))
+            found = 1;
+        if (sh[i].sh_type != SHT_DYNAMIC || dyn || sh[i].sh_link >= eh.e_shnum)
+            continue;
+        const Elf64_Shdr *ds = &sh[sh[i].sh_link];
+        if (!sh[i].sh_size || sh[i].sh_size > MAX_TABLE || !ds->sh_size || ds->sh_size > MAX_TABLE)
+            continue;
+        dyn = malloc(sh[i].sh_size);
+        dynstr = malloc(ds->sh_size + 1);
+        if (!dyn || !dynstr || read_at(fd, dyn, sh[i].sh_size, sh[i].sh_offset) ||
+            read_at(fd, dynstr, ds->sh_size, ds->sh_offset))
+            goto out;
+        dynstr[ds->sh_size] = '\0';
+        for (size_t k = 0; k < sh[i].sh_size / sizeof *dyn && dyn[k].d_tag != DT_NULL; k++)
+            if (dyn[k].d_tag == DT_NEEDED && dyn[k].d_un.d_val < ds->sh_size &&
+                !strncmp(dynstr + dyn[k].d_un.d_val, "libcudart.so", 12))
+                needs_cudart = 1;
+    }
+out:
+    free(sh);
+    free(names);
+    free(dyn);
+    free(dynstr);
+    close(fd);
+    return found && !needs_cudart;
+}
+
+__attribute__((constructor)) static void warn_static_runtime(void)
+{
+    if (static_runtime("/proc/self/exe"))
+        LOG_WARN("this program links the CUDA runtime statically (nvcc's default), so it does not "
+                 "go through pilot: its GPU work runs outside pilot, unshared and unaccounted. "
+                 "Rebuild it with `nvcc -cudart shared`, or run it without pilot.");
+}
