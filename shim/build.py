@@ -69,6 +69,7 @@ SHIM_SOURCES = [
     "api_graph.c",
     "graph_capture.c",
     "static_check.c",
+    "api_entry_point.c",
     "api_stream_attr.c",
 ]
 # The driver API library's sources (libpilot-cuda.so, SONAME libcuda.so.1); drv_gen.c is

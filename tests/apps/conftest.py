@@ -43,7 +43,8 @@ SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
            ("vector_add", "kernel_args", "copies", "memset", "streams_events", "errors", "threads",
             "alloc", "symbols", "runtime_misc", "managed", "callbacks", "ptds", "multidev",
             "launch_ex", "scrub", "pinned", "quota_paths", "footprint", "liveness", "devices",
-            "fault", "mempool", "launch_order", "func_info", "arrays", "driver_api", "graphs")}
+            "fault", "mempool", "launch_order", "func_info", "arrays", "driver_api", "graphs",
+            "entry_point")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 SOURCES["ptds_per_thread"] = APPS_DIR / "ptds.cu"  # the same source, per-thread default streams
 # PILOT's pageDoS and a streaming Unified Memory workload (bench/uvm), for the memory policies

@@ -876,3 +876,23 @@ def test_the_shim_says_when_a_program_has_the_static_runtime(
     shared = subprocess.run([str(app_builds["vector_add"].exe)], env=pilot_client_env,
                             capture_output=True, text=True, timeout=60)
     assert STATIC_WARNING not in shared.stderr and shared.returncode == 0, shared.stderr
+
+
+ENTRY_POINT = """\
+cuMemAlloc: cudaSuccess found 1 status 0
+driver cuMemAlloc: 0
+driver cuMemsetD32: 0
+runtime reads it: cudaSuccess c0ffee c0ffee
+driver cuMemFree: 0
+unknown: cudaSuccess null 1 status 1
+null symbol: cudaErrorInvalidValue
+done
+"""
+
+
+def test_driver_entry_points(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
+    """cudaGetDriverEntryPointByVersion gives pilot's driver functions (libpilot-cuda.so, loaded
+    on first use beside the shim), which work on the runtime's memory; an unknown name is
+    cudaSuccess with a NULL pointer and cudaDriverEntryPointSymbolNotFound, as documented."""
+    proc = run_under_pilot("entry_point")
+    assert proc.stdout == ENTRY_POINT, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
