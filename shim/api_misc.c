@@ -261,17 +261,25 @@ static cudaError_t find_kernel(const void *func, struct pilot_kernel **out)
     return cudaSuccess;
 }
 
-/* The kernel's daemon function handle, loading its image on first use. */
-static cudaError_t kernel_function(struct pilot_kernel *k, uint64_t *function)
+/* What the daemon reported of the kernel on the calling thread's device (its function handle,
+ * parameter layout), loading its image on first use. */
+static cudaError_t kernel_info(struct pilot_kernel *k, struct pilot_kernel_launch_info *info)
 {
     const int dev = pilot_route_device();
     cudaError_t err = pilot_kernel_resolve(k, dev);
-    if (err != cudaSuccess)
-        return err;
+    if (err == cudaSuccess)
+        pilot_kernel_info(k, dev, info);
+    return err;
+}
+
+/* The kernel's daemon function handle. */
+static cudaError_t kernel_function(struct pilot_kernel *k, uint64_t *function)
+{
     struct pilot_kernel_launch_info info;
-    pilot_kernel_info(k, dev, &info);
-    *function = info.function;
-    return cudaSuccess;
+    cudaError_t err = kernel_info(k, &info);
+    if (err == cudaSuccess)
+        *function = info.function;
+    return err;
 }
 
 static cudaError_t find_function(const void *func, struct pilot_kernel **kp, uint64_t *function)
@@ -353,12 +361,12 @@ PILOT_EXPORT cudaError_t cudaFuncGetParamInfo(const void *func, size_t paramInde
         PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_REQUIRE_SESSION();
     struct pilot_kernel *k;
-    uint64_t function;
-    cudaError_t err = find_function(func, &k, &function);
+    struct pilot_kernel_launch_info info;
+    cudaError_t err = find_kernel(func, &k);
+    if (err == cudaSuccess)
+        err = kernel_info(k, &info);
     if (err != cudaSuccess)
         PILOT_RETURN(err);
-    struct pilot_kernel_launch_info info;
-    pilot_kernel_info(k, pilot_route_device(), &info);
     if (paramIndex >= info.nparams)
         PILOT_RETURN(cudaErrorInvalidValue);
     if (paramOffset)
