@@ -15,6 +15,7 @@ typedef int (*cu_launch_kernel_fn)(uint64_t f, unsigned gx, unsigned gy, unsigne
 
 typedef int (*cu_dtoh_fn)(void *dst, uint64_t src, size_t count, uint64_t stream);
 typedef int (*cu_htod_fn)(uint64_t dst, const void *src, size_t count, uint64_t stream);
+typedef int (*cu_sync_fn)(uint64_t stream);
 
 /* cuda.h's CU_LAUNCH_PARAM_* (the pointers 1, 2 and 0). */
 #define LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
@@ -45,6 +46,8 @@ struct fconn {
     struct map functions, streams;
     struct range *ranges; /* sorted by base, disjoint */
     uint32_t nranges, cap_ranges;
+    uint64_t *syncs; /* what cudaDeviceSynchronize waits for (nsyncs 0: Python's) */
+    uint32_t nsyncs, cap_syncs;
     pilot_fast_count count;
 };
 
@@ -52,8 +55,10 @@ struct pilot_fast {
     cu_launch_kernel_fn cuda;
     cu_dtoh_fn dtoh;
     cu_htod_fn htod;
+    cu_sync_fn sync;
     pilot_fast_launch_fn generic;
     pilot_fast_copy_fn generic_copy;
+    pilot_fast_sync_fn generic_sync;
     double bounds[PILOT_FAST_BUCKETS - 1];
     int nbounds;
     uint8_t *reply; /* a device-to-host copy's bytes, on their way back */
@@ -124,11 +129,13 @@ static int map_put(struct map *m, uint64_t key, uint64_t value, uint32_t extra)
     return 0;
 }
 
-pilot_fast *pilot_fast_new(void *cuda_launch, void *cuda_dtoh, void *cuda_htod,
+pilot_fast *pilot_fast_new(void *cuda_launch, void *cuda_dtoh, void *cuda_htod, void *cuda_sync,
                            pilot_fast_launch_fn generic_launch, pilot_fast_copy_fn generic_copy,
-                           const double *bounds, int nbounds, uint16_t protocol_version)
+                           pilot_fast_sync_fn generic_sync, const double *bounds, int nbounds,
+                           uint16_t protocol_version)
 {
-    if (cuda_launch ? !cuda_dtoh || !cuda_htod : !generic_launch || !generic_copy)
+    if (cuda_launch ? !cuda_dtoh || !cuda_htod || !cuda_sync
+                    : !generic_launch || !generic_copy || !generic_sync)
         return NULL;
     if (nbounds < 0 || nbounds >= PILOT_FAST_BUCKETS)
         return NULL;
@@ -143,8 +150,10 @@ pilot_fast *pilot_fast_new(void *cuda_launch, void *cuda_dtoh, void *cuda_htod,
     f->cuda = (cu_launch_kernel_fn)cuda_launch;
     f->dtoh = (cu_dtoh_fn)cuda_dtoh;
     f->htod = (cu_htod_fn)cuda_htod;
+    f->sync = (cu_sync_fn)cuda_sync;
     f->generic = generic_launch;
     f->generic_copy = generic_copy;
+    f->generic_sync = generic_sync;
     for (int i = 0; i < nbounds; i++)
         f->bounds[i] = bounds[i];
     f->nbounds = nbounds;
@@ -157,6 +166,7 @@ static void free_conn(struct fconn *c)
     free(c->functions.slots);
     free(c->streams.slots);
     free(c->ranges);
+    free(c->syncs);
     free(c);
 }
 
@@ -206,6 +216,7 @@ int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabl
         memset(&c->functions, 0, sizeof c->functions);
         memset(&c->streams, 0, sizeof c->streams);
         c->nranges = 0;
+        c->nsyncs = 0;
     }
     c->session = session;
     c->enabled = enabled;
@@ -213,6 +224,26 @@ int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabl
     c->legacy_slow = legacy_slow;
     c->deferred = deferred;
     c->context = context;
+    return 0;
+}
+
+int pilot_fast_sync_streams(pilot_fast *f, uint32_t conn, const uint64_t *streams, uint32_t n)
+{
+    struct fconn *c = find_conn(f, conn);
+    if (!c)
+        return -1;
+    if (n > c->cap_syncs) {
+        uint64_t *grown = realloc(c->syncs, n * sizeof *grown);
+        if (!grown) {
+            c->nsyncs = 0;
+            return -1;
+        }
+        c->syncs = grown;
+        c->cap_syncs = n;
+    }
+    if (n)
+        memcpy(c->syncs, streams, n * sizeof *streams);
+    c->nsyncs = n;
     return 0;
 }
 
@@ -304,7 +335,8 @@ int pilot_fast_take(pilot_fast *f, pilot_fast_count *out, int max)
     int n = 0;
     for (uint32_t i = 0; i < f->nconns && n < max; i++) {
         struct fconn *c = f->conns[i];
-        if (c->count.launches || c->count.d2h || c->count.h2d) {
+        if (c->count.launches || c->count.d2h || c->count.h2d || c->count.syncs[0] ||
+            c->count.syncs[1]) {
             out[n++] = c->count;
             memset(&c->count, 0, sizeof c->count);
             c->count.conn = c->conn;
@@ -318,6 +350,15 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The latency bucket of dt seconds. */
+static int bucket(const pilot_fast *f, double dt)
+{
+    int b = 0;
+    while (b < f->nbounds && dt > f->bounds[b])
+        b++;
+    return b;
 }
 
 /* The CUstream for work on program stream `token`, or 0 when Python must see it. */
@@ -363,9 +404,7 @@ static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
                        to_host ? f->reply : NULL, to_host ? req.count : 0) != 0)
         return FAST_DONE; /* the client is gone: nothing to answer */
     double dt = now_s() - t0;
-    int b = 0;
-    while (b < f->nbounds && dt > f->bounds[b])
-        b++;
+    int b = bucket(f, dt);
     pilot_fast_count *n = &c->count;
     if (to_host) {
         n->d2h++;
@@ -384,6 +423,49 @@ static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
     return FAST_DONE;
 }
 
+static int sync_stream(pilot_fast *f, uint64_t stream)
+{
+    return f->cuda ? f->sync(stream) : f->generic_sync(stream);
+}
+
+/* cudaDeviceSynchronize (every stream of the session) or cudaStreamSynchronize (the legacy
+ * stream, or one C launches on), answered here while the session's work is all on streams C
+ * knows and no error waits to be reported. An error of the synchronization itself (a kernel
+ * fault) goes to Python, which synchronizes again and reports it. */
+static int try_sync(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_srv_msg *m,
+                    const pilot_envelope *env)
+{
+    int device = env->opcode == PILOT_OP_DEVICE_SYNCHRONIZE;
+    if (!srv || c->deferred || !c->nsyncs || (env->flags & PILOT_F_NO_REPLY))
+        return FAST_PYTHON;
+    double t0 = now_s();
+    if (device) {
+        for (uint32_t i = 0; i < c->nsyncs; i++)
+            if (sync_stream(f, c->syncs[i]) != 0)
+                return FAST_PYTHON;
+    } else {
+        pilot_req_handle req;
+        if (m->len[1] < sizeof req)
+            return FAST_PYTHON;
+        memcpy(&req, m->frame[1], sizeof req);
+        uint64_t stream = copy_stream(c, req.handle);
+        if (!stream || sync_stream(f, stream) != 0)
+            return FAST_PYTHON;
+    }
+    pilot_rep_status rep = {{0, 0}};
+    if (pilot_srv_send(srv, m->conn, m->frame[0], sizeof(pilot_envelope), &rep, sizeof rep, NULL,
+                       0) != 0)
+        return FAST_DONE; /* the client is gone: nothing to answer */
+    double dt = now_s() - t0;
+    int kind = device ? 0 : 1;
+    pilot_fast_count *n = &c->count;
+    n->syncs[kind]++;
+    n->sync_buckets[kind][bucket(f, dt)]++;
+    n->sync_seconds[kind] += dt;
+    n->synced = 1;
+    return FAST_DONE;
+}
+
 int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
 {
     struct fconn *c = find_conn(f, m->conn);
@@ -397,7 +479,10 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
         return FAST_PYTHON;
     if (env.opcode == PILOT_OP_MEMCPY_D2H || env.opcode == PILOT_OP_MEMCPY_H2D)
         return try_copy(f, srv, c, m, &env);
-    if (env.opcode != PILOT_OP_LAUNCH || !(env.flags & PILOT_F_NO_REPLY) ||
+    if (env.opcode == PILOT_OP_DEVICE_SYNCHRONIZE || env.opcode == PILOT_OP_STREAM_SYNCHRONIZE)
+        return try_sync(f, srv, c, m, &env);
+    if (env.opcode != PILOT_OP_LAUNCH || c->enabled != PILOT_FAST_ALL ||
+        !(env.flags & PILOT_F_NO_REPLY) ||
         m->len[1] < sizeof(pilot_req_launch))
         return FAST_PYTHON;
     memcpy(&req, m->frame[1], sizeof req);

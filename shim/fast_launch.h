@@ -1,5 +1,6 @@
-/* The daemon's fast path: posted kernel launches, and small copies between the program's device
- * memory and its host (cudaMemcpy H2D and D2H carried inline), that need nothing of the daemon's
+/* The daemon's fast path: posted kernel launches, small copies between the program's device
+ * memory and its host (cudaMemcpy H2D and D2H carried inline), and cudaDeviceSynchronize /
+ * cudaStreamSynchronize of the program's streams, that need nothing of the daemon's
  * Python (no policy decision, no capacity enforcement, no unified-memory coherence, no timing)
  * run here, in C, on the vGPU thread, without the GIL, as the endpoint receives them; a copy is
  * answered from here too. Everything else (and anything this path is not sure of) goes to
@@ -22,6 +23,8 @@
 /* PILOT_FAST_CDEF_BEGIN */
 typedef struct pilot_fast pilot_fast;
 
+enum pilot_fast_mode { PILOT_FAST_OFF = 0, PILOT_FAST_ALL = 1, PILOT_FAST_NO_LAUNCHES = 2 };
+
 /* What ran here for one connection since the last pilot_fast_take. */
 #define PILOT_FAST_BUCKETS 24 /* latency buckets of the copies (+Inf last), see pilot_fast_new */
 
@@ -34,6 +37,10 @@ typedef struct pilot_fast_count {
     uint64_t d2h_bytes, h2d_bytes;
     uint32_t d2h_buckets[PILOT_FAST_BUCKETS], h2d_buckets[PILOT_FAST_BUCKETS];
     double d2h_seconds, h2d_seconds;
+    /* cudaDeviceSynchronize [0] and cudaStreamSynchronize [1] answered here */
+    uint32_t syncs[2];
+    uint32_t sync_buckets[2][PILOT_FAST_BUCKETS];
+    double sync_seconds[2];
 } pilot_fast_count;
 
 /* A generic launcher and copier (the sim backend's, through cffi callbacks): return 0 or a
@@ -44,17 +51,21 @@ typedef int (*pilot_fast_launch_fn)(uint64_t function, const uint32_t *grid, con
                                     uint32_t arg_bytes);
 typedef int (*pilot_fast_copy_fn)(int to_host, uint64_t dst, uint64_t src, uint64_t count,
                                   uint64_t stream);
+typedef int (*pilot_fast_sync_fn)(uint64_t stream);
 
-/* The driver's cuLaunchKernel, cuMemcpyDtoHAsync_v2 and cuMemcpyHtoDAsync_v2 (copies to
- * pageable memory return once done), or NULL and the generic functions. bounds: the copies'
- * latency buckets in seconds (nbounds < PILOT_FAST_BUCKETS; +Inf follows). protocol_version:
- * the envelope version requests must carry. */
-pilot_fast *pilot_fast_new(void *cuda_launch, void *cuda_dtoh, void *cuda_htod,
+/* The driver's cuLaunchKernel, cuMemcpyDtoHAsync_v2, cuMemcpyHtoDAsync_v2 (copies to pageable
+ * memory return once done) and cuStreamSynchronize, or NULL and the generic functions. bounds:
+ * the copies' and synchronizations' latency buckets in seconds (nbounds < PILOT_FAST_BUCKETS;
+ * +Inf follows). protocol_version: the envelope version requests must carry. */
+pilot_fast *pilot_fast_new(void *cuda_launch, void *cuda_dtoh, void *cuda_htod, void *cuda_sync,
                            pilot_fast_launch_fn generic_launch, pilot_fast_copy_fn generic_copy,
-                           const double *bounds, int nbounds, uint16_t protocol_version);
+                           pilot_fast_sync_fn generic_sync, const double *bounds, int nbounds,
+                           uint16_t protocol_version);
 void pilot_fast_free(pilot_fast *f);
 
-/* A connection's session qualifies (enabled 1) or not (0, the default). legacy_stream is the
+/* A connection's session qualifies (enabled PILOT_FAST_ALL), qualifies but for its launches
+ * (PILOT_FAST_NO_LAUNCHES: Python counts each per managed range it reaches), or not
+ * (PILOT_FAST_OFF, the default). legacy_stream is the
  * CUstream that work on the program's stream 0 goes to, or 0 when none exists yet; legacy_slow:
  * such work must go through Python (its blocking streams have work the legacy stream must wait
  * for). context: the key of
@@ -66,6 +77,11 @@ int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabl
  * at base). deferred (above): an asynchronous error waits for the next synchronizing call, so
  * copies go to Python, which reports it. Returns 0, or -1. */
 int pilot_fast_range(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t size);
+/* Every CUstream of the session (its legacy stream first): cudaDeviceSynchronize is answered
+ * here by synchronizing them all, while none of its work waits in Python (n 0: such calls go to
+ * Python). cudaStreamSynchronize of the legacy stream or of a stream C launches on is answered
+ * here too, under the same condition. Copies the list; returns 0, or -1. */
+int pilot_fast_sync_streams(pilot_fast *f, uint32_t conn, const uint64_t *streams, uint32_t n);
 /* The context now current on the vGPU thread. */
 void pilot_fast_context(pilot_fast *f, uint64_t context);
 /* The session's function handle `token` is CUfunction `function` taking `arg_bytes` of packed

@@ -484,44 +484,76 @@ void pilot_srv_close(pilot_srv *s)
     free(s);
 }
 
-int pilot_srv_wait(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *out, int max,
-                   int *control)
+/* One round: flush, then messages already read, else wait (spinning first) and read. Returns
+ * the messages left for Python, or -1. *fast_round: messages came and C handled them all. */
+static int wait_round(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *out, int max,
+                      int *control, int *fast_round)
 {
     struct epoll_event ev[64];
-    *control = 0;
+    *fast_round = 0;
     for (struct conn *c = s->conns; c; c = c->next) /* replies queued for slow readers */
         if (c->out_len != c->out_pos)
             flush_out(s, c);
     reap_and_compact(s);
     int n = collect(s, out, max);
-    if (n > 0)
-        return s->fast ? filter_fast(s, out, n) : n;
-    int k = 0;
-    if (spin_us > 0) {
-        uint64_t deadline = now_us() + (uint64_t)spin_us;
-        do
-            k = epoll_wait(s->efd, ev, 64, 0);
-        while (k == 0 && now_us() < deadline);
-    }
-    if (k == 0)
-        k = epoll_wait(s->efd, ev, 64, timeout_ms);
-    if (k < 0)
-        return errno == EINTR ? 0 : -1;
-    for (int i = 0; i < k; i++) {
-        if (ev[i].data.ptr == &LISTEN_TAG)
-            accept_all(s);
-        else if (ev[i].data.ptr == &CONTROL_TAG)
-            *control = 1;
-        else {
-            struct conn *c = ev[i].data.ptr;
-            if (ev[i].events & EPOLLOUT)
-                flush_out(s, c);
-            if (ev[i].events & ~(uint32_t)EPOLLOUT)
-                read_available(s, c);
+    if (n == 0) {
+        int k = 0;
+        if (spin_us > 0) {
+            uint64_t deadline = now_us() + (uint64_t)spin_us;
+            do
+                k = epoll_wait(s->efd, ev, 64, 0);
+            while (k == 0 && now_us() < deadline);
         }
+        if (k == 0)
+            k = epoll_wait(s->efd, ev, 64, timeout_ms);
+        if (k < 0)
+            return errno == EINTR ? 0 : -1;
+        for (int i = 0; i < k; i++) {
+            if (ev[i].data.ptr == &LISTEN_TAG)
+                accept_all(s);
+            else if (ev[i].data.ptr == &CONTROL_TAG)
+                *control = 1;
+            else {
+                struct conn *c = ev[i].data.ptr;
+                if (ev[i].events & EPOLLOUT)
+                    flush_out(s, c);
+                if (ev[i].events & ~(uint32_t)EPOLLOUT)
+                    read_available(s, c);
+            }
+        }
+        n = collect(s, out, max);
     }
-    n = collect(s, out, max);
-    return s->fast && n > 0 ? filter_fast(s, out, n) : n;
+    if (!s->fast || n == 0)
+        return n;
+    int kept = filter_fast(s, out, n);
+    *fast_round = kept == 0;
+    return kept;
+}
+
+/* How long the endpoint goes on serving messages C handles whole before it returns to Python,
+ * which folds what C did into its bookkeeping: a sequence of round trips (small copies,
+ * synchronizations) then never waits for Python between two calls. */
+#define FAST_HOLD_US 1000
+
+int pilot_srv_wait(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *out, int max,
+                   int *control)
+{
+    *control = 0;
+    int fast_round;
+    int n = wait_round(s, timeout_ms, spin_us, out, max, control, &fast_round);
+    if (n != 0 || !fast_round || *control)
+        return n;
+    uint64_t until = now_us() + FAST_HOLD_US;
+    for (;;) {
+        uint64_t now = now_us();
+        if (now >= until)
+            return 0;
+        int left_ms = (int)((until - now + 999) / 1000);
+        int wait_ms = timeout_ms >= 0 && timeout_ms < left_ms ? timeout_ms : left_ms;
+        n = wait_round(s, wait_ms, spin_us, out, max, control, &fast_round);
+        if (n != 0 || !fast_round || *control)
+            return n;
+    }
 }
 
 void pilot_srv_set_fast(pilot_srv *s, pilot_fast *f)

@@ -701,21 +701,22 @@ class CudaBackend:
         dptr, size = check(self._cu.cuModuleGetGlobal(module, name.encode()), "cuModuleGetGlobal")
         return int(dptr), int(size)
 
-    def native_fast_functions(self) -> tuple[int, int, int] | None:
-        """The driver's cuLaunchKernel, cuMemcpyDtoHAsync_v2 and cuMemcpyHtoDAsync_v2, for the
-        vGPU's fast path (shim/fast_launch.c), which calls them with the CUfunction and CUstream
-        values of this backend's handles."""
+    def native_fast_functions(self) -> tuple[int, int, int, int] | None:
+        """The driver's cuLaunchKernel, cuMemcpyDtoHAsync_v2, cuMemcpyHtoDAsync_v2 and
+        cuStreamSynchronize, for the vGPU's fast path (shim/fast_launch.c), which calls them
+        with the CUfunction and CUstream values of this backend's handles."""
         try:
             lib = ctypes.CDLL("libcuda.so.1")
             addresses = tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in
-                              ("cuLaunchKernel", "cuMemcpyDtoHAsync_v2", "cuMemcpyHtoDAsync_v2"))
+                              ("cuLaunchKernel", "cuMemcpyDtoHAsync_v2", "cuMemcpyHtoDAsync_v2",
+                               "cuStreamSynchronize"))
         except (OSError, AttributeError) as exc:
             log.warning("no fast path: %s", exc)
             return None
         if not all(addresses):
             return None
-        launch, dtoh, htod = addresses
-        return launch or 0, dtoh or 0, htod or 0
+        launch, dtoh, htod, sync = addresses
+        return launch or 0, dtoh or 0, htod or 0, sync or 0
 
     def launch(
         self,

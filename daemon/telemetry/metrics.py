@@ -102,6 +102,9 @@ LABELED_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "fast_copies": ("pilot_fast_copies_total",
                     "Small cudaMemcpy H2D/D2H calls pilotd did and answered in C, without Python "
                     "([daemon] fast_launch), by tenant.", ("tenant",)),
+    "fast_syncs": ("pilot_fast_syncs_total",
+                   "cudaDeviceSynchronize / cudaStreamSynchronize calls pilotd did and answered in "
+                   "C, without Python ([daemon] fast_launch), by tenant.", ("tenant",)),
     "tenant_kernel_seconds": ("pilot_tenant_kernel_seconds_total",
                               "GPU time of the tenant's kernels, from events recorded around each "
                               "launch ([metrics] kernel_time; kernels that overlap count each).",

@@ -1,6 +1,7 @@
-"""The vGPU's fast path (shim/fast_launch.c): posted launches, and small cudaMemcpy H2D/D2H of
-the program's device memory, that need nothing of Python run in C as the endpoint receives them,
-on the vGPU thread, without the GIL (a copy is answered from C too).
+"""The vGPU's fast path (shim/fast_launch.c): posted launches, small cudaMemcpy H2D/D2H of the
+program's device memory, and cudaDeviceSynchronize / cudaStreamSynchronize, that need nothing of
+Python run in C as the endpoint receives them, on the vGPU thread, without the GIL (copies and
+synchronizations are answered from C too).
 
 Python decides everything: which sessions qualify (`update`), which of their kernels and streams
 C may launch on (registered when Python itself launches them the first time, `launched`), which
@@ -9,13 +10,16 @@ Session.fast_ranges), and after each wait it folds the counts of what C did into
 the metrics and the fault bookkeeping (`fold`).
 
 A session qualifies while no per-launch work of the daemon applies to it: no policy that sees
-launches, no capacity enforcement of its memory, no unified-memory shadows, no kernel timing, no
-waiting launch, no sticky error. Work on the program's legacy stream goes to C only while none
-of its blocking streams has work the legacy stream must wait for; blocking streams themselves
-always go through Python (their implicit ordering with the legacy stream is Python's,
-scheduling/streams.py). Copies go to Python while an asynchronous error waits to be reported
-(the next synchronizing call reports it), and for any memory but the session's own device
-allocations (module variables, other devices' memory).
+launches, no capacity enforcement of its memory, no kernel timing, no waiting launch, no sticky
+error; one with unified-memory shadows qualifies for all but its launches. Work on the program's
+legacy stream goes to C only while none of its blocking streams has work the legacy stream must
+wait for; blocking streams themselves always go through Python (their implicit ordering with the
+legacy stream is Python's, scheduling/streams.py). Copies go to Python while an asynchronous
+error waits to be reported (the next synchronizing call reports it), and for any memory but the
+session's own device allocations (module variables, other devices' memory). A synchronization
+goes to C only on the same conditions and while no blocking stream has work the legacy stream
+must wait for; C is told every stream of the session (`update`), and one that fails (a kernel
+fault) goes to Python, which synchronizes again and reports the error.
 
 With the CUDA backend C calls the driver's cuLaunchKernel and copies itself; with the sim
 backend it calls back into the sim (cffi callbacks), so CI exercises the same C path.
@@ -42,27 +46,30 @@ COUNTS = 64  # connections folded per take
 
 
 class FastLaunches:
-    def __init__(self, vg: VGpu, native: tuple[int, int, int] | None) -> None:
-        """native: the addresses of the driver's cuLaunchKernel, cuMemcpyDtoHAsync_v2 and
-        cuMemcpyHtoDAsync_v2, or None to call back into the backend (sim)."""
+    def __init__(self, vg: VGpu, native: tuple[int, int, int, int] | None) -> None:
+        """native: the addresses of the driver's cuLaunchKernel, cuMemcpyDtoHAsync_v2,
+        cuMemcpyHtoDAsync_v2 and cuStreamSynchronize, or None to call back into the backend
+        (sim)."""
         self.vg = vg
         self._objects: dict[int, Any] = {}  # generic mode: raw value -> backend object
         self._states: dict[int, tuple[int, ...]] = {}  # session id -> what C was told
+        self._syncs: dict[int, tuple[Any, ...]] = {}  # session id -> its streams as C was told
         self._counts = ffi.new("pilot_fast_count[]", COUNTS)
         self._bounds = ffi.new("double[]", list(LATENCY_BUCKETS))
         self._callbacks: tuple[Any, ...] = ()
         version = lib.PILOT_PROTO_VERSION
         if native:
             self._raw = _native_value
-            launch, dtoh, htod = (ffi.cast("void *", a) for a in native)
-            self.ptr = lib.pilot_fast_new(launch, dtoh, htod, ffi.NULL, ffi.NULL, self._bounds,
-                                          len(LATENCY_BUCKETS), version)
+            launch, dtoh, htod, sync = (ffi.cast("void *", a) for a in native)
+            self.ptr = lib.pilot_fast_new(launch, dtoh, htod, sync, ffi.NULL, ffi.NULL, ffi.NULL,
+                                          self._bounds, len(LATENCY_BUCKETS), version)
         else:
             self._raw = self._registered
             self._callbacks = (
                 ffi.callback("pilot_fast_launch_fn", self._generic_launch, onerror=_callback_failed),
-                ffi.callback("pilot_fast_copy_fn", self._generic_copy, onerror=_callback_failed))
-            self.ptr = lib.pilot_fast_new(ffi.NULL, ffi.NULL, ffi.NULL, *self._callbacks,
+                ffi.callback("pilot_fast_copy_fn", self._generic_copy, onerror=_callback_failed),
+                ffi.callback("pilot_fast_sync_fn", self._generic_sync, onerror=_callback_failed))
+            self.ptr = lib.pilot_fast_new(ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, *self._callbacks,
                                           self._bounds, len(LATENCY_BUCKETS), version)
         if self.ptr == ffi.NULL:
             raise MemoryError("pilot_fast_new")
@@ -121,6 +128,14 @@ class FastLaunches:
             return exc.code or CUDA_ERROR_UNKNOWN
         return 0
 
+    def _generic_sync(self, stream: int) -> int:
+        """The sim's cuStreamSynchronize, called from C."""
+        try:
+            self.vg.backend.stream_synchronize(self._objects[stream])
+        except BackendError as exc:
+            return exc.code or CUDA_ERROR_UNKNOWN
+        return 0
+
     # ---- what Python tells C ----
     def context(self, partition: Any) -> None:
         """The SM partition now current on the vGPU thread."""
@@ -132,8 +147,11 @@ class FastLaunches:
         if conn is None:
             return
         res = self.vg.broker.residency
-        enabled = not (s.shadows or s.sticky or s.waiting is not None
-                       or (res is not None and s.id in res.sessions))
+        # A session with unified memory keeps its launches in Python, which counts each per
+        # managed range it reaches (Session.note_managed_launch); the rest may go to C.
+        enabled = 0 if (s.sticky or s.waiting is not None
+                        or (res is not None and s.id in res.sessions)) else \
+            lib.PILOT_FAST_NO_LAUNCHES if s.shadows else lib.PILOT_FAST_ALL
         legacy = self._raw(s.legacy) if enabled and s.legacy is not None else 0
         state = (conn, int(enabled), legacy, int(bool(s.dirty_blocking)), int(bool(s.deferred)),
                  0 if s.partition is None else id(s.partition))
@@ -146,6 +164,14 @@ class FastLaunches:
                 for ptr, size in list(s.allocations.items()):
                     if ptr not in s.managed:
                         s.fast_ranges(ptr, size)
+        # What a synchronization waits for: every stream, while nothing of the session's waits
+        # in Python (blocking-stream work the legacy stream must wait for).
+        key = (legacy, *s.streams) if legacy and not s.dirty_blocking else ()
+        if self._syncs.get(s.id) != key:
+            self._syncs[s.id] = key
+            values = [legacy, *(self._raw(st.obj) for st in s.streams.values())] if key else []
+            if lib.pilot_fast_sync_streams(self.ptr, conn, values, len(values)) != 0:
+                raise MemoryError("pilot_fast_sync_streams")
 
     def _ranges_of(self, conn: int) -> Any:
         fast, set_range = self.ptr, lib.pilot_fast_range
@@ -185,6 +211,7 @@ class FastLaunches:
 
     def forget(self, s: Session) -> None:
         s.fast_ranges = None
+        self._syncs.pop(s.id, None)
         if self._states.pop(s.id, None) is not None and s.identity is not None:
             lib.pilot_fast_forget(self.ptr, s.identity)
 
@@ -203,7 +230,8 @@ class FastLaunches:
                 if s is None:
                     continue
                 launches = count.launches
-                s.calls += launches + count.d2h + count.h2d
+                syncs = count.syncs
+                s.calls += launches + count.d2h + count.h2d + syncs[0] + syncs[1]
                 s.work_in_flight = not count.synced  # as after the last thing C did
                 s.legacy_gen += count.legacy
                 if launches:
@@ -223,6 +251,15 @@ class FastLaunches:
                         vg.metrics.bytes_copied(direction, nbytes, s.tenant)
                         key = ("fast_copies", (s.tenant,))
                         shard.labeled[key] = shard.labeled.get(key, 0) + calls
+                for kind, name in enumerate(("device_synchronize", "stream_synchronize")):
+                    if syncs[kind]:
+                        row = self._row(name)
+                        row[0] += syncs[kind]
+                        for b in range(len(LATENCY_BUCKETS) + 1):
+                            row[b + 1] += count.sync_buckets[kind][b]
+                        row[-1] += count.sync_seconds[kind]
+                        key = ("fast_syncs", (s.tenant,))
+                        shard.labeled[key] = shard.labeled.get(key, 0) + syncs[kind]
             if n < COUNTS:
                 return
 

@@ -1,8 +1,9 @@
 // launch_order: long runs of launches of one kernel whose results depend on their order
 // (x = x * 3 + k, k the launch's number), on the legacy stream, a non-blocking stream, blocking
 // streams interleaved with the legacy one (whose implicit ordering CUDA guarantees), a stream
-// destroyed and made again, and several kernels with different argument sizes. These are the
-// launches pilotd may put on their stream in C (daemon/vgpu/fast.py): any lost, repeated or
+// destroyed and made again, and several kernels with different argument sizes, then rounds each
+// ended by a synchronization. These are the launches, copies and synchronizations pilotd may do
+// in C (daemon/vgpu/fast.py): any lost, repeated or
 // reordered launch changes a printed value. Expected lines are computed in
 // tests/apps/test_launch_order.py.
 #include <cuda_runtime.h>
@@ -136,6 +137,32 @@ int main(int argc, char **argv)
     }
     printf("copies %016llx\n", (unsigned long long)sum);
     show("after_copies", c);
+
+    // 8. launches on two non-blocking streams and the legacy one, each round ended by a
+    // synchronization (of the device, or of each stream), then read with cudaMemcpyAsync and a
+    // host-side wait: a synchronization that returned early would show a stale value
+    cudaStream_t s2;
+    CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    uint64_t seen = 0;
+    for (int k = 0; k < rounds / 4; k++) {
+        step<<<2, 128, 0, nb>>>(a, N, (uint32_t)k);
+        step<<<2, 128, 0, s2>>>(b, N, (uint32_t)(k + 1));
+        step<<<2, 128>>>(c, N, (uint32_t)(k + 2));
+        if (k % 3 == 0) {
+            CHECK(cudaDeviceSynchronize());
+        } else {
+            CHECK(cudaStreamSynchronize(nb));
+            CHECK(cudaStreamSynchronize(s2));
+            CHECK(cudaStreamSynchronize(0));
+        }
+        uint32_t va, vb, vc;
+        CHECK(cudaMemcpy(&va, a + (k % N), sizeof va, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(&vb, b + (k % N), sizeof vb, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(&vc, c + (k % N), sizeof vc, cudaMemcpyDeviceToHost));
+        seen = seen * 31 + va + vb + vc;
+    }
+    printf("synced %016llx\n", (unsigned long long)seen);
+    CHECK(cudaStreamDestroy(s2));
 
     CHECK(cudaStreamDestroy(nb));
     CHECK(cudaStreamDestroy(bl[0]));

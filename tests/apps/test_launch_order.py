@@ -66,6 +66,13 @@ def expected(rounds: int) -> list[str]:
         total = (total * 31 + c[i] + c[i + 1]) & 0xFFFFFFFFFFFFFFFF
     out.append(f"copies {total:016x}")
     out.append(_show("after_copies", c))
+    seen = 0
+    for k in range(rounds // 4):
+        _step(a, k)
+        _step(b, k + 1)
+        _step(c, k + 2)
+        seen = (seen * 31 + a[k % N] + b[k % N] + c[k % N]) & 0xFFFFFFFFFFFFFFFF
+    out.append(f"synced {seen:016x}")
     out.append("done")
     return out
 
@@ -106,16 +113,21 @@ def test_launch_order_with_and_without_the_fast_path(
     in_c = _total(fast, "pilot_fast_launches_total")
     # every launch counted once; most of them ran in C (the first of each kernel on each
     # stream, those on blocking streams and those behind them on the legacy stream did not)
-    assert launched == 400 + 400 + 3 * 100 + 200 + 3 * 200 + 2 + 100
+    assert launched == 400 + 400 + 3 * 100 + 200 + 3 * 200 + 2 + 100 + 3 * 100
     assert launched / 2 < in_c < launched, (in_c, launched)
     # the small copies of phase 7 and the readbacks of show() were answered in C
     assert _total(fast, "pilot_fast_copies_total") >= 150, fast
+    # and most synchronizations of phase 8 (100 rounds: 34 of the device, 66 x 3 of streams)
+    assert _total(fast, "pilot_fast_syncs_total") >= 150, fast
     slow_out, slow = _run(start_pilotd, app_binaries["launch_order"], shim_path,
                           "[daemon]\nfast_launch = false\n")
     assert slow_out == want
     assert _total(slow, "pilot_fast_launches_total") == 0
     assert _total(slow, "pilot_tenant_launches_total") == launched
     assert _total(slow, "pilot_fast_copies_total") == 0
-    for name in ("memcpy_d2h", "memcpy_h2d"):  # every copy counted once, wherever it was done
+    assert _total(slow, "pilot_fast_syncs_total") == 0
+    # every copy and synchronization counted once, wherever it was done
+    for name, least in (("memcpy_d2h", 100), ("memcpy_h2d", 100), ("device_synchronize", 34),
+                        ("stream_synchronize", 3 * 66)):
         key = f'pilot_calls_total{{function="{name}"}}'
-        assert fast[key] == slow[key] >= 100, (name, fast[key], slow[key])
+        assert fast[key] == slow[key] >= least, (name, fast[key], slow[key])

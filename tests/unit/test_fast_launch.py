@@ -20,9 +20,11 @@ class Harness:
         self.fail_with = fail_with
         self.cb = ffi.callback("pilot_fast_launch_fn", self._launch)
         self.copy_cb = ffi.callback("pilot_fast_copy_fn", lambda *a: 0)
+        self.synced: list[int] = []
+        self.sync_cb = ffi.callback("pilot_fast_sync_fn", lambda st: self.synced.append(st) or 0)
         self.bounds = ffi.new("double[]", [1e-6, 1e-3])
-        self.f = lib.pilot_fast_new(ffi.NULL, ffi.NULL, ffi.NULL, self.cb, self.copy_cb, self.bounds,
-                                    2, lib.PILOT_PROTO_VERSION)
+        self.f = lib.pilot_fast_new(ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, self.cb, self.copy_cb,
+                                    self.sync_cb, self.bounds, 2, lib.PILOT_PROTO_VERSION)
         self.keep: list[Any] = []
 
     def _launch(self, function: int, grid: Any, block: Any, shm: int, stream: int, args: Any,
@@ -157,3 +159,26 @@ def test_ranges_the_session_may_copy() -> None:
         assert lib.pilot_fast_try(h.f, ffi.NULL, m) == FAST_PYTHON
     finally:
         h.close()
+
+
+def test_synchronizations_need_the_session_streams_and_an_endpoint(h: Harness) -> None:
+    """Without the list of the session's streams (Python withholds it while work waits in
+    Python) a synchronization goes to Python; C answers one only through an endpoint (the
+    reply), so without one it never synchronizes anything."""
+    streams = ffi.new("uint64_t[]", [LEGACY, 0x6000])
+    assert lib.pilot_fast_sync_streams(h.f, CONN + 1, streams, 2) == -1  # unknown connection
+    for opcode in (lib.PILOT_OP_DEVICE_SYNCHRONIZE, lib.PILOT_OP_STREAM_SYNCHRONIZE):
+        m = h.msg(0, opcode=opcode, flags=0)
+        assert lib.pilot_fast_try(h.f, ffi.NULL, m) == FAST_PYTHON
+        assert lib.pilot_fast_sync_streams(h.f, CONN, streams, 2) == 0
+        assert lib.pilot_fast_try(h.f, ffi.NULL, m) == FAST_PYTHON
+        assert lib.pilot_fast_sync_streams(h.f, CONN, streams, 0) == 0
+    assert h.synced == []
+
+
+def test_a_session_with_unified_memory_keeps_its_launches_in_python(h: Harness) -> None:
+    lib.pilot_fast_function(h.f, CONN, 0x10, 0xF00, 12)
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10)) == FAST_DONE
+    lib.pilot_fast_session(h.f, CONN, SESSION, lib.PILOT_FAST_NO_LAUNCHES, LEGACY, 0, 0, 0)
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10)) == FAST_PYTHON
+    assert len(h.launched) == 1
