@@ -70,9 +70,10 @@ def _refuse_bypass(program: str, bypass: dict[str, Path]) -> None:
 
 def program_cuda_major(program: str, env: dict[str, str]) -> tuple[int, bool]:
     """The CUDA major version whose libcudart `program` (a name on PATH or a path) links, from
-    its ELF NEEDED entries, and whether it links the driver API (libcuda.so.1). A program of the
-    driver API alone is served with the CUDA 13 shim (its session). Raises ClickException when
-    that cannot be told or served."""
+    its ELF NEEDED entries, and whether it gets the driver API library (libcuda.so.1) too. A
+    program of the driver API alone, or with no CUDA in its ELF at all (python3 running
+    PyTorch), is served with the CUDA 13 shim (its session) and the driver. Raises
+    ClickException when that cannot be told or served."""
     path = shutil.which(program, path=env.get("PATH")) if "/" not in program else program
     if path is None or not os.path.isfile(path):
         raise click.ClickException(f"cannot run {program}: No such file or directory")
@@ -102,14 +103,14 @@ def program_cuda_major(program: str, env: dict[str, str]) -> tuple[int, bool]:
             f"{program} links {names}: pilot serves CUDA "
             f"{' and '.join(map(str, CUDA_MAJORS))} programs only")
     if link.device_code:
-        raise click.ClickException(
+        raise NotCarried(
             f"{program} has CUDA device code but links no shared libcudart: its CUDA runtime is "
-            "linked statically (nvcc's default), which pilot cannot interpose; rebuild it with "
-            "`nvcc -cudart shared`")
-    raise click.ClickException(
-        f"{program} links neither libcudart.so.12 nor libcudart.so.13 (CUDA programs must be "
-        f"built with `nvcc -cudart shared`); for a program that loads libcudart itself, say "
-        f"which with {hint}")
+            "linked statically (nvcc's default), which pilot cannot interpose (or carry: "
+            "docs/design/frameworks.md); rebuild it with `nvcc -cudart shared`")
+    # No CUDA in its ELF at all: an interpreter or a program that loads CUDA at run time
+    # (python3 with PyTorch). It gets the CUDA 13 shim and the driver API library; a CUDA 12
+    # program of that kind must say so with --cuda 12.
+    return 13, True
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -74,7 +74,7 @@ SHIM_SOURCES = [
 ]
 # The driver API library's sources (libpilot-cuda.so, SONAME libcuda.so.1); drv_gen.c is
 # generated from shim/cuda_driver_exports.tsv and the driver headers.
-DRIVER_SOURCES = ["drv_core.c", "drv_api.c"]
+DRIVER_SOURCES = ["drv_core.c", "drv_api.c", "drv_export.c"]
 # libpilot.so's one export beyond libcudart's: the driver library's way in (driver_ops.h).
 PRIVATE_NODE = "PILOT_PRIVATE_1"
 PRIVATE_EXPORTS = ("pilot_driver_ops",)

@@ -42,4 +42,8 @@ CUresult pilot_drv_result(cudaError_t err);
     } while (0)
 void pilot_drv_log_unsupported(const char *name);
 
+/* ---- drv_export.c ---- */
+/* Runs and drops the context-local storage of ctx (the primary context was reset). */
+void pilot_drv_context_reset(CUcontext ctx);
+
 #endif

@@ -141,6 +141,18 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule hmod)
     return PILOT_DRV_RT(OPS->module_unload((struct pilot_image *)hmod));
 }
 
+/* The loading mode the daemon's driver uses does not show to the program: report what its own
+ * driver would pick from the environment (lazy unless CUDA_MODULE_LOADING=EAGER). */
+PILOT_DRV_EXPORT CUresult CUDAAPI cuModuleGetLoadingMode(CUmoduleLoadingMode *mode)
+{
+    if (!mode)
+        return CUDA_ERROR_INVALID_VALUE;
+    PILOT_DRV_ENTER(0);
+    const char *env = getenv("CUDA_MODULE_LOADING");
+    *mode = env && strcmp(env, "EAGER") == 0 ? CU_MODULE_EAGER_LOADING : CU_MODULE_LAZY_LOADING;
+    return CUDA_SUCCESS;
+}
+
 static CUresult get_function(struct pilot_image *img, const char *name, int dev,
                              struct pilot_kernel **out)
 {

@@ -336,6 +336,7 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
     if (r == CUDA_SUCCESS)
         r = PILOT_DRV_RT(pilot_drv_ops->cudaDeviceReset());
     PILOT_DRV_RT(pilot_drv_ops->cudaSetDevice(previous));
+    pilot_drv_context_reset(context_of(dev));
     pthread_mutex_lock(&g_primary_lock);
     g_primary_refs[dev] = 0;
     g_primary_flags[dev] = 0;

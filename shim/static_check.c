@@ -1,8 +1,10 @@
 /* A program whose CUDA runtime is linked statically (nvcc's default, -cudart static) never calls
- * the preloaded shim: its GPU work would run outside pilot unnoticed. The shim cannot carry it
- * (issue 13's design note), so it says so once, on stderr, when the process starts: the
- * executable has nvcc's fatbin sections but does not need libcudart.so. `pilot run` refuses
- * such programs before they start (cli/elf.py); this is for plain LD_PRELOAD. */
+ * the preloaded shim: its GPU work would run outside pilot unnoticed. pilot cannot carry it (the
+ * static runtime needs the driver's private integrity check, which only NVIDIA's libcuda
+ * computes: docs/design/frameworks.md section 10), so when the process starts and the executable
+ * has nvcc's fatbin sections but does not need libcudart.so, the shim refuses it: one line on
+ * stderr and exit status 3, as `pilot run` refuses it before it starts (cli/elf.py).
+ * PILOT_STATIC_RUNTIME=warn lets it run, outside pilot, with the line as a warning. */
 #include <elf.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -75,10 +77,21 @@ out:
     return found && !needs_cudart;
 }
 
-__attribute__((constructor)) static void warn_static_runtime(void)
+#define STATIC_MESSAGE                                                                         \
+    "this program links the CUDA runtime statically (nvcc's default), which pilot cannot "      \
+    "carry: its GPU work would run outside pilot, unshared and unaccounted. Rebuild it with "   \
+    "`nvcc -cudart shared`"
+
+__attribute__((constructor)) static void refuse_static_runtime(void)
 {
-    if (static_runtime("/proc/self/exe"))
-        LOG_WARN("this program links the CUDA runtime statically (nvcc's default), so it does not "
-                 "go through pilot: its GPU work runs outside pilot, unshared and unaccounted. "
-                 "Rebuild it with `nvcc -cudart shared`, or run it without pilot.");
+    if (!static_runtime("/proc/self/exe"))
+        return;
+    const char *mode = getenv("PILOT_STATIC_RUNTIME");
+    if (mode && strcmp(mode, "warn") == 0) {
+        LOG_WARN(STATIC_MESSAGE "; it runs outside pilot (PILOT_STATIC_RUNTIME=warn).");
+        return;
+    }
+    LOG_ERROR(STATIC_MESSAGE ". Refused (exit status 3); PILOT_STATIC_RUNTIME=warn runs it "
+              "anyway, outside pilot.");
+    _exit(3);
 }

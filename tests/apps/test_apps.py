@@ -25,6 +25,8 @@ from typing import Any, Protocol
 import numpy as np
 import pytest
 
+from pilot.shim import driver_path
+
 F32 = np.float32
 MiB = 1 << 20
 COPY_SIZES = (1, 3, 4096, 65535, 65536, 65537, MiB + 7, 16 * MiB, 64 * MiB + 1, 256 * MiB)
@@ -856,13 +858,12 @@ def test_func_info(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> Non
     assert proc.stdout == FUNC_INFO, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
 
 
-STATIC_WARNING = "links the CUDA runtime statically"
+STATIC_MESSAGE = "links the CUDA runtime statically"
 
 
-def test_the_shim_says_when_a_program_has_the_static_runtime(
-        app_builds: dict[str, Any], pilot_client_env: dict[str, str], tmp_path: Path) -> None:
-    """vector_add.cu built with nvcc's default (-cudart static) never calls the shim: the shim
-    says so once on stderr (its GPU work runs outside pilot); built -cudart shared, nothing."""
+@pytest.fixture
+def static_vector_add(app_builds: dict[str, Any], tmp_path: Path) -> Path:
+    """vector_add.cu built with nvcc's default, the static runtime."""
     if NATIVE:
         pytest.skip("the shim is not loaded natively")
     cmd = [c for c in app_builds["vector_add"].command if c not in ("-cudart", "shared")]
@@ -870,12 +871,48 @@ def test_the_shim_says_when_a_program_has_the_static_runtime(
     cmd[cmd.index("-o") + 1] = str(exe)
     built = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stdout + built.stderr
-    env = {**pilot_client_env, "CUDA_VISIBLE_DEVICES": ""}  # no GPU needed to see the warning
-    static = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=60)
-    assert static.stderr.count(STATIC_WARNING) == 1, static.stderr
+    return exe
+
+
+def test_the_shim_refuses_a_program_with_the_static_runtime(
+        static_vector_add: Path, app_builds: dict[str, Any], pilot_client_env: dict[str, str]) -> None:
+    """vector_add.cu built with nvcc's default (-cudart static) would never call the shim: the
+    shim refuses it when it starts (one line, exit status 3) rather than let it run outside
+    pilot; PILOT_STATIC_RUNTIME=warn lets it run with the line as a warning; built -cudart
+    shared, nothing is said."""
+    exe = static_vector_add
+    env = {**pilot_client_env, "CUDA_VISIBLE_DEVICES": ""}  # no GPU needed to be refused
+    refused = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert refused.stderr.count(STATIC_MESSAGE) == 1 and "Refused" in refused.stderr, refused.stderr
+    assert refused.stdout == ""  # main never ran
+    warned = subprocess.run([str(exe)], env={**env, "PILOT_STATIC_RUNTIME": "warn"},
+                            capture_output=True, text=True, timeout=60)
+    assert warned.stderr.count(STATIC_MESSAGE) == 1 and "runs outside pilot" in warned.stderr
+    assert warned.returncode != 3 and "CUDA error" in warned.stdout + warned.stderr  # no GPU here
     shared = subprocess.run([str(app_builds["vector_add"].exe)], env=pilot_client_env,
                             capture_output=True, text=True, timeout=60)
-    assert STATIC_WARNING not in shared.stderr and shared.returncode == 0, shared.stderr
+    assert STATIC_MESSAGE not in shared.stderr and shared.returncode == 0, shared.stderr
+
+
+def test_a_static_runtime_on_pilots_driver_fails_cleanly(
+        static_vector_add: Path, pilot_client_env: dict[str, str]) -> None:
+    """A static runtime that reaches pilot's driver (libpilot-cuda.so; as cuBLAS's and cuDNN's do
+    inside PyTorch) gets pilot's private tables and stops at the integrity check pilot cannot
+    compute: its CUDA calls fail with an error and a line naming the check, never a crash, a
+    hang or work outside pilot."""
+    exe = static_vector_add
+    env = {**pilot_client_env, "PILOT_STATIC_RUNTIME": "warn", "PILOT_EXPORT_TRACE": "1",
+           "LD_PRELOAD": f"{pilot_client_env['LD_PRELOAD']} {driver_path()}"}
+    proc = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "CUDA error cudaErrorNotSupported" in proc.stdout + proc.stderr, \
+        proc.stdout + proc.stderr
+    # it got the tables it asked for, with working entries, up to the integrity check
+    for line in ("export table CUDART_INTERFACE", "export CUDART_INTERFACE[2]",
+                 "export table CONTEXT_LOCAL_STORAGE_INTERFACE_V0301", "export CONTEXT_CHECKS[3]",
+                 "export table INTEGRITY_CHECK",
+                 "asked for the NVIDIA driver's integrity check"):
+        assert line in proc.stderr, (line, proc.stderr)
 
 
 ENTRY_POINT = """\

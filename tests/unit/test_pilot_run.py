@@ -181,10 +181,23 @@ def test_run_finds_programs_on_path_and_takes_cuda_override(progs: Programs,
     assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(12)} {driver_path()}"
 
 
+def test_run_refuses_a_static_runtime_with_status_3(progs: Programs, exec_calls: list) -> None:
+    res = _run("run", "--", str(progs.static))
+    assert res.exit_code == 3 and not exec_calls, res.output
+    assert "linked statically (nvcc's default), which pilot cannot interpose" in \
+        " ".join(res.output.split()), res.output
+
+
+def test_run_serves_a_program_without_cuda_as_cuda_13(progs: Programs, exec_calls: list) -> None:
+    """No libcudart, no device code, no CUDA library in its ELF: an interpreter that may load
+    CUDA at run time (python3 with PyTorch) gets the CUDA 13 shim and the driver API library."""
+    res = _run("run", "--", str(progs.plain), "x.py", env={"LD_PRELOAD": ""})
+    assert res.exit_code == 0, res.output
+    assert exec_calls[-1][1] == [str(progs.plain), "x.py"]
+    assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(13)} {driver_path()}"
+
+
 @pytest.mark.parametrize(("prog", "message"), [
-    ("static", "linked statically (nvcc's default), which pilot cannot interpose; rebuild it "
-               "with `nvcc -cudart shared`"),
-    ("plain", "links neither libcudart.so.12 nor libcudart.so.13"),
     ("both", "loads two CUDA runtimes"),
     ("script", "not an ELF file: pilot cannot tell which CUDA runtime it loads"),
 ])
