@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# How far PyTorch gets under pilot on the GPU machine (issue 13): every step of
+# tests/gpu/torch/probe.py natively, then under `pilot run` (python3 has no CUDA in its ELF, so
+# it gets the CUDA 13 shim and the driver library), one process each. Then a program with the
+# static runtime (vector_add.cu, nvcc's default) under the preloaded shim: refused, status 3.
+#
+#   bash tests/gpu/torch_probe.sh [--no-install] [STEP...]
+#
+# Prints a table (step, native, pilot); $OUT/torch/STEP.{native,pilot}.log hold each output,
+# $OUT/torch/pilotd.log the daemon's log. Environment: OUT (/tmp/pilot-gpu-out), PILOT_SITE
+# (/tmp/site), PYTHON (python3), STEP_TIMEOUT (seconds, 120), PILOT_EXPORT_TRACE (passed on).
+set -u -o pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OUT=${OUT:-/tmp/pilot-gpu-out}
+PILOT_SITE=${PILOT_SITE:-/tmp/site}
+PYTHON=${PYTHON:-python3}
+STEP_TIMEOUT=${STEP_TIMEOUT:-120}
+SOCK=/tmp/pilot-gpu-torch/pilot.sock
+export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
+say() { printf '[torch] %s\n' "$*" >&2; }
+
+if [ "${1:-}" = --no-install ]; then
+    shift
+else
+    bash "$REPO/tests/gpu/run_compare.sh" --install-only || exit 2
+fi
+STEPS=("$@")
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(init alloc ops copy matmul conv triton)
+mkdir -p "$OUT/torch" "$(dirname "$SOCK")"
+# shellcheck source=tests/gpu/pilotd.sh
+. "$REPO/tests/gpu/pilotd.sh"
+trap pilotd_stop EXIT
+pilotd_start "$OUT/torch/pilotd.log" --backend cuda --socket "$SOCK" || exit 2
+
+PROBE=$REPO/tests/gpu/torch/probe.py
+verdict() {  # LOG RC: ok / FAILED (rc) and the last error line
+    if [ "$2" = 0 ]; then echo ok; else
+        echo "FAILED rc=$2: $(grep -v '^\s*$' "$1" | grep -iE 'error|exception|not supported|pilot' | tail -1 | cut -c1-160)"
+    fi
+}
+printf '| step | native | pilot |\n| --- | --- | --- |\n' >"$OUT/torch/table.md"
+for step in "${STEPS[@]}"; do
+    nlog=$OUT/torch/$step.native.log plog=$OUT/torch/$step.pilot.log
+    env -u LD_PRELOAD timeout "$STEP_TIMEOUT" "$PYTHON" "$PROBE" "$step" >"$nlog" 2>&1
+    nrc=$?
+    env PILOT_SOCKET="$SOCK" timeout "$STEP_TIMEOUT" "$PYTHON" -m pilot.cli.pilot run -- \
+        "$PYTHON" "$PROBE" "$step" >"$plog" 2>&1
+    prc=$?
+    printf '| %s | %s | %s |\n' "$step" "$(verdict "$nlog" $nrc)" "$(verdict "$plog" $prc)" >>"$OUT/torch/table.md"
+    say "$step: native rc $nrc, pilot rc $prc"
+done
+
+STATIC=$OUT/torch/vector_add_static
+if nvcc -arch=sm_90 -o "$STATIC" "$REPO/tests/apps/vector_add.cu" >"$OUT/torch/static.log" 2>&1; then
+    env PILOT_SOCKET="$SOCK" LD_PRELOAD="$("$PYTHON" -m pilot.cli.pilot shim-path)" "$STATIC" \
+        >>"$OUT/torch/static.log" 2>&1
+    src=$?
+    printf '| static runtime under the shim | - | %s |\n' \
+        "$([ $src = 3 ] && echo "refused, status 3" || echo "NOT refused: rc $src")" >>"$OUT/torch/table.md"
+else
+    echo "| static runtime under the shim | - | build failed |" >>"$OUT/torch/table.md"
+fi
+cat "$OUT/torch/table.md"
+tail -3 "$OUT/torch/static.log"
+for step in "${STEPS[@]}"; do
+    echo "### $step under pilot (last 25 lines)"
+    tail -25 "$OUT/torch/$step.pilot.log"
+done
