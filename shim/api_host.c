@@ -12,6 +12,10 @@
  *   memfd is mapped here at that very address (MAP_FIXED_NOREPLACE), so the program's host
  *   pointer is its device pointer, as with UVA natively. If the address is taken here the shim
  *   keeps the range while asking for another (up to 8 times), then frees the rejected ones.
+ *   If all are taken (the driver places them near each other, and a process with large
+ *   libraries, such as PyTorch's, may cover them all), the memfd is mapped anywhere here and
+ *   registered again under that address: the range works for copies and through
+ *   cudaHostGetDevicePointer, but its host pointer is not its device pointer (said once).
  * - cudaHostRegister on the program's own memory: the whole pages covering the range are copied
  *   into a memfd that then replaces them at the same address (mremap over them, contents
  *   preserved), and the daemon registers it. While the pages are copied they are read-only; a
@@ -307,6 +311,33 @@ static cudaError_t record(const struct pinned *r)
 
 /* ---- allocation ---- */
 
+/* cudaHostAlloc's way out when every device pointer the daemon offered is taken here: the memfd
+ * mapped anywhere, registered again under that address. */
+static cudaError_t map_elsewhere(pilot_req_host_register *req, int fd, uint64_t len,
+                                 uint64_t *base, uint64_t *dev)
+{
+    static int said;
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return cudaErrorMemoryAllocation;
+    req->address = (uintptr_t)p;
+    pilot_rep_u64 rep;
+    cudaError_t err = daemon_register(req, &rep);
+    req->address = 0;
+    if (err) {
+        munmap(p, len);
+        return err;
+    }
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+        LOG_WARN("cudaHostAlloc: the device pointers offered were all taken in this process; the "
+                 "range is at %p here and %#llx on the device (copies and "
+                 "cudaHostGetDevicePointer work; a kernel must be given the device pointer)",
+                 p, (unsigned long long)rep.value2);
+    *base = (uintptr_t)p;
+    *dev = rep.value2;
+    return cudaSuccess;
+}
+
 PILOT_EXPORT cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags)
 {
     if (!ptr)
@@ -324,7 +355,7 @@ PILOT_EXPORT cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int fla
         PILOT_RETURN(cudaErrorMemoryAllocation);
     pilot_req_host_register req = {.length = len, .size = size, .fd = fd, .flags = flags,
                                    .kind = PILOT_HOST_ALLOC};
-    uint64_t taken[HOST_ATTEMPTS], base = 0;
+    uint64_t taken[HOST_ATTEMPTS], base = 0, dev = 0;
     int ntaken = 0, device = pilot_route_device();
     cudaError_t err;
     for (;;) {
@@ -332,7 +363,7 @@ PILOT_EXPORT cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int fla
         err = daemon_register(&req, &rep);
         if (err)
             break;
-        base = rep.value2; /* the device pointer: the program's pointer too */
+        base = dev = rep.value2; /* the device pointer: the program's pointer too */
         void *want = (void *)(uintptr_t)base;
         void *p = base % page ? MAP_FAILED
                               : mmap(want, len, PROT_READ | PROT_WRITE,
@@ -345,7 +376,7 @@ PILOT_EXPORT cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int fla
                  (unsigned long long)len);
         if (ntaken == HOST_ATTEMPTS) {
             daemon_unregister(device, base);
-            err = cudaErrorMemoryAllocation;
+            err = map_elsewhere(&req, fd, len, &base, &dev);
             break;
         }
         taken[ntaken++] = base; /* kept while asking again, so the daemon maps elsewhere */
@@ -355,7 +386,7 @@ PILOT_EXPORT cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int fla
     close(fd);
     if (err)
         PILOT_RETURN(err);
-    struct pinned r = {.base = base, .len = len, .user = base, .size = size, .dev = base,
+    struct pinned r = {.base = base, .len = len, .user = base, .size = size, .dev = dev,
                        .flags = flags, .kind = PILOT_HOST_ALLOC, .device = device};
     if ((err = record(&r)) != cudaSuccess) {
         daemon_unregister(device, base);

@@ -76,9 +76,10 @@ def _check_request(req: Any) -> None:
             or req.offset + req.size > req.length):
         raise BackendError(CUDA_ERROR_INVALID_VALUE,
                            f"pinned range {req.address:#x}+{req.length} ({req.offset}+{req.size})")
-    if (req.kind == lib.PILOT_HOST_REGISTERED) != (req.address != 0):
-        raise BackendError(CUDA_ERROR_INVALID_VALUE, "a registered range names its address, an "
-                                                     "allocation does not")
+    # A registered range names its address; an allocation names one only when the client could
+    # not map it at the device pointers offered (shim/api_host.c): then that is its address.
+    if req.kind == lib.PILOT_HOST_REGISTERED and not req.address:
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, "a registered range names its address")
 
 
 def _overlapping(s: Session, base: int, length: int) -> PinnedRange | None:

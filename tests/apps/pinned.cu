@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -127,6 +128,46 @@ static void mapped(void)
     CHECK(cudaFreeHost(wc));
     CHECK(cudaFreeHost(h));
     verdict("mapped", ok, "kernel writes through mapped memory not seen");
+}
+
+/* cudaHostAlloc in a crowded address space: the region after a freed pinned range is taken by
+ * the program (as a process with large libraries may have it taken), so the addresses a
+ * driver would hand out next may be in use. Whatever the address, copies both ways, a kernel
+ * through cudaHostGetDevicePointer's pointer and cudaFreeHost work. */
+static void crowded(void)
+{
+    const unsigned n = 1u << 16;
+    const size_t reserve = (size_t)256 << 20;
+    unsigned *first, *h[4], *d, *dp;
+    CHECK(cudaHostAlloc((void **)&first, n * 4, cudaHostAllocMapped));
+    CHECK(cudaFreeHost(first));
+    void *taken = mmap(first, reserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE |
+                       MAP_FIXED_NOREPLACE, -1, 0);
+    if (taken != MAP_FAILED && taken != (void *)first) { /* an old kernel's hint: not ours */
+        munmap(taken, reserve);
+        taken = MAP_FAILED;
+    }
+    CHECK(cudaMalloc((void **)&d, n * 4));
+    int ok = 1;
+    for (int k = 0; k < 4; k++) {
+        CHECK(cudaHostAlloc((void **)&h[k], n * 4, cudaHostAllocMapped));
+        fill(h[k], n, 40 + k);
+        CHECK(cudaMemcpy(d, h[k], n * 4, cudaMemcpyHostToDevice));
+        pinned_scale<<<blocks(n), 256>>>(d, n, 2);
+        memset(h[k], 0, n * 4);
+        CHECK(cudaMemcpy(h[k], d, n * 4, cudaMemcpyDeviceToHost));
+        ok &= mismatch(h[k], n, 40 + k, 2) == n;
+        CHECK(cudaHostGetDevicePointer((void **)&dp, h[k], 0));
+        pinned_scale<<<blocks(n), 256>>>(dp, n, 3);
+        CHECK(cudaDeviceSynchronize());
+        ok &= mismatch(h[k], n, 40 + k, 6) == n;
+    }
+    for (int k = 0; k < 4; k++)
+        CHECK(cudaFreeHost(h[k]));
+    CHECK(cudaFree(d));
+    if (taken != MAP_FAILED)
+        munmap(taken, reserve);
+    verdict("crowded", ok, "copies or kernels through the device pointer differ");
 }
 
 /* cudaHostRegister on malloc'd memory that starts inside a page: the contents and the bytes
@@ -317,7 +358,8 @@ int main(int argc, char **argv)
         void (*fn)(void);
     } scenarios[] = {{"malloc_host", malloc_host}, {"mapped", mapped}, {"registered", registered},
                      {"registered_large", registered_large}, {"moving", moving},
-                     {"forked", forked}, {"errors", errors}, {"hold", hold}};
+                     {"forked", forked}, {"errors", errors}, {"crowded", crowded},
+                     {"hold", hold}};
     setvbuf(stdout, NULL, _IONBF, 0);
     for (size_t i = 0; i < sizeof scenarios / sizeof *scenarios; i++)
         if (argc < 2 ? scenarios[i].fn != hold : strcmp(argv[1], scenarios[i].name) == 0)

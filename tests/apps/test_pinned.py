@@ -35,6 +35,7 @@ LINES = {
                "errors flags_plain=cudaErrorInvalidValue",
                "errors unregister_plain=cudaErrorHostMemoryNotRegistered",
                "errors freehost_null=cudaSuccess"],
+    "crowded": [],
 }
 
 
@@ -50,6 +51,16 @@ def test_scenario(scenario: str, run_under_pilot: RunUnderPilot, daemon_log: Cal
 def test_all_scenarios_in_one_process(run_under_pilot: RunUnderPilot,
                                       daemon_log: Callable[[], str]) -> None:
     check_output(run_under_pilot("pinned"), [line for s in LINES for line in expected(s)], daemon_log)
+
+
+def test_crowded_address_space_falls_back_to_another_address(
+        run_under_pilot: RunUnderPilot, daemon_log: Callable[[], str]) -> None:
+    """The device pointers the daemon offers after a freed range are all taken in the program
+    (it maps 256 MiB there): cudaHostAlloc maps the range elsewhere instead of failing, says so
+    once, and copies and kernels through cudaHostGetDevicePointer's pointer work."""
+    proc = run_under_pilot("pinned", "crowded")
+    check_output(proc, expected("crowded"), daemon_log)
+    assert proc.stderr.count("device pointers offered were all taken") == 1, proc.stderr
 
 
 def _mine(pilot_sessions: Callable[[], list[dict[str, Any]]], pid: int) -> list[dict[str, Any]]:
