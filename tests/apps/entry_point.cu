@@ -43,8 +43,7 @@ int main(void)
     err = cudaGetDriverEntryPointByVersion("cuNoSuchFunction", &fn, 13000, cudaEnableDefault,
                                            &status);
     printf("unknown: %s null %d status %d\n", cudaGetErrorName(err), fn == NULL, (int)status);
-    err = cudaGetDriverEntryPointByVersion(NULL, &fn, 13000, cudaEnableDefault, &status);
-    printf("null symbol: %s\n", cudaGetErrorName(err));
+    /* (a NULL symbol is not asked: the H100's runtime crashes on it) */
     cudaGetLastError();
     printf("done\n");
     return 0;

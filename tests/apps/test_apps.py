@@ -922,7 +922,6 @@ driver cuMemsetD32: 0
 runtime reads it: cudaSuccess c0ffee c0ffee
 driver cuMemFree: 0
 unknown: cudaSuccess null 1 status 1
-null symbol: cudaErrorInvalidValue
 done
 """
 
