@@ -531,9 +531,12 @@ static int wait_round(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *
 }
 
 /* How long the endpoint goes on serving messages C handles whole before it returns to Python,
- * which folds what C did into its bookkeeping: a sequence of round trips (small copies,
- * synchronizations) then never waits for Python between two calls. */
-#define FAST_HOLD_US 1000
+ * which folds what C did into its bookkeeping (metrics, work in flight): a sequence of round
+ * trips (small copies, synchronizations) then waits for Python at most once per this period,
+ * which is what the tail of their latency is made of. The vGPU's periodic work has the same
+ * period (WAKE_MS in daemon/vgpu/server.py); a control command or a message for Python ends it
+ * at once. */
+#define FAST_HOLD_US 10000
 
 int pilot_srv_wait(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *out, int max,
                    int *control)

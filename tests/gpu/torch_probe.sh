@@ -8,7 +8,9 @@
 #
 # Prints a table (step, native, pilot); $OUT/torch/STEP.{native,pilot}.log hold each output,
 # $OUT/torch/pilotd.log the daemon's log. Environment: OUT (/tmp/pilot-gpu-out), PILOT_SITE
-# (/tmp/site), PYTHON (python3), STEP_TIMEOUT (seconds, 120), PILOT_EXPORT_TRACE (passed on).
+# (/tmp/site), PYTHON (python3), STEP_TIMEOUT (seconds, 120), PILOT_EXPORT_TRACE (passed on),
+# PILOTD_ARGS (more pilotd arguments, e.g. "--log-level debug --config FILE"), REPEAT (runs of
+# each step under pilot, 1).
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -31,7 +33,9 @@ mkdir -p "$OUT/torch" "$(dirname "$SOCK")"
 # shellcheck source=tests/gpu/pilotd.sh
 . "$REPO/tests/gpu/pilotd.sh"
 trap pilotd_stop EXIT
-pilotd_start "$OUT/torch/pilotd.log" --backend cuda --socket "$SOCK" || exit 2
+# shellcheck disable=SC2086  # PILOTD_ARGS is a list of words
+pilotd_start "$OUT/torch/pilotd.log" --backend cuda --socket "$SOCK" ${PILOTD_ARGS:-} || exit 2
+REPEAT=${REPEAT:-1}
 
 PROBE=$REPO/tests/gpu/torch/probe.py
 verdict() {  # LOG RC: ok / FAILED (rc) and the last error line
@@ -44,9 +48,12 @@ for step in "${STEPS[@]}"; do
     nlog=$OUT/torch/$step.native.log plog=$OUT/torch/$step.pilot.log
     env -u LD_PRELOAD timeout "$STEP_TIMEOUT" "$PYTHON" "$PROBE" "$step" >"$nlog" 2>&1
     nrc=$?
-    env PILOT_SOCKET="$SOCK" timeout "$STEP_TIMEOUT" "$PYTHON" -m pilot.cli.pilot run -- \
-        "$PYTHON" "$PROBE" "$step" >"$plog" 2>&1
-    prc=$?
+    : >"$plog"
+    prc=0
+    for _ in $(seq "$REPEAT"); do
+        env PILOT_SOCKET="$SOCK" timeout "$STEP_TIMEOUT" "$PYTHON" -m pilot.cli.pilot run -- \
+            "$PYTHON" "$PROBE" "$step" >>"$plog" 2>&1 || prc=$?
+    done
     printf '| %s | %s | %s |\n' "$step" "$(verdict "$nlog" $nrc)" "$(verdict "$plog" $prc)" >>"$OUT/torch/table.md"
     say "$step: native rc $nrc, pilot rc $prc"
 done
