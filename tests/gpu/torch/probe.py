@@ -1,9 +1,11 @@
 """How far PyTorch gets under pilot (issue 13), one step per process so that a failure in one
 does not hide the next: python3 probe.py STEP. Each step checks its result against the CPU and
-prints one line, `STEP ok ...` or raises. Steps: init, alloc, ops, copy, matmul, conv, triton."""
+prints one line, `STEP ok ...` or raises. Steps: init, alloc, ops, copy, matmul, conv, triton,
+train (3 SGD steps of a small CNN + MLP in fp32, then 3 under bf16 autocast)."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -85,6 +87,30 @@ def main(step: str) -> None:
         add[(triton.cdiv(1000, 256),)](x, x, out, 1000, BLOCK=256)
         assert torch.equal(out.cpu(), a + a)
         print("triton ok")
+    elif step == "train":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+            torch.nn.Flatten(), torch.nn.Linear(8 * 16 * 16, 64), torch.nn.ReLU(),
+            torch.nn.Linear(64, 10))
+        xs = torch.randn(16, 3, 16, 16, generator=g)
+        ys = torch.randint(0, 10, (16,), generator=g)
+        ref = torch.nn.functional.cross_entropy(model(xs), ys).item()
+        model = model.to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        losses = []
+        for k in range(6):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=k >= 3):
+                loss = torch.nn.functional.cross_entropy(model(xs.to(dev)), ys.to(dev))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert abs(losses[0] - ref) < 1e-3 * max(1.0, abs(ref)), (losses[0], ref)
+        assert all(math.isfinite(v) for v in losses) and losses[2] < losses[0], losses
+        print("train ok losses=" + ",".join(f"{v:.4f}" for v in losses))
     else:
         raise SystemExit(f"unknown step {step}")
     print(f"{step} took {time.perf_counter() - t0:.2f} s")
