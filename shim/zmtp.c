@@ -56,11 +56,46 @@ static int read_all(int fd, void *buf, size_t len)
     return 0;
 }
 
+/* len bytes of the connection's stream: first what was read ahead, then straight from the
+ * socket when len is large, else through the read-ahead buffer (one recv of whatever has
+ * arrived). */
+static int conn_read(struct zmtp_conn *c, void *dst, size_t len)
+{
+    uint8_t *p = dst;
+    size_t have = c->rlen - c->rpos;
+    if (have) {
+        size_t n = have < len ? have : len;
+        memcpy(p, c->ahead + c->rpos, n);
+        c->rpos += (uint32_t)n;
+        p += n;
+        len -= n;
+    }
+    if (len >= sizeof c->ahead)
+        return read_all(c->fd, p, len);
+    while (len > 0) {
+        ssize_t n = recv(c->fd, c->ahead, sizeof c->ahead, 0);
+        if (n == 0)
+            return -ECONNRESET;
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        size_t k = (size_t)n < len ? (size_t)n : len;
+        memcpy(p, c->ahead, k);
+        c->rpos = (uint32_t)k;
+        c->rlen = (uint32_t)n;
+        p += k;
+        len -= k;
+    }
+    return 0;
+}
+
 /* Reads one frame header; returns 0 and fills flags/size. */
-static int read_frame_header(int fd, uint8_t *flags, uint64_t *size)
+static int read_frame_header(struct zmtp_conn *c, uint8_t *flags, uint64_t *size)
 {
     uint8_t hdr[9];
-    int rc = read_all(fd, hdr, 2);
+    int rc = conn_read(c, hdr, 2);
     if (rc)
         return rc;
     *flags = hdr[0];
@@ -68,7 +103,7 @@ static int read_frame_header(int fd, uint8_t *flags, uint64_t *size)
         *size = hdr[1];
         return 0;
     }
-    rc = read_all(fd, hdr + 2, 7);
+    rc = conn_read(c, hdr + 2, 7);
     if (rc)
         return rc;
     uint64_t s = 0;
@@ -108,12 +143,12 @@ static int ensure_cap(struct zmtp_conn *c, size_t need)
     return 0;
 }
 
-static int discard(int fd, uint64_t size)
+static int discard(struct zmtp_conn *c, uint64_t size)
 {
     char sink[256];
     while (size > 0) {
         size_t n = size > sizeof sink ? sizeof sink : (size_t)size;
-        int rc = read_all(fd, sink, n);
+        int rc = conn_read(c, sink, n);
         if (rc)
             return rc;
         size -= n;
@@ -139,7 +174,7 @@ static int handshake(struct zmtp_conn *c)
         return rc;
 
     uint8_t peer[64];
-    rc = read_all(c->fd, peer, sizeof peer);
+    rc = conn_read(c, peer, sizeof peer);
     if (rc)
         return rc;
     if (peer[0] != 0xff || peer[9] != 0x7f || peer[10] < 3 || memcmp(peer + 12, "NULL", 5) != 0)
@@ -147,14 +182,14 @@ static int handshake(struct zmtp_conn *c)
     /* The peer's READY command (properties are not needed). */
     uint8_t flags;
     uint64_t size;
-    rc = read_frame_header(c->fd, &flags, &size);
+    rc = read_frame_header(c, &flags, &size);
     if (rc)
         return rc;
     if (!(flags & FLAG_COMMAND) || size < 6 || size > 4096)
         return -EPROTO;
     if ((rc = ensure_cap(c, (size_t)size)))
         return rc;
-    rc = read_all(c->fd, c->buf, (size_t)size);
+    rc = conn_read(c, c->buf, (size_t)size);
     if (rc)
         return rc;
     if (c->buf[0] != 5 || memcmp(c->buf + 1, "READY", 5) != 0)
@@ -182,6 +217,7 @@ int zmtp_connect_timeout(struct zmtp_conn *c, const char *path, int ms)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     c->fd = -1;
+    c->rpos = c->rlen = 0;
     if (strlen(path) >= sizeof addr.sun_path)
         return -ENAMETOOLONG;
     strcpy(addr.sun_path, path);
@@ -209,6 +245,7 @@ void zmtp_close(struct zmtp_conn *c)
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
+    c->rpos = c->rlen = 0;
     free(c->buf);
     c->buf = NULL;
     c->cap = 0;
@@ -238,17 +275,23 @@ int zmtp_send(struct zmtp_conn *c, const struct zmtp_frame *frames, int nframes)
 
 /* Replies to short calls arrive within tens of microseconds: polling for that long avoids the
  * scheduler's wake-up latency. Longer waits (a synchronize on a long kernel) then block. */
-static void spin_until_readable(int fd, int spin_us)
+static int spin_until_readable(struct zmtp_conn *c)
 {
     struct timespec t0, t;
-    char b;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
-        if (recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) != -1 || errno != EAGAIN)
-            return;
+        /* what arrives is read ahead at once: the parse then needs no further recv */
+        ssize_t n = recv(c->fd, c->ahead, sizeof c->ahead, MSG_DONTWAIT);
+        if (n > 0) {
+            c->rpos = 0;
+            c->rlen = (uint32_t)n;
+            return 1;
+        }
+        if (n == 0 || errno != EAGAIN)
+            return 1; /* closed or failed: the reads below report it */
         clock_gettime(CLOCK_MONOTONIC, &t);
-        if ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 >= spin_us)
-            return;
+        if ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 >= c->spin_us)
+            return 0;
     }
 }
 
@@ -260,9 +303,8 @@ int zmtp_recv(struct zmtp_conn *c, struct zmtp_frame *frames, int max_frames)
     int count = 0;
     if (c->fd < 0)
         return -ENOTCONN;
-    if (c->spin_us > 0)
-        spin_until_readable(c->fd, c->spin_us);
-    while (c->alive_ms > 0 && c->alive) { /* a long wait: is the peer still there? */
+    int ready = c->rpos < c->rlen || (c->spin_us > 0 && spin_until_readable(c));
+    while (!ready && c->alive_ms > 0 && c->alive) { /* a long wait: is the peer still there? */
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
         int r = poll(&pfd, 1, c->alive_ms);
         if (r > 0 || (r < 0 && errno != EINTR))
@@ -273,11 +315,11 @@ int zmtp_recv(struct zmtp_conn *c, struct zmtp_frame *frames, int max_frames)
     for (;;) {
         uint8_t flags;
         uint64_t size;
-        int rc = read_frame_header(c->fd, &flags, &size);
+        int rc = read_frame_header(c, &flags, &size);
         if (rc)
             return rc;
         if (flags & FLAG_COMMAND) { /* PING and friends: not used by pilotd; skip */
-            if ((rc = discard(c->fd, size)))
+            if ((rc = discard(c, size)))
                 return rc;
             continue;
         }
@@ -285,7 +327,7 @@ int zmtp_recv(struct zmtp_conn *c, struct zmtp_frame *frames, int max_frames)
             return -EPROTO;
         if ((rc = ensure_cap(c, used + (size_t)size + 1)))
             return rc;
-        if ((rc = read_all(c->fd, c->buf + used, (size_t)size)))
+        if ((rc = conn_read(c, c->buf + used, (size_t)size)))
             return rc;
         offsets[count] = used;
         lens[count] = (size_t)size;

@@ -20,6 +20,10 @@ struct zmtp_conn {
     /* receive buffer for one whole multipart message */
     uint8_t *buf;
     size_t cap;
+    /* bytes read from the socket ahead of the parser: one recv takes a small reply whole
+     * (headers and frames) instead of one recv per header and per frame */
+    uint32_t rpos, rlen;
+    uint8_t ahead[4096];
 };
 
 struct zmtp_frame {

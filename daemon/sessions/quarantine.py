@@ -73,7 +73,10 @@ class Quarantine:
             self._zeroed(ptr, size, event)
 
     def take(self, size: int) -> int | None:
-        """A zeroed block of exactly `size` bytes for a new allocation, or None."""
+        """A zeroed block of exactly `size` bytes for a new allocation, or None. A block of that
+        size still being zeroed is waited for (its memset: at most 64 MiB, tens of microseconds)
+        rather than calling cuMemAlloc, which costs as much or more: an allocate/free loop then
+        reuses its block every time, whatever the timing."""
         if self._held:
             self.poll()
         kept = self._kept
@@ -81,6 +84,19 @@ class Quarantine:
             if n == size:
                 del kept[i]
                 self.kept_bytes -= n
+                return ptr
+        if size > KEEP_BLOCK_MAX:
+            return None
+        for i, (ptr, n, event) in enumerate(self._held):
+            if n == size:
+                try:
+                    self.backend.event_synchronize(event)
+                except Exception as exc:  # a sticky context error: not this block, then
+                    log.error("zeroing freed memory at %#x failed: %s", ptr, exc)
+                    return None
+                del self._held[i]
+                self._release_event(event)
+                self.bytes -= n
                 return ptr
         return None
 

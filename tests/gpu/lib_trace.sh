@@ -37,7 +37,8 @@ for f in sorted(out.glob("*.tsv")):
         lib, sym, n, caller = line.split("\t")
         key = (lib.split(".so")[0], sym)
         calls[key] += int(n)
-        steps[key].add(f.stem)
+        if int(n):
+            steps[key].add(f.stem)
         callers.setdefault(key, caller)
 by_lib = collections.defaultdict(list)
 for (lib, sym), n in calls.items():
@@ -45,7 +46,8 @@ for (lib, sym), n in calls.items():
 lines = ["| library | functions bound | called | calls |", "| --- | ---: | ---: | ---: |"]
 for lib, rows in sorted(by_lib.items()):
     lines.append(f"| {lib} | {len(rows)} | {sum(1 for _, n in rows if n)} | {sum(n for _, n in rows)} |")
-lines += ["", "| library | function | calls | steps | first caller |", "| --- | --- | ---: | --- | --- |"]
+lines += ["", "| library | function | calls | steps calling it | first caller |",
+          "| --- | --- | ---: | --- | --- |"]
 for (lib, sym), n in sorted(calls.items(), key=lambda kv: (kv[0][0], -kv[1], kv[0][1])):
     lines.append(f"| {lib} | {sym} | {n} | {','.join(sorted(steps[(lib, sym)]))} | {callers[(lib, sym)]} |")
 (out / "summary.md").write_text("\n".join(lines) + "\n")

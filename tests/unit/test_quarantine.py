@@ -61,7 +61,9 @@ def test_freed_only_after_its_zeroing_and_in_order() -> None:
     assert q.take(512) == 0x2000 and q.take(512) is None and q.take(100) is None
     q.free_later(0x3000, 64, "s")  # events are reused
     assert b.made == 2
-    assert q.take(64) is None  # still being zeroed: never handed out
+    b.calls.clear()
+    assert q.take(64) == 0x3000  # still being zeroed: handed out only after waiting for it
+    assert b.calls == [("sync", "ev2")]  # (the spare events are reused last first)
 
 
 def test_what_is_kept_for_reuse_is_bounded() -> None:
@@ -112,3 +114,19 @@ def test_an_allocation_short_of_memory_is_tried_again_after_a_drain() -> None:
     prepared = SimpleNamespace(fn=allocate)
     assert vg._after_drain(prepared, None, None, None) == ("ptr", 0)  # type: ignore[arg-type]
     assert not vg.quarantine
+
+
+def test_a_block_still_being_zeroed_is_waited_for_not_allocated_anew() -> None:
+    b = FakeBackend()
+    q = Quarantine(b)  # type: ignore[arg-type]
+    q.free_later(0x1000, 256, "s")
+    q.free_later(0x2000, 512, "s")
+    assert q.take(1024) is None  # no block of that size: cuMemAlloc
+    assert q.take(512) == 0x2000  # its memset is waited for, not the one before it
+    assert b.calls[-1] == ("sync", "ev2")
+    assert q.bytes == 256 and q.take(512) is None
+    assert q.take(KEEP_BLOCK_MAX + 4096) is None  # never kept, never waited for
+    b.done.add("ev1")
+    q.poll()
+    assert q.take(256) == 0x1000 and not q
+    assert ("free", 0x1000) not in b.calls and ("free", 0x2000) not in b.calls

@@ -6,11 +6,16 @@
  *   gcc -shared -fPIC -O2 -o audit.so audit.c
  *   LIB_TRACE_OUT=/tmp/trace.tsv LD_AUDIT=$PWD/audit.so python3 workload.py
  *
- * Every binding of a symbol defined in one of those libraries is recorded (la_symbind64, also
- * for objects bound at load time), with the library that asked for it; calls through the PLT
- * are counted (la_x86_64_gnu_pltenter). At exit, LIB_TRACE_OUT gets one line per symbol:
- * `defining library <TAB> symbol <TAB> calls <TAB> first caller` (calls 0: bound, never called
- * through the PLT, or bound directly). LIB_TRACE_LIBS=prefix,... traces other libraries. */
+ * Every binding of a symbol defined in one of those libraries by an object outside them is
+ * recorded (la_symbind64, also for objects bound at load time), with the library that asked for
+ * it, and bound to a stub of its own that counts each call and jumps on: PyTorch's libraries are
+ * bound at load (BIND_NOW), so an auditor's PLT hook (la_pltenter) never runs for them. A stub
+ * uses only r11 (scratch in the x86-64 calling convention), so arguments pass untouched. (Calls
+ * through GOT relocations that are not PLT slots, -fno-plt code, are not seen: the auditor's
+ * binding hook does not run for them.) At
+ * exit, LIB_TRACE_OUT gets one line per symbol: `defining library <TAB> symbol <TAB> calls <TAB>
+ * first caller` (calls 0: bound, never called). LIB_TRACE_LIBS=prefix,... traces other
+ * libraries. */
 #define _GNU_SOURCE
 #include <link.h>
 #include <pthread.h>
@@ -18,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define MAX_SYMS 8192
 #define MAX_OBJS 1024
@@ -26,6 +32,8 @@ struct sym {
     const char *name;
     unsigned lib, caller;
     unsigned long calls;
+    uintptr_t target; /* the real function */
+    unsigned char *stub;
 };
 
 static const char *g_objs[MAX_OBJS];
@@ -33,6 +41,31 @@ static unsigned g_nobjs;
 static struct sym g_syms[MAX_SYMS];
 static unsigned g_nsyms;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+#define STUB_BYTES 32
+static unsigned char *g_stubs; /* MAX_SYMS stubs, executable */
+
+/* movabs r11, &calls; lock inc qword [r11]; movabs r11, target; jmp r11 */
+static unsigned char *make_stub(struct sym *s)
+{
+    if (!g_stubs) {
+        void *p = mmap(NULL, (size_t)MAX_SYMS * STUB_BYTES, PROT_READ | PROT_WRITE | PROT_EXEC,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            return NULL;
+        g_stubs = p;
+    }
+    unsigned char *c = g_stubs + (size_t)(s - g_syms) * STUB_BYTES;
+    uint64_t counter = (uintptr_t)&s->calls, target = s->target;
+    c[0] = 0x49, c[1] = 0xbb;
+    memcpy(c + 2, &counter, 8);
+    c[10] = 0xf0, c[11] = 0x49, c[12] = 0xff, c[13] = 0x03;
+    c[14] = 0x49, c[15] = 0xbb;
+    memcpy(c + 16, &target, 8);
+    c[24] = 0x41, c[25] = 0xff, c[26] = 0xe3;
+    return c;
+}
+
 
 static const char *const TRACED[] = {"libcublas.so", "libcublasLt.so", "libcudnn", "libcufft",
                                      "libcurand", "libcusparse", "libcusolver", "libnccl"};
@@ -96,30 +129,21 @@ uintptr_t la_symbind64(Elf64_Sym *sym, unsigned ndx, uintptr_t *refcook, uintptr
 {
     (void)ndx;
     unsigned def = (unsigned)*defcook, ref = (unsigned)*refcook;
-    if (!(def & 0x80000000u) || (ref & 0x80000000u)) { /* not into a traced library from outside */
-        *flags |= LA_SYMB_NOPLTENTER | LA_SYMB_NOPLTEXIT;
+    *flags |= LA_SYMB_NOPLTENTER | LA_SYMB_NOPLTEXIT;
+    if (!(def & 0x80000000u) || (ref & 0x80000000u) ||
+        (ELF64_ST_TYPE(sym->st_info) != STT_FUNC && ELF64_ST_TYPE(sym->st_info) != STT_GNU_IFUNC))
         return sym->st_value;
+    uintptr_t bound = sym->st_value;
+    pthread_mutex_lock(&g_lock);
+    struct sym *s = find_or_add(symname, (def & 0x7fffffffu) - 1, (ref & 0x7fffffffu) - 1);
+    if (s && !s->stub) {
+        s->target = sym->st_value;
+        s->stub = make_stub(s);
     }
-    pthread_mutex_lock(&g_lock);
-    find_or_add(symname, (def & 0x7fffffffu) - 1, (ref & 0x7fffffffu) - 1);
+    if (s && s->stub && s->target == sym->st_value)
+        bound = (uintptr_t)s->stub;
     pthread_mutex_unlock(&g_lock);
-    *flags |= LA_SYMB_NOPLTEXIT;
-    return sym->st_value;
-}
-
-Elf64_Addr la_x86_64_gnu_pltenter(Elf64_Sym *sym, unsigned ndx, uintptr_t *refcook,
-                                  uintptr_t *defcook, La_x86_64_regs *regs, unsigned *flags,
-                                  const char *symname, long *framesizep)
-{
-    (void)ndx, (void)refcook, (void)regs, (void)flags;
-    *framesizep = -1;
-    unsigned def = (unsigned)*defcook;
-    pthread_mutex_lock(&g_lock);
-    struct sym *s = find_or_add(symname, (def & 0x7fffffffu) - 1, (unsigned)*refcook - 1);
-    if (s)
-        s->calls++;
-    pthread_mutex_unlock(&g_lock);
-    return sym->st_value;
+    return bound;
 }
 
 static void __attribute__((destructor)) dump(void)
