@@ -38,18 +38,27 @@ static int write_all(int fd, struct iovec *iov, int iovcnt)
     return 0;
 }
 
+/* One recv of up to len bytes: how many came, or -errno (-ECONNRESET when the peer closed). */
+static ssize_t recv_some(int fd, void *buf, size_t len)
+{
+    for (;;) {
+        ssize_t n = recv(fd, buf, len, 0);
+        if (n > 0)
+            return n;
+        if (n == 0)
+            return -ECONNRESET;
+        if (errno != EINTR)
+            return -errno;
+    }
+}
+
 static int read_all(int fd, void *buf, size_t len)
 {
     char *p = buf;
     while (len > 0) {
-        ssize_t n = recv(fd, p, len, 0);
-        if (n == 0)
-            return -ECONNRESET;
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
+        ssize_t n = recv_some(fd, p, len);
+        if (n < 0)
+            return (int)n;
         p += n;
         len -= (size_t)n;
     }
@@ -73,14 +82,9 @@ static int conn_read(struct zmtp_conn *c, void *dst, size_t len)
     if (len >= sizeof c->ahead)
         return read_all(c->fd, p, len);
     while (len > 0) {
-        ssize_t n = recv(c->fd, c->ahead, sizeof c->ahead, 0);
-        if (n == 0)
-            return -ECONNRESET;
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
+        ssize_t n = recv_some(c->fd, c->ahead, sizeof c->ahead);
+        if (n < 0)
+            return (int)n;
         size_t k = (size_t)n < len ? (size_t)n : len;
         memcpy(p, c->ahead, k);
         c->rpos = (uint32_t)k;
