@@ -68,12 +68,36 @@ def _refuse_bypass(program: str, bypass: dict[str, Path]) -> None:
         "without pilot, or force it with --cuda 12|13 at your own risk")
 
 
+def _script_interpreter(path: str, env: dict[str, str]) -> str | None:
+    """The ELF interpreter a `#!` script names (`/usr/bin/env NAME` looked up on PATH), or
+    None for anything else (including a script whose interpreter is itself a script)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(4096)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode(errors="replace").split()
+    if not words:
+        return None
+    if os.path.basename(words[0]) == "env":
+        names = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        found = shutil.which(names[0], path=env.get("PATH")) if names else None
+    else:
+        found = words[0] if os.path.isfile(words[0]) else None
+    if found is None:
+        return None
+    with open(found, "rb") as f:
+        return found if f.read(4) == b"\x7fELF" else None
+
+
 def program_cuda_major(program: str, env: dict[str, str]) -> tuple[int, bool]:
     """The CUDA major version whose libcudart `program` (a name on PATH or a path) links, from
     its ELF NEEDED entries, and whether it gets the driver API library (libcuda.so.1) too. A
     program of the driver API alone, or with no CUDA in its ELF at all (python3 running
-    PyTorch), is served with the CUDA 13 shim (its session) and the driver. Raises
-    ClickException when that cannot be told or served."""
+    PyTorch), is served with the CUDA 13 shim (its session) and the driver; a `#!` script as its
+    interpreter is. Raises ClickException when that cannot be told or served."""
     path = shutil.which(program, path=env.get("PATH")) if "/" not in program else program
     if path is None or not os.path.isfile(path):
         raise click.ClickException(f"cannot run {program}: No such file or directory")
@@ -81,9 +105,12 @@ def program_cuda_major(program: str, env: dict[str, str]) -> tuple[int, bool]:
     try:
         link = find_cudart(path, env)
     except NotElf as exc:
+        interpreter = _script_interpreter(path, env)
+        if interpreter is not None:  # a script: its interpreter loads whatever CUDA it uses
+            return program_cuda_major(interpreter, env)
         raise click.ClickException(
-            f"{exc}: pilot cannot tell which CUDA runtime it loads; if it is a script or loads "
-            f"libcudart itself, say which with {hint}") from exc
+            f"{exc}: pilot cannot tell which CUDA runtime it loads; if it loads libcudart "
+            f"itself, say which with {hint}") from exc
     driver = DRIVER_SONAME in link.bypass
     others = {name: obj for name, obj in link.bypass.items() if name != DRIVER_SONAME}
     if others:

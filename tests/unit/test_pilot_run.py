@@ -53,6 +53,12 @@ class Programs:
         self.script = d / "script.sh"
         self.script.write_text("#!/bin/sh\nexit 0\n")
         self.script.chmod(0o755)
+        self.env_script = d / "script.py"
+        self.env_script.write_text("#!/usr/bin/env -S sh -e\nexit 0\n")
+        self.env_script.chmod(0o755)
+        self.data = d / "data.txt"
+        self.data.write_text("not a program\n")
+        self.data.chmod(0o755)
 
     def gcc(self, *args: object) -> None:
         subprocess.run(["gcc", *map(str, args)], check=True, capture_output=True)
@@ -188,6 +194,16 @@ def test_run_refuses_a_static_runtime_with_status_3(progs: Programs, exec_calls:
         " ".join(res.output.split()), res.output
 
 
+def test_run_serves_a_script_as_its_interpreter(progs: Programs, exec_calls: list) -> None:
+    """A `#!` script (also through /usr/bin/env) is served as its interpreter is: /bin/sh has
+    no CUDA in its ELF, so the CUDA 13 shim and the driver API library."""
+    for script in (progs.script, progs.env_script):
+        res = _run("run", "--", str(script), env={"LD_PRELOAD": "", "PATH": "/usr/bin:/bin"})
+        assert res.exit_code == 0, res.output
+        assert exec_calls[-1][1] == [str(script)]
+        assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(13)} {driver_path()}"
+
+
 def test_run_serves_a_program_without_cuda_as_cuda_13(progs: Programs, exec_calls: list) -> None:
     """No libcudart, no device code, no CUDA library in its ELF: an interpreter that may load
     CUDA at run time (python3 with PyTorch) gets the CUDA 13 shim and the driver API library."""
@@ -199,11 +215,11 @@ def test_run_serves_a_program_without_cuda_as_cuda_13(progs: Programs, exec_call
 
 @pytest.mark.parametrize(("prog", "message"), [
     ("both", "loads two CUDA runtimes"),
-    ("script", "not an ELF file: pilot cannot tell which CUDA runtime it loads"),
+    ("data", "not an ELF file: pilot cannot tell which CUDA runtime it loads"),
 ])
 def test_run_refuses_what_it_cannot_serve(progs: Programs, exec_calls: list, prog: str,
                                           message: str) -> None:
-    path = progs.script if prog == "script" else getattr(progs, prog)
+    path = getattr(progs, prog)
     res = _run("run", "--", str(path))
     assert res.exit_code == 1 and not exec_calls
     assert message in " ".join(res.output.split()), res.output
