@@ -422,7 +422,12 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuGetExportTable(const void **ppExportTable,
     }
     *ppExportTable = NULL;
     const unsigned char *u = (const unsigned char *)pExportTableId->bytes;
-    if (tracing() || !said_before(u)) {
+    /* NVML (libnvidia-ml, loaded by PyTorch) asks every libcuda for this one and works on
+     * without it: not worth a line on every run. */
+    static const unsigned char nvml_table[16] = {0x69, 0xa2, 0x8e, 0x9f, 0x24, 0x49, 0x8b, 0x47,
+                                                 0xb0, 0x30, 0xc5, 0xda, 0x33, 0x0e, 0xa4, 0xe9};
+    int quiet = memcmp(u, nvml_table, 16) == 0;
+    if (tracing() || (!quiet && !said_before(u))) {
         char what[96];
         snprintf(what, sizeof what,
                  "the driver's private table %02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-"
