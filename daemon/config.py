@@ -18,6 +18,7 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     fault_recovery = "restart"     # after a context-fatal GPU fault: "restart" in place | "exit"
     fault_poll_interval = "20ms"   # how often each GPU's context is checked for a fault; 0: never
     fast_launch = true             # plain launches go on their stream in C, without Python
+    device_output = true           # kernels' printf output goes back to the program (one tenant)
     state_dir = "/var/lib/pilot"   # default: /var/lib/pilot (root), else $XDG_STATE_HOME/pilot
     admin_group = "pilot-admin"
     log_level = "info"             # debug | info | warning | error
@@ -245,6 +246,7 @@ class Config:
     fault_recovery: str = "restart"
     fault_poll_interval: float = 0.02
     fast_launch: bool = True
+    device_output: bool = True
     policy: str = "none"
     policy_max_wait: float = 30.0
     policy_plugins: tuple[str, ...] = ()
@@ -548,6 +550,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "fault_recovery": _choice(FAULT_RECOVERY),
     "fault_poll_interval": _fault_poll_interval,
     "fast_launch": _flag,
+    "device_output": _flag,
     "policy": _policy_name,
     "policy_max_wait": parse_duration,
     "policy_plugins": _plugins,
@@ -577,7 +580,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
 SECTIONS: dict[str, dict[str, str]] = {
     "daemon": {k: k for k in ("backend", "socket", "control_socket", "vgpus_per_gpu",
                               "max_vgpus_per_gpu", "gpus", "callback_timeout", "switch_interval",
-                              "fault_recovery", "fault_poll_interval", "fast_launch", "spin_us",
+                              "fault_recovery", "fault_poll_interval", "fast_launch", "device_output",
+                              "spin_us",
                               "state_dir",
                               "admin_group", "log_level", "log_format",
                               "sim_kernels", "sim_devices")},

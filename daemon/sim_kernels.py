@@ -128,7 +128,8 @@ class SimLaunch:
     def __init__(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int],
                  shared_bytes: int, params: list[bytes], memory: DeviceMemory,
                  symbols: Mapping[str, tuple[int, int]] | None = None,
-                 images: Callable[[int, bool], SimImage | None] | None = None) -> None:
+                 images: Callable[[int, bool], SimImage | None] | None = None,
+                 printf: Callable[[bytes], None] | None = None) -> None:
         self.name = name
         self.grid = grid
         self.block = block
@@ -137,6 +138,13 @@ class SimLaunch:
         self._memory = memory
         self._symbols = symbols or {}
         self._images = images
+        self._printf = printf
+
+    def printf(self, text: str) -> None:
+        """What the kernel's printf calls print, in the order the GPU would (the emulation says
+        it): into the printf FIFO, written out when the driver would flush it."""
+        if self._printf is not None:
+            self._printf(text.encode())
 
     # texture and surface objects
     def _image(self, i: int, surface: bool) -> SimImage:

@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "pilot_proto.h"
@@ -64,6 +65,8 @@ struct pilot_fast {
     uint8_t *reply; /* a device-to-host copy's bytes, on their way back */
     uint16_t version;
     uint64_t context;
+    int output_fd;          /* the kernels' printf output (-1: not captured) */
+    uint64_t output_taken;  /* how much of it Python has taken */
     struct fconn **conns; /* small: one per attached session of this vGPU */
     uint32_t nconns, cap;
 };
@@ -158,6 +161,7 @@ pilot_fast *pilot_fast_new(void *cuda_launch, void *cuda_dtoh, void *cuda_htod, 
         f->bounds[i] = bounds[i];
     f->nbounds = nbounds;
     f->version = protocol_version;
+    f->output_fd = -1;
     return f;
 }
 
@@ -245,6 +249,20 @@ int pilot_fast_sync_streams(pilot_fast *f, uint32_t conn, const uint64_t *stream
         memcpy(c->syncs, streams, n * sizeof *streams);
     c->nsyncs = n;
     return 0;
+}
+
+void pilot_fast_output(pilot_fast *f, int fd, uint64_t taken)
+{
+    f->output_fd = fd;
+    f->output_taken = taken;
+}
+
+/* Whether the kernels printed since Python last took their output. */
+static int printed(const pilot_fast *f)
+{
+    struct stat st;
+    return f->output_fd >= 0 && fstat(f->output_fd, &st) == 0 &&
+           (uint64_t)st.st_size > f->output_taken;
 }
 
 void pilot_fast_context(pilot_fast *f, uint64_t context)
@@ -397,8 +415,9 @@ static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
         err = to_host ? f->generic_copy(1, (uint64_t)(uintptr_t)f->reply, dev, req.count, stream)
                       : f->generic_copy(0, dev, (uint64_t)(uintptr_t)m->frame[2], req.count,
                                         stream);
-    if (err)
-        return FAST_PYTHON; /* Python makes the same copy again and reports its error */
+    if (err || printed(f))
+        return FAST_PYTHON; /* Python makes the same copy again and reports its error, or
+                             * sends the output with it */
     pilot_rep_status rep = {{0, 0}};
     if (pilot_srv_send(srv, m->conn, m->frame[0], sizeof(pilot_envelope), &rep, sizeof rep,
                        to_host ? f->reply : NULL, to_host ? req.count : 0) != 0)
@@ -452,6 +471,8 @@ static int try_sync(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
         if (!stream || sync_stream(f, stream) != 0)
             return FAST_PYTHON;
     }
+    if (printed(f))
+        return FAST_PYTHON; /* the output goes with Python's reply */
     pilot_rep_status rep = {{0, 0}};
     if (pilot_srv_send(srv, m->conn, m->frame[0], sizeof(pilot_envelope), &rep, sizeof rep, NULL,
                        0) != 0)

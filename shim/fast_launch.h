@@ -82,6 +82,11 @@ int pilot_fast_range(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t size)
  * Python). cudaStreamSynchronize of the legacy stream or of a stream C launches on is answered
  * here too, under the same condition. Copies the list; returns 0, or -1. */
 int pilot_fast_sync_streams(pilot_fast *f, uint32_t conn, const uint64_t *streams, uint32_t n);
+/* The file the kernels' printf output is captured in (daemon/vgpu/device_output.py; fd -1:
+ * none) and how much of it Python has taken: a synchronization or copy after which the file is
+ * longer goes to Python (which synchronizes again, a no-op, and sends the output with the
+ * reply), so the output reaches the program where the driver would have printed it. */
+void pilot_fast_output(pilot_fast *f, int fd, uint64_t taken);
 /* The context now current on the vGPU thread. */
 void pilot_fast_context(pilot_fast *f, uint64_t context);
 /* The session's function handle `token` is CUfunction `function` taking `arg_bytes` of packed

@@ -38,6 +38,8 @@
 /* Envelope flags. */
 #define PILOT_F_NO_REPLY 1            /* asynchronous call: the daemon sends no reply */
 #define PILOT_F_FAULT_CHANNEL 2       /* ATTACH: this connection is the session's fault channel */
+#define PILOT_F_DEVICE_OUTPUT 4       /* reply: its last frame is the program's kernels' printf
+                                       * output, to be written to its stdout (shim/transport.c) */
 
 enum pilot_op {
     /* 1: session */

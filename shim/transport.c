@@ -639,6 +639,14 @@ static cudaError_t recv_on(struct part *p, void *rep, size_t rep_len, void *out,
         lose_connection(p, "malformed reply");
         return ERR_LOST;
     }
+    pilot_envelope env;
+    memcpy(&env, fr[0].data, sizeof env);
+    if ((env.flags & PILOT_F_DEVICE_OUTPUT) && n >= 3) {
+        /* the kernels' printf output the call flushed, as the driver writes it natively: into
+         * the program's stdout, in order with its own output */
+        fwrite(fr[n - 1].data, 1, fr[n - 1].len, stdout);
+        n--;
+    }
     size_t body = fr[1].len < rep_len ? fr[1].len : rep_len;
     memset(rep, 0, rep_len);
     memcpy(rep, fr[1].data, body);

@@ -587,17 +587,14 @@ static size_t encode_header(uint8_t *out, uint8_t flags, uint64_t size)
     return 9;
 }
 
-int pilot_srv_send(pilot_srv *s, uint32_t conn, const void *f0, size_t l0, const void *f1,
-                   size_t l1, const void *f2, size_t l2)
+static int send_frames(pilot_srv *s, uint32_t conn, const void *const *data, const size_t *lens,
+                       int nframes)
 {
     struct conn *c = find(s, conn);
     if (!c)
         return -1;
-    const void *data[3] = {f0, f1, f2};
-    size_t lens[3] = {l0, l1, l2};
-    int nframes = f2 ? 3 : 2;
-    uint8_t hdr[3][9];
-    struct iovec iov[6];
+    uint8_t hdr[4][9];
+    struct iovec iov[8];
     int n = 0;
     for (int i = 0; i < nframes; i++) {
         iov[n].iov_base = hdr[i];
@@ -612,6 +609,22 @@ int pilot_srv_send(pilot_srv *s, uint32_t conn, const void *f0, size_t l0, const
         return -1;
     }
     return 0;
+}
+
+int pilot_srv_send(pilot_srv *s, uint32_t conn, const void *f0, size_t l0, const void *f1,
+                   size_t l1, const void *f2, size_t l2)
+{
+    const void *data[3] = {f0, f1, f2};
+    size_t lens[3] = {l0, l1, l2};
+    return send_frames(s, conn, data, lens, f2 ? 3 : 2);
+}
+
+int pilot_srv_send4(pilot_srv *s, uint32_t conn, const void *f0, size_t l0, const void *f1,
+                    size_t l1, const void *f2, size_t l2, const void *f3, size_t l3)
+{
+    const void *data[4] = {f0, f1, f2 ? f2 : f3, f3};
+    size_t lens[4] = {l0, l1, f2 ? l2 : l3, l3};
+    return send_frames(s, conn, data, lens, f2 ? 4 : 3);
 }
 
 int pilot_srv_peer(pilot_srv *s, uint32_t conn, uint32_t *uid, uint32_t *gid, int32_t *pid)

@@ -41,6 +41,10 @@ int pilot_srv_wait(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *out
  * the connection is gone. */
 int pilot_srv_send(pilot_srv *s, uint32_t conn, const void *f0, size_t l0, const void *f1,
                    size_t l1, const void *f2, size_t l2);
+/* The same with one more frame after them, f3 (l3 bytes, not NULL): a reply carrying the
+ * program's kernels' printf output (PILOT_F_DEVICE_OUTPUT in the envelope f0). */
+int pilot_srv_send4(pilot_srv *s, uint32_t conn, const void *f0, size_t l0, const void *f1,
+                    size_t l1, const void *f2, size_t l2, const void *f3, size_t l3);
 
 /* The kernel's credentials of a connection's peer. Returns 0, or -1 if the connection is gone. */
 int pilot_srv_peer(pilot_srv *s, uint32_t conn, uint32_t *uid, uint32_t *gid, int32_t *pid);

@@ -48,6 +48,7 @@ import functools
 import itertools
 import logging
 import mmap
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -517,6 +518,10 @@ class SimBackend:
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)  # held streams ran
         self._held: set[_Stream] = set()
+        # Kernels' printf output, written to fd 1 where the driver writes it: at a launch's
+        # start and at synchronizations and blocking copies (CUDA Programming Guide, Formatted
+        # Output), so pilotd captures it as on a GPU (vgpu/device_output.py).
+        self._printf: list[bytes] = []
         self._thread = threading.local()
         self._limit_values: dict[int, dict[int, int]] = {}  # device -> cudaLimit -> value
         self._var_ranges: dict[int, int] = {}  # __managed__ variable address -> size
@@ -598,6 +603,15 @@ class SimBackend:
             self._wait_idle(stream)
             if count:
                 target[:] = self._device_range(src, count)
+            self._flush_printf()
+
+    def _flush_printf(self) -> None:
+        """What kernels printed, to fd 1 as the driver writes it (under the lock)."""
+        if self._printf:
+            data = b"".join(self._printf)
+            self._printf.clear()
+            while data:
+                data = data[os.write(1, data):]
 
     def memcpy_dtod(self, dst: int, src: int, count: int, stream: Any) -> None:
         _check_count(count)
@@ -923,6 +937,7 @@ class SimBackend:
         with self._lock:
             self._check_stream(stream)
             self._wait_idle(stream)
+            self._flush_printf()
             self._raise_stream_error(stream)
 
     def stream_query(self, stream: Any) -> bool:
@@ -964,6 +979,7 @@ class SimBackend:
             ev = self._event(event)
             target = ev.issued
             self._cond.wait_for(lambda: ev.done >= target)
+            self._flush_printf()
 
     def event_query(self, event: Any) -> bool:
         with self._lock:
@@ -1101,9 +1117,11 @@ class SimBackend:
                                    f"{function.info.name} takes {need} bytes of arguments, "
                                    f"got {len(args)}")
             params = [bytes(args[off:off + size]) for off, size in layout]
+            self._flush_printf()  # the driver prints what earlier kernels printed
             launch = SimLaunch(function.info.name, (grid[0], grid[1], grid[2]),
                                (block[0], block[1], block[2]), shared_bytes, params, self._memory,
-                               symbols=function.module.globals, images=self._image)
+                               symbols=function.module.globals, images=self._image,
+                               printf=self._printf.append)
             self._touched(stream, self._current_device(), self._pointed_blocks(layout, args))
             try:
                 self._issue(stream, self._kernels.run, launch)

@@ -191,8 +191,10 @@ class Engines:
             cmd = [*self.argv, "--socket", path, "--control-socket",
                    os.path.join(directory, "control.sock"), "--metrics-address", "",
                    "--capacity", str(capacity), "--isolated-tenant", tenant]
+            # stdout: pilotd's own, not the driver's (captured for kernels' printf output,
+            # vgpu/device_output.py); the engine captures its own
             proc = subprocess.Popen(cmd, env=env, pass_fds=[listener.fileno()],
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, stdout=sys.stdout)
             listener.close()  # the engine has its own copy
         except OSError as exc:
             for g in taken:

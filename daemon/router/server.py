@@ -66,6 +66,7 @@ from pilot.daemon.sessions.session import Credentials, Session, process_start_ti
 from pilot.daemon.telemetry.logs import setup_logging
 from pilot.daemon.telemetry.metrics import Metrics, PilotCollector, start_exporter
 from pilot.daemon.telemetry.nvml import NvmlPoller, NvmlSource, NvmlUnavailable, SimSource
+from pilot.daemon.vgpu.device_output import DeviceOutput
 from pilot.daemon.vgpu.server import VGpu
 from pilot.policies import Policy
 
@@ -171,9 +172,12 @@ class Daemon:
         self.policy.controls.broker = self.broker
         self.policy.wake = self._wake_waiting
         self.broker.policy = self.policy
+        # kernels' printf output, captured from the driver's stdout (vgpu/device_output.py)
+        self.device_output = DeviceOutput() if config.device_output else None
         for vg in self.vgpus:
             vg.policy, vg.kernel_time = self.policy, config.metrics_kernel_time
             vg.fast_launch = config.fast_launch
+            vg.device_output = self.device_output
             vg.shares = self.shares
         self.topology = self._topology()
         self.callbacks = CallbackHub(f"{socket_path}.callbacks", backend, config.callback_timeout)
@@ -237,6 +241,7 @@ class Daemon:
         vg.policy, vg.topology, vg.callbacks = self.policy, self.topology, self.callbacks
         vg.kernel_time = self.config.metrics_kernel_time
         vg.fast_launch = self.config.fast_launch
+        vg.device_output = self.device_output
         vg.report_fault = self.monitor.report
         vg.shares = self.shares
         try:
@@ -410,6 +415,8 @@ class Daemon:
                             os.unlink(path)
         if self.restart is not None and self.config.fault_recovery == "restart":
             log.info("restarting in place %.3f s after the fault was noticed", time.time() - fault.detected)
+            if self.device_output is not None:  # the new process captures afresh
+                self.device_output.restore()
             self.restart(Handover(fds=dict(self._listeners), faults=self.faults,
                                   next_session=self._next_session,
                                   engines=self.engines.handover()))

@@ -48,6 +48,7 @@ class Dispatch:
     report_fault: Any  # FaultMonitor.report(device, error), set by the router
     _partition: Any  # the SM partition current on this thread (None: the whole GPU)
     fast: Any = None  # vgpu/fast.py's FastLaunches, or None
+    device_output: Any = None  # vgpu/device_output.py's DeviceOutput, or None
     quarantine: Any  # sessions/quarantine.py: freed memory being zeroed
 
     def enter(self, session: Session) -> None:
@@ -71,12 +72,29 @@ class Dispatch:
             return None, exc.code
 
     def _send(self, msg: Any, body: Any, size: int, payload: Any = None) -> None:
-        if payload is None:
+        output = self.device_output
+        data = self._output_for(msg, output) if output is not None and output.pending() else b""
+        if not data:
             lib.pilot_srv_send(self._srv, msg.conn, msg.frame[0], ENVELOPE_SIZE, body, size,
-                               ffi.NULL, 0)
-        else:
-            lib.pilot_srv_send(self._srv, msg.conn, msg.frame[0], ENVELOPE_SIZE, body, size,
-                               ffi.from_buffer(payload), len(payload))
+                               ffi.NULL if payload is None else ffi.from_buffer(payload),
+                               0 if payload is None else len(payload))
+            return
+        # the kernels' printf output goes with the reply: an envelope flag, one more frame
+        env = new("pilot_envelope")
+        ffi.memmove(env, msg.frame[0], ENVELOPE_SIZE)
+        env.flags |= _DEVICE_OUTPUT
+        lib.pilot_srv_send4(self._srv, msg.conn, env, ENVELOPE_SIZE, body, size,
+                            ffi.NULL if payload is None else ffi.from_buffer(payload),
+                            0 if payload is None else len(payload), data, len(data))
+
+    def _output_for(self, msg: Any, output: Any) -> bytes:
+        """What the kernels printed since the last reply, if it is this connection's session's
+        (device_output.py); C is told it has been taken."""
+        session = self._by_conn.get(msg.conn)
+        data = output.take(session.id) if session is not None else b""
+        if self.fast is not None:
+            self.fast.output(output.fd, output.taken)
+        return data
 
     def reply_status(self, msg: Any, err: int, deferred: int = 0) -> None:
         rep = new("pilot_rep_status")
@@ -210,6 +228,9 @@ class Dispatch:
                 except BackendError as exc:
                     err = exc.code
                 session.identity = msg.conn
+                if self.device_output is not None:  # what was printed before is not its
+                    self.device_output.drain()
+                    self.device_output.attached(session.id)
             self._by_conn[msg.conn] = session
             if not err:
                 lib.pilot_srv_trust(self._srv, msg.conn)  # large requests from now on
@@ -236,6 +257,7 @@ _NO_REPLY = lib.PILOT_F_NO_REPLY
 _VERSION = lib.PILOT_PROTO_VERSION
 _OP_ATTACH = lib.PILOT_OP_ATTACH
 _FAULT_CHANNEL = lib.PILOT_F_FAULT_CHANNEL
+_DEVICE_OUTPUT = lib.PILOT_F_DEVICE_OUTPUT
 STATUS_SIZE = ffi.sizeof("pilot_rep_status")
 _SIZES: dict[Any, int] = {}
 

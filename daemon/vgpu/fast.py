@@ -137,6 +137,11 @@ class FastLaunches:
         return 0
 
     # ---- what Python tells C ----
+    def output(self, fd: int, taken: int) -> None:
+        """The kernels' printf output file and how much of it has been taken: C leaves calls
+        to Python while there is more (device_output.py)."""
+        lib.pilot_fast_output(self.ptr, fd, taken)
+
     def context(self, partition: Any) -> None:
         """The SM partition now current on the vGPU thread."""
         lib.pilot_fast_context(self.ptr, 0 if partition is None else id(partition))

@@ -62,6 +62,7 @@ class VGpu(Dispatch):
         self.shares: Any = None  # shares.ComputeShares (set by the Daemon; None: no shares)
         self.fast_launch = True  # [daemon] fast_launch (set by the Daemon)
         self.fast: FastLaunches | None = None  # launches run in C (vgpu/fast.py), made in serve
+        self.device_output: Any = None  # device_output.DeviceOutput (set by the Daemon)
         self.quarantine = Quarantine(backend)  # freed memory being zeroed (sessions/quarantine.py)
         self._partition: Any = None  # the SM partition current on this thread (dispatch.enter)
         self._info: DeviceInfo | None = None
@@ -141,6 +142,7 @@ class VGpu(Dispatch):
             self.fast = FastLaunches.create(self)
             if self.fast is not None:
                 lib.pilot_srv_set_fast(srv, self.fast.ptr)
+        output = self.device_output
         by_conn = self._by_conn
         while True:
             # Something to look at again (waiting launches, running kernels, memory being
@@ -153,6 +155,8 @@ class VGpu(Dispatch):
             fast = self.fast
             if fast is not None:
                 fast.fold()  # what C launched came before these messages
+                if output is not None:  # another vGPU may have taken printf output meanwhile
+                    fast.output(output.fd, output.taken)
             for i in range(n):
                 handle(msgs[i])
             if fast is not None and n:
@@ -205,6 +209,9 @@ class VGpu(Dispatch):
             self.broker.residency.quiesce(session)
         self.enter(session)  # its modules and streams go in the context they were made in
         session.release(self.backend, self.stream)
+        if self.device_output is not None:  # printed after its last reply: pilotd's log
+            self.device_output.drain()
+            self.device_output.released(session.id)
         self.broker.release_session(session, held)
         if session.partition is not None:
             self.backend.use_partition(self.device, None)  # never destroy the current context

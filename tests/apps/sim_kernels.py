@@ -511,3 +511,29 @@ def drv_bump(k: SimLaunch) -> None:
     """counter += n (the module's __device__ int)."""
     view = k.symbol_view("counter")
     view[:] = struct.pack("<i", _wrap_i32(struct.unpack("<i", view)[0] + k.i32(0)))
+
+
+# ---- device_printf.cu: what each kernel's printf calls print, in the GPU's order ----
+
+@sim_kernel("_Z12printf_greetif")
+def printf_greet(k: SimLaunch) -> None:
+    """Block 0, thread 0: one line with each conversion the kernel uses."""
+    n, f = k.i32(0), k.arg(1, "<f")[0]
+    k.printf(f"hello from the GPU: n={n} f={f:.3f} hex={0xbeef:x} s=text c=z %\n")
+
+
+@sim_kernel("_Z12printf_turnsi")
+def printf_turns(k: SimLaunch) -> None:
+    """Every thread of the (one) block in turn."""
+    threads = k.block[0] * k.block[1] * k.block[2]
+    for i in range(threads):
+        k.printf(f"thread {i} of {k.block[0]}, round {k.i32(0)}\n")
+
+
+@sim_kernel("_Z11printf_fillPii")
+def printf_fill(k: SimLaunch) -> None:
+    """out[t] = v + t for the block's threads; thread 0 prints v."""
+    out, v = k.ptr(0), k.i32(1)
+    count = k.block[0]
+    k.view(out, 4 * count)[:] = np.arange(v, v + count, dtype=np.int32).tobytes()
+    k.printf(f"fill {v}\n")

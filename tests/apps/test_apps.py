@@ -481,7 +481,7 @@ def test_every_kernel_has_an_emulation(app_binaries: dict[str, Path]) -> None:
     # 22 in tests/apps (4 runtime_misc, 5 managed), 8 in the callback/stream/device programs,
     # 2 in pinned, 3 in footprint, 3 in fault, 1 in mempool, 5 in tests/gpu, 3 in bench/uvm/pagedos.cu,
     # 3 in stream.cu, 3 in launch_order, 2 in func_info, 4 in arrays, 3 in graphs
-    assert len(kernels) == 62, sorted(kernels)
+    assert len(kernels) == 65, sorted(kernels)
     assert sorted(kernels - set(registry.names())) == []
 
 
@@ -932,3 +932,57 @@ def test_driver_entry_points(run_under_pilot: RunUnderPilot, daemon_log: DaemonL
     cudaSuccess with a NULL pointer and cudaDriverEntryPointSymbolNotFound, as documented."""
     proc = run_under_pilot("entry_point")
     assert proc.stdout == ENTRY_POINT, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
+
+
+DEVICE_PRINTF = """\
+host: start
+hello from the GPU: n=42 f=1.500 hex=beef s=text c=z %
+host: after the device synchronize
+thread 0 of 4, round 1
+thread 1 of 4, round 1
+thread 2 of 4, round 1
+thread 3 of 4, round 1
+host: after the stream synchronize
+fill 100
+host: copied 100 163
+thread 0 of 2, round 2
+thread 1 of 2, round 2
+host: after the event synchronize
+done
+"""
+
+
+def test_kernel_printf_reaches_the_program(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog,
+                                           pilot_sessions: Any) -> None:
+    """Kernels' printf output, which the driver writes to pilotd's stdout, comes back to the
+    program with the reply of the call that flushed it (synchronize, stream synchronize,
+    blocking copy, event synchronize) and is written to its stdout in program order (what the
+    H100 prints natively, tests/gpu/run_compare.sh). The program is the only session here."""
+    if NATIVE:
+        pytest.skip("what pilot adds")
+    deadline = time.monotonic() + 10  # earlier tests' sessions end as their processes do
+    while pilot_sessions() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pilot_sessions() == []
+    proc = run_under_pilot("device_printf")
+    assert proc.stdout == DEVICE_PRINTF, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
+
+
+def test_kernel_printf_is_not_given_to_anyone_while_tenants_share(
+        run_under_pilot: RunUnderPilot, app_binaries: dict[str, Path],
+        pilot_client_env: dict[str, str], daemon_log: DaemonLog) -> None:
+    """With another session attached, the output could be either tenant's (they share the
+    GPU's context and its printf FIFO): it goes to pilotd's log, not to a program."""
+    if NATIVE:
+        pytest.skip("what pilot adds")
+    other = subprocess.Popen([str(app_binaries["pinned"]), "hold"], env=pilot_client_env,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline().startswith("hold")
+        proc = run_under_pilot("device_printf")
+    finally:
+        other.communicate("\n", timeout=60)
+    host_only = "".join(line for line in DEVICE_PRINTF.splitlines(keepends=True)
+                        if line.startswith(("host", "done")))
+    assert proc.returncode == 0 and proc.stdout == host_only, proc.stdout + proc.stderr
+    assert "kernel printf output of" in daemon_log() and "hello from the GPU" in daemon_log()
