@@ -388,6 +388,11 @@ static uint64_t copy_stream(const struct fconn *c, uint64_t token)
     return st && st->value != ~(uint64_t)0 ? st->value : 0;
 }
 
+static int sync_stream(pilot_fast *f, uint64_t stream)
+{
+    return f->cuda ? f->sync(stream) : f->generic_sync(stream);
+}
+
 /* cudaMemcpy D2H / H2D of the session's device memory, carried inline: done and answered here
  * when the range is the session's, the stream known, no error is waiting to be reported. */
 static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_srv_msg *m,
@@ -415,6 +420,10 @@ static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
         err = to_host ? f->generic_copy(1, (uint64_t)(uintptr_t)f->reply, dev, req.count, stream)
                       : f->generic_copy(0, dev, (uint64_t)(uintptr_t)m->frame[2], req.count,
                                         stream);
+    /* a blocking copy to the host is where the driver prints kernels' printf output: the
+     * copy's stream synchronized (done by now) makes it print, when it is captured */
+    if (!err && to_host && f->output_fd >= 0)
+        err = sync_stream(f, stream);
     if (err || printed(f))
         return FAST_PYTHON; /* Python makes the same copy again and reports its error, or
                              * sends the output with it */
@@ -440,11 +449,6 @@ static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
         n->legacy++; /* work on the legacy stream, as Python counts it (blocking-stream order) */
     n->synced = 1;
     return FAST_DONE;
-}
-
-static int sync_stream(pilot_fast *f, uint64_t stream)
-{
-    return f->cuda ? f->sync(stream) : f->generic_sync(stream);
 }
 
 /* cudaDeviceSynchronize (every stream of the session) or cudaStreamSynchronize (the legacy

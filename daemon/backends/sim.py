@@ -519,8 +519,9 @@ class SimBackend:
         self._cond = threading.Condition(self._lock)  # held streams ran
         self._held: set[_Stream] = set()
         # Kernels' printf output, written to fd 1 where the driver writes it: at a launch's
-        # start and at synchronizations and blocking copies (CUDA Programming Guide, Formatted
-        # Output), so pilotd captures it as on a GPU (vgpu/device_output.py).
+        # start and at synchronizations (CUDA Programming Guide, Formatted Output; not at the
+        # asynchronous copies pilotd makes, as the H100 showed), so pilotd captures it as on a
+        # GPU (vgpu/device_output.py).
         self._printf: list[bytes] = []
         self._thread = threading.local()
         self._limit_values: dict[int, dict[int, int]] = {}  # device -> cudaLimit -> value
@@ -603,7 +604,6 @@ class SimBackend:
             self._wait_idle(stream)
             if count:
                 target[:] = self._device_range(src, count)
-            self._flush_printf()
 
     def _flush_printf(self) -> None:
         """What kernels printed, to fd 1 as the driver writes it (under the lock)."""

@@ -117,6 +117,13 @@ def staging_open(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
 def _copy_stream(vg: VGpu, s: Session, req: Any) -> Any:
     return streams.stream_for_work(vg, s, req.stream)
 
+def _printf_flush(vg: VGpu, stream: Any) -> None:
+    """A blocking copy to the host is where the driver prints what kernels printed (natively
+    cudaMemcpy does it; the asynchronous copy pilotd makes does not): a synchronization of the
+    copy's stream, done by now, makes it print (vgpu/device_output.py takes it for the reply)."""
+    if vg.device_output is not None:
+        vg.backend.stream_synchronize(stream)
+
 @OPS.handler(lib.PILOT_OP_MEMCPY_H2D, "pilot_req_memcpy", synchronizing=True)
 def memcpy_h2d(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     need_payload(payload, req.count, "host-to-device data")
@@ -132,7 +139,9 @@ def memcpy_d2h(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, "inline device-to-host copy too large")
     s.check_range(req.src, req.count)
     out = bytearray(req.count)
-    vg.backend.memcpy_dtoh(out, req.src, req.count, _copy_stream(vg, s, req))
+    stream = _copy_stream(vg, s, req)
+    vg.backend.memcpy_dtoh(out, req.src, req.count, stream)
+    _printf_flush(vg, stream)
     vg.metrics.bytes_copied("d2h", req.count, s.tenant)
     return new("pilot_rep_status"), out
 
@@ -157,7 +166,10 @@ def memcpy_h2d_staged(vg: VGpu, s: Session, req: Any, payload: memoryview) -> No
 @OPS.handler(lib.PILOT_OP_MEMCPY_D2H_STAGED, "pilot_req_memcpy", synchronizing=True)
 def memcpy_d2h_staged(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     s.check_range(req.src, req.count)
-    vg.backend.memcpy_dtoh(staging_slot(s, req), req.src, req.count, _copy_stream(vg, s, req))
+    stream = _copy_stream(vg, s, req)
+    vg.backend.memcpy_dtoh(staging_slot(s, req), req.src, req.count, stream)
+    if req.sync:
+        _printf_flush(vg, stream)
     vg.metrics.bytes_copied("d2h", req.count, s.tenant)
 
 @OPS.handler(lib.PILOT_OP_MEMSET, "pilot_req_memset")
