@@ -43,6 +43,7 @@ struct range {
 struct fconn {
     uint32_t conn;
     int enabled, legacy_slow, deferred;
+    int unflushed; /* kernels launched since the driver last printed their printf output */
     uint64_t session, legacy, context;
     struct map functions, streams;
     struct range *ranges; /* sorted by base, disjoint */
@@ -257,6 +258,13 @@ void pilot_fast_output(pilot_fast *f, int fd, uint64_t taken)
     f->output_taken = taken;
 }
 
+void pilot_fast_mark_launched(pilot_fast *f, uint32_t conn)
+{
+    struct fconn *c = find_conn(f, conn);
+    if (c)
+        c->unflushed = 1;
+}
+
 /* Whether the kernels printed since Python last took their output. */
 static int printed(const pilot_fast *f)
 {
@@ -422,8 +430,10 @@ static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
                                         stream);
     /* a blocking copy to the host is where the driver prints kernels' printf output: the
      * copy's stream synchronized (done by now) makes it print, when it is captured */
-    if (!err && to_host && f->output_fd >= 0)
+    if (!err && to_host && f->output_fd >= 0 && c->unflushed) {
         err = sync_stream(f, stream);
+        c->unflushed = err != 0;
+    }
     if (err || printed(f))
         return FAST_PYTHON; /* Python makes the same copy again and reports its error, or
                              * sends the output with it */
@@ -475,6 +485,7 @@ static int try_sync(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
         if (!stream || sync_stream(f, stream) != 0)
             return FAST_PYTHON;
     }
+    c->unflushed = 0; /* the synchronization made the driver print */
     if (printed(f))
         return FAST_PYTHON; /* the output goes with Python's reply */
     pilot_rep_status rep = {{0, 0}};
@@ -550,6 +561,7 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
     if (err)
         return FAST_PYTHON;
     c->count.launches++;
+    c->unflushed = 1;
     if (!req.stream)
         c->count.legacy++;
     c->count.synced = 0;

@@ -87,6 +87,9 @@ int pilot_fast_sync_streams(pilot_fast *f, uint32_t conn, const uint64_t *stream
  * longer goes to Python (which synchronizes again, a no-op, and sends the output with the
  * reply), so the output reaches the program where the driver would have printed it. */
 void pilot_fast_output(pilot_fast *f, int fd, uint64_t taken);
+/* Python launched a kernel of the connection's session: its next blocking copy to the host
+ * makes the driver print what kernels printed (C's own launches count themselves). */
+void pilot_fast_mark_launched(pilot_fast *f, uint32_t conn);
 /* The context now current on the vGPU thread. */
 void pilot_fast_context(pilot_fast *f, uint64_t context);
 /* The session's function handle `token` is CUfunction `function` taking `arg_bytes` of packed

@@ -191,6 +191,8 @@ class FastLaunches:
         not the legacy one and not blocking) may go to C."""
         conn = s.identity
         info = launch.info
+        if conn is not None and s.id in self._states:
+            lib.pilot_fast_mark_launched(self.ptr, conn)
         if conn is None or info is None or launch.attrs is not None or s.id not in self._states:
             return
         try:
