@@ -71,9 +71,13 @@ class Dispatch:
         except BackendError as exc:
             return None, exc.code
 
-    def _send(self, msg: Any, body: Any, size: int, payload: Any = None) -> None:
+    def _send(self, msg: Any, body: Any, size: int, payload: Any = None,
+              flush_point: bool = False) -> None:
+        """A reply; at a flush point (a synchronizing call: the driver prints kernels' printf
+        output there) with what they printed, if it is this session's."""
         output = self.device_output
-        data = self._output_for(msg, output) if output is not None and output.pending() else b""
+        data = (self._output_for(msg, output)
+                if flush_point and output is not None and output.pending() else b"")
         if not data:
             lib.pilot_srv_send(self._srv, msg.conn, msg.frame[0], ENVELOPE_SIZE, body, size,
                                ffi.NULL if payload is None else ffi.from_buffer(payload),
@@ -96,10 +100,10 @@ class Dispatch:
             self.fast.output(output.fd, output.taken)
         return data
 
-    def reply_status(self, msg: Any, err: int, deferred: int = 0) -> None:
+    def reply_status(self, msg: Any, err: int, deferred: int = 0, flush_point: bool = False) -> None:
         rep = new("pilot_rep_status")
         rep.hdr.err, rep.hdr.deferred = err, deferred
-        self._send(msg, rep, STATUS_SIZE)
+        self._send(msg, rep, STATUS_SIZE, None, flush_point)
 
     def handle(self, msg: Any) -> None:
         """One request: envelope, body[, payload]. Never raises. This is the hot path of every
@@ -170,7 +174,8 @@ class Dispatch:
             if prepared.synchronizing or session.sticky:  # type: ignore[union-attr]
                 result.hdr.deferred = session.take_deferred()
                 session.work_in_flight = False
-            self._send(msg, result, _reply_size(result), out_payload)
+            self._send(msg, result, _reply_size(result), out_payload,
+                       prepared.synchronizing)  # type: ignore[union-attr]
             return
         if err in STICKY_ERRORS:
             log.error("session %d: context-fatal error %d from %s", session.id, err,
@@ -180,7 +185,8 @@ class Dispatch:
         if no_reply or err in STICKY_ERRORS:
             session.note_async_error(err)
         if not no_reply:
-            self.reply_status(msg, err, session.sticky)
+            self.reply_status(msg, err, session.sticky,
+                              prepared is not None and prepared.synchronizing)
 
     def _refuse(self, msg: Any, env: Any, session: Session | None, no_reply: int) -> None:
         """Requests that get no handler: protocol version, attach, no session on the connection."""

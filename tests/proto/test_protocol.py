@@ -363,4 +363,4 @@ def test_clients_that_never_read_their_replies_do_not_stall_the_others(daemon_wi
     finally:
         for p in attackers:
             p.communicate("", timeout=30)
-    c.close()
+        c.close()  # also when an assertion failed: a context left to the GC can hang the run
