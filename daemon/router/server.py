@@ -173,7 +173,13 @@ class Daemon:
         self.policy.wake = self._wake_waiting
         self.broker.policy = self.policy
         # kernels' printf output, captured from the driver's stdout (vgpu/device_output.py)
-        self.device_output = DeviceOutput() if config.device_output else None
+        self.device_output: DeviceOutput | None = None
+        if config.device_output:
+            try:
+                self.device_output = DeviceOutput()
+            except OSError as exc:  # no stdout to keep (fd 1 closed), no memfd: not captured
+                log.warning("kernels' printf output is not captured (it stays on pilotd's "
+                            "stdout): %s", exc)
         for vg in self.vgpus:
             vg.policy, vg.kernel_time = self.policy, config.metrics_kernel_time
             vg.fast_launch = config.fast_launch

@@ -41,6 +41,10 @@ class DeviceOutput:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._attached: set[int] = set()  # session ids attached to any vGPU
+        # Started with fd 1 closed, Python has no stdout and fd 1 may be anything pilotd opened
+        # since: then nothing is captured (the Daemon logs why).
+        if sys.stdout is None or sys.stdout.fileno() != 1:
+            raise OSError("pilotd was started without a standard output")
         self.fd = os.memfd_create("pilot-device-output", os.MFD_CLOEXEC)
         real = self.real = os.dup(1)
         sys.stdout.flush()
