@@ -84,11 +84,12 @@ class DeviceOutput:
             if self.taken - self._punched >= _PUNCH_EVERY:
                 self._fallocate(self.fd, _PUNCH_HOLE, 0, self.taken)
                 self._punched = self.taken
+            attached = len(self._attached)
             alone = self._attached == {session_id}
         if alone:
             return data
         log.warning("kernel printf output of %d bytes not delivered (%d sessions attached, it "
-                    "could be any of theirs): %r", len(data), len(self._attached), data[:200])
+                    "could be any of theirs): %r", len(data), attached, data[:200])
         return b""
 
     def drain(self) -> None:
@@ -100,6 +101,3 @@ class DeviceOutput:
     def restore(self) -> None:
         """fd 1 back to what it was (before an exec: the new process starts as this one did)."""
         os.dup2(self.real, 1)
-
-    def close(self) -> None:
-        os.close(self.fd)

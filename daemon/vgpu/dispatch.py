@@ -78,18 +78,17 @@ class Dispatch:
         output = self.device_output
         data = (self._output_for(msg, output)
                 if flush_point and output is not None and output.pending() else b"")
+        extra, extra_len = (ffi.NULL, 0) if payload is None else (ffi.from_buffer(payload), len(payload))
         if not data:
-            lib.pilot_srv_send(self._srv, msg.conn, msg.frame[0], ENVELOPE_SIZE, body, size,
-                               ffi.NULL if payload is None else ffi.from_buffer(payload),
-                               0 if payload is None else len(payload))
+            lib.pilot_srv_send(self._srv, msg.conn, msg.frame[0], ENVELOPE_SIZE, body, size, extra,
+                               extra_len)
             return
         # the kernels' printf output goes with the reply: an envelope flag, one more frame
         env = new("pilot_envelope")
         ffi.memmove(env, msg.frame[0], ENVELOPE_SIZE)
         env.flags |= _DEVICE_OUTPUT
-        lib.pilot_srv_send4(self._srv, msg.conn, env, ENVELOPE_SIZE, body, size,
-                            ffi.NULL if payload is None else ffi.from_buffer(payload),
-                            0 if payload is None else len(payload), data, len(data))
+        lib.pilot_srv_send4(self._srv, msg.conn, env, ENVELOPE_SIZE, body, size, extra, extra_len,
+                            data, len(data))
 
     def _output_for(self, msg: Any, output: Any) -> bytes:
         """What the kernels printed since the last reply, if it is this connection's session's

@@ -243,32 +243,36 @@ class FastLaunches:
                 s.legacy_gen += count.legacy
                 if launches:
                     shard.kernels += launches
-                    for key in (("tenant_launches", (s.tenant,)), ("fast_launches", (s.tenant,))):
-                        shard.labeled[key] = shard.labeled.get(key, 0) + launches
+                    self._add(("tenant_launches", (s.tenant,)), launches)
+                    self._add(("fast_launches", (s.tenant,)), launches)
                     self._row("launch")[0] += launches
                 for direction, calls, nbytes, buckets, seconds in (
                         ("d2h", count.d2h, count.d2h_bytes, count.d2h_buckets, count.d2h_seconds),
                         ("h2d", count.h2d, count.h2d_bytes, count.h2d_buckets, count.h2d_seconds)):
                     if calls:
-                        row = self._row("memcpy_" + direction)
-                        row[0] += calls
-                        for b in range(len(LATENCY_BUCKETS) + 1):
-                            row[b + 1] += buckets[b]
-                        row[-1] += seconds
+                        self._answered("memcpy_" + direction, calls, buckets, seconds,
+                                       ("fast_copies", (s.tenant,)))
                         vg.metrics.bytes_copied(direction, nbytes, s.tenant)
-                        key = ("fast_copies", (s.tenant,))
-                        shard.labeled[key] = shard.labeled.get(key, 0) + calls
                 for kind, name in enumerate(("device_synchronize", "stream_synchronize")):
                     if syncs[kind]:
-                        row = self._row(name)
-                        row[0] += syncs[kind]
-                        for b in range(len(LATENCY_BUCKETS) + 1):
-                            row[b + 1] += count.sync_buckets[kind][b]
-                        row[-1] += count.sync_seconds[kind]
-                        key = ("fast_syncs", (s.tenant,))
-                        shard.labeled[key] = shard.labeled.get(key, 0) + syncs[kind]
+                        self._answered(name, syncs[kind], count.sync_buckets[kind],
+                                       count.sync_seconds[kind], ("fast_syncs", (s.tenant,)))
             if n < COUNTS:
                 return
+
+    def _answered(self, name: str, calls: int, buckets: Any, seconds: float, counter: Any) -> None:
+        """Calls of `name` C answered: their count and latencies into the call's metrics row,
+        as Python's path records each, and into the labeled counter of what C did."""
+        row = self._row(name)
+        row[0] += calls
+        for b in range(len(LATENCY_BUCKETS) + 1):
+            row[b + 1] += buckets[b]
+        row[-1] += seconds
+        self._add(counter, calls)
+
+    def _add(self, key: Any, n: int) -> None:
+        labeled = self.vg.shard.labeled
+        labeled[key] = labeled.get(key, 0) + n
 
     def _row(self, name: str) -> Any:
         """This thread's metrics row of a call (count, latency buckets, sum: Metrics.call)."""
