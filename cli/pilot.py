@@ -88,8 +88,11 @@ def _script_interpreter(path: str, env: dict[str, str]) -> str | None:
         found = words[0] if os.path.isfile(words[0]) else None
     if found is None:
         return None
-    with open(found, "rb") as f:
-        return found if f.read(4) == b"\x7fELF" else None
+    try:
+        with open(found, "rb") as f:
+            return found if f.read(4) == b"\x7fELF" else None
+    except OSError:  # unreadable: not one pilot can look into
+        return None
 
 
 def program_cuda_major(program: str, env: dict[str, str]) -> tuple[int, bool]:
