@@ -12,7 +12,15 @@ import click
 
 from pilot import __version__
 from pilot.cli.elf import NotElf, find_cudart
-from pilot.shim import CUDA_MAJORS, DRIVER_LIBRARY, LIBRARIES, driver_path, shim_path
+from pilot.shim import (
+    CUDA_MAJORS,
+    DRIVER_LIBRARY,
+    LIBRARIES,
+    LIBRARY_STANDINS,
+    driver_path,
+    shim_path,
+    standin_path,
+)
 
 CUDA_OPTION = click.Choice([str(m) for m in CUDA_MAJORS])
 
@@ -56,16 +64,25 @@ class NotCarried(click.ClickException):
 DRIVER_SONAME = "libcuda.so.1"
 
 
+def _standins() -> list[str]:
+    try:
+        return [str(standin_path(soname)) for soname in LIBRARY_STANDINS]
+    except FileNotFoundError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 def _refuse_bypass(program: str, bypass: dict[str, Path]) -> None:
-    """A program (or one of its libraries) that links a CUDA library would use the GPU outside
-    pilot: no quota, no isolation, pointers pilot gave it meaningless there."""
+    """A program (or one of its libraries) that links a CUDA library pilot has no stand-in for
+    would use the GPU outside pilot: no quota, no isolation, pointers pilot gave it meaningless
+    there."""
     what = ", ".join(f"{name} (needed by {obj})" for name, obj in sorted(bypass.items()))
+    carried = ", ".join(sorted(LIBRARY_STANDINS))
     raise NotCarried(
         f"{program} links {what}: that code talks to the GPU through the CUDA driver directly, "
         "not through the CUDA runtime and driver API pilot interposes, so it would run outside "
-        "pilot (no quota, no isolation, and pilot's device pointers mean nothing there). pilot "
-        "does not carry the CUDA libraries (cuBLAS, cuDNN, ...; PyTorch) yet. Run it "
-        "without pilot, or force it with --cuda 12|13 at your own risk")
+        "pilot (no quota, no isolation, and pilot's device pointers mean nothing there). Of the "
+        f"CUDA libraries pilot carries {carried} only. Run it without pilot, or force it with "
+        "--cuda 12|13 at your own risk")
 
 
 def _script_interpreter(path: str, env: dict[str, str]) -> str | None:
@@ -95,12 +112,14 @@ def _script_interpreter(path: str, env: dict[str, str]) -> str | None:
         return None
 
 
-def program_cuda_major(program: str, env: dict[str, str]) -> tuple[int, bool]:
+def program_cuda_major(program: str, env: dict[str, str]) -> tuple[int, bool, bool]:
     """The CUDA major version whose libcudart `program` (a name on PATH or a path) links, from
-    its ELF NEEDED entries, and whether it gets the driver API library (libcuda.so.1) too. A
-    program of the driver API alone, or with no CUDA in its ELF at all (python3 running
-    PyTorch), is served with the CUDA 13 shim (its session) and the driver; a `#!` script as its
-    interpreter is. Raises ClickException when that cannot be told or served."""
+    its ELF NEEDED entries, whether it gets the driver API library (libcuda.so.1) too, and
+    whether it gets the CUDA library stand-ins (it links cuBLAS or cuBLASLt). A program of the
+    driver API alone, or with no CUDA in its ELF at all (python3 running PyTorch, which may load
+    any of them), is served with the CUDA 13 shim (its session) and the driver, the latter with
+    the stand-ins too; a `#!` script as its interpreter is. Raises ClickException when that
+    cannot be told or served."""
     path = shutil.which(program, path=env.get("PATH")) if "/" not in program else program
     if path is None or not os.path.isfile(path):
         raise click.ClickException(f"cannot run {program}: No such file or directory")
@@ -115,14 +134,19 @@ def program_cuda_major(program: str, env: dict[str, str]) -> tuple[int, bool]:
             f"{exc}: pilot cannot tell which CUDA runtime it loads; if it loads libcudart "
             f"itself, say which with {hint}") from exc
     driver = DRIVER_SONAME in link.bypass
-    others = {name: obj for name, obj in link.bypass.items() if name != DRIVER_SONAME}
+    standins = any(name in LIBRARY_STANDINS for name in link.bypass)
+    others = {name: obj for name, obj in link.bypass.items()
+              if name != DRIVER_SONAME and name not in LIBRARY_STANDINS}
     if others:
         _refuse_bypass(program, others)
     served = sorted(link.majors & set(CUDA_MAJORS))
+    if standins and served != [13]:
+        raise NotCarried(f"{program} links cuBLAS 13 but not libcudart.so.13: pilot's cuBLAS "
+                         "stand-ins serve CUDA 13 programs only")
     if len(served) == 1:
-        return served[0], driver
+        return served[0], driver, standins
     if driver and not link.majors and not link.device_code:
-        return 13, True
+        return 13, True, False
     if len(served) > 1:
         via = ", ".join(f"libcudart.so.{m} (needed by {link.via[m]})" for m in served)
         raise click.ClickException(f"{program} loads two CUDA runtimes, {via}: one process can "
@@ -138,27 +162,32 @@ def program_cuda_major(program: str, env: dict[str, str]) -> tuple[int, bool]:
             "linked statically (nvcc's default), which pilot cannot interpose (or carry: "
             "docs/design/frameworks.md); rebuild it with `nvcc -cudart shared`")
     # No CUDA in its ELF at all: an interpreter or a program that loads CUDA at run time
-    # (python3 with PyTorch). It gets the CUDA 13 shim and the driver API library; a CUDA 12
-    # program of that kind must say so with --cuda 12.
-    return 13, True
+    # (python3 with PyTorch). It gets the CUDA 13 shim, the driver API library and the CUDA
+    # library stand-ins; a CUDA 12 program of that kind must say so with --cuda 12.
+    return 13, True, True
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--cuda", type=CUDA_OPTION,
               help="Preload the shim for this CUDA version instead of reading it from COMMAND's "
                    "ELF NEEDED entries (libcudart.so.12 or libcudart.so.13), with the driver API "
-                   "library; this also runs a program that links a CUDA library (cuBLAS, "
-                   "cuDNN, ...), which pilot refuses otherwise (exit status 3).")
+                   "library and the CUDA library stand-ins; this also runs a program that links a "
+                   "CUDA library pilot does not carry (cuDNN, cuFFT, ...), which pilot refuses "
+                   "otherwise (exit status 3).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(cuda: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND with the right shim preloaded: pilot run -- ./app args..."""
     env = dict(os.environ)
-    major, driver = (int(cuda), True) if cuda else program_cuda_major(command[0], env)
+    major, driver, standins = ((int(cuda), True, int(cuda) == 13) if cuda
+                               else program_cuda_major(command[0], env))
     lib = str(_shim(major))
-    # The driver API library after the shim (it serves through the shim's session); the other
-    # shim out of an inherited LD_PRELOAD: one process, one libcudart.
-    preload = [lib] + ([str(_driver())] if driver else [])
-    others = {str(Path(lib).with_name(name)) for name in [*LIBRARIES.values(), DRIVER_LIBRARY]}
+    # The driver API library after the shim (it serves through the shim's session), then the
+    # CUDA library stand-ins (cuBLAS, cuBLASLt: by SONAME they take the place of NVIDIA's, which
+    # are never loaded; a program that does not use them ignores them); the other shim out of
+    # an inherited LD_PRELOAD: one process, one libcudart.
+    preload = [lib] + ([str(_driver())] if driver else []) + (_standins() if standins else [])
+    others = {str(Path(lib).with_name(name))
+              for name in [*LIBRARIES.values(), DRIVER_LIBRARY, *LIBRARY_STANDINS.values()]}
     kept = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p not in others]
     env["LD_PRELOAD"] = " ".join(preload + kept)
     try:

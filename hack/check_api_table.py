@@ -880,6 +880,85 @@ def run_checks_driver(args: argparse.Namespace, rep: Report) -> list[Row]:
     return rows
 
 
+# ---------------------------------------------------------------- the CUDA library stand-ins
+
+# table file -> (SONAME and version node, hand-written source, exported-name pattern)
+LIBRARY_TABLES = {
+    "cublas_exports.tsv": ("libcublas.so.13", "cublas_api.c", r"cublas(?!Lt)"),
+    "cublasLt_exports.tsv": ("libcublasLt.so.13", "cublaslt_api.c", r"cublasLt"),
+}
+LIBRARY_RETS = frozenset({"status", "void", "int", "size", "ptr", "float", "double", "complex",
+                          "dcomplex"})
+
+
+def read_library_table(path: Path, rep: Report) -> list[Row]:
+    """Rows of a stand-in's table (name, status, ret)."""
+    rows: list[Row] = []
+    header = None
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        if header is None:
+            header = fields
+            if fields != ["name", "status", "ret"]:
+                rep.error(f"{path.name}: header must be name, status, ret")
+                return rows
+            continue
+        if len(fields) != 3 or fields[1] not in STATUSES or fields[2] not in LIBRARY_RETS:
+            rep.error(f"{path.name}:{lineno}: bad row", [line])
+            continue
+        ret = "ptr" if fields[2] == "ptr" else ""  # the C checks compare pointer returns only
+        rows.append(Row(fields[0], "library", ret, fields[1], lineno))
+    return rows
+
+
+def check_library_lib(rows: list[Row], lib: Path, version: str, rep: Report) -> None:
+    """A stand-in (or NVIDIA's library, for the table) exports exactly the table @version."""
+    if not lib.exists():
+        rep.error(f"{lib}: no such file")
+        return
+    if shutil.which("nm") is None:
+        rep.skip(f"{lib.name} exports: nm not installed")
+        return
+    exported = dynamic_exports(lib)
+    names = {n for n, _ in exported}
+    table = {r.name for r in rows}
+    badver = sorted(f"{n}@{v}" for n, v in exported if v != version)
+    if table - names:
+        rep.error(f"{lib} lacks table symbols", sorted(table - names))
+    if names - table:
+        rep.error(f"{lib} exports symbols outside the table", sorted(names - table))
+    if badver:
+        rep.error(f"{lib} symbols without version {version}", badver)
+    if names == table and not badver:
+        rep.ok(f"{lib} exports exactly the {len(table)} table symbols @{version}")
+
+
+def run_checks_libraries(args: argparse.Namespace, rep: Report) -> list[str]:
+    summary = []
+    for table_name, (soname, source, prefix) in LIBRARY_TABLES.items():
+        table = args.shim_dir / table_name
+        print(f"-- {table_name} ({soname})")
+        rows = read_library_table(table, rep)
+        check_duplicates(rows, rep)
+        check_sources(rows, args.shim_dir, rep, [args.shim_dir / source], source, prefix=prefix)
+        for where in args.libblas:  # the built stand-ins, or NVIDIA's libraries
+            if (where / soname).exists() or where.is_dir():
+                name = soname if (where / soname).exists() else _standin_name(soname)
+                check_library_lib(rows, where / name, soname, rep)
+        n_impl = sum(r.status == "impl" for r in rows)
+        summary.append(f"{soname}: {len(rows)} symbols, {n_impl} impl")
+    return summary
+
+
+def _standin_name(soname: str) -> str:
+    spec = importlib.util.spec_from_file_location("pilot_shim_init", REPO / "shim" / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.LIBRARY_STANDINS[soname]
+
+
 def run_checks13(args: argparse.Namespace, rep: Report) -> list[Row]:
     rows = read_table(args.table, rep)
     check_duplicates(rows, rep)
@@ -938,6 +1017,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--libcuda", type=Path,
                     help="a real libcuda.so.1 (default: the toolkit's stub, else the driver's)")
     ap.add_argument("--libdrv", type=Path, help="built libpilot-cuda.so to check the exports of")
+    ap.add_argument("--libblas", type=Path, action="append", default=[],
+                    help="a directory with the built stand-ins (libpilot-cublas.so, ...) or with "
+                         "NVIDIA's libcublas.so.13 and libcublasLt.so.13, to check the exports of "
+                         "(repeatable)")
     args = ap.parse_args(argv)
 
     rep = Report()
@@ -968,6 +1051,7 @@ def main(argv: list[str] | None = None) -> int:
         rowsd = run_checks_driver(args, rep)
         n_impl = sum(r.status == "impl" for r in rowsd)
         summary.append(f"driver: {len(rowsd)} symbols, {n_impl} impl, {len(rowsd) - n_impl} stub")
+        summary += run_checks_libraries(args, rep)
     line = "; ".join(summary)
     print(f"[FAIL] {line}" if rep.failed else f"[PASS] {line}")
     return 1 if rep.failed else 0

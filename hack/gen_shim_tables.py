@@ -324,6 +324,67 @@ def gen_driver(rows: list[dict[str, str]], table: Path, include: Path) -> str:
     return "".join(out)
 
 
+# ---- the CUDA library stand-ins (libpilot-cublas.so, libpilot-cublasLt.so) ----
+
+LIBRARY_TABLES = {
+    "cublas": REPO / "shim" / "cublas_exports.tsv",
+    "cublasLt": REPO / "shim" / "cublasLt_exports.tsv",
+}
+CUBLAS_STATUS_NOT_SUPPORTED = 15
+# ret class -> (C return type, return statement, struct definition or "")
+LIBRARY_RET_C = {
+    "status": ("int", f"return {CUBLAS_STATUS_NOT_SUPPORTED}; /* CUBLAS_STATUS_NOT_SUPPORTED */", ""),
+    "void": ("void", "", ""),
+    "int": ("int", "return 0;", ""),
+    "size": ("unsigned long", "return 0;", ""),
+    "ptr": ("const char *", 'return "pilot: not supported";', ""),
+    "float": ("float", "return 0.0f;", ""),
+    "double": ("double", "return 0.0;", ""),
+    "complex": ("struct pilot_stub_complex", "struct pilot_stub_complex zero = {0};\n    return zero;",
+                "struct pilot_stub_complex { float x, y; };\n"),
+    "dcomplex": ("struct pilot_stub_dcomplex",
+                 "struct pilot_stub_dcomplex zero = {0};\n    return zero;",
+                 "struct pilot_stub_dcomplex { double x, y; };\n"),
+}
+
+
+def gen_library_stubs(rows: list[dict[str, str]], table: Path, library: str) -> str:
+    """<library>_stubs.c: an exported stub per ``stub`` row, returning the library's
+    NOT_SUPPORTED (or a zero of the function's return type) after logging the name once."""
+    stubs = sorted((r for r in rows if r["status"] == "stub"), key=lambda r: r["name"])
+    names = [r["name"] for r in rows]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate names in {table}")
+    out = [
+        banner(table),
+        f"/* One stub per unimplemented {library} export: log once, then fail. */\n",
+        "#include <stdatomic.h>\n\n",
+        "void pilot_blas_log_unsupported(const char *name);\n\n",
+        '#define PILOT_STUB __attribute__((visibility("default")))\n',
+        "#define PILOT_STUB_LOG_ONCE(sym) do { \\\n",
+        "        static atomic_flag logged_ = ATOMIC_FLAG_INIT; \\\n",
+        "        if (!atomic_flag_test_and_set_explicit(&logged_, memory_order_relaxed)) \\\n",
+        "            pilot_blas_log_unsupported(#sym); \\\n",
+        "    } while (0)\n\n",
+    ]
+    used = sorted({r["ret"] for r in stubs})
+    for ret in used:
+        if ret not in LIBRARY_RET_C:
+            raise ValueError(f"{table}: unknown ret class {ret!r}")
+        out.append(LIBRARY_RET_C[ret][2])
+    out.append("\n")
+    for r in stubs:
+        ctype, stmt, _ = LIBRARY_RET_C[r["ret"]]
+        sep = "" if ctype.endswith("*") else " "
+        name = r["name"]
+        out.append(f"PILOT_STUB {ctype}{sep}{name}(void);\n")
+        out.append(f"PILOT_STUB {ctype}{sep}{name}(void)\n{{\n    PILOT_STUB_LOG_ONCE({name});\n")
+        if stmt:
+            out.append(f"    {stmt}\n")
+        out.append("}\n\n")
+    return "".join(out).rstrip("\n") + "\n"
+
+
 def write_if_changed(path: Path, text: str) -> None:
     """Leave an identical file untouched so make does not rebuild needlessly."""
     if path.exists() and path.read_text() == text:
@@ -343,7 +404,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="generate drv_gen.c for libpilot-cuda.so instead, from "
                          "shim/cuda_driver_exports.tsv and the driver headers in INCLUDE")
     ap.add_argument("--driver-exports", type=Path, default=DEFAULT_DRIVER_EXPORTS)
+    ap.add_argument("--library", choices=sorted(LIBRARY_TABLES),
+                    help="generate <library>_stubs.c for that CUDA library's stand-in instead")
     args = ap.parse_args(argv)
+    if args.library is not None:
+        table = LIBRARY_TABLES[args.library]
+        try:
+            text = gen_library_stubs(read_tsv(table), table, args.library)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"gen_shim_tables: {e}", file=sys.stderr)
+            return 1
+        args.outdir.mkdir(parents=True, exist_ok=True)
+        write_if_changed(args.outdir / f"{args.library}_stubs.c", text)
+        return 0
     if args.driver is not None:
         try:
             text = gen_driver(read_tsv(args.driver_exports), args.driver_exports, args.driver)

@@ -10,6 +10,13 @@ CUDA_MAJORS = tuple(sorted(LIBRARIES))
 # The driver API library (SONAME libcuda.so.1), preloaded beside a shim for programs that call
 # the driver API; it serves them through the shim's session (shim/driver_ops.h).
 DRIVER_LIBRARY = "libpilot-cuda.so"
+# Stand-ins for CUDA libraries that link a static runtime pilot cannot carry (cuBLAS, cuBLASLt):
+# same SONAME and symbol version as NVIDIA's, their calls forwarded to pilotd (shim/blas.h). By
+# the SONAME they stand in for; each lists the sources and export table it is built from.
+LIBRARY_STANDINS = {
+    "libcublas.so.13": "libpilot-cublas.so",
+    "libcublasLt.so.13": "libpilot-cublasLt.so",
+}
 
 
 def shim_path(cuda: int = 13) -> Path:
@@ -26,6 +33,14 @@ def shim_path(cuda: int = 13) -> Path:
 def driver_path() -> Path:
     """Absolute path of the installed driver API library (libpilot-cuda.so)."""
     path = Path(__file__).resolve().parent / DRIVER_LIBRARY
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: reinstall pilot (pip install .)")
+    return path
+
+
+def standin_path(soname: str) -> Path:
+    """Absolute path of the installed stand-in for the CUDA library `soname`."""
+    path = Path(__file__).resolve().parent / LIBRARY_STANDINS[soname]
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: reinstall pilot (pip install .)")
     return path

@@ -74,7 +74,7 @@ SHIM_SOURCES = [
 ]
 # The driver API library's sources (libpilot-cuda.so, SONAME libcuda.so.1); drv_gen.c is
 # generated from shim/cuda_driver_exports.tsv and the driver headers.
-DRIVER_SOURCES = ["drv_core.c", "drv_api.c", "drv_export.c"]
+DRIVER_SOURCES = ["drv_core.c", "drv_api.c", "drv_export.c", "ops_lookup.c"]
 # libpilot.so's one export beyond libcudart's: the driver library's way in (driver_ops.h).
 PRIVATE_NODE = "PILOT_PRIVATE_1"
 PRIVATE_EXPORTS = ("pilot_driver_ops",)
@@ -101,6 +101,13 @@ def _library_names() -> dict[int, str]:
 
 LIBRARIES = _library_names()
 DRIVER_LIBRARY = _shim_package().DRIVER_LIBRARY
+LIBRARY_STANDINS = _shim_package().LIBRARY_STANDINS
+# The stand-ins' sources beside their generated stubs, by the table name (gen_shim_tables.py
+# --library) of each SONAME.
+STANDIN_SOURCES = {
+    "libcublas.so.13": ("cublas", ["cublas_api.c", "blas_common.c", "ops_lookup.c"]),
+    "libcublasLt.so.13": ("cublasLt", ["cublaslt_api.c", "blas_common.c", "ops_lookup.c"]),
+}
 
 
 def _cdef_text(header: Path, marker: str) -> str:
@@ -257,11 +264,38 @@ def build_driver(compiler, out_dir: str, build_temp: str = "build/shim") -> Path
     return target
 
 
+def build_standin(compiler, soname: str, out_dir: str, build_temp: str = "build/shim") -> Path:
+    """A CUDA library's stand-in (libpilot-cublas.so for libcublas.so.13, ...): that SONAME, every
+    export of its table under the version node named like the SONAME (as NVIDIA's), linking
+    only libc: libpilot.so's session table is found at run time (shim/ops_lookup.c)."""
+    table, sources = STANDIN_SOURCES[soname]
+    gen_dir = Path(build_temp) / f"shim_gen_{table}"
+    gen_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, str(REPO_DIR / "hack" / "gen_shim_tables.py"), str(gen_dir),
+                    "--library", table], check=True)
+    include_dirs = [str(SHIM_DIR), str(gen_dir), str(cuda_include_dir())]
+    paths = [str(SHIM_DIR / s) for s in sources] + [str(gen_dir / f"{table}_stubs.c")]
+    objects = compiler.compile(paths, output_dir=str(Path(build_temp) / f"shim_obj_{table}"),
+                               include_dirs=include_dirs, extra_postargs=C_FLAGS)
+    script = gen_dir / f"{table}.map"
+    script.write_text(f"{soname} {{\n  global: cublas*;\n  local: *;\n}};\n")
+    target = Path(out_dir) / LIBRARY_STANDINS[soname]
+    compiler.link_shared_object(
+        objects,
+        str(target),
+        libraries=["pthread", "dl"],
+        extra_postargs=[f"-Wl,-soname,{soname}", f"-Wl,--version-script={script}",
+                        "-Wl,--no-undefined", "-Wl,-z,now"],
+    )
+    return target
+
+
 def build_shims(compiler, out_dir: str, build_temp: str = "build/shim") -> list[Path]:
-    """The libraries: libpilot.so for CUDA 13 programs, libpilot12.so for CUDA 12 ones, and
-    libpilot-cuda.so for the driver API."""
+    """The libraries: libpilot.so for CUDA 13 programs, libpilot12.so for CUDA 12 ones,
+    libpilot-cuda.so for the driver API, and the CUDA library stand-ins."""
     return [build_shim(compiler, out_dir, build_temp, cuda) for cuda in LIBRARIES] + [
-        build_driver(compiler, out_dir, build_temp)]
+        build_driver(compiler, out_dir, build_temp)] + [
+        build_standin(compiler, soname, out_dir, build_temp) for soname in LIBRARY_STANDINS]
 
 
 def main() -> None:

@@ -25,6 +25,44 @@ static cudaError_t memset_wide(uint64_t ptr, uint32_t value, uint32_t elem_size,
                                     pilot_stream_handle(stream), sync));
 }
 
+/* Library work is issued like a launch (api_launch.c): a capturing stream refuses it (pilot
+ * cannot record a library's kernels into a graph), and managed memory is flushed first and
+ * fetched again afterwards, since the library's kernels may read or write any of it. The
+ * thread's cudaGetLastError is left as it was: the library reports its own status. */
+static cudaError_t library_call(int device, uint64_t stream, const char *what, uint16_t op,
+                                const void *req, size_t req_len, const void *payload,
+                                size_t payload_len, void *rep, size_t rep_len, void *out,
+                                size_t out_cap, size_t *out_len)
+{
+    cudaError_t err = pilot_ensure_session();
+    if (err)
+        return err;
+    if (pilot_capture_any() && pilot_capture_refuse(stream, what, &err))
+        return err;
+    if ((err = pilot_ensure_device(device)) || (err = pilot_um_before_launch()))
+        return err;
+    if (!rep)
+        return pilot_post_on(device, op, req, req_len, payload, payload_len);
+    return pilot_call_on(device, op, req, req_len, payload, payload_len, rep, rep_len, out,
+                         out_cap, out_len);
+}
+
+static cudaError_t call_on(int device, uint16_t op, const void *req, size_t req_len,
+                           const void *payload, size_t payload_len, void *rep, size_t rep_len,
+                           void *out, size_t out_cap, size_t *out_len)
+{
+    cudaError_t err = pilot_ensure_session();
+    if (err || (err = pilot_ensure_device(device)))
+        return err;
+    return pilot_call_on(device, op, req, req_len, payload, payload_len, rep, rep_len, out,
+                         out_cap, out_len);
+}
+
+static void log_line(int level, const char *msg)
+{
+    PILOT_LOG(level, "%s", msg);
+}
+
 #define PILOT_DRIVER_OPS_ENTRY(name) .name = name,
 PILOT_EXPORT const struct pilot_driver_ops pilot_driver_ops = {
     .version = PILOT_DRIVER_OPS_VERSION,
@@ -44,4 +82,9 @@ PILOT_EXPORT const struct pilot_driver_ops pilot_driver_ops = {
     .launch = launch,
     .alloc_range = alloc_range,
     .memset_wide = memset_wide,
+    .stream_handle = pilot_stream_handle,
+    .handle_device = pilot_handle_device,
+    .library_call = library_call,
+    .call_on = call_on,
+    .log = log_line,
 };

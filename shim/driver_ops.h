@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PILOT_DRIVER_OPS_VERSION 1
+#define PILOT_DRIVER_OPS_VERSION 2
 #define PILOT_DRIVER_OPS_SYMBOL "pilot_driver_ops"
 #define PILOT_DRIVER_OPS_NODE "PILOT_PRIVATE_1"
 
@@ -31,7 +31,7 @@
     X(cudaEventCreateWithFlags) X(cudaEventRecord) X(cudaEventSynchronize) X(cudaEventQuery)    \
     X(cudaEventElapsedTime) X(cudaEventDestroy) X(cudaPointerGetAttributes)                     \
     X(cudaFuncGetAttributes) X(cudaFuncSetAttribute) X(cudaGetErrorString)                      \
-    X(cudaDeviceGetStreamPriorityRange)
+    X(cudaDeviceGetStreamPriorityRange) X(cudaMemcpy2D) X(cudaMemcpy2DAsync)
 
 struct pilot_image;
 struct pilot_kernel;
@@ -69,6 +69,24 @@ struct pilot_driver_ops {
     /* cudaMemsetD16/D32 (MEMSET_WIDE), checked against the allocation mirror. */
     cudaError_t (*memset_wide)(uint64_t ptr, uint32_t value, uint32_t elem_size, uint64_t count,
                                cudaStream_t stream, int sync);
+    /* Version 2: the CUDA library stand-ins (libpilot-cublas.so, libpilot-cublasLt.so). */
+    /* The daemon handle of a program's stream and the device it is on (the current one for the
+     * legacy stream): api_stream.c's pilot_stream_handle and pilot_handle_device. */
+    uint64_t (*stream_handle)(cudaStream_t stream);
+    int (*handle_device)(uint64_t handle);
+    /* Issue library work on `stream` (a daemon handle) of `device`'s part, as a launch is
+     * issued: refused while the stream captures (cudaErrorNotSupported, `what` logged), unified
+     * memory flushed and invalidated first; then posted (rep NULL) or called (pilot_call_on). */
+    cudaError_t (*library_call)(int device, uint64_t stream, const char *what, uint16_t op,
+                                const void *req, size_t req_len, const void *payload,
+                                size_t payload_len, void *rep, size_t rep_len, void *out,
+                                size_t out_cap, size_t *out_len);
+    /* A call to `device`'s part that issues no device work (create, destroy, queries). */
+    cudaError_t (*call_on)(int device, uint16_t op, const void *req, size_t req_len,
+                           const void *payload, size_t payload_len, void *rep, size_t rep_len,
+                           void *out, size_t out_cap, size_t *out_len);
+    /* Logging through the shim's log (level: 0 debug .. 3 error). */
+    void (*log)(int level, const char *msg);
 };
 
 #endif

@@ -11,7 +11,6 @@
  * process has a session (the runtime's primary context), as with libcuda. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
-#include <libgen.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -19,6 +18,7 @@
 #include <string.h>
 
 #include "drv.h"
+#include "ops_lookup.h"
 
 #define CONTEXT_STACK 32
 
@@ -36,31 +36,12 @@ static pthread_mutex_t g_primary_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread CUcontext t_stack[CONTEXT_STACK];
 static __thread int t_depth;
 
-/* libpilot.so's table: already in the process (preloaded, or the program's libcudart), else
- * the libpilot.so installed beside this library. */
 static void find_ops(void)
 {
-    void *table = dlvsym(RTLD_DEFAULT, PILOT_DRIVER_OPS_SYMBOL, PILOT_DRIVER_OPS_NODE);
-    if (!table) {
-        Dl_info self;
-        char path[PATH_MAX];
-        if (dladdr((void *)find_ops, &self) && self.dli_fname &&
-            strlen(self.dli_fname) < sizeof path) {
-            strcpy(path, self.dli_fname);
-            char beside[PATH_MAX + 16];
-            snprintf(beside, sizeof beside, "%s/libpilot.so", dirname(path));
-            void *lib = dlopen(beside, RTLD_NOW | RTLD_GLOBAL);
-            if (lib)
-                table = dlvsym(lib, PILOT_DRIVER_OPS_SYMBOL, PILOT_DRIVER_OPS_NODE);
-        }
-    }
-    const struct pilot_driver_ops *ops = table;
-    if (!ops || ops->version < PILOT_DRIVER_OPS_VERSION) {
-        fprintf(stderr, "pilot: libpilot-cuda.so cannot reach libpilot.so (%s); every CUDA driver "
-                        "call fails with CUDA_ERROR_NOT_INITIALIZED\n",
-                ops ? "too old" : "not found");
+    const struct pilot_driver_ops *ops = pilot_ops_find(
+        "libpilot-cuda.so", "every CUDA driver call fails with CUDA_ERROR_NOT_INITIALIZED");
+    if (!ops)
         return;
-    }
     for (int d = 0; d < PILOT_MAX_DEVICES; d++)
         g_contexts[d].device = d;
     pilot_drv_ops = ops;

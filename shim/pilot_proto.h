@@ -16,7 +16,7 @@
  * Opcodes are numbered in blocks that follow the CUDA runtime reference manual, as cricket's
  * IDL does: 1 session, 100 device management, 140 error handling, 250 streams, 280 events,
  * 310 execution control, 400 memory (424: arrays, 430: pinned host memory, 440: textures and
- * surfaces), 500 unified memory. Unassigned
+ * surfaces), 500 unified memory, 600 the CUDA math libraries. Unassigned
  * numbers are reserved.
  */
 #ifndef PILOT_PROTO_H
@@ -167,6 +167,18 @@ enum pilot_op {
     PILOT_OP_MEM_RANGE_ATTR = 507,    /* pilot_req_mem_range_attr; reply payload: the value */
     PILOT_OP_STREAM_ATTACH_MEM = 508, /* pilot_req_stream_attach_mem (asynchronous) */
     /* 509-599 reserved: unified memory */
+    /* 600: the CUDA math libraries, run by pilotd on the session's streams (shim/blas_*.c,
+     * daemon/ops/libraries.py) */
+    PILOT_OP_LIB_CREATE = 600,        /* pilot_req_lib_create; reply pilot_rep_lib {status, handle,
+                                       * version}: a handle of the real library in pilotd */
+    PILOT_OP_LIB_DESTROY = 601,       /* pilot_req_handle (a library handle); status reply */
+    PILOT_OP_BLAS_GEMM = 602,         /* pilot_req_blas_gemm; posted */
+    PILOT_OP_BLASLT_MATMUL = 603,     /* pilot_req_blaslt_matmul; frame 2: the descriptors'
+                                       * attributes (pilot_lt_attr records); posted */
+    PILOT_OP_BLASLT_HEURISTIC = 604,  /* pilot_req_blaslt_matmul (pointers, algo unused); frame 2
+                                       * as MATMUL; reply pilot_rep_lib {status, value: results},
+                                       * frame 2: the results (PILOT_LT_RESULT_BYTES each) */
+    /* 605-699 reserved: CUDA libraries */
 };
 
 /* cudaMemcpyKind values, as the daemon sees them. */
@@ -678,6 +690,100 @@ typedef struct pilot_req_texture_create {
     uint32_t reserved;
 } pilot_req_texture_create;
 
+/* ---- the CUDA math libraries (shim/blas_*.c, daemon/ops/libraries.py) ---- */
+enum pilot_library {
+    PILOT_LIB_CUBLAS = 1,
+    PILOT_LIB_CUBLASLT = 2
+};
+
+typedef struct pilot_req_lib_create {
+    uint32_t library;                 /* pilot_library */
+    uint32_t version_only;            /* 1: only the version (cublasGetProperty), no handle */
+} pilot_req_lib_create;
+
+/* A library call's reply: `status` is the library's own (cublasStatus_t), for the client to
+ * return as is; transport and session errors are the header's, as for any call. */
+typedef struct pilot_rep_lib {
+    pilot_reply_hdr hdr;
+    int32_t status;
+    uint32_t reserved;
+    uint64_t value;                   /* LIB_CREATE: the handle; HEURISTIC: results returned */
+    uint64_t version;                 /* LIB_CREATE: the library's version (cublasGetVersion) */
+} pilot_rep_lib;
+
+/* Which cuBLAS function a GEMM request is: the daemon calls the same one. */
+enum pilot_gemm_fn {
+    PILOT_GEMM_S = 1,                 /* cublasSgemm_v2 */
+    PILOT_GEMM_D = 2,                 /* cublasDgemm_v2 */
+    PILOT_GEMM_H = 3,                 /* cublasHgemm */
+    PILOT_GEMM_EX = 4,                /* cublasGemmEx */
+    PILOT_GEMM_S_STRIDED = 5,         /* cublasSgemmStridedBatched */
+    PILOT_GEMM_D_STRIDED = 6,         /* cublasDgemmStridedBatched */
+    PILOT_GEMM_H_STRIDED = 7,         /* cublasHgemmStridedBatched */
+    PILOT_GEMM_EX_STRIDED = 8         /* cublasGemmStridedBatchedEx */
+};
+
+/* One GEMM of a cuBLAS handle, with the handle's settings at the time of the call. alpha and
+ * beta travel by value under CUBLAS_POINTER_MODE_HOST (the first bytes of alpha/beta), as device
+ * addresses (alpha_ptr/beta_ptr) under CUBLAS_POINTER_MODE_DEVICE. Types are cudaDataType
+ * values (the S/D/H functions' implied ones filled in by the shim). */
+typedef struct pilot_req_blas_gemm {
+    uint64_t handle;                  /* LIB_CREATE's handle (PILOT_LIB_CUBLAS) */
+    uint64_t stream;                  /* daemon stream handle (cublasSetStream) */
+    uint64_t workspace;               /* cublasSetWorkspace's, when workspace_set */
+    uint64_t workspace_size;
+    uint64_t a, b, c;
+    int64_t stride_a, stride_b, stride_c;
+    uint64_t alpha_ptr, beta_ptr;
+    uint8_t alpha[16], beta[16];
+    int32_t fn;                       /* pilot_gemm_fn */
+    int32_t transa, transb;
+    int32_t m, n, k;
+    int32_t lda, ldb, ldc;
+    int32_t batch;
+    int32_t atype, btype, ctype;
+    int32_t compute_type;             /* cublasComputeType_t (the Ex functions) */
+    int32_t algo;                     /* cublasGemmAlgo_t */
+    int32_t math_mode;                /* cublasSetMathMode */
+    int32_t pointer_mode;             /* cublasSetPointerMode */
+    int32_t atomics_mode;             /* cublasSetAtomicsMode */
+    int32_t workspace_set;
+    int32_t sm_count_target;          /* cublasSetSmCountTarget */
+} pilot_req_blas_gemm;
+
+/* cublasLtMatmul (and the heuristic query, with the same descriptors). The descriptors travel as
+ * attribute records in frame 2, each {object, attribute id, size} then `size` bytes padded to 8:
+ * only what the program set (the create functions' arguments included), so the daemon builds
+ * the same descriptors on the real library. */
+#define PILOT_LT_RESULT_BYTES 96      /* sizeof(cublasLtMatmulHeuristicResult_t) */
+#define PILOT_LT_ATTR_MAX 16          /* the largest attribute value */
+enum pilot_lt_object {
+    PILOT_LT_DESC = 0,                /* cublasLtMatmulDesc_t */
+    PILOT_LT_LAYOUT_A = 1,            /* cublasLtMatrixLayout_t of A, B, C, D */
+    PILOT_LT_LAYOUT_B = 2,
+    PILOT_LT_LAYOUT_C = 3,
+    PILOT_LT_LAYOUT_D = 4,
+    PILOT_LT_PREFERENCE = 5           /* cublasLtMatmulPreference_t (the heuristic query) */
+};
+
+typedef struct pilot_lt_attr {
+    uint16_t object;                  /* pilot_lt_object */
+    uint16_t attr;                    /* the library's attribute number */
+    uint32_t size;
+} pilot_lt_attr;
+
+typedef struct pilot_req_blaslt_matmul {
+    uint64_t handle;                  /* LIB_CREATE's handle (PILOT_LIB_CUBLASLT) */
+    uint64_t stream;                  /* daemon stream handle */
+    uint64_t a, b, c, d;
+    uint64_t workspace, workspace_size;
+    uint64_t alpha_ptr, beta_ptr;     /* device pointer modes */
+    uint8_t alpha[16], beta[16];      /* host pointer mode: the values */
+    uint64_t algo[8];                 /* cublasLtMatmulAlgo_t, when has_algo */
+    int32_t has_algo;
+    int32_t requested;                /* HEURISTIC: results wanted */
+} pilot_req_blaslt_matmul;
+
 /* PILOT_CDEF_END */
 
 /* Stream handle values the shim never hands out: CUDA's special streams. */
@@ -689,6 +795,7 @@ _Static_assert(sizeof(pilot_envelope) == 24, "envelope layout");
 _Static_assert(sizeof(pilot_reply_hdr) == 8, "reply header layout");
 _Static_assert(sizeof(pilot_req_launch) == 48, "launch layout");
 _Static_assert(sizeof(pilot_req_memcpy) == 40, "memcpy layout");
+_Static_assert(sizeof(pilot_lt_attr) == 8, "library attribute record layout");
 #endif
 
 #endif /* PILOT_PROTO_H */

@@ -463,6 +463,22 @@ class Backend(Protocol):
     def kick(self) -> None:
         """A gate was opened from the host (the sim runs what the gate held back)."""
 
+    # CUDA math libraries (backends/libraries.py; cublas.py on a GPU, sim_blas.py on the sim).
+    # Handles are the backend's objects, lent to one program handle at a time; library failures
+    # raise LibraryError (a BackendError carrying the library's status).
+    def library_version(self, library: int) -> int:
+        """major*10000 + minor*100 + patch of cuBLAS or cuBLASLt as pilotd runs it."""
+    def library_create(self, library: int) -> Any:
+        """A handle of the library on the calling vGPU thread's device."""
+    def library_release(self, handle: Any) -> None:
+        """The program's handle is gone: the backend may keep the handle for the next one."""
+    def blas_gemm(self, handle: Any, call: Any, settings: Any, stream: Any) -> None:
+        """Issue the GemmCall on `stream` with the handle's BlasSettings (ranges checked)."""
+    def blaslt_matmul(self, handle: Any, call: Any, key: bytes, stream: Any) -> None:
+        """Issue the LtCall on `stream`; `key` (its attribute records) may cache descriptors."""
+    def blaslt_heuristic(self, handle: Any, call: Any, key: bytes, requested: int) -> list[bytes]:
+        """Up to `requested` cublasLtMatmulHeuristicResult_t (96 bytes each) for the call."""
+
     # SM partitions (compute shares, resources/shares.py). A partition is an execution context
     # confined to some SMs (a green context on CUDA). What a thread creates while a partition is
     # current (modules, events, memory) is that partition's; streams are the exception:

@@ -52,6 +52,8 @@ from pilot.daemon.backends.base import (
     ViewDesc,
     format_pci_bus_id,
 )
+from pilot.daemon.backends.cublas import CudaLibraries
+from pilot.daemon.backends.libraries import BlasSettings, GemmCall, LtCall
 from pilot.daemon.protocol import ffi as _pffi
 from pilot.daemon.protocol import lib as _plib
 
@@ -319,9 +321,11 @@ class CudaBackend:
         self._gate_lock = threading.Lock()
         self._probes: dict[int, Any] = {}  # device index -> the fault watch's idle stream
         self._probe_lock = threading.Lock()
+        self._libraries = CudaLibraries()  # cuBLAS, cuBLASLt (backends/cublas.py)
 
     def close(self) -> None:
         """Release the primary contexts (not in the interface; for orderly daemon shutdown)."""
+        self._libraries.close()
         cu = self._cu
         devices, self._devices, self._contexts = self._devices, [], []
         for dev in devices:
@@ -1254,6 +1258,31 @@ class CudaBackend:
         ctx = self._contexts[self._index(device)] if partition is None else partition.ctx
         check(self._cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
         self._tls.partition = partition
+
+
+    # ---- CUDA math libraries (backends/cublas.py) ----
+
+    def library_version(self, library: int) -> int:
+        return self._libraries.version(library)
+
+    def library_create(self, library: int) -> Any:
+        return self._libraries.create(library, getattr(self._tls, "device", 0))
+
+    def library_release(self, handle: Any) -> None:
+        self._libraries.release(handle)
+
+    def blas_gemm(self, handle: Any, call: GemmCall, settings: BlasSettings, stream: Any) -> None:
+        self._libraries.gemm(handle, call, settings, _stream_ptr(stream))
+
+    def blaslt_matmul(self, handle: Any, call: LtCall, key: bytes, stream: Any) -> None:
+        self._libraries.lt_matmul(handle, call, key, _stream_ptr(stream))
+
+    def blaslt_heuristic(self, handle: Any, call: LtCall, key: bytes, requested: int) -> list[bytes]:
+        return self._libraries.lt_heuristic(handle, call, key, requested)
+
+
+def _stream_ptr(stream: Any) -> int:
+    return 0 if stream is None else int(stream)
 
 
 class _Partition:

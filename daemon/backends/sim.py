@@ -56,6 +56,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+from pilot.daemon.backends import sim_blas
 from pilot.daemon.backends.base import (
     CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
     CUDA_ERROR_ILLEGAL_ADDRESS,
@@ -97,6 +98,7 @@ from pilot.daemon.backends.fatbin import (
     ptx_text,
 )
 from pilot.daemon.backends.func_attrs import ImageFuncAttrs, image_function_attrs
+from pilot.daemon.backends.libraries import BlasSettings, GemmCall, LtCall
 from pilot.daemon.backends.sim_device import H100_ATTRS, h100_like_info
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.sim_kernels import (
@@ -109,6 +111,7 @@ from pilot.daemon.sim_kernels import (
 log = logging.getLogger("pilot.backend.sim")
 
 SIM_BASE_ADDRESS = 0x7E00_0000_0000
+SIM_LIBRARY_VERSION = 130100  # cuBLAS 13.1.0, as CUDA 13.0's on the H100
 ALIGNMENT = 512
 MANAGED_ALIGNMENT = 2 << 20
 PACK_BELOW = 2 << 20  # cudaMallocManaged below this is packed (the H100: a few hundred B to KiB)
@@ -523,6 +526,7 @@ class SimBackend:
         # asynchronous copies pilotd makes, as the H100 showed), so pilotd captures it as on a
         # GPU (vgpu/device_output.py).
         self._printf: list[bytes] = []
+        self._library_handles = 0
         self._thread = threading.local()
         self._limit_values: dict[int, dict[int, int]] = {}  # device -> cudaLimit -> value
         self._var_ranges: dict[int, int] = {}  # __managed__ variable address -> size
@@ -1099,6 +1103,37 @@ class SimBackend:
     def native_fast_functions(self) -> tuple[int, int, int] | None:
         """None: the vGPU's fast path calls back into `launch` and the copies (vgpu/fast.py)."""
         return None
+
+    # ---- CUDA math libraries (sim_blas.py) ----
+
+    def library_version(self, library: int) -> int:
+        return SIM_LIBRARY_VERSION
+
+    def library_create(self, library: int) -> Any:
+        with self._lock:
+            self._library_handles += 1
+            return ("sim", library, self._library_handles)
+
+    def library_release(self, handle: Any) -> None:
+        pass
+
+    def _region(self, addr: int, count: int) -> memoryview:
+        return self._device_range(addr, count)
+
+    def blas_gemm(self, handle: Any, call: GemmCall, settings: BlasSettings, stream: Any) -> None:
+        with self._lock:
+            self._check_stream(stream)
+            self._flush_printf()
+            self._issue(stream, sim_blas.gemm, self._region, call, settings.pointer_mode)
+
+    def blaslt_matmul(self, handle: Any, call: LtCall, key: bytes, stream: Any) -> None:
+        with self._lock:
+            self._check_stream(stream)
+            self._flush_printf()
+            self._issue(stream, sim_blas.lt_matmul, self._region, call)
+
+    def blaslt_heuristic(self, handle: Any, call: LtCall, key: bytes, requested: int) -> list[bytes]:
+        return sim_blas.lt_heuristic(call, requested)
 
     def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared_bytes: int, stream: Any, args: bytes) -> None:

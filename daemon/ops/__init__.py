@@ -3,10 +3,20 @@ every opcode's handler is built here, in one place, from each chapter's OpTable.
 
 from __future__ import annotations
 
-from pilot.daemon.ops import arrays, device, events, execution, host_memory, memory, streams, unified
+from pilot.daemon.ops import (
+    arrays,
+    device,
+    events,
+    execution,
+    host_memory,
+    libraries,
+    memory,
+    streams,
+    unified,
+)
 from pilot.daemon.ops.registry import HandlerSpec, merge
 
-CHAPTERS = (device, streams, events, execution, memory, arrays, unified, host_memory)
+CHAPTERS = (device, streams, events, execution, memory, arrays, unified, host_memory, libraries)
 
 
 def handler_table() -> dict[int, HandlerSpec]:

@@ -157,6 +157,8 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     arrays: dict[int, Any] = field(default_factory=dict)
     textures: dict[int, Any] = field(default_factory=dict)
     surfaces: dict[int, Any] = field(default_factory=dict)
+    # CUDA math library handles (ops/libraries.py): handle -> LibraryHandle {library, obj}.
+    libraries: dict[int, Any] = field(default_factory=dict)
     _next_handle: int = FIRST_HANDLE
 
     # ---- handles ----

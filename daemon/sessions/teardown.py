@@ -59,6 +59,9 @@ class Teardown:
             attempt("stream sync", backend.stream_synchronize, st.obj)
         if self.legacy is not None:
             attempt("stream sync", backend.stream_synchronize, self.legacy)
+        for handle in self.libraries.values():  # before the memory their workspaces may use
+            attempt("library handle", backend.library_release, handle.obj)
+        self.libraries.clear()
         self.shadows.clear()
         self._shadow_bases.clear()
         for base in list(self.pinned):

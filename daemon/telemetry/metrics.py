@@ -109,6 +109,9 @@ LABELED_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                               "GPU time of the tenant's kernels, from events recorded around each "
                               "launch ([metrics] kernel_time; kernels that overlap count each).",
                               ("tenant",)),
+    "library_calls": ("pilot_library_calls_total",
+                      "CUDA math library calls (cuBLAS, cuBLASLt) pilotd ran, by tenant and function.",
+                      ("tenant", "function")),
     "tenant_copied_bytes": ("pilot_tenant_copied_bytes_total",
                             "Bytes copied by cudaMemcpy and friends, by tenant and direction.",
                             ("tenant", "direction")),

@@ -3,7 +3,7 @@
 #
 #   bash tests/gpu/run_all.sh [STAGE...]
 #
-# With STAGE names (smoke compare driver ops faults bench um_tune sched fig1) only those run, after wheels and
+# With STAGE names (smoke compare driver cublas ops faults bench um_tune sched fig1) only those run, after wheels and
 # install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
@@ -13,6 +13,7 @@
 #   4. compare  tests/gpu/run_compare.sh --no-install: every test program natively and under
 #               pilot, stdout compared byte for byte
 #      driver   tests/gpu/driver_compare.sh --no-install: the driver API program the same way
+#      cublas   tests/gpu/cublas_compare.sh --no-install: the cuBLAS/cuBLASLt program the same way
 #   5. ops      tests/gpu/ops_check.py: NVML readings, capacity, a quota enforced, metrics served
 #      faults   tests/gpu/fault_check.py: a kernel fault beside a running program and before the
 #               next one; detection and recovery times (router/recovery.py)
@@ -118,6 +119,7 @@ main() {
     stage smoke timeout -k 10 "$SMOKE_TIMEOUT" "$PYTHON" tests/gpu/backend_cuda_smoke.py
     stage compare timeout -k 20 "$COMPARE_TIMEOUT" bash tests/gpu/run_compare.sh --no-install
     stage driver timeout -k 10 120 bash tests/gpu/driver_compare.sh --no-install
+    stage cublas timeout -k 10 120 bash tests/gpu/cublas_compare.sh --no-install
     stage ops timeout -k 10 120 "$PYTHON" tests/gpu/ops_check.py
     stage faults timeout -k 10 180 "$PYTHON" tests/gpu/fault_check.py
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
@@ -145,8 +147,8 @@ main() {
 }
 
 for wanted in "$@"; do
-    case "$wanted" in smoke | compare | driver | ops | faults | bench | um_tune | sched | fig1) ;; *)
-        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver ops faults bench um_tune sched fig1)" >&2
+    case "$wanted" in smoke | compare | driver | cublas | ops | faults | bench | um_tune | sched | fig1) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas ops faults bench um_tune sched fig1)" >&2
         exit 2
     esac
 done

@@ -28,7 +28,7 @@ else
     bash "$REPO/tests/gpu/run_compare.sh" --install-only || exit 2
 fi
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(init alloc ops copy matmul conv triton)
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(init alloc ops copy matmul linear bmm conv triton mlp transformer)
 mkdir -p "$OUT/torch" "$(dirname "$SOCK")"
 # shellcheck source=tests/gpu/pilotd.sh
 . "$REPO/tests/gpu/pilotd.sh"
@@ -43,7 +43,11 @@ verdict() {  # LOG RC: ok / FAILED (rc) and the last error line
         echo "FAILED rc=$2: $(grep -v '^\s*$' "$1" | grep -iE 'error|exception|not supported|pilot' | tail -1 | cut -c1-160)"
     fi
 }
-printf '| step | native | pilot |\n| --- | --- | --- |\n' >"$OUT/torch/table.md"
+# same: the step's result line (`STEP ok ...`, e.g. every loss of mlp) natively and under pilot
+printf '| step | native | pilot | same result |\n| --- | --- | --- | --- |\n' >"$OUT/torch/table.md"
+# training step times (median ms, `STEP step_ms=`), native and under pilot
+printf '| training step | native ms | pilot ms | pilot / native |\n| --- | --- | --- | --- |\n' \
+    >"$OUT/torch/steps.md"
 for step in "${STEPS[@]}"; do
     nlog=$OUT/torch/$step.native.log plog=$OUT/torch/$step.pilot.log
     env -u LD_PRELOAD timeout "$STEP_TIMEOUT" "$PYTHON" "$PROBE" "$step" >"$nlog" 2>&1
@@ -54,7 +58,17 @@ for step in "${STEPS[@]}"; do
         env PILOT_SOCKET="$SOCK" timeout "$STEP_TIMEOUT" "$PYTHON" -m pilot.cli.pilot run -- \
             "$PYTHON" "$PROBE" "$step" >>"$plog" 2>&1 || prc=$?
     done
-    printf '| %s | %s | %s |\n' "$step" "$(verdict "$nlog" $nrc)" "$(verdict "$plog" $prc)" >>"$OUT/torch/table.md"
+    same=-
+    if [ $nrc = 0 ] && [ $prc = 0 ]; then
+        if [ "$(grep -m1 "^$step ok" "$nlog")" = "$(grep -m1 "^$step ok" "$plog")" ]; then same=yes; else same=NO; fi
+    fi
+    printf '| %s | %s | %s | %s |\n' "$step" "$(verdict "$nlog" $nrc)" "$(verdict "$plog" $prc)" "$same" \
+        >>"$OUT/torch/table.md"
+    nms=$(sed -n "s/^$step step_ms=//p" "$nlog" | head -1) pms=$(sed -n "s/^$step step_ms=//p" "$plog" | head -1)
+    if [ -n "$nms" ] && [ -n "$pms" ]; then
+        printf '| %s | %s | %s | %s |\n' "$step" "$nms" "$pms" \
+            "$(awk -v n="$nms" -v p="$pms" 'BEGIN { printf "%.2fx", p / n }')" >>"$OUT/torch/steps.md"
+    fi
     say "$step: native rc $nrc, pilot rc $prc"
 done
 
@@ -63,12 +77,14 @@ if nvcc -arch=sm_90 -o "$STATIC" "$REPO/tests/apps/vector_add.cu" >"$OUT/torch/s
     env PILOT_SOCKET="$SOCK" LD_PRELOAD="$("$PYTHON" -m pilot.cli.pilot shim-path)" "$STATIC" \
         >>"$OUT/torch/static.log" 2>&1
     src=$?
-    printf '| static runtime under the shim | - | %s |\n' \
+    printf '| static runtime under the shim | - | %s | - |\n' \
         "$([ $src = 3 ] && echo "refused, status 3" || echo "NOT refused: rc $src")" >>"$OUT/torch/table.md"
 else
-    echo "| static runtime under the shim | - | build failed |" >>"$OUT/torch/table.md"
+    echo "| static runtime under the shim | - | build failed | - |" >>"$OUT/torch/table.md"
 fi
 cat "$OUT/torch/table.md"
+echo
+cat "$OUT/torch/steps.md"
 tail -3 "$OUT/torch/static.log"
 for step in "${STEPS[@]}"; do
     echo "### $step under pilot (last 25 lines)"

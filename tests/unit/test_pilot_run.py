@@ -14,7 +14,10 @@ from click.testing import CliRunner
 
 from pilot.cli import pilot as pilot_cli
 from pilot.cli.elf import NotElf, cudart_majors, find_cudart, read_dynamic
-from pilot.shim import driver_path, shim_path
+from pilot.shim import LIBRARY_STANDINS, driver_path, shim_path, standin_path
+
+# The CUDA library stand-ins as `pilot run` preloads them.
+STANDINS = " ".join(str(standin_path(soname)) for soname in LIBRARY_STANDINS)
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
 
@@ -43,13 +46,18 @@ class Programs:
         self.indirect = self.program("indirect", "-l:libmine.so", "-Wl,-rpath,$ORIGIN/lib",
                                      "-Wl,--enable-new-dtags")
         # the driver API and a CUDA library, directly and through a library of the program's
-        for name in ("libcuda.so.1", "libcublas.so.13"):
+        for name in ("libcuda.so.1", "libcublas.so.13", "libcufft.so.12"):
             self.gcc("-shared", "-fPIC", f"-Wl,-soname,{name}", "-o", lib / name, d / "empty.c")
         self.driver = self.program("driver", "-l:libcudart.so.13", "-l:libcuda.so.1")
         self.gcc("-shared", "-fPIC", "-Wl,-soname,libgemm.so", "-o", lib / "libgemm.so",
                  d / "empty.c", f"-L{lib}", "-Wl,--no-as-needed", "-l:libcublas.so.13")
         self.blas = self.program("blas", "-l:libcudart.so.13", "-l:libgemm.so",
                                  "-Wl,-rpath,$ORIGIN/lib", "-Wl,--enable-new-dtags")
+        self.gcc("-shared", "-fPIC", "-Wl,-soname,libfft.so", "-o", lib / "libfft.so",
+                 d / "empty.c", f"-L{lib}", "-Wl,--no-as-needed", "-l:libcufft.so.12")
+        self.fft = self.program("fft", "-l:libcudart.so.13", "-l:libfft.so",
+                                "-Wl,-rpath,$ORIGIN/lib", "-Wl,--enable-new-dtags")
+        self.blas12 = self.program("blas12", "-l:libcudart.so.12", "-l:libcublas.so.13")
         self.script = d / "script.sh"
         self.script.write_text("#!/bin/sh\nexit 0\n")
         self.script.chmod(0o755)
@@ -201,16 +209,17 @@ def test_run_serves_a_script_as_its_interpreter(progs: Programs, exec_calls: lis
         res = _run("run", "--", str(script), env={"LD_PRELOAD": "", "PATH": "/usr/bin:/bin"})
         assert res.exit_code == 0, res.output
         assert exec_calls[-1][1] == [str(script)]
-        assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(13)} {driver_path()}"
+        assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(13)} {driver_path()} {STANDINS}"
 
 
 def test_run_serves_a_program_without_cuda_as_cuda_13(progs: Programs, exec_calls: list) -> None:
     """No libcudart, no device code, no CUDA library in its ELF: an interpreter that may load
-    CUDA at run time (python3 with PyTorch) gets the CUDA 13 shim and the driver API library."""
+    CUDA at run time (python3 with PyTorch) gets the CUDA 13 shim, the driver API library and
+    the CUDA library stand-ins (PyTorch links cuBLAS)."""
     res = _run("run", "--", str(progs.plain), "x.py", env={"LD_PRELOAD": ""})
     assert res.exit_code == 0, res.output
     assert exec_calls[-1][1] == [str(progs.plain), "x.py"]
-    assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(13)} {driver_path()}"
+    assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(13)} {driver_path()} {STANDINS}"
 
 
 @pytest.mark.parametrize(("prog", "message"), [
@@ -227,16 +236,26 @@ def test_run_refuses_what_it_cannot_serve(progs: Programs, exec_calls: list, pro
 
 
 def test_run_refuses_programs_that_would_bypass_pilot(progs: Programs, exec_calls: list) -> None:
-    """A program whose GPU work would partly go around pilot (a CUDA library, even through a
-    library of its own) is refused with exit status 3; --cuda forces it (with the driver API
-    library preloaded too)."""
-    res = _run("run", "--", str(progs.blas))
+    """A program whose GPU work would partly go around pilot (a CUDA library pilot has no
+    stand-in for, even through a library of its own) is refused with exit status 3; --cuda
+    forces it (with the driver API library and the stand-ins preloaded too)."""
+    res = _run("run", "--", str(progs.fft))
     assert res.exit_code == 3 and not exec_calls, res.output
     text = " ".join(res.output.split())
-    assert "libcublas.so.13 (needed by" in text and "would run outside pilot" in text, res.output
-    res = _run("run", "--cuda", "13", "--", str(progs.blas), env={"LD_PRELOAD": ""})
+    assert "libcufft.so.12 (needed by" in text and "would run outside pilot" in text, res.output
+    res = _run("run", "--cuda", "13", "--", str(progs.fft), env={"LD_PRELOAD": ""})
     assert res.exit_code == 0
-    assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(13)} {driver_path()}"
+    assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(13)} {driver_path()} {STANDINS}"
+    res = _run("run", "--", str(progs.blas12))
+    assert res.exit_code == 3 and "CUDA 13 programs only" in " ".join(res.output.split())
+
+
+def test_run_carries_cublas_with_its_stand_ins(progs: Programs, exec_calls: list) -> None:
+    """cuBLAS (here through a library of the program's) is carried: the stand-ins are preloaded
+    after the shim, an inherited copy is not doubled."""
+    res = _run("run", "--", str(progs.blas), env={"LD_PRELOAD": STANDINS.split()[0]})
+    assert res.exit_code == 0, res.output
+    assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(13)} {STANDINS}"
 
 
 def test_run_carries_the_driver_api(progs: Programs, exec_calls: list) -> None:

@@ -1,7 +1,11 @@
 """How far PyTorch gets under pilot (issue 13), one step per process so that a failure in one
 does not hide the next: python3 probe.py STEP. Each step checks its result against the CPU and
-prints one line, `STEP ok ...` or raises. Steps: init, alloc, ops, copy, matmul, conv, triton,
-train (3 SGD steps of a small CNN + MLP in fp32, then 3 under bf16 autocast)."""
+prints one line, `STEP ok ...` or raises. Steps: init, alloc, ops, copy, matmul, linear (addmm
+with bias: cuBLASLt; fp32, bf16, fp16), bmm (strided batched GEMMs), conv, triton, train (3 SGD
+steps of a small CNN + MLP in fp32, then 3 under bf16 autocast), mlp (50 Adam steps of an MLP
+with fixed seeds: prints every loss, for comparing native and pilot runs), transformer (30 Adam
+steps of a 2-layer transformer encoder, likewise). mlp and transformer then print the median time
+of a training step (`STEP step_ms=...`)."""
 
 from __future__ import annotations
 
@@ -57,6 +61,74 @@ def main(step: str) -> None:
         r = (p.to(dev) @ q.to(dev)).cpu()
         assert torch.allclose(r, p @ q, rtol=1e-4, atol=1e-4)
         print(f"matmul ok norm={float(r.norm()):.3f}")
+    elif step == "linear":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        x = torch.randn(64, 96, generator=g)
+        lin = torch.nn.Linear(96, 48)
+        ref = lin(x)
+        for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2), (torch.float16, 1e-2)):
+            out = lin.to(dev, dtype)(x.to(dev, dtype)).float().cpu()
+            assert torch.allclose(out, ref, rtol=tol, atol=tol), (dtype, (out - ref).abs().max())
+        print("linear ok")
+    elif step == "bmm":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        p = torch.randn(8, 64, 32, generator=g)
+        q = torch.randn(8, 32, 16, generator=g)
+        r = torch.bmm(p.to(dev), q.to(dev)).cpu()
+        assert torch.allclose(r, torch.bmm(p, q), rtol=1e-4, atol=1e-4)
+        t_ = torch.matmul(p.to(dev).transpose(1, 2), p.to(dev)).cpu()
+        assert torch.allclose(t_, p.transpose(1, 2) @ p, rtol=1e-4, atol=1e-3)
+        print("bmm ok")
+    elif step == "mlp":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(),
+                                    torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                    torch.nn.Linear(256, 10)).to(dev)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        xs = torch.randn(64, 784, generator=g).to(dev)
+        ys = torch.randint(0, 10, (64,), generator=g).to(dev)
+        losses = []
+        for _ in range(50):
+            loss = torch.nn.functional.cross_entropy(model(xs), ys)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], losses
+        print("mlp ok losses=" + ",".join(f"{v:.6f}" for v in losses))
+        print(f"mlp step_ms={_step_ms(lambda: _train_step(model, opt, xs, ys)):.3f}")
+    elif step == "transformer":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(128, 4, 256, dropout=0.0, batch_first=True)
+        model = torch.nn.Sequential(torch.nn.Embedding(1000, 128),
+                                    torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False),
+                                    torch.nn.Flatten(), torch.nn.Linear(128 * 32, 10)).to(dev)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+        xs = torch.randint(0, 1000, (16, 32), generator=g).to(dev)
+        ys = torch.randint(0, 10, (16,), generator=g).to(dev)
+        losses = [_train_step(model, opt, xs, ys) for _ in range(30)]
+        assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], losses
+        print("transformer ok losses=" + ",".join(f"{v:.6f}" for v in losses))
+        print(f"transformer step_ms={_step_ms(lambda: _train_step(model, opt, xs, ys)):.3f}")
+    elif step == "oom":
+        # allocate 256 MiB blocks until the device (or pilot's quota) says no: PyTorch must raise
+        # its own OutOfMemoryError, and the process goes on (frees, allocates again)
+        blocks = []
+        try:
+            while len(blocks) < 4096:
+                blocks.append(torch.empty(64 << 20, device=dev))
+        except torch.OutOfMemoryError:
+            got = len(blocks) * 256
+        else:
+            raise AssertionError("no OutOfMemoryError after 1 TiB")
+        blocks.clear()
+        torch.cuda.empty_cache()
+        x = torch.ones(1 << 20, device=dev)
+        assert float(x.sum().item()) == float(1 << 20)
+        print("oom ok OutOfMemoryError, then allocated again")
+        print(f"oom OutOfMemoryError after {got} MiB")
     elif step == "conv":
         torch.backends.cudnn.allow_tf32 = False
         conv = torch.nn.Conv2d(3, 8, 3, padding=1)
@@ -114,6 +186,26 @@ def main(step: str) -> None:
     else:
         raise SystemExit(f"unknown step {step}")
     print(f"{step} took {time.perf_counter() - t0:.2f} s")
+
+
+def _train_step(model: object, opt: object, xs: object, ys: object) -> float:
+    import torch
+
+    loss = torch.nn.functional.cross_entropy(model(xs), ys)  # type: ignore[operator]
+    opt.zero_grad()  # type: ignore[attr-defined]
+    loss.backward()
+    opt.step()  # type: ignore[attr-defined]
+    return float(loss.item())
+
+
+def _step_ms(step: object, repeats: int = 50) -> float:
+    """Median wall time of one training step (each ends in .item(): a synchronization)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()  # type: ignore[operator]
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
 
 
 if __name__ == "__main__":

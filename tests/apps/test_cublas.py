@@ -1,0 +1,78 @@
+"""cuBLAS and cuBLASLt under pilot (issue 13, route B): tests/apps/cublas_gemm.cu runs with
+libpilot.so and the stand-ins (libpilot-cublas.so, libpilot-cublasLt.so) preloaded against the sim
+daemon, which computes the GEMMs with numpy, and must print what it prints natively on the H100
+(tests/gpu/cublas_compare.sh diffs the two there, with NVIDIA's libraries in pilotd)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pilot.shim import LIBRARY_STANDINS, standin_path
+
+# What the H100 prints natively (every result checked against the CPU; cuBLAS's own argument
+# error lines included).
+EXPECTED = """\
+cublas version >= 13.0: 1
+math mode: 0
+ ** On entry to SGEMM  parameter number 8 had an illegal value
+sgemm lda < m: CUBLAS_STATUS_INVALID_VALUE
+ ** On entry to GEMM_EX  parameter number 16 had an illegal value
+gemmEx ldc < m: CUBLAS_STATUS_INVALID_VALUE
+ ** On entry to SgemmStridedBatched parameter number 14 had an illegal value
+sgemm strided batch < 0: CUBLAS_STATUS_INVALID_VALUE
+ ** On entry to DGEMM  parameter number 1 had an illegal value
+dgemm transa 7: CUBLAS_STATUS_INVALID_VALUE
+sgemm on no handle: CUBLAS_STATUS_NOT_INITIALIZED
+sgemm m = 0 (nothing to do): CUBLAS_STATUS_SUCCESS
+sgemm NN: ok
+sgemm NT: ok
+sgemm TN: ok
+sgemm TT: ok
+dgemm device scalars, stream: ok
+gemmEx half->float, beta 0 over NaN, workspace: ok
+sgemm strided batched: ok
+strided vectors: 0 3 6 9
+cublasSetVector incx 0: CUBLAS_STATUS_INVALID_VALUE
+cublasSetMatrix lda < rows: CUBLAS_STATUS_MAPPING_ERROR
+lt transa read back: 1 (4 bytes)
+lt heuristic returned at least one: 1, first usable: 1
+lt matmul relu+bias, transposed A, row-major B, batched: ok
+lt matmul, no algorithm given: ok
+lt heuristic, 0 requested: CUBLAS_STATUS_INVALID_VALUE
+done
+"""
+
+
+@pytest.fixture
+def blas_env(shim_path: str) -> dict[str, str]:
+    return {"LD_PRELOAD": ":".join([shim_path, *(str(standin_path(s)) for s in LIBRARY_STANDINS)])}
+
+
+def test_cublas_program_prints_what_the_h100_prints(run_under_pilot, blas_env, daemon_log) -> None:
+    proc = run_under_pilot("cublas_gemm", env=blas_env)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
+    assert proc.stdout == EXPECTED, f"{proc.stderr}\n{daemon_log()}"
+
+
+def test_a_gemm_outside_the_programs_memory_is_refused(run_under_pilot, blas_env,
+                                                       daemon_log) -> None:
+    """A reaches past the program's allocation: pilotd refuses the GEMM (it never runs), the next
+    synchronize reports cudaErrorInvalidValue, the one after succeeds, and the log says why."""
+    proc = run_under_pilot("cublas_gemm", "isolation", env=blas_env)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    assert proc.stdout.splitlines() == [
+        "out-of-range gemm issued: CUBLAS_STATUS_SUCCESS",
+        "next synchronize: cudaErrorInvalidValue",
+        "then: cudaSuccess"], proc.stdout
+    assert "blas_gemm refused" in daemon_log() and "is not memory of this session" in daemon_log()
+
+
+def test_without_pilotd_cublas_create_fails_cleanly(app_binaries, blas_env, tmp_path) -> None:
+    """No daemon: the shim says so, cublasCreate fails with a status (no hang, no crash)."""
+    import subprocess
+
+    env = {**blas_env, "PILOT_SOCKET": str(tmp_path / "nobody.sock")}
+    proc = subprocess.run([str(app_binaries["cublas_gemm"])], env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("FAILED cublasCreate(&h): CUBLAS_STATUS_NOT_INITIALIZED"), proc.stdout

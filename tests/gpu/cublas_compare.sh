@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# cuBLAS and cuBLASLt on a real GPU (issue 13, route B): tests/apps/cublas_gemm.cu, linked with
+# NVIDIA's -lcublas -lcublasLt, runs natively and under `pilot run` (libpilot.so and the
+# stand-ins libpilot-cublas.so, libpilot-cublasLt.so preloaded; pilotd runs NVIDIA's libraries),
+# and their stdout must be identical byte for byte. Then `cublas_gemm isolation` under pilot: a
+# GEMM reaching past the program's memory is refused and the next synchronize reports it.
+#
+#   tests/gpu/cublas_compare.sh               install pilot (run_compare.sh --install-only), compare
+#   tests/gpu/cublas_compare.sh --no-install  pilot is already installed in $PILOT_SITE
+#
+# Environment: OUT (default /tmp/pilot-gpu-out: cublas-compare.log, pilotd-cublas.log),
+# PILOT_SITE (/tmp/site), PYTHON (python3), NVCC_ARCH (sm_90).
+# Exit status: 0 identical and isolated, 1 different or failed, 2 pilot not installable or
+# pilotd not started.
+set -u -o pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OUT=${OUT:-/tmp/pilot-gpu-out}
+PILOT_SITE=${PILOT_SITE:-/tmp/site}
+PYTHON=${PYTHON:-python3}
+NVCC_ARCH=${NVCC_ARCH:-sm_90}
+SOCK_DIR=/tmp/pilot-gpu-cublas
+SOCK=$SOCK_DIR/pilot.sock
+export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
+
+say() { printf '[cublas] %s\n' "$*" >&2; }
+
+if [ "${1:-}" != --no-install ]; then
+    bash "$REPO/tests/gpu/run_compare.sh" --install-only || exit 2
+fi
+mkdir -p "$OUT" "$SOCK_DIR"
+LOG=$OUT/cublas-compare.log
+: >"$LOG"
+WORK=$(mktemp -d /tmp/pilot-cublas.XXXXXX)
+
+# shellcheck source=tests/gpu/pilotd.sh
+. "$REPO/tests/gpu/pilotd.sh"
+# shellcheck disable=SC2317  # called by the EXIT trap
+cleanup() {
+    pilotd_stop
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+LIB=$(dirname "$(dirname "$(readlink -f "$NVCC")")")/lib64
+say "building cublas_gemm with $NVCC -arch=$NVCC_ARCH against $LIB"
+"$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$WORK/cublas_gemm" \
+    "$REPO/tests/apps/cublas_gemm.cu" -L "$LIB" -lcublasLt -lcublas >>"$LOG" 2>&1 ||
+    { say "build failed; see $LOG"; cat "$LOG" >&2; exit 1; }
+
+pilotd_start "$OUT/pilotd-cublas.log" --backend cuda --socket "$SOCK" || exit 2
+env -u LD_PRELOAD -u PILOT_SOCKET LD_LIBRARY_PATH="$LIB" "$WORK/cublas_gemm" \
+    >"$WORK/native.out" 2>"$WORK/native.err"
+native=$?
+env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/cublas_gemm" \
+    >"$WORK/pilot.out" 2>"$WORK/pilot.err"
+under=$?
+env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/cublas_gemm" isolation \
+    >"$WORK/isolation.out" 2>"$WORK/isolation.err"
+isolation=$?
+{
+    echo "### native (exit $native)"; cat "$WORK/native.out" "$WORK/native.err"
+    echo "### pilot (exit $under)"; cat "$WORK/pilot.out" "$WORK/pilot.err"
+    echo "### isolation under pilot (exit $isolation)"; cat "$WORK/isolation.out" "$WORK/isolation.err"
+    echo "### diff"
+} >>"$LOG"
+status=0
+if [ "$native" = "$under" ] && diff -u "$WORK/native.out" "$WORK/pilot.out" >>"$LOG"; then
+    say "cublas_gemm: identical (exit $native, $(grep -c ': ok$' "$WORK/pilot.out") checks ok)"
+else
+    say "cublas_gemm: DIFFERENT (native exit $native, pilot exit $under); see $LOG"
+    diff -u "$WORK/native.out" "$WORK/pilot.out" >&2
+    status=1
+fi
+if grep -q "next synchronize: cudaErrorInvalidValue" "$WORK/isolation.out" && [ "$isolation" = 0 ]; then
+    say "isolation: the out-of-range GEMM was refused"
+else
+    say "isolation: NOT refused as expected:"
+    cat "$WORK/isolation.out" "$WORK/isolation.err" >&2
+    status=1
+fi
+grep -E "libraries|refused" "$OUT/pilotd-cublas.log" >>"$LOG"
+exit $status
