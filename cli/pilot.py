@@ -167,6 +167,31 @@ def program_cuda_major(program: str, env: dict[str, str]) -> tuple[int, bool, bo
     return 13, True, True
 
 
+# PyTorch's allocator settings (the older and the newer variable name).
+ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def _without_expandable_segments(env: dict[str, str]) -> None:
+    """PyTorch's `expandable_segments:True` maps memory with the CUDA virtual memory calls
+    (cuMemCreate, cuMemMap), which pilot does not carry: the program would fail at its first
+    allocation. Run it with PyTorch's ordinary caching allocator instead (same results, other
+    fragmentation), and say so."""
+    for name in ALLOC_CONF_VARIABLES:
+        value = env.get(name)
+        if not value:
+            continue
+        options = [o for o in value.split(",") if o.strip()]
+        kept = [o for o in options if o.replace(" ", "").lower() != "expandable_segments:true"]
+        if kept != options:
+            click.echo(f"pilot: {name}: expandable_segments is not supported under pilot (the CUDA "
+                       "virtual memory calls are not carried); running with PyTorch's ordinary "
+                       "caching allocator", err=True)
+            if kept:
+                env[name] = ",".join(kept)
+            else:
+                del env[name]
+
+
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--cuda", type=CUDA_OPTION,
               help="Preload the shim for this CUDA version instead of reading it from COMMAND's "
@@ -190,6 +215,7 @@ def run(cuda: str | None, command: tuple[str, ...]) -> None:
               for name in [*LIBRARIES.values(), DRIVER_LIBRARY, *LIBRARY_STANDINS.values()]}
     kept = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p not in others]
     env["LD_PRELOAD"] = " ".join(preload + kept)
+    _without_expandable_segments(env)
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as exc:

@@ -905,7 +905,7 @@ def read_library_table(path: Path, rep: Report) -> list[Row]:
                 rep.error(f"{path.name}: header must be name, status, ret")
                 return rows
             continue
-        if len(fields) != 3 or fields[1] not in STATUSES or fields[2] not in LIBRARY_RETS:
+        if len(fields) != 3 or fields[1] not in STATUSES | {"gen"} or fields[2] not in LIBRARY_RETS:
             rep.error(f"{path.name}:{lineno}: bad row", [line])
             continue
         ret = "ptr" if fields[2] == "ptr" else ""  # the C checks compare pointer returns only
@@ -943,6 +943,17 @@ def run_checks_libraries(args: argparse.Namespace, rep: Report) -> list[str]:
         rows = read_library_table(table, rep)
         check_duplicates(rows, rep)
         check_sources(rows, args.shim_dir, rep, [args.shim_dir / source], source, prefix=prefix)
+        calls = args.shim_dir / "cublas_calls.tsv"
+        gen = {r.name for r in rows if r.status == "gen"}
+        listed = set()
+        if table_name == "cublas_exports.tsv" and calls.exists():
+            listed = {line.split("\t")[0] for line in calls.read_text().splitlines()
+                      if line and not line.startswith(("#", "name\t"))}
+        if gen != listed:
+            rep.error(f"{table_name}: `gen` rows and {calls.name} differ",
+                      sorted(gen ^ listed))
+        elif gen:
+            rep.ok(f"{table_name}: the {len(gen)} `gen` rows are {calls.name}'s functions")
         for where in args.libblas:  # the built stand-ins, or NVIDIA's libraries
             if (where / soname).exists() or where.is_dir():
                 name = soname if (where / soname).exists() else _standin_name(soname)

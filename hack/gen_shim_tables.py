@@ -385,6 +385,47 @@ def gen_library_stubs(rows: list[dict[str, str]], table: Path, library: str) -> 
     return "".join(out).rstrip("\n") + "\n"
 
 
+CUBLAS_CALLS = REPO / "shim" / "cublas_calls.tsv"
+CUBLAS_FAMILIES = REPO / "shim" / "cublas_families.tsv"
+CALL_KINDS = {"i": "int", "s": "const void *", "p": "void *", "r": "void *", "x": "int *"}
+CALL_TYPE_SIZES = {"S": 4, "D": 8}
+
+
+def gen_cublas_calls(rows: list[dict[str, str]], families: list[dict[str, str]],
+                     table: Path) -> str:
+    """cublas_calls.c: each function of the generic path: cuBLAS's argument checks (the family's
+    C expressions), then its arguments packed for pilot_blas_call (shim/cublas_api.c)."""
+    fams = {f["family"]: f for f in families}
+    out = [banner(table), "/* The cuBLAS functions of the generic path. */\n",
+           '#include "blas.h"\n\n',
+           "#define is_op(x) ((x) == 0 || (x) == 1 || (x) == 2)\n",
+           "#define max1(x) ((x) > 1 ? (x) : 1)\n\n"]
+    for r in rows:
+        kinds = r["args"].split(",")
+        fam = fams.get(r["family"])
+        if fam is None:
+            raise ValueError(f"{table}: {r['name']}: no family {r['family']!r} in {CUBLAS_FAMILIES.name}")
+        names = fam["params"].split()
+        if len(names) != len(kinds) or any(k not in CALL_KINDS for k in kinds) or \
+                r["type"] not in CALL_TYPE_SIZES or len(kinds) > 16:
+            raise ValueError(f"{table}: bad row {r['name']}")
+        params = ", ".join(f"{CALL_KINDS[k]}{'' if CALL_KINDS[k].endswith('*') else ' '}{n}"
+                           for n, k in zip(names, kinds, strict=True))
+        packed = ", ".join(f"(uint64_t)(int64_t){n}" if k == "i" else f"(uint64_t)(uintptr_t){n}"
+                           for n, k in zip(names, kinds, strict=True))
+        body = [f"PILOT_BLAS_EXPORT cublasStatus_t {r['name']}(cublasHandle_t h, {params})\n{{\n"]
+        xerbla = "NULL" if r["xerbla"] == "-" else c_string(r["xerbla"])
+        for rule in ([] if fam["checks"] == "-" else fam["checks"].split(";")):
+            number, expr = rule.split(":", 1)
+            body.append(f"    if ({expr})\n        return pilot_blas_bad_argument(h, {xerbla}, "
+                        f"{int(number)});\n")
+        body.append(f"    const uint64_t args[] = {{{packed}}};\n"
+                    f"    return pilot_blas_call(h, {c_string(r['name'])}, {c_string(r['args'])}, "
+                    f"{CALL_TYPE_SIZES[r['type']]}, args, {len(kinds)});\n}}\n\n")
+        out.append("".join(body))
+    return "".join(out).rstrip("\n") + "\n"
+
+
 def write_if_changed(path: Path, text: str) -> None:
     """Leave an identical file untouched so make does not rebuild needlessly."""
     if path.exists() and path.read_text() == text:
@@ -416,6 +457,14 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         args.outdir.mkdir(parents=True, exist_ok=True)
         write_if_changed(args.outdir / f"{args.library}_stubs.c", text)
+        if args.library == "cublas":
+            try:
+                calls = gen_cublas_calls(read_tsv(CUBLAS_CALLS), read_tsv(CUBLAS_FAMILIES),
+                                         CUBLAS_CALLS)
+            except (OSError, ValueError, KeyError) as e:
+                print(f"gen_shim_tables: {e}", file=sys.stderr)
+                return 1
+            write_if_changed(args.outdir / "cublas_calls.c", calls)
         return 0
     if args.driver is not None:
         try:

@@ -336,7 +336,8 @@ static int op_valid(int op)
 
 struct gemm {
     const char *name;
-    const char *xerbla; /* the name cuBLAS's argument-error line gives the function */
+    const char *xerbla; /* the name cuBLAS's argument-error line gives the function, printed
+                         * "%-6s " as cuBLAS does ("GEMM_EX " has its own space on the H100) */
     int fn;
     cublasOperation_t transa, transb;
     int m, n, k;
@@ -358,6 +359,11 @@ static int bad_argument(const struct gemm *g)
         [PILOT_GEMM_H] = {8, 10, 13, 0},          [PILOT_GEMM_EX] = {9, 12, 16, 0},
         [PILOT_GEMM_S_STRIDED] = {8, 10, 13, 14}, [PILOT_GEMM_D_STRIDED] = {8, 10, 13, 14},
         [PILOT_GEMM_H_STRIDED] = {8, 10, 13, 14}, [PILOT_GEMM_EX_STRIDED] = {9, 13, 18, -1},
+        [PILOT_GEMM_C] = {8, 10, 13, 0},          [PILOT_GEMM_Z] = {8, 10, 13, 0},
+        [PILOT_GEMM_C_STRIDED] = {8, 10, 13, 14}, [PILOT_GEMM_Z_STRIDED] = {8, 10, 13, 14},
+        [PILOT_GEMM_S_BATCHED] = {8, 10, 13, 14}, [PILOT_GEMM_D_BATCHED] = {8, 10, 13, 14},
+        [PILOT_GEMM_C_BATCHED] = {8, 10, 13, 14}, [PILOT_GEMM_Z_BATCHED] = {8, 10, 13, 14},
+        [PILOT_GEMM_EX_BATCHED] = {9, 12, 16, -1},
     };
     const int *at = places[g->fn];
     int rows_a = g->transa == CUBLAS_OP_N ? g->m : g->k;
@@ -391,7 +397,7 @@ static cublasStatus_t gemm(cublasHandle_t handle, const struct gemm *g)
     int bad = bad_argument(g);
     if (bad) { /* cuBLAS says so on stdout (its xerbla) */
         if (bad > 0)
-            printf(" ** On entry to %s parameter number %d had an illegal value\n", g->xerbla, bad);
+            printf(" ** On entry to %-6s parameter number %d had an illegal value\n", g->xerbla, bad);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     if (!g->m || !g->n || !g->batch)
@@ -440,13 +446,15 @@ static cublasStatus_t gemm(cublasHandle_t handle, const struct gemm *g)
 #define GEMM_DEFAULT (-1)
 
 typedef uint16_t pilot_half; /* __half: 16 bits, passed by pointer only */
+typedef struct { float x, y; } pilot_complex;   /* cuComplex */
+typedef struct { double x, y; } pilot_zcomplex; /* cuDoubleComplex */
 
 PILOT_BLAS_EXPORT cublasStatus_t cublasSgemm_v2(
     cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
     const float *alpha, const float *A, int lda, const float *B, int ldb, const float *beta, float *C,
     int ldc)
 {
-    struct gemm g = {"cublasSgemm_v2", "SGEMM ", PILOT_GEMM_S, transa, transb,
+    struct gemm g = {"cublasSgemm_v2", "SGEMM", PILOT_GEMM_S, transa, transb,
                      m, n, k, alpha, A, B, beta, C, CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, lda, ldb, ldc,
                      COMPUTE_32F, GEMM_DEFAULT, 1, 0, 0, 0};
     return gemm(handle, &g);
@@ -457,7 +465,7 @@ PILOT_BLAS_EXPORT cublasStatus_t cublasDgemm_v2(
     const double *alpha, const double *A, int lda, const double *B, int ldb, const double *beta, double *C,
     int ldc)
 {
-    struct gemm g = {"cublasDgemm_v2", "DGEMM ", PILOT_GEMM_D, transa, transb,
+    struct gemm g = {"cublasDgemm_v2", "DGEMM", PILOT_GEMM_D, transa, transb,
                      m, n, k, alpha, A, B, beta, C, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F, lda, ldb, ldc,
                      COMPUTE_64F, GEMM_DEFAULT, 1, 0, 0, 0};
     return gemm(handle, &g);
@@ -468,7 +476,7 @@ PILOT_BLAS_EXPORT cublasStatus_t cublasHgemm(
     const pilot_half *alpha, const pilot_half *A, int lda, const pilot_half *B, int ldb, const pilot_half *beta, pilot_half *C,
     int ldc)
 {
-    struct gemm g = {"cublasHgemm", "HGEMM ", PILOT_GEMM_H, transa, transb,
+    struct gemm g = {"cublasHgemm", "HGEMM", PILOT_GEMM_H, transa, transb,
                      m, n, k, alpha, A, B, beta, C, CUDA_R_16F, CUDA_R_16F, CUDA_R_16F, lda, ldb, ldc,
                      COMPUTE_16F, GEMM_DEFAULT, 1, 0, 0, 0};
     return gemm(handle, &g);
@@ -507,6 +515,106 @@ PILOT_BLAS_EXPORT cublasStatus_t cublasHgemmStridedBatched(
     return gemm(handle, &g);
 }
 
+PILOT_BLAS_EXPORT cublasStatus_t cublasCgemm_v2(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const pilot_complex *alpha, const pilot_complex *A, int lda, const pilot_complex *B, int ldb, const pilot_complex *beta,
+    pilot_complex *C, int ldc)
+{
+    struct gemm g = {"cublasCgemm_v2", "CGEMM", PILOT_GEMM_C, transa, transb,
+                     m, n, k, alpha, A, B, beta, C, CUDA_C_32F, CUDA_C_32F, CUDA_C_32F, lda, ldb, ldc,
+                     COMPUTE_32F, GEMM_DEFAULT, 1, 0, 0, 0};
+    return gemm(handle, &g);
+}
+
+PILOT_BLAS_EXPORT cublasStatus_t cublasCgemmStridedBatched(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const pilot_complex *alpha, const pilot_complex *A, int lda, long long stride_a, const pilot_complex *B, int ldb,
+    long long stride_b, const pilot_complex *beta, pilot_complex *C, int ldc, long long stride_c, int batch)
+{
+    struct gemm g = {"cublasCgemmStridedBatched", "CgemmStridedBatched", PILOT_GEMM_C_STRIDED,
+                     transa, transb, m, n, k, alpha, A, B, beta, C, CUDA_C_32F, CUDA_C_32F, CUDA_C_32F, lda, ldb,
+                     ldc, COMPUTE_32F, GEMM_DEFAULT, batch, stride_a, stride_b, stride_c};
+    return gemm(handle, &g);
+}
+
+PILOT_BLAS_EXPORT cublasStatus_t cublasZgemm_v2(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const pilot_zcomplex *alpha, const pilot_zcomplex *A, int lda, const pilot_zcomplex *B, int ldb, const pilot_zcomplex *beta,
+    pilot_zcomplex *C, int ldc)
+{
+    struct gemm g = {"cublasZgemm_v2", "ZGEMM", PILOT_GEMM_Z, transa, transb,
+                     m, n, k, alpha, A, B, beta, C, CUDA_C_64F, CUDA_C_64F, CUDA_C_64F, lda, ldb, ldc,
+                     COMPUTE_64F, GEMM_DEFAULT, 1, 0, 0, 0};
+    return gemm(handle, &g);
+}
+
+PILOT_BLAS_EXPORT cublasStatus_t cublasZgemmStridedBatched(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const pilot_zcomplex *alpha, const pilot_zcomplex *A, int lda, long long stride_a, const pilot_zcomplex *B, int ldb,
+    long long stride_b, const pilot_zcomplex *beta, pilot_zcomplex *C, int ldc, long long stride_c, int batch)
+{
+    struct gemm g = {"cublasZgemmStridedBatched", "ZgemmStridedBatched", PILOT_GEMM_Z_STRIDED,
+                     transa, transb, m, n, k, alpha, A, B, beta, C, CUDA_C_64F, CUDA_C_64F, CUDA_C_64F, lda, ldb,
+                     ldc, COMPUTE_64F, GEMM_DEFAULT, batch, stride_a, stride_b, stride_c};
+    return gemm(handle, &g);
+}
+
+PILOT_BLAS_EXPORT cublasStatus_t cublasSgemmBatched(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const float *alpha, const float *const A[], int lda, const float *const B[], int ldb,
+    const float *beta, float *const C[], int ldc, int batch)
+{
+    struct gemm g = {"cublasSgemmBatched", "SgemmBatched", PILOT_GEMM_S_BATCHED, transa, transb,
+                     m, n, k, alpha, A, B, beta, (void *)C, CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, lda, ldb, ldc,
+                     COMPUTE_32F, GEMM_DEFAULT, batch, 0, 0, 0};
+    return gemm(handle, &g);
+}
+
+PILOT_BLAS_EXPORT cublasStatus_t cublasDgemmBatched(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const double *alpha, const double *const A[], int lda, const double *const B[], int ldb,
+    const double *beta, double *const C[], int ldc, int batch)
+{
+    struct gemm g = {"cublasDgemmBatched", "DgemmBatched", PILOT_GEMM_D_BATCHED, transa, transb,
+                     m, n, k, alpha, A, B, beta, (void *)C, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F, lda, ldb, ldc,
+                     COMPUTE_64F, GEMM_DEFAULT, batch, 0, 0, 0};
+    return gemm(handle, &g);
+}
+
+PILOT_BLAS_EXPORT cublasStatus_t cublasCgemmBatched(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const pilot_complex *alpha, const pilot_complex *const A[], int lda, const pilot_complex *const B[], int ldb,
+    const pilot_complex *beta, pilot_complex *const C[], int ldc, int batch)
+{
+    struct gemm g = {"cublasCgemmBatched", "CgemmBatched", PILOT_GEMM_C_BATCHED, transa, transb,
+                     m, n, k, alpha, A, B, beta, (void *)C, CUDA_C_32F, CUDA_C_32F, CUDA_C_32F, lda, ldb, ldc,
+                     COMPUTE_32F, GEMM_DEFAULT, batch, 0, 0, 0};
+    return gemm(handle, &g);
+}
+
+PILOT_BLAS_EXPORT cublasStatus_t cublasZgemmBatched(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const pilot_zcomplex *alpha, const pilot_zcomplex *const A[], int lda, const pilot_zcomplex *const B[], int ldb,
+    const pilot_zcomplex *beta, pilot_zcomplex *const C[], int ldc, int batch)
+{
+    struct gemm g = {"cublasZgemmBatched", "ZgemmBatched", PILOT_GEMM_Z_BATCHED, transa, transb,
+                     m, n, k, alpha, A, B, beta, (void *)C, CUDA_C_64F, CUDA_C_64F, CUDA_C_64F, lda, ldb, ldc,
+                     COMPUTE_64F, GEMM_DEFAULT, batch, 0, 0, 0};
+    return gemm(handle, &g);
+}
+
+PILOT_BLAS_EXPORT cublasStatus_t cublasGemmBatchedEx(
+    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
+    const void *alpha, const void *const A[], cudaDataType Atype, int lda, const void *const B[],
+    cudaDataType Btype, int ldb, const void *beta, void *const C[], cudaDataType Ctype, int ldc,
+    int batch, cublasComputeType_t compute, cublasGemmAlgo_t algo)
+{
+    struct gemm g = {"cublasGemmBatchedEx", "GEMM_EX ", PILOT_GEMM_EX_BATCHED, transa, transb,
+                     m, n, k, alpha, A, B, beta, (void *)C, Atype, Btype, Ctype, lda, ldb, ldc,
+                     compute, algo, batch, 0, 0, 0};
+    return gemm(handle, &g);
+}
+
 PILOT_BLAS_EXPORT cublasStatus_t cublasGemmEx(cublasHandle_t handle,
                                          cublasOperation_t transa,
                                               cublasOperation_t transb, int m, int n, int k,
@@ -534,4 +642,79 @@ PILOT_BLAS_EXPORT cublasStatus_t cublasGemmStridedBatchedEx(
                      alpha, A, B, beta, C, Atype, Btype, Ctype, lda, ldb, ldc, compute, algo,
                      batch, stride_a, stride_b, stride_c};
     return gemm(handle, &g);
+}
+
+/* ---- the generic path (shim/cublas_calls.tsv; the exported functions are generated) ---- */
+
+/* A generated function's argument check failed: cuBLAS's stdout line (where the H100's name for
+ * the function is known) and CUBLAS_STATUS_INVALID_VALUE; a bad handle comes first. */
+cublasStatus_t pilot_blas_bad_argument(cublasHandle_t handle, const char *xerbla, int number)
+{
+    if (!live(handle))
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (xerbla)
+        printf(" ** On entry to %-6s parameter number %d had an illegal value\n", xerbla, number);
+    return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+/* One call of a generated function: `kinds` names its arguments after the handle (i int, s
+ * scalar, p device pointer, r result of the type, x int result; shim/cublas_calls.tsv) and
+ * `elem` is the size of its type. Scalars travel by value under the host pointer mode; a result
+ * the host waits for makes the call synchronous (as natively), anything else is posted like a
+ * launch, and pilotd's argument and range checks then fail the next synchronizing call. */
+cublasStatus_t pilot_blas_call(cublasHandle_t handle, const char *name, const char *kinds,
+                               size_t elem, const uint64_t *args, int nargs)
+{
+    struct cublasContext *h = live(handle);
+    if (!h)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    const struct pilot_driver_ops *ops = pilot_blas_ops();
+    uint64_t stream = ops->stream_handle(h->stream);
+    if (stream && ops->handle_device(stream) != h->base.device)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    pilot_req_blas_call req = {
+        .handle = h->base.remote, .stream = stream, .nargs = nargs,
+        .workspace = (uintptr_t)h->workspace, .workspace_size = h->workspace_size,
+        .workspace_set = h->workspace_set, .pointer_mode = h->pointer_mode,
+        .math_mode = h->math_mode, .atomics_mode = h->atomics_mode,
+        .sm_count_target = h->sm_count_target,
+    };
+    int host = h->pointer_mode == CUBLAS_POINTER_MODE_HOST, scalars = 0;
+    void *result = NULL;
+    size_t result_size = 0;
+    for (int i = 0; i < nargs && i < PILOT_BLAS_ARGS_MAX; i++) {
+        req.args[i] = args[i];
+        if (kinds[2 * i] == 's' && host) {
+            if (!args[i] || scalars >= 2)
+                return CUBLAS_STATUS_INVALID_VALUE;
+            memcpy(req.scalars[scalars++], (const void *)(uintptr_t)args[i], elem);
+            req.args[i] = 0;
+        } else if ((kinds[2 * i] == 'r' || kinds[2 * i] == 'x') && host) {
+            result = (void *)(uintptr_t)args[i];
+            result_size = kinds[2 * i] == 'x' ? sizeof(int) : elem;
+            if (!result)
+                return CUBLAS_STATUS_INVALID_VALUE;
+            req.args[i] = 0;
+        }
+    }
+    size_t name_len = strlen(name) + 1;
+    if (!result) {
+        cudaError_t err = ops->library_call(h->base.device, stream, name, PILOT_OP_BLAS_CALL, &req,
+                                            sizeof req, name, name_len, NULL, 0, NULL, 0, NULL);
+        return err ? pilot_blas_transport_error(name, err) : CUBLAS_STATUS_SUCCESS;
+    }
+    pilot_rep_lib rep = {0};
+    uint8_t out[16];
+    size_t got = 0;
+    cudaError_t err = ops->library_call(h->base.device, stream, name, PILOT_OP_BLAS_CALL, &req,
+                                        sizeof req, name, name_len, &rep, sizeof rep, out,
+                                        sizeof out, &got);
+    if (err)
+        return pilot_blas_transport_error(name, err);
+    if (rep.status == CUBLAS_STATUS_SUCCESS) {
+        if (got != result_size)
+            return CUBLAS_STATUS_INTERNAL_ERROR;
+        memcpy(result, out, result_size);
+    }
+    return (cublasStatus_t)rep.status;
 }

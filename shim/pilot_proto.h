@@ -178,7 +178,11 @@ enum pilot_op {
     PILOT_OP_BLASLT_HEURISTIC = 604,  /* pilot_req_blaslt_matmul (pointers, algo unused); frame 2
                                        * as MATMUL; reply pilot_rep_lib {status, value: results},
                                        * frame 2: the results (PILOT_LT_RESULT_BYTES each) */
-    /* 605-699 reserved: CUDA libraries */
+    PILOT_OP_BLAS_CALL = 605,         /* pilot_req_blas_call; frame 2: the function's name (a row of
+                                       * shim/cublas_calls.tsv). Posted, or a call when it returns
+                                       * a result to the host: reply pilot_rep_lib, frame 2 the
+                                       * result's bytes */
+    /* 606-699 reserved: CUDA libraries */
 };
 
 /* cudaMemcpyKind values, as the daemon sees them. */
@@ -720,7 +724,18 @@ enum pilot_gemm_fn {
     PILOT_GEMM_S_STRIDED = 5,         /* cublasSgemmStridedBatched */
     PILOT_GEMM_D_STRIDED = 6,         /* cublasDgemmStridedBatched */
     PILOT_GEMM_H_STRIDED = 7,         /* cublasHgemmStridedBatched */
-    PILOT_GEMM_EX_STRIDED = 8         /* cublasGemmStridedBatchedEx */
+    PILOT_GEMM_EX_STRIDED = 8,        /* cublasGemmStridedBatchedEx */
+    PILOT_GEMM_C = 9,                 /* cublasCgemm_v2 */
+    PILOT_GEMM_Z = 10,                /* cublasZgemm_v2 */
+    PILOT_GEMM_C_STRIDED = 11,        /* cublasCgemmStridedBatched */
+    PILOT_GEMM_Z_STRIDED = 12,        /* cublasZgemmStridedBatched */
+    /* Batches of pointer arrays: a, b, c are device addresses of `batch` device pointers each;
+     * pilotd reads them (in stream order), checks every matrix and passes its own copy. */
+    PILOT_GEMM_S_BATCHED = 13,        /* cublasSgemmBatched */
+    PILOT_GEMM_D_BATCHED = 14,        /* cublasDgemmBatched */
+    PILOT_GEMM_C_BATCHED = 15,        /* cublasCgemmBatched */
+    PILOT_GEMM_Z_BATCHED = 16,        /* cublasZgemmBatched */
+    PILOT_GEMM_EX_BATCHED = 17        /* cublasGemmBatchedEx */
 };
 
 /* One GEMM of a cuBLAS handle, with the handle's settings at the time of the call. alpha and
@@ -750,6 +765,26 @@ typedef struct pilot_req_blas_gemm {
     int32_t workspace_set;
     int32_t sm_count_target;          /* cublasSetSmCountTarget */
 } pilot_req_blas_gemm;
+
+/* A cuBLAS function of the generic path (shim/cublas_calls.tsv): its arguments after the handle
+ * in order, each as 64 bits (ints sign-extended, pointers); a scalar under
+ * CUBLAS_POINTER_MODE_HOST travels by value in `scalars` (the n-th scalar argument in the n-th
+ * slot) and its args entry is 0. */
+#define PILOT_BLAS_ARGS_MAX 16
+typedef struct pilot_req_blas_call {
+    uint64_t handle;
+    uint64_t stream;
+    uint64_t workspace;
+    uint64_t workspace_size;
+    uint64_t args[PILOT_BLAS_ARGS_MAX];
+    uint8_t scalars[2][16];
+    int32_t nargs;
+    int32_t pointer_mode;
+    int32_t math_mode;
+    int32_t atomics_mode;
+    int32_t workspace_set;
+    int32_t sm_count_target;
+} pilot_req_blas_call;
 
 /* cublasLtMatmul (and the heuristic query, with the same descriptors). The descriptors travel as
  * attribute records in frame 2, each {object, attribute id, size} then `size` bytes padded to 8:

@@ -23,6 +23,7 @@ from typing import Any
 from pilot.daemon.backends.libraries import (
     DESC_COMPUTE_TYPE,
     DESC_SCALE_TYPE,
+    GEMM_BATCHED,
     GEMM_EX,
     GEMM_STRIDED,
     LAYOUT_COLS,
@@ -67,6 +68,12 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cublasHgemmStridedBatched": _GEMM_STRIDED,
     "cublasGemmStridedBatchedEx": [_vp, _i, _i, _i, _i, _i, _vp, _vp, _i, _i, _ll, _vp, _i, _i,
                                    _ll, _vp, _vp, _i, _i, _ll, _i, _i, _i],
+    "cublasCgemm_v2": _GEMM, "cublasZgemm_v2": _GEMM,
+    "cublasCgemmStridedBatched": _GEMM_STRIDED, "cublasZgemmStridedBatched": _GEMM_STRIDED,
+    "cublasSgemmBatched": [*_GEMM, _i], "cublasDgemmBatched": [*_GEMM, _i],
+    "cublasCgemmBatched": [*_GEMM, _i], "cublasZgemmBatched": [*_GEMM, _i],
+    "cublasGemmBatchedEx": [_vp, _i, _i, _i, _i, _i, _vp, _vp, _i, _i, _vp, _i, _i, _vp, _vp, _i,
+                            _i, _i, _i, _i],
     "cublasLtCreate": [_pvp], "cublasLtDestroy": [_vp], "cublasLtGetVersion": [],
     "cublasLtMatmulDescCreate": [_pvp, _i, _i], "cublasLtMatmulDescDestroy": [_vp],
     "cublasLtMatmulDescSetAttribute": [_vp, _i, _vp, _sz],
@@ -119,6 +126,9 @@ class HandleState:
     workspace: tuple[int, int] | None = None
     modes: tuple[int, int, int, int] | None = None
     lt_cache: dict[bytes, Any] = field(default_factory=dict)
+    # device memory of pilotd's for the pointer arrays it passes: (address, bytes, last stream)
+    scratch: tuple[int, int, int] | None = None
+    last_stream_obj: Any = None
 
 
 class CudaLibraries:
@@ -200,7 +210,27 @@ class CudaLibraries:
 
     # ---- cuBLAS ----
 
-    def gemm(self, state: HandleState, call: GemmCall, settings: BlasSettings, stream: int) -> None:
+    def scratch(self, state: HandleState, size: int, stream_ptr: int, alloc: Any, free: Any,
+                synchronize: Any, stream: Any) -> int:
+        """The handle's device scratch of at least `size` bytes (pointer arrays). Reused in
+        stream order; when the handle's stream changed, the old one's GEMMs may still read it,
+        so they are waited for first."""
+        if state.scratch is not None and state.scratch[1] >= size:
+            if state.scratch[2] != stream_ptr:
+                synchronize(state.last_stream_obj)
+            state.scratch = (state.scratch[0], state.scratch[1], stream_ptr)
+            state.last_stream_obj = stream
+            return state.scratch[0]
+        if state.scratch is not None:
+            synchronize(state.last_stream_obj)
+            free(state.scratch[0])
+        size = max(size, 4096)
+        state.scratch = (alloc(size), size, stream_ptr)
+        state.last_stream_obj = stream
+        return state.scratch[0]
+
+    def _apply(self, state: HandleState, settings: BlasSettings, stream: int) -> None:
+        """The handle's settings that changed since its last call, onto the real handle."""
         h, lib = state.ptr, LIB_CUBLAS
         if state.stream != stream:
             self._call(lib, "cublasSetStream_v2", h, stream)  # resets the workspace to default
@@ -220,9 +250,19 @@ class CudaLibraries:
             self._call(lib, "cublasSetSmCountTarget", h, settings.sm_count_target)
             self._call(lib, "cublasSetPointerMode_v2", h, settings.pointer_mode)
             state.modes = modes
+
+    def gemm(self, state: HandleState, call: GemmCall, settings: BlasSettings, stream: int) -> None:
+        self._apply(state, settings, stream)
+        h, lib = state.ptr, LIB_CUBLAS
         alpha, beta, keep = _scalars(call.alpha, call.beta, settings.pointer_mode)
         c = call
-        if c.fn in GEMM_EX and c.fn in GEMM_STRIDED:
+        if c.fn in GEMM_EX and c.fn in GEMM_BATCHED:
+            args = (h, c.transa, c.transb, c.m, c.n, c.k, alpha, c.a, c.atype, c.lda, c.b,
+                    c.btype, c.ldb, beta, c.c, c.ctype, c.ldc, c.batch, c.compute_type, c.algo)
+        elif c.fn in GEMM_BATCHED:
+            args = (h, c.transa, c.transb, c.m, c.n, c.k, alpha, c.a, c.lda, c.b, c.ldb, beta,
+                    c.c, c.ldc, c.batch)
+        elif c.fn in GEMM_EX and c.fn in GEMM_STRIDED:
             args = (h, c.transa, c.transb, c.m, c.n, c.k, alpha, c.a, c.atype, c.lda, c.stride_a,
                     c.b, c.btype, c.ldb, c.stride_b, beta, c.c, c.ctype, c.ldc, c.stride_c,
                     c.batch, c.compute_type, c.algo)
@@ -237,6 +277,50 @@ class CudaLibraries:
                     c.c, c.ldc)
         self._call(lib, c.name, *args)
         del keep
+
+    def call(self, state: HandleState, fn: Any, args: list[int], scalars: list[bytes],
+             settings: BlasSettings, stream: int, host_result: bool) -> bytes | None:
+        """A function of the generic path (blas_calls.py) with its raw arguments: host scalars
+        and a host result through buffers of pilotd's (the library fills a host result before
+        it returns, as natively)."""
+        self._apply(state, settings, stream)
+        name = fn.name
+        c_fn = self._fns.get(name)
+        if c_fn is None:
+            c_fn = self._fn_generic(name, fn.kinds)
+        values: list[Any] = [state.ptr]
+        keep: list[Any] = []
+        result = None
+        host = settings.pointer_mode != POINTER_MODE_DEVICE
+        scalar = iter(scalars)
+        for kind, raw in zip(fn.kinds, args, strict=True):
+            if kind == "i":
+                values.append(raw - (1 << 64) if raw >= 1 << 63 else raw)
+            elif kind == "s" and host:
+                buf = ctypes.create_string_buffer(next(scalar), 16)
+                keep.append(buf)
+                values.append(ctypes.cast(buf, ctypes.c_void_p))
+            elif kind in ("r", "x") and host_result:
+                result = ctypes.create_string_buffer(4 if kind == "x" else fn.elem)
+                values.append(ctypes.cast(result, ctypes.c_void_p))
+            else:
+                values.append(raw or None)
+        status = c_fn(*values)
+        if status != STATUS_SUCCESS:
+            raise LibraryError(status, name)
+        del keep
+        return result.raw if result is not None else None
+
+    def _fn_generic(self, name: str, kinds: tuple[str, ...]) -> Any:
+        with self._lock:
+            lib = self._libs.get(LIB_CUBLAS)
+            if lib is None:
+                lib = self._libs[LIB_CUBLAS] = _load(SONAMES[LIB_CUBLAS])
+            fn = getattr(lib, name)
+            fn.argtypes = [_vp] + [_i if k == "i" else _vp for k in kinds]
+            fn.restype = ctypes.c_int
+            self._fns[name] = fn
+        return fn
 
     # ---- cuBLASLt ----
 

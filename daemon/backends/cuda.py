@@ -19,10 +19,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pilot.daemon.backends.base import (
@@ -1269,9 +1270,20 @@ class CudaBackend:
         return self._libraries.create(library, getattr(self._tls, "device", 0))
 
     def library_release(self, handle: Any) -> None:
+        if handle.scratch:
+            self.mem_free(handle.scratch[0])
+            handle.scratch = None
         self._libraries.release(handle)
 
     def blas_gemm(self, handle: Any, call: GemmCall, settings: BlasSettings, stream: Any) -> None:
+        if call.arrays is not None:  # pilotd's own copy of the checked pointer arrays
+            packed = b"".join(struct.pack(f"<{len(a)}Q", *a) for a in call.arrays)
+            scratch = self._libraries.scratch(handle, len(packed), _stream_ptr(stream),
+                                              self.mem_alloc, self.mem_free, self.stream_synchronize,
+                                              stream)
+            self.memcpy_htod(scratch, packed, len(packed), stream)
+            n = 8 * call.batch
+            call = replace(call, a=scratch, b=scratch + n, c=scratch + 2 * n)
         self._libraries.gemm(handle, call, settings, _stream_ptr(stream))
 
     def blaslt_matmul(self, handle: Any, call: LtCall, key: bytes, stream: Any) -> None:
@@ -1279,6 +1291,12 @@ class CudaBackend:
 
     def blaslt_heuristic(self, handle: Any, call: LtCall, key: bytes, requested: int) -> list[bytes]:
         return self._libraries.lt_heuristic(handle, call, key, requested)
+
+    def blas_call(self, handle: Any, fn: Any, args: list[int], named: dict[str, int],
+                  scalars: list[bytes], settings: BlasSettings, stream: Any,
+                  host_result: bool) -> bytes | None:
+        return self._libraries.call(handle, fn, args, scalars, settings, _stream_ptr(stream),
+                                    host_result)
 
 
 def _stream_ptr(stream: Any) -> int:

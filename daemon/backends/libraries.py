@@ -48,9 +48,14 @@ OP_N, OP_T, OP_C = 0, 1, 2
 # pilot_gemm_fn: the cuBLAS function a GEMM request names, and whether it is strided-batched.
 GEMM_FUNCTIONS = {1: "cublasSgemm_v2", 2: "cublasDgemm_v2", 3: "cublasHgemm", 4: "cublasGemmEx",
                   5: "cublasSgemmStridedBatched", 6: "cublasDgemmStridedBatched",
-                  7: "cublasHgemmStridedBatched", 8: "cublasGemmStridedBatchedEx"}
-GEMM_STRIDED = frozenset({5, 6, 7, 8})
-GEMM_EX = frozenset({4, 8})
+                  7: "cublasHgemmStridedBatched", 8: "cublasGemmStridedBatchedEx",
+                  9: "cublasCgemm_v2", 10: "cublasZgemm_v2", 11: "cublasCgemmStridedBatched",
+                  12: "cublasZgemmStridedBatched", 13: "cublasSgemmBatched",
+                  14: "cublasDgemmBatched", 15: "cublasCgemmBatched", 16: "cublasZgemmBatched",
+                  17: "cublasGemmBatchedEx"}
+GEMM_STRIDED = frozenset({5, 6, 7, 8, 11, 12})
+GEMM_BATCHED = frozenset({13, 14, 15, 16, 17})  # arrays of pointers
+GEMM_EX = frozenset({4, 8, 17})
 POINTER_MODE_HOST, POINTER_MODE_DEVICE = 0, 1
 
 # cuBLASLt attribute numbers pilotd reads (cublasLtMatmulDescAttributes_t, ...LayoutAttribute_t,
@@ -149,6 +154,9 @@ class GemmCall:
     stride_a: int = 0
     stride_b: int = 0
     stride_c: int = 0
+    # The pointer-array functions: each matrix's address, as pilotd read and checked them (a, b,
+    # c are then the program's arrays, which the backend does not pass on).
+    arrays: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
 
     @property
     def name(self) -> str:

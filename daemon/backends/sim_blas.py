@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from pilot.daemon.backends.libraries import (
@@ -153,7 +154,11 @@ def _op(m: Any, trans: int) -> Any:
 
 
 def gemm(region: Region, call: GemmCall, pointer_mode: int) -> None:
-    """One cuBLAS GEMM over the sim's memory."""
+    """One cuBLAS GEMM over the sim's memory (a pointer-array batch: one GEMM per matrix)."""
+    if call.arrays is not None:
+        for a, b, c in zip(*call.arrays, strict=True):
+            gemm(region, replace(call, a=a, b=b, c=c, batch=1, arrays=None), pointer_mode)
+        return
     np = _np()
     c = call
     combo = _COMBOS.get((c.atype, c.ctype))
@@ -260,3 +265,49 @@ def lt_heuristic(call: LtCall, requested: int) -> list[bytes]:
     _lt_shapes(call)
     result = SIM_ALGO + struct.pack("<QifIIII", 0, 0, 1.0, 0, 0, 0, 0)
     return [result][:requested]
+
+
+# ---- the generic path (blas_calls.py) ----
+
+def generic(region: Region, fn: Any, a: dict[str, int], scalars: list[bytes],
+            device_scalars: bool) -> bytes | None:
+    """One function of the generic path over the sim's memory; returns the result's bytes for
+    functions with a host result (dot, nrm2, asum, iamax, iamin), else None (a device result is
+    written to its pointer)."""
+    from pilot.daemon.backends import blas_calls
+
+    np = _np()
+    fam = blas_calls.FAMILIES[fn.family]
+    dtype = np.float32 if fn.type == "S" else np.float64
+    fmt = "<f" if fn.type == "S" else "<d"
+    values: dict[str, Any] = dict(a)
+    scalar_names = [name for name, kind in zip(fn.params, fn.kinds, strict=True) if kind == "s"]
+    for i, name in enumerate(scalar_names):
+        raw = bytes(region(a[name], fn.elem)) if device_scalars else scalars[i][:fn.elem]
+        values[name] = struct.unpack(fmt, raw)[0]
+    views: dict[str, Any] = {}
+    shapes = blas_calls.MATRIX_SHAPES.get(fn.family, {})
+    lengths = blas_calls.VECTOR_LENGTHS.get(fn.family, {})
+    for name, nbytes, _ in fam.ranges(a, fn.elem):
+        if nbytes == 0:
+            views[name] = np.zeros(0, dtype)
+            continue
+        raw = np.frombuffer(region(a[name], nbytes), dtype=dtype)
+        if name in shapes:
+            rows, cols, ld = shapes[name](a)
+            views[name] = np.lib.stride_tricks.as_strided(
+                raw, shape=(rows, cols), strides=(fn.elem, a[ld] * fn.elem), writeable=True)
+        else:
+            n, inc = lengths[name](a) if name in lengths else (a["n"], "inc" + name)
+            step = abs(a[inc]) * fn.elem
+            view = np.lib.stride_tricks.as_strided(raw, shape=(n,), strides=(step,), writeable=True)
+            views[name] = view[::-1] if a[inc] < 0 else view
+    result = fam.sim(np, values, views)
+    kinds = dict(zip(fn.params, fn.kinds, strict=True))
+    if kinds.get("result") not in ("r", "x"):
+        return None
+    packed = struct.pack("<i" if kinds["result"] == "x" else fmt, result)
+    if device_scalars:  # device pointer mode: the result goes to device memory
+        region(a["result"], len(packed))[:] = packed
+        return None
+    return packed

@@ -15,9 +15,10 @@ from __future__ import annotations
 import functools
 import logging
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from pilot.daemon.backends import blas_calls
 from pilot.daemon.backends.base import CUDA_ERROR_INVALID_RESOURCE_HANDLE, BackendError
 from pilot.daemon.backends.libraries import (
     DESC_ATTRS,
@@ -33,6 +34,7 @@ from pilot.daemon.backends.libraries import (
     EPI_BIAS,
     EPI_DEFAULT,
     EPILOGUES_WITHOUT_AUX,
+    GEMM_BATCHED,
     GEMM_FUNCTIONS,
     GEMM_STRIDED,
     LAYOUT_ATTRS,
@@ -162,7 +164,7 @@ def gemm_call(req: Any) -> GemmCall:
     if req.fn not in GEMM_FUNCTIONS:
         raise LibraryError(STATUS_INVALID_VALUE, f"GEMM function {req.fn}")
     strided = req.fn in GEMM_STRIDED
-    batch = req.batch if strided else 1
+    batch = req.batch if strided or req.fn in GEMM_BATCHED else 1
     if req.transa not in (OP_N, OP_T, OP_C) or req.transb not in (OP_N, OP_T, OP_C) or \
             min(req.m, req.n, req.k) < 0 or batch < 0 or \
             (strided and min(req.stride_a, req.stride_b, req.stride_c) < 0):
@@ -184,18 +186,44 @@ def gemm_call(req: Any) -> GemmCall:
         stride_b=req.stride_b if strided else 0, stride_c=req.stride_c if strided else 0)
 
 
+def read_pointer_arrays(vg: VGpu, s: Session, call: GemmCall, stream: Any) -> GemmCall:
+    """The pointer-array functions: the three arrays, read in stream order (what earlier work
+    wrote into them), each matrix they name checked; the backend passes its own copy of them, so
+    a later change of the program's arrays cannot redirect the GEMM."""
+    arrays = []
+    for ptr in (call.a, call.b, call.c):
+        s.check_range(ptr, 8 * call.batch)
+        raw = bytearray(8 * call.batch)
+        vg.backend.memcpy_dtoh(raw, ptr, len(raw), stream)
+        arrays.append(struct.unpack(f"<{call.batch}Q", raw))
+    rows_a, cols_a = (call.m, call.k) if call.transa == OP_N else (call.k, call.m)
+    rows_b, cols_b = (call.k, call.n) if call.transb == OP_N else (call.n, call.k)
+    for i in range(call.batch):
+        if call.k > 0:
+            s.check_range(arrays[0][i], matrix_span(rows_a, cols_a, call.lda,
+                                                    type_size(call.atype, "A")))
+            s.check_range(arrays[1][i], matrix_span(rows_b, cols_b, call.ldb,
+                                                    type_size(call.btype, "B")))
+        s.check_range(arrays[2][i], matrix_span(call.m, call.n, call.ldc, type_size(call.ctype, "C")))
+    return replace(call, arrays=(arrays[0], arrays[1], arrays[2]))
+
+
 def check_gemm(s: Session, call: GemmCall, settings: BlasSettings) -> int:
-    """Every range the GEMM reads or writes must be the session's; returns C's span."""
+    """Every range the GEMM reads or writes must be the session's; returns C's span (0 for the
+    pointer-array functions, whose matrices read_pointer_arrays checks)."""
     c = call
-    if c.k > 0:
+    if c.k > 0 and c.fn not in GEMM_BATCHED:
         rows_a, cols_a = (c.m, c.k) if c.transa == OP_N else (c.k, c.m)
         rows_b, cols_b = (c.k, c.n) if c.transb == OP_N else (c.n, c.k)
         s.check_range(c.a, matrix_span(rows_a, cols_a, c.lda, type_size(c.atype, "A"), c.batch,
                                        c.stride_a))
         s.check_range(c.b, matrix_span(rows_b, cols_b, c.ldb, type_size(c.btype, "B"), c.batch,
                                        c.stride_b))
-    span_c = matrix_span(c.m, c.n, c.ldc, type_size(c.ctype, "C"), c.batch, c.stride_c)
-    s.check_range(c.c, span_c)
+    if c.fn in GEMM_BATCHED:
+        span_c = 0
+    else:
+        span_c = matrix_span(c.m, c.n, c.ldc, type_size(c.ctype, "C"), c.batch, c.stride_c)
+        s.check_range(c.c, span_c)
     if settings.workspace_set and settings.workspace_size:
         s.check_range(settings.workspace, settings.workspace_size)
     if settings.pointer_mode == POINTER_MODE_DEVICE:
@@ -231,9 +259,84 @@ def blas_gemm(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
                             req.math_mode, req.pointer_mode, req.atomics_mode, req.sm_count_target)
     span_c = check_gemm(s, call, settings)
     stream = stream_for_work(vg, s, req.stream)
-    note_write(vg, s, call.c, span_c, stream)
+    if call.fn in GEMM_BATCHED:
+        call = read_pointer_arrays(vg, s, call, stream)
+        for ptr in set(call.arrays[2]):  # type: ignore[index]
+            note_write(vg, s, ptr, matrix_span(call.m, call.n, call.ldc,
+                                               type_size(call.ctype, "C")), stream)
+    else:
+        note_write(vg, s, call.c, span_c, stream)
     vg.backend.blas_gemm(h.obj, call, settings, stream)
     vg.metrics.count("library_calls", (s.tenant, call.name))
+
+
+# ---- the generic path (shim/cublas_calls.tsv) ----
+
+_GENERIC: dict[str, blas_calls.Function] = {}
+
+
+def _generic_function(payload: memoryview) -> blas_calls.Function:
+    if not _GENERIC:
+        _GENERIC.update(blas_calls.load_table())
+    name = bytes(payload).split(b"\0", 1)[0].decode(errors="replace")
+    fn = _GENERIC.get(name)
+    if fn is None:
+        raise LibraryError(STATUS_NOT_SUPPORTED, f"{name!r} is not a function pilotd runs")
+    return fn
+
+
+@OPS.handler(lib.PILOT_OP_BLAS_CALL, "pilot_req_blas_call")
+def blas_call(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    """A cuBLAS function of the generic path: the family's argument checks, every range it
+    touches, then the same function on the session's stream. A call whose result the host waits
+    for is answered with the library's status and the result; a posted one that fails is logged
+    and fails the next synchronizing call."""
+    h = _handle(s, req.handle, LIB_CUBLAS)
+    fn = _generic_function(payload)
+    host_result = req.pointer_mode == POINTER_MODE_HOST and any(k in "rx" for k in fn.kinds)
+    try:
+        if req.nargs != len(fn.kinds):
+            raise LibraryError(STATUS_INVALID_VALUE, f"{fn.name}: {req.nargs} arguments")
+        args = [int(req.args[i]) for i in range(req.nargs)]
+        named = blas_calls.named_args(fn, args)
+        blas_calls.check(fn, named)
+        device_scalars = req.pointer_mode == POINTER_MODE_DEVICE
+        params = fn.params
+        for name, kind in zip(params, fn.kinds, strict=True):
+            if kind == "s" and device_scalars:
+                s.check_range(named[name], fn.elem)
+            elif kind in "rx" and not host_result:
+                s.check_range(named[name], 4 if kind == "x" else fn.elem)
+        stream = stream_for_work(vg, s, req.stream)
+        for name, nbytes, written in blas_calls.FAMILIES[fn.family].ranges(named, fn.elem):
+            if nbytes:
+                s.check_range(named[name], nbytes)
+                if written:
+                    note_write(vg, s, named[name], nbytes, stream)
+        settings = BlasSettings(req.workspace, req.workspace_size, bool(req.workspace_set),
+                                req.math_mode, req.pointer_mode, req.atomics_mode,
+                                req.sm_count_target)
+        if settings.workspace_set and settings.workspace_size:
+            s.check_range(settings.workspace, settings.workspace_size)
+        scalars = [bytes(req.scalars[0]), bytes(req.scalars[1])]
+        result = vg.backend.blas_call(h.obj, fn, args, named, scalars, settings, stream,
+                                      host_result)
+        vg.metrics.count("library_calls", (s.tenant, fn.name))
+    except BackendError as exc:
+        if not host_result:
+            log.warning("session %d: %s refused: %s", s.id, fn.name, exc)
+            raise
+        if not isinstance(exc, LibraryError):
+            raise
+        log.info("session %d: %s: %s", s.id, fn.name, exc)
+        rep = new("pilot_rep_lib")
+        rep.status = exc.status
+        return rep
+    if not host_result:
+        return None
+    rep = new("pilot_rep_lib")
+    rep.status = STATUS_SUCCESS
+    return rep, result
 
 
 # ---- cuBLASLt ----

@@ -44,7 +44,7 @@ SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
             "alloc", "symbols", "runtime_misc", "managed", "callbacks", "ptds", "multidev",
             "launch_ex", "scrub", "pinned", "quota_paths", "footprint", "liveness", "devices",
             "fault", "mempool", "launch_order", "func_info", "arrays", "driver_api", "graphs",
-            "device_printf", "cublas_gemm",
+            "device_printf", "cublas_gemm", "cublas_level",
             "entry_point")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 SOURCES["ptds_per_thread"] = APPS_DIR / "ptds.cu"  # the same source, per-thread default streams
@@ -79,7 +79,7 @@ def _driver_flags(nvcc: str, out_dir: Path) -> tuple[list[str], str]:
     return [f"-DDRV_FATBIN={out_dir / 'driver_kernels.fatbin'}", "-arch=sm_90", "-L", str(stub),
             "-lcuda"], out
 def _blas_flags(out_dir: Path) -> list[str]:
-    """cublas_gemm links -lcublas -lcublasLt: the toolkit's where it has them (the H100), else
+    """cublas_gemm and cublas_level link -lcublas -lcublasLt: the toolkit's where it has them (the H100), else
     pilot's stand-ins, whose SONAMEs are NVIDIA's (the program then needs them preloaded)."""
     lib = Path(NVCC).resolve().parent.parent / "lib64"
     if (lib / "libcublas.so").exists() and (lib / "libcublasLt.so").exists():
@@ -146,7 +146,7 @@ def app_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
         if name == "driver_api":
             flags, pre = _driver_flags(nvcc, out_dir)
             extra += flags
-        if name == "cublas_gemm":
+        if name.startswith("cublas_"):
             extra += _blas_flags(out_dir)
         cmd = [nvcc, *NVCC_FLAGS, *extra, "-o", str(exe), str(SOURCES[name])]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -1,4 +1,4 @@
-// cuBLAS and cuBLASLt for the test programs: NVIDIA's headers where the toolkit has them (the
+// cuBLAS and cuBLASLt for the test programs, and their CHECK/BLAS macros: NVIDIA's headers where the toolkit has them (the
 // H100), else the declarations the programs use (CI has nvcc but no cuBLAS; the programs then
 // link against pilot's stand-ins, which have the same SONAMEs and ABI).
 #pragma once
@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #else
+#include <cuComplex.h>
 #include <cuda_fp16.h>
 #include <library_types.h>
 #include <cstddef>
@@ -82,6 +83,49 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
                                          long long sa, const float *B, int ldb, long long sb,
                                          const float *beta, float *C, int ldc, long long sc,
                                          int batch);
+typedef enum { CUBLAS_FILL_MODE_LOWER = 0, CUBLAS_FILL_MODE_UPPER = 1 } cublasFillMode_t;
+typedef enum { CUBLAS_DIAG_NON_UNIT = 0, CUBLAS_DIAG_UNIT = 1 } cublasDiagType_t;
+typedef enum { CUBLAS_SIDE_LEFT = 0, CUBLAS_SIDE_RIGHT = 1 } cublasSideMode_t;
+cublasStatus_t cublasSaxpy_v2(cublasHandle_t h, int n, const float *alpha, const float *x, int incx,
+                              float *y, int incy);
+cublasStatus_t cublasDaxpy_v2(cublasHandle_t h, int n, const double *alpha, const double *x,
+                              int incx, double *y, int incy);
+cublasStatus_t cublasSscal_v2(cublasHandle_t h, int n, const float *alpha, float *x, int incx);
+cublasStatus_t cublasScopy_v2(cublasHandle_t h, int n, const float *x, int incx, float *y, int incy);
+cublasStatus_t cublasSswap_v2(cublasHandle_t h, int n, float *x, int incx, float *y, int incy);
+cublasStatus_t cublasSdot_v2(cublasHandle_t h, int n, const float *x, int incx, const float *y,
+                             int incy, float *result);
+cublasStatus_t cublasDdot_v2(cublasHandle_t h, int n, const double *x, int incx, const double *y,
+                             int incy, double *result);
+cublasStatus_t cublasSnrm2_v2(cublasHandle_t h, int n, const float *x, int incx, float *result);
+cublasStatus_t cublasSasum_v2(cublasHandle_t h, int n, const float *x, int incx, float *result);
+cublasStatus_t cublasIsamax_v2(cublasHandle_t h, int n, const float *x, int incx, int *result);
+cublasStatus_t cublasIsamin_v2(cublasHandle_t h, int n, const float *x, int incx, int *result);
+cublasStatus_t cublasSgemv_v2(cublasHandle_t h, cublasOperation_t trans, int m, int n,
+                              const float *alpha, const float *A, int lda, const float *x,
+                              int incx, const float *beta, float *y, int incy);
+cublasStatus_t cublasDgemv_v2(cublasHandle_t h, cublasOperation_t trans, int m, int n,
+                              const double *alpha, const double *A, int lda, const double *x,
+                              int incx, const double *beta, double *y, int incy);
+cublasStatus_t cublasSger_v2(cublasHandle_t h, int m, int n, const float *alpha, const float *x,
+                             int incx, const float *y, int incy, float *A, int lda);
+cublasStatus_t cublasSgeam(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                           int n, const float *alpha, const float *A, int lda, const float *beta,
+                           const float *B, int ldb, float *C, int ldc);
+cublasStatus_t cublasStrsm_v2(cublasHandle_t h, cublasSideMode_t side, cublasFillMode_t uplo,
+                              cublasOperation_t trans, cublasDiagType_t diag, int m, int n,
+                              const float *alpha, const float *A, int lda, float *B, int ldb);
+cublasStatus_t cublasSsyrk_v2(cublasHandle_t h, cublasFillMode_t uplo, cublasOperation_t trans,
+                              int n, int k, const float *alpha, const float *A, int lda,
+                              const float *beta, float *C, int ldc);
+cublasStatus_t cublasSgemmBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                                  int m, int n, int k, const float *alpha, const float *const A[],
+                                  int lda, const float *const B[], int ldb, const float *beta,
+                                  float *const C[], int ldc, int batch);
+cublasStatus_t cublasZgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                              int n, int k, const cuDoubleComplex *alpha, const cuDoubleComplex *A,
+                              int lda, const cuDoubleComplex *B, int ldb,
+                              const cuDoubleComplex *beta, cuDoubleComplex *C, int ldc);
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *handle);
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle);
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute,
@@ -133,4 +177,41 @@ static inline cublasStatus_t cublasLtMatrixLayoutInit(cublasLtMatrixLayout_t l, 
 #define cublasSetPointerMode cublasSetPointerMode_v2
 #define cublasSgemm cublasSgemm_v2
 #define cublasDgemm cublasDgemm_v2
+#define cublasZgemm cublasZgemm_v2
+#define cublasSaxpy cublasSaxpy_v2
+#define cublasDaxpy cublasDaxpy_v2
+#define cublasSscal cublasSscal_v2
+#define cublasScopy cublasScopy_v2
+#define cublasSswap cublasSswap_v2
+#define cublasSdot cublasSdot_v2
+#define cublasDdot cublasDdot_v2
+#define cublasSnrm2 cublasSnrm2_v2
+#define cublasSasum cublasSasum_v2
+#define cublasIsamax cublasIsamax_v2
+#define cublasIsamin cublasIsamin_v2
+#define cublasSgemv cublasSgemv_v2
+#define cublasDgemv cublasDgemv_v2
+#define cublasSger cublasSger_v2
+#define cublasStrsm cublasStrsm_v2
+#define cublasSsyrk cublasSsyrk_v2
 #endif
+
+#include <cstdio>
+
+// A failed CUDA or cuBLAS call ends the program with its name and line.
+#define CHECK(call)                                                                        \
+    do {                                                                                   \
+        cudaError_t e_ = (call);                                                           \
+        if (e_ != cudaSuccess) {                                                           \
+            std::printf("FAILED %s: %s (line %d)\n", #call, cudaGetErrorName(e_), __LINE__); \
+            return 1;                                                                      \
+        }                                                                                  \
+    } while (0)
+#define BLAS(call)                                                                         \
+    do {                                                                                   \
+        cublasStatus_t s_ = (call);                                                        \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                 \
+            std::printf("FAILED %s: %s (line %d)\n", #call, cublasGetStatusName(s_), __LINE__); \
+            return 1;                                                                      \
+        }                                                                                  \
+    } while (0)

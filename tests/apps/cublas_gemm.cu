@@ -8,6 +8,7 @@
 //
 // `cublas_gemm isolation` (under pilot only) passes a matrix that is not the program's memory:
 // pilotd refuses the GEMM and the next synchronizing call reports the error.
+#include <cuComplex.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -18,22 +19,6 @@
 
 #include "cublas_decls.h"
 
-#define CHECK(call)                                                                        \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) {                                                           \
-            std::printf("FAILED %s: %s (line %d)\n", #call, cudaGetErrorName(e_), __LINE__); \
-            return 1;                                                                      \
-        }                                                                                  \
-    } while (0)
-#define BLAS(call)                                                                         \
-    do {                                                                                   \
-        cublasStatus_t s_ = (call);                                                        \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                 \
-            std::printf("FAILED %s: %s (line %d)\n", #call, cublasGetStatusName(s_), __LINE__); \
-            return 1;                                                                      \
-        }                                                                                  \
-    } while (0)
 
 // C = alpha op(A) op(B) + beta C, column-major, on the CPU in double precision.
 static void ref_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const std::vector<double> &A,
@@ -200,6 +185,76 @@ static int strided_batched(cublasHandle_t h)
     return 0;
 }
 
+// Pointer-array batches (cublasSgemmBatched) and a complex GEMM (cublasZgemm).
+static int batched_and_complex(cublasHandle_t h)
+{
+    const int m = 12, n = 9, k = 7, batch = 4;
+    std::vector<float *> ha(batch), hb(batch), hc(batch);
+    std::vector<std::vector<double>> A(batch), B(batch), C(batch);
+    for (int i = 0; i < batch; i++) {
+        A[i] = values((size_t)m * k, 20 + i), B[i] = values((size_t)k * n, 30 + i);
+        C[i] = values((size_t)m * n, 40 + i);
+        auto fa = as<float>(A[i]), fb = as<float>(B[i]), fc = as<float>(C[i]);
+        CHECK(cudaMalloc(&ha[i], fa.size() * 4));
+        CHECK(cudaMalloc(&hb[i], fb.size() * 4));
+        CHECK(cudaMalloc(&hc[i], fc.size() * 4));
+        CHECK(cudaMemcpy(ha[i], fa.data(), fa.size() * 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(hb[i], fb.data(), fb.size() * 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(hc[i], fc.data(), fc.size() * 4, cudaMemcpyHostToDevice));
+    }
+    float **da, **db, **dc;
+    CHECK(cudaMalloc(&da, batch * sizeof(float *)));
+    CHECK(cudaMalloc(&db, batch * sizeof(float *)));
+    CHECK(cudaMalloc(&dc, batch * sizeof(float *)));
+    CHECK(cudaMemcpy(da, ha.data(), batch * sizeof(float *), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(db, hb.data(), batch * sizeof(float *), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dc, hc.data(), batch * sizeof(float *), cudaMemcpyHostToDevice));
+    float alpha = 1.25f, beta = -1.0f;
+    BLAS(cublasSgemmBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, da, m, db, k, &beta, dc,
+                            m, batch));
+    bool all = true;
+    for (int i = 0; i < batch; i++) {
+        std::vector<float> got((size_t)m * n);
+        CHECK(cudaMemcpy(got.data(), hc[i], got.size() * 4, cudaMemcpyDeviceToHost));
+        ref_gemm(false, false, m, n, k, 1.25, A[i], m, B[i], k, -1.0, C[i], m);
+        for (size_t j = 0; j < got.size(); j++)
+            all &= std::fabs(got[j] - C[i][j]) <= 1e-4 * (1 + std::fabs(C[i][j]));
+        cudaFree(ha[i]), cudaFree(hb[i]), cudaFree(hc[i]);
+    }
+    std::printf("sgemm batched (pointer arrays): %s\n", all ? "ok" : "MISMATCH");
+    cudaFree(da), cudaFree(db), cudaFree(dc);
+    // C = alpha A B with complex doubles: A 3x2, B 2x2, alpha = i
+    double a[12] = {1, 0, 0, 1, 2, -1, 3, 0, 0, -2, 1, 1}, b[8] = {1, 1, 2, 0, 0, 1, 1, -1};
+    double want[12];
+    for (int j = 0; j < 2; j++)
+        for (int r = 0; r < 3; r++) {
+            double re = 0, im = 0;
+            for (int p = 0; p < 2; p++) {
+                double ar = a[2 * (r + 3 * p)], ai = a[2 * (r + 3 * p) + 1];
+                double br = b[2 * (p + 2 * j)], bi = b[2 * (p + 2 * j) + 1];
+                re += ar * br - ai * bi, im += ar * bi + ai * br;
+            }
+            want[2 * (r + 3 * j)] = -im, want[2 * (r + 3 * j) + 1] = re; // times i
+        }
+    double *dA, *dB, *dC;
+    CHECK(cudaMalloc(&dA, sizeof a));
+    CHECK(cudaMalloc(&dB, sizeof b));
+    CHECK(cudaMalloc(&dC, sizeof want));
+    CHECK(cudaMemcpy(dA, a, sizeof a, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dB, b, sizeof b, cudaMemcpyHostToDevice));
+    cuDoubleComplex zi = {0, 1}, z0 = {0, 0};
+    BLAS(cublasZgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 3, 2, 2, &zi, (cuDoubleComplex *)dA, 3,
+                     (cuDoubleComplex *)dB, 2, &z0, (cuDoubleComplex *)dC, 3));
+    double got[12];
+    CHECK(cudaMemcpy(got, dC, sizeof got, cudaMemcpyDeviceToHost));
+    bool same = true;
+    for (int i = 0; i < 12; i++)
+        same &= std::fabs(got[i] - want[i]) < 1e-12;
+    std::printf("zgemm: %s\n", same ? "ok" : "MISMATCH");
+    cudaFree(dA), cudaFree(dB), cudaFree(dC);
+    return 0;
+}
+
 static int vectors(void)
 {
     float host[12], back[12] = {0};
@@ -316,6 +371,15 @@ static int isolation(cublasHandle_t h)
     cudaError_t err = cudaDeviceSynchronize();
     std::printf("next synchronize: %s\n", cudaGetErrorName(err));
     std::printf("then: %s\n", cudaGetErrorName(cudaDeviceSynchronize()));
+    // a pointer array naming memory that is not the program's: the whole batch is refused
+    float *list[2] = {mine, (float *)(uintptr_t)0x7000000000ull}, **dlist;
+    CHECK(cudaMalloc(&dlist, sizeof list));
+    CHECK(cudaMemcpy(dlist, list, sizeof list, cudaMemcpyHostToDevice));
+    st = cublasSgemmBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &alpha, dlist, 8, dlist, 8, &beta,
+                            dlist, 8, 2);
+    std::printf("batched gemm with a foreign pointer issued: %s\n", cublasGetStatusName(st));
+    std::printf("next synchronize: %s\n", cudaGetErrorName(cudaDeviceSynchronize()));
+    cudaFree(dlist);
     cudaFree(mine);
     return 0;
 }
@@ -362,7 +426,7 @@ int main(int argc, char **argv)
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     if (sgemm_cases(h) || dgemm_device_scalars(h, stream) || gemm_ex_half(h) || strided_batched(h) ||
-        vectors())
+        batched_and_complex(h) || vectors())
         return 1;
     cublasLtHandle_t lt;
     BLAS(cublasLtCreate(&lt));

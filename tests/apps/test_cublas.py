@@ -31,6 +31,8 @@ sgemm TT: ok
 dgemm device scalars, stream: ok
 gemmEx half->float, beta 0 over NaN, workspace: ok
 sgemm strided batched: ok
+sgemm batched (pointer arrays): ok
+zgemm: ok
 strided vectors: 0 3 6 9
 cublasSetVector incx 0: CUBLAS_STATUS_INVALID_VALUE
 cublasSetMatrix lda < rows: CUBLAS_STATUS_MAPPING_ERROR
@@ -39,6 +41,28 @@ lt heuristic returned at least one: 1, first usable: 1
 lt matmul relu+bias, transposed A, row-major B, batched: ok
 lt matmul, no algorithm given: ok
 lt heuristic, 0 requested: CUBLAS_STATUS_INVALID_VALUE
+done
+"""
+
+
+# cublas_level.cu natively on the H100 (the generic path: level 1, gemv, ger, geam, trsm, syrk,
+# results to the host and to device memory, conjugate gradients).
+EXPECTED_LEVEL = """\
+saxpy strided: ok
+saxpy negative incx: ok
+sdot, snrm2, sasum to the host: ok
+isamax 18 isamin 6 (1-based, first of equals)
+sscal, scopy, sswap: ok
+scopy, sswap into x: ok
+results in device memory equal the host's: 1 1
+sdot n = -1: CUBLAS_STATUS_SUCCESS, result 0
+sgemv transposed: ok
+sger: ok
+sgeam: ok
+strsm (L X = 3 B): ok
+ssyrk upper: ok
+sgemv lda < m: CUBLAS_STATUS_INVALID_VALUE
+conjugate gradients: residual below 1e-9: 1, iterations <= 64: 1
 done
 """
 
@@ -54,16 +78,26 @@ def test_cublas_program_prints_what_the_h100_prints(run_under_pilot, blas_env, d
     assert proc.stdout == EXPECTED, f"{proc.stderr}\n{daemon_log()}"
 
 
+def test_cublas_beyond_gemm_prints_what_the_h100_prints(run_under_pilot, blas_env,
+                                                        daemon_log) -> None:
+    proc = run_under_pilot("cublas_level", env=blas_env)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
+    assert proc.stdout == EXPECTED_LEVEL, f"{proc.stderr}\n{daemon_log()}"
+
+
 def test_a_gemm_outside_the_programs_memory_is_refused(run_under_pilot, blas_env,
                                                        daemon_log) -> None:
     """A reaches past the program's allocation: pilotd refuses the GEMM (it never runs), the next
-    synchronize reports cudaErrorInvalidValue, the one after succeeds, and the log says why."""
+    synchronize reports cudaErrorInvalidValue, the one after succeeds, and the log says why; a
+    pointer array naming memory that is not the program's is refused the same way."""
     proc = run_under_pilot("cublas_gemm", "isolation", env=blas_env)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
     assert proc.stdout.splitlines() == [
         "out-of-range gemm issued: CUBLAS_STATUS_SUCCESS",
         "next synchronize: cudaErrorInvalidValue",
-        "then: cudaSuccess"], proc.stdout
+        "then: cudaSuccess",
+        "batched gemm with a foreign pointer issued: CUBLAS_STATUS_SUCCESS",
+        "next synchronize: cudaErrorInvalidValue"], proc.stdout
     assert "blas_gemm refused" in daemon_log() and "is not memory of this session" in daemon_log()
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# cuBLAS and cuBLASLt on a real GPU (issue 13, route B): tests/apps/cublas_gemm.cu, linked with
-# NVIDIA's -lcublas -lcublasLt, runs natively and under `pilot run` (libpilot.so and the
-# stand-ins libpilot-cublas.so, libpilot-cublasLt.so preloaded; pilotd runs NVIDIA's libraries),
-# and their stdout must be identical byte for byte. Then `cublas_gemm isolation` under pilot: a
+# cuBLAS and cuBLASLt on a real GPU (issue 13, route B): tests/apps/cublas_gemm.cu and
+# cublas_level.cu, linked with NVIDIA's -lcublas -lcublasLt, run natively and under `pilot run`
+# (libpilot.so and the stand-ins libpilot-cublas.so, libpilot-cublasLt.so preloaded; pilotd runs
+# NVIDIA's libraries), and their stdout must be identical byte for byte. Then `cublas_gemm isolation` under pilot: a
 # GEMM reaching past the program's memory is refused and the next synchronize reports it.
 #
 #   tests/gpu/cublas_compare.sh               install pilot (run_compare.sh --install-only), compare
@@ -44,37 +44,44 @@ trap cleanup EXIT
 
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 LIB=$(dirname "$(dirname "$(readlink -f "$NVCC")")")/lib64
-say "building cublas_gemm with $NVCC -arch=$NVCC_ARCH against $LIB"
-"$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$WORK/cublas_gemm" \
-    "$REPO/tests/apps/cublas_gemm.cu" -L "$LIB" -lcublasLt -lcublas >>"$LOG" 2>&1 ||
-    { say "build failed; see $LOG"; cat "$LOG" >&2; exit 1; }
+PROGRAMS=(cublas_gemm cublas_level)
+for prog in "${PROGRAMS[@]}"; do
+    say "building $prog with $NVCC -arch=$NVCC_ARCH against $LIB"
+    "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$WORK/$prog" \
+        "$REPO/tests/apps/$prog.cu" -L "$LIB" -lcublasLt -lcublas >>"$LOG" 2>&1 ||
+        { say "build failed; see $LOG"; cat "$LOG" >&2; exit 1; }
+done
 
 pilotd_start "$OUT/pilotd-cublas.log" --backend cuda --socket "$SOCK" || exit 2
-env -u LD_PRELOAD -u PILOT_SOCKET LD_LIBRARY_PATH="$LIB" "$WORK/cublas_gemm" \
-    >"$WORK/native.out" 2>"$WORK/native.err"
-native=$?
-env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/cublas_gemm" \
-    >"$WORK/pilot.out" 2>"$WORK/pilot.err"
-under=$?
+status=0
+for prog in "${PROGRAMS[@]}"; do
+    env -u LD_PRELOAD -u PILOT_SOCKET LD_LIBRARY_PATH="$LIB" "$WORK/$prog" \
+        >"$WORK/$prog.native.out" 2>"$WORK/$prog.native.err"
+    native=$?
+    env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/$prog" \
+        >"$WORK/$prog.pilot.out" 2>"$WORK/$prog.pilot.err"
+    under=$?
+    {
+        echo "### $prog native (exit $native)"; cat "$WORK/$prog.native.out" "$WORK/$prog.native.err"
+        echo "### $prog pilot (exit $under)"; cat "$WORK/$prog.pilot.out" "$WORK/$prog.pilot.err"
+        echo "### $prog diff"
+    } >>"$LOG"
+    if [ "$native" = "$under" ] && diff -u "$WORK/$prog.native.out" "$WORK/$prog.pilot.out" >>"$LOG"; then
+        say "$prog: identical (exit $native, $(grep -c ': ok$' "$WORK/$prog.pilot.out") checks ok)"
+    else
+        say "$prog: DIFFERENT (native exit $native, pilot exit $under); see $LOG"
+        diff -u "$WORK/$prog.native.out" "$WORK/$prog.pilot.out" >&2
+        status=1
+    fi
+done
 env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/cublas_gemm" isolation \
     >"$WORK/isolation.out" 2>"$WORK/isolation.err"
 isolation=$?
 {
-    echo "### native (exit $native)"; cat "$WORK/native.out" "$WORK/native.err"
-    echo "### pilot (exit $under)"; cat "$WORK/pilot.out" "$WORK/pilot.err"
     echo "### isolation under pilot (exit $isolation)"; cat "$WORK/isolation.out" "$WORK/isolation.err"
-    echo "### diff"
 } >>"$LOG"
-status=0
-if [ "$native" = "$under" ] && diff -u "$WORK/native.out" "$WORK/pilot.out" >>"$LOG"; then
-    say "cublas_gemm: identical (exit $native, $(grep -c ': ok$' "$WORK/pilot.out") checks ok)"
-else
-    say "cublas_gemm: DIFFERENT (native exit $native, pilot exit $under); see $LOG"
-    diff -u "$WORK/native.out" "$WORK/pilot.out" >&2
-    status=1
-fi
-if grep -q "next synchronize: cudaErrorInvalidValue" "$WORK/isolation.out" && [ "$isolation" = 0 ]; then
-    say "isolation: the out-of-range GEMM was refused"
+if [ "$(grep -c "next synchronize: cudaErrorInvalidValue" "$WORK/isolation.out")" = 2 ] && [ "$isolation" = 0 ]; then
+    say "isolation: the out-of-range GEMM and the foreign pointer array were refused"
 else
     say "isolation: NOT refused as expected:"
     cat "$WORK/isolation.out" "$WORK/isolation.err" >&2

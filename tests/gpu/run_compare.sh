@@ -143,10 +143,10 @@ for src in "$REPO"/tests/apps/*.cu "$REPO/tests/gpu/matmul_tiled.cu" "$REPO/test
     # cuda12.cu is a CUDA 12 program: it builds against the 12.x runtime headers
     # (tests/apps/test_cuda12.py), not with this machine's nvcc 13.
     # driver_api.cu (with driver_kernels.cu, its module) links -lcuda and loads a cubin:
-    # tests/gpu/driver_compare.sh builds and compares it. cublas_gemm.cu links cuBLAS:
+    # tests/gpu/driver_compare.sh builds and compares it. cublas_*.cu link cuBLAS:
     # tests/gpu/cublas_compare.sh.
     case "$(basename "$src")" in
-        cuda12.cu | driver_api.cu | driver_kernels.cu | cublas_gemm.cu) ;;
+        cuda12.cu | driver_api.cu | driver_kernels.cu | cublas_*.cu) ;;
         *) SOURCES+=("$src") ;;
     esac
 done

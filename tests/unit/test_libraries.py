@@ -213,3 +213,43 @@ def test_sim_lt_matmul_bias_relu_in_bf16() -> None:
     got = raw.view(np.float32).reshape(n, m).T
     ref = np.maximum(a.reshape(k, m).T @ b.reshape(n, k).T + bias[:, None], 0)
     np.testing.assert_allclose(got, ref, rtol=1e-2)
+
+
+# ---- the generic path (shim/cublas_calls.tsv, cublas_families.tsv, backends/blas_calls.py) ----
+
+def test_every_family_of_the_tables_has_ranges_and_an_emulation() -> None:
+    from pilot.daemon.backends import blas_calls
+
+    table = blas_calls.load_table()
+    assert {fn.family for fn in table.values()} == set(blas_calls.FAMILIES)
+    for fn in table.values():
+        assert len(fn.params) == len(fn.kinds), fn.name
+        assert {"S": 4, "D": 8}[fn.type] == fn.elem
+
+
+@pytest.mark.parametrize(("over", "bad"), [
+    ({}, 0), ({"trans": 7}, 1), ({"m": -1}, 2), ({"lda": 3}, 6), ({"incx": 0}, 8),
+    ({"incy": 0}, 11), ({"trans": 1, "lda": 9, "m": 9}, 0)])
+def test_the_c_checks_read_the_same_in_pilotd(over: dict[str, int], bad: int) -> None:
+    """pilotd evaluates the families table's C expressions itself (the client is not trusted)."""
+    from pilot.daemon.backends import blas_calls
+
+    fn = blas_calls.load_table()["cublasSgemv_v2"]
+    args = dict(trans=0, m=4, n=5, alpha=0, A=0, lda=4, x=0, incx=1, beta=0, y=0, incy=1)
+    args.update(over)
+    if not bad:
+        blas_calls.check(fn, args)
+        return
+    with pytest.raises(LibraryError, match=f"argument {bad}$"):
+        blas_calls.check(fn, args)
+
+
+def test_ranges_of_a_strided_level_1_call_and_a_transposed_geam() -> None:
+    from pilot.daemon.backends import blas_calls
+
+    axpy = blas_calls.FAMILIES["axpy"].ranges(dict(n=10, incx=-3, incy=2), 4)
+    assert axpy == [("x", (1 + 9 * 3) * 4, False), ("y", (1 + 9 * 2) * 4, True)]
+    geam = blas_calls.FAMILIES["geam"].ranges(dict(transa=1, transb=0, m=3, n=5, lda=6, ldb=3,
+                                                   ldc=4), 8)
+    assert geam == [("A", matrix_span(5, 3, 6, 8), False), ("B", matrix_span(3, 5, 3, 8), False),
+                    ("C", matrix_span(3, 5, 4, 8), True)]

@@ -59,11 +59,11 @@ def test_check_passes_on_the_built_stand_ins() -> None:
 
 
 def test_check_flags_sources_that_disagree_with_the_table(tmp_path: Path) -> None:
-    for name in ("cublas_exports.tsv", "cublasLt_exports.tsv", "cublaslt_api.c"):
+    for name in ("cublas_exports.tsv", "cublasLt_exports.tsv", "cublaslt_api.c", "cublas_calls.tsv"):
         shutil.copy(REPO / "shim" / name, tmp_path / name)
     # a stub row defined by hand, and an export missing from the table
     (tmp_path / "cublas_api.c").write_text((REPO / "shim" / "cublas_api.c").read_text() + (
-        "\nPILOT_BLAS_EXPORT int cublasSaxpy_v2(void) { return 0; }\n"
+        "\nPILOT_BLAS_EXPORT int cublasSrot_v2(void) { return 0; }\n"
         "PILOT_BLAS_EXPORT int cublasNotAFunction(void) { return 0; }\n"))
     rep = check.Report()
     check.run_checks_libraries(argparse.Namespace(shim_dir=tmp_path, libblas=[]), rep)
@@ -75,10 +75,10 @@ def test_a_stub_logs_once_and_returns_not_supported() -> None:
     proc = subprocess.run(
         [sys.executable, "-c",
          "import ctypes,sys; lib = ctypes.CDLL(sys.argv[1]); "
-         "print(lib.cublasSaxpy_v2(), lib.cublasSaxpy_v2(), lib.cublasGetStatusName is not None)",
+         "print(lib.cublasSrot_v2(), lib.cublasSrot_v2(), lib.cublasGetStatusName is not None)",
          str(standin_path("libcublas.so.13"))], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["15", "15", "True"], proc.stdout + proc.stderr
-    assert proc.stderr.count("cublasSaxpy_v2 is not supported by pilot yet") == 1, proc.stderr
+    assert proc.stderr.count("cublasSrot_v2 is not supported by pilot yet") == 1, proc.stderr
     assert lib.cublasGetStatusName  # the library loads on its own (no libpilot.so needed to load)
 
 
@@ -90,5 +90,18 @@ def test_generated_stubs_compile_warning_free(table: str, tmp_path: Path) -> Non
     out.write_text(gen.gen_library_stubs(gen.read_tsv(gen.LIBRARY_TABLES[table]),
                                          gen.LIBRARY_TABLES[table], table))
     proc = subprocess.run(["gcc", "-c", "-Wall", "-Wextra", "-Werror", "-o", str(tmp_path / "x.o"),
+                           str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_generated_generic_calls_compile_warning_free(tmp_path: Path) -> None:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not installed")
+    out = tmp_path / "cublas_calls.c"
+    out.write_text(gen.gen_cublas_calls(gen.read_tsv(gen.CUBLAS_CALLS),
+                                        gen.read_tsv(gen.CUBLAS_FAMILIES), gen.CUBLAS_CALLS))
+    include = "/usr/local/cuda/include"
+    proc = subprocess.run(["gcc", "-c", "-std=gnu11", "-Wall", "-Wextra", "-Werror",
+                           f"-I{REPO / 'shim'}", f"-I{include}", "-o", str(tmp_path / "x.o"),
                            str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -279,3 +279,21 @@ def test_shim_path_cuda_option() -> None:
     assert _run("shim-path", "--cuda", "12").output.strip() == str(shim_path(12))
     res = _run("shim-path", "--cuda", "11")
     assert res.exit_code == 2 and "'11' is not one of '12', '13'" in res.output
+
+
+def test_run_drops_pytorchs_expandable_segments_with_a_notice(progs: Programs,
+                                                             exec_calls: list) -> None:
+    """expandable_segments needs the CUDA virtual memory calls pilot does not carry: the program
+    runs with PyTorch's ordinary allocator, the rest of the setting is kept."""
+    res = _run("run", "--", str(progs.plain), env={
+        "LD_PRELOAD": "", "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True",
+        "PYTORCH_ALLOC_CONF": "expandable_segments:true"})
+    assert res.exit_code == 0, res.output
+    env = exec_calls[-1][2]
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+    assert "PYTORCH_ALLOC_CONF" not in env
+    assert "expandable_segments is not supported under pilot" in res.output
+    res = _run("run", "--", str(progs.plain), env={"LD_PRELOAD": "",
+                                                   "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    assert exec_calls[-1][2]["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:64"
+    assert "expandable_segments" not in res.output

@@ -70,6 +70,19 @@ def main(step: str) -> None:
             out = lin.to(dev, dtype)(x.to(dev, dtype)).float().cpu()
             assert torch.allclose(out, ref, rtol=tol, atol=tol), (dtype, (out - ref).abs().max())
         print("linear ok")
+    elif step == "blas2":
+        # matrix-vector and dot products: cuBLAS's gemv and dot (the generic path)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        m = torch.randn(64, 48, generator=g, dtype=torch.float64)
+        v = torch.randn(48, generator=g, dtype=torch.float64)
+        w = torch.randn(64, generator=g, dtype=torch.float64)
+        assert torch.allclose((m.to(dev) @ v.to(dev)).cpu(), m @ v)
+        assert torch.allclose((m.T.to(dev) @ w.to(dev)).cpu(), m.T @ w)
+        assert torch.allclose(torch.dot(v.to(dev), v.to(dev)).cpu(), torch.dot(v, v))
+        mf = m.float()
+        assert torch.allclose(torch.addmv(w.float().to(dev), mf.to(dev), v.float().to(dev)).cpu(),
+                              torch.addmv(w.float(), mf, v.float()), rtol=1e-4, atol=1e-4)
+        print("blas2 ok")
     elif step == "bmm":
         torch.backends.cuda.matmul.allow_tf32 = False
         p = torch.randn(8, 64, 32, generator=g)
