@@ -185,7 +185,7 @@ EOF
 
 # ---- programs not run, and why (the GPU run lists them too) ----
 EXCLUDED=$(cat <<'EOF'
-UnifiedMemoryStreams|cs:0_Introduction/UnifiedMemoryStreams|cuBLAS (and managed memory, OpenMP)
+UnifiedMemoryStreams, batchCUBLAS, matrixMulCUBLAS, simpleCUBLAS, simpleCUBLAS_LU|cs:cuBLAS|cuBLAS samples: this toolkit has no cuBLAS to build them; tests/gpu/cublas_samples.sh builds and compares them on the GPU machine
 clock_nvrtc, matrixMul_nvrtc, simpleAssert_nvrtc, simpleAtomicIntrinsics_nvrtc, vectorAdd_nvrtc, inlinePTX_nvrtc, BlackScholes_nvrtc, binomialOptions_nvrtc, quasirandomGenerator_nvrtc|cs:*_nvrtc|NVRTC + driver API (cuModuleLoad, cuLaunchKernel): bypass the runtime pilot interposes
 matrixMulDrv, vectorAddDrv, simpleTextureDrv, deviceQueryDrv, vectorAddMMAP, simpleDrvRuntime, matrixMulDynlinkJIT, threadMigration, ptxjit, cudaCompressibleMemory, memMapIPCDrv|cs:driver API|driver API (libcuda) programs: pilot interposes only the runtime
 simpleMPI|cs:0_Introduction/simpleMPI|MPI
@@ -194,7 +194,7 @@ streamOrderedAllocationIPC|cs:2_Concepts_and_Techniques/streamOrderedAllocationI
 simpleCUDA2GL, simpleTexture3D, boxFilter, imageDenoising, particles, FunctionPointers, bindlessTexture, Mandelbrot, SobelFilter, bicubicTexture, bilateralFilter, fluidsGL, marchingCubes, nbody, postProcessGL, recursiveGaussian, simpleGL, smokeParticles, volumeFiltering, volumeRender|cs:graphics|OpenGL/GLUT interop (no display on the GPU machine; most use textures too)
 simpleVulkan, simpleVulkanMMAP, vulkanImageCUDA, simpleD3D11, simpleD3D11Texture, simpleD3D12, EGLStream_CUDA_CrossGPU, EGLStream_CUDA_Interop|cs:graphics APIs|Vulkan / Direct3D / EGL interop
 MC_EstimatePiP, MC_EstimatePiQ, MC_EstimatePiInlineQ, MersenneTwisterGP11213, randomFog|cs:cuRAND|host cuRAND library (randomFog also OpenGL)
-batchCUBLAS, matrixMulCUBLAS, simpleCUBLAS, simpleCUBLASXT, simpleCUBLAS_LU, conjugateGradient, conjugateGradientPrecond, conjugateGradientUM, conjugateGradientCudaGraphs, conjugateGradientMultiBlockCG|cs:cuBLAS/cuSPARSE|cuBLAS / cuSPARSE libraries
+simpleCUBLASXT, conjugateGradient, conjugateGradientPrecond, conjugateGradientUM, conjugateGradientCudaGraphs, conjugateGradientMultiBlockCG|cs:cuBLASXt/cuSPARSE|cuBLASXt / cuSPARSE libraries (not carried)
 cuSolverDn_LinearSolver, cuSolverRf, cuSolverSp_LinearSolver, cuSolverSp_LowlevelCholesky, cuSolverSp_LowlevelQR|cs:cuSOLVER|cuSOLVER / cuSPARSE libraries
 simpleCUFFT, simpleCUFFT_callback, convolutionFFT2D, oceanFFT|cs:cuFFT|cuFFT library (oceanFFT also OpenGL)
 FilterBorderControlNPP, boxFilterNPP, cannyEdgeDetectorNPP, freeImageInteropNPP, histEqualizationNPP, watershedSegmentationNPP|cs:NPP|NPP library (and FreeImage)

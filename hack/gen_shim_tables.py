@@ -387,7 +387,8 @@ def gen_library_stubs(rows: list[dict[str, str]], table: Path, library: str) -> 
 
 CUBLAS_CALLS = REPO / "shim" / "cublas_calls.tsv"
 CUBLAS_FAMILIES = REPO / "shim" / "cublas_families.tsv"
-CALL_KINDS = {"i": "int", "s": "const void *", "p": "void *", "r": "void *", "x": "int *"}
+CALL_KINDS = {"i": "int", "s": "const void *", "p": "void *", "a": "void *", "r": "void *",
+              "x": "int *"}
 CALL_TYPE_SIZES = {"S": 4, "D": 8}
 
 

@@ -91,6 +91,8 @@ def vec(n: int, inc: int, elem: int) -> int:
 class Family:
     ranges: Callable[[dict[str, int], int], list[tuple[str, int, bool]]]
     sim: Callable[..., Any]
+    # pointer-array arguments (kind `a`): name -> bytes of each matrix it lists (`batch` of them)
+    arrays: dict[str, Callable[[dict[str, int], int], int]] | None = None
 
 
 def _rows(trans: int, m: int, n: int) -> tuple[int, int]:
@@ -100,10 +102,11 @@ def _rows(trans: int, m: int, n: int) -> tuple[int, int]:
 FAMILIES: dict[str, Family] = {}
 
 
-def family(name: str, ranges: Callable[[dict[str, int], int], list[tuple[str, int, bool]]]
+def family(name: str, ranges: Callable[[dict[str, int], int], list[tuple[str, int, bool]]],
+           arrays: dict[str, Callable[[dict[str, int], int], int]] | None = None
            ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def register(sim: Callable[..., Any]) -> Callable[..., Any]:
-        FAMILIES[name] = Family(ranges, sim)
+        FAMILIES[name] = Family(ranges, sim, arrays)
         return sim
     return register
 
@@ -241,6 +244,38 @@ def _syrk(np: Any, a: dict[str, Any], v: dict[str, Any]) -> None:
     v["C"][mask] = full[mask]
 
 
+# ---- batches of pointer arrays ----
+
+def _getrf_ranges(a: dict[str, int], e: int) -> list[tuple[str, int, bool]]:
+    """The array of pointers itself, the pivots (n per matrix; none: no pivoting) and info."""
+    out = [("A", 8 * a["batch"], False), ("info", 4 * a["batch"], True)]
+    if a["P"]:
+        out.append(("P", 4 * a["n"] * a["batch"], True))
+    return out
+
+
+@family("getrfBatched", _getrf_ranges,
+        arrays={"A": lambda a, e: matrix_span(a["n"], a["n"], a["lda"], e)})
+def _getrf(np: Any, a: dict[str, Any], v: dict[str, Any]) -> None:
+    """LU with partial pivoting (or none when P is null) of each matrix, in place: unit L below
+    the diagonal, U on and above it; 1-based pivots; info the first zero pivot (1-based) or 0."""
+    n = a["n"]
+    for index, m in enumerate(v["matrices"]):
+        info = 0
+        for k in range(n):
+            if a["P"]:
+                p = k + int(np.argmax(np.abs(m[k:, k])))
+                v["P"][index * n + k] = p + 1
+                if p != k:
+                    m[[k, p], :] = m[[p, k], :]
+            if m[k, k] == 0:
+                info = info or k + 1
+                continue
+            m[k + 1:, k] /= m[k, k]
+            m[k + 1:, k + 1:] -= np.outer(m[k + 1:, k], m[k, k + 1:])
+        v["info"][index] = info
+
+
 # Which matrix argument has which leading dimension and shape (for the sim's views).
 MATRIX_SHAPES: dict[str, dict[str, Callable[[dict[str, int]], tuple[int, int, str]]]] = {
     "gemv": {"A": lambda a: (a["m"], a["n"], "lda")},
@@ -252,6 +287,7 @@ MATRIX_SHAPES: dict[str, dict[str, Callable[[dict[str, int]], tuple[int, int, st
              "B": lambda a: (a["m"], a["n"], "ldb")},
     "syrk": {"A": lambda a: (*_rows(a["trans"], a["n"], a["k"]), "lda"),
              "C": lambda a: (a["n"], a["n"], "ldc")},
+    "getrfBatched": {"matrices": lambda a: (a["n"], a["n"], "lda")},
 }
 VECTOR_LENGTHS: dict[str, dict[str, Callable[[dict[str, int]], tuple[int, str]]]] = {
     "gemv": {"x": lambda a: (a["n"] if a["trans"] == OP_N else a["m"], "incx"),

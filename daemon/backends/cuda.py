@@ -1294,7 +1294,18 @@ class CudaBackend:
 
     def blas_call(self, handle: Any, fn: Any, args: list[int], named: dict[str, int],
                   scalars: list[bytes], settings: BlasSettings, stream: Any,
-                  host_result: bool) -> bytes | None:
+                  host_result: bool, arrays: dict[str, tuple[int, ...]]) -> bytes | None:
+        if arrays:  # pilotd's own copy of each checked pointer array
+            args = list(args)
+            packed = b"".join(struct.pack(f"<{len(a)}Q", *a) for a in arrays.values())
+            scratch = self._libraries.scratch(handle, len(packed), _stream_ptr(stream),
+                                              self.mem_alloc, self.mem_free,
+                                              self.stream_synchronize, stream)
+            self.memcpy_htod(scratch, packed, len(packed), stream)
+            at = scratch
+            for name, pointers in arrays.items():
+                args[fn.params.index(name)] = at
+                at += 8 * len(pointers)
         return self._libraries.call(handle, fn, args, scalars, settings, _stream_ptr(stream),
                                     host_result)
 

@@ -1137,16 +1137,17 @@ class SimBackend:
 
     def blas_call(self, handle: Any, fn: Any, args: list[int], named: dict[str, int],
                   scalars: list[bytes], settings: BlasSettings, stream: Any,
-                  host_result: bool) -> bytes | None:
+                  host_result: bool, arrays: dict[str, tuple[int, ...]]) -> bytes | None:
         device = settings.pointer_mode == 1
         with self._lock:
             self._check_stream(stream)
             self._flush_printf()
             if not host_result:
-                self._issue(stream, sim_blas.generic, self._region, fn, named, scalars, device)
+                self._issue(stream, sim_blas.generic, self._region, fn, named, scalars, device,
+                            arrays)
                 return None
             self._wait_idle(stream)  # the host waits for the result, as natively
-            return sim_blas.generic(self._region, fn, named, scalars, device)
+            return sim_blas.generic(self._region, fn, named, scalars, device, arrays)
 
     def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared_bytes: int, stream: Any, args: bytes) -> None:

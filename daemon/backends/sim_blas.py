@@ -270,7 +270,7 @@ def lt_heuristic(call: LtCall, requested: int) -> list[bytes]:
 # ---- the generic path (blas_calls.py) ----
 
 def generic(region: Region, fn: Any, a: dict[str, int], scalars: list[bytes],
-            device_scalars: bool) -> bytes | None:
+            device_scalars: bool, arrays: dict[str, tuple[int, ...]]) -> bytes | None:
     """One function of the generic path over the sim's memory; returns the result's bytes for
     functions with a host result (dot, nrm2, asum, iamax, iamin), else None (a device result is
     written to its pointer)."""
@@ -288,9 +288,20 @@ def generic(region: Region, fn: Any, a: dict[str, int], scalars: list[bytes],
     views: dict[str, Any] = {}
     shapes = blas_calls.MATRIX_SHAPES.get(fn.family, {})
     lengths = blas_calls.VECTOR_LENGTHS.get(fn.family, {})
+    for name, span in (fam.arrays or {}).items():  # the matrices pilotd read and checked
+        pointers = arrays[name]
+        rows, cols, ld = shapes["matrices"](a)
+        views["matrices"] = [np.lib.stride_tricks.as_strided(
+            np.frombuffer(region(ptr, span(a, fn.elem)), dtype=dtype), shape=(rows, cols),
+            strides=(fn.elem, a[ld] * fn.elem), writeable=True) for ptr in pointers]
     for name, nbytes, _ in fam.ranges(a, fn.elem):
+        if fam.arrays and name in fam.arrays:
+            continue
         if nbytes == 0:
             views[name] = np.zeros(0, dtype)
+            continue
+        if name in ("P", "info"):  # int arrays
+            views[name] = np.frombuffer(region(a[name], nbytes), dtype=np.int32)
             continue
         raw = np.frombuffer(region(a[name], nbytes), dtype=dtype)
         if name in shapes:

@@ -308,11 +308,23 @@ def blas_call(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
             elif kind in "rx" and not host_result:
                 s.check_range(named[name], 4 if kind == "x" else fn.elem)
         stream = stream_for_work(vg, s, req.stream)
-        for name, nbytes, written in blas_calls.FAMILIES[fn.family].ranges(named, fn.elem):
+        family = blas_calls.FAMILIES[fn.family]
+        for name, nbytes, written in family.ranges(named, fn.elem):
             if nbytes:
                 s.check_range(named[name], nbytes)
                 if written:
                     note_write(vg, s, named[name], nbytes, stream)
+        arrays = {}
+        for name, span in (family.arrays or {}).items():
+            # the matrices a pointer array lists: read in stream order, each checked; the
+            # backend passes this list, never the program's array again
+            raw = bytearray(8 * named["batch"])
+            vg.backend.memcpy_dtoh(raw, named[name], len(raw), stream)
+            arrays[name] = struct.unpack(f"<{named['batch']}Q", raw)
+            size = span(named, fn.elem)
+            for ptr in set(arrays[name]):
+                s.check_range(ptr, size)
+                note_write(vg, s, ptr, size, stream)
         settings = BlasSettings(req.workspace, req.workspace_size, bool(req.workspace_set),
                                 req.math_mode, req.pointer_mode, req.atomics_mode,
                                 req.sm_count_target)
@@ -320,7 +332,7 @@ def blas_call(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
             s.check_range(settings.workspace, settings.workspace_size)
         scalars = [bytes(req.scalars[0]), bytes(req.scalars[1])]
         result = vg.backend.blas_call(h.obj, fn, args, named, scalars, settings, stream,
-                                      host_result)
+                                      host_result, arrays)
         vg.metrics.count("library_calls", (s.tenant, fn.name))
     except BackendError as exc:
         if not host_result:

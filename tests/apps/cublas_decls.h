@@ -126,6 +126,8 @@ cublasStatus_t cublasZgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOper
                               int n, int k, const cuDoubleComplex *alpha, const cuDoubleComplex *A,
                               int lda, const cuDoubleComplex *B, int ldb,
                               const cuDoubleComplex *beta, cuDoubleComplex *C, int ldc);
+cublasStatus_t cublasSgetrfBatched(cublasHandle_t h, int n, float *const A[], int lda, int *P,
+                                   int *info, int batch);
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *handle);
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle);
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute,

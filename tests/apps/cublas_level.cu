@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -195,6 +196,51 @@ static int level23(cublasHandle_t h)
     return 0;
 }
 
+// LU factorizations of a batch (cublasSgetrfBatched, as the simpleCUBLAS_LU sample): P A = L U
+// checked on the host; a singular matrix reports its first zero pivot in info.
+static int lu_batched(cublasHandle_t h)
+{
+    const int n = 6, batch = 3;
+    std::vector<std::vector<float>> A(batch);
+    std::vector<float *> ptrs(batch);
+    for (int b = 0; b < batch; b++) {
+        A[b] = values((size_t)n * n, 50 + b);
+        if (b == 2)
+            for (int i = 0; i < n; i++)
+                A[b][i + 2 * n] = 0; // column 2 zero: singular
+        ptrs[b] = upload(A[b]);
+    }
+    float **dptrs;
+    int *dpiv, *dinfo;
+    CHECK(cudaMalloc(&dptrs, batch * sizeof(float *)));
+    CHECK(cudaMalloc(&dpiv, n * batch * sizeof(int)));
+    CHECK(cudaMalloc(&dinfo, batch * sizeof(int)));
+    CHECK(cudaMemcpy(dptrs, ptrs.data(), batch * sizeof(float *), cudaMemcpyHostToDevice));
+    BLAS(cublasSgetrfBatched(h, n, dptrs, n, dpiv, dinfo, batch));
+    std::vector<int> piv(n * batch), info(batch);
+    CHECK(cudaMemcpy(piv.data(), dpiv, piv.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(info.data(), dinfo, info.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    for (int b = 0; b < 2; b++) {
+        auto LU = download(ptrs[b], (size_t)n * n);
+        std::vector<double> PA(A[b].begin(), A[b].end()), prod((size_t)n * n, 0);
+        for (int k = 0; k < n; k++) // apply the row swaps in order
+            for (int j = 0; j < n; j++)
+                std::swap(PA[k + (size_t)j * n], PA[(piv[b * n + k] - 1) + (size_t)j * n]);
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < n; i++)
+                for (int p = 0; p <= std::min(i, j); p++)
+                    prod[i + (size_t)j * n] += (p == i ? 1.0 : LU[i + (size_t)p * n]) * LU[p + (size_t)j * n];
+        char what[48];
+        std::snprintf(what, sizeof what, "sgetrfBatched P A = L U (matrix %d)", b);
+        verdict(what, PA, prod, 1e-5);
+    }
+    std::printf("sgetrfBatched info: %d %d %d\n", info[0], info[1], info[2]);
+    for (auto p : ptrs)
+        cudaFree(p);
+    cudaFree(dptrs), cudaFree(dpiv), cudaFree(dinfo);
+    return 0;
+}
+
 // Conjugate gradients on a symmetric positive definite tridiagonal system, in double precision,
 // from dgemv, ddot and daxpy alone (the shape of the CUDA samples' conjugateGradient).
 static int conjugate_gradients(cublasHandle_t h)
@@ -254,7 +300,7 @@ int main()
 {
     cublasHandle_t h;
     BLAS(cublasCreate(&h));
-    if (level1(h) || level23(h) || conjugate_gradients(h))
+    if (level1(h) || level23(h) || lu_batched(h) || conjugate_gradients(h))
         return 1;
     BLAS(cublasDestroy(h));
     std::printf("done\n");

@@ -46,7 +46,8 @@ done
 
 
 # cublas_level.cu natively on the H100 (the generic path: level 1, gemv, ger, geam, trsm, syrk,
-# results to the host and to device memory, conjugate gradients).
+# results to the host and to device memory, LU of a batch through pointer arrays, conjugate
+# gradients).
 EXPECTED_LEVEL = """\
 saxpy strided: ok
 saxpy negative incx: ok
@@ -62,6 +63,9 @@ sgeam: ok
 strsm (L X = 3 B): ok
 ssyrk upper: ok
 sgemv lda < m: CUBLAS_STATUS_INVALID_VALUE
+sgetrfBatched P A = L U (matrix 0): ok
+sgetrfBatched P A = L U (matrix 1): ok
+sgetrfBatched info: 0 0 3
 conjugate gradients: residual below 1e-9: 1, iterations <= 64: 1
 done
 """
