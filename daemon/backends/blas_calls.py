@@ -244,6 +244,76 @@ def _syrk(np: Any, a: dict[str, Any], v: dict[str, Any]) -> None:
     v["C"][mask] = full[mask]
 
 
+def _side_k(a: dict[str, int]) -> int:
+    return a["m"] if a["side"] == 0 else a["n"]
+
+
+def _symmetric(np: Any, m: Any, uplo: int) -> Any:
+    """The full matrix of a symmetric one stored in its uplo triangle (1 upper, 0 lower)."""
+    tri = np.triu(m) if uplo == 1 else np.tril(m)
+    return tri + tri.T - np.diag(np.diag(m))
+
+
+def _triangular(np: Any, m: Any, uplo: int, diag: int) -> Any:
+    tri = (np.triu(m) if uplo == 1 else np.tril(m)).astype(np.float64)
+    if diag == 1:
+        np.fill_diagonal(tri, 1.0)
+    return tri
+
+
+@family("symm", lambda a, e: [
+    ("A", matrix_span(_side_k(a), _side_k(a), a["lda"], e), False),
+    ("B", matrix_span(a["m"], a["n"], a["ldb"], e), False),
+    ("C", matrix_span(a["m"], a["n"], a["ldc"], e), True)])
+def _symm(np: Any, a: dict[str, Any], v: dict[str, Any]) -> None:
+    full = _symmetric(np, v["A"].astype(np.float64), a["uplo"])
+    prod = full @ v["B"] if a["side"] == 0 else v["B"] @ full
+    v["C"][...] = a["alpha"] * prod + (a["beta"] * v["C"] if a["beta"] != 0 else 0)
+
+
+@family("trmm", lambda a, e: [
+    ("A", matrix_span(_side_k(a), _side_k(a), a["lda"], e), False),
+    ("B", matrix_span(a["m"], a["n"], a["ldb"], e), False),
+    ("C", matrix_span(a["m"], a["n"], a["ldc"], e), True)])
+def _trmm(np: Any, a: dict[str, Any], v: dict[str, Any]) -> None:
+    tri = _triangular(np, v["A"], a["uplo"], a["diag"])
+    op_a = tri if a["trans"] == OP_N else tri.T
+    v["C"][...] = a["alpha"] * (op_a @ v["B"] if a["side"] == 0 else v["B"] @ op_a)
+
+
+@family("dgmm", lambda a, e: [
+    ("A", matrix_span(a["m"], a["n"], a["lda"], e), False),
+    ("x", vec(a["m"] if a["mode"] == 0 else a["n"], a["incx"], e), False),
+    ("C", matrix_span(a["m"], a["n"], a["ldc"], e), True)])
+def _dgmm(np: Any, a: dict[str, Any], v: dict[str, Any]) -> None:
+    """C = diag(x) A (mode left) or A diag(x) (right); incx 0 repeats x[0], as cuBLAS."""
+    x = v["x"].astype(np.float64)
+    v["C"][...] = (x[:, None] * v["A"]) if a["mode"] == 0 else (v["A"] * x[None, :])
+
+
+@family("symv", lambda a, e: [
+    ("A", matrix_span(a["n"], a["n"], a["lda"], e), False),
+    ("x", vec(a["n"], a["incx"], e), False), ("y", vec(a["n"], a["incy"], e), True)])
+def _symv(np: Any, a: dict[str, Any], v: dict[str, Any]) -> None:
+    full = _symmetric(np, v["A"].astype(np.float64), a["uplo"])
+    v["y"][...] = a["alpha"] * (full @ v["x"]) + (a["beta"] * v["y"] if a["beta"] != 0 else 0)
+
+
+@family("trsv", lambda a, e: [
+    ("A", matrix_span(a["n"], a["n"], a["lda"], e), False), ("x", vec(a["n"], a["incx"], e), True)])
+def _trsv(np: Any, a: dict[str, Any], v: dict[str, Any]) -> None:
+    tri = _triangular(np, v["A"], a["uplo"], a["diag"])
+    v["x"][...] = np.linalg.solve(tri if a["trans"] == OP_N else tri.T, v["x"].astype(np.float64))
+
+
+@family("rot", lambda a, e: [("x", vec(a["n"], a["incx"], e), True),
+                             ("y", vec(a["n"], a["incy"], e), True)])
+def _rot(np: Any, a: dict[str, Any], v: dict[str, Any]) -> None:
+    x, y = v["x"].copy(), v["y"].copy()
+    v["x"][...] = a["c"] * x + a["s"] * y
+    v["y"][...] = a["c"] * y - a["s"] * x
+
+
 # ---- batches of pointer arrays ----
 
 def _getrf_ranges(a: dict[str, int], e: int) -> list[tuple[str, int, bool]]:
@@ -288,11 +358,19 @@ MATRIX_SHAPES: dict[str, dict[str, Callable[[dict[str, int]], tuple[int, int, st
     "syrk": {"A": lambda a: (*_rows(a["trans"], a["n"], a["k"]), "lda"),
              "C": lambda a: (a["n"], a["n"], "ldc")},
     "getrfBatched": {"matrices": lambda a: (a["n"], a["n"], "lda")},
+    "symm": {"A": lambda a: (_side_k(a), _side_k(a), "lda"), "B": lambda a: (a["m"], a["n"], "ldb"),
+             "C": lambda a: (a["m"], a["n"], "ldc")},
+    "trmm": {"A": lambda a: (_side_k(a), _side_k(a), "lda"), "B": lambda a: (a["m"], a["n"], "ldb"),
+             "C": lambda a: (a["m"], a["n"], "ldc")},
+    "dgmm": {"A": lambda a: (a["m"], a["n"], "lda"), "C": lambda a: (a["m"], a["n"], "ldc")},
+    "symv": {"A": lambda a: (a["n"], a["n"], "lda")},
+    "trsv": {"A": lambda a: (a["n"], a["n"], "lda")},
 }
 VECTOR_LENGTHS: dict[str, dict[str, Callable[[dict[str, int]], tuple[int, str]]]] = {
     "gemv": {"x": lambda a: (a["n"] if a["trans"] == OP_N else a["m"], "incx"),
              "y": lambda a: (a["m"] if a["trans"] == OP_N else a["n"], "incy")},
     "ger": {"x": lambda a: (a["m"], "incx"), "y": lambda a: (a["n"], "incy")},
+    "dgmm": {"x": lambda a: (a["m"] if a["mode"] == 0 else a["n"], "incx")},
 }
 
 

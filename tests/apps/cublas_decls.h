@@ -126,6 +126,23 @@ cublasStatus_t cublasZgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOper
                               int n, int k, const cuDoubleComplex *alpha, const cuDoubleComplex *A,
                               int lda, const cuDoubleComplex *B, int ldb,
                               const cuDoubleComplex *beta, cuDoubleComplex *C, int ldc);
+cublasStatus_t cublasSsymm_v2(cublasHandle_t h, cublasSideMode_t side, cublasFillMode_t uplo,
+                              int m, int n, const float *alpha, const float *A, int lda,
+                              const float *B, int ldb, const float *beta, float *C, int ldc);
+cublasStatus_t cublasStrmm_v2(cublasHandle_t h, cublasSideMode_t side, cublasFillMode_t uplo,
+                              cublasOperation_t trans, cublasDiagType_t diag, int m, int n,
+                              const float *alpha, const float *A, int lda, const float *B, int ldb,
+                              float *C, int ldc);
+cublasStatus_t cublasSdgmm(cublasHandle_t h, cublasSideMode_t mode, int m, int n, const float *A,
+                           int lda, const float *x, int incx, float *C, int ldc);
+cublasStatus_t cublasSsymv_v2(cublasHandle_t h, cublasFillMode_t uplo, int n, const float *alpha,
+                              const float *A, int lda, const float *x, int incx,
+                              const float *beta, float *y, int incy);
+cublasStatus_t cublasStrsv_v2(cublasHandle_t h, cublasFillMode_t uplo, cublasOperation_t trans,
+                              cublasDiagType_t diag, int n, const float *A, int lda, float *x,
+                              int incx);
+cublasStatus_t cublasSrot_v2(cublasHandle_t h, int n, float *x, int incx, float *y, int incy,
+                             const float *c, const float *s);
 cublasStatus_t cublasSgetrfBatched(cublasHandle_t h, int n, float *const A[], int lda, int *P,
                                    int *info, int batch);
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *handle);
@@ -196,6 +213,11 @@ static inline cublasStatus_t cublasLtMatrixLayoutInit(cublasLtMatrixLayout_t l, 
 #define cublasSger cublasSger_v2
 #define cublasStrsm cublasStrsm_v2
 #define cublasSsyrk cublasSsyrk_v2
+#define cublasSsymm cublasSsymm_v2
+#define cublasStrmm cublasStrmm_v2
+#define cublasSsymv cublasSsymv_v2
+#define cublasStrsv cublasStrsv_v2
+#define cublasSrot cublasSrot_v2
 #endif
 
 #include <cstdio>

@@ -196,6 +196,75 @@ static int level23(cublasHandle_t h)
     return 0;
 }
 
+// symm, trmm, dgmm (level 3 and extensions), symv, trsv, rot (levels 2 and 1) on small matrices.
+static int more(cublasHandle_t h)
+{
+    const int m = 5, n = 4;
+    auto S = values((size_t)m * m, 60), B = values((size_t)m * n, 61), x = values(m, 62);
+    float *dS = upload(S), *dB = upload(B), *dx = upload(x), *dC;
+    CHECK(cudaMalloc(&dC, (size_t)m * n * 4));
+    auto full = [&](int i, int j) { return (double)(i <= j ? S[i + (size_t)j * m] : S[j + (size_t)i * m]); };
+    float one = 1, half = 0.5f, zero = 0;
+    BLAS(cublasSsymm(h, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_UPPER, m, n, &one, dS, m, dB, m, &zero, dC, m));
+    std::vector<double> want((size_t)m * n);
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            double s = 0;
+            for (int p = 0; p < m; p++)
+                s += full(i, p) * B[p + (size_t)j * m];
+            want[i + (size_t)j * m] = s;
+        }
+    verdict("ssymm (upper, left)", want, download(dC, want.size()), 1e-5);
+    BLAS(cublasStrmm(h, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_T, CUBLAS_DIAG_UNIT, m, n,
+                     &half, dS, m, dB, m, dC, m)); // C = 0.5 L^T B, unit diagonal
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            double s = B[i + (size_t)j * m]; // the unit diagonal
+            for (int p = i + 1; p < m; p++)
+                s += S[p + (size_t)i * m] * B[p + (size_t)j * m];
+            want[i + (size_t)j * m] = 0.5 * s;
+        }
+    verdict("strmm (lower, transposed, unit)", want, download(dC, want.size()), 1e-5);
+    BLAS(cublasSdgmm(h, CUBLAS_SIDE_LEFT, m, n, dB, m, dx, 1, dC, m)); // C = diag(x) B
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++)
+            want[i + (size_t)j * m] = x[i] * B[i + (size_t)j * m];
+    verdict("sdgmm", want, download(dC, want.size()), 1e-6);
+    auto y = values(m, 63);
+    float *dy = upload(y);
+    BLAS(cublasSsymv(h, CUBLAS_FILL_MODE_LOWER, m, &one, dS, m, dx, 1, &half, dy, 1));
+    std::vector<double> wy(m);
+    for (int i = 0; i < m; i++) {
+        double s = 0;
+        for (int p = 0; p < m; p++)
+            s += (i >= p ? S[i + (size_t)p * m] : S[p + (size_t)i * m]) * x[p];
+        wy[i] = s + 0.5 * y[i];
+    }
+    verdict("ssymv (lower)", wy, download(dy, m), 1e-5);
+    std::vector<float> U((size_t)m * m, 0.0f);
+    for (int j = 0; j < m; j++)
+        for (int i = 0; i <= j; i++)
+            U[i + (size_t)j * m] = i == j ? 3.0f : 0.5f * S[i + (size_t)j * m];
+    float *dU = upload(U), *dr = upload(x);
+    BLAS(cublasStrsv(h, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N, CUBLAS_DIAG_NON_UNIT, m, dU, m, dr, 1));
+    auto r = download(dr, m);
+    std::vector<double> back(m, 0.0), wx(x.begin(), x.end());
+    for (int i = 0; i < m; i++)
+        for (int p = i; p < m; p++)
+            back[i] += U[i + (size_t)p * m] * r[p];
+    verdict("strsv (U x = b)", wx, back, 1e-5);
+    float c = 0.6f, s = 0.8f;
+    BLAS(cublasSrot(h, m, dx, 1, dy, 1, &c, &s));
+    auto gx = download(dx, m), gy = download(dy, m);
+    std::vector<double> wrx(m), wry(m);
+    for (int i = 0; i < m; i++)
+        wrx[i] = c * x[i] + s * wy[i], wry[i] = c * wy[i] - s * x[i];
+    verdict("srot", wrx, gx, 1e-5);
+    verdict("srot (y)", wry, gy, 1e-5);
+    cudaFree(dS), cudaFree(dB), cudaFree(dx), cudaFree(dC), cudaFree(dy), cudaFree(dU), cudaFree(dr);
+    return 0;
+}
+
 // LU factorizations of a batch (cublasSgetrfBatched, as the simpleCUBLAS_LU sample): P A = L U
 // checked on the host; a singular matrix reports its first zero pivot in info.
 static int lu_batched(cublasHandle_t h)
@@ -300,7 +369,7 @@ int main()
 {
     cublasHandle_t h;
     BLAS(cublasCreate(&h));
-    if (level1(h) || level23(h) || lu_batched(h) || conjugate_gradients(h))
+    if (level1(h) || level23(h) || more(h) || lu_batched(h) || conjugate_gradients(h))
         return 1;
     BLAS(cublasDestroy(h));
     std::printf("done\n");

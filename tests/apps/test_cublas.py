@@ -63,6 +63,13 @@ sgeam: ok
 strsm (L X = 3 B): ok
 ssyrk upper: ok
 sgemv lda < m: CUBLAS_STATUS_INVALID_VALUE
+ssymm (upper, left): ok
+strmm (lower, transposed, unit): ok
+sdgmm: ok
+ssymv (lower): ok
+strsv (U x = b): ok
+srot: ok
+srot (y): ok
 sgetrfBatched P A = L U (matrix 0): ok
 sgetrfBatched P A = L U (matrix 1): ok
 sgetrfBatched info: 0 0 3

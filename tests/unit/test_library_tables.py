@@ -75,10 +75,10 @@ def test_a_stub_logs_once_and_returns_not_supported() -> None:
     proc = subprocess.run(
         [sys.executable, "-c",
          "import ctypes,sys; lib = ctypes.CDLL(sys.argv[1]); "
-         "print(lib.cublasSrot_v2(), lib.cublasSrot_v2(), lib.cublasGetStatusName is not None)",
+         "print(lib.cublasSrotm_v2(), lib.cublasSrotm_v2(), lib.cublasGetStatusName is not None)",
          str(standin_path("libcublas.so.13"))], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["15", "15", "True"], proc.stdout + proc.stderr
-    assert proc.stderr.count("cublasSrot_v2 is not supported by pilot yet") == 1, proc.stderr
+    assert proc.stderr.count("cublasSrotm_v2 is not supported by pilot yet") == 1, proc.stderr
     assert lib.cublasGetStatusName  # the library loads on its own (no libpilot.so needed to load)
 
 
