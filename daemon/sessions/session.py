@@ -226,6 +226,7 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
             "streams": len(self.streams),
             "events": len(self.events),
             "modules": len(self.modules),
+            "library_handles": len(self.libraries),  # cuBLAS/cuBLASLt handles in pilotd
             "calls": self.calls,
             "state": "error" if self.sticky else "waiting" if self.waiting is not None else "active",
             "waiting": None if self.waiting is None else {

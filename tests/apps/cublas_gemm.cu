@@ -388,6 +388,34 @@ int main(int argc, char **argv)
 {
     cublasHandle_t h;
     BLAS(cublasCreate(&h));
+    if (argc > 1 && std::strcmp(argv[1], "devices") == 0) { // a handle of the second GPU
+        int count = 0;
+        CHECK(cudaGetDeviceCount(&count));
+        if (count < 2) {
+            std::printf("devices: fewer than 2\n");
+            return 0;
+        }
+        CHECK(cudaSetDevice(1));
+        cublasHandle_t h1;
+        BLAS(cublasCreate(&h1));
+        std::vector<float> a(16 * 16, 1.0f);
+        float *d1;
+        CHECK(cudaMalloc(&d1, a.size() * 4 * 2));
+        CHECK(cudaMemcpy(d1, a.data(), a.size() * 4, cudaMemcpyHostToDevice));
+        float alpha = 2, beta = 0;
+        BLAS(cublasSgemm(h1, CUBLAS_OP_N, CUBLAS_OP_N, 16, 16, 16, &alpha, d1, 16, d1, 16, &beta,
+                         d1 + 256, 16));
+        CHECK(cudaMemcpy(a.data(), d1 + 256, a.size() * 4, cudaMemcpyDeviceToHost));
+        int device = -1;
+        cudaPointerAttributes attr;
+        CHECK(cudaPointerGetAttributes(&attr, d1 + 256));
+        device = attr.device;
+        std::printf("sgemm on device %d: %s\n", device, a[0] == 32.0f && a[255] == 32.0f ? "ok" : "MISMATCH");
+        BLAS(cublasDestroy(h1));
+        cudaFree(d1);
+        BLAS(cublasDestroy(h));
+        return 0;
+    }
     if (argc > 1 && std::strcmp(argv[1], "isolation") == 0) {
         int rc = isolation(h);
         BLAS(cublasDestroy(h));

@@ -121,3 +121,16 @@ def test_without_pilotd_cublas_create_fails_cleanly(app_binaries, blas_env, tmp_
                           text=True, timeout=30)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stdout.startswith("FAILED cublasCreate(&h): CUBLAS_STATUS_NOT_INITIALIZED"), proc.stdout
+
+
+def test_a_handle_of_the_second_gpu_runs_there(start_pilotd, app_binaries, blas_env) -> None:
+    """cublasCreate after cudaSetDevice(1): pilotd's handle is on device 1's vGPU, and the GEMM
+    runs on that device's memory."""
+    import subprocess
+
+    daemon = start_pilotd("--sim-devices", "2")
+    env = {**blas_env, "PILOT_SOCKET": daemon.socket}
+    proc = subprocess.run([str(app_binaries["cublas_gemm"]), "devices"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + daemon.log_tail()
+    assert proc.stdout == "sgemm on device 1: ok\n", proc.stdout + daemon.log_tail()

@@ -253,3 +253,20 @@ def test_ranges_of_a_strided_level_1_call_and_a_transposed_geam() -> None:
                                                    ldc=4), 8)
     assert geam == [("A", matrix_span(5, 3, 6, 8), False), ("B", matrix_span(3, 5, 3, 8), False),
                     ("C", matrix_span(3, 5, 4, 8), True)]
+
+
+def test_a_handle_number_is_only_good_in_its_session_and_for_its_library() -> None:
+    """Handle numbers are the session's: another session's number, or a cuBLASLt handle given
+    to cuBLAS, is an unknown handle; a cuBLAS handle serves cuBLASLt (the documented cast)."""
+    from pilot.daemon.backends.libraries import LIB_CUBLAS, LIB_CUBLASLT
+    from pilot.daemon.ops.libraries import LibraryHandle, _handle
+
+    mine = SimpleNamespace(libraries={7: LibraryHandle(LIB_CUBLAS, "blas"),
+                                      8: LibraryHandle(LIB_CUBLASLT, "lt")})
+    other = SimpleNamespace(libraries={})
+    assert _handle(mine, 7, LIB_CUBLAS).obj == "blas"
+    assert _handle(mine, 7, LIB_CUBLASLT, LIB_CUBLAS).obj == "blas"
+    for session, number, libraries in ((other, 7, (LIB_CUBLAS,)), (mine, 8, (LIB_CUBLAS,)),
+                                       (mine, 9, (LIB_CUBLASLT, LIB_CUBLAS))):
+        with pytest.raises(BackendError, match="handle"):
+            _handle(session, number, *libraries)
