@@ -1270,7 +1270,8 @@ class CudaBackend:
         return self._libraries.create(library, getattr(self._tls, "device", 0))
 
     def library_release(self, handle: Any) -> None:
-        if handle.scratch:
+        if handle.scratch:  # GEMMs still queued may read the pointer arrays in it
+            self.stream_synchronize(handle.last_stream_obj)
             self.mem_free(handle.scratch[0])
             handle.scratch = None
         self._libraries.release(handle)
