@@ -128,6 +128,10 @@ cublasStatus_t pilot_blas_create(int library, int device, int version_only, uint
             *handle = rep.value;
         if (version)
             *version = rep.version;
+    } else {
+        pilot_blas_log(0, "%s cannot be created in pilotd: %s (pilotd's log says why)",
+                       library == PILOT_LIB_CUBLAS ? "a cuBLAS handle" : "a cuBLASLt handle",
+                       pilot_blas_status_name(rep.status));
     }
     return (cublasStatus_t)rep.status;
 }
