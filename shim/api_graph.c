@@ -161,6 +161,12 @@ struct ggraph *pilot_graph_new(void)
 
 static void node_free_params(struct gnode *n)
 {
+    if (n->lib) {
+        free(n->lib->req);
+        free(n->lib->payload);
+        free(n->lib);
+        n->lib = NULL;
+    }
     if (n->type == cudaGraphNodeTypeKernel) {
         free(n->u.k.buf);
         free(n->u.k.args);
@@ -426,10 +432,54 @@ struct gnode *pilot_node_copy(struct ggraph *g, const struct gnode *src)
     return n;
 }
 
+cudaError_t pilot_node_set_library(struct gnode *n, const struct glib *call)
+{
+    struct glib *lib = malloc(sizeof *lib);
+    unsigned char *req = malloc(call->req_len ? call->req_len : 1);
+    unsigned char *payload = malloc(call->payload_len ? call->payload_len : 1);
+    if (!lib || !req || !payload) {
+        free(lib);
+        free(req);
+        free(payload);
+        return cudaErrorMemoryAllocation;
+    }
+    memcpy(req, call->req, call->req_len);
+    if (call->payload_len)
+        memcpy(payload, call->payload, call->payload_len);
+    node_free_params(n);
+    memset(&n->u.k, 0, sizeof n->u.k);
+    *lib = *call;
+    lib->req = req;
+    lib->payload = payload;
+    n->lib = lib;
+    return cudaSuccess;
+}
+
+/* A library node on the launch stream: its request again, with that stream's handle. */
+static cudaError_t issue_library(const struct glib *lib, cudaStream_t stream)
+{
+    uint64_t handle = pilot_stream_handle(stream);
+    if (handle && pilot_handle_device(handle) != lib->device)
+        return cudaErrorInvalidValue; /* a stream of another device than the library handle's */
+    unsigned char *req = malloc(lib->req_len);
+    if (!req)
+        return cudaErrorMemoryAllocation;
+    memcpy(req, lib->req, lib->req_len);
+    memcpy(req + lib->stream_offset, &handle, sizeof handle);
+    cudaError_t err = pilot_um_before_launch();
+    if (!err)
+        err = pilot_post_on(lib->device, lib->op, req, lib->req_len, lib->payload,
+                            lib->payload_len);
+    free(req);
+    return err;
+}
+
 static cudaError_t node_copy_params(struct gnode *dst, const struct gnode *src)
 {
     switch (src->type) {
     case cudaGraphNodeTypeKernel: {
+        if (src->lib)
+            return pilot_node_set_library(dst, src->lib);
         pilot_param_info params[src->u.k.nparams ? src->u.k.nparams : 1];
         for (uint32_t i = 0; i < src->u.k.nparams; i++)
             params[i] = (pilot_param_info){.offset = src->u.k.offsets[i], .size = src->u.k.sizes[i]};
@@ -522,6 +572,8 @@ cudaError_t pilot_node_issue(const struct gnode *n, cudaStream_t stream)
 {
     switch (n->type) {
     case cudaGraphNodeTypeKernel:
+        if (n->lib)
+            return issue_library(n->lib, stream);
         return pilot_launch(n->u.k.kernel, n->u.k.grid, n->u.k.block, n->u.k.args, n->u.k.shared,
                             stream, NULL);
     case cudaGraphNodeTypeMemcpy:
@@ -1212,6 +1264,8 @@ static cudaError_t kernel_get(cudaGraphNode_t node, struct cudaKernelNodeParams 
     struct gnode *n = typed(node, cudaGraphNodeTypeKernel);
     if (!n || !p)
         return cudaErrorInvalidValue;
+    if (n->lib)
+        return cudaErrorNotSupported; /* a library call: pilot does not see its kernels */
     *p = (struct cudaKernelNodeParams){.func = n->u.k.func, .gridDim = n->u.k.grid,
                                        .blockDim = n->u.k.block, .sharedMemBytes = n->u.k.shared,
                                        .kernelParams = n->u.k.args, .extra = NULL};
@@ -1689,7 +1743,9 @@ static void dot_graph(FILE *f, const struct ggraph *g, const char *prefix, int d
         fprintf(f, "%*s\"%snode_%llu\" [shape=%s, label=\"%s\\n%llu", depth * 4, "", prefix,
                 (unsigned long long)n->seq, n->type == cudaGraphNodeTypeKernel ? "octagon" : "rectangle",
                 type_name(n->type), (unsigned long long)n->seq);
-        if (n->type == cudaGraphNodeTypeKernel)
+        if (n->lib)
+            fprintf(f, "\\nCUDA library call");
+        else if (n->type == cudaGraphNodeTypeKernel)
             fprintf(f, "\\ngrid (%u,%u,%u) block (%u,%u,%u)", n->u.k.grid.x, n->u.k.grid.y,
                     n->u.k.grid.z, n->u.k.block.x, n->u.k.block.y, n->u.k.block.z);
         fprintf(f, "\"];\n");

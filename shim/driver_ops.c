@@ -1,6 +1,8 @@
 /* libpilot.so's side of the private interface to the driver API library (driver_ops.h): the
  * one table libpilot-cuda.so reaches the process's session through. Exported as
  * pilot_driver_ops@PILOT_PRIVATE_1 (shim/build.py's version script), nothing else. */
+#include <stddef.h>
+
 #include "driver_ops.h"
 #include "log.h"
 #include "shim.h"
@@ -25,6 +27,12 @@ static cudaError_t memset_wide(uint64_t ptr, uint32_t value, uint32_t elem_size,
                                     pilot_stream_handle(stream), sync));
 }
 
+/* Every posted library request keeps its stream handle here (after the library handle). */
+#define LIBRARY_STREAM_OFFSET 8
+_Static_assert(offsetof(pilot_req_blas_gemm, stream) == LIBRARY_STREAM_OFFSET, "stream offset");
+_Static_assert(offsetof(pilot_req_blaslt_matmul, stream) == LIBRARY_STREAM_OFFSET, "stream offset");
+_Static_assert(offsetof(pilot_req_blas_call, stream) == LIBRARY_STREAM_OFFSET, "stream offset");
+
 /* Library work is issued like a launch (api_launch.c): a capturing stream refuses it (pilot
  * cannot record a library's kernels into a graph), and managed memory is flushed first and
  * fetched again afterwards, since the library's kernels may read or write any of it. The
@@ -37,8 +45,14 @@ static cudaError_t library_call(int device, uint64_t stream, const char *what, u
     cudaError_t err = pilot_ensure_session();
     if (err)
         return err;
-    if (pilot_capture_any() && pilot_capture_refuse(stream, what, &err))
-        return err;
+    if (pilot_capture_any()) {
+        /* On a capturing stream a posted call becomes a graph node that re-posts it; one the
+         * host waits for (a result to the host) cannot be captured, as natively. */
+        if (rep ? pilot_capture_refuse(stream, what, &err)
+                : pilot_capture_library(stream, op, device, LIBRARY_STREAM_OFFSET, req, req_len,
+                                        payload, payload_len, &err))
+            return err;
+    }
     if ((err = pilot_ensure_device(device)) || (err = pilot_um_before_launch()))
         return err;
     if (!rep)

@@ -75,8 +75,9 @@ struct pilot_driver_ops {
     uint64_t (*stream_handle)(cudaStream_t stream);
     int (*handle_device)(uint64_t handle);
     /* Issue library work on `stream` (a daemon handle) of `device`'s part, as a launch is
-     * issued: refused while the stream captures (cudaErrorNotSupported, `what` logged), unified
-     * memory flushed and invalidated first; then posted (rep NULL) or called (pilot_call_on). */
+     * issued: on a capturing stream a posted call (rep NULL) becomes a graph node and one the
+     * host waits for is refused (cudaErrorNotSupported, `what` logged); unified memory is
+     * flushed and invalidated first; then posted (rep NULL) or called (pilot_call_on). */
     cudaError_t (*library_call)(int device, uint64_t stream, const char *what, uint16_t op,
                                 const void *req, size_t req_len, const void *payload,
                                 size_t payload_len, void *rep, size_t rep_len, void *out,

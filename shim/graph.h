@@ -20,6 +20,17 @@ struct ggraph {
     struct gnode *owner;   /* the child-graph node that embeds it, or NULL */
 };
 
+/* A CUDA library call (cuBLAS GEMM, cuBLASLt matmul, ...) captured from a stream: the request
+ * the stand-in posted, re-posted on the launch stream each time the graph runs (natively the
+ * library's kernels are kernel nodes: such a node reports cudaGraphNodeTypeKernel). */
+struct glib {
+    uint16_t op;          /* the library opcode (PILOT_OP_BLAS_GEMM, ...) */
+    int device;           /* the device of the library handle */
+    size_t stream_offset; /* where the request holds its stream handle */
+    unsigned char *req, *payload;
+    size_t req_len, payload_len;
+};
+
 struct gnode {
     uint32_t magic; /* NODE_MAGIC while alive */
     enum cudaGraphNodeType type;
@@ -31,6 +42,7 @@ struct gnode {
     int enabled;   /* in an executable graph: cudaGraphNodeSetEnabled */
     uint64_t mark; /* graph walks (graph_capture.c) */
     size_t index;  /* position in its graph's nodes, while a walk needs it (api_graph.c) */
+    struct glib *lib; /* a kernel node that is a library call (u.k unused), else NULL */
     union {
         struct {
             struct pilot_kernel *kernel;
@@ -82,6 +94,8 @@ cudaError_t pilot_node_set_copy(struct gnode *n, const struct cudaMemcpy3DParms 
 cudaError_t pilot_node_set_copy_1d(struct gnode *n, void *dst, const void *src, size_t count,
                                    enum cudaMemcpyKind kind);
 cudaError_t pilot_node_set_memset(struct gnode *n, const struct cudaMemsetParams *p);
+/* Makes n (a kernel node) the library call `call` (copied). */
+cudaError_t pilot_node_set_library(struct gnode *n, const struct glib *call);
 /* A deep copy of src (its child graph too) as a node of g, without edges. */
 struct gnode *pilot_node_copy(struct ggraph *g, const struct gnode *src);
 struct ggraph *pilot_graph_clone(const struct ggraph *src); /* nodes' orig = src's nodes */

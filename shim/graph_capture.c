@@ -287,6 +287,24 @@ int pilot_capture_launch(uint64_t stream, struct pilot_kernel *kernel, dim3 grid
     return e ? fail_node(s, n, err, e) : leave(err, cudaSuccess);
 }
 
+int pilot_capture_library(uint64_t stream, uint16_t op, int device, size_t stream_offset,
+                          const void *req, size_t req_len, const void *payload,
+                          size_t payload_len, cudaError_t *err)
+{
+    int taken;
+    struct cstream *s = enter(stream, &taken, err);
+    if (!s)
+        return taken ? leave(err, *err) : 0;
+    struct gnode *n = append(s, cudaGraphNodeTypeKernel);
+    if (!n)
+        return leave(err, cudaErrorMemoryAllocation);
+    struct glib call = {.op = op, .device = device, .stream_offset = stream_offset,
+                        .req = (unsigned char *)req, .req_len = req_len,
+                        .payload = (unsigned char *)payload, .payload_len = payload_len};
+    cudaError_t e = pilot_node_set_library(n, &call);
+    return e ? fail_node(s, n, err, e) : leave(err, cudaSuccess);
+}
+
 int pilot_capture_copy(uint64_t stream, void *dst, size_t dpitch, const void *src, size_t spitch,
                        size_t width, size_t height, enum cudaMemcpyKind kind, cudaError_t *err)
 {

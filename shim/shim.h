@@ -342,6 +342,11 @@ int pilot_capture_wait(uint64_t stream, cudaEvent_t event, unsigned flags, cudaE
 /* Work pilot cannot record (`what` names it in the log line): cudaErrorNotSupported, and the
  * capture is invalidated. */
 int pilot_capture_refuse(uint64_t stream, const char *what, cudaError_t *err);
+/* A CUDA library call posted on a capturing stream: recorded as a node that re-posts it (the
+ * request's stream handle at stream_offset replaced by the launch stream's). */
+int pilot_capture_library(uint64_t stream, uint16_t op, int device, size_t stream_offset,
+                          const void *req, size_t req_len, const void *payload,
+                          size_t payload_len, cudaError_t *err);
 /* What a call that waits must check first: a synchronize or query of `stream` (unsafe 0), a
  * synchronous copy or memset ordered on it (unsafe 1: also refused where the thread's capture
  * mode forbids unsafe calls); cudaDeviceSynchronize; an event query or synchronize. */

@@ -359,6 +359,69 @@ static int lt_matmul(cublasLtHandle_t lt)
     return 0;
 }
 
+// C = 2 A B + C by cublasSgemm, then D = C^T (geam), captured from a stream into a graph and
+// launched three times (A changed between launches, on another stream the last time), as
+// PyTorch's CUDA graphs capture their matmuls.
+static int captured(cublasHandle_t h)
+{
+    const int n = 32;
+    std::vector<float> a((size_t)n * n), b((size_t)n * n);
+    for (int i = 0; i < n * n; i++)
+        a[i] = (float)(i % 7) - 3, b[i] = (float)(i % 5) - 2;
+    float *dA, *dB, *dC, *dD;
+    CHECK(cudaMalloc(&dA, a.size() * 4));
+    CHECK(cudaMalloc(&dB, b.size() * 4));
+    CHECK(cudaMalloc(&dC, a.size() * 4));
+    CHECK(cudaMalloc(&dD, a.size() * 4));
+    CHECK(cudaMemcpy(dB, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(dC, 0, a.size() * 4));
+    cudaStream_t s, other;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    BLAS(cublasSetStream(h, s));
+    float two = 2, one = 1, zero = 0;
+    cudaGraph_t graph;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    BLAS(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &two, dA, n, dB, n, &one, dC, n));
+    BLAS(cublasSgeam(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, &one, dC, n, &zero, dD, n, dD, n));
+    CHECK(cudaStreamEndCapture(s, &graph));
+    size_t nodes = 0;
+    CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+    std::printf("captured nodes: %s\n", nodes >= 2 ? "at least 2" : "fewer than 2");
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    std::vector<double> C((size_t)n * n, 0.0);
+    bool all = true;
+    for (int round = 0; round < 3; round++) {
+        for (auto &v : a)
+            v += 1.0f;
+        CHECK(cudaMemcpy(dA, a.data(), a.size() * 4, cudaMemcpyHostToDevice));
+        cudaStream_t on = round == 2 ? other : s;
+        CHECK(cudaGraphLaunch(exec, on));
+        CHECK(cudaStreamSynchronize(on));
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < n; i++) {
+                double acc = 0;
+                for (int k = 0; k < n; k++)
+                    acc += (double)a[i + (size_t)k * n] * b[k + (size_t)j * n];
+                C[i + (size_t)j * n] += 2 * acc;
+            }
+        std::vector<float> d(a.size());
+        CHECK(cudaMemcpy(d.data(), dD, d.size() * 4, cudaMemcpyDeviceToHost));
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < n; i++)
+                all &= std::fabs(d[i + (size_t)j * n] - C[j + (size_t)i * n]) <=
+                       1e-4 * (1 + std::fabs(C[j + (size_t)i * n]));
+    }
+    std::printf("graph of cuBLAS calls, 3 launches: %s\n", all ? "ok" : "MISMATCH");
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    BLAS(cublasSetStream(h, 0));
+    cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dD);
+    cudaStreamDestroy(s), cudaStreamDestroy(other);
+    return 0;
+}
+
 static int isolation(cublasHandle_t h)
 {
     float *mine;
@@ -388,6 +451,11 @@ int main(int argc, char **argv)
 {
     cublasHandle_t h;
     BLAS(cublasCreate(&h));
+    if (argc > 1 && std::strcmp(argv[1], "graph") == 0) { // cuBLAS calls captured into a graph
+        int rc = captured(h);
+        BLAS(cublasDestroy(h));
+        return rc;
+    }
     if (argc > 1 && std::strcmp(argv[1], "devices") == 0) { // a handle of the second GPU
         int count = 0;
         CHECK(cudaGetDeviceCount(&count));

@@ -134,3 +134,12 @@ def test_a_handle_of_the_second_gpu_runs_there(start_pilotd, app_binaries, blas_
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr + daemon.log_tail()
     assert proc.stdout == "sgemm on device 1: ok\n", proc.stdout + daemon.log_tail()
+
+
+def test_cublas_calls_captured_into_a_cuda_graph(run_under_pilot, blas_env, daemon_log) -> None:
+    """cuBLAS calls on a capturing stream become graph nodes that post them again at each
+    launch, on the launch stream (what PyTorch's CUDA graphs need); the H100 prints the same."""
+    proc = run_under_pilot("cublas_gemm", "graph", env=blas_env)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
+    assert proc.stdout == ("captured nodes: at least 2\n"
+                           "graph of cuBLAS calls, 3 launches: ok\n"), proc.stderr

@@ -54,23 +54,26 @@ done
 
 pilotd_start "$OUT/pilotd-cublas.log" --backend cuda --socket "$SOCK" || exit 2
 status=0
-for prog in "${PROGRAMS[@]}"; do
-    env -u LD_PRELOAD -u PILOT_SOCKET LD_LIBRARY_PATH="$LIB" "$WORK/$prog" \
-        >"$WORK/$prog.native.out" 2>"$WORK/$prog.native.err"
+# runs: a program and its argument (cublas_gemm graph: its calls captured into a CUDA graph)
+for run in cublas_gemm cublas_level "cublas_gemm graph"; do
+    read -r prog mode <<<"$run"
+    tag=$prog${mode:+-$mode}
+    env -u LD_PRELOAD -u PILOT_SOCKET LD_LIBRARY_PATH="$LIB" "$WORK/$prog" $mode \
+        >"$WORK/$tag.native.out" 2>"$WORK/$tag.native.err"
     native=$?
-    env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/$prog" \
-        >"$WORK/$prog.pilot.out" 2>"$WORK/$prog.pilot.err"
+    env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/$prog" $mode \
+        >"$WORK/$tag.pilot.out" 2>"$WORK/$tag.pilot.err"
     under=$?
     {
-        echo "### $prog native (exit $native)"; cat "$WORK/$prog.native.out" "$WORK/$prog.native.err"
-        echo "### $prog pilot (exit $under)"; cat "$WORK/$prog.pilot.out" "$WORK/$prog.pilot.err"
-        echo "### $prog diff"
+        echo "### $tag native (exit $native)"; cat "$WORK/$tag.native.out" "$WORK/$tag.native.err"
+        echo "### $tag pilot (exit $under)"; cat "$WORK/$tag.pilot.out" "$WORK/$tag.pilot.err"
+        echo "### $tag diff"
     } >>"$LOG"
-    if [ "$native" = "$under" ] && diff -u "$WORK/$prog.native.out" "$WORK/$prog.pilot.out" >>"$LOG"; then
-        say "$prog: identical (exit $native, $(grep -c ': ok$' "$WORK/$prog.pilot.out") checks ok)"
+    if [ "$native" = "$under" ] && diff -u "$WORK/$tag.native.out" "$WORK/$tag.pilot.out" >>"$LOG"; then
+        say "$tag: identical (exit $native, $(grep -c ': ok$' "$WORK/$tag.pilot.out") checks ok)"
     else
-        say "$prog: DIFFERENT (native exit $native, pilot exit $under); see $LOG"
-        diff -u "$WORK/$prog.native.out" "$WORK/$prog.pilot.out" >&2
+        say "$tag: DIFFERENT (native exit $native, pilot exit $under); see $LOG"
+        diff -u "$WORK/$tag.native.out" "$WORK/$tag.pilot.out" >&2
         status=1
     fi
 done

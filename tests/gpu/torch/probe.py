@@ -125,6 +125,28 @@ def main(step: str) -> None:
         assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], losses
         print("transformer ok losses=" + ",".join(f"{v:.6f}" for v in losses))
         print(f"transformer step_ms={_step_ms(lambda: _train_step(model, opt, xs, ys)):.3f}")
+    elif step == "cudagraph":
+        # an MLP's forward captured into a CUDA graph (its matmuls included) and replayed
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                    torch.nn.Linear(128, 10)).to(dev)
+        static_in = torch.randn(32, 64, device=dev)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(static_in)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = model(static_in)
+        for k in range(3):
+            x = torch.randn(32, 64, generator=g).to(dev)
+            static_in.copy_(x)
+            graph.replay()
+            assert torch.allclose(static_out, model(x), rtol=1e-5, atol=1e-5), k
+        print("cudagraph ok")
     elif step == "oom":
         # allocate 256 MiB blocks until the device (or pilot's quota) says no: PyTorch must raise
         # its own OutOfMemoryError, and the process goes on (frees, allocates again)
