@@ -147,6 +147,19 @@ def main(step: str) -> None:
             graph.replay()
             assert torch.allclose(static_out, model(x), rtol=1e-5, atol=1e-5), k
         print("cudagraph ok")
+    elif step == "compile":
+        # torch.compile (Inductor: Triton kernels, matmuls through cuBLAS), forward and backward
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(),
+                                    torch.nn.Linear(256, 10)).to(dev)
+        compiled = torch.compile(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        xs = torch.randn(64, 256, generator=g).to(dev)
+        ys = torch.randint(0, 10, (64,), generator=g).to(dev)
+        losses = [_train_step(compiled, opt, xs, ys) for _ in range(10)]
+        assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], losses
+        print("compile ok losses=" + ",".join(f"{v:.4f}" for v in losses))
     elif step == "oom":
         # allocate 256 MiB blocks until the device (or pilot's quota) says no: PyTorch must raise
         # its own OutOfMemoryError, and the process goes on (frees, allocates again)
