@@ -451,6 +451,21 @@ int main(int argc, char **argv)
 {
     cublasHandle_t h;
     BLAS(cublasCreate(&h));
+    if (argc > 1 && std::strcmp(argv[1], "loop") == 0) { // GEMMs until killed (a test kills it)
+        float *m;
+        CHECK(cudaMalloc(&m, 3 * 256 * 256 * 4));
+        CHECK(cudaMemset(m, 0, 3 * 256 * 256 * 4));
+        float one = 1, zero = 0;
+        cublasLtHandle_t lt;
+        BLAS(cublasLtCreate(&lt));
+        std::printf("looping\n");
+        std::fflush(stdout);
+        for (;;) {
+            BLAS(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 256, 256, 256, &one, m, 256,
+                             m + 256 * 256, 256, &zero, m + 2 * 256 * 256, 256));
+            CHECK(cudaDeviceSynchronize());
+        }
+    }
     if (argc > 1 && std::strcmp(argv[1], "graph") == 0) { // cuBLAS calls captured into a graph
         int rc = captured(h);
         BLAS(cublasDestroy(h));
