@@ -13,7 +13,11 @@
 #   4. compare  tests/gpu/run_compare.sh --no-install: every test program natively and under
 #               pilot, stdout compared byte for byte
 #      driver   tests/gpu/driver_compare.sh --no-install: the driver API program the same way
-#      cublas   tests/gpu/cublas_compare.sh --no-install: the cuBLAS/cuBLASLt program the same way
+#      cublas   tests/gpu/cublas_compare.sh --no-install: the cuBLAS/cuBLASLt programs the same way,
+#               then tests/gpu/cublas_samples.sh --no-install (the cuBLAS CUDA samples: carry their
+#               sources, .realprogs-src/cuda-samples/Common and the five sample directories) and
+#               bench/blas.sh --no-install (what a cuBLAS call costs); each skipped when its
+#               inputs are missing
 #   5. ops      tests/gpu/ops_check.py: NVML readings, capacity, a quota enforced, metrics served
 #      faults   tests/gpu/fault_check.py: a kernel fault beside a running program and before the
 #               next one; detection and recovery times (router/recovery.py)
@@ -110,6 +114,19 @@ environment() {
     return 0
 }
 
+# shellcheck disable=SC2317  # called from main
+cublas_all() {
+    local rc=0
+    timeout -k 10 120 bash tests/gpu/cublas_compare.sh --no-install || rc=1
+    if [ -d .realprogs-src/cuda-samples/Common ]; then
+        timeout -k 10 300 bash tests/gpu/cublas_samples.sh --no-install || rc=1
+    else
+        echo "cublas_samples: skipped (the samples' sources were not carried)"
+    fi
+    timeout -k 10 180 bash bench/blas.sh --no-install || rc=1
+    return "$rc"
+}
+
 main() {
     cd "$REPO" || return 1
     echo "run_all.sh starting $(date -u +%FT%TZ) on $(hostname)"
@@ -119,7 +136,7 @@ main() {
     stage smoke timeout -k 10 "$SMOKE_TIMEOUT" "$PYTHON" tests/gpu/backend_cuda_smoke.py
     stage compare timeout -k 20 "$COMPARE_TIMEOUT" bash tests/gpu/run_compare.sh --no-install
     stage driver timeout -k 10 120 bash tests/gpu/driver_compare.sh --no-install
-    stage cublas timeout -k 10 120 bash tests/gpu/cublas_compare.sh --no-install
+    stage cublas cublas_all
     stage ops timeout -k 10 120 "$PYTHON" tests/gpu/ops_check.py
     stage faults timeout -k 10 180 "$PYTHON" tests/gpu/fault_check.py
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
