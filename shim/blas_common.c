@@ -139,8 +139,8 @@ cublasStatus_t pilot_blas_create(int library, int device, int version_only, uint
 /* The library's version, asked once (0 if pilotd cannot tell). */
 uint64_t pilot_blas_version(int library)
 {
-    static uint64_t cached[3];
-    int i = library == PILOT_LIB_CUBLAS ? 1 : 2;
+    static uint64_t cached[PILOT_LIB_CUBLASLT + 1];
+    int i = library == PILOT_LIB_CUBLAS ? PILOT_LIB_CUBLAS : PILOT_LIB_CUBLASLT;
     if (!__atomic_load_n(&cached[i], __ATOMIC_ACQUIRE)) {
         const struct pilot_driver_ops *ops = pilot_blas_ops();
         int device = 0;

@@ -395,11 +395,8 @@ static cublasStatus_t gemm(cublasHandle_t handle, const struct gemm *g)
     if (!h)
         return CUBLAS_STATUS_NOT_INITIALIZED;
     int bad = bad_argument(g);
-    if (bad) { /* cuBLAS says so on stdout (its xerbla) */
-        if (bad > 0)
-            printf(" ** On entry to %-6s parameter number %d had an illegal value\n", g->xerbla, bad);
-        return CUBLAS_STATUS_INVALID_VALUE;
-    }
+    if (bad)
+        return pilot_blas_bad_argument(handle, bad > 0 ? g->xerbla : NULL, bad);
     if (!g->m || !g->n || !g->batch)
         return CUBLAS_STATUS_SUCCESS; /* nothing to compute, as cuBLAS */
     if (!g->alpha || !g->beta)
@@ -646,8 +643,8 @@ PILOT_BLAS_EXPORT cublasStatus_t cublasGemmStridedBatchedEx(
 
 /* ---- the generic path (shim/cublas_calls.tsv; the exported functions are generated) ---- */
 
-/* A generated function's argument check failed: cuBLAS's stdout line (where the H100's name for
- * the function is known) and CUBLAS_STATUS_INVALID_VALUE; a bad handle comes first. */
+/* An argument check failed: cuBLAS's stdout line (its xerbla; where the H100's name for the
+ * function is known) and CUBLAS_STATUS_INVALID_VALUE; a bad handle comes first. */
 cublasStatus_t pilot_blas_bad_argument(cublasHandle_t handle, const char *xerbla, int number)
 {
     if (!live(handle))

@@ -126,9 +126,10 @@ class HandleState:
     workspace: tuple[int, int] | None = None
     modes: tuple[int, int, int, int] | None = None
     lt_cache: dict[bytes, Any] = field(default_factory=dict)
-    # device memory of pilotd's for the pointer arrays it passes: (address, bytes, last stream)
-    scratch: tuple[int, int, int] | None = None
-    last_stream_obj: Any = None
+    # device memory of pilotd's for the pointer arrays it passes (address, bytes), and the
+    # stream of the last call that used it (CudaBackend._own_pointer_arrays)
+    scratch: tuple[int, int] | None = None
+    scratch_stream: Any = None
 
 
 class CudaLibraries:
@@ -140,7 +141,8 @@ class CudaLibraries:
         self._lock = threading.Lock()
         self._pool: dict[tuple[int, int], list[int]] = {}
 
-    def _fn(self, library: int, name: str) -> Any:
+    def _fn(self, library: int, name: str, argtypes: list[Any] | None = None) -> Any:
+        """The library's function `name`, typed with `argtypes` (default: _SIGNATURES')."""
         fn = self._fns.get(name)
         if fn is None:
             with self._lock:
@@ -148,7 +150,7 @@ class CudaLibraries:
                 if lib is None:
                     lib = self._libs[library] = _load(SONAMES[library])
                 fn = getattr(lib, name)
-                fn.argtypes = _SIGNATURES[name]
+                fn.argtypes = _SIGNATURES[name] if argtypes is None else argtypes
                 fn.restype = ctypes.c_size_t if name == "cublasLtGetVersion" else ctypes.c_int
                 self._fns[name] = fn
         return fn
@@ -210,25 +212,6 @@ class CudaLibraries:
 
     # ---- cuBLAS ----
 
-    def scratch(self, state: HandleState, size: int, stream_ptr: int, alloc: Any, free: Any,
-                synchronize: Any, stream: Any) -> int:
-        """The handle's device scratch of at least `size` bytes (pointer arrays). Reused in
-        stream order; when the handle's stream changed, the old one's GEMMs may still read it,
-        so they are waited for first."""
-        if state.scratch is not None and state.scratch[1] >= size:
-            if state.scratch[2] != stream_ptr:
-                synchronize(state.last_stream_obj)
-            state.scratch = (state.scratch[0], state.scratch[1], stream_ptr)
-            state.last_stream_obj = stream
-            return state.scratch[0]
-        if state.scratch is not None:
-            synchronize(state.last_stream_obj)
-            free(state.scratch[0])
-        size = max(size, 4096)
-        state.scratch = (alloc(size), size, stream_ptr)
-        state.last_stream_obj = stream
-        return state.scratch[0]
-
     def _apply(self, state: HandleState, settings: BlasSettings, stream: int) -> None:
         """The handle's settings that changed since its last call, onto the real handle."""
         h, lib = state.ptr, LIB_CUBLAS
@@ -285,9 +268,8 @@ class CudaLibraries:
         it returns, as natively)."""
         self._apply(state, settings, stream)
         name = fn.name
-        c_fn = self._fns.get(name)
-        if c_fn is None:
-            c_fn = self._fn_generic(name, fn.kinds)
+        c_fn = self._fns.get(name) or self._fn(
+            LIB_CUBLAS, name, [_vp] + [_i if k == "i" else _vp for k in fn.kinds])
         values: list[Any] = [state.ptr]
         keep: list[Any] = []
         result = None
@@ -310,17 +292,6 @@ class CudaLibraries:
             raise LibraryError(status, name)
         del keep
         return result.raw if result is not None else None
-
-    def _fn_generic(self, name: str, kinds: tuple[str, ...]) -> Any:
-        with self._lock:
-            lib = self._libs.get(LIB_CUBLAS)
-            if lib is None:
-                lib = self._libs[LIB_CUBLAS] = _load(SONAMES[LIB_CUBLAS])
-            fn = getattr(lib, name)
-            fn.argtypes = [_vp] + [_i if k == "i" else _vp for k in kinds]
-            fn.restype = ctypes.c_int
-            self._fns[name] = fn
-        return fn
 
     # ---- cuBLASLt ----
 

@@ -1271,20 +1271,38 @@ class CudaBackend:
 
     def library_release(self, handle: Any) -> None:
         if handle.scratch:  # GEMMs still queued may read the pointer arrays in it
-            self.stream_synchronize(handle.last_stream_obj)
+            self.stream_synchronize(handle.scratch_stream)
             self.mem_free(handle.scratch[0])
             handle.scratch = None
         self._libraries.release(handle)
 
+    def _own_pointer_arrays(self, handle: Any, arrays: list[tuple[int, ...]], stream: Any) -> list[int]:
+        """pilotd's own device copy of the checked pointer arrays, in the handle's scratch (kept
+        and reused in stream order; when the handle's stream changed, or the scratch must grow,
+        the last stream's calls, which may still read it, are waited for first); the address of
+        each array."""
+        packed = b"".join(struct.pack(f"<{len(a)}Q", *a) for a in arrays)
+        if handle.scratch is not None and (handle.scratch[1] < len(packed) or
+                                           _stream_ptr(handle.scratch_stream) != _stream_ptr(stream)):
+            self.stream_synchronize(handle.scratch_stream)
+            if handle.scratch[1] < len(packed):
+                self.mem_free(handle.scratch[0])
+                handle.scratch = None
+        if handle.scratch is None:
+            size = max(len(packed), 4096)
+            handle.scratch = (self.mem_alloc(size), size)
+        handle.scratch_stream = stream
+        self.memcpy_htod(handle.scratch[0], packed, len(packed), stream)
+        out, at = [], handle.scratch[0]
+        for a in arrays:
+            out.append(at)
+            at += 8 * len(a)
+        return out
+
     def blas_gemm(self, handle: Any, call: GemmCall, settings: BlasSettings, stream: Any) -> None:
-        if call.arrays is not None:  # pilotd's own copy of the checked pointer arrays
-            packed = b"".join(struct.pack(f"<{len(a)}Q", *a) for a in call.arrays)
-            scratch = self._libraries.scratch(handle, len(packed), _stream_ptr(stream),
-                                              self.mem_alloc, self.mem_free, self.stream_synchronize,
-                                              stream)
-            self.memcpy_htod(scratch, packed, len(packed), stream)
-            n = 8 * call.batch
-            call = replace(call, a=scratch, b=scratch + n, c=scratch + 2 * n)
+        if call.arrays is not None:
+            a, b, c = self._own_pointer_arrays(handle, list(call.arrays), stream)
+            call = replace(call, a=a, b=b, c=c)
         self._libraries.gemm(handle, call, settings, _stream_ptr(stream))
 
     def blaslt_matmul(self, handle: Any, call: LtCall, key: bytes, stream: Any) -> None:
@@ -1296,17 +1314,11 @@ class CudaBackend:
     def blas_call(self, handle: Any, fn: Any, args: list[int], named: dict[str, int],
                   scalars: list[bytes], settings: BlasSettings, stream: Any,
                   host_result: bool, arrays: dict[str, tuple[int, ...]]) -> bytes | None:
-        if arrays:  # pilotd's own copy of each checked pointer array
+        if arrays:
             args = list(args)
-            packed = b"".join(struct.pack(f"<{len(a)}Q", *a) for a in arrays.values())
-            scratch = self._libraries.scratch(handle, len(packed), _stream_ptr(stream),
-                                              self.mem_alloc, self.mem_free,
-                                              self.stream_synchronize, stream)
-            self.memcpy_htod(scratch, packed, len(packed), stream)
-            at = scratch
-            for name, pointers in arrays.items():
-                args[fn.params.index(name)] = at
-                at += 8 * len(pointers)
+            own = self._own_pointer_arrays(handle, list(arrays.values()), stream)
+            for name, address in zip(arrays, own, strict=True):
+                args[fn.params.index(name)] = address
         return self._libraries.call(handle, fn, args, scalars, settings, _stream_ptr(stream),
                                     host_result)
 

@@ -51,6 +51,7 @@ from pilot.daemon.backends.libraries import (
     GemmCall,
     LibraryError,
     LtCall,
+    matrix_span,
     type_size,
 )
 
@@ -83,15 +84,24 @@ def _numpy_type(dtype: int) -> Any:
             C_64F: np.complex128, R_8I: np.int8, R_32I: np.int32, R_16BF: np.uint16}[dtype]
 
 
+def _view(region: Region, ptr: int, dtype: int, rows: int, cols: int, ld: int, batch: int,
+          stride: int, row_major: bool) -> Any:
+    """The (batch, rows, cols) matrices at ptr, a writable view of the sim's memory."""
+    np = _np()
+    elem = type_size(dtype, "matrix")
+    span = (matrix_span(cols, rows, ld, 1, batch, stride) if row_major
+            else matrix_span(rows, cols, ld, 1, batch, stride))
+    raw = np.frombuffer(region(ptr, span * elem), dtype=_numpy_type(dtype), count=span)
+    strides = (stride * elem, ld * elem, elem) if row_major else (stride * elem, elem, ld * elem)
+    return np.lib.stride_tricks.as_strided(raw, shape=(batch, rows, cols), strides=strides,
+                                           writeable=True)
+
+
 def _read(region: Region, ptr: int, dtype: int, rows: int, cols: int, ld: int, batch: int,
           stride: int, row_major: bool = False) -> Any:
     """The (batch, rows, cols) matrices at ptr, as float64/complex128."""
     np = _np()
-    elem = type_size(dtype, "matrix")
-    span = _span(rows, cols, ld, batch, stride, row_major)
-    raw = np.frombuffer(region(ptr, span * elem), dtype=_numpy_type(dtype), count=span)
-    strides = (stride * elem, ld * elem, elem) if row_major else (stride * elem, elem, ld * elem)
-    view = np.lib.stride_tricks.as_strided(raw, shape=(batch, rows, cols), strides=strides)
+    view = _view(region, ptr, dtype, rows, cols, ld, batch, stride, row_major)
     if dtype == R_16BF:
         view = (view.astype(np.uint32) << 16).view(np.float32)
     return view.astype(np.complex128 if dtype in (C_32F, C_64F) else np.float64)
@@ -101,12 +111,7 @@ def _write(region: Region, ptr: int, dtype: int, values: Any, ld: int, stride: i
            row_major: bool = False) -> None:
     np = _np()
     batch, rows, cols = values.shape
-    elem = type_size(dtype, "matrix")
-    span = _span(rows, cols, ld, batch, stride, row_major)
-    raw = np.frombuffer(region(ptr, span * elem), dtype=_numpy_type(dtype), count=span)
-    strides = (stride * elem, ld * elem, elem) if row_major else (stride * elem, elem, ld * elem)
-    view = np.lib.stride_tricks.as_strided(raw, shape=(batch, rows, cols), strides=strides,
-                                           writeable=True)
+    view = _view(region, ptr, dtype, rows, cols, ld, batch, stride, row_major)
     if dtype == R_16BF:  # round to nearest even, as the GPU's conversion does
         bits = values.real.astype(np.float32).view(np.uint32)
         view[...] = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
@@ -117,13 +122,6 @@ def _write(region: Region, ptr: int, dtype: int, values: Any, ld: int, stride: i
         view[...] = values
     else:
         view[...] = values.real
-
-
-def _span(rows: int, cols: int, ld: int, batch: int, stride: int, row_major: bool) -> int:
-    if rows <= 0 or cols <= 0:
-        return 0
-    one = (rows - 1) * ld + cols if row_major else (cols - 1) * ld + rows
-    return one + (batch - 1) * stride
 
 
 def _scalar(region: Region, value: bytes | int, dtype: int, device: bool) -> complex:

@@ -186,16 +186,19 @@ def gemm_call(req: Any) -> GemmCall:
         stride_b=req.stride_b if strided else 0, stride_c=req.stride_c if strided else 0)
 
 
+def read_pointers(vg: VGpu, s: Session, ptr: int, count: int, stream: Any) -> tuple[int, ...]:
+    """A program's array of `count` device pointers, read in stream order (what earlier work
+    wrote into it). The caller checks what they point to, and the backend passes its own copy of
+    them, so a later change of the program's array cannot redirect the call."""
+    s.check_range(ptr, 8 * count)
+    raw = bytearray(8 * count)
+    vg.backend.memcpy_dtoh(raw, ptr, len(raw), stream)
+    return struct.unpack(f"<{count}Q", raw)
+
+
 def read_pointer_arrays(vg: VGpu, s: Session, call: GemmCall, stream: Any) -> GemmCall:
-    """The pointer-array functions: the three arrays, read in stream order (what earlier work
-    wrote into them), each matrix they name checked; the backend passes its own copy of them, so
-    a later change of the program's arrays cannot redirect the GEMM."""
-    arrays = []
-    for ptr in (call.a, call.b, call.c):
-        s.check_range(ptr, 8 * call.batch)
-        raw = bytearray(8 * call.batch)
-        vg.backend.memcpy_dtoh(raw, ptr, len(raw), stream)
-        arrays.append(struct.unpack(f"<{call.batch}Q", raw))
+    """The pointer-array GEMMs: the three arrays read, each matrix they name checked."""
+    arrays = [read_pointers(vg, s, ptr, call.batch, stream) for ptr in (call.a, call.b, call.c)]
     rows_a, cols_a = (call.m, call.k) if call.transa == OP_N else (call.k, call.m)
     rows_b, cols_b = (call.k, call.n) if call.transb == OP_N else (call.n, call.k)
     for i in range(call.batch):
@@ -318,9 +321,7 @@ def blas_call(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
         for name, span in (family.arrays or {}).items():
             # the matrices a pointer array lists: read in stream order, each checked; the
             # backend passes this list, never the program's array again
-            raw = bytearray(8 * named["batch"])
-            vg.backend.memcpy_dtoh(raw, named[name], len(raw), stream)
-            arrays[name] = struct.unpack(f"<{named['batch']}Q", raw)
+            arrays[name] = read_pointers(vg, s, named[name], named["batch"], stream)
             size = span(named, fn.elem)
             for ptr in set(arrays[name]):
                 s.check_range(ptr, size)
