@@ -40,14 +40,35 @@ struct range {
     uint64_t base, size;
 };
 
+struct shadow {
+    uint64_t base, length, chunk;
+    uint64_t stamp; /* the launch that counted it last (launch_seq) */
+    pilot_fast_shadow_count n;
+};
+
+struct segment {
+    uint64_t lo, hi, shadow; /* shadow: the base of the shadow it lies in */
+};
+
+/* A sorted array of structs that begin with their uint64_t key. */
+struct sorted {
+    void *items;
+    uint32_t n, cap;
+};
+
 struct fconn {
     uint32_t conn;
     int enabled, legacy_slow, deferred;
     int unflushed; /* kernels launched since the driver last printed their printf output */
     uint64_t session, legacy, context;
     struct map functions, streams;
-    struct range *ranges; /* sorted by base, disjoint */
-    uint32_t nranges, cap_ranges;
+    struct sorted ranges;   /* struct range, by base, disjoint */
+    struct sorted shadows;  /* struct shadow, by base, disjoint */
+    struct sorted segments; /* struct segment, by lo, disjoint */
+    uint64_t launch_seq;
+    const uint8_t *staging; /* the session's staging area in this process, or NULL */
+    uint64_t slot_bytes;
+    uint32_t slots;
     uint64_t *syncs; /* what cudaDeviceSynchronize waits for (nsyncs 0: Python's) */
     uint32_t nsyncs, cap_syncs;
     pilot_fast_count count;
@@ -61,6 +82,7 @@ struct pilot_fast {
     pilot_fast_launch_fn generic;
     pilot_fast_copy_fn generic_copy;
     pilot_fast_sync_fn generic_sync;
+    uint64_t coherence; /* the vGPU's coherence stream, or 0 */
     double bounds[PILOT_FAST_BUCKETS - 1];
     int nbounds;
     uint8_t *reply; /* a device-to-host copy's bytes, on their way back */
@@ -170,7 +192,9 @@ static void free_conn(struct fconn *c)
 {
     free(c->functions.slots);
     free(c->streams.slots);
-    free(c->ranges);
+    free(c->ranges.items);
+    free(c->shadows.items);
+    free(c->segments.items);
     free(c->syncs);
     free(c);
 }
@@ -220,7 +244,8 @@ int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabl
         free(c->streams.slots);
         memset(&c->functions, 0, sizeof c->functions);
         memset(&c->streams, 0, sizeof c->streams);
-        c->nranges = 0;
+        c->ranges.n = c->shadows.n = c->segments.n = 0;
+        c->staging = NULL;
         c->nsyncs = 0;
     }
     c->session = session;
@@ -294,13 +319,15 @@ int pilot_fast_stream(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t str
     return map_put(&c->streams, token, stream && slow ? ~(uint64_t)0 : stream, 0);
 }
 
-/* The index of the first range whose base is above `at`. */
-static uint32_t ranges_after(const struct fconn *c, uint64_t at)
+/* The index of the first item whose key is above `at`. */
+static uint32_t after(const struct sorted *a, size_t size, uint64_t at)
 {
-    uint32_t lo = 0, hi = c->nranges;
+    uint32_t lo = 0, hi = a->n;
     while (lo < hi) {
         uint32_t mid = (lo + hi) / 2;
-        if (c->ranges[mid].base <= at)
+        uint64_t key;
+        memcpy(&key, (const char *)a->items + mid * size, sizeof key);
+        if (key <= at)
             lo = mid + 1;
         else
             hi = mid;
@@ -308,41 +335,170 @@ static uint32_t ranges_after(const struct fconn *c, uint64_t at)
     return lo;
 }
 
+static void *item(const struct sorted *a, size_t size, uint32_t i)
+{
+    return (char *)a->items + i * size;
+}
+
+/* The item keyed exactly `key`, or NULL. */
+static void *find_key(const struct sorted *a, size_t size, uint64_t key)
+{
+    uint32_t i = after(a, size, key);
+    if (!i)
+        return NULL;
+    uint64_t *found = item(a, size, i - 1);
+    return *found == key ? found : NULL;
+}
+
+static void remove_at(struct sorted *a, size_t size, uint32_t i)
+{
+    memmove(item(a, size, i), item(a, size, i + 1), (a->n - i - 1) * size);
+    a->n--;
+}
+
+/* Room for a new item at its key's place (the caller fills it), or NULL when out of memory. */
+static void *insert(struct sorted *a, size_t size, uint64_t key)
+{
+    if (a->n == a->cap) {
+        uint32_t cap = a->cap ? a->cap * 2 : 16;
+        void *grown = realloc(a->items, cap * size);
+        if (!grown)
+            return NULL;
+        a->items = grown;
+        a->cap = cap;
+    }
+    uint32_t i = after(a, size, key);
+    memmove(item(a, size, i + 1), item(a, size, i), (a->n - i) * size);
+    a->n++;
+    return item(a, size, i);
+}
+
+/* The item whose [key, key+extent) holds `at` (extent: the uint64_t after the key), or NULL. */
+static void *holding(const struct sorted *a, size_t size, uint64_t at, int extent_is_end)
+{
+    uint32_t i = after(a, size, at);
+    if (!i)
+        return NULL;
+    const uint64_t *it = item(a, size, i - 1);
+    uint64_t end = extent_is_end ? it[1] : it[0] + it[1];
+    return at < end ? (void *)it : NULL;
+}
+
 int pilot_fast_range(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t size)
 {
     struct fconn *c = find_conn(f, conn);
     if (!c)
         return -1;
-    uint32_t i = ranges_after(c, base);
-    if (i && c->ranges[i - 1].base == base) { /* known: forget it (and add it again if sized) */
-        memmove(&c->ranges[i - 1], &c->ranges[i], (c->nranges - i) * sizeof *c->ranges);
-        c->nranges--;
-        i--;
-    }
+    struct range *known = find_key(&c->ranges, sizeof *known, base);
+    if (known) /* forget it (and add it again if sized) */
+        remove_at(&c->ranges, sizeof *known, (uint32_t)(known - (struct range *)c->ranges.items));
     if (!size)
         return 0;
-    if (c->nranges == c->cap_ranges) {
-        uint32_t cap = c->cap_ranges ? c->cap_ranges * 2 : 16;
-        struct range *grown = realloc(c->ranges, cap * sizeof *grown);
-        if (!grown)
-            return -1;
-        c->ranges = grown;
-        c->cap_ranges = cap;
-    }
-    memmove(&c->ranges[i + 1], &c->ranges[i], (c->nranges - i) * sizeof *c->ranges);
-    c->ranges[i] = (struct range){base, size};
-    c->nranges++;
+    struct range *r = insert(&c->ranges, sizeof *r, base);
+    if (!r)
+        return -1;
+    *r = (struct range){base, size};
     return 0;
 }
 
 /* Whether [ptr, ptr+count) lies inside one of the session's ranges. */
 static int owns(const struct fconn *c, uint64_t ptr, uint64_t count)
 {
-    uint32_t i = ranges_after(c, ptr);
-    if (!i)
+    const struct range *r = holding(&c->ranges, sizeof *r, ptr, 0);
+    return r && count <= r->size - (ptr - r->base);
+}
+
+int pilot_fast_shadow(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t length,
+                      uint64_t chunk, pilot_fast_shadow_count *left)
+{
+    struct fconn *c = find_conn(f, conn);
+    if (!c)
+        return -1;
+    struct shadow *known = find_key(&c->shadows, sizeof *known, base);
+    if (known) {
+        if (left)
+            *left = known->n;
+        remove_at(&c->shadows, sizeof *known, (uint32_t)(known - (struct shadow *)c->shadows.items));
+        for (uint32_t i = c->segments.n; i-- > 0;) /* and its segments */
+            if (((struct segment *)item(&c->segments, sizeof(struct segment), i))->shadow == base)
+                remove_at(&c->segments, sizeof(struct segment), i);
+    } else if (left) {
+        memset(left, 0, sizeof *left);
+    }
+    if (!length)
         return 0;
-    const struct range *r = &c->ranges[i - 1];
-    return ptr - r->base < r->size && count <= r->size - (ptr - r->base);
+    struct shadow *sh = insert(&c->shadows, sizeof *sh, base);
+    if (!sh)
+        return -1;
+    *sh = (struct shadow){.base = base, .length = length, .chunk = chunk ? chunk : 1};
+    sh->n.base = base;
+    return 0;
+}
+
+int pilot_fast_segment(pilot_fast *f, uint32_t conn, uint64_t lo, uint64_t hi)
+{
+    struct fconn *c = find_conn(f, conn);
+    if (!c || lo >= hi)
+        return -1;
+    const struct shadow *sh = holding(&c->shadows, sizeof *sh, lo, 0);
+    if (!sh || hi - sh->base > sh->length)
+        return -1;
+    if (find_key(&c->segments, sizeof(struct segment), lo))
+        return 0; /* known */
+    struct segment *seg = insert(&c->segments, sizeof *seg, lo);
+    if (!seg)
+        return -1;
+    *seg = (struct segment){lo, hi, sh->base};
+    return 0;
+}
+
+int pilot_fast_staging(pilot_fast *f, uint32_t conn, const uint8_t *base, uint64_t slot_bytes,
+                       uint32_t slots)
+{
+    struct fconn *c = find_conn(f, conn);
+    if (!c)
+        return -1;
+    c->staging = base;
+    c->slot_bytes = base ? slot_bytes : 0;
+    c->slots = base ? slots : 0;
+    return 0;
+}
+
+void pilot_fast_coherence(pilot_fast *f, uint64_t stream)
+{
+    f->coherence = stream;
+}
+
+int pilot_fast_take_shadows(pilot_fast *f, uint32_t conn, pilot_fast_shadow_count *out, int max)
+{
+    struct fconn *c = find_conn(f, conn);
+    int n = 0;
+    for (uint32_t i = 0; c && i < c->shadows.n && n < max; i++) {
+        struct shadow *sh = item(&c->shadows, sizeof *sh, i);
+        if (sh->n.launches || sh->n.flushes) {
+            out[n++] = sh->n;
+            memset(&sh->n, 0, sizeof sh->n);
+            sh->n.base = sh->base;
+        }
+    }
+    return n;
+}
+
+/* Each shadow a launch passes a pointer into (any 8-byte-aligned argument word) counts it once. */
+static void count_managed(struct fconn *c, const uint8_t *args, uint64_t arg_bytes)
+{
+    uint64_t seq = ++c->launch_seq;
+    for (uint64_t at = 0; at + 8 <= arg_bytes; at += 8) {
+        uint64_t word;
+        memcpy(&word, args + at, sizeof word);
+        const struct segment *seg = word ? holding(&c->segments, sizeof *seg, word, 1) : NULL;
+        struct shadow *sh = seg ? find_key(&c->shadows, sizeof *sh, seg->shadow) : NULL;
+        if (sh && sh->stamp != seq) {
+            sh->stamp = seq;
+            sh->n.launches++;
+            c->count.shadows_touched = 1;
+        }
+    }
 }
 
 void pilot_fast_forget(pilot_fast *f, uint32_t conn)
@@ -362,7 +518,7 @@ int pilot_fast_take(pilot_fast *f, pilot_fast_count *out, int max)
     for (uint32_t i = 0; i < f->nconns && n < max; i++) {
         struct fconn *c = f->conns[i];
         if (c->count.launches || c->count.d2h || c->count.h2d || c->count.syncs[0] ||
-            c->count.syncs[1]) {
+            c->count.syncs[1] || c->count.flushes || c->count.shadows_touched) {
             out[n++] = c->count;
             memset(&c->count, 0, sizeof c->count);
             c->count.conn = c->conn;
@@ -502,6 +658,65 @@ static int try_sync(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
     return FAST_DONE;
 }
 
+/* A shadow flush (SHADOW_FLUSH: host-written bytes of a unified-memory shadow, in a staging
+ * slot, to the device), done and answered here when C knows the shadow, the session's staging
+ * area and the coherence stream, as daemon/ops/unified.py does it: the slot's bytes that lie in
+ * managed segments are copied on the coherence stream, which is then synchronized, so later
+ * work on any stream sees them. A failed copy or synchronization goes to Python, which flushes
+ * again and reports the error. */
+static int try_flush(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_srv_msg *m,
+                     const pilot_envelope *env)
+{
+    if (!srv || c->deferred || !f->coherence || !c->staging || (env->flags & PILOT_F_NO_REPLY) ||
+        m->nframes != 2 || m->len[1] < sizeof(pilot_req_memcpy))
+        return FAST_PYTHON;
+    pilot_req_memcpy req;
+    memcpy(&req, m->frame[1], sizeof req);
+    struct shadow *sh = holding(&c->shadows, sizeof *sh, req.dst, 0);
+    if (!req.count || req.count > c->slot_bytes || req.slot >= c->slots || !sh ||
+        req.count > sh->length - (req.dst - sh->base))
+        return FAST_PYTHON;
+    double t0 = now_s();
+    const uint8_t *slot = c->staging + (uint64_t)req.slot * c->slot_bytes;
+    const uint64_t end = req.dst + req.count;
+    uint64_t moved = 0;
+    uint32_t i = after(&c->segments, sizeof(struct segment), req.dst);
+    for (i = i ? i - 1 : 0; i < c->segments.n; i++) { /* from the segment at or before dst */
+        const struct segment *seg = item(&c->segments, sizeof *seg, i);
+        if (seg->lo >= end)
+            break;
+        uint64_t lo = seg->lo > req.dst ? seg->lo : req.dst, hi = seg->hi < end ? seg->hi : end;
+        if (lo >= hi)
+            continue;
+        const uint8_t *src = slot + (lo - req.dst);
+        int err = f->cuda ? f->htod(lo, src, hi - lo, f->coherence)
+                          : f->generic_copy(0, lo, (uint64_t)(uintptr_t)src, hi - lo, f->coherence);
+        if (err)
+            return FAST_PYTHON;
+        moved += hi - lo;
+    }
+    if (sync_stream(f, f->coherence) != 0)
+        return FAST_PYTHON;
+    pilot_rep_status rep = {{0, 0}};
+    if (pilot_srv_send(srv, m->conn, m->frame[0], sizeof(pilot_envelope), &rep, sizeof rep, NULL,
+                       0) != 0)
+        return FAST_DONE; /* the client is gone: nothing to answer */
+    double dt = now_s() - t0;
+    pilot_fast_count *n = &c->count;
+    n->flushes++;
+    n->flush_bytes += moved;
+    n->flush_buckets[bucket(f, dt)]++;
+    n->flush_seconds += dt;
+    n->shadows_touched = 1;
+    sh->n.flushes++;
+    sh->n.flushed_bytes += moved;
+    /* the chunks starting in the piece: a flushed run starts at a chunk and may be cut into
+     * pieces of any size, so each chunk is counted once */
+    uint64_t off = req.dst - sh->base;
+    sh->n.dirty_chunks += (off + req.count - 1) / sh->chunk + 1 - (off + sh->chunk - 1) / sh->chunk;
+    return FAST_DONE;
+}
+
 int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
 {
     struct fconn *c = find_conn(f, m->conn);
@@ -517,6 +732,8 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
         return try_copy(f, srv, c, m, &env);
     if (env.opcode == PILOT_OP_DEVICE_SYNCHRONIZE || env.opcode == PILOT_OP_STREAM_SYNCHRONIZE)
         return try_sync(f, srv, c, m, &env);
+    if (env.opcode == PILOT_OP_SHADOW_FLUSH)
+        return try_flush(f, srv, c, m, &env);
     if (env.opcode != PILOT_OP_LAUNCH || c->enabled != PILOT_FAST_ALL ||
         !(env.flags & PILOT_F_NO_REPLY) ||
         m->len[1] < sizeof(pilot_req_launch))
@@ -560,6 +777,8 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
      * and reports its error as it reports every posted call's. */
     if (err)
         return FAST_PYTHON;
+    if (c->segments.n)
+        count_managed(c, args, arg_bytes);
     c->count.launches++;
     c->unflushed = 1;
     if (!req.stream)

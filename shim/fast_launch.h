@@ -1,8 +1,8 @@
 /* The daemon's fast path: posted kernel launches, small copies between the program's device
- * memory and its host (cudaMemcpy H2D and D2H carried inline), and cudaDeviceSynchronize /
- * cudaStreamSynchronize of the program's streams, that need nothing of the daemon's
- * Python (no policy decision, no capacity enforcement, no unified-memory coherence, no timing)
- * run here, in C, on the vGPU thread, without the GIL, as the endpoint receives them; a copy is
+ * memory and its host (cudaMemcpy H2D and D2H carried inline), cudaDeviceSynchronize /
+ * cudaStreamSynchronize of the program's streams, and the flushes of its unified-memory
+ * shadows, that need nothing of the daemon's Python (no policy decision, no capacity
+ * enforcement, no timing) run here, in C, on the vGPU thread, without the GIL, as the endpoint receives them; a copy is
  * answered from here too. Everything else (and anything this path is not sure of) goes to
  * Python as before.
  *
@@ -23,7 +23,7 @@
 /* PILOT_FAST_CDEF_BEGIN */
 typedef struct pilot_fast pilot_fast;
 
-enum pilot_fast_mode { PILOT_FAST_OFF = 0, PILOT_FAST_ALL = 1, PILOT_FAST_NO_LAUNCHES = 2 };
+enum pilot_fast_mode { PILOT_FAST_OFF = 0, PILOT_FAST_ALL = 1 };
 
 /* What ran here for one connection since the last pilot_fast_take. */
 #define PILOT_FAST_BUCKETS 24 /* latency buckets of the copies (+Inf last), see pilot_fast_new */
@@ -41,7 +41,21 @@ typedef struct pilot_fast_count {
     uint32_t syncs[2];
     uint32_t sync_buckets[2][PILOT_FAST_BUCKETS];
     double sync_seconds[2];
+    /* shadow flushes answered here, and whether any shadow has counts to take
+     * (pilot_fast_take_shadows) */
+    uint32_t flushes;
+    uint64_t flush_bytes;
+    uint32_t flush_buckets[PILOT_FAST_BUCKETS];
+    double flush_seconds;
+    int32_t shadows_touched;
 } pilot_fast_count;
+
+/* What ran here for one unified-memory shadow since it was last taken. */
+typedef struct pilot_fast_shadow_count {
+    uint64_t base;
+    uint64_t launches;      /* launches passing a pointer into one of its segments */
+    uint64_t flushes, flushed_bytes, dirty_chunks;
+} pilot_fast_shadow_count;
 
 /* A generic launcher and copier (the sim backend's, through cffi callbacks): return 0 or a
  * CUresult. copy: to_host 1 copies device `src` to host `dst`, 0 host `src` to device `dst`;
@@ -63,9 +77,8 @@ pilot_fast *pilot_fast_new(void *cuda_launch, void *cuda_dtoh, void *cuda_htod, 
                            uint16_t protocol_version);
 void pilot_fast_free(pilot_fast *f);
 
-/* A connection's session qualifies (enabled PILOT_FAST_ALL), qualifies but for its launches
- * (PILOT_FAST_NO_LAUNCHES: Python counts each per managed range it reaches), or not
- * (PILOT_FAST_OFF, the default). legacy_stream is the
+/* A connection's session qualifies (enabled PILOT_FAST_ALL) or not (PILOT_FAST_OFF, the
+ * default). legacy_stream is the
  * CUstream that work on the program's stream 0 goes to, or 0 when none exists yet; legacy_slow:
  * such work must go through Python (its blocking streams have work the legacy stream must wait
  * for). context: the key of
@@ -99,6 +112,27 @@ void pilot_fast_context(pilot_fast *f, uint64_t context);
 int pilot_fast_function(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t function,
                         uint32_t arg_bytes);
 int pilot_fast_stream(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t stream, int slow);
+/* Unified memory. A shadow of the session (shim/coherence.c) mapped at [base, base+length),
+ * cut by the client into chunks of `chunk` bytes (length 0: forget it; its counts not taken yet
+ * go to *left when left is not NULL, else are lost); and one managed segment [lo, hi) inside
+ * it, which flushes copy and launches count (a shadow of __managed__ variables has several).
+ * Launches here count, per shadow, those passing a pointer into one of its segments (any
+ * 8-byte-aligned argument word), as Python's Session.note_managed_launch does. Return 0, or -1
+ * when out of memory, the connection is unknown or the segment lies outside every shadow. */
+int pilot_fast_shadow(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t length,
+                      uint64_t chunk, pilot_fast_shadow_count *left);
+int pilot_fast_segment(pilot_fast *f, uint32_t conn, uint64_t lo, uint64_t hi);
+/* The session's staging area as the daemon maps it (shadow flushes read their slots from it;
+ * base NULL: none open). Returns 0, or -1 for an unknown connection. */
+int pilot_fast_staging(pilot_fast *f, uint32_t conn, const uint8_t *base, uint64_t slot_bytes,
+                       uint32_t slots);
+/* The vGPU's coherence stream (daemon/ops/unified.py): a shadow flush copies on it and
+ * synchronizes it before the reply, so that later work on any stream sees the bytes. 0: none
+ * yet, flushes go to Python. */
+void pilot_fast_coherence(pilot_fast *f, uint64_t stream);
+/* Copies up to max counts of the connection's shadows with anything counted since the last
+ * take, and zeroes them; returns how many were copied. */
+int pilot_fast_take_shadows(pilot_fast *f, uint32_t conn, pilot_fast_shadow_count *out, int max);
 /* Use f for the endpoint's launches (vgpu_server.h; NULL: none). */
 void pilot_srv_set_fast(pilot_srv *s, pilot_fast *f);
 /* Forget a connection (its session ended). */

@@ -793,6 +793,7 @@ cudaError_t pilot_staging_map(const pilot_rep_staging *rep, struct pilot_staging
     out->base = p;
     out->slot_bytes = rep->slot_bytes;
     out->slots = rep->slots;
+    out->flush_piece = (uint64_t)rep->flush_piece_kib << 10;
     return cudaSuccess;
 }
 

@@ -41,7 +41,7 @@ SMALL_MANAGED = 2 << 20  # managed allocations below this get a 2 MiB range of t
 MANAGED_FLAGS = {lib.PILOT_MANAGED_ATTACH_GLOBAL: 1, lib.PILOT_MANAGED_ATTACH_HOST: 2}
 
 
-def _coherence_stream(vg: VGpu) -> Any:
+def coherence_stream(vg: VGpu) -> Any:
     """The vGPU's stream for shadow traffic: waits for nothing but itself."""
     stream = vg.um_stream
     if stream is None:
@@ -113,7 +113,7 @@ def shadow_flush(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     outside managed memory (between __managed__ variables) are skipped."""
     shadow = _shadow(s, req.dst, req.count)
     slot = staging_slot(s, req)
-    stream = _coherence_stream(vg)
+    stream = coherence_stream(vg)
     note_write(vg, s, req.dst, req.count, stream)
     moved = 0
     for dev, count in shadow.pieces(req.dst, req.count):
@@ -123,7 +123,7 @@ def shadow_flush(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     vg.backend.stream_synchronize(stream)
     shadow.flushes += 1
     shadow.flushed_bytes += moved
-    shadow.dirty_chunks += -(-req.count // shadow.chunk)
+    shadow.dirty_chunks += shadow.chunks_starting_in(req.dst, req.count)
     vg.metrics.bytes_copied("h2d", moved, s.tenant)
 
 
@@ -139,7 +139,7 @@ def shadow_fetch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     moved = 0
     for dev, count in pieces:
         at = dev - req.src
-        vg.backend.memcpy_dtoh(slot[at:at + count], dev, count, _coherence_stream(vg))
+        vg.backend.memcpy_dtoh(slot[at:at + count], dev, count, coherence_stream(vg))
         moved += count
     shadow.fetches += 1
     shadow.fetched_bytes += moved
@@ -162,7 +162,7 @@ def managed_var(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     s.managed_vars[base] = (range_size, req.module)
     for shadow in s.shadows.values():  # a shadow the client already maps over this range
         if shadow.kind == "variable":
-            shadow.add_segment(base, base + range_size)
+            s.add_shadow_segment(shadow, base, base + range_size)
     rep = new("pilot_rep_managed_var")
     rep.address, rep.size, rep.range_base, rep.range_size = address, size, base, range_size
     return rep

@@ -125,6 +125,9 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     # (ptr, size) -> None, told of each device allocation made (size 0: freed) while the vGPU's
     # fast path may copy the session's memory (vgpu/fast.py)
     fast_ranges: Any = None
+    # told of each shadow made, changed (.added) or dropped (.removed) while the fast path knows
+    # the session (vgpu/fast.py ShadowsInC)
+    fast_shadows: Any = None
     # Kernels launched since the last synchronizing call succeeded: named when the GPU faults.
     work_in_flight: bool = False
     sticky: int = 0

@@ -69,6 +69,12 @@ class Shadow:
                 out.append((a, b - a))
         return out
 
+    def chunks_starting_in(self, address: int, count: int) -> int:
+        """How many of the client's chunks begin in [address, address+count): a flushed run of
+        dirty chunks may come in pieces of any size, each chunk is counted by one of them."""
+        off = address - self.base
+        return (off + count - 1) // self.chunk + 1 - (off + self.chunk - 1) // self.chunk
+
     @property
     def lo(self) -> int:
         return self.segments[0][0]

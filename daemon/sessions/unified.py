@@ -21,12 +21,23 @@ class UnifiedMemory:
     def add_shadow(self, shadow: Any) -> None:
         self.shadows[shadow.base] = shadow
         bisect.insort(self._shadow_bases, shadow.base)
+        if self.fast_shadows is not None:
+            self.fast_shadows.added(shadow)
+
+    def add_shadow_segment(self, shadow: Any, lo: int, hi: int) -> None:
+        """More managed memory inside one of the session's shadows (a __managed__ variable's
+        range the client already maps)."""
+        shadow.add_segment(lo, hi)
+        if self.fast_shadows is not None:
+            self.fast_shadows.added(shadow)
 
     def pop_shadow(self, base: int) -> Any:
         """The shadow mapped at base (removed), or None."""
         shadow = self.shadows.pop(base, None)
         if shadow is not None:
             del self._shadow_bases[bisect.bisect_left(self._shadow_bases, base)]
+            if self.fast_shadows is not None:
+                self.fast_shadows.removed(shadow)
         return shadow
 
     def drop_shadow(self, ptr: int) -> None:

@@ -105,6 +105,10 @@ LABELED_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "fast_syncs": ("pilot_fast_syncs_total",
                    "cudaDeviceSynchronize / cudaStreamSynchronize calls pilotd did and answered in "
                    "C, without Python ([daemon] fast_launch), by tenant.", ("tenant",)),
+    "fast_flushes": ("pilot_fast_flushes_total",
+                     "Unified-memory shadow flushes (host-written managed memory to the GPU) "
+                     "pilotd did and answered in C, without Python ([daemon] fast_launch), by "
+                     "tenant.", ("tenant",)),
     "tenant_kernel_seconds": ("pilot_tenant_kernel_seconds_total",
                               "GPU time of the tenant's kernels, from events recorded around each "
                               "launch ([metrics] kernel_time; kernels that overlap count each).",

@@ -11,7 +11,9 @@ the metrics and the fault bookkeeping (`fold`).
 
 A session qualifies while no per-launch work of the daemon applies to it: no policy that sees
 launches, no capacity enforcement of its memory, no kernel timing, no waiting launch, no sticky
-error; one with unified-memory shadows qualifies for all but its launches. Work on the program's
+error. For a session with unified memory C also counts each launch per shadow it reaches (as
+Session.note_managed_launch does) and does the shadow flushes (SHADOW_FLUSH) whose shadow,
+staging area and coherence stream it knows (`ShadowsInC`, `update`). Work on the program's
 legacy stream goes to C only while none of its blocking streams has work the legacy stream must
 wait for; blocking streams themselves always go through Python (their implicit ordering with the
 legacy stream is Python's, scheduling/streams.py). Copies go to Python while an asynchronous
@@ -31,6 +33,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.backends.base import BackendError
+from pilot.daemon.ops.unified import coherence_stream
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.telemetry.metrics import LATENCY_BUCKETS
 
@@ -54,6 +57,8 @@ class FastLaunches:
         self._objects: dict[int, Any] = {}  # generic mode: raw value -> backend object
         self._states: dict[int, tuple[int, ...]] = {}  # session id -> what C was told
         self._syncs: dict[int, tuple[Any, ...]] = {}  # session id -> its streams as C was told
+        self._staging: dict[int, tuple[int, int, int]] = {}  # session id -> its area as C was told
+        self._coherence: int | None = None  # the coherence stream, once C was told it
         self._counts = ffi.new("pilot_fast_count[]", COUNTS)
         self._bounds = ffi.new("double[]", list(LATENCY_BUCKETS))
         self._callbacks: tuple[Any, ...] = ()
@@ -152,11 +157,8 @@ class FastLaunches:
         if conn is None:
             return
         res = self.vg.broker.residency
-        # A session with unified memory keeps its launches in Python, which counts each per
-        # managed range it reaches (Session.note_managed_launch); the rest may go to C.
         enabled = 0 if (s.sticky or s.waiting is not None
-                        or (res is not None and s.id in res.sessions)) else \
-            lib.PILOT_FAST_NO_LAUNCHES if s.shadows else lib.PILOT_FAST_ALL
+                        or (res is not None and s.id in res.sessions)) else lib.PILOT_FAST_ALL
         legacy = self._raw(s.legacy) if enabled and s.legacy is not None else 0
         state = (conn, int(enabled), legacy, int(bool(s.dirty_blocking)), int(bool(s.deferred)),
                  0 if s.partition is None else id(s.partition))
@@ -169,6 +171,19 @@ class FastLaunches:
                 for ptr, size in list(s.allocations.items()):
                     if ptr not in s.managed:
                         s.fast_ranges(ptr, size)
+                s.fast_shadows = ShadowsInC(self.ptr, conn)
+                for shadow in list(s.shadows.values()):
+                    s.fast_shadows.added(shadow)
+        if enabled and s.shadows:  # what shadow flushes need: the staging area, the stream
+            if self._coherence is None:
+                self._coherence = self._raw(coherence_stream(self.vg))
+                lib.pilot_fast_coherence(self.ptr, self._coherence)
+            staging = s.staging
+            where = (staging.address, staging.slot_bytes, staging.slots) if staging is not None \
+                else (0, 0, 0)
+            if self._staging.get(s.id) != where:
+                self._staging[s.id] = where
+                lib.pilot_fast_staging(self.ptr, conn, ffi.cast("uint8_t *", where[0]), *where[1:])
         # What a synchronization waits for: every stream, while nothing of the session's waits
         # in Python (blocking-stream work the legacy stream must wait for).
         key = (legacy, *s.streams) if legacy and not s.dirty_blocking else ()
@@ -217,8 +232,11 @@ class FastLaunches:
             lib.pilot_fast_stream(self.ptr, s.identity, handle, 0, 0)
 
     def forget(self, s: Session) -> None:
-        s.fast_ranges = None
+        if s.fast_shadows is not None:
+            s.fast_shadows.take_all(s)
+        s.fast_ranges = s.fast_shadows = None
         self._syncs.pop(s.id, None)
+        self._staging.pop(s.id, None)
         if self._states.pop(s.id, None) is not None and s.identity is not None:
             lib.pilot_fast_forget(self.ptr, s.identity)
 
@@ -238,8 +256,10 @@ class FastLaunches:
                     continue
                 launches = count.launches
                 syncs = count.syncs
-                s.calls += launches + count.d2h + count.h2d + syncs[0] + syncs[1]
-                s.work_in_flight = not count.synced  # as after the last thing C did
+                stream_work = launches + count.d2h + count.h2d + syncs[0] + syncs[1]
+                s.calls += stream_work + count.flushes
+                if stream_work:
+                    s.work_in_flight = not count.synced  # as after the last thing C did
                 s.legacy_gen += count.legacy
                 if launches:
                     shard.kernels += launches
@@ -257,6 +277,12 @@ class FastLaunches:
                     if syncs[kind]:
                         self._answered(name, syncs[kind], count.sync_buckets[kind],
                                        count.sync_seconds[kind], ("fast_syncs", (s.tenant,)))
+                if count.flushes:
+                    self._answered("shadow_flush", count.flushes, count.flush_buckets,
+                                   count.flush_seconds, ("fast_flushes", (s.tenant,)))
+                    vg.metrics.bytes_copied("h2d", count.flush_bytes, s.tenant)
+                if count.shadows_touched and s.fast_shadows is not None:
+                    s.fast_shadows.take_all(s)
             if n < COUNTS:
                 return
 
@@ -281,6 +307,49 @@ class FastLaunches:
         if row is None:
             row = calls[name] = self.vg.metrics.new_row()
         return row
+
+
+class ShadowsInC:
+    """Session.fast_shadows: tells C a session's unified-memory shadows as they come, change and
+    go, and brings back what C counted for them (launches reaching them, flushes)."""
+
+    def __init__(self, fast: Any, conn: int) -> None:
+        self.fast, self.conn = fast, conn
+        self._left = ffi.new("pilot_fast_shadow_count *")
+        self._taken = ffi.new("pilot_fast_shadow_count[]", COUNTS)
+
+    def added(self, shadow: Any) -> None:
+        """A new shadow, or one with a new segment: C forgets what it knew and learns it again
+        (its counts come back first)."""
+        if lib.pilot_fast_shadow(self.fast, self.conn, shadow.base, shadow.length, shadow.chunk,
+                                 self._left) != 0:
+            raise MemoryError("pilot_fast_shadow")
+        _charge(shadow, self._left)
+        for lo, hi in shadow.segments:
+            if lib.pilot_fast_segment(self.fast, self.conn, lo, hi) != 0:
+                raise MemoryError("pilot_fast_segment")
+
+    def removed(self, shadow: Any) -> None:
+        lib.pilot_fast_shadow(self.fast, self.conn, shadow.base, 0, 0, self._left)
+        _charge(shadow, self._left)
+
+    def take_all(self, s: Session) -> None:
+        """C's counts of every shadow of s, into the shadows."""
+        while True:
+            n = lib.pilot_fast_take_shadows(self.fast, self.conn, self._taken, COUNTS)
+            for i in range(n):
+                shadow = s.shadows.get(self._taken[i].base)
+                if shadow is not None:
+                    _charge(shadow, self._taken[i])
+            if n < COUNTS:
+                return
+
+
+def _charge(shadow: Any, count: Any) -> None:
+    shadow.launches += count.launches
+    shadow.flushes += count.flushes
+    shadow.flushed_bytes += count.flushed_bytes
+    shadow.dirty_chunks += count.dirty_chunks
 
 
 def _native_value(obj: Any) -> int:

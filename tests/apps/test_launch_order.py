@@ -4,11 +4,11 @@ off; the outputs are computed here independently and must be identical either wa
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from pilotd_metrics import run_scraped as _run_scraped
+from pilotd_metrics import total as _total
 
 N = 256
 MASK = 0xFFFFFFFF
@@ -87,21 +87,7 @@ def test_expected_values_are_pinned() -> None:
 
 
 def _run(start_pilotd: Any, exe: Path, shim_path: str, config: str | None) -> tuple[str, dict[str, float]]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    daemon = start_pilotd("--metrics-address", f"127.0.0.1:{port}", config=config)
-    proc = subprocess.run([str(exe), "400"], env={**daemon.env(), "LD_PRELOAD": shim_path},
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{daemon.log_tail()}"
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith("pilot_")}
-    return proc.stdout, values
-
-
-def _total(values: dict[str, float], name: str) -> float:
-    return sum(v for k, v in values.items() if k.startswith(name + "{"))
+    return _run_scraped(start_pilotd, [str(exe), "400"], shim_path, config)
 
 
 def test_launch_order_with_and_without_the_fast_path(

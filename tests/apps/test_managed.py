@@ -79,3 +79,27 @@ def test_accounting(app_binaries: dict[str, Path], pilot_client_env: dict[str, s
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_launches_and_flushes_in_c_give_the_same_results(
+        start_pilotd: Any, app_binaries: dict[str, Path], shim_path: str) -> None:
+    """Every scenario once with pilotd's fast path (launches of sessions with unified memory and
+    the shadow flushes run in C, the flushes cut into small pieces) and once without: the same
+    output, the same bytes flushed; with it, most launches and every flush are C's."""
+    from pilotd_metrics import run_scraped, total
+
+    want = "".join(line + "\n" for s in SCENARIOS for line in expected(s))
+    argv = [str(app_binaries["managed"])]
+    fast_out, fast = run_scraped(start_pilotd, argv, shim_path, None)
+    slow_out, slow = run_scraped(start_pilotd, argv, shim_path, "[daemon]\nfast_launch = false\n")
+    assert fast_out == slow_out == want
+    flushes = fast['pilot_calls_total{function="shadow_flush"}']
+    assert total(fast, "pilot_fast_flushes_total") == flushes > slow[
+        'pilot_calls_total{function="shadow_flush"}'] > 0  # in pieces
+    assert total(slow, "pilot_fast_flushes_total") == total(slow, "pilot_fast_launches_total") == 0
+    launched = total(fast, "pilot_tenant_launches_total")
+    assert launched == total(slow, "pilot_tenant_launches_total")
+    assert launched / 2 < total(fast, "pilot_fast_launches_total") < launched
+    copied = "pilot_tenant_copied_bytes_total{"
+    assert {k: v for k, v in fast.items() if k.startswith(copied)} == \
+        {k: v for k, v in slow.items() if k.startswith(copied)}

@@ -176,9 +176,63 @@ def test_synchronizations_need_the_session_streams_and_an_endpoint(h: Harness) -
     assert h.synced == []
 
 
-def test_a_session_with_unified_memory_keeps_its_launches_in_python(h: Harness) -> None:
-    lib.pilot_fast_function(h.f, CONN, 0x10, 0xF00, 12)
-    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10)) == FAST_DONE
-    lib.pilot_fast_session(h.f, CONN, SESSION, lib.PILOT_FAST_NO_LAUNCHES, LEGACY, 0, 0, 0)
-    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10)) == FAST_PYTHON
-    assert len(h.launched) == 1
+def _ptrs(*words: int) -> bytes:
+    return struct.pack(f"<{len(words)}Q", *words)
+
+
+def test_launches_count_per_shadow_they_reach(h: Harness) -> None:
+    """Each launch C runs counts once for every shadow one of its 8-byte-aligned argument words
+    points into (a segment of it), as Session.note_managed_launch does in Python."""
+    left = ffi.new("pilot_fast_shadow_count *")
+    assert lib.pilot_fast_shadow(h.f, CONN + 1, 0x10000, 0x4000, 0x1000, left) == -1  # unknown conn
+    assert lib.pilot_fast_shadow(h.f, CONN, 0x10000, 0x4000, 0x1000, left) == 0
+    assert lib.pilot_fast_segment(h.f, CONN, 0x10000, 0x14000) == 0
+    assert lib.pilot_fast_shadow(h.f, CONN, 0x20000, 0x3000, 0x1000, ffi.NULL) == 0  # variables
+    assert lib.pilot_fast_segment(h.f, CONN, 0x20100, 0x20200) == 0
+    assert lib.pilot_fast_segment(h.f, CONN, 0x22000, 0x22010) == 0
+    assert lib.pilot_fast_segment(h.f, CONN, 0x23000, 0x23010) == -1  # outside every shadow
+    lib.pilot_fast_function(h.f, CONN, 0x10, 0xF00, 32)
+    both = _ptrs(0x10010, 0x13ff8, 0x20100, 7)  # two words in the first, one in a segment
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10, args=both)) == FAST_DONE
+    gap = _ptrs(0x20200, 0x14000, 0x22008, 0)  # between segments, one past the end, in one
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10, args=gap)) == FAST_DONE
+    unaligned = b"\0" * 4 + _ptrs(0x10010, 0x10010, 0x10010) + b"\0" * 4  # no aligned word hits
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10, args=unaligned)) == FAST_DONE
+    counts = ffi.new("pilot_fast_count[]", 2)
+    assert lib.pilot_fast_take(h.f, counts, 2) == 1 and counts[0].shadows_touched
+    taken = ffi.new("pilot_fast_shadow_count[]", 4)
+    assert lib.pilot_fast_take_shadows(h.f, CONN, taken, 4) == 2
+    assert {(taken[i].base, taken[i].launches) for i in range(2)} == {(0x10000, 1), (0x20000, 2)}
+    assert lib.pilot_fast_take_shadows(h.f, CONN, taken, 4) == 0  # taken
+    # a shadow dropped hands back what was not taken yet, and takes its segments with it
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10, args=both)) == FAST_DONE
+    assert lib.pilot_fast_shadow(h.f, CONN, 0x20000, 0, 0, left) == 0
+    assert (left.base, left.launches) == (0x20000, 1)
+    assert lib.pilot_fast_try(h.f, ffi.NULL, h.msg(0x10, args=gap)) == FAST_DONE
+    assert lib.pilot_fast_take_shadows(h.f, CONN, taken, 4) == 1
+    assert (taken[0].base, taken[0].launches) == (0x10000, 1)
+
+
+def _flush(dst: int, count: int, slot: int = 0, flags: int = 0) -> tuple[Any, list[Any]]:
+    env = ffi.new("pilot_envelope *", {"version": lib.PILOT_PROTO_VERSION, "flags": flags,
+                                        "opcode": lib.PILOT_OP_SHADOW_FLUSH, "session": SESSION})
+    req = ffi.new("pilot_req_memcpy *", {"dst": dst, "count": count, "slot": slot})
+    m = ffi.new("pilot_srv_msg *")
+    m.conn, m.nframes = CONN, 2
+    m.frame[0], m.len[0] = ffi.cast("uint8_t *", env), ffi.sizeof("pilot_envelope")
+    m.frame[1], m.len[1] = ffi.cast("uint8_t *", req), ffi.sizeof("pilot_req_memcpy")
+    return m, [env, req]
+
+
+def test_a_flush_with_no_endpoint_to_answer_on_goes_to_python(h: Harness) -> None:
+    """C does a flush only when it can answer it (tests/apps/test_managed.py shows flushes done
+    in C through the endpoint); without one, nothing is copied or synchronized here."""
+    area = ffi.new("uint8_t[]", 4 * 0x1000)
+    lib.pilot_fast_shadow(h.f, CONN, 0x10000, 0x4000, 0x1000, ffi.NULL)
+    lib.pilot_fast_segment(h.f, CONN, 0x10000, 0x14000)
+    assert lib.pilot_fast_staging(h.f, CONN + 1, area, 0x1000, 4) == -1  # unknown connection
+    assert lib.pilot_fast_staging(h.f, CONN, area, 0x1000, 4) == 0
+    lib.pilot_fast_coherence(h.f, 0x7000)
+    m, _keep = _flush(0x10000, 0x1000)
+    assert lib.pilot_fast_try(h.f, ffi.NULL, m) == FAST_PYTHON
+    assert h.synced == []
