@@ -54,21 +54,8 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
     return a < b ? a : b;
 }
 
-/* Bytes per piece of an upload of count bytes: whole slots, or with the daemon's leave
- * (flush_piece) pieces small enough to fill every slot, so the daemon's DMA of one overlaps the
- * copy of the next into its slot (4 KiB multiples). */
-static uint64_t upload_piece(const struct pilot_staging *stage, uint64_t count, int cut)
-{
-    if (!cut || !stage->flush_piece || count <= stage->flush_piece)
-        return stage->slot_bytes;
-    uint64_t piece = (count / stage->slots + 4095) & ~(uint64_t)4095;
-    if (piece < stage->flush_piece)
-        piece = stage->flush_piece;
-    return piece < stage->slot_bytes ? piece : stage->slot_bytes;
-}
-
 static cudaError_t staged_h2d(uint16_t op, uint64_t dst, const uint8_t *src, uint64_t count,
-                              uint64_t stream, uint32_t sync, int cut)
+                              uint64_t stream, uint32_t sync)
 {
     struct pilot_staging *stage;
     cudaError_t err = staging_open(&stage);
@@ -76,7 +63,7 @@ static cudaError_t staged_h2d(uint16_t op, uint64_t dst, const uint8_t *src, uin
         return err;
     if ((err = pilot_lock_session()))
         return err;
-    const uint64_t slot = upload_piece(stage, count, cut), nchunks = (count + slot - 1) / slot;
+    const uint64_t slot = stage->slot_bytes, nchunks = (count + slot - 1) / slot;
     uint32_t outstanding = 0;
     cudaError_t first = cudaSuccess;
     pilot_rep_status rep;
@@ -89,7 +76,7 @@ static cudaError_t staged_h2d(uint16_t op, uint64_t dst, const uint8_t *src, uin
         }
         uint64_t off = i * slot, len = min_u64(slot, count - off);
         uint32_t s = (uint32_t)(i % stage->slots);
-        pilot_copy(stage->base + s * stage->slot_bytes, src + off, len);
+        pilot_copy(stage->base + s * slot, src + off, len);
         pilot_req_memcpy req = {.dst = dst + off, .count = len, .stream = stream, .slot = s,
                                 .sync = sync};
         first = pilot_send_locked(op, 0, &req, sizeof req, NULL, 0);
@@ -124,7 +111,7 @@ static cudaError_t posted_h2d(uint64_t dst, const uint8_t *src, uint64_t count, 
 
 cudaError_t pilot_staged_upload(uint16_t op, uint64_t dst, const void *src, uint64_t count)
 {
-    return staged_h2d(op, dst, src, count, 0, 1, 1);
+    return staged_h2d(op, dst, src, count, 0, 1);
 }
 
 static cudaError_t staged_d2h(uint8_t *dst, uint64_t src, uint64_t count, uint64_t stream,
@@ -344,7 +331,7 @@ static cudaError_t memcpy_routed(void *dst, const void *src, size_t count,
         if ((err = pilot_callbacks_fence(stream))) /* CUDA: a stream sync before the copy */
             return err;
         if (count > PILOT_INLINE_MAX)
-            return staged_h2d(PILOT_OP_MEMCPY_H2D_STAGED, d, src, count, stream, (uint32_t)sync, 0);
+            return staged_h2d(PILOT_OP_MEMCPY_H2D_STAGED, d, src, count, stream, (uint32_t)sync);
         return pilot_call(PILOT_OP_MEMCPY_H2D, &req, sizeof req, src, count, NULL, 0, NULL, 0, NULL);
     case cudaMemcpyDeviceToHost: {
         if (!pilot_alloc_contains(s, count))

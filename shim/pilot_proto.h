@@ -263,8 +263,7 @@ typedef struct pilot_rep_staging {
     pilot_reply_hdr hdr;
     uint64_t slot_bytes;
     uint32_t slots;
-    uint32_t flush_piece_kib;         /* shadow flushes may be cut into pieces this small, to
-                                       * overlap the client's copies with the DMA (0: slots) */
+    uint32_t reserved;
     char path[PILOT_ENDPOINT_MAX];    /* shared-memory file, owned by the client's uid */
 } pilot_rep_staging;
 

@@ -68,16 +68,17 @@ struct pilot_staging {
     uint8_t *base;
     uint64_t slot_bytes;
     uint32_t slots;
-    uint64_t flush_piece; /* bytes; see pilot_rep_staging */
 };
 cudaError_t pilot_staging_map(const pilot_rep_staging *rep, struct pilot_staging *out);
+/* A size from the environment (a number, with an optional K or M suffix): 1 and *out when
+ * `name` is set and not empty, else 0. */
+int pilot_env_bytes(const char *name, uint64_t *out);
 void pilot_staging_unmap(struct pilot_staging *stage);
 /* The fault channel's staging area (mapped when the channel opens), for SHADOW_FETCH. */
 const struct pilot_staging *pilot_fault_staging(void);
 /* Host to device through the route device's staging area with op (a _STAGED-style opcode taking
- * pilot_req_memcpy {dst, count, slot, sync}), pipelined over its slots, in pieces as small as
- * the daemon allows (flush_piece) so that every slot takes part; returns once every piece was
- * answered. */
+ * pilot_req_memcpy {dst, count, slot, sync}), pipelined over its slots; returns once every piece
+ * was answered. */
 cudaError_t pilot_staged_upload(uint16_t op, uint64_t dst, const void *src, uint64_t count);
 
 /* What the daemon says about a device (fetched once); NULL without a session. */

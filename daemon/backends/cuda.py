@@ -289,6 +289,7 @@ class CudaBackend:
         self._htod = cu.cuMemcpyHtoDAsync
         self._dtoh = cu.cuMemcpyDtoHAsync
         self._sync = cu.cuStreamSynchronize
+        self._range_attribute_fn: Any = None  # cuMemRangeGetAttribute through ctypes, once used
 
         try:
             init = cu.cuInit(0)
@@ -565,18 +566,30 @@ class CudaBackend:
                                           flags, stream), "cuMemPrefetchAsync")
 
     def mem_range_attribute(self, ptr: int, count: int, attribute: int, data_size: int) -> bytes:
-        cu = self._cu
-        value = check(cu.cuMemRangeGetAttribute(data_size, cu.CUmem_range_attribute(attribute),
-                                                ptr, count), "cuMemRangeGetAttribute")
-        values = [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+        values = self._range_attribute(ptr, count, attribute, data_size)
         translate = attribute in RANGE_ATTR_DEVICE_IDS
         if attribute in RANGE_ATTR_ID_TYPE:  # an id is a device ordinal only for device locations
-            kind = check(cu.cuMemRangeGetAttribute(4, cu.CUmem_range_attribute(
-                RANGE_ATTR_ID_TYPE[attribute]), ptr, count), "cuMemRangeGetAttribute")
-            translate = int(kind) == int(cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE)
+            [kind] = self._range_attribute(ptr, count, RANGE_ATTR_ID_TYPE[attribute], 4)
+            translate = kind == int(self._cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE)
         ints = [self._index_of_ordinal(v) if translate else v for v in values]
         out = b"".join(int(v).to_bytes(4, "little", signed=True) for v in ints)
         return out[:data_size].ljust(data_size, b"\0")
+
+    def _range_attribute(self, ptr: int, count: int, attribute: int, data_size: int) -> list[int]:
+        """cuMemRangeGetAttribute's 32-bit values, called through ctypes: cuda-bindings' wrapper
+        refuses the location type and id attributes (5-8: "Unsupported attribute")."""
+        fn = self._range_attribute_fn
+        if fn is None:
+            fn = ctypes.CDLL("libcuda.so.1").cuMemRangeGetAttribute
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint64,
+                           ctypes.c_size_t]
+            fn.restype = ctypes.c_int
+            self._range_attribute_fn = fn
+        out = (ctypes.c_int32 * max(data_size // 4, 1))()
+        err = fn(out, data_size, attribute, ptr, count)
+        if err:
+            raise BackendError(err, f"cuMemRangeGetAttribute({attribute}): {err}")
+        return list(out)
 
     def stream_attach_mem(self, stream: Any, ptr: int, length: int, flags: int) -> None:
         check(self._cu.cuStreamAttachMemAsync(stream, ptr, length, flags), "cuStreamAttachMemAsync")

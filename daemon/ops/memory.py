@@ -95,12 +95,6 @@ def malloc_pitch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     s.add_allocation(ptr, size, pitched=True)
     return u64(ptr, pitch)
 
-# The smallest piece a client cuts a unified-memory flush into when the fast path does flushes
-# (shim/api_memory.c upload_piece): a 2 MiB flush goes as 8 pieces, so the client's copy of one
-# into its slot overlaps the DMA of the one before.
-FLUSH_PIECE = 256 << 10
-
-
 @OPS.handler(lib.PILOT_OP_STAGING_OPEN, "pilot_req_staging_open")
 def staging_open(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     """The session's staging area, or (fault = 1) the unified-memory fault channel's: one slot,
@@ -116,8 +110,6 @@ def staging_open(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     rep = new("pilot_rep_staging")
     rep.slot_bytes = area.slot_bytes
     rep.slots = area.slots
-    if vg.fast is not None and not req.fault:  # C does the flushes: small pieces cost little
-        rep.flush_piece_kib = FLUSH_PIECE >> 10
     path = area.path.encode()
     ffi.memmove(rep.path, path, len(path))
     return rep

@@ -150,6 +150,7 @@ class PolicyHost:
         self.needs_footprint = policy.needs_footprint
         self.needs_kernel_end = policy.needs_kernel_end
         self.prefetches_footprint = policy.prefetches_footprint
+        self.moves_memory = policy.moves_memory
         self.wake: Callable[[], None] = lambda: None
         # The NVML poller's latest readings (set by the Daemon); new ones go to the policy.
         self.readings: Callable[[], dict[int, Any]] | None = None

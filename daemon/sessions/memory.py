@@ -53,6 +53,7 @@ class MemoryTables:
         self.pitched.discard(ptr)
         if ptr in self.managed:
             self.managed.discard(ptr)
+            self.auto_prefetched.pop(ptr, None)
             self.managed_bytes -= size
         else:
             self.device_bytes -= size

@@ -148,6 +148,9 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     # ranges by base, and the ranges holding the session's __managed__ variables.
     managed_bytes: int = 0
     managed: set[int] = field(default_factory=set)
+    # managed allocations pilotd prefetched to the GPU itself -> the ranges of them the program
+    # prefetched since (ops/unified.py malloc_managed)
+    auto_prefetched: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     shadows: dict[int, Any] = field(default_factory=dict)  # base -> shadow.Shadow
     _shadow_bases: list[int] = field(default_factory=list)
     managed_vars: dict[int, tuple[int, int]] = field(default_factory=dict)  # base -> (size, module)

@@ -40,6 +40,31 @@ class UnifiedMemory:
                 self.fast_shadows.removed(shadow)
         return shadow
 
+    def pilot_prefetched(self, base: int) -> None:
+        """pilotd prefetched the managed allocation at base to the GPU on its own."""
+        self.auto_prefetched[base] = []
+
+    def program_prefetched(self, ptr: int, count: int) -> None:
+        """The program prefetched [ptr, ptr+count): for those pages the driver's last prefetch
+        location is the program's own."""
+        for base, done in list(self.auto_prefetched.items()):
+            end = base + self.allocations.get(base, 0)
+            lo, hi = max(ptr, base), min(ptr + count, end)
+            if lo < hi:
+                done.append((lo, hi))
+                if _covered(done, base, end):
+                    del self.auto_prefetched[base]
+
+    def prefetch_hidden(self, ptr: int, count: int) -> bool:
+        """Whether [ptr, ptr+count) holds pages only pilotd prefetched (a query of their last
+        prefetch location answers as for pages never prefetched)."""
+        for base, done in self.auto_prefetched.items():
+            end = base + self.allocations.get(base, 0)
+            lo, hi = max(ptr, base), min(ptr + count, end)
+            if lo < hi and not _covered(done, lo, hi):
+                return True
+        return False
+
     def drop_shadow(self, ptr: int) -> None:
         """The managed allocation at ptr is going away: forget the client's shadow of it."""
         shadow = self.shadow_of(ptr)
@@ -71,3 +96,15 @@ class UnifiedMemory:
             return None
         shadow = self.shadows[self._shadow_bases[i]]
         return shadow if shadow.holds(ptr) else None
+
+
+def _covered(ranges: list[tuple[int, int]], lo: int, hi: int) -> bool:
+    """Whether the ranges together cover [lo, hi)."""
+    at = lo
+    for a, b in sorted(ranges):
+        if a > at:
+            break
+        at = max(at, b)
+        if at >= hi:
+            return True
+    return at >= hi

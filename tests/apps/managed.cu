@@ -344,6 +344,22 @@ static void api(void)
     struct cudaMemLocation gpu = {cudaMemLocationTypeDevice, 0};
     struct cudaMemLocation host = {cudaMemLocationTypeHost, 0};
     int v = -9, ok = 1;
+    // never prefetched by the program (pilotd's own prefetch of a new allocation must not show)
+    CHECK(cudaMemRangeGetAttribute(&v, 4, cudaMemRangeAttributeLastPrefetchLocation, m, bytes));
+    ok &= v == cudaInvalidDeviceId;
+    CHECK(cudaMemRangeGetAttribute(&v, 4, cudaMemRangeAttributeLastPrefetchLocationType, m, bytes));
+    ok &= v == cudaMemLocationTypeInvalid;
+    {
+        cudaStream_t half;
+        CHECK(cudaStreamCreate(&half));
+        CHECK(cudaMemPrefetchAsync(m, bytes / 2, gpu, 0, half));
+        CHECK(cudaStreamSynchronize(half));
+        CHECK(cudaStreamDestroy(half));
+    }
+    CHECK(cudaMemRangeGetAttribute(&v, 4, cudaMemRangeAttributeLastPrefetchLocation, m, bytes));
+    ok &= v == cudaInvalidDeviceId; // half of it never prefetched
+    CHECK(cudaMemRangeGetAttribute(&v, 4, cudaMemRangeAttributeLastPrefetchLocation, m, bytes / 2));
+    ok &= v == 0;
     CHECK(cudaMemAdvise(m, bytes, cudaMemAdviseSetReadMostly, gpu));
     CHECK(cudaMemRangeGetAttribute(&v, 4, cudaMemRangeAttributeReadMostly, m, bytes));
     ok &= v == 1;

@@ -3,7 +3,7 @@
 #
 #   bash tests/gpu/run_all.sh [STAGE...]
 #
-# With STAGE names (smoke compare driver cublas ops faults bench um_tune sched fig1) only those run, after wheels and
+# With STAGE names (smoke compare driver cublas ops faults bench um_tune um_flush sched fig1) only those run, after wheels and
 # install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
@@ -25,6 +25,8 @@
 #               Unified Memory workloads (bench/um.cu, 1 GiB)
 #   7. um_tune  bench/bench.py --only um at other shadow chunk sizes (PILOT_UM_CHUNK) and without
 #               huge pages (PILOT_UM_HUGEPAGE=0), one run each: the measurements behind the defaults
+#      um_flush bench/um_flush_probe.sh: GPU first touch of host-written managed memory natively
+#               and under pilotd variants, with pilotd's counts of the flushes (issue 14)
 #   8. sched    tests/gpu/scheduler_check.py: the resource broker and launches that wait, on the GPU
 #   9. fig1     bench/fig1.py: PILOT Fig. 1, bare CUDA vs MPS vs pilot (default configuration)
 # Everything printed is also in $OUT/run_all.log; the compare and bench tables come last.
@@ -144,6 +146,7 @@ main() {
         --out "$OUT/bench.md" --json "$OUT/bench.json" --daemon-log "$OUT/pilotd-bench.log" $BENCH_ARGS
 
     stage um_tune um_tune
+    stage um_flush timeout -k 10 300 bash bench/um_flush_probe.sh
     stage sched timeout -k 10 180 "$PYTHON" tests/gpu/scheduler_check.py
     mkdir -p "$OUT/fig1"
     stage fig1 timeout -k 20 450 "$PYTHON" bench/fig1.py --out "$OUT/fig1" --python "$PYTHON"
@@ -164,8 +167,8 @@ main() {
 }
 
 for wanted in "$@"; do
-    case "$wanted" in smoke | compare | driver | cublas | ops | faults | bench | um_tune | sched | fig1) ;; *)
-        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas ops faults bench um_tune sched fig1)" >&2
+    case "$wanted" in smoke | compare | driver | cublas | ops | faults | bench | um_tune | um_flush | sched | fig1) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas ops faults bench um_tune um_flush sched fig1)" >&2
         exit 2
     esac
 done
