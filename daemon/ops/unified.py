@@ -11,6 +11,7 @@ managed bytes, host-written and fetched chunks per range, and which ranges launc
 
 from __future__ import annotations
 
+import logging
 import struct
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from pilot.daemon.vgpu.server import VGpu
 
 OPS = OpTable("unified")
+log = logging.getLogger("pilot.unified")
 
 SMALL_MANAGED = 2 << 20  # managed allocations below this get a 2 MiB range of their own
 # Managed allocations up to this size are prefetched to their GPU as they are made. pilotd's
@@ -97,12 +99,15 @@ def malloc_managed(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     ptr = vg.broker.allocate(s, "managed", req.size, lambda: vg.backend.mem_alloc_managed(size, flags))
     s.add_allocation(ptr, req.size, managed=True)
     res, host = vg.broker.residency, vg.policy
-    if size <= PREFETCH_MANAGED and (host is None or not host.moves_memory) and \
-            (res is None or s.id not in res.sessions):
+    if size <= PREFETCH_MANAGED and req.flags == lib.PILOT_MANAGED_ATTACH_GLOBAL and \
+            (host is None or not host.moves_memory) and (res is None or s.id not in res.sessions):
         # asynchronous, on the stream shadow flushes use (where memory lives is the enforcer's
-        # and the policies' business when they are on)
-        vg.backend.mem_prefetch(ptr, size, MEM_LOCATION_DEVICE, s.device, 0, coherence_stream(vg))
-        s.pilot_prefetched(ptr)
+        # and the policies' business when they are on; memory attached to the host stays there)
+        try:
+            vg.backend.mem_prefetch(ptr, size, MEM_LOCATION_DEVICE, s.device, 0, coherence_stream(vg))
+            s.pilot_prefetched(ptr)
+        except BackendError as exc:  # a hint only: the allocation stands
+            log.info("session %d: prefetch of new managed memory %#x+%d: %s", s.id, ptr, size, exc)
     return u64(ptr)
 
 
