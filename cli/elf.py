@@ -23,9 +23,12 @@ CUDART = re.compile(r"libcudart\.so\.(\d+)(?:\.|$)")
 # and the CUDA libraries, which link the runtime statically and call libcuda (issue 13).
 BYPASS = re.compile(r"lib(cuda|cublas|cublasLt|cudnn\w*|cufft\w*|cusparse\w*|cusolver\w*|curand"
                     r"|nvjpeg|npp\w*|nvrtc-builtins)\.so(\.|$)")
-# Sections nvcc puts in every program with device code; with no libcudart NEEDED they mean the
-# runtime was linked statically (nvcc's default, `-cudart static`).
-FATBIN_SECTIONS = frozenset((".nv_fatbin", ".nvFatBinSegment"))
+# The section of the fatbin wrappers a program hands the CUDA runtime to register its kernels
+# (__cudaRegisterFatBinary): with no libcudart NEEDED it means the runtime was linked statically
+# (nvcc's default, `-cudart static`). `.nv_fatbin` alone is not enough: nvcc puts one, with
+# nothing to register, in host code it compiles, such as a driver API program's that loads its
+# kernels from a file (the CUDA samples vectorAddDrv, matrixMulDrv; H100, 2026-11-27).
+REGISTERED_FATBIN = ".nvFatBinSegment"
 SYSTEM_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64",
                "/lib", "/usr/lib", "/usr/local/lib")
 MAX_LIBRARIES = 64  # how many shared libraries a search reads at most
@@ -145,7 +148,7 @@ class CudartLink:
 
     majors: set[int]                 # libcudart.so.N it needs, directly or through its libraries
     via: dict[int, Path]             # N -> the object whose NEEDED names it
-    device_code: bool = False        # has nvcc's fatbin sections (with no libcudart: static runtime)
+    device_code: bool = False        # registers kernels with a runtime (with no libcudart: static)
     bypass: dict[str, Path] = field(default_factory=dict)  # BYPASS library -> the object needing it
 
 
@@ -156,7 +159,7 @@ def find_cudart(program: str | os.PathLike[str], env: dict[str, str] | None = No
     env = os.environ if env is None else env
     program = Path(program)
     top = read_dynamic(program)
-    link = CudartLink(set(), {}, device_code=bool(top.sections & FATBIN_SECTIONS))
+    link = CudartLink(set(), {}, device_code=REGISTERED_FATBIN in top.sections)
     _note(link, top.needed, program)
     from_program = set(link.majors)  # the program's own NEEDED win over its libraries'
     ld_path = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d]

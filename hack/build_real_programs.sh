@@ -91,13 +91,21 @@ if [ -z "${CURAND_INCLUDE:-}" ]; then
         if [ -f "$d/curand_kernel.h" ]; then CURAND_INCLUDE=$d; break; fi
     done
 fi
+# -lcuda for the driver API samples: the toolkit's stub, else pilot's own libpilot-cuda.so (its
+# SONAME is libcuda.so.1, so the binary needs the same library natively); else they are not built.
+LIBCUDA_DIR=
+for d in "${CUDA_HOME:-/nonexistent}/lib64/stubs" /usr/local/cuda/lib64/stubs \
+        "$(dirname "$(readlink -f "$NVCC")")/../lib64/stubs"; do
+    if [ -f "$d/libcuda.so" ]; then LIBCUDA_DIR=$d; break; fi
+done
 ROD=$SRC/rodinia
 [ -d "$CS/Samples" ] || { echo "no CUDA samples under $CS: run hack/fetch_real_programs.sh" >&2; exit 1; }
 
 # ---- the programs ----
 # name | dir | sources | extra nvcc flags | args | data files | filter | expect | note
 # dir: cs:<path under cuda-samples/Samples> or rod:<path under rodinia>. Sources are relative
-# to dir; data files are taken from dir/data (cuda-samples) or dir (rodinia).
+# to dir; data files are taken from dir/data (cuda-samples) or dir (rodinia); a data file written
+# X.cu>Y.fatbin is X.cu of dir built with nvcc -fatbin into Y (the driver API samples load one).
 PROGRAMS=$(cat <<'EOF'
 vectorAdd|cs:0_Introduction/vectorAdd|vectorAdd.cu|-|-|-|generic|ok|
 template|cs:0_Introduction/template|template.cu template_cpu.cpp|-|-|-|generic|ok|
@@ -179,6 +187,10 @@ nw|rod:cuda/nw|needle.cu|-|2048 10|-|generic|ok|Rodinia Needleman-Wunsch; result
 pathfinder|rod:cuda/pathfinder|pathfinder.cu|-|20000 100 20|-|generic|ok|Rodinia; prints input row and result row
 srad_v2|rod:cuda/srad/srad_v2|srad.cu|-DOUTPUT|256 256 0 127 0 127 0.5 2|-|generic|ok|Rodinia; -DOUTPUT prints the resulting image. srad_cuda_1 reads 512 bytes before its first allocation (compute-sanitizer): faults when pilotd serves two GPUs (bench/RESULTS.md)
 streamcluster|rod:cuda/streamcluster|streamcluster_cuda_cpu.cpp streamcluster_cuda.cu streamcluster_header.cu|-|10 20 256 65536 65536 1000 none output.txt 1|-|generic|ok|Rodinia; output.txt compared
+vectorAddDrv|cs:0_Introduction/vectorAddDrv|vectorAddDrv.cpp|@LIBCUDA@|-|vectorAdd_kernel.cu>vectorAdd_kernel64.fatbin|generic|ok|driver API: cuModuleLoadData of a fatbin, cuLaunchKernel (pilot run preloads libpilot-cuda.so)
+matrixMulDrv|cs:0_Introduction/matrixMulDrv|matrixMulDrv.cpp|@LIBCUDA@|-|matrixMul_kernel.cu>matrixMul_kernel64.fatbin|generic|ok|driver API: context, module, cuLaunchKernel with a parameter buffer
+simpleDrvRuntime|cs:0_Introduction/simpleDrvRuntime|simpleDrvRuntime.cpp|@LIBCUDA@|-|vectorAdd_kernel.cu>vectorAdd_kernel64.fatbin|generic|ok|driver API and runtime mixed in one program
+deviceQueryDrv|cs:1_Utilities/deviceQueryDrv|deviceQueryDrv.cpp|@LIBCUDA@|-|-|generic|ok|device attributes through the driver API
 particlefilter_float|rod:cuda/particlefilter|ex_particle_CUDA_float_seq.cu|-use_fast_math|-x 128 -y 128 -z 10 -np 1000|-|rc|ok|Rodinia; seeds its RNG from time(0), so only the exit status is compared
 EOF
 )
@@ -187,7 +199,7 @@ EOF
 EXCLUDED=$(cat <<'EOF'
 UnifiedMemoryStreams, batchCUBLAS, matrixMulCUBLAS, simpleCUBLAS, simpleCUBLAS_LU|cs:cuBLAS|cuBLAS samples: this toolkit has no cuBLAS to build them; tests/gpu/cublas_samples.sh builds and compares them on the GPU machine
 clock_nvrtc, matrixMul_nvrtc, simpleAssert_nvrtc, simpleAtomicIntrinsics_nvrtc, vectorAdd_nvrtc, inlinePTX_nvrtc, BlackScholes_nvrtc, binomialOptions_nvrtc, quasirandomGenerator_nvrtc|cs:*_nvrtc|NVRTC + driver API (cuModuleLoad, cuLaunchKernel): bypass the runtime pilot interposes
-matrixMulDrv, vectorAddDrv, simpleTextureDrv, deviceQueryDrv, vectorAddMMAP, simpleDrvRuntime, matrixMulDynlinkJIT, threadMigration, ptxjit, cudaCompressibleMemory, memMapIPCDrv|cs:driver API|driver API (libcuda) programs: pilot interposes only the runtime
+simpleTextureDrv, vectorAddMMAP, matrixMulDynlinkJIT, threadMigration, ptxjit, cudaCompressibleMemory, memMapIPCDrv|cs:driver API|driver API programs using what libpilot-cuda.so does not carry: texture references, the virtual memory calls, JIT linking, contexts across threads, compressible memory, IPC
 simpleMPI|cs:0_Introduction/simpleMPI|MPI
 simpleP2P, simpleMultiGPU, p2pBandwidthLatencyTest, streamOrderedAllocationP2P, conjugateGradientMultiDeviceCG, simpleCUFFT_MGPU, simpleCUFFT_2d_MGPU, MonteCarloMultiGPU|cs:multi-GPU|need several GPUs (not run on a one-GPU machine; most use pinned host memory too); MonteCarloMultiGPU also needs cuRAND
 streamOrderedAllocationIPC|cs:2_Concepts_and_Techniques/streamOrderedAllocationIPC|IPC of memory pools between processes + driver API
@@ -221,6 +233,14 @@ EOF
 mkdir -p "$OUT/bin" "$OUT/data"
 LOGDIR=$(mktemp -d /tmp/realprogs-build.XXXXXX)
 trap 'rm -rf "$LOGDIR"' EXIT
+if [ -z "$LIBCUDA_DIR" ]; then
+    pilot_cuda=$("${PYTHON:-python3}" -c 'import pilot.shim, pathlib; print(pathlib.Path(pilot.shim.__file__).parent / "libpilot-cuda.so")' 2>/dev/null || true)
+    if [ -f "$pilot_cuda" ]; then
+        LIBCUDA_DIR=$LOGDIR/libcuda
+        mkdir -p "$LIBCUDA_DIR"
+        ln -s "$pilot_cuda" "$LIBCUDA_DIR/libcuda.so"
+    fi
+fi
 
 wanted() {  # wanted NAME: is NAME selected on the command line (or nothing selected)?
     [ ${#ONLY[@]} = 0 ] && return 0
@@ -247,6 +267,16 @@ build_one() {
         cs:*) cmd+=(-std=c++17 --extended-lambda "-I$CS/Common") ;;
         rod:*) cmd+=(-w -DcudaThreadSynchronize=cudaDeviceSynchronize) ;;
     esac
+    if [[ $flags == *@LIBCUDA@* ]]; then
+        if [ -n "$LIBCUDA_DIR" ]; then
+            flags=${flags//@LIBCUDA@/-L$LIBCUDA_DIR -lcuda}
+        else
+            echo "no libcuda.so to link with: install pilot (pip) or give the toolkit's stubs" \
+                >"$LOGDIR/$name.log"
+            echo 1 >"$LOGDIR/$name.rc"
+            return 0
+        fi
+    fi
     if [[ $flags == *@CURAND@* ]]; then
         if [ -n "$CURAND_INCLUDE" ]; then
             flags=${flags//@CURAND@/-I$CURAND_INCLUDE}
@@ -266,7 +296,7 @@ build_one() {
     echo "$rc" >"$LOGDIR/$name.rc"
 }
 
-copy_data() {  # copy_data NAME DIR FILES
+copy_data() {  # copy_data NAME DIR FILES (X.cu>Y.fatbin: X.cu of DIR built into the fatbin Y)
     local name=$1 dir=$2 files=$3 d f src
     rm -rf "${OUT:?}/data/$name"
     [ "$files" = - ] && return 0
@@ -274,6 +304,11 @@ copy_data() {  # copy_data NAME DIR FILES
     [ -d "$d/data" ] && src=$d/data || src=$d
     mkdir -p "$OUT/data/$name"
     for f in $files; do
+        if [[ $f == *'>'* ]]; then
+            (cd "$d" && "$NVCC" -fatbin "-arch=$NVCC_ARCH" -O2 "-I$CS/Common" \
+                -o "$OUT/data/$name/${f#*>}" "${f%%>*}") || return 1
+            continue
+        fi
         cp "$src/$f" "$OUT/data/$name/" || return 1
         # large inputs travel gzipped (tests/gpu/real_programs.sh unpacks them)
         if [ "$(stat -c %s "$src/$f")" -gt 262144 ]; then gzip -9 -f "$OUT/data/$name/$f"; fi

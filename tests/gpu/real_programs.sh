@@ -11,8 +11,9 @@
 #   bash tests/gpu/real_programs.sh --list          print the manifest and exit
 #
 # For each program of .realprogs/manifest.tsv: run it natively (real libcudart, as the other GPU
-# scripts do: no LD_PRELOAD), then under pilot (LD_PRELOAD=libpilot.so against a pilotd --backend
-# cuda this script starts, as tests/gpu/run_compare.sh does), each in a fresh working directory
+# scripts do: no LD_PRELOAD), then under pilot (`pilot run --`, which preloads libpilot.so and the
+# stand-ins the program needs, against a pilotd --backend cuda this script starts, as
+# tests/gpu/run_compare.sh does), each in a fresh working directory
 # holding a copy of its data files, stdin from /dev/null, with a per-program timeout (a timed-out
 # program is killed with its whole process group). Then compare, after the manifest's filter,
 # stdout, the exit status, and the files the program wrote into its working directory. When they
@@ -245,8 +246,11 @@ run_side() {
     [ -n "$DAEMON_LOG" ] && [ -f "$DAEMON_LOG" ] && off=$(stat -c %s "$DAEMON_LOG")
     t0=$(date +%s.%N)
     if [ "$mode" = pilot ]; then
-        (cd "$cwd" && timeout -k 5 "$RUN_T" env LD_PRELOAD="$SHIM" PILOT_SOCKET="$SOCK" \
-            "$exe" "$@" </dev/null >"$tag.out" 2>"$tag.err") 2>/dev/null
+        # as a user runs it: `pilot run` preloads the shim and the stand-ins the program needs
+        # (libpilot-cuda.so for the driver API samples)
+        (cd "$cwd" && timeout -k 5 "$RUN_T" env -u LD_PRELOAD PILOT_SOCKET="$SOCK" \
+            "$PYTHON" -m pilot.cli.pilot run -- "$exe" "$@" </dev/null >"$tag.out" 2>"$tag.err") \
+            2>/dev/null
     elif [ -n "$NATIVE_LDPATH" ]; then
         (cd "$cwd" && timeout -k 5 "$RUN_T" env -u LD_PRELOAD -u PILOT_SOCKET \
             LD_LIBRARY_PATH="$NATIVE_LDPATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \

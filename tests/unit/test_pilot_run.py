@@ -27,7 +27,11 @@ class Programs:
         self.d = d
         (d / "empty.c").write_text("int pilot_test_empty;\n")
         (d / "main.c").write_text("int main(void) { return 0; }\n")
-        (d / "fatbin.c").write_text(
+        (d / "fatbin.c").write_text(  # kernels registered with a (here: static) runtime
+            '__attribute__((section(".nv_fatbin"), used)) static const char fb[16] = {1};\n'
+            '__attribute__((section(".nvFatBinSegment"), used)) static const char w[24] = {1};\n'
+            "int main(void) { return 0; }\n")
+        (d / "host_fatbin.c").write_text(  # what nvcc leaves in host code: nothing to register
             '__attribute__((section(".nv_fatbin"), used)) static const char fb[16] = {1};\n'
             "int main(void) { return 0; }\n")
         lib = d / "lib"
@@ -49,6 +53,8 @@ class Programs:
         for name in ("libcuda.so.1", "libcublas.so.13", "libcufft.so.12"):
             self.gcc("-shared", "-fPIC", f"-Wl,-soname,{name}", "-o", lib / name, d / "empty.c")
         self.driver = self.program("driver", "-l:libcudart.so.13", "-l:libcuda.so.1")
+        # a driver API program nvcc compiled (its kernels come from a file): libcuda alone
+        self.driver_only = self.program("driver_only", "-l:libcuda.so.1", src=d / "host_fatbin.c")
         self.gcc("-shared", "-fPIC", "-Wl,-soname,libgemm.so", "-o", lib / "libgemm.so",
                  d / "empty.c", f"-L{lib}", "-Wl,--no-as-needed", "-l:libcublas.so.13")
         self.blas = self.program("blas", "-l:libcudart.so.13", "-l:libgemm.so",
@@ -193,6 +199,16 @@ def test_run_finds_programs_on_path_and_takes_cuda_override(progs: Programs,
     assert res.exit_code == 0, res.output
     # told, not read: the driver API library too, in case the program loads libcuda itself
     assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(12)} {driver_path()}"
+
+
+def test_run_serves_a_driver_api_program_nvcc_compiled(progs: Programs, exec_calls: list) -> None:
+    """nvcc leaves a `.nv_fatbin` with nothing to register in host code it compiles: a program
+    of the driver API alone (kernels loaded from a file) is served, not taken for a static
+    runtime."""
+    assert not find_cudart(progs.driver_only, env={}).device_code
+    res = _run("run", "--", str(progs.driver_only), env={"LD_PRELOAD": ""})
+    assert res.exit_code == 0, res.output
+    assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(13)} {driver_path()}"
 
 
 def test_run_refuses_a_static_runtime_with_status_3(progs: Programs, exec_calls: list) -> None:
