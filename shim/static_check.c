@@ -2,7 +2,8 @@
  * the preloaded shim: its GPU work would run outside pilot unnoticed. pilot cannot carry it (the
  * static runtime needs the driver's private integrity check, which only NVIDIA's libcuda
  * computes: docs/design/frameworks.md section 10), so when the process starts and the executable
- * has nvcc's fatbin sections but does not need libcudart.so, the shim refuses it: one line on
+ * registers kernels with a runtime (nvcc's .nvFatBinSegment) but does not need libcudart.so, the
+ * shim refuses it: one line on
  * stderr and exit status 3, as `pilot run` refuses it before it starts (cli/elf.py).
  * PILOT_STATIC_RUNTIME=warn lets it run, outside pilot, with the line as a warning. */
 #include <elf.h>
@@ -22,7 +23,7 @@ static int read_at(int fd, void *buf, size_t len, uint64_t off)
     return pread(fd, buf, len, (off_t)off) == (ssize_t)len ? 0 : -1;
 }
 
-/* 1: the executable at `path` has device code and does not need libcudart; 0 otherwise or when
+/* 1: the executable at `path` registers device code and does not need libcudart; 0 otherwise or when
  * it cannot tell (never a false alarm). */
 static int static_runtime(const char *path)
 {
@@ -50,7 +51,9 @@ static int static_runtime(const char *path)
         if (sh[i].sh_name >= strs->sh_size)
             continue;
         const char *name = names + sh[i].sh_name;
-        if (!strcmp(name, ".nv_fatbin") || !strcmp(name, ".nvFatBinSegment"))
+        /* the fatbin wrappers a runtime registers; not `.nv_fatbin` alone, which nvcc leaves,
+         * with nothing to register, in host code it compiles (a driver API program's) */
+        if (!strcmp(name, ".nvFatBinSegment"))
             found = 1;
         if (sh[i].sh_type != SHT_DYNAMIC || dyn || sh[i].sh_link >= eh.e_shnum)
             continue;

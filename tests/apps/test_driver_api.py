@@ -101,3 +101,46 @@ def test_ptx_module_in_the_sim() -> None:
     assert info.max_threads == 128
     with pytest.raises(ValueError):
         kernel_infos_in_image(b"\x00\x01 not an image")
+
+
+HOST_ONLY = """\
+#include <cuda.h>
+#include <stdio.h>
+int main(void)
+{
+    int n = -1;
+    CUresult r = cuInit(0);
+    if (r == CUDA_SUCCESS)
+        r = cuDeviceGetCount(&n);
+    printf("cuInit, cuDeviceGetCount: %d, %d device(s)\\n", (int)r, n);
+    return r != CUDA_SUCCESS;
+}
+"""
+
+
+def test_a_driver_api_program_nvcc_compiled_is_not_taken_for_a_static_runtime(
+        tmp_path: Path, pilot_client_env: dict[str, str], driver_env: dict[str, str]) -> None:
+    """Host code nvcc compiles with -O2 keeps an empty `.nv_fatbin` and no registration (no
+    `.nvFatBinSegment`) and, with -cudart shared, drops libcudart: a driver API program (the CUDA
+    samples vectorAddDrv, matrixMulDrv on the H100). The shim's static-runtime check must not
+    refuse it."""
+    import subprocess
+
+    from conftest import NVCC
+    if NVCC is None:
+        pytest.skip("nvcc not found")
+    (tmp_path / "host_only.cpp").write_text(HOST_ONLY)
+    link = tmp_path / "libcuda.so"
+    link.symlink_to(driver_path())
+    exe = tmp_path / "host_only"
+    built = subprocess.run([NVCC, "-cudart", "shared", "-O2", "-o", str(exe),
+                            str(tmp_path / "host_only.cpp"), "-L", str(tmp_path), "-lcuda"],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    sections = subprocess.run(["readelf", "-SW", str(exe)], capture_output=True, text=True).stdout
+    if ".nvFatBinSegment" in sections or ".nv_fatbin" not in sections:
+        pytest.skip("this nvcc lays out host-only programs differently")
+    proc = subprocess.run([str(exe)], env={**pilot_client_env, **driver_env}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and "statically" not in proc.stderr, proc.stdout + proc.stderr
+    assert proc.stdout == "cuInit, cuDeviceGetCount: 0, 1 device(s)\n"
