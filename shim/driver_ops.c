@@ -101,4 +101,5 @@ PILOT_EXPORT const struct pilot_driver_ops pilot_driver_ops = {
     .library_call = library_call,
     .call_on = call_on,
     .log = log_line,
+    .occupancy = cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
 };

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PILOT_DRIVER_OPS_VERSION 2
+#define PILOT_DRIVER_OPS_VERSION 3
 #define PILOT_DRIVER_OPS_SYMBOL "pilot_driver_ops"
 #define PILOT_DRIVER_OPS_NODE "PILOT_PRIVATE_1"
 
@@ -88,6 +88,8 @@ struct pilot_driver_ops {
                            void *out, size_t out_cap, size_t *out_len);
     /* Logging through the shim's log (level: 0 debug .. 3 error). */
     void (*log)(int level, const char *msg);
+    /* Version 3: occupancy of a kernel (api_misc.c), for cuOccupancy*. */
+    __typeof__(&cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags) occupancy;
 };
 
 #endif

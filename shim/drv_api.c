@@ -270,6 +270,89 @@ static struct pilot_kernel *kernel(CUfunction f)
     return f ? OPS->kernel_from_handle(f) : NULL;
 }
 
+PILOT_DRV_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags)
+{
+    if (!numBlocks)
+        return CUDA_ERROR_INVALID_VALUE;
+    PILOT_DRV_ENTER(1);
+    if (!kernel(func))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return PILOT_DRV_RT(OPS->occupancy(numBlocks, func, blockSize, dynamicSMemSize, flags));
+}
+
+PILOT_DRV_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize)
+{
+    return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks, func, blockSize,
+                                                                dynamicSMemSize, CU_OCCUPANCY_DEFAULT);
+}
+
+/* The block size with the most resident threads per SM, and the grid that fills the GPU at it:
+ * every multiple of the warp size up to the limit, largest first, as CUDA's own
+ * cudaOccupancyMaxPotentialBlockSizeVariableSMem (cuda_runtime.h) searches. */
+PILOT_DRV_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSizeWithFlags(
+    int *minGridSize, int *blockSize, CUfunction func, CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+    size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags)
+{
+    if (!minGridSize || !blockSize || blockSizeLimit < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    PILOT_DRV_ENTER(1);
+    if (!kernel(func))
+        return CUDA_ERROR_INVALID_HANDLE;
+    int device, sms, warp, device_threads, sm_threads, func_threads;
+    CUresult r = PILOT_DRV_RT(OPS->cudaGetDevice(&device));
+    if (!r)
+        r = PILOT_DRV_RT(OPS->cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    if (!r)
+        r = PILOT_DRV_RT(OPS->cudaDeviceGetAttribute(&warp, cudaDevAttrWarpSize, device));
+    if (!r)
+        r = PILOT_DRV_RT(OPS->cudaDeviceGetAttribute(&device_threads, cudaDevAttrMaxThreadsPerBlock,
+                                                     device));
+    if (!r)
+        r = PILOT_DRV_RT(OPS->cudaDeviceGetAttribute(&sm_threads,
+                                                     cudaDevAttrMaxThreadsPerMultiProcessor, device));
+    if (r)
+        return r;
+    struct cudaFuncAttributes a;
+    if ((r = PILOT_DRV_RT(OPS->cudaFuncGetAttributes(&a, func))))
+        return r;
+    func_threads = a.maxThreadsPerBlock;
+    int limit = device_threads < func_threads ? device_threads : func_threads;
+    if (blockSizeLimit > 0 && blockSizeLimit < limit)
+        limit = blockSizeLimit;
+    if (warp <= 0 || limit <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    int best_blocks = 0, best_size = 0, best_threads = 0;
+    for (int size = (limit + warp - 1) / warp * warp; size > 0; size -= warp) {
+        int try_size = size > limit ? limit : size;
+        size_t smem = blockSizeToDynamicSMemSize ? blockSizeToDynamicSMemSize(try_size)
+                                                 : dynamicSMemSize;
+        int blocks = 0;
+        if ((r = PILOT_DRV_RT(OPS->occupancy(&blocks, func, try_size, smem, flags))))
+            return r;
+        if (blocks * try_size > best_threads) {
+            best_blocks = blocks;
+            best_size = try_size;
+            best_threads = blocks * try_size;
+        }
+        if (best_threads == sm_threads)
+            break;
+    }
+    *minGridSize = best_blocks * sms;
+    *blockSize = best_size;
+    return CUDA_SUCCESS;
+}
+
+PILOT_DRV_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSize(
+    int *minGridSize, int *blockSize, CUfunction func, CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+    size_t dynamicSMemSize, int blockSizeLimit)
+{
+    return cuOccupancyMaxPotentialBlockSizeWithFlags(minGridSize, blockSize, func,
+                                                     blockSizeToDynamicSMemSize, dynamicSMemSize,
+                                                     blockSizeLimit, CU_OCCUPANCY_DEFAULT);
+}
+
 PILOT_DRV_EXPORT CUresult CUDAAPI cuFuncGetAttribute(int *pi, CUfunction_attribute attrib,
                                                      CUfunction hfunc)
 {

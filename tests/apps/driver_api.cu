@@ -117,6 +117,12 @@ int main(int argc, char **argv)
     int threads = 0;
     MUST(cuFuncGetAttribute(&threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, scale));
     std::printf("drv_scale max threads %d\n", threads);
+    int resident = 0, min_grid = 0, best = 0;
+    MUST(cuOccupancyMaxActiveBlocksPerMultiprocessor(&resident, scale, 256, 0));
+    MUST(cuOccupancyMaxPotentialBlockSize(&min_grid, &best, scale, nullptr, 0, 0));
+    std::printf("occupancy: 256-thread blocks per SM > 0: %d, best block a warp multiple: %d, "
+                "grid a multiple of the SMs: %d\n", resident > 0, best > 0 && best % 32 == 0,
+                min_grid > 0 && min_grid % sms == 0);
 
     // Memory and a launch with kernelParams.
     const int n = 1000;

@@ -32,6 +32,7 @@ cuModuleLoad(missing file): CUDA_ERROR_FILE_NOT_FOUND
 cuModuleGetFunction(missing): CUDA_ERROR_NOT_FOUND
 cuModuleGetFunction(null module): CUDA_ERROR_INVALID_HANDLE
 drv_scale max threads 1024
+occupancy: 256-thread blocks per SM > 0: 1, best block a warp multiple: 1, grid a multiple of the SMs: 1
 cuMemAlloc(0 bytes): CUDA_ERROR_INVALID_VALUE
 cuLaunchKernel(2048 threads): CUDA_ERROR_INVALID_VALUE
 cuLaunchKernel(null function): CUDA_ERROR_INVALID_HANDLE
