@@ -145,7 +145,11 @@ def program_cuda_major(program: str, env: dict[str, str]) -> tuple[int, bool, bo
                          "stand-ins serve CUDA 13 programs only")
     if len(served) == 1:
         return served[0], driver, standins
-    if driver and not link.majors and not link.device_code:
+    if driver and not link.majors:
+        if link.device_code:  # its libcuda will be pilot's: the static runtime fails there
+            click.echo(f"pilot: {program} links the CUDA runtime statically and the driver API: "
+                       "its driver API calls run under pilot, its runtime calls fail (rebuild it "
+                       "with `nvcc -cudart shared` to run them too)", err=True)
         return 13, True, False
     if len(served) > 1:
         via = ", ".join(f"libcudart.so.{m} (needed by {link.via[m]})" for m in served)

@@ -5,7 +5,15 @@
  * registers kernels with a runtime (nvcc's .nvFatBinSegment) but does not need libcudart.so, the
  * shim refuses it: one line on
  * stderr and exit status 3, as `pilot run` refuses it before it starts (cli/elf.py).
- * PILOT_STATIC_RUNTIME=warn lets it run, outside pilot, with the line as a warning. */
+ * PILOT_STATIC_RUNTIME=warn lets it run, outside pilot, with the line as a warning.
+ *
+ * Unless the process's libcuda.so.1 is pilot's (libpilot-cuda.so, preloaded by `pilot run` for a
+ * program that links the driver API): a static runtime then reaches pilot's driver and stops,
+ * cleanly, at the integrity check pilot cannot compute, so nothing of the program runs outside
+ * pilot, and a driver API program that merely carries an unused static runtime (CMake's default
+ * for the CUDA samples) runs. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <elf.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -80,6 +88,20 @@ out:
     return found && !needs_cudart;
 }
 
+/* Whether the libcuda.so.1 loaded in the process is pilot's driver library. */
+static int driver_is_pilots(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!h)
+        return 0;
+    void *init = dlsym(h, "cuInit");
+    Dl_info info;
+    int ours = init && dladdr(init, &info) && info.dli_fname &&
+               strstr(info.dli_fname, "libpilot-cuda") != NULL;
+    dlclose(h);
+    return ours;
+}
+
 #define STATIC_MESSAGE                                                                         \
     "this program links the CUDA runtime statically (nvcc's default), which pilot cannot "      \
     "carry: its GPU work would run outside pilot, unshared and unaccounted. Rebuild it with "   \
@@ -89,6 +111,12 @@ __attribute__((constructor)) static void refuse_static_runtime(void)
 {
     if (!static_runtime("/proc/self/exe"))
         return;
+    if (driver_is_pilots()) {
+        LOG_INFO("this program links the CUDA runtime statically; its libcuda is pilot's, so its "
+                 "driver API calls run under pilot and its runtime calls fail (rebuild it with "
+                 "`nvcc -cudart shared` to run them too)");
+        return;
+    }
     const char *mode = getenv("PILOT_STATIC_RUNTIME");
     if (mode && strcmp(mode, "warn") == 0) {
         LOG_WARN(STATIC_MESSAGE "; it runs outside pilot (PILOT_STATIC_RUNTIME=warn).");

@@ -895,6 +895,32 @@ def test_the_shim_refuses_a_program_with_the_static_runtime(
     assert STATIC_MESSAGE not in shared.stderr and shared.returncode == 0, shared.stderr
 
 
+def test_a_static_runtime_beside_pilots_driver_is_not_refused(
+        static_vector_add: Path, app_builds: dict[str, Any], pilot_client_env: dict[str, str],
+        tmp_path: Path) -> None:
+    """A program that links the driver API (libcuda.so.1) and a static runtime, with pilot's
+    driver as its libcuda (as `pilot run` preloads it): nothing of it can run outside pilot, so
+    the shim lets it start (a driver API program whose static runtime is unused then works); its
+    runtime calls fail at the integrity check, cleanly. (Loaded beside NVIDIA's libcuda it would
+    run outside pilot, and the shim refuses it as above.)"""
+    link = tmp_path / "libcuda-link"
+    link.mkdir()
+    (link / "libcuda.so").symlink_to(driver_path())
+    cmd = [c for c in app_builds["vector_add"].command if c not in ("-cudart", "shared")]
+    exe = tmp_path / "vector_add_static_driver"
+    cmd[cmd.index("-o") + 1] = str(exe)
+    cmd += ["-Xlinker", "--no-as-needed", "-L", str(link), "-lcuda"]
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    env = {**pilot_client_env, "PILOT_LOG": "info",
+           "LD_PRELOAD": f"{pilot_client_env['LD_PRELOAD']} {driver_path()}"}
+    proc = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=60)
+    assert "Refused" not in proc.stderr and "its libcuda is pilot's" in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and "CUDA error cudaErrorNotSupported" in proc.stdout + proc.stderr, \
+        proc.stdout + proc.stderr
+    assert "asked for the NVIDIA driver's integrity check" in proc.stderr
+
+
 def test_a_static_runtime_on_pilots_driver_fails_cleanly(
         static_vector_add: Path, pilot_client_env: dict[str, str]) -> None:
     """A static runtime that reaches pilot's driver (libpilot-cuda.so; as cuBLAS's and cuDNN's do

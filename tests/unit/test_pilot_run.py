@@ -55,6 +55,8 @@ class Programs:
         self.driver = self.program("driver", "-l:libcudart.so.13", "-l:libcuda.so.1")
         # a driver API program nvcc compiled (its kernels come from a file): libcuda alone
         self.driver_only = self.program("driver_only", "-l:libcuda.so.1", src=d / "host_fatbin.c")
+        # the same with a static runtime in it (CMake's default for the CUDA samples)
+        self.driver_static = self.program("driver_static", "-l:libcuda.so.1", src=d / "fatbin.c")
         self.gcc("-shared", "-fPIC", "-Wl,-soname,libgemm.so", "-o", lib / "libgemm.so",
                  d / "empty.c", f"-L{lib}", "-Wl,--no-as-needed", "-l:libcublas.so.13")
         self.blas = self.program("blas", "-l:libcudart.so.13", "-l:libgemm.so",
@@ -209,6 +211,17 @@ def test_run_serves_a_driver_api_program_nvcc_compiled(progs: Programs, exec_cal
     res = _run("run", "--", str(progs.driver_only), env={"LD_PRELOAD": ""})
     assert res.exit_code == 0, res.output
     assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(13)} {driver_path()}"
+
+
+def test_run_serves_a_driver_api_program_with_a_static_runtime(progs: Programs,
+                                                               exec_calls: list) -> None:
+    """Its libcuda will be pilot's driver: the driver API calls run under pilot and the static
+    runtime, if the program uses it, stops at the integrity check pilot's driver cannot pass
+    (tests/apps: test_a_static_runtime_on_pilots_driver_fails_cleanly). Said, then run."""
+    res = _run("run", "--", str(progs.driver_static), env={"LD_PRELOAD": ""})
+    assert res.exit_code == 0, res.output
+    assert exec_calls[-1][2]["LD_PRELOAD"] == f"{shim_path(13)} {driver_path()}"
+    assert "its runtime calls fail" in " ".join(res.output.split()), res.output
 
 
 def test_run_refuses_a_static_runtime_with_status_3(progs: Programs, exec_calls: list) -> None:
