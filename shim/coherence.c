@@ -67,9 +67,15 @@ static long find_locked(uint64_t addr)
 uint64_t pilot_um_chunk_bytes(void)
 {
     if (!g_chunk) {
-        uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), c = 2u << 20, v;
+        uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), c = 2u << 20;
         const char *env = getenv("PILOT_UM_CHUNK");
-        if (pilot_env_bytes("PILOT_UM_CHUNK", &v)) {
+        if (env && *env) {
+            char *end;
+            unsigned long long v = strtoull(env, &end, 0);
+            if (*end == 'k' || *end == 'K')
+                v <<= 10;
+            else if (*end == 'm' || *end == 'M')
+                v <<= 20;
             if (v >= page && v <= (1ull << 30) && !(v & (v - 1)))
                 c = v;
             else

@@ -70,9 +70,6 @@ struct pilot_staging {
     uint32_t slots;
 };
 cudaError_t pilot_staging_map(const pilot_rep_staging *rep, struct pilot_staging *out);
-/* A size from the environment (a number, with an optional K or M suffix): 1 and *out when
- * `name` is set and not empty, else 0. */
-int pilot_env_bytes(const char *name, uint64_t *out);
 void pilot_staging_unmap(struct pilot_staging *stage);
 /* The fault channel's staging area (mapped when the channel opens), for SHADOW_FETCH. */
 const struct pilot_staging *pilot_fault_staging(void);

@@ -773,21 +773,6 @@ const pilot_rep_device_info *pilot_device_info(void)
 
 /* ---- staging areas: shared memory the daemon pinned, described by a STAGING_OPEN reply ---- */
 
-int pilot_env_bytes(const char *name, uint64_t *out)
-{
-    const char *env = getenv(name);
-    if (!env || !*env)
-        return 0;
-    char *end;
-    unsigned long long v = strtoull(env, &end, 0);
-    if (*end == 'k' || *end == 'K')
-        v <<= 10;
-    else if (*end == 'm' || *end == 'M')
-        v <<= 20;
-    *out = v;
-    return 1;
-}
-
 cudaError_t pilot_staging_map(const pilot_rep_staging *rep, struct pilot_staging *out)
 {
     char path[sizeof rep->path];
