@@ -47,23 +47,34 @@ class UnifiedMemory:
     def program_prefetched(self, ptr: int, count: int) -> None:
         """The program prefetched [ptr, ptr+count): for those pages the driver's last prefetch
         location is the program's own."""
-        for base, done in list(self.auto_prefetched.items()):
-            end = base + self.allocations.get(base, 0)
-            lo, hi = max(ptr, base), min(ptr + count, end)
-            if lo < hi:
-                done.append((lo, hi))
-                if _covered(done, base, end):
-                    del self.auto_prefetched[base]
+        for base, end, lo, hi in self._auto_prefetched_in(ptr, count):
+            done = self.auto_prefetched[base]
+            done.append((lo, hi))
+            if _covered(done, base, end):
+                del self.auto_prefetched[base]
 
     def prefetch_hidden(self, ptr: int, count: int) -> bool:
         """Whether [ptr, ptr+count) holds pages only pilotd prefetched (a query of their last
         prefetch location answers as for pages never prefetched)."""
-        for base, done in self.auto_prefetched.items():
-            end = base + self.allocations.get(base, 0)
+        return any(not _covered(self.auto_prefetched[base], lo, hi)
+                   for base, _end, lo, hi in self._auto_prefetched_in(ptr, count))
+
+    def _auto_prefetched_in(self, ptr: int, count: int) -> list[tuple[int, int, int, int]]:
+        """(base, end, lo, hi) of each allocation pilotd prefetched that [ptr, ptr+count)
+        overlaps, [lo, hi) the overlap: found through the sorted allocation bases, so a call
+        costs the allocations it touches, not all the session's."""
+        if not self.auto_prefetched:
+            return []
+        out = []
+        i = max(bisect.bisect_right(self._bases, ptr) - 1, 0)
+        while i < len(self._bases) and self._bases[i] < ptr + count:
+            base = self._bases[i]
+            end = base + self.allocations[base]
             lo, hi = max(ptr, base), min(ptr + count, end)
-            if lo < hi and not _covered(done, lo, hi):
-                return True
-        return False
+            if lo < hi and base in self.auto_prefetched:
+                out.append((base, end, lo, hi))
+            i += 1
+        return out
 
     def drop_shadow(self, ptr: int) -> None:
         """The managed allocation at ptr is going away: forget the client's shadow of it."""
