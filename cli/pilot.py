@@ -115,7 +115,7 @@ def _script_interpreter(path: str, env: dict[str, str]) -> str | None:
 def program_cuda_major(program: str, env: dict[str, str]) -> tuple[int, bool, bool]:
     """The CUDA major version whose libcudart `program` (a name on PATH or a path) links, from
     its ELF NEEDED entries, whether it gets the driver API library (libcuda.so.1) too, and
-    whether it gets the CUDA library stand-ins (it links cuBLAS or cuBLASLt). A program of the
+    whether it gets the CUDA library stand-ins (it links cuBLAS, cuBLASLt or cuDNN). A program of the
     driver API alone, or with no CUDA in its ELF at all (python3 running PyTorch, which may load
     any of them), is served with the CUDA 13 shim (its session) and the driver, the latter with
     the stand-ins too; a `#!` script as its interpreter is. Raises ClickException when that
@@ -141,8 +141,9 @@ def program_cuda_major(program: str, env: dict[str, str]) -> tuple[int, bool, bo
         _refuse_bypass(program, others)
     served = sorted(link.majors & set(CUDA_MAJORS))
     if standins and served != [13]:
-        raise NotCarried(f"{program} links cuBLAS 13 but not libcudart.so.13: pilot's cuBLAS "
-                         "stand-ins serve CUDA 13 programs only")
+        linked = ", ".join(sorted(n for n in link.bypass if n in LIBRARY_STANDINS))
+        raise NotCarried(f"{program} links {linked} but not libcudart.so.13: pilot's stand-ins "
+                         "for CUDA's libraries serve CUDA 13 programs only")
     if len(served) == 1:
         return served[0], driver, standins
     if driver and not link.majors:

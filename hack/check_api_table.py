@@ -886,6 +886,7 @@ def run_checks_driver(args: argparse.Namespace, rep: Report) -> list[Row]:
 LIBRARY_TABLES = {
     "cublas_exports.tsv": ("libcublas.so.13", "cublas_api.c", r"cublas(?!Lt)"),
     "cublasLt_exports.tsv": ("libcublasLt.so.13", "cublaslt_api.c", r"cublasLt"),
+    "cudnn_exports.tsv": ("libcudnn.so.9", "cudnn_api.c", r"cudnn"),
 }
 LIBRARY_RETS = frozenset({"status", "void", "int", "size", "ptr", "float", "double", "complex",
                           "dcomplex"})
@@ -908,7 +909,8 @@ def read_library_table(path: Path, rep: Report) -> list[Row]:
         if len(fields) != 3 or fields[1] not in STATUSES | {"gen"} or fields[2] not in LIBRARY_RETS:
             rep.error(f"{path.name}:{lineno}: bad row", [line])
             continue
-        ret = "ptr" if fields[2] == "ptr" else ""  # the C checks compare pointer returns only
+        # the C checks compare pointer and void returns only
+        ret = fields[2] if fields[2] in ("ptr", "void") else ""
         rows.append(Row(fields[0], "library", ret, fields[1], lineno))
     return rows
 

@@ -329,11 +329,18 @@ def gen_driver(rows: list[dict[str, str]], table: Path, include: Path) -> str:
 LIBRARY_TABLES = {
     "cublas": REPO / "shim" / "cublas_exports.tsv",
     "cublasLt": REPO / "shim" / "cublasLt_exports.tsv",
+    "cudnn": REPO / "shim" / "cudnn_exports.tsv",
 }
-CUBLAS_STATUS_NOT_SUPPORTED = 15
-# ret class -> (C return type, return statement, struct definition or "")
+# Per library: the function its stubs log through, and its NOT_SUPPORTED status (name, value).
+LIBRARY_STUB_STYLE = {
+    "cublas": ("pilot_blas_log_unsupported", "CUBLAS_STATUS_NOT_SUPPORTED", 15),
+    "cublasLt": ("pilot_blas_log_unsupported", "CUBLAS_STATUS_NOT_SUPPORTED", 15),
+    "cudnn": ("pilot_dnn_log_unsupported", "CUDNN_STATUS_NOT_SUPPORTED", 3000),
+}
+# ret class -> (C return type, return statement, struct definition or ""); "status" is the
+# library's NOT_SUPPORTED (LIBRARY_STUB_STYLE)
 LIBRARY_RET_C = {
-    "status": ("int", f"return {CUBLAS_STATUS_NOT_SUPPORTED}; /* CUBLAS_STATUS_NOT_SUPPORTED */", ""),
+    "status": ("int", "", ""),
     "void": ("void", "", ""),
     "int": ("int", "return 0;", ""),
     "size": ("unsigned long", "return 0;", ""),
@@ -352,6 +359,7 @@ def gen_library_stubs(rows: list[dict[str, str]], table: Path, library: str) -> 
     """<library>_stubs.c: an exported stub per ``stub`` row, returning the library's
     NOT_SUPPORTED (or a zero of the function's return type) after logging the name once."""
     stubs = sorted((r for r in rows if r["status"] == "stub"), key=lambda r: r["name"])
+    log_fn, status_name, status = LIBRARY_STUB_STYLE[library]
     names = [r["name"] for r in rows]
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate names in {table}")
@@ -359,12 +367,12 @@ def gen_library_stubs(rows: list[dict[str, str]], table: Path, library: str) -> 
         banner(table),
         f"/* One stub per unimplemented {library} export: log once, then fail. */\n",
         "#include <stdatomic.h>\n\n",
-        "void pilot_blas_log_unsupported(const char *name);\n\n",
+        f"void {log_fn}(const char *name);\n\n",
         '#define PILOT_STUB __attribute__((visibility("default")))\n',
         "#define PILOT_STUB_LOG_ONCE(sym) do { \\\n",
         "        static atomic_flag logged_ = ATOMIC_FLAG_INIT; \\\n",
         "        if (!atomic_flag_test_and_set_explicit(&logged_, memory_order_relaxed)) \\\n",
-        "            pilot_blas_log_unsupported(#sym); \\\n",
+        f"            {log_fn}(#sym); \\\n",
         "    } while (0)\n\n",
     ]
     used = sorted({r["ret"] for r in stubs})
@@ -375,6 +383,8 @@ def gen_library_stubs(rows: list[dict[str, str]], table: Path, library: str) -> 
     out.append("\n")
     for r in stubs:
         ctype, stmt, _ = LIBRARY_RET_C[r["ret"]]
+        if r["ret"] == "status":
+            stmt = f"return {status}; /* {status_name} */"
         sep = "" if ctype.endswith("*") else " "
         name = r["name"]
         out.append(f"PILOT_STUB {ctype}{sep}{name}(void);\n")

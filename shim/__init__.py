@@ -10,12 +10,14 @@ CUDA_MAJORS = tuple(sorted(LIBRARIES))
 # The driver API library (SONAME libcuda.so.1), preloaded beside a shim for programs that call
 # the driver API; it serves them through the shim's session (shim/driver_ops.h).
 DRIVER_LIBRARY = "libpilot-cuda.so"
-# Stand-ins for CUDA libraries that link a static runtime pilot cannot carry (cuBLAS, cuBLASLt):
+# Stand-ins for CUDA libraries that link a static runtime pilot cannot carry (cuBLAS, cuBLASLt,
+# cuDNN):
 # same SONAME and symbol version as NVIDIA's, their calls forwarded to pilotd (shim/blas.h). By
 # the SONAME they stand in for; each lists the sources and export table it is built from.
 LIBRARY_STANDINS = {
     "libcublas.so.13": "libpilot-cublas.so",
     "libcublasLt.so.13": "libpilot-cublasLt.so",
+    "libcudnn.so.9": "libpilot-cudnn.so",
 }
 
 

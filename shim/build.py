@@ -107,6 +107,7 @@ LIBRARY_STANDINS = _shim_package().LIBRARY_STANDINS
 STANDIN_SOURCES = {
     "libcublas.so.13": ("cublas", ["cublas_api.c", "blas_common.c", "ops_lookup.c"]),
     "libcublasLt.so.13": ("cublasLt", ["cublaslt_api.c", "blas_common.c", "ops_lookup.c"]),
+    "libcudnn.so.9": ("cudnn", ["cudnn_api.c", "ops_lookup.c"]),
 }
 
 
@@ -280,7 +281,8 @@ def build_standin(compiler, soname: str, out_dir: str, build_temp: str = "build/
     objects = compiler.compile(paths, output_dir=str(Path(build_temp) / f"shim_obj_{table}"),
                                include_dirs=include_dirs, extra_postargs=C_FLAGS)
     script = gen_dir / f"{table}.map"
-    script.write_text(f"{soname} {{\n  global: cublas*;\n  local: *;\n}};\n")
+    prefix = "cudnn" if table == "cudnn" else "cublas"
+    script.write_text(f"{soname} {{\n  global: {prefix}*;\n  local: *;\n}};\n")
     target = Path(out_dir) / LIBRARY_STANDINS[soname]
     compiler.link_shared_object(
         objects,

@@ -32,6 +32,8 @@ static cudaError_t memset_wide(uint64_t ptr, uint32_t value, uint32_t elem_size,
 _Static_assert(offsetof(pilot_req_blas_gemm, stream) == LIBRARY_STREAM_OFFSET, "stream offset");
 _Static_assert(offsetof(pilot_req_blaslt_matmul, stream) == LIBRARY_STREAM_OFFSET, "stream offset");
 _Static_assert(offsetof(pilot_req_blas_call, stream) == LIBRARY_STREAM_OFFSET, "stream offset");
+_Static_assert(offsetof(pilot_req_dnn_execute, stream) == LIBRARY_STREAM_OFFSET, "stream offset");
+_Static_assert(offsetof(pilot_req_dnn_bn, stream) == LIBRARY_STREAM_OFFSET, "stream offset");
 
 /* Library work is issued like a launch (api_launch.c): a capturing stream refuses it (pilot
  * cannot record a library's kernels into a graph), and managed memory is flushed first and

@@ -182,7 +182,25 @@ enum pilot_op {
                                        * shim/cublas_calls.tsv). Posted, or a call when it returns
                                        * a result to the host: reply pilot_rep_lib, frame 2 the
                                        * result's bytes */
-    /* 606-699 reserved: CUDA libraries */
+    /* cuDNN (shim/cudnn_api.c, daemon/ops/dnn.py): the backend API's descriptors live in pilotd
+     * (numbers it gave out), except variant packs, which the stand-in keeps and sends with the
+     * execution. Handles are LIB_CREATE's (PILOT_LIB_CUDNN). */
+    PILOT_OP_DNN_DESC_CREATE = 606,   /* pilot_req_dnn_attr {type in attr}; reply pilot_rep_lib
+                                       * {status, value: the descriptor} */
+    PILOT_OP_DNN_DESC_SET = 607,      /* pilot_req_dnn_attr; frame 2: the elements (descriptors and
+                                       * handles as pilotd's numbers, 8 bytes each); reply
+                                       * pilot_rep_lib {status} */
+    PILOT_OP_DNN_DESC_GET = 608,      /* pilot_req_dnn_attr {count: requested}; frame 2 for
+                                       * descriptor results: the numbers to fill; reply
+                                       * pilot_rep_lib {status, value: element count}, frame 2 the
+                                       * elements' bytes (other types) */
+    PILOT_OP_DNN_DESC_FINALIZE = 609, /* pilot_req_handle (a descriptor); reply pilot_rep_lib */
+    PILOT_OP_DNN_DESC_DESTROY = 610,  /* pilot_req_handle (a descriptor); reply pilot_rep_lib */
+    PILOT_OP_DNN_EXECUTE = 611,       /* pilot_req_dnn_execute; frame 2: `count` pilot_dnn_ptr;
+                                       * posted */
+    PILOT_OP_DNN_BATCHNORM = 612,     /* pilot_req_dnn_bn; posted, or a call for the size queries:
+                                       * reply pilot_rep_lib {status, value: bytes} */
+    /* 613-699 reserved: CUDA libraries */
 };
 
 /* cudaMemcpyKind values, as the daemon sees them. */
@@ -697,7 +715,9 @@ typedef struct pilot_req_texture_create {
 /* ---- the CUDA math libraries (shim/blas_*.c, daemon/ops/libraries.py) ---- */
 enum pilot_library {
     PILOT_LIB_CUBLAS = 1,
-    PILOT_LIB_CUBLASLT = 2
+    PILOT_LIB_CUBLASLT = 2,
+    PILOT_LIB_CUDNN = 3               /* reply version: cudnnGetVersion; value (version_only):
+                                       * cudnnGetCudartVersion */
 };
 
 typedef struct pilot_req_lib_create {
@@ -818,6 +838,71 @@ typedef struct pilot_req_blaslt_matmul {
     int32_t has_algo;
     int32_t requested;                /* HEURISTIC: results wanted */
 } pilot_req_blaslt_matmul;
+
+/* ---- cuDNN ---- */
+/* A backend API descriptor call: the descriptor (pilotd's number), the attribute and its type
+ * (cudnnBackendAttributeName_t, cudnnBackendAttributeType_t) and the element count. */
+typedef struct pilot_req_dnn_attr {
+    uint64_t desc;
+    uint32_t attr;                    /* DESC_CREATE: the descriptor type */
+    uint32_t type;
+    int64_t count;
+} pilot_req_dnn_attr;
+
+/* cudnnBackendExecute: the plan, the handle's stream, and the variant pack's workspace; its
+ * tensors follow as pairs (unique id, device pointer). */
+typedef struct pilot_req_dnn_execute {
+    uint64_t handle;                  /* LIB_CREATE's (PILOT_LIB_CUDNN) */
+    uint64_t stream;                  /* daemon stream handle (cudnnSetStream) */
+    uint64_t plan;
+    uint64_t workspace;
+    uint32_t count;
+    uint32_t reserved;
+} pilot_req_dnn_execute;
+
+typedef struct pilot_dnn_ptr {
+    int64_t uid;
+    uint64_t ptr;
+} pilot_dnn_ptr;
+
+/* A legacy cudnnTensorDescriptor_t by value (dims and strides in elements). */
+#define PILOT_DNN_DIM_MAX 8
+typedef struct pilot_dnn_tensor {
+    int32_t dtype;                    /* cudnnDataType_t */
+    int32_t nbdims;                   /* 0: no descriptor (NULL) */
+    int32_t dims[PILOT_DNN_DIM_MAX];
+    int32_t strides[PILOT_DNN_DIM_MAX];
+} pilot_dnn_tensor;
+
+/* Which batch normalization function a request is (the daemon calls the same one). */
+enum pilot_dnn_bn_fn {
+    PILOT_BN_FORWARD_TRAINING_EX = 1,
+    PILOT_BN_FORWARD_TRAINING = 2,
+    PILOT_BN_FORWARD_INFERENCE = 3,   /* running_mean/var: the estimated mean and variance */
+    PILOT_BN_BACKWARD_EX = 4,
+    PILOT_BN_BACKWARD = 5,
+    PILOT_BN_SIZE_FORWARD_WORKSPACE = 6,
+    PILOT_BN_SIZE_RESERVE = 7,
+    PILOT_BN_SIZE_BACKWARD_WORKSPACE = 8
+};
+
+/* One batch normalization call: forward ones use x, y; backward ones x, dy (in y), dx. The
+ * host scalars travel as values (double). */
+typedef struct pilot_req_dnn_bn {
+    uint64_t handle;
+    uint64_t stream;
+    int32_t fn;                       /* pilot_dnn_bn_fn */
+    int32_t mode;                     /* cudnnBatchNormMode_t */
+    int32_t bn_ops;                   /* cudnnBatchNormOps_t */
+    int32_t reserved;
+    pilot_dnn_tensor x, y, dx, bn;
+    uint64_t x_ptr, y_ptr, dx_ptr;
+    uint64_t scale, bias, dscale, dbias;
+    uint64_t running_mean, running_var, saved_mean, saved_inv_var;
+    uint64_t workspace, workspace_size, reserve, reserve_size;
+    double factor, epsilon;
+    double alpha, beta, alpha_param, beta_param;
+} pilot_req_dnn_bn;
 
 /* PILOT_CDEF_END */
 

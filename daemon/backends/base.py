@@ -479,6 +479,38 @@ class Backend(Protocol):
     def blaslt_heuristic(self, handle: Any, call: Any, key: bytes, requested: int) -> list[bytes]:
         """Up to `requested` cublasLtMatmulHeuristicResult_t (96 bytes each) for the call."""
 
+    # cuDNN (backends/dnn.py; cudnn.py on a GPU, sim_dnn.py on the sim). Handles and
+    # descriptors are the backend's objects; failures raise DnnError (the cudnnStatus_t).
+    def dnn_version(self) -> tuple[int, int]:
+        """(cudnnGetVersion(), cudnnGetCudartVersion()) of cuDNN as pilotd runs it."""
+    def dnn_create(self) -> Any:
+        """A cudnnHandle_t on the calling vGPU thread's device."""
+    def dnn_release(self, handle: Any) -> None:
+        """The program's handle is gone (the backend may keep it for the next one)."""
+    def dnn_desc_create(self, dtype: int) -> Any:
+        """cudnnBackendCreateDescriptor(dtype)."""
+    def dnn_desc_set(self, desc: Any, attr: int, atype: int, count: int,
+                     value: bytes | list[Any]) -> None:
+        """cudnnBackendSetAttribute: `value` is the elements' bytes, or for
+        CUDNN_TYPE_BACKEND_DESCRIPTOR / CUDNN_TYPE_HANDLE a list of the backend's descriptors /
+        handles."""
+    def dnn_desc_get(self, desc: Any, attr: int, atype: int, requested: int,
+                     descs: list[Any] | None) -> tuple[int, bytes]:
+        """cudnnBackendGetAttribute: (element count, the elements' bytes); for
+        CUDNN_TYPE_BACKEND_DESCRIPTOR the results fill `descs` (the caller's, created with the
+        right type) and the bytes are empty."""
+    def dnn_desc_finalize(self, desc: Any) -> None:
+        """cudnnBackendFinalize."""
+    def dnn_desc_destroy(self, desc: Any) -> None:
+        """cudnnBackendDestroyDescriptor."""
+    def dnn_execute(self, handle: Any, plan: Any, uids: list[int], pointers: list[int],
+                    workspace: int, stream: Any) -> None:
+        """cudnnBackendExecute of a finalized execution plan with a variant pack of these
+        tensors (ranges checked by the ops layer) on `stream`."""
+    def dnn_batchnorm(self, handle: Any, call: Any, stream: Any) -> int:
+        """Issue the BatchNormCall on `stream`; a size query (BN_SIZE_QUERIES) returns the size
+        and issues nothing."""
+
     # SM partitions (compute shares, resources/shares.py). A partition is an execution context
     # confined to some SMs (a green context on CUDA). What a thread creates while a partition is
     # current (modules, events, memory) is that partition's; streams are the exception:

@@ -88,19 +88,20 @@ _SIGNATURES: dict[str, list[Any]] = {
 
 def search_dirs() -> list[str]:
     """Where pilotd looks for the libraries, in order: $PILOT_LIBRARY_PATH, the loader's own
-    search (tried first, by SONAME), the CUDA toolkit, and Python packages (nvidia-cublas)."""
+    search (tried first, by SONAME), the CUDA toolkit, and Python packages (nvidia-cublas,
+    nvidia-cudnn)."""
     dirs = [d for d in os.environ.get("PILOT_LIBRARY_PATH", "").split(":") if d]
     for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if root:
             dirs += [os.path.join(root, "lib64"), os.path.join(root, "targets", "x86_64-linux", "lib")]
     roots = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
     for root in roots:
-        for sub in ("nvidia/cu13/lib", "nvidia/cublas/lib"):
+        for sub in ("nvidia/cu13/lib", "nvidia/cublas/lib", "nvidia/cudnn/lib"):
             dirs += glob.glob(os.path.join(root, sub))
     return list(dict.fromkeys(dirs))
 
 
-def _load(soname: str) -> ctypes.CDLL:
+def load_library(soname: str) -> ctypes.CDLL:
     explicit = [d for d in os.environ.get("PILOT_LIBRARY_PATH", "").split(":") if d]
     tried = []
     for candidate in [os.path.join(d, soname) for d in explicit] + [soname] + [
@@ -148,7 +149,7 @@ class CudaLibraries:
             with self._lock:
                 lib = self._libs.get(library)
                 if lib is None:
-                    lib = self._libs[library] = _load(SONAMES[library])
+                    lib = self._libs[library] = load_library(SONAMES[library])
                 fn = getattr(lib, name)
                 fn.argtypes = _SIGNATURES[name] if argtypes is None else argtypes
                 fn.restype = ctypes.c_size_t if name == "cublasLtGetVersion" else ctypes.c_int
@@ -386,4 +387,4 @@ def _scalars(alpha: bytes | int, beta: bytes | int, mode: int) -> tuple[Any, Any
     return ctypes.cast(a, ctypes.c_void_p), ctypes.cast(b, ctypes.c_void_p), (a, b)
 
 
-__all__ = ["LIBRARY_NAMES", "CudaLibraries", "HandleState", "search_dirs"]
+__all__ = ["LIBRARY_NAMES", "CudaLibraries", "HandleState", "load_library", "search_dirs"]

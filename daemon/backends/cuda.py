@@ -54,6 +54,7 @@ from pilot.daemon.backends.base import (
     format_pci_bus_id,
 )
 from pilot.daemon.backends.cublas import CudaLibraries
+from pilot.daemon.backends.cudnn import CudaDnn
 from pilot.daemon.backends.libraries import BlasSettings, GemmCall, LtCall
 from pilot.daemon.protocol import ffi as _pffi
 from pilot.daemon.protocol import lib as _plib
@@ -324,9 +325,11 @@ class CudaBackend:
         self._probes: dict[int, Any] = {}  # device index -> the fault watch's idle stream
         self._probe_lock = threading.Lock()
         self._libraries = CudaLibraries()  # cuBLAS, cuBLASLt (backends/cublas.py)
+        self._dnn = CudaDnn()  # cuDNN (backends/cudnn.py)
 
     def close(self) -> None:
         """Release the primary contexts (not in the interface; for orderly daemon shutdown)."""
+        self._dnn.close()
         self._libraries.close()
         cu = self._cu
         devices, self._devices, self._contexts = self._devices, [], []
@@ -1273,6 +1276,41 @@ class CudaBackend:
         check(self._cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
         self._tls.partition = partition
 
+
+    # ---- cuDNN (backends/cudnn.py) ----
+
+    def dnn_version(self) -> tuple[int, int]:
+        return self._dnn.version()
+
+    def dnn_create(self) -> Any:
+        return self._dnn.create(getattr(self._tls, "device", 0))
+
+    def dnn_release(self, handle: Any) -> None:
+        self._dnn.release(handle)
+
+    def dnn_desc_create(self, dtype: int) -> Any:
+        return self._dnn.desc_create(dtype)
+
+    def dnn_desc_set(self, desc: Any, attr: int, atype: int, count: int,
+                     value: bytes | list[Any]) -> None:
+        self._dnn.desc_set(desc, attr, atype, count, value)
+
+    def dnn_desc_get(self, desc: Any, attr: int, atype: int, requested: int,
+                     descs: list[Any] | None) -> tuple[int, bytes]:
+        return self._dnn.desc_get(desc, attr, atype, requested, descs)
+
+    def dnn_desc_finalize(self, desc: Any) -> None:
+        self._dnn.desc_finalize(desc)
+
+    def dnn_desc_destroy(self, desc: Any) -> None:
+        self._dnn.desc_destroy(desc)
+
+    def dnn_execute(self, handle: Any, plan: Any, uids: list[int], pointers: list[int],
+                    workspace: int, stream: Any) -> None:
+        self._dnn.execute(handle, plan, uids, pointers, workspace, _stream_ptr(stream))
+
+    def dnn_batchnorm(self, handle: Any, call: Any, stream: Any) -> int:
+        return self._dnn.batchnorm(handle, call, None if stream is None else _stream_ptr(stream))
 
     # ---- CUDA math libraries (backends/cublas.py) ----
 

@@ -17,8 +17,8 @@ from pilot.daemon.backends.base import (
     BackendError,
 )
 
-LIB_CUBLAS, LIB_CUBLASLT = 1, 2  # pilot_library (shim/pilot_proto.h)
-LIBRARY_NAMES = {LIB_CUBLAS: "cuBLAS", LIB_CUBLASLT: "cuBLASLt"}
+LIB_CUBLAS, LIB_CUBLASLT, LIB_CUDNN = 1, 2, 3  # pilot_library (shim/pilot_proto.h)
+LIBRARY_NAMES = {LIB_CUBLAS: "cuBLAS", LIB_CUBLASLT: "cuBLASLt", LIB_CUDNN: "cuDNN"}
 
 # cublasStatus_t
 STATUS_SUCCESS = 0

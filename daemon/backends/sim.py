@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from pilot.daemon.backends import sim_blas
+from pilot.daemon.backends import sim_blas, sim_dnn
 from pilot.daemon.backends.base import (
     CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
     CUDA_ERROR_ILLEGAL_ADDRESS,
@@ -88,6 +88,7 @@ from pilot.daemon.backends.base import (
     TextureDesc,
     ViewDesc,
 )
+from pilot.daemon.backends.dnn import BN_SIZE_QUERIES, BatchNormCall
 from pilot.daemon.backends.fatbin import (
     KernelInfo,
     elf_arch,
@@ -112,6 +113,7 @@ log = logging.getLogger("pilot.backend.sim")
 
 SIM_BASE_ADDRESS = 0x7E00_0000_0000
 SIM_LIBRARY_VERSION = 130100  # cuBLAS 13.1.0, as CUDA 13.0's on the H100
+SIM_DNN_VERSION, SIM_DNN_CUDART_VERSION = 91900, 13000  # cuDNN 9.19.0 for CUDA 13.0, as on the H100
 ALIGNMENT = 512
 MANAGED_ALIGNMENT = 2 << 20
 PACK_BELOW = 2 << 20  # cudaMallocManaged below this is packed (the H100: a few hundred B to KiB)
@@ -1148,6 +1150,65 @@ class SimBackend:
                 return None
             self._wait_idle(stream)  # the host waits for the result, as natively
             return sim_blas.generic(self._region, fn, named, scalars, device, arrays)
+
+    # ---- cuDNN (sim_dnn.py) ----
+
+    def dnn_version(self) -> tuple[int, int]:
+        return SIM_DNN_VERSION, SIM_DNN_CUDART_VERSION
+
+    def dnn_create(self) -> Any:
+        return sim_dnn.Handle(self._current_device())
+
+    def dnn_release(self, handle: Any) -> None:
+        if not isinstance(handle, sim_dnn.Handle):
+            sim_dnn.check_handle(handle)  # raises
+        handle.alive = False  # its plans still run with a live handle, as in cuDNN
+
+    def dnn_desc_create(self, dtype: int) -> Any:
+        return sim_dnn.Descriptor(dtype)
+
+    def dnn_desc_set(self, desc: Any, attr: int, atype: int, count: int,
+                     value: bytes | list[Any]) -> None:
+        with self._lock:
+            sim_dnn.set_attribute(desc, attr, atype, count, value)
+
+    def dnn_desc_get(self, desc: Any, attr: int, atype: int, requested: int,
+                     descs: list[Any] | None) -> tuple[int, bytes]:
+        with self._lock:
+            return sim_dnn.get_attribute(desc, attr, atype, requested, descs)
+
+    def dnn_desc_finalize(self, desc: Any) -> None:
+        with self._lock:
+            sim_dnn.finalize(desc)
+
+    def dnn_desc_destroy(self, desc: Any) -> None:
+        with self._lock:
+            sim_dnn.destroy(desc)
+
+    def dnn_execute(self, handle: Any, plan: Any, uids: list[int], pointers: list[int],
+                    workspace: int, stream: Any) -> None:
+        with self._lock:
+            sim_dnn.check_handle(handle)
+            op = sim_dnn.plan_op(plan)
+            bound = sim_dnn.bind(op, uids, pointers)
+            self._check_stream(stream)
+            for tensor, ptr in bound.values():
+                self._region(ptr, tensor.span())  # a bad range fails now, held or not
+            self._flush_printf()
+            self._issue(stream, sim_dnn.execute, self._region, op, bound)
+
+    def dnn_batchnorm(self, handle: Any, call: BatchNormCall, stream: Any) -> int:
+        with self._lock:
+            sim_dnn.check_handle(handle)
+            if call.fn in BN_SIZE_QUERIES:
+                return 0  # the sim needs no workspace or reserve space
+            buffers = sim_dnn.check_batchnorm(call)
+            self._check_stream(stream)
+            for ptr, tensor in buffers:
+                self._region(ptr, tensor.span())
+            self._flush_printf()
+            self._issue(stream, sim_dnn.batchnorm, self._region, call)
+            return 0
 
     def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared_bytes: int, stream: Any, args: bytes) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pilot.daemon.ops import (
     arrays,
     device,
+    dnn,
     events,
     execution,
     host_memory,
@@ -16,7 +17,8 @@ from pilot.daemon.ops import (
 )
 from pilot.daemon.ops.registry import HandlerSpec, merge
 
-CHAPTERS = (device, streams, events, execution, memory, arrays, unified, host_memory, libraries)
+CHAPTERS = (device, streams, events, execution, memory, arrays, unified, host_memory, libraries,
+            dnn)
 
 
 def handler_table() -> dict[int, HandlerSpec]:

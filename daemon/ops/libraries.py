@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.backends import blas_calls
 from pilot.daemon.backends.base import CUDA_ERROR_INVALID_RESOURCE_HANDLE, BackendError
+from pilot.daemon.backends.dnn import STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED, DnnError
 from pilot.daemon.backends.libraries import (
     DESC_ATTRS,
     DESC_BIAS_BATCH_STRIDE,
@@ -42,6 +43,7 @@ from pilot.daemon.backends.libraries import (
     LAYOUT_PLANE_OFFSET,
     LIB_CUBLAS,
     LIB_CUBLASLT,
+    LIB_CUDNN,
     LIBRARY_NAMES,
     LT_A,
     LT_B,
@@ -95,6 +97,13 @@ class LibraryHandle:
     # cuBLASLt descriptor records already parsed (a training loop sends the same ones each step)
     parsed: dict[bytes, dict[int, dict[int, bytes]]] = field(default_factory=dict)
 
+    def release(self, backend: Any) -> None:
+        """The program's handle is gone (cudnnDestroy, cublasDestroy, or its session ended)."""
+        if self.library == LIB_CUDNN:
+            backend.dnn_release(self.obj)
+        else:
+            backend.library_release(self.obj)
+
     def records(self, payload: memoryview) -> tuple[bytes, dict[int, dict[int, bytes]]]:
         key = bytes(payload)
         attrs = self.parsed.get(key)
@@ -106,7 +115,7 @@ class LibraryHandle:
         return key, attrs
 
 
-def _handle(s: Session, number: int, *libraries: int) -> LibraryHandle:
+def library_handle(s: Session, number: int, *libraries: int) -> LibraryHandle:
     """The session's handle `number` of one of `libraries` (a cuBLAS handle serves cuBLASLt
     calls too: cuBLAS documents the cast, PyTorch relies on it)."""
     h = s.libraries.get(number)
@@ -131,6 +140,8 @@ def _scalar_type_size(compute: int, ctype: int) -> int:
 def lib_create(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     rep = new("pilot_rep_lib")
     library = req.library
+    if library == LIB_CUDNN:
+        return dnn_create(vg, s, req, rep)
     if library not in LIBRARY_NAMES:
         rep.status = STATUS_INVALID_VALUE
         return rep
@@ -148,13 +159,33 @@ def lib_create(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     return rep
 
 
+def dnn_create(vg: VGpu, s: Session, req: Any, rep: Any) -> Any:
+    """LIB_CREATE of cuDNN: its version (and the CUDA runtime's it was built for), and a handle
+    unless only the version was asked."""
+    try:
+        rep.version, cudart = vg.backend.dnn_version()
+        if req.version_only:
+            rep.value = cudart
+        else:
+            if len(s.libraries) >= MAX_HANDLES:
+                raise DnnError(STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED,
+                               f"more than {MAX_HANDLES} handles")
+            number = s.new_handle()
+            s.libraries[number] = LibraryHandle(LIB_CUDNN, vg.backend.dnn_create())
+            rep.value = number
+    except DnnError as exc:
+        log.warning("session %d: cuDNN: %s", s.id, exc)
+        rep.status = exc.status
+    return rep
+
+
 @OPS.handler(lib.PILOT_OP_LIB_DESTROY, "pilot_req_handle")
 def lib_destroy(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     h = s.libraries.get(req.handle)
     if h is None:
         raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"no library handle {req.handle:#x}")
     del s.libraries[req.handle]
-    vg.backend.library_release(h.obj)
+    h.release(vg.backend)
 
 
 # ---- cuBLAS ----
@@ -236,7 +267,7 @@ def check_gemm(s: Session, call: GemmCall, settings: BlasSettings) -> int:
     return span_c
 
 
-def _reported(fn: Any) -> Any:
+def reported(fn: Any) -> Any:
     """A posted library call's failure reaches the program only as an error of its next
     synchronizing call: say here what it was."""
 
@@ -252,9 +283,9 @@ def _reported(fn: Any) -> Any:
 
 
 @OPS.handler(lib.PILOT_OP_BLAS_GEMM, "pilot_req_blas_gemm")
-@_reported
+@reported
 def blas_gemm(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    h = _handle(s, req.handle, LIB_CUBLAS)
+    h = library_handle(s, req.handle, LIB_CUBLAS)
     call = gemm_call(req)
     if not (call.m and call.n and call.batch):
         return
@@ -294,7 +325,7 @@ def blas_call(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     touches, then the same function on the session's stream. A call whose result the host waits
     for is answered with the library's status and the result; a posted one that fails is logged
     and fails the next synchronizing call."""
-    h = _handle(s, req.handle, LIB_CUBLAS)
+    h = library_handle(s, req.handle, LIB_CUBLAS)
     fn = _generic_function(payload)
     host_result = req.pointer_mode == POINTER_MODE_HOST and any(k in "rx" for k in fn.kinds)
     try:
@@ -432,9 +463,9 @@ def lt_call(req: Any, attrs: dict[int, dict[int, bytes]]) -> LtCall:
 
 
 @OPS.handler(lib.PILOT_OP_BLASLT_MATMUL, "pilot_req_blaslt_matmul")
-@_reported
+@reported
 def blaslt_matmul(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    h = _handle(s, req.handle, LIB_CUBLASLT, LIB_CUBLAS)
+    h = library_handle(s, req.handle, LIB_CUBLASLT, LIB_CUBLAS)
     key, attrs = h.records(payload)
     call = lt_call(req, attrs)
     span_d = check_lt(s, call)
@@ -448,7 +479,7 @@ def blaslt_matmul(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
 def blaslt_heuristic(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     """The real library's answer for the same descriptors (its algorithms are opaque bytes the
     program passes back to cublasLtMatmul); no memory is touched."""
-    h = _handle(s, req.handle, LIB_CUBLASLT, LIB_CUBLAS)
+    h = library_handle(s, req.handle, LIB_CUBLASLT, LIB_CUBLAS)
     rep = new("pilot_rep_lib")
     if not 0 < req.requested <= MAX_HEURISTIC_RESULTS:
         rep.status = STATUS_INVALID_VALUE

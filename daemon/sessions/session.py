@@ -165,6 +165,8 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     surfaces: dict[int, Any] = field(default_factory=dict)
     # CUDA math library handles (ops/libraries.py): handle -> LibraryHandle {library, obj}.
     libraries: dict[int, Any] = field(default_factory=dict)
+    # cuDNN backend descriptors by the number pilotd gave out (ops/dnn.py DnnDescriptor).
+    dnn_descriptors: dict[int, Any] = field(default_factory=dict)
     _next_handle: int = FIRST_HANDLE
 
     # ---- handles ----
@@ -232,7 +234,8 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
             "streams": len(self.streams),
             "events": len(self.events),
             "modules": len(self.modules),
-            "library_handles": len(self.libraries),  # cuBLAS/cuBLASLt handles in pilotd
+            "library_handles": len(self.libraries),  # cuBLAS/cuBLASLt/cuDNN handles in pilotd
+            "dnn_descriptors": len(self.dnn_descriptors),  # cuDNN backend descriptors
             "calls": self.calls,
             "state": "error" if self.sticky else "waiting" if self.waiting is not None else "active",
             "waiting": None if self.waiting is None else {

@@ -59,8 +59,11 @@ class Teardown:
             attempt("stream sync", backend.stream_synchronize, st.obj)
         if self.legacy is not None:
             attempt("stream sync", backend.stream_synchronize, self.legacy)
+        for desc in list(self.dnn_descriptors.values()):  # cuDNN's, before their handles
+            attempt("cuDNN descriptor", desc.destroy, backend)
+        self.dnn_descriptors.clear()
         for handle in self.libraries.values():  # before the memory their workspaces may use
-            attempt("library handle", backend.library_release, handle.obj)
+            attempt("library handle", handle.release, backend)
         self.libraries.clear()
         self.shadows.clear()
         self._shadow_bases.clear()

@@ -44,7 +44,7 @@ SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
             "alloc", "symbols", "runtime_misc", "managed", "callbacks", "ptds", "multidev",
             "launch_ex", "scrub", "pinned", "quota_paths", "footprint", "liveness", "devices",
             "fault", "mempool", "launch_order", "func_info", "arrays", "driver_api", "graphs",
-            "device_printf", "cublas_gemm", "cublas_level",
+            "device_printf", "cublas_gemm", "cublas_level", "cudnn_conv",
             "entry_point")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 SOURCES["ptds_per_thread"] = APPS_DIR / "ptds.cu"  # the same source, per-thread default streams
@@ -91,6 +91,18 @@ def _blas_flags(out_dir: Path) -> list[str]:
         if not (link / name).exists():
             (link / name).symlink_to(standin_path(soname))
     return ["-L", str(link), "-lcublasLt", "-lcublas"]
+
+
+def _dnn_flags(out_dir: Path) -> list[str]:
+    """cudnn_conv links -lcudnn: pilot's stand-in, whose SONAME is NVIDIA's libcudnn.so.9 (cuDNN
+    is not in the toolkit). Natively (the H100) LD_LIBRARY_PATH finds NVIDIA's library; under
+    pilot the stand-in is preloaded."""
+    from pilot.shim import standin_path
+    link = out_dir / "cudnn-link"
+    link.mkdir(exist_ok=True)
+    if not (link / "libcudnn.so").exists():
+        (link / "libcudnn.so").symlink_to(standin_path("libcudnn.so.9"))
+    return ["-L", str(link), "-lcudnn"]
 
 
 # Kernel emulations the sim daemons load.
@@ -148,6 +160,8 @@ def app_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
             extra += flags
         if name.startswith("cublas_"):
             extra += _blas_flags(out_dir)
+        if name.startswith("cudnn_"):
+            extra += _dnn_flags(out_dir)
         cmd = [nvcc, *NVCC_FLAGS, *extra, "-o", str(exe), str(SOURCES[name])]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         return name, Build(exe, cmd, pre + proc.stdout + proc.stderr), proc.returncode

@@ -43,6 +43,24 @@ verdict() {  # LOG RC: ok / FAILED (rc) and the last error line
         echo "FAILED rc=$2: $(grep -v '^\s*$' "$1" | grep -iE 'error|exception|not supported|pilot' | tail -1 | cut -c1-160)"
     fi
 }
+# Where the result lines differ: the loss curves (`losses=`) within 1e-3 relative at every step
+# (issue 13 (b)), with the largest relative difference, or NO.
+loss_curves() {
+    "$PYTHON" - "$1" "$2" "$3" <<'PY'
+import re, sys
+def losses(path):
+    for line in open(path):
+        if line.startswith(sys.argv[3] + " ok") and "losses=" in line:
+            return [float(v) for v in re.search(r"losses=(\S+)", line).group(1).split(",")]
+    return None
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+if not a or not b or len(a) != len(b):
+    print("NO")
+else:
+    worst = max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b))
+    print(f"{'within 1e-3' if worst <= 1e-3 else 'NO'} (max rel {worst:.1e})")
+PY
+}
 # same: the step's result line (`STEP ok ...`, e.g. every loss of mlp) natively and under pilot
 printf '| step | native | pilot | same result |\n| --- | --- | --- | --- |\n' >"$OUT/torch/table.md"
 # training step times (median ms, `STEP step_ms=`), native and under pilot
@@ -60,7 +78,8 @@ for step in "${STEPS[@]}"; do
     done
     same=-
     if [ $nrc = 0 ] && [ $prc = 0 ]; then
-        if [ "$(grep -m1 "^$step ok" "$nlog")" = "$(grep -m1 "^$step ok" "$plog")" ]; then same=yes; else same=NO; fi
+        if [ "$(grep -m1 "^$step ok" "$nlog")" = "$(grep -m1 "^$step ok" "$plog")" ]; then same=yes
+        else same=$(loss_curves "$nlog" "$plog" "$step"); fi
     fi
     printf '| %s | %s | %s | %s |\n' "$step" "$(verdict "$nlog" $nrc)" "$(verdict "$plog" $prc)" "$same" \
         >>"$OUT/torch/table.md"

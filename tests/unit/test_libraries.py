@@ -259,14 +259,14 @@ def test_a_handle_number_is_only_good_in_its_session_and_for_its_library() -> No
     """Handle numbers are the session's: another session's number, or a cuBLASLt handle given
     to cuBLAS, is an unknown handle; a cuBLAS handle serves cuBLASLt (the documented cast)."""
     from pilot.daemon.backends.libraries import LIB_CUBLAS, LIB_CUBLASLT
-    from pilot.daemon.ops.libraries import LibraryHandle, _handle
+    from pilot.daemon.ops.libraries import LibraryHandle, library_handle
 
     mine = SimpleNamespace(libraries={7: LibraryHandle(LIB_CUBLAS, "blas"),
                                       8: LibraryHandle(LIB_CUBLASLT, "lt")})
     other = SimpleNamespace(libraries={})
-    assert _handle(mine, 7, LIB_CUBLAS).obj == "blas"
-    assert _handle(mine, 7, LIB_CUBLASLT, LIB_CUBLAS).obj == "blas"
+    assert library_handle(mine, 7, LIB_CUBLAS).obj == "blas"
+    assert library_handle(mine, 7, LIB_CUBLASLT, LIB_CUBLAS).obj == "blas"
     for session, number, libraries in ((other, 7, (LIB_CUBLAS,)), (mine, 8, (LIB_CUBLAS,)),
                                        (mine, 9, (LIB_CUBLASLT, LIB_CUBLAS))):
         with pytest.raises(BackendError, match="handle"):
-            _handle(session, number, *libraries)
+            library_handle(session, number, *libraries)

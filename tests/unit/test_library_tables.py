@@ -1,4 +1,5 @@
-"""The CUDA library stand-ins' tables (shim/cublas_exports.tsv, cublasLt_exports.tsv), their
+"""The CUDA library stand-ins' tables (shim/cublas_exports.tsv, cublasLt_exports.tsv,
+cudnn_exports.tsv), their
 generated stubs and the consistency check's library part. Needs no GPU and no cuBLAS."""
 
 from __future__ import annotations
@@ -43,9 +44,19 @@ def test_tables_cover_what_pytorch_calls() -> None:
               "cublasLtMatrixLayoutCreate", "cublasLtMatrixLayoutSetAttribute",
               "cublasLtMatrixLayoutDestroy", "cublasLtMatmulPreferenceCreate",
               "cublasLtMatmulPreferenceSetAttribute", "cublasLtMatmulPreferenceDestroy",
-              "cublasLtMatmulAlgoGetHeuristic", "cublasLtMatmul"]
+              "cublasLtMatmulAlgoGetHeuristic", "cublasLtMatmul",
+              # cuDNN: the backend API, handles, tensor descriptors, batch normalization (R8)
+              "cudnnBackendCreateDescriptor", "cudnnBackendSetAttribute",
+              "cudnnBackendGetAttribute", "cudnnBackendFinalize", "cudnnBackendExecute",
+              "cudnnBackendDestroyDescriptor", "cudnnCreate", "cudnnSetStream", "cudnnGetVersion",
+              "cudnnCreateTensorDescriptor", "cudnnSetTensorNdDescriptor",
+              "cudnnDestroyTensorDescriptor", "cudnnBatchNormalizationForwardTrainingEx",
+              "cudnnBatchNormalizationBackwardEx", "cudnnBatchNormalizationForwardInference",
+              "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
+              "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
+              "cudnnGetBatchNormalizationBackwardExWorkspaceSize"]
     assert [n for n in called if rows[n]["status"] != "impl"] == []
-    assert len(rows) == 756 + 184
+    assert len(rows) == 756 + 184 + 243
 
 
 def test_check_passes_on_the_built_stand_ins() -> None:
@@ -56,10 +67,12 @@ def test_check_passes_on_the_built_stand_ins() -> None:
     assert "libpilot-cublas.so exports exactly the 756 table symbols @libcublas.so.13" in proc.stdout
     assert "libpilot-cublasLt.so exports exactly the 184 table symbols @libcublasLt.so.13" in \
         proc.stdout
+    assert "libpilot-cudnn.so exports exactly the 243 table symbols @libcudnn.so.9" in proc.stdout
 
 
 def test_check_flags_sources_that_disagree_with_the_table(tmp_path: Path) -> None:
-    for name in ("cublas_exports.tsv", "cublasLt_exports.tsv", "cublaslt_api.c", "cublas_calls.tsv"):
+    for name in ("cublas_exports.tsv", "cublasLt_exports.tsv", "cublaslt_api.c", "cublas_calls.tsv",
+                 "cudnn_exports.tsv", "cudnn_api.c"):
         shutil.copy(REPO / "shim" / name, tmp_path / name)
     # a stub row defined by hand, and an export missing from the table
     (tmp_path / "cublas_api.c").write_text((REPO / "shim" / "cublas_api.c").read_text() + (
@@ -80,6 +93,17 @@ def test_a_stub_logs_once_and_returns_not_supported() -> None:
     assert proc.stdout.split() == ["15", "15", "True"], proc.stdout + proc.stderr
     assert proc.stderr.count("cublasSrotm_v2 is not supported by pilot yet") == 1, proc.stderr
     assert lib.cublasGetStatusName  # the library loads on its own (no libpilot.so needed to load)
+
+
+def test_a_cudnn_stub_returns_cudnns_not_supported() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c",
+         "import ctypes,sys; lib = ctypes.CDLL(sys.argv[1]); "
+         "print(lib.cudnnCreateFilterDescriptor(None), lib.cudnnCreateFilterDescriptor(None))",
+         str(standin_path("libcudnn.so.9"))], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["3000", "3000"], proc.stdout + proc.stderr
+    assert proc.stderr.count("cudnnCreateFilterDescriptor is not supported by pilot yet") == 1, \
+        proc.stderr
 
 
 @pytest.mark.parametrize("table", sorted(gen.LIBRARY_TABLES))

@@ -4,12 +4,15 @@ prints one line, `STEP ok ...` or raises. Steps: init, alloc, ops, copy, matmul,
 with bias: cuBLASLt; fp32, bf16, fp16), bmm (strided batched GEMMs), conv, triton, train (3 SGD
 steps of a small CNN + MLP in fp32, then 3 under bf16 autocast), mlp (50 Adam steps of an MLP
 with fixed seeds: prints every loss, for comparing native and pilot runs), transformer (30 Adam
-steps of a 2-layer transformer encoder, likewise). mlp and transformer then print the median time
-of a training step (`STEP step_ms=...`)."""
+steps of a 2-layer transformer encoder, likewise), resnet18 (200 SGD steps of ResNet-18 on
+synthetic 64x64 images, batch 64, deterministic algorithms; RESNET_STEPS changes the count).
+mlp, transformer and resnet18 then print the median time of a training step
+(`STEP step_ms=...`)."""
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 
@@ -125,6 +128,33 @@ def main(step: str) -> None:
         assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], losses
         print("transformer ok losses=" + ",".join(f"{v:.6f}" for v in losses))
         print(f"transformer step_ms={_step_ms(lambda: _train_step(model, opt, xs, ys)):.3f}")
+    elif step == "resnet18":
+        # issue 13 (b)/(e): torchvision's ResNet-18 (or the same network written out, where
+        # torchvision is not installed) on synthetic 64x64 images, batch 64, SGD with momentum,
+        # deterministic algorithms (cuDNN's convolutions and batch normalization)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        # warn_only: adaptive average pooling's backward has no deterministic CUDA kernel
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.manual_seed(0)
+        model, origin = _resnet18()
+        model = model.to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+        xs = torch.randn(64, 3, 64, 64, generator=g).to(dev)
+        ys = torch.randint(0, 10, (64,), generator=g).to(dev)
+        steps = int(os.environ.get("RESNET_STEPS", "200"))
+        losses = [_train_step(model, opt, xs, ys) for _ in range(steps)]
+        assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], losses
+        model.eval()
+        with torch.no_grad():
+            acc = float((model(xs).argmax(1) == ys).float().mean())
+        model.train()
+        print(f"resnet18 ok model={origin} eval_accuracy={acc:.4f} losses=" +
+              ",".join(f"{v:.6f}" for v in losses))
+        print(f"resnet18 step_ms={_step_ms(lambda: _train_step(model, opt, xs, ys), 30):.3f}")
     elif step == "cudagraph":
         # an MLP's forward captured into a CUDA graph (its matmuls included) and replayed
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -234,6 +264,45 @@ def main(step: str) -> None:
     else:
         raise SystemExit(f"unknown step {step}")
     print(f"{step} took {time.perf_counter() - t0:.2f} s")
+
+
+def _resnet18() -> tuple[object, str]:
+    """torchvision's resnet18(num_classes=10), else the same network (He et al.'s 18-layer
+    ResNet: 7x7 stem, max pool, four stages of two basic blocks, average pool, linear)."""
+    try:
+        import torchvision  # type: ignore[import-not-found]
+
+        return torchvision.models.resnet18(num_classes=10), "torchvision"
+    except ImportError:
+        pass
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = torch.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            return torch.relu(out + (x if self.down is None else self.down(x)))
+
+    layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                               nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10)]
+    return nn.Sequential(*layers), "written out"
 
 
 def _train_step(model: object, opt: object, xs: object, ys: object) -> float:

@@ -1,0 +1,107 @@
+"""cuDNN under pilot (issue 13): tests/apps/cudnn_conv.cu, linked against libcudnn.so.9, runs with
+libpilot.so and the stand-ins preloaded against the sim daemon, which emulates cuDNN's backend API
+and batch normalization with numpy (daemon/backends/sim_dnn.py). The program checks every result
+against the CPU itself; tests/gpu/cudnn_compare.sh runs it natively and under pilot on a GPU
+(NVIDIA's libcudnn.so.9 in pilotd) and diffs the two."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from pilot.shim import LIBRARY_STANDINS, standin_path
+
+EXPECTED = """\
+cudnn 9: 1
+conv forward: ok
+conv backward data: ok
+conv backward filter: ok
+batchnorm forward training: ok
+batchnorm saved and running statistics: ok
+batchnorm backward: ok
+batchnorm inference: ok
+done
+"""
+
+
+@pytest.fixture
+def dnn_env(shim_path: str) -> dict[str, str]:
+    return {"LD_PRELOAD": ":".join([shim_path, *(str(standin_path(s)) for s in LIBRARY_STANDINS)])}
+
+
+def test_convolutions_and_batch_normalization_through_pilot(run_under_pilot, dnn_env,
+                                                            daemon_log) -> None:
+    proc = run_under_pilot("cudnn_conv", env=dnn_env)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
+    assert proc.stdout == EXPECTED, f"{proc.stderr}\n{daemon_log()}"
+
+
+def test_an_execution_past_its_buffer_is_refused(run_under_pilot, dnn_env, daemon_log) -> None:
+    """The variant pack's output tensor starts 1 KiB before the end of its allocation: pilotd
+    checks it against the extent of the plan's tensor with that unique id and refuses the
+    execution (it never reaches cuDNN); the next synchronize reports it, the program goes on."""
+    proc = run_under_pilot("cudnn_conv", "isolation", env=dnn_env)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
+    assert proc.stdout.splitlines()[1:] == [
+        "synchronize after the execution: cudaErrorInvalidValue",
+        "variant pack past the end of its buffer: refused at the next synchronize",
+        "the program goes on: cudaSuccess",
+        "done"], proc.stdout
+    # pilotd's log reaches the test through a reader thread: give it a moment
+    deadline = time.monotonic() + 5.0
+    while not ("dnn_execute refused" in daemon_log() and "is not memory of this session" in
+               daemon_log()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "dnn_execute refused" in daemon_log() and "is not memory of this session" in \
+        daemon_log(), daemon_log()
+
+
+def test_without_pilotd_cudnn_fails_cleanly(app_binaries, dnn_env, tmp_path) -> None:
+    """No daemon: cudnnGetVersion says 0 (frameworks then refuse cuDNN), cudnnCreate fails with
+    a status; no hang, no crash."""
+    env = {**dnn_env, "PILOT_SOCKET": str(tmp_path / "nobody.sock")}
+    proc = subprocess.run([str(app_binaries["cudnn_conv"])], env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "cudnn 9: 0" and "cudnnCreate(&g_handle): CUDNN_STATUS_" in lines[1], lines
+
+
+def test_a_killed_client_loses_its_descriptors_and_handles(app_binaries, dnn_env,
+                                                           pilot_client_env, pilot_sessions,
+                                                           pilotd) -> None:
+    """The program is killed while it holds plans: its session goes with them, pilotd lives and
+    the next program's cuDNN works."""
+    import signal
+
+    env = {**pilot_client_env, **dnn_env}
+    proc = subprocess.Popen([str(app_binaries["cudnn_conv"]), "hold"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        while line and line != "holding\n":
+            line = proc.stdout.readline()
+        assert line == "holding\n", proc.stderr.read() if proc.stderr else ""
+        mine = [s for s in pilot_sessions() if s["pid"] == proc.pid]
+        assert len(mine) == 1 and mine[0]["library_handles"] == 1, mine
+        assert mine[0]["dnn_descriptors"] >= 6, mine
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 2.0
+        while any(s["pid"] == proc.pid for s in pilot_sessions()):
+            assert time.monotonic() < deadline, pilotd.log_tail()
+            time.sleep(0.02)
+        assert pilotd.proc.poll() is None, pilotd.log_tail()
+        after = subprocess.run([str(app_binaries["cudnn_conv"])], env=env, capture_output=True,
+                               text=True, timeout=60)
+        assert after.returncode == 0 and after.stdout == EXPECTED, after.stdout + after.stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
