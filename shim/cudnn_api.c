@@ -93,6 +93,8 @@ struct cudnnTensorStruct {
 typedef struct cudnnTensorStruct *cudnnTensorDescriptor_t;
 typedef void *cudnnActivationDescriptor_t;
 
+EXPORT const char *cudnnGetErrorString(cudnnStatus_t status);
+
 /* ---- the session table, logging, the last error ---- */
 
 static const struct pilot_driver_ops *g_ops;
@@ -111,6 +113,10 @@ static const struct pilot_driver_ops *ops(void)
     return g_ops;
 }
 
+enum { LOG_ERROR = 0, LOG_WARN = 1, LOG_INFO = 2, LOG_DEBUG = 3 }; /* the shim's levels */
+
+/* One line in the shim's log; every line also becomes this thread's last error
+ * (cudnnGetLastErrorString), as cuDNN keeps the message of its last failure. */
 static void dnn_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void dnn_log(int level, const char *fmt, ...)
 {
@@ -119,8 +125,7 @@ static void dnn_log(int level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (level >= 1)
-        snprintf(t_last_error, sizeof t_last_error, "%s", msg);
+    snprintf(t_last_error, sizeof t_last_error, "%s", msg);
     const struct pilot_driver_ops *o = ops();
     if (o)
         o->log(level, msg);
@@ -132,14 +137,15 @@ static void dnn_log(int level, const char *fmt, ...)
 void pilot_dnn_log_unsupported(const char *name);
 void pilot_dnn_log_unsupported(const char *name)
 {
-    dnn_log(1, "%s is not supported by pilot yet; returning CUDNN_STATUS_NOT_SUPPORTED", name);
+    dnn_log(LOG_WARN, "%s is not supported by pilot yet; returning CUDNN_STATUS_NOT_SUPPORTED",
+            name);
 }
 
 /* A failed transport or session call as a cuDNN status, logged. */
 static cudnnStatus_t transport_error(const char *what, cudaError_t err)
 {
     const struct pilot_driver_ops *o = ops();
-    dnn_log(2, "%s: %s", what, o ? o->cudaGetErrorString(err) : "no session");
+    dnn_log(LOG_ERROR, "%s: %s", what, o ? o->cudaGetErrorString(err) : "no session");
     if (err == cudaErrorInvalidValue || err == cudaErrorInvalidResourceHandle)
         return CUDNN_STATUS_BAD_PARAM;
     if (err == cudaErrorNotSupported)
@@ -161,8 +167,9 @@ static cudnnStatus_t call(int device, const char *what, uint16_t op, const void 
                                  out_cap, out_len);
     if (err)
         return transport_error(what, err);
-    if (rep->status != CUDNN_STATUS_SUCCESS)
-        dnn_log(0, "%s: cuDNN status %d in pilotd", what, rep->status);
+    if (rep->status != CUDNN_STATUS_SUCCESS) /* routine: frameworks try engines that fail */
+        dnn_log(LOG_DEBUG, "%s: %s in pilotd (its log says why)", what,
+                cudnnGetErrorString(rep->status));
     return rep->status;
 }
 
@@ -445,8 +452,8 @@ static cudnnStatus_t variant_pack_set(struct pilot_dnn_desc *d, int name, int ty
         if (type != TYPE_INT64)
             return CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE;
         if (count > VARIANT_MAX) {
-            dnn_log(1, "a variant pack of %lld tensors: pilot carries up to %d", (long long)count,
-                    VARIANT_MAX);
+            dnn_log(LOG_WARN, "a variant pack of %lld tensors: pilot carries up to %d",
+                    (long long)count, VARIANT_MAX);
             return CUDNN_STATUS_NOT_SUPPORTED;
         }
         memcpy(d->uids, values, (size_t)count * 8);
@@ -456,7 +463,7 @@ static cudnnStatus_t variant_pack_set(struct pilot_dnn_desc *d, int name, int ty
         if (type != TYPE_VOID_PTR)
             return CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE;
         if (count > VARIANT_MAX) {
-            dnn_log(1, "a variant pack of %lld pointers: pilot carries up to %d",
+            dnn_log(LOG_WARN, "a variant pack of %lld pointers: pilot carries up to %d",
                     (long long)count, VARIANT_MAX);
             return CUDNN_STATUS_NOT_SUPPORTED;
         }
@@ -471,7 +478,7 @@ static cudnnStatus_t variant_pack_set(struct pilot_dnn_desc *d, int name, int ty
         memcpy(&d->workspace, values, 8);
         return CUDNN_STATUS_SUCCESS;
     default:
-        dnn_log(1, "variant pack attribute %d is not supported by pilot", name);
+        dnn_log(LOG_WARN, "variant pack attribute %d is not supported by pilot", name);
         return CUDNN_STATUS_NOT_SUPPORTED;
     }
 }
@@ -491,7 +498,7 @@ EXPORT cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t desc, int
         return variant_pack_set(d, name, type, count, values);
     if (type == TYPE_VOID_PTR) {
         /* device pointers belong in variant packs, where pilotd checks them */
-        dnn_log(1, "cudnnBackendSetAttribute: a pointer attribute (%d) outside a variant pack is "
+        dnn_log(LOG_WARN, "cudnnBackendSetAttribute: a pointer attribute (%d) outside a variant pack is "
                    "not supported by pilot", name);
         return CUDNN_STATUS_NOT_SUPPORTED;
     }
@@ -514,7 +521,7 @@ EXPORT cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t desc, int
             }
             if (!numbers[i]) {
                 free(numbers);
-                dnn_log(1, "cudnnBackendSetAttribute: element %lld of attribute %d is not a live "
+                dnn_log(LOG_WARN, "cudnnBackendSetAttribute: element %lld of attribute %d is not a live "
                            "%s of this device", (long long)i, name,
                         type == TYPE_HANDLE ? "handle" : "descriptor (or is a variant pack)");
                 return CUDNN_STATUS_BAD_PARAM;
@@ -571,12 +578,14 @@ EXPORT cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t desc, int
     size_t size = attribute_size(type);
     if (!size || requested < 0)
         return CUDNN_STATUS_BAD_PARAM;
-    if (requested && !values)
-        return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
+    /* No array is a count query whatever is requested, as cuDNN takes it (cudnn-frontend asks
+     * for the engine's notes that way: requested CUDNN_NUMERICAL_NOTE_TYPE_COUNT, NULL). */
+    if (!values)
+        requested = 0;
     if (d->type == DESC_VARIANT_PACK)
         return variant_pack_get(d, name, type, requested, count, values);
     if (type == TYPE_VOID_PTR || type == TYPE_HANDLE) {
-        dnn_log(1, "cudnnBackendGetAttribute: pointer and handle attributes (%d) are not "
+        dnn_log(LOG_WARN, "cudnnBackendGetAttribute: pointer and handle attributes (%d) are not "
                    "supported by pilot", name);
         return CUDNN_STATUS_NOT_SUPPORTED;
     }
@@ -618,8 +627,12 @@ EXPORT cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t desc)
     if (!d)
         return CUDNN_STATUS_BAD_PARAM;
     if (d->type == DESC_VARIANT_PACK) {
-        if (d->finalized || d->nuids != d->nptrs)
+        if (d->finalized || d->nuids != d->nptrs) {
+            dnn_log(LOG_WARN, "cudnnBackendFinalize: a variant pack %s",
+                    d->finalized ? "finalized twice"
+                                 : "whose pointers and unique ids differ in number");
             return CUDNN_STATUS_BAD_PARAM;
+        }
         d->finalized = 1;
         return CUDNN_STATUS_SUCCESS;
     }
@@ -634,10 +647,16 @@ EXPORT cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescr
 {
     struct cudnnContext *h = live_handle(handle);
     struct pilot_dnn_desc *p = live_desc(plan), *v = live_desc(variant_pack);
-    if (!h || !p || !v || v->type != DESC_VARIANT_PACK || p->device != h->device)
+    if (!h || !p || !v || v->type != DESC_VARIANT_PACK || p->device != h->device) {
+        dnn_log(LOG_WARN, "cudnnBackendExecute: %s", !h ? "not a cuDNN handle"
+                : !p ? "not a plan" : !v || v->type != DESC_VARIANT_PACK ? "not a variant pack"
+                : "the plan is of another device than the handle");
         return CUDNN_STATUS_BAD_PARAM;
-    if (!v->finalized)
+    }
+    if (!v->finalized) {
+        dnn_log(LOG_WARN, "cudnnBackendExecute: the variant pack is not finalized");
         return CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED;
+    }
     const struct pilot_driver_ops *o = ops();
     uint64_t stream = o->stream_handle(h->stream);
     pilot_req_dnn_execute req = {.handle = h->remote, .stream = stream, .plan = p->remote,
@@ -870,7 +889,6 @@ static double host_scalar(const void *p, int dtype)
 /* Checks common to every batch normalization call: the handle, the operations and the
  * descriptors; fills the request's handle, stream and tensors. */
 static cudnnStatus_t bn_begin(cudnnHandle_t handle, int fn, int mode, int bn_ops,
-                              cudnnActivationDescriptor_t activation, const void *z_desc_or_ptr,
                               cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t y,
                               cudnnTensorDescriptor_t dx, cudnnTensorDescriptor_t bn,
                               struct cudnnContext **hp, pilot_req_dnn_bn *req)
@@ -878,9 +896,11 @@ static cudnnStatus_t bn_begin(cudnnHandle_t handle, int fn, int mode, int bn_ops
     struct cudnnContext *h = live_handle(handle);
     if (!h)
         return CUDNN_STATUS_BAD_PARAM;
-    if (bn_ops != 0 || activation || z_desc_or_ptr) {
-        dnn_log(1, "batch normalization with an activation or an added tensor (bnOps %d) is not "
-                   "supported by pilot", bn_ops);
+    /* With CUDNN_BATCHNORM_OPS_BN cuDNN reads no added tensor and no activation (PyTorch
+     * passes its input's descriptor as zDesc to the size query), so pilot ignores them too. */
+    if (bn_ops != 0) {
+        dnn_log(LOG_WARN, "batch normalization fused with an activation or an addition (bnOps "
+                          "%d) is not supported by pilot", bn_ops);
         return CUDNN_STATUS_NOT_SUPPORTED;
     }
     memset(req, 0, sizeof *req);
@@ -951,8 +971,10 @@ EXPORT cudnnStatus_t cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
 {
     struct cudnnContext *h;
     pilot_req_dnn_bn req;
-    cudnnStatus_t st = bn_begin(handle, PILOT_BN_SIZE_FORWARD_WORKSPACE, mode, bn_ops, activation,
-                                z, x, y, NULL, bn, &h, &req);
+    /* the added tensor and the activation: read only with fused bnOps, refused (bn_begin) */
+    (void)z, (void)activation;
+    cudnnStatus_t st = bn_begin(handle, PILOT_BN_SIZE_FORWARD_WORKSPACE, mode, bn_ops, x, y,
+                                NULL, bn, &h, &req);
     return st ? st : bn_size(h, &req, size, "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize");
 }
 
@@ -962,8 +984,9 @@ EXPORT cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
 {
     struct cudnnContext *h;
     pilot_req_dnn_bn req;
-    cudnnStatus_t st = bn_begin(handle, PILOT_BN_SIZE_RESERVE, mode, bn_ops, activation, NULL, x,
-                                NULL, NULL, NULL, &h, &req);
+    (void)activation; /* read only with fused bnOps, refused (bn_begin) */
+    cudnnStatus_t st = bn_begin(handle, PILOT_BN_SIZE_RESERVE, mode, bn_ops, x, NULL, NULL,
+                                NULL, &h, &req);
     return st ? st : bn_size(h, &req, size, "cudnnGetBatchNormalizationTrainingExReserveSpaceSize");
 }
 
@@ -975,9 +998,10 @@ EXPORT cudnnStatus_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(
 {
     struct cudnnContext *h;
     pilot_req_dnn_bn req;
-    (void)y; /* read by cuDNN only with an activation, which pilot refuses */
-    cudnnStatus_t st = bn_begin(handle, PILOT_BN_SIZE_BACKWARD_WORKSPACE, mode, bn_ops,
-                                activation, dz, x, dy, dx, bn, &h, &req);
+    /* y, dz and the activation: read only with fused bnOps, refused (bn_begin) */
+    (void)y, (void)dz, (void)activation;
+    cudnnStatus_t st = bn_begin(handle, PILOT_BN_SIZE_BACKWARD_WORKSPACE, mode, bn_ops, x, dy,
+                                dx, bn, &h, &req);
     return st ? st : bn_size(h, &req, size, "cudnnGetBatchNormalizationBackwardExWorkspaceSize");
 }
 
@@ -991,8 +1015,10 @@ static cudnnStatus_t bn_forward(
 {
     struct cudnnContext *h;
     pilot_req_dnn_bn req;
-    cudnnStatus_t st = bn_begin(handle, fn, mode, bn_ops, activation, z_desc ? z_desc : z, x_desc,
-                                y_desc, NULL, bn_desc, &h, &req);
+    /* the added tensor and the activation: read only with fused bnOps, refused (bn_begin) */
+    (void)z_desc, (void)z, (void)activation;
+    cudnnStatus_t st = bn_begin(handle, fn, mode, bn_ops, x_desc, y_desc, NULL, bn_desc, &h,
+                                &req);
     if (st)
         return st;
     if (!alpha || !beta || !y_desc || !bn_desc)
@@ -1060,8 +1086,8 @@ static cudnnStatus_t bn_backward(
 {
     struct cudnnContext *h;
     pilot_req_dnn_bn req;
-    cudnnStatus_t st = bn_begin(handle, fn, mode, bn_ops, NULL, NULL, x_desc, dy_desc, dx_desc,
-                                bn_desc, &h, &req);
+    cudnnStatus_t st = bn_begin(handle, fn, mode, bn_ops, x_desc, dy_desc, dx_desc, bn_desc, &h,
+                                &req);
     if (st)
         return st;
     if (!alpha_data || !beta_data || !alpha_param || !beta_param || !dy_desc || !dx_desc ||
@@ -1091,12 +1117,9 @@ EXPORT cudnnStatus_t cudnnBatchNormalizationBackwardEx(
     cudnnActivationDescriptor_t activation, void *workspace, size_t workspace_size,
     void *reserve, size_t reserve_size)
 {
-    (void)y_desc, (void)y; /* read by cuDNN only with an activation, which pilot refuses */
-    if (dz_desc || dz || activation || bn_ops != 0) {
-        dnn_log(1, "batch normalization backward with an activation or an added tensor (bnOps "
-                   "%d) is not supported by pilot", bn_ops);
-        return CUDNN_STATUS_NOT_SUPPORTED;
-    }
+    /* y, dz and the activation are read by cuDNN only with fused operations (bnOps other than
+     * CUDNN_BATCHNORM_OPS_BN), which bn_begin refuses */
+    (void)y_desc, (void)y, (void)dz_desc, (void)dz, (void)activation;
     return bn_backward(PILOT_BN_BACKWARD_EX, handle, mode, bn_ops, alpha_data, beta_data,
                        alpha_param, beta_param, x_desc, x, dy_desc, dy, dx_desc, dx, bn_desc,
                        scale, bias, dscale, dbias, epsilon, saved_mean, saved_inv_var, workspace,

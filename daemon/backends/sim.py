@@ -1154,7 +1154,13 @@ class SimBackend:
     # ---- cuDNN (sim_dnn.py) ----
 
     def dnn_version(self) -> tuple[int, int]:
-        return SIM_DNN_VERSION, SIM_DNN_CUDART_VERSION
+        """The H100's cuDNN unless PILOT_SIM_CUDNN_VERSION names another 9.x (major*10000 +
+        minor*100 + patch): PyTorch refuses a cuDNN older than the one it was built with, so a
+        test running a newer PyTorch against the sim says which one it expects."""
+        wanted = os.environ.get("PILOT_SIM_CUDNN_VERSION", "")
+        version = int(wanted) if wanted.isdigit() and 90000 <= int(wanted) < 100000 \
+            else SIM_DNN_VERSION
+        return version, SIM_DNN_CUDART_VERSION
 
     def dnn_create(self) -> Any:
         return sim_dnn.Handle(self._current_device())

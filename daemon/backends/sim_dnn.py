@@ -666,9 +666,13 @@ def _conv_op(d: Descriptor) -> ConvOp:
 
 
 def _graph(d: Descriptor) -> Graph:
-    handles, ops = _values(d, ATTR_OPERATIONGRAPH_HANDLE), _values(d, ATTR_OPERATIONGRAPH_OPS)
-    assert handles is not None and ops is not None
-    check_handle(handles[0])
+    # The handle attributes are deprecated in cuDNN 9 and may be left out (PyTorch 2.14's
+    # cudnn-frontend sets none on its plans); one that is set must be live.
+    handles = _values(d, ATTR_OPERATIONGRAPH_HANDLE, required=False)
+    ops = _values(d, ATTR_OPERATIONGRAPH_OPS)
+    assert ops is not None
+    if handles:
+        check_handle(handles[0])
     built = []
     for op in ops:
         if not op.alive or op.dtype not in CONV_KINDS or not op.finalized:
@@ -710,7 +714,9 @@ def _engine_cfg(d: Descriptor) -> EngineCfg:
 
 
 def _plan(d: Descriptor) -> Plan:
-    check_handle(_scalar(d, ATTR_EXECUTION_PLAN_HANDLE))
+    handles = _values(d, ATTR_EXECUTION_PLAN_HANDLE, required=False)
+    if handles:
+        check_handle(handles[0])
     cfg: EngineCfg = _built(d, ATTR_EXECUTION_PLAN_ENGINE_CONFIG, ENGINECFG)
     op = cfg.engine.graph.op
     assert op is not None  # the engine would not have finalized

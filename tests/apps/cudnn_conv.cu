@@ -118,9 +118,10 @@ static struct plan conv_plan(int op_type, int attr_base)
     set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &p.graph);
     set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &heur_mode);
     CHECK(cudnnBackendFinalize(heur));
+    // How many: no array is a count query whatever is requested (cudnn-frontend asks so)
     int64_t count = 0;
     CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, NULL));
+                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 8, &count, NULL));
     if (count < 1) {
         printf("no engine configurations\n");
         exit(1);
@@ -292,8 +293,9 @@ static void batchnorm(void)
     CHECK_CUDA(cudaMemcpy(gp + 2 * BC, rmean, sizeof rmean, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(gp + 3 * BC, rvar, sizeof rvar, cudaMemcpyHostToDevice));
     size_t ws = 0, reserve = 0, bws = 0;
+    // zDesc given with CUDNN_BATCHNORM_OPS_BN, as PyTorch does: cuDNN does not read it
     CHECK(cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-        g_handle, CUDNN_BATCHNORM_SPATIAL, CUDNN_BATCHNORM_OPS_BN, xd, NULL, xd, bd, NULL, &ws));
+        g_handle, CUDNN_BATCHNORM_SPATIAL, CUDNN_BATCHNORM_OPS_BN, xd, xd, xd, bd, NULL, &ws));
     CHECK(cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
         g_handle, CUDNN_BATCHNORM_SPATIAL, CUDNN_BATCHNORM_OPS_BN, NULL, xd, &reserve));
     CHECK(cudnnGetBatchNormalizationBackwardExWorkspaceSize(

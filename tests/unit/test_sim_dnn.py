@@ -316,6 +316,35 @@ def test_engines_of_graphs(sim: SimBackend) -> None:
     refused(dnn.STATUS_BAD_PARAM, sim.dnn_execute, handle, plan, [1, 2, 3], pointers, 0, None)
 
 
+def test_plans_and_graphs_without_the_deprecated_handles(sim: SimBackend) -> None:
+    """cuDNN 9 deprecates the handle attributes of graphs and plans: PyTorch 2.14's frontend
+    sets none on its plans, so both finalize without one; a handle that is set must be live."""
+    handle = sim.dnn_create()
+    x, w, y = tensor(sim, 1, (1, 2, 5, 5)), tensor(sim, 2, (3, 2, 3, 3)), tensor(sim, 3, (1, 3, 3, 3))
+    g = sim.dnn_desc_create(dnn.OPERATIONGRAPH)
+    refs(sim, g, dnn.ATTR_OPERATIONGRAPH_OPS, conv_op(sim, FWD, x, w, y, conv_desc(sim)))
+    sim.dnn_desc_finalize(g)
+    engines = sim.dnn_desc_get(g, dnn.ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT, I64, 1, None)
+    assert engines == (1, struct.pack("<q", 1))
+    plan = plan_for(sim, handle, g)  # this one sets its handle
+    assert plan is not None
+    heur = sim.dnn_desc_create(dnn.ENGINEHEUR)
+    refs(sim, heur, dnn.ATTR_ENGINEHEUR_OPERATION_GRAPH, g)
+    put(sim, heur, dnn.ATTR_ENGINEHEUR_MODE, 8, "i", 0)
+    sim.dnn_desc_finalize(heur)
+    config = sim.dnn_desc_create(dnn.ENGINECFG)
+    sim.dnn_desc_get(heur, dnn.ATTR_ENGINEHEUR_RESULTS, DESC, 1, [config])
+    bare = sim.dnn_desc_create(dnn.EXECUTION_PLAN)
+    refs(sim, bare, dnn.ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config)
+    sim.dnn_desc_finalize(bare)
+    ptr = sim.mem_alloc(4096)
+    sim.dnn_execute(handle, bare, [1, 2, 3], [ptr, ptr + 1024, ptr + 2048], 0, None)
+    gone = sim.dnn_create()
+    sim.dnn_release(gone)
+    refused(dnn.STATUS_BAD_PARAM, sim.dnn_desc_set, sim.dnn_desc_create(dnn.EXECUTION_PLAN),
+            dnn.ATTR_EXECUTION_PLAN_HANDLE, dnn.TYPE_HANDLE, 1, [gone])
+
+
 # ---- batch normalization ----
 
 def bn_setup(sim, mode, shape=(3, 2, 4, 5), seed=1):
