@@ -3,7 +3,7 @@
 #
 #   bash tests/gpu/run_all.sh [STAGE...]
 #
-# With STAGE names (smoke compare driver cublas ops faults bench um_tune um_flush sched fig1) only those run, after wheels and
+# With STAGE names (smoke compare driver cublas cudnn ops faults bench um_tune um_flush sched fig1) only those run, after wheels and
 # install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
@@ -18,6 +18,9 @@
 #               sources, .realprogs-src/cuda-samples/Common and the five sample directories) and
 #               bench/blas.sh --no-install (what a cuBLAS call costs); each skipped when its
 #               inputs are missing
+#      cudnn    tests/gpu/cudnn_compare.sh --no-install (tests/apps/cudnn_conv.cu natively on
+#               PyTorch's libcudnn.so.9 and under pilot, then its isolation case), then
+#               tests/gpu/torch_probe.sh --no-install conv train resnet18 (issue 13 (a), (b), (e))
 #   5. ops      tests/gpu/ops_check.py: NVML readings, capacity, a quota enforced, metrics served
 #      faults   tests/gpu/fault_check.py: a kernel fault beside a running program and before the
 #               next one; detection and recovery times (router/recovery.py)
@@ -117,6 +120,15 @@ environment() {
 }
 
 # shellcheck disable=SC2317  # called from main
+cudnn_all() {  # cuDNN's program natively and under pilot, then PyTorch's convolutions
+    local rc=0
+    timeout -k 10 180 bash tests/gpu/cudnn_compare.sh --no-install || rc=1
+    STEP_TIMEOUT=${STEP_TIMEOUT:-240} timeout -k 10 600 bash tests/gpu/torch_probe.sh --no-install \
+        conv train resnet18 || rc=1
+    return "$rc"
+}
+
+# shellcheck disable=SC2317  # called from main
 cublas_all() {
     local rc=0
     timeout -k 10 120 bash tests/gpu/cublas_compare.sh --no-install || rc=1
@@ -139,6 +151,7 @@ main() {
     stage compare timeout -k 20 "$COMPARE_TIMEOUT" bash tests/gpu/run_compare.sh --no-install
     stage driver timeout -k 10 120 bash tests/gpu/driver_compare.sh --no-install
     stage cublas cublas_all
+    stage cudnn cudnn_all
     stage ops timeout -k 10 120 "$PYTHON" tests/gpu/ops_check.py
     stage faults timeout -k 10 180 "$PYTHON" tests/gpu/fault_check.py
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
@@ -167,8 +180,8 @@ main() {
 }
 
 for wanted in "$@"; do
-    case "$wanted" in smoke | compare | driver | cublas | ops | faults | bench | um_tune | um_flush | sched | fig1) ;; *)
-        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas ops faults bench um_tune um_flush sched fig1)" >&2
+    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | faults | bench | um_tune | um_flush | sched | fig1) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops faults bench um_tune um_flush sched fig1)" >&2
         exit 2
     esac
 done
