@@ -31,4 +31,6 @@ def test_pytorch_conv2d_and_batch_norm_through_pilot(start_pilotd, monkeypatch) 
     assert proc.stdout.splitlines() == [
         "conv2d forward: ok", "conv2d backward data: ok", "conv2d backward filter: ok",
         "batch_norm training: ok", "batch_norm backward: ok, ok, ok",
-        "batch_norm inference: ok"], proc.stdout + proc.stderr
+        "batch_norm inference: ok", "conv2d grouped, dilated, NCHW: ok",
+        "conv2d grouped, dilated, NHWC: ok", "conv2d half: ok", "conv2d benchmark mode: ok",
+        "conv2d deterministic: ok", "conv1d: ok"], proc.stdout + proc.stderr
