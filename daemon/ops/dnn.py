@@ -190,6 +190,10 @@ def dnn_desc_set(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     d = _descriptor(s, req.desc)
     if d.obj is None:
         raise DnnError(STATUS_BAD_PARAM, "a destroyed descriptor")
+    if d.finalized:
+        # read-only once finalized, as cuDNN documents; enforced here whatever the library does,
+        # since the extents pilotd checks executions against are what it recorded
+        raise DnnError(STATUS_BAD_PARAM, "the attributes of a finalized descriptor are read-only")
     try:
         count, value, recorded = _elements(s, req, payload)
     except BackendError as exc:  # a handle of another library or session

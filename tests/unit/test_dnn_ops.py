@@ -125,3 +125,29 @@ def test_batchnorm_ranges_cover_what_cudnn_reads_and_writes() -> None:
     inference = BatchNormCall(fn=dnn.BN_FORWARD_INFERENCE, mode=dnn.BN_SPATIAL, bn_ops=0, x=x,
                               y=x, dx=None, bn=bn)  # NULL mean and variance stay: refused later
     assert (0, 12, False) in batchnorm_ranges(inference)
+
+
+def test_a_finalized_descriptor_is_read_only_whatever_the_library_says() -> None:
+    """The extents executions are checked against are what pilotd recorded: a tensor changed
+    after its graph was built would let a kernel write past what was checked. So pilotd refuses
+    the change itself, before the library sees it."""
+    from types import SimpleNamespace
+
+    from pilot.daemon.ops.dnn import dnn_desc_set
+    from pilot.daemon.protocol import ffi
+
+    calls: list[tuple] = []
+    backend = SimpleNamespace(dnn_desc_set=lambda *a: calls.append(a))
+    t = tensor(1, (1, 1, 4, 4))
+    session = SimpleNamespace(id=1, dnn_descriptors={7: t})
+    req = ffi.new("pilot_req_dnn_attr *", {"desc": 7, "attr": dnn.ATTR_TENSOR_DIMENSIONS,
+                                           "type": dnn.TYPE_INT64, "count": 4})[0]
+    rep = dnn_desc_set(SimpleNamespace(backend=backend), session, req,
+                       memoryview(struct.pack("<4q", 1, 1, 1, 1)))
+    assert rep.status == dnn.STATUS_BAD_PARAM and calls == []
+    assert plan_tensor(t).span == 64  # as recorded at finalize
+    t.finalized = False  # before finalize, the same call reaches the library
+    rep = dnn_desc_set(SimpleNamespace(backend=backend), session, req,
+                       memoryview(struct.pack("<4q", 1, 1, 1, 1)))
+    assert rep.status == 0 and len(calls) == 1
+
