@@ -51,7 +51,20 @@ OPERATION_CONVOLUTION_BACKWARD_FILTER = 11
 OPERATION_CONVOLUTION_BACKWARD_DATA = 12
 OPERATION_POINTWISE = 13
 OPERATIONGRAPH, VARIANT_PACK, TENSOR = 15, 16, 17
+OPERATION_MATMUL = 19
 DESCRIPTOR_TYPES = range(51)
+# The descriptor types that are operations of a graph, and those of them whose memory accesses
+# their tensors' descriptors bound (dimensions, strides): convolutions, pointwise, statistics,
+# matmul (without the M/N/K overrides read from device memory), batch norm finalize and
+# backward weights, reduction, concatenation, normalization, reshape, RNG, block scaling.
+# Resampling (backward indexes by a tensor of indices), the paged cache load (page tables),
+# attention (paged and ragged variants), mixture-of-experts matmuls and the band matrix
+# operations read addresses or indices from device memory, which pilot does not check.
+OPERATIONS = frozenset({10, 11, 12, 13, 14, 19, 20, 22, 23, *range(25, 32), 33,
+                        *range(35, 38), *range(39, 51)})
+OPERATIONS_BOUNDED = frozenset({10, 11, 12, 13, 14, 19, 20, 22, 23, 27, 29, 30, 31, 33, 36, 37})
+ATTR_MATMUL_OVERRIDES = frozenset({1525, 1526, 1527})  # GEMM_M/N/K_OVERRIDE_DESC
+ATTR_TENSOR_RAGGED_OFFSET_DESC = 913
 
 # cudnnBackendAttributeName_t
 ATTR_CONVOLUTION_COMP_TYPE, ATTR_CONVOLUTION_CONV_MODE, ATTR_CONVOLUTION_DILATIONS = 100, 101, 102

@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING, Any
 from pilot.daemon.backends.base import CUDA_ERROR_INVALID_VALUE, BackendError
 from pilot.daemon.backends.dnn import (
     ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+    ATTR_MATMUL_OVERRIDES,
     ATTR_TENSOR_DATA_TYPE,
     ATTR_TENSOR_DIMENSIONS,
     ATTR_TENSOR_IS_BY_VALUE,
     ATTR_TENSOR_IS_VIRTUAL,
+    ATTR_TENSOR_RAGGED_OFFSET_DESC,
     ATTR_TENSOR_STRIDES,
     ATTR_TENSOR_UNIQUE_ID,
     ATTR_TENSOR_VECTOR_COUNT,
@@ -38,6 +40,9 @@ from pilot.daemon.backends.dnn import (
     BN_SIZE_QUERIES,
     DESCRIPTOR_TYPES,
     EXECUTION_PLAN,
+    OPERATION_MATMUL,
+    OPERATIONS,
+    OPERATIONS_BOUNDED,
     STATUS_BAD_PARAM,
     STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED,
     STATUS_NOT_SUPPORTED,
@@ -260,27 +265,44 @@ def dnn_desc_destroy(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any
 
 # ---- execution plans: their tensors ----
 
-def reachable_tensors(root: DnnDescriptor) -> list[DnnDescriptor]:
-    """The tensor descriptors a descriptor refers to, through the descriptors its attributes
-    name and the ones it (or they) were filled from: a plan -> its engine configuration ->
-    (the heuristic query it came from, or its engine) -> the operation graph -> its operations
-    -> their tensors."""
+def reachable(root: DnnDescriptor) -> list[DnnDescriptor]:
+    """The descriptors a descriptor refers to, itself included, through the descriptors its
+    attributes name and the ones it (or they) were filled from: a plan -> its engine
+    configuration -> (the heuristic query it came from, or its engine) -> the operation graph
+    -> its operations -> their tensors."""
     seen: set[int] = set()
-    tensors: list[DnnDescriptor] = []
+    found: list[DnnDescriptor] = []
     todo = [root]
     while todo:
         d = todo.pop()
         if id(d) in seen:
             continue
         seen.add(id(d))
-        if d.type == TENSOR:
-            tensors.append(d)
+        found.append(d)
         if d.origin is not None:
             todo.append(d.origin)
         for _, value in d.attrs.values():
             if isinstance(value, list):
                 todo.extend(value)
-    return tensors
+    return found
+
+
+def reachable_tensors(root: DnnDescriptor) -> list[DnnDescriptor]:
+    return [d for d in reachable(root) if d.type == TENSOR]
+
+
+def check_operations(descs: list[DnnDescriptor]) -> None:
+    """Refuse a plan whose graph reads addresses or indices from device memory (OPERATIONS
+    less OPERATIONS_BOUNDED, matmul overrides, ragged tensors): the tensors' extents pilot
+    checks would not bound what its kernels touch."""
+    for d in descs:
+        if d.type in OPERATIONS and d.type not in OPERATIONS_BOUNDED:
+            raise DnnError(STATUS_NOT_SUPPORTED, f"operation type {d.type} reads addresses or "
+                                                 "indices from device memory")
+        if d.type == OPERATION_MATMUL and ATTR_MATMUL_OVERRIDES & d.attrs.keys():
+            raise DnnError(STATUS_NOT_SUPPORTED, "matmul with M/N/K overrides")
+        if d.type == TENSOR and ATTR_TENSOR_RAGGED_OFFSET_DESC in d.attrs:
+            raise DnnError(STATUS_NOT_SUPPORTED, "ragged tensors")
 
 
 def plan_tensor(t: DnnDescriptor) -> PlanTensor:
@@ -301,7 +323,9 @@ def _learn_plan(vg: VGpu, s: Session, plan: DnnDescriptor) -> None:
     """After a plan is finalized: its tensors and workspace size (executions need both)."""
     try:
         tensors: dict[int, PlanTensor] = {}
-        for t in reachable_tensors(plan):
+        descs = reachable(plan)
+        check_operations(descs)
+        for t in (d for d in descs if d.type == TENSOR):
             pt = plan_tensor(t)
             old = tensors.get(pt.uid)
             if old is None or old.span < pt.span:

@@ -151,3 +151,30 @@ def test_a_finalized_descriptor_is_read_only_whatever_the_library_says() -> None
                        memoryview(struct.pack("<4q", 1, 1, 1, 1)))
     assert rep.status == 0 and len(calls) == 1
 
+
+
+def test_graphs_that_read_addresses_from_device_memory_are_refused() -> None:
+    """Their kernels touch what tensor extents do not bound: resampling's backward indexes by a
+    tensor of indices, the paged cache load follows page tables, ragged tensors have offsets."""
+    from pilot.daemon.ops.dnn import check_operations, reachable
+
+    def graph_of(op_type: int, *tensors: DnnDescriptor) -> DnnDescriptor:
+        op = desc(op_type, tensors=list(tensors))
+        return desc(dnn.EXECUTION_PLAN, config=[desc(dnn.ENGINECFG, graph=[
+            desc(dnn.OPERATIONGRAPH, ops=[op])])])
+
+    x, y = tensor(1, (1, 1, 4, 4)), tensor(2, (1, 1, 4, 4))
+    for fine in (dnn.OPERATION_CONVOLUTION_FORWARD, dnn.OPERATION_POINTWISE, dnn.OPERATION_MATMUL):
+        check_operations(reachable(graph_of(fine, x, y)))
+    for refused in (25, 26, 35, 41, 42):  # resample fwd/bwd, paged cache load, SDPA, MoE matmul
+        with pytest.raises(DnnError) as exc:
+            check_operations(reachable(graph_of(refused, x, y)))
+        assert exc.value.status == dnn.STATUS_NOT_SUPPORTED
+    overridden = desc(dnn.OPERATION_MATMUL, tensors=[x, y])
+    overridden.attrs[1525] = (dnn.TYPE_BACKEND_DESCRIPTOR, [tensor(3, (1,))])
+    with pytest.raises(DnnError, match="overrides"):
+        check_operations(reachable(overridden))
+    ragged = tensor(4, (2, 8))
+    ragged.attrs[dnn.ATTR_TENSOR_RAGGED_OFFSET_DESC] = (dnn.TYPE_BACKEND_DESCRIPTOR, [tensor(5, (3,))])
+    with pytest.raises(DnnError, match="ragged"):
+        check_operations(reachable(graph_of(dnn.OPERATION_POINTWISE, ragged, y)))
