@@ -45,12 +45,13 @@ STANDIN=$("$PYTHON" -c 'from pilot.shim import standin_path; print(standin_path(
 mkdir -p "$WORK/link"
 ln -s "$STANDIN" "$WORK/link/libcudnn.so"
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+TOOLKIT_LIB=$(dirname "$(dirname "$(readlink -f "$NVCC")")")/lib64
 "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$WORK/cudnn_conv" "$REPO/tests/apps/cudnn_conv.cu" \
     -L "$WORK/link" -lcudnn >>"$LOG" 2>&1 || { say "build failed"; cat "$LOG" >&2; exit 1; }
 
 pilotd_start "$OUT/pilotd-cudnn.log" --backend cuda --socket "$SOCK" || exit 2
 status=0
-env -u LD_PRELOAD -u PILOT_SOCKET LD_LIBRARY_PATH="$CUDNN_LIB" "$WORK/cudnn_conv" \
+env -u LD_PRELOAD -u PILOT_SOCKET LD_LIBRARY_PATH="$CUDNN_LIB:$TOOLKIT_LIB" "$WORK/cudnn_conv" \
     >"$WORK/native.out" 2>"$WORK/native.err"
 native=$?
 env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/cudnn_conv" \
