@@ -33,4 +33,5 @@ def test_pytorch_conv2d_and_batch_norm_through_pilot(start_pilotd, monkeypatch) 
         "batch_norm training: ok", "batch_norm backward: ok, ok, ok",
         "batch_norm inference: ok", "conv2d grouped, dilated, NCHW: ok",
         "conv2d grouped, dilated, NHWC: ok", "conv2d half: ok", "conv2d benchmark mode: ok",
-        "conv2d deterministic: ok", "conv1d: ok"], proc.stdout + proc.stderr
+        "conv2d deterministic: ok", "conv1d: ok", "conv2d in a CUDA graph: ok"], \
+        proc.stdout + proc.stderr

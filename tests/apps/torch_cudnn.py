@@ -2,7 +2,8 @@
 a CUDA build of PyTorch is installed): conv2d forward and both backward passes, batch
 normalization in training (forward, backward) and inference; grouped and dilated convolutions
 in both memory formats, half precision, PyTorch's benchmark mode (it times every plan with
-events) and deterministic mode (engines filtered by their notes), conv1d; on tensors copied to
+events) and deterministic mode (engines filtered by their notes), conv1d, a convolution
+captured into a CUDA graph and replayed; on tensors copied to
 the device
 and back, so that no PyTorch kernel runs (the sim has no emulations of them) and every result
 comes from pilot's cuDNN stand-in and the sim's emulation. Each line is checked against
@@ -69,3 +70,20 @@ w5 = torch.randn(4, 8, 5, 5, generator=g)
 print("conv2d deterministic:", close(F.conv2d(x.cuda(), w5.cuda(), stride=2), F.conv2d(x, w5, stride=2)))
 x1, k1 = torch.randn(3, 4, 20, generator=g), torch.randn(6, 4, 5, generator=g)
 print("conv1d:", close(F.conv1d(x1.cuda(), k1.cuda(), padding=2), F.conv1d(x1, k1, padding=2)))
+
+# captured into a CUDA graph (posted library calls become graph nodes) and replayed on new input
+torch.backends.cudnn.deterministic = False
+xg, wg = x.cuda(), w5.cuda()
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    for _ in range(2):  # warm up outside the capture, as PyTorch asks
+        yg = F.conv2d(xg, wg, padding=1)
+torch.cuda.current_stream().wait_stream(side)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    yg = F.conv2d(xg, wg, padding=1)
+x_new = torch.randn(x.shape, generator=g)
+xg.copy_(x_new.cuda())
+graph.replay()
+print("conv2d in a CUDA graph:", close(yg, F.conv2d(x_new, w5, padding=1)))
