@@ -1,8 +1,10 @@
 """cuDNN under pilot (issue 13): tests/apps/cudnn_conv.cu, linked against libcudnn.so.9, runs with
 libpilot.so and the stand-ins preloaded against the sim daemon, which emulates cuDNN's backend API
 and batch normalization with numpy (daemon/backends/sim_dnn.py). The program checks every result
-against the CPU itself; tests/gpu/cudnn_compare.sh runs it natively and under pilot on a GPU
-(NVIDIA's libcudnn.so.9 in pilotd) and diffs the two."""
+against the CPU itself, so EXPECTED is what every check passing prints; tests/gpu/cudnn_compare.sh
+runs it natively and under pilot on a GPU (NVIDIA's libcudnn.so.9 in pilotd) and diffs the two.
+That GPU comparison has not run yet (2026-11-27: no device time was left); until it has, the
+sim's agreement with cuDNN rests on the CPU references and the header's semantics."""
 
 from __future__ import annotations
 
