@@ -144,9 +144,9 @@ for src in "$REPO"/tests/apps/*.cu "$REPO/tests/gpu/matmul_tiled.cu" "$REPO/test
     # (tests/apps/test_cuda12.py), not with this machine's nvcc 13.
     # driver_api.cu (with driver_kernels.cu, its module) links -lcuda and loads a cubin:
     # tests/gpu/driver_compare.sh builds and compares it. cublas_*.cu link cuBLAS:
-    # tests/gpu/cublas_compare.sh.
+    # tests/gpu/cublas_compare.sh; cudnn_*.cu link cuDNN: tests/gpu/cudnn_compare.sh.
     case "$(basename "$src")" in
-        cuda12.cu | driver_api.cu | driver_kernels.cu | cublas_*.cu) ;;
+        cuda12.cu | driver_api.cu | driver_kernels.cu | cublas_*.cu | cudnn_*.cu) ;;
         *) SOURCES+=("$src") ;;
     esac
 done
