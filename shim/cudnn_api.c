@@ -53,7 +53,7 @@ enum {
 enum { DESC_VARIANT_PACK = 16, DESC_TYPE_LAST = 50 };
 enum {
     ATTR_VARIANT_PACK_UNIQUE_IDS = 1000, ATTR_VARIANT_PACK_DATA_POINTERS = 1001,
-    ATTR_VARIANT_PACK_INTERMEDIATES = 1002, ATTR_VARIANT_PACK_WORKSPACE = 1003
+    ATTR_VARIANT_PACK_WORKSPACE = 1003
 };
 enum { DATA_FLOAT = 0, DATA_DOUBLE = 1, DATA_HALF = 2, DATA_BFLOAT16 = 9 };
 enum { TENSOR_NCHW = 0, TENSOR_NHWC = 1 };
@@ -442,45 +442,57 @@ EXPORT cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t desc
     return st;
 }
 
+/* Where a variant pack keeps one of its attributes: the element type, the array, its count
+ * (NULL: exactly one element, the workspace) and capacity; -1 for attributes pilot does not keep
+ * (intermediates, the dynamic-shape overrides). Set and get both go through it. */
+struct pack_field {
+    int type;
+    void *array;
+    int *count;
+    int max;
+    const char *what;
+};
+
+static int pack_field(struct pilot_dnn_desc *d, int name, struct pack_field *f)
+{
+    switch (name) {
+    case ATTR_VARIANT_PACK_UNIQUE_IDS:
+        *f = (struct pack_field){TYPE_INT64, d->uids, &d->nuids, VARIANT_MAX, "tensors"};
+        return 0;
+    case ATTR_VARIANT_PACK_DATA_POINTERS:
+        *f = (struct pack_field){TYPE_VOID_PTR, d->ptrs, &d->nptrs, VARIANT_MAX, "pointers"};
+        return 0;
+    case ATTR_VARIANT_PACK_WORKSPACE:
+        *f = (struct pack_field){TYPE_VOID_PTR, &d->workspace, NULL, 1, "workspaces"};
+        return 0;
+    default:
+        return -1;
+    }
+}
+
 static cudnnStatus_t variant_pack_set(struct pilot_dnn_desc *d, int name, int type, int64_t count,
                                       const void *values)
 {
+    struct pack_field f;
     if (d->finalized)
         return CUDNN_STATUS_BAD_PARAM;
-    switch (name) {
-    case ATTR_VARIANT_PACK_UNIQUE_IDS:
-        if (type != TYPE_INT64)
-            return CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE;
-        if (count > VARIANT_MAX) {
-            dnn_log(LOG_WARN, "a variant pack of %lld tensors: pilot carries up to %d",
-                    (long long)count, VARIANT_MAX);
-            return CUDNN_STATUS_NOT_SUPPORTED;
-        }
-        memcpy(d->uids, values, (size_t)count * 8);
-        d->nuids = (int)count;
-        return CUDNN_STATUS_SUCCESS;
-    case ATTR_VARIANT_PACK_DATA_POINTERS:
-        if (type != TYPE_VOID_PTR)
-            return CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE;
-        if (count > VARIANT_MAX) {
-            dnn_log(LOG_WARN, "a variant pack of %lld pointers: pilot carries up to %d",
-                    (long long)count, VARIANT_MAX);
-            return CUDNN_STATUS_NOT_SUPPORTED;
-        }
-        memcpy(d->ptrs, values, (size_t)count * 8);
-        d->nptrs = (int)count;
-        return CUDNN_STATUS_SUCCESS;
-    case ATTR_VARIANT_PACK_WORKSPACE:
-        if (type != TYPE_VOID_PTR)
-            return CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE;
-        if (count != 1)
-            return CUDNN_STATUS_BAD_PARAM;
-        memcpy(&d->workspace, values, 8);
-        return CUDNN_STATUS_SUCCESS;
-    default:
+    if (pack_field(d, name, &f)) {
         dnn_log(LOG_WARN, "variant pack attribute %d is not supported by pilot", name);
         return CUDNN_STATUS_NOT_SUPPORTED;
     }
+    if (type != f.type)
+        return CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE;
+    if (!f.count && count != 1)
+        return CUDNN_STATUS_BAD_PARAM;
+    if (count > f.max) {
+        dnn_log(LOG_WARN, "a variant pack of %lld %s: pilot carries up to %d", (long long)count,
+                f.what, f.max);
+        return CUDNN_STATUS_NOT_SUPPORTED;
+    }
+    memcpy(f.array, values, (size_t)count * 8);
+    if (f.count)
+        *f.count = (int)count;
+    return CUDNN_STATUS_SUCCESS;
 }
 
 EXPORT cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t desc, int name, int type,
@@ -541,31 +553,16 @@ EXPORT cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t desc, int
 static cudnnStatus_t variant_pack_get(struct pilot_dnn_desc *d, int name, int type,
                                       int64_t requested, int64_t *count, void *values)
 {
-    const void *src;
-    int64_t have;
-    switch (name) {
-    case ATTR_VARIANT_PACK_UNIQUE_IDS:
-        if (type != TYPE_INT64)
-            return CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE;
-        src = d->uids, have = d->nuids;
-        break;
-    case ATTR_VARIANT_PACK_DATA_POINTERS:
-        if (type != TYPE_VOID_PTR)
-            return CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE;
-        src = d->ptrs, have = d->nptrs;
-        break;
-    case ATTR_VARIANT_PACK_WORKSPACE:
-        if (type != TYPE_VOID_PTR)
-            return CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE;
-        src = &d->workspace, have = 1;
-        break;
-    default:
+    struct pack_field f;
+    if (pack_field(d, name, &f))
         return CUDNN_STATUS_NOT_SUPPORTED;
-    }
+    if (type != f.type)
+        return CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE;
+    int64_t have = f.count ? *f.count : 1;
     if (count)
         *count = have;
     if (values && requested > 0)
-        memcpy(values, src, (size_t)(requested < have ? requested : have) * 8);
+        memcpy(values, f.array, (size_t)(requested < have ? requested : have) * 8);
     return CUDNN_STATUS_SUCCESS;
 }
 

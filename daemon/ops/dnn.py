@@ -122,6 +122,8 @@ class PlanTensor:
 
 
 def _descriptor(s: Session, number: int) -> DnnDescriptor:
+    """The session's live descriptor `number` (destroying one takes it out of the session, so
+    what is found here is never destroyed)."""
     d = s.dnn_descriptors.get(number)
     if d is None:
         raise DnnError(STATUS_BAD_PARAM, f"no cuDNN descriptor {number:#x}")
@@ -180,8 +182,6 @@ def _elements(s: Session, req: Any, payload: memoryview) -> tuple[int, bytes | l
                                                            TYPE_HANDLE) else ()
     if atype == TYPE_BACKEND_DESCRIPTOR:
         descs = [_descriptor(s, n) for n in numbers]
-        if any(d.obj is None for d in descs):
-            raise DnnError(STATUS_BAD_PARAM, "a destroyed descriptor")
         return count, [d.obj for d in descs], descs
     if atype == TYPE_HANDLE:
         handles = [library_handle(s, n, LIB_CUDNN) for n in numbers]
@@ -193,8 +193,6 @@ def _elements(s: Session, req: Any, payload: memoryview) -> tuple[int, bytes | l
 @_answered
 def dnn_desc_set(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     d = _descriptor(s, req.desc)
-    if d.obj is None:
-        raise DnnError(STATUS_BAD_PARAM, "a destroyed descriptor")
     if d.finalized:
         # read-only once finalized, as cuDNN documents; enforced here whatever the library does,
         # since the extents pilotd checks executions against are what it recorded
@@ -214,8 +212,6 @@ def dnn_desc_set(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
 @_answered
 def dnn_desc_get(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     d = _descriptor(s, req.desc)
-    if d.obj is None:
-        raise DnnError(STATUS_BAD_PARAM, "a destroyed descriptor")
     atype, requested = req.type, req.count
     size = attribute_size(atype)
     if atype in (TYPE_VOID_PTR, TYPE_HANDLE):
@@ -227,8 +223,8 @@ def dnn_desc_get(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
         if len(payload) != requested * 8:
             raise DnnError(STATUS_BAD_PARAM, "descriptor results without their descriptors")
         targets = [_descriptor(s, n) for n in struct.unpack(f"<{requested}Q", bytes(payload))]
-        if any(t.obj is None for t in targets) or len({id(t) for t in targets}) != len(targets):
-            raise DnnError(STATUS_BAD_PARAM, "destroyed or repeated result descriptors")
+        if len({id(t) for t in targets}) != len(targets):
+            raise DnnError(STATUS_BAD_PARAM, "repeated result descriptors")
     count, raw = vg.backend.dnn_desc_get(d.obj, req.attr, atype, requested,
                                          [t.obj for t in targets] if targets is not None else None)
     rep = _status_reply(STATUS_SUCCESS, count)
@@ -244,8 +240,6 @@ def dnn_desc_get(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
 @_answered
 def dnn_desc_finalize(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     d = _descriptor(s, req.handle)
-    if d.obj is None:
-        raise DnnError(STATUS_BAD_PARAM, "a destroyed descriptor")
     vg.backend.dnn_desc_finalize(d.obj)
     d.finalized = True
     if d.type == EXECUTION_PLAN:
@@ -346,7 +340,7 @@ def check_execution(plan: DnnDescriptor, pack: list[tuple[int, int]],
                     workspace: int) -> list[tuple[int, int]]:
     """The (pointer, bytes) ranges an execution of `plan` with this variant pack touches, after
     the checks that need no memory (each range must also be the session's: the caller checks)."""
-    if plan.type != EXECUTION_PLAN or not plan.finalized or plan.obj is None:
+    if plan.type != EXECUTION_PLAN or not plan.finalized:
         raise DnnError(STATUS_BAD_PARAM, "not a finalized execution plan")
     if plan.tensors is None:
         raise DnnError(STATUS_NOT_SUPPORTED, plan.why_not or "the plan's tensors are not known")
@@ -379,8 +373,7 @@ def dnn_execute(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     plan = _descriptor(s, req.plan)
     if len(payload) != 16 * req.count:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, "a variant pack of the wrong length")
-    flat = struct.unpack(f"<{2 * req.count}q", bytes(payload))
-    pack = [(flat[i], flat[i + 1] & (1 << 64) - 1) for i in range(0, len(flat), 2)]
+    pack: list[tuple[int, int]] = list(struct.iter_unpack("<qQ", payload))  # (uid, pointer)
     ranges = check_execution(plan, pack, req.workspace)
     for ptr, span in ranges:
         s.check_range(ptr, span)

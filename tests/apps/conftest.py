@@ -293,6 +293,19 @@ def daemon_log(request: pytest.FixtureRequest) -> Callable[[], str]:
     return daemon.log_tail
 
 
+def kill_and_await_release(proc: subprocess.Popen[str], sessions: Callable[[], list[dict[str, Any]]],
+                           daemon: Daemon, within: float = 2.0) -> None:
+    """SIGKILL a client under pilot: its session must be gone from `sessions()` (pilot
+    sessions --json) within `within` seconds, and the daemon still running."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    deadline = time.monotonic() + within
+    while any(s["pid"] == proc.pid for s in sessions()):
+        assert time.monotonic() < deadline, daemon.log_tail()
+        time.sleep(0.02)
+    assert daemon.proc.poll() is None, daemon.log_tail()
+
+
 RunUnderPilot = Callable[..., "subprocess.CompletedProcess[str]"]
 
 

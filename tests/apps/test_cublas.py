@@ -149,9 +149,9 @@ def test_a_client_killed_between_gemms_loses_its_handles_and_nothing_else(
         app_binaries, blas_env, pilot_client_env, pilot_sessions, pilotd) -> None:
     """SIGKILL a program looping over GEMMs (with a cuBLAS and a cuBLASLt handle): its session
     and handles go within 2 s, pilotd lives, and the next program's cuBLAS works."""
-    import signal
     import subprocess
-    import time
+
+    from conftest import kill_and_await_release  # pytest puts tests/apps on sys.path
 
     env = {**pilot_client_env, **blas_env}
     proc = subprocess.Popen([str(app_binaries["cublas_gemm"]), "loop"], env=env,
@@ -161,13 +161,7 @@ def test_a_client_killed_between_gemms_loses_its_handles_and_nothing_else(
         assert proc.stdout.readline() == "looping\n", proc.stderr.read() if proc.stderr else ""
         mine = [s for s in pilot_sessions() if s["pid"] == proc.pid]
         assert len(mine) == 1 and mine[0]["library_handles"] == 2, mine
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        deadline = time.monotonic() + 2.0
-        while any(s["pid"] == proc.pid for s in pilot_sessions()):
-            assert time.monotonic() < deadline, pilotd.log_tail()
-            time.sleep(0.02)
-        assert pilotd.proc.poll() is None, pilotd.log_tail()
+        kill_and_await_release(proc, pilot_sessions, pilotd)
         after = subprocess.run([str(app_binaries["cublas_gemm"])], env=env, capture_output=True,
                                text=True, timeout=60)
         assert after.returncode == 0 and after.stdout == EXPECTED, after.stdout + after.stderr

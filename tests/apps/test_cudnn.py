@@ -76,7 +76,7 @@ def test_a_killed_client_loses_its_descriptors_and_handles(app_binaries, dnn_env
                                                            pilotd) -> None:
     """The program is killed while it holds plans: its session goes with them, pilotd lives and
     the next program's cuDNN works."""
-    import signal
+    from conftest import kill_and_await_release  # pytest puts tests/apps on sys.path
 
     env = {**pilot_client_env, **dnn_env}
     proc = subprocess.Popen([str(app_binaries["cudnn_conv"]), "hold"], env=env,
@@ -90,13 +90,7 @@ def test_a_killed_client_loses_its_descriptors_and_handles(app_binaries, dnn_env
         mine = [s for s in pilot_sessions() if s["pid"] == proc.pid]
         assert len(mine) == 1 and mine[0]["library_handles"] == 1, mine
         assert mine[0]["dnn_descriptors"] >= 6, mine
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        deadline = time.monotonic() + 2.0
-        while any(s["pid"] == proc.pid for s in pilot_sessions()):
-            assert time.monotonic() < deadline, pilotd.log_tail()
-            time.sleep(0.02)
-        assert pilotd.proc.poll() is None, pilotd.log_tail()
+        kill_and_await_release(proc, pilot_sessions, pilotd)
         after = subprocess.run([str(app_binaries["cudnn_conv"])], env=env, capture_output=True,
                                text=True, timeout=60)
         assert after.returncode == 0 and after.stdout == EXPECTED, after.stdout + after.stderr
