@@ -293,17 +293,22 @@ def daemon_log(request: pytest.FixtureRequest) -> Callable[[], str]:
     return daemon.log_tail
 
 
-def kill_and_await_release(proc: subprocess.Popen[str], sessions: Callable[[], list[dict[str, Any]]],
-                           daemon: Daemon, within: float = 2.0) -> None:
-    """SIGKILL a client under pilot: its session must be gone from `sessions()` (pilot
-    sessions --json) within `within` seconds, and the daemon still running."""
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
-    deadline = time.monotonic() + within
-    while any(s["pid"] == proc.pid for s in sessions()):
-        assert time.monotonic() < deadline, daemon.log_tail()
-        time.sleep(0.02)
-    assert daemon.proc.poll() is None, daemon.log_tail()
+@pytest.fixture
+def kill_and_await_release(pilot_sessions: Callable[[], list[dict[str, Any]]],
+                           pilotd: Daemon) -> Callable[[subprocess.Popen[str]], None]:
+    """kill_and_await_release(proc): SIGKILL a client of the session's daemon; its session must
+    be gone from `pilot sessions` within 2 s, and the daemon still running."""
+
+    def kill(proc: subprocess.Popen[str], within: float = 2.0) -> None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + within
+        while any(s["pid"] == proc.pid for s in pilot_sessions()):
+            assert time.monotonic() < deadline, pilotd.log_tail()
+            time.sleep(0.02)
+        assert pilotd.proc.poll() is None, pilotd.log_tail()
+
+    return kill
 
 
 RunUnderPilot = Callable[..., "subprocess.CompletedProcess[str]"]

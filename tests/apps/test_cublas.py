@@ -146,12 +146,10 @@ def test_cublas_calls_captured_into_a_cuda_graph(run_under_pilot, blas_env, daem
 
 
 def test_a_client_killed_between_gemms_loses_its_handles_and_nothing_else(
-        app_binaries, blas_env, pilot_client_env, pilot_sessions, pilotd) -> None:
+        app_binaries, blas_env, pilot_client_env, pilot_sessions, kill_and_await_release) -> None:
     """SIGKILL a program looping over GEMMs (with a cuBLAS and a cuBLASLt handle): its session
     and handles go within 2 s, pilotd lives, and the next program's cuBLAS works."""
     import subprocess
-
-    from conftest import kill_and_await_release  # pytest puts tests/apps on sys.path
 
     env = {**pilot_client_env, **blas_env}
     proc = subprocess.Popen([str(app_binaries["cublas_gemm"]), "loop"], env=env,
@@ -161,7 +159,7 @@ def test_a_client_killed_between_gemms_loses_its_handles_and_nothing_else(
         assert proc.stdout.readline() == "looping\n", proc.stderr.read() if proc.stderr else ""
         mine = [s for s in pilot_sessions() if s["pid"] == proc.pid]
         assert len(mine) == 1 and mine[0]["library_handles"] == 2, mine
-        kill_and_await_release(proc, pilot_sessions, pilotd)
+        kill_and_await_release(proc)
         after = subprocess.run([str(app_binaries["cublas_gemm"])], env=env, capture_output=True,
                                text=True, timeout=60)
         assert after.returncode == 0 and after.stdout == EXPECTED, after.stdout + after.stderr

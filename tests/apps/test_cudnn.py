@@ -73,11 +73,9 @@ def test_without_pilotd_cudnn_fails_cleanly(app_binaries, dnn_env, tmp_path) -> 
 
 def test_a_killed_client_loses_its_descriptors_and_handles(app_binaries, dnn_env,
                                                            pilot_client_env, pilot_sessions,
-                                                           pilotd) -> None:
+                                                           kill_and_await_release) -> None:
     """The program is killed while it holds plans: its session goes with them, pilotd lives and
     the next program's cuDNN works."""
-    from conftest import kill_and_await_release  # pytest puts tests/apps on sys.path
-
     env = {**pilot_client_env, **dnn_env}
     proc = subprocess.Popen([str(app_binaries["cudnn_conv"]), "hold"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -90,7 +88,7 @@ def test_a_killed_client_loses_its_descriptors_and_handles(app_binaries, dnn_env
         mine = [s for s in pilot_sessions() if s["pid"] == proc.pid]
         assert len(mine) == 1 and mine[0]["library_handles"] == 1, mine
         assert mine[0]["dnn_descriptors"] >= 6, mine
-        kill_and_await_release(proc, pilot_sessions, pilotd)
+        kill_and_await_release(proc)
         after = subprocess.run([str(app_binaries["cudnn_conv"])], env=env, capture_output=True,
                                text=True, timeout=60)
         assert after.returncode == 0 and after.stdout == EXPECTED, after.stdout + after.stderr
