@@ -108,7 +108,7 @@ class CudaDnn:
                     try:
                         self._lib = load_library(SONAME)
                     except LibraryError as exc:
-                        raise DnnError(STATUS_NOT_INITIALIZED, str(exc)) from None
+                        raise DnnError(STATUS_NOT_INITIALIZED, exc.detail) from None
                 fn = getattr(self._lib, name)
                 if name in ("cudnnGetVersion", "cudnnGetCudartVersion"):
                     fn.argtypes, fn.restype = [], ctypes.c_size_t

@@ -96,6 +96,7 @@ class LibraryError(BackendError):
                 STATUS_ARCH_MISMATCH: CUDA_ERROR_NOT_SUPPORTED}.get(status, CUDA_ERROR_UNKNOWN)
         super().__init__(code, f"{STATUS_NAMES.get(status, status)}: {message}")
         self.status = status
+        self.detail = message  # without cuBLAS's status name (load_library serves cuDNN too)
 
 
 def type_size(dtype: int, what: str) -> int:

@@ -107,7 +107,9 @@ from pilot.daemon.backends.dnn import (
     OPERATION_CONVOLUTION_FORWARD,
     OPERATIONGRAPH,
     STATUS_BAD_PARAM,
+    STATUS_BAD_PARAM_ATTRIBUTE_TYPE,
     STATUS_BAD_PARAM_NOT_FINALIZED,
+    STATUS_NOT_INITIALIZED,
     STATUS_NOT_SUPPORTED,
     STATUS_NOT_SUPPORTED_DATA_TYPE,
     STATUS_NOT_SUPPORTED_GRAPH_PATTERN,
@@ -337,7 +339,8 @@ def set_attribute(desc: Any, attr: int, atype: int, count: int, value: bytes | l
         if spec.readonly:
             raise _bad(f"attribute {attr} is read-only")
         if atype not in spec.types:
-            raise _bad(f"attribute {attr} takes attribute types {spec.types}, not {atype}")
+            raise DnnError(STATUS_BAD_PARAM_ATTRIBUTE_TYPE,
+                           f"attribute {attr} takes attribute types {spec.types}, not {atype}")
         if not spec.lo <= count <= spec.hi:
             raise _bad(f"attribute {attr}: {count} elements, {spec.lo}..{spec.hi} allowed")
     if atype in _OBJECT_TYPES:
@@ -410,14 +413,22 @@ def _computed(d: Descriptor, attr: int) -> tuple[int, int, Any] | None:
 
 def get_attribute(desc: Any, attr: int, atype: int, requested: int,
                   descs: list[Any] | None) -> tuple[int, bytes]:
-    """cudnnBackendGetAttribute: (the attribute's element count, the bytes of the first
-    min(requested, count) elements); descriptor elements are copied into `descs`."""
+    """cudnnBackendGetAttribute: (the element count, the bytes of the first min(requested,
+    count) elements); descriptor elements are copied into `descs`. Requested 0 is a count query
+    (the program passed no array) and answers the attribute's count; otherwise the count is of
+    the elements returned. As cuDNN 9.24 answers (tests/unit/test_cudnn_real.py): a descriptor
+    not finalized is NOT_INITIALIZED, the wrong attribute type BAD_PARAM_ATTRIBUTE_TYPE, more
+    than one element of a one-element attribute BAD_PARAM, and a tensor's byte alignment is not
+    read back (NOT_SUPPORTED)."""
     d = _live(desc)
     if not d.finalized:
-        raise DnnError(STATUS_BAD_PARAM_NOT_FINALIZED,
+        raise DnnError(STATUS_NOT_INITIALIZED,
                        f"attribute {attr} read from a descriptor (type {d.dtype}) not finalized")
     if requested < 0:
         raise _bad(f"attribute {attr}: {requested} elements requested")
+    spec = SPECS.get(d.dtype, {}).get(attr)
+    if d.dtype == TENSOR and attr == ATTR_TENSOR_BYTE_ALIGNMENT:
+        raise DnnError(STATUS_NOT_SUPPORTED, "a tensor's byte alignment is not read back")
     if d.dtype == EXECUTION_PLAN and attr == ATTR_EXECUTION_PLAN_JSON_REPRESENTATION:
         raise DnnError(STATUS_NOT_SUPPORTED, "execution plans as JSON (sim)")
     if d.dtype == ENGINEHEUR and attr == ATTR_ENGINEHEUR_RESULTS:
@@ -428,12 +439,16 @@ def get_attribute(desc: Any, attr: int, atype: int, requested: int,
         raise _bad(f"attribute {attr} of descriptor type {d.dtype} is not set")
     stored, count, payload = entry
     if atype != stored:
-        raise _bad(f"attribute {attr} has attribute type {stored}, not {atype}")
+        raise DnnError(STATUS_BAD_PARAM_ATTRIBUTE_TYPE,
+                       f"attribute {attr} has attribute type {stored}, not {atype}")
     if atype == TYPE_HANDLE:
         raise DnnError(STATUS_NOT_SUPPORTED, f"attribute {attr}: handles are not read back (sim)")
+    if requested > 1 and spec is not None and spec.hi == 1 and not spec.readonly:
+        raise _bad(f"attribute {attr} has one element, {requested} requested")
     n = min(requested, count)
+    answered = n if requested else count
     if atype != TYPE_BACKEND_DESCRIPTOR:
-        return count, payload[:n * attribute_size(atype)]
+        return answered, payload[:n * attribute_size(atype)]
     targets = list(descs or [])
     if len(targets) < n:
         raise _bad(f"attribute {attr}: {n} descriptors to fill, {len(targets)} given")
@@ -442,7 +457,7 @@ def get_attribute(desc: Any, attr: int, atype: int, requested: int,
             _heuristic_result(d, _live(target))
         else:
             _live(target).copy_from(payload[i])
-    return count, b""
+    return answered, b""
 
 
 def _heuristic_result(heur: Descriptor, cfg: Descriptor) -> None:

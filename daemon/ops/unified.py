@@ -96,7 +96,8 @@ def malloc_managed(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     # share a page (the client shadows whole pages, and the enforcer moves whole ranges): each
     # gets a 2 MiB range of its own, charged at the size asked for.
     size = max(req.size, SMALL_MANAGED)
-    ptr = vg.broker.allocate(s, "managed", req.size, lambda: vg.backend.mem_alloc_managed(size, flags))
+    ptr = vg.broker.allocate(s, "managed", req.size, lambda: vg.backend.mem_alloc_managed(size, flags),
+                             span=size)
     s.add_allocation(ptr, req.size, managed=True)
     res, host = vg.broker.residency, vg.policy
     if size <= PREFETCH_MANAGED and req.flags == lib.PILOT_MANAGED_ATTACH_GLOBAL and \

@@ -154,9 +154,11 @@ class ResourceBroker:
             self.release(s, kind, old - new, ptr)
 
     def allocate(self, s: Session, kind: str, nbytes: int, make: Callable[[], T],
-                 call: str | None = None, ptr_of: Callable[[T], int] | None = None) -> T:
+                 call: str | None = None, ptr_of: Callable[[T], int] | None = None,
+                 span: int = 0) -> T:
         """Charge, then run `make` (the backend's allocation); refund if it fails. The policy
-        hears of the allocation."""
+        hears of the allocation. `span`: the address range `make` asks for when larger than
+        `nbytes` (what residency counts on the GPU once it is touched)."""
         self.charge(s, kind, nbytes, call)
         try:
             result = make()
@@ -166,7 +168,7 @@ class ResourceBroker:
         ptr = ptr_of(result) if ptr_of is not None else (result if isinstance(result, int) else 0)
         movable = kind in self.movable and self.residency is not None
         if movable:
-            self.residency.track(s, ptr, nbytes)  # type: ignore[union-attr]
+            self.residency.track(s, ptr, nbytes, span)  # type: ignore[union-attr]
         if self.policy is not None:
             self.policy.allocated(s, kind, ptr, nbytes, movable)
         return result

@@ -82,6 +82,10 @@ class GpuResidency:
     gpu: int
     device: int
     allocs: dict[int, list[Extent]] = field(default_factory=dict)
+    charged: dict[int, int] = field(default_factory=dict)  # base -> bytes charged (movable)
+    # (session, base) -> extents of an allocation being freed: no longer moved, but still counted
+    # where they are until the free is done (Residency.quiesce, untrack)
+    leaving: dict[tuple[int, int], list[Extent]] = field(default_factory=dict)
     bases: list[int] = field(default_factory=list)  # sorted allocation bases
     by_session: dict[int, set[int]] = field(default_factory=dict)  # session -> allocation bases
     resident: int = 0
@@ -98,6 +102,7 @@ class GpuResidency:
     clock: int = 0
     stream: Any = None  # pilot's own stream on this GPU: every eviction and policy move
     event: Any = None  # recorded on `stream` after evictions, waited for by the launch's stream
+    handoff: Any = None  # recorded on a session's stream after evictions on it; `stream` waits
     # Held only to update the model and plan moves (Moves), never across a backend call that
     # migrates memory; a launch's extents are kept from others by Extent.pending instead.
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -206,32 +211,45 @@ class Residency:
         self.tenants: dict[int, str] = {}  # session id -> tenant, for metrics of requests
 
     # ---- allocations (broker) ----
-    def track(self, s: Session, ptr: int, size: int) -> None:
+    def track(self, s: Session, ptr: int, size: int, span: int = 0) -> None:
+        """A movable allocation of `size` bytes (charged) at `ptr`; `span` (when larger): the
+        bytes of address range the backend gave it, all of which the GPU may hold once a kernel
+        touches it (a small managed allocation has a 2 MiB range of its own: ops/unified.py)."""
         g = self.gpus[s.device]
         with g.lock:
-            g.allocs[ptr] = [Extent(p, n, ptr, s.id, s.tenant) for p, n in cut(ptr, size)]
+            g.allocs[ptr] = [Extent(p, n, ptr, s.id, s.tenant) for p, n in cut(ptr, max(size, span))]
+            g.charged[ptr] = size
             bisect.insort(g.bases, ptr)
             g.by_session.setdefault(s.id, set()).add(ptr)
             g.movable += size
         self.sessions[s.id] = g
         self.tenants[s.id] = s.tenant
 
+    def _stop_tracking(self, g: GpuResidency, s: Session, ptr: int) -> list[Extent] | None:
+        """Under g.lock: take the session's allocation at `ptr` out of what is moved."""
+        extents = g.allocs.get(ptr)
+        if extents is None or extents[0].session != s.id:
+            return None
+        del g.allocs[ptr]
+        del g.bases[bisect.bisect_left(g.bases, ptr)]
+        bases = g.by_session.get(s.id)
+        if bases is not None:
+            bases.discard(ptr)
+            if not bases:
+                del g.by_session[s.id]
+                self.sessions.pop(s.id, None)
+                self.tenants.pop(s.id, None)
+        return extents
+
     def untrack(self, s: Session, ptr: int) -> None:
+        """The allocation is freed: its bytes leave the GPU's counts."""
         g = self.gpus[s.device]
         with g.lock:
-            extents = g.allocs.pop(ptr, None)
+            extents = g.leaving.pop((s.id, ptr), None) or self._stop_tracking(g, s, ptr)
             if extents is None:
                 return
-            del g.bases[bisect.bisect_left(g.bases, ptr)]
-            bases = g.by_session.get(s.id)
-            if bases is not None:
-                bases.discard(ptr)
-                if not bases:
-                    del g.by_session[s.id]
-                    self.sessions.pop(s.id, None)
-                    self.tenants.pop(s.id, None)
+            g.movable -= g.charged.pop(ptr, 0)
             for e in extents:
-                g.movable -= e.size
                 g.set_resident(e, False)
 
     def is_movable(self, s: Session, ptr: int) -> bool:
@@ -329,13 +347,18 @@ class Residency:
 
     def quiesce(self, s: Session, ptr: int | None = None) -> None:
         """Before the session frees movable memory (the allocation at `ptr`, or all of it): stop
-        tracking it, so that no move of it is queued any more, then wait for the moves queued
-        on pilot's stream (a prefetch of memory freed meanwhile would fail someone's stream)."""
+        moving it, so that no move of it is queued any more, then wait for the moves queued on
+        pilot's stream (a prefetch of memory freed meanwhile would fail someone's stream). Its
+        bytes stay counted where they are until `untrack` (after the free): the room it leaves
+        is not handed to another launch while the GPU still holds it."""
         g = self.sessions.get(s.id)
         if g is None:
             return
-        for base in ([ptr] if ptr is not None else sorted(g.by_session.get(s.id, ()))):
-            self.untrack(s, base)
+        with g.lock:
+            for base in ([ptr] if ptr is not None else sorted(g.by_session.get(s.id, ()))):
+                extents = self._stop_tracking(g, s, base)
+                if extents is not None:
+                    g.leaving[(s.id, base)] = extents
         if g.stream is not None:
             try:
                 self.backend.stream_synchronize(g.stream)
@@ -420,12 +443,13 @@ class Residency:
                 rank.get(e.session, last), e.active > 0, e.used_at))
         else:
             candidates = sorted(resident, key=lambda e: (e.active > 0, e.used_at))
-        own = None
+        own, on_stream = None, False
         for e in candidates:
             if over <= 0:
                 break
             if e.active and e.session == session:
                 self._evict(g, e, stream, "capacity", moves)
+                on_stream = True
             else:
                 own = own or self._stream(g)
                 if e.active and e.busy_until is not None:
@@ -434,6 +458,14 @@ class Residency:
                     moves.wait(own, e.busy_until)
                 self._evict(g, e, own, "capacity", moves)
             over -= e.size
+        if on_stream and stream is not g.stream:
+            # Evictions on the session's stream: pilot's stream waits for them, so that whoever
+            # waits for g.event (the room it counts on) waits for these too.
+            own = own or self._stream(g)
+            if g.handoff is None:
+                g.handoff = self.backend.event_create(EVENT_DISABLE_TIMING)
+            moves.record(g.handoff, stream)
+            moves.wait(own, g.handoff)
         if own is not None and own is not stream:
             self._fence(g, own, moves)
             moves.wait(stream, g.event)
@@ -611,10 +643,10 @@ class Residency:
         if g is None or getattr(self.backend, "name", "") != "cuda":
             return None
         with g.lock:
-            ranges = [(e.ptr, e.size) for exts in g.allocs.values() for e in exts]
-            movable = g.movable
-        in_ram = min(movable, pagemap.host_resident(ranges))
-        return {"host_resident": in_ram, "gpu_at_most": movable - in_ram}
+            ranges = [(e.ptr, e.size) for exts in [*g.allocs.values(), *g.leaving.values()] for e in exts]
+        span = sum(n for _p, n in ranges)  # address ranges, a small allocation's whole 2 MiB too
+        in_ram = min(span, pagemap.host_resident(ranges))
+        return {"host_resident": in_ram, "gpu_at_most": span - in_ram}
 
     def session_bytes(self, session: int) -> tuple[int, int]:
         """(movable, resident) bytes of a session."""
@@ -622,8 +654,9 @@ class Residency:
         if g is None:
             return 0, 0
         with g.lock:
-            extents = [e for base in g.by_session.get(session, ()) for e in g.allocs[base]]
-            return sum(e.size for e in extents), sum(e.size for e in extents if e.resident)
+            bases = g.by_session.get(session, ())
+            extents = [e for base in bases for e in g.allocs[base]]
+            return sum(g.charged[base] for base in bases), sum(e.size for e in extents if e.resident)
 
     def gpu_numbers(self, gpu: int) -> tuple[int, int]:
         """(movable, resident) bytes on a GPU, without taking its lock (a policy's read)."""

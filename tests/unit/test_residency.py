@@ -124,7 +124,8 @@ class Env:
 
     def resident(self) -> int:
         """Resident bytes, counted from the extents; checks the running total agrees."""
-        n = sum(e.size for exts in self.g.allocs.values() for e in exts if e.resident)
+        n = sum(e.size for exts in [*self.g.allocs.values(), *self.g.leaving.values()]
+                for e in exts if e.resident)
         assert n == self.g.resident
         return n
 
@@ -448,6 +449,74 @@ def test_quiesce_stops_tracking_then_waits_for_pilots_stream() -> None:
     assert env.res.evict_session(1) == 0  # nothing of A is queued any more
     env.res.quiesce(env.s[1])  # type: ignore[arg-type]  # the session ends: all of it
     assert env.res.session_bytes(1) == (0, 0)
+
+
+def test_memory_being_freed_holds_its_room_until_the_free_is_done() -> None:
+    """Between quiesce (before the free) and untrack (after it) the GPU still holds the pages:
+    no move touches them, and no other launch counts on their room, or for a moment the GPU
+    would hold more than C (seen on the sim: 70 MiB resident with C = 64 MiB)."""
+    env = Env()
+    env.track(1, A, 60 * MiB)
+    env.track(2, B, 30 * MiB)
+    env.track(2, C, 30 * MiB)
+    env.run(1, A)
+    env.run(2, B)  # 90 resident
+    env.backend.take()
+    env.res.quiesce(env.s[1], A)  # type: ignore[arg-type]
+    assert env.resident() == 90 * MiB and env.g.movable == 120 * MiB
+    assert not env.res.is_movable(env.s[1], A)  # type: ignore[arg-type]
+    env.launch(2, C)  # 30 more: A is on its way out, so B (its own, idle) goes
+    assert env.evicted() == [(B, 30 * MiB)]
+    assert env.resident() == 90 * MiB and env.g.overflows == 0
+    env.res.untrack(env.s[2], A)  # type: ignore[arg-type]  # not session 2's: nothing
+    assert env.resident() == 90 * MiB
+    env.res.untrack(env.s[1], A)  # type: ignore[arg-type]  # freed
+    assert env.resident() == 30 * MiB and env.g.movable == 60 * MiB and not env.g.leaving
+    env.launch(2, B)  # its room is free now: nothing evicted
+    assert env.evicted() == [] and env.resident() == 60 * MiB
+
+
+def test_a_small_allocation_counts_its_whole_range_on_the_gpu() -> None:
+    """A managed allocation below 2 MiB gets a 2 MiB range of its own (ops/unified.py); a kernel
+    touching it may bring all of it in, so residency counts the range, movable the bytes."""
+    env = Env(capacity=10 * MiB)
+    env.res.track(env.s[1], A, 8, span=2 * MiB)  # type: ignore[arg-type]
+    env.track(2, B, 8 * MiB)
+    assert env.g.movable == 8 * MiB + 8 and env.res.session_bytes(1) == (8, 0)
+    env.run(1, A)
+    assert env.resident() == 2 * MiB and env.res.session_bytes(1) == (8, 2 * MiB)
+    env.launch(2, B)  # 8 + 2 fit in 10
+    assert env.evicted() == []
+    env.track(2, C, 2 * MiB)
+    env.launch(2, C)  # 2 more: the small one's range goes, whole
+    assert env.evicted() == [(A, 2 * MiB)]
+    env.res.untrack(env.s[1], A)  # type: ignore[arg-type]
+    assert env.g.movable == 10 * MiB and env.resident() == 10 * MiB
+
+
+def test_evictions_on_a_sessions_own_stream_are_fenced_for_everyone() -> None:
+    """The session's own active memory leaves on its stream (after its kernels); another
+    session's launch counting on that room waits for pilot's event, so pilot's stream waits for
+    those evictions first."""
+    env = Env()
+    env.track(1, A, 60 * MiB)
+    env.track(1, B, 40 * MiB)
+    env.track(2, C, 50 * MiB)
+    running = env.launch(1, A, stream="s1")  # active
+    env.launch(1, B, stream="s1")  # 100 resident, all of it session 1's and active
+    env.backend.take()
+    env.track(1, D, 30 * MiB)
+    env.launch(1, D, stream="s1")  # 30 more: its own active A goes, on s1
+    calls = env.backend.take()
+    own, handoff, fence = "pilot-stream1", "event2", "event3"  # made while planning
+    assert calls == [("stream_create", 1, 0), ("event_create", 2), ("event_create", 2),
+                     ("mem_prefetch", A, 60 * MiB, LOCATION_HOST, 0, 0, "s1"),
+                     ("event_record", handoff, "s1"), ("stream_wait_event", own, handoff),
+                     ("event_record", fence, own), ("stream_wait_event", "s1", fence)]
+    env.finish(1, running)
+    env.launch(2, C, stream="s2")  # 50 more: B goes too; s2 waits for both evictions
+    assert env.backend.take() == [("mem_prefetch", B, 40 * MiB, LOCATION_HOST, 0, 0, own),
+                                  ("event_record", fence, own), ("stream_wait_event", "s2", fence)]
 
 
 def test_describe_and_the_room_fixed_allocations_leave() -> None:

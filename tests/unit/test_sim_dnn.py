@@ -240,13 +240,22 @@ def test_nhwc_image_half_precision_on_a_stream(sim: SimBackend) -> None:
 
 def test_descriptor_rules(sim: SimBackend) -> None:
     t = tensor(sim, 1, (1, 2, 3, 3), finalize=False)
-    refused(dnn.STATUS_BAD_PARAM_NOT_FINALIZED, sim.dnn_desc_get, t, dnn.ATTR_TENSOR_DIMENSIONS,
+    # the statuses are cuDNN 9.24's (tests/unit/test_cudnn_real.py probes the real library)
+    refused(dnn.STATUS_NOT_INITIALIZED, sim.dnn_desc_get, t, dnn.ATTR_TENSOR_DIMENSIONS,
             I64, 4, None)
-    refused(dnn.STATUS_BAD_PARAM, put, sim, t, dnn.ATTR_TENSOR_DIMENSIONS, dnn.TYPE_INT32, "i", 1)
+    refused(dnn.STATUS_BAD_PARAM_ATTRIBUTE_TYPE, put, sim, t, dnn.ATTR_TENSOR_DIMENSIONS,
+            dnn.TYPE_INT32, "i", 1)
     sim.dnn_desc_finalize(t)
     count, raw = sim.dnn_desc_get(t, dnn.ATTR_TENSOR_DIMENSIONS, I64, 2, None)
-    assert (count, struct.unpack("<2q", raw)) == (4, (1, 2))
+    assert (count, struct.unpack("<2q", raw)) == (2, (1, 2))  # the count of those returned
+    assert sim.dnn_desc_get(t, dnn.ATTR_TENSOR_DIMENSIONS, I64, 0, None) == (4, b"")  # a query
+    assert sim.dnn_desc_get(t, dnn.ATTR_TENSOR_DIMENSIONS, I64, 8, None)[0] == 4
     assert sim.dnn_desc_get(t, dnn.ATTR_TENSOR_IS_VIRTUAL, dnn.TYPE_BOOLEAN, 1, None) == (1, b"\0")
+    refused(dnn.STATUS_BAD_PARAM, sim.dnn_desc_get, t, dnn.ATTR_TENSOR_UNIQUE_ID, I64, 2, None)
+    refused(dnn.STATUS_BAD_PARAM_ATTRIBUTE_TYPE, sim.dnn_desc_get, t, dnn.ATTR_TENSOR_UNIQUE_ID,
+            dnn.TYPE_INT32, 1, None)
+    refused(dnn.STATUS_NOT_SUPPORTED, sim.dnn_desc_get, t, dnn.ATTR_TENSOR_BYTE_ALIGNMENT, I64, 1,
+            None)
     refused(dnn.STATUS_BAD_PARAM, put, sim, t, dnn.ATTR_TENSOR_UNIQUE_ID, I64, "q", 9)  # finalized
     missing = sim.dnn_desc_create(dnn.TENSOR)
     put(sim, missing, dnn.ATTR_TENSOR_DATA_TYPE, dnn.TYPE_DATA_TYPE, "i", dnn.DATA_FLOAT)
@@ -303,7 +312,7 @@ def test_engines_of_graphs(sim: SimBackend) -> None:
     put(sim, heur, dnn.ATTR_ENGINEHEUR_MODE, 8, "i", 0)
     refused(dnn.STATUS_NOT_SUPPORTED_GRAPH_PATTERN, sim.dnn_desc_finalize, heur)
     json = dnn.ATTR_EXECUTION_PLAN_JSON_REPRESENTATION
-    refused(dnn.STATUS_BAD_PARAM_NOT_FINALIZED, sim.dnn_desc_get,
+    refused(dnn.STATUS_NOT_INITIALIZED, sim.dnn_desc_get,
             sim.dnn_desc_create(dnn.EXECUTION_PLAN), json, 24, 100, None)
     plan = plan_for(sim, handle, g)
     refused(dnn.STATUS_NOT_SUPPORTED, sim.dnn_desc_get, plan, json, 24, 100, None)
