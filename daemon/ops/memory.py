@@ -41,12 +41,12 @@ def malloc(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     the enforcer and the policies can move it; the program still sees device memory."""
     size = req.size
     backend = vg.backend
-    make = ((lambda: backend.mem_alloc_managed(size, MANAGED_ATTACH_GLOBAL))
-            if "device" in vg.broker.movable else
+    movable = "device" in vg.broker.movable
+    make = ((lambda: backend.mem_alloc_managed(size, MANAGED_ATTACH_GLOBAL)) if movable else
             # a zeroed block freed a moment ago, of this very size, else the driver's
             (lambda: vg.quarantine.take(size) or backend.mem_alloc(size)))
     ptr = vg.broker.allocate(s, "device", size, make)
-    s.add_allocation(ptr, size)
+    s.add_allocation(ptr, size, driver_zeroed=movable)
     return u64(ptr)
 
 @OPS.handler(lib.PILOT_OP_FREE, "pilot_req_free")
@@ -58,7 +58,8 @@ def free(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     if vg.broker.residency is not None:
         vg.broker.residency.quiesce(s, req.ptr)
     size = s.allocations[req.ptr]
-    if size and req.ptr not in s.managed:  # zeroed, then freed once that is done (quarantine.py)
+    if size and req.ptr not in s.managed and req.ptr not in s.driver_zeroed:
+        # zeroed, then freed once that is done (quarantine.py)
         vg.quarantine.free_later(req.ptr, size, s.legacy or vg.stream)
     else:
         s.free_memory(vg.backend, req.ptr, s.legacy or vg.stream)

@@ -26,8 +26,11 @@ def _within(bases: list[int], sizes: dict[int, int], ptr: int, count: int) -> bo
 class MemoryTables:
     """Methods of Session (its fields are declared there)."""
 
-    def add_allocation(self, ptr: int, size: int, managed: bool = False, pitched: bool = False) -> None:
+    def add_allocation(self, ptr: int, size: int, managed: bool = False, pitched: bool = False,
+                       driver_zeroed: bool = False) -> None:
         self.allocations[ptr] = size
+        if driver_zeroed:
+            self.driver_zeroed.add(ptr)
         bisect.insort(self._bases, ptr)
         if self.fast_ranges is not None and not managed:
             self.fast_ranges(ptr, size)
@@ -51,6 +54,7 @@ class MemoryTables:
         if self.fast_ranges is not None:
             self.fast_ranges(ptr, 0)
         self.pitched.discard(ptr)
+        self.driver_zeroed.discard(ptr)
         if ptr in self.managed:
             self.managed.discard(ptr)
             self.auto_prefetched.pop(ptr, None)

@@ -105,6 +105,10 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     # Owned by the vGPU thread.
     allocations: dict[int, int] = field(default_factory=dict)
     pitched: set[int] = field(default_factory=set)  # allocations of cudaMallocPitch
+    # device allocations served with managed memory (`[gpu] managed_device_memory`): the driver
+    # zeroes their pages when it populates them, so a free does not (a memset would bring every
+    # page onto the GPU, past what the capacity enforcer counts)
+    driver_zeroed: set[int] = field(default_factory=set)
     # Bytes the resource broker charged to this session, by kind (resources/broker.py).
     charged: dict[str, int] = field(default_factory=dict)
     _bases: list[int] = field(default_factory=list)

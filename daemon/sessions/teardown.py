@@ -20,10 +20,11 @@ class Teardown:
         CUDA context, whose allocator hands freed memory to the next allocation as it was, so a
         tenant could otherwise read what another freed (natively each process has its own
         context and gets scrubbed memory). Managed memory needs no zeroing: the driver zeroes
-        the pages it populates. The caller has synchronized the work that may still use ptr;
-        the zeroing goes on `stream` and is waited for (cuMemFree waits for it anyway)."""
+        the pages it populates (so neither does device memory served with it, driver_zeroed).
+        The caller has synchronized the work that may still use ptr; the zeroing goes on
+        `stream` and is waited for (cuMemFree waits for it anyway)."""
         size = self.allocations.get(ptr, 0)
-        if size and ptr not in self.managed:
+        if size and ptr not in self.managed and ptr not in self.driver_zeroed:
             backend.memset_d8(ptr, 0, size, stream)
             backend.stream_synchronize(stream)
         backend.mem_free(ptr)

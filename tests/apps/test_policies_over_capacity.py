@@ -154,3 +154,7 @@ def test_managed_device_memory_serves_cudamalloc_movably(
     assert "PASS" in proc.stdout or "ok" in proc.stdout.lower(), proc.stdout
     final = _residency(daemon)
     assert final["peak_resident"] > 0 and final["movable"] == 0, final
+    # freed without a memset (the driver zeroes managed pages it populates): nothing was brought
+    # onto the GPU past the model, and nothing stays there once the program is gone
+    assert final["measured"]["resident"] == 0, final
+    assert final["measured"]["peak_resident"] <= final["peak_resident"], final
