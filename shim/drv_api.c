@@ -87,14 +87,55 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void 
     return load(image, pilot_drv_device(), (struct pilot_image **)module);
 }
 
+/* What a JIT reports through its options, after a load that returned `r`: the daemon's driver
+ * compiles, so the logs are empty (the error log names the error) and the wall time is 0; the
+ * OUT sizes are the bytes written. Options that tune the compilation have no effect. */
+static void jit_report(unsigned int n, const CUjit_option *options, void **values, CUresult r)
+{
+    size_t info_size = 0, error_size = 0;
+    for (unsigned int i = 0; i < n; i++) {
+        if (options[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES)
+            info_size = (size_t)(uintptr_t)values[i];
+        else if (options[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
+            error_size = (size_t)(uintptr_t)values[i];
+    }
+    char message[128] = "";
+    if (r != CUDA_SUCCESS) {
+        const char *err = NULL;
+        cuGetErrorName(r, &err);
+        snprintf(message, sizeof message, "pilot: the daemon's driver did not load the module (%s)",
+                 err ? err : "unknown error");
+    }
+    size_t info_written = 0, error_written = 0;
+    for (unsigned int i = 0; i < n; i++) {
+        char *buf = values[i];
+        if (options[i] == CU_JIT_INFO_LOG_BUFFER && buf && info_size)
+            buf[0] = '\0';
+        else if (options[i] == CU_JIT_ERROR_LOG_BUFFER && buf && error_size) {
+            snprintf(buf, error_size, "%s", message);
+            error_written = message[0] ? strnlen(buf, error_size) + 1 : 0;
+        } else if (options[i] == CU_JIT_WALL_TIME) {
+            float ms = 0.0f;
+            memcpy(&values[i], &ms, sizeof ms);
+        }
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        if (options[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES)
+            values[i] = (void *)(uintptr_t)info_written;
+        else if (options[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
+            values[i] = (void *)(uintptr_t)error_written;
+    }
+}
+
 PILOT_DRV_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *image,
                                                      unsigned int numOptions, CUjit_option *options,
                                                      void **optionValues)
 {
-    /* JIT options tune or report on PTX compilation, which the daemon's driver does: they are
-     * accepted and have no effect (log buffers are left as given). */
-    (void)numOptions, (void)options, (void)optionValues;
-    return cuModuleLoadData(module, image);
+    if (numOptions && (!options || !optionValues))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuModuleLoadData(module, image);
+    jit_report(numOptions, options, optionValues, r);
+    return r;
 }
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin)
@@ -207,16 +248,21 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary *library, const vo
                                                     void **libraryOptionValues,
                                                     unsigned int numLibraryOptions)
 {
-    (void)jitOptions, (void)jitOptionsValues, (void)numJitOptions;
-    (void)libraryOptions, (void)libraryOptionValues;
-    if (!library)
+    (void)libraryOptionValues;
+    if (!library || (numJitOptions && (!jitOptions || !jitOptionsValues)) ||
+        (numLibraryOptions && !libraryOptions))
         return CUDA_ERROR_INVALID_VALUE;
-    if (numLibraryOptions) {
-        pilot_drv_log_unsupported("cuLibraryLoadData (library options)");
-        return CUDA_ERROR_NOT_SUPPORTED;
+    for (unsigned int i = 0; i < numLibraryOptions; i++) {
+        /* the image is copied to the daemon at once: whether the program keeps it is moot */
+        if (libraryOptions[i] != CU_LIBRARY_BINARY_IS_PRESERVED) {
+            pilot_drv_log_unsupported("cuLibraryLoadData (a host function and data table)");
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
     }
     PILOT_DRV_ENTER(0);
-    return load(code, pilot_drv_device(), (struct pilot_image **)library);
+    CUresult r = load(code, pilot_drv_device(), (struct pilot_image **)library);
+    jit_report(numJitOptions, jitOptions, jitOptionsValues, r);
+    return r;
 }
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary library)

@@ -107,6 +107,30 @@ int main(int argc, char **argv)
     std::memcpy(junk.data(), "\177ELF", 4);
     SHOW("cuModuleLoadData(broken ELF)", cuModuleLoadData(&junk_mod, junk.data()));
     SHOW("cuModuleLoad(missing file)", cuModuleLoad(&junk_mod, "/nonexistent/k.cubin"));
+    // JIT options: the OUT sizes come back within the sizes given (under pilot the logs are
+    // also NUL-terminated whatever was in them, and an unloadable image fills the error log).
+    for (int broken = 0; broken < 2; broken++) {
+        char info[256], error[256];
+        std::memset(info, 'x', sizeof info);
+        std::memset(error, 'x', sizeof error);
+        CUjit_option jit[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                              CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+        void *vals[] = {info, (void *)sizeof info, error, (void *)sizeof error};
+        CUmodule jit_mod;
+        CUresult r = cuModuleLoadDataEx(&jit_mod, broken ? (const void *)junk.data() : drv_fatbin,
+                                        4, jit, vals);
+        size_t info_out = (size_t)vals[1], error_out = (size_t)vals[3];
+        std::printf("cuModuleLoadDataEx(%s, log buffers): %s, sizes within %d\n",
+                    broken ? "broken ELF" : "fatbin", name(r),
+                    info_out <= sizeof info && error_out <= sizeof error);
+        // what the logs hold is the driver's business (stderr: not compared with the H100's)
+        std::fprintf(stderr, "jit logs (%s): info terminated %d, error terminated %d, error "
+                     "empty %d\n", broken ? "broken ELF" : "fatbin",
+                     std::memchr(info, 0, sizeof info) != nullptr,
+                     std::memchr(error, 0, sizeof error) != nullptr, error[0] == 0);
+        if (r == CUDA_SUCCESS)
+            MUST(cuModuleUnload(jit_mod));
+    }
     CUfunction scale, axpb, pair, bump, missing;
     MUST(cuModuleGetFunction(&scale, cubin_mod, "drv_scale"));
     MUST(cuModuleGetFunction(&axpb, fat_mod, "drv_axpb"));
@@ -255,6 +279,13 @@ int main(int argc, char **argv)
     MUST(cuMemcpyDtoH(hy.data(), dy, n * sizeof(int)));
     std::printf("library kernel: %d %d %d\n", hy[0], hy[255], hy[256]);
     MUST(cuLibraryUnload(lib));
+    CUlibraryOption keep_opt[] = {CU_LIBRARY_BINARY_IS_PRESERVED};
+    void *keep_val[] = {(void *)1};
+    CUlibrary kept;
+    CUresult kept_r = cuLibraryLoadData(&kept, drv_fatbin, nullptr, nullptr, 0, keep_opt, keep_val, 1);
+    std::printf("cuLibraryLoadData(binary preserved): %s\n", name(kept_r));
+    if (kept_r == CUDA_SUCCESS)
+        MUST(cuLibraryUnload(kept));
 
     // The runtime and the driver share streams, events and memory.
     int *rt = nullptr;

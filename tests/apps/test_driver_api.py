@@ -10,7 +10,9 @@ import pytest
 
 from pilot.shim import driver_path
 
-# What the H100 prints (the program prints exact results and error names only).
+# What the H100 prints (the program prints exact results and error names only). The two
+# cuModuleLoadDataEx lines and cuLibraryLoadData(binary preserved) are new since the last H100
+# run (2026-11-27): tests/gpu/driver_compare.sh checks them there next.
 EXPECTED = """\
 before cuInit: cuDeviceGetCount: CUDA_ERROR_NOT_INITIALIZED
 cuInit(1): CUDA_ERROR_INVALID_VALUE
@@ -29,6 +31,8 @@ created context current: 1
 after cuCtxDestroy, current is primary: 1
 cuModuleLoadData(broken ELF): CUDA_ERROR_INVALID_IMAGE
 cuModuleLoad(missing file): CUDA_ERROR_FILE_NOT_FOUND
+cuModuleLoadDataEx(fatbin, log buffers): CUDA_SUCCESS, sizes within 1
+cuModuleLoadDataEx(broken ELF, log buffers): CUDA_ERROR_INVALID_IMAGE, sizes within 1
 cuModuleGetFunction(missing): CUDA_ERROR_NOT_FOUND
 cuModuleGetFunction(null module): CUDA_ERROR_INVALID_HANDLE
 drv_scale max threads 1024
@@ -50,6 +54,7 @@ memset: 0xabcd 0xabcd / 0x5a 0x5a 0xab 0xab
 dtod: -500 499
 cuMemcpy: 0 -500 -499 0
 library kernel: 1001 491 0
+cuLibraryLoadData(binary preserved): CUDA_SUCCESS
 mixed: cudaSuccess -500 499
 cuMemFree(runtime pointer): CUDA_SUCCESS
 runtime last error untouched: cudaSuccess
@@ -77,6 +82,9 @@ def test_driver_api_program(run_under_pilot, app_binaries: dict[str, Path], driv
     assert proc.stdout == EXPECTED
     # every driver call it makes is carried: no "not supported" line for it
     assert "not supported" not in proc.stderr
+    # JIT log buffers: never left as the program's garbage; a failed load says why
+    assert "jit logs (fatbin): info terminated 1, error terminated 1, error empty 1" in proc.stderr
+    assert "jit logs (broken ELF): info terminated 1, error terminated 1, error empty 0" in proc.stderr
 
 
 def test_ptx_module_in_the_sim() -> None:
