@@ -52,6 +52,7 @@ log = logging.getLogger("pilot.residency")
 
 EXTENT_MAX = 64 << 20
 COLD_S = 1.0  # memory no kernel or copy used for this long goes first, whatever a policy's order
+LEAVING_WAIT_S = 0.5  # how long a launch waits for memory being freed when only its room is left
 ALIGN = 2 << 20  # the driver migrates managed memory in 2 MiB blocks at most
 LOCATION_DEVICE, LOCATION_HOST = 1, 2  # CUmemLocationType
 ADVISE_SET_PREFERRED, ADVISE_UNSET_PREFERRED = 3, 4  # CUmem_advise
@@ -106,10 +107,14 @@ class GpuResidency:
     # Held only to update the model and plan moves (Moves), never across a backend call that
     # migrates memory; a launch's extents are kept from others by Extent.pending instead.
     lock: threading.RLock = field(default_factory=threading.RLock)
+    freed: threading.Condition = field(init=False)  # on `lock`: memory `leaving` is gone
     # Taken under `lock` by a planner with moves and held while they are issued: moves are
     # issued in the order they were planned, so a launch's wait for `event` comes after the
     # record of the evictions it counted on (Residency._issue).
     issuing: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.freed = threading.Condition(self.lock)
 
     def allocation_at(self, ptr: int) -> int | None:
         i = bisect.bisect_right(self.bases, ptr) - 1
@@ -251,6 +256,7 @@ class Residency:
             g.movable -= g.charged.pop(ptr, 0)
             for e in extents:
                 g.set_resident(e, False)
+            g.freed.notify_all()
 
     def is_movable(self, s: Session, ptr: int) -> bool:
         g = self.sessions.get(s.id)
@@ -375,9 +381,37 @@ class Residency:
     def _room(self, g: GpuResidency) -> int:
         return max(0, self.budget.capacity(g.gpu) - self.fixed_used(g.gpu))
 
+    @staticmethod
+    def _evictable(g: GpuResidency, spare: set[int], session: int) -> list[Extent]:
+        """What _make_room may evict for `session`: resident extents but those in `spare` (ids)
+        and other sessions' pending ones."""
+        return [e for exts in g.allocs.values() for e in exts if e.resident and id(e) not in spare
+                and not (e.pending and e.session != session)]
+
+    def _await_leaving(self, g: GpuResidency, extents: list[Extent], moves: Moves) -> None:
+        """Under g.lock, before planning: when the extents' room can come only from memory being
+        freed (quiesced; untracked once the free is done, a moment later, on another thread),
+        wait for it (at most LEAVING_WAIT_S) rather than overflow. Not once moves are planned:
+        while the lock is released another planner could issue before them."""
+        if not g.leaving or moves:
+            return
+        deadline = time.monotonic() + LEAVING_WAIT_S
+        while g.leaving:
+            need = sum(e.size for e in extents if not e.resident and not e.advised)
+            over = g.resident + need - self._room(g)
+            if over <= 0 or over <= sum(e.size for e in self._evictable(
+                    g, set(map(id, extents)), extents[0].session)):
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            g.freed.wait(left)
+
     def _bring_in(self, g: GpuResidency, extents: list[Extent], stream: Any, moves: Moves) -> list[Extent]:
         """Count the extents resident, making room first; returns those that were not and now
         fit (none when they did not fit in the room)."""
+        if self.enforced:
+            self._await_leaving(g, extents, moves)
         g.clock += 1
         now = time.monotonic()
         incoming = []
@@ -432,8 +466,7 @@ class Residency:
         over = g.resident + need - self._room(g)
         if over <= 0:
             return True
-        resident = (e for exts in g.allocs.values() for e in exts if e.resident and id(e) not in spare
-                    and not (e.pending and e.session != session))
+        resident = self._evictable(g, spare, session)
         rank = g.evict_rank
         if rank:  # cold memory, then a policy's order: idle memory by rank, then the session's own,
             last = len(rank)  # then others' busy

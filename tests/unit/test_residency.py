@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pilot.daemon.resources import residency
 from pilot.daemon.resources.broker import GpuBudget
 from pilot.daemon.resources.residency import (
     ADVISE_SET_ACCESSED_BY,
@@ -474,6 +475,29 @@ def test_memory_being_freed_holds_its_room_until_the_free_is_done() -> None:
     assert env.resident() == 30 * MiB and env.g.movable == 60 * MiB and not env.g.leaving
     env.launch(2, B)  # its room is free now: nothing evicted
     assert env.evicted() == [] and env.resident() == 60 * MiB
+
+
+def test_a_launch_whose_room_is_being_freed_waits_for_the_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing else to evict: rather than overflow, the launch waits (briefly) for the memory
+    being freed to be untracked; if the free never comes, it overflows as before."""
+    env = Env()
+    env.track(1, A, 80 * MiB)
+    env.track(2, B, 40 * MiB)
+    env.run(1, A)
+    env.backend.take()
+    env.res.quiesce(env.s[1], A)  # type: ignore[arg-type]
+    freed = threading.Timer(0.1, env.res.untrack, args=(env.s[1], A))
+    freed.start()
+    env.launch(2, B)
+    freed.join()
+    assert env.g.overflows == 0 and env.evicted() == [] and env.resident() == 40 * MiB
+    monkeypatch.setattr(residency, "LEAVING_WAIT_S", 0.05)
+    env.track(1, C, 70 * MiB)
+    env.run(1, C)  # 110 > 100: B (idle) goes
+    assert env.evicted() == [(B, 40 * MiB)]
+    env.res.quiesce(env.s[1], C)  # type: ignore[arg-type]  # and never freed
+    env.launch(2, B)
+    assert env.g.overflows == 1 and env.resident() == 110 * MiB
 
 
 def test_a_small_allocation_counts_its_whole_range_on_the_gpu() -> None:
