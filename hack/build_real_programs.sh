@@ -54,7 +54,6 @@
 #             graph     CUDA graphs / stream capture
 #             callback  host callbacks (cudaStreamAddCallback, cudaLaunchHostFunc)
 #             mempool   stream-ordered allocator (cudaMallocAsync, memory pools)
-#             attr      stream attributes (access policy window) and L2 persistence
 #             launchex  cudaLaunchKernelExC (launch attributes), used by Thrust/CUB here
 #             ipc       CUDA IPC handles between processes (fork)
 #           excluded / not-built: not run (note says why)
@@ -177,7 +176,7 @@ simpleCudaGraphs|cs:3_CUDA_Features/simpleCudaGraphs|simpleCudaGraphs.cu|-|-|-|g
 graphMemoryNodes|cs:3_CUDA_Features/graphMemoryNodes|graphMemoryNodes.cu|-|-|-|generic|graph|graph memory nodes, cudaMallocAsync
 simpleCallback|cs:0_Introduction/simpleCallback|simpleCallback.cu multithreading.cpp|-|-|-|generic;sort|ok|cudaHostAlloc (and cudaStreamAddCallback from worker threads)
 streamOrderedAllocation|cs:2_Concepts_and_Techniques/streamOrderedAllocation|streamOrderedAllocation.cu|-|-|-|generic|mempool|cudaMallocAsync / cudaFreeAsync, memory pool attributes
-simpleAttributes|cs:0_Introduction/simpleAttributes|simpleAttributes.cu|-|-|-|generic|attr|access policy window (cudaStreamSetAttribute), cudaCtxResetPersistingL2Cache, cudaHostAlloc
+simpleAttributes|cs:0_Introduction/simpleAttributes|simpleAttributes.cu|-|-|-|generic|ok|access policy window (cudaStreamSetAttribute, kept as a hint), cudaCtxResetPersistingL2Cache (nothing of the program's persists), cudaHostAlloc
 segmentationTreeThrust|cs:2_Concepts_and_Techniques/segmentationTreeThrust|segmentationTree.cu|-|-|test.ppm ref_00.ppm ref_09.ppm|generic|ok|Thrust; this CUB path launches through cudaLaunchKernelExC with programmatic dependent launch
 simpleIPC|cs:0_Introduction/simpleIPC|simpleIPC.cu ../../../Common/helper_multiprocess.cpp|-|-|-|generic;drop=lshmName;sort|ipc|forks worker processes that open cudaIpc memory and event handles
 backprop|rod:cuda/backprop|backprop.c facetrain.c imagenet.c backprop_cuda.cu|-lm|65536|-|generic|ok|Rodinia; fixed seed; prints no results (exit status and progress lines)

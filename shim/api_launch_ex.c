@@ -3,13 +3,17 @@
  *
  * pilot carries the attributes programs commonly set: cooperative (grid-wide synchronization),
  * the cluster dimension and its scheduling preference, and the launch priority; Ignore entries
- * are skipped. Two hints are accepted and dropped, because launching without them is one of the
- * executions CUDA allows: programmatic stream serialization (programmatic dependent launch, as
- * Thrust and CUB use it: without it the kernel starts after the previous one finished, and its
- * cudaGridDependencySynchronize returns at once) and the preferred shared-memory carveout. Any
- * other attribute (access policy windows, programmatic events, completion events, memory sync
- * domains...) is refused with cudaErrorNotSupported and a
- * warning naming it, rather than silently launching without it. The daemon launches with
+ * are skipped. Hints are checked as CUDA checks them, then dropped, because launching without
+ * them is one of the executions CUDA allows: programmatic stream serialization (programmatic
+ * dependent launch, as Thrust and CUB use it: without it the kernel starts after the previous
+ * one finished, and its cudaGridDependencySynchronize returns at once), the preferred
+ * shared-memory carveout, an L2 access policy window (kept from the daemon's streams as the
+ * stream attribute is: a tenant's persisting lines would act on an L2 every tenant shares), the
+ * synchronization policy, the memory synchronization domain and its map (without them a fence
+ * orders against every domain: stronger, never weaker) and a preferred cluster dimension (the
+ * launch keeps its cluster dimension). An attribute with effects a program relies on
+ * (programmatic and launch completion events, device-updatable graph nodes) is refused with
+ * cudaErrorNotSupported and a warning naming it, rather than silently launching without it. The daemon launches with
  * cuLaunchKernelEx (daemon/execution.py); cooperative and cluster launches wait for its answer,
  * because only the device can say whether it can run them. */
 #include "log.h"
@@ -66,7 +70,21 @@ static cudaError_t parse_attributes(const cudaLaunchAttribute *attrs, unsigned n
             break;
         case cudaLaunchAttributeProgrammaticStreamSerialization:
         case cudaLaunchAttributePreferredSharedMemoryCarveout:
+        case cudaLaunchAttributeMemSyncDomainMap:
+        case cudaLaunchAttributePreferredClusterDimension:
             break; /* hints: see the top of this file */
+        case cudaLaunchAttributeAccessPolicyWindow:
+            if (pilot_check_access_window(&a->val.accessPolicyWindow))
+                return cudaErrorInvalidValue;
+            break;
+        case cudaLaunchAttributeSynchronizationPolicy:
+            if (a->val.syncPolicy < cudaSyncPolicyAuto || a->val.syncPolicy > cudaSyncPolicyBlockingSync)
+                return cudaErrorInvalidValue;
+            break;
+        case cudaLaunchAttributeMemSyncDomain:
+            if ((unsigned)a->val.memSyncDomain > cudaLaunchMemSyncDomainRemote)
+                return cudaErrorInvalidValue;
+            break;
         default: {
             const char *name = attribute_name((int)a->id);
             LOG_WARN("cudaLaunchKernelExC: launch attribute %s (%d) is not supported by pilot",

@@ -93,7 +93,7 @@ PILOT_EXPORT cudaError_t cudaStreamGetAttribute(cudaStream_t hStream, cudaStream
     PILOT_RETURN(err);
 }
 
-static cudaError_t check_window(const struct cudaAccessPolicyWindow *w)
+cudaError_t pilot_check_access_window(const struct cudaAccessPolicyWindow *w)
 {
     const pilot_rep_device_info *info = pilot_device_info();
     int max = info ? info->attrs[cudaDevAttrMaxAccessPolicyWindowSize] : 0;
@@ -118,7 +118,7 @@ PILOT_EXPORT cudaError_t cudaStreamSetAttribute(cudaStream_t hStream, cudaStream
         PILOT_RETURN(err);
     switch (attr) {
     case cudaLaunchAttributeAccessPolicyWindow:
-        err = check_window(&value->accessPolicyWindow);
+        err = pilot_check_access_window(&value->accessPolicyWindow);
         break;
     case cudaLaunchAttributeSynchronizationPolicy:
         if (value->syncPolicy < cudaSyncPolicyAuto || value->syncPolicy > cudaSyncPolicyBlockingSync)
@@ -218,4 +218,13 @@ PILOT_EXPORT cudaError_t cudaStreamCopyAttributes_ptsz(cudaStream_t dst, cudaStr
 PILOT_EXPORT cudaError_t cudaStreamGetId_ptsz(cudaStream_t hStream, unsigned long long *streamId)
 {
     return cudaStreamGetId(per_thread(hStream), streamId);
+}
+
+/* Persisting L2 lines come only from access policy windows, which pilot keeps as hints and never
+ * gives the daemon's streams (above): none of the program's are persisting, so there is nothing
+ * to demote, and another tenant's lines are not the program's to reset. */
+PILOT_EXPORT cudaError_t cudaCtxResetPersistingL2Cache(void)
+{
+    PILOT_REQUIRE_SESSION();
+    return cudaSuccess;
 }

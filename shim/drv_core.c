@@ -477,6 +477,13 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuCtxSynchronize(void)
     return PILOT_DRV_RT(pilot_drv_ops->cudaDeviceSynchronize());
 }
 
+/* As cudaCtxResetPersistingL2Cache (shim/api_stream_attr.c): no line of the program's persists. */
+PILOT_DRV_EXPORT CUresult CUDAAPI cuCtxResetPersistingL2Cache(void)
+{
+    PILOT_DRV_ENTER(1);
+    return CUDA_SUCCESS;
+}
+
 PILOT_DRV_EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx)
 {
     if (!ctx)

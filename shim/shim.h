@@ -288,6 +288,10 @@ cudaError_t pilot_launch_packed(struct pilot_kernel *kernel, dim3 grid, dim3 blo
                                 const void *packed, size_t packed_size, size_t shared,
                                 cudaStream_t stream, const struct pilot_launch_ex *ex);
 
+/* ---- api_stream_attr.c ---- */
+/* An L2 access policy window as CUDA checks it (pilot keeps windows as hints, never applies them). */
+cudaError_t pilot_check_access_window(const struct cudaAccessPolicyWindow *w);
+
 /* ---- device_props.c ---- */
 void pilot_fill_device_prop(struct cudaDeviceProp *prop, const pilot_rep_device_info *info);
 

@@ -71,23 +71,41 @@ static const char *yes(bool b)
     return b ? "yes" : "no";
 }
 
+// Launches stamp_blocks with `cfg` (4 blocks of 32 threads on its stream), waits, and says
+// whether every thread stamped `v`.
+static bool run_stamp(const char *what, const cudaLaunchConfig_t &cfg, int *p, int v)
+{
+    cudaError_t err = cudaLaunchKernelEx(&cfg, stamp_blocks, p, v);
+    CHECK(cudaStreamSynchronize(cfg.stream));
+    bool ok = stamped(p, 4, 32, v);
+    printf("%s: %s, ran: %s\n", what, cudaGetErrorName(err), yes(ok));
+    return err == cudaSuccess && ok;
+}
+
 static int unsupported(int *p)
 {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeAccessPolicyWindow; // L2 persistence: not carried by pilot
-    attr[0].val.accessPolicyWindow.base_ptr = p;
-    attr[0].val.accessPolicyWindow.num_bytes = 4096;
-    attr[0].val.accessPolicyWindow.hitRatio = 0.5f;
-    attr[0].val.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
-    attr[0].val.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+    cudaEvent_t done;
+    CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    attr[0].id = cudaLaunchAttributeLaunchCompletionEvent; // an event the program waits on: refused
+    attr[0].val.launchCompletionEvent.event = done;
+    attr[0].val.launchCompletionEvent.flags = 0;
     cfg.gridDim = dim3(2);
     cfg.blockDim = dim3(32);
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     cudaError_t err = cudaLaunchKernelEx(&cfg, stamp_blocks, p, 7);
-    printf("access policy window: %s (last %s)\n", cudaGetErrorName(err),
+    printf("launch completion event: %s (last %s)\n", cudaGetErrorName(err),
            cudaGetErrorName(cudaGetLastError()));
+    attr[0].id = cudaLaunchAttributeAccessPolicyWindow; // a hint, but checked: hit ratio in [0, 1]
+    attr[0].val.accessPolicyWindow.base_ptr = p;
+    attr[0].val.accessPolicyWindow.num_bytes = 4096;
+    attr[0].val.accessPolicyWindow.hitRatio = 2.0f;
+    attr[0].val.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+    attr[0].val.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+    err = cudaLaunchKernelEx(&cfg, stamp_blocks, p, 7);
+    printf("hit ratio 2: %s (last %s)\n", cudaGetErrorName(err), cudaGetErrorName(cudaGetLastError()));
     cfg.numAttrs = 0;
     CHECK(cudaLaunchKernelEx(&cfg, stamp_blocks, p, 7));
     printf("next launch: %s\n", yes(stamped(p, 2, 32, 7)));
@@ -184,11 +202,7 @@ int main(int argc, char **argv)
     pcfg.stream = s;
     pcfg.attrs = pattr;
     pcfg.numAttrs = 1;
-    err = cudaLaunchKernelEx(&pcfg, stamp_blocks, p, 40);
-    CHECK(cudaStreamSynchronize(s));
-    ok = stamped(p, 4, 32, 40);
-    printf("launch with priority: %s, ran: %s\n", cudaGetErrorName(err), yes(ok));
-    failed |= err != cudaSuccess || !ok;
+    failed |= !run_stamp("launch with priority", pcfg, p, 40);
 
     // Programmatic dependent launch (as Thrust and CUB ask for it): two kernels in a row.
     cudaLaunchAttribute dattr[1];
@@ -196,11 +210,23 @@ int main(int argc, char **argv)
     dattr[0].val.programmaticStreamSerializationAllowed = 1;
     pcfg.attrs = dattr;
     CHECK(cudaLaunchKernelEx(&pcfg, stamp_blocks, p, 50));
-    err = cudaLaunchKernelEx(&pcfg, stamp_blocks, p, 60);
-    CHECK(cudaStreamSynchronize(s));
-    ok = stamped(p, 4, 32, 60);
-    printf("programmatic dependent launch: %s, ran: %s\n", cudaGetErrorName(err), yes(ok));
-    failed |= err != cudaSuccess || !ok;
+    failed |= !run_stamp("programmatic dependent launch", pcfg, p, 60);
+
+    // Performance hints (an L2 access policy window, the memory synchronization domain): the
+    // kernel runs with them.
+    cudaLaunchAttribute hattr[2];
+    hattr[0].id = cudaLaunchAttributeAccessPolicyWindow;
+    hattr[0].val.accessPolicyWindow.base_ptr = p;
+    hattr[0].val.accessPolicyWindow.num_bytes = 4096;
+    hattr[0].val.accessPolicyWindow.hitRatio = 0.5f;
+    hattr[0].val.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+    hattr[0].val.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+    hattr[1].id = cudaLaunchAttributeMemSyncDomain;
+    hattr[1].val.memSyncDomain = cudaLaunchMemSyncDomainRemote;
+    pcfg.attrs = hattr;
+    pcfg.numAttrs = 2;
+    failed |= !run_stamp("access policy window and sync domain", pcfg, p, 70);
+    CHECK(cudaCtxResetPersistingL2Cache());
 
     CHECK(cudaStreamDestroy(s));
     CHECK(cudaFree(a));

@@ -232,6 +232,7 @@ def expected_launch_ex() -> list[str]:
         "clusters of 16 without opting in refused: yes",
         "launch with priority: cudaSuccess, ran: yes",
         "programmatic dependent launch: cudaSuccess, ran: yes",
+        "access policy window and sync domain: cudaSuccess, ran: yes",
         "PASS",
     ]
 
@@ -244,9 +245,11 @@ def test_launch_with_attributes(run_under_pilot: RunUnderPilot, daemon_log: Daem
 def test_unsupported_launch_attribute_is_refused(run_under_pilot: RunUnderPilot,
                                                  daemon_log: DaemonLog) -> None:
     proc = run_under_pilot("launch_ex", "unsupported")
-    check_output(proc, ["access policy window: cudaErrorNotSupported "
-                        "(last cudaErrorNotSupported)", "next launch: yes", "PASS"], daemon_log)
-    assert "cudaLaunchAttributeAccessPolicyWindow (1) is not supported" in proc.stderr
+    check_output(proc, ["launch completion event: cudaErrorNotSupported "
+                        "(last cudaErrorNotSupported)",
+                        "hit ratio 2: cudaErrorInvalidValue (last cudaErrorInvalidValue)",
+                        "next launch: yes", "PASS"], daemon_log)
+    assert "cudaLaunchAttributeLaunchCompletionEvent (12) is not supported" in proc.stderr
 
 
 # ---- multidev.cu ----

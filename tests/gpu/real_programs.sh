@@ -301,7 +301,6 @@ expect_text() {
         graph) echo "CUDA graphs not supported" ;;
         callback) echo "host callbacks not supported" ;;
         mempool) echo "stream-ordered allocator not supported" ;;
-        attr) echo "stream attributes / L2 persistence not supported" ;;
         launchex) echo "cudaLaunchKernelExC not supported" ;;
         ipc) echo "CUDA IPC not supported" ;;
         *) echo "$1" ;;
