@@ -219,7 +219,10 @@ class Residency:
     def track(self, s: Session, ptr: int, size: int, span: int = 0) -> None:
         """A movable allocation of `size` bytes (charged) at `ptr`; `span` (when larger): the
         bytes of address range the backend gave it, all of which the GPU may hold once a kernel
-        touches it (a small managed allocation has a 2 MiB range of its own: ops/unified.py)."""
+        touches it (a small managed allocation has a 2 MiB range of its own: ops/unified.py).
+        Nothing (NULL, 0 bytes) is not tracked."""
+        if not ptr or max(size, span) <= 0:
+            return
         g = self.gpus[s.device]
         with g.lock:
             g.allocs[ptr] = [Extent(p, n, ptr, s.id, s.tenant) for p, n in cut(ptr, max(size, span))]

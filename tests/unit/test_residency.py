@@ -174,6 +174,10 @@ def test_track_and_untrack() -> None:
     env.res.untrack(env.s[1], B)  # type: ignore[arg-type]
     assert 1 not in env.res.sessions and 1 not in env.res.tenants and 1 not in env.g.by_session
     assert env.res.session_bytes(1) == (0, 0) and env.g.bases == [C]
+    env.track(1, 0, 0)  # cudaMalloc(0) served with managed memory: NULL, nothing to track
+    env.track(1, D, 0)
+    assert env.g.bases == [C] and 1 not in env.res.sessions
+    env.res.quiesce(env.s[1])  # type: ignore[arg-type]
     assert env.backend.calls == []
 
 
