@@ -441,6 +441,33 @@ PILOT_EXPORT cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     PILOT_RETURN(err);
 }
 
+/* Asked of the daemon's driver (cuOccupancyAvailableDynamicSMemPerBlock) through the occupancy
+ * call, flagged PILOT_OCCUPANCY_AVAILABLE_SMEM. */
+PILOT_EXPORT cudaError_t cudaOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemSize,
+                                                                   const void *func, int numBlocks,
+                                                                   int blockSize)
+{
+    if (!dynamicSmemSize)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    PILOT_REQUIRE_SESSION();
+    struct pilot_kernel *k;
+    cudaError_t err = find_kernel(func, &k);
+    if (err != cudaSuccess)
+        PILOT_RETURN(err);
+    if (numBlocks <= 0 || blockSize <= 0)
+        PILOT_RETURN(cudaErrorInvalidValue);
+    uint64_t function;
+    if ((err = kernel_function(k, &function)) != cudaSuccess)
+        PILOT_RETURN(err);
+    pilot_req_occupancy req = {.function = function, .dynamic_smem = (uint64_t)numBlocks,
+                               .block_size = blockSize, .flags = PILOT_OCCUPANCY_AVAILABLE_SMEM};
+    pilot_rep_u64 rep;
+    err = pilot_call(PILOT_OP_OCCUPANCY, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
+    if (err == cudaSuccess)
+        *dynamicSmemSize = (size_t)rep.value;
+    PILOT_RETURN(err);
+}
+
 PILOT_EXPORT cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks,
                                                                        const void *func,
                                                                        int blockSize,

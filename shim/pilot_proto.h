@@ -451,10 +451,14 @@ typedef struct pilot_req_func_attr {
 
 typedef struct pilot_req_occupancy {
     uint64_t function;
-    uint64_t dynamic_smem;
+    uint64_t dynamic_smem;            /* with PILOT_OCCUPANCY_AVAILABLE_SMEM: the blocks per SM */
     int32_t block_size;
     uint32_t flags;                   /* cudaOccupancyDefault / DisableCachingOverride */
 } pilot_req_occupancy;
+/* In pilot_req_occupancy.flags: the reply is the dynamic shared memory per block that lets
+ * `dynamic_smem` blocks of `block_size` threads reside on an SM
+ * (cudaOccupancyAvailableDynamicSMemPerBlock), not a block count. */
+#define PILOT_OCCUPANCY_AVAILABLE_SMEM 0x80000000
 
 typedef struct pilot_req_malloc_pitch {
     uint64_t width;                   /* bytes */

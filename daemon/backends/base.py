@@ -385,6 +385,9 @@ class Backend(Protocol):
         """cuFuncGetAttribute for every CUfunction_attribute 0..15, 0 where none is reported."""
     def function_set_attribute(self, function: Any, attr: int, value: int) -> None:
         """cuFuncSetAttribute; cudaErrorInvalidValue for a value or attribute CUDA refuses."""
+    def available_dynamic_smem(self, function: Any, num_blocks: int, block_size: int) -> int:
+        """cuOccupancyAvailableDynamicSMemPerBlock: the most dynamic shared memory per block
+        that lets `num_blocks` blocks of `block_size` threads reside on one SM."""
     def occupancy(self, function: Any, block_size: int, dynamic_smem: int, flags: int) -> int:
         """cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags."""
     def mem_alloc_pitch(self, width: int, height: int) -> tuple[int, int]:

@@ -828,6 +828,10 @@ class CudaBackend:
                                                          "function attribute"), value),
               "cuFuncSetAttribute")
 
+    def available_dynamic_smem(self, function: Any, num_blocks: int, block_size: int) -> int:
+        return int(check(self._cu.cuOccupancyAvailableDynamicSMemPerBlock(
+            function, num_blocks, block_size), "cuOccupancyAvailableDynamicSMemPerBlock"))
+
     def occupancy(self, function: Any, block_size: int, dynamic_smem: int, flags: int) -> int:
         return int(check(self._cu.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
             function, block_size, dynamic_smem, flags),

@@ -1413,6 +1413,20 @@ class SimBackend:
                 raise BackendError(CUDA_ERROR_INVALID_VALUE, f"function attribute {attr} = {value}")
             fn.attrs[attr] = value
 
+    def available_dynamic_smem(self, function: Any, num_blocks: int, block_size: int) -> int:
+        """The occupancy model below solved for shared memory: the most dynamic shared memory
+        per block with which `num_blocks` blocks fit on an SM (0 when threads, block slots or
+        registers already keep them off it), at most the opt-in limit per block."""
+        if num_blocks <= 0 or block_size <= 0:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{num_blocks} blocks of {block_size} threads")
+        if self.occupancy(function, block_size, 0, 0) < num_blocks:
+            return 0
+        with self._lock:
+            static = self._function(function).attrs[FA_SHARED]
+            attrs = self._infos[self._current_device()].attrs
+        per_block = attrs.get(81, 233472) // num_blocks - static - attrs.get(111, 1024)
+        return max(0, min(per_block, attrs.get(97, 232448) - static))
+
     def occupancy(self, function: Any, block_size: int, dynamic_smem: int, flags: int) -> int:
         """A simple model of one SM: blocks are limited by the SM's threads, block slots,
         registers (allocated per warp in units of 256) and shared memory (static + dynamic +

@@ -156,4 +156,8 @@ def func_set_attribute(vg: VGpu, s: Session, req: Any, payload: memoryview) -> A
 @OPS.handler(lib.PILOT_OP_OCCUPANCY, "pilot_req_occupancy")
 def occupancy(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     info = _function(s, req.function)
+    if req.flags & lib.PILOT_OCCUPANCY_AVAILABLE_SMEM:
+        if req.flags != lib.PILOT_OCCUPANCY_AVAILABLE_SMEM or req.dynamic_smem > 1 << 31:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"occupancy flags {req.flags:#x}")
+        return u64(vg.backend.available_dynamic_smem(info.handle, req.dynamic_smem, req.block_size))
     return u64(vg.backend.occupancy(info.handle, req.block_size, req.dynamic_smem, req.flags))

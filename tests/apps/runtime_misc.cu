@@ -305,6 +305,15 @@ static void functions(void)
            name(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, NULL, 128, 0)));
     printf("occupancy into NULL: %s\n",
            name(cudaOccupancyMaxActiveBlocksPerMultiprocessor(NULL, fp, 128, 0)));
+    // The dynamic shared memory that lets 8 (16) blocks of 128 threads share an SM: 8 blocks fit
+    // with it, 16 get less (the exact bytes are the driver's: not printed).
+    size_t smem8 = 0, smem16 = 0;
+    CHECK(cudaOccupancyAvailableDynamicSMemPerBlock(&smem8, (const void *)dyn_reverse, 8, 128));
+    CHECK(cudaOccupancyAvailableDynamicSMemPerBlock(&smem16, (const void *)dyn_reverse, 16, 128));
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)dyn_reverse, 128,
+                                                        smem8));
+    printf("available dynamic smem: 8 blocks fit with it: %s, 16 get less but some: %s\n",
+           blocks >= 8 ? "yes" : "no", smem16 < smem8 && smem16 > 0 ? "yes" : "no");
 }
 
 static unsigned char pattern(size_t r, size_t c, int salt)

@@ -759,7 +759,8 @@ def expected_runtime_misc() -> list[str]:
               f"occupancy block 0: {INVALID_VALUE}",
               f"occupancy flags 2: {INVALID_VALUE}",
               f"occupancy of NULL: {INVALID_FUNCTION}",
-              f"occupancy into NULL: {INVALID_VALUE}"]
+              f"occupancy into NULL: {INVALID_VALUE}",
+              "available dynamic smem: 8 blocks fit with it: yes, 16 get less but some: yes"]
     lines += [f"pitch of width {w}: {_round_up(w, 512)}" for w in (1, 100, 512, 513, 4097, 100000)]
     lines += ["width 0: pointer NULL pitch 0", f"pitch into NULL: {INVALID_VALUE}"]
     for width, height, spitch, dpitch, mode in ((100, 37, 128, 120, "sync"),
