@@ -417,27 +417,40 @@ PILOT_EXPORT cudaError_t cudaFuncSetSharedMemConfig(const void *func, enum cudaS
     PILOT_RETURN(err); /* accepted: Hopper has no configurable bank size */
 }
 
+/* The daemon's occupancy call for `func` (what `value` and `flags` mean: pilot_req_occupancy);
+ * `valid`: the caller's own checks of its arguments, reported after the function's. */
+static cudaError_t occupancy_call(const void *func, int valid, int block_size, uint64_t value,
+                                  uint32_t flags, uint64_t *out)
+{
+    struct pilot_kernel *k;
+    cudaError_t err = find_kernel(func, &k);
+    if (err != cudaSuccess)
+        return err;
+    if (!valid)
+        return cudaErrorInvalidValue;
+    uint64_t function;
+    if ((err = kernel_function(k, &function)) != cudaSuccess)
+        return err;
+    pilot_req_occupancy req = {.function = function, .dynamic_smem = value,
+                               .block_size = block_size, .flags = flags};
+    pilot_rep_u64 rep;
+    err = pilot_call(PILOT_OP_OCCUPANCY, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
+    if (err == cudaSuccess)
+        *out = rep.value;
+    return err;
+}
+
 PILOT_EXPORT cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     int *numBlocks, const void *func, int blockSize, size_t dynamicSMemSize, unsigned int flags)
 {
     if (!numBlocks)
         PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_REQUIRE_SESSION();
-    struct pilot_kernel *k;
-    cudaError_t err = find_kernel(func, &k);
-    if (err != cudaSuccess)
-        PILOT_RETURN(err);
-    if (blockSize <= 0 || (flags & ~(unsigned)cudaOccupancyDisableCachingOverride))
-        PILOT_RETURN(cudaErrorInvalidValue);
-    uint64_t function;
-    if ((err = kernel_function(k, &function)) != cudaSuccess)
-        PILOT_RETURN(err);
-    pilot_req_occupancy req = {.function = function, .dynamic_smem = dynamicSMemSize,
-                               .block_size = blockSize, .flags = flags};
-    pilot_rep_u64 rep;
-    err = pilot_call(PILOT_OP_OCCUPANCY, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
+    uint64_t blocks = 0;
+    int valid = blockSize > 0 && !(flags & ~(unsigned)cudaOccupancyDisableCachingOverride);
+    cudaError_t err = occupancy_call(func, valid, blockSize, dynamicSMemSize, flags, &blocks);
     if (err == cudaSuccess)
-        *numBlocks = (int)rep.value;
+        *numBlocks = (int)blocks;
     PILOT_RETURN(err);
 }
 
@@ -450,21 +463,12 @@ PILOT_EXPORT cudaError_t cudaOccupancyAvailableDynamicSMemPerBlock(size_t *dynam
     if (!dynamicSmemSize)
         PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_REQUIRE_SESSION();
-    struct pilot_kernel *k;
-    cudaError_t err = find_kernel(func, &k);
-    if (err != cudaSuccess)
-        PILOT_RETURN(err);
-    if (numBlocks <= 0 || blockSize <= 0)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    uint64_t function;
-    if ((err = kernel_function(k, &function)) != cudaSuccess)
-        PILOT_RETURN(err);
-    pilot_req_occupancy req = {.function = function, .dynamic_smem = (uint64_t)numBlocks,
-                               .block_size = blockSize, .flags = PILOT_OCCUPANCY_AVAILABLE_SMEM};
-    pilot_rep_u64 rep;
-    err = pilot_call(PILOT_OP_OCCUPANCY, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
+    uint64_t bytes = 0;
+    cudaError_t err = occupancy_call(func, numBlocks > 0 && blockSize > 0, blockSize,
+                                     (uint64_t)(numBlocks > 0 ? numBlocks : 0),
+                                     PILOT_OCCUPANCY_AVAILABLE_SMEM, &bytes);
     if (err == cudaSuccess)
-        *dynamicSmemSize = (size_t)rep.value;
+        *dynamicSmemSize = (size_t)bytes;
     PILOT_RETURN(err);
 }
 
