@@ -104,4 +104,5 @@ PILOT_EXPORT const struct pilot_driver_ops pilot_driver_ops = {
     .call_on = call_on,
     .log = log_line,
     .occupancy = cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
+    .available_smem = cudaOccupancyAvailableDynamicSMemPerBlock,
 };

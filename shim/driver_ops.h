@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PILOT_DRIVER_OPS_VERSION 3
+#define PILOT_DRIVER_OPS_VERSION 4
 #define PILOT_DRIVER_OPS_SYMBOL "pilot_driver_ops"
 #define PILOT_DRIVER_OPS_NODE "PILOT_PRIVATE_1"
 
@@ -90,6 +90,8 @@ struct pilot_driver_ops {
     void (*log)(int level, const char *msg);
     /* Version 3: occupancy of a kernel (api_misc.c), for cuOccupancy*. */
     __typeof__(&cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags) occupancy;
+    /* Version 4: the dynamic shared memory that lets n blocks share an SM (api_misc.c). */
+    __typeof__(&cudaOccupancyAvailableDynamicSMemPerBlock) available_smem;
 };
 
 #endif

@@ -327,6 +327,18 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessorWit
     return PILOT_DRV_RT(OPS->occupancy(numBlocks, func, blockSize, dynamicSMemSize, flags));
 }
 
+PILOT_DRV_EXPORT CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t *dynamicSmemSize,
+                                                                         CUfunction func,
+                                                                         int numBlocks, int blockSize)
+{
+    if (!dynamicSmemSize)
+        return CUDA_ERROR_INVALID_VALUE;
+    PILOT_DRV_ENTER(1);
+    if (!kernel(func))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return PILOT_DRV_RT(OPS->available_smem(dynamicSmemSize, func, numBlocks, blockSize));
+}
+
 PILOT_DRV_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessor(
     int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize)
 {

@@ -147,6 +147,10 @@ int main(int argc, char **argv)
     std::printf("occupancy: 256-thread blocks per SM > 0: %d, best block a warp multiple: %d, "
                 "grid a multiple of the SMs: %d\n", resident > 0, best > 0 && best % 32 == 0,
                 min_grid > 0 && min_grid % sms == 0);
+    size_t smem8 = 0;
+    MUST(cuOccupancyAvailableDynamicSMemPerBlock(&smem8, scale, 8, 128));
+    MUST(cuOccupancyMaxActiveBlocksPerMultiprocessor(&resident, scale, 128, smem8));
+    std::printf("available dynamic smem: 8 blocks of 128 fit with it: %d\n", resident >= 8);
 
     // Memory and a launch with kernelParams.
     const int n = 1000;

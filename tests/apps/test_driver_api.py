@@ -12,7 +12,8 @@ from pilot.shim import driver_path
 
 # What the H100 prints (the program prints exact results and error names only). The two
 # cuModuleLoadDataEx lines and cuLibraryLoadData(binary preserved) are new since the last H100
-# run (2026-11-27): tests/gpu/driver_compare.sh checks them there next.
+# run (2026-11-27), as is the available dynamic smem line: tests/gpu/driver_compare.sh checks
+# them there next.
 EXPECTED = """\
 before cuInit: cuDeviceGetCount: CUDA_ERROR_NOT_INITIALIZED
 cuInit(1): CUDA_ERROR_INVALID_VALUE
@@ -37,6 +38,7 @@ cuModuleGetFunction(missing): CUDA_ERROR_NOT_FOUND
 cuModuleGetFunction(null module): CUDA_ERROR_INVALID_HANDLE
 drv_scale max threads 1024
 occupancy: 256-thread blocks per SM > 0: 1, best block a warp multiple: 1, grid a multiple of the SMs: 1
+available dynamic smem: 8 blocks of 128 fit with it: 1
 cuMemAlloc(0 bytes): CUDA_ERROR_INVALID_VALUE
 cuLaunchKernel(2048 threads): CUDA_ERROR_INVALID_VALUE
 cuLaunchKernel(null function): CUDA_ERROR_INVALID_HANDLE
