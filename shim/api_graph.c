@@ -10,10 +10,12 @@
  * Handles are pointers to the shim's objects, but every call looks a handle up in a registry of
  * live objects before it touches it: a destroyed or made-up handle is cudaErrorInvalidValue, never
  * a crash. Kernel arguments are copied when a node is created or set (kernelParams point into the
- * caller's stack), with the parameter sizes the daemon reported for the kernel. Not carried
+ * caller's stack), with the parameter sizes the daemon reported for the kernel. A kernel node's
+ * attributes are kept with it (struct gkattrs): its priority is applied when it is issued, the
+ * hints only answered back. Not carried
  * (cudaErrorNotSupported, logged once): memcpy nodes with CUDA arrays, kernel nodes given their
  * arguments through `extra`, graph memory (alloc/free) nodes, conditional nodes, external
- * semaphores, device launch. */
+ * semaphores, device launch, cooperative and cluster kernel node attributes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,6 +186,7 @@ static void node_free(struct gnode *n)
     live_del(n);
     n->magic = 0;
     node_free_params(n);
+    free(n->kattrs); /* kept across new parameters, as CUDA keeps a node's attributes */
     free(n->deps);
     free(n->outs);
     free(n);
@@ -474,12 +477,29 @@ static cudaError_t issue_library(const struct glib *lib, cudaStream_t stream)
     return err;
 }
 
+/* dst's attributes become a copy of src's (none: none). */
+static cudaError_t copy_kattrs(struct gnode *dst, const struct gnode *src)
+{
+    if (!src->kattrs) {
+        free(dst->kattrs);
+        dst->kattrs = NULL;
+        return cudaSuccess;
+    }
+    if (!dst->kattrs && !(dst->kattrs = malloc(sizeof *dst->kattrs)))
+        return cudaErrorMemoryAllocation;
+    *dst->kattrs = *src->kattrs;
+    return cudaSuccess;
+}
+
 static cudaError_t node_copy_params(struct gnode *dst, const struct gnode *src)
 {
     switch (src->type) {
     case cudaGraphNodeTypeKernel: {
         if (src->lib)
             return pilot_node_set_library(dst, src->lib);
+        cudaError_t err = copy_kattrs(dst, src);
+        if (err)
+            return err;
         pilot_param_info params[src->u.k.nparams ? src->u.k.nparams : 1];
         for (uint32_t i = 0; i < src->u.k.nparams; i++)
             params[i] = (pilot_param_info){.offset = src->u.k.offsets[i], .size = src->u.k.sizes[i]};
@@ -574,6 +594,12 @@ cudaError_t pilot_node_issue(const struct gnode *n, cudaStream_t stream)
     case cudaGraphNodeTypeKernel:
         if (n->lib)
             return issue_library(n->lib, stream);
+        if (n->kattrs && (n->kattrs->set & (1u << cudaLaunchAttributePriority))) {
+            struct pilot_launch_ex ex = {.priority = n->kattrs->value[cudaLaunchAttributePriority].priority,
+                                         .has_priority = 1};
+            return pilot_launch(n->u.k.kernel, n->u.k.grid, n->u.k.block, n->u.k.args,
+                                n->u.k.shared, stream, &ex);
+        }
         return pilot_launch(n->u.k.kernel, n->u.k.grid, n->u.k.block, n->u.k.args, n->u.k.shared,
                             stream, NULL);
     case cudaGraphNodeTypeMemcpy:
@@ -1270,6 +1296,117 @@ static cudaError_t kernel_get(cudaGraphNode_t node, struct cudaKernelNodeParams 
                                        .blockDim = n->u.k.block, .sharedMemBytes = n->u.k.shared,
                                        .kernelParams = n->u.k.args, .extra = NULL};
     return cudaSuccess;
+}
+
+/* ---- kernel node attributes (struct gkattrs) ---- */
+
+/* What a kernel node answers for an attribute never set. */
+static cudaLaunchAttributeValue kattr_default(cudaLaunchAttributeID id)
+{
+    cudaLaunchAttributeValue v;
+    memset(&v, 0, sizeof v);
+    if (id == cudaLaunchAttributeMemSyncDomainMap)
+        v.memSyncDomainMap = (cudaLaunchMemSyncDomainMap){.default_ = 0, .remote = 1};
+    else if (id == cudaLaunchAttributePreferredSharedMemoryCarveout)
+        v.sharedMemCarveout = (unsigned)-1; /* cudaSharedmemCarveoutDefault */
+    return v;
+}
+
+/* Checks a value as a launch would (api_launch_ex.c); cudaErrorNotSupported for an attribute
+ * whose effect pilot does not carry into a graph (cooperative, clusters, device updates). */
+static cudaError_t kattr_check(cudaLaunchAttributeID id, const cudaLaunchAttributeValue *v)
+{
+    switch ((int)id) {
+    case cudaLaunchAttributePriority:
+    case cudaLaunchAttributeMemSyncDomainMap:
+    case cudaLaunchAttributePreferredSharedMemoryCarveout:
+        return cudaSuccess;
+    case cudaLaunchAttributeAccessPolicyWindow:
+        return pilot_check_access_window(&v->accessPolicyWindow);
+    case cudaLaunchAttributeMemSyncDomain:
+        return (unsigned)v->memSyncDomain > cudaLaunchMemSyncDomainRemote ? cudaErrorInvalidValue
+                                                                          : cudaSuccess;
+    case cudaLaunchAttributeCooperative:
+    case cudaLaunchAttributeClusterDimension:
+    case cudaLaunchAttributeClusterSchedulingPolicyPreference:
+    case cudaLaunchAttributeDeviceUpdatableKernelNode:
+    case cudaLaunchAttributePreferredClusterDimension:
+        LOG_WARN("cudaGraphKernelNodeSetAttribute: attribute %d is not supported by pilot", (int)id);
+        return cudaErrorNotSupported;
+    default:
+        return cudaErrorInvalidValue;
+    }
+}
+
+/* A live kernel node of the program's own kernels (a captured library call has none pilot sees). */
+static cudaError_t kernel_node(cudaGraphNode_t node, struct gnode **out)
+{
+    struct gnode *n = typed(node, cudaGraphNodeTypeKernel);
+    if (!n)
+        return cudaErrorInvalidValue;
+    if (n->lib)
+        return cudaErrorNotSupported;
+    *out = n;
+    return cudaSuccess;
+}
+
+static cudaError_t kattr_set(cudaGraphNode_t node, cudaLaunchAttributeID id,
+                             const cudaLaunchAttributeValue *v)
+{
+    struct gnode *n;
+    cudaError_t err = kernel_node(node, &n);
+    if (err)
+        return err;
+    if (!v || (unsigned)id >= PILOT_KERNEL_NODE_ATTRS)
+        return cudaErrorInvalidValue;
+    if ((err = kattr_check(id, v)))
+        return err;
+    if (!n->kattrs && !(n->kattrs = calloc(1, sizeof *n->kattrs)))
+        return cudaErrorMemoryAllocation;
+    n->kattrs->value[id] = *v;
+    n->kattrs->set |= 1u << id;
+    return cudaSuccess;
+}
+
+static cudaError_t kattr_get(cudaGraphNode_t node, cudaLaunchAttributeID id,
+                             cudaLaunchAttributeValue *v)
+{
+    struct gnode *n;
+    cudaError_t err = kernel_node(node, &n);
+    if (err)
+        return err;
+    if (!v || (unsigned)id >= PILOT_KERNEL_NODE_ATTRS || id == cudaLaunchAttributeIgnore)
+        return cudaErrorInvalidValue;
+    *v = n->kattrs && (n->kattrs->set & (1u << id)) ? n->kattrs->value[id] : kattr_default(id);
+    return cudaSuccess;
+}
+
+static cudaError_t kattr_copy(cudaGraphNode_t dst, cudaGraphNode_t src)
+{
+    struct gnode *d, *s;
+    cudaError_t err = kernel_node(dst, &d);
+    if (!err)
+        err = kernel_node(src, &s);
+    return err ? err : copy_kattrs(d, s);
+}
+
+PILOT_EXPORT cudaError_t cudaGraphKernelNodeSetAttribute(cudaGraphNode_t hNode,
+                                                         cudaLaunchAttributeID attr,
+                                                         const cudaLaunchAttributeValue *value)
+{
+    LOCKED(kattr_set(hNode, attr, value));
+}
+
+PILOT_EXPORT cudaError_t cudaGraphKernelNodeGetAttribute(cudaGraphNode_t hNode,
+                                                         cudaLaunchAttributeID attr,
+                                                         cudaLaunchAttributeValue *value_out)
+{
+    LOCKED(kattr_get(hNode, attr, value_out));
+}
+
+PILOT_EXPORT cudaError_t cudaGraphKernelNodeCopyAttributes(cudaGraphNode_t hDst, cudaGraphNode_t hSrc)
+{
+    LOCKED(kattr_copy(hDst, hSrc));
 }
 
 PILOT_EXPORT cudaError_t cudaGraphKernelNodeGetParams(cudaGraphNode_t node,

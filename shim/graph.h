@@ -23,6 +23,16 @@ struct ggraph {
 /* A CUDA library call (cuBLAS GEMM, cuBLASLt matmul, ...) captured from a stream: the request
  * the stand-in posted, re-posted on the launch stream each time the graph runs (natively the
  * library's kernels are kernel nodes: such a node reports cudaGraphNodeTypeKernel). */
+/* A kernel node's launch attributes (cudaGraphKernelNodeSetAttribute), made when one is first
+ * set: the priority is applied when the node is issued; the hints (an L2 access policy window,
+ * the memory sync domain and its map, the shared-memory carveout: dropped as launch attributes
+ * are, api_launch_ex.c) are kept only to be answered back. */
+#define PILOT_KERNEL_NODE_ATTRS 16 /* attribute ids below this */
+struct gkattrs {
+    uint32_t set; /* bit id: attribute id was set */
+    cudaLaunchAttributeValue value[PILOT_KERNEL_NODE_ATTRS];
+};
+
 struct glib {
     uint16_t op;          /* the library opcode (PILOT_OP_BLAS_GEMM, ...) */
     int device;           /* the device of the library handle */
@@ -43,6 +53,7 @@ struct gnode {
     uint64_t mark; /* graph walks (graph_capture.c) */
     size_t index;  /* position in its graph's nodes, while a walk needs it (api_graph.c) */
     struct glib *lib; /* a kernel node that is a library call (u.k unused), else NULL */
+    struct gkattrs *kattrs; /* a kernel node's attributes, once one was set, else NULL */
     union {
         struct {
             struct pilot_kernel *kernel;

@@ -598,6 +598,11 @@ static void garbage()
     printf("node as graph %s\n", name(cudaGraphDestroy((cudaGraph_t)a)));
     printf("foreign dep %s\n", name(cudaGraphAddEmptyNode(&b, g, &other, 1)));
     printf("foreign edge %s\n", name(cudaGraphAddDependencies(g, &a, &other, NULL, 1)));
+    cudaLaunchAttributeValue av = {};
+    printf("attribute of an empty node %s\n",
+           name(cudaGraphKernelNodeGetAttribute(a, cudaLaunchAttributePriority, &av)));
+    printf("attribute of a made_up node %s\n",
+           name(cudaGraphKernelNodeSetAttribute((cudaGraphNode_t)junk, cudaLaunchAttributePriority, &av)));
     CHECK(cudaGraphExecDestroy(exec));
     printf("destroyed exec %s\n", name(cudaGraphLaunch(exec, s1)));
     CHECK(cudaGraphDestroy(g));
@@ -639,6 +644,57 @@ static void stream_attributes()
     printf("stream ids differ %d\n", id1 != id2);
 }
 
+// Kernel node attributes: an L2 access policy window and a launch priority set on one node,
+// read back, copied to a second node; the graph runs both.
+static void node_attributes()
+{
+    cudaGraph_t g;
+    CHECK(cudaGraphCreate(&g, 0));
+    int n = N, mul = 2, add = 1, mul2 = 1, add2 = 3;
+    void *args[4], *args2[4];
+    cudaKernelNodeParams kp = axpb_params(&d_x, &n, &mul, &add, args);
+    cudaKernelNodeParams kp2 = axpb_params(&d_x, &n, &mul2, &add2, args2);
+    cudaGraphNode_t k1, k2;
+    CHECK(cudaGraphAddKernelNode(&k1, g, NULL, 0, &kp));
+    CHECK(cudaGraphAddKernelNode(&k2, g, &k1, 1, &kp2));
+    cudaLaunchAttributeValue got = {};
+    CHECK(cudaGraphKernelNodeGetAttribute(k1, cudaLaunchAttributeAccessPolicyWindow, &got));
+    printf("fresh node window bytes %zu\n", got.accessPolicyWindow.num_bytes);
+    cudaLaunchAttributeValue v = {};
+    v.accessPolicyWindow.base_ptr = d_x;
+    v.accessPolicyWindow.num_bytes = 4096;
+    v.accessPolicyWindow.hitRatio = 0.5f;
+    v.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+    v.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+    CHECK(cudaGraphKernelNodeSetAttribute(k1, cudaLaunchAttributeAccessPolicyWindow, &v));
+    int least = 0, greatest = 0;
+    CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaLaunchAttributeValue pv = {};
+    pv.priority = greatest;
+    CHECK(cudaGraphKernelNodeSetAttribute(k1, cudaLaunchAttributePriority, &pv));
+    CHECK(cudaGraphKernelNodeGetAttribute(k1, cudaLaunchAttributeAccessPolicyWindow, &got));
+    printf("node window base %d bytes %zu hit %d\n", got.accessPolicyWindow.base_ptr == d_x,
+           got.accessPolicyWindow.num_bytes, (int)(got.accessPolicyWindow.hitRatio * 100));
+    CHECK(cudaGraphKernelNodeGetAttribute(k1, cudaLaunchAttributePriority, &got));
+    printf("node priority is the greatest %d\n", got.priority == greatest);
+    CHECK(cudaGraphKernelNodeCopyAttributes(k2, k1));
+    memset(&got, 0, sizeof got);
+    CHECK(cudaGraphKernelNodeGetAttribute(k2, cudaLaunchAttributeAccessPolicyWindow, &got));
+    printf("copied node window bytes %zu\n", got.accessPolicyWindow.num_bytes);
+    CHECK(cudaMemcpy(d_x, h_in, N * sizeof(int), cudaMemcpyHostToDevice));
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, g, NULL, NULL, 0));
+    CHECK(cudaGraphLaunch(exec, s1));
+    CHECK(cudaStreamSynchronize(s1));
+    CHECK(cudaMemcpy(h_out, d_x, N * sizeof(int), cudaMemcpyDeviceToHost));
+    int ok = 1;
+    for (int i = 0; i < N; i++)
+        ok &= h_out[i] == h_in[i] * 2 + 1 + 3;
+    printf("graph with node attributes ran: %d\n", ok);
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(g));
+}
+
 int main(int argc, char **argv)
 {
     CHECK(cudaMallocHost(&h_in, N * sizeof(int)));
@@ -669,6 +725,7 @@ int main(int argc, char **argv)
     generic_nodes();
     null_handles();
     stream_attributes();
+    node_attributes();
     CHECK(cudaDeviceSynchronize());
     printf("done\n");
     return 0;

@@ -99,6 +99,11 @@ def expected() -> list[str]:
         "copied bytes 4096",
         "priority 0",
         "stream ids differ 1",
+        "fresh node window bytes 0",
+        "node window base 1 bytes 4096 hit 50",
+        "node priority is the greatest 1",
+        "copied node window bytes 4096",
+        "graph with node attributes ran: 1",
         "done",
     ]
 
@@ -127,5 +132,5 @@ def test_graphs_garbage_handles(run_under_pilot: Callable[..., subprocess.Comple
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
     lines = proc.stdout.splitlines()
     assert lines[-1] == "garbage done"
-    assert len(lines) == 11
+    assert len(lines) == 13
     assert all(line.endswith(" cudaErrorInvalidValue") for line in lines[:-1]), lines
