@@ -613,14 +613,22 @@ static void garbage()
     printf("garbage done\n");
 }
 
+// An L2 access policy window over the first 4 KiB at `base`, half of it persisting.
+static cudaAccessPolicyWindow window_over(void *base)
+{
+    cudaAccessPolicyWindow w = {};
+    w.base_ptr = base;
+    w.num_bytes = 4096;
+    w.hitRatio = 0.5f;
+    w.hitProp = cudaAccessPropertyPersisting;
+    w.missProp = cudaAccessPropertyStreaming;
+    return w;
+}
+
 static void stream_attributes()
 {
     cudaStreamAttrValue v = {};
-    v.accessPolicyWindow.base_ptr = d_a;
-    v.accessPolicyWindow.num_bytes = 4096;
-    v.accessPolicyWindow.hitRatio = 0.5f;
-    v.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
-    v.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+    v.accessPolicyWindow = window_over(d_a);
     CHECK(cudaStreamSetAttribute(s1, cudaStreamAttributeAccessPolicyWindow, &v));
     cudaStreamAttrValue sp = {};
     sp.syncPolicy = cudaSyncPolicySpin;
@@ -661,11 +669,7 @@ static void node_attributes()
     CHECK(cudaGraphKernelNodeGetAttribute(k1, cudaLaunchAttributeAccessPolicyWindow, &got));
     printf("fresh node window bytes %zu\n", got.accessPolicyWindow.num_bytes);
     cudaLaunchAttributeValue v = {};
-    v.accessPolicyWindow.base_ptr = d_x;
-    v.accessPolicyWindow.num_bytes = 4096;
-    v.accessPolicyWindow.hitRatio = 0.5f;
-    v.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
-    v.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+    v.accessPolicyWindow = window_over(d_x);
     CHECK(cudaGraphKernelNodeSetAttribute(k1, cudaLaunchAttributeAccessPolicyWindow, &v));
     int least = 0, greatest = 0;
     CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
