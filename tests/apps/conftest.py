@@ -18,6 +18,7 @@ to check the expected outputs against real CUDA; tests that need the shim or the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -309,6 +310,41 @@ def kill_and_await_release(pilot_sessions: Callable[[], list[dict[str, Any]]],
         assert pilotd.proc.poll() is None, pilotd.log_tail()
 
     return kill
+
+
+StartedClient = Callable[[list[str], dict[str, str], str],
+                         "contextlib.AbstractContextManager[tuple[subprocess.Popen[str], list[str]]]"]
+
+
+@pytest.fixture
+def started_client() -> StartedClient:
+    """with started_client(argv, env, marker) as (proc, before): the program runs, its stdout read
+    up to the line `marker` (`before`: the lines ahead of it); killed and reaped at the end if it
+    still runs, its pipes closed."""
+
+    @contextlib.contextmanager
+    def start(argv: list[str], env: dict[str, str],
+              marker: str) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            assert proc.stdout is not None
+            before: list[str] = []
+            line = proc.stdout.readline()
+            while line and line != marker:
+                before.append(line)
+                line = proc.stdout.readline()
+            assert line == marker, (before, proc.stderr.read() if proc.stderr else "")
+            yield proc, before
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+
+    return start
 
 
 RunUnderPilot = Callable[..., "subprocess.CompletedProcess[str]"]

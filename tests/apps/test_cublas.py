@@ -146,27 +146,19 @@ def test_cublas_calls_captured_into_a_cuda_graph(run_under_pilot, blas_env, daem
 
 
 def test_a_client_killed_between_gemms_loses_its_handles_and_nothing_else(
-        app_binaries, blas_env, pilot_client_env, pilot_sessions, kill_and_await_release) -> None:
+        app_binaries, blas_env, pilot_client_env, pilot_sessions, kill_and_await_release,
+        started_client) -> None:
     """SIGKILL a program looping over GEMMs (with a cuBLAS and a cuBLASLt handle): its session
     and handles go within 2 s, pilotd lives, and the next program's cuBLAS works."""
     import subprocess
 
     env = {**pilot_client_env, **blas_env}
-    proc = subprocess.Popen([str(app_binaries["cublas_gemm"]), "loop"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == "looping\n", proc.stderr.read() if proc.stderr else ""
+    with started_client([str(app_binaries["cublas_gemm"]), "loop"], env, "looping\n") as (
+            proc, before):
+        assert before == []  # "looping" is the first line
         mine = [s for s in pilot_sessions() if s["pid"] == proc.pid]
         assert len(mine) == 1 and mine[0]["library_handles"] == 2, mine
         kill_and_await_release(proc)
         after = subprocess.run([str(app_binaries["cublas_gemm"])], env=env, capture_output=True,
                                text=True, timeout=60)
         assert after.returncode == 0 and after.stdout == EXPECTED, after.stdout + after.stderr
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()

@@ -73,18 +73,12 @@ def test_without_pilotd_cudnn_fails_cleanly(app_binaries, dnn_env, tmp_path) -> 
 
 def test_a_killed_client_loses_its_descriptors_and_handles(app_binaries, dnn_env,
                                                            pilot_client_env, pilot_sessions,
-                                                           kill_and_await_release) -> None:
+                                                           kill_and_await_release,
+                                                           started_client) -> None:
     """The program is killed while it holds plans: its session goes with them, pilotd lives and
     the next program's cuDNN works."""
     env = {**pilot_client_env, **dnn_env}
-    proc = subprocess.Popen([str(app_binaries["cudnn_conv"]), "hold"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        while line and line != "holding\n":
-            line = proc.stdout.readline()
-        assert line == "holding\n", proc.stderr.read() if proc.stderr else ""
+    with started_client([str(app_binaries["cudnn_conv"]), "hold"], env, "holding\n") as (proc, _):
         mine = [s for s in pilot_sessions() if s["pid"] == proc.pid]
         assert len(mine) == 1 and mine[0]["library_handles"] == 1, mine
         assert mine[0]["dnn_descriptors"] >= 6, mine
@@ -92,10 +86,3 @@ def test_a_killed_client_loses_its_descriptors_and_handles(app_binaries, dnn_env
         after = subprocess.run([str(app_binaries["cudnn_conv"])], env=env, capture_output=True,
                                text=True, timeout=60)
         assert after.returncode == 0 and after.stdout == EXPECTED, after.stdout + after.stderr
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
