@@ -15,40 +15,14 @@
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-OUT=${OUT:-/tmp/pilot-gpu-out}
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
-NVCC_ARCH=${NVCC_ARCH:-sm_90}
-SOCK_DIR=/tmp/pilot-gpu-cublas
-SOCK=$SOCK_DIR/pilot.sock
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
-
-say() { printf '[cublas] %s\n' "$*" >&2; }
-
-if [ "${1:-}" != --no-install ]; then
-    bash "$REPO/tests/gpu/run_compare.sh" --install-only || exit 2
-fi
-mkdir -p "$OUT" "$SOCK_DIR"
-LOG=$OUT/cublas-compare.log
-: >"$LOG"
-WORK=$(mktemp -d /tmp/pilot-cublas.XXXXXX)
-
-# shellcheck source=tests/gpu/pilotd.sh
-. "$REPO/tests/gpu/pilotd.sh"
-# shellcheck disable=SC2317  # called by the EXIT trap
-cleanup() {
-    pilotd_stop
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-LIB=$(dirname "$(dirname "$(readlink -f "$NVCC")")")/lib64
+COMPARE_NAME=cublas
+# shellcheck source=tests/gpu/compare_setup.sh
+. "$REPO/tests/gpu/compare_setup.sh" "$@"
 PROGRAMS=(cublas_gemm cublas_level)
 for prog in "${PROGRAMS[@]}"; do
-    say "building $prog with $NVCC -arch=$NVCC_ARCH against $LIB"
+    say "building $prog with $NVCC -arch=$NVCC_ARCH against $TOOLKIT_LIB"
     "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$WORK/$prog" \
-        "$REPO/tests/apps/$prog.cu" -L "$LIB" -lcublasLt -lcublas >>"$LOG" 2>&1 ||
+        "$REPO/tests/apps/$prog.cu" -L "$TOOLKIT_LIB" -lcublasLt -lcublas >>"$LOG" 2>&1 ||
         { say "build failed; see $LOG"; cat "$LOG" >&2; exit 1; }
 done
 
@@ -58,7 +32,7 @@ status=0
 for run in cublas_gemm cublas_level "cublas_gemm graph"; do
     read -r prog mode <<<"$run"
     tag=$prog${mode:+-$mode}
-    env -u LD_PRELOAD -u PILOT_SOCKET LD_LIBRARY_PATH="$LIB" "$WORK/$prog" $mode \
+    env -u LD_PRELOAD -u PILOT_SOCKET LD_LIBRARY_PATH="$TOOLKIT_LIB" "$WORK/$prog" $mode \
         >"$WORK/$tag.native.out" 2>"$WORK/$tag.native.err"
     native=$?
     env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/$prog" $mode \

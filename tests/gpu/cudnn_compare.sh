@@ -13,30 +13,9 @@
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-OUT=${OUT:-/tmp/pilot-gpu-out}
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
-NVCC_ARCH=${NVCC_ARCH:-sm_90}
-SOCK_DIR=/tmp/pilot-gpu-cudnn
-SOCK=$SOCK_DIR/pilot.sock
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
-say() { printf '[cudnn] %s\n' "$*" >&2; }
-
-if [ "${1:-}" != --no-install ]; then
-    bash "$REPO/tests/gpu/run_compare.sh" --install-only || exit 2
-fi
-mkdir -p "$OUT" "$SOCK_DIR"
-LOG=$OUT/cudnn-compare.log
-: >"$LOG"
-WORK=$(mktemp -d /tmp/pilot-cudnn.XXXXXX)
-# shellcheck source=tests/gpu/pilotd.sh
-. "$REPO/tests/gpu/pilotd.sh"
-# shellcheck disable=SC2317  # called by the EXIT trap
-cleanup() {
-    pilotd_stop
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+COMPARE_NAME=cudnn
+# shellcheck source=tests/gpu/compare_setup.sh
+. "$REPO/tests/gpu/compare_setup.sh" "$@"
 
 CUDNN_LIB=$("$PYTHON" -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null)
 [ -f "$CUDNN_LIB/libcudnn.so.9" ] || { say "no libcudnn.so.9 in the Python packages ($CUDNN_LIB)"; exit 2; }
@@ -44,8 +23,6 @@ say "NVIDIA's cuDNN: $CUDNN_LIB ($(ls "$CUDNN_LIB" | grep -c so) libraries)"
 STANDIN=$("$PYTHON" -c 'from pilot.shim import standin_path; print(standin_path("libcudnn.so.9"))')
 mkdir -p "$WORK/link"
 ln -s "$STANDIN" "$WORK/link/libcudnn.so"
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-TOOLKIT_LIB=$(dirname "$(dirname "$(readlink -f "$NVCC")")")/lib64
 "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$WORK/cudnn_conv" "$REPO/tests/apps/cudnn_conv.cu" \
     -L "$WORK/link" -lcudnn >>"$LOG" 2>&1 || { say "build failed"; cat "$LOG" >&2; exit 1; }
 

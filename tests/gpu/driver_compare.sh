@@ -15,38 +15,13 @@
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-OUT=${OUT:-/tmp/pilot-gpu-out}
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
-NVCC_ARCH=${NVCC_ARCH:-sm_90}
+COMPARE_NAME=driver
+# shellcheck source=tests/gpu/compare_setup.sh
+. "$REPO/tests/gpu/compare_setup.sh" "$@"
 PILOT_BACKEND=${PILOT_BACKEND:-cuda}
 PILOT_SIM_KERNELS=${PILOT_SIM_KERNELS:-}
 COMPARE_DRY_RUN=${COMPARE_DRY_RUN:-0}
-SOCK_DIR=/tmp/pilot-gpu-driver
-SOCK=$SOCK_DIR/pilot.sock
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
-
-say() { printf '[driver] %s\n' "$*" >&2; }
-
-if [ "${1:-}" != --no-install ]; then
-    bash "$REPO/tests/gpu/run_compare.sh" --install-only || exit 2
-fi
-mkdir -p "$OUT" "$SOCK_DIR"
-LOG=$OUT/driver-compare.log
-: >"$LOG"
-WORK=$(mktemp -d /tmp/pilot-driver.XXXXXX)
-
-# shellcheck source=tests/gpu/pilotd.sh
-. "$REPO/tests/gpu/pilotd.sh"
-# shellcheck disable=SC2317  # called by the EXIT trap
-cleanup() {
-    pilotd_stop
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-STUBS=$(dirname "$(dirname "$(readlink -f "$NVCC")")")/lib64/stubs
+STUBS=$TOOLKIT_LIB/stubs
 if [ ! -e "$STUBS/libcuda.so" ]; then  # a toolkit without the stub: link with pilot's libcuda.so.1
     STUBS=$WORK/stubs
     mkdir -p "$STUBS"
