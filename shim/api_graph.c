@@ -1285,13 +1285,26 @@ static struct gnode *typed(cudaGraphNode_t node, enum cudaGraphNodeType type)
     return n && n->type == type ? n : NULL;
 }
 
-static cudaError_t kernel_get(cudaGraphNode_t node, struct cudaKernelNodeParams *p)
+/* A live kernel node of the program's own kernels (a captured library call has none pilot sees). */
+static cudaError_t kernel_node(cudaGraphNode_t node, struct gnode **out)
 {
     struct gnode *n = typed(node, cudaGraphNodeTypeKernel);
-    if (!n || !p)
+    if (!n)
         return cudaErrorInvalidValue;
     if (n->lib)
-        return cudaErrorNotSupported; /* a library call: pilot does not see its kernels */
+        return cudaErrorNotSupported;
+    *out = n;
+    return cudaSuccess;
+}
+
+static cudaError_t kernel_get(cudaGraphNode_t node, struct cudaKernelNodeParams *p)
+{
+    struct gnode *n;
+    if (!p)
+        return cudaErrorInvalidValue;
+    cudaError_t err = kernel_node(node, &n);
+    if (err)
+        return err;
     *p = (struct cudaKernelNodeParams){.func = n->u.k.func, .gridDim = n->u.k.grid,
                                        .blockDim = n->u.k.block, .sharedMemBytes = n->u.k.shared,
                                        .kernelParams = n->u.k.args, .extra = NULL};
@@ -1336,18 +1349,6 @@ static cudaError_t kattr_check(cudaLaunchAttributeID id, const cudaLaunchAttribu
     default:
         return cudaErrorInvalidValue;
     }
-}
-
-/* A live kernel node of the program's own kernels (a captured library call has none pilot sees). */
-static cudaError_t kernel_node(cudaGraphNode_t node, struct gnode **out)
-{
-    struct gnode *n = typed(node, cudaGraphNodeTypeKernel);
-    if (!n)
-        return cudaErrorInvalidValue;
-    if (n->lib)
-        return cudaErrorNotSupported;
-    *out = n;
-    return cudaSuccess;
 }
 
 static cudaError_t kattr_set(cudaGraphNode_t node, cudaLaunchAttributeID id,
