@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -241,15 +242,27 @@ def test_launch_with_attributes(run_under_pilot: RunUnderPilot, daemon_log: Daem
     check_output(run_under_pilot("launch_ex"), expected_launch_ex(), daemon_log)
 
 
+UNSUPPORTED_LAUNCH_LINES = [
+    "launch completion event: cudaErrorNotSupported (last cudaErrorNotSupported)",
+    "hit ratio 2: cudaErrorInvalidValue (last cudaErrorInvalidValue)",
+    "next launch: yes", "PASS"]
+
+
 @pytest.mark.skipif(NATIVE, reason="pilot only: CUDA itself supports the attribute")
 def test_unsupported_launch_attribute_is_refused(run_under_pilot: RunUnderPilot,
                                                  daemon_log: DaemonLog) -> None:
     proc = run_under_pilot("launch_ex", "unsupported")
-    check_output(proc, ["launch completion event: cudaErrorNotSupported "
-                        "(last cudaErrorNotSupported)",
-                        "hit ratio 2: cudaErrorInvalidValue (last cudaErrorInvalidValue)",
-                        "next launch: yes", "PASS"], daemon_log)
+    check_output(proc, UNSUPPORTED_LAUNCH_LINES, daemon_log)
     assert "cudaLaunchAttributeLaunchCompletionEvent (12) is not supported" in proc.stderr
+
+
+def test_gpu_compare_expects_what_the_unsupported_case_prints() -> None:
+    """tests/gpu/run_compare.sh checks `launch_ex unsupported` on the GPU against its own copy
+    of these lines (it runs without pytest); a stale copy failed there once."""
+    script = (Path(__file__).resolve().parents[1] / "gpu" / "run_compare.sh").read_text()
+    found = re.search(r'pilot_only launch_ex unsupported "([^"]*)"', script)
+    assert found, "run_compare.sh no longer checks `launch_ex unsupported`"
+    assert found.group(1).split("\n") == UNSUPPORTED_LAUNCH_LINES
 
 
 # ---- multidev.cu ----

@@ -404,7 +404,8 @@ compare ptds_per_thread
 [ -x "$BIN/errors" ] && daemon_absent
 [ -x "$BIN/errors" ] && killed errors killed_mid_copy copying
 [ -x "$BIN/callbacks" ] && killed callbacks hang hanging
-[ -x "$BIN/launch_ex" ] && pilot_only launch_ex unsupported "access policy window: cudaErrorNotSupported (last cudaErrorNotSupported)
+[ -x "$BIN/launch_ex" ] && pilot_only launch_ex unsupported "launch completion event: cudaErrorNotSupported (last cudaErrorNotSupported)
+hit ratio 2: cudaErrorInvalidValue (last cudaErrorInvalidValue)
 next launch: yes
 PASS"
 
