@@ -2,18 +2,25 @@
 # What a launch-deciding policy costs per launch: bench/uvm/stream (3 MiB, one kernel and a
 # synchronize per pass) under a pilotd with the capacity enforced, once per policy, interleaved.
 #
-#   bash bench/policy_launch_cost.sh [--backend sim|cuda] [--passes N] [--rounds R] [POLICY...]
+#   bash bench/policy_launch_cost.sh [--backend sim|cuda] [--passes N] [--rounds R]
+#       [--capacity SIZE] [--managed-device] [POLICY...] [-- PROGRAM ARGS...]
 #
-# Prints the wall time per pass of each run. Needs pilot installed (`pilot shim-path`) and nvcc;
-# with --backend sim (the default) no GPU.
+# Prints the wall time per pass of each run. With `-- PROGRAM ARGS...` that program is timed
+# instead, alone, under each policy (a whole run per line: `us_per_pass` is its wall time with
+# --passes 1); --managed-device serves its cudaMalloc from managed memory, as the policy runner
+# does for the Rodinia programs. Needs pilot installed (`pilot shim-path`) and nvcc; with
+# --backend sim (the default) no GPU. --capacity is 64MiB unless given.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BACKEND=sim PASSES=10000 ROUNDS=3 POLICIES=()
+BACKEND=sim PASSES=10000 ROUNDS=3 POLICIES=() CAPACITY=64MiB MANAGED_DEVICE=false PROGRAM=()
 while [ $# -gt 0 ]; do
     case $1 in
         --backend) BACKEND=$2; shift 2 ;;
         --passes) PASSES=$2; shift 2 ;;
         --rounds) ROUNDS=$2; shift 2 ;;
+        --capacity) CAPACITY=$2; shift 2 ;;
+        --managed-device) MANAGED_DEVICE=true; shift ;;
+        --) shift; PROGRAM=("$@"); break ;;
         *) POLICIES+=("$1"); shift ;;
     esac
 done
@@ -30,8 +37,9 @@ run() {
         echo "backend = \"$BACKEND\""
         [ "$BACKEND" = sim ] && echo "sim_kernels = [\"$REPO/bench/policy_sim_kernels.py\"]"
         echo "[gpu]"
-        echo 'capacity = "64MiB"'
+        echo "capacity = \"$CAPACITY\""
         echo "enforce_capacity = true"
+        echo "managed_device_memory = $MANAGED_DEVICE"
         echo "[policy]"
         echo "name = \"$policy\""
     } >"$dir/pilotd.toml"
@@ -41,7 +49,11 @@ run() {
     for _ in $(seq 100); do [ -S "$dir/p.sock" ] && break; sleep 0.1; done
     local t0 t1
     t0=$(date +%s.%N)
-    PILOT_SOCKET=$dir/p.sock LD_PRELOAD=$SHIM "$WORK/stream" --bytes 3MiB --passes "$PASSES" >/dev/null
+    if [ ${#PROGRAM[@]} -gt 0 ]; then
+        (cd "$dir" && PILOT_SOCKET=$dir/p.sock LD_PRELOAD=$SHIM "${PROGRAM[@]}" >/dev/null)
+    else
+        PILOT_SOCKET=$dir/p.sock LD_PRELOAD=$SHIM "$WORK/stream" --bytes 3MiB --passes "$PASSES" >/dev/null
+    fi
     t1=$(date +%s.%N)
     kill "$pid"; wait "$pid" 2>/dev/null || true
     python3 -c "print(f'policy_launch_cost backend=$BACKEND policy=$policy round=$2 us_per_pass={($t1 - $t0) / $PASSES * 1e6:.1f}')"
