@@ -56,6 +56,8 @@
 #             mempool   stream-ordered allocator (cudaMallocAsync, memory pools)
 #             launchex  cudaLaunchKernelExC (launch attributes), used by Thrust/CUB here
 #             ipc       CUDA IPC handles between processes (fork)
+#             vareuse   graph memory: a later allocation of the same graph does not reuse the
+#                       address of one it freed (each has its own memory under pilot)
 #           excluded / not-built: not run (note says why)
 #   suite   cuda-samples or rodinia
 #   note    free text
@@ -147,10 +149,10 @@ LargeKernelParameter|cs:6_Performance/LargeKernelParameter|LargeKernelParameter.
 alignedTypes|cs:6_Performance/alignedTypes|alignedTypes.cu|-|-|-|generic|ok|
 transpose|cs:6_Performance/transpose|transpose.cu|-|-|-|generic|ok|
 systemWideAtomics|cs:0_Introduction/systemWideAtomics|systemWideAtomics.cu|-|-|-|generic|um|GPU atomics on malloc()ed memory: needs pageableMemoryAccess (HMM), waives (rc 2) without it
-simplePrintf|cs:0_Introduction/simplePrintf|simplePrintf.cu|-|-|-|generic;sort|printf|
+simplePrintf|cs:0_Introduction/simplePrintf|simplePrintf.cu|-|-|-|generic;sort|ok|
 cdpSimplePrint|cs:3_CUDA_Features/cdpSimplePrint|cdpSimplePrint.cu|-rdc=true -lcudadevrt|-|-|generic;sort|printf|dynamic parallelism + device printf
-simpleCooperativeGroups|cs:0_Introduction/simpleCooperativeGroups|simpleCooperativeGroups.cu|-|-|-|generic;sort|printf|thread-block groups only (no cooperative launch); results printed from the device
-simpleAssert|cs:0_Introduction/simpleAssert|simpleAssert.cu|-|-|-|generic|printf|device assert: message printed by the driver, and cudaErrorAssert leaves the (shared) context unusable
+simpleCooperativeGroups|cs:0_Introduction/simpleCooperativeGroups|simpleCooperativeGroups.cu|-|-|-|generic;sort|ok|thread-block groups only (no cooperative launch); results printed from the device
+simpleAssert|cs:0_Introduction/simpleAssert|simpleAssert.cu|-|-|-|generic|ok|device assert: message printed by the driver, and cudaErrorAssert leaves the (shared) context unusable
 asyncAPI|cs:0_Introduction/asyncAPI|asyncAPI.cu|-|-|-|generic|ok|cudaMallocHost
 matrixMul|cs:0_Introduction/matrixMul|matrixMul.cu|-|-|-|generic|ok|cudaMallocHost
 fp16ScalarProduct|cs:0_Introduction/fp16ScalarProduct|fp16ScalarProduct.cu|-|-|-|generic|ok|cudaMallocHost
@@ -164,18 +166,18 @@ inlinePTX|cs:2_Concepts_and_Techniques/inlinePTX|inlinePTX.cu|-|-|-|generic|ok|c
 globalToShmemAsyncCopy|cs:3_CUDA_Features/globalToShmemAsyncCopy|globalToShmemAsyncCopy.cu|-|-|-|generic|ok|cudaMallocHost; memcpy_async / cuda::pipeline
 binaryPartitionCG|cs:3_CUDA_Features/binaryPartitionCG|binaryPartitionCG.cu|-|-|-|generic|ok|cudaHostAlloc
 UnifiedMemoryPerf|cs:6_Performance/UnifiedMemoryPerf|matrixMultiplyPerf.cu commonKernels.cu helperFunctions.cpp|-|-|-|generic|um|cudaMallocManaged, also pinned and mapped host memory
-simpleTexture|cs:0_Introduction/simpleTexture|simpleTexture.cu|-|-|teapot512.pgm ref_rotated.pgm|generic|texture|CUDA array + texture object
-simpleCubemapTexture|cs:0_Introduction/simpleCubemapTexture|simpleCubemapTexture.cu|-|-|-|generic|texture|cubemap CUDA array (cudaMalloc3DArray)
-simplePitchLinearTexture|cs:0_Introduction/simplePitchLinearTexture|simplePitchLinearTexture.cu|-|-|-|generic|texture|pitch-linear and array textures
-simpleSurfaceWrite|cs:0_Introduction/simpleSurfaceWrite|simpleSurfaceWrite.cu|-|-|teapot512.pgm ref_rotated.pgm|generic|texture|surface object writes
-convolutionTexture|cs:2_Concepts_and_Techniques/convolutionTexture|convolutionTexture.cu convolutionTexture_gold.cpp main.cpp|-|-|-|generic|texture|
-stereoDisparity|cs:5_Domain_Specific/stereoDisparity|stereoDisparity.cu|-|-|stereo.im0.640x533.ppm stereo.im1.640x533.ppm|generic|texture|texture objects over pitched memory
+simpleTexture|cs:0_Introduction/simpleTexture|simpleTexture.cu|-|-|teapot512.pgm ref_rotated.pgm|generic|ok|CUDA array + texture object
+simpleCubemapTexture|cs:0_Introduction/simpleCubemapTexture|simpleCubemapTexture.cu|-|-|-|generic|ok|cubemap CUDA array (cudaMalloc3DArray)
+simplePitchLinearTexture|cs:0_Introduction/simplePitchLinearTexture|simplePitchLinearTexture.cu|-|-|-|generic|ok|pitch-linear and array textures
+simpleSurfaceWrite|cs:0_Introduction/simpleSurfaceWrite|simpleSurfaceWrite.cu|-|-|teapot512.pgm ref_rotated.pgm|generic|ok|surface object writes
+convolutionTexture|cs:2_Concepts_and_Techniques/convolutionTexture|convolutionTexture.cu convolutionTexture_gold.cpp main.cpp|-|-|-|generic|ok|
+stereoDisparity|cs:5_Domain_Specific/stereoDisparity|stereoDisparity.cu|-|-|stereo.im0.640x533.ppm stereo.im1.640x533.ppm|generic|ok|texture objects over pitched memory
 reductionMultiBlockCG|cs:2_Concepts_and_Techniques/reductionMultiBlockCG|reductionMultiBlockCG.cu|-|-|-|generic|ok|grid.sync() through cudaLaunchCooperativeKernel
 simpleAWBarrier|cs:0_Introduction/simpleAWBarrier|simpleAWBarrier.cu|-|-|-|generic|ok|cudaHostAlloc (and cudaLaunchCooperativeKernel)
-simpleCudaGraphs|cs:3_CUDA_Features/simpleCudaGraphs|simpleCudaGraphs.cu|-|-|-|generic|graph|graphs built by hand and by stream capture, host nodes, cudaHostAlloc
-graphMemoryNodes|cs:3_CUDA_Features/graphMemoryNodes|graphMemoryNodes.cu|-|-|-|generic|graph|graph memory nodes, cudaMallocAsync
+simpleCudaGraphs|cs:3_CUDA_Features/simpleCudaGraphs|simpleCudaGraphs.cu|-|-|-|generic|ok|graphs built by hand and by stream capture, host nodes, cudaHostAlloc
+graphMemoryNodes|cs:3_CUDA_Features/graphMemoryNodes|graphMemoryNodes.cu|-|-|-|generic|vareuse|graph memory nodes, cudaMallocAsync in a capture; natively the allocation after a free in the same graph reuses its address, and the sample prints that check
 simpleCallback|cs:0_Introduction/simpleCallback|simpleCallback.cu multithreading.cpp|-|-|-|generic;sort|ok|cudaHostAlloc (and cudaStreamAddCallback from worker threads)
-streamOrderedAllocation|cs:2_Concepts_and_Techniques/streamOrderedAllocation|streamOrderedAllocation.cu|-|-|-|generic|mempool|cudaMallocAsync / cudaFreeAsync, memory pool attributes
+streamOrderedAllocation|cs:2_Concepts_and_Techniques/streamOrderedAllocation|streamOrderedAllocation.cu|-|-|-|generic|ok|cudaMallocAsync / cudaFreeAsync, memory pool attributes
 simpleAttributes|cs:0_Introduction/simpleAttributes|simpleAttributes.cu|-|-|-|generic|ok|access policy window (cudaStreamSetAttribute, kept as a hint), cudaCtxResetPersistingL2Cache (nothing of the program's persists), cudaHostAlloc
 segmentationTreeThrust|cs:2_Concepts_and_Techniques/segmentationTreeThrust|segmentationTree.cu|-|-|test.ppm ref_00.ppm ref_09.ppm|generic|ok|Thrust; this CUB path launches through cudaLaunchKernelExC with programmatic dependent launch
 simpleIPC|cs:0_Introduction/simpleIPC|simpleIPC.cu ../../../Common/helper_multiprocess.cpp|-|-|-|generic;drop=lshmName;sort|ipc|forks worker processes that open cudaIpc memory and event handles

@@ -12,10 +12,12 @@
  * a crash. Kernel arguments are copied when a node is created or set (kernelParams point into the
  * caller's stack), with the parameter sizes the daemon reported for the kernel. A kernel node's
  * attributes are kept with it (struct gkattrs): its priority is applied when it is issued, the
- * hints only answered back. Not carried
- * (cudaErrorNotSupported, logged once): memcpy nodes with CUDA arrays, kernel nodes given their
- * arguments through `extra`, graph memory (alloc/free) nodes, conditional nodes, external
- * semaphores, device launch, cooperative and cluster kernel node attributes. */
+ * hints only answered back. Graph memory (allocation and free) nodes keep their allocations in
+ * graph_mem.c; a graph that has them cannot be cloned, be a child graph, lose nodes or edges,
+ * or have two executable graphs at once, and an update must keep its allocations, as in CUDA. Not
+ * carried (cudaErrorNotSupported, logged once): memcpy nodes with CUDA arrays, kernel nodes given
+ * their arguments through `extra`, conditional nodes, external semaphores, device launch,
+ * cooperative and cluster kernel node attributes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +38,7 @@ struct gexec {
     struct gnode **order;  /* what a launch issues: topological, child graphs flattened */
     size_t count;
     unsigned long long flags;
+    int has_mem;           /* allocation or free nodes: a launch checks their allocations first */
 };
 
 /* ---- the registry of live objects: an open-addressed set of pointers ---- */
@@ -178,6 +181,11 @@ static void node_free_params(struct gnode *n)
         free(n->u.set.pattern);
     } else if (n->type == cudaGraphNodeTypeGraph && n->u.child) {
         pilot_graph_free(n->u.child);
+    } else if (n->type == cudaGraphNodeTypeMemAlloc && n->u.alloc.mem) {
+        free(n->u.alloc.descs);
+        pilot_gmem_unref(n->u.alloc.mem, n->orig != NULL); /* copies come from instantiation */
+    } else if (n->type == cudaGraphNodeTypeMemFree && n->u.freed) {
+        pilot_gmem_unref(n->u.freed, 0);
     }
 }
 
@@ -519,6 +527,16 @@ static cudaError_t node_copy_params(struct gnode *dst, const struct gnode *src)
             return cudaErrorMemoryAllocation;
         dst->u.child->owner = dst;
         return cudaSuccess;
+    case cudaGraphNodeTypeMemAlloc: { /* only instantiation copies these (no clone, no child) */
+        struct cudaMemAllocNodeParams p = {.poolProps = src->u.alloc.props,
+                                           .accessDescs = src->u.alloc.descs,
+                                           .accessDescCount = src->u.alloc.ndescs};
+        return pilot_gmem_fill_alloc(dst, &p, src->u.alloc.mem, 1);
+    }
+    case cudaGraphNodeTypeMemFree:
+        dst->u.freed = src->u.freed;
+        pilot_gmem_ref(dst->u.freed, 0);
+        return cudaSuccess;
     default:
         dst->u = src->u;
         return cudaSuccess;
@@ -612,9 +630,21 @@ cudaError_t pilot_node_issue(const struct gnode *n, cudaStream_t stream)
         return cudaEventRecord(n->u.event, stream);
     case cudaGraphNodeTypeWaitEvent:
         return cudaStreamWaitEvent(stream, n->u.event, 0);
+    case cudaGraphNodeTypeMemAlloc: /* the memory exists: the allocation becomes live */
+    case cudaGraphNodeTypeMemFree:
+        pilot_gmem_issued(n);
+        return cudaSuccess;
     default: /* empty nodes; child graphs are flattened at instantiation */
         return cudaSuccess;
     }
+}
+
+int pilot_graph_has_mem_nodes(const struct ggraph *g)
+{
+    for (size_t i = 0; i < g->count; i++)
+        if (g->nodes[i]->type == cudaGraphNodeTypeMemAlloc || g->nodes[i]->type == cudaGraphNodeTypeMemFree)
+            return 1;
+    return 0;
 }
 
 /* Numbers g's nodes (n->index = position in g->nodes) for the walks below. */
@@ -731,7 +761,11 @@ static cudaError_t graph_destroy(cudaGraph_t graph)
 
 PILOT_EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t graph)
 {
-    LOCKED(graph_destroy(graph));
+    pthread_mutex_lock(&pilot_graph_lock);
+    cudaError_t err = graph_destroy(graph);
+    pthread_mutex_unlock(&pilot_graph_lock);
+    pilot_gmem_drain(); /* allocations no node names any more */
+    PILOT_RETURN(err);
 }
 
 /* Checks a graph and a dependency list given to an Add call: every dependency a node of g. */
@@ -751,9 +785,7 @@ static cudaError_t check_add(cudaGraphNode_t *pNode, cudaGraph_t graph,
     return cudaSuccess;
 }
 
-/* The common part of every cudaGraphAdd*Node: checks, adds, lets fill() set the parameters
- * (under the lock), and undoes the node if that fails. */
-static cudaError_t add_node(cudaGraphNode_t *pNode, cudaGraph_t graph, const cudaGraphNode_t *deps,
+cudaError_t pilot_graph_add(cudaGraphNode_t *pNode, cudaGraph_t graph, const cudaGraphNode_t *deps,
                             size_t ndeps, enum cudaGraphNodeType type,
                             cudaError_t (*fill)(struct gnode *, const void *), const void *arg)
 {
@@ -821,7 +853,7 @@ PILOT_EXPORT cudaError_t cudaGraphAddKernelNode(cudaGraphNode_t *pGraphNode, cud
     struct pilot_kernel_launch_info info;
     cudaError_t err = prepare_kernel(pNodeParams, &f, &info);
     if (err == cudaSuccess)
-        err = add_node(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeKernel,
+        err = pilot_graph_add(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeKernel,
                        fill_kernel, &f);
     free((void *)f.buf);
     PILOT_RETURN(err);
@@ -839,7 +871,7 @@ PILOT_EXPORT cudaError_t cudaGraphAddMemcpyNode(cudaGraphNode_t *pGraphNode, cud
 {
     if (!pCopyParams)
         PILOT_RETURN(cudaErrorInvalidValue);
-    return add_node(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeMemcpy,
+    return pilot_graph_add(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeMemcpy,
                     fill_copy, pCopyParams);
 }
 
@@ -863,7 +895,7 @@ PILOT_EXPORT cudaError_t cudaGraphAddMemcpyNode1D(cudaGraphNode_t *pGraphNode, c
                                                   enum cudaMemcpyKind kind)
 {
     struct copy_1d c = {dst, src, count, kind};
-    return add_node(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeMemcpy,
+    return pilot_graph_add(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeMemcpy,
                     fill_copy_1d, &c);
 }
 
@@ -929,7 +961,7 @@ PILOT_EXPORT cudaError_t cudaGraphAddMemsetNode(cudaGraphNode_t *pGraphNode, cud
 {
     if (!pMemsetParams)
         PILOT_RETURN(cudaErrorInvalidValue);
-    return add_node(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeMemset,
+    return pilot_graph_add(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeMemset,
                     fill_memset, pMemsetParams);
 }
 
@@ -949,7 +981,7 @@ PILOT_EXPORT cudaError_t cudaGraphAddHostNode(cudaGraphNode_t *pGraphNode, cudaG
 {
     if (!pNodeParams)
         PILOT_RETURN(cudaErrorInvalidValue);
-    return add_node(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeHost,
+    return pilot_graph_add(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeHost,
                     fill_host, pNodeParams);
 }
 
@@ -958,6 +990,8 @@ static cudaError_t fill_child(struct gnode *n, const void *arg)
     struct ggraph *child = pilot_graph_get((cudaGraph_t)arg);
     if (!child || child == n->graph)
         return cudaErrorInvalidValue;
+    if (pilot_graph_has_mem_nodes(child))
+        return cudaErrorNotSupported; /* memory nodes cannot be in a child graph */
     if (!(n->u.child = pilot_graph_clone(child)))
         return cudaErrorMemoryAllocation;
     n->u.child->owner = n;
@@ -968,7 +1002,7 @@ PILOT_EXPORT cudaError_t cudaGraphAddChildGraphNode(cudaGraphNode_t *pGraphNode,
                                                     const cudaGraphNode_t *pDependencies,
                                                     size_t numDependencies, cudaGraph_t childGraph)
 {
-    return add_node(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeGraph,
+    return pilot_graph_add(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeGraph,
                     fill_child, childGraph);
 }
 
@@ -976,7 +1010,7 @@ PILOT_EXPORT cudaError_t cudaGraphAddEmptyNode(cudaGraphNode_t *pGraphNode, cuda
                                                const cudaGraphNode_t *pDependencies,
                                                size_t numDependencies)
 {
-    return add_node(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeEmpty,
+    return pilot_graph_add(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeEmpty,
                     NULL, NULL);
 }
 
@@ -992,7 +1026,7 @@ PILOT_EXPORT cudaError_t cudaGraphAddEventRecordNode(cudaGraphNode_t *pGraphNode
                                                      const cudaGraphNode_t *pDependencies,
                                                      size_t numDependencies, cudaEvent_t event)
 {
-    return add_node(pGraphNode, graph, pDependencies, numDependencies,
+    return pilot_graph_add(pGraphNode, graph, pDependencies, numDependencies,
                     cudaGraphNodeTypeEventRecord, fill_event, event);
 }
 
@@ -1000,7 +1034,7 @@ PILOT_EXPORT cudaError_t cudaGraphAddEventWaitNode(cudaGraphNode_t *pGraphNode, 
                                                    const cudaGraphNode_t *pDependencies,
                                                    size_t numDependencies, cudaEvent_t event)
 {
-    return add_node(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeWaitEvent,
+    return pilot_graph_add(pGraphNode, graph, pDependencies, numDependencies, cudaGraphNodeTypeWaitEvent,
                     fill_event, event);
 }
 
@@ -1060,6 +1094,8 @@ static cudaError_t remove_dependencies(cudaGraph_t graph, const cudaGraphNode_t 
     cudaError_t err = edges_check(g, from, to, data, n);
     if (err)
         return err;
+    if (pilot_graph_has_mem_nodes(g))
+        return cudaErrorNotSupported; /* and so do its edges */
     for (size_t i = 0; i < n; i++)
         if (!has_edge((struct gnode *)from[i], (struct gnode *)to[i]))
             return cudaErrorInvalidValue;
@@ -1217,6 +1253,8 @@ static cudaError_t destroy_node(cudaGraphNode_t node)
     struct gnode *n = pilot_node_get(node);
     if (!n)
         return cudaErrorInvalidValue;
+    if (pilot_graph_has_mem_nodes(n->graph))
+        return cudaErrorNotSupported; /* nodes of a graph with memory nodes stay */
     pilot_node_destroy(n);
     return cudaSuccess;
 }
@@ -1231,6 +1269,8 @@ static cudaError_t clone_graph(cudaGraph_t *out, cudaGraph_t original)
     struct ggraph *g = pilot_graph_get(original);
     if (!out || !g)
         return cudaErrorInvalidValue;
+    if (pilot_graph_has_mem_nodes(g))
+        return cudaErrorNotSupported; /* a graph with memory nodes cannot be cloned */
     struct ggraph *c = pilot_graph_clone(g);
     if (!c)
         return cudaErrorMemoryAllocation;
@@ -1639,11 +1679,16 @@ static cudaError_t instantiate(cudaGraphExec_t *out, cudaGraph_t graph, unsigned
         LOG_WARN("cudaGraphInstantiateFlagDeviceLaunch: device graph launch is not supported by pilot");
         return cudaErrorNotSupported;
     }
+    int has_mem = pilot_graph_has_mem_nodes(g);
+    for (size_t i = 0; has_mem && i < g->count; i++)
+        if (g->nodes[i]->type == cudaGraphNodeTypeMemAlloc && g->nodes[i]->u.alloc.mem->exec_allocs)
+            return cudaErrorNotSupported; /* one executable graph at a time */
     struct gexec *e = calloc(1, sizeof *e);
     if (!e)
         return cudaErrorMemoryAllocation;
     e->magic = EXEC_MAGIC;
     e->flags = flags;
+    e->has_mem = has_mem;
     size_t cap = 0;
     int rc = -2;
     if ((e->graph = pilot_graph_clone(g)))
@@ -1719,7 +1764,11 @@ static cudaError_t exec_destroy(cudaGraphExec_t exec)
 
 PILOT_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec)
 {
-    LOCKED(exec_destroy(graphExec));
+    pthread_mutex_lock(&pilot_graph_lock);
+    cudaError_t err = exec_destroy(graphExec);
+    pthread_mutex_unlock(&pilot_graph_lock);
+    pilot_gmem_drain();
+    PILOT_RETURN(err);
 }
 
 PILOT_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream)
@@ -1734,6 +1783,15 @@ PILOT_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t
     cudaError_t err = cudaSuccess;
     if (pilot_capture_graph(stream, e->graph, &err))
         PILOT_RETURN(err);
+    if (e->has_mem) { /* an allocation of the last launch the program did not free */
+        pthread_mutex_lock(&pilot_graph_lock);
+        err = exec_get(graphExec) == e ? pilot_gmem_before_launch(
+                  e->order, e->count, (e->flags & cudaGraphInstantiateFlagAutoFreeOnLaunch) != 0)
+                                       : cudaErrorInvalidValue;
+        pthread_mutex_unlock(&pilot_graph_lock);
+        if (err)
+            PILOT_RETURN(err);
+    }
     for (size_t i = 0; i < e->count; i++) {
         const struct gnode *n = e->order[i];
         if (!n->enabled)
@@ -1824,6 +1882,10 @@ static cudaError_t exec_update(cudaGraphExec_t exec, cudaGraph_t graph,
         else if (b->type == cudaGraphNodeTypeGraph &&
                  b->u.child->count != a->u.child->count)
             why = cudaGraphExecUpdateErrorTopologyChanged;
+        else if ((b->type == cudaGraphNodeTypeMemAlloc && b->u.alloc.mem != a->u.alloc.mem) ||
+                 (b->type == cudaGraphNodeTypeMemFree && b->u.freed != a->u.freed))
+            why = cudaGraphExecUpdateErrorNotSupported; /* the same allocations only (H100: the
+                                                           graph it was made from updates it) */
         for (size_t j = 0; !why && j < b->ndeps; j++) {
             /* the same edges: each dependency of b is the same-numbered node's copy in a's */
             const struct gnode *want = old->nodes[b->deps[j]->index];
@@ -1842,6 +1904,8 @@ static cudaError_t exec_update(cudaGraphExec_t exec, cudaGraph_t graph,
         return cudaErrorGraphExecUpdateFailure;
     }
     for (size_t i = 0; i < g->count; i++) {
+        if (g->nodes[i]->type == cudaGraphNodeTypeMemAlloc || g->nodes[i]->type == cudaGraphNodeTypeMemFree)
+            continue; /* the same allocation: nothing to change */
         cudaError_t err = node_copy_params(old->nodes[i], g->nodes[i]);
         if (err)
             return err;
@@ -1870,7 +1934,8 @@ PILOT_EXPORT cudaError_t cudaGraphExecUpdate(cudaGraphExec_t hGraphExec, cudaGra
 static const char *type_name(enum cudaGraphNodeType t)
 {
     static const char *const names[] = {"KERNEL", "MEMCPY", "MEMSET", "HOST", "GRAPH", "EMPTY",
-                                        "WAIT_EVENT", "EVENT_RECORD"};
+                                        "WAIT_EVENT", "EVENT_RECORD", "EXT_SEMAS_SIGNAL",
+                                        "EXT_SEMAS_WAIT", "MEM_ALLOC", "MEM_FREE"};
     return (unsigned)t < sizeof names / sizeof *names ? names[t] : "OTHER";
 }
 
@@ -1995,7 +2060,7 @@ PILOT_EXPORT cudaError_t cudaGraphAddNode(cudaGraphNode_t *pGraphNode, cudaGraph
     }
     case cudaGraphNodeTypeGraph:
         if (p->graph.ownership == cudaGraphChildGraphOwnershipMove)
-            return add_node(pGraphNode, graph, d, nd, cudaGraphNodeTypeGraph, fill_child_moved,
+            return pilot_graph_add(pGraphNode, graph, d, nd, cudaGraphNodeTypeGraph, fill_child_moved,
                             p->graph.graph);
         return cudaGraphAddChildGraphNode(pGraphNode, graph, d, nd, p->graph.graph);
     case cudaGraphNodeTypeEmpty:
@@ -2004,6 +2069,16 @@ PILOT_EXPORT cudaError_t cudaGraphAddNode(cudaGraphNode_t *pGraphNode, cudaGraph
         return cudaGraphAddEventRecordNode(pGraphNode, graph, d, nd, p->eventRecord.event);
     case cudaGraphNodeTypeWaitEvent:
         return cudaGraphAddEventWaitNode(pGraphNode, graph, d, nd, p->eventWait.event);
+    case cudaGraphNodeTypeMemAlloc: { /* the V2 struct has the V1 layout, field for field */
+        struct cudaMemAllocNodeParams a = {p->alloc.poolProps, p->alloc.accessDescs,
+                                           p->alloc.accessDescCount, p->alloc.bytesize, NULL};
+        cudaError_t err = cudaGraphAddMemAllocNode(pGraphNode, graph, d, nd, &a);
+        if (err == cudaSuccess)
+            p->alloc.dptr = a.dptr;
+        return err;
+    }
+    case cudaGraphNodeTypeMemFree:
+        return cudaGraphAddMemFreeNode(pGraphNode, graph, d, nd, p->free.dptr);
     default:
         PILOT_RETURN(generic_unsupported(p->type));
     }

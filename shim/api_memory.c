@@ -197,6 +197,8 @@ PILOT_EXPORT cudaError_t cudaFree(void *ptr)
         PILOT_RETURN(err);
     if (pilot_alloc_is_symbol((uintptr_t)ptr)) /* a module global, never an allocation */
         PILOT_RETURN(cudaErrorInvalidValue);
+    if (pilot_gmem_user_free(ptr, 0, NULL, &err)) /* memory a graph allocated (graph_mem.c) */
+        PILOT_RETURN(err);
     pilot_req_free req = {.ptr = (uintptr_t)ptr};
     int owner = pilot_alloc_device((uintptr_t)ptr); /* freed on its device, as with UVA */
     owner = owner >= 0 ? owner : pilot_current_device();

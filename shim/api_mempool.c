@@ -1,5 +1,6 @@
 /* The stream-ordered allocator (cudaMallocAsync, cudaFreeAsync, memory pools) on top of pilot's
- * ordinary allocations (a capturing stream refuses them: graph memory nodes are not carried).
+ * ordinary allocations. On a capturing stream cudaMallocAsync and cudaFreeAsync become graph
+ * allocation and free nodes (graph_mem.c); cudaMallocFromPoolAsync is refused there.
  *
  * Semantics kept: an allocation is usable by work ordered after cudaMallocAsync on its stream (it
  * is made at once, which is earlier, so it is); cudaFreeAsync frees once the work issued to its
@@ -131,10 +132,8 @@ void pilot_mempool_forget(uint64_t ptr)
     pthread_mutex_unlock(&g_lock);
 }
 
-static cudaError_t alloc_from(void **ptr, size_t size, int slot, int device)
+cudaError_t pilot_malloc_on(int device, size_t size, void **ptr)
 {
-    if (!ptr)
-        return cudaErrorInvalidValue;
     *ptr = NULL;
     int previous = pilot_current_device();
     cudaError_t err = cudaSuccess;
@@ -148,12 +147,30 @@ static cudaError_t alloc_from(void **ptr, size_t size, int slot, int device)
     cudaThreadExchangeStreamCaptureMode(&mode);
     if (device != previous)
         cudaSetDevice(previous);
+    return err;
+}
+
+cudaError_t pilot_free_relaxed(void *ptr)
+{
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    cudaError_t err = cudaFree(ptr);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    return err;
+}
+
+static cudaError_t alloc_from(void **ptr, size_t size, int slot, int device)
+{
+    if (!ptr)
+        return cudaErrorInvalidValue;
+    cudaError_t err = pilot_malloc_on(device, size, ptr);
     if (err == cudaSuccess && *ptr)
         note_owned((uint64_t)(uintptr_t)*ptr, size, slot);
     return err;
 }
 
-/* Graph memory nodes are not carried: a capturing stream refuses stream-ordered allocation. */
+/* What a capturing stream cannot take: allocation from an explicit pool (pilot's graph
+ * allocations come from the device's graph memory), a free of memory no graph allocated. */
 static cudaError_t refuse_capture(cudaStream_t stream, const char *what)
 {
     cudaError_t err = cudaSuccess;
@@ -166,10 +183,12 @@ PILOT_EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t s
 {
     /* made now, so usable by everything ordered after this call */
     PILOT_REQUIRE_SESSION();
-    cudaError_t err = refuse_capture(stream, "cudaMallocAsync");
-    if (err)
-        PILOT_RETURN(err);
     int device = pilot_current_device();
+    cudaError_t err = cudaSuccess;
+    /* on a capturing stream: an allocation node (graph_capture.c) */
+    if (pilot_capture_any() && pilot_capture_mem_alloc(pilot_stream_handle(stream), ptr, size,
+                                                       device, &err))
+        PILOT_RETURN(err);
     if (!valid_device(device))
         PILOT_RETURN(cudaErrorInvalidDevice);
     pthread_mutex_lock(&g_lock);
@@ -199,16 +218,18 @@ PILOT_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream)
     PILOT_REQUIRE_SESSION();
     if (!devPtr)
         return cudaSuccess;
-    cudaError_t err = refuse_capture(stream, "cudaFreeAsync");
-    if (err)
+    cudaError_t err = cudaSuccess;
+    /* on a capturing stream, memory a graph allocated: a free node (graph_capture.c) */
+    if (pilot_capture_any() && pilot_capture_mem_free(pilot_stream_handle(stream), devPtr, &err))
+        PILOT_RETURN(err);
+    if ((err = refuse_capture(stream, "cudaFreeAsync")))
+        PILOT_RETURN(err);
+    if (pilot_gmem_user_free(devPtr, 1, stream, &err)) /* a graph allocation (graph_mem.c) */
         PILOT_RETURN(err);
     /* after the work issued to the stream before this call: that work may still use it */
     err = cudaStreamSynchronize(stream);
-    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode); /* as in alloc_from */
     if (err == cudaSuccess)
-        err = cudaFree(devPtr); /* forgets it in its pool too */
-    cudaThreadExchangeStreamCaptureMode(&mode);
+        err = pilot_free_relaxed(devPtr); /* forgets it in its pool too */
     PILOT_RETURN(err);
 }
 

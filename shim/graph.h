@@ -41,6 +41,19 @@ struct glib {
     size_t req_len, payload_len;
 };
 
+/* A graph allocation (graph_mem.c): the memory of an allocation node, made when the node is
+ * made. Nodes that name it (the allocation node, its copies in executable graphs, free nodes)
+ * hold references; it is freed once none does and the program does not hold it. */
+struct gmem {
+    void *ptr;
+    size_t size;
+    int device;
+    unsigned refs;       /* nodes naming it */
+    unsigned exec_allocs; /* copies of its allocation node in executable graphs */
+    int live;            /* allocated as the program sees it: its allocation node ran, no free since */
+    struct gmem *next;
+};
+
 struct gnode {
     uint32_t magic; /* NODE_MAGIC while alive */
     enum cudaGraphNodeType type;
@@ -75,6 +88,13 @@ struct gnode {
         struct cudaHostNodeParams host;
         struct ggraph *child;
         cudaEvent_t event;
+        struct {
+            struct gmem *mem;
+            struct cudaMemPoolProps props;
+            struct cudaMemAccessDesc *descs; /* the node's own copy */
+            size_t ndescs;
+        } alloc;
+        struct gmem *freed; /* a free node's allocation */
     } u;
 };
 
@@ -113,6 +133,37 @@ struct ggraph *pilot_graph_clone(const struct ggraph *src); /* nodes' orig = src
 
 /* Issues one node's work on a stream (a program's cudaStream_t). */
 cudaError_t pilot_node_issue(const struct gnode *n, cudaStream_t stream);
+
+/* The common part of every cudaGraphAdd*Node (api_graph.c): checks graph and dependencies, adds
+ * the node, lets fill() set its parameters under the lock, and undoes the node if that fails. */
+cudaError_t pilot_graph_add(cudaGraphNode_t *pNode, cudaGraph_t graph, const cudaGraphNode_t *deps,
+                            size_t ndeps, enum cudaGraphNodeType type,
+                            cudaError_t (*fill)(struct gnode *, const void *), const void *arg);
+/* 1 if g holds an allocation or free node (top level: child graphs cannot). Under the lock. */
+int pilot_graph_has_mem_nodes(const struct ggraph *g);
+
+/* ---- graph_mem.c ---- */
+/* An allocation node's parameters checked and its memory made (without the lock). */
+cudaError_t pilot_gmem_create(const struct cudaMemAllocNodeParams *p, struct gmem **out);
+/* Under the lock: the allocation at exactly ptr, or NULL. */
+struct gmem *pilot_gmem_find(const void *ptr);
+/* Under the lock: a node's reference, taken and dropped (the last one, with the program not
+ * holding the memory, queues it to be freed by pilot_gmem_drain). */
+void pilot_gmem_ref(struct gmem *m, int exec_alloc);
+void pilot_gmem_unref(struct gmem *m, int exec_alloc);
+/* Without the lock: frees what pilot_gmem_unref queued (after cudaGraphDestroy and the like). */
+void pilot_gmem_drain(void);
+/* In a forked child: the parent's graph allocations are not this process's to free or track. */
+void pilot_gmem_forget(void);
+/* Fills an allocation node (under the lock): n->u.alloc from p and m, a reference taken
+ * (exec_alloc: n is a copy in an executable graph). */
+cudaError_t pilot_gmem_fill_alloc(struct gnode *n, const struct cudaMemAllocNodeParams *p,
+                                  struct gmem *m, int exec_alloc);
+/* Under the lock: before an executable graph's nodes are issued, its allocations must not be
+ * live (with auto_free they are freed first). */
+cudaError_t pilot_gmem_before_launch(struct gnode *const *order, size_t count, int auto_free);
+/* An allocation or free node issued: its allocation becomes live or not (takes the lock). */
+void pilot_gmem_issued(const struct gnode *n);
 
 /* ---- graph_capture.c ---- */
 /* 1 if a capture under way builds g (cudaGraphDestroy refuses it). Under the lock. */

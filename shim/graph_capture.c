@@ -17,9 +17,11 @@
  * (cudaErrorStreamCaptureUnsupported); waiting in a capture for an event recorded outside it
  * (cudaErrorStreamCaptureIsolation); cudaMalloc and cudaFree where the capture modes forbid
  * unsafe calls (cudaErrorStreamCaptureUnsupported); synchronizing or querying an event recorded
- * in a capture (cudaErrorCapturedEvent). Work pilot cannot put in a graph (stream-ordered
- * allocation, peer copies, cooperative launches, stream callbacks) is cudaErrorNotSupported on a
- * capturing stream, logged, and invalidates the capture. */
+ * in a capture (cudaErrorCapturedEvent). cudaMallocAsync and cudaFreeAsync of graph memory
+ * become allocation and free nodes (graph_mem.c). Work pilot cannot put in a graph (allocation
+ * from an explicit pool, a free of memory no graph allocated, peer copies, cooperative launches,
+ * stream callbacks) is cudaErrorNotSupported on a capturing stream, logged, and invalidates the
+ * capture. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -363,6 +365,74 @@ int pilot_capture_host(uint64_t stream, cudaHostFn_t fn, void *data, cudaError_t
     if (!n)
         return leave(err, cudaErrorMemoryAllocation);
     n->u.host = (struct cudaHostNodeParams){.fn = fn, .userData = data};
+    return leave(err, cudaSuccess);
+}
+
+/* cudaMallocAsync on a capturing stream: an allocation node of `size` bytes on `device`, made
+ * outside the lock (it is a cudaMalloc), then added if the capture is still the same. */
+int pilot_capture_mem_alloc(uint64_t stream, void **ptr, size_t size, int device, cudaError_t *err)
+{
+    int taken;
+    struct cstream *s = enter(stream, &taken, err);
+    if (!s)
+        return taken ? leave(err, *err) : 0;
+    uint64_t id = s->cap->id;
+    pthread_mutex_unlock(&pilot_graph_lock);
+    if (!ptr)
+        return *err = cudaErrorInvalidValue, 1;
+    *ptr = NULL;
+    if (!size)
+        return *err = cudaSuccess, 1; /* nothing to allocate: no node */
+    struct cudaMemAllocNodeParams p = {.bytesize = size};
+    p.poolProps.allocType = cudaMemAllocationTypePinned;
+    p.poolProps.location = (struct cudaMemLocation){.type = cudaMemLocationTypeDevice, .id = device};
+    struct gmem *m;
+    if ((*err = pilot_gmem_create(&p, &m)))
+        return 1;
+    s = enter(stream, &taken, err);
+    if (s && s->cap->id == id) {
+        struct gnode *n = append(s, cudaGraphNodeTypeMemAlloc);
+        if (n) {
+            (void)pilot_gmem_fill_alloc(n, &p, m, 0); /* no access descriptors: cannot fail */
+            *ptr = m->ptr;
+            return leave(err, cudaSuccess);
+        }
+        *err = cudaErrorMemoryAllocation;
+    } else if (s || !taken) {
+        *err = cudaErrorStreamCaptureInvalidated; /* the capture ended meanwhile */
+    }
+    if (!taken)
+        pthread_mutex_lock(&pilot_graph_lock);
+    pilot_gmem_ref(m, 0); /* no node took it: let it go */
+    pilot_gmem_unref(m, 0);
+    pthread_mutex_unlock(&pilot_graph_lock);
+    pilot_gmem_drain();
+    return 1;
+}
+
+/* cudaFreeAsync on a capturing stream of memory a graph allocated: a free node (0: not such
+ * memory, for cudaFreeAsync to refuse as it refuses any other free in a capture). */
+int pilot_capture_mem_free(uint64_t stream, void *ptr, cudaError_t *err)
+{
+    int taken;
+    struct cstream *s = enter(stream, &taken, err);
+    if (!s)
+        return taken ? leave(err, *err) : 0;
+    struct gmem *m = pilot_gmem_find(ptr);
+    if (!m) {
+        pthread_mutex_unlock(&pilot_graph_lock);
+        return 0;
+    }
+    for (size_t i = 0; i < s->cap->graph->count; i++) {
+        const struct gnode *other = s->cap->graph->nodes[i];
+        if (other->type == cudaGraphNodeTypeMemFree && other->u.freed == m)
+            return leave(err, cudaErrorInvalidValue); /* freed twice in one graph */
+    }
+    struct gnode *n = append(s, cudaGraphNodeTypeMemFree);
+    if (!n)
+        return leave(err, cudaErrorMemoryAllocation);
+    n->u.freed = m;
+    pilot_gmem_ref(m, 0);
     return leave(err, cudaSuccess);
 }
 
@@ -719,7 +789,9 @@ static cudaError_t end(cudaStream_t stream, cudaGraph_t *pGraph)
 PILOT_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(end(stream, pGraph));
+    cudaError_t err = end(stream, pGraph);
+    pilot_gmem_drain(); /* a failed capture's graph allocations */
+    PILOT_RETURN(err);
 }
 
 PILOT_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t *pGraph)
@@ -879,6 +951,7 @@ static void fork_child(void)
     pthread_mutex_init(&pilot_graph_lock, NULL);
     while (g_captures)
         end_capture(g_captures, 1);
+    pilot_gmem_forget(); /* graph memory is the parent's session's */
 }
 
 __attribute__((constructor)) static void register_fork_handler(void)

@@ -332,6 +332,16 @@ cudaError_t pilot_callbacks_fence_device(int device);
  * with *err the operation's result: recorded as a node of the capture, or refused. `stream` is a
  * daemon handle (pilot_stream_handle). One atomic load while nothing captures. */
 int pilot_capture_any(void);
+/* cudaMallocAsync / cudaFreeAsync on a capturing stream: 1 when recorded as a graph allocation
+ * or free node (or refused: *err says), 0 when the stream does not capture. */
+int pilot_capture_mem_alloc(uint64_t stream, void **ptr, size_t size, int device, cudaError_t *err);
+int pilot_capture_mem_free(uint64_t stream, void *ptr, cudaError_t *err);
+/* Graph allocations (graph_mem.c) freed by the program outside a graph. */
+int pilot_gmem_user_free(void *ptr, int async, cudaStream_t stream, cudaError_t *err);
+/* cudaMalloc on `device` (the calling thread's device kept), allowed during a capture; and the
+ * cudaFree that goes with it (api_mempool.c). */
+cudaError_t pilot_malloc_on(int device, size_t size, void **ptr);
+cudaError_t pilot_free_relaxed(void *ptr);
 int pilot_capture_launch(uint64_t stream, struct pilot_kernel *kernel, dim3 grid, dim3 block,
                          unsigned shared, const struct pilot_kernel_launch_info *info,
                          const unsigned char *buf, cudaError_t *err);

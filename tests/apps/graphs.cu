@@ -20,25 +20,13 @@
 
 #include <cuda_runtime.h>
 
+#include "graph_kernels.cuh"
+
 #define N 1024
 #define TABLE 16
 #define THREADS 256
 
 __device__ int g_table[TABLE];
-
-__global__ void graph_axpb(int *x, int n, int mul, int add)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        x[i] = x[i] * mul + add;
-}
-
-__global__ void graph_add(int *dst, const int *src, int n)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        dst[i] += src[i];
-}
 
 __global__ void graph_table(int *x, int n)
 {
@@ -46,17 +34,6 @@ __global__ void graph_table(int *x, int n)
     if (i < n)
         x[i] += g_table[i % TABLE];
 }
-
-static const char *name(cudaError_t e) { return cudaGetErrorName(e); }
-
-#define CHECK(call)                                                                   \
-    do {                                                                              \
-        cudaError_t e_ = (call);                                                      \
-        if (e_ != cudaSuccess) {                                                      \
-            printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #call, name(e_));       \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
 
 static unsigned fnv(const int *x, int n)
 {

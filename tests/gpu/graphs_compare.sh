@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# CUDA graphs on a real GPU: builds tests/apps/graphs.cu, runs it natively and under pilot and
-# diffs stdout byte for byte, then runs `graphs garbage` under pilot (destroyed and made-up
-# handles: every line but the last must be cudaErrorInvalidValue). About 30 s with the build.
+# CUDA graphs on a real GPU: builds tests/apps/graphs.cu and graph_mem.cu (graph memory nodes),
+# runs each natively and under pilot and diffs stdout byte for byte, then runs `graphs garbage`
+# under pilot (destroyed and made-up handles: every line but the last must be
+# cudaErrorInvalidValue). About 40 s with the builds.
 #
 #   bash tests/gpu/run_compare.sh --install-only   # once: pilot into $PILOT_SITE
 #   bash tests/gpu/graphs_compare.sh
 #
 # Environment: PILOT_SITE (default /tmp/site), PYTHON (python3), NVCC_ARCH (sm_90), OUT
-# (/tmp/pilot-gpu-out: graphs.native.out, graphs.pilot.out, graphs.diff, pilotd-graphs.log);
+# (/tmp/pilot-gpu-out: PROGRAM.native.out, PROGRAM.pilot.out, PROGRAM.diff, pilotd-graphs.log);
 # PILOT_BACKEND=sim with PILOT_SIM_KERNELS (space-separated files) and COMPARE_DRY_RUN=1 (the
 # "native" run under pilot too) check this script on a machine without a GPU.
 # Exit status: 0 when both checks pass, 1 otherwise, 2 when the build or the daemon failed.
@@ -35,9 +36,12 @@ WORK=$(mktemp -d /tmp/pilot-graphs.XXXXXX)
 trap 'pilotd_stop; rm -rf "$WORK"' EXIT
 
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-say "building graphs.cu with $NVCC -arch=$NVCC_ARCH"
-"$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$WORK/graphs" "$REPO/tests/apps/graphs.cu" \
-    || exit 2
+PROGRAMS=(graphs graph_mem)
+for prog in "${PROGRAMS[@]}"; do
+    say "building $prog.cu with $NVCC -arch=$NVCC_ARCH"
+    "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$WORK/$prog" "$REPO/tests/apps/$prog.cu" \
+        || exit 2
+done
 SHIM=$("$PYTHON" -m pilot.cli.pilot shim-path) || { say "pilot shim-path failed"; exit 2; }
 rm -f "$SOCK"
 daemon_args=(--backend "$PILOT_BACKEND" --socket "$SOCK")
@@ -47,21 +51,23 @@ native_env=(env -u LD_PRELOAD -u PILOT_SOCKET)
 [ "$COMPARE_DRY_RUN" = 1 ] && native_env=(env LD_PRELOAD="$SHIM" PILOT_SOCKET="$SOCK")
 
 bad=0
-timeout -k 5 120 "${native_env[@]}" "$WORK/graphs" >"$OUT/graphs.native.out" 2>"$WORK/native.err"
-nrc=$?
-timeout -k 5 120 env LD_PRELOAD="$SHIM" PILOT_SOCKET="$SOCK" "$WORK/graphs" >"$OUT/graphs.pilot.out" \
-    2>"$WORK/pilot.err"
-prc=$?
-if diff -u "$OUT/graphs.native.out" "$OUT/graphs.pilot.out" >"$OUT/graphs.diff" && [ "$nrc" = 0 ] \
-        && [ "$prc" = 0 ]; then
-    say "graphs: identical natively and under pilot ($(wc -l <"$OUT/graphs.pilot.out") lines)"
-else
-    say "graphs: DIFFERENT (native rc $nrc, pilot rc $prc); diff native pilot:"
-    cat "$OUT/graphs.diff" >&2
-    say "native stderr:"; cat "$WORK/native.err" >&2
-    say "pilot stderr:"; cat "$WORK/pilot.err" >&2
-    bad=1
-fi
+for prog in "${PROGRAMS[@]}"; do
+    timeout -k 5 120 "${native_env[@]}" "$WORK/$prog" >"$OUT/$prog.native.out" 2>"$WORK/native.err"
+    nrc=$?
+    timeout -k 5 120 env LD_PRELOAD="$SHIM" PILOT_SOCKET="$SOCK" "$WORK/$prog" \
+        >"$OUT/$prog.pilot.out" 2>"$WORK/pilot.err"
+    prc=$?
+    if diff -u "$OUT/$prog.native.out" "$OUT/$prog.pilot.out" >"$OUT/$prog.diff" && [ "$nrc" = 0 ] \
+            && [ "$prc" = 0 ]; then
+        say "$prog: identical natively and under pilot ($(wc -l <"$OUT/$prog.pilot.out") lines)"
+    else
+        say "$prog: DIFFERENT (native rc $nrc, pilot rc $prc); diff native pilot:"
+        cat "$OUT/$prog.diff" >&2
+        say "native stderr:"; cat "$WORK/native.err" >&2
+        say "pilot stderr:"; cat "$WORK/pilot.err" >&2
+        bad=1
+    fi
+done
 
 timeout -k 5 60 env LD_PRELOAD="$SHIM" PILOT_SOCKET="$SOCK" "$WORK/graphs" garbage \
     >"$WORK/garbage.out" 2>"$WORK/garbage.err"
