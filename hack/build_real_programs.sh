@@ -56,8 +56,6 @@
 #             mempool   stream-ordered allocator (cudaMallocAsync, memory pools)
 #             launchex  cudaLaunchKernelExC (launch attributes), used by Thrust/CUB here
 #             ipc       CUDA IPC handles between processes (fork)
-#             vareuse   graph memory: a later allocation of the same graph does not reuse the
-#                       address of one it freed (each has its own memory under pilot)
 #           excluded / not-built: not run (note says why)
 #   suite   cuda-samples or rodinia
 #   note    free text
@@ -175,7 +173,7 @@ stereoDisparity|cs:5_Domain_Specific/stereoDisparity|stereoDisparity.cu|-|-|ster
 reductionMultiBlockCG|cs:2_Concepts_and_Techniques/reductionMultiBlockCG|reductionMultiBlockCG.cu|-|-|-|generic|ok|grid.sync() through cudaLaunchCooperativeKernel
 simpleAWBarrier|cs:0_Introduction/simpleAWBarrier|simpleAWBarrier.cu|-|-|-|generic|ok|cudaHostAlloc (and cudaLaunchCooperativeKernel)
 simpleCudaGraphs|cs:3_CUDA_Features/simpleCudaGraphs|simpleCudaGraphs.cu|-|-|-|generic|ok|graphs built by hand and by stream capture, host nodes, cudaHostAlloc
-graphMemoryNodes|cs:3_CUDA_Features/graphMemoryNodes|graphMemoryNodes.cu|-|-|-|generic|vareuse|graph memory nodes, cudaMallocAsync in a capture; natively the allocation after a free in the same graph reuses its address, and the sample prints that check
+graphMemoryNodes|cs:3_CUDA_Features/graphMemoryNodes|graphMemoryNodes.cu|-|-|-|generic|ok|graph memory nodes, cudaMallocAsync in a capture, an address reused after a free in the same graph
 simpleCallback|cs:0_Introduction/simpleCallback|simpleCallback.cu multithreading.cpp|-|-|-|generic;sort|ok|cudaHostAlloc (and cudaStreamAddCallback from worker threads)
 streamOrderedAllocation|cs:2_Concepts_and_Techniques/streamOrderedAllocation|streamOrderedAllocation.cu|-|-|-|generic|ok|cudaMallocAsync / cudaFreeAsync, memory pool attributes
 simpleAttributes|cs:0_Introduction/simpleAttributes|simpleAttributes.cu|-|-|-|generic|ok|access policy window (cudaStreamSetAttribute, kept as a hint), cudaCtxResetPersistingL2Cache (nothing of the program's persists), cudaHostAlloc

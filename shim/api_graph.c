@@ -530,7 +530,8 @@ static cudaError_t node_copy_params(struct gnode *dst, const struct gnode *src)
     case cudaGraphNodeTypeMemAlloc: { /* only instantiation copies these (no clone, no child) */
         struct cudaMemAllocNodeParams p = {.poolProps = src->u.alloc.props,
                                            .accessDescs = src->u.alloc.descs,
-                                           .accessDescCount = src->u.alloc.ndescs};
+                                           .accessDescCount = src->u.alloc.ndescs,
+                                           .bytesize = src->u.alloc.bytesize};
         return pilot_gmem_fill_alloc(dst, &p, src->u.alloc.mem, 1);
     }
     case cudaGraphNodeTypeMemFree:

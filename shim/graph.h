@@ -90,6 +90,7 @@ struct gnode {
         cudaEvent_t event;
         struct {
             struct gmem *mem;
+            size_t bytesize; /* asked for (the memory may be a bigger one this graph freed) */
             struct cudaMemPoolProps props;
             struct cudaMemAccessDesc *descs; /* the node's own copy */
             size_t ndescs;
@@ -141,10 +142,22 @@ cudaError_t pilot_graph_add(cudaGraphNode_t *pNode, cudaGraph_t graph, const cud
                             cudaError_t (*fill)(struct gnode *, const void *), const void *arg);
 /* 1 if g holds an allocation or free node (top level: child graphs cannot). Under the lock. */
 int pilot_graph_has_mem_nodes(const struct ggraph *g);
+/* Marks `from` and every node they depend on, directly or not, with a new mark (*mark); 0 if
+ * out of memory. Under the lock (graph_capture.c). */
+int pilot_graph_mark_ancestors(struct gnode *const *from, size_t n, uint64_t *mark);
 
 /* ---- graph_mem.c ---- */
-/* An allocation node's parameters checked and its memory made (without the lock). */
+/* An allocation node's parameters checked and its memory made (without the lock); *out comes
+ * with the creator's reference, for pilot_gmem_unref once a node took its own. */
 cudaError_t pilot_gmem_create(const struct cudaMemAllocNodeParams *p, struct gmem **out);
+/* Under the lock: memory of g that an allocation node after deps may have again, as CUDA
+ * reuses freed graph memory: every allocation of it in g freed in g, each free ordered before
+ * deps, and big enough on the same device. NULL if none. */
+struct gmem *pilot_gmem_reusable(const struct ggraph *g, struct gnode *const *deps, size_t ndeps,
+                                 const struct cudaMemAllocNodeParams *p);
+/* Under the lock: 1 if a free node of m may be added to g (not all of its allocations in g, or
+ * the one it came with from elsewhere, are freed in g already). */
+int pilot_gmem_can_free(const struct ggraph *g, const struct gmem *m);
 /* Under the lock: the allocation at exactly ptr, or NULL. */
 struct gmem *pilot_gmem_find(const void *ptr);
 /* Under the lock: a node's reference, taken and dropped (the last one, with the program not

@@ -376,17 +376,25 @@ int pilot_capture_mem_alloc(uint64_t stream, void **ptr, size_t size, int device
     struct cstream *s = enter(stream, &taken, err);
     if (!s)
         return taken ? leave(err, *err) : 0;
-    uint64_t id = s->cap->id;
-    pthread_mutex_unlock(&pilot_graph_lock);
     if (!ptr)
-        return *err = cudaErrorInvalidValue, 1;
+        return leave(err, cudaErrorInvalidValue);
     *ptr = NULL;
     if (!size)
-        return *err = cudaSuccess, 1; /* nothing to allocate: no node */
+        return leave(err, cudaSuccess); /* nothing to allocate: no node */
     struct cudaMemAllocNodeParams p = {.bytesize = size};
     p.poolProps.allocType = cudaMemAllocationTypePinned;
     p.poolProps.location = (struct cudaMemLocation){.type = cudaMemLocationTypeDevice, .id = device};
-    struct gmem *m;
+    struct gmem *m = pilot_gmem_reusable(s->cap->graph, s->deps, s->n, &p);
+    if (m) { /* memory this graph freed before: its address again, as CUDA reuses it */
+        struct gnode *n = append(s, cudaGraphNodeTypeMemAlloc);
+        if (!n)
+            return leave(err, cudaErrorMemoryAllocation);
+        (void)pilot_gmem_fill_alloc(n, &p, m, 0); /* no access descriptors: cannot fail */
+        *ptr = m->ptr;
+        return leave(err, cudaSuccess);
+    }
+    uint64_t id = s->cap->id;
+    pthread_mutex_unlock(&pilot_graph_lock);
     if ((*err = pilot_gmem_create(&p, &m)))
         return 1;
     s = enter(stream, &taken, err);
@@ -395,6 +403,7 @@ int pilot_capture_mem_alloc(uint64_t stream, void **ptr, size_t size, int device
         if (n) {
             (void)pilot_gmem_fill_alloc(n, &p, m, 0); /* no access descriptors: cannot fail */
             *ptr = m->ptr;
+            pilot_gmem_unref(m, 0); /* the creator's reference: the node holds it now */
             return leave(err, cudaSuccess);
         }
         *err = cudaErrorMemoryAllocation;
@@ -403,8 +412,7 @@ int pilot_capture_mem_alloc(uint64_t stream, void **ptr, size_t size, int device
     }
     if (!taken)
         pthread_mutex_lock(&pilot_graph_lock);
-    pilot_gmem_ref(m, 0); /* no node took it: let it go */
-    pilot_gmem_unref(m, 0);
+    pilot_gmem_unref(m, 0); /* no node took it: let it go */
     pthread_mutex_unlock(&pilot_graph_lock);
     pilot_gmem_drain();
     return 1;
@@ -423,11 +431,8 @@ int pilot_capture_mem_free(uint64_t stream, void *ptr, cudaError_t *err)
         pthread_mutex_unlock(&pilot_graph_lock);
         return 0;
     }
-    for (size_t i = 0; i < s->cap->graph->count; i++) {
-        const struct gnode *other = s->cap->graph->nodes[i];
-        if (other->type == cudaGraphNodeTypeMemFree && other->u.freed == m)
-            return leave(err, cudaErrorInvalidValue); /* freed twice in one graph */
-    }
+    if (!pilot_gmem_can_free(s->cap->graph, m))
+        return leave(err, cudaErrorInvalidValue); /* freed twice in one graph */
     struct gnode *n = append(s, cudaGraphNodeTypeMemFree);
     if (!n)
         return leave(err, cudaErrorMemoryAllocation);
@@ -714,8 +719,9 @@ PILOT_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream,
 
 /* Marks every node the origin's dependency set depends on (itself included) with `mark`,
  * without recursion (a capture of a long loop is a chain of as many nodes). 0: out of memory. */
-static int mark_ancestors(struct gnode *const *from, size_t n, uint64_t mark)
+int pilot_graph_mark_ancestors(struct gnode *const *from, size_t n, uint64_t *out)
 {
+    uint64_t mark = *out = ++g_mark;
     size_t cap = n + 16, top = 0;
     struct gnode **stack = malloc(cap * sizeof *stack);
     if (!stack)
@@ -746,8 +752,8 @@ static int mark_ancestors(struct gnode *const *from, size_t n, uint64_t mark)
 /* 1 if every stream that joined the capture was joined back into the origin stream. */
 static int joined(struct capture *cap, struct cstream *origin)
 {
-    uint64_t mark = ++g_mark;
-    if (!mark_ancestors(origin->deps, origin->n, mark))
+    uint64_t mark;
+    if (!pilot_graph_mark_ancestors(origin->deps, origin->n, &mark))
         return 1; /* out of memory: the graph is returned unchecked */
     for (struct cstream *s = g_streams; s; s = s->next)
         if (s->cap == cap && s != origin)

@@ -12,12 +12,15 @@
  * allocation node and, for an allocation the graph does not free, by stream work after the
  * launch until the program frees it (cudaFree, cudaFreeAsync or a free node of another graph);
  * the errors for relaunching a graph whose allocation is still live (unless it was instantiated
- * with cudaGraphInstantiateFlagAutoFreeOnLaunch), freeing twice or what no graph allocated; and
- * the restrictions on graphs with memory nodes (api_graph.c: no clone, no child graph, no node or
- * edge removal, one executable graph at a time, no update). Not kept: reuse of memory between
- * the allocations of one graph (CUDA may give allocations whose lifetimes do not overlap the
- * same physical memory; here each has its own), and cudaDeviceGraphMemTrim, which has nothing to
- * release: memory goes back when its nodes do. Peer access to graph memory is not carried. */
+ * with cudaGraphInstantiateFlagAutoFreeOnLaunch), freeing twice or what no graph allocated; the
+ * restrictions on graphs with memory nodes (api_graph.c: no clone, no child graph, no node or
+ * edge removal, one executable graph at a time, updates that keep the allocations); and reuse:
+ * an allocation node ordered after the free of memory of its own graph (every allocation of
+ * that memory in the graph freed, each free before it) gets that memory and address again, as
+ * CUDA gives it (pilot_gmem_reusable). Not kept: reuse in the cases that rule leaves out (CUDA
+ * may also share memory between allocations it can prove apart otherwise), so a graph may hold
+ * more memory than natively; and cudaDeviceGraphMemTrim, which has nothing to release: memory
+ * goes back when its nodes do. Peer access to graph memory is not carried. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,6 +79,7 @@ cudaError_t pilot_gmem_create(const struct cudaMemAllocNodeParams *p, struct gme
         free(m);
         return err;
     }
+    m->refs = 1; /* the creator's */
     pthread_mutex_lock(&pilot_graph_lock);
     m->next = g_mems;
     g_mems = m;
@@ -93,6 +97,47 @@ struct gmem *pilot_gmem_find(const void *ptr)
     for (struct gmem *m = g_mems; m; m = m->next)
         if (m->ptr == ptr)
             return m;
+    return NULL;
+}
+
+/* How many allocation nodes and free nodes of g name m. */
+static void count_nodes(const struct ggraph *g, const struct gmem *m, size_t *allocs, size_t *frees)
+{
+    *allocs = *frees = 0;
+    for (size_t i = 0; i < g->count; i++) {
+        const struct gnode *n = g->nodes[i];
+        *allocs += n->type == cudaGraphNodeTypeMemAlloc && n->u.alloc.mem == m;
+        *frees += n->type == cudaGraphNodeTypeMemFree && n->u.freed == m;
+    }
+}
+
+int pilot_gmem_can_free(const struct ggraph *g, const struct gmem *m)
+{
+    size_t allocs, frees;
+    count_nodes(g, m, &allocs, &frees);
+    return frees < (allocs ? allocs : 1);
+}
+
+struct gmem *pilot_gmem_reusable(const struct ggraph *g, struct gnode *const *deps, size_t ndeps,
+                                 const struct cudaMemAllocNodeParams *p)
+{
+    uint64_t mark;
+    if (!ndeps || !pilot_graph_has_mem_nodes(g) || !pilot_graph_mark_ancestors(deps, ndeps, &mark))
+        return NULL;
+    for (size_t i = 0; i < g->count; i++) {
+        const struct gnode *f = g->nodes[i];
+        if (f->type != cudaGraphNodeTypeMemFree || f->mark != mark)
+            continue;
+        struct gmem *m = f->u.freed;
+        size_t allocs, frees, before = 0;
+        count_nodes(g, m, &allocs, &frees);
+        for (size_t j = 0; j < g->count; j++)
+            before += g->nodes[j]->type == cudaGraphNodeTypeMemFree && g->nodes[j]->u.freed == m &&
+                      g->nodes[j]->mark == mark;
+        if (allocs && allocs == frees && before == frees && m->size >= p->bytesize &&
+            m->device == p->poolProps.location.id)
+            return m;
+    }
     return NULL;
 }
 
@@ -162,6 +207,7 @@ cudaError_t pilot_gmem_fill_alloc(struct gnode *n, const struct cudaMemAllocNode
         memcpy(descs, p->accessDescs, p->accessDescCount * sizeof *descs);
     }
     n->u.alloc.mem = m;
+    n->u.alloc.bytesize = p->bytesize;
     n->u.alloc.props = p->poolProps;
     n->u.alloc.descs = descs;
     n->u.alloc.ndescs = p->accessDescCount;
@@ -224,6 +270,26 @@ static cudaError_t fill_alloc(struct gnode *n, const void *arg)
     return pilot_gmem_fill_alloc(n, f->p, f->mem, 0);
 }
 
+/* Under the lock: memory of graph the new node may have again (pilot_gmem_reusable), with a
+ * reference for the caller; NULL if none, or if graph or a dependency is not valid (the add
+ * then says so). */
+static struct gmem *reuse(cudaGraph_t graph, const cudaGraphNode_t *deps, size_t ndeps,
+                          const struct cudaMemAllocNodeParams *p)
+{
+    struct ggraph *g = pilot_graph_get(graph);
+    if (!g || (ndeps && !deps))
+        return NULL;
+    for (size_t i = 0; i < ndeps; i++) {
+        struct gnode *d = pilot_node_get(deps[i]);
+        if (!d || d->graph != g)
+            return NULL;
+    }
+    struct gmem *m = pilot_gmem_reusable(g, (struct gnode *const *)deps, ndeps, p);
+    if (m)
+        pilot_gmem_ref(m, 0);
+    return m;
+}
+
 PILOT_EXPORT cudaError_t cudaGraphAddMemAllocNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
                                                   const cudaGraphNode_t *pDependencies,
                                                   size_t numDependencies,
@@ -235,20 +301,23 @@ PILOT_EXPORT cudaError_t cudaGraphAddMemAllocNode(cudaGraphNode_t *pGraphNode, c
     pthread_mutex_unlock(&pilot_graph_lock);
     if (!ok)
         PILOT_RETURN(cudaErrorInvalidValue);
-    struct alloc_fill f = {.p = nodeParams};
-    cudaError_t err = pilot_gmem_create(nodeParams, &f.mem);
+    cudaError_t err = check_params(nodeParams);
     if (err)
+        PILOT_RETURN(err);
+    struct alloc_fill f = {.p = nodeParams};
+    pthread_mutex_lock(&pilot_graph_lock);
+    f.mem = reuse(graph, pDependencies, numDependencies, nodeParams);
+    pthread_mutex_unlock(&pilot_graph_lock);
+    if (!f.mem && (err = pilot_gmem_create(nodeParams, &f.mem)))
         PILOT_RETURN(err);
     err = pilot_graph_add(pGraphNode, graph, pDependencies, numDependencies,
                           cudaGraphNodeTypeMemAlloc, fill_alloc, &f);
-    if (err == cudaSuccess) {
+    if (err == cudaSuccess)
         nodeParams->dptr = f.mem->ptr;
-    } else {
-        pthread_mutex_lock(&pilot_graph_lock);
-        maybe_release(f.mem); /* no node took it */
-        pthread_mutex_unlock(&pilot_graph_lock);
-        pilot_gmem_drain();
-    }
+    pthread_mutex_lock(&pilot_graph_lock);
+    pilot_gmem_unref(f.mem, 0); /* ours: the node holds its own, or no node took it */
+    pthread_mutex_unlock(&pilot_graph_lock);
+    pilot_gmem_drain();
     PILOT_RETURN(err);
 }
 
@@ -257,11 +326,8 @@ static cudaError_t fill_free(struct gnode *n, const void *arg)
     struct gmem *m = pilot_gmem_find(arg);
     if (!m)
         return cudaErrorInvalidValue; /* not an address an allocation node returned */
-    for (size_t i = 0; i < n->graph->count; i++) {
-        const struct gnode *other = n->graph->nodes[i];
-        if (other != n && other->type == cudaGraphNodeTypeMemFree && other->u.freed == m)
-            return cudaErrorInvalidValue; /* freed twice in one graph */
-    }
+    if (!pilot_gmem_can_free(n->graph, m))
+        return cudaErrorInvalidValue; /* freed twice in one graph */
     n->u.freed = m;
     pilot_gmem_ref(m, 0);
     return cudaSuccess;
@@ -284,7 +350,7 @@ static cudaError_t alloc_params(cudaGraphNode_t node, struct cudaMemAllocNodePar
     out->poolProps = n->u.alloc.props;
     out->accessDescs = n->u.alloc.descs;
     out->accessDescCount = n->u.alloc.ndescs;
-    out->bytesize = n->u.alloc.mem->size;
+    out->bytesize = n->u.alloc.bytesize;
     out->dptr = n->u.alloc.mem->ptr;
     return cudaSuccess;
 }

@@ -97,6 +97,22 @@ static cudaGraph_t explicit_graph(int device, cudaGraphNode_t *alloc_a, cudaGrap
     CHECK(cudaGraphAddKernelNode(&axpb, g, &add, 1, &k));
     CHECK(cudaGraphAddMemcpyNode1D(&d2h, g, &axpb, 1, h_out, b, BYTES, cudaMemcpyDeviceToHost));
     CHECK(cudaGraphAddMemFreeNode(&free_b, g, &d2h, 1, b));
+    // c, ordered after a's free, may have a's memory again; e, ordered with nothing, may not
+    cudaGraphNode_t alloc_c, set_c, free_c, alloc_e, free_e;
+    p = alloc_params(device, BYTES / 2);
+    CHECK(cudaGraphAddMemAllocNode(&alloc_c, g, &free_node_a, 1, &p));
+    void *c = p.dptr;
+    m = memset32(c, 1);
+    m.width = N / 2;
+    CHECK(cudaGraphAddMemsetNode(&set_c, g, &alloc_c, 1, &m));
+    CHECK(cudaGraphAddMemFreeNode(&free_c, g, &set_c, 1, c));
+    p = alloc_params(device, BYTES);
+    CHECK(cudaGraphAddMemAllocNode(&alloc_e, g, NULL, 0, &p));
+    CHECK(cudaGraphAddMemFreeNode(&free_e, g, &alloc_e, 1, p.dptr));
+    cudaMemAllocNodeParams got;
+    CHECK(cudaGraphMemAllocNodeGetParams(alloc_c, &got));
+    printf("reuse after_free %d unordered_distinct %d bytes %zu\n", c == a, p.dptr != a && p.dptr != c,
+           got.bytesize);
     return g;
 }
 
@@ -260,13 +276,17 @@ int main()
     CHECK(cudaMemsetAsync(out, 0, BYTES, s));
     graph_add<<<N / THREADS, THREADS, 0, s>>>(out, tmp, n);
     CHECK(cudaFreeAsync(tmp, s));
+    int *again = NULL; // after tmp's free in stream order: may have tmp's memory again
+    CHECK(cudaMallocAsync((void **)&again, BYTES / 4, s));
+    CHECK(cudaMemsetAsync(again, 0, BYTES / 4, s));
+    CHECK(cudaFreeAsync(again, s));
     mul = 5;
     plus = -3;
     graph_axpb<<<N / THREADS, THREADS, 0, s>>>(out, n, mul, plus);
     CHECK(cudaMemcpyAsync(h_out, out, BYTES, cudaMemcpyDeviceToHost, s));
     CHECK(cudaFreeAsync(out, s));
     CHECK(cudaStreamEndCapture(s, &g));
-    printf("captured distinct %d\n", tmp != out && tmp && out);
+    printf("captured distinct %d reuse %d\n", tmp != out && tmp && out, again == tmp);
     count_types(g, "captured");
     CHECK(cudaGraphInstantiate(&e, g, 0));
     for (int k = 4; k <= 5; k++) {

@@ -1,7 +1,7 @@
 """graph_mem.cu under pilot: graph memory nodes, explicit and captured from cudaMallocAsync /
 cudaFreeAsync (shim/graph_mem.c). Values are computed here; the error names are CUDA 13's for the
 same calls: tests/gpu/graphs_compare.sh diffs the program natively and under pilot on a GPU
-(H100, 2026-11-27: identical but for three error names, since fixed)."""
+(H100, 2026-11-27: identical, after three error names were corrected from the native run)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ def _launch(what: str, k: int, mul: int, add: int) -> str:
 
 def expected() -> list[str]:
     return [
+        f"reuse after_free 1 unordered_distinct 1 bytes {BYTES // 2}",
         f"explicit type_alloc 10 type_free 11 bytes {BYTES} same_ptr 1 free_ptr 1 device 0",
         "getparams_wrong_type cudaErrorInvalidValue cudaErrorInvalidValue",
-        "explicit nodes 9 alloc 2 free 2 kernel 2 memcpy 2 memset 1",
+        "explicit nodes 14 alloc 4 free 4 kernel 2 memcpy 2 memset 2",
         *(_launch("explicit", k, 3, 1) for k in (1, 2, 3)),
         "clone cudaErrorNotSupported",
         "child cudaErrorNotSupported",
@@ -47,8 +48,8 @@ def expected() -> list[str]:
         "free_after_destroy cudaSuccess",
         "autofree launch cudaSuccess cudaSuccess value 9",
         "autofree user_free cudaSuccess",
-        "captured distinct 1",
-        "captured nodes 9 alloc 2 free 2 kernel 2 memcpy 2 memset 1",
+        "captured distinct 1 reuse 1",
+        "captured nodes 12 alloc 3 free 3 kernel 2 memcpy 2 memset 2",
         *(_launch("captured", k, 5, -3) for k in (4, 5)),
         f"captured_kept value {0x03030303}",
         "captured_kept free cudaSuccess",

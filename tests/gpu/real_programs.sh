@@ -303,7 +303,6 @@ expect_text() {
         mempool) echo "stream-ordered allocator not supported" ;;
         launchex) echo "cudaLaunchKernelExC not supported" ;;
         ipc) echo "CUDA IPC not supported" ;;
-        vareuse) echo "graph allocations do not reuse freed addresses" ;;
         *) echo "$1" ;;
     esac
 }
