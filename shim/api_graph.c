@@ -642,9 +642,25 @@ cudaError_t pilot_node_issue(const struct gnode *n, cudaStream_t stream)
 
 int pilot_graph_has_mem_nodes(const struct ggraph *g)
 {
-    for (size_t i = 0; i < g->count; i++)
-        if (g->nodes[i]->type == cudaGraphNodeTypeMemAlloc || g->nodes[i]->type == cudaGraphNodeTypeMemFree)
+    for (size_t i = 0; i < g->count; i++) {
+        const struct gnode *n = g->nodes[i];
+        if (n->type == cudaGraphNodeTypeMemAlloc || n->type == cudaGraphNodeTypeMemFree ||
+            (n->type == cudaGraphNodeTypeGraph && pilot_graph_has_mem_nodes(n->u.child)))
             return 1;
+    }
+    return 0;
+}
+
+/* 1 if an allocation node of g (or of a child graph moved into it) has a copy in an executable
+ * graph: CUDA allows one executable graph at a time for a graph with memory nodes. */
+static int has_exec(const struct ggraph *g)
+{
+    for (size_t i = 0; i < g->count; i++) {
+        const struct gnode *n = g->nodes[i];
+        if ((n->type == cudaGraphNodeTypeMemAlloc && n->u.alloc.mem->exec_allocs) ||
+            (n->type == cudaGraphNodeTypeGraph && has_exec(n->u.child)))
+            return 1;
+    }
     return 0;
 }
 
@@ -1681,9 +1697,8 @@ static cudaError_t instantiate(cudaGraphExec_t *out, cudaGraph_t graph, unsigned
         return cudaErrorNotSupported;
     }
     int has_mem = pilot_graph_has_mem_nodes(g);
-    for (size_t i = 0; has_mem && i < g->count; i++)
-        if (g->nodes[i]->type == cudaGraphNodeTypeMemAlloc && g->nodes[i]->u.alloc.mem->exec_allocs)
-            return cudaErrorNotSupported; /* one executable graph at a time */
+    if (has_mem && has_exec(g))
+        return cudaErrorNotSupported; /* one executable graph at a time */
     struct gexec *e = calloc(1, sizeof *e);
     if (!e)
         return cudaErrorMemoryAllocation;

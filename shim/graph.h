@@ -140,7 +140,8 @@ cudaError_t pilot_node_issue(const struct gnode *n, cudaStream_t stream);
 cudaError_t pilot_graph_add(cudaGraphNode_t *pNode, cudaGraph_t graph, const cudaGraphNode_t *deps,
                             size_t ndeps, enum cudaGraphNodeType type,
                             cudaError_t (*fill)(struct gnode *, const void *), const void *arg);
-/* 1 if g holds an allocation or free node (top level: child graphs cannot). Under the lock. */
+/* 1 if g holds an allocation or free node, itself or in a child graph moved into it (a copied
+ * child graph cannot have them). Under the lock. */
 int pilot_graph_has_mem_nodes(const struct ggraph *g);
 /* Marks `from` and every node they depend on, directly or not, with a new mark (*mark); 0 if
  * out of memory. Under the lock (graph_capture.c). */

@@ -8,6 +8,7 @@
 //   - what a graph with memory nodes may not do (clone, child graph, node or edge removal, a
 //     second executable graph, update), bad parameters, and the device's graph memory counters.
 // Prints only exact values and error names (identical natively and under pilot).
+// `graph_mem moved`: memory nodes in a child graph moved into its parent (not yet run natively).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -159,10 +160,53 @@ static void count_types(cudaGraph_t g, const char *what)
     free(nodes);
 }
 
-int main()
+// `graph_mem moved`: memory nodes in a child graph moved into its parent
+// (cudaGraphChildGraphOwnershipMove, the one way CUDA lets them into a child graph).
+static int moved(int device)
+{
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t child, parent;
+    CHECK(cudaGraphCreate(&child, 0));
+    cudaMemAllocNodeParams p = alloc_params(device, BYTES);
+    cudaGraphNode_t alloc, set, d2h, freed, node;
+    CHECK(cudaGraphAddMemAllocNode(&alloc, child, NULL, 0, &p));
+    cudaMemsetParams m = memset32(p.dptr, 7);
+    CHECK(cudaGraphAddMemsetNode(&set, child, &alloc, 1, &m));
+    CHECK(cudaGraphAddMemcpyNode1D(&d2h, child, &set, 1, h_out, p.dptr, BYTES, cudaMemcpyDeviceToHost));
+    CHECK(cudaGraphAddMemFreeNode(&freed, child, &d2h, 1, p.dptr));
+    CHECK(cudaGraphCreate(&parent, 0));
+    cudaGraphNodeParams np = {};
+    np.type = cudaGraphNodeTypeGraph;
+    np.graph.graph = child;
+    np.graph.ownership = cudaGraphChildGraphOwnershipMove;
+    CHECK(cudaGraphAddNode(&node, parent, NULL, NULL, 0, &np));
+    cudaGraphExec_t e, second = NULL;
+    CHECK(cudaGraphInstantiate(&e, parent, 0));
+    for (int k = 1; k <= 2; k++) {
+        memset(h_out, 0, sizeof h_out);
+        CHECK(cudaGraphLaunch(e, s));
+        CHECK(cudaStreamSynchronize(s));
+        printf("moved launch %d sum %lld\n", k, sum(h_out));
+    }
+    cudaGraph_t clone = NULL;
+    printf("moved instantiate_twice %s clone %s\n", name(cudaGraphInstantiate(&second, parent, 0)),
+           name(cudaGraphClone(&clone, parent)));
+    CHECK(cudaGraphExecDestroy(e));
+    CHECK(cudaGraphDestroy(parent));
+    unsigned long long used = 1;
+    CHECK(cudaDeviceGetGraphMemAttribute(device, cudaGraphMemAttrUsedMemCurrent, &used));
+    printf("moved after_cleanup used %llu\n", used);
+    CHECK(cudaStreamDestroy(s));
+    return 0;
+}
+
+int main(int argc, char **argv)
 {
     int device = 0;
     CHECK(cudaSetDevice(device));
+    if (argc > 1 && strcmp(argv[1], "moved") == 0)
+        return moved(device);
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     int n = N;
