@@ -2,7 +2,7 @@
 # CUDA graphs on a real GPU: builds tests/apps/graphs.cu and graph_mem.cu (graph memory nodes),
 # runs each natively and under pilot and diffs stdout byte for byte, then runs `graphs garbage`
 # under pilot (destroyed and made-up handles: every line but the last must be
-# cudaErrorInvalidValue). About 40 s with the builds.
+# cudaErrorInvalidValue). About 40 s with the builds. `graph_mem moved` is compared as well.
 #
 #   bash tests/gpu/run_compare.sh --install-only   # once: pilot into $PILOT_SITE
 #   bash tests/gpu/graphs_compare.sh
@@ -51,18 +51,23 @@ native_env=(env -u LD_PRELOAD -u PILOT_SOCKET)
 [ "$COMPARE_DRY_RUN" = 1 ] && native_env=(env LD_PRELOAD="$SHIM" PILOT_SOCKET="$SOCK")
 
 bad=0
-for prog in "${PROGRAMS[@]}"; do
-    timeout -k 5 120 "${native_env[@]}" "$WORK/$prog" >"$OUT/$prog.native.out" 2>"$WORK/native.err"
+# each run: the program and its argument, if any (graph_mem moved: memory nodes in a moved child)
+for run in graphs graph_mem "graph_mem moved"; do
+    read -r prog arg <<<"$run"
+    tag=${run// /_}
+    # shellcheck disable=SC2086  # $arg: no word at all when there is no argument
+    timeout -k 5 120 "${native_env[@]}" "$WORK/$prog" $arg >"$OUT/$tag.native.out" 2>"$WORK/native.err"
     nrc=$?
-    timeout -k 5 120 env LD_PRELOAD="$SHIM" PILOT_SOCKET="$SOCK" "$WORK/$prog" \
-        >"$OUT/$prog.pilot.out" 2>"$WORK/pilot.err"
+    # shellcheck disable=SC2086
+    timeout -k 5 120 env LD_PRELOAD="$SHIM" PILOT_SOCKET="$SOCK" "$WORK/$prog" $arg \
+        >"$OUT/$tag.pilot.out" 2>"$WORK/pilot.err"
     prc=$?
-    if diff -u "$OUT/$prog.native.out" "$OUT/$prog.pilot.out" >"$OUT/$prog.diff" && [ "$nrc" = 0 ] \
+    if diff -u "$OUT/$tag.native.out" "$OUT/$tag.pilot.out" >"$OUT/$tag.diff" && [ "$nrc" = 0 ] \
             && [ "$prc" = 0 ]; then
-        say "$prog: identical natively and under pilot ($(wc -l <"$OUT/$prog.pilot.out") lines)"
+        say "$run: identical natively and under pilot ($(wc -l <"$OUT/$tag.pilot.out") lines)"
     else
-        say "$prog: DIFFERENT (native rc $nrc, pilot rc $prc); diff native pilot:"
-        cat "$OUT/$prog.diff" >&2
+        say "$run: DIFFERENT (native rc $nrc, pilot rc $prc); diff native pilot:"
+        cat "$OUT/$tag.diff" >&2
         say "native stderr:"; cat "$WORK/native.err" >&2
         say "pilot stderr:"; cat "$WORK/pilot.err" >&2
         bad=1
