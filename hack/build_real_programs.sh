@@ -37,7 +37,8 @@
 #   filter  how stdout is compared (tests/gpu/real_programs.sh implements these):
 #             verbatim   byte for byte
 #             generic    drop lines that report times, rates or throughputs (case-insensitive:
-#                        time, elapsed, throughput, bandwidth, a number followed by a time unit,
+#                        time, elapsed, throughput, bandwidth, a number followed by a time unit
+#                        (bare or in parentheses),
 #                        xB/s, FLOP(S), per second, .../s, "Exec:"); everything else verbatim
 #             rc         only the exit status is compared (output not reproducible natively)
 #           followed by any of ";drop=ERE" (also drop lines matching ERE), ";keep=ERE" (keep
@@ -151,19 +152,19 @@ simplePrintf|cs:0_Introduction/simplePrintf|simplePrintf.cu|-|-|-|generic;sort|o
 cdpSimplePrint|cs:3_CUDA_Features/cdpSimplePrint|cdpSimplePrint.cu|-rdc=true -lcudadevrt|-|-|generic;sort|printf|dynamic parallelism + device printf
 simpleCooperativeGroups|cs:0_Introduction/simpleCooperativeGroups|simpleCooperativeGroups.cu|-|-|-|generic;sort|ok|thread-block groups only (no cooperative launch); results printed from the device
 simpleAssert|cs:0_Introduction/simpleAssert|simpleAssert.cu|-|-|-|generic|ok|device assert: message printed by the driver, and cudaErrorAssert leaves the (shared) context unusable
-asyncAPI|cs:0_Introduction/asyncAPI|asyncAPI.cu|-|-|-|generic|ok|cudaMallocHost
+asyncAPI|cs:0_Introduction/asyncAPI|asyncAPI.cu|-|-|-|generic;drop=^CPU executed|ok|cudaMallocHost
 matrixMul|cs:0_Introduction/matrixMul|matrixMul.cu|-|-|-|generic|ok|cudaMallocHost
-fp16ScalarProduct|cs:0_Introduction/fp16ScalarProduct|fp16ScalarProduct.cu|-|-|-|generic|ok|cudaMallocHost
+fp16ScalarProduct|cs:0_Introduction/fp16ScalarProduct|fp16ScalarProduct.cu|-|-|-|generic;drop=^Result |ok|cudaMallocHost
 simpleAtomicIntrinsics|cs:0_Introduction/simpleAtomicIntrinsics|simpleAtomicIntrinsics.cu simpleAtomicIntrinsics_cpu.cpp|-|-|-|generic|ok|cudaMallocHost
 simpleHyperQ|cs:0_Introduction/simpleHyperQ|simpleHyperQ.cu|-|-|-|generic|ok|cudaMallocHost; 32 streams
-simpleStreams|cs:0_Introduction/simpleStreams|simpleStreams.cu|-|-|-|generic|ok|cudaHostAlloc / cudaHostRegister
+simpleStreams|cs:0_Introduction/simpleStreams|simpleStreams.cu|-|-|-|generic;drop=^memcopy:;drop=^kernel:;drop=^non-streamed:;drop=^[0-9]+ streams:|ok|cudaHostAlloc / cudaHostRegister
 simpleZeroCopy|cs:0_Introduction/simpleZeroCopy|simpleZeroCopy.cu|-|-|-|generic|ok|mapped host memory (cudaHostAlloc + cudaHostGetDevicePointer)
 simpleMultiCopy|cs:0_Introduction/simpleMultiCopy|simpleMultiCopy.cu|-|-|-|generic|ok|cudaHostAlloc; copy/compute overlap
 shfl_scan|cs:2_Concepts_and_Techniques/shfl_scan|shfl_scan.cu|-|-|-|generic|ok|cudaMallocHost
 inlinePTX|cs:2_Concepts_and_Techniques/inlinePTX|inlinePTX.cu|-|-|-|generic|ok|cudaMallocHost
 globalToShmemAsyncCopy|cs:3_CUDA_Features/globalToShmemAsyncCopy|globalToShmemAsyncCopy.cu|-|-|-|generic|ok|cudaMallocHost; memcpy_async / cuda::pipeline
 binaryPartitionCG|cs:3_CUDA_Features/binaryPartitionCG|binaryPartitionCG.cu|-|-|-|generic|ok|cudaHostAlloc
-UnifiedMemoryPerf|cs:6_Performance/UnifiedMemoryPerf|matrixMultiplyPerf.cu commonKernels.cu helperFunctions.cpp|-|-|-|generic|um|cudaMallocManaged, also pinned and mapped host memory
+UnifiedMemoryPerf|cs:6_Performance/UnifiedMemoryPerf|matrixMultiplyPerf.cu commonKernels.cu helperFunctions.cpp|-|-|-|generic;drop=^[0-9]+[[:space:]]|ok|cudaMallocManaged, also pinned and mapped host memory
 simpleTexture|cs:0_Introduction/simpleTexture|simpleTexture.cu|-|-|teapot512.pgm ref_rotated.pgm|generic|ok|CUDA array + texture object
 simpleCubemapTexture|cs:0_Introduction/simpleCubemapTexture|simpleCubemapTexture.cu|-|-|-|generic|ok|cubemap CUDA array (cudaMalloc3DArray)
 simplePitchLinearTexture|cs:0_Introduction/simplePitchLinearTexture|simplePitchLinearTexture.cu|-|-|-|generic|ok|pitch-linear and array textures

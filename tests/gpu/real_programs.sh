@@ -199,7 +199,7 @@ awk -F'\t' 'NR > 1 && $4 == "stub" { print $1 }' "$REPO/shim/cudart_exports.tsv"
 # ---- filters ----
 
 # Lines reporting times, rates and throughputs (case-insensitive); see build_real_programs.sh.
-GENERIC_DROP='\b(time|timing|elapsed|throughput|bandwidth|gflops|tflops|flops|tops)\b|[0-9][[:space:]]*(ms|msec|msecs|millisec|milliseconds|s|sec|secs|seconds|us|usec|usecs|ns)\b|/sec\b|per second|[a-z]/s\b|^exec:'
+GENERIC_DROP='\b(time|timing|elapsed|throughput|bandwidth|gflops|tflops|flops|tops)\b|[0-9][[:space:]]*(ms|msec|msecs|millisec|milliseconds|s|sec|secs|seconds|us|usec|usecs|ns)\b|[0-9][[:space:]]*\((ms|msec|s|sec|us|usec|ns)\)|/sec\b|per second|[a-z]/s\b|^exec:'
 
 # apply_filter SPEC IN OUT
 apply_filter() {
