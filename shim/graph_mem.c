@@ -100,21 +100,25 @@ struct gmem *pilot_gmem_find(const void *ptr)
     return NULL;
 }
 
-/* How many allocation nodes and free nodes of g name m. */
-static void count_nodes(const struct ggraph *g, const struct gmem *m, size_t *allocs, size_t *frees)
+/* How many allocation nodes and free nodes of g name m, and how many of those free nodes carry
+ * `mark` (0: none does). */
+static void count_nodes(const struct ggraph *g, const struct gmem *m, uint64_t mark, size_t *allocs,
+                        size_t *frees, size_t *marked_frees)
 {
-    *allocs = *frees = 0;
+    *allocs = *frees = *marked_frees = 0;
     for (size_t i = 0; i < g->count; i++) {
         const struct gnode *n = g->nodes[i];
+        int is_free = n->type == cudaGraphNodeTypeMemFree && n->u.freed == m;
         *allocs += n->type == cudaGraphNodeTypeMemAlloc && n->u.alloc.mem == m;
-        *frees += n->type == cudaGraphNodeTypeMemFree && n->u.freed == m;
+        *frees += is_free;
+        *marked_frees += is_free && mark && n->mark == mark;
     }
 }
 
 int pilot_gmem_can_free(const struct ggraph *g, const struct gmem *m)
 {
-    size_t allocs, frees;
-    count_nodes(g, m, &allocs, &frees);
+    size_t allocs, frees, marked;
+    count_nodes(g, m, 0, &allocs, &frees, &marked);
     return frees < (allocs ? allocs : 1);
 }
 
@@ -129,11 +133,8 @@ struct gmem *pilot_gmem_reusable(const struct ggraph *g, struct gnode *const *de
         if (f->type != cudaGraphNodeTypeMemFree || f->mark != mark)
             continue;
         struct gmem *m = f->u.freed;
-        size_t allocs, frees, before = 0;
-        count_nodes(g, m, &allocs, &frees);
-        for (size_t j = 0; j < g->count; j++)
-            before += g->nodes[j]->type == cudaGraphNodeTypeMemFree && g->nodes[j]->u.freed == m &&
-                      g->nodes[j]->mark == mark;
+        size_t allocs, frees, before;
+        count_nodes(g, m, mark, &allocs, &frees, &before);
         if (allocs && allocs == frees && before == frees && m->size >= p->bytesize &&
             m->device == p->poolProps.location.id)
             return m;

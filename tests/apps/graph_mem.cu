@@ -37,6 +37,15 @@ static void input(int k)
         h_in[i] = i * k + 7;
 }
 
+// launch e on input(k) and print what the pipeline wrote to h_out
+static void launch_on_input(cudaGraphExec_t e, cudaStream_t s, const char *what, int k)
+{
+    input(k);
+    CHECK(cudaGraphLaunch(e, s));
+    CHECK(cudaStreamSynchronize(s));
+    printf("%s launch %d sum %lld first %d last %d\n", what, k, sum(h_out), h_out[0], h_out[N - 1]);
+}
+
 static cudaMemAllocNodeParams alloc_params(int device, size_t bytes)
 {
     cudaMemAllocNodeParams p;
@@ -229,12 +238,8 @@ int main(int argc, char **argv)
     count_types(g, "explicit");
     cudaGraphExec_t e;
     CHECK(cudaGraphInstantiate(&e, g, 0));
-    for (int k = 1; k <= 3; k++) {
-        input(k);
-        CHECK(cudaGraphLaunch(e, s));
-        CHECK(cudaStreamSynchronize(s));
-        printf("explicit launch %d sum %lld first %d last %d\n", k, sum(h_out), h_out[0], h_out[N - 1]);
-    }
+    for (int k = 1; k <= 3; k++)
+        launch_on_input(e, s, "explicit", k);
 
     // ---- what a graph with memory nodes may not do ----
     cudaGraph_t clone = NULL;
@@ -333,12 +338,8 @@ int main(int argc, char **argv)
     printf("captured distinct %d reuse %d\n", tmp != out && tmp && out, again == tmp);
     count_types(g, "captured");
     CHECK(cudaGraphInstantiate(&e, g, 0));
-    for (int k = 4; k <= 5; k++) {
-        input(k);
-        CHECK(cudaGraphLaunch(e, s));
-        CHECK(cudaStreamSynchronize(s));
-        printf("captured launch %d sum %lld first %d last %d\n", k, sum(h_out), h_out[0], h_out[N - 1]);
-    }
+    for (int k = 4; k <= 5; k++)
+        launch_on_input(e, s, "captured", k);
     CHECK(cudaGraphExecDestroy(e));
     CHECK(cudaGraphDestroy(g));
 
