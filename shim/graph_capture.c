@@ -386,35 +386,33 @@ int pilot_capture_mem_alloc(uint64_t stream, void **ptr, size_t size, int device
     p.poolProps.location = (struct cudaMemLocation){.type = cudaMemLocationTypeDevice, .id = device};
     struct gmem *m = pilot_gmem_reusable(s->cap->graph, s->deps, s->n, &p);
     if (m) { /* memory this graph freed before: its address again, as CUDA reuses it */
-        struct gnode *n = append(s, cudaGraphNodeTypeMemAlloc);
-        if (!n)
-            return leave(err, cudaErrorMemoryAllocation);
+        pilot_gmem_ref(m, 0); /* ours until the node holds its own, as a creator's below */
+    } else {
+        uint64_t id = s->cap->id;
+        pthread_mutex_unlock(&pilot_graph_lock);
+        if ((*err = pilot_gmem_create(&p, &m)))
+            return 1;
+        s = enter(stream, &taken, err);
+        if (!s || s->cap->id != id) {
+            if (s || !taken)
+                *err = cudaErrorStreamCaptureInvalidated; /* the capture ended meanwhile */
+            if (!taken)
+                pthread_mutex_lock(&pilot_graph_lock);
+            s = NULL;
+        }
+    }
+    struct gnode *n = s ? append(s, cudaGraphNodeTypeMemAlloc) : NULL;
+    if (n) {
         (void)pilot_gmem_fill_alloc(n, &p, m, 0); /* no access descriptors: cannot fail */
         *ptr = m->ptr;
-        return leave(err, cudaSuccess);
-    }
-    uint64_t id = s->cap->id;
-    pthread_mutex_unlock(&pilot_graph_lock);
-    if ((*err = pilot_gmem_create(&p, &m)))
-        return 1;
-    s = enter(stream, &taken, err);
-    if (s && s->cap->id == id) {
-        struct gnode *n = append(s, cudaGraphNodeTypeMemAlloc);
-        if (n) {
-            (void)pilot_gmem_fill_alloc(n, &p, m, 0); /* no access descriptors: cannot fail */
-            *ptr = m->ptr;
-            pilot_gmem_unref(m, 0); /* the creator's reference: the node holds it now */
-            return leave(err, cudaSuccess);
-        }
+    } else if (s) {
         *err = cudaErrorMemoryAllocation;
-    } else if (s || !taken) {
-        *err = cudaErrorStreamCaptureInvalidated; /* the capture ended meanwhile */
     }
-    if (!taken)
-        pthread_mutex_lock(&pilot_graph_lock);
-    pilot_gmem_unref(m, 0); /* no node took it: let it go */
+    pilot_gmem_unref(m, 0); /* ours: the node holds its own, or none took it and it goes */
     pthread_mutex_unlock(&pilot_graph_lock);
     pilot_gmem_drain();
+    if (n)
+        *err = cudaSuccess;
     return 1;
 }
 
