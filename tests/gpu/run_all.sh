@@ -3,7 +3,7 @@
 #
 #   bash tests/gpu/run_all.sh [STAGE...]
 #
-# With STAGE names (smoke compare driver cublas cudnn ops faults bench um_tune um_flush sched fig1) only those run, after wheels and
+# With STAGE names (smoke compare driver cublas cudnn ops faults bench um_tune um_flush sched fig1 tenants) only those run, after wheels and
 # install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
@@ -32,6 +32,8 @@
 #               and under pilotd variants, with pilotd's counts of the flushes (issue 14)
 #   8. sched    tests/gpu/scheduler_check.py: the resource broker and launches that wait, on the GPU
 #   9. fig1     bench/fig1.py: PILOT Fig. 1, bare CUDA vs MPS vs pilot (default configuration)
+#  10. tenants  bench/tenants.py: N PyTorch training / CUDA-graph inference processes at once under
+#               time-slicing, MPS and pilot (TENANTS_ARGS, e.g. "--rounds 1 --ns 1,4,8")
 # Everything printed is also in $OUT/run_all.log; the compare and bench tables come last.
 # Files under $OUT (default /tmp/pilot-gpu-out): run_all.log, compare.md, compare.log,
 # pilotd-compare.log, bench.md, bench.json, pilotd-bench.log, um_tune.md.
@@ -50,6 +52,8 @@ COMPARE_TIMEOUT=${COMPARE_TIMEOUT:-240}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-240}
 UM_TUNE_TIMEOUT=${UM_TUNE_TIMEOUT:-60}  # per variant
 BENCH_ARGS=${BENCH_ARGS:-}
+TENANTS_ARGS=${TENANTS_ARGS:-}
+TENANTS_TIMEOUT=${TENANTS_TIMEOUT:-900}
 export OUT PILOT_SITE PYTHON
 export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
@@ -163,9 +167,13 @@ main() {
     stage sched timeout -k 10 180 "$PYTHON" tests/gpu/scheduler_check.py
     mkdir -p "$OUT/fig1"
     stage fig1 timeout -k 20 450 "$PYTHON" bench/fig1.py --out "$OUT/fig1" --python "$PYTHON"
+    mkdir -p "$OUT/tenants"
+    # shellcheck disable=SC2086  # TENANTS_ARGS is a list of words
+    stage tenants timeout -k 20 "$TENANTS_TIMEOUT" "$PYTHON" bench/tenants.py --out "$OUT/tenants" \
+        --python "$PYTHON" $TENANTS_ARGS
 
     printf '\n==================== results\n\n'
-    for f in compare.md bench.md um_tune.md fig1/fig1.md; do
+    for f in compare.md bench.md um_tune.md fig1/fig1.md tenants/tenants.md; do
         if [ -f "$OUT/$f" ]; then
             cat "$OUT/$f"
         else
@@ -180,8 +188,8 @@ main() {
 }
 
 for wanted in "$@"; do
-    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | faults | bench | um_tune | um_flush | sched | fig1) ;; *)
-        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops faults bench um_tune um_flush sched fig1)" >&2
+    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | faults | bench | um_tune | um_flush | sched | fig1 | tenants) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops faults bench um_tune um_flush sched fig1 tenants)" >&2
         exit 2
     esac
 done
