@@ -133,7 +133,8 @@ def _make_ffi() -> FFI:
         '#include "pilot_proto.h"\n#include "socket_path.h"\n#include "vgpu_server.h"\n'
         '#include "fast_launch.h"\n#include "gates.h"\n',
         sources=[str(SHIM_DIR / "socket_path.c"), str(SHIM_DIR / "vgpu_server.c"),
-                 str(SHIM_DIR / "fast_launch.c"), str(SHIM_DIR / "gates.c")],
+                 str(SHIM_DIR / "fast_launch.c"), str(SHIM_DIR / "fast_library.c"),
+                 str(SHIM_DIR / "gates.c")],
         include_dirs=[str(SHIM_DIR)],
         extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],
     )

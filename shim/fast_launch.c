@@ -1,6 +1,7 @@
 /* The daemon's fast launch path (see fast_launch.h). Compiled into pilot.shim._proto with the
  * vGPU endpoint; one pilot_fast per vGPU thread, used only by that thread (no locks). */
 #include "fast_launch.h"
+#include "fast_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -10,90 +11,6 @@
 #include "pilot_proto.h"
 #include "vgpu_server.h"
 
-typedef int (*cu_launch_kernel_fn)(uint64_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                   unsigned by, unsigned bz, unsigned shmem, uint64_t stream,
-                                   void **params, void **extra);
-
-typedef int (*cu_dtoh_fn)(void *dst, uint64_t src, size_t count, uint64_t stream);
-typedef int (*cu_htod_fn)(uint64_t dst, const void *src, size_t count, uint64_t stream);
-typedef int (*cu_sync_fn)(uint64_t stream);
-
-/* cuda.h's CU_LAUNCH_PARAM_* (the pointers 1, 2 and 0). */
-#define LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
-#define LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
-#define LAUNCH_PARAM_END ((void *)0)
-
-/* Open-addressing map of nonzero 64-bit keys to two values; 0 keys mark free slots and deleted
- * slots keep a tombstone value so probes go on past them. */
-struct entry {
-    uint64_t key;
-    uint64_t value;  /* CUfunction or CUstream; 0: deleted */
-    uint32_t extra;  /* arg_bytes */
-};
-
-struct map {
-    struct entry *slots;
-    uint32_t cap, used; /* used counts tombstones too */
-};
-
-struct range {
-    uint64_t base, size;
-};
-
-struct shadow {
-    uint64_t base, length, chunk;
-    uint64_t stamp; /* the launch that counted it last (launch_seq) */
-    pilot_fast_shadow_count n;
-};
-
-struct segment {
-    uint64_t lo, hi, shadow; /* shadow: the base of the shadow it lies in */
-};
-
-/* A sorted array of structs that begin with their uint64_t key. */
-struct sorted {
-    void *items;
-    uint32_t n, cap;
-};
-
-struct fconn {
-    uint32_t conn;
-    int enabled, legacy_slow, deferred;
-    int unflushed; /* kernels launched since the driver last printed their printf output */
-    uint64_t session, legacy, context;
-    struct map functions, streams;
-    struct sorted ranges;   /* struct range, by base, disjoint */
-    struct sorted shadows;  /* struct shadow, by base, disjoint */
-    struct sorted segments; /* struct segment, by lo, disjoint */
-    uint64_t launch_seq;
-    const uint8_t *staging; /* the session's staging area in this process, or NULL */
-    uint64_t slot_bytes;
-    uint32_t slots;
-    uint64_t *syncs; /* what cudaDeviceSynchronize waits for (nsyncs 0: Python's) */
-    uint32_t nsyncs, cap_syncs;
-    pilot_fast_count count;
-};
-
-struct pilot_fast {
-    cu_launch_kernel_fn cuda;
-    cu_dtoh_fn dtoh;
-    cu_htod_fn htod;
-    cu_sync_fn sync;
-    pilot_fast_launch_fn generic;
-    pilot_fast_copy_fn generic_copy;
-    pilot_fast_sync_fn generic_sync;
-    uint64_t coherence; /* the vGPU's coherence stream, or 0 */
-    double bounds[PILOT_FAST_BUCKETS - 1];
-    int nbounds;
-    uint8_t *reply; /* a device-to-host copy's bytes, on their way back */
-    uint16_t version;
-    uint64_t context;
-    int output_fd;          /* the kernels' printf output (-1: not captured) */
-    uint64_t output_taken;  /* how much of it Python has taken */
-    struct fconn **conns; /* small: one per attached session of this vGPU */
-    uint32_t nconns, cap;
-};
-
 static uint64_t mix(uint64_t k)
 {
     k ^= k >> 33;
@@ -102,7 +19,7 @@ static uint64_t mix(uint64_t k)
     return k;
 }
 
-static struct entry *map_find(const struct map *m, uint64_t key)
+struct entry *map_find(const struct map *m, uint64_t key)
 {
     if (!m->cap || !key)
         return NULL;
@@ -115,7 +32,7 @@ static struct entry *map_find(const struct map *m, uint64_t key)
     }
 }
 
-static int map_put(struct map *m, uint64_t key, uint64_t value, uint32_t extra)
+int map_put(struct map *m, uint64_t key, uint64_t value, uint32_t extra)
 {
     if (!key)
         return -1;
@@ -190,6 +107,7 @@ pilot_fast *pilot_fast_new(void *cuda_launch, void *cuda_dtoh, void *cuda_htod, 
 
 static void free_conn(struct fconn *c)
 {
+    fast_library_free_conn(c);
     free(c->functions.slots);
     free(c->streams.slots);
     free(c->ranges.items);
@@ -210,7 +128,7 @@ void pilot_fast_free(pilot_fast *f)
     free(f);
 }
 
-static struct fconn *find_conn(pilot_fast *f, uint32_t conn)
+struct fconn *fast_find_conn(pilot_fast *f, uint32_t conn)
 {
     for (uint32_t i = 0; i < f->nconns; i++)
         if (f->conns[i]->conn == conn)
@@ -221,7 +139,7 @@ static struct fconn *find_conn(pilot_fast *f, uint32_t conn)
 int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabled,
                        uint64_t legacy_stream, int legacy_slow, int deferred, uint64_t context)
 {
-    struct fconn *c = find_conn(f, conn);
+    struct fconn *c = fast_find_conn(f, conn);
     if (!c) {
         if (!enabled)
             return 0;
@@ -245,6 +163,7 @@ int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabl
         memset(&c->functions, 0, sizeof c->functions);
         memset(&c->streams, 0, sizeof c->streams);
         c->ranges.n = c->shadows.n = c->segments.n = 0;
+        fast_library_free_conn(c);
         c->staging = NULL;
         c->nsyncs = 0;
     }
@@ -259,7 +178,7 @@ int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabl
 
 int pilot_fast_sync_streams(pilot_fast *f, uint32_t conn, const uint64_t *streams, uint32_t n)
 {
-    struct fconn *c = find_conn(f, conn);
+    struct fconn *c = fast_find_conn(f, conn);
     if (!c)
         return -1;
     if (n > c->cap_syncs) {
@@ -285,7 +204,7 @@ void pilot_fast_output(pilot_fast *f, int fd, uint64_t taken)
 
 void pilot_fast_mark_launched(pilot_fast *f, uint32_t conn)
 {
-    struct fconn *c = find_conn(f, conn);
+    struct fconn *c = fast_find_conn(f, conn);
     if (c)
         c->unflushed = 1;
 }
@@ -306,13 +225,13 @@ void pilot_fast_context(pilot_fast *f, uint64_t context)
 int pilot_fast_function(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t function,
                         uint32_t arg_bytes)
 {
-    struct fconn *c = find_conn(f, conn);
+    struct fconn *c = fast_find_conn(f, conn);
     return c ? map_put(&c->functions, token, function, arg_bytes) : -1;
 }
 
 int pilot_fast_stream(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t stream, int slow)
 {
-    struct fconn *c = find_conn(f, conn);
+    struct fconn *c = fast_find_conn(f, conn);
     if (!c)
         return -1;
     /* a slow stream is kept as the value ~0 (never a launch's stream) */
@@ -386,7 +305,7 @@ static void *holding(const struct sorted *a, size_t size, uint64_t at, int exten
 
 int pilot_fast_range(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t size)
 {
-    struct fconn *c = find_conn(f, conn);
+    struct fconn *c = fast_find_conn(f, conn);
     if (!c)
         return -1;
     struct range *known = find_key(&c->ranges, sizeof *known, base);
@@ -401,8 +320,7 @@ int pilot_fast_range(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t size)
     return 0;
 }
 
-/* Whether [ptr, ptr+count) lies inside one of the session's ranges. */
-static int owns(const struct fconn *c, uint64_t ptr, uint64_t count)
+int fast_owns(const struct fconn *c, uint64_t ptr, uint64_t count)
 {
     const struct range *r = holding(&c->ranges, sizeof *r, ptr, 0);
     return r && count <= r->size - (ptr - r->base);
@@ -411,7 +329,7 @@ static int owns(const struct fconn *c, uint64_t ptr, uint64_t count)
 int pilot_fast_shadow(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t length,
                       uint64_t chunk, pilot_fast_shadow_count *left)
 {
-    struct fconn *c = find_conn(f, conn);
+    struct fconn *c = fast_find_conn(f, conn);
     if (!c)
         return -1;
     struct shadow *known = find_key(&c->shadows, sizeof *known, base);
@@ -437,7 +355,7 @@ int pilot_fast_shadow(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t leng
 
 int pilot_fast_segment(pilot_fast *f, uint32_t conn, uint64_t lo, uint64_t hi)
 {
-    struct fconn *c = find_conn(f, conn);
+    struct fconn *c = fast_find_conn(f, conn);
     if (!c || lo >= hi)
         return -1;
     const struct shadow *sh = holding(&c->shadows, sizeof *sh, lo, 0);
@@ -455,7 +373,7 @@ int pilot_fast_segment(pilot_fast *f, uint32_t conn, uint64_t lo, uint64_t hi)
 int pilot_fast_staging(pilot_fast *f, uint32_t conn, const uint8_t *base, uint64_t slot_bytes,
                        uint32_t slots)
 {
-    struct fconn *c = find_conn(f, conn);
+    struct fconn *c = fast_find_conn(f, conn);
     if (!c)
         return -1;
     c->staging = base;
@@ -471,7 +389,7 @@ void pilot_fast_coherence(pilot_fast *f, uint64_t stream)
 
 int pilot_fast_take_shadows(pilot_fast *f, uint32_t conn, pilot_fast_shadow_count *out, int max)
 {
-    struct fconn *c = find_conn(f, conn);
+    struct fconn *c = fast_find_conn(f, conn);
     int n = 0;
     for (uint32_t i = 0; c && i < c->shadows.n && n < max; i++) {
         struct shadow *sh = item(&c->shadows, sizeof *sh, i);
@@ -517,8 +435,11 @@ int pilot_fast_take(pilot_fast *f, pilot_fast_count *out, int max)
     int n = 0;
     for (uint32_t i = 0; i < f->nconns && n < max; i++) {
         struct fconn *c = f->conns[i];
+        int library = c->count.lt_matmuls || c->count.memsets;
+        for (int k = 0; k < PILOT_FAST_GEMM_FNS && !library; k++)
+            library = c->count.gemms[k] != 0;
         if (c->count.launches || c->count.d2h || c->count.h2d || c->count.syncs[0] ||
-            c->count.syncs[1] || c->count.flushes || c->count.shadows_touched) {
+            c->count.syncs[1] || c->count.flushes || c->count.shadows_touched || library) {
             out[n++] = c->count;
             memset(&c->count, 0, sizeof c->count);
             c->count.conn = c->conn;
@@ -527,7 +448,7 @@ int pilot_fast_take(pilot_fast *f, pilot_fast_count *out, int max)
     return n;
 }
 
-static double now_s(void)
+double fast_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -543,8 +464,7 @@ static int bucket(const pilot_fast *f, double dt)
     return b;
 }
 
-/* The CUstream for work on program stream `token`, or 0 when Python must see it. */
-static uint64_t copy_stream(const struct fconn *c, uint64_t token)
+uint64_t fast_stream(const struct fconn *c, uint64_t token)
 {
     if (!token)
         return c->legacy_slow ? 0 : c->legacy;
@@ -570,12 +490,12 @@ static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
     memcpy(&req, m->frame[1], sizeof req);
     uint64_t dev = to_host ? req.src : req.dst;
     if (!req.count || req.count > PILOT_INLINE_MAX || (!to_host && m->len[2] != req.count) ||
-        !owns(c, dev, req.count))
+        !fast_owns(c, dev, req.count))
         return FAST_PYTHON;
-    uint64_t stream = copy_stream(c, req.stream);
+    uint64_t stream = fast_stream(c, req.stream);
     if (!stream)
         return FAST_PYTHON;
-    double t0 = now_s();
+    double t0 = fast_now();
     int err;
     if (f->cuda)
         err = to_host ? f->dtoh(f->reply, dev, req.count, stream)
@@ -597,7 +517,7 @@ static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
     if (pilot_srv_send(srv, m->conn, m->frame[0], sizeof(pilot_envelope), &rep, sizeof rep,
                        to_host ? f->reply : NULL, to_host ? req.count : 0) != 0)
         return FAST_DONE; /* the client is gone: nothing to answer */
-    double dt = now_s() - t0;
+    double dt = fast_now() - t0;
     int b = bucket(f, dt);
     pilot_fast_count *n = &c->count;
     if (to_host) {
@@ -627,7 +547,7 @@ static int try_sync(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
     int device = env->opcode == PILOT_OP_DEVICE_SYNCHRONIZE;
     if (!srv || c->deferred || !c->nsyncs || (env->flags & PILOT_F_NO_REPLY))
         return FAST_PYTHON;
-    double t0 = now_s();
+    double t0 = fast_now();
     if (device) {
         for (uint32_t i = 0; i < c->nsyncs; i++)
             if (sync_stream(f, c->syncs[i]) != 0)
@@ -637,7 +557,7 @@ static int try_sync(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
         if (m->len[1] < sizeof req)
             return FAST_PYTHON;
         memcpy(&req, m->frame[1], sizeof req);
-        uint64_t stream = copy_stream(c, req.handle);
+        uint64_t stream = fast_stream(c, req.handle);
         if (!stream || sync_stream(f, stream) != 0)
             return FAST_PYTHON;
     }
@@ -648,7 +568,7 @@ static int try_sync(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
     if (pilot_srv_send(srv, m->conn, m->frame[0], sizeof(pilot_envelope), &rep, sizeof rep, NULL,
                        0) != 0)
         return FAST_DONE; /* the client is gone: nothing to answer */
-    double dt = now_s() - t0;
+    double dt = fast_now() - t0;
     int kind = device ? 0 : 1;
     pilot_fast_count *n = &c->count;
     n->syncs[kind]++;
@@ -676,7 +596,7 @@ static int try_flush(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot
     if (!req.count || req.count > c->slot_bytes || req.slot >= c->slots || !sh ||
         req.count > sh->length - (req.dst - sh->base))
         return FAST_PYTHON;
-    double t0 = now_s();
+    double t0 = fast_now();
     const uint8_t *slot = c->staging + (uint64_t)req.slot * c->slot_bytes;
     const uint64_t end = req.dst + req.count;
     uint64_t moved = 0;
@@ -701,7 +621,7 @@ static int try_flush(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot
     if (pilot_srv_send(srv, m->conn, m->frame[0], sizeof(pilot_envelope), &rep, sizeof rep, NULL,
                        0) != 0)
         return FAST_DONE; /* the client is gone: nothing to answer */
-    double dt = now_s() - t0;
+    double dt = fast_now() - t0;
     pilot_fast_count *n = &c->count;
     n->flushes++;
     n->flush_bytes += moved;
@@ -719,7 +639,7 @@ static int try_flush(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot
 
 int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
 {
-    struct fconn *c = find_conn(f, m->conn);
+    struct fconn *c = fast_find_conn(f, m->conn);
     if (!c || !c->enabled || c->context != f->context || m->nframes < 2 || m->nframes > 3 ||
         m->len[0] < sizeof(pilot_envelope))
         return FAST_PYTHON;
@@ -734,6 +654,18 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
         return try_sync(f, srv, c, m, &env);
     if (env.opcode == PILOT_OP_SHADOW_FLUSH)
         return try_flush(f, srv, c, m, &env);
+    if (env.opcode == PILOT_OP_BLAS_GEMM || env.opcode == PILOT_OP_BLASLT_MATMUL ||
+        env.opcode == PILOT_OP_MEMSET) {
+        if (c->enabled != PILOT_FAST_ALL)
+            return FAST_PYTHON;
+        int r = fast_try_library(f, c, m, &env);
+        if (r == FAST_DONE && (env.flags & PILOT_F_NO_REPLY) == 0) {
+            pilot_rep_status rep = {{0, 0}};
+            pilot_srv_send(srv, m->conn, m->frame[0], sizeof(pilot_envelope), &rep, sizeof rep,
+                           NULL, 0); /* a client gone meanwhile has nothing to hear */
+        }
+        return r;
+    }
     if (env.opcode != PILOT_OP_LAUNCH || c->enabled != PILOT_FAST_ALL ||
         !(env.flags & PILOT_F_NO_REPLY) ||
         m->len[1] < sizeof(pilot_req_launch))

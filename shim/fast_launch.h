@@ -27,6 +27,7 @@ enum pilot_fast_mode { PILOT_FAST_OFF = 0, PILOT_FAST_ALL = 1 };
 
 /* What ran here for one connection since the last pilot_fast_take. */
 #define PILOT_FAST_BUCKETS 24 /* latency buckets of the copies (+Inf last), see pilot_fast_new */
+#define PILOT_FAST_GEMM_FNS 13 /* pilot_gemm_fn 1..12 (not the pointer-array batches) */
 
 typedef struct pilot_fast_count {
     uint32_t conn;
@@ -48,6 +49,11 @@ typedef struct pilot_fast_count {
     uint32_t flush_buckets[PILOT_FAST_BUCKETS];
     double flush_seconds;
     int32_t shadows_touched;
+    /* library calls and memsets put on their stream here: cuBLAS GEMMs by pilot_gemm_fn,
+     * cuBLASLt matmuls, cudaMemset[Async] */
+    uint32_t gemms[PILOT_FAST_GEMM_FNS];
+    uint32_t lt_matmuls;
+    uint32_t memsets;
 } pilot_fast_count;
 
 /* What ran here for one unified-memory shadow since it was last taken. */
@@ -133,6 +139,45 @@ void pilot_fast_coherence(pilot_fast *f, uint64_t stream);
 /* Copies up to max counts of the connection's shadows with anything counted since the last
  * take, and zeroes them; returns how many were copied. */
 int pilot_fast_take_shadows(pilot_fast *f, uint32_t conn, pilot_fast_shadow_count *out, int max);
+/* Library calls and memsets (cuBLAS GEMMs, cuBLASLt matmuls, cudaMemset of the session's device
+ * memory), checked and issued here as launches are: every matrix, workspace, bias and scalar
+ * range must lie in one of the session's device allocations (pilot_fast_range), the stream must
+ * be one C knows, the handle one Python registered. Anything else (pointer arrays, device-memory
+ * scalars, managed memory, an unknown handle or descriptor set) goes to Python.
+ *
+ * fns: the functions, by enum pilot_fast_libfn (native mode: cuMemsetD8Async, cuBLAS's setters
+ * and GEMMs, cublasLtMatmul; an entry may be NULL, and its calls then go to Python), or NULL
+ * with `generic` (the sim backend: C checks, then calls back with the request). type_sizes:
+ * bytes of each cudaDataType value below ntypes (0: a type C does not size). Returns 0 or -1. */
+enum pilot_fast_libfn {
+    PILOT_FAST_MEMSET_D8 = 0,
+    PILOT_FAST_BLAS_SET_STREAM = 1,
+    PILOT_FAST_BLAS_SET_WORKSPACE = 2,
+    PILOT_FAST_BLAS_SET_MATH_MODE = 3,
+    PILOT_FAST_BLAS_SET_ATOMICS_MODE = 4,
+    PILOT_FAST_BLAS_SET_SM_COUNT_TARGET = 5,
+    PILOT_FAST_BLAS_SET_POINTER_MODE = 6,
+    PILOT_FAST_LT_MATMUL = 7,
+    PILOT_FAST_GEMM_BASE = 8, /* + pilot_gemm_fn 1..12 */
+    PILOT_FAST_LIBFNS = 21
+};
+typedef int (*pilot_fast_call_fn)(uint32_t conn, uint16_t opcode, uint64_t stream, const void *req,
+                                  uint32_t req_len, const void *payload, uint32_t payload_len);
+int pilot_fast_libraries(pilot_fast *f, void *const *fns, int nfns, const uint8_t *type_sizes,
+                         int ntypes, pilot_fast_call_fn generic);
+/* The session's cuBLAS (blas 1) or cuBLASLt (blas 0: matmuls only) handle `token` is the
+ * library's handle `handle` (0: forget it, and its descriptor sets). A (re)registration also
+ * says Python has just used the handle: C applies every setting again at its next call.
+ * Returns 0, or -1. */
+int pilot_fast_blas_handle(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t handle, int blas);
+/* A cuBLASLt descriptor set of handle `token`: the attribute records the stand-in sends (frame
+ * 2 of BLASLT_MATMUL, compared byte for byte), the real descriptors (matmul, A, B, C, D), the
+ * spans in bytes of A, B, C and D as the layouts give them, and `nfixed` (pointer, span) pairs
+ * the records themselves name (bias, scale pointers), checked again at every call. Registered
+ * only for host-memory scalars. descs NULL: forget the set. Returns 0, or -1. */
+int pilot_fast_lt_plan(pilot_fast *f, uint32_t conn, uint64_t token, const uint8_t *records,
+                       uint32_t len, const uint64_t *descs, const uint64_t *spans,
+                       const uint64_t *fixed, uint32_t nfixed);
 /* Use f for the endpoint's launches (vgpu_server.h; NULL: none). */
 void pilot_srv_set_fast(pilot_srv *s, pilot_fast *f);
 /* Forget a connection (its session ended). */

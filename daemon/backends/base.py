@@ -481,6 +481,19 @@ class Backend(Protocol):
         """Issue the LtCall on `stream`; `key` (its attribute records) may cache descriptors."""
     def blaslt_heuristic(self, handle: Any, call: Any, key: bytes, requested: int) -> list[bytes]:
         """Up to `requested` cublasLtMatmulHeuristicResult_t (96 bytes each) for the call."""
+    # The vGPU's fast path for library calls (shim/fast_library.c, vgpu/fast.py).
+    def fast_library_functions(self) -> dict[int, int]:
+        """Addresses of the functions fast_library.c calls, by enum pilot_fast_libfn, for what is
+        loaded now (libcuda's memset; cuBLAS and cuBLASLt once a handle was made); {} for a
+        backend that is called back instead (the sim)."""
+    def fast_blas_handle(self, handle: Any) -> int:
+        """The library's own handle value behind a backend handle (nonzero)."""
+    def fast_lt_descriptors(self, handle: Any, key: bytes) -> list[int] | None:
+        """The five descriptors (matmul, A, B, C, D) blaslt_matmul made for `key`, or None."""
+    def fast_lt_evicted(self, handle: Any) -> list[bytes]:
+        """Keys whose descriptors were destroyed since the last call (taken)."""
+    def library_state_reset(self, handle: Any) -> None:
+        """C used the handle: apply every setting again at the next call."""
 
     # cuDNN (backends/dnn.py; cudnn.py on a GPU, sim_dnn.py on the sim). Handles and
     # descriptors are the backend's objects; failures raise DnnError (the cudnnStatus_t).

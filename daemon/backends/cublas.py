@@ -131,6 +131,7 @@ class HandleState:
     # stream of the last call that used it (CudaBackend._own_pointer_arrays)
     scratch: tuple[int, int] | None = None
     scratch_stream: Any = None
+    lt_evicted: list[bytes] = field(default_factory=list)  # keys destroyed (the fast path forgets)
 
 
 class CudaLibraries:
@@ -210,6 +211,21 @@ class CudaLibraries:
                     self._destroy(library, ptr)
                 except LibraryError:
                     pass
+
+    def fast_functions(self) -> dict[int, int]:
+        """The loaded libraries' functions fast_library.c calls (enum pilot_fast_libfn)."""
+        out: dict[int, int] = {}
+        names = {LIB_CUBLAS: _FAST_BLAS, LIB_CUBLASLT: {7: "cublasLtMatmul"}}
+        for library, table in names.items():
+            lib = self._libs.get(library)
+            if lib is None:
+                continue
+            for index, name in table.items():
+                try:
+                    out[index] = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
+                except AttributeError:
+                    pass
+        return out
 
     # ---- cuBLAS ----
 
@@ -352,6 +368,8 @@ class CudaLibraries:
             if len(state.lt_cache) >= 64:
                 old_key = next(iter(state.lt_cache))
                 self._lt_destroy(state.lt_cache.pop(old_key))
+                if old_key[:1] == b"M":
+                    state.lt_evicted.append(old_key[1:])
             state.lt_cache[key] = made
         return made
 
@@ -375,6 +393,16 @@ class CudaLibraries:
         self._call(LIB_CUBLASLT, "cublasLtMatmulAlgoGetHeuristic", state.ptr, *ptrs[:6], requested,
                    out, ctypes.byref(count))
         return [out.raw[i * 96:(i + 1) * 96] for i in range(count.value)]
+
+
+# enum pilot_fast_libfn (shim/fast_launch.h): cuBLAS's setters and GEMMs (8 + pilot_gemm_fn)
+_FAST_BLAS = {1: "cublasSetStream_v2", 2: "cublasSetWorkspace_v2", 3: "cublasSetMathMode",
+              4: "cublasSetAtomicsMode", 5: "cublasSetSmCountTarget", 6: "cublasSetPointerMode_v2",
+              9: "cublasSgemm_v2", 10: "cublasDgemm_v2", 11: "cublasHgemm", 12: "cublasGemmEx",
+              13: "cublasSgemmStridedBatched", 14: "cublasDgemmStridedBatched",
+              15: "cublasHgemmStridedBatched", 16: "cublasGemmStridedBatchedEx",
+              17: "cublasCgemm_v2", 18: "cublasZgemm_v2", 19: "cublasCgemmStridedBatched",
+              20: "cublasZgemmStridedBatched"}
 
 
 def _scalars(alpha: bytes | int, beta: bytes | int, mode: int) -> tuple[Any, Any, Any]:

@@ -1366,6 +1366,28 @@ class CudaBackend:
     def blaslt_heuristic(self, handle: Any, call: LtCall, key: bytes, requested: int) -> list[bytes]:
         return self._libraries.lt_heuristic(handle, call, key, requested)
 
+    def fast_library_functions(self) -> dict[int, int]:
+        out = self._libraries.fast_functions()
+        try:
+            out[0] = ctypes.cast(ctypes.CDLL("libcuda.so.1").cuMemsetD8Async, ctypes.c_void_p).value or 0
+        except (OSError, AttributeError):
+            pass
+        return out
+
+    def fast_blas_handle(self, handle: Any) -> int:
+        return int(handle.ptr)
+
+    def fast_lt_descriptors(self, handle: Any, key: bytes) -> list[int] | None:
+        made = handle.lt_cache.get(b"M" + key)
+        return [p for _, p in made[:5]] if made else None
+
+    def fast_lt_evicted(self, handle: Any) -> list[bytes]:
+        out, handle.lt_evicted = handle.lt_evicted, []
+        return out
+
+    def library_state_reset(self, handle: Any) -> None:
+        handle.stream = handle.workspace = handle.modes = None
+
     def blas_call(self, handle: Any, fn: Any, args: list[int], named: dict[str, int],
                   scalars: list[bytes], settings: BlasSettings, stream: Any,
                   host_result: bool, arrays: dict[str, tuple[int, ...]]) -> bytes | None:

@@ -1128,6 +1128,21 @@ class SimBackend:
             self._flush_printf()
             self._issue(stream, sim_blas.gemm, self._region, call, settings.pointer_mode)
 
+    def fast_library_functions(self) -> dict[int, int]:
+        return {}  # the fast path calls back (vgpu/fast.py)
+
+    def fast_blas_handle(self, handle: Any) -> int:
+        return int(handle[2])
+
+    def fast_lt_descriptors(self, handle: Any, key: bytes) -> list[int] | None:
+        return [1, 2, 3, 4, 5]  # none are made: the callback runs the matmul from the records
+
+    def fast_lt_evicted(self, handle: Any) -> list[bytes]:
+        return []
+
+    def library_state_reset(self, handle: Any) -> None:
+        pass
+
     def blaslt_matmul(self, handle: Any, call: LtCall, key: bytes, stream: Any) -> None:
         with self._lock:
             self._check_stream(stream)

@@ -185,6 +185,8 @@ def lib_destroy(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     if h is None:
         raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"no library handle {req.handle:#x}")
     del s.libraries[req.handle]
+    if vg.fast is not None:
+        vg.fast.library_gone(s, req.handle)
     h.release(vg.backend)
 
 
@@ -300,8 +302,13 @@ def blas_gemm(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
                                                type_size(call.ctype, "C")), stream)
     else:
         note_write(vg, s, call.c, span_c, stream)
+    fast = vg.fast
+    if fast is not None:  # C may have used the handle since Python did
+        vg.backend.library_state_reset(h.obj)
     vg.backend.blas_gemm(h.obj, call, settings, stream)
     vg.metrics.count("library_calls", (s.tenant, call.name))
+    if fast is not None:
+        fast.blas_handle(s, req.handle, h)
 
 
 # ---- the generic path (shim/cublas_calls.tsv) ----
@@ -363,6 +370,9 @@ def blas_call(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
         if settings.workspace_set and settings.workspace_size:
             s.check_range(settings.workspace, settings.workspace_size)
         scalars = [bytes(req.scalars[0]), bytes(req.scalars[1])]
+        if vg.fast is not None:  # C may have used the handle since Python did
+            vg.backend.library_state_reset(h.obj)
+            vg.fast.blas_handle(s, req.handle, h)  # and applies every setting again after this
         result = vg.backend.blas_call(h.obj, fn, args, named, scalars, settings, stream,
                                       host_result, arrays)
         vg.metrics.count("library_calls", (s.tenant, fn.name))
@@ -409,8 +419,19 @@ def parse_records(payload: memoryview) -> dict[int, dict[int, bytes]]:
     return attrs
 
 
-def check_lt(s: Session, call: LtCall) -> int:
-    """Refuse what pilot cannot size, check every range the matmul touches; returns D's span."""
+@dataclass
+class LtRanges:
+    """What a cuBLASLt matmul touches: the span of A, B, C and D (from their layouts), and the
+    (pointer, span) pairs its descriptors themselves name (bias, scale pointers)."""
+
+    spans: dict[int, int]
+    fixed: list[tuple[int, int]]
+    device_scalars: bool
+    scale_size: int
+
+
+def lt_ranges(call: LtCall) -> LtRanges:
+    """Refuse what pilot cannot size; the ranges the matmul's descriptors give."""
     v = call.value
     epilogue = v(LT_DESC, DESC_EPILOGUE, EPI_DEFAULT)
     if epilogue not in EPILOGUES_WITHOUT_AUX:
@@ -418,12 +439,13 @@ def check_lt(s: Session, call: LtCall) -> int:
     mode = v(LT_DESC, DESC_POINTER_MODE, POINTER_MODE_HOST)
     if mode not in (POINTER_MODE_HOST, POINTER_MODE_DEVICE):
         raise LibraryError(STATUS_NOT_SUPPORTED, f"pointer mode {mode}")
+    fixed: list[tuple[int, int]] = []
     for ptr_attr, mode_attr in DESC_SCALAR_POINTERS.items():
         ptr = v(LT_DESC, ptr_attr, signed=False)
         if ptr and mode_attr is not None and v(LT_DESC, mode_attr):
             raise LibraryError(STATUS_NOT_SUPPORTED, f"scale mode {v(LT_DESC, mode_attr)}")
         if ptr:
-            s.check_range(ptr, 4)
+            fixed.append((ptr, 4))
     layouts = {}
     for obj in (LT_A, LT_B, LT_C, LT_D):
         if v(obj, LAYOUT_BATCH_MODE) or v(obj, LAYOUT_PLANE_OFFSET):
@@ -432,9 +454,6 @@ def check_lt(s: Session, call: LtCall) -> int:
         if lay.order not in (ORDER_COL, ORDER_ROW) or lay.stride < 0 or lay.ld < 0:
             raise LibraryError(STATUS_NOT_SUPPORTED, f"layout order {lay.order}")
         layouts[obj] = lay
-    for obj, ptr in ((LT_A, call.a), (LT_B, call.b), (LT_C, call.c), (LT_D, call.d)):
-        if ptr or obj == LT_D:
-            s.check_range(ptr, layouts[obj].span())
     d = layouts[LT_D]
     bias = v(LT_DESC, DESC_BIAS_POINTER, signed=False)
     if bias and epilogue & (EPI_BIAS | EPI_BGRADA | EPI_BGRADB):
@@ -442,14 +461,26 @@ def check_lt(s: Session, call: LtCall) -> int:
         dtype = v(LT_DESC, DESC_BIAS_DATA_TYPE, -1)
         elem = type_size(d.dtype if dtype == -1 else dtype, "bias")
         stride = v(LT_DESC, DESC_BIAS_BATCH_STRIDE)
-        s.check_range(bias, matrix_span(length, 1, length, elem, d.batch, max(stride, 0)))
+        fixed.append((bias, matrix_span(length, 1, length, elem, d.batch, max(stride, 0))))
+    device = mode == POINTER_MODE_DEVICE
+    return LtRanges({obj: lay.span() for obj, lay in layouts.items()}, fixed, device,
+                    type_size(v(LT_DESC, DESC_SCALE_TYPE), "scale") if device else 0)
+
+
+def check_lt(s: Session, call: LtCall) -> int:
+    """Refuse what pilot cannot size, check every range the matmul touches; returns D's span."""
+    r = lt_ranges(call)
+    for obj, ptr in ((LT_A, call.a), (LT_B, call.b), (LT_C, call.c), (LT_D, call.d)):
+        if ptr or obj == LT_D:
+            s.check_range(ptr, r.spans[obj])
+    for ptr, span in r.fixed:
+        s.check_range(ptr, span)
     if call.workspace_size:
         s.check_range(call.workspace, call.workspace_size)
-    if mode == POINTER_MODE_DEVICE:
-        size = type_size(v(LT_DESC, DESC_SCALE_TYPE), "scale")
-        s.check_range(call.alpha, size)  # type: ignore[arg-type]
-        s.check_range(call.beta, size)  # type: ignore[arg-type]
-    return d.span()
+    if r.device_scalars:
+        s.check_range(call.alpha, r.scale_size)  # type: ignore[arg-type]
+        s.check_range(call.beta, r.scale_size)  # type: ignore[arg-type]
+    return r.spans[LT_D]
 
 
 def lt_call(req: Any, attrs: dict[int, dict[int, bytes]]) -> LtCall:
@@ -473,6 +504,8 @@ def blaslt_matmul(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     note_write(vg, s, call.d, span_d, stream)
     vg.backend.blaslt_matmul(h.obj, call, key, stream)
     vg.metrics.count("library_calls", (s.tenant, "cublasLtMatmul"))
+    if vg.fast is not None:
+        vg.fast.lt_plan(s, req.handle, h, key, lt_ranges(call))
 
 
 @OPS.handler(lib.PILOT_OP_BLASLT_HEURISTIC, "pilot_req_blaslt_matmul")
@@ -487,6 +520,8 @@ def blaslt_heuristic(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any
     try:
         key, attrs = h.records(payload)
         results = vg.backend.blaslt_heuristic(h.obj, lt_call(req, attrs), key, req.requested)
+        if vg.fast is not None:  # descriptors it evicted to make room
+            vg.fast.lt_forget_evicted(s, req.handle, h)
     except LibraryError as exc:
         log.info("session %d: cublasLtMatmulAlgoGetHeuristic: %s", s.id, exc)
         rep.status = exc.status

@@ -105,6 +105,10 @@ LABELED_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "fast_syncs": ("pilot_fast_syncs_total",
                    "cudaDeviceSynchronize / cudaStreamSynchronize calls pilotd did and answered in "
                    "C, without Python ([daemon] fast_launch), by tenant.", ("tenant",)),
+    "fast_library_calls": ("pilot_fast_library_calls_total",
+                           "cuBLAS GEMMs, cuBLASLt matmuls and cudaMemset calls pilotd checked and "
+                           "issued in C, without Python ([daemon] fast_launch), by tenant.",
+                           ("tenant",)),
     "fast_flushes": ("pilot_fast_flushes_total",
                      "Unified-memory shadow flushes (host-written managed memory to the GPU) "
                      "pilotd did and answered in C, without Python ([daemon] fast_launch), by "

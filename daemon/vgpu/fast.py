@@ -33,6 +33,17 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.backends.base import BackendError
+from pilot.daemon.backends.libraries import (
+    GEMM_FUNCTIONS,
+    LIB_CUBLAS,
+    LT_A,
+    LT_B,
+    LT_C,
+    LT_D,
+    TYPE_SIZES,
+    BlasSettings,
+)
+from pilot.daemon.ops.libraries import LtRanges, gemm_call, library_handle, lt_call
 from pilot.daemon.ops.unified import coherence_stream
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.telemetry.metrics import LATENCY_BUCKETS
@@ -78,6 +89,19 @@ class FastLaunches:
                                           self._bounds, len(LATENCY_BUCKETS), version)
         if self.ptr == ffi.NULL:
             raise MemoryError("pilot_fast_new")
+        sizes = bytearray(128)
+        for dtype, size in TYPE_SIZES.items():
+            if 0 <= dtype < len(sizes):
+                sizes[dtype] = size
+        self._type_sizes = ffi.new("uint8_t[]", bytes(sizes))
+        self._libfns: dict[int, int] | None = None
+        if native:
+            self._library_functions()
+        else:
+            self._callbacks += (ffi.callback("pilot_fast_call_fn", self._generic_call,
+                                             onerror=_callback_failed),)
+            lib.pilot_fast_libraries(self.ptr, ffi.NULL, 0, self._type_sizes, len(sizes),
+                                     self._callbacks[-1])
 
     @classmethod
     def create(cls, vg: VGpu) -> FastLaunches | None:
@@ -140,6 +164,87 @@ class FastLaunches:
         except BackendError as exc:
             return exc.code or CUDA_ERROR_UNKNOWN
         return 0
+
+    def _generic_call(self, conn: int, opcode: int, stream: int, req: Any, req_len: int,
+                      payload: Any, payload_len: int) -> int:
+        """The sim's library calls and memsets, called from C after its checks (with the GIL
+        taken by cffi), made as the Python handlers make them."""
+        vg = self.vg
+        s = vg._by_conn.get(conn)
+        if s is None:
+            return CUDA_ERROR_UNKNOWN
+        st = self._objects[stream]
+        try:
+            if opcode == lib.PILOT_OP_MEMSET:
+                r = ffi.cast("pilot_req_memset *", req)
+                vg.backend.memset_d8(r.ptr, r.value & 0xFF, r.count, st)
+            elif opcode == lib.PILOT_OP_BLAS_GEMM:
+                r = ffi.cast("pilot_req_blas_gemm *", req)
+                h = library_handle(s, r.handle, LIB_CUBLAS)
+                settings = BlasSettings(r.workspace, r.workspace_size, bool(r.workspace_set),
+                                        r.math_mode, r.pointer_mode, r.atomics_mode,
+                                        r.sm_count_target)
+                vg.backend.blas_gemm(h.obj, gemm_call(r), settings, st)
+            else:
+                r = ffi.cast("pilot_req_blaslt_matmul *", req)
+                h = s.libraries[r.handle]
+                key, attrs = h.records(ffi.buffer(payload, payload_len))
+                vg.backend.blaslt_matmul(h.obj, lt_call(r, attrs), key, st)
+        except BackendError as exc:
+            return exc.code or CUDA_ERROR_UNKNOWN
+        return 0
+
+    def _library_functions(self) -> None:
+        """Native mode: tell C the library functions loaded so far (cuBLAS loads with the first
+        handle); calls whose functions C lacks go to Python."""
+        fns = self.vg.backend.fast_library_functions()
+        if fns == self._libfns:
+            return
+        self._libfns = fns
+        table = ffi.new("void *[]", lib.PILOT_FAST_LIBFNS)
+        for index, address in fns.items():
+            table[index] = ffi.cast("void *", address)
+        lib.pilot_fast_libraries(self.ptr, table, lib.PILOT_FAST_LIBFNS, self._type_sizes,
+                                 len(self._type_sizes), ffi.NULL)
+
+    # ---- library handles (ops/libraries.py tells) ----
+    def blas_handle(self, s: Session, token: int, h: Any) -> None:
+        """Python used the session's library handle `token`: C may use it from now on (and
+        applies every setting again first)."""
+        if s.identity is None or s.id not in self._states:
+            return
+        if self._libfns is not None and len(self._libfns) < lib.PILOT_FAST_LIBFNS:
+            self._library_functions()
+        handle = self.vg.backend.fast_blas_handle(h.obj)
+        if lib.pilot_fast_blas_handle(self.ptr, s.identity, token, handle,
+                                      int(h.library == LIB_CUBLAS)) != 0:
+            raise MemoryError("pilot_fast_blas_handle")
+
+    def lt_plan(self, s: Session, token: int, h: Any, key: bytes, ranges: LtRanges) -> None:
+        """Python ran a cuBLASLt matmul with these descriptor records: C may run the same
+        records from now on, checking the ranges they give (sets with scalars in device memory
+        stay with Python: C is told so, not to send each one back to learn)."""
+        if s.identity is None or s.id not in self._states:
+            return
+        self.blas_handle(s, token, h)
+        self.lt_forget_evicted(s, token, h)
+        descs = None if ranges.device_scalars else self.vg.backend.fast_lt_descriptors(h.obj, key)
+        spans = [ranges.spans[obj] for obj in (LT_A, LT_B, LT_C, LT_D)]
+        fixed = [v for pair in ranges.fixed for v in pair]
+        if lib.pilot_fast_lt_plan(self.ptr, s.identity, token, key, len(key), descs or [0] * 5,
+                                  spans, fixed or ffi.NULL, len(ranges.fixed)) != 0:
+            raise MemoryError("pilot_fast_lt_plan")
+
+    def lt_forget_evicted(self, s: Session, token: int, h: Any) -> None:
+        """Descriptor sets the backend destroyed to make room: C forgets them."""
+        for key in self.vg.backend.fast_lt_evicted(h.obj):
+            if s.identity is not None and s.id in self._states:
+                lib.pilot_fast_lt_plan(self.ptr, s.identity, token, key, len(key), ffi.NULL,
+                                       ffi.NULL, ffi.NULL, 0)
+
+    def library_gone(self, s: Session, token: int) -> None:
+        if s.identity is not None and s.id in self._states:
+            lib.pilot_fast_blas_handle(self.ptr, s.identity, token, 0, 0)
 
     # ---- what Python tells C ----
     def output(self, fd: int, taken: int) -> None:
@@ -256,7 +361,8 @@ class FastLaunches:
                     continue
                 launches = count.launches
                 syncs = count.syncs
-                stream_work = launches + count.d2h + count.h2d + syncs[0] + syncs[1]
+                library = self._fold_library(s, count)
+                stream_work = launches + count.d2h + count.h2d + syncs[0] + syncs[1] + library
                 s.calls += stream_work + count.flushes
                 if stream_work:
                     s.work_in_flight = not count.synced  # as after the last thing C did
@@ -285,6 +391,26 @@ class FastLaunches:
                     s.fast_shadows.take_all(s)
             if n < COUNTS:
                 return
+
+    def _fold_library(self, s: Session, count: Any) -> int:
+        """The library calls and memsets C issued for s: counted as Python counts them."""
+        total = 0
+        if count.lt_matmuls:
+            total += self._library_row(s, "blaslt_matmul", "cublasLtMatmul", count.lt_matmuls)
+        for fn in range(1, lib.PILOT_FAST_GEMM_FNS):
+            if count.gemms[fn]:
+                total += self._library_row(s, "blas_gemm", GEMM_FUNCTIONS[fn], count.gemms[fn])
+        if count.memsets:
+            self._row("memset")[0] += count.memsets
+            self._add(("fast_library_calls", (s.tenant,)), count.memsets)
+            total += count.memsets
+        return total
+
+    def _library_row(self, s: Session, call: str, function: str, n: int) -> int:
+        self._row(call)[0] += n
+        self._add(("library_calls", (s.tenant, function)), n)
+        self._add(("fast_library_calls", (s.tenant,)), n)
+        return n
 
     def _answered(self, name: str, calls: int, buckets: Any, seconds: float, counter: Any) -> None:
         """Calls of `name` C answered: their count and latencies into the call's metrics row,

@@ -6,6 +6,7 @@ daemon, which computes the GEMMs with numpy, and must print what it prints nativ
 from __future__ import annotations
 
 import pytest
+from pilotd_metrics import run_scraped, total
 
 from pilot.shim import LIBRARY_STANDINS, standin_path
 
@@ -162,3 +163,18 @@ def test_a_client_killed_between_gemms_loses_its_handles_and_nothing_else(
         after = subprocess.run([str(app_binaries["cublas_gemm"])], env=env, capture_output=True,
                                text=True, timeout=60)
         assert after.returncode == 0 and after.stdout == EXPECTED, after.stdout + after.stderr
+
+
+def test_gemms_and_memsets_run_in_c_with_the_same_results(start_pilotd, app_binaries, blas_env) -> None:
+    """The fast path (shim/fast_library.c) checks and issues the program's GEMMs, cuBLASLt
+    matmuls and memsets without Python; with `fast_launch = false` Python does it all. Both
+    print what the H100 prints, and every library call is counted once wherever it ran."""
+    preload = blas_env["LD_PRELOAD"]
+    argv = [str(app_binaries["cublas_gemm"])]
+    fast_out, fast = run_scraped(start_pilotd, argv, preload, None)
+    slow_out, slow = run_scraped(start_pilotd, argv, preload, "[daemon]\nfast_launch = false\n")
+    assert fast_out == slow_out == EXPECTED
+    in_c = total(fast, "pilot_fast_library_calls_total")
+    assert in_c > 0, fast
+    assert total(slow, "pilot_fast_library_calls_total") == 0
+    assert total(fast, "pilot_library_calls_total") == total(slow, "pilot_library_calls_total")

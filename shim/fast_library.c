@@ -1,0 +1,461 @@
+/* The fast path's library calls (see fast_launch.h): cuBLAS GEMMs, cuBLASLt matmuls and
+ * cudaMemset of the session's device memory, checked and put on their stream on the vGPU thread
+ * without the GIL, as launches are. The checks are those of daemon/ops/libraries.py and
+ * daemon/ops/memory.py (every range the call touches inside one of the session's device
+ * allocations); whatever this file is not sure of goes to Python, which checks again and
+ * reports the error the program must see. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fast_internal.h"
+#include "pilot_proto.h"
+
+/* A library handle of the session, and the settings C last applied to it (Python may use the
+ * same handle: it registers it again after each use, which clears `applied`). */
+struct fhandle {
+    uint64_t handle;
+    int blas; /* a cuBLAS handle (GEMMs); else cuBLASLt's (matmuls only) */
+    int applied;
+    uint64_t stream;
+    int ws_default; /* the workspace is the stream's default (no cublasSetWorkspace) */
+    uint64_t workspace, workspace_size;
+    int32_t math, atomics, sm_count, pointer_mode;
+};
+
+/* A cuBLASLt descriptor set Python made for one handle and one set of attribute records. */
+struct lt_plan {
+    uint64_t token;
+    uint32_t len;
+    uint64_t descs[5];   /* matmul, A, B, C, D */
+    uint64_t spans[4];   /* A, B, C, D */
+    uint32_t nfixed;
+    uint64_t *fixed;     /* (pointer, span) pairs named by the records */
+    uint8_t records[];   /* `len` bytes */
+};
+
+typedef int (*memset_fn)(uint64_t ptr, unsigned char value, size_t count, uint64_t stream);
+typedef int (*set_u64_fn)(uint64_t handle, uint64_t value);
+typedef int (*set_i32_fn)(uint64_t handle, int32_t value);
+typedef int (*set_ws_fn)(uint64_t handle, uint64_t workspace, size_t size);
+typedef int (*gemm_plain_fn)(uint64_t h, int ta, int tb, int m, int n, int k, const void *alpha,
+                             uint64_t a, int lda, uint64_t b, int ldb, const void *beta, uint64_t c,
+                             int ldc);
+typedef int (*gemm_strided_fn)(uint64_t h, int ta, int tb, int m, int n, int k, const void *alpha,
+                               uint64_t a, int lda, long long sa, uint64_t b, int ldb, long long sb,
+                               const void *beta, uint64_t c, int ldc, long long sc, int batch);
+typedef int (*gemm_ex_fn)(uint64_t h, int ta, int tb, int m, int n, int k, const void *alpha,
+                          uint64_t a, int atype, int lda, uint64_t b, int btype, int ldb,
+                          const void *beta, uint64_t c, int ctype, int ldc, int compute, int algo);
+typedef int (*gemm_ex_strided_fn)(uint64_t h, int ta, int tb, int m, int n, int k,
+                                  const void *alpha, uint64_t a, int atype, int lda, long long sa,
+                                  uint64_t b, int btype, int ldb, long long sb, const void *beta,
+                                  uint64_t c, int ctype, int ldc, long long sc, int batch,
+                                  int compute, int algo);
+typedef int (*lt_matmul_fn)(uint64_t h, uint64_t desc, const void *alpha, uint64_t a, uint64_t adesc,
+                            uint64_t b, uint64_t bdesc, const void *beta, uint64_t c, uint64_t cdesc,
+                            uint64_t d, uint64_t ddesc, const void *algo, uint64_t workspace,
+                            size_t workspace_size, uint64_t stream);
+
+int pilot_fast_libraries(pilot_fast *f, void *const *fns, int nfns, const uint8_t *type_sizes,
+                         int ntypes, pilot_fast_call_fn generic)
+{
+    if ((!fns) == (!generic) || nfns < 0 || nfns > PILOT_FAST_LIBFNS || ntypes < 0)
+        return -1;
+    memset(f->libfns, 0, sizeof f->libfns);
+    for (int i = 0; fns && i < nfns; i++)
+        f->libfns[i] = fns[i];
+    f->generic_call = generic;
+    memset(f->type_sizes, 0, sizeof f->type_sizes);
+    for (int i = 0; i < ntypes && i < (int)sizeof f->type_sizes; i++)
+        f->type_sizes[i] = type_sizes[i];
+    return 0;
+}
+
+static uint64_t hash_bytes(uint64_t seed, const uint8_t *p, uint32_t n)
+{
+    uint64_t h = 1469598103934665603ULL ^ seed;
+    for (uint32_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ULL;
+    }
+    return h ? h : 1; /* 0 marks a free slot */
+}
+
+static void free_plans_of(struct fconn *c, uint64_t token) /* token 0: every plan */
+{
+    for (uint32_t i = 0; i < c->lt_plans.cap; i++) {
+        struct entry *e = &c->lt_plans.slots[i];
+        struct lt_plan *p = (struct lt_plan *)(uintptr_t)e->value;
+        if (e->key && p && (!token || p->token == token)) {
+            free(p->fixed);
+            free(p);
+            e->value = 0; /* a tombstone */
+        }
+    }
+}
+
+void fast_library_free_conn(struct fconn *c)
+{
+    free_plans_of(c, 0);
+    for (uint32_t i = 0; i < c->handles.cap; i++)
+        free((void *)(uintptr_t)c->handles.slots[i].value);
+    free(c->handles.slots);
+    free(c->lt_plans.slots);
+    memset(&c->handles, 0, sizeof c->handles);
+    memset(&c->lt_plans, 0, sizeof c->lt_plans);
+}
+
+int pilot_fast_blas_handle(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t handle, int blas)
+{
+    struct fconn *c = fast_find_conn(f, conn);
+    if (!c)
+        return -1;
+    struct entry *e = map_find(&c->handles, token);
+    struct fhandle *h = e ? (struct fhandle *)(uintptr_t)e->value : NULL;
+    if (!handle) {
+        if (h) {
+            free_plans_of(c, token);
+            free(h);
+            map_put(&c->handles, token, 0, 0);
+        }
+        return 0;
+    }
+    if (!h) {
+        h = calloc(1, sizeof *h);
+        if (!h || map_put(&c->handles, token, (uint64_t)(uintptr_t)h, 0) != 0) {
+            free(h);
+            return -1;
+        }
+    } else if (h->handle != handle) {
+        free_plans_of(c, token);
+    }
+    h->handle = handle;
+    h->blas = blas;
+    h->applied = 0;
+    return 0;
+}
+
+static uint64_t plan_key(uint64_t token, const uint8_t *records, uint32_t len)
+{
+    return hash_bytes(token * 0x9e3779b97f4a7c15ULL, records, len);
+}
+
+static struct lt_plan *find_plan(const struct fconn *c, uint64_t token, const uint8_t *records,
+                                 uint32_t len)
+{
+    const struct entry *e = map_find(&c->lt_plans, plan_key(token, records, len));
+    const struct lt_plan *p = e ? (const struct lt_plan *)(uintptr_t)e->value : NULL;
+    if (!p || p->token != token || p->len != len || memcmp(p->records, records, len) != 0)
+        return NULL; /* a hash collision is simply not known here */
+    return (struct lt_plan *)p;
+}
+
+int pilot_fast_lt_plan(pilot_fast *f, uint32_t conn, uint64_t token, const uint8_t *records,
+                       uint32_t len, const uint64_t *descs, const uint64_t *spans,
+                       const uint64_t *fixed, uint32_t nfixed)
+{
+    struct fconn *c = fast_find_conn(f, conn);
+    if (!c || (len && !records))
+        return -1;
+    uint64_t key = plan_key(token, records, len);
+    struct entry *e = map_find(&c->lt_plans, key);
+    if (e) { /* replaced (or forgotten) */
+        struct lt_plan *old = (struct lt_plan *)(uintptr_t)e->value;
+        free(old->fixed);
+        free(old);
+        map_put(&c->lt_plans, key, 0, 0);
+    }
+    if (!descs)
+        return 0;
+    struct lt_plan *p = calloc(1, sizeof *p + len);
+    if (!p)
+        return -1;
+    p->token = token;
+    p->len = len;
+    memcpy(p->records, records, len);
+    memcpy(p->descs, descs, sizeof p->descs);
+    memcpy(p->spans, spans, sizeof p->spans);
+    if (nfixed) {
+        p->fixed = malloc(2 * nfixed * sizeof *p->fixed);
+        if (!p->fixed) {
+            free(p);
+            return -1;
+        }
+        memcpy(p->fixed, fixed, 2 * nfixed * sizeof *p->fixed);
+        p->nfixed = nfixed;
+    }
+    if (map_put(&c->lt_plans, key, (uint64_t)(uintptr_t)p, 0) != 0) {
+        free(p->fixed);
+        free(p);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the checks ---- */
+
+/* libraries.py's matrix_span: bytes from a column-major matrix's first element to just past its
+ * last (batch matrices `stride` elements apart); 0 for an empty one; -1 on overflow. */
+static int64_t matrix_span(int64_t rows, int64_t cols, int64_t ld, int64_t elem, int64_t batch,
+                           int64_t stride)
+{
+    if (rows <= 0 || cols <= 0 || batch <= 0)
+        return 0;
+    __int128 n = ((__int128)(cols - 1) * ld + rows + (__int128)(batch - 1) * stride) * elem;
+    return n < 0 || n > INT64_MAX ? -1 : (int64_t)n;
+}
+
+static int type_size(const pilot_fast *f, int32_t dtype)
+{
+    return dtype >= 0 && dtype < (int32_t)sizeof f->type_sizes ? f->type_sizes[dtype] : 0;
+}
+
+/* The range [ptr, ptr+span) is the session's (span 0: nothing to check; span < 0: unsized). */
+static int in_session(const struct fconn *c, uint64_t ptr, int64_t span)
+{
+    return span == 0 || (span > 0 && fast_owns(c, ptr, (uint64_t)span));
+}
+
+enum { GEMM_PLAIN, GEMM_STRIDED, GEMM_EX, GEMM_EX_STRIDED };
+
+static int gemm_shape(int32_t fn)
+{
+    switch (fn) {
+    case PILOT_GEMM_EX: return GEMM_EX;
+    case PILOT_GEMM_EX_STRIDED: return GEMM_EX_STRIDED;
+    case PILOT_GEMM_S_STRIDED: case PILOT_GEMM_D_STRIDED: case PILOT_GEMM_H_STRIDED:
+    case PILOT_GEMM_C_STRIDED: case PILOT_GEMM_Z_STRIDED: return GEMM_STRIDED;
+    default: return GEMM_PLAIN;
+    }
+}
+
+/* ops/libraries.py's gemm_call and check_gemm, for the functions C runs: 1 when every argument
+ * cuBLAS checks is valid and every range the GEMM touches is the session's; 0 sends it to
+ * Python (which reports what is wrong, or runs what C does not: empty GEMMs, device scalars). */
+static int gemm_checked(const pilot_fast *f, const struct fconn *c, const pilot_req_blas_gemm *r)
+{
+    if (r->fn < 1 || r->fn >= PILOT_FAST_GEMM_FNS || r->pointer_mode != 0)
+        return 0;
+    int strided = gemm_shape(r->fn) == GEMM_STRIDED || gemm_shape(r->fn) == GEMM_EX_STRIDED;
+    int64_t batch = strided ? r->batch : 1;
+    if (r->transa < 0 || r->transa > 2 || r->transb < 0 || r->transb > 2 || r->m <= 0 ||
+        r->n <= 0 || r->k < 0 || batch <= 0 ||
+        (strided && (r->stride_a < 0 || r->stride_b < 0 || r->stride_c < 0)))
+        return 0;
+    int64_t rows_a = r->transa == 0 ? r->m : r->k, cols_a = r->transa == 0 ? r->k : r->m;
+    int64_t rows_b = r->transb == 0 ? r->k : r->n, cols_b = r->transb == 0 ? r->n : r->k;
+    if (r->lda < (rows_a > 1 ? rows_a : 1) || r->ldb < (rows_b > 1 ? rows_b : 1) ||
+        r->ldc < (r->m > 1 ? r->m : 1))
+        return 0;
+    int ea = type_size(f, r->atype), eb = type_size(f, r->btype), ec = type_size(f, r->ctype);
+    if (!ea || !eb || !ec)
+        return 0;
+    int64_t sa = strided ? r->stride_a : 0, sb = strided ? r->stride_b : 0;
+    int64_t sc = strided ? r->stride_c : 0;
+    if (r->k > 0 && (!in_session(c, r->a, matrix_span(rows_a, cols_a, r->lda, ea, batch, sa)) ||
+                     !in_session(c, r->b, matrix_span(rows_b, cols_b, r->ldb, eb, batch, sb))))
+        return 0;
+    int64_t span_c = matrix_span(r->m, r->n, r->ldc, ec, batch, sc);
+    if (span_c <= 0 || !fast_owns(c, r->c, (uint64_t)span_c))
+        return 0;
+    if (r->workspace_set && r->workspace_size && !fast_owns(c, r->workspace, r->workspace_size))
+        return 0;
+    return 1;
+}
+
+/* backends/cublas.py's _apply: the settings that changed since C's last call onto the handle. */
+static int apply_settings(const pilot_fast *f, struct fhandle *h, const pilot_req_blas_gemm *r,
+                          uint64_t stream)
+{
+    void *const *fn = f->libfns;
+    int err;
+    if (!h->applied || h->stream != stream) {
+        if ((err = ((set_u64_fn)fn[PILOT_FAST_BLAS_SET_STREAM])(h->handle, stream)) != 0)
+            return err;
+        h->stream = stream;
+        h->ws_default = 1; /* cublasSetStream resets the workspace */
+    }
+    if (r->workspace_set) {
+        if (h->ws_default || h->workspace != r->workspace || h->workspace_size != r->workspace_size) {
+            err = ((set_ws_fn)fn[PILOT_FAST_BLAS_SET_WORKSPACE])(h->handle, r->workspace,
+                                                                  (size_t)r->workspace_size);
+            if (err)
+                return err;
+            h->ws_default = 0;
+            h->workspace = r->workspace;
+            h->workspace_size = r->workspace_size;
+        }
+    } else if (!h->ws_default) { /* back to the default workspace */
+        if ((err = ((set_u64_fn)fn[PILOT_FAST_BLAS_SET_STREAM])(h->handle, stream)) != 0)
+            return err;
+        h->ws_default = 1;
+    }
+    if (!h->applied || h->math != r->math_mode || h->atomics != r->atomics_mode ||
+        h->sm_count != r->sm_count_target || h->pointer_mode != r->pointer_mode) {
+        if ((err = ((set_i32_fn)fn[PILOT_FAST_BLAS_SET_MATH_MODE])(h->handle, r->math_mode)) ||
+            (err = ((set_i32_fn)fn[PILOT_FAST_BLAS_SET_ATOMICS_MODE])(h->handle, r->atomics_mode)) ||
+            (err = ((set_i32_fn)fn[PILOT_FAST_BLAS_SET_SM_COUNT_TARGET])(h->handle,
+                                                                         r->sm_count_target)) ||
+            (err = ((set_i32_fn)fn[PILOT_FAST_BLAS_SET_POINTER_MODE])(h->handle, r->pointer_mode)))
+            return err;
+        h->math = r->math_mode;
+        h->atomics = r->atomics_mode;
+        h->sm_count = r->sm_count_target;
+        h->pointer_mode = r->pointer_mode;
+    }
+    h->applied = 1;
+    return 0;
+}
+
+static int native_gemm(const pilot_fast *f, struct fhandle *h, const pilot_req_blas_gemm *r,
+                       uint64_t stream)
+{
+    void *call = f->libfns[PILOT_FAST_GEMM_BASE + r->fn];
+    if (!call || !f->libfns[PILOT_FAST_BLAS_SET_STREAM] || !f->libfns[PILOT_FAST_BLAS_SET_WORKSPACE] ||
+        !f->libfns[PILOT_FAST_BLAS_SET_MATH_MODE] || !f->libfns[PILOT_FAST_BLAS_SET_ATOMICS_MODE] ||
+        !f->libfns[PILOT_FAST_BLAS_SET_SM_COUNT_TARGET] || !f->libfns[PILOT_FAST_BLAS_SET_POINTER_MODE])
+        return -1;
+    int err = apply_settings(f, h, r, stream);
+    if (err) {
+        h->applied = 0;
+        return err;
+    }
+    uint64_t alpha[2], beta[2]; /* host scalars, aligned */
+    memcpy(alpha, r->alpha, sizeof alpha);
+    memcpy(beta, r->beta, sizeof beta);
+    switch (gemm_shape(r->fn)) {
+    case GEMM_EX:
+        return ((gemm_ex_fn)call)(h->handle, r->transa, r->transb, r->m, r->n, r->k, alpha, r->a,
+                                  r->atype, r->lda, r->b, r->btype, r->ldb, beta, r->c, r->ctype,
+                                  r->ldc, r->compute_type, r->algo);
+    case GEMM_EX_STRIDED:
+        return ((gemm_ex_strided_fn)call)(h->handle, r->transa, r->transb, r->m, r->n, r->k, alpha,
+                                          r->a, r->atype, r->lda, r->stride_a, r->b, r->btype,
+                                          r->ldb, r->stride_b, beta, r->c, r->ctype, r->ldc,
+                                          r->stride_c, r->batch, r->compute_type, r->algo);
+    case GEMM_STRIDED:
+        return ((gemm_strided_fn)call)(h->handle, r->transa, r->transb, r->m, r->n, r->k, alpha,
+                                       r->a, r->lda, r->stride_a, r->b, r->ldb, r->stride_b, beta,
+                                       r->c, r->ldc, r->stride_c, r->batch);
+    default:
+        return ((gemm_plain_fn)call)(h->handle, r->transa, r->transb, r->m, r->n, r->k, alpha,
+                                     r->a, r->lda, r->b, r->ldb, beta, r->c, r->ldc);
+    }
+}
+
+static int try_gemm(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m, int *legacy)
+{
+    pilot_req_blas_gemm r;
+    if (m->len[1] < sizeof r)
+        return FAST_PYTHON;
+    memcpy(&r, m->frame[1], sizeof r);
+    const struct entry *e = map_find(&c->handles, r.handle);
+    if (!e)
+        return FAST_LEARN; /* Python registers the handle as it runs this call */
+    struct fhandle *h = (struct fhandle *)(uintptr_t)e->value;
+    uint64_t stream;
+    if (!h->blas || !gemm_checked(f, c, &r) || !(stream = fast_stream(c, r.stream)))
+        return FAST_PYTHON;
+    int err = f->generic_call ? f->generic_call(m->conn, PILOT_OP_BLAS_GEMM, stream, &r, sizeof r,
+                                                NULL, 0)
+                              : native_gemm(f, h, &r, stream);
+    if (err) {
+        h->applied = 0;
+        return FAST_PYTHON; /* Python makes the same call again and reports its error */
+    }
+    c->count.gemms[r.fn]++;
+    *legacy = !r.stream;
+    return FAST_DONE;
+}
+
+static int try_lt(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m, int *legacy)
+{
+    pilot_req_blaslt_matmul r;
+    if (m->len[1] < sizeof r || m->nframes != 3)
+        return FAST_PYTHON;
+    memcpy(&r, m->frame[1], sizeof r);
+    if (!map_find(&c->handles, r.handle))
+        return FAST_LEARN;
+    const struct lt_plan *p = find_plan(c, r.handle, m->frame[2], m->len[2]);
+    if (!p)
+        return FAST_LEARN; /* Python builds the descriptors and registers them */
+    if (!p->descs[0] || !p->spans[3])
+        return FAST_PYTHON; /* a set only Python runs (device scalars, ...) */
+    const uint64_t ptrs[4] = {r.a, r.b, r.c, r.d};
+    for (int i = 0; i < 4; i++)
+        if ((ptrs[i] || i == 3) && !in_session(c, ptrs[i], (int64_t)p->spans[i]))
+            return FAST_PYTHON;
+    for (uint32_t i = 0; i < p->nfixed; i++)
+        if (!in_session(c, p->fixed[2 * i], (int64_t)p->fixed[2 * i + 1]))
+            return FAST_PYTHON;
+    if (r.workspace_size && !fast_owns(c, r.workspace, r.workspace_size))
+        return FAST_PYTHON;
+    uint64_t stream = fast_stream(c, r.stream);
+    if (!stream)
+        return FAST_PYTHON;
+    int err;
+    if (f->generic_call) {
+        err = f->generic_call(m->conn, PILOT_OP_BLASLT_MATMUL, stream, &r, sizeof r, m->frame[2],
+                              m->len[2]);
+    } else {
+        lt_matmul_fn call = (lt_matmul_fn)f->libfns[PILOT_FAST_LT_MATMUL];
+        const struct entry *e = map_find(&c->handles, r.handle);
+        const struct fhandle *h = (const struct fhandle *)(uintptr_t)e->value;
+        uint64_t alpha[2], beta[2], algo[8];
+        memcpy(alpha, r.alpha, sizeof alpha);
+        memcpy(beta, r.beta, sizeof beta);
+        memcpy(algo, r.algo, sizeof algo);
+        err = !call ? -1
+                    : call(h->handle, p->descs[0], alpha, r.a, p->descs[1], r.b, p->descs[2], beta,
+                           r.c, p->descs[3], r.d, p->descs[4], r.has_algo ? algo : NULL,
+                           r.workspace_size ? r.workspace : 0, (size_t)r.workspace_size, stream);
+    }
+    if (err)
+        return FAST_PYTHON;
+    c->count.lt_matmuls++;
+    *legacy = !r.stream;
+    return FAST_DONE;
+}
+
+static int try_memset(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m, int *legacy)
+{
+    pilot_req_memset r;
+    if (m->len[1] < sizeof r || m->nframes != 2)
+        return FAST_PYTHON;
+    memcpy(&r, m->frame[1], sizeof r);
+    uint64_t stream;
+    if (!r.count || !fast_owns(c, r.ptr, r.count) || !(stream = fast_stream(c, r.stream)))
+        return FAST_PYTHON;
+    int err;
+    if (f->generic_call)
+        err = f->generic_call(m->conn, PILOT_OP_MEMSET, stream, &r, sizeof r, NULL, 0);
+    else if (f->libfns[PILOT_FAST_MEMSET_D8])
+        err = ((memset_fn)f->libfns[PILOT_FAST_MEMSET_D8])(r.ptr, (unsigned char)(r.value & 0xff),
+                                                            (size_t)r.count, stream);
+    else
+        err = -1;
+    if (err)
+        return FAST_PYTHON;
+    c->count.memsets++;
+    *legacy = !r.stream;
+    return FAST_DONE;
+}
+
+int fast_try_library(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m,
+                     const pilot_envelope *env)
+{
+    if (c->deferred && !(env->flags & PILOT_F_NO_REPLY))
+        return FAST_PYTHON; /* an error waits to be reported with the reply */
+    if (!f->generic_call && !f->libfns[PILOT_FAST_BLAS_SET_STREAM] && env->opcode != PILOT_OP_MEMSET)
+        return FAST_PYTHON;
+    int legacy = 0;
+    int r = env->opcode == PILOT_OP_BLAS_GEMM     ? try_gemm(f, c, m, &legacy)
+            : env->opcode == PILOT_OP_BLASLT_MATMUL ? try_lt(f, c, m, &legacy)
+                                                    : try_memset(f, c, m, &legacy);
+    if (r != FAST_DONE)
+        return r;
+    if (legacy)
+        c->count.legacy++; /* work on the legacy stream, as Python counts it */
+    c->count.synced = 0;
+    return FAST_DONE;
+}
