@@ -388,12 +388,16 @@ PILOT_EXPORT cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAtt
     /* The daemon sets it on the session's own CUfunction (the driver validates the value) and
      * answers with every attribute after the change; launches then allow the new maximum of
      * dynamic shared memory. */
+    if (pilot_kernel_attr_is(k, function, (int)attr, value))
+        PILOT_RETURN(cudaSuccess); /* already so: the same call would change nothing */
     pilot_req_func_attr req = {.function = function, .attr = (int32_t)attr, .value = value};
     pilot_rep_func_attrs rep;
     err = pilot_call(PILOT_OP_FUNC_SET_ATTRIBUTE, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL,
                      0, NULL);
-    if (err == cudaSuccess)
+    if (err == cudaSuccess) {
         pilot_kernel_set_max_dynamic_shared(k, rep.values[FA_MAX_DYNAMIC_SHARED]);
+        pilot_kernel_attr_set(k, function, (int)attr, value);
+    }
     PILOT_RETURN(err);
 }
 
@@ -431,12 +435,16 @@ static cudaError_t occupancy_call(const void *func, int valid, int block_size, u
     uint64_t function;
     if ((err = kernel_function(k, &function)) != cudaSuccess)
         return err;
+    if (pilot_kernel_occupancy(k, function, block_size, value, flags, out))
+        return cudaSuccess;
     pilot_req_occupancy req = {.function = function, .dynamic_smem = value,
                                .block_size = block_size, .flags = flags};
     pilot_rep_u64 rep;
     err = pilot_call(PILOT_OP_OCCUPANCY, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
-    if (err == cudaSuccess)
+    if (err == cudaSuccess) {
         *out = rep.value;
+        pilot_kernel_occupancy_answer(k, function, block_size, value, flags, rep.value);
+    }
     return err;
 }
 

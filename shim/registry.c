@@ -58,6 +58,19 @@ struct pilot_kernel {
     uint32_t nparams, arg_bytes; /* the layout, the same on every device (params set once) */
     pilot_param_info *params;
     int32_t max_threads_per_block;
+    /* cudaFuncSetAttribute values the daemon accepted, per device, for the function handle
+     * they were set on (a new handle after a reset starts afresh) */
+    uint64_t attr_function[PILOT_MAX_DEVICES];
+    uint32_t attr_known[PILOT_MAX_DEVICES];
+    int32_t attr_value[PILOT_MAX_DEVICES][PILOT_KERNEL_ATTRS];
+    /* occupancy answers for that handle (cleared with the attributes: a carveout or shared
+     * memory maximum changes them); entry i is valid when occ_function[dev][i] is the handle */
+    struct occupancy_answer {
+        uint64_t function, value, result;
+        int32_t block_size;
+        uint32_t flags;
+    } occupancy[PILOT_MAX_DEVICES][PILOT_OCCUPANCY_CACHE];
+    uint32_t occupancy_next[PILOT_MAX_DEVICES];
     struct pilot_kernel *next_by_host, *next_by_handle;
 };
 
@@ -305,6 +318,8 @@ cudaError_t pilot_kernel_resolve(struct pilot_kernel *k, int dev)
                 }
                 k->function[dev] = rep.function;
                 k->max_dynamic_shared_bytes[dev] = rep.max_dynamic_shared_bytes;
+                k->attr_known[dev] = 0; /* a function of its own: nothing set on it yet */
+                memset(k->occupancy[dev], 0, sizeof k->occupancy[dev]);
                 __atomic_store_n(&k->resolved[dev], 1, __ATOMIC_RELEASE);
             } else {
                 free(params);
@@ -333,6 +348,8 @@ static void forget_table(struct pilot_kernel **table)
         for (struct pilot_kernel *k = table[b]; k; k = k->next_by_host) {
             memset(k->resolved, 0, sizeof k->resolved); /* images are reset through g_images */
             memset(k->function, 0, sizeof k->function);
+            memset(k->attr_known, 0, sizeof k->attr_known);
+            memset(k->occupancy, 0, sizeof k->occupancy);
         }
 }
 
@@ -349,6 +366,61 @@ static void fork_child(void)
 __attribute__((constructor)) static void register_fork_handler(void)
 {
     pthread_atfork(NULL, NULL, fork_child);
+}
+
+int pilot_kernel_attr_is(struct pilot_kernel *k, uint64_t function, int attr, int32_t value)
+{
+    int dev = pilot_route_device(), same;
+    if (attr < 0 || attr >= PILOT_KERNEL_ATTRS)
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    same = k->attr_function[dev] == function && (k->attr_known[dev] >> attr & 1) &&
+           k->attr_value[dev][attr] == value;
+    pthread_mutex_unlock(&g_lock);
+    return same;
+}
+
+void pilot_kernel_attr_set(struct pilot_kernel *k, uint64_t function, int attr, int32_t value)
+{
+    int dev = pilot_route_device();
+    if (attr < 0 || attr >= PILOT_KERNEL_ATTRS)
+        return;
+    pthread_mutex_lock(&g_lock);
+    if (k->attr_function[dev] != function) {
+        k->attr_function[dev] = function;
+        k->attr_known[dev] = 0;
+    }
+    k->attr_known[dev] |= 1u << attr;
+    k->attr_value[dev][attr] = value;
+    memset(k->occupancy[dev], 0, sizeof k->occupancy[dev]);
+    pthread_mutex_unlock(&g_lock);
+}
+
+int pilot_kernel_occupancy(struct pilot_kernel *k, uint64_t function, int32_t block_size,
+                           uint64_t value, uint32_t flags, uint64_t *result)
+{
+    int dev = pilot_route_device(), found = 0;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < PILOT_OCCUPANCY_CACHE && !found; i++) {
+        const struct occupancy_answer *a = &k->occupancy[dev][i];
+        if (a->function == function && function && a->block_size == block_size &&
+            a->value == value && a->flags == flags) {
+            *result = a->result;
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return found;
+}
+
+void pilot_kernel_occupancy_answer(struct pilot_kernel *k, uint64_t function, int32_t block_size,
+                                   uint64_t value, uint32_t flags, uint64_t result)
+{
+    int dev = pilot_route_device();
+    pthread_mutex_lock(&g_lock);
+    uint32_t i = k->occupancy_next[dev]++ % PILOT_OCCUPANCY_CACHE;
+    k->occupancy[dev][i] = (struct occupancy_answer){function, value, result, block_size, flags};
+    pthread_mutex_unlock(&g_lock);
 }
 
 void pilot_kernel_set_max_dynamic_shared(struct pilot_kernel *k, int32_t bytes)

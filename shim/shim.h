@@ -197,6 +197,19 @@ void pilot_kernel_info(const struct pilot_kernel *k, int dev, struct pilot_kerne
 const char *pilot_kernel_name(const struct pilot_kernel *k);
 /* cudaFuncSetAttribute / cudaFuncGetAttributes (api_misc.c): the daemon's current limit. */
 void pilot_kernel_set_max_dynamic_shared(struct pilot_kernel *k, int32_t bytes);
+/* cudaFuncSetAttribute values already set on the kernel's function handle on the current
+ * device: setting the same value again needs no call to the daemon (frameworks set the dynamic
+ * shared memory maximum before every launch of some kernels). */
+#define PILOT_KERNEL_ATTRS 32
+int pilot_kernel_attr_is(struct pilot_kernel *k, uint64_t function, int attr, int32_t value);
+void pilot_kernel_attr_set(struct pilot_kernel *k, uint64_t function, int attr, int32_t value);
+/* The daemon's occupancy answers for the kernel's function handle on the current device, kept
+ * until an attribute of it changes (frameworks ask the same question every step). */
+#define PILOT_OCCUPANCY_CACHE 8
+int pilot_kernel_occupancy(struct pilot_kernel *k, uint64_t function, int32_t block_size,
+                           uint64_t value, uint32_t flags, uint64_t *result);
+void pilot_kernel_occupancy_answer(struct pilot_kernel *k, uint64_t function, int32_t block_size,
+                                   uint64_t value, uint32_t flags, uint64_t result);
 
 /* ---- parallel_copy.c ---- */
 void pilot_copy(void *dst, const void *src, size_t len); /* memcpy, on two threads when large */
