@@ -199,7 +199,8 @@ def quota() -> None:
 @click.argument("tenant")
 @click.argument("hard", required=False)
 @click.option("--gpu", type=int, help="Only this GPU [default: every GPU].")
-@click.option("--provisioned", metavar="SIZE", help="Provisioned limit (used by MAdvise).")
+@click.option("--provisioned", metavar="SIZE",
+              help="Guaranteed bytes: withheld from other tenants; MAdvise and MFit keep them on the GPU.")
 @pass_client
 def quota_set(client: ControlClient, tenant: str, hard: str | None, gpu: int | None,
               provisioned: str | None) -> None:

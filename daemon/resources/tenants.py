@@ -226,8 +226,10 @@ def _check_bytes(what: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class Quota:
-    """`hard`: allocations beyond it fail. `provisioned`: the share the MAdvise policy plans
-    with, at most `hard`. None: no limit."""
+    """`hard`: allocations beyond it fail. `provisioned`: bytes guaranteed to the tenant on the
+    GPU, at most `hard`: other tenants' allocations may not take what it has not used of them
+    (resources/broker.py), and the memory policies keep that much of its movable memory on the GPU
+    (MAdvise's budget, MFit's fit). None: no limit, no guarantee."""
 
     hard: int | None = None
     provisioned: int | None = None
@@ -291,6 +293,16 @@ class QuotaStore:
         """The tenant's own entry for `gpu` (None: its every-GPU entry), without fallbacks."""
         per = self._quotas.get(tenant)
         return per.get(gpu) if per is not None else None
+
+    def provisioned_on(self, gpu: int) -> dict[str, int]:
+        """Tenant -> its provisioned bytes on `gpu` (own entry, else every-GPU one), for the
+        tenants that have some."""
+        out: dict[str, int] = {}
+        for tenant in self._quotas:
+            p = self.get(tenant, gpu).provisioned
+            if p:
+                out[tenant] = p
+        return out
 
     def set(self, tenant: str, gpu: int | None, hard: int | None, provisioned: int | None) -> Quota:
         """Replace the tenant's entry for `gpu` (None: every GPU). An entry with both limits

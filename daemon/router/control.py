@@ -111,6 +111,24 @@ def _most_grantable(daemon: Daemon, gpu: int | None) -> int:
                for g in gpus)
 
 
+def _check_provisioned_total(daemon: Daemon, tenant: str, gpu: int | None,
+                             provisioned: int | None) -> None:
+    """Provisioned bytes are guarantees: on each GPU the entry applies to, every tenant's
+    together (this one's new value in place of its old) must fit in the GPU's capacity."""
+    if not provisioned:
+        return
+    for g in sorted(daemon.gpus) if gpu is None else [gpu]:
+        if gpu is None and daemon.quotas.entry(tenant, g) is not None:
+            continue  # the tenant's own entry on g wins over the every-GPU one
+        others = {t: p for t, p in daemon.quotas.provisioned_on(g).items() if t != tenant}
+        cap = daemon.broker.budget.capacity(g)
+        if provisioned + sum(others.values()) > cap:
+            raise ControlError(
+                f"provisioned {provisioned} bytes on GPU {g} with the {sum(others.values())} bytes "
+                f"provisioned to {', '.join(sorted(others))} is more than its capacity ({cap} "
+                "bytes): provisioned memory is guaranteed, so it cannot be oversubscribed")
+
+
 def _tenant_arg(daemon: Daemon, name: Any) -> str:
     """A named tenant, `user:NAME`, `uid:N`, `slurm:job_N`, or a bare user name (meaning
     user:NAME)."""
@@ -218,6 +236,7 @@ def quota_set(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str,
             where = "any GPU" if gpu is None else f"GPU {gpu}"
             raise ControlError(f"{what} limit {value} bytes is more than {where} can grant "
                                f"({most} bytes: its capacity, or its managed limit)")
+    _check_provisioned_total(daemon, tenant, gpu, provisioned)
     q = daemon.quotas.set(tenant, gpu, hard=hard, provisioned=provisioned)
     daemon.engines.reread_quotas()
     log.info("quota for %s on %s: hard=%s provisioned=%s", tenant,

@@ -46,6 +46,9 @@ class FakeQuotas:
     def entry(self, tenant: str, gpu: int | None) -> Quota | None:
         return self.data.get(tenant, {}).get("*" if gpu is None else str(gpu))
 
+    def provisioned_on(self, gpu: int) -> dict[str, int]:
+        return {t: p for t in self.data if (p := self.get(t, gpu).provisioned)}
+
     def set(self, tenant: str, gpu: int | None, hard: int | None, provisioned: int | None) -> Quota:
         q = Quota(hard=hard, provisioned=provisioned)
         self.data.setdefault(tenant, {})["*" if gpu is None else str(gpu)] = q
@@ -158,3 +161,18 @@ def test_quota_limits_are_bounded_by_what_a_gpu_can_grant() -> None:
     assert call(d, ADMIN, "quota.set", tenant="user:bob", gpu=0, hard="80GiB")["ok"]
     d.broker.managed = SimpleNamespace(capacity=lambda g: 200 << 30)  # enforced: managed limit
     assert call(d, ADMIN, "quota.set", tenant="user:bob", hard="150GiB")["ok"]
+
+
+def test_provisioned_quotas_cannot_add_up_past_a_gpus_capacity() -> None:
+    """Provisioned memory is a guarantee (80 GiB GPU): bob's 50 and alice's 40 cannot both be;
+    changing bob's own value replaces it rather than adding to it."""
+    d = fake_daemon()
+    assert call(d, ADMIN, "quota.set", tenant="user:bob", gpu=0, provisioned="1GiB")["ok"]
+    reply = call(d, ADMIN, "quota.set", tenant="user:alice", hard="none", provisioned="79GiB")
+    assert reply["ok"], reply
+    reply = call(d, ADMIN, "quota.set", tenant="user:bob", gpu=0, hard="none", provisioned="2GiB")
+    assert not reply["ok"] and "provisioned to user:alice" in reply["error"] \
+        and "more than its capacity" in reply["error"]
+    assert d.quotas.get("user:bob", 0).provisioned == 1 << 30
+    reply = call(d, ADMIN, "quota.set", tenant="user:bob", gpu=0, provisioned="1GiB")
+    assert reply["ok"], reply
