@@ -149,8 +149,24 @@ def test_kill_a_tenants_sessions() -> None:
 
 
 def test_sizes_beyond_64_bits_are_refused() -> None:
-    reply = call(fake_daemon(), ADMIN, "quota.set", tenant="user:bob", hard=str(2**64))
+    reply = call(fake_daemon(), ADMIN, "quota.set", tenant="user:bob", hard=f"{2**64}B")
     assert not reply["ok"] and "16 EiB" in reply["error"], reply
+
+
+@pytest.mark.parametrize(("hard", "why"), [
+    ("8", "'8' has no unit: write 8GiB, 8MiB"), ("8gb", "write GB for powers of 1000 or GiB"),
+    ("512KiB", "524288 bytes is below the 1 MiB floor for a hard quota"),
+    ("0", '0 bytes is below the 1 MiB floor for a hard quota (a missing or wrong unit?); "none" lifts'),
+])
+def test_quota_sizes_need_a_unit_and_the_floor(hard: str, why: str) -> None:
+    d = fake_daemon()
+    reply = call(d, ADMIN, "quota.set", tenant="user:bob", gpu=0, hard=hard)
+    assert not reply["ok"] and why in reply["error"], reply
+    assert d.quotas.get("user:bob", 0).hard == 1 << 30
+    reply = call(d, ADMIN, "quota.set", tenant="user:bob", gpu=0, hard="8GB", provisioned="1MiB")
+    assert reply["result"]["hard"] == 8 * 10**9 and reply["result"]["provisioned"] == 1 << 20
+    reply = call(d, ADMIN, "quota.set", tenant="user:bob", gpu=0, provisioned="0")  # 0: none
+    assert reply["ok"] and reply["result"]["provisioned"] is None
 
 
 
