@@ -70,6 +70,20 @@ def _group_ids(user: str, gid: int) -> list[int]:
         return [gid]
 
 
+def unknown_members(tenants: Mapping[str, TenantDef]) -> list[str]:
+    """One line per user or group a named tenant lists that NSS does not know (a typo, or an
+    account not made yet): nobody can be that member, so its tenant may be missing someone."""
+    out = []
+    for t in tenants.values():
+        for kind, names, lookup in (("user", t.users, pwd.getpwnam), ("group", t.groups, grp.getgrnam)):
+            for name in names:
+                try:
+                    lookup(name)
+                except KeyError:
+                    out.append(f"tenant {t.name}: no {kind} {name!r} on this host")
+    return out
+
+
 def is_admin(uid: int, gid: int, admin_group: str) -> bool:
     """Root, or a member of `admin_group` (as primary group or supplementary one). Not cached:
     a revoked membership takes effect at the next command."""
