@@ -608,7 +608,7 @@ def madvise(budget: int | None = None, per: str = "process", recheck: float = 0.
             capacity: int = 100 * MiB, used: int = 0) -> World:
     table: dict[str, Any] = {"per": per, "recheck": recheck}
     if budget is not None:
-        table["budget"] = budget
+        table["budget"] = f"{budget}B"
     w = World(MAdvise(MAdvise.parse_settings(table)), capacity, used)
     for sid, tenant in ((1, "a"), (2, "b"), (3, "c"), (4, "d")):
         w.session(sid, tenant)
