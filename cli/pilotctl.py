@@ -8,6 +8,7 @@ daemon from the kernel's peer credentials). Errors are one line on stderr and ex
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -16,6 +17,7 @@ import click
 
 from pilot import __version__
 from pilot.cli.client import CommandFailed, ControlClient, DaemonUnreachable, control_socket_path
+from pilot.daemon.config import size_text
 
 pass_client = click.make_pass_decorator(ControlClient)
 
@@ -42,7 +44,30 @@ def _size(n: int | None) -> str:
     return f"{n} B"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "PILOTCTL"})
+_NEGATIVE = re.compile(r"-\.?\d")
+
+
+class _Command(click.Command):
+    """A command whose arguments are never negative: `-5GiB` would otherwise read as an unknown
+    option -5, so it is named for what it is."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for arg in args:
+            if arg == "--":
+                break
+            if _NEGATIVE.match(arg):
+                raise click.UsageError(f"{arg!r} is negative: sizes, percentages, GPU indexes and "
+                                       "session ids are 0 or more", ctx)
+        return super().parse_args(ctx, args)
+
+
+class _Group(click.Group):
+    command_class = _Command
+    group_class = type  # subgroups are _Groups too
+
+
+@click.group(cls=_Group,
+             context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "PILOTCTL"})
 @click.version_option(__version__, "--version", prog_name="pilotctl", message="%(prog)s %(version)s")
 @click.option("--control-socket", metavar="PATH",
               help="pilotd's control socket [default: control.sock beside $PILOT_SOCKET's path].")
@@ -139,6 +164,8 @@ def sessions(client: ControlClient, as_json: bool) -> None:
         return
     click.echo(f"{'SESSION':>7} {'TENANT':<16} {'PID':>7} {'GPU':>3} {'DEVICE':>10} {'MANAGED':>10} "
                f"{'CALLS':>9} {'STATE':<9} COMMAND")
+    if not rows:
+        click.echo("no session")
     for r in rows:
         click.echo(f"{r['session']:>7} {r['tenant'][:16]:<16} {r['pid']:>7} {r['device']:>3} "
                    f"{_size(r['device_bytes']):>10} {_size(r.get('managed_bytes', 0)):>10} "
@@ -199,14 +226,16 @@ def quota() -> None:
 @click.argument("tenant")
 @click.argument("hard", required=False)
 @click.option("--gpu", type=int, help="Only this GPU [default: every GPU].")
-@click.option("--provisioned", metavar="SIZE", help="Provisioned limit (used by MAdvise).")
+@click.option("--provisioned", metavar="SIZE",
+              help="Guaranteed bytes: withheld from other tenants; MAdvise and MFit keep them on the GPU.")
 @pass_client
 def quota_set(client: ControlClient, tenant: str, hard: str | None, gpu: int | None,
               provisioned: str | None) -> None:
     """Set TENANT's hard limit, e.g. `pilotctl quota set alice 8GiB --gpu 0`."""
     r = _call(client, "quota.set", tenant=tenant, hard=hard, gpu=gpu, provisioned=provisioned)
     where = "every GPU" if r["gpu"] is None else f"GPU {r['gpu']}"
-    click.echo(f"{r['tenant']} on {where}: hard {_size(r['hard'])}, provisioned {_size(r['provisioned'])}")
+    exact = [size_text(n) if n is not None else "-" for n in (r["hard"], r["provisioned"])]
+    click.echo(f"{r['tenant']} on {where}: hard {exact[0]}, provisioned {exact[1]}")
 
 
 @quota.command("get")
@@ -245,6 +274,8 @@ def quota_list(client: ControlClient, as_json: bool) -> None:
     if as_json:
         _emit_json(r)
         return
+    if not r:
+        click.echo("no quota is set")
     for tenant, per in sorted(r.items()):
         for g, q in sorted(per.items()):
             where = "every GPU" if g == "*" else f"GPU {g}"
@@ -348,6 +379,8 @@ def share_list(client: ControlClient, as_json: bool) -> None:
     if as_json:
         _emit_json(r)
         return
+    if not r["shares"]:
+        click.echo("no compute share is set")
     for tenant, per in r["shares"].items():
         for g, percent in per.items():
             click.echo(f"{tenant} on {'every GPU' if g == '*' else f'GPU {g}'}: {percent}%")

@@ -58,8 +58,10 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     groups = ["ml"]
     sm_share = 25                  # % of each GPU's SMs its kernels may use (default: all)
 
-Sizes are integers (bytes) or strings with a unit: B, KB/MB/GB/TB (powers of 1000),
-KiB/MiB/GiB/TiB (powers of 1024); fractions round down to whole bytes. Durations are numbers
+Sizes are strings with a unit: KiB/MiB/GiB/TiB (powers of 1024, any case), KB/MB/GB/TB
+(powers of 1000, written so: "8GB" is 8e9 bytes, "8gb" is refused) or B; fractions round down
+to whole bytes. A number without a unit is refused unless it is 0 (a bare `capacity = 8` would be
+an 8-byte GPU); GPU capacities and limits below SIZE_FLOOR (1 MiB) are refused too. Durations are numbers
 (seconds) or strings with us, ms, s, m or h. Relative paths in the file are relative to the
 file's directory (and `~` is expanded), so a config does not depend on the daemon's cwd.
 
@@ -95,26 +97,25 @@ TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 
 
 class ConfigError(ValueError):
-    """A configuration that pilotd refuses to start with; the message is one line for the
-    operator: `FILE: KEY: problem` or `FILE: unknown key KEY (did you mean ...?)`."""
+    """A configuration that pilotd refuses to start with; the message is one line per mistake
+    for the operator: `FILE: KEY: problem` or `FILE: unknown key KEY (did you mean ...?)`."""
 
 
 # ---- units ----
 
 MAX_SIZE = 2**64 - 1
-_SIZE_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
+SIZE_FLOOR = 2**20  # the smallest capacity, limit or quota that is not a mistake
+_BINARY_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # any case
+_EXACT_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}  # as written
 _DURATION_UNITS = {"": Decimal(1), "us": Decimal("1e-6"), "ms": Decimal("1e-3"), "s": Decimal(1),
                    "m": Decimal(60), "h": Decimal(3600)}
 _NUMBER = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
 
 
 def parse_bytes(text: str | int) -> int:
-    """Bytes in `text`: "8GiB", "512 MiB", "1.5GB", "1024" or 4096. Units are case-insensitive; a bare
-    K/M/G/T is refused as ambiguous (binary or decimal?)."""
+    """Bytes in `text`: "8GiB", "512 MiB", "1.5GB", "0", or an int (bytes, from code). A string
+    needs a unit unless it is 0; binary units take any case, decimal ones and B only as written
+    (`8gb`: binary or decimal?); a bare K/M/G/T is refused as ambiguous."""
     if isinstance(text, bool):
         raise ValueError(f"{text!r} is not a size")
     if isinstance(text, int):
@@ -132,10 +133,19 @@ def parse_bytes(text: str | int) -> int:
         why = " (negative)" if text.strip().startswith("-") else ""
         raise ValueError(f"{text!r} is not a size{why}")
     number, unit = m.group(1), m.group(2)
-    mult = _SIZE_UNITS.get(unit.lower())
+    if not unit:
+        if Decimal(number) == 0:
+            return 0
+        raise ValueError(f"{text!r} has no unit: write {number}GiB, {number}MiB, ... "
+                         f"({number}B if you mean bytes)")
+    mult = _EXACT_UNITS.get(unit) or _BINARY_UNITS.get(unit.lower())
     if mult is None:
         if unit.lower() in ("k", "m", "g", "t"):
             why = f"ambiguous unit {unit!r}: use {unit.upper()}iB or {unit.upper()}B"
+        elif unit.upper() in _EXACT_UNITS:
+            big = unit.upper()
+            why = (f"write {big} for powers of 1000 or {big[:-1]}iB for powers of 1024" if len(big) > 1
+                   else "write B for bytes")
         else:
             why = f"unknown unit {unit!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
         raise ValueError(f"{text!r} is not a size ({why})")
@@ -143,6 +153,25 @@ def parse_bytes(text: str | int) -> int:
     if mult == 1 and value != value.to_integral_value():
         raise ValueError(f"{text!r} is not a size (fraction of a byte)")
     return _at_most_64_bits(int(value))  # rounds toward zero: whole bytes
+
+
+def at_least_floor(n: int, what: str = "a capacity") -> int:
+    """`n`, unless it is below SIZE_FLOOR: a mistake (a missing unit), not a useful size."""
+    if n < SIZE_FLOOR:
+        raise ValueError(f"{n} bytes is below the {SIZE_FLOOR >> 20} MiB floor for {what} "
+                         "(a missing or wrong unit?)")
+    return n
+
+
+def size_text(n: int) -> str:
+    """`n` bytes in the largest binary unit it is a whole number of, else to 2 decimals with the
+    exact bytes beside: what pilot echoes back of a size it was given ("8GB" -> 7.45 GiB)."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            if n % scale == 0:
+                return f"{n // scale} {unit}"
+            return f"{n / scale:.2f} {unit} ({n} bytes)"
+    return f"{n} B"
 
 
 def _at_most_64_bits(n: int) -> int:
@@ -303,17 +332,26 @@ class Config:
 
 
 class _Invalid(ValueError):
-    """A bad value below a key (`sub`, dotted), or an unknown key among `choices`."""
+    """A bad value below a key (`sub`, dotted), or an unknown key among `choices`; `more`: the
+    other mistakes found in the same value (each tenant table's, say)."""
 
-    def __init__(self, msg: str, sub: str | None = None, choices: tuple[str, ...] | None = None):
+    def __init__(self, msg: str, sub: str | None = None, choices: tuple[str, ...] | None = None,
+                 more: tuple[_Invalid, ...] = ()):
         super().__init__(msg)
-        self.msg, self.sub, self.choices = msg, sub, choices
+        self.msg, self.sub, self.choices, self.more = msg, sub, choices, more
 
-    def render(self, key: str) -> str:
+    def render(self, key: str, where: str = "") -> str:
+        """One line per mistake, each starting with `where`."""
         full = f"{key}.{self.sub}" if self.sub else key
-        if self.choices is not None:
-            return unknown_key_message(full, self.choices)
-        return f"{full}: {self.msg}"
+        line = unknown_key_message(full, self.choices) if self.choices is not None else f"{full}: {self.msg}"
+        return "\n".join([where + line, *(m.render(key, where) for m in self.more)])
+
+
+def _all_of(found: list[_Invalid]) -> None:
+    """Raise the mistakes found (the first, carrying the rest), if any."""
+    if found:
+        first = found[0]
+        raise _Invalid(first.msg, first.sub, first.choices, (*first.more, *found[1:]))
 
 
 def unknown_key_message(dotted: str, choices: tuple[str, ...] | list[str]) -> str:
@@ -386,9 +424,16 @@ def _gpus(value: Any) -> tuple[int, ...] | None:
 def _capacity(value: Any) -> int | None:
     if value is None:
         return None
+    return at_least_floor(parse_bytes(value))
+
+
+def _pinned_limit(value: Any) -> int | None:
+    """Host memory a tenant (or all) may pin: above 0, with no floor (pinned buffers are small)."""
+    if value is None:
+        return None
     n = parse_bytes(value)
     if n == 0:
-        raise ValueError(f"{value!r}: a capacity must be above 0")
+        raise ValueError(f"{value!r}: a limit must be above 0 (leave it out for the default)")
     return n
 
 
@@ -404,11 +449,9 @@ def _capacity_per_gpu(value: Any) -> dict[int, int]:
         if gpu in out:
             raise _Invalid(f"GPU {gpu} is given twice", sub=str(key))
         try:
-            out[gpu] = parse_bytes(size)
+            out[gpu] = at_least_floor(parse_bytes(size))
         except ValueError as exc:
             raise _Invalid(str(exc), sub=str(key)) from None
-        if out[gpu] == 0:
-            raise _Invalid(f"{size!r}: a capacity must be above 0", sub=str(key))
     return out
 
 
@@ -429,11 +472,11 @@ def _fault_poll_interval(value: Any) -> float:
 
 
 def _policy_name(value: Any) -> str:
-    """Syntax only: which names exist is the policy registry's to say, once plugins are loaded
-    (pilot.daemon.scheduling.policy_host)."""
-    if not isinstance(value, str) or not _POLICY_NAME.fullmatch(value):
-        raise ValueError(f"{value!r} is not a policy name")
-    return value
+    """Syntax only, in any case (`MFit` is mfit): which names exist is the policy registry's to
+    say, once plugins are loaded (pilot.daemon.scheduling.policy_host)."""
+    if not isinstance(value, str) or not _POLICY_NAME.fullmatch(value.lower()):
+        raise ValueError(f"{value!r} is not a policy name (a letter, then letters, digits, _ or -)")
+    return value.lower()
 
 
 def _plugins(value: Any) -> tuple[str, ...]:
@@ -495,42 +538,58 @@ _TENANT_KEYS = ("users", "groups", "sm_share")
 
 
 def _tenants(value: Any) -> dict[str, TenantDef]:
-    """Tenant tables (or TenantDefs) -> {name: TenantDef}, each user and group in one tenant."""
+    """Tenant tables (or TenantDefs) -> {name: TenantDef}, each user and group in one tenant, the
+    shares adding up to 100% at most. Every mistake is found (one _Invalid carrying the rest)."""
     if not isinstance(value, Mapping):
         raise ValueError(f"{value!r} is not a table of tenants")
     out: dict[str, TenantDef] = {}
+    found: list[_Invalid] = []
     owner: dict[tuple[str, str], str] = {}  # ("user"|"group", name) -> tenant
     for name, spec in value.items():
-        if not isinstance(name, str) or not TENANT_NAME.fullmatch(name):
-            raise _Invalid(f"tenant name {name!r} must match {TENANT_NAME.pattern}", sub=str(name))
-        if isinstance(spec, TenantDef):
-            if spec.name != name:
-                raise _Invalid(f"TenantDef named {spec.name!r} under key {name!r}", sub=name)
-            spec = {"users": spec.users, "groups": spec.groups, "sm_share": spec.sm_share}
-        if not isinstance(spec, Mapping):
-            raise _Invalid(f"{spec!r} is not a table with users and groups", sub=name)
-        for key in spec:
-            if key not in _TENANT_KEYS:
-                raise _Invalid("", sub=f"{name}.{key}", choices=_TENANT_KEYS)
-        members: dict[str, tuple[str, ...]] = {}
-        for key, kind in (("users", "user"), ("groups", "group")):
-            try:
-                members[key] = _names(spec.get(key, ()), kind)
-            except ValueError as exc:
-                raise _Invalid(str(exc), sub=f"{name}.{key}") from None
-            for member in members[key]:
-                other = owner.setdefault((kind, member), name)
-                if other != name:
-                    raise _Invalid(f"{kind} {member!r} is already in tenant {other!r}",
-                                   sub=f"{name}.{key}")
-        if not members["users"] and not members["groups"]:
-            raise _Invalid("a tenant needs at least one user or group", sub=name)
-        share = spec.get("sm_share")
-        if share is not None and (isinstance(share, bool) or not isinstance(share, int)
-                                  or not 1 <= share <= 100):
-            raise _Invalid(f"{share!r} is not a percentage from 1 to 100", sub=f"{name}.sm_share")
-        out[name] = TenantDef(name, members["users"], members["groups"], share)
+        try:
+            out[name] = _tenant(name, spec, owner)
+        except _Invalid as exc:
+            found.append(exc)
+    shares = {t.name: t.sm_share for t in out.values() if t.sm_share is not None and t.sm_share < 100}
+    if sum(shares.values()) > 100:
+        named = ", ".join(f"{t} {p}%" for t, p in shares.items())
+        found.append(_Invalid(f"sm_share adds up to {sum(shares.values())}% of each GPU ({named}): "
+                              "at most 100%"))
+    _all_of(found)
     return out
+
+
+def _tenant(name: Any, spec: Any, owner: dict[tuple[str, str], str]) -> TenantDef:
+    """One tenant table; its mistakes raised together (see _tenants)."""
+    if not isinstance(name, str) or not TENANT_NAME.fullmatch(name):
+        raise _Invalid(f"tenant name {name!r} must match {TENANT_NAME.pattern}", sub=str(name))
+    if isinstance(spec, TenantDef):
+        if spec.name != name:
+            raise _Invalid(f"TenantDef named {spec.name!r} under key {name!r}", sub=name)
+        spec = {"users": spec.users, "groups": spec.groups, "sm_share": spec.sm_share}
+    if not isinstance(spec, Mapping):
+        raise _Invalid(f"{spec!r} is not a table with users and groups", sub=name)
+    found = [_Invalid("", sub=f"{name}.{key}", choices=_TENANT_KEYS)
+             for key in spec if key not in _TENANT_KEYS]
+    members: dict[str, tuple[str, ...]] = {"users": (), "groups": ()}
+    for key, kind in (("users", "user"), ("groups", "group")):
+        try:
+            members[key] = _names(spec.get(key, ()), kind)
+        except ValueError as exc:
+            found.append(_Invalid(str(exc), sub=f"{name}.{key}"))
+        for member in members[key]:
+            other = owner.setdefault((kind, member), name)
+            if other != name:
+                found.append(_Invalid(f"{kind} {member!r} is already in tenant {other!r}",
+                                      sub=f"{name}.{key}"))
+    if not members["users"] and not members["groups"] and not found:
+        found.append(_Invalid("a tenant needs at least one user or group", sub=name))
+    share = spec.get("sm_share")
+    if share is not None and (isinstance(share, bool) or not isinstance(share, int)
+                              or not 1 <= share <= 100):
+        found.append(_Invalid(f"{share!r} is not a percentage from 1 to 100", sub=f"{name}.sm_share"))
+    _all_of(found)
+    return TenantDef(name, members["users"], members["groups"], share)
 
 
 _CONVERT: dict[str, Callable[[Any], Any]] = {
@@ -555,8 +614,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "policy_max_wait": parse_duration,
     "policy_plugins": _plugins,
     "policy_settings": _policy_settings,
-    "pinned_limit": _capacity,
-    "pinned_limit_per_tenant": _capacity,
+    "pinned_limit": _pinned_limit,
+    "pinned_limit_per_tenant": _pinned_limit,
     "nvml_poll_interval": _poll_interval,
     "slurm_job_tenants": _flag,
     "isolation_tenants": _isolation_tenants,
@@ -598,19 +657,44 @@ SECTIONS: dict[str, dict[str, str]] = {
 _PATH_FIELDS = ("socket", "control_socket", "state_dir")
 
 
-def _file_values(data: dict[str, Any], base_dir: str, path: str) -> dict[str, tuple[str, Any]]:
-    """The parsed TOML document -> {field: (dotted key, raw value)}; unknown names raise."""
+_SIZE_FIELDS = ("capacity", "capacity_per_gpu", "managed_limit", "pinned_limit",
+                "pinned_limit_per_tenant", "isolation_capacity")
+
+
+def _unit_given(name: str, value: Any) -> None:
+    """A size in the file is a string with a unit: a TOML number (other than 0) is refused, since
+    `capacity = 8` reads as 8 bytes where 8 GiB was meant."""
+    if name not in _SIZE_FIELDS:
+        return
+    if isinstance(value, Mapping):
+        for key, size in value.items():
+            try:
+                _unit_given(name, size)
+            except ValueError as exc:
+                raise _Invalid(str(exc), sub=str(key)) from None
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0:
+        raise ValueError(f"{value!r} has no unit: write \"{value}GiB\", \"{value}MiB\", ... "
+                         f"(\"{value}B\" if you mean bytes)")
+
+
+def _file_values(data: dict[str, Any], base_dir: str, path: str,
+                 errors: list[str]) -> dict[str, tuple[str, Any]]:
+    """The parsed TOML document -> {field: (dotted key, raw value)}; each unknown name adds an
+    error to `errors` (and is left out)."""
     raw: dict[str, tuple[str, Any]] = {}
     sections = (*SECTIONS, "tenants")
     for section, table in data.items():
         if section not in sections and not isinstance(table, dict):
-            raise ConfigError(f"{path}: {unknown_key_message(section, sections)}")
+            errors.append(f"{path}: {unknown_key_message(section, sections)}")
+            continue
         if section not in sections:
             close = difflib.get_close_matches(section, sections, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigError(f"{path}: unknown section [{section}]{hint}")
+            errors.append(f"{path}: unknown section [{section}]{hint}")
+            continue
         if not isinstance(table, dict):
-            raise ConfigError(f"{path}: {section}: must be a table ([{section}])")
+            errors.append(f"{path}: {section}: must be a table ([{section}])")
+            continue
         if section == "tenants":
             raw["tenants"] = ("tenants", table)
             continue
@@ -622,7 +706,8 @@ def _file_values(data: dict[str, Any], base_dir: str, path: str) -> dict[str, tu
                 settings[key] = value
                 continue
             if key not in keys:
-                raise ConfigError(f"{path}: {unknown_key_message(dotted, tuple(keys))}")
+                errors.append(f"{path}: {unknown_key_message(dotted, tuple(keys))}")
+                continue
             name = keys[key]
             if name in _PATH_FIELDS and isinstance(value, str) and value:
                 value = os.path.join(base_dir, os.path.expanduser(value))
@@ -638,10 +723,12 @@ def _file_values(data: dict[str, Any], base_dir: str, path: str) -> dict[str, tu
 def load_config(path: str | None, overrides: dict[str, Any] | None = None) -> Config:
     """The configuration from `path` (None: DEFAULT_CONFIG_PATH if it exists, else defaults),
     then `overrides` (command-line values keyed by Config field; None values are ignored).
-    Raises ConfigError naming the file (or `command line`) and the key."""
+    Raises ConfigError naming the file (or `command line`) and the key; with several mistakes,
+    one line for each (every one is found in one pass)."""
     if path is None and os.path.exists(DEFAULT_CONFIG_PATH):
         path = DEFAULT_CONFIG_PATH
     values: dict[str, Any] = {}
+    errors: list[str] = []
     if path is not None:
         try:
             with open(path, "rb") as fh:
@@ -653,22 +740,31 @@ def load_config(path: str | None, overrides: dict[str, Any] | None = None) -> Co
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from None
         base_dir = os.path.dirname(os.path.abspath(path))
-        for name, (dotted, value) in _file_values(data, base_dir, path).items():
-            values[name] = _convert(name, value, f"{path}: ", dotted)
+        for name, (dotted, value) in _file_values(data, base_dir, path, errors).items():
+            try:
+                _unit_given(name, value)
+                values[name] = _convert(name, value, f"{path}: ", dotted)
+            except _Invalid as exc:
+                errors.append(exc.render(dotted, f"{path}: "))
+            except ValueError as exc:
+                errors.append(str(exc) if isinstance(exc, ConfigError) else f"{path}: {dotted}: {exc}")
     for name, value in (overrides or {}).items():
         if name not in _CONVERT:
-            raise ConfigError(f"command line: {unknown_key_message(name, tuple(_CONVERT))}")
-        if value is not None:
-            values[name] = _convert(name, value, "command line: ", "--" + name.replace("_", "-"))
+            errors.append(f"command line: {unknown_key_message(name, tuple(_CONVERT))}")
+        elif value is not None:
+            try:
+                values[name] = _convert(name, value, "command line: ", "--" + name.replace("_", "-"))
+            except ConfigError as exc:
+                errors.append(str(exc))
+    if errors:
+        raise ConfigError("\n".join(errors))
     return Config(**values)
-
-
 def _convert(name: str, value: Any, where: str, key: str) -> Any:
     try:
         return _CONVERT[name](value)
     except _Invalid as exc:
         if name == "tenants" and key.startswith("--"):
             key = "tenants"
-        raise ConfigError(where + exc.render(key)) from None
+        raise ConfigError(exc.render(key, where)) from None
     except ValueError as exc:
         raise ConfigError(f"{where}{key}: {exc}") from None

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from pilot import __version__
-from pilot.daemon.config import DEFAULT_CONFIG_PATH, ConfigError, load_config, parse_bytes
+from pilot.daemon.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
 from pilot.daemon.protocol import socket_path
 from pilot.daemon.router.recovery import exec_afresh, handover_from_environment
 from pilot.daemon.router.server import Daemon, DaemonError
@@ -105,7 +105,7 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
             "backend": backend, "socket": socket_, "control_socket": control_socket,
             "vgpus_per_gpu": vgpus_per_gpu, "max_vgpus_per_gpu": max_vgpus_per_gpu,
             "gpus": tuple(devices) or None,
-            "capacity": parse_bytes(capacity) if capacity is not None else None,
+            "capacity": capacity,
             "enforce_capacity": enforce_capacity, "managed_device_memory": managed_device_memory,
             "state_dir": state_dir, "metrics_address": metrics_address,
             "admin_group": admin_group, "sim_kernels": tuple(sim_kernels) or None,

@@ -244,6 +244,7 @@ class KernelRegistry:
     def __init__(self) -> None:
         self._kernels: dict[str, SimFn] = {}
         self._lock = threading.Lock()
+        self._missing: set[str] = set()  # kernels launched without an emulation (warned once each)
 
     def register(self, name: str, fn: SimFn) -> None:
         with self._lock:
@@ -285,6 +286,7 @@ class KernelRegistry:
         sticky)."""
         fn = self.get(launch.name)
         if fn is None:
+            self._warn_missing(launch.name)
             raise BackendError(CUDA_ERROR_INVALID_DEVICE_FUNCTION,
                                f"no sim emulation registered for kernel {launch.name}")
         try:
@@ -295,6 +297,19 @@ class KernelRegistry:
             log.exception("sim kernel %s (%s) crashed", launch.name, _describe(fn))
             raise BackendError(CUDA_ERROR_LAUNCH_FAILURE,
                                f"sim kernel {launch.name} raised {exc!r}") from exc
+
+
+    def _warn_missing(self, name: str) -> None:
+        """Say once per kernel, at warning level, that it has no emulation: the program only sees
+        cudaErrorInvalidDeviceFunction later, at a synchronizing call, without the name."""
+        with self._lock:
+            if name in self._missing:
+                return
+            self._missing.add(name)
+            known = len(self._kernels)
+        log.warning("sim: kernel %s has no emulation (%d registered): its launches fail with "
+                    "cudaErrorInvalidDeviceFunction; give pilotd --sim-kernels FILE with a "
+                    "@kernel(%r) function", name, known, name)
 
 
 def _describe(fn: SimFn) -> str:

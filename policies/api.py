@@ -156,6 +156,11 @@ class Controls:
         """Bytes of the session's movable memory pilot counts on the GPU, as of now."""
         return 0
 
+    def provisioned(self, tenant: str, gpu: int) -> int:
+        """Bytes the tenant is guaranteed on the GPU (`pilotctl quota set --provisioned`); 0:
+        none. A memory policy keeps that much of the tenant's movable memory on the GPU."""
+        return 0
+
     def set_eviction_order(self, gpu: int, sessions: tuple[int, ...]) -> None:
         """When the capacity enforcer must make room on `gpu`, it evicts idle memory of
         `sessions` in this order (the first loses its memory first), then of sessions not named;

@@ -15,6 +15,9 @@ pressure the rest of its movable memory is advised to stay in host memory.
   H100, unsetting the advice alone leaves the pages on the host).
 - `budget` unset: a fair share, the room divided by the number of owners with movable memory on
   the GPU.
+- Provisioned memory (`pilotctl quota set --provisioned`) is a guarantee: an owner's budget is
+  at least its tenant's provisioned bytes on the GPU (with `per = "process"`, divided among the
+  tenant's owners there), so no throttling advises that memory to host.
 """
 
 from __future__ import annotations
@@ -122,16 +125,26 @@ class MAdvise(Policy):
         owners = sum(1 for o in self.owners.values() if o.gpu == gpu)
         return room // max(1, owners)
 
+    def owner_budget(self, o: Owner, budget: int) -> int:
+        """`budget`, or o's share of its tenant's provisioned bytes on the GPU when larger."""
+        tenant = self._tenant(o)
+        provisioned = self.controls.provisioned(tenant, o.gpu)
+        if not provisioned:
+            return budget
+        peers = sum(1 for p in self.owners.values() if p.gpu == o.gpu and self._tenant(p) == tenant)
+        return max(budget, provisioned // max(1, peers))
+
     def _rebalance(self, gpu: int) -> None:
         room = self.controls.gpu(gpu).room
         owners = [o for o in self.owners.values() if o.gpu == gpu]
         kept = sum(o.total - o.advised_bytes for o in owners)
         if kept > room:
-            budget = self.budget(gpu, room)
-            for o in sorted(owners, key=lambda o: (-(o.total - budget), o.key)):
+            common = self.budget(gpu, room)
+            budgets = {o.key: self.owner_budget(o, common) for o in owners}
+            for o in sorted(owners, key=lambda o: (-(o.total - budgets[o.key]), o.key)):
                 if kept <= room:
                     break
-                kept -= self._throttle(o, budget)
+                kept -= self._throttle(o, budgets[o.key])
             return
         free = room - kept
         for o in sorted((o for o in owners if o.advised), key=lambda o: (o.throttled_since or 0, o.key)):

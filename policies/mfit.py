@@ -7,7 +7,9 @@ rank below everyone. The rank says who yields to whom:
 
 - **Fit.** A launch fits when the movable memory it points into, together with what its own
   owner's running kernels use, fits in the GPU's room (capacity less fixed allocations) less the
-  movable memory that the owners ranked above it keep resident. What owners ranked below it
+  movable memory that the owners ranked above it keep resident, or in its tenant's provisioned
+  bytes (`pilotctl quota set --provisioned`, a guarantee) less what the tenant's other owners
+  keep, whichever is more. What owners ranked below it
   keep is not counted: the enforcer evicts it to make room (the policy sets its eviction order,
   lowest rank first), so a program that holds much memory cannot push out a smaller one, it can
   only thrash through its own memory.
@@ -139,7 +141,8 @@ class MFit(FootprintPolicy):
         need = self.running.owner_bytes(gpu, me) + \
             sum(r.size for r in launch.footprint if r.movable and r.ptr not in mine)
         above = self._above(gpu, me)
-        free = self.controls.gpu(gpu).room - sum(self._kept(gpu, o) for o in above)
+        room = self.controls.gpu(gpu).room
+        free = max(room - sum(self._kept(gpu, o) for o in above), self._guaranteed(launch, me, room))
         if need <= free:
             queue.pop(launch.id, None)
             return RUN
@@ -149,6 +152,17 @@ class MFit(FootprintPolicy):
                 and launch.id not in self.preempted_for:
             self._preempt(launch, above, need - free)
         return Decision.wait(f"needs {size_text(need)}, {size_text(max(0, free))} free")
+
+    def _guaranteed(self, launch: LaunchView, me: str, room: int) -> int:
+        """What the launch's tenant is provisioned on the GPU (at most the room), less what its
+        other owners keep there: that much fits whatever the owners ranked above keep (the
+        enforcer evicts theirs)."""
+        provisioned = self.controls.provisioned(launch.tenant, launch.gpu)
+        if not provisioned:
+            return 0
+        h = self.holdings
+        peers = [o for o in h.owners_on(launch.gpu) if o != me and h.tenant_of_owner(o) == launch.tenant]
+        return min(room, provisioned) - sum(self._kept(launch.gpu, o) for o in peers)
 
     def _preempt(self, launch: LaunchView, above: list[str], short: int) -> None:
         """Hold the owners ranked above the launch's that keep memory on its GPU, most memory

@@ -1,8 +1,8 @@
 """Knobs of a policy: the fields of its `Settings` dataclass, read from the TOML table
 `[policy.<name>]`.
 
-A field may be annotated `bool`, `int`, `float`, `str`, `Bytes` (an int of bytes; TOML gives an
-integer or a string such as "8GiB"), `Seconds` (a float; a number or "250ms"), `X | None` of
+A field may be annotated `bool`, `int`, `float`, `str`, `Bytes` (an int of bytes; TOML gives a
+string with a unit such as "8GiB", or 0), `Seconds` (a float; a number or "250ms"), `X | None` of
 those (None: not given; TOML has no null), or `tuple[X, ...]` of those (a TOML array). A field
 with no default is required. Every mistake is a PolicyConfigError naming `policy.<name>.<key>`.
 """
@@ -35,12 +35,13 @@ class _Unit:
 _BYTES = _Unit("bytes")
 _SECONDS = _Unit("seconds")
 Bytes = Annotated[int, _BYTES]
-"""A size knob: 4096, "512MiB", "8GiB", "1.5GB" (KB/MB/GB/TB: powers of 1000; KiB..TiB: 1024)."""
+"""A size knob: "512MiB", "8GiB", "1.5GB", "4096B", 0. As in pilotd's config, a number needs a
+unit unless it is 0; KiB..TiB (1024) take any case, KB/MB/GB/TB (1000) and B only as written."""
 Seconds = Annotated[float, _SECONDS]
 """A duration knob: 0.5, "500ms", "2s", "1m", "250us", "1h"."""
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_BINARY_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # any case
+_EXACT_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}  # as written
 _DURATION_UNITS = {"": Decimal(1), "us": Decimal("1e-6"), "ms": Decimal("1e-3"), "s": Decimal(1),
                    "m": Decimal(60), "h": Decimal(3600)}
 _NUMBER = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
@@ -77,12 +78,15 @@ def _str(v: Any) -> str:
 
 
 def _bytes(v: Any) -> int:
-    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-        return v
+    if v == 0 and not isinstance(v, bool):
+        return 0
     m = _NUMBER.fullmatch(v) if isinstance(v, str) else None
-    mult = _SIZE_UNITS.get(m.group(2).lower()) if m else None
+    unit = m.group(2) if m else ""
+    mult = _EXACT_UNITS.get(unit) or _BINARY_UNITS.get(unit.lower()) if m else None
+    if m is not None and not unit and Decimal(m.group(1)) == 0:
+        return 0
     if m is None or mult is None:
-        raise _expect('a size (bytes, or a string such as "512MiB" or "8GiB")', v)
+        raise _expect('a size with a unit (such as "512MiB", "8GiB", "8GB" or "4096B"; 0)', v)
     value = Decimal(m.group(1)) * mult
     if value != value.to_integral_value() and mult == 1:
         raise _expect("whole bytes", v)

@@ -9,6 +9,11 @@ for pinned memory, against the per-tenant and daemon-wide pinned limits. A refus
 error a GPU out of memory gives (cudaErrorMemoryAllocation), a log line naming the path, and a
 metric (`pilot_allocation_refusals_total{tenant,kind,reason}`).
 
+Provisioned quotas are guarantees: what another tenant is provisioned on a GPU and does not hold
+is withheld from a tenant's allocations there (`withheld`), so it stays free for its owner
+(refusal reason `provisioned`). pilotctl refuses provisioned quotas that add up to more than a GPU
+grants (router/control.py).
+
 What a session holds is kept per kind on the session itself (`Session.charged`), so the end of a
 session, however it ends, gives back exactly what is left (`release_all`). The policy host
 hears of every allocation and free (AllocationView events).
@@ -57,9 +62,11 @@ class GpuBudget:
     def used(self, gpu: int) -> int:
         return self._used[gpu]
 
-    def reserve(self, gpu: int, nbytes: int) -> bool:
+    def reserve(self, gpu: int, nbytes: int, withheld: int = 0) -> bool:
+        """Grant nbytes unless that would take the GPU past its capacity less `withheld` (what
+        other tenants are guaranteed and have not used)."""
         with self._lock:
-            if self._used[gpu] + nbytes > self._capacity[gpu]:
+            if self._used[gpu] + nbytes + withheld > self._capacity[gpu]:
                 return False
             self._used[gpu] += nbytes
             return True
@@ -122,11 +129,19 @@ class ResourceBroker:
         if not self.ledger.reserve(tenant, gpu, nbytes, hard, kind):
             self._refused(s, kind, nbytes, call, "quota",
                           f"{self.ledger.usage(tenant, gpu)} in use, limit {hard}")
-        if not pool.reserve(gpu, nbytes):
+        withheld = self.withheld(tenant, gpu) if kind in GPU_KINDS else 0
+        if not pool.reserve(gpu, nbytes, withheld):
             self.ledger.release(tenant, gpu, nbytes, kind)
-            self._refused(s, kind, nbytes, call, "capacity",
-                          f"{what} {pool.capacity(gpu)}, {pool.used(gpu)} granted")
+            fits_without = pool.used(gpu) + nbytes <= pool.capacity(gpu)
+            self._refused(s, kind, nbytes, call, "provisioned" if fits_without else "capacity",
+                          f"{what} {pool.capacity(gpu)}, {pool.used(gpu)} granted"
+                          + (f", {withheld} provisioned to other tenants and unused" if withheld else ""))
         s.charged[kind] = s.charged.get(kind, 0) + nbytes
+
+    def withheld(self, tenant: str, gpu: int) -> int:
+        """Bytes other tenants are provisioned on `gpu` and do not hold: not grantable to `tenant`."""
+        return sum(max(0, p - self.ledger.usage(t, gpu))
+                   for t, p in self.quotas.provisioned_on(gpu).items() if t != tenant)
 
     def refund(self, s: Session, kind: str, nbytes: int) -> None:
         """Give back nbytes of `kind` that s was charged."""
@@ -207,10 +222,11 @@ class ResourceBroker:
     # ---- what a session sees ----
     def memory_limits(self, s: Session, backend_free: int) -> tuple[int, int]:
         """(free, total) as s's cudaMemGetInfo sees them: the GPU's capacity, or the tenant's
-        hard quota when smaller, less what is granted; never more than the device has free."""
+        hard quota when smaller, less what is granted and what other tenants are provisioned and
+        do not hold; never more than the device has free."""
         gpu = s.device
         cap = self.budget.capacity(gpu)
-        free, total = cap - self.budget.used(gpu), cap
+        free, total = cap - self.budget.used(gpu) - self.withheld(s.tenant, gpu), cap
         if self.residency is not None and self.managed is not None:  # resident pages take room
             free -= self.residency.gpu_numbers(gpu)[1]
         hard = self.quotas.get(s.tenant, gpu).hard

@@ -83,6 +83,15 @@ class ShareStore:
         share = per.get(gpu, per.get(None, self.defaults.get(tenant)))
         return None if share is None or share >= 100 else share
 
+    def entries(self, tenant: str) -> set[int | None]:
+        """The GPUs the tenant has an entry of its own for (None: its every-GPU entry)."""
+        return set(self._shares.get(tenant, {}))
+
+    def others_on(self, gpu: int, tenant: str) -> dict[str, int]:
+        """The capped tenants other than `tenant` with a share on `gpu`, and their shares."""
+        tenants = set(self.defaults) | set(self._shares)
+        return {t: share for t in sorted(tenants - {tenant}) if (share := self.get(t, gpu)) is not None}
+
     def set(self, tenant: str, gpu: int | None, share: int) -> None:
         _check_tenant(tenant)
         _check_gpu(gpu)

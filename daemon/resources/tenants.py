@@ -70,6 +70,20 @@ def _group_ids(user: str, gid: int) -> list[int]:
         return [gid]
 
 
+def unknown_members(tenants: Mapping[str, TenantDef]) -> list[str]:
+    """One line per user or group a named tenant lists that NSS does not know (a typo, or an
+    account not made yet): nobody can be that member, so its tenant may be missing someone."""
+    out = []
+    for t in tenants.values():
+        for kind, names, lookup in (("user", t.users, pwd.getpwnam), ("group", t.groups, grp.getgrnam)):
+            for name in names:
+                try:
+                    lookup(name)
+                except KeyError:
+                    out.append(f"tenant {t.name}: no {kind} {name!r} on this host")
+    return out
+
+
 def is_admin(uid: int, gid: int, admin_group: str) -> bool:
     """Root, or a member of `admin_group` (as primary group or supplementary one). Not cached:
     a revoked membership takes effect at the next command."""
@@ -226,8 +240,10 @@ def _check_bytes(what: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class Quota:
-    """`hard`: allocations beyond it fail. `provisioned`: the share the MAdvise policy plans
-    with, at most `hard`. None: no limit."""
+    """`hard`: allocations beyond it fail. `provisioned`: bytes guaranteed to the tenant on the
+    GPU, at most `hard`: other tenants' allocations may not take what it has not used of them
+    (resources/broker.py), and the memory policies keep that much of its movable memory on the GPU
+    (MAdvise's budget, MFit's fit). None: no limit, no guarantee."""
 
     hard: int | None = None
     provisioned: int | None = None
@@ -291,6 +307,16 @@ class QuotaStore:
         """The tenant's own entry for `gpu` (None: its every-GPU entry), without fallbacks."""
         per = self._quotas.get(tenant)
         return per.get(gpu) if per is not None else None
+
+    def provisioned_on(self, gpu: int) -> dict[str, int]:
+        """Tenant -> its provisioned bytes on `gpu` (own entry, else every-GPU one), for the
+        tenants that have some."""
+        out: dict[str, int] = {}
+        for tenant in self._quotas:
+            p = self.get(tenant, gpu).provisioned
+            if p:
+                out[tenant] = p
+        return out
 
     def set(self, tenant: str, gpu: int | None, hard: int | None, provisioned: int | None) -> Quota:
         """Replace the tenant's entry for `gpu` (None: every GPU). An entry with both limits

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pilot.daemon.config import parse_bytes
+from pilot.daemon.config import at_least_floor, parse_bytes
 from pilot.daemon.resources.shares import units_for
 from pilot.daemon.resources.tenants import SLURM_TENANT_PREFIX
 from pilot.daemon.sessions.session import Credentials
@@ -93,13 +93,21 @@ def _gpu_arg(daemon: Daemon, args: dict[str, Any]) -> int | None:
     return gpu
 
 
-def _limit(value: Any, current: int | None) -> int | None:
-    """A quota limit from pilotctl: None (not given) keeps `current`, "none" lifts it."""
+def _limit(value: Any, current: int | None, what: str) -> int | None:
+    """A quota limit from pilotctl: None (not given) keeps `current`, "none" (or 0 for a
+    provisioned quota: nothing guaranteed) lifts it; a size needs a unit and SIZE_FLOOR."""
     if value is None:
         return current
     if isinstance(value, str) and value.strip().lower() in ("none", "unlimited"):
         return None
-    return parse_bytes(value)
+    n = parse_bytes(value)
+    if n == 0 and what == "a provisioned quota":
+        return None
+    try:
+        return at_least_floor(n, what)
+    except ValueError as exc:
+        hint = '; "none" lifts the limit' if n == 0 else ""
+        raise ControlError(f"{value!r}: {exc}{hint}") from None
 
 
 def _most_grantable(daemon: Daemon, gpu: int | None) -> int:
@@ -109,6 +117,24 @@ def _most_grantable(daemon: Daemon, gpu: int | None) -> int:
     gpus = sorted(daemon.gpus) if gpu is None else [gpu]
     return max(max(broker.budget.capacity(g), broker.managed.capacity(g) if broker.managed else 0)
                for g in gpus)
+
+
+def _check_provisioned_total(daemon: Daemon, tenant: str, gpu: int | None,
+                             provisioned: int | None) -> None:
+    """Provisioned bytes are guarantees: on each GPU the entry applies to, every tenant's
+    together (this one's new value in place of its old) must fit in the GPU's capacity."""
+    if not provisioned:
+        return
+    for g in sorted(daemon.gpus) if gpu is None else [gpu]:
+        if gpu is None and daemon.quotas.entry(tenant, g) is not None:
+            continue  # the tenant's own entry on g wins over the every-GPU one
+        others = {t: p for t, p in daemon.quotas.provisioned_on(g).items() if t != tenant}
+        cap = daemon.broker.budget.capacity(g)
+        if provisioned + sum(others.values()) > cap:
+            raise ControlError(
+                f"provisioned {provisioned} bytes on GPU {g} with the {sum(others.values())} bytes "
+                f"provisioned to {', '.join(sorted(others))} is more than its capacity ({cap} "
+                "bytes): provisioned memory is guaranteed, so it cannot be oversubscribed")
 
 
 def _tenant_arg(daemon: Daemon, name: Any) -> str:
@@ -210,14 +236,16 @@ def quota_set(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str,
     # A limit not given keeps its value in this entry ("none" lifts it): setting the
     # provisioned share alone must not delete the hard limit.
     current = daemon.quotas.entry(tenant, gpu)
-    hard = _limit(args.get("hard"), current.hard if current else None)
-    provisioned = _limit(args.get("provisioned"), current.provisioned if current else None)
+    hard = _limit(args.get("hard"), current.hard if current else None, "a hard quota")
+    provisioned = _limit(args.get("provisioned"), current.provisioned if current else None,
+                         "a provisioned quota")
     most = _most_grantable(daemon, gpu)
     for what, value in (("hard", hard), ("provisioned", provisioned)):
         if value is not None and value > most:
             where = "any GPU" if gpu is None else f"GPU {gpu}"
             raise ControlError(f"{what} limit {value} bytes is more than {where} can grant "
                                f"({most} bytes: its capacity, or its managed limit)")
+    _check_provisioned_total(daemon, tenant, gpu, provisioned)
     q = daemon.quotas.set(tenant, gpu, hard=hard, provisioned=provisioned)
     daemon.engines.reread_quotas()
     log.info("quota for %s on %s: hard=%s provisioned=%s", tenant,
@@ -281,11 +309,27 @@ def share_set(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str,
     percent = args.get("percent")
     if isinstance(percent, str) and percent.rstrip("%").isdigit():
         percent = int(percent.rstrip("%"))
+    if isinstance(percent, int) and not isinstance(percent, bool) and 1 <= percent < 100:
+        _check_share_total(daemon, tenant, gpu, percent)
     daemon.shares.store.set(tenant, gpu, percent)
     where = "every GPU" if gpu is None else f"GPU {gpu}"
     log.info("compute share of %s on %s: %d%%", tenant, where, percent, extra={"tenant": tenant})
     return {"tenant": tenant, "gpu": gpu, "percent": percent,
             "sms": _share_sms(daemon, gpu, percent)}
+
+
+def _check_share_total(daemon: Daemon, tenant: str, gpu: int | None, percent: int) -> None:
+    """The capped tenants' shares of a GPU may add up to 100% at most: more would give each less
+    than its share (they would share SMs), so it is refused, naming those in the way."""
+    for g in sorted(daemon.gpus) if gpu is None else [gpu]:
+        store = daemon.shares.store
+        if gpu is None and g in store.entries(tenant):
+            continue  # the tenant's own entry on g wins over the every-GPU one
+        others = store.others_on(g, tenant)
+        if percent + sum(others.values()) > 100:
+            named = ", ".join(f"{t} {p}%" for t, p in others.items())
+            raise ControlError(f"shares on GPU {g} would add up to {percent + sum(others.values())}% "
+                               f"({tenant} {percent}%, {named}): at most 100%; lower or unset one")
 
 
 def _share_sms(daemon: Daemon, gpu: int | None, percent: int) -> dict[str, list[int] | None]:

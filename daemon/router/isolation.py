@@ -190,7 +190,7 @@ class Engines:
                                             "next_session": first})
             cmd = [*self.argv, "--socket", path, "--control-socket",
                    os.path.join(directory, "control.sock"), "--metrics-address", "",
-                   "--capacity", str(capacity), "--isolated-tenant", tenant]
+                   "--capacity", f"{capacity}B", "--isolated-tenant", tenant]
             # stdout: pilotd's own, not the driver's (captured for kernels' printf output,
             # vgpu/device_output.py); the engine captures its own
             proc = subprocess.Popen(cmd, env=env, pass_fds=[listener.fileno()],

@@ -47,6 +47,7 @@ from pilot.daemon.resources.tenants import (
     QuotaStore,
     TenantResolver,
     slurm_job_of,
+    unknown_members,
 )
 from pilot.daemon.router import control, sdnotify
 from pilot.daemon.router.isolation import EngineError, Engines, IsolationList
@@ -141,6 +142,8 @@ class Daemon:
         capacities = {g: config.capacity_for(g, backend.device_info(d).total_mem)
                       for g, d in self.gpus.items()}
         self.resolver = TenantResolver(config.tenants)
+        for line in unknown_members(config.tenants):
+            log.warning("config: %s", line)
         self.quotas = QuotaStore(config.state_dir)
         self.shares = ComputeShares(
             ShareStore(config.state_dir, {t.name: t.sm_share for t in config.tenants.values()
@@ -294,6 +297,8 @@ class Daemon:
         except Exception as exc:  # ConfigError and any surprise: keep what runs
             log.error("SIGHUP: the configuration does not load, nothing changed: %s", exc)
             return
+        for line in unknown_members(new.tenants):
+            log.warning("SIGHUP: config: %s", line)
         old = self.config
         changed = [f.name for f in fields(Config) if getattr(old, f.name) != getattr(new, f.name)]
         live = [k for k in changed if k in self.LIVE_SETTINGS]

@@ -97,6 +97,10 @@ class DaemonControls(Controls):
         res = self._residency()
         return res.session_resident(session) if res is not None else 0
 
+    def provisioned(self, tenant: str, gpu: int) -> int:
+        broker = self.broker
+        return (broker.quotas.get(tenant, gpu).provisioned or 0) if broker is not None else 0
+
     def set_eviction_order(self, gpu: int, sessions: tuple[int, ...]) -> None:
         res = self._residency()
         if res is not None:

@@ -97,7 +97,7 @@ def _run_beside_pagedos(daemon: OwnDaemon, shim: str, binaries: dict[str, Path],
 def test_two_programs_over_capacity_finish_within_it(
         policy: str, start_pilotd: Callable[..., OwnDaemon], app_binaries: dict[str, Path],
         shim_path: str) -> None:
-    daemon = start_pilotd("--enforce-capacity", "--capacity", str(C), "--policy", policy,
+    daemon = start_pilotd("--enforce-capacity", "--capacity", f"{C}B", "--policy", policy,
                           config=CONFIG)
     sampler = Sampler(daemon)
     sampler.start()
@@ -134,7 +134,7 @@ def test_two_programs_over_capacity_finish_within_it(
 def test_without_enforcement_managed_memory_counts_against_capacity(
         start_pilotd: Callable[..., OwnDaemon], app_binaries: dict[str, Path], shim_path: str) -> None:
     """The default: no enforcer, and managed memory beyond the capacity is refused as before."""
-    daemon = start_pilotd("--capacity", str(C))
+    daemon = start_pilotd("--capacity", f"{C}B")
     [r] = _run_pair(daemon, shim_path, app_binaries, [["pagedos", "--bytes", "80MiB", "--passes", "1"]])
     assert r.returncode != 0 and "cudaErrorMemoryAllocation" in r.stderr, (r.stdout, r.stderr)
     doc = json.loads(daemon.ctl("status", "--json").stdout)
@@ -146,7 +146,7 @@ def test_managed_device_memory_serves_cudamalloc_movably(
         app_binaries: dict[str, Path], shim_path: str) -> None:
     """`--managed-device-memory`: cudaMalloc'd memory is movable (tracked, and beyond the
     capacity when enforced) while the program still sees device memory and gets correct results."""
-    daemon = start_pilotd("--enforce-capacity", "--managed-device-memory", "--capacity", str(C))
+    daemon = start_pilotd("--enforce-capacity", "--managed-device-memory", "--capacity", f"{C}B")
     env = {**daemon.env(), "LD_PRELOAD": shim_path}
     proc = subprocess.run([str(app_binaries["vector_add"])], env=env, capture_output=True, text=True,
                           timeout=60)

@@ -181,7 +181,7 @@ def test_the_limit_and_a_dying_client_giving_its_pinned_memory_back(daemon_with,
     the path; a client killed while holding them gives them back (the next one can pin as much
     again)."""
     config = tmp_path / "pilotd.toml"
-    config.write_text(f"[pinned]\n{key} = {4 * PAGE}\n")
+    config.write_text(f"[pinned]\n{key} = \"{4 * PAGE}B\"\n")
     d = daemon_with("--config", str(config))
     holder, err, _base = _holder(d.socket_path, 4 * PAGE)
     try:

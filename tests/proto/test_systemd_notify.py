@@ -93,11 +93,13 @@ def test_sighup_rereads_quotas_and_keeps_serving(tmp_path: Path) -> None:
 def test_sighup_rereads_the_config_and_applies_what_can_change_live(tmp_path: Path) -> None:
     """Issue 15: SIGHUP re-reads pilotd.toml: log level and format, [policy] max_wait and
     [daemon] callback_timeout apply at once; any other change is named as waiting for a
-    restart; a file that does not load changes nothing."""
+    restart; a file that does not load changes nothing. Users and groups named under [tenants]
+    that this host does not know are warned of, at start and at each reload (issue 31)."""
     sock = tmp_path / "pilot.sock"
     log_path = tmp_path / "pilotd.log"
     config = tmp_path / "pilotd.toml"
-    config.write_text('[daemon]\ncallback_timeout = "60s"\n[policy]\nmax_wait = "30s"\n')
+    config.write_text('[daemon]\ncallback_timeout = "60s"\n[policy]\nmax_wait = "30s"\n'
+                      "[tenants.ml]\nusers = ['root', 'no-such-user-31']\ngroups = ['no-such-group-31']\n")
     env = {**os.environ, "PILOT_SOCKET": str(sock)}
     with open(log_path, "w") as log:
         daemon = subprocess.Popen([sys.executable, "-m", "pilot.daemon", "--backend", "sim", "--config",
@@ -122,13 +124,20 @@ def test_sighup_rereads_the_config_and_applies_what_can_change_live(tmp_path: Pa
             assert daemon.poll() is None and time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.05)
         assert max_wait() == 30
+        warned = [line for line in log_path.read_text().splitlines() if "warning" in line
+                  and ("no user 'no-such-user-31'" in line or "no group 'no-such-group-31'" in line)]
+        assert len(warned) == 2 and all("tenant ml:" in line for line in warned), log_path.read_text()
+        assert "'root'" not in log_path.read_text()
         config.write_text('[daemon]\ncallback_timeout = "2s"\nvgpus_per_gpu = 3\nlog_format = "json"\n'
-                          '[policy]\nmax_wait = "5s"\n')
+                          '[policy]\nmax_wait = "5s"\n'
+                          "[tenants.ml]\nusers = ['root', 'no-such-user-32']\n")
         daemon.send_signal(signal.SIGHUP)
-        logged("vgpus_per_gpu changed; that applies at the next start")
+        logged("vgpus_per_gpu, tenants changed; that applies at the next start")
+        logged("SIGHUP: config: tenant ml: no user 'no-such-user-32' on this host")
         text = log_path.read_text()
         assert "callback_timeout = 2.0" in text and "policy_max_wait = 5.0" in text, text
-        assert '"msg": "SIGHUP: vgpus_per_gpu changed' in text or '"msg":"SIGHUP: vgpus' in text.replace(
+        changed = '"msg": "SIGHUP: vgpus_per_gpu, tenants changed'
+        assert changed in text or changed.replace(" ", "") in text.replace(
             " ", ""), text  # the new format is in force for that very line
         assert max_wait() == 5
         config.write_text("[policy]\nmax_wait = \"a while\"\n")

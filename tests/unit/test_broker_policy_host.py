@@ -11,7 +11,7 @@ import pytest
 
 from pilot.daemon.backends.base import BackendError
 from pilot.daemon.resources.broker import GpuBudget, ResourceBroker
-from pilot.daemon.resources.tenants import HOST, Ledger
+from pilot.daemon.resources.tenants import HOST, Ledger, QuotaStore
 from pilot.daemon.scheduling.policy_host import PolicyHost
 from pilot.daemon.telemetry.metrics import Metrics
 from pilot.policies import RUN, Decision, LaunchView, Policy, Verdict
@@ -25,6 +25,9 @@ class Quotas:
 
     def get(self, tenant: str, gpu: int) -> Any:
         return SimpleNamespace(hard=self.hard, provisioned=None)
+
+    def provisioned_on(self, gpu: int) -> dict[str, int]:
+        return {}
 
 
 class Recorder(Policy):
@@ -191,3 +194,29 @@ def test_calls_held_behind_a_waiting_launch_are_bounded(monkeypatch: pytest.Monk
     s.waiting = None
     q.replay(s)
     assert handled == [b"p" * 300] * 2 and s.backlog_bytes == 0 and not s.backlog
+
+
+def test_provisioned_memory_is_withheld_from_other_tenants(tmp_path: Any) -> None:
+    """b is provisioned 60 MiB of a 100 MiB GPU: a gets at most the other 40 while b holds
+    nothing, more as b's own allocations use its guarantee up; b always gets its 60. What a's
+    cudaMemGetInfo reports leaves b's unused guarantee out too."""
+    quotas = QuotaStore(str(tmp_path))
+    quotas.set("user:b", 0, hard=None, provisioned=60 * MiB)
+    metrics = Metrics()
+    b = ResourceBroker(quotas, Ledger(), GpuBudget({0: 100 * MiB}), metrics)
+    a_s, b_s = session(1, "user:a"), session(2, "user:b")
+    b.charge(a_s, "device", 30 * MiB)
+    assert b.memory_limits(a_s, 1 << 40) == (10 * MiB, 100 * MiB)
+    with pytest.raises(BackendError):
+        b.charge(a_s, "managed", 20 * MiB)  # 50 would eat into b's 60
+    assert refusals(metrics) == {("user:a", "managed", "provisioned"): 1}
+    b.charge(a_s, "device", 10 * MiB)  # 40: exactly what is not provisioned
+    b.charge(b_s, "device", 60 * MiB)  # b's guarantee, all of it, although a came first
+    assert b.budget.used(0) == 100 * MiB
+    b.refund(b_s, "device", 20 * MiB)  # b's unused 20 are b's again, not a's
+    with pytest.raises(BackendError):
+        b.charge(a_s, "device", 1 * MiB)
+    b.charge(b_s, "device", 20 * MiB)
+    quotas.set("user:b", 0, hard=None, provisioned=None)
+    b.refund(b_s, "device", 60 * MiB)
+    b.charge(a_s, "device", 60 * MiB)  # no guarantee left: a may take the whole GPU

@@ -43,8 +43,8 @@ def write(tmp_path: Path, text: str, name: str = "pilotd.toml") -> str:
 # ---- units ----
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ("8GiB", 8 * GiB), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000), ("1024", 1024),
-    (4096, 4096), (0, 0), ("0", 0), ("1kib", 1024), ("2 KB", 2000), ("3TB", 3 * 10**12),
+    ("8GiB", 8 * GiB), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000), ("1024B", 1024),
+    (4096, 4096), (0, 0), ("0", 0), ("0.0", 0), ("1kib", 1024), ("2 KB", 2000), ("3TB", 3 * 10**12),
     ("1TiB", 2**40), ("7B", 7), ("  16gib ", 16 * GiB), ("1.1GiB", int(1.1 * GiB)), (".5KiB", 512),
     (8e9, 8_000_000_000),
 ])
@@ -53,7 +53,8 @@ def test_parse_bytes(text: str | int, expected: int) -> None:
 
 
 @pytest.mark.parametrize("text", ["-1", -1, "-8GiB", "8 Gigs", "GiB", "", "1.5", "1e9", "8G",
-                                  "1,000", True, None, 1.5, "8GiB8"])
+                                  "1,000", True, None, 1.5, "8GiB8", "1024", "8", "8gb", "8Gb",
+                                  "8kB", "7b"])
 def test_parse_bytes_rejects(text: object) -> None:
     with pytest.raises(ValueError, match=re.escape(repr(text))):
         parse_bytes(text)  # type: ignore[arg-type]
@@ -62,6 +63,11 @@ def test_parse_bytes_rejects(text: object) -> None:
 def test_parse_bytes_explains_ambiguous_and_unknown_units() -> None:
     with pytest.raises(ValueError, match="ambiguous unit 'G': use GiB or GB"):
         parse_bytes("8G")
+    with pytest.raises(ValueError, match=r"'8' has no unit: write 8GiB, 8MiB, \.\.\. \(8B if you "
+                                         r"mean bytes\)"):
+        parse_bytes("8")
+    with pytest.raises(ValueError, match="write GB for powers of 1000 or GiB for powers of 1024"):
+        parse_bytes("8gb")
     with pytest.raises(ValueError, match="unknown unit 'Gigs'"):
         parse_bytes("8 Gigs")
 
@@ -154,7 +160,7 @@ capacity = "70GiB"
 
 [gpu.capacity_per_gpu]
 "0" = "40GiB"
-2 = 1000
+2 = "1000MB"
 
 [policy]
 name = "madvise"
@@ -180,7 +186,7 @@ def test_load_full_file(tmp_path: Path) -> None:
         backend="sim", socket="/s/pilot.sock", control_socket=str(tmp_path / "ctl.sock"),
         vgpus_per_gpu=4, gpus=(0, 2), spin_us=0, state_dir="/var/lib/p", admin_group="gpu-admins",
         log_level="debug", log_format="json", sim_kernels=(str(tmp_path / "k.py"), "/abs/k2.py"),
-        capacity=70 * GiB, capacity_per_gpu={0: 40 * GiB, 2: 1000}, policy="madvise",
+        capacity=70 * GiB, capacity_per_gpu={0: 40 * GiB, 2: 10**9}, policy="madvise",
         nvml_poll_interval=0.5, metrics_address="[::1]:9401",
         tenants={"ml-team": TenantDef("ml-team", ("alice", "bob"), ("ml",)),
                  "vision": TenantDef("vision", (), ("cv",))})
@@ -211,7 +217,14 @@ def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
     ("backend = 'sim'", "unknown key backend"),
     ("daemon = 1", "daemon: must be a table"),
     ("[gpu]\ncapacity = '8 Gigs'", "gpu.capacity: '8 Gigs' is not a size"),
-    ("[gpu]\ncapacity = 0", "gpu.capacity: 0: a capacity must be above 0"),
+    ("[gpu]\ncapacity = 0", "gpu.capacity: 0 bytes is below the 1 MiB floor for a capacity"),
+    ("[gpu]\ncapacity = 8", 'gpu.capacity: 8 has no unit: write "8GiB", "8MiB", ... ("8B" if'),
+    ("[gpu]\ncapacity = 8e9", "gpu.capacity: 8000000000.0 has no unit"),
+    ("[gpu]\ncapacity = '8'", "gpu.capacity: '8' has no unit"),
+    ("[gpu]\ncapacity = '512KiB'", "gpu.capacity: 524288 bytes is below the 1 MiB floor"),
+    ("[gpu.capacity_per_gpu]\n'0' = 40", "gpu.capacity_per_gpu.0: 40 has no unit"),
+    ("[gpu.capacity_per_gpu]\n'0' = '40KB'", "gpu.capacity_per_gpu.0: 40000 bytes is below the 1 MiB"),
+    ("[pinned]\nlimit_per_tenant = 4096", "pinned.limit_per_tenant: 4096 has no unit"),
     ("[gpu]\ncapcity = '8GiB'", "unknown key gpu.capcity (did you mean capacity?)"),
     ("[gpu.capacity_per_gpu]\nx = '1GiB'", "gpu.capacity_per_gpu.x: 'x' is not a GPU index"),
     ("[gpu.capacity_per_gpu]\n0 = '-1GiB'", "gpu.capacity_per_gpu.0: '-1GiB' is not a size"),
@@ -278,6 +291,50 @@ def test_override_errors_name_the_option(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^command line: unknown key vgpu_per_gpu \(did you mean "
                                           r"vgpus_per_gpu\?\)$"):
         load_config(None, {"vgpu_per_gpu": 2})
+
+
+def test_every_mistake_of_a_file_is_reported_in_one_pass(tmp_path: Path) -> None:
+    """An operator fixing a file sees all of its mistakes at once, one line each: unknown names,
+    then bad values, in file order, then the command line's."""
+    path = write(tmp_path, "[daemon]\nvgpus_per_gpu = 0\nzzz = 1\n[gpu]\ncapacity = 8\n"
+                           "[policy]\nname = 'MFit'\n[deamon]\nx = 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, {"spin_us": -1})
+    assert str(info.value).splitlines() == [
+        f"{path}: unknown key daemon.zzz",
+        f"{path}: unknown section [deamon] (did you mean daemon?)",
+        f"{path}: daemon.vgpus_per_gpu: 0 is not in 1..64",
+        f'{path}: gpu.capacity: 8 has no unit: write "8GiB", "8MiB", ... ("8B" if you mean bytes)',
+        "command line: --spin-us: -1 is not in 0..10000"]
+
+
+def test_every_mistake_in_tenant_tables_is_reported(tmp_path: Path) -> None:
+    path = write(tmp_path, "[tenants.a]\nusers = ['x']\nsm_share = 101\nuser = 1\n"
+                           "[tenants.b]\nusers = ['x']\n[tenants.C]\nusers = ['y']\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).splitlines() == [
+        f"{path}: unknown key tenants.a.user (did you mean users?)",
+        f"{path}: tenants.a.sm_share: 101 is not a percentage from 1 to 100",
+        f"{path}: tenants.b.users: user 'x' is already in tenant 'a'",
+        f"{path}: tenants.C: tenant name 'C' must match {config.TENANT_NAME.pattern}"]
+
+
+def test_shares_over_100_percent_of_a_gpu_are_refused(tmp_path: Path) -> None:
+    text = "[tenants.a]\nusers = ['x']\nsm_share = 90\n[tenants.b]\nusers = ['y']\nsm_share = {}\n"
+    with pytest.raises(ConfigError, match=r"tenants: sm_share adds up to 170% of each GPU \(a 90%, "
+                                          r"b 80%\): at most 100%$"):
+        load_config(write(tmp_path, text.format(80)))
+    c = load_config(write(tmp_path, text.format(10)))
+    assert (c.tenants["a"].sm_share, c.tenants["b"].sm_share) == (90, 10)
+    assert load_config(write(tmp_path, text.format(100))).tenants["b"].sm_share == 100  # no cap
+
+
+@pytest.mark.parametrize("name", ["MFit", "mfit", "MADVISE", "AMFit"])
+def test_policy_names_take_any_case(tmp_path: Path, name: str) -> None:
+    c = load_config(write(tmp_path, f"[policy]\nname = '{name}'\n"), {"policy": None})
+    assert c.policy == name.lower() and c.policy in policies.available()
+    assert load_config(None, {"policy": name}).policy == name.lower()
 
 
 # ---- the shipped example ----

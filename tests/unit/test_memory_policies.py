@@ -39,12 +39,16 @@ class Recording(Controls):
         self.calls: list[tuple[Any, ...]] = []
         self.kept: dict[int, int] = {}  # session -> resident bytes, as each test sets them
         self.orders: dict[int, tuple[int, ...]] = {}  # gpu -> the eviction order last set
+        self.guaranteed: dict[str, int] = {}  # tenant -> provisioned bytes (every GPU)
 
     def gpu(self, gpu: int) -> GpuView:
         return GpuView(gpu, self.capacity, self.used, enforced=True)
 
     def resident(self, session: int) -> int:
         return self.kept.get(session, 0)
+
+    def provisioned(self, tenant: str, gpu: int) -> int:
+        return self.guaranteed.get(tenant, 0)
 
     def set_eviction_order(self, gpu: int, sessions: tuple[int, ...]) -> None:
         self.orders[gpu] = tuple(sessions)
@@ -228,6 +232,36 @@ def test_mfit_fit_counts_what_higher_ranked_owners_keep() -> None:
     w.c.kept[2] = 30 * MiB
     w.run(w.launch(1, 0xA000_00000))  # 60 <= 100 - 30 - 10
     assert w.c.calls == []
+
+
+def test_mfit_fits_a_tenants_provisioned_memory_whatever_others_keep() -> None:
+    """a holds the most (it ranks last), so b and c's 50 kept count against it: 60 do not fit in
+    the 50 left, unless a is provisioned 60, which fits whatever those above keep."""
+    w = mfit()
+    w.allocs((1, 0xA000_00000, 60), (2, 0xB000_00000, 40), (3, 0xC000_00000, 10))
+    w.c.kept = {2: 40 * MiB, 3: 10 * MiB}
+    w.run(w.launch(2, 0xB000_00000))
+    _l, d = w.ask(w.launch(1, 0xA000_00000))
+    waits(d, "needs 60.0 MiB", "50.0 MiB free")
+    w.c.guaranteed["a"] = 59 * MiB
+    waits(w.ask(w.launch(1, 0xA000_00000))[1], "needs 60.0 MiB", "59.0 MiB free")
+    w.c.guaranteed["a"] = 60 * MiB
+    w.run(w.launch(1, 0xA000_00000))
+
+
+def test_mfit_per_process_provisioned_counts_the_tenants_other_processes() -> None:
+    """Per process, a's guarantee (80) is shared by its processes: session 5's 70 fit only once
+    session 1 (a's too) keeps 10 or less; b's 40 kept above session 5 are not counted then."""
+    w = mfit(per="process")
+    w.session(5, "a")
+    w.allocs((5, 0xA100_00000, 70), (1, 0xA000_00000, 20), (2, 0xB000_00000, 40))
+    w.c.kept = {2: 40 * MiB, 1: 20 * MiB}
+    w.run(w.launch(2, 0xB000_00000))
+    waits(w.ask(w.launch(5, 0xA100_00000))[1], "needs 70.0 MiB", "40.0 MiB free")
+    w.c.guaranteed["a"] = 80 * MiB
+    waits(w.ask(w.launch(5, 0xA100_00000))[1], "needs 70.0 MiB", "60.0 MiB free")
+    w.c.kept[1] = 10 * MiB
+    w.run(w.launch(5, 0xA100_00000))
 
 
 def test_mfit_counts_its_owners_running_kernels() -> None:
@@ -574,7 +608,7 @@ def madvise(budget: int | None = None, per: str = "process", recheck: float = 0.
             capacity: int = 100 * MiB, used: int = 0) -> World:
     table: dict[str, Any] = {"per": per, "recheck": recheck}
     if budget is not None:
-        table["budget"] = budget
+        table["budget"] = f"{budget}B"
     w = World(MAdvise(MAdvise.parse_settings(table)), capacity, used)
     for sid, tenant in ((1, "a"), (2, "b"), (3, "c"), (4, "d")):
         w.session(sid, tenant)
@@ -652,6 +686,21 @@ def test_madvise_per_tenant() -> None:
     w.free(5, 0xA100_00000)
     assert w.c.calls == [] and owners(w) == {"tenant:a": (30, 0), "tenant:b": (50, 0)}
     check_reports(w.p)
+
+
+def test_madvise_budget_is_at_least_the_tenants_provisioned_memory() -> None:
+    """Budget 30: a (60) and b (50) are both over it, a more; provisioned 60, a keeps all of
+    its 60 and b's excess goes instead. Per process, a tenant's provisioned bytes are shared by
+    its processes."""
+    w = madvise(budget=30 * MiB)
+    w.c.guaranteed["a"] = 60 * MiB
+    pressure(w)
+    assert w.c.take() == [("advise_host", 2, 0xB000_00000 + 30 * MiB, 20 * MiB), ("report", "throttle", "b")]
+    assert owners(w) == {"session:1": (60, 0), "session:2": (50, 20)}
+    w.session(5, "a")
+    w.alloc(5, 0xA300_00000, 20 * MiB)  # a's 60 now 30 per process: session 1's last 30 go
+    assert requests(w.c.take()) == [("advise_host", 1, 0xA100_00000 + 10 * MiB, 10 * MiB),
+                                    ("advise_host", 1, 0xA200_00000, 20 * MiB)]
 
 
 def test_madvise_unthrottles_when_memory_is_freed() -> None:

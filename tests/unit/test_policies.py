@@ -218,7 +218,9 @@ def test_settings_parsed() -> None:
     assert s == Knobs(True, 3, 2.0, "y", 8 * 2**30, 0.25, 5, ("a", "b"))
     assert isinstance(s.ratio, float)
     assert parse_settings(Knobbed, None) == Knobs() == Knobbed.parse_settings({})
-    assert parse_settings(Knobbed, {"budget": 4096, "wait": 2}) == Knobs(budget=4096, wait=2.0)
+    assert parse_settings(Knobbed, {"budget": "4096B", "wait": 2}) == Knobs(budget=4096, wait=2.0)
+    assert parse_settings(Knobbed, {"budget": 0}).budget == 0
+    assert parse_settings(Knobbed, {"budget": "0"}).budget == 0
     s = parse_settings(Knobbed, {"budget": "1.5GB", "wait": "1m"})
     assert s == Knobs(budget=1_500_000_000, wait=60.0)
     assert parse_settings(NonePolicy, {}) is None
@@ -234,6 +236,9 @@ def test_settings_parsed() -> None:
     ("budget", "8G", "expected a size"),
     ("budget", -1, "expected a size"),
     ("budget", "1.5B", "expected whole bytes"),
+    ("budget", 4096, "expected a size with a unit"),
+    ("budget", "4096", "expected a size with a unit"),
+    ("budget", "8gb", "expected a size with a unit"),
     ("wait", "2 days", "expected a duration"),
     ("limit", "5", "expected an integer"),
     ("tenants", "a", "expected an array"),

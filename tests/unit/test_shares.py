@@ -152,3 +152,19 @@ def test_a_vgpu_thread_switches_context_only_between_partitions() -> None:
     for s in (other, capped, capped, other, other, capped):
         vg.enter(s)  # type: ignore[arg-type]
     assert calls == [(3, "P"), (3, None), (3, "P")] and vg._partition == "P"
+
+
+def test_shares_over_100_percent_of_a_gpu_are_refused(sim: SimBackend, tmp_path: Any) -> None:
+    """ml 60% and cv 30% fit a GPU; 20% more for root does not, naming who holds the rest; a
+    tenant's new value replaces its old; 100 (no cap) is never refused."""
+    d = fake_daemon(sim, tmp_path)
+    d.config.tenants["cv"] = None
+    assert call(d, ADMIN, "share.set", tenant="ml", percent=60)["ok"]
+    assert call(d, ADMIN, "share.set", tenant="cv", percent=30, gpu=0)["ok"]
+    r = call(d, ADMIN, "share.set", tenant="root", percent=20, gpu=0)
+    assert r["ok"] is False and r["error"] == ("shares on GPU 0 would add up to 110% (user:root 20%, "
+                                               "cv 30%, ml 60%): at most 100%; lower or unset one")
+    assert call(d, ADMIN, "share.set", tenant="ml", percent=70)["ok"]  # 70 + 30
+    assert call(d, ADMIN, "share.set", tenant="ml", percent=71)["ok"] is False
+    assert call(d, ADMIN, "share.set", tenant="root", percent=100)["ok"]
+    assert d.shares.store.get("ml", 0) == 70
