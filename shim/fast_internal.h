@@ -72,6 +72,7 @@ struct fconn {
     uint32_t slots;
     struct map handles; /* library handle token -> struct fhandle * (fast_library.c) */
     struct map lt_plans; /* hash of (token, records) -> struct lt_plan * (fast_library.c) */
+    struct map dnn_plans; /* plan token -> struct dnn_plan * (fast_library.c) */
     uint64_t *syncs; /* what cudaDeviceSynchronize waits for (nsyncs 0: Python's) */
     uint32_t nsyncs, cap_syncs;
     pilot_fast_count count;
@@ -96,6 +97,7 @@ struct pilot_fast {
     void *libfns[PILOT_FAST_LIBFNS]; /* fast_library.c (native mode) */
     pilot_fast_call_fn generic_call;  /* fast_library.c (generic mode) */
     uint8_t type_sizes[128];
+    int dnn_constants[6]; /* pilot_fast_dnn_constants, in its order */
     struct fconn **conns; /* small: one per attached session of this vGPU */
     uint32_t nconns, cap;
 };

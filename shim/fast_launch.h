@@ -54,6 +54,7 @@ typedef struct pilot_fast_count {
     uint32_t gemms[PILOT_FAST_GEMM_FNS];
     uint32_t lt_matmuls;
     uint32_t memsets;
+    uint32_t dnn_executes; /* cudnnBackendExecute */
 } pilot_fast_count;
 
 /* What ran here for one unified-memory shadow since it was last taken. */
@@ -159,17 +160,40 @@ enum pilot_fast_libfn {
     PILOT_FAST_BLAS_SET_POINTER_MODE = 6,
     PILOT_FAST_LT_MATMUL = 7,
     PILOT_FAST_GEMM_BASE = 8, /* + pilot_gemm_fn 1..12 */
-    PILOT_FAST_LIBFNS = 21
+    PILOT_FAST_DNN_SET_STREAM = 21,
+    PILOT_FAST_DNN_CREATE = 22,   /* cudnnBackendCreateDescriptor */
+    PILOT_FAST_DNN_SET = 23,      /* cudnnBackendSetAttribute */
+    PILOT_FAST_DNN_FINALIZE = 24,
+    PILOT_FAST_DNN_EXECUTE = 25,
+    PILOT_FAST_DNN_DESTROY = 26,
+    PILOT_FAST_LIBFNS = 27
 };
 typedef int (*pilot_fast_call_fn)(uint32_t conn, uint16_t opcode, uint64_t stream, const void *req,
                                   uint32_t req_len, const void *payload, uint32_t payload_len);
 int pilot_fast_libraries(pilot_fast *f, void *const *fns, int nfns, const uint8_t *type_sizes,
                          int ntypes, pilot_fast_call_fn generic);
-/* The session's cuBLAS (blas 1) or cuBLASLt (blas 0: matmuls only) handle `token` is the
- * library's handle `handle` (0: forget it, and its descriptor sets). A (re)registration also
- * says Python has just used the handle: C applies every setting again at its next call.
+/* The session's library handle `token` is the library's handle `handle` (0: forget it, and its
+ * descriptor sets and plans), of the kind below: a cuBLAS handle runs GEMMs and matmuls, a
+ * cuBLASLt one matmuls only, a cuDNN one executions. A (re)registration also says Python has
+ * just used the handle: C applies every setting (stream, modes) again at its next call.
  * Returns 0, or -1. */
-int pilot_fast_blas_handle(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t handle, int blas);
+enum pilot_fast_handle_kind { PILOT_FAST_CUBLASLT = 0, PILOT_FAST_CUBLAS = 1, PILOT_FAST_CUDNN = 2 };
+int pilot_fast_library_handle(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t handle,
+                              int kind);
+/* cuDNN's values C needs to build a variant pack: the descriptor type, the attributes of its
+ * unique ids, data pointers and workspace, and the attribute types int64 and void pointer. */
+void pilot_fast_dnn_constants(pilot_fast *f, int64_t variant_pack, int64_t attr_uids,
+                              int64_t attr_pointers, int64_t attr_workspace, int64_t type_int64,
+                              int64_t type_void_ptr);
+/* A finalized execution plan of the session (pilotd's number `token`, cuDNN's `plan`): its
+ * workspace size and the unique id and span in bytes of each tensor it reads or writes through
+ * a pointer. An execution runs here when its variant pack names exactly these tensors, each
+ * range inside one of the session's allocations. plan 0 with n 0: forget it; plan 0 with
+ * python_only: a plan only Python runs (tensors pilot cannot size), so its executions do not
+ * come back to learn. Returns 0, or -1. */
+int pilot_fast_dnn_plan(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t plan,
+                        uint64_t workspace_size, const int64_t *uids, const uint64_t *spans,
+                        uint32_t n, int python_only);
 /* A cuBLASLt descriptor set of handle `token`: the attribute records the stand-in sends (frame
  * 2 of BLASLT_MATMUL, compared byte for byte), the real descriptors (matmul, A, B, C, D), the
  * spans in bytes of A, B, C and D as the layouts give them, and `nfixed` (pointer, span) pairs

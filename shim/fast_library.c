@@ -14,7 +14,7 @@
  * same handle: it registers it again after each use, which clears `applied`). */
 struct fhandle {
     uint64_t handle;
-    int blas; /* a cuBLAS handle (GEMMs); else cuBLASLt's (matmuls only) */
+    int kind; /* enum pilot_fast_handle_kind */
     int applied;
     uint64_t stream;
     int ws_default; /* the workspace is the stream's default (no cublasSetWorkspace) */
@@ -94,9 +94,32 @@ static void free_plans_of(struct fconn *c, uint64_t token) /* token 0: every pla
     }
 }
 
+/* A cuDNN execution plan of the session and the tensors its executions name. */
+struct dnn_plan {
+    uint64_t plan;
+    uint64_t workspace_size;
+    int python_only;
+    uint32_t n;
+    int64_t *uids;
+    uint64_t *spans;
+};
+
+static void free_dnn_plan(struct dnn_plan *p)
+{
+    if (p) {
+        free(p->uids);
+        free(p->spans);
+        free(p);
+    }
+}
+
 void fast_library_free_conn(struct fconn *c)
 {
     free_plans_of(c, 0);
+    for (uint32_t i = 0; i < c->dnn_plans.cap; i++)
+        free_dnn_plan((struct dnn_plan *)(uintptr_t)c->dnn_plans.slots[i].value);
+    free(c->dnn_plans.slots);
+    memset(&c->dnn_plans, 0, sizeof c->dnn_plans);
     for (uint32_t i = 0; i < c->handles.cap; i++)
         free((void *)(uintptr_t)c->handles.slots[i].value);
     free(c->handles.slots);
@@ -105,7 +128,8 @@ void fast_library_free_conn(struct fconn *c)
     memset(&c->lt_plans, 0, sizeof c->lt_plans);
 }
 
-int pilot_fast_blas_handle(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t handle, int blas)
+int pilot_fast_library_handle(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t handle,
+                              int kind)
 {
     struct fconn *c = fast_find_conn(f, conn);
     if (!c)
@@ -130,7 +154,7 @@ int pilot_fast_blas_handle(pilot_fast *f, uint32_t conn, uint64_t token, uint64_
         free_plans_of(c, token);
     }
     h->handle = handle;
-    h->blas = blas;
+    h->kind = kind;
     h->applied = 0;
     return 0;
 }
@@ -190,6 +214,13 @@ int pilot_fast_lt_plan(pilot_fast *f, uint32_t conn, uint64_t token, const uint8
         return -1;
     }
     return 0;
+}
+
+/* The session's handle `token` as Python registered it, or NULL. */
+static struct fhandle *handle_of(const struct fconn *c, uint64_t token)
+{
+    const struct entry *e = map_find(&c->handles, token);
+    return e ? (struct fhandle *)(uintptr_t)e->value : NULL;
 }
 
 /* ---- the checks ---- */
@@ -349,12 +380,11 @@ static int try_gemm(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m, int 
     if (m->len[1] < sizeof r)
         return FAST_PYTHON;
     memcpy(&r, m->frame[1], sizeof r);
-    const struct entry *e = map_find(&c->handles, r.handle);
-    if (!e)
+    struct fhandle *h = handle_of(c, r.handle);
+    if (!h)
         return FAST_LEARN; /* Python registers the handle as it runs this call */
-    struct fhandle *h = (struct fhandle *)(uintptr_t)e->value;
     uint64_t stream;
-    if (!h->blas || !gemm_checked(f, c, &r) || !(stream = fast_stream(c, r.stream)))
+    if (h->kind != PILOT_FAST_CUBLAS || !gemm_checked(f, c, &r) || !(stream = fast_stream(c, r.stream)))
         return FAST_PYTHON;
     int err = f->generic_call ? f->generic_call(m->conn, PILOT_OP_BLAS_GEMM, stream, &r, sizeof r,
                                                 NULL, 0)
@@ -374,8 +404,11 @@ static int try_lt(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m, int *l
     if (m->len[1] < sizeof r || m->nframes != 3)
         return FAST_PYTHON;
     memcpy(&r, m->frame[1], sizeof r);
-    if (!map_find(&c->handles, r.handle))
+    const struct fhandle *h = handle_of(c, r.handle);
+    if (!h)
         return FAST_LEARN;
+    if (h->kind == PILOT_FAST_CUDNN)
+        return FAST_PYTHON;
     const struct lt_plan *p = find_plan(c, r.handle, m->frame[2], m->len[2]);
     if (!p)
         return FAST_LEARN; /* Python builds the descriptors and registers them */
@@ -399,8 +432,6 @@ static int try_lt(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m, int *l
                               m->len[2]);
     } else {
         lt_matmul_fn call = (lt_matmul_fn)f->libfns[PILOT_FAST_LT_MATMUL];
-        const struct entry *e = map_find(&c->handles, r.handle);
-        const struct fhandle *h = (const struct fhandle *)(uintptr_t)e->value;
         uint64_t alpha[2], beta[2], algo[8];
         memcpy(alpha, r.alpha, sizeof alpha);
         memcpy(beta, r.beta, sizeof beta);
@@ -441,16 +472,152 @@ static int try_memset(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m, in
     return FAST_DONE;
 }
 
+void pilot_fast_dnn_constants(pilot_fast *f, int64_t variant_pack, int64_t attr_uids,
+                              int64_t attr_pointers, int64_t attr_workspace, int64_t type_int64,
+                              int64_t type_void_ptr)
+{
+    const int v[6] = {(int)variant_pack, (int)attr_uids, (int)attr_pointers, (int)attr_workspace,
+                      (int)type_int64, (int)type_void_ptr};
+    memcpy(f->dnn_constants, v, sizeof v);
+}
+
+int pilot_fast_dnn_plan(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t plan,
+                        uint64_t workspace_size, const int64_t *uids, const uint64_t *spans,
+                        uint32_t n, int python_only)
+{
+    struct fconn *c = fast_find_conn(f, conn);
+    if (!c || (n && (!uids || !spans)))
+        return -1;
+    struct entry *e = map_find(&c->dnn_plans, token);
+    if (e) {
+        free_dnn_plan((struct dnn_plan *)(uintptr_t)e->value);
+        map_put(&c->dnn_plans, token, 0, 0);
+    }
+    if (!plan && !python_only)
+        return 0;
+    struct dnn_plan *p = calloc(1, sizeof *p);
+    if (!p)
+        return -1;
+    p->plan = plan;
+    p->workspace_size = workspace_size;
+    p->python_only = python_only;
+    p->n = n;
+    if (n) {
+        p->uids = malloc(n * sizeof *p->uids);
+        p->spans = malloc(n * sizeof *p->spans);
+        if (!p->uids || !p->spans) {
+            free_dnn_plan(p);
+            return -1;
+        }
+        memcpy(p->uids, uids, n * sizeof *uids);
+        memcpy(p->spans, spans, n * sizeof *spans);
+    }
+    if (map_put(&c->dnn_plans, token, (uint64_t)(uintptr_t)p, 0) != 0) {
+        free_dnn_plan(p);
+        return -1;
+    }
+    return 0;
+}
+
+typedef int (*dnn_set_stream_fn)(uint64_t handle, uint64_t stream);
+typedef int (*dnn_create_fn)(int type, uint64_t *desc); /* enums are ints in cuDNN's ABI */
+typedef int (*dnn_set_fn)(uint64_t desc, int attr, int type, int64_t count, const void *values);
+typedef int (*dnn_desc_fn)(uint64_t desc);
+typedef int (*dnn_execute_fn)(uint64_t handle, uint64_t plan, uint64_t pack);
+
+/* The variant pack C builds for one execution (cuDNN copies what it needs at finalize: the pack
+ * is destroyed after the execution is queued, as backends/cudnn.py does with evicted ones). */
+static int native_dnn_execute(const pilot_fast *f, struct fhandle *h, const struct dnn_plan *p,
+                              const int64_t *uids, const uint64_t *ptrs, uint32_t n,
+                              uint64_t workspace, uint64_t stream)
+{
+    void *const *fn = f->libfns;
+    for (int i = PILOT_FAST_DNN_SET_STREAM; i <= PILOT_FAST_DNN_DESTROY; i++)
+        if (!fn[i])
+            return -1;
+    const int *k = f->dnn_constants;
+    int err;
+    if (!h->applied || h->stream != stream) {
+        if ((err = ((dnn_set_stream_fn)fn[PILOT_FAST_DNN_SET_STREAM])(h->handle, stream)) != 0)
+            return err;
+        h->stream = stream;
+        h->applied = 1;
+    }
+    uint64_t pack = 0;
+    if ((err = ((dnn_create_fn)fn[PILOT_FAST_DNN_CREATE])(k[0], &pack)) != 0)
+        return err;
+    dnn_set_fn set = (dnn_set_fn)fn[PILOT_FAST_DNN_SET];
+    if (!(err = set(pack, k[1], k[4], n, uids)) && !(err = set(pack, k[2], k[5], n, ptrs)) &&
+        !(err = set(pack, k[3], k[5], 1, &workspace)) &&
+        !(err = ((dnn_desc_fn)fn[PILOT_FAST_DNN_FINALIZE])(pack)))
+        err = ((dnn_execute_fn)fn[PILOT_FAST_DNN_EXECUTE])(h->handle, p->plan, pack);
+    ((dnn_desc_fn)fn[PILOT_FAST_DNN_DESTROY])(pack);
+    return err;
+}
+
+#define DNN_PACK_MAX 64 /* tensors of one execution C takes (more: Python) */
+
+/* ops/dnn.py's check_execution and its range checks: the pack names each of the plan's tensors
+ * once and nothing else, every tensor's range and the workspace are the session's. */
+static int try_dnn(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m, int *legacy)
+{
+    pilot_req_dnn_execute r;
+    if (m->len[1] < sizeof r || m->nframes != 3)
+        return FAST_PYTHON;
+    memcpy(&r, m->frame[1], sizeof r);
+    struct fhandle *h = handle_of(c, r.handle);
+    if (!h)
+        return FAST_LEARN;
+    const struct entry *pe = map_find(&c->dnn_plans, r.plan);
+    if (!pe)
+        return FAST_LEARN;
+    const struct dnn_plan *p = (const struct dnn_plan *)(uintptr_t)pe->value;
+    if (h->kind != PILOT_FAST_CUDNN || p->python_only || r.count != p->n ||
+        r.count > DNN_PACK_MAX || m->len[2] != (uint64_t)r.count * sizeof(pilot_dnn_ptr))
+        return FAST_PYTHON;
+    int64_t uids[DNN_PACK_MAX];
+    uint64_t ptrs[DNN_PACK_MAX];
+    uint64_t seen = 0; /* which of the plan's tensors the pack named (n <= 64) */
+    for (uint32_t i = 0; i < r.count; i++) {
+        pilot_dnn_ptr d;
+        memcpy(&d, m->frame[2] + i * sizeof d, sizeof d);
+        uint32_t j = 0;
+        while (j < p->n && p->uids[j] != d.uid)
+            j++;
+        if (j == p->n || (seen >> j & 1) || !in_session(c, d.ptr, (int64_t)p->spans[j]))
+            return FAST_PYTHON; /* not the plan's, named twice, or not the session's memory */
+        seen |= 1ull << j;
+        uids[i] = d.uid;
+        ptrs[i] = d.ptr;
+    }
+    if (p->workspace_size && !fast_owns(c, r.workspace, p->workspace_size))
+        return FAST_PYTHON;
+    uint64_t stream = fast_stream(c, r.stream);
+    if (!stream)
+        return FAST_PYTHON;
+    int err = f->generic_call ? f->generic_call(m->conn, PILOT_OP_DNN_EXECUTE, stream, &r,
+                                                sizeof r, m->frame[2], m->len[2])
+                              : native_dnn_execute(f, h, p, uids, ptrs, r.count, r.workspace,
+                                                   stream);
+    if (err) {
+        h->applied = 0;
+        return FAST_PYTHON;
+    }
+    c->count.dnn_executes++;
+    *legacy = !r.stream;
+    return FAST_DONE;
+}
+
 int fast_try_library(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m,
                      const pilot_envelope *env)
 {
     if (c->deferred && !(env->flags & PILOT_F_NO_REPLY))
         return FAST_PYTHON; /* an error waits to be reported with the reply */
-    if (!f->generic_call && !f->libfns[PILOT_FAST_BLAS_SET_STREAM] && env->opcode != PILOT_OP_MEMSET)
-        return FAST_PYTHON;
+
     int legacy = 0;
-    int r = env->opcode == PILOT_OP_BLAS_GEMM     ? try_gemm(f, c, m, &legacy)
+    int r = env->opcode == PILOT_OP_BLAS_GEMM       ? try_gemm(f, c, m, &legacy)
             : env->opcode == PILOT_OP_BLASLT_MATMUL ? try_lt(f, c, m, &legacy)
+            : env->opcode == PILOT_OP_DNN_EXECUTE   ? try_dnn(f, c, m, &legacy)
                                                     : try_memset(f, c, m, &legacy);
     if (r != FAST_DONE)
         return r;

@@ -494,6 +494,8 @@ class Backend(Protocol):
         """Keys whose descriptors were destroyed since the last call (taken)."""
     def library_state_reset(self, handle: Any) -> None:
         """C used the handle: apply every setting again at the next call."""
+    def fast_dnn_plan(self, plan: Any) -> int:
+        """cuDNN's own value of an execution plan (a backend descriptor) for the fast path."""
 
     # cuDNN (backends/dnn.py; cudnn.py on a GPU, sim_dnn.py on the sim). Handles and
     # descriptors are the backend's objects; failures raise DnnError (the cudnnStatus_t).

@@ -186,7 +186,7 @@ class CudaLibraries:
     def release(self, state: HandleState) -> None:
         """The program is done with the handle: back to the pool, or destroyed when it is full.
         A pooled cuBLAS handle goes back to the legacy stream (the program's may be destroyed)."""
-        if state.library == LIB_CUBLAS and state.ptr and state.stream:
+        if state.library == LIB_CUBLAS and state.ptr:  # (the fast path may have set one)
             self._call(LIB_CUBLAS, "cublasSetStream_v2", state.ptr, 0)
         with self._lock:
             idle = self._pool.setdefault((state.device, state.library), [])

@@ -1367,7 +1367,7 @@ class CudaBackend:
         return self._libraries.lt_heuristic(handle, call, key, requested)
 
     def fast_library_functions(self) -> dict[int, int]:
-        out = self._libraries.fast_functions()
+        out = {**self._libraries.fast_functions(), **self._dnn.fast_functions()}
         try:
             out[0] = ctypes.cast(ctypes.CDLL("libcuda.so.1").cuMemsetD8Async, ctypes.c_void_p).value or 0
         except (OSError, AttributeError):
@@ -1386,7 +1386,12 @@ class CudaBackend:
         return out
 
     def library_state_reset(self, handle: Any) -> None:
-        handle.stream = handle.workspace = handle.modes = None
+        handle.stream = None
+        if hasattr(handle, "modes"):  # a cuBLAS handle's settings too
+            handle.workspace = handle.modes = None
+
+    def fast_dnn_plan(self, plan: Any) -> int:
+        return int(plan)
 
     def blas_call(self, handle: Any, fn: Any, args: list[int], named: dict[str, int],
                   scalars: list[bytes], settings: BlasSettings, stream: Any,

@@ -89,6 +89,11 @@ class DnnHandle:
     stream: int | None = None
 
 
+# enum pilot_fast_libfn (shim/fast_launch.h): what an execution in C calls
+_FAST_DNN = {21: "cudnnSetStream", 22: "cudnnBackendCreateDescriptor", 23: "cudnnBackendSetAttribute",
+             24: "cudnnBackendFinalize", 25: "cudnnBackendExecute", 26: "cudnnBackendDestroyDescriptor"}
+
+
 class CudaDnn:
     """The loaded library, its handle pools, variant packs and legacy tensor descriptors."""
 
@@ -125,6 +130,18 @@ class CudaDnn:
     def version(self) -> tuple[int, int]:
         return int(self._fn("cudnnGetVersion")()), int(self._fn("cudnnGetCudartVersion")())
 
+    def fast_functions(self) -> dict[int, int]:
+        """cuDNN's functions fast_library.c calls (enum pilot_fast_libfn), once it is loaded."""
+        if self._lib is None:
+            return {}
+        out = {}
+        for index, name in _FAST_DNN.items():
+            try:
+                out[index] = ctypes.cast(getattr(self._lib, name), ctypes.c_void_p).value or 0
+            except AttributeError:
+                pass
+        return out
+
     # ---- handles ----
 
     def create(self, device: int) -> DnnHandle:
@@ -138,8 +155,9 @@ class CudaDnn:
         return DnnHandle(device, ptr)
 
     def release(self, h: DnnHandle) -> None:
-        if h.stream:  # the program's stream may be destroyed next
-            self._call("cudnnSetStream", h.ptr, None)
+        # the program's stream may be destroyed next (the fast path may have set one that
+        # h.stream does not know of)
+        self._call("cudnnSetStream", h.ptr, None)
         with self._lock:
             idle = self._pool.setdefault(h.device, [])
             if len(idle) < POOL_MAX:

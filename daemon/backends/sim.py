@@ -1132,7 +1132,7 @@ class SimBackend:
         return {}  # the fast path calls back (vgpu/fast.py)
 
     def fast_blas_handle(self, handle: Any) -> int:
-        return int(handle[2])
+        return int(handle[2]) if isinstance(handle, tuple) else id(handle)  # cuBLAS's, cuDNN's
 
     def fast_lt_descriptors(self, handle: Any, key: bytes) -> list[int] | None:
         return [1, 2, 3, 4, 5]  # none are made: the callback runs the matmul from the records
@@ -1142,6 +1142,9 @@ class SimBackend:
 
     def library_state_reset(self, handle: Any) -> None:
         pass
+
+    def fast_dnn_plan(self, plan: Any) -> int:
+        return 1  # the callback runs the plan pilotd's number names
 
     def blaslt_matmul(self, handle: Any, call: LtCall, key: bytes, stream: Any) -> None:
         with self._lock:

@@ -253,6 +253,8 @@ def dnn_desc_destroy(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any
     d = s.dnn_descriptors.pop(req.handle, None)
     if d is None:
         raise DnnError(STATUS_BAD_PARAM, f"no cuDNN descriptor {req.handle:#x}")
+    if vg.fast is not None:  # C forgets a plan before its backend object goes
+        vg.fast.dnn_plan_gone(s, req.handle)
     d.destroy(vg.backend)
     return _status_reply(STATUS_SUCCESS)
 
@@ -380,9 +382,15 @@ def dnn_execute(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     stream = stream_for_work(vg, s, req.stream)
     for ptr, span in ranges:  # any of them may be written (outputs, the workspace)
         note_write(vg, s, ptr, span, stream)
+    fast = vg.fast
+    if fast is not None:  # C may have set the handle's stream since Python did
+        vg.backend.library_state_reset(h.obj)
     vg.backend.dnn_execute(h.obj, plan.obj, [u for u, _ in pack], [p for _, p in pack],
                            req.workspace, stream)
     vg.metrics.count("library_calls", (s.tenant, "cudnnBackendExecute"))
+    if fast is not None:  # the plan's next executions may run in C
+        fast.handle_used(s, req.handle, h)
+        fast.dnn_plan(s, req.plan, plan)
 
 
 # ---- batch normalization ----
@@ -469,6 +477,9 @@ def dnn_batchnorm(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
         for ptr, size, written in ranges:
             if written:
                 note_write(vg, s, ptr, size, stream)
+        if vg.fast is not None:  # C may have set the handle's stream: set it again, both
+            vg.backend.library_state_reset(h.obj)
+            vg.fast.handle_used(s, req.handle, h)
         vg.backend.dnn_batchnorm(h.obj, call, stream)
     except BackendError as exc:
         log.warning("session %d: %s refused: %s", s.id, BN_FUNCTIONS.get(req.fn, req.fn), exc)

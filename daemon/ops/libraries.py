@@ -308,7 +308,7 @@ def blas_gemm(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     vg.backend.blas_gemm(h.obj, call, settings, stream)
     vg.metrics.count("library_calls", (s.tenant, call.name))
     if fast is not None:
-        fast.blas_handle(s, req.handle, h)
+        fast.handle_used(s, req.handle, h)
 
 
 # ---- the generic path (shim/cublas_calls.tsv) ----
@@ -372,7 +372,7 @@ def blas_call(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
         scalars = [bytes(req.scalars[0]), bytes(req.scalars[1])]
         if vg.fast is not None:  # C may have used the handle since Python did
             vg.backend.library_state_reset(h.obj)
-            vg.fast.blas_handle(s, req.handle, h)  # and applies every setting again after this
+            vg.fast.handle_used(s, req.handle, h)  # and applies every setting again after this
         result = vg.backend.blas_call(h.obj, fn, args, named, scalars, settings, stream,
                                       host_result, arrays)
         vg.metrics.count("library_calls", (s.tenant, fn.name))

@@ -30,12 +30,23 @@ backend it calls back into the sim (cffi callbacks), so CI exercises the same C 
 from __future__ import annotations
 
 import logging
+import struct
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.backends.base import BackendError
+from pilot.daemon.backends.dnn import (
+    ATTR_VARIANT_PACK_DATA_POINTERS,
+    ATTR_VARIANT_PACK_UNIQUE_IDS,
+    ATTR_VARIANT_PACK_WORKSPACE,
+    TYPE_INT64,
+    TYPE_VOID_PTR,
+    VARIANT_PACK,
+)
 from pilot.daemon.backends.libraries import (
     GEMM_FUNCTIONS,
     LIB_CUBLAS,
+    LIB_CUBLASLT,
+    LIB_CUDNN,
     LT_A,
     LT_B,
     LT_C,
@@ -94,6 +105,9 @@ class FastLaunches:
             if 0 <= dtype < len(sizes):
                 sizes[dtype] = size
         self._type_sizes = ffi.new("uint8_t[]", bytes(sizes))
+        lib.pilot_fast_dnn_constants(self.ptr, VARIANT_PACK, ATTR_VARIANT_PACK_UNIQUE_IDS,
+                                     ATTR_VARIANT_PACK_DATA_POINTERS, ATTR_VARIANT_PACK_WORKSPACE,
+                                     TYPE_INT64, TYPE_VOID_PTR)
         self._libfns: dict[int, int] | None = None
         if native:
             self._library_functions()
@@ -185,6 +199,11 @@ class FastLaunches:
                                         r.math_mode, r.pointer_mode, r.atomics_mode,
                                         r.sm_count_target)
                 vg.backend.blas_gemm(h.obj, gemm_call(r), settings, st)
+            elif opcode == lib.PILOT_OP_DNN_EXECUTE:
+                r = ffi.cast("pilot_req_dnn_execute *", req)
+                pack = list(struct.iter_unpack("<qQ", ffi.buffer(payload, payload_len)))
+                vg.backend.dnn_execute(s.libraries[r.handle].obj, s.dnn_descriptors[r.plan].obj,
+                                       [u for u, _ in pack], [p for _, p in pack], r.workspace, st)
             else:
                 r = ffi.cast("pilot_req_blaslt_matmul *", req)
                 h = s.libraries[r.handle]
@@ -207,8 +226,8 @@ class FastLaunches:
         lib.pilot_fast_libraries(self.ptr, table, lib.PILOT_FAST_LIBFNS, self._type_sizes,
                                  len(self._type_sizes), ffi.NULL)
 
-    # ---- library handles (ops/libraries.py tells) ----
-    def blas_handle(self, s: Session, token: int, h: Any) -> None:
+    # ---- library handles (ops/libraries.py and ops/dnn.py tell) ----
+    def handle_used(self, s: Session, token: int, h: Any) -> None:
         """Python used the session's library handle `token`: C may use it from now on (and
         applies every setting again first)."""
         if s.identity is None or s.id not in self._states:
@@ -216,9 +235,30 @@ class FastLaunches:
         if self._libfns is not None and len(self._libfns) < lib.PILOT_FAST_LIBFNS:
             self._library_functions()
         handle = self.vg.backend.fast_blas_handle(h.obj)
-        if lib.pilot_fast_blas_handle(self.ptr, s.identity, token, handle,
-                                      int(h.library == LIB_CUBLAS)) != 0:
-            raise MemoryError("pilot_fast_blas_handle")
+        if lib.pilot_fast_library_handle(self.ptr, s.identity, token, handle,
+                                         _HANDLE_KINDS[h.library]) != 0:
+            raise MemoryError("pilot_fast_library_handle")
+
+    def dnn_plan(self, s: Session, token: int, plan: Any) -> None:
+        """Python ran an execution of the session's plan `token` (a finalized DnnDescriptor):
+        C may run its next ones, with the tensors and workspace the plan gives (a plan whose
+        tensors pilot cannot size stays with Python, and C is told so)."""
+        if s.identity is None or s.id not in self._states:
+            return
+        tensors = plan.tensors
+        sized = tensors is not None and not any(t.by_value for t in tensors.values())
+        kept = [(uid, t.span) for uid, t in (tensors or {}).items() if not t.virtual] if sized else []
+        if len(kept) > 64:
+            sized, kept = False, []
+        handle = self.vg.backend.fast_dnn_plan(plan.obj) if sized else 0
+        if lib.pilot_fast_dnn_plan(self.ptr, s.identity, token, handle, plan.workspace_size,
+                                   [u for u, _ in kept] or ffi.NULL,
+                                   [n for _, n in kept] or ffi.NULL, len(kept), int(not sized)) != 0:
+            raise MemoryError("pilot_fast_dnn_plan")
+
+    def dnn_plan_gone(self, s: Session, token: int) -> None:
+        if s.identity is not None and s.id in self._states:
+            lib.pilot_fast_dnn_plan(self.ptr, s.identity, token, 0, 0, ffi.NULL, ffi.NULL, 0, 0)
 
     def lt_plan(self, s: Session, token: int, h: Any, key: bytes, ranges: LtRanges) -> None:
         """Python ran a cuBLASLt matmul with these descriptor records: C may run the same
@@ -226,7 +266,7 @@ class FastLaunches:
         stay with Python: C is told so, not to send each one back to learn)."""
         if s.identity is None or s.id not in self._states:
             return
-        self.blas_handle(s, token, h)
+        self.handle_used(s, token, h)
         self.lt_forget_evicted(s, token, h)
         descs = None if ranges.device_scalars else self.vg.backend.fast_lt_descriptors(h.obj, key)
         spans = [ranges.spans[obj] for obj in (LT_A, LT_B, LT_C, LT_D)]
@@ -244,7 +284,7 @@ class FastLaunches:
 
     def library_gone(self, s: Session, token: int) -> None:
         if s.identity is not None and s.id in self._states:
-            lib.pilot_fast_blas_handle(self.ptr, s.identity, token, 0, 0)
+            lib.pilot_fast_library_handle(self.ptr, s.identity, token, 0, 0)  # and its sets
 
     # ---- what Python tells C ----
     def output(self, fd: int, taken: int) -> None:
@@ -400,6 +440,8 @@ class FastLaunches:
         for fn in range(1, lib.PILOT_FAST_GEMM_FNS):
             if count.gemms[fn]:
                 total += self._library_row(s, "blas_gemm", GEMM_FUNCTIONS[fn], count.gemms[fn])
+        if count.dnn_executes:
+            total += self._library_row(s, "dnn_execute", "cudnnBackendExecute", count.dnn_executes)
         if count.memsets:
             self._row("memset")[0] += count.memsets
             self._add(("fast_library_calls", (s.tenant,)), count.memsets)
@@ -469,6 +511,10 @@ class ShadowsInC:
                     _charge(shadow, self._taken[i])
             if n < COUNTS:
                 return
+
+
+_HANDLE_KINDS = {LIB_CUBLAS: lib.PILOT_FAST_CUBLAS, LIB_CUBLASLT: lib.PILOT_FAST_CUBLASLT,
+                 LIB_CUDNN: lib.PILOT_FAST_CUDNN}
 
 
 def _charge(shadow: Any, count: Any) -> None:

@@ -12,6 +12,7 @@ import subprocess
 import time
 
 import pytest
+from pilotd_metrics import run_scraped, total
 
 from pilot.shim import LIBRARY_STANDINS, standin_path
 
@@ -86,3 +87,19 @@ def test_a_killed_client_loses_its_descriptors_and_handles(app_binaries, dnn_env
         after = subprocess.run([str(app_binaries["cudnn_conv"])], env=env, capture_output=True,
                                text=True, timeout=60)
         assert after.returncode == 0 and after.stdout == EXPECTED, after.stdout + after.stderr
+
+
+def test_executions_run_in_c_with_the_same_results(start_pilotd, app_binaries, dnn_env) -> None:
+    """A plan's executions after its first run in C (shim/fast_library.c: the variant pack's
+    tensors checked against the plan's, each range the session's); with `fast_launch = false`
+    Python runs them all. Both print what the H100 prints, and each execution counts once."""
+    argv = [str(app_binaries["cudnn_conv"])]
+    fast_out, fast = run_scraped(start_pilotd, argv, dnn_env["LD_PRELOAD"], None)
+    slow_out, slow = run_scraped(start_pilotd, argv, dnn_env["LD_PRELOAD"],
+                                 "[daemon]\nfast_launch = false\n")
+    assert fast_out == slow_out == EXPECTED
+    assert total(fast, "pilot_fast_library_calls_total") >= 1, fast
+    assert total(slow, "pilot_fast_library_calls_total") == 0
+    executions = 'pilot_library_calls_total{function="cudnnBackendExecute",tenant="user:'
+    assert sum(v for k, v in fast.items() if k.startswith(executions)) == \
+        sum(v for k, v in slow.items() if k.startswith(executions)) == 4

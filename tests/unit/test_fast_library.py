@@ -88,7 +88,7 @@ def gemm(**fields: int) -> Any:
 
 def test_a_gemm_of_an_unknown_handle_goes_to_python_to_learn_it(h: Harness) -> None:
     assert h.try_(h.msg(lib.PILOT_OP_BLAS_GEMM, gemm())) == FAST_LEARN
-    assert lib.pilot_fast_blas_handle(h.f, CONN, HANDLE, 0x1234, 1) == 0
+    assert lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, 1) == 0
     assert h.try_(h.msg(lib.PILOT_OP_BLAS_GEMM, gemm())) == FAST_DONE
     assert [c[:2] for c in h.calls] == [(lib.PILOT_OP_BLAS_GEMM, LEGACY)]
     n = h.counts()
@@ -107,29 +107,29 @@ def test_a_gemm_of_an_unknown_handle_goes_to_python_to_learn_it(h: Harness) -> N
     {"fn": 5, "batch": 1000, "stride_c": 64 * 32},  # a strided batch past the end
 ])
 def test_what_a_gemm_sends_to_python(h: Harness, fields: dict[str, int]) -> None:
-    lib.pilot_fast_blas_handle(h.f, CONN, HANDLE, 0x1234, 1)
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, 1)
     assert h.try_(h.msg(lib.PILOT_OP_BLAS_GEMM, gemm(**fields))) == FAST_PYTHON
     assert h.calls == []
 
 
 def test_a_strided_batch_inside_the_allocation_runs_here(h: Harness) -> None:
-    lib.pilot_fast_blas_handle(h.f, CONN, HANDLE, 0x1234, 1)
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, 1)
     req = gemm(fn=8, batch=4, stride_a=64 * 16, stride_b=16 * 32, stride_c=64 * 32,
                atype=R_16BF, btype=R_16BF, ctype=R_16BF, c=BASE + SIZE // 2)
     assert h.try_(h.msg(lib.PILOT_OP_BLAS_GEMM, req)) == FAST_DONE
 
 
 def test_a_failed_library_call_goes_to_python_and_a_forgotten_handle_is_learnt_again(h: Harness) -> None:
-    lib.pilot_fast_blas_handle(h.f, CONN, HANDLE, 0x1234, 1)
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, 1)
     h.fail_with = 7
     assert h.try_(h.msg(lib.PILOT_OP_BLAS_GEMM, gemm())) == FAST_PYTHON
     h.fail_with = 0
-    assert lib.pilot_fast_blas_handle(h.f, CONN, HANDLE, 0, 0) == 0
+    assert lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0, 0) == 0
     assert h.try_(h.msg(lib.PILOT_OP_BLAS_GEMM, gemm())) == FAST_LEARN
 
 
 def test_a_cublaslt_handle_never_runs_a_gemm(h: Harness) -> None:
-    lib.pilot_fast_blas_handle(h.f, CONN, HANDLE, 0x1234, 0)
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, 0)
     assert h.try_(h.msg(lib.PILOT_OP_BLAS_GEMM, gemm())) == FAST_PYTHON
 
 
@@ -153,7 +153,7 @@ def plan(h: Harness, records: bytes = RECORDS, spans: tuple[int, ...] = (4096, 4
 
 def test_a_matmul_runs_here_once_its_records_are_known(h: Harness) -> None:
     assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS)) == FAST_LEARN
-    lib.pilot_fast_blas_handle(h.f, CONN, HANDLE, 0x1234, 0)
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, 0)
     assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS)) == FAST_LEARN
     plan(h)
     assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS)) == FAST_DONE
@@ -164,7 +164,7 @@ def test_a_matmul_runs_here_once_its_records_are_known(h: Harness) -> None:
 
 
 def test_a_matmul_whose_ranges_are_not_the_sessions_goes_to_python(h: Harness) -> None:
-    lib.pilot_fast_blas_handle(h.f, CONN, HANDLE, 0x1234, 0)
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, 0)
     plan(h, fixed=(BASE - 64, 32))  # a bias the records name, outside the session
     assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS)) == FAST_PYTHON
     plan(h)
@@ -177,10 +177,10 @@ def test_a_matmul_whose_ranges_are_not_the_sessions_goes_to_python(h: Harness) -
 
 
 def test_forgetting_a_handle_forgets_its_descriptor_sets(h: Harness) -> None:
-    lib.pilot_fast_blas_handle(h.f, CONN, HANDLE, 0x1234, 0)
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, 0)
     plan(h)
-    lib.pilot_fast_blas_handle(h.f, CONN, HANDLE, 0, 0)
-    lib.pilot_fast_blas_handle(h.f, CONN, HANDLE, 0x1234, 0)
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0, 0)
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, 0)
     assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS)) == FAST_LEARN
 
 
@@ -199,16 +199,90 @@ def test_memsets_of_the_sessions_memory_run_here(h: Harness) -> None:
 
 
 def test_a_session_that_does_not_qualify_sends_everything_to_python(h: Harness) -> None:
-    lib.pilot_fast_blas_handle(h.f, CONN, HANDLE, 0x1234, 1)
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, 1)
     lib.pilot_fast_session(h.f, CONN, SESSION, lib.PILOT_FAST_OFF, LEGACY, 0, 0, 0)
     assert h.try_(h.msg(lib.PILOT_OP_BLAS_GEMM, gemm())) == FAST_PYTHON
     assert h.try_(h.msg(lib.PILOT_OP_MEMSET, memset(BASE, 64))) == FAST_PYTHON
 
 
 def test_a_new_session_on_the_connection_starts_with_no_handles(h: Harness) -> None:
-    lib.pilot_fast_blas_handle(h.f, CONN, HANDLE, 0x1234, 1)
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, 1)
     lib.pilot_fast_session(h.f, CONN, SESSION + 1, lib.PILOT_FAST_ALL, LEGACY, 0, 0, 0)
     m = h.msg(lib.PILOT_OP_BLAS_GEMM, gemm())
     ffi.cast("pilot_envelope *", m.frame[0]).session = SESSION + 1
     lib.pilot_fast_range(h.f, CONN, BASE, SIZE)
     assert h.try_(m) == FAST_LEARN
+
+
+PLAN = 0x900
+UIDS = (101, 102, 103)
+
+
+def dnn_exec(pack: list[tuple[int, int]], workspace: int = 0) -> tuple[Any, bytes]:
+    req = ffi.new("pilot_req_dnn_execute *")
+    req.handle, req.plan, req.workspace, req.count = HANDLE, PLAN, workspace, len(pack)
+    return req, b"".join(int(u).to_bytes(8, "little", signed=True) + int(p).to_bytes(8, "little")
+                         for u, p in pack)
+
+
+def dnn_plan(h: Harness, spans: tuple[int, ...] = (4096, 4096, 4096), workspace: int = 0,
+             python_only: int = 0) -> None:
+    assert lib.pilot_fast_dnn_plan(h.f, CONN, PLAN, 0 if python_only else 0xABC, workspace,
+                                   list(UIDS[:len(spans)]) or ffi.NULL, list(spans) or ffi.NULL,
+                                   len(spans), python_only) == 0
+
+
+GOOD = [(101, BASE), (102, BASE + 4096), (103, BASE + 8192)]
+
+
+def test_an_execution_runs_here_once_handle_and_plan_are_known(h: Harness) -> None:
+    req, pack = dnn_exec(GOOD)
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_EXECUTE, req, pack)) == FAST_LEARN  # the handle
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, lib.PILOT_FAST_CUDNN)
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_EXECUTE, req, pack)) == FAST_LEARN  # the plan
+    dnn_plan(h)
+    # the pack in any order, as cuDNN takes it
+    req, pack = dnn_exec(list(reversed(GOOD)))
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_EXECUTE, req, pack)) == FAST_DONE
+    assert h.calls[-1][0] == lib.PILOT_OP_DNN_EXECUTE and h.calls[-1][3] == pack
+    assert h.counts().dnn_executes == 1
+
+
+@pytest.mark.parametrize("pack", [
+    [(101, BASE), (102, BASE + 4096)],                              # a tensor missing
+    [(101, BASE), (102, BASE + 4096), (103, BASE + 8192), (104, BASE)],  # one too many
+    [(101, BASE), (101, BASE + 4096), (103, BASE + 8192)],          # a tensor named twice
+    [(101, BASE), (102, BASE + 4096), (999, BASE + 8192)],          # not the plan's
+    [(101, BASE), (102, BASE + 4096), (103, BASE + SIZE - 1024)],   # past the allocation
+    [(101, BASE - 4096), (102, BASE + 4096), (103, BASE + 8192)],   # before it
+])
+def test_what_an_execution_sends_to_python(h: Harness, pack: list[tuple[int, int]]) -> None:
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, lib.PILOT_FAST_CUDNN)
+    dnn_plan(h)
+    req, raw = dnn_exec(pack)
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_EXECUTE, req, raw)) == FAST_PYTHON
+    assert h.calls == []
+
+
+def test_the_workspace_and_the_handle_kind_are_checked(h: Harness) -> None:
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, lib.PILOT_FAST_CUDNN)
+    dnn_plan(h, workspace=1 << 16)
+    req, raw = dnn_exec(GOOD, workspace=BASE + SIZE - 1024)
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_EXECUTE, req, raw)) == FAST_PYTHON
+    req, raw = dnn_exec(GOOD, workspace=BASE + 65536)
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_EXECUTE, req, raw)) == FAST_DONE
+    # a cuBLAS handle's number never runs an execution, nor a cuDNN one a GEMM
+    assert h.try_(h.msg(lib.PILOT_OP_BLAS_GEMM, gemm())) == FAST_PYTHON
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, lib.PILOT_FAST_CUBLAS)
+    req, raw = dnn_exec(GOOD, workspace=BASE + 65536)
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_EXECUTE, req, raw)) == FAST_PYTHON
+
+
+def test_a_plan_python_keeps_or_forgot_is_not_run_here(h: Harness) -> None:
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, lib.PILOT_FAST_CUDNN)
+    dnn_plan(h, spans=(), python_only=1)
+    req, raw = dnn_exec(GOOD)
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_EXECUTE, req, raw)) == FAST_PYTHON  # no learning loop
+    dnn_plan(h)
+    assert lib.pilot_fast_dnn_plan(h.f, CONN, PLAN, 0, 0, ffi.NULL, ffi.NULL, 0, 0) == 0  # destroyed
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_EXECUTE, req, raw)) == FAST_LEARN
