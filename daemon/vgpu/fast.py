@@ -232,8 +232,8 @@ class FastLaunches:
         applies every setting again first)."""
         if s.identity is None or s.id not in self._states:
             return
-        if self._libfns is not None and len(self._libfns) < lib.PILOT_FAST_LIBFNS:
-            self._library_functions()
+        if self._libfns is not None and _FIRST_FUNCTION[h.library] not in self._libfns:
+            self._library_functions()  # its library has loaded since C was told (once each)
         handle = self.vg.backend.fast_blas_handle(h.obj)
         if lib.pilot_fast_library_handle(self.ptr, s.identity, token, handle,
                                          _HANDLE_KINDS[h.library]) != 0:
@@ -515,6 +515,9 @@ class ShadowsInC:
 
 _HANDLE_KINDS = {LIB_CUBLAS: lib.PILOT_FAST_CUBLAS, LIB_CUBLASLT: lib.PILOT_FAST_CUBLASLT,
                  LIB_CUDNN: lib.PILOT_FAST_CUDNN}
+# a function of each library's in enum pilot_fast_libfn: present once C knows the library's
+_FIRST_FUNCTION = {LIB_CUBLAS: lib.PILOT_FAST_BLAS_SET_STREAM, LIB_CUBLASLT: lib.PILOT_FAST_LT_MATMUL,
+                   LIB_CUDNN: lib.PILOT_FAST_DNN_SET_STREAM}
 
 
 def _charge(shadow: Any, count: Any) -> None:
