@@ -58,6 +58,7 @@ struct sorted {
 };
 
 struct fconn {
+    const struct pilot_fast *owner;
     uint32_t conn;
     int enabled, legacy_slow, deferred;
     int unflushed; /* kernels launched since the driver last printed their printf output */
@@ -73,6 +74,7 @@ struct fconn {
     struct map handles; /* library handle token -> struct fhandle * (fast_library.c) */
     struct map lt_plans; /* hash of (token, records) -> struct lt_plan * (fast_library.c) */
     struct map dnn_plans; /* plan token -> struct dnn_plan * (fast_library.c) */
+    struct map dnn_bns;   /* hash of a batch normalization shape -> struct dnn_bn * */
     uint64_t *syncs; /* what cudaDeviceSynchronize waits for (nsyncs 0: Python's) */
     uint32_t nsyncs, cap_syncs;
     pilot_fast_count count;

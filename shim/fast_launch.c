@@ -155,6 +155,7 @@ int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabl
         if (!c)
             return -1;
         c->conn = c->count.conn = conn;
+        c->owner = f;
         f->conns[f->nconns++] = c;
     }
     if (c->session != session) { /* another session on this connection: nothing carries over */
@@ -435,7 +436,8 @@ int pilot_fast_take(pilot_fast *f, pilot_fast_count *out, int max)
     int n = 0;
     for (uint32_t i = 0; i < f->nconns && n < max; i++) {
         struct fconn *c = f->conns[i];
-        int library = c->count.lt_matmuls || c->count.memsets || c->count.dnn_executes;
+        int library = c->count.lt_matmuls || c->count.memsets || c->count.dnn_executes ||
+                      c->count.dnn_bn[0] || c->count.dnn_bn[1];
         for (int k = 0; k < PILOT_FAST_GEMM_FNS && !library; k++)
             library = c->count.gemms[k] != 0;
         if (c->count.launches || c->count.d2h || c->count.h2d || c->count.syncs[0] ||
@@ -655,7 +657,8 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
     if (env.opcode == PILOT_OP_SHADOW_FLUSH)
         return try_flush(f, srv, c, m, &env);
     if (env.opcode == PILOT_OP_BLAS_GEMM || env.opcode == PILOT_OP_BLASLT_MATMUL ||
-        env.opcode == PILOT_OP_MEMSET || env.opcode == PILOT_OP_DNN_EXECUTE) {
+        env.opcode == PILOT_OP_MEMSET || env.opcode == PILOT_OP_DNN_EXECUTE ||
+        env.opcode == PILOT_OP_DNN_BATCHNORM) {
         if (c->enabled != PILOT_FAST_ALL)
             return FAST_PYTHON;
         int r = fast_try_library(f, c, m, &env);

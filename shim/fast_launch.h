@@ -18,6 +18,7 @@
 
 #include <stdint.h>
 
+#include "pilot_proto.h"
 #include "vgpu_server.h"
 
 /* PILOT_FAST_CDEF_BEGIN */
@@ -55,6 +56,7 @@ typedef struct pilot_fast_count {
     uint32_t lt_matmuls;
     uint32_t memsets;
     uint32_t dnn_executes; /* cudnnBackendExecute */
+    uint32_t dnn_bn[2];    /* cudnnBatchNormalizationForwardTrainingEx, ...BackwardEx */
 } pilot_fast_count;
 
 /* What ran here for one unified-memory shadow since it was last taken. */
@@ -166,7 +168,12 @@ enum pilot_fast_libfn {
     PILOT_FAST_DNN_FINALIZE = 24,
     PILOT_FAST_DNN_EXECUTE = 25,
     PILOT_FAST_DNN_DESTROY = 26,
-    PILOT_FAST_LIBFNS = 27
+    PILOT_FAST_DNN_TENSOR_CREATE = 27, /* cudnnCreateTensorDescriptor */
+    PILOT_FAST_DNN_TENSOR_SET = 28,    /* cudnnSetTensorNdDescriptor */
+    PILOT_FAST_DNN_TENSOR_DESTROY = 29,
+    PILOT_FAST_DNN_BN_FORWARD = 30,    /* cudnnBatchNormalizationForwardTrainingEx */
+    PILOT_FAST_DNN_BN_BACKWARD = 31,   /* cudnnBatchNormalizationBackwardEx */
+    PILOT_FAST_LIBFNS = 32
 };
 typedef int (*pilot_fast_call_fn)(uint32_t conn, uint16_t opcode, uint64_t stream, const void *req,
                                   uint32_t req_len, const void *payload, uint32_t payload_len);
@@ -202,6 +209,14 @@ int pilot_fast_dnn_plan(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t p
 int pilot_fast_lt_plan(pilot_fast *f, uint32_t conn, uint64_t token, const uint8_t *records,
                        uint32_t len, const uint64_t *descs, const uint64_t *spans,
                        const uint64_t *fixed, uint32_t nfixed);
+/* A batch normalization shape of the session Python has run (cudnnBatchNormalizationForward-
+ * TrainingEx or BackwardEx: `req`'s function, mode, operations and tensors; its pointers and
+ * scalars are not part of it) and the spans in bytes of its x, y, dx and scale/bias tensors.
+ * Later calls of that shape are checked here (every range batch_norm_ranges in ops/dnn.py names,
+ * optional ones when not NULL) and issued with tensor descriptors C makes for the shape.
+ * Returns 0, or -1. */
+int pilot_fast_dnn_bn(pilot_fast *f, uint32_t conn, const pilot_req_dnn_bn *req,
+                      const uint64_t *spans);
 /* Use f for the endpoint's launches (vgpu_server.h; NULL: none). */
 void pilot_srv_set_fast(pilot_srv *s, pilot_fast *f);
 /* Forget a connection (its session ended). */

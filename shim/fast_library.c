@@ -33,6 +33,11 @@ struct lt_plan {
     uint8_t records[];   /* `len` bytes */
 };
 
+typedef int (*dnn_set_stream_fn)(uint64_t handle, uint64_t stream);
+typedef int (*dnn_create_fn)(int type, uint64_t *desc); /* enums are ints in cuDNN's ABI */
+typedef int (*dnn_set_fn)(uint64_t desc, int attr, int type, int64_t count, const void *values);
+typedef int (*dnn_desc_fn)(uint64_t desc);
+typedef int (*dnn_execute_fn)(uint64_t handle, uint64_t plan, uint64_t pack);
 typedef int (*memset_fn)(uint64_t ptr, unsigned char value, size_t count, uint64_t stream);
 typedef int (*set_u64_fn)(uint64_t handle, uint64_t value);
 typedef int (*set_i32_fn)(uint64_t handle, int32_t value);
@@ -113,6 +118,32 @@ static void free_dnn_plan(struct dnn_plan *p)
     }
 }
 
+/* A batch normalization shape and the tensor descriptors C made for it (native mode). */
+struct bn_shape {
+    int32_t fn, mode, bn_ops, reserved;
+    pilot_dnn_tensor x, y, dx, bn;
+};
+
+struct dnn_bn {
+    struct bn_shape shape;
+    uint64_t spans[4];  /* x, y, dx, bn */
+    uint64_t descs[4];  /* cudnnTensorDescriptor_t, 0 for a tensor the call has none of */
+};
+
+typedef int (*dnn_tensor_create_fn)(uint64_t *desc);
+typedef int (*dnn_tensor_set_fn)(uint64_t desc, int dtype, int nbdims, const int32_t *dims,
+                                 const int32_t *strides);
+
+static void free_dnn_bn(const pilot_fast *f, struct dnn_bn *b)
+{
+    if (!b)
+        return;
+    for (int i = 0; i < 4; i++)
+        if (b->descs[i] && f && f->libfns[PILOT_FAST_DNN_TENSOR_DESTROY])
+            ((dnn_desc_fn)f->libfns[PILOT_FAST_DNN_TENSOR_DESTROY])(b->descs[i]);
+    free(b);
+}
+
 void fast_library_free_conn(struct fconn *c)
 {
     free_plans_of(c, 0);
@@ -120,6 +151,10 @@ void fast_library_free_conn(struct fconn *c)
         free_dnn_plan((struct dnn_plan *)(uintptr_t)c->dnn_plans.slots[i].value);
     free(c->dnn_plans.slots);
     memset(&c->dnn_plans, 0, sizeof c->dnn_plans);
+    for (uint32_t i = 0; i < c->dnn_bns.cap; i++)
+        free_dnn_bn(c->owner, (struct dnn_bn *)(uintptr_t)c->dnn_bns.slots[i].value);
+    free(c->dnn_bns.slots);
+    memset(&c->dnn_bns, 0, sizeof c->dnn_bns);
     for (uint32_t i = 0; i < c->handles.cap; i++)
         free((void *)(uintptr_t)c->handles.slots[i].value);
     free(c->handles.slots);
@@ -451,7 +486,7 @@ static int try_lt(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m, int *l
 static int try_memset(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m, int *legacy)
 {
     pilot_req_memset r;
-    if (m->len[1] < sizeof r || m->nframes != 2)
+    if (m->len[1] < sizeof r || (m->nframes > 2 && m->len[2]))
         return FAST_PYTHON;
     memcpy(&r, m->frame[1], sizeof r);
     uint64_t stream;
@@ -519,11 +554,6 @@ int pilot_fast_dnn_plan(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t p
     return 0;
 }
 
-typedef int (*dnn_set_stream_fn)(uint64_t handle, uint64_t stream);
-typedef int (*dnn_create_fn)(int type, uint64_t *desc); /* enums are ints in cuDNN's ABI */
-typedef int (*dnn_set_fn)(uint64_t desc, int attr, int type, int64_t count, const void *values);
-typedef int (*dnn_desc_fn)(uint64_t desc);
-typedef int (*dnn_execute_fn)(uint64_t handle, uint64_t plan, uint64_t pack);
 
 /* The variant pack C builds for one execution (cuDNN copies what it needs at finalize: the pack
  * is destroyed after the execution is queued, as backends/cudnn.py does with evicted ones). */
@@ -608,6 +638,202 @@ static int try_dnn(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m, int *
     return FAST_DONE;
 }
 
+static struct bn_shape shape_of(const pilot_req_dnn_bn *r)
+{
+    struct bn_shape sh;
+    memset(&sh, 0, sizeof sh);
+    sh.fn = r->fn;
+    sh.mode = r->mode;
+    sh.bn_ops = r->bn_ops;
+    sh.x = r->x;
+    sh.y = r->y;
+    sh.dx = r->dx;
+    sh.bn = r->bn;
+    return sh;
+}
+
+static uint64_t shape_key(const struct bn_shape *sh)
+{
+    return hash_bytes(0xb7, (const uint8_t *)sh, sizeof *sh);
+}
+
+int pilot_fast_dnn_bn(pilot_fast *f, uint32_t conn, const pilot_req_dnn_bn *req,
+                      const uint64_t *spans)
+{
+    struct fconn *c = fast_find_conn(f, conn);
+    if (!c || (req->fn != PILOT_BN_FORWARD_TRAINING_EX && req->fn != PILOT_BN_BACKWARD_EX))
+        return -1;
+    struct dnn_bn *b = calloc(1, sizeof *b);
+    if (!b)
+        return -1;
+    b->shape = shape_of(req);
+    memcpy(b->spans, spans, sizeof b->spans);
+    if (!f->generic_call) { /* C's own descriptors: the backend's cache may evict its own */
+        const pilot_dnn_tensor *t[4] = {&req->x, &req->y, &req->dx, &req->bn};
+        void *const *fn = f->libfns;
+        if (!fn[PILOT_FAST_DNN_TENSOR_CREATE] || !fn[PILOT_FAST_DNN_TENSOR_SET] ||
+            !fn[PILOT_FAST_DNN_TENSOR_DESTROY]) {
+            free(b);
+            return -1;
+        }
+        for (int i = 0; i < 4; i++) {
+            if (!t[i]->nbdims || t[i]->nbdims > PILOT_DNN_DIM_MAX)
+                continue;
+            if (((dnn_tensor_create_fn)fn[PILOT_FAST_DNN_TENSOR_CREATE])(&b->descs[i]) != 0 ||
+                ((dnn_tensor_set_fn)fn[PILOT_FAST_DNN_TENSOR_SET])(
+                    b->descs[i], t[i]->dtype, t[i]->nbdims, t[i]->dims, t[i]->strides) != 0) {
+                free_dnn_bn(f, b);
+                return -1;
+            }
+        }
+    }
+    uint64_t key = shape_key(&b->shape);
+    struct entry *e = map_find(&c->dnn_bns, key);
+    if (e) {
+        free_dnn_bn(f, (struct dnn_bn *)(uintptr_t)e->value);
+        map_put(&c->dnn_bns, key, 0, 0);
+    }
+    if (map_put(&c->dnn_bns, key, (uint64_t)(uintptr_t)b, 0) != 0) {
+        free_dnn_bn(f, b);
+        return -1;
+    }
+    return 0;
+}
+
+typedef int (*bn_forward_fn)(uint64_t h, int mode, int ops, const void *alpha, const void *beta,
+                             uint64_t xd, uint64_t x, uint64_t zd, uint64_t z, uint64_t yd,
+                             uint64_t y, uint64_t bnd, uint64_t scale, uint64_t bias,
+                             double factor, uint64_t running_mean, uint64_t running_var,
+                             double epsilon, uint64_t saved_mean, uint64_t saved_inv_var,
+                             uint64_t activation, uint64_t workspace, size_t workspace_size,
+                             uint64_t reserve, size_t reserve_size);
+typedef int (*bn_backward_fn)(uint64_t h, int mode, int ops, const void *alpha, const void *beta,
+                              const void *alpha_param, const void *beta_param, uint64_t xd,
+                              uint64_t x, uint64_t yd, uint64_t y, uint64_t dyd, uint64_t dy,
+                              uint64_t dzd, uint64_t dz, uint64_t dxd, uint64_t dx, uint64_t bnd,
+                              uint64_t scale, uint64_t bias, uint64_t dscale, uint64_t dbias,
+                              double epsilon, uint64_t saved_mean, uint64_t saved_inv_var,
+                              uint64_t activation, uint64_t workspace, size_t workspace_size,
+                              uint64_t reserve, size_t reserve_size);
+
+/* Host scalars as cuDNN reads them: double for double data, else float. */
+union bn_value {
+    float f;
+    double d;
+};
+
+static const void *bn_scalar(int dtype, double value, union bn_value *out)
+{
+    if (dtype == 1) /* CUDNN_DATA_DOUBLE */
+        out->d = value;
+    else
+        out->f = (float)value;
+    return out;
+}
+
+/* ops/dnn.py's batchnorm_ranges for the two Ex functions: required ranges, optional ones when
+ * not NULL, the workspace and reserve when sized. */
+static int bn_ranges_ok(const struct fconn *c, const pilot_req_dnn_bn *r, const struct dnn_bn *b)
+{
+    int backward = r->fn == PILOT_BN_BACKWARD_EX;
+    int64_t x = (int64_t)b->spans[0], y = (int64_t)b->spans[1], dx = (int64_t)b->spans[2];
+    int64_t p = (int64_t)b->spans[3];
+    if (!x || !y || !p || (backward && !dx))
+        return 0;
+    if (!in_session(c, r->x_ptr, x) || !in_session(c, r->y_ptr, y) || !in_session(c, r->scale, p))
+        return 0;
+    const uint64_t *optional, *required;
+    uint64_t req_b[3] = {r->dx_ptr, r->dscale, r->dbias}, opt_b[3] = {r->bias, r->saved_mean,
+                                                                      r->saved_inv_var};
+    uint64_t req_f[1] = {r->bias}, opt_f[4] = {r->running_mean, r->running_var, r->saved_mean,
+                                               r->saved_inv_var};
+    int nreq = backward ? 3 : 1, nopt = backward ? 3 : 4;
+    required = backward ? req_b : req_f;
+    optional = backward ? opt_b : opt_f;
+    for (int i = 0; i < nreq; i++)
+        if (!in_session(c, required[i], backward && i == 0 ? dx : p))
+            return 0;
+    for (int i = 0; i < nopt; i++)
+        if (optional[i] && !in_session(c, optional[i], p))
+            return 0;
+    if (r->workspace_size && !fast_owns(c, r->workspace, r->workspace_size))
+        return 0;
+    if (r->reserve_size && !fast_owns(c, r->reserve, r->reserve_size))
+        return 0;
+    return 1;
+}
+
+static int native_bn(const pilot_fast *f, struct fhandle *h, const pilot_req_dnn_bn *r,
+                     const struct dnn_bn *b, uint64_t stream)
+{
+    void *const *fn = f->libfns;
+    void *call = fn[r->fn == PILOT_BN_BACKWARD_EX ? PILOT_FAST_DNN_BN_BACKWARD
+                                                  : PILOT_FAST_DNN_BN_FORWARD];
+    if (!call || !fn[PILOT_FAST_DNN_SET_STREAM])
+        return -1;
+    int err;
+    if (!h->applied || h->stream != stream) {
+        if ((err = ((dnn_set_stream_fn)fn[PILOT_FAST_DNN_SET_STREAM])(h->handle, stream)) != 0)
+            return err;
+        h->stream = stream;
+        h->applied = 1;
+    }
+    union bn_value a, be, ap, bp;
+    int dt = r->x.dtype;
+    const void *alpha = bn_scalar(dt, r->alpha, &a), *beta = bn_scalar(dt, r->beta, &be);
+    const uint64_t *d = b->descs;
+    if (r->fn == PILOT_BN_FORWARD_TRAINING_EX)
+        return ((bn_forward_fn)call)(h->handle, r->mode, r->bn_ops, alpha, beta, d[0], r->x_ptr, 0,
+                                     0, d[1], r->y_ptr, d[3], r->scale, r->bias, r->factor,
+                                     r->running_mean, r->running_var, r->epsilon, r->saved_mean,
+                                     r->saved_inv_var, 0, r->workspace, (size_t)r->workspace_size,
+                                     r->reserve, (size_t)r->reserve_size);
+    return ((bn_backward_fn)call)(h->handle, r->mode, r->bn_ops, alpha, beta,
+                                  bn_scalar(dt, r->alpha_param, &ap),
+                                  bn_scalar(dt, r->beta_param, &bp), d[0], r->x_ptr, 0, 0, d[1],
+                                  r->y_ptr, 0, 0, d[2], r->dx_ptr, d[3], r->scale, r->bias,
+                                  r->dscale, r->dbias, r->epsilon, r->saved_mean, r->saved_inv_var,
+                                  0, r->workspace, (size_t)r->workspace_size, r->reserve,
+                                  (size_t)r->reserve_size);
+}
+
+static int try_bn(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m,
+                  const pilot_envelope *env, int *legacy)
+{
+    pilot_req_dnn_bn r;
+    if (m->len[1] < sizeof r || (m->nframes > 2 && m->len[2]) || !(env->flags & PILOT_F_NO_REPLY))
+        return FAST_PYTHON; /* the size queries are answered by Python */
+    memcpy(&r, m->frame[1], sizeof r);
+    if ((r.fn != PILOT_BN_FORWARD_TRAINING_EX && r.fn != PILOT_BN_BACKWARD_EX) ||
+        (!f->generic_call && !f->libfns[PILOT_FAST_DNN_TENSOR_SET]))
+        return FAST_PYTHON; /* nothing to learn: C could not run it */
+    struct fhandle *h = handle_of(c, r.handle);
+    if (!h)
+        return FAST_LEARN;
+    if (h->kind != PILOT_FAST_CUDNN)
+        return FAST_PYTHON;
+    struct bn_shape sh = shape_of(&r);
+    const struct entry *e = map_find(&c->dnn_bns, shape_key(&sh));
+    const struct dnn_bn *b = e ? (const struct dnn_bn *)(uintptr_t)e->value : NULL;
+    if (!b)
+        return FAST_LEARN;
+    if (memcmp(&b->shape, &sh, sizeof sh) != 0 || !bn_ranges_ok(c, &r, b))
+        return FAST_PYTHON;
+    uint64_t stream = fast_stream(c, r.stream);
+    if (!stream)
+        return FAST_PYTHON;
+    int err = f->generic_call ? f->generic_call(m->conn, PILOT_OP_DNN_BATCHNORM, stream, &r,
+                                                sizeof r, NULL, 0)
+                              : native_bn(f, h, &r, b, stream);
+    if (err) {
+        h->applied = 0;
+        return FAST_PYTHON;
+    }
+    c->count.dnn_bn[r.fn == PILOT_BN_BACKWARD_EX]++;
+    *legacy = !r.stream;
+    return FAST_DONE;
+}
+
 int fast_try_library(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m,
                      const pilot_envelope *env)
 {
@@ -618,6 +844,7 @@ int fast_try_library(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m,
     int r = env->opcode == PILOT_OP_BLAS_GEMM       ? try_gemm(f, c, m, &legacy)
             : env->opcode == PILOT_OP_BLASLT_MATMUL ? try_lt(f, c, m, &legacy)
             : env->opcode == PILOT_OP_DNN_EXECUTE   ? try_dnn(f, c, m, &legacy)
+            : env->opcode == PILOT_OP_DNN_BATCHNORM ? try_bn(f, c, m, env, &legacy)
                                                     : try_memset(f, c, m, &legacy);
     if (r != FAST_DONE)
         return r;

@@ -91,7 +91,10 @@ class DnnHandle:
 
 # enum pilot_fast_libfn (shim/fast_launch.h): what an execution in C calls
 _FAST_DNN = {21: "cudnnSetStream", 22: "cudnnBackendCreateDescriptor", 23: "cudnnBackendSetAttribute",
-             24: "cudnnBackendFinalize", 25: "cudnnBackendExecute", 26: "cudnnBackendDestroyDescriptor"}
+             24: "cudnnBackendFinalize", 25: "cudnnBackendExecute", 26: "cudnnBackendDestroyDescriptor",
+             27: "cudnnCreateTensorDescriptor", 28: "cudnnSetTensorNdDescriptor",
+             29: "cudnnDestroyTensorDescriptor", 30: "cudnnBatchNormalizationForwardTrainingEx",
+             31: "cudnnBatchNormalizationBackwardEx"}
 
 
 class CudaDnn:

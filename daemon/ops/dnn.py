@@ -391,6 +391,7 @@ def dnn_execute(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     if fast is not None:  # the plan's next executions may run in C
         fast.handle_used(s, req.handle, h)
         fast.dnn_plan(s, req.plan, plan)
+        fast.stream_used(s, req.stream)
 
 
 # ---- batch normalization ----
@@ -481,6 +482,8 @@ def dnn_batchnorm(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
             vg.backend.library_state_reset(h.obj)
             vg.fast.handle_used(s, req.handle, h)
         vg.backend.dnn_batchnorm(h.obj, call, stream)
+        if vg.fast is not None:  # the shape's next calls may run in C
+            vg.fast.dnn_bn(s, req, call)
     except BackendError as exc:
         log.warning("session %d: %s refused: %s", s.id, BN_FUNCTIONS.get(req.fn, req.fn), exc)
         raise

@@ -309,6 +309,7 @@ def blas_gemm(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     vg.metrics.count("library_calls", (s.tenant, call.name))
     if fast is not None:
         fast.handle_used(s, req.handle, h)
+        fast.stream_used(s, req.stream)
 
 
 # ---- the generic path (shim/cublas_calls.tsv) ----
@@ -506,6 +507,7 @@ def blaslt_matmul(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     vg.metrics.count("library_calls", (s.tenant, "cublasLtMatmul"))
     if vg.fast is not None:
         vg.fast.lt_plan(s, req.handle, h, key, lt_ranges(call))
+        vg.fast.stream_used(s, req.stream)
 
 
 @OPS.handler(lib.PILOT_OP_BLASLT_HEURISTIC, "pilot_req_blaslt_matmul")

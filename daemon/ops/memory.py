@@ -179,6 +179,8 @@ def memset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     stream = _copy_stream(vg, s, req)
     note_write(vg, s, req.ptr, req.count, stream)
     vg.backend.memset_d8(req.ptr, req.value & 0xFF, req.count, stream)
+    if vg.fast is not None:  # the stream's next memsets may run in C
+        vg.fast.stream_used(s, req.stream)
 
 @OPS.handler(lib.PILOT_OP_MEMSET_WIDE, "pilot_req_memset_wide")
 def memset_wide(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:

@@ -38,6 +38,7 @@ from pilot.daemon.backends.dnn import (
     ATTR_VARIANT_PACK_DATA_POINTERS,
     ATTR_VARIANT_PACK_UNIQUE_IDS,
     ATTR_VARIANT_PACK_WORKSPACE,
+    BN_FUNCTIONS,
     TYPE_INT64,
     TYPE_VOID_PTR,
     VARIANT_PACK,
@@ -54,6 +55,7 @@ from pilot.daemon.backends.libraries import (
     TYPE_SIZES,
     BlasSettings,
 )
+from pilot.daemon.ops.dnn import batchnorm_call
 from pilot.daemon.ops.libraries import LtRanges, gemm_call, library_handle, lt_call
 from pilot.daemon.ops.unified import coherence_stream
 from pilot.daemon.protocol import ffi, lib
@@ -199,6 +201,9 @@ class FastLaunches:
                                         r.math_mode, r.pointer_mode, r.atomics_mode,
                                         r.sm_count_target)
                 vg.backend.blas_gemm(h.obj, gemm_call(r), settings, st)
+            elif opcode == lib.PILOT_OP_DNN_BATCHNORM:
+                r = ffi.cast("pilot_req_dnn_bn *", req)
+                vg.backend.dnn_batchnorm(s.libraries[r.handle].obj, batchnorm_call(r), st)
             elif opcode == lib.PILOT_OP_DNN_EXECUTE:
                 r = ffi.cast("pilot_req_dnn_execute *", req)
                 pack = list(struct.iter_unpack("<qQ", ffi.buffer(payload, payload_len)))
@@ -255,6 +260,27 @@ class FastLaunches:
                                    [u for u, _ in kept] or ffi.NULL,
                                    [n for _, n in kept] or ffi.NULL, len(kept), int(not sized)) != 0:
             raise MemoryError("pilot_fast_dnn_plan")
+
+    def dnn_bn(self, s: Session, req: Any, call: Any) -> None:
+        """Python ran a batch normalization (ForwardTrainingEx or BackwardEx): C may run the
+        next ones of the same shape, checking the ranges the shape gives."""
+        if s.identity is None or s.id not in self._states or \
+                req.fn not in (lib.PILOT_BN_FORWARD_TRAINING_EX, lib.PILOT_BN_BACKWARD_EX):
+            return
+        spans = [call.x.span(), call.y.span() if call.y is not None else 0,
+                 call.dx.span() if call.dx is not None else 0, call.bn.span()]
+        if lib.pilot_fast_dnn_bn(self.ptr, s.identity, req, spans) != 0:
+            log.debug("session %d: batch normalization stays with Python", s.id)
+        self.stream_used(s, req.stream)
+
+    def stream_used(self, s: Session, token: int) -> None:
+        """Python put a library call on the program's stream `token`: C may put the next ones
+        there too (a stream that only library calls use is never taught by a launch)."""
+        if not token or s.identity is None or s.id not in self._states:
+            return
+        st = s.streams.get(token)
+        if st is not None:  # a blocking stream's calls stay with Python
+            lib.pilot_fast_stream(self.ptr, s.identity, token, self._raw(st.obj), int(st.blocking))
 
     def dnn_plan_gone(self, s: Session, token: int) -> None:
         if s.identity is not None and s.id in self._states:
@@ -442,6 +468,9 @@ class FastLaunches:
                 total += self._library_row(s, "blas_gemm", GEMM_FUNCTIONS[fn], count.gemms[fn])
         if count.dnn_executes:
             total += self._library_row(s, "dnn_execute", "cudnnBackendExecute", count.dnn_executes)
+        for k, fn in enumerate((lib.PILOT_BN_FORWARD_TRAINING_EX, lib.PILOT_BN_BACKWARD_EX)):
+            if count.dnn_bn[k]:
+                total += self._library_row(s, "dnn_batchnorm", BN_FUNCTIONS[fn], count.dnn_bn[k])
         if count.memsets:
             self._row("memset")[0] += count.memsets
             self._add(("fast_library_calls", (s.tenant,)), count.memsets)

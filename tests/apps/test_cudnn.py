@@ -90,7 +90,8 @@ def test_a_killed_client_loses_its_descriptors_and_handles(app_binaries, dnn_env
 
 
 def test_executions_run_in_c_with_the_same_results(start_pilotd, app_binaries, dnn_env) -> None:
-    """A plan's executions after its first run in C (shim/fast_library.c: the variant pack's
+    """A plan's executions after its first, and batch normalizations of a shape after its
+    first, run in C (shim/fast_library.c: the variant pack's
     tensors checked against the plan's, each range the session's); with `fast_launch = false`
     Python runs them all. Both print what the H100 prints, and each execution counts once."""
     argv = [str(app_binaries["cudnn_conv"])]
@@ -103,3 +104,6 @@ def test_executions_run_in_c_with_the_same_results(start_pilotd, app_binaries, d
     executions = 'pilot_library_calls_total{function="cudnnBackendExecute",tenant="user:'
     assert sum(v for k, v in fast.items() if k.startswith(executions)) == \
         sum(v for k, v in slow.items() if k.startswith(executions)) == 4
+    # the memset, the forward plan's second execution and the second round of batch
+    # normalization (on the program's own stream, which only library calls use)
+    assert total(fast, "pilot_fast_library_calls_total") == 4, fast

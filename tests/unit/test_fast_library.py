@@ -286,3 +286,62 @@ def test_a_plan_python_keeps_or_forgot_is_not_run_here(h: Harness) -> None:
     dnn_plan(h)
     assert lib.pilot_fast_dnn_plan(h.f, CONN, PLAN, 0, 0, ffi.NULL, ffi.NULL, 0, 0) == 0  # destroyed
     assert h.try_(h.msg(lib.PILOT_OP_DNN_EXECUTE, req, raw)) == FAST_LEARN
+
+
+def bn(fn: int = 1, **fields: int) -> Any:
+    """A batch normalization of a 2x4x8x8 float tensor, every range inside the allocation."""
+    req = ffi.new("pilot_req_dnn_bn *")
+    req.handle, req.fn, req.mode, req.bn_ops = HANDLE, fn, 1, 0
+    for t, dims in ((req.x, (2, 4, 8, 8)), (req.y, (2, 4, 8, 8)), (req.dx, (2, 4, 8, 8)),
+                    (req.bn, (1, 4, 1, 1))):
+        t.dtype, t.nbdims = 0, 4
+        t.dims = list(dims)
+        t.strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1]
+    req.x_ptr, req.y_ptr, req.dx_ptr = BASE, BASE + 4096, BASE + 8192
+    req.scale, req.bias, req.dscale, req.dbias = (BASE + 16384 + 64 * i for i in range(4))
+    for k, v in fields.items():
+        setattr(req, k, v)
+    return req
+
+
+BN_SPANS = [2048, 2048, 2048, 16]
+
+
+def test_a_batch_normalization_of_a_known_shape_runs_here(h: Harness) -> None:
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_BATCHNORM, bn())) == FAST_LEARN  # the handle
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, lib.PILOT_FAST_CUDNN)
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_BATCHNORM, bn())) == FAST_LEARN  # the shape
+    assert lib.pilot_fast_dnn_bn(h.f, CONN, bn(), BN_SPANS) == 0
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_BATCHNORM, bn(x_ptr=BASE + 100))) == FAST_DONE
+    assert lib.pilot_fast_dnn_bn(h.f, CONN, bn(4), BN_SPANS) == 0
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_BATCHNORM, bn(4))) == FAST_DONE
+    n = h.counts()
+    assert list(n.dnn_bn) == [1, 1]
+    # another shape (another batch size) is learnt first
+    other = bn()
+    other.x.dims[0] = 3
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_BATCHNORM, other)) == FAST_LEARN
+
+
+@pytest.mark.parametrize("fn, fields", [
+    (1, {"y_ptr": BASE + SIZE - 100}),              # y past the allocation
+    (1, {"bias": 0}),                               # a required parameter missing
+    (1, {"running_mean": BASE - 64}),               # an optional one, given, outside
+    (1, {"workspace": BASE + SIZE, "workspace_size": 64}),
+    (4, {"dx_ptr": BASE - 4096}),
+    (4, {"dbias": 0}),
+    (4, {"saved_mean": BASE + SIZE}),
+    (2, {}),                                        # the non-Ex functions stay with Python
+])
+def test_what_a_batch_normalization_sends_to_python(h: Harness, fn: int, fields: dict[str, int]) -> None:
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, lib.PILOT_FAST_CUDNN)
+    lib.pilot_fast_dnn_bn(h.f, CONN, bn(1), BN_SPANS)
+    lib.pilot_fast_dnn_bn(h.f, CONN, bn(4), BN_SPANS)
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_BATCHNORM, bn(fn, **fields))) == FAST_PYTHON
+    assert h.calls == []
+
+
+def test_a_size_query_is_never_answered_here(h: Harness) -> None:
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, lib.PILOT_FAST_CUDNN)
+    lib.pilot_fast_dnn_bn(h.f, CONN, bn(1), BN_SPANS)
+    assert h.try_(h.msg(lib.PILOT_OP_DNN_BATCHNORM, bn(1), posted=False)) == FAST_PYTHON
