@@ -154,7 +154,7 @@ class Daemon:
                           if config.enforce_capacity else None)
         self.broker = ResourceBroker(self.quotas, self.ledger, GpuBudget(capacities), self.metrics,
                                      config.pinned_limit, config.pinned_limit_per_tenant,
-                                     movable, managed_limits)
+                                     movable, managed_limits, config.pinned_tenant_fraction)
         if config.enforce_capacity or policy.moves_memory:
             self.broker.residency = Residency(backend, self.broker.budget, self.metrics, self.gpus,
                                               config.enforce_capacity)
@@ -457,7 +457,8 @@ class Daemon:
             return
         try:
             self._exporter = start_exporter(self.config.metrics_address,
-                                            PilotCollector(self.metrics, self.snapshot, self._nvml))
+                                            PilotCollector(self.metrics, self.snapshot, self._nvml,
+                                                           self.config.metrics_tenant_labels))
         except (OSError, ValueError) as exc:  # a port taken is a mistake to fix, not to hide
             raise DaemonError(f"metrics: cannot listen on {self.config.metrics_address} ({exc}); "
                               "choose another [metrics] address (--metrics-address), or \"\" to "
