@@ -719,7 +719,8 @@ class Daemon:
             rep.hdr.err = CUDA_ERROR_DEVICES_UNAVAILABLE
             return to_bytes(rep)
         session = Session(id=self._next_session, creds=creds, vgpu=vg.index, device=vg.gpu,
-                          tenant=tenant, cmdline=read_cmdline(creds.pid))
+                          tenant=tenant, cmdline=read_cmdline(creds.pid),
+                          admin=self.resolver.is_admin(creds.uid, creds.gid, self.config.admin_group))
         self.shares.place(session)
         self._next_session += 1
         group = SessionGroup(session, self.topology.position(vg.gpu), self.topology, selected)

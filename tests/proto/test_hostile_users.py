@@ -206,3 +206,41 @@ def test_pilotd_refuses_connections_instead_of_running_out_of_descriptors(tmp_pa
         c.close()
     finally:
         stop_daemon(d)
+
+
+_RAISE_LIMIT = """
+from pilot.daemon.protocol import lib
+from client import body
+c = ProtoClient(sys.argv[1])
+c.open()
+req = body("pilot_req_limit", limit=4, value=1 << 30)  # cudaLimitDevRuntimePendingLaunchCount
+print(int(c.call(lib.PILOT_OP_DEVICE_SET_LIMIT, req, rep_type="pilot_rep_u64").hdr.err), flush=True)
+sys.stdin.read()
+"""
+
+
+@needs_root
+def test_a_tenant_cannot_raise_a_limit_every_tenant_shares(limited) -> None:
+    """Issue 27 (8): the device runtime's pending launch count (and the other limits pilot does
+    not charge) is one value for every tenant of the context: a non-admin's raise is refused
+    and the others still read the default."""
+    from client import body
+
+    d = limited("")
+    root = ProtoClient(str(d.socket_path))
+    root.open()
+    get = body("pilot_req_limit", limit=4)
+    before = root.call(lib.PILOT_OP_DEVICE_GET_LIMIT, get, rep_type="pilot_rep_u64").value
+    p = _as_nobody("from pilot.daemon.protocol import lib\n" + _RAISE_LIMIT, str(d.socket_path))
+    try:
+        assert p.stdout is not None
+        assert int(p.stdout.readline()) == 800  # cudaErrorNotPermitted
+        assert root.call(lib.PILOT_OP_DEVICE_GET_LIMIT, get, rep_type="pilot_rep_u64").value == before
+        # an admin (root) may
+        rep = root.call(lib.PILOT_OP_DEVICE_SET_LIMIT, body("pilot_req_limit", limit=4, value=before * 2),
+                        rep_type="pilot_rep_u64")
+        assert rep.hdr.err == 0
+    finally:
+        p.kill()
+        p.wait()
+        root.close()
