@@ -204,7 +204,8 @@ class Daemon:
             vg.device_output = self.device_output
             vg.shares = self.shares
         self.topology = self._topology()
-        self.callbacks = CallbackHub(f"{socket_path}.callbacks", backend, config.callback_timeout)
+        self.callbacks = CallbackHub(f"{socket_path}.callbacks", backend, config.callback_timeout,
+                                     config.callback_hold_total)
         self._ends: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()  # from other threads
         self.callbacks.on_overdue = lambda sid, why: self._ends.put((sid, why))
         for vg in self.vgpus:
@@ -296,7 +297,8 @@ class Daemon:
         self._reload.set()
 
     # Settings SIGHUP applies to the running daemon; every other one applies at the next start.
-    LIVE_SETTINGS = ("log_level", "log_format", "policy_max_wait", "callback_timeout", "switch_interval")
+    LIVE_SETTINGS = ("log_level", "log_format", "policy_max_wait", "callback_timeout",
+                     "callback_hold_total", "switch_interval")
 
     def _reload_now(self) -> None:
         """SIGHUP: quotas.json again, and the config file (with the command line's overrides):
@@ -323,6 +325,8 @@ class Daemon:
             self.policy.max_wait = new.policy_max_wait
         if "callback_timeout" in live:
             self.callbacks.timeout = new.callback_timeout
+        if "callback_hold_total" in live:
+            self.callbacks.hold_total = new.callback_hold_total
         if "switch_interval" in live:
             sys.setswitchinterval(new.switch_interval)
         # the applied values become the daemon's; the others keep theirs until a restart
@@ -707,10 +711,11 @@ class Daemon:
                      "pilotd serves", creds.pid, extra={"tenant": tenant})
             rep.hdr.err = CUDA_ERROR_NO_DEVICE
             return to_bytes(rep)
+        share = self.config.vgpus_per_tenant or max(2, self.max_vgpus_per_gpu // 4)
         if selected is None:
-            vg = place_session(self.vgpus, self.draining, self._grow)
+            vg = place_session(self.vgpus, self.draining, self._grow, tenant, share)
         else:  # the program's device 0 is the GPU it selected first
-            vg = place_session(self.topology.vgpus[selected[0]], self.draining, self._grow)
+            vg = place_session(self.topology.vgpus[selected[0]], self.draining, self._grow, tenant, share)
         if vg is None:
             log.warning("router: session of pid %d refused: %s", creds.pid,
                         "every GPU is draining" if selected is None else
