@@ -244,3 +244,134 @@ def test_a_tenant_cannot_raise_a_limit_every_tenant_shares(limited) -> None:
         p.kill()
         p.wait()
         root.close()
+
+
+# The attacker of the soak: until stdin closes, rounds of 100 idle connections to the main and
+# callback sockets, 1 GiB frame headers and random frames on every socket.
+_ATTACK = """
+import random
+paths = sys.argv[1:]
+rng = random.Random(27)
+rounds = 0
+sys.stdin = os.fdopen(0, "rb", 0)
+os.set_blocking(0, False)
+while True:
+    try:
+        if sys.stdin.read(1) == b"":
+            break
+    except (BlockingIOError, TypeError):
+        pass
+    held = []
+    for path in paths:
+        for _ in range(50):
+            try:
+                held.append(rawzmtp.connect(path, timeout=1))
+            except OSError:
+                pass
+        try:
+            s = rawzmtp.connect(path, timeout=1)
+            if rng.random() < 0.5:
+                s.sendall(bytes([0x02]) + (1 << 30).to_bytes(8, "big") + b"\\0" * 65536)
+            else:
+                s.sendall(bytes(rng.getrandbits(8) for _ in range(rng.choice((3, 40, 300, 5000)))))
+            held.append(s)
+        except OSError:
+            pass
+    for s in held:
+        s.close()
+    rounds += 1
+print(rounds, flush=True)
+"""
+
+# A busy tenant: copies and checks bytes in a loop until stdin closes; prints calls and errors.
+_TENANT = """
+import sys, select
+from client import ProtoClient, body
+from pilot.daemon.protocol import lib
+c = ProtoClient(sys.argv[1])
+c.open()
+ptr = c.malloc(4096)
+calls = errors = 0
+while not select.select([sys.stdin], [], [], 0)[0]:
+    data = bytes([calls % 251]) * 4096
+    h2d = body("pilot_req_memcpy", dst=ptr, count=4096, sync=1)
+    errors += c.call(lib.PILOT_OP_MEMCPY_H2D, h2d, data).err != 0
+    d2h = body("pilot_req_memcpy", src=ptr, count=4096, sync=1)
+    errors += c.call(lib.PILOT_OP_MEMCPY_D2H, d2h).err != 0 or c.last_payload != data
+    calls += 2
+print(calls, errors, flush=True)
+"""
+
+
+def _round_trips(c: ProtoClient, seconds: float) -> list[float]:
+    out = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        started = time.perf_counter()
+        assert c.call(lib.PILOT_OP_MEM_GET_INFO, b"", rep_type="pilot_rep_u64").hdr.err == 0
+        out.append(time.perf_counter() - started)
+    return sorted(out)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+@needs_root
+@pytest.mark.skipif(not os.environ.get("PILOT_SOAK_SECONDS"),
+                    reason="a soak: PILOT_SOAK_SECONDS=15 runs it (pilotd aborted in libzmq on EMFILE in "
+                           "about 1 run of 5 here; see docs/SECURITY.md)")
+def test_soak_flood_fuzz_and_busy_tenants_at_once(limited) -> None:
+    """Bounded soak (PILOT_SOAK_SECONDS seconds): `nobody` floods the main and
+    callback sockets with idle connections, 1 GiB frame headers and random frames while four
+    tenants copy and check data; pilotd stays up, no call is lost or wrong, its RSS stays
+    bounded, and a well-behaved tenant's round trips keep working (their p99 is reported)."""
+    seconds = float(os.environ.get("PILOT_SOAK_SECONDS", "15"))
+    d = limited("[limits]\nconnections_per_uid = 64\n")
+    sock = str(d.socket_path)
+    probe = ProtoClient(sock)
+    probe.open()
+    quiet = _round_trips(probe, 2)
+    rss_before = _rss_kib(d.proc.pid)
+    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    tenants = [subprocess.Popen([sys.executable, "-c", _TENANT, sock], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for _ in range(4)]
+    attack = _as_nobody(_ATTACK, sock, sock + ".callbacks", str(d.socket_path.parent / "control.sock"),
+                        sock + ".vgpu0")
+    try:
+        time.sleep(1)
+        try:
+            loaded = _round_trips(probe, seconds)
+        except TimeoutError:
+            pytest.fail(f"the probe went unanswered; pilotd alive: {d.alive()}; its log:\n{d.log()[-3000:]}")
+        rss_peak = _rss_kib(d.proc.pid)
+        results = []
+        for p in (*tenants, attack):
+            assert p.stdin is not None and p.stdout is not None
+            p.stdin.close()
+        for p in tenants:
+            out = p.stdout.read()  # type: ignore[union-attr]
+            assert out.split(), p.stderr.read()[-3000:]  # type: ignore[union-attr]
+            results.append(tuple(map(int, out.split())))
+        rounds = int(attack.stdout.readline())  # type: ignore[union-attr]
+        assert d.alive()
+        assert all(calls > 0 and errors == 0 for calls, errors in results), results
+        assert rounds > 0
+        p99 = (quiet[int(len(quiet) * 0.99)], loaded[int(len(loaded) * 0.99)])
+        print(f"\nsoak {seconds:g} s: attacker rounds {rounds}, tenants' calls "
+              f"{sum(c for c, _ in results)}, probe p99 {p99[0] * 1e3:.2f} ms quiet, "
+              f"{p99[1] * 1e3:.2f} ms loaded ({p99[1] / p99[0]:.1f}x), pilotd RSS "
+              f"{rss_before // 1024} -> {rss_peak // 1024} MiB")
+        assert p99[1] < 1.0  # still served (2 shared cores here: the 2x target is for a real host)
+        assert rss_peak - rss_before < 512 * 1024
+        assert probe.malloc(4096) != 0
+        probe.close()
+    finally:
+        for p in (*tenants, attack):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
