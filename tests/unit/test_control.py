@@ -158,3 +158,4 @@ def test_quota_limits_are_bounded_by_what_a_gpu_can_grant() -> None:
     assert call(d, ADMIN, "quota.set", tenant="user:bob", gpu=0, hard="80GiB")["ok"]
     d.broker.managed = SimpleNamespace(capacity=lambda g: 200 << 30)  # enforced: managed limit
     assert call(d, ADMIN, "quota.set", tenant="user:bob", hard="150GiB")["ok"]
+
