@@ -68,11 +68,34 @@ class Peer:
     start_time: int | None  # of that pid's process then (/proc/<pid>/stat), None: unreadable
 
 
-def peer_of(fd: int) -> Peer | None:
-    """SO_PEERCRED of a connected UNIX socket (and its process's start time), None if gone."""
+def _socket_on(fd: int, path: str) -> socket.socket | None:
+    """A socket object on a duplicate of `fd` if it is still a connection accepted on `path`,
+    else None: by the time the event is read libzmq may have closed the connection and the
+    number be another descriptor (an eventfd, another tenant's connection), which must be
+    neither leaked nor shut."""
     try:
-        sock = socket.socket(fileno=os.dup(fd))
+        dup = os.dup(fd)
     except OSError:
+        return None
+    try:
+        sock = socket.socket(fileno=dup)
+    except OSError:
+        os.close(dup)
+        return None
+    try:
+        if sock.family == socket.AF_UNIX and sock.getsockname() == path:
+            return sock
+    except OSError:
+        pass
+    sock.close()
+    return None
+
+
+def peer_of(fd: int, path: str) -> Peer | None:
+    """SO_PEERCRED of a connection accepted on `path` (and its process's start time), None if
+    gone."""
+    sock = _socket_on(fd, path)
+    if sock is None:
         return None
     try:
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -84,15 +107,15 @@ def peer_of(fd: int) -> Peer | None:
     return Peer(uid, gid, pid, process_start_time(pid))
 
 
-def shut(fd: int) -> None:
-    """End a connection libzmq owns without closing its descriptor under it: libzmq sees the
-    peer gone and closes it itself."""
+def shut(fd: int, path: str) -> None:
+    """End a connection libzmq accepted on `path` without closing its descriptor under it:
+    libzmq sees the peer gone and closes it itself."""
+    sock = _socket_on(fd, path)
+    if sock is None:
+        return
     with contextlib.suppress(OSError):
-        sock = socket.socket(fileno=os.dup(fd))
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        finally:
-            sock.close()
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
 
 
 class Admission:
@@ -101,7 +124,9 @@ class Admission:
     def __init__(self, total: int, per_uid: int) -> None:
         self.total, self.per_uid = total, per_uid
         self.monitors: list[zmq.Socket] = []
-        self._peers: dict[int, Peer] = {}  # descriptor -> peer, connections admitted
+        # (socket path, descriptor) -> peer, connections admitted; by path too, as the sockets'
+        # monitors are read one after the other and a number closed on one may be reused on another
+        self._peers: dict[tuple[str, int], Peer] = {}
         self._by_uid: dict[int, int] = {}
         self._logged: dict[int, float] = {}
         self.refused = 0
@@ -131,21 +156,21 @@ class Admission:
                 except zmq.Again:
                     break
                 fd = int(event["value"])
+                path = event["endpoint"].decode(errors="replace").removeprefix("ipc://")
                 if event["event"] == zmq.EVENT_ACCEPTED:
-                    self._accepted(fd)
+                    self._accepted(fd, path)
                 else:
-                    self._gone(fd)
+                    self._gone(fd, path)
 
-    def _accepted(self, fd: int) -> None:
-        self._gone(fd)  # a descriptor number seen before is a new connection now
-        peer = peer_of(fd)
-        if peer is None:
-            shut(fd)
+    def _accepted(self, fd: int, path: str) -> None:
+        self._gone(fd, path)  # a descriptor number seen before is a new connection now
+        peer = peer_of(fd, path)
+        if peer is None:  # gone already
             return
         held = self._by_uid.get(peer.uid, 0)
         if held >= self.per_uid or len(self._peers) >= self.total:
             self.refused += 1
-            shut(fd)
+            shut(fd, path)
             now = time.monotonic()
             if now - self._logged.get(peer.uid, 0.0) >= LOG_EVERY:
                 self._logged[peer.uid] = now
@@ -154,11 +179,11 @@ class Admission:
                             peer.uid, "too many of this user's" if held >= self.per_uid else
                             "too many connections", held, len(self._peers), self.per_uid, self.total)
             return
-        self._peers[fd] = peer
+        self._peers[path, fd] = peer
         self._by_uid[peer.uid] = held + 1
 
-    def _gone(self, fd: int) -> None:
-        peer = self._peers.pop(fd, None)
+    def _gone(self, fd: int, path: str) -> None:
+        peer = self._peers.pop((path, fd), None)
         if peer is not None:
             left = self._by_uid[peer.uid] - 1
             if left:
@@ -166,16 +191,17 @@ class Admission:
             else:
                 del self._by_uid[peer.uid]
 
-    def peer(self, frame: zmq.Frame) -> Peer | None:
-        """The kernel's record of the connection `frame` came on (None: not admitted, or gone)."""
+    def peer(self, frame: zmq.Frame, path: str) -> Peer | None:
+        """The kernel's record of the connection `frame` came on, to the socket at `path` (None:
+        not admitted, or gone)."""
         try:
             fd = frame.get(zmq.SRCFD)
         except zmq.ZMQError:
             return None
-        peer = self._peers.get(fd)
+        peer = self._peers.get((path, fd))
         if peer is None:  # accepted while the router read this batch: its event is queued
             self.drain()
-            peer = self._peers.get(fd)
+            peer = self._peers.get((path, fd))
         return peer
 
     def close(self) -> None:

@@ -645,7 +645,7 @@ class Daemon:
             pidfd: int | None = os.pidfd_open(creds.pid)
         except (AttributeError, OSError):
             pidfd = None
-        peer = self.admission.peer(frames[1])
+        peer = self.admission.peer(frames[1], self.socket_path)
         actual = process_start_time(creds.pid)  # after pidfd_open: of the process it pins
         if (peer is None or (peer.uid, peer.pid) != (creds.uid, creds.pid)
                 or peer.start_time is None or actual != peer.start_time):

@@ -321,15 +321,12 @@ def _rss_kib(pid: int) -> int:
 
 
 @needs_root
-@pytest.mark.skipif(not os.environ.get("PILOT_SOAK_SECONDS"),
-                    reason="a soak: PILOT_SOAK_SECONDS=15 runs it (pilotd aborted in libzmq on EMFILE in "
-                           "about 1 run of 5 here; see docs/SECURITY.md)")
 def test_soak_flood_fuzz_and_busy_tenants_at_once(limited) -> None:
-    """Bounded soak (PILOT_SOAK_SECONDS seconds): `nobody` floods the main and
+    """Bounded soak (PILOT_SOAK_SECONDS, 10 s by default): `nobody` floods the main and
     callback sockets with idle connections, 1 GiB frame headers and random frames while four
     tenants copy and check data; pilotd stays up, no call is lost or wrong, its RSS stays
     bounded, and a well-behaved tenant's round trips keep working (their p99 is reported)."""
-    seconds = float(os.environ.get("PILOT_SOAK_SECONDS", "15"))
+    seconds = float(os.environ.get("PILOT_SOAK_SECONDS", "10"))
     d = limited("[limits]\nconnections_per_uid = 64\n")
     sock = str(d.socket_path)
     probe = ProtoClient(sock)
@@ -355,7 +352,8 @@ def test_soak_flood_fuzz_and_busy_tenants_at_once(limited) -> None:
             p.stdin.close()
         for p in tenants:
             out = p.stdout.read()  # type: ignore[union-attr]
-            assert out.split(), p.stderr.read()[-3000:]  # type: ignore[union-attr]
+            refusals = [line for line in d.log().splitlines() if "HELLO" in line or "ATTACH" in line]
+            assert out.split(), (p.stderr.read()[-1000:], refusals[-5:])  # type: ignore[union-attr]
             results.append(tuple(map(int, out.split())))
         rounds = int(attack.stdout.readline())  # type: ignore[union-attr]
         assert d.alive()
