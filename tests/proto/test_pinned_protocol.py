@@ -212,7 +212,7 @@ def test_one_tenant_cannot_take_every_tenants_pinned_memory(daemon_with, tmp_pat
     """Issue 27 (7): by default a tenant may pin a fraction of the daemon-wide limit (a quarter),
     not all of it, so that the others' cudaMallocHost still succeeds."""
     config = tmp_path / "pilotd.toml"
-    config.write_text(f"[pinned]\nlimit = {8 * PAGE}\n")
+    config.write_text(f"[pinned]\nlimit = \"{8 * PAGE}B\"\n")
     d = daemon_with("--config", str(config))
     c = _client(d)
     fd = _memfd(4 * PAGE)
