@@ -14,6 +14,8 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     gpus = "all"                   # or a list of GPU indexes: [0, 1]
     spin_us = 50                   # 0..10000
     callback_timeout = "60s"       # a host callback unanswered this long ends its session; 0: never
+    callback_hold_total = "10m"    # a session's callbacks may hold its stream this long in all; 0: no limit
+    vgpus_per_tenant = 0           # vGPU threads of a GPU one tenant's sessions may hold; 0: a fair share
     switch_interval = "500us"      # Python thread switch interval (a busy vGPU thread vs the rest)
     fault_recovery = "restart"     # after a context-fatal GPU fault: "restart" in place | "exit"
     fault_poll_interval = "20ms"   # how often each GPU's context is checked for a fault; 0: never
@@ -39,7 +41,13 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     [policy.<name>]                # that policy's knobs (validated by the policy)
     [pinned]
     limit = "64GiB"                # pinned host memory over every tenant (default: half the RAM)
-    limit_per_tenant = "8GiB"      # per tenant (default: no limit of its own)
+    limit_per_tenant = "8GiB"      # per tenant (default: tenant_fraction of the limit)
+    tenant_fraction = 0.25         # a tenant's default pinned limit, as a fraction of `limit`
+    [limits]
+    sessions_per_uid = 128         # live sessions one user may hold
+    connections = 16384            # connections to pilotd's sockets at once (all users)
+    connections_per_uid = 320      # connections one user may hold on each socket
+    max_frame = "64KiB"            # largest frame before a session is attached (main, control, ...)
     [slurm]
     job_tenants = false            # a process in a Slurm job is tenant slurm:job_<id> (deploy/slurm)
     [isolation]
@@ -53,6 +61,7 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     [metrics]
     address = "127.0.0.1:19400"    # Prometheus endpoint: host:port, [v6]:port, :port; "" = off
     kernel_time = false            # charge tenants their kernels' GPU time (events per launch)
+    tenant_labels = false          # label series with tenant names (every local user can read them)
     [tenants.<name>]               # name: [a-z0-9][a-z0-9_.-]*
     users = ["alice"]
     groups = ["ml"]
@@ -267,6 +276,8 @@ class Config:
     managed_limit: int | None = None
     managed_device_memory: bool = False
     callback_timeout: float = 60.0
+    callback_hold_total: float = 600.0
+    vgpus_per_tenant: int = 0
     # Python's 5 ms let a thread holding the policy lock keep other vGPU threads waiting for it
     # (bench/RESULTS.md: 2.26x -> 1.08x for a program beside pageDoS under AMFit at 100%)
     switch_interval: float = 0.0005
@@ -282,6 +293,11 @@ class Config:
     policy_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     pinned_limit: int | None = None
     pinned_limit_per_tenant: int | None = None
+    pinned_tenant_fraction: float = 0.25
+    sessions_per_uid: int = 128
+    connections: int = 16384
+    connections_per_uid: int = 320
+    max_frame: int = 64 << 10
     nvml_poll_interval: float = 1.0
     slurm_job_tenants: bool = False
     # Isolation (router/isolation.py): tenants served by a pilotd process of their own.
@@ -291,6 +307,7 @@ class Config:
     isolation_idle_exit: float = 300.0
     isolated_tenant: str | None = None  # set in the process that serves one isolated tenant
     metrics_kernel_time: bool = False
+    metrics_tenant_labels: bool = False
     # Outside 9100-9999, where Prometheus exporters' default ports are (9400: dcgm-exporter).
     metrics_address: str = "127.0.0.1:19400"
     state_dir: str = field(default_factory=default_state_dir)
@@ -496,6 +513,20 @@ def _policy_settings(value: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{value!r}: give a fraction above 0 and at most 1")
+    return float(value)
+
+
+def _frame_size(value: Any) -> int:
+    """Before a session is attached a request is small (HELLO, ATTACH, a pilotctl command)."""
+    size = parse_bytes(value) if isinstance(value, str) else value
+    if isinstance(size, bool) or not isinstance(size, int) or not 1024 <= size <= 16 << 20:
+        raise ValueError(f"{value!r}: must be between 1KiB and 16MiB")
+    return size
+
+
 def _metrics_address(value: Any) -> str:
     if value == "":
         return ""
@@ -605,6 +636,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "managed_limit": _capacity,
     "managed_device_memory": _flag,
     "callback_timeout": parse_duration,
+    "callback_hold_total": parse_duration,
+    "vgpus_per_tenant": _int_range(0, 256),
     "switch_interval": _switch_interval,
     "fault_recovery": _choice(FAULT_RECOVERY),
     "fault_poll_interval": _fault_poll_interval,
@@ -616,6 +649,11 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "policy_settings": _policy_settings,
     "pinned_limit": _pinned_limit,
     "pinned_limit_per_tenant": _pinned_limit,
+    "pinned_tenant_fraction": _fraction,
+    "sessions_per_uid": _int_range(1, 65536),
+    "connections": _int_range(16, 1 << 20),
+    "connections_per_uid": _int_range(4, 1 << 20),
+    "max_frame": _frame_size,
     "nvml_poll_interval": _poll_interval,
     "slurm_job_tenants": _flag,
     "isolation_tenants": _isolation_tenants,
@@ -624,6 +662,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "isolation_idle_exit": parse_duration,
     "isolated_tenant": _optional_string,
     "metrics_kernel_time": _flag,
+    "metrics_tenant_labels": _flag,
     "metrics_address": _metrics_address,
     "state_dir": _string,
     "admin_group": _string,
@@ -638,7 +677,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
 # TOML section -> {key: Config field}; [tenants] is handled apart (its keys are names).
 SECTIONS: dict[str, dict[str, str]] = {
     "daemon": {k: k for k in ("backend", "socket", "control_socket", "vgpus_per_gpu",
-                              "max_vgpus_per_gpu", "gpus", "callback_timeout", "switch_interval",
+                              "max_vgpus_per_gpu", "gpus", "callback_timeout", "callback_hold_total",
+                              "vgpus_per_tenant", "switch_interval",
                               "fault_recovery", "fault_poll_interval", "fast_launch", "device_output",
                               "spin_us",
                               "state_dir",
@@ -647,12 +687,15 @@ SECTIONS: dict[str, dict[str, str]] = {
     "gpu": {k: k for k in ("capacity", "capacity_per_gpu", "enforce_capacity", "managed_limit",
                            "managed_device_memory")},
     "policy": {"name": "policy", "max_wait": "policy_max_wait", "plugins": "policy_plugins"},
-    "pinned": {"limit": "pinned_limit", "limit_per_tenant": "pinned_limit_per_tenant"},
+    "pinned": {"limit": "pinned_limit", "limit_per_tenant": "pinned_limit_per_tenant",
+               "tenant_fraction": "pinned_tenant_fraction"},
+    "limits": {k: k for k in ("sessions_per_uid", "connections", "connections_per_uid", "max_frame")},
     "nvml": {"poll_interval": "nvml_poll_interval"},
     "slurm": {"job_tenants": "slurm_job_tenants"},
     "isolation": {"tenants": "isolation_tenants", "after_fault": "isolation_after_fault",
                   "capacity": "isolation_capacity", "idle_exit": "isolation_idle_exit"},
-    "metrics": {"address": "metrics_address", "kernel_time": "metrics_kernel_time"},
+    "metrics": {"address": "metrics_address", "kernel_time": "metrics_kernel_time",
+                "tenant_labels": "metrics_tenant_labels"},
 }
 _PATH_FIELDS = ("socket", "control_socket", "state_dir")
 

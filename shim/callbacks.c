@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "socket_path.h"
 #include "shim.h"
 #include "zmtp.h"
 
@@ -135,6 +136,11 @@ static cudaError_t open_channel_locked(void)
     if (g_channel == CHANNEL_DEAD)
         return cudaErrorDevicesUnavailable;
     const char *path = pilot_callbacks_endpoint();
+    char why[400];
+    if (path && *path && pilot_socket_trusted(path, why, sizeof why) != 0) {
+        LOG_ERROR("pilot: refusing to connect to %s: %s", path, why);
+        return cudaErrorNotSupported;
+    }
     if (!path || !*path || zmtp_connect(&g_conn, path) != 0) {
         LOG_ERROR("pilot: cannot connect to pilotd's callback socket %s", path ? path : "");
         return cudaErrorNotSupported;

@@ -12,4 +12,10 @@
  * when that socket exists, else the system daemon's. Returns 0, or -1 if buf is too small. */
 int pilot_socket_path(int for_daemon, char *buf, size_t len);
 
+/* Whether a socket at `path` ("ipc://" allowed) may be pilotd's: the socket and its directory
+ * are owned by root or by this process's user, and the directory is writable by no one else
+ * (another user could otherwise have created it first, or replace the socket, and receive this
+ * user's CUDA calls). 0 if so; else -1 with the problem in why. */
+int pilot_socket_trusted(const char *path, char *why, size_t why_len);
+
 #endif

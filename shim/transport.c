@@ -223,6 +223,16 @@ static int main_socket_path(char *path, size_t len)
     return 0;
 }
 
+/* The trust check of socket_path.c, logged; 0 if `path` may be pilotd's. */
+static int check_trusted(const char *path)
+{
+    char why[400];
+    if (pilot_socket_trusted(path, why, sizeof why) == 0)
+        return 0;
+    LOG_ERROR("pilot: refusing to connect to %s: %s. CUDA calls fail.", path, why);
+    return -1;
+}
+
 static int daemon_alive(void)
 {
     char path[512];
@@ -232,7 +242,7 @@ static int daemon_alive(void)
     int n;
     if (main_socket_path(path, sizeof path) != 0)
         return 1; /* cannot tell: keep waiting */
-    int ok = zmtp_connect_timeout(&c, path, setup_timeout_ms()) == 0;
+    int ok = check_trusted(path) == 0 && zmtp_connect_timeout(&c, path, setup_timeout_ms()) == 0;
     if (ok)
         ok = exchange_on(&c, &seq, 0, g_session, PILOT_OP_PING, NULL, 0, NULL, 0, rep, &n) ==
                  cudaSuccess && n >= 2;
@@ -248,6 +258,8 @@ static int attach(struct part *p, const pilot_rep_hello *hrep)
 {
     struct zmtp_frame rep[ZMTP_MAX_FRAMES];
     int n;
+    if (check_trusted(hrep->endpoint) != 0)
+        return -1;
     int rc = zmtp_connect_timeout(&p->conn, hrep->endpoint, setup_timeout_ms());
     p->conn.spin_us = spin_us();
     if (rc) {
@@ -288,6 +300,8 @@ static int main_socket_call(uint16_t op, uint64_t session, const void *req, size
         LOG_ERROR("pilot: socket path too long");
         return -1;
     }
+    if (check_trusted(path) != 0)
+        return -1;
     rc = zmtp_connect_timeout(&main_conn, path, setup_timeout_ms());
     if (closed_by_peer(rc))
         return SETUP_RETRY; /* accepted, then closed: pilotd restarted meanwhile */

@@ -60,6 +60,26 @@ struct pilot_srv {
 
 static char LISTEN_TAG, CONTROL_TAG;
 
+/* pilot_srv_set_limits: over every server of the process, and per uid on one server */
+static _Atomic int g_conns_total, g_conns_max = MAX_CONNECTIONS, g_conns_per_uid = MAX_CONNECTIONS;
+
+void pilot_srv_set_limits(int total, int per_uid)
+{
+    g_conns_max = total > 0 ? total : MAX_CONNECTIONS;
+    g_conns_per_uid = per_uid > 0 ? per_uid : MAX_CONNECTIONS;
+}
+
+/* Whether a connection of `uid` may be kept: the server's and the process's limits. */
+static int admit(const pilot_srv *s, uint32_t uid)
+{
+    if (s->nconns >= MAX_CONNECTIONS || g_conns_total >= g_conns_max)
+        return 0;
+    int held = 0;
+    for (const struct conn *c = s->conns; c; c = c->next)
+        held += !c->dead && c->uid == uid;
+    return held < g_conns_per_uid;
+}
+
 static uint64_t now_us(void)
 {
     struct timespec ts;
@@ -188,8 +208,7 @@ static void accept_all(pilot_srv *s)
         struct ucred cred;
         socklen_t len = sizeof cred;
         struct conn *c = NULL;
-        if (s->nconns >= MAX_CONNECTIONS ||
-            getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || !admit(s, cred.uid) ||
             !(c = calloc(1, sizeof *c))) {
             close(fd);
             continue;
@@ -212,6 +231,7 @@ static void accept_all(pilot_srv *s)
         c->next = s->conns;
         s->conns = c;
         s->nconns++;
+        g_conns_total++;
     }
 }
 
@@ -422,6 +442,7 @@ static void reap_and_compact(pilot_srv *s)
             free(c->out);
             free(c);
             s->nconns--;
+            g_conns_total--;
             continue;
         }
         if (c->pos) {

@@ -59,6 +59,11 @@ int pilot_srv_disconnect(pilot_srv *s, uint32_t conn);
 
 /* Number of open connections (for reports and tests). */
 int pilot_srv_connections(pilot_srv *s);
+
+/* Connections every endpoint server of the process may hold together, and one uid on one
+ * endpoint (issue 27: a user's idle connections must not fill a socket others need, nor
+ * pilotd's descriptors); more are closed as they are accepted. Any thread, before or after open. */
+void pilot_srv_set_limits(int total, int per_uid);
 /* PILOT_SRV_CDEF_END */
 
 /* Launches that need nothing of Python run in C as wait() receives them (fast_launch.h); NULL

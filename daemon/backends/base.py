@@ -351,6 +351,9 @@ class Backend(Protocol):
     # execution
     def module_load(self, image: bytes) -> Any: ...
     def module_unload(self, module: Any) -> None: ...
+    def module_loaded_bytes(self, module: Any, image: bytes) -> int:
+        """Device memory the loaded module's variables take, as the driver tells after the
+        load (not what pilot's reader of `image` expects): what a module load is charged."""
     def function_get(self, module: Any, name: str) -> FunctionInfo: ...
     def module_get_global(self, module: Any, name: str) -> tuple[int, int]:
         """(device address, size) of the module's `__device__`/`__constant__` variable `name`

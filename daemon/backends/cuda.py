@@ -55,6 +55,7 @@ from pilot.daemon.backends.base import (
 )
 from pilot.daemon.backends.cublas import CudaLibraries
 from pilot.daemon.backends.cudnn import CudaDnn
+from pilot.daemon.backends.fatbin import variable_names
 from pilot.daemon.backends.libraries import BlasSettings, GemmCall, LtCall
 from pilot.daemon.protocol import ffi as _pffi
 from pilot.daemon.protocol import lib as _plib
@@ -324,6 +325,8 @@ class CudaBackend:
         self._gate_lock = threading.Lock()
         self._probes: dict[int, Any] = {}  # device index -> the fault watch's idle stream
         self._probe_lock = threading.Lock()
+        self._load_taken: dict[int, int] = {}  # CUmodule -> device memory its load took
+        self._load_lock = threading.Lock()
         self._libraries = CudaLibraries()  # cuBLAS, cuBLASLt (backends/cublas.py)
         self._dnn = CudaDnn()  # cuDNN (backends/cudnn.py)
 
@@ -674,9 +677,54 @@ class CudaBackend:
         head = bytes(image[:4])
         if head not in (_FATBIN_MAGIC, _ELF_MAGIC) and (len(image) == 0 or image[-1] != 0):
             image = bytes(image) + b"\0"
-        return check(self._cu.cuModuleLoadData(image), "cuModuleLoadData")
+        cu = self._cu
+        free_before = int(check(cu.cuMemGetInfo(), "cuMemGetInfo")[0])
+        module = check(cu.cuModuleLoadData(image), "cuModuleLoadData")
+        self._load_functions(module)
+        taken = free_before - int(check(cu.cuMemGetInfo(), "cuMemGetInfo")[0])
+        with self._load_lock:
+            self._load_taken[int(module)] = max(0, taken)
+        return module
+
+    def _load_functions(self, module: Any) -> None:
+        """Under lazy loading (CUDA_MODULE_LOADING=LAZY, the default) the driver loads a
+        function, and what it uses, at its first launch: load them now (CUDA 12.4+), so the
+        memory the module takes is taken, and measured, at the load. Best effort."""
+        cu = self._cu
+        try:
+            count = check(cu.cuModuleGetFunctionCount(module), "cuModuleGetFunctionCount")
+            for func in check(cu.cuModuleEnumerateFunctions(count, module), "cuModuleEnumerateFunctions"):
+                check(cu.cuFuncLoad(func), "cuFuncLoad")
+        except (AttributeError, TypeError, BackendError):  # before CUDA 12.4, or refused
+            pass
+
+    # A load that took less than this was the driver's code pages and pools, shared by modules
+    # and other allocations of the same moment; more is the module's variables (issue 27).
+    LOAD_SLACK = 4 << 20
+
+    def module_loaded_bytes(self, module: Any, image: bytes) -> int:
+        """The driver's sizes of the variables the image names (every readable entry's, PTX
+        declarations too: cuModuleGetGlobal), or the device memory the load took, whichever is
+        larger: an image pilot cannot read (compressed) is charged what the load took."""
+        with self._load_lock:
+            taken = self._load_taken.pop(int(module), 0)
+        seen: dict[int, int] = {}
+        try:
+            names = variable_names(image)
+        except ValueError:  # the driver loaded what pilot's reader cannot read
+            names = set()
+        for name in names:
+            try:
+                address, size = self.module_get_global(module, name)
+            except BackendError:
+                continue
+            seen[address] = size
+        named = sum(seen.values())
+        return max(named, taken if taken >= self.LOAD_SLACK else 0)
 
     def module_unload(self, module: Any) -> None:
+        with self._load_lock:
+            self._load_taken.pop(int(module), None)
         check(self._cu.cuModuleUnload(module), "cuModuleUnload")
 
     def function_get(self, module: Any, name: str) -> FunctionInfo:

@@ -451,3 +451,83 @@ def globals_in_image(image: bytes | memoryview) -> ModuleGlobals:
         if entry.is_elf and not entry.compressed:
             return elf_globals(entry.payload)
     return ModuleGlobals(0, {}, [])
+
+
+# A PTX variable of global or constant space defined at module scope (not .extern):
+# [.visible|.weak] .global|.const [.align N] .type name[dim]...
+_PTX_VAR = re.compile(r"^[ \t]*(?:\.(?:visible|weak)\s+)*\.(?:global|const)\s+(?:\.align\s+(\d+)\s+)?"
+                      r"(?:\.v(\d)\s+)?\.[usbf](8|16|32|64)\s+([A-Za-z_$%][\w$]*)((?:\s*\[\d*\])*)",
+                      re.M)
+
+
+def ptx_globals(text: str) -> ModuleGlobals:
+    """The variables PTX source defines (what the driver allocates when it JIT-compiles it),
+    laid out one after another, zero-filled (initializers are not read)."""
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", " ", text, flags=re.S)
+    variables: dict[str, tuple[int, int]] = {}
+    offset = 0
+    for match in _PTX_VAR.finditer(text):
+        align_text, vector, bits, name, dims = match.groups()
+        size = int(bits) // 8 * (int(vector) if vector else 1)
+        for dim in re.findall(r"\[(\d*)\]", dims):
+            size *= int(dim) if dim else 1
+        align = max(int(align_text) if align_text else 1, 1)
+        offset = -(-offset // align) * align
+        variables[name] = (offset, size)
+        offset += size
+    return ModuleGlobals(offset, variables, [])
+
+
+def driver_entry(image: bytes | memoryview, sm: int) -> FatbinEntry | None:
+    """The entry of a fatbin the driver loads on an sm_`sm` GPU: the ELF of the same major with
+    the highest minor not above the GPU's, else the newest PTX not above it (JIT-compiled);
+    None when neither exists (the driver then refuses the image)."""
+    entries = parse_entries(image)
+    elves = [e for e in entries if e.is_elf and e.arch // 10 == sm // 10 and e.arch <= sm]
+    if elves:
+        return max(elves, key=lambda e: e.arch)
+    ptx = [e for e in entries if e.is_ptx and e.arch <= sm]
+    return max(ptx, key=lambda e: e.arch) if ptx else None
+
+
+def loaded_globals(image: bytes | memoryview, sm: int) -> ModuleGlobals:
+    """The variables the driver allocates for `image` on an sm_`sm` GPU: those of the entry it
+    chooses (driver_entry), of a cubin, or of PTX text, not merely the first entry's (a small
+    sm_80 entry before a large sm_90 one, or PTX, charged nothing: issue 27). When that entry
+    is compressed (pilot does not decompress), any readable ELF's; ValueError for what is no
+    image."""
+    if is_elf(image):
+        return elf_globals(image)
+    if not is_fatbin(image):
+        text = ptx_text(image)
+        if text is None:
+            raise ValueError("neither a fatbin, a cubin nor PTX")
+        return ptx_globals(text)
+    entry = driver_entry(image, sm)
+    if entry is None or entry.compressed:
+        # nothing for this GPU (nvcc's fatbins for another arch) or compressed (nvcc compresses
+        # PTX): every entry comes from the same sources, so any readable ELF's variables
+        return globals_in_image(image)
+    if entry.is_elf:
+        return elf_globals(entry.payload)
+    text = ptx_text(entry.payload)
+    return ptx_globals(text) if text is not None else ModuleGlobals(0, {}, [])
+
+
+def variable_names(image: bytes | memoryview) -> set[str]:
+    """Names of the variables any readable entry of `image` defines (ELF symbols, PTX
+    declarations), for asking the driver their sizes once it has loaded the image."""
+    if is_elf(image):
+        return set(elf_globals(image).variables)
+    if not is_fatbin(image):
+        text = ptx_text(image)
+        return set(ptx_globals(text).variables) if text is not None else set()
+    names: set[str] = set()
+    for entry in parse_entries(image):
+        if entry.compressed:
+            continue
+        if entry.is_elf:
+            names |= set(elf_globals(entry.payload).variables)
+        elif entry.is_ptx and (text := ptx_text(entry.payload)) is not None:
+            names |= set(ptx_globals(text).variables)
+    return names

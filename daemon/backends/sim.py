@@ -92,10 +92,10 @@ from pilot.daemon.backends.dnn import BN_SIZE_QUERIES, BatchNormCall
 from pilot.daemon.backends.fatbin import (
     KernelInfo,
     elf_arch,
-    globals_in_image,
     is_elf,
     is_fatbin,
     kernel_infos_in_image,
+    loaded_globals,
     ptx_text,
 )
 from pilot.daemon.backends.func_attrs import ImageFuncAttrs, image_function_attrs
@@ -465,6 +465,7 @@ class _Module:
     globals_block: int = 0  # sim memory holding the module's variables, 0 if it has none
     managed_block: int = 0  # managed sim memory holding its __managed__ variables
     globals: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (address, size)
+    loaded_bytes: int = 0  # what its variables took (module_loaded_bytes)
     attrs: dict[str, ImageFuncAttrs] = field(default_factory=dict)  # what the image says
     functions: dict[str, Any] = field(default_factory=dict)  # name -> its one _Function
 
@@ -1011,7 +1012,7 @@ class SimBackend:
     def module_load(self, image: bytes) -> Any:
         try:
             kernels = kernel_infos_in_image(image)
-            layout = globals_in_image(image)
+            layout = loaded_globals(image, H100_ATTRS[75] * 10 + H100_ATTRS[76])  # the driver's choice
         except ValueError as exc:
             # The driver's answers for an image it cannot use: PTX its JIT rejects, or any other
             # bytes (a broken fatbin or cubin, or what is neither).
@@ -1026,6 +1027,7 @@ class SimBackend:
                                    f"a cubin for sm_{arch} cannot run on this sm_{sm} device")
         module = _Module(kernels, getattr(self._thread, "partition", None),
                          attrs=image_function_attrs(image))
+        module.loaded_bytes = layout.size
         if layout.size:
             with self._lock:
                 base = self._memory.alloc(layout.size, self._current_device())
@@ -1039,6 +1041,9 @@ class SimBackend:
             if layout.managed:
                 module.managed_block = self._place_managed(module, layout.managed)
         return module
+
+    def module_loaded_bytes(self, module: Any, image: bytes) -> int:
+        return self._module(module).loaded_bytes
 
     def _place_managed(self, module: _Module, names: frozenset[str]) -> int:
         """Moves the module's __managed__ variables into a managed block of their own (the driver

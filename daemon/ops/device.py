@@ -3,6 +3,7 @@ reset, limits, priorities, peer access."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.backends.base import (
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from pilot.daemon.vgpu.server import VGpu
 
 OPS = OpTable("device")
+log = logging.getLogger("pilot.ops.device")
 ATTR_MULTIPROCESSOR_COUNT = 16  # cudaDevAttrMultiProcessorCount
 
 
@@ -105,6 +107,7 @@ def device_reset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     s.deferred = 0
 
 LIMIT_MAX = 6  # cudaLimitPersistingL2CacheSize, the last cudaLimit of CUDA 13.0
+CUDA_ERROR_NOT_PERMITTED = 800
 
 @OPS.handler(lib.PILOT_OP_DEVICE_SET_LIMIT, "pilot_req_limit")
 def device_set_limit(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
@@ -113,6 +116,13 @@ def device_set_limit(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any
     if req.limit > LIMIT_MAX:
         raise BackendError(CUDA_ERROR_UNSUPPORTED_LIMIT, f"no limit {req.limit}")
     table = limits.for_context(vg.backend, vg.device)
+    if req.limit not in limits.CHARGED and not s.admin and req.value > table.default(req.limit):
+        # the device runtime's launch queue and sync depth, L2 settings: every tenant's, and not
+        # memory pilot can charge (issue 27, item 8); an operator may raise them
+        log.warning("session %d: cudaDeviceSetLimit(%s, %d) refused: a limit every tenant shares "
+                    "that only an admin may raise", s.id, limits.LIMIT_NAMES[req.limit], req.value,
+                    extra={"session": s.id, "tenant": s.tenant})
+        raise BackendError(CUDA_ERROR_NOT_PERMITTED, "limit raised by a non-admin")
     # Device memory the request takes beyond the context's default is the session's to pay for
     # (the heap, the printf FIFO, stacks for every thread the GPU can hold); charged before the
     # driver is asked, corrected if the driver refuses.

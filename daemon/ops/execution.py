@@ -13,7 +13,7 @@ from pilot.daemon.backends.base import (
     BackendError,
     LaunchAttrs,
 )
-from pilot.daemon.backends.fatbin import readable_globals
+from pilot.daemon.backends.fatbin import readable_globals, variable_names
 from pilot.daemon.ops.registry import OpTable
 from pilot.daemon.ops.replies import need_payload, u64
 from pilot.daemon.protocol import ffi, lib, new
@@ -27,20 +27,34 @@ if TYPE_CHECKING:
 OPS = OpTable("execution")
 
 
+def _variable_names(image: bytes) -> set[str]:
+    try:
+        return variable_names(image)
+    except ValueError:
+        return set()
+
 @OPS.handler(lib.PILOT_OP_MODULE_LOAD, "pilot_req_module_load")
 def module_load(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     """Each load of an image is the session's own module, whose globals (`__device__`,
     `__constant__`, `__managed__` variables) take device memory: charged to the tenant at every
-    load, given back when the session ends."""
+    load, given back when the session ends. The charge is what the backend says the load took
+    (the driver chooses the entry it loads, JIT-compiles PTX, decompresses), never less than
+    pilot's reader expects; past the quota the module is unloaded and the load refused."""
     need_payload(payload, req.image_size, "module image")
     image = bytes(payload)
     variables = readable_globals(image)
-    module = vg.broker.allocate(s, "module", variables.size, lambda: vg.backend.module_load(image),
-                                ptr_of=lambda _m: 0)
+    module = vg.backend.module_load(image)
+    try:
+        charge = max(variables.size, vg.backend.module_loaded_bytes(module, image))
+        vg.broker.allocate(s, "module", charge, lambda: module, ptr_of=lambda _m: 0)
+    except BaseException:
+        vg.backend.module_unload(module)
+        raise
     handle = s.new_handle()
     s.modules[handle] = module
-    s.module_variables[handle] = tuple(variables.variables)  # zeroed before unload (teardown.py)
-    s.module_charges[handle] = variables.size
+    # zeroed before unload (teardown.py): every readable entry's, PTX declarations included
+    s.module_variables[handle] = tuple(sorted(set(variables.variables) | _variable_names(image)))
+    s.module_charges[handle] = charge
     return u64(handle)
 
 @OPS.handler(lib.PILOT_OP_MODULE_UNLOAD, "pilot_req_handle", synchronizing=True)

@@ -18,6 +18,8 @@ from pilot.daemon.protocol import ffi, lib, new
 from pilot.daemon.scheduling import streams
 from pilot.daemon.sessions.devices import owns_range
 from pilot.daemon.sessions.session import Session
+from pilot.daemon.sessions.staging import SLOT_BYTES as STAGING_SLOT_BYTES
+from pilot.daemon.sessions.staging import SLOTS as STAGING_SLOTS
 from pilot.daemon.sessions.staging import Staging
 
 if TYPE_CHECKING:
@@ -96,17 +98,24 @@ def malloc_pitch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     s.add_allocation(ptr, size, pitched=True)
     return u64(ptr, pitch)
 
+def _new_staging(vg: VGpu, s: Session, slots: int) -> Staging:
+    """A staging area, charged to the tenant's pinned host memory (it is pinned) until the
+    session ends (teardown closes it, release_session refunds it)."""
+    return vg.broker.allocate(s, "staging", STAGING_SLOT_BYTES * slots,
+                              lambda: Staging(vg.backend, s.id, s.creds.uid, s.creds.gid, slots=slots),
+                              call="STAGING_OPEN")
+
 @OPS.handler(lib.PILOT_OP_STAGING_OPEN, "pilot_req_staging_open")
 def staging_open(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     """The session's staging area, or (fault = 1) the unified-memory fault channel's: one slot,
     so a fetch never waits for a slot a copy on the main connection holds."""
     if req.fault:
         if s.fault_staging is None:
-            s.fault_staging = Staging(vg.backend, s.id, s.creds.uid, s.creds.gid, slots=1)
+            s.fault_staging = _new_staging(vg, s, 1)
         area = s.fault_staging
     else:
         if s.staging is None:
-            s.staging = Staging(vg.backend, s.id, s.creds.uid, s.creds.gid)
+            s.staging = _new_staging(vg, s, STAGING_SLOTS)
         area = s.staging
     rep = new("pilot_rep_staging")
     rep.slot_bytes = area.slot_bytes

@@ -44,6 +44,7 @@ T = TypeVar("T")
 # The call each path answers, for log lines.
 CALLS = {"device": "cudaMalloc", "pitch": "cudaMallocPitch", "managed": "cudaMallocManaged",
          "module": "module load", "limit": "cudaDeviceSetLimit", "pinned": "cudaHostAlloc/Register",
+         "staging": "large pageable copy (staging area)",
          "array": "cudaMallocArray/cudaMalloc3DArray"}
 
 
@@ -93,13 +94,18 @@ class ResourceBroker:
 
     def __init__(self, quotas: QuotaStore, ledger: Ledger, budget: GpuBudget, metrics: Metrics,
                  pinned_limit: int | None = None, pinned_limit_per_tenant: int | None = None,
-                 movable: frozenset[str] = frozenset(), managed_limits: dict[int, int] | None = None
-                 ) -> None:
+                 movable: frozenset[str] = frozenset(), managed_limits: dict[int, int] | None = None,
+                 pinned_tenant_fraction: float = 0.25) -> None:
+        """A tenant's pinned limit is `pinned_limit_per_tenant`, or by default
+        `pinned_tenant_fraction` of the daemon-wide pinned limit, so that one tenant cannot take
+        the pinned memory every other tenant's cudaMallocHost needs."""
         self.quotas = quotas
         self.ledger = ledger
         self.budget = budget
         self.metrics = metrics
         self.pinned = GpuBudget({HOST: pinned_limit if pinned_limit is not None else default_pinned_limit()})
+        if pinned_limit_per_tenant is None and pinned_tenant_fraction < 1:  # 1: no limit of its own
+            pinned_limit_per_tenant = int(self.pinned.capacity(HOST) * pinned_tenant_fraction)
         self.pinned_limit_per_tenant = pinned_limit_per_tenant
         self.movable = movable
         self.managed = GpuBudget(managed_limits) if managed_limits is not None else None

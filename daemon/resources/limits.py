@@ -97,6 +97,7 @@ class ContextLimits:
 
 # Limits that size device memory: stack (per thread), printf FIFO and malloc heap (bytes).
 STACK, PRINTF_FIFO, MALLOC_HEAP = 0, 1, 2
+CHARGED = (STACK, PRINTF_FIFO, MALLOC_HEAP)  # the others are raised by admins only (ops/device.py)
 _ATTR_SM_COUNT, _ATTR_THREADS_PER_SM = 16, 39  # cudaDevAttrMultiProcessorCount, MaxThreadsPerMultiProcessor
 
 

@@ -42,7 +42,7 @@ WILDCARD = "*"
 # What the resource broker charges, by path. GPU_KINDS count against a tenant's hard quota on a
 # GPU and the GPU's capacity; "pinned" is host memory, held per tenant under HOST (its own limits).
 GPU_KINDS = ("device", "pitch", "managed", "module", "limit", "array")
-KINDS = (*GPU_KINDS, "pinned")
+KINDS = (*GPU_KINDS, "pinned", "staging")  # staging: the session's copy buffers, pinned too
 HOST = -1  # the ledger's "GPU" for host memory
 
 

@@ -50,6 +50,7 @@ from pilot.daemon.resources.tenants import (
     unknown_members,
 )
 from pilot.daemon.router import control, sdnotify
+from pilot.daemon.router.admission import Admission, connection_budget, raise_nofile
 from pilot.daemon.router.isolation import EngineError, Engines, IsolationList
 from pilot.daemon.router.recovery import (
     FAULT_GRACE,
@@ -101,11 +102,28 @@ def _alive(w: Watched) -> bool:
     return not select.select([w.pidfd], [], [], 0)[0]
 
 
+def untrusted_directory(directory: str) -> str | None:
+    """Why pilotd must not serve in `directory` (None: it may): it must be owned by root or by
+    pilotd's user and writable by no one else, or another user could have made it first (and
+    replace the sockets in it). The shim checks the same (shim/socket_path.c)."""
+    st = os.stat(directory)
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{directory} is owned by another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return f"{directory} is writable by other users (mode {st.st_mode & 0o777:03o})"
+    return None
+
+
 def prepare_socket_path(path: str) -> None:
-    """Create the socket's directory and remove a stale socket; refuse a live one."""
+    """Create the socket's directory (refused if another user could have made it first, issue
+    27) and remove a stale socket; refuse a live one."""
     directory = os.path.dirname(path) or "."
     if not os.path.isdir(directory):
         os.makedirs(directory, mode=0o755 if os.geteuid() == 0 else 0o700, exist_ok=True)
+    problem = untrusted_directory(directory)
+    if problem is not None:
+        raise DaemonError(f"will not serve at {path}: {problem}; only root's or pilotd's user's "
+                          "own directory, writable by no one else, is safe")
     if os.path.exists(path):
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -157,7 +175,7 @@ class Daemon:
                           if config.enforce_capacity else None)
         self.broker = ResourceBroker(self.quotas, self.ledger, GpuBudget(capacities), self.metrics,
                                      config.pinned_limit, config.pinned_limit_per_tenant,
-                                     movable, managed_limits)
+                                     movable, managed_limits, config.pinned_tenant_fraction)
         if config.enforce_capacity or policy.moves_memory:
             self.broker.residency = Residency(backend, self.broker.budget, self.metrics, self.gpus,
                                               config.enforce_capacity)
@@ -189,7 +207,8 @@ class Daemon:
             vg.device_output = self.device_output
             vg.shares = self.shares
         self.topology = self._topology()
-        self.callbacks = CallbackHub(f"{socket_path}.callbacks", backend, config.callback_timeout)
+        self.callbacks = CallbackHub(f"{socket_path}.callbacks", backend, config.callback_timeout,
+                                     config.callback_hold_total)
         self._ends: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()  # from other threads
         self.callbacks.on_overdue = lambda sid, why: self._ends.put((sid, why))
         for vg in self.vgpus:
@@ -208,6 +227,8 @@ class Daemon:
         self._inherited = dict(handover.fds)
         self._next_session = handover.next_session
         self._listeners: dict[str, int] = {}  # name -> listening descriptor (libzmq owns it)
+        # connections to the main and control sockets (router/admission.py); limits set in run()
+        self.admission = Admission(config.connections, config.connections_per_uid)
         self.restart: Callable[[Handover], None] | None = None  # set by main: exec_afresh
         self.exit_status = 0
         self._fault_wake_r, self._fault_wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -279,7 +300,8 @@ class Daemon:
         self._reload.set()
 
     # Settings SIGHUP applies to the running daemon; every other one applies at the next start.
-    LIVE_SETTINGS = ("log_level", "log_format", "policy_max_wait", "callback_timeout", "switch_interval")
+    LIVE_SETTINGS = ("log_level", "log_format", "policy_max_wait", "callback_timeout",
+                     "callback_hold_total", "switch_interval")
 
     def _reload_now(self) -> None:
         """SIGHUP: quotas.json again, and the config file (with the command line's overrides):
@@ -308,6 +330,8 @@ class Daemon:
             self.policy.max_wait = new.policy_max_wait
         if "callback_timeout" in live:
             self.callbacks.timeout = new.callback_timeout
+        if "callback_hold_total" in live:
+            self.callbacks.hold_total = new.callback_hold_total
         if "switch_interval" in live:
             sys.setswitchinterval(new.switch_interval)
         # the applied values become the daemon's; the others keep theirs until a restart
@@ -324,6 +348,7 @@ class Daemon:
     def run(self) -> None:
         """Bind everything, then serve on the calling thread until request_stop()."""
         threading.current_thread().name = "pilot-router"
+        self._set_connection_limits()
         for path in (self.callbacks.endpoint_path, *(vg.endpoint_path for vg in self.vgpus)):
             prepare_socket_path(path)
         router = self._listen("main", self.socket_path)
@@ -355,6 +380,19 @@ class Daemon:
             sdnotify.notify("STOPPING=1")
             self._shutdown(router, control_sock)
 
+    def _set_connection_limits(self) -> None:
+        """[limits] connections, within the descriptors pilotd may open (never EMFILE: libzmq
+        aborts on it), for the libzmq sockets (admission.py) and the endpoint servers (C)."""
+        nofile = raise_nofile()
+        sessions = self.config.sessions_per_uid * 16  # pidfds: room for 16 users' worth
+        total = connection_budget(self.config.connections, sessions, nofile)
+        if total < self.config.connections:
+            log.warning("[limits] connections = %d lowered to %d: pilotd may open %d descriptors "
+                        "(LimitNOFILE)", self.config.connections, total, nofile)
+        self.admission.total = total
+        self.admission.per_uid = min(self.config.connections_per_uid, total)
+        lib.pilot_srv_set_limits(total, self.admission.per_uid)
+
     def _listen(self, name: str, path: str) -> zmq.Socket:
         """A ROUTER socket on a listening UNIX socket of pilotd's own (a new one, or the one the
         process before this one handed over): pilotd keeps it across a restart after a GPU fault
@@ -372,6 +410,10 @@ class Daemon:
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.USE_FD, fd)
+        # every message on these sockets is small (HELLO, a pilotctl command): a larger frame
+        # closes the connection before libzmq buffers it
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame)
+        self.admission.watch(sock)  # before bind: no connection goes uncounted
         sock.bind(f"ipc://{path}")
         return sock
 
@@ -462,7 +504,8 @@ class Daemon:
             return
         try:
             self._exporter = start_exporter(self.config.metrics_address,
-                                            PilotCollector(self.metrics, self.snapshot, self._nvml))
+                                            PilotCollector(self.metrics, self.snapshot, self._nvml,
+                                                           self.config.metrics_tenant_labels))
         except (OSError, ValueError) as exc:  # a port taken is a mistake to fix, not to hide
             raise DaemonError(f"metrics: cannot listen on {self.config.metrics_address} ({exc}); "
                               "choose another [metrics] address (--metrics-address), or \"\" to "
@@ -477,6 +520,8 @@ class Daemon:
             poller.register(router, zmq.POLLIN)
             poller.register(control_sock, zmq.POLLIN)
             poller.register(self._fault_wake_r, zmq.POLLIN)
+            for monitor in self.admission.monitors:
+                poller.register(monitor, zmq.POLLIN)
             by_fd: dict[int, int] = {}
             for sid, w in self._watched.items():
                 if w.pidfd is not None:
@@ -506,6 +551,7 @@ class Daemon:
                 self._reap_without_pidfd()
             except Exception:  # the front door stays open whatever one session does
                 log.exception("router: session reaping failed")
+            self.admission.drain()  # connections accepted or gone: known before their messages
             for sock, handle in ((router, self._handle), (control_sock, self._handle_control)):
                 if sock not in ready:
                     continue
@@ -595,29 +641,28 @@ class Daemon:
             log.warning("router: HELLO refused: %s", exc)
             rep.hdr.err = CUDA_ERROR_INITIALIZATION
             return to_bytes(rep)
-        # Pin the peer's process, then make sure it is the one that sent the HELLO: if it exited
-        # meanwhile and its pid was reused, the pid's process started later than the sender says
-        # it did, and it must neither get the session nor end the sessions it has.
+        # Pin the peer's process, then make sure it is the one that sent the HELLO: the start
+        # time pilotd read from /proc when it accepted the connection (router/admission.py) must
+        # still be the pid's. If the sender exited and its pid was reused, it must neither get
+        # a session nor end the sessions the pid's new process has. What the client says of its
+        # start time is not used.
         try:
             pidfd: int | None = os.pidfd_open(creds.pid)
         except (AttributeError, OSError):
             pidfd = None
-        req = self._hello_request(frames)
-        # a frame too short to hold the whole field claims nothing
-        whole = len(frames) >= 3 and len(frames[2]) >= ffi.offsetof("pilot_req_hello", "visible_devices")
-        claimed = int(req.start_time) if whole else 0
-        actual = process_start_time(creds.pid) if claimed else None
-        # Only "started later" counts: a reused pid's process always started after the sender
-        # (and a client in a time namespace sees its start time shifted; those shifted forward
-        # still pass).
-        if claimed and actual is not None and actual > claimed:
-            log.warning("router: HELLO from pid %d refused: that pid is now another process "
-                        "(started at tick %d, the sender at %d): the sender exited and its pid was "
-                        "reused", creds.pid, actual, claimed)
+        peer = self.admission.peer(frames[1], self.socket_path)
+        actual = process_start_time(creds.pid)  # after pidfd_open: of the process it pins
+        if (peer is None or (peer.uid, peer.pid) != (creds.uid, creds.pid)
+                or peer.start_time is None or actual != peer.start_time):
+            log.warning("router: HELLO from pid %d uid %d refused: %s", creds.pid, creds.uid,
+                        "its connection is gone" if peer is None or peer.uid != creds.uid else
+                        f"that pid is now another process (started at tick {actual}, the sender "
+                        f"at {peer.start_time}): the sender exited and its pid was reused")
             if pidfd is not None:
                 os.close(pidfd)
             rep.hdr.err = CUDA_ERROR_INITIALIZATION
             return to_bytes(rep)
+        req = self._hello_request(frames)
         reply = self._hello_session(req, creds, rep, pidfd)
         if pidfd is not None and not any(w.pidfd == pidfd for w in self._watched.values()):
             os.close(pidfd)  # refused: no session watches it
@@ -651,6 +696,12 @@ class Daemon:
                             "uid %d", creds.pid, creds.uid, sid, w.session.creds.uid)
                 rep.hdr.err = CUDA_ERROR_INITIALIZATION
                 return to_bytes(rep)
+        held = sum(1 for w in self._watched.values() if w.session.creds.uid == creds.uid)
+        if creds.uid != 0 and held >= self.config.sessions_per_uid:
+            log.warning("router: session of pid %d uid %d refused: the user holds %d sessions "
+                        "([limits] sessions_per_uid)", creds.pid, creds.uid, held)
+            rep.hdr.err = CUDA_ERROR_DEVICES_UNAVAILABLE
+            return to_bytes(rep)
         tenant = self._tenant_of(creds)
         if self.config.isolated_tenant is not None and tenant != self.config.isolated_tenant:
             log.warning("router: HELLO from pid %d (tenant %s) refused: this pilotd serves tenant "
@@ -665,10 +716,14 @@ class Daemon:
                      "pilotd serves", creds.pid, extra={"tenant": tenant})
             rep.hdr.err = CUDA_ERROR_NO_DEVICE
             return to_bytes(rep)
+        admin = self.resolver.is_admin(creds.uid, creds.gid, self.config.admin_group)
+        # an admin's sessions (root's, the admin group's) are not held to a share of the vGPUs,
+        # as they are not to sessions_per_uid: an operator's many-process job keeps a thread each
+        share = 0 if admin else self.config.vgpus_per_tenant or max(2, self.max_vgpus_per_gpu // 4)
         if selected is None:
-            vg = place_session(self.vgpus, self.draining, self._grow)
+            vg = place_session(self.vgpus, self.draining, self._grow, tenant, share)
         else:  # the program's device 0 is the GPU it selected first
-            vg = place_session(self.topology.vgpus[selected[0]], self.draining, self._grow)
+            vg = place_session(self.topology.vgpus[selected[0]], self.draining, self._grow, tenant, share)
         if vg is None:
             log.warning("router: session of pid %d refused: %s", creds.pid,
                         "every GPU is draining" if selected is None else
@@ -677,7 +732,7 @@ class Daemon:
             rep.hdr.err = CUDA_ERROR_DEVICES_UNAVAILABLE
             return to_bytes(rep)
         session = Session(id=self._next_session, creds=creds, vgpu=vg.index, device=vg.gpu,
-                          tenant=tenant, cmdline=read_cmdline(creds.pid))
+                          tenant=tenant, cmdline=read_cmdline(creds.pid), admin=admin)
         self.shares.place(session)
         self._next_session += 1
         group = SessionGroup(session, self.topology.position(vg.gpu), self.topology, selected)
@@ -845,6 +900,7 @@ class Daemon:
         for w in self._watched.values():
             if w.pidfd is not None:
                 os.close(w.pidfd)
+        self.admission.close()
         router.close(0)
         control_sock.close(0)
         for fd in (self._fault_wake_r, self._fault_wake_w):

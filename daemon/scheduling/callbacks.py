@@ -86,13 +86,17 @@ class _Pending:
 class CallbackHub:
     """The `pilot-callbacks` thread, its socket, and the gate slots of every vGPU."""
 
-    def __init__(self, endpoint_path: str, backend: Backend, timeout: float = 60.0) -> None:
+    def __init__(self, endpoint_path: str, backend: Backend, timeout: float = 60.0,
+                 hold_total: float = 0.0) -> None:
         self.endpoint_path = endpoint_path
         self.backend = backend
         # A callback the client has not answered after `timeout` s ends its session (0: never):
         # its gates open (a vGPU may wait behind one) and `on_overdue(session, why)` asks the
         # router to release it. Set by the Daemon.
         self.timeout = timeout
+        # What all of a session's callbacks may hold its streams, added up (0: no limit): a
+        # client answering each one just inside `timeout` would otherwise hold its vGPU forever.
+        self.hold_total = hold_total
         self.on_overdue: Callable[[int, str], None] = lambda sid, why: None
         self._read_fd, self._write_fd = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(self._read_fd, False)
@@ -111,6 +115,7 @@ class CallbackHub:
         self._sessions: dict[int, Any] = {}  # session id -> devices.SessionGroup or Session
         self._conns: dict[int, int] = {}  # session id -> callback connection
         self._closed = False  # shutting down: no new gates
+        self._held: dict[int, float] = {}  # session id -> seconds its answered callbacks took
         # Owned by the hub thread.
         self._by_conn: dict[int, int] = {}  # connection -> session id
         self._commands: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
@@ -144,6 +149,7 @@ class CallbackHub:
         with self._lock:
             self._sessions.pop(session_id, None)
             self._conns.pop(session_id, None)
+            self._held.pop(session_id, None)
             opened = [p for p in self._pending.values() if p.session == session_id]
             for p in opened:
                 self._open_locked(p)
@@ -218,6 +224,8 @@ class CallbackHub:
         lib.pilot_gate_open(p.gate, p.gate.target)
         self._generation[p.slot] = p.gate.target
         p.opened = True
+        if p.asked_at and p.session in self._sessions:
+            self._held[p.session] = self._held.get(p.session, 0.0) + time.monotonic() - p.asked_at
         self._by_client.pop((p.session, p.client_id), None)
         if p.fired:
             self._forget_locked(p)
@@ -255,12 +263,13 @@ class CallbackHub:
         msgs = ffi.new("pilot_srv_msg[]", BATCH)
         control = ffi.new("int *")
         while True:  # the timeout may change (SIGHUP): the wait follows it
-            wait_ms = max(100, min(1000, int(self.timeout * 250))) if self.timeout > 0 else 1000
+            bound = min(t for t in (self.timeout, self.hold_total, 4.0) if t > 0)
+            wait_ms = max(100, min(1000, int(bound * 250)))
             n = lib.pilot_srv_wait(self._srv, wait_ms, 0, msgs, BATCH, control)
             if n < 0:
                 log.error("callback socket failed; host callbacks stop")
                 return
-            if self.timeout > 0:
+            if self.timeout > 0 or self.hold_total > 0:
                 self._end_overdue()
             for i in range(n):
                 try:
@@ -326,10 +335,18 @@ class CallbackHub:
         the vGPU: their gates open now)."""
         now = time.monotonic()
         with self._lock:
-            late = {p.session for p in self._pending.values()
-                    if p.asked_at and not p.opened and now - p.asked_at > self.timeout}
-        for sid in late:
-            why = f"a host callback unanswered for {self.timeout:g} s"
+            late = {p.session: f"a host callback unanswered for {self.timeout:g} s"
+                    for p in self._pending.values()
+                    if self.timeout > 0 and p.asked_at and not p.opened and now - p.asked_at > self.timeout}
+            if self.hold_total > 0:
+                holding = dict(self._held)
+                for p in self._pending.values():
+                    if p.asked_at and not p.opened:
+                        holding[p.session] = holding.get(p.session, 0.0) + now - p.asked_at
+                late.update({sid: f"its host callbacks held its streams {held:.1f} s in all "
+                                  f"([daemon] callback_hold_total = {self.hold_total:g} s)"
+                             for sid, held in holding.items() if held > self.hold_total})
+        for sid, why in late.items():
             log.warning("session %d: %s: the session is ended", sid, why, extra={"session": sid})
             self.close_session(sid)
             self.on_overdue(sid, why)

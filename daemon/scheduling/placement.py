@@ -27,10 +27,18 @@ def least_busy(candidates: Iterable[VGpu]) -> VGpu | None:
 
 
 def place_session(vgpus: Iterable[VGpu], draining: set[int],
-                  grow: Callable[[int], VGpu | None] | None = None) -> VGpu | None:
+                  grow: Callable[[int], VGpu | None] | None = None, tenant: str | None = None,
+                  share: int = 0) -> VGpu | None:
     """The vGPU for a new session: the least busy one on a GPU that is not draining, or a new
-    one on that GPU (`grow(gpu)`, None past the maximum) if the least busy is not idle."""
-    return _or_new(least_busy(v for v in vgpus if v.gpu not in draining), grow)
+    one on that GPU (`grow(gpu)`, None past the maximum) if the least busy is not idle. A
+    `tenant` whose sessions are on `share` vGPUs already gets the least busy of those (issue 27:
+    one tenant's sessions, each holding its thread, must not take every vGPU)."""
+    candidates = [v for v in vgpus if v.gpu not in draining]
+    if tenant is not None and share > 0:
+        mine = [v for v in candidates if any(s.tenant == tenant for s in list(v.sessions.values()))]
+        if len(mine) >= share:
+            return least_busy(mine)
+    return _or_new(least_busy(candidates), grow)
 
 
 def place_part(vgpus: Iterable[VGpu], grow: Callable[[int], VGpu | None] | None = None) -> VGpu | None:

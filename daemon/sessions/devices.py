@@ -111,7 +111,7 @@ class SessionGroup:
     def add_part(self, ordinal: int, vgpu: VGpu) -> Session:
         first = self.parts[0]
         part = Session(id=self.id, creds=first.creds, vgpu=vgpu.index, device=vgpu.gpu,
-                       tenant=first.tenant, cmdline=first.cmdline)
+                       tenant=first.tenant, cmdline=first.cmdline, admin=first.admin)
         part.ordinal = ordinal
         part._next_handle = FIRST_HANDLE | ordinal << HANDLE_SHIFT
         part.group = self

@@ -93,6 +93,7 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     device: int
     tenant: str = ""
     cmdline: str = ""
+    admin: bool = False  # root or [daemon] admin_group: may raise the limits nobody is charged for
     started: float = field(default_factory=time.time)
     identity: int | None = None  # the vGPU endpoint connection attached to this session
     fault_identity: int | None = None  # its unified-memory fault channel, once opened

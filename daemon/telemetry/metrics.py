@@ -301,6 +301,26 @@ _POLICY_METRICS = {
 }
 
 
+TENANTS_HIDDEN = "all"
+
+
+def _without_tenants(family: Metric) -> Metric:
+    """`family` with its samples summed over the tenant label (tenant="all")."""
+    if not any("tenant" in sample.labels for sample in family.samples):
+        return family
+    summed: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+    for sample in family.samples:
+        labels = dict(sample.labels)
+        if "tenant" in labels:
+            labels["tenant"] = TENANTS_HIDDEN
+        key = (sample.name, tuple(sorted(labels.items())))
+        prev = summed.get(key)
+        summed[key] = sample._replace(labels=labels, value=sample.value + (prev.value if prev else 0),
+                                      exemplar=None)
+    family.samples = list(summed.values())
+    return family
+
+
 class PilotCollector(Collector):
     """A prometheus_client custom collector: everything is computed at scrape time from the
     `Metrics` counters and one `state()` snapshot.
@@ -316,10 +336,14 @@ class PilotCollector(Collector):
     """
 
     def __init__(self, metrics: Metrics, state: Callable[[], dict[str, Any]],
-                 poller: Any = None) -> None:
+                 poller: Any = None, tenant_labels: bool = True) -> None:
+        """`tenant_labels` False ([metrics] tenant_labels, the daemon's default): the endpoint is
+        readable by every local user, so series are not told apart by tenant: each family's
+        samples that differ only by tenant are summed under tenant="all"."""
         self.metrics = metrics
         self.state = state
         self.poller = poller
+        self.tenant_labels = tenant_labels
 
     def describe(self) -> Iterator[Metric]:
         # Names only, so registering does not call state() (the daemon may not be ready yet).
@@ -327,6 +351,13 @@ class PilotCollector(Collector):
         yield from self._counter_families(None)
 
     def collect(self) -> Iterator[Metric]:
+        families = self._collect()
+        if self.tenant_labels:
+            yield from families
+        else:
+            yield from (_without_tenants(f) for f in families)
+
+    def _collect(self) -> Iterator[Metric]:
         try:
             state = self.state()
         except Exception:

@@ -218,3 +218,36 @@ def _sessions() -> list[dict]:
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+def test_callbacks_answered_just_in_time_hold_the_stream_for_a_bounded_total(daemon_with, tmp_path):
+    """Issue 27 (5): each callback answered just inside `callback_timeout` used to hold the
+    session's stream (and its vGPU) for ever; `callback_hold_total` bounds them added up."""
+    config = tmp_path / "pilotd.toml"
+    config.write_text('[daemon]\ncallback_timeout = "1s"\ncallback_hold_total = "2s"\n')
+    daemon = daemon_with("--config", str(config))
+    c, cb = _callback_client(daemon)
+    stream, _ = _stream_and_event(c)
+    answered = 0
+    for ident in range(1, 10):
+        if _arm(c, stream, ident) != 0:
+            break
+        try:
+            _run_message(c, cb)
+        except TimeoutError:
+            break
+        time.sleep(0.7)  # inside the timeout
+        done = new("pilot_msg_callback")
+        done.id = ident
+        cb.send_multipart([c.envelope(lib.PILOT_OP_CALLBACK_DONE, flags=lib.PILOT_F_NO_REPLY),
+                           to_bytes(done)])
+        answered += 1
+        if "callback_hold_total" in daemon.log_path.read_text():
+            break
+    assert 2 <= answered <= 4, answered
+    deadline = time.monotonic() + 5
+    while "callback_hold_total" not in daemon.log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "held its streams" in daemon.log_path.read_text()
+    assert c.session not in {s["session"] for s in _sessions()}
+    c.close()

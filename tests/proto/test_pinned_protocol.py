@@ -181,7 +181,8 @@ def test_the_limit_and_a_dying_client_giving_its_pinned_memory_back(daemon_with,
     the path; a client killed while holding them gives them back (the next one can pin as much
     again)."""
     config = tmp_path / "pilotd.toml"
-    config.write_text(f"[pinned]\n{key} = \"{4 * PAGE}B\"\n")
+    fraction = "tenant_fraction = 1.0\n" if key == "limit" else ""  # the tenant may take it all
+    config.write_text(f"[pinned]\n{key} = \"{4 * PAGE}B\"\n{fraction}")
     d = daemon_with("--config", str(config))
     holder, err, _base = _holder(d.socket_path, 4 * PAGE)
     try:
@@ -205,3 +206,55 @@ def test_the_limit_and_a_dying_client_giving_its_pinned_memory_back(daemon_with,
             holder.kill()
             holder.wait()
 
+
+
+def test_one_tenant_cannot_take_every_tenants_pinned_memory(daemon_with, tmp_path):
+    """Issue 27 (7): by default a tenant may pin a fraction of the daemon-wide limit (a quarter),
+    not all of it, so that the others' cudaMallocHost still succeeds."""
+    config = tmp_path / "pilotd.toml"
+    config.write_text(f"[pinned]\nlimit = \"{8 * PAGE}B\"\n")
+    d = daemon_with("--config", str(config))
+    c = _client(d)
+    fd = _memfd(4 * PAGE)
+    assert _register(c, fd, 4 * PAGE).hdr.err == MEMORY_ALLOCATION  # half the pool: refused
+    assert "quota:" in d.log()
+    assert _register(c, fd, 2 * PAGE).hdr.err == 0  # its quarter
+    os.close(fd)
+    c.close()
+
+
+def _staging_open(c: ProtoClient) -> int:
+    return int(c.call(lib.PILOT_OP_STAGING_OPEN, body("pilot_req_staging_open", fault=0)).err)
+
+
+def test_staging_areas_are_charged_to_the_tenant_and_given_back(daemon_with, tmp_path):
+    """Issue 27 (2): a session's staging area (16 MiB of pinned shared memory) is charged to its
+    tenant's pinned limit, and given back when the session ends."""
+    config = tmp_path / "pilotd.toml"
+    config.write_text('[pinned]\nlimit_per_tenant = "20MiB"\n')
+    d = daemon_with("--config", str(config))
+    first = _client(d)
+    assert _staging_open(first) == 0
+    # a second session of the same tenant would hold 32 MiB: refused
+    holder = subprocess.Popen([sys.executable, "-c", STAGING_OPENER.format(
+        tests=str(Path(__file__).parent), sock=str(d.socket_path))], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None
+    assert int(holder.stdout.readline()) == MEMORY_ALLOCATION
+    holder.wait(10)
+    assert "-byte staging refused" in d.log()
+    # a HELLO again from this pid ends the first session (an exec): its area is given back
+    second = _client(d)
+    assert _staging_open(second) == 0
+    first.close()
+    second.close()
+
+
+STAGING_OPENER = """
+import sys
+sys.path.insert(0, {tests!r})
+from client import ProtoClient, body
+from pilot.daemon.protocol import lib
+c = ProtoClient({sock!r})
+c.open()
+print(int(c.call(lib.PILOT_OP_STAGING_OPEN, body("pilot_req_staging_open", fault=0)).err), flush=True)
+"""

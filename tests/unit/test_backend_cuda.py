@@ -83,6 +83,8 @@ class FakeDriver(types.ModuleType):
             "cuDevicePrimaryCtxRetain": lambda dev: (OK, f"ctx:{dev}"),
             "cuGetErrorName": lambda err: (OK, CUresult(err).name.encode()),
             "cuGetErrorString": lambda err: (OK, f"text of {int(err)}".encode()),
+            "cuMemGetInfo": (OK, 1 << 30, 2 << 30),
+            "cuModuleLoadData": (OK, 0x4D0D),
         }
 
     def __getattr__(self, name: str) -> Callable[..., tuple[Any, ...]]:
@@ -351,6 +353,20 @@ def test_module_load_terminates_ptx_only(backend: CudaBackend, drv: FakeDriver) 
     backend.module_load(fatbin)
     backend.module_load(b".version 8.0")
     assert [a[0] for a in drv.called("cuModuleLoadData")] == [fatbin, b".version 8.0\0"]
+
+
+def test_a_module_is_charged_what_the_driver_loaded(backend: CudaBackend, drv: FakeDriver) -> None:
+    """Issue 27 (4): the driver's sizes of the variables the image names (PTX here, which has no
+    ELF), or the memory the load took when larger (a compressed image names none)."""
+    ptx = b".version 8.0\n.target sm_90\n.visible .global .align 1 .b8 big[1073741824];\n\0"
+    drv.replies["cuModuleGetGlobal"] = lambda mod, name: (
+        (OK, 0x7000, 1 << 30) if name == b"big" else (CUresult(500), 0, 0))
+    module = backend.module_load(ptx)
+    assert backend.module_loaded_bytes(module, ptx) == 1 << 30
+    frees = iter([8 << 30, 6 << 30])  # the load took 2 GiB
+    drv.replies["cuMemGetInfo"] = lambda: (OK, next(frees), 80 << 30)
+    module = backend.module_load(b"\x50\xed\x55\xba\x01\x00\x10\x00" + b"\1" * 8)
+    assert backend.module_loaded_bytes(module, b"") == 2 << 30
 
 
 def test_device_info_skips_rejected_attributes(backend: CudaBackend, drv: FakeDriver) -> None:

@@ -373,3 +373,19 @@ def test_switch_interval_takes_durations(tmp_path: Path) -> None:
     path = tmp_path / "pilotd.toml"
     path.write_text("[daemon]\nswitch_interval = '500us'\n")
     assert load_config(str(path)).switch_interval == 0.0005
+
+
+def test_issue27_limits_and_opt_ins(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, '[limits]\nsessions_per_uid = 4\nconnections = 100\n'
+                                      'connections_per_uid = 10\nmax_frame = "16KiB"\n'
+                                      '[pinned]\ntenant_fraction = 0.5\n[metrics]\ntenant_labels = true\n'
+                                      '[daemon]\ncallback_hold_total = "1m"\nvgpus_per_tenant = 3\n'))
+    assert (cfg.sessions_per_uid, cfg.connections, cfg.connections_per_uid, cfg.max_frame) == (
+        4, 100, 10, 16 << 10)
+    assert (cfg.pinned_tenant_fraction, cfg.metrics_tenant_labels) == (0.5, True)
+    assert (cfg.callback_hold_total, cfg.vgpus_per_tenant) == (60.0, 3)
+    defaults = load_config(None)
+    assert not defaults.metrics_tenant_labels and defaults.pinned_tenant_fraction == 0.25
+    for bad in ("[pinned]\ntenant_fraction = 0\n", '[limits]\nmax_frame = "1GiB"\n'):
+        with pytest.raises(ConfigError):
+            load_config(write(tmp_path, bad))

@@ -227,6 +227,22 @@ def test_no_pid_or_session_labels() -> None:
             assert not {"pid", "session"} & set(sample.labels), sample
 
 
+def test_tenant_names_only_when_the_operator_opts_in() -> None:
+    """Issue 27 (9): the endpoint is open to every local user, so by default no tenant's name,
+    sessions or memory are told apart; series are summed under tenant="all"."""
+    m = Metrics()
+    m.bytes_copied("h2d", 100, tenant="alice")
+    m.bytes_copied("h2d", 50, tenant="bob")
+    registry = CollectorRegistry()
+    registry.register(PilotCollector(m, fake_state, tenant_labels=False))
+    tenants = {s.labels["tenant"] for f in registry.collect() for s in f.samples if "tenant" in s.labels}
+    assert tenants == {"all"}
+    v = registry.get_sample_value
+    assert v("pilot_tenant_device_memory_bytes", {"tenant": "all", "gpu": "0"}) == 3 * GiB
+    assert v("pilot_tenant_sessions", {"tenant": "all", "gpu": "0"}) == 2
+    assert v("pilot_tenant_copied_bytes_total", {"tenant": "all", "direction": "h2d"}) == 150
+
+
 def test_state_failure_still_exports_counters(caplog: pytest.LogCaptureFixture) -> None:
     def broken() -> dict[str, Any]:
         raise KeyError("sessions")

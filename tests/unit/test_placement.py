@@ -48,3 +48,24 @@ def test_a_part_on_another_gpu_grows_there_too() -> None:
     new = vgpu(5, 1, 0)
     assert place_part([vgpu(3, 1, 1)], lambda g: new if g == 1 else None) is new
     assert place_part([vgpu(3, 1, 0)], lambda g: new).index == 3
+
+
+def _held_by(index: int, *tenants: str) -> Any:
+    return SimpleNamespace(index=index, gpu=0,
+                           sessions={i: SimpleNamespace(tenant=t) for i, t in enumerate(tenants)})
+
+
+def test_a_tenant_at_its_share_of_vgpus_shares_its_own() -> None:
+    """Issue 27 (5): sessions holding their threads (behind host callbacks) cannot take every
+    vGPU: past `share` vGPUs a tenant's new session goes on the least busy of its own."""
+    vgpus = [_held_by(0, "mallory"), _held_by(1, "mallory", "mallory"), _held_by(2, "alice")]
+    grown: list[int] = []
+
+    def grow(gpu: int) -> Any:
+        grown.append(gpu)
+        return _held_by(3)
+
+    assert place_session(vgpus, set(), grow, "mallory", share=2).index == 0
+    assert grown == []
+    assert place_session(vgpus, set(), grow, "bob", share=2).index == 3  # others still grow
+    assert place_session(vgpus, set(), grow, "mallory", share=3).index == 3  # below its share

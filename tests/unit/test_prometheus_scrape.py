@@ -188,9 +188,12 @@ def test_prometheus_scrapes_a_running_pilotd(tmp_path: Path) -> None:
     sock, port = tempfile.mkdtemp(prefix="pilot-prom-") + "/pilot.sock", free_port()
     env = {**os.environ, "PILOT_SOCKET": sock}
     env.pop("LD_PRELOAD", None)
+    config = tmp_path / "pilotd.toml"
+    config.write_text("[metrics]\ntenant_labels = true\n")  # the operator opts in to names
     with (tmp_path / "pilotd.log").open("w") as log:
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "pilot.daemon", "--backend", "sim", "--socket", sock,
+            [sys.executable, "-m", "pilot.daemon", "--config", str(config), "--backend", "sim",
+             "--socket", sock,
              "--state-dir", str(tmp_path / "state"), "--metrics-address", f"127.0.0.1:{port}",
              "--capacity", "12GiB"], stdout=log, stderr=subprocess.STDOUT, env=env)
     holder = None

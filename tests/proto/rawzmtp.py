@@ -1,0 +1,56 @@
+"""A ZMTP/3.0 DEALER on a plain UNIX socket, for tests that must control the connection itself
+(which process holds it, how large a frame is, whether a handshake ever comes)."""
+
+from __future__ import annotations
+
+import socket
+
+GREETING = b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + b"\0" * 32
+READY = b"\x05READY" + b"\x0bSocket-Type" + (6).to_bytes(4, "big") + b"DEALER"
+
+
+def frame(data: bytes, more: bool = False, command: bool = False) -> bytes:
+    flags = (0x01 if more else 0) | (0x04 if command else 0)
+    if len(data) > 255:
+        return bytes([flags | 0x02]) + len(data).to_bytes(8, "big") + data
+    return bytes([flags, len(data)]) + data
+
+
+def connect(path: str, timeout: float = 5.0) -> socket.socket:
+    """A connection to `path` that has sent its greeting and READY (not read the server's)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect(path.removeprefix("ipc://"))
+    s.sendall(GREETING + frame(READY, command=True))
+    return s
+
+
+def send(s: socket.socket, *parts: bytes) -> None:
+    s.sendall(b"".join(frame(p, more=i < len(parts) - 1) for i, p in enumerate(parts)))
+
+
+def _exactly(s: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("closed by pilotd")
+        out += chunk
+    return out
+
+
+def recv(s: socket.socket) -> list[bytes]:
+    """The next message (the server's greeting and commands are skipped)."""
+    parts: list[bytes] = []
+    while True:
+        flags = _exactly(s, 1)[0]
+        if flags == 0xFF:  # the greeting's signature: the rest of its 64 bytes
+            _exactly(s, 63)
+            continue
+        size = int.from_bytes(_exactly(s, 8), "big") if flags & 0x02 else _exactly(s, 1)[0]
+        data = _exactly(s, size)
+        if flags & 0x04:
+            continue
+        parts.append(data)
+        if not flags & 0x01:
+            return parts
