@@ -94,6 +94,18 @@ class Watched:
     others: list[tuple[VGpu, Session]]  # parts on other devices (DEVICE_JOIN)
 
 
+def _process_uid(pid: int) -> int | None:
+    """The real uid of the process `pid` now (None: gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _alive(w: Watched) -> bool:
     """Whether a watched session's process still runs: its pidfd is not readable (or, without
     one, /proc has the pid)."""
@@ -652,8 +664,12 @@ class Daemon:
             pidfd = None
         peer = self.admission.peer(frames[1], self.socket_path)
         actual = process_start_time(creds.pid)  # after pidfd_open: of the process it pins
+        # The accept's record is read when its event is handled, which a busy router may do
+        # after the sender exited and its pid was reused: the process now holding the pid must
+        # at least be the sender's user (another user's process never lends its pid).
         if (peer is None or (peer.uid, peer.pid) != (creds.uid, creds.pid)
-                or peer.start_time is None or actual != peer.start_time):
+                or peer.start_time is None or actual != peer.start_time
+                or _process_uid(creds.pid) != creds.uid):
             log.warning("router: HELLO from pid %d uid %d refused: %s", creds.pid, creds.uid,
                         "its connection is gone" if peer is None or peer.uid != creds.uid else
                         f"that pid is now another process (started at tick {actual}, the sender "

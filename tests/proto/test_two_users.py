@@ -231,8 +231,17 @@ def test_a_socket_directory_another_user_made_first_is_not_trusted() -> None:
         assert squatter.stdout is not None and squatter.stdout.readline().strip() == "listening"
         env = {k: v for k, v in os.environ.items()
                if k not in ("XDG_RUNTIME_DIR", "PILOT_SOCKET", "LD_PRELOAD")}
-        victim = subprocess.run([sys.executable, "-c", _VICTIM, str(shim_path())], capture_output=True,
-                                text=True, timeout=30, env={**env, "PILOT_CONNECT_TIMEOUT": "2"})
+        # a copy nobody can read (the installed one may sit under root's 0700 home)
+        readable = Path(tempfile.mkdtemp(prefix="pilot-shim-", dir="/tmp"))
+        readable.chmod(0o755)
+        shim = readable / "libpilot.so"
+        shutil.copyfile(shim_path(), shim)
+        shim.chmod(0o755)
+        try:
+            victim = subprocess.run([sys.executable, "-c", _VICTIM, str(shim)], capture_output=True,
+                                    text=True, timeout=30, env={**env, "PILOT_CONNECT_TIMEOUT": "2"})
+        finally:
+            shutil.rmtree(readable, ignore_errors=True)
         assert victim.returncode == 0, victim.stderr
         assert int(victim.stdout) != 0  # the CUDA call fails...
         assert "owned by another user" in victim.stderr and str(squat) in victim.stderr  # ...saying why
