@@ -1,9 +1,10 @@
 /* The daemon's fast path: posted kernel launches, small copies between the program's device
  * memory and its host (cudaMemcpy H2D and D2H carried inline), cudaDeviceSynchronize /
- * cudaStreamSynchronize of the program's streams, and the flushes of its unified-memory
- * shadows, that need nothing of the daemon's Python (no policy decision, no capacity
- * enforcement, no timing) run here, in C, on the vGPU thread, without the GIL, as the endpoint
- * receives them; a copy is answered from here too. Everything else (and anything this path is not sure of) goes to
+ * cudaStreamSynchronize of the program's streams, the flushes of its unified-memory shadows,
+ * and library calls and memsets (fast_library.c: cuBLAS GEMMs, cuBLASLt matmuls, cuDNN
+ * executions and batch normalization, cudaMemset), that need nothing of the daemon's Python (no
+ * policy decision, no capacity enforcement, no timing) run here, in C, on the vGPU thread,
+ * without the GIL, as the endpoint receives them; a copy is answered from here too. Everything else (and anything this path is not sure of) goes to
  * Python as before.
  *
  * Python (daemon/vgpu/fast.py) owns every decision: it says which sessions qualify, which of
