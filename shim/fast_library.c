@@ -555,6 +555,20 @@ int pilot_fast_dnn_plan(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t p
 }
 
 
+/* cudnnSetStream on the real handle when it is not on `stream` already (as backends/cudnn.py's
+ * _on_stream; after Python used the handle, `applied` is clear and it is set again). */
+static int dnn_on_stream(const pilot_fast *f, struct fhandle *h, uint64_t stream)
+{
+    if (h->applied && h->stream == stream)
+        return 0;
+    int err = ((dnn_set_stream_fn)f->libfns[PILOT_FAST_DNN_SET_STREAM])(h->handle, stream);
+    if (!err) {
+        h->stream = stream;
+        h->applied = 1;
+    }
+    return err;
+}
+
 /* The variant pack C builds for one execution (cuDNN copies what it needs at finalize: the pack
  * is destroyed after the execution is queued, as backends/cudnn.py does with evicted ones). */
 static int native_dnn_execute(const pilot_fast *f, struct fhandle *h, const struct dnn_plan *p,
@@ -566,13 +580,9 @@ static int native_dnn_execute(const pilot_fast *f, struct fhandle *h, const stru
         if (!fn[i])
             return -1;
     const int *k = f->dnn_constants;
-    int err;
-    if (!h->applied || h->stream != stream) {
-        if ((err = ((dnn_set_stream_fn)fn[PILOT_FAST_DNN_SET_STREAM])(h->handle, stream)) != 0)
-            return err;
-        h->stream = stream;
-        h->applied = 1;
-    }
+    int err = dnn_on_stream(f, h, stream);
+    if (err)
+        return err;
     uint64_t pack = 0;
     if ((err = ((dnn_create_fn)fn[PILOT_FAST_DNN_CREATE])(k[0], &pack)) != 0)
         return err;
@@ -771,13 +781,9 @@ static int native_bn(const pilot_fast *f, struct fhandle *h, const pilot_req_dnn
                                                   : PILOT_FAST_DNN_BN_FORWARD];
     if (!call || !fn[PILOT_FAST_DNN_SET_STREAM])
         return -1;
-    int err;
-    if (!h->applied || h->stream != stream) {
-        if ((err = ((dnn_set_stream_fn)fn[PILOT_FAST_DNN_SET_STREAM])(h->handle, stream)) != 0)
-            return err;
-        h->stream = stream;
-        h->applied = 1;
-    }
+    int err = dnn_on_stream(f, h, stream);
+    if (err)
+        return err;
     union bn_value a, be, ap, bp;
     int dt = r->x.dtype;
     const void *alpha = bn_scalar(dt, r->alpha, &a), *beta = bn_scalar(dt, r->beta, &be);
