@@ -99,6 +99,18 @@ static void free_plans_of(struct fconn *c, uint64_t token) /* token 0: every pla
     }
 }
 
+/* What one session may make C keep: a client sending ever new descriptor records or shapes
+ * must not grow pilotd. Past it the table starts afresh (Python teaches what is still used). */
+#define TABLE_MAX 256
+
+static uint32_t live_entries(const struct map *m)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < m->cap; i++)
+        n += m->slots[i].key && m->slots[i].value;
+    return n;
+}
+
 /* A cuDNN execution plan of the session and the tensors its executions name. */
 struct dnn_plan {
     uint64_t plan;
@@ -226,6 +238,11 @@ int pilot_fast_lt_plan(pilot_fast *f, uint32_t conn, uint64_t token, const uint8
     }
     if (!descs)
         return 0;
+    if (live_entries(&c->lt_plans) >= TABLE_MAX) {
+        free_plans_of(c, 0);
+        free(c->lt_plans.slots);
+        memset(&c->lt_plans, 0, sizeof c->lt_plans);
+    }
     struct lt_plan *p = calloc(1, sizeof *p + len);
     if (!p)
         return -1;
@@ -696,6 +713,12 @@ int pilot_fast_dnn_bn(pilot_fast *f, uint32_t conn, const pilot_req_dnn_bn *req,
                 return -1;
             }
         }
+    }
+    if (live_entries(&c->dnn_bns) >= TABLE_MAX) {
+        for (uint32_t i = 0; i < c->dnn_bns.cap; i++)
+            free_dnn_bn(f, (struct dnn_bn *)(uintptr_t)c->dnn_bns.slots[i].value);
+        free(c->dnn_bns.slots);
+        memset(&c->dnn_bns, 0, sizeof c->dnn_bns);
     }
     uint64_t key = shape_key(&b->shape);
     struct entry *e = map_find(&c->dnn_bns, key);
