@@ -489,8 +489,9 @@ class Backend(Protocol):
         """Addresses of the functions fast_library.c calls, by enum pilot_fast_libfn, for what is
         loaded now (libcuda's memset; cuBLAS and cuBLASLt once a handle was made); {} for a
         backend that is called back instead (the sim)."""
-    def fast_blas_handle(self, handle: Any) -> int:
-        """The library's own handle value behind a backend handle (nonzero)."""
+    def fast_library_handle(self, handle: Any) -> int:
+        """The library's own handle value behind a backend handle of cuBLAS, cuBLASLt or cuDNN
+        (nonzero)."""
     def fast_lt_descriptors(self, handle: Any, key: bytes) -> list[int] | None:
         """The five descriptors (matmul, A, B, C, D) blaslt_matmul made for `key`, or None."""
     def fast_lt_evicted(self, handle: Any) -> list[bytes]:

@@ -1422,7 +1422,7 @@ class CudaBackend:
             pass
         return out
 
-    def fast_blas_handle(self, handle: Any) -> int:
+    def fast_library_handle(self, handle: Any) -> int:
         return int(handle.ptr)
 
     def fast_lt_descriptors(self, handle: Any, key: bytes) -> list[int] | None:

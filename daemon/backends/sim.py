@@ -1136,7 +1136,7 @@ class SimBackend:
     def fast_library_functions(self) -> dict[int, int]:
         return {}  # the fast path calls back (vgpu/fast.py)
 
-    def fast_blas_handle(self, handle: Any) -> int:
+    def fast_library_handle(self, handle: Any) -> int:
         return int(handle[2]) if isinstance(handle, tuple) else id(handle)  # cuBLAS's, cuDNN's
 
     def fast_lt_descriptors(self, handle: Any, key: bytes) -> list[int] | None:

@@ -468,9 +468,10 @@ def lt_ranges(call: LtCall) -> LtRanges:
                     type_size(v(LT_DESC, DESC_SCALE_TYPE), "scale") if device else 0)
 
 
-def check_lt(s: Session, call: LtCall) -> int:
-    """Refuse what pilot cannot size, check every range the matmul touches; returns D's span."""
-    r = lt_ranges(call)
+def check_lt(s: Session, call: LtCall, r: LtRanges | None = None) -> int:
+    """Refuse what pilot cannot size, check every range the matmul touches (`r`: its ranges,
+    when the caller has them); returns D's span."""
+    r = lt_ranges(call) if r is None else r
     for obj, ptr in ((LT_A, call.a), (LT_B, call.b), (LT_C, call.c), (LT_D, call.d)):
         if ptr or obj == LT_D:
             s.check_range(ptr, r.spans[obj])
@@ -500,13 +501,14 @@ def blaslt_matmul(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     h = library_handle(s, req.handle, LIB_CUBLASLT, LIB_CUBLAS)
     key, attrs = h.records(payload)
     call = lt_call(req, attrs)
-    span_d = check_lt(s, call)
+    ranges = lt_ranges(call)
+    span_d = check_lt(s, call, ranges)
     stream = stream_for_work(vg, s, req.stream)
     note_write(vg, s, call.d, span_d, stream)
     vg.backend.blaslt_matmul(h.obj, call, key, stream)
     vg.metrics.count("library_calls", (s.tenant, "cublasLtMatmul"))
     if vg.fast is not None:
-        vg.fast.lt_plan(s, req.handle, h, key, lt_ranges(call))
+        vg.fast.lt_plan(s, req.handle, h, key, ranges)
         vg.fast.stream_used(s, req.stream)
 
 

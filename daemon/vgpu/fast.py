@@ -239,7 +239,7 @@ class FastLaunches:
             return
         if self._libfns is not None and _FIRST_FUNCTION[h.library] not in self._libfns:
             self._library_functions()  # its library has loaded since C was told (once each)
-        handle = self.vg.backend.fast_blas_handle(h.obj)
+        handle = self.vg.backend.fast_library_handle(h.obj)
         if lib.pilot_fast_library_handle(self.ptr, s.identity, token, handle,
                                          _HANDLE_KINDS[h.library]) != 0:
             raise MemoryError("pilot_fast_library_handle")
