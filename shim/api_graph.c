@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "graph.h"
+#include "graph_remote.h"
 #include "log.h"
 
 #define GRAPH_MAGIC 0x47524150u
@@ -39,7 +40,18 @@ struct gexec {
     size_t count;
     unsigned long long flags;
     int has_mem;           /* allocation or free nodes: a launch checks their allocations first */
+    struct gremote remote; /* its CUDA graph in pilotd, if any (graph_remote.c) */
 };
+
+/* The program changed exec e: pilotd's graph (if any) is instantiated again before its next
+ * launch, and a graph that could not be recorded is tried again. */
+static void exec_changed(struct gexec *e)
+{
+    if (e->remote.state == GREMOTE_READY)
+        e->remote.state = GREMOTE_STALE;
+    else if (e->remote.state == GREMOTE_REPLAY && e->remote.reason == PILOT_GRAPH_REPLAY_NODE)
+        e->remote.state = GREMOTE_UNTRIED;
+}
 
 /* ---- the registry of live objects: an open-addressed set of pointers ---- */
 
@@ -598,6 +610,9 @@ static cudaError_t issue_memset(const struct gnode *n, cudaStream_t stream)
             return cudaMemsetAsync(p->dst, (int)(p->value & 0xff), row, stream);
         return cudaMemset2DAsync(p->dst, p->pitch, (int)(p->value & 0xff), row, p->height, stream);
     }
+    if ((p->elementSize == 2 || p->elementSize == 4) && (p->height == 1 || p->pitch == row))
+        return pilot_memset_elems(p->dst, p->value, p->elementSize, p->width * p->height,
+                                  pilot_stream_handle(stream), 0); /* cuMemsetD16/D32Async */
     for (size_t r = 0; r < p->height; r++) {
         cudaError_t err = cudaMemcpyAsync((char *)p->dst + r * p->pitch, n->u.set.pattern, row,
                                           cudaMemcpyHostToDevice, stream);
@@ -1481,6 +1496,8 @@ static struct gnode *target(int in_exec, cudaGraphExec_t exec, cudaGraphNode_t n
     if (n && in_exec) {
         struct gexec *e = exec_get(exec);
         n = e ? exec_node(e, n) : NULL;
+        if (n)
+            exec_changed(e);
     }
     return n;
 }
@@ -1726,16 +1743,64 @@ static cudaError_t instantiate(cudaGraphExec_t *out, cudaGraph_t graph, unsigned
     return cudaSuccess;
 }
 
+static cudaError_t exec_destroy(cudaGraphExec_t exec, struct gremote *gone);
+
+/* The exec's CUDA graph in pilotd (graph_remote.c), made or made again; without the lock, as a
+ * launch issues nodes. Execs with memory nodes are replayed (their allocations live in the shim). */
+static cudaError_t remote_instantiate(struct gexec *e)
+{
+    if (e->has_mem) {
+        e->remote.state = GREMOTE_REPLAY;
+        e->remote.reason = PILOT_GRAPH_REPLAY_NODE;
+        return cudaSuccess;
+    }
+    cudaStream_t stream = pilot_graph_remote_prepare(&e->remote, e->order, e->count);
+    if (!stream)
+        return cudaSuccess; /* replayed */
+    struct pilot_recording rec = {.device = e->remote.device};
+    cudaError_t err = cudaSuccess, last = pilot_last_error_swap(cudaSuccess);
+    pilot_record_begin(&rec);
+    for (size_t i = 0; i < e->count && !err && !rec.failed; i++)
+        if (e->order[i]->enabled)
+            err = pilot_node_issue(e->order[i], stream);
+    pilot_record_end();
+    pilot_last_error_swap(last); /* what recording met is not the program's error */
+    return pilot_graph_remote_send(&e->remote, (uint64_t)(uintptr_t)e, stream, &rec, err);
+}
+
+/* Instantiation, then pilotd's graph: a node pilotd refuses (memory that is not the session's)
+ * fails the instantiation, as CUDA refuses such a node when it is added. */
+static cudaError_t instantiate_all(cudaGraphExec_t *out, cudaGraph_t graph,
+                                   unsigned long long flags, cudaGraphInstantiateResult *result)
+{
+    pthread_mutex_lock(&pilot_graph_lock);
+    cudaError_t err = instantiate(out, graph, flags, result);
+    struct gexec *e = err ? NULL : exec_get(*out);
+    pthread_mutex_unlock(&pilot_graph_lock);
+    if (!e)
+        return err;
+    err = remote_instantiate(e);
+    if (err) {
+        pthread_mutex_lock(&pilot_graph_lock);
+        exec_destroy(*out, NULL);
+        pthread_mutex_unlock(&pilot_graph_lock);
+        *out = NULL;
+        if (result)
+            *result = cudaGraphInstantiateError;
+    }
+    return err;
+}
+
 PILOT_EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
                                               unsigned long long flags)
 {
-    LOCKED(instantiate(pGraphExec, graph, flags, NULL));
+    PILOT_RETURN(instantiate_all(pGraphExec, graph, flags, NULL));
 }
 
 PILOT_EXPORT cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *pGraphExec,
                                                        cudaGraph_t graph, unsigned long long flags)
 {
-    LOCKED(instantiate(pGraphExec, graph, flags, NULL));
+    PILOT_RETURN(instantiate_all(pGraphExec, graph, flags, NULL));
 }
 
 PILOT_EXPORT cudaError_t cudaGraphInstantiateWithParams(cudaGraphExec_t *pGraphExec,
@@ -1745,7 +1810,7 @@ PILOT_EXPORT cudaError_t cudaGraphInstantiateWithParams(cudaGraphExec_t *pGraphE
     if (!params)
         PILOT_RETURN(cudaErrorInvalidValue);
     params->errNode_out = NULL;
-    LOCKED(instantiate(pGraphExec, graph, params->flags, &params->result_out));
+    PILOT_RETURN(instantiate_all(pGraphExec, graph, params->flags, &params->result_out));
 }
 
 PILOT_EXPORT cudaError_t cudaGraphInstantiateWithParams_ptsz(cudaGraphExec_t *pGraphExec,
@@ -1769,20 +1834,25 @@ PILOT_EXPORT cudaError_t cudaGraphExecGetFlags(cudaGraphExec_t graphExec, unsign
     LOCKED(exec_flags(graphExec, flags));
 }
 
-static cudaError_t exec_destroy(cudaGraphExec_t exec)
+/* gone (if not NULL) gets the exec's twin in pilotd, for the caller to release outside the lock. */
+static cudaError_t exec_destroy(cudaGraphExec_t exec, struct gremote *gone)
 {
     struct gexec *e = exec_get(exec);
     if (!e)
         return cudaErrorInvalidValue;
+    if (gone)
+        *gone = e->remote;
     exec_free(e); /* a launch in flight issued its nodes already: nothing waits for e */
     return cudaSuccess;
 }
 
 PILOT_EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec)
 {
+    struct gremote gone = {0};
     pthread_mutex_lock(&pilot_graph_lock);
-    cudaError_t err = exec_destroy(graphExec);
+    cudaError_t err = exec_destroy(graphExec, &gone);
     pthread_mutex_unlock(&pilot_graph_lock);
+    pilot_graph_remote_destroy(&gone, (uint64_t)(uintptr_t)graphExec);
     pilot_gmem_drain();
     PILOT_RETURN(err);
 }
@@ -1808,6 +1878,12 @@ PILOT_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t
         if (err)
             PILOT_RETURN(err);
     }
+    if (e->remote.state == GREMOTE_UNTRIED || e->remote.state == GREMOTE_STALE) {
+        if ((err = remote_instantiate(e)))
+            PILOT_RETURN(err); /* a changed node pilotd refuses */
+    }
+    if (pilot_graph_remote_launch(&e->remote, (uint64_t)(uintptr_t)e, stream, &err))
+        PILOT_RETURN(err);
     for (size_t i = 0; i < e->count; i++) {
         const struct gnode *n = e->order[i];
         if (!n->enabled)
@@ -1850,10 +1926,12 @@ static cudaError_t node_enabled(cudaGraphExec_t exec, cudaGraphNode_t node, unsi
     struct gnode *copy = exec_node(e, n);
     if (!copy)
         return cudaErrorInvalidValue;
-    if (get)
+    if (get) {
         *get = (unsigned)copy->enabled;
-    else
+    } else if (copy->enabled != (set != 0)) {
         copy->enabled = set != 0;
+        exec_changed(e);
+    }
     return cudaSuccess;
 }
 
@@ -1934,6 +2012,7 @@ static cudaError_t exec_update(cudaGraphExec_t exec, cudaGraph_t graph,
     e->order = NULL;
     if (order_graph(e, old, &cap))
         return cudaErrorMemoryAllocation;
+    exec_changed(e);
     if (info)
         info->result = cudaGraphExecUpdateSuccess;
     return cudaSuccess;

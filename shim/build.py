@@ -68,6 +68,7 @@ SHIM_SOURCES = [
     "driver_ops.c",
     "api_graph.c",
     "graph_capture.c",
+    "graph_remote.c",
     "graph_mem.c",
     "static_check.c",
     "api_entry_point.c",

@@ -36,6 +36,13 @@ cudaError_t pilot_set_error(cudaError_t err)
     return err;
 }
 
+cudaError_t pilot_last_error_swap(cudaError_t err)
+{
+    cudaError_t old = t_last_error;
+    t_last_error = err;
+    return old;
+}
+
 /* The driver API library's calls into the runtime (driver_ops.h): they leave the thread's last
  * error as it was, and do not count as the thread's use of the runtime, which (as the runtime's
  * primary context) makes the thread's current device its current driver context. */

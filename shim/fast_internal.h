@@ -75,8 +75,14 @@ struct fconn {
     struct map lt_plans; /* hash of (token, records) -> struct lt_plan * (fast_library.c) */
     struct map dnn_plans; /* plan token -> struct dnn_plan * (fast_library.c) */
     struct map dnn_bns;   /* hash of a batch normalization shape -> struct dnn_bn * */
+    struct map graphs;    /* executable graph token -> CUgraphExec (fast_launch.c) */
     uint64_t *syncs; /* what cudaDeviceSynchronize waits for (nsyncs 0: Python's) */
     uint32_t nsyncs, cap_syncs;
+    /* which of them may have work since the last cudaDeviceSynchronize here: C marks the
+     * streams it issues to; all_dirty after Python handled a call of the session (a process
+     * with many idle streams, PyTorch's pools, must not pay a synchronize for each) */
+    uint8_t *sync_dirty;
+    int all_dirty;
     pilot_fast_count count;
 };
 
@@ -110,8 +116,11 @@ int map_put(struct map *m, uint64_t key, uint64_t value, uint32_t extra);
 struct fconn *fast_find_conn(pilot_fast *f, uint32_t conn);
 /* Whether [ptr, ptr+count) lies inside one of the session's device allocations. */
 int fast_owns(const struct fconn *c, uint64_t ptr, uint64_t count);
-/* The CUstream for work on program stream `token`, or 0 when Python must see it. */
-uint64_t fast_stream(const struct fconn *c, uint64_t token);
+/* The CUstream for work on program stream `token`, or 0 when Python must see it; the stream is
+ * marked as one a device synchronization must wait for. */
+uint64_t fast_stream(struct fconn *c, uint64_t token);
+/* Work goes on `stream`: the next device synchronization waits for it. */
+void fast_stream_dirty(struct fconn *c, uint64_t stream);
 double fast_now(void);
 
 /* fast_library.c */

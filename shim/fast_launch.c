@@ -110,10 +110,12 @@ static void free_conn(struct fconn *c)
     fast_library_free_conn(c);
     free(c->functions.slots);
     free(c->streams.slots);
+    free(c->graphs.slots);
     free(c->ranges.items);
     free(c->shadows.items);
     free(c->segments.items);
     free(c->syncs);
+    free(c->sync_dirty);
     free(c);
 }
 
@@ -184,17 +186,43 @@ int pilot_fast_sync_streams(pilot_fast *f, uint32_t conn, const uint64_t *stream
         return -1;
     if (n > c->cap_syncs) {
         uint64_t *grown = realloc(c->syncs, n * sizeof *grown);
-        if (!grown) {
+        uint8_t *dirty = grown ? realloc(c->sync_dirty, n) : NULL;
+        if (!dirty) {
+            c->syncs = grown ? grown : c->syncs;
             c->nsyncs = 0;
             return -1;
         }
         c->syncs = grown;
+        c->sync_dirty = dirty;
         c->cap_syncs = n;
     }
-    if (n)
+    if (n) {
         memcpy(c->syncs, streams, n * sizeof *streams);
+        memset(c->sync_dirty, 0, n);
+    }
     c->nsyncs = n;
+    c->all_dirty = 1;
     return 0;
+}
+
+void pilot_fast_python_work(pilot_fast *f, uint32_t conn)
+{
+    struct fconn *c = fast_find_conn(f, conn);
+    if (c)
+        c->all_dirty = 1;
+}
+
+void fast_stream_dirty(struct fconn *c, uint64_t stream)
+{
+    if (c->all_dirty)
+        return;
+    for (uint32_t i = 0; i < c->nsyncs; i++) {
+        if (c->syncs[i] == stream) {
+            c->sync_dirty[i] = 1;
+            return;
+        }
+    }
+    c->all_dirty = 1; /* a stream the list lacks: wait for everything */
 }
 
 void pilot_fast_output(pilot_fast *f, int fd, uint64_t taken)
@@ -466,12 +494,18 @@ static int bucket(const pilot_fast *f, double dt)
     return b;
 }
 
-uint64_t fast_stream(const struct fconn *c, uint64_t token)
+uint64_t fast_stream(struct fconn *c, uint64_t token)
 {
-    if (!token)
-        return c->legacy_slow ? 0 : c->legacy;
-    const struct entry *st = map_find(&c->streams, token);
-    return st && st->value != ~(uint64_t)0 ? st->value : 0;
+    uint64_t stream;
+    if (!token) {
+        stream = c->legacy_slow ? 0 : c->legacy;
+    } else {
+        const struct entry *st = map_find(&c->streams, token);
+        stream = st && st->value != ~(uint64_t)0 ? st->value : 0;
+    }
+    if (stream)
+        fast_stream_dirty(c, stream);
+    return stream;
 }
 
 static int sync_stream(pilot_fast *f, uint64_t stream)
@@ -552,8 +586,10 @@ static int try_sync(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
     double t0 = fast_now();
     if (device) {
         for (uint32_t i = 0; i < c->nsyncs; i++)
-            if (sync_stream(f, c->syncs[i]) != 0)
+            if ((c->all_dirty || c->sync_dirty[i]) && sync_stream(f, c->syncs[i]) != 0)
                 return FAST_PYTHON;
+        memset(c->sync_dirty, 0, c->nsyncs);
+        c->all_dirty = 0;
     } else {
         pilot_req_handle req;
         if (m->len[1] < sizeof req)
@@ -639,6 +675,46 @@ static int try_flush(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot
     return FAST_DONE;
 }
 
+int pilot_fast_graph(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t graph_exec)
+{
+    struct fconn *c = fast_find_conn(f, conn);
+    return c ? map_put(&c->graphs, token, graph_exec, 0) : -1;
+}
+
+/* A posted GRAPH_LAUNCH of a graph Python registered, on a stream C knows: one cuGraphLaunch. */
+static int try_graph(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m,
+                     const pilot_envelope *env)
+{
+    if (c->enabled != PILOT_FAST_ALL || !(env->flags & PILOT_F_NO_REPLY) ||
+        m->len[1] < sizeof(pilot_req_graph))
+        return FAST_PYTHON;
+    pilot_req_graph req;
+    memcpy(&req, m->frame[1], sizeof req);
+    const struct entry *g = map_find(&c->graphs, req.exec);
+    uint64_t stream = fast_stream(c, req.stream);
+    if (!g || !stream)
+        return FAST_PYTHON;
+    int err;
+    if (f->generic_call) {
+        err = f->generic_call(m->conn, PILOT_OP_GRAPH_LAUNCH, stream, &g->value, sizeof g->value,
+                              NULL, 0);
+    } else {
+        typedef int (*graph_launch_fn)(uint64_t exec, uint64_t stream);
+        graph_launch_fn launch = (graph_launch_fn)f->libfns[PILOT_FAST_GRAPH_LAUNCH];
+        if (!launch)
+            return FAST_PYTHON;
+        err = launch(g->value, stream);
+    }
+    if (err)
+        return FAST_PYTHON; /* Python launches it again and reports the error */
+    c->count.graphs++;
+    c->unflushed = 1;
+    if (!req.stream)
+        c->count.legacy++;
+    c->count.synced = 0;
+    return FAST_DONE;
+}
+
 int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
 {
     struct fconn *c = fast_find_conn(f, m->conn);
@@ -656,6 +732,8 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
         return try_sync(f, srv, c, m, &env);
     if (env.opcode == PILOT_OP_SHADOW_FLUSH)
         return try_flush(f, srv, c, m, &env);
+    if (env.opcode == PILOT_OP_GRAPH_LAUNCH)
+        return try_graph(f, c, m, &env);
     if (env.opcode == PILOT_OP_BLAS_GEMM || env.opcode == PILOT_OP_BLASLT_MATMUL ||
         env.opcode == PILOT_OP_MEMSET || env.opcode == PILOT_OP_DNN_EXECUTE ||
         env.opcode == PILOT_OP_DNN_BATCHNORM) {
@@ -695,6 +773,7 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
         return FAST_LEARN;
     if (stream == ~(uint64_t)0)
         return FAST_PYTHON;
+    fast_stream_dirty(c, stream);
     const void *args = arg_bytes ? m->frame[2] : NULL;
     int err;
     if (f->cuda) {

@@ -58,6 +58,7 @@ typedef struct pilot_fast_count {
     uint32_t memsets;
     uint32_t dnn_executes; /* cudnnBackendExecute */
     uint32_t dnn_bn[2];    /* cudnnBatchNormalizationForwardTrainingEx, ...BackwardEx */
+    uint32_t graphs;       /* executable graphs launched (cuGraphLaunch) */
 } pilot_fast_count;
 
 /* What ran here for one unified-memory shadow since it was last taken. */
@@ -101,10 +102,14 @@ int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabl
  * copies go to Python, which reports it. Returns 0, or -1. */
 int pilot_fast_range(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t size);
 /* Every CUstream of the session (its legacy stream first): cudaDeviceSynchronize is answered
- * here by synchronizing them all, while none of its work waits in Python (n 0: such calls go to
+ * here by synchronizing those that may have work since the last one (all after Python handled a
+ * call), while none of its work waits in Python (n 0: such calls go to
  * Python). cudaStreamSynchronize of the legacy stream or of a stream C launches on is answered
  * here too, under the same condition. Copies the list; returns 0, or -1. */
 int pilot_fast_sync_streams(pilot_fast *f, uint32_t conn, const uint64_t *streams, uint32_t n);
+/* Python handled a call of the connection's session: the next device synchronization C
+ * answers waits for every stream (C knows only which streams its own work went to). */
+void pilot_fast_python_work(pilot_fast *f, uint32_t conn);
 /* The file the kernels' printf output is captured in (daemon/vgpu/device_output.py; fd -1:
  * none) and how much of it Python has taken: a synchronization or copy after which the file is
  * longer goes to Python (which synchronizes again, a no-op, and sends the output with the
@@ -174,8 +179,13 @@ enum pilot_fast_libfn {
     PILOT_FAST_DNN_TENSOR_DESTROY = 29,
     PILOT_FAST_DNN_BN_FORWARD = 30,    /* cudnnBatchNormalizationForwardTrainingEx */
     PILOT_FAST_DNN_BN_BACKWARD = 31,   /* cudnnBatchNormalizationBackwardEx */
-    PILOT_FAST_LIBFNS = 32
+    PILOT_FAST_GRAPH_LAUNCH = 32,      /* cuGraphLaunch */
+    PILOT_FAST_LIBFNS = 33
 };
+/* The session's executable graph `token` (the program's handle) is pilotd's CUgraphExec
+ * `graph_exec` (the sim: a value standing for its graph); 0 forgets it. Its launches run here
+ * (cuGraphLaunch, or the sim's callback with PILOT_OP_GRAPH_LAUNCH) on a stream C knows. */
+int pilot_fast_graph(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t graph_exec);
 typedef int (*pilot_fast_call_fn)(uint32_t conn, uint16_t opcode, uint64_t stream, const void *req,
                                   uint32_t req_len, const void *payload, uint32_t payload_len);
 int pilot_fast_libraries(pilot_fast *f, void *const *fns, int nfns, const uint8_t *type_sizes,

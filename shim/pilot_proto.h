@@ -107,6 +107,13 @@ enum pilot_op {
     /* 330-349: the driver API (libpilot-cuda.so, shim/drv_*.c) */
     PILOT_OP_MODULE_UNLOAD = 330,     /* pilot_req_handle (module); status reply */
     PILOT_OP_MEMSET_WIDE = 331,       /* pilot_req_memset_wide: cuMemsetD16/D32; posted when async */
+    /* 360-369: CUDA graphs instantiated in pilotd (shim/graph_remote.c, daemon/ops/graphs.py) */
+    PILOT_OP_GRAPH_INSTANTIATE = 360, /* pilot_req_graph {exec, stream: the recording stream,
+                                       * count}; frame 2: `count` pilot_graph_record, each followed
+                                       * by its request and payload, padded to 8 bytes; reply
+                                       * pilot_rep_graph. Replaces what pilotd held for `exec`. */
+    PILOT_OP_GRAPH_LAUNCH = 361,      /* pilot_req_graph {exec, stream: the launch stream}; posted */
+    PILOT_OP_GRAPH_DESTROY = 362,     /* pilot_req_graph {exec}; posted */
     /* 316-399 reserved (issue 3) */
 
     /* 400: memory management */
@@ -374,6 +381,39 @@ typedef struct pilot_req_launch {       /* frame 2: packed arguments, arg_bytes 
     uint32_t shared_bytes;
     uint32_t arg_bytes;
 } pilot_req_launch;
+
+/* ---- CUDA graphs (PILOT_OP_GRAPH_*) ---- */
+typedef struct pilot_req_graph {
+    uint64_t exec;   /* the program's executable graph: its handle in the shim */
+    uint64_t stream; /* instantiate: the stream the records were made on; launch: where it runs */
+    uint32_t count;  /* instantiate: the records in frame 2 */
+    uint32_t flags;  /* 0 */
+} pilot_req_graph;
+
+/* One posted call of a recorded graph, as the shim would have sent it on the recording stream. */
+typedef struct pilot_graph_record {
+    uint16_t opcode;
+    uint16_t pad;
+    uint32_t req_len;     /* then req_len bytes of request */
+    uint32_t payload_len; /* then payload_len bytes of payload (frame 2 of the call) */
+    uint32_t pad2;
+} pilot_graph_record;
+
+/* Why pilotd holds no CUDA graph for an executable graph: the shim then replays its nodes. */
+enum pilot_graph_replay {
+    PILOT_GRAPH_INSTANTIATED = 0,
+    PILOT_GRAPH_REPLAY_NODE = 1,    /* a node pilotd cannot put in a graph (its opcode or kind) */
+    PILOT_GRAPH_REPLAY_POLICY = 2,  /* the session's launches go through a policy, the capacity
+                                     * enforcer, kernel timing or managed memory, per launch */
+    PILOT_GRAPH_REPLAY_CAPTURE = 3, /* the driver refused to capture a node */
+    PILOT_GRAPH_REPLAY_LIMIT = 4,   /* the session holds as many graphs as pilotd keeps for one */
+};
+
+typedef struct pilot_rep_graph {
+    pilot_reply_hdr hdr;
+    uint32_t replay; /* enum pilot_graph_replay */
+    uint32_t nodes;  /* nodes of the CUDA graph pilotd instantiated */
+} pilot_rep_graph;
 
 /* ---- memory ---- */
 typedef struct pilot_req_malloc {

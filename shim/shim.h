@@ -51,6 +51,20 @@ cudaError_t pilot_call_on(int device, uint16_t op, const void *req, size_t req_l
 cudaError_t pilot_post_on(int device, uint16_t op, const void *req, size_t req_len,
                           const void *payload, size_t payload_len);
 
+/* Recording (graph_remote.c): while a thread records, the posted calls it makes on `device`
+ * are appended to the recording (a pilot_graph_record each, then its request and payload, padded
+ * to 8 bytes) instead of being sent; any other call (one that waits for an answer, or another
+ * device's) is not made and fails the recording. */
+struct pilot_recording {
+    int device;
+    unsigned char *buf;
+    size_t len, cap;
+    uint32_t count;
+    int failed;
+};
+void pilot_record_begin(struct pilot_recording *r);
+void pilot_record_end(void);
+
 /* For pipelined transfers: hold the connection across several sends and receives. */
 cudaError_t pilot_lock_session(void);
 void pilot_unlock_session(void);
@@ -84,6 +98,7 @@ const pilot_rep_device_info *pilot_device_info_of(int device);
 
 /* ---- error_state.c: CUDA's error state ---- */
 cudaError_t pilot_set_error(cudaError_t err); /* records err as the thread's last error */
+cudaError_t pilot_last_error_swap(cudaError_t err); /* sets the thread's last error, returns the old */
 cudaError_t pilot_sticky_error(void);         /* the process's sticky error, or cudaSuccess */
 /* The driver API library around its runtime calls (error_state.c, driver_ops.h). */
 cudaError_t pilot_driver_begin(void);

@@ -620,9 +620,58 @@ cudaError_t pilot_ensure_device(int device)
 
 /* ---- calls ---- */
 
+static __thread struct pilot_recording *t_recording;
+
+void pilot_record_begin(struct pilot_recording *r)
+{
+    t_recording = r;
+}
+
+void pilot_record_end(void)
+{
+    t_recording = NULL;
+}
+
+static cudaError_t record(struct pilot_recording *r, const struct part *p, uint16_t op,
+                          uint32_t flags, const void *req, size_t req_len, const void *payload,
+                          size_t payload_len)
+{
+    size_t need = sizeof(pilot_graph_record) + ((req_len + payload_len + 7) & ~(size_t)7);
+    if (r->failed || !(flags & PILOT_F_NO_REPLY) || p != &g_parts[r->device] ||
+        req_len > UINT32_MAX || payload_len > UINT32_MAX) {
+        r->failed = 1;
+        return cudaErrorStreamCaptureUnsupported;
+    }
+    if (r->len + need > r->cap) {
+        size_t cap = r->cap ? r->cap : 4096;
+        while (cap < r->len + need)
+            cap *= 2;
+        unsigned char *buf = realloc(r->buf, cap);
+        if (!buf) {
+            r->failed = 1;
+            return cudaErrorMemoryAllocation;
+        }
+        r->buf = buf;
+        r->cap = cap;
+    }
+    pilot_graph_record head = {.opcode = op, .req_len = (uint32_t)req_len,
+                               .payload_len = (uint32_t)payload_len};
+    unsigned char *at = r->buf + r->len;
+    memcpy(at, &head, sizeof head);
+    memcpy(at + sizeof head, req, req_len);
+    if (payload_len)
+        memcpy(at + sizeof head + req_len, payload, payload_len);
+    memset(at + sizeof head + req_len + payload_len, 0, need - sizeof head - req_len - payload_len);
+    r->len += need;
+    r->count++;
+    return cudaSuccess;
+}
+
 static cudaError_t send_on(struct part *p, uint16_t op, uint32_t flags, const void *req,
                            size_t req_len, const void *payload, size_t payload_len)
 {
+    if (t_recording)
+        return record(t_recording, p, op, flags, req, req_len, payload, payload_len);
     pilot_envelope env = {.version = PILOT_PROTO_VERSION, .opcode = op, .flags = flags,
                           .seq = __atomic_add_fetch(&g_seq, 1, __ATOMIC_RELAXED),
                           .session = g_session};

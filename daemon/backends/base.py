@@ -54,6 +54,10 @@ CUDA_ERROR_INVALID_ADDRESS_SPACE = 717
 CUDA_ERROR_INVALID_PC = 718
 CUDA_ERROR_LAUNCH_FAILURE = 719
 CUDA_ERROR_NOT_SUPPORTED = 801
+CUDA_ERROR_ILLEGAL_STATE = 401
+CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900  # a call that waits on a capturing stream
+CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901  # the capture was ended by an error
+CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906  # the legacy stream used while this thread captures
 CUDA_ERROR_UNKNOWN = 999
 
 # cudaMemRangeAttribute values (= CUmem_range_attribute) whose int32 values are device ids (-1
@@ -384,6 +388,19 @@ class Backend(Protocol):
         """(least, greatest) stream priority of the calling thread's device: (0, -5) on an H100.
         stream_create clamps priorities into this range."""
     def stream_priority(self, stream: Any) -> int: ...
+
+    # CUDA graphs (ops/graphs.py): pilotd captures the work of a program's graph on one of the
+    # session's streams and instantiates it. Capture is per thread (the vGPU's): other threads'
+    # calls go on; a call that waits on the capturing stream fails the capture, as on a GPU.
+    def stream_begin_capture(self, stream: Any) -> None: ...
+    def stream_end_capture(self, stream: Any) -> Any:
+        """The captured graph; BackendError if the capture was invalidated (a call that waited
+        on the stream, an unsupported operation), the capture ended either way."""
+    def graph_instantiate(self, graph: Any) -> tuple[Any, int]:
+        """(the executable graph, its node count); the graph itself is destroyed."""
+    def graph_launch(self, graph_exec: Any, stream: Any) -> None: ...
+    def graph_exec_destroy(self, graph_exec: Any) -> None:
+        """Safe while a launch of it runs: the driver frees it when that ends."""
     def function_attributes(self, function: Any) -> list[int]:
         """cuFuncGetAttribute for every CUfunction_attribute 0..15, 0 where none is reported."""
     def function_set_attribute(self, function: Any, attr: int, value: int) -> None:
@@ -500,6 +517,8 @@ class Backend(Protocol):
         """C used the handle: apply every setting again at the next call."""
     def fast_dnn_plan(self, plan: Any) -> int:
         """cuDNN's own value of an execution plan (a backend descriptor) for the fast path."""
+    def fast_graph_exec(self, graph_exec: Any) -> int:
+        """The driver's value of an executable graph (CUgraphExec) for the fast path."""
 
     # cuDNN (backends/dnn.py; cudnn.py on a GPU, sim_dnn.py on the sim). Handles and
     # descriptors are the backend's objects; failures raise DnnError (the cudnnStatus_t).

@@ -639,6 +639,30 @@ class CudaBackend:
     def stream_wait_event(self, stream: Any, event: Any) -> None:
         check(self._cu.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
 
+    # ---- graphs ----
+
+    def stream_begin_capture(self, stream: Any) -> None:
+        cu = self._cu
+        check(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+              "cuStreamBeginCapture")
+
+    def stream_end_capture(self, stream: Any) -> Any:
+        return check(self._cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+
+    def graph_instantiate(self, graph: Any) -> tuple[Any, int]:
+        cu = self._cu
+        try:
+            nodes = check(cu.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1]
+            return check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate"), int(nodes)
+        finally:
+            check(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+
+    def graph_launch(self, graph_exec: Any, stream: Any) -> None:
+        check(self._cu.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch")
+
+    def graph_exec_destroy(self, graph_exec: Any) -> None:
+        check(self._cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
+
     def event_create(self, flags: int) -> Any:
         return check(self._cu.cuEventCreate(flags), "cuEventCreate")
 
@@ -1417,7 +1441,9 @@ class CudaBackend:
     def fast_library_functions(self) -> dict[int, int]:
         out = {**self._libraries.fast_functions(), **self._dnn.fast_functions()}
         try:
-            out[0] = ctypes.cast(ctypes.CDLL("libcuda.so.1").cuMemsetD8Async, ctypes.c_void_p).value or 0
+            driver = ctypes.CDLL("libcuda.so.1")
+            out[0] = ctypes.cast(driver.cuMemsetD8Async, ctypes.c_void_p).value or 0
+            out[_plib.PILOT_FAST_GRAPH_LAUNCH] = ctypes.cast(driver.cuGraphLaunch, ctypes.c_void_p).value or 0
         except (OSError, AttributeError):
             pass
         return out
@@ -1440,6 +1466,9 @@ class CudaBackend:
 
     def fast_dnn_plan(self, plan: Any) -> int:
         return int(plan)
+
+    def fast_graph_exec(self, graph_exec: Any) -> int:
+        return int(graph_exec)
 
     def blas_call(self, handle: Any, fn: Any, args: list[int], named: dict[str, int],
                   scalars: list[bytes], settings: BlasSettings, stream: Any,

@@ -60,6 +60,7 @@ from pilot.daemon.backends import sim_blas, sim_dnn
 from pilot.daemon.backends.base import (
     CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
     CUDA_ERROR_ILLEGAL_ADDRESS,
+    CUDA_ERROR_ILLEGAL_STATE,
     CUDA_ERROR_INVALID_CLUSTER_SIZE,
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_IMAGE,
@@ -71,6 +72,9 @@ from pilot.daemon.backends.base import (
     CUDA_ERROR_MEMORY_ALLOCATION,
     CUDA_ERROR_NO_BINARY_FOR_GPU,
     CUDA_ERROR_NOT_READY,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
     CUDA_ERROR_UNSUPPORTED_LIMIT,
     RESOURCE_ARRAY,
     RESOURCE_LINEAR,
@@ -446,6 +450,17 @@ class _Stream:
     # Work issued while the stream is held: callables and _Holds, in order (sim lock held).
     queue: collections.deque = field(default_factory=collections.deque)
     error: BackendError | None = None  # raised by queued work, reported at the next sync
+    # While captured (stream_begin_capture): the work issued since, in order, not run.
+    capture: list | None = None
+    capture_error: BackendError | None = None  # what ended the capture early
+
+
+@dataclass(eq=False)
+class _Graph:
+    """Captured work: callables and _Holds, run in order on the launch stream."""
+
+    work: list
+    alive: bool = True
 
 
 @dataclass(eq=False)
@@ -536,6 +551,7 @@ class SimBackend:
         self._poisoned = 0  # the sticky error of a kernel fault (_poison), 0 while none
         self._objects: dict[int, _Object] = {}  # texture and surface objects by value
         self._next_object = 1
+        self._capturing: dict[int, _Stream] = {}  # thread id -> the stream it captures
 
     # ---- context-fatal faults ---------------------------------------------------------------
 
@@ -830,22 +846,33 @@ class SimBackend:
     # ---- streams held back by gates (sim lock held) --------------------------------------
 
     def _issue(self, stream: Any, fn: Callable[..., None], *args: Any) -> None:
-        """fn(*args) now, or in order once the held stream gets there (host views copied)."""
-        if stream is not None and stream.queue:
-            stream.queue.append(partial(fn, *(bytes(a) if isinstance(a, memoryview) else a
-                                              for a in args)))
+        """fn(*args) now, or in order once the held stream gets there (host views copied); on
+        a capturing stream, into its capture."""
+        if stream is not None and (stream.queue or stream.capture is not None):
+            work = partial(fn, *(bytes(a) if isinstance(a, memoryview) else a for a in args))
+            if stream.capture is not None:
+                stream.capture.append(work)
+            else:
+                stream.queue.append(work)
         else:
             fn(*args)
 
     def _hold(self, stream: Any, ready: Callable[[], bool]) -> None:
         """Hold `stream` back until ready() (checked now, and whenever kick() runs)."""
+        if stream is not None and stream.capture is not None:
+            stream.capture.append(_Hold(ready))
+            return
         if stream is None or (not stream.queue and ready()):
             return
         stream.queue.append(_Hold(ready))
         self._held.add(stream)
 
     def _wait_idle(self, stream: Any) -> None:
-        """Block until nothing holds `stream` back (a gate opens from another thread)."""
+        """Block until nothing holds `stream` back (a gate opens from another thread). A
+        capturing stream cannot be waited for: the capture fails, as on a GPU."""
+        if stream is not None and stream.capture is not None:
+            self._break_capture(stream, BackendError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                                                     "a wait on a capturing stream"))
         if stream is not None and stream.queue:
             self._cond.wait_for(lambda: not stream.queue)
 
@@ -914,6 +941,67 @@ class SimBackend:
     def _check_stream(self, stream: Any) -> None:
         if stream is not None and not (isinstance(stream, _Stream) and stream.alive):
             raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"bad stream {stream!r}")
+        if stream is None and self._capturing:
+            captured = self._capturing.get(threading.get_ident())
+            if captured is not None:  # thread-local capture mode: the legacy stream is implicit
+                self._break_capture(captured, BackendError(
+                    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "the legacy stream during a capture"))
+
+    def _break_capture(self, stream: _Stream, exc: BackendError) -> None:
+        """An operation a capture cannot hold: the capture is invalidated and the call fails."""
+        stream.capture_error = stream.capture_error or exc
+        raise exc
+
+    # ---- graphs ----
+
+    def stream_begin_capture(self, stream: Any) -> None:
+        with self._lock:
+            self._check_stream(stream)
+            if stream is None:
+                raise BackendError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "capture of the legacy stream")
+            if stream.capture is not None or threading.get_ident() in self._capturing:
+                raise BackendError(CUDA_ERROR_ILLEGAL_STATE, "already capturing")
+            stream.capture, stream.capture_error = [], None
+            self._capturing[threading.get_ident()] = stream
+
+    def stream_end_capture(self, stream: Any) -> Any:
+        with self._lock:
+            self._check_stream(stream)
+            if stream is None or stream.capture is None:
+                raise BackendError(CUDA_ERROR_ILLEGAL_STATE, "the stream is not capturing")
+            work, failed = stream.capture, stream.capture_error
+            stream.capture = stream.capture_error = None
+            self._capturing.pop(threading.get_ident(), None)
+            if failed is not None:
+                raise BackendError(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, f"capture invalidated: {failed}")
+            return _Graph(work)
+
+    def graph_instantiate(self, graph: Any) -> tuple[Any, int]:
+        if not (isinstance(graph, _Graph) and graph.alive):
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"bad graph {graph!r}")
+        graph.alive = False
+        return _Graph(list(graph.work)), len(graph.work)
+
+    def graph_launch(self, graph_exec: Any, stream: Any) -> None:
+        with self._lock:
+            if not (isinstance(graph_exec, _Graph) and graph_exec.alive):
+                raise BackendError(CUDA_ERROR_INVALID_VALUE, f"bad executable graph {graph_exec!r}")
+            self._check_stream(stream)
+            for work in graph_exec.work:
+                if isinstance(work, _Hold):
+                    self._hold(stream, work.ready)
+                else:
+                    self._issue(stream, work)
+            if self._held:
+                self._pump()
+
+    def graph_exec_destroy(self, graph_exec: Any) -> None:
+        if not (isinstance(graph_exec, _Graph) and graph_exec.alive):
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"bad executable graph {graph_exec!r}")
+        graph_exec.alive = False
+
+    def fast_graph_exec(self, graph_exec: Any) -> int:
+        return id(graph_exec)
 
     def _event(self, event: Any) -> _Event:
         if not (isinstance(event, _Event) and event.alive):
@@ -950,6 +1038,9 @@ class SimBackend:
     def stream_query(self, stream: Any) -> bool:
         with self._lock:
             self._check_stream(stream)
+            if stream is not None and stream.capture is not None:
+                self._break_capture(stream, BackendError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                                                         "a query of a capturing stream"))
             return stream is None or not stream.queue
 
     def stream_wait_event(self, stream: Any, event: Any) -> None:

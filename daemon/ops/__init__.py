@@ -9,6 +9,7 @@ from pilot.daemon.ops import (
     dnn,
     events,
     execution,
+    graphs,
     host_memory,
     libraries,
     memory,
@@ -17,8 +18,8 @@ from pilot.daemon.ops import (
 )
 from pilot.daemon.ops.registry import HandlerSpec, merge
 
-CHAPTERS = (device, streams, events, execution, memory, arrays, unified, host_memory, libraries,
-            dnn)
+CHAPTERS = (device, streams, events, execution, graphs, memory, arrays, unified, host_memory,
+            libraries, dnn)
 
 
 def handler_table() -> dict[int, HandlerSpec]:

@@ -53,6 +53,8 @@ class MemoryTables:
         del self._bases[bisect.bisect_left(self._bases, ptr)]
         if self.fast_ranges is not None:
             self.fast_ranges(ptr, 0)
+        if self.graphs:  # their checks are checked again before they run (ops/graphs.py)
+            self.graphs_stale()
         self.pitched.discard(ptr)
         self.driver_zeroed.discard(ptr)
         if ptr in self.managed:
@@ -90,6 +92,8 @@ class MemoryTables:
 
     def forget_module_symbols(self, module: int) -> None:
         """The module is going away: its variables are no memory of the session any more."""
+        if self.graphs:
+            self.graphs_stale()
         for ptr in [p for p, mod in self._symbol_modules.items() if mod == module]:
             del self.symbols[ptr]
             del self._symbol_modules[ptr]

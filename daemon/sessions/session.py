@@ -172,6 +172,11 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     libraries: dict[int, Any] = field(default_factory=dict)
     # cuDNN backend descriptors by the number pilotd gave out (ops/dnn.py DnnDescriptor).
     dnn_descriptors: dict[int, Any] = field(default_factory=dict)
+    # Executable graphs pilotd instantiated for the program (ops/graphs.py RemoteGraph) by the
+    # shim's handle, the bytes of their records, and what makes them stale when memory is freed.
+    graphs: dict[int, Any] = field(default_factory=dict)
+    graph_bytes: int = 0
+    graphs_stale: Any = None
     _next_handle: int = FIRST_HANDLE
 
     # ---- handles ----
@@ -241,6 +246,7 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
             "modules": len(self.modules),
             "library_handles": len(self.libraries),  # cuBLAS/cuBLASLt/cuDNN handles in pilotd
             "dnn_descriptors": len(self.dnn_descriptors),  # cuDNN backend descriptors
+            "graphs": len(self.graphs),  # executable graphs pilotd instantiated as CUDA graphs
             "calls": self.calls,
             "state": "error" if self.sticky else "waiting" if self.waiting is not None else "active",
             "waiting": None if self.waiting is None else {

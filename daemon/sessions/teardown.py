@@ -60,6 +60,10 @@ class Teardown:
             attempt("stream sync", backend.stream_synchronize, st.obj)
         if self.legacy is not None:
             attempt("stream sync", backend.stream_synchronize, self.legacy)
+        for g in self.graphs.values():  # ops/graphs.py; the driver frees one still running later
+            if g.graph_exec is not None:
+                attempt("graph", backend.graph_exec_destroy, g.graph_exec)
+        self.graphs.clear()
         for desc in list(self.dnn_descriptors.values()):  # cuDNN's, before their handles
             attempt("cuDNN descriptor", desc.destroy, backend)
         self.dnn_descriptors.clear()

@@ -109,6 +109,15 @@ LABELED_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                            "cuBLAS GEMMs, cuBLASLt matmuls and cudaMemset calls pilotd checked and "
                            "issued in C, without Python ([daemon] fast_launch), by tenant.",
                            ("tenant",)),
+    "fast_graph_launches": ("pilot_fast_graph_launches_total",
+                            "CUDA graph launches pilotd made in C (one cuGraphLaunch each), "
+                            "without Python ([daemon] fast_launch), by tenant.", ("tenant",)),
+    "graph_instantiations": ("pilot_graph_instantiations_total",
+                             "Executable graphs programs had pilotd instantiate, by outcome: "
+                             "instantiated (a CUDA graph in pilotd), refused (a node outside "
+                             "the tenant's memory), or replay_* (the shim issues the nodes one "
+                             "by one: replay_node, replay_policy, replay_capture, replay_limit).",
+                             ("tenant", "outcome")),
     "fast_flushes": ("pilot_fast_flushes_total",
                      "Unified-memory shadow flushes (host-written managed memory to the GPU) "
                      "pilotd did and answered in C, without Python ([daemon] fast_launch), by "

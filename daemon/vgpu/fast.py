@@ -204,6 +204,8 @@ class FastLaunches:
             elif opcode == lib.PILOT_OP_DNN_BATCHNORM:
                 r = ffi.cast("pilot_req_dnn_bn *", req)
                 vg.backend.dnn_batchnorm(s.libraries[r.handle].obj, batchnorm_call(r), st)
+            elif opcode == lib.PILOT_OP_GRAPH_LAUNCH:
+                vg.backend.graph_launch(self._objects[ffi.cast("uint64_t *", req)[0]], st)
             elif opcode == lib.PILOT_OP_DNN_EXECUTE:
                 r = ffi.cast("pilot_req_dnn_execute *", req)
                 pack = list(struct.iter_unpack("<qQ", ffi.buffer(payload, payload_len)))
@@ -308,6 +310,22 @@ class FastLaunches:
                 lib.pilot_fast_lt_plan(self.ptr, s.identity, token, key, len(key), ffi.NULL,
                                        ffi.NULL, ffi.NULL, 0)
 
+    def graph(self, s: Session, token: int, graph_exec: Any) -> None:
+        """The session's executable graph `token` is pilotd's `graph_exec` (None: forget it):
+        C launches it from now on."""
+        if s.identity is None or s.id not in self._states:
+            return
+        if graph_exec is None:
+            value = 0
+        elif self._libfns is None:  # generic mode: C calls back with a value standing for it
+            value = self._registered(graph_exec)
+        else:
+            if lib.PILOT_FAST_GRAPH_LAUNCH not in self._libfns:
+                self._library_functions()
+            value = self.vg.backend.fast_graph_exec(graph_exec)
+        if lib.pilot_fast_graph(self.ptr, s.identity, token, value) != 0:
+            raise MemoryError("pilot_fast_graph")
+
     def library_gone(self, s: Session, token: int) -> None:
         if s.identity is not None and s.id in self._states:
             lib.pilot_fast_library_handle(self.ptr, s.identity, token, 0, 0)  # and its sets
@@ -327,6 +345,7 @@ class FastLaunches:
         conn = s.identity
         if conn is None:
             return
+        lib.pilot_fast_python_work(self.ptr, conn)
         res = self.vg.broker.residency
         enabled = 0 if (s.sticky or s.waiting is not None
                         or (res is not None and s.id in res.sessions)) else lib.PILOT_FAST_ALL
@@ -428,7 +447,11 @@ class FastLaunches:
                 launches = count.launches
                 syncs = count.syncs
                 library = self._fold_library(s, count)
-                stream_work = launches + count.d2h + count.h2d + syncs[0] + syncs[1] + library
+                graphs = count.graphs
+                if graphs:
+                    self._row("graph_launch")[0] += graphs
+                    self._add(("fast_graph_launches", (s.tenant,)), graphs)
+                stream_work = launches + count.d2h + count.h2d + syncs[0] + syncs[1] + library + graphs
                 s.calls += stream_work + count.flushes
                 if stream_work:
                     s.work_in_flight = not count.synced  # as after the last thing C did

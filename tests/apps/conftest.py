@@ -45,7 +45,7 @@ SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
             "alloc", "symbols", "runtime_misc", "managed", "callbacks", "ptds", "multidev",
             "launch_ex", "scrub", "pinned", "quota_paths", "footprint", "liveness", "devices",
             "fault", "mempool", "launch_order", "func_info", "arrays", "driver_api", "graphs", "graph_mem",
-            "device_printf", "cublas_gemm", "cublas_level", "cudnn_conv",
+            "graph_launch", "device_printf", "cublas_gemm", "cublas_level", "cudnn_conv",
             "entry_point")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 SOURCES["ptds_per_thread"] = APPS_DIR / "ptds.cu"  # the same source, per-thread default streams

@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Callable
 
 import pytest
+from pilotd_metrics import run_scraped, total
 
 N = 1024
 THREADS = 256
@@ -134,3 +135,44 @@ def test_graphs_garbage_handles(run_under_pilot: Callable[..., subprocess.Comple
     assert lines[-1] == "garbage done"
     assert len(lines) == 13
     assert all(line.endswith(" cudaErrorInvalidValue") for line in lines[:-1]), lines
+
+
+def _launch_expected() -> list[str]:
+    a = [3 * i - 1000 for i in range(4096)]
+
+    def show(what: str, x: list[int]) -> str:
+        h = 0
+        for v in x:
+            h = (h * 31 + (v & MASK)) & MASK
+        return f"{what} {h:08x} {x[0]} {x[-1]}"
+
+    plus50 = [v + 50 for v in a]
+    return [show("captured", plus50), show("after_free", plus50), show("exec_then_other", plus50),
+            show("updated", [3 * v + 49 for v in a]), show("explicit", [2 * v + 8 for v in a]),
+            show("exec_set", [5 * v + 8 for v in a]), show("disabled", [v + 1 for v in a]),
+            show("relaunched", [5 * v + 8 for v in a]), "done"]
+
+
+def test_graphs_of_device_work_are_one_launch_in_pilotd(start_pilotd, app_binaries, shim_path) -> None:
+    """Graphs of kernels, device copies and memsets become CUDA graphs pilotd instantiates
+    (daemon/ops/graphs.py): launches, changes to an exec, a free between launches and a whole
+    graph update give CUDA's results; with `fast_launch = false` Python launches them, and the
+    same program prints the same."""
+    argv = [str(app_binaries["graph_launch"])]
+    fast_out, fast = run_scraped(start_pilotd, argv, shim_path, None)
+    slow_out, slow = run_scraped(start_pilotd, argv, shim_path, "[daemon]\nfast_launch = false\n")
+    assert fast_out.splitlines() == slow_out.splitlines() == _launch_expected()
+    for values in (fast, slow):
+        outcomes = {k: v for k, v in values.items() if k.startswith("pilot_graph_instantiations_total")}
+        assert outcomes and all('outcome="instantiated"' in k for k in outcomes), outcomes
+        assert total(values, "pilot_graph_instantiations_total") >= 5  # each change instantiates again
+    assert total(fast, "pilot_fast_graph_launches_total") > 100
+    assert total(slow, "pilot_fast_graph_launches_total") == 0
+
+
+def test_graphs_with_host_work_are_replayed(start_pilotd, app_binaries, shim_path) -> None:
+    """graphs.cu has host nodes, copies from host memory and events: those graphs stay with the
+    shim (outcome replay_node) and still print what CUDA prints."""
+    out, values = run_scraped(start_pilotd, [str(app_binaries["graphs"])], shim_path, None)
+    assert out.splitlines() == expected()
+    assert values.get('pilot_graph_instantiations_total{outcome="replay_node",tenant="all"}', 0) > 0

@@ -36,7 +36,7 @@ WORK=$(mktemp -d /tmp/pilot-graphs.XXXXXX)
 trap 'pilotd_stop; rm -rf "$WORK"' EXIT
 
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-PROGRAMS=(graphs graph_mem)
+PROGRAMS=(graphs graph_mem graph_launch)
 for prog in "${PROGRAMS[@]}"; do
     say "building $prog.cu with $NVCC -arch=$NVCC_ARCH"
     "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$WORK/$prog" "$REPO/tests/apps/$prog.cu" \
@@ -52,7 +52,7 @@ native_env=(env -u LD_PRELOAD -u PILOT_SOCKET)
 
 bad=0
 # each run: the program and its argument, if any (graph_mem moved: memory nodes in a moved child)
-for run in graphs graph_mem "graph_mem moved"; do
+for run in graphs graph_mem "graph_mem moved" graph_launch; do
     read -r prog arg <<<"$run"
     tag=${run// /_}
     # shellcheck disable=SC2086  # $arg: no word at all when there is no argument

@@ -3,7 +3,7 @@
 #
 #   bash tests/gpu/run_all.sh [STAGE...]
 #
-# With STAGE names (smoke compare driver cublas cudnn ops faults bench um_tune um_flush sched fig1 tenants) only those run, after wheels and
+# With STAGE names (smoke compare driver cublas cudnn ops faults graphs bench um_tune um_flush sched fig1 tenants) only those run, after wheels and
 # install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
@@ -158,6 +158,7 @@ main() {
     stage cudnn cudnn_all
     stage ops timeout -k 10 120 "$PYTHON" tests/gpu/ops_check.py
     stage faults timeout -k 10 180 "$PYTHON" tests/gpu/fault_check.py
+    stage graphs timeout -k 10 240 bash tests/gpu/graphs_compare.sh
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
     stage bench timeout -k 20 "$BENCH_TIMEOUT" "$PYTHON" bench/bench.py --start-daemon \
         --out "$OUT/bench.md" --json "$OUT/bench.json" --daemon-log "$OUT/pilotd-bench.log" $BENCH_ARGS
@@ -188,8 +189,8 @@ main() {
 }
 
 for wanted in "$@"; do
-    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | faults | bench | um_tune | um_flush | sched | fig1 | tenants) ;; *)
-        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops faults bench um_tune um_flush sched fig1 tenants)" >&2
+    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | faults | graphs | bench | um_tune | um_flush | sched | fig1 | tenants) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops faults graphs bench um_tune um_flush sched fig1 tenants)" >&2
         exit 2
     esac
 done
