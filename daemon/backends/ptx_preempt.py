@@ -40,6 +40,7 @@ Kernels that are not rewritten, and why (`Rewrite.reason`):
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass
 
 SUFFIX = "__pilot_ptb"
@@ -140,6 +141,18 @@ def control_words(grid: tuple[int, int, int], done: int = 0) -> list[int]:
     """The control block's words for a launch of `grid` of which `done` blocks already ran."""
     gx, gy, gz = grid
     return [done, 0, gx * gy * gz, gx, gy, gz, 0, 0]
+
+
+def claim_range(control: memoryview | bytearray, run_blocks: int | None = None) -> range:
+    """What one launch of a variant runs, from its control block, as the claim loop does (the
+    sim's emulation of it): the logical blocks from `next` on, all of them or `run_blocks`
+    claims (the retreat seen after that many), none while `retreat` is set; `next` is advanced
+    past what runs."""
+    claimed, retreat, total = struct.unpack_from("<3I", control)
+    end = claimed if retreat else total if run_blocks is None else min(total, claimed + run_blocks)
+    end = max(end, claimed)
+    struct.pack_into("<I", control, 0, end)
+    return range(claimed, end)
 
 
 def rewrite_module(ptx: str) -> Rewritten:
