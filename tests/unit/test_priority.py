@@ -159,6 +159,9 @@ def test_a_low_tenant_is_gated_only_while_a_higher_one_is_active(tmp_path: Path,
     h = Harness(tmp_path, {"infer": "high", "train": "low"}, inflight=2)
     hi, lo = h.session(1, "infer"), h.session(2, "train")
     assert (hi.priority, lo.priority, hi.signals, lo.signals) == (2, 0, True, False)
+    # the high session's legacy stream goes first when SMs free up
+    greatest = h.be.stream_priority_range()[1]
+    assert (h.be.stream_priority(hi.legacy), h.be.stream_priority(lo.legacy)) == (greatest, 0) != (0, 0)
     h.be.gate(lo.legacy, slot.spec())  # a long kernel of train's
     for i in range(4):  # alone on the GPU: never gated, all of it goes to the GPU
         h.memset(lo, 0, 10 + i)
