@@ -27,6 +27,10 @@ Kernels that are not rewritten, and why (`Rewrite.reason`):
   `mapa`, `::cluster` memory): a cluster's blocks share distributed shared memory and are
   scheduled together; logical blocks claimed one by one are not;
 - `%gridid` or a whole `%ctaid` / `%nctaid` vector read (not mapped);
+- programmatic dependent launch (`griddepcontrol`): when dependents may start is a property
+  of the real grid's blocks;
+- a call in a module where a device function executes `exit`: a thread that exits there would
+  never reach the next claim's barrier;
 - a CTA barrier that some threads could skip by a `ret` or a forward branch before it: in the
   original, threads that returned early have exited and barriers stop counting them; in the
   persistent loop they wait at the next claim's barrier instead, so the rewrite requires that
@@ -59,6 +63,10 @@ _GRID_SYNC = re.compile(r"%envreg[12]\b")
 _CLUSTER = re.compile(r"%cluster|%is_explicit_cluster|\.reqnctapercluster|\.explicitcluster|"
                       r"barrier\.cluster|\bmapa\b|::cluster")
 _WHOLE_VECTOR = re.compile(r"%n?ctaid(?![.\w])|%gridid\b")
+_GRID_DEPENDENCY = re.compile(r"\bgriddepcontrol\b")
+_FUNC = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+|\.extern\s+)?\.func\b")
+_CALL = re.compile(r"^\s*(?:@!?%[\w$]+\s+)?call\b", re.M)
+_EXIT = re.compile(r"^\s*(?:@!?%[\w$]+\s+)?exit\s*;", re.M)
 
 # Registers and labels of the rewrite (PTX identifiers the compiler never emits).
 _R = "%__pilot_r"
@@ -160,6 +168,7 @@ def rewrite_module(ptx: str) -> Rewritten:
     lines = ptx.splitlines()
     out: list[str] = []
     kernels: dict[str, Rewrite] = {}
+    exits_in_functions = _functions_exit(lines)
     i = 0
     while i < len(lines):
         match = _ENTRY.match(lines[i])
@@ -171,7 +180,7 @@ def rewrite_module(ptx: str) -> Rewritten:
         entry = lines[i:end + 1]
         out.extend(entry)
         name = match.group(2)
-        reason = _refusal(entry)
+        reason = _refusal(entry, exits_in_functions)
         if reason:
             kernels[name] = Rewrite(name, None, reason)
         else:
@@ -209,9 +218,27 @@ def _body_start(entry: list[str]) -> int:
     raise ValueError("PTX entry without a body")
 
 
-def _refusal(entry: list[str]) -> str:
-    """Why the entry cannot be rewritten, or ""."""
+def _functions_exit(lines: list[str]) -> bool:
+    """Whether a device function (.func with a body) of the module executes `exit`."""
+    i = 0
+    while i < len(lines):
+        if _FUNC.match(_code(lines[i])) and not _code(lines[i]).rstrip().endswith(";"):
+            end = _entry_end(lines, i)
+            if _EXIT.search(_code("\n".join(lines[i:end + 1]))):
+                return True
+            i = end + 1
+        else:
+            i += 1
+    return False
+
+
+def _refusal(entry: list[str], exits_in_functions: bool = False) -> str:
+    """Why the entry cannot be rewritten, or the empty string."""
     text = _code("\n".join(entry))
+    if _GRID_DEPENDENCY.search(text):
+        return "programmatic dependent launch (griddepcontrol) follows the real grid's blocks"
+    if exits_in_functions and _CALL.search(text):
+        return "calls device functions of a module where one executes exit"
     if _GRID_SYNC.search(text):
         return "grid-wide synchronization (cooperative groups): its blocks must all be resident"
     if _CLUSTER.search(text):

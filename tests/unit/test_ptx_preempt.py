@@ -168,11 +168,20 @@ $L_end:
     ("\tret;", "\n.reqnctapercluster 2, 1, 1", "thread block clusters"),
     ("\tmov.u32 %r1, %envreg1;\n\tret;", "", "grid-wide synchronization"),
     ("\tmov.u32 %r1, %gridid;\n\tret;", "", "reads %gridid"),
+    ("\tgriddepcontrol.wait;\n\tret;", "", "programmatic dependent launch"),
     (UNIFORM_RETURN, "", ""),
 ])
 def test_refusals(body: str, directives: str, reason: str) -> None:
     r = pp.rewrite_module(_kernel(body, directives)).kernels["k"]
     assert r.reason.startswith(reason) if reason else r.variant == "k" + pp.SUFFIX
+
+
+def test_a_call_into_a_function_that_exits_is_refused() -> None:
+    func = ".func stop()\n{\n\texit;\n}\n"
+    calls = _kernel("\tcall.uni stop, ();\n\tret;")
+    module = calls.replace(HEADER, HEADER + func)
+    assert pp.rewrite_module(module).kernels["k"].reason.startswith("calls device functions")
+    assert pp.rewrite_module(module.replace("exit;", "ret;")).kernels["k"].variant is not None
 
 
 @needs_nvcc
