@@ -8,11 +8,16 @@ and one more, a pointer to a control block (`Control`, 32 bytes of device memory
     u32 retreat   non-zero: claim no more (the preemption request, written by the host)
     u32 total     logical blocks of the original grid (gx * gy * gz)
     u32 gx, gy, gz  the original grid
+    u32 chunk     logical blocks per claim (0 counts as 1)
 
 Launched with any number of blocks (the GPU's resident maximum at most), each block loops:
-thread 0 reads `retreat` (volatile) and, when it is 0, claims `next` with atom.add; the block
-reads the claim through shared memory between two barriers; a claim >= total (or a retreat)
-ends the block. Otherwise the block runs K's body with every `%ctaid` read mapped to the
+thread 0 reads `retreat` (volatile) and, when it is 0, claims `chunk` indices from `next` with
+atom.add; the block reads the claim through shared memory between two barriers and runs the
+chunk's logical blocks one after another (a barrier between two: the next one's threads must
+not overwrite shared memory the previous one still reads); an index >= total (or a retreat)
+ends the block. A larger chunk costs fewer atomics on one address, which matters for grids of
+many short blocks, and delays the retreat by up to chunk - 1 blocks: the daemon chooses it per
+kernel and grid. The block runs K's body with every `%ctaid` read mapped to the
 logical index (x fastest, as the hardware numbers blocks: `logical_ctaid`) and every `%nctaid`
 read to the original grid, and every `ret` / `exit` of the body goes back to the claim. A
 block that claimed an index finishes it, so every logical block runs exactly once whatever
@@ -49,7 +54,7 @@ from dataclasses import dataclass
 
 SUFFIX = "__pilot_ptb"
 CONTROL_BYTES = 32
-CONTROL_WORDS = ("next", "retreat", "total", "gx", "gy", "gz")
+CONTROL_WORDS = ("next", "retreat", "total", "gx", "gy", "gz", "chunk")
 VERSION = 1  # of the rewrite: part of the compiled-image cache key (ptx_cache.py)
 
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
@@ -73,7 +78,7 @@ _R = "%__pilot_r"
 _MAP = {("", "x"): f"{_R}5", ("", "y"): f"{_R}6", ("", "z"): f"{_R}7",
         ("n", "x"): f"{_R}8", ("n", "y"): f"{_R}9", ("n", "z"): f"{_R}10"}
 
-DECLARATIONS = f"""\t.reg .b32 \t{_R}<12>;
+DECLARATIONS = f"""\t.reg .b32 \t{_R}<15>;
 \t.reg .b64 \t%__pilot_rd<1>;
 \t.reg .pred \t%__pilot_p<2>;
 \t.shared .align 4 .u32 __pilot_blk;
@@ -92,26 +97,39 @@ CLAIM = f"""$__pilot_claim:
 \t@%__pilot_p0 bra \t$__pilot_read;
 \tld.volatile.global.u32 \t{_R}2, [%__pilot_rd0+4];
 \tld.global.u32 \t{_R}4, [%__pilot_rd0+8];
+\tld.global.u32 \t{_R}12, [%__pilot_rd0+24];
+\tmax.u32 \t{_R}12, {_R}12, 1;
 \tsetp.ne.u32 \t%__pilot_p1, {_R}2, 0;
-\t@!%__pilot_p1 atom.global.add.u32 \t{_R}4, [%__pilot_rd0], 1;
+\t@!%__pilot_p1 atom.global.add.u32 \t{_R}4, [%__pilot_rd0], {_R}12;
 \tst.shared.u32 \t[__pilot_blk], {_R}4;
 $__pilot_read:
 \tbar.sync \t0;
 \tld.shared.u32 \t{_R}4, [__pilot_blk];
 \tbar.sync \t0;
+\tld.global.u32 \t{_R}12, [%__pilot_rd0+24];
+\tmax.u32 \t{_R}12, {_R}12, 1;
+\tmov.u32 \t{_R}13, 0;
 \tld.global.u32 \t{_R}11, [%__pilot_rd0+8];
-\tsetp.ge.u32 \t%__pilot_p1, {_R}4, {_R}11;
-\t@%__pilot_p1 bra \t$__pilot_exit;
 \tld.global.u32 \t{_R}8, [%__pilot_rd0+12];
 \tld.global.u32 \t{_R}9, [%__pilot_rd0+16];
 \tld.global.u32 \t{_R}10, [%__pilot_rd0+20];
-\trem.u32 \t{_R}5, {_R}4, {_R}8;
-\tdiv.u32 \t{_R}3, {_R}4, {_R}8;
+\tbra.uni \t$__pilot_map;
+$__pilot_more:
+\tbar.sync \t0;
+$__pilot_map:
+\tadd.u32 \t{_R}14, {_R}4, {_R}13;
+\tsetp.ge.u32 \t%__pilot_p1, {_R}14, {_R}11;
+\t@%__pilot_p1 bra \t$__pilot_exit;
+\trem.u32 \t{_R}5, {_R}14, {_R}8;
+\tdiv.u32 \t{_R}3, {_R}14, {_R}8;
 \trem.u32 \t{_R}6, {_R}3, {_R}9;
 \tdiv.u32 \t{_R}7, {_R}3, {_R}9;
 """
 
 EPILOGUE = """$__pilot_next:
+\tadd.u32 \t%__pilot_r13, %__pilot_r13, 1;
+\tsetp.lt.u32 \t%__pilot_p1, %__pilot_r13, %__pilot_r12;
+\t@%__pilot_p1 bra \t$__pilot_more;
 \tbra.uni \t$__pilot_claim;
 $__pilot_exit:
 \tret;
@@ -145,10 +163,11 @@ def logical_ctaid(index: int, grid: tuple[int, int, int]) -> tuple[int, int, int
     return index % gx, index // gx % gy, index // gx // gy
 
 
-def control_words(grid: tuple[int, int, int], done: int = 0) -> list[int]:
-    """The control block's words for a launch of `grid` of which `done` blocks already ran."""
+def control_words(grid: tuple[int, int, int], done: int = 0, chunk: int = 1) -> list[int]:
+    """The control block's words for a launch of `grid` of which `done` blocks already ran,
+    claiming `chunk` logical blocks at a time."""
     gx, gy, gz = grid
-    return [done, 0, gx * gy * gz, gx, gy, gz, 0, 0]
+    return [done, 0, gx * gy * gz, gx, gy, gz, chunk, 0]
 
 
 def claim_range(control: memoryview | bytearray, run_blocks: int | None = None) -> range:

@@ -93,32 +93,48 @@ def test_block_reads_are_mapped_and_returns_go_back_to_the_claim(modules: dict[s
                 assert len(re.findall(rf"%__pilot_r{reg}\b", body)) >= reads
 
 
-def _run_mapping(index: int, control: list[int]) -> dict[str, int]:
-    """The claim's index mapping as emitted (pp.CLAIM after the exit test), run on one claim."""
-    regs = {"%__pilot_r4": index}
-    code = pp.CLAIM.split("$__pilot_exit;", 1)[1]
+def _run_mapping(base: int, j: int, control: list[int]) -> dict[str, int]:
+    """The claim's code as emitted (pp.CLAIM from the read of the claim on), run straight
+    through for the j-th block of the chunk claimed at `base` (branches are not taken: this
+    is the path of a block that runs)."""
+    regs: dict[str, int] = {}
+    code = pp.CLAIM.split("$__pilot_read:", 1)[1]
     for line in filter(None, (x.strip().rstrip(";") for x in code.splitlines())):
+        if line == "$__pilot_map:":
+            regs["%__pilot_r13"] = j
+        if line.endswith(":") or line.startswith(("bar.sync", "bra", "@", "setp")):
+            continue
         op, rest = line.split(None, 1)
         args = [a.strip() for a in rest.split(",")]
-        if op == "ld.global.u32":
+        val = [regs[a] if a.startswith("%") else int(a) for a in args[1:]] if op.startswith(
+            ("rem", "div", "add", "max", "mov")) else []
+        if op == "ld.shared.u32":
+            regs[args[0]] = base
+        elif op == "ld.global.u32":
             offset = int(re.fullmatch(r"\[%__pilot_rd0\+(\d+)\]", args[1]).group(1))  # type: ignore[union-attr]
             regs[args[0]] = control[offset // 4]
-        elif op in ("rem.u32", "div.u32"):
-            a, b = regs[args[1]], regs[args[2]]
-            regs[args[0]] = a % b if op == "rem.u32" else a // b
+        elif op in ("rem.u32", "div.u32", "add.u32", "max.u32"):
+            a, b = val
+            regs[args[0]] = {"rem.u32": a % b if b else 0, "div.u32": a // b if b else 0,
+                             "add.u32": a + b, "max.u32": max(a, b)}[op]
+        elif op == "mov.u32":
+            regs[args[0]] = val[0]
         else:
             raise AssertionError(f"unexpected instruction {line!r}")
     return regs
 
 
 @pytest.mark.parametrize("grid", [(1, 1, 1), (7, 1, 1), (3, 5, 1), (4, 3, 6), (1, 9, 2), (65535, 2, 1)])
-def test_logical_index_mapping(grid: tuple[int, int, int]) -> None:
-    control = pp.control_words(grid)
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_logical_index_mapping(grid: tuple[int, int, int], chunk: int) -> None:
+    control = pp.control_words(grid, chunk=chunk)
     total = control[2]
-    assert total == grid[0] * grid[1] * grid[2]
+    assert total == grid[0] * grid[1] * grid[2] and control[6] == chunk
     seen = []
     for index in sorted({*range(min(total, 200)), *range(max(0, total - 50), total)}):
-        regs = _run_mapping(index, control)
+        base, j = index - index % chunk, index % chunk  # the claim it is in, its place there
+        regs = _run_mapping(base, j, control)
+        assert regs["%__pilot_r12"] == chunk and regs["%__pilot_r14"] == index
         mapped = (regs["%__pilot_r5"], regs["%__pilot_r6"], regs["%__pilot_r7"])
         assert mapped == pp.logical_ctaid(index, grid)
         assert (regs["%__pilot_r8"], regs["%__pilot_r9"], regs["%__pilot_r10"]) == grid
@@ -126,6 +142,11 @@ def test_logical_index_mapping(grid: tuple[int, int, int]) -> None:
     # hardware order (x fastest), every block once
     if total <= 200:
         assert seen == [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
+
+
+def test_a_chunk_of_zero_counts_as_one() -> None:
+    control = pp.control_words((5, 1, 1), chunk=0)
+    assert _run_mapping(3, 0, control)["%__pilot_r12"] == 1
 
 
 # ---- refusals on small hand-written kernels ----
