@@ -272,7 +272,7 @@ def check_results(r: Runner, c: Case, rnd: random.Random) -> dict[str, Any]:
         r.prepare(c)
         r.set_control(pp.control_words(c.grid, chunk=rnd.choice((1, 3, 8))))
         runs += 1
-        for _launch in range(64):
+        for _launch in range(256):
             done = r.control()[0]
             if done >= total:
                 break
