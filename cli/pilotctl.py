@@ -180,6 +180,9 @@ def sessions(client: ControlClient, as_json: bool) -> None:
             click.echo(f"{'':>7} {p['state']}: {p['why']}")
         elif p:
             click.echo(f"{'':>7} {p['why']}")
+        if r.get("priority", "normal") != "normal" or r.get("gated"):
+            click.echo(f"{'':>7} priority {r.get('priority', 'normal')}"
+                       + (": gated (a higher class is active on its GPU)" if r.get("gated") else ""))
         w = r.get("waiting")
         if w:  # a launch the policy holds, and why
             click.echo(f"{'':>7} waiting: kernel {w['kernel'] or '?'}: {w['reason'] or 'no reason given'}"

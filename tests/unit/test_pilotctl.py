@@ -84,3 +84,15 @@ def test_priority_commands(replies: dict[str, Any]) -> None:
                                 "tenants": {}, "active": {}}
     assert run("priority", "list").output == "every tenant is normal: no priority gating\n"
     assert run("priority", "list", "--json").output.startswith('{"enabled": false')
+
+
+def test_sessions_show_a_class_and_the_gate(replies: dict[str, Any]) -> None:
+    row = {"session": 3, "tenant": "user:bob", "pid": 42, "device": 0, "device_bytes": 0,
+           "managed_bytes": 0, "calls": 7, "state": "gated", "cmdline": "train", "priority": "low",
+           "gated": True}
+    replies["sessions"] = [row, {**row, "session": 4, "priority": "normal", "gated": False,
+                                 "state": "active"}]
+    lines = run("sessions").output.splitlines()
+    assert lines[2].split() == ["priority", "low:", "gated", "(a", "higher", "class", "is", "active",
+                                "on", "its", "GPU)"]
+    assert len(lines) == 4 and "gated" in lines[1]  # the normal, ungated one has no such line
