@@ -16,8 +16,10 @@ gated_inflight` pieces of GPU work in flight.
   piece of work is admitted while fewer than `gated_inflight` of the session's earlier pieces
   are unfinished (an event recorded after each admitted piece, on its stream, queried); else the
   call is held, and so are the session's later calls (in order, as behind a waiting launch:
-  scheduling/waiting.py), until one finishes or the session is no longer gated. The vGPU looks
-  every GATE_WAKE_MS while a session is held. What a higher tenant waits for is therefore at
+  scheduling/waiting.py), until one finishes or the session is no longer gated. A helper thread
+  of the vGPU (`gate-N`, GateWaker) waits for the oldest unfinished piece of the first held
+  session and wakes the vGPU (control command `P`) when it ends; the vGPU also looks every
+  GATE_WAKE_MS while a session is held. What a higher tenant waits for is therefore at
   most `gated_inflight` kernels of each lower session: with kernels of at most D seconds, about
   gated_inflight x D once the gate applies.
 - A session of the highest class active on its GPU is never gated and never held by the gate:
@@ -27,6 +29,7 @@ gated_inflight` pieces of GPU work in flight.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -144,12 +147,68 @@ def _kick(vg: Any) -> None:
         pass
 
 
+class GateWaker:
+    """A vGPU's helper thread (`gate-N`, started at the first hold): it synchronizes the event
+    the vGPU names (`watch`) and then wakes the vGPU, so a held session goes on within tens of
+    microseconds of its piece's end rather than at the vGPU's next look. It makes no other
+    call; an event recorded again meanwhile only makes it late (the vGPU still looks)."""
+
+    def __init__(self, vg: VGpu) -> None:
+        self.vg = vg
+        self._cond = threading.Condition()
+        self._event: Any = None
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def watch(self, event: Any) -> None:
+        with self._cond:
+            if self._stop or event is self._event:
+                return
+            self._event = event
+            self._cond.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"gate-{self.vg.index}",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        vg = self.vg
+        try:
+            vg.backend.bind_thread(vg.device)
+        except Exception:
+            log.exception("gate-%d: cannot bind to the device; the vGPU's looks remain", vg.index)
+            return
+        while True:
+            with self._cond:
+                while self._event is None and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                event = self._event
+            try:
+                vg.backend.event_synchronize(event)  # the GIL is released meanwhile
+            except Exception:
+                pass  # a failed kernel's event, or one destroyed: the vGPU looks anyway
+            with self._cond:
+                if self._event is event:
+                    self._event = None
+            _kick(vg)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(1)
+
+
 class SessionGate:
     """One per vGPU, owned by its thread: the gated sessions' work in flight and held calls."""
 
     def __init__(self, vg: VGpu, board: PriorityBoard) -> None:
         self.vg = vg
         self.board = board
+        self.waker = GateWaker(vg)
         self.held: list[Session] = []  # sessions with calls held at the gate
         self.gated = 0  # sessions of this vGPU gated now
         # recorded events no longer in flight, by SM partition (an event is recorded only on
@@ -213,7 +272,15 @@ class SessionGate:
             s.gate_held = time.monotonic()
             self.held.append(s)
             self.vg.metrics.count("priority_gate_holds", (s.tenant, NAMES[s.priority]))
+        self._watch()
         return True
+
+    def _watch(self) -> None:
+        """The waker waits for the oldest unfinished piece of the first held session."""
+        for s in self.held:
+            if s.gate_events:
+                self.waker.watch(s.gate_events[0])
+                return
 
     def poll(self) -> None:
         """Every session's gate again; release held sessions that may go on (vGPU thread)."""
@@ -241,6 +308,8 @@ class SessionGate:
             self.vg.waits.replay(s)
             if s.gate_held and s not in self.held:
                 self.held.append(s)
+        if self.held:
+            self._watch()
 
     def forget(self, s: Session) -> None:
         """The session ends (its work was synchronized): its events back to the pool."""
@@ -254,6 +323,7 @@ class SessionGate:
         s.gate_events.clear()
 
     def close(self) -> None:
+        self.waker.close()
         self._destroy([ev for pool in self._free.values() for ev in pool])
         self._free = {}
 

@@ -144,8 +144,27 @@ class Harness:
         self.be.memcpy_dtoh(out, self.buffer + s.id * 4096 + offset, 4, None)
         return struct.unpack("<I", out)[0] & 0xFF
 
+    def control(self) -> bytes:
+        """The control commands sent to the vGPU since the last read."""
+        try:
+            return os.read(self.vg._control_r, 4096)
+        except BlockingIOError:
+            return b""
+
+    def close(self) -> None:
+        self.vg.gate.close()
+
     def counter(self, key: str, tenant: str, priority: str) -> float:
         return self.metrics.snapshot().labeled.get((key, (tenant, priority)), 0)
+
+
+def _until(check: Any, timeout: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.005)
+    return False
 
 
 @pytest.fixture
@@ -178,8 +197,10 @@ def test_a_low_tenant_is_gated_only_while_a_higher_one_is_active(tmp_path: Path,
         assert h.read(hi, 4) == 30 + i and not hi.gate_held
     assert h.read(lo, 0) == 0  # nothing of train's ran: its stream is still busy
     assert h.counter("priority_gate_holds", "train", "low") == 1
+    h.control()  # what was said so far (infer's first call woke the vGPU)
     slot.open()
     h.be.kick()  # the long kernel ends; train's queue drains
+    assert _until(lambda: b"P" in h.control())  # the gate's waker woke the vGPU
     h.vg.gate.poll()
     assert not lo.backlog and not lo.gate_held and lo.gated  # replayed, still gated
     assert h.read(lo, 0) == 22  # every memset ran, the last one last
@@ -187,6 +208,7 @@ def test_a_low_tenant_is_gated_only_while_a_higher_one_is_active(tmp_path: Path,
     time.sleep(WINDOW * 1.5)  # infer idle
     h.vg.gate.poll()
     assert not lo.gated and h.vg.gate.gated == 0
+    h.close()
 
 
 def test_equal_classes_do_not_gate_each_other(tmp_path: Path, slot: Slot) -> None:
