@@ -1,8 +1,9 @@
 """`pilotctl`: the operator's view and controls of a running pilotd.
 
-Reads (`status`, `sessions`, `quota get|list`, `share list`) take --json and print one JSON document on
-stdout; everything else is for people. Changes need root or the admin group (checked by the
-daemon from the kernel's peer credentials). Errors are one line on stderr and exit status 1.
+Reads (`status`, `sessions`, `quota get|list`, `share list`, `priority list`) take --json and
+print one JSON document on stdout; everything else is for people. Changes need root or the admin
+group (checked by the daemon from the kernel's peer credentials). Errors are one line on stderr
+and exit status 1.
 """
 
 from __future__ import annotations
@@ -116,6 +117,10 @@ def status(client: ControlClient, as_json: bool, measure: bool) -> None:
     for v in doc["vgpus"]:
         click.echo(f"  vGPU {v['index']} on GPU {v['gpu']}: {v['sessions']} session(s)")
     _show_faults(doc.get("faults") or [])
+    prio = doc.get("priorities") or {}
+    if prio.get("tenants"):
+        click.echo("priority classes:")
+        _show_priorities(prio)
     iso = doc.get("isolation") or {}
     if iso.get("serves"):
         click.echo(f"isolated pilotd: serves tenant {iso['serves']} alone")
@@ -175,6 +180,9 @@ def sessions(client: ControlClient, as_json: bool) -> None:
             click.echo(f"{'':>7} {p['state']}: {p['why']}")
         elif p:
             click.echo(f"{'':>7} {p['why']}")
+        if r.get("priority", "normal") != "normal" or r.get("gated"):
+            click.echo(f"{'':>7} priority {r.get('priority', 'normal')}"
+                       + (": gated (a higher class is active on its GPU)" if r.get("gated") else ""))
         w = r.get("waiting")
         if w:  # a launch the policy holds, and why
             click.echo(f"{'':>7} waiting: kernel {w['kernel'] or '?'}: {w['reason'] or 'no reason given'}"
@@ -397,6 +405,60 @@ def share_unset(client: ControlClient, tenant: str, gpu: int | None) -> None:
     """Remove TENANT's share set by pilotctl (on one GPU, or all of them)."""
     r = _call(client, "share.unset", tenant=tenant, gpu=gpu)
     click.echo(f"{r['tenant']}: share removed")
+
+
+@main.group()
+def priority() -> None:
+    """Priority classes: high, normal (the default) and low.
+
+    While a tenant of a higher class is active on a GPU (it made a call within [priority]
+    active_window), the sessions of lower classes there are gated: each keeps at most [priority]
+    gated_inflight kernels, library calls or memsets in flight, and its further work waits.
+    A tenant of the highest active class is never held by the gate.
+    """
+
+
+@priority.command("set")
+@click.argument("tenant")
+@click.argument("level", type=click.Choice(["high", "normal", "low"], case_sensitive=False))
+@pass_client
+def priority_set(client: ControlClient, tenant: str, level: str) -> None:
+    """Put TENANT in class LEVEL, e.g. `pilotctl priority set alice high` (live sessions too)."""
+    r = _call(client, "priority.set", tenant=tenant, level=level.lower())
+    click.echo(f"{r['tenant']}: priority {r['priority']}")
+
+
+@priority.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@pass_client
+def priority_list(client: ControlClient, as_json: bool) -> None:
+    """Every tenant's class set by the config or pilotctl, and the class active on each GPU."""
+    r = _call(client, "priority.list")
+    if as_json:
+        _emit_json(r)
+        return
+    _show_priorities(r)
+
+
+@priority.command("unset")
+@click.argument("tenant")
+@pass_client
+def priority_unset(client: ControlClient, tenant: str) -> None:
+    """Remove TENANT's class set by pilotctl (the config's, or normal, applies again)."""
+    r = _call(client, "priority.unset", tenant=tenant)
+    click.echo(f"{r['tenant']}: priority {r['priority']}")
+
+
+def _show_priorities(r: dict[str, Any]) -> None:
+    if not r["tenants"]:
+        click.echo("every tenant is normal: no priority gating")
+    for tenant, p in r["tenants"].items():
+        click.echo(f"{tenant}: {p['priority']} ({p['from']})")
+    if r["enabled"]:
+        click.echo(f"gate: at most {r['gated_inflight']} pieces of GPU work in flight per gated "
+                   f"session; active for {r['active_window_s'] * 1e3:g} ms after a call")
+        for g, level in r["active"].items():
+            click.echo(f"GPU {g}: highest class active: {level or 'none'}")
 
 
 if __name__ == "__main__":

@@ -66,6 +66,10 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     users = ["alice"]
     groups = ["ml"]
     sm_share = 25                  # % of each GPU's SMs its kernels may use (default: all)
+    priority = "high"              # high, normal (default) or low (scheduling/priority.py)
+    [priority]
+    gated_inflight = 2             # GPU work in flight per session gated by a higher tenant
+    active_window = "100ms"        # a tenant is active this long after each call it makes
 
 Sizes are strings with a unit: KiB/MiB/GiB/TiB (powers of 1024, any case), KB/MB/GB/TB
 (powers of 1000, written so: "8GB" is 8e9 bytes, "8gb" is refused) or B; fractions round down
@@ -103,6 +107,15 @@ _POLICY_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
+PRIORITIES = ("low", "normal", "high")  # a tenant's priority class, lowest first
+
+
+def check_priority(value: Any) -> str:
+    """A priority class name: high, normal or low (any case)."""
+    name = value.strip().lower() if isinstance(value, str) else value
+    if name not in PRIORITIES:
+        raise ValueError(f"a priority is one of {', '.join(PRIORITIES)}, not {value!r}")
+    return name
 
 
 class ConfigError(ValueError):
@@ -257,6 +270,7 @@ class TenantDef:
     users: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     sm_share: int | None = None  # percent of each GPU's SMs (resources/shares.py); None: no cap
+    priority: str | None = None  # high, normal or low (resources/priorities.py); None: normal
 
 
 @dataclass(frozen=True)
@@ -291,6 +305,8 @@ class Config:
     policy_max_wait: float = 30.0
     policy_plugins: tuple[str, ...] = ()
     policy_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    priority_gated_inflight: int = 2
+    priority_active_window: float = 0.1
     pinned_limit: int | None = None
     pinned_limit_per_tenant: int | None = None
     pinned_tenant_fraction: float = 0.25
@@ -565,7 +581,7 @@ def _names(value: Any, what: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-_TENANT_KEYS = ("users", "groups", "sm_share")
+_TENANT_KEYS = ("users", "groups", "sm_share", "priority")
 
 
 def _tenants(value: Any) -> dict[str, TenantDef]:
@@ -597,7 +613,8 @@ def _tenant(name: Any, spec: Any, owner: dict[tuple[str, str], str]) -> TenantDe
     if isinstance(spec, TenantDef):
         if spec.name != name:
             raise _Invalid(f"TenantDef named {spec.name!r} under key {name!r}", sub=name)
-        spec = {"users": spec.users, "groups": spec.groups, "sm_share": spec.sm_share}
+        spec = {"users": spec.users, "groups": spec.groups, "sm_share": spec.sm_share,
+                "priority": spec.priority}
     if not isinstance(spec, Mapping):
         raise _Invalid(f"{spec!r} is not a table with users and groups", sub=name)
     found = [_Invalid("", sub=f"{name}.{key}", choices=_TENANT_KEYS)
@@ -619,8 +636,14 @@ def _tenant(name: Any, spec: Any, owner: dict[tuple[str, str], str]) -> TenantDe
     if share is not None and (isinstance(share, bool) or not isinstance(share, int)
                               or not 1 <= share <= 100):
         found.append(_Invalid(f"{share!r} is not a percentage from 1 to 100", sub=f"{name}.sm_share"))
+    priority = spec.get("priority")
+    if priority is not None:
+        try:
+            priority = check_priority(priority)
+        except ValueError as exc:
+            found.append(_Invalid(str(exc), sub=f"{name}.priority"))
     _all_of(found)
-    return TenantDef(name, members["users"], members["groups"], share)
+    return TenantDef(name, members["users"], members["groups"], share, priority)
 
 
 _CONVERT: dict[str, Callable[[Any], Any]] = {
@@ -647,6 +670,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "policy_max_wait": parse_duration,
     "policy_plugins": _plugins,
     "policy_settings": _policy_settings,
+    "priority_gated_inflight": _int_range(1, 1024),
+    "priority_active_window": parse_duration,
     "pinned_limit": _pinned_limit,
     "pinned_limit_per_tenant": _pinned_limit,
     "pinned_tenant_fraction": _fraction,
@@ -687,6 +712,8 @@ SECTIONS: dict[str, dict[str, str]] = {
     "gpu": {k: k for k in ("capacity", "capacity_per_gpu", "enforce_capacity", "managed_limit",
                            "managed_device_memory")},
     "policy": {"name": "policy", "max_wait": "policy_max_wait", "plugins": "policy_plugins"},
+    "priority": {"gated_inflight": "priority_gated_inflight",
+                 "active_window": "priority_active_window"},
     "pinned": {"limit": "pinned_limit", "limit_per_tenant": "pinned_limit_per_tenant",
                "tenant_fraction": "pinned_tenant_fraction"},
     "limits": {k: k for k in ("sessions_per_uid", "connections", "connections_per_uid", "max_frame")},

@@ -139,6 +139,19 @@ class SimLaunch:
         self._symbols = symbols or {}
         self._images = images
         self._printf = printf
+        # A preemptible launch (SimBackend.launch_preemptible): the logical blocks to run now.
+        self.blocks: range | None = None
+
+    def logical_blocks(self) -> range:
+        """The logical blocks this launch runs (a @blockwise emulation runs only these): all of
+        the grid's, or those a preemptible launch claimed."""
+        gx, gy, gz = self.grid
+        return self.blocks if self.blocks is not None else range(gx * gy * gz)
+
+    def ctaid(self, index: int) -> tuple[int, int, int]:
+        """blockIdx of a logical block: x fastest, as the hardware numbers them."""
+        gx, gy, _ = self.grid
+        return index % gx, index // gx % gy, index // gx // gy
 
     def printf(self, text: str) -> None:
         """What the kernel's printf calls print, in the order the GPU would (the emulation says
@@ -332,6 +345,13 @@ def sim_kernel(name: str) -> Callable[[SimFn], SimFn]:
         (_loading[-1] if _loading else default_registry).register(name, fn)
         return fn
     return decorate
+
+
+def blockwise(fn: SimFn) -> SimFn:
+    """Mark an emulation that runs only `k.logical_blocks()`: it can run part of a grid, as a
+    preemptible launch does (SimBackend.launch_preemptible)."""
+    fn.blockwise = True  # type: ignore[attr-defined]
+    return fn
 
 
 def load_kernel_file(path: str | Path, registry: KernelRegistry | None = None) -> KernelRegistry:

@@ -72,6 +72,7 @@ from pilot.daemon.backends.base import (
     CUDA_ERROR_MEMORY_ALLOCATION,
     CUDA_ERROR_NO_BINARY_FOR_GPU,
     CUDA_ERROR_NOT_READY,
+    CUDA_ERROR_NOT_SUPPORTED,
     CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
@@ -104,6 +105,7 @@ from pilot.daemon.backends.fatbin import (
 )
 from pilot.daemon.backends.func_attrs import ImageFuncAttrs, image_function_attrs
 from pilot.daemon.backends.libraries import BlasSettings, GemmCall, LtCall
+from pilot.daemon.backends.ptx_preempt import CONTROL_BYTES, claim_range
 from pilot.daemon.backends.sim_device import H100_ATTRS, h100_like_info
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.sim_kernels import (
@@ -1332,6 +1334,31 @@ class SimBackend:
 
     def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared_bytes: int, stream: Any, args: bytes) -> None:
+        self._launch(function, grid, block, shared_bytes, stream, args, self._kernels.run)
+
+    def launch_preemptible(self, function: Any, grid: tuple[int, int, int],
+                           block: tuple[int, int, int], shared_bytes: int, stream: Any, args: bytes,
+                           control: int, run_blocks: int | None = None) -> None:
+        """The preemptible persistent-block variant of `function` (ptx_preempt.py) as a GPU runs
+        it, for an emulation that runs by block (`sim_kernels.blockwise`): when the stream gets
+        there, the logical blocks from the control block's `next` on, in order, all of them or
+        `run_blocks` (a retreat seen after that many claims), none while `retreat` is set;
+        `next` then counts what ran. `grid` is the original grid. cudaErrorNotSupported for an
+        emulation that runs only whole grids."""
+        fn = self._kernels.get(getattr(getattr(function, "info", None), "name", ""))
+        if fn is not None and not getattr(fn, "blockwise", False):
+            raise BackendError(CUDA_ERROR_NOT_SUPPORTED, f"sim kernel {function.info.name} runs only "
+                               "whole grids (not @blockwise)")
+        self._launch(function, grid, block, shared_bytes, stream, args,
+                     lambda launch: self._run_claimed(launch, control, run_blocks))
+
+    def _run_claimed(self, launch: SimLaunch, control: int, run_blocks: int | None) -> None:
+        words = self._device_range(control, CONTROL_BYTES)
+        launch.blocks = claim_range(words, run_blocks)
+        self._kernels.run(launch)
+
+    def _launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
+                shared_bytes: int, stream: Any, args: bytes, run: Callable[[SimLaunch], None]) -> None:
         with self._lock:
             if not isinstance(function, _Function):
                 raise BackendError(CUDA_ERROR_INVALID_RESOURCE_HANDLE, f"bad function {function!r}")
@@ -1354,7 +1381,7 @@ class SimBackend:
                                printf=self._printf.append)
             self._touched(stream, self._current_device(), self._pointed_blocks(layout, args))
             try:
-                self._issue(stream, self._kernels.run, launch)
+                self._issue(stream, run, launch)
             except BackendError as exc:
                 if exc.code not in STICKY_ERRORS:
                     raise

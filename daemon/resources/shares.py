@@ -28,7 +28,6 @@ all ended, and an uncapped session started before a capped tenant arrived keeps 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -41,6 +40,7 @@ from pilot.daemon.resources.tenants import (
     WILDCARD,
     _check_gpu,
     _check_tenant,
+    read_state_file,
     without_entry,
     write_json_atomic,
 )
@@ -127,17 +127,7 @@ class ShareStore:
         self._shares = table
 
     def _read(self) -> Table:
-        try:
-            with open(self.path, encoding="utf-8") as fh:
-                doc = json.load(fh)
-        except FileNotFoundError:
-            return {}
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ShareFileError(f"{self.path}: cannot read: {exc}") from None
-        try:
-            return _parse(doc)
-        except ValueError as exc:
-            raise ShareFileError(f"{self.path}: {exc}") from None
+        return read_state_file(self.path, _parse, ShareFileError) or {}
 
 
 def _key(gpu: int | None) -> str:

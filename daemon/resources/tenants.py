@@ -27,9 +27,9 @@ import os
 import pwd
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pilot.daemon.config import TenantDef
 from pilot.daemon.sessions.session import stat_fields
@@ -207,6 +207,25 @@ def without_entry(table: dict[str, dict[Any, Any]], tenant: str, key: int | None
     else:
         del new[tenant]
     return new
+
+
+T = TypeVar("T")
+
+
+def read_state_file(path: str, parse: Callable[[Any], T], error: type[ValueError]) -> T | None:
+    """The JSON document of a state file (shares.json, priorities.json) through `parse`; None
+    when there is no file. A file that cannot be read or parsed raises `error`, naming it."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{path}: cannot read: {exc}") from None
+    try:
+        return parse(doc)
+    except ValueError as exc:
+        raise error(f"{path}: {exc}") from None
 
 
 def write_json_atomic(path: str, doc: Any) -> None:

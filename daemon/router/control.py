@@ -1,4 +1,5 @@
-"""The control socket's commands (pilotctl): status, sessions, quotas, compute shares, kill, drain.
+"""The control socket's commands (pilotctl): status, sessions, quotas, compute shares, priority
+classes, kill, drain.
 
 Requests and replies are one JSON frame each: `{"cmd": "quota.set", "args": {...}}` ->
 `{"ok": true, "result": ...}` or `{"ok": false, "error": "one line"}`. The caller's uid and gid
@@ -191,6 +192,7 @@ def status(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, An
             "vgpus": snap["vgpus"], "sessions": len({s["session"] for s in snap["sessions"]}),
             "policy": daemon.config.policy, "scheduling": daemon.policy.describe(),
             "faults": snap["faults"], "isolation": snap["isolation"],
+            "priorities": _visible_priorities(snap["priorities"], caller),
             "you": {"tenant": caller.tenant, "admin": caller.admin}}
 
 
@@ -352,6 +354,44 @@ def share_unset(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[st
         raise ControlError(f"{tenant} has no share set by pilotctl"
                            + ("" if gpu is None else f" on GPU {gpu}"))
     return {"tenant": tenant, "gpu": gpu}
+
+
+# ---- priority classes (resources/priorities.py, scheduling/priority.py) ----
+
+def _visible_priorities(report: dict[str, Any], caller: Caller) -> dict[str, Any]:
+    """The board's report; another tenant's class is for admins only."""
+    if caller.admin:
+        return report
+    return {**report, "tenants": {t: v for t, v in report["tenants"].items() if t == caller.tenant}}
+
+
+@command("priority.list")
+def priority_list(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    """Every tenant with a class set (config or pilotctl), the gate's settings, and the
+    highest class active on each GPU now."""
+    return _visible_priorities(daemon.priorities.describe(), caller)
+
+
+@command("priority.set", admin=True)
+def priority_set(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    tenant = _tenant_arg(daemon, args["tenant"])
+    store = daemon.priorities.store
+    assert store is not None
+    store.set(tenant, args["level"])
+    daemon.priorities.refresh()  # live sessions take it at once
+    log.info("priority of %s: %s", tenant, store.name(tenant), extra={"tenant": tenant})
+    return {"tenant": tenant, "priority": store.name(tenant)}
+
+
+@command("priority.unset", admin=True)
+def priority_unset(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    tenant = _tenant_arg(daemon, args["tenant"])
+    store = daemon.priorities.store
+    assert store is not None
+    if not store.unset(tenant):
+        raise ControlError(f"{tenant} has no priority set by pilotctl")
+    daemon.priorities.refresh()
+    return {"tenant": tenant, "priority": store.name(tenant)}
 
 
 @command("kill", admin=True)

@@ -39,6 +39,7 @@ from pilot.daemon.backends.base import (
 from pilot.daemon.config import Config
 from pilot.daemon.protocol import ENVELOPE_SIZE, ffi, lib, new, to_bytes
 from pilot.daemon.resources.broker import GpuBudget, ResourceBroker
+from pilot.daemon.resources.priorities import PriorityStore
 from pilot.daemon.resources.residency import Residency
 from pilot.daemon.resources.shares import ComputeShares, ShareStore
 from pilot.daemon.resources.tenants import (
@@ -62,6 +63,7 @@ from pilot.daemon.router.recovery import (
 from pilot.daemon.scheduling.callbacks import CallbackHub
 from pilot.daemon.scheduling.placement import place_part, place_session
 from pilot.daemon.scheduling.policy_host import PolicyHost, load_policy
+from pilot.daemon.scheduling.priority import PriorityBoard
 from pilot.daemon.sessions import visible
 from pilot.daemon.sessions.devices import SessionGroup, Topology
 from pilot.daemon.sessions.session import Credentials, Session, process_start_time, read_cmdline
@@ -150,6 +152,11 @@ def prepare_socket_path(path: str) -> None:
             probe.close()
 
 
+def _priority_defaults(config: Config) -> dict[str, str]:
+    """The named tenants' priority classes in the config ([tenants.X] priority)."""
+    return {t.name: t.priority for t in config.tenants.values() if t.priority is not None}
+
+
 class Daemon:
     def __init__(self, backend: Backend, config: Config, socket_path: str,
                  control_path: str, policy: Policy | None = None, *,
@@ -201,6 +208,10 @@ class Daemon:
                                        for _ in range(config.vgpus_per_gpu))
         ]
         self.max_vgpus_per_gpu = max(config.max_vgpus_per_gpu, config.vgpus_per_gpu)
+        # priority classes (resources/priorities.py) and their gate (scheduling/priority.py)
+        self.priorities = PriorityBoard(PriorityStore(config.state_dir, _priority_defaults(config)),
+                                        self.vgpus, config.priority_active_window,
+                                        config.priority_gated_inflight)
         self.policy = PolicyHost(policy, self.metrics, config.policy_max_wait)
         self.policy.controls.broker = self.broker
         self.policy.wake = self._wake_waiting
@@ -218,6 +229,7 @@ class Daemon:
             vg.fast_launch = config.fast_launch
             vg.device_output = self.device_output
             vg.shares = self.shares
+            vg.gate.board = self.priorities
         self.topology = self._topology()
         self.callbacks = CallbackHub(f"{socket_path}.callbacks", backend, config.callback_timeout,
                                      config.callback_hold_total)
@@ -286,6 +298,7 @@ class Daemon:
         vg.device_output = self.device_output
         vg.report_fault = self.monitor.report
         vg.shares = self.shares
+        vg.gate.board = self.priorities
         try:
             prepare_socket_path(vg.endpoint_path)
             vg.start()
@@ -323,8 +336,11 @@ class Daemon:
         self.quotas.reload()
         self.isolation.reload()
         self.shares.store.reload()
-        log.info("SIGHUP: quotas, isolation marks and shares re-read from %s", self.config.state_dir)
+        self.priorities.store.reload()  # type: ignore[union-attr]
+        log.info("SIGHUP: quotas, isolation marks, shares and priorities re-read from %s",
+                 self.config.state_dir)
         if self.reread_config is None:
+            self.priorities.refresh()
             return
         try:
             new = self.reread_config()
@@ -333,6 +349,9 @@ class Daemon:
             return
         for line in unknown_members(new.tenants):
             log.warning("SIGHUP: config: %s", line)
+        # the tenants' priority classes apply at once (the rest of [tenants] at the next start)
+        self.priorities.store.defaults = _priority_defaults(new)  # type: ignore[union-attr]
+        self.priorities.refresh()
         old = self.config
         changed = [f.name for f in fields(Config) if getattr(old, f.name) != getattr(new, f.name)]
         live = [k for k in changed if k in self.LIVE_SETTINGS]
@@ -750,6 +769,7 @@ class Daemon:
         session = Session(id=self._next_session, creds=creds, vgpu=vg.index, device=vg.gpu,
                           tenant=tenant, cmdline=read_cmdline(creds.pid), admin=admin)
         self.shares.place(session)
+        self.priorities.place(session)
         self._next_session += 1
         group = SessionGroup(session, self.topology.position(vg.gpu), self.topology, selected)
         vg.sessions[session.id] = session
@@ -829,6 +849,7 @@ class Daemon:
         assert vg is not None  # every GPU has vGPUs
         part = w.group.add_part(ordinal, vg)
         self.shares.place(part)
+        self.priorities.place(part)
         vg.sessions[part.id] = part
         w.others.append((vg, part))
         self.policy.session_started(part)
@@ -897,6 +918,7 @@ class Daemon:
             "isolation": {**self.isolation.describe(), "engines": self.engines.describe(),
                           "serves": self.config.isolated_tenant},
             "shares": self.shares.report(),
+            "priorities": self.priorities.describe(),
         }
 
     def _shutdown(self, router: zmq.Socket, control_sock: zmq.Socket) -> None:

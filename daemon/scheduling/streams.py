@@ -9,13 +9,16 @@ Each join costs an event record and a stream wait, and only happens when work al
 
 A session whose legacy stream carries a host callback gets a legacy stream of its own
 (`own_legacy`), so that the gate behind its callback (callbacks.py) never holds up other
-tenants' work on the shared vGPU stream.
+tenants' work on the shared vGPU stream. A session of the high priority class (priority.py)
+gets its legacy stream at the device's greatest stream priority: when SMs free up, the GPU
+starts its pending blocks before those of other tenants' streams (it preempts nothing).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pilot.daemon.config import PRIORITIES
 from pilot.daemon.sessions.session import Session
 
 if TYPE_CHECKING:
@@ -23,6 +26,7 @@ if TYPE_CHECKING:
 
 EVENT_DISABLE_TIMING = 2
 STREAM_NON_BLOCKING = 1
+HIGH = PRIORITIES.index("high")
 
 
 def session_stream(vg: VGpu, s: Session, flags: int, priority: int) -> Any:
@@ -37,7 +41,8 @@ def own_legacy(vg: VGpu, s: Session) -> Any:
     issued on the shared one."""
     if s.legacy is None:
         backend = vg.backend
-        own = session_stream(vg, s, STREAM_NON_BLOCKING, 0)
+        priority = backend.stream_priority_range()[1] if s.priority >= HIGH else 0
+        own = session_stream(vg, s, STREAM_NON_BLOCKING, priority)
         if s.partition is not None:
             # Its stream is in its SM partition's context (made at attach, before any work, so
             # nothing on the vGPU stream to order after); no event of its crosses contexts.

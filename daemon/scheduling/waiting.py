@@ -102,8 +102,9 @@ class WaitQueue:
         return True
 
     def poll(self) -> None:
-        """Ask the policy again about every waiting launch, oldest first."""
-        for w in list(self.entries):
+        """Ask the policy again about every waiting launch: higher priority classes first
+        (scheduling/priority.py), oldest first within a class."""
+        for w in sorted(self.entries, key=lambda w: -w.session.priority):
             if w.session.waiting is not w:  # released meanwhile
                 self._remove(w)
                 continue
@@ -139,7 +140,7 @@ class WaitQueue:
 
     def replay(self, s: Session) -> None:
         """Serve the session's held calls in order, until none is left or one waits again."""
-        while s.backlog and s.waiting is None and s.id in self.vg.sessions:
+        while s.backlog and s.waiting is None and not s.gate_held and s.id in self.vg.sessions:
             held = s.backlog.popleft()
             s.backlog_bytes -= held.size
             self.vg.handle(held)

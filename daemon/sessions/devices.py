@@ -142,6 +142,9 @@ class SessionGroup:
             row["state"] = "error"
         elif waiting is not None:
             row["state"], row["waiting"] = "waiting", waiting["waiting"]
+        elif any(r["state"] == "gated" for r in rows):
+            row["state"] = "gated"
+        row["gated"] = any(r["gated"] for r in rows)
         return row
 
 

@@ -20,6 +20,7 @@ from pilot.daemon.backends.base import (
     BackendError,
     FunctionInfo,
 )
+from pilot.daemon.config import PRIORITIES
 from pilot.daemon.sessions.memory import MemoryTables
 from pilot.daemon.sessions.teardown import Teardown
 from pilot.daemon.sessions.unified import UnifiedMemory
@@ -148,6 +149,16 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     waiting: Any = None
     backlog: deque[Any] = field(default_factory=deque)
     backlog_bytes: int = 0
+    # Priority classes (scheduling/priority.py): the tenant's class level, whether its calls
+    # make its GPU's lower sessions wait (`signals`), when it last made one, whether it is gated
+    # now, since when its calls are held at the gate (0.0: not held), and the events after its
+    # admitted work while gated. Owned by its vGPU thread (last_call is read by the others).
+    priority: int = 1
+    signals: bool = False
+    last_call: float = 0.0
+    gated: bool = False
+    gate_held: float = 0.0
+    gate_events: deque[Any] = field(default_factory=deque)
     device_bytes: int = 0
     # Unified memory (daemon/managed.py): managed allocations, the client's shadows of managed
     # ranges by base, and the ranges holding the session's __managed__ variables.
@@ -248,7 +259,10 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
             "dnn_descriptors": len(self.dnn_descriptors),  # cuDNN backend descriptors
             "graphs": len(self.graphs),  # executable graphs pilotd instantiated as CUDA graphs
             "calls": self.calls,
-            "state": "error" if self.sticky else "waiting" if self.waiting is not None else "active",
+            "state": "error" if self.sticky else "waiting" if self.waiting is not None else
+                     "gated" if self.gate_held else "active",
+            "priority": PRIORITIES[self.priority],
+            "gated": self.gated,
             "waiting": None if self.waiting is None else {
                 "kernel": self.waiting.launch.info.name if self.waiting.launch.info else "",
                 "reason": self.waiting.reason, "since": self.waiting.since,

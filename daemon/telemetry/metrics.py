@@ -96,6 +96,13 @@ LABELED_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                 "the enforcer made room; policy: a policy asked).",
                                 ("gpu", "tenant", "reason")),
     "tenant_launches": ("pilot_tenant_launches_total", "Kernels launched, by tenant.", ("tenant",)),
+    "priority_gate_holds": ("pilot_priority_gate_holds_total",
+                            "Times a session's work was held at the priority gate (it had [priority] "
+                            "gated_inflight pieces in flight while a higher class was active), by "
+                            "tenant and its class.", ("tenant", "priority")),
+    "priority_gate_wait_seconds": ("pilot_priority_gate_wait_seconds_total",
+                                   "Seconds sessions' calls were held at the priority gate, by "
+                                   "tenant and its class.", ("tenant", "priority")),
     "fast_launches": ("pilot_fast_launches_total",
                       "Of the kernels launched, those pilotd put on their stream in C, without "
                       "Python ([daemon] fast_launch), by tenant.", ("tenant",)),
@@ -420,6 +427,16 @@ class PilotCollector(Collector):
         f = _gauge("pilot_sessions", "Client sessions attached, by GPU.", ["gpu"])
         for gpu, n in sorted(per_gpu.items()):
             f.add_metric([gpu], n)
+        yield f
+        f = _gauge("pilot_priority_sessions",
+                   "Sessions by GPU, priority class and whether the priority gate applies to them "
+                   "now (gated=1: a higher class is active on the GPU).", ["gpu", "priority", "gated"])
+        by_class: dict[tuple[str, str, str], int] = {}
+        for s in sessions:
+            key = (str(s["gpu"]), str(s.get("priority", "normal")), str(int(bool(s.get("gated")))))
+            by_class[key] = by_class.get(key, 0) + 1
+        for key, n in sorted(by_class.items()):
+            f.add_metric(list(key), n)
         yield f
         f = _gauge("pilot_vgpu_sessions", "Client sessions attached, by vGPU.", ["gpu", "vgpu"])
         for v in vgpus:

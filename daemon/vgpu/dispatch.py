@@ -21,9 +21,12 @@ from pilot.daemon.ops.registry import HandlerSpec
 from pilot.daemon.protocol import ENVELOPE_SIZE, ProtocolError, ffi, lib, new
 from pilot.daemon.scheduling import streams
 from pilot.daemon.scheduling.launch import WaitForPolicy
+from pilot.daemon.scheduling.priority import GATED_OPS
+from pilot.daemon.scheduling.waiting import HeldMessage
 from pilot.daemon.sessions.session import Credentials, Session
 
 if TYPE_CHECKING:
+    from pilot.daemon.scheduling.priority import SessionGate
     from pilot.daemon.scheduling.waiting import WaitQueue
     from pilot.daemon.telemetry.metrics import Metrics
 
@@ -37,6 +40,7 @@ class Dispatch:
     metrics: Metrics
     shard: Any
     waits: WaitQueue
+    gate: SessionGate
     sessions: dict[int, Session]
     _srv: Any
     _by_conn: dict[int, Session]
@@ -117,9 +121,16 @@ class Dispatch:
         if env.version != _VERSION or session is None or session.id != env.session:
             self._refuse(msg, env, session, no_reply)
             return
-        if session.waiting is not None and msg.conn == session.identity:
+        if (session.waiting is not None or session.gate_held) and msg.conn == session.identity:
             if not self.waits.hold(session, msg):  # behind its waiting launch, in order
                 self._release(session)  # it held more than the daemon keeps for anyone
+            return
+        if session.signals:  # its calls gate lower tenants (scheduling/priority.py)
+            self.gate.board.touched(session, _monotonic())
+        gated = session.gated and opcode in _GATED_OPS
+        if gated and not self.gate.admit(session):  # at most gated_inflight pieces of work
+            if not self.gate.hold(session, msg, isinstance(msg, HeldMessage)):
+                self._release(session)
             return
         if session.partition is not self._partition:
             self.enter(session)
@@ -137,6 +148,8 @@ class Dispatch:
                 req = _cast(prepared.ptr, msg.frame[1]) if prepared.ptr is not None else None
                 payload = _buffer(msg.frame[2], msg.len[2]) if msg.nframes > 2 else EMPTY
                 result = prepared.fn(self, session, req, payload)
+                if gated:
+                    self.gate.issued(session, opcode, req)
             except BackendError as exc:
                 err = exc.code
                 if err == CUDA_ERROR_MEMORY_ALLOCATION and self.quarantine:
@@ -257,6 +270,8 @@ class _Prepared:
 EMPTY = memoryview(b"")
 _cast, _buffer = ffi.cast, ffi.buffer
 _clock = time.perf_counter
+_monotonic = time.monotonic
+_GATED_OPS = frozenset(GATED_OPS)
 _ENVELOPE_PTR = ffi.typeof("pilot_envelope *")
 _NO_REPLY = lib.PILOT_F_NO_REPLY
 _VERSION = lib.PILOT_PROTO_VERSION

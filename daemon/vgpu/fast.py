@@ -11,7 +11,8 @@ the metrics and the fault bookkeeping (`fold`).
 
 A session qualifies while no per-launch work of the daemon applies to it: no policy that sees
 launches, no capacity enforcement of its memory, no kernel timing, no waiting launch, no sticky
-error. For a session with unified memory C also counts each launch per shadow it reaches (as
+error, no priority gate (a tenant of a higher class active on its GPU: scheduling/priority.py).
+For a session with unified memory C also counts each launch per shadow it reaches (as
 Session.note_managed_launch does) and does the shadow flushes (SHADOW_FLUSH) whose shadow,
 staging area and coherence stream it knows (`ShadowsInC`, `update`). Work on the program's
 legacy stream goes to C only while none of its blocking streams has work the legacy stream must
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import time
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.backends.base import BackendError
@@ -347,7 +349,7 @@ class FastLaunches:
             return
         lib.pilot_fast_python_work(self.ptr, conn)
         res = self.vg.broker.residency
-        enabled = 0 if (s.sticky or s.waiting is not None
+        enabled = 0 if (s.sticky or s.waiting is not None or s.gated or s.gate_held
                         or (res is not None and s.id in res.sessions)) else lib.PILOT_FAST_ALL
         legacy = self._raw(s.legacy) if enabled and s.legacy is not None else 0
         state = (conn, int(enabled), legacy, int(bool(s.dirty_blocking)), int(bool(s.deferred)),
@@ -434,11 +436,13 @@ class FastLaunches:
     def fold(self) -> None:
         """Charge what C launched since the last fold, as the Python path does per launch."""
         vg = self.vg
+        board = vg.gate.board
         while True:
             n = lib.pilot_fast_take(self.ptr, self._counts, COUNTS)
             if not n:
                 return
             shard = vg.shard
+            now = time.monotonic()
             for i in range(n):
                 count = self._counts[i]
                 s = vg._by_conn.get(count.conn)
@@ -455,6 +459,8 @@ class FastLaunches:
                 s.calls += stream_work + count.flushes
                 if stream_work:
                     s.work_in_flight = not count.synced  # as after the last thing C did
+                    if s.signals:  # it is active: lower tenants are gated (scheduling/priority.py)
+                        board.touched(s, now)
                 s.legacy_gen += count.legacy
                 if launches:
                     shard.kernels += launches

@@ -27,6 +27,7 @@ from pilot.daemon.protocol import ffi, lib, op_names
 from pilot.daemon.resources.broker import ResourceBroker
 from pilot.daemon.scheduling.launch import KernelWatch
 from pilot.daemon.scheduling.policy_host import PolicyHost
+from pilot.daemon.scheduling.priority import GATE_WAKE_MS, PriorityBoard, SessionGate
 from pilot.daemon.scheduling.waiting import WaitQueue
 from pilot.daemon.sessions.quarantine import Quarantine
 from pilot.daemon.sessions.session import Session
@@ -56,6 +57,8 @@ class VGpu(Dispatch):
         self.policy: PolicyHost | None = None  # set by the Daemon
         self.waits = WaitQueue(self)  # launches the policy made wait (scheduling/waiting.py)
         self.kernel_watch = KernelWatch(self)  # kernel ends, for policies that ask
+        # priority gating (scheduling/priority.py); the Daemon gives it the daemon's board
+        self.gate = SessionGate(self, PriorityBoard(None, []))
         self.kernel_time = False  # [metrics] kernel_time: every launch timed (set by the Daemon)
         self.callbacks: Any = None  # callbacks.CallbackHub (set by the Daemon)
         self.report_fault: Any = None  # recovery.FaultMonitor.report (set by the Daemon)
@@ -124,6 +127,7 @@ class VGpu(Dispatch):
             for session in list(self.sessions.values()):
                 self._release(session)
             self.kernel_watch.close()
+            self.gate.close()
             self.quarantine.close()
             lib.pilot_srv_set_fast(self._srv, ffi.NULL)
             if self.fast is not None:
@@ -137,7 +141,8 @@ class VGpu(Dispatch):
         msgs = ffi.new("pilot_srv_msg[]", BATCH)
         control = ffi.new("int *")
         srv, handle = self._srv, self.handle
-        waits, watch, quarantine = self.waits, self.kernel_watch, self.quarantine
+        waits, watch, quarantine, gate = self.waits, self.kernel_watch, self.quarantine, self.gate
+        board = gate.board
         if self.fast_launch:
             self.fast = FastLaunches.create(self)
             if self.fast is not None:
@@ -147,7 +152,9 @@ class VGpu(Dispatch):
         while True:
             # Something to look at again (waiting launches, running kernels, memory being
             # zeroed): wake up every tick.
-            timeout = WAKE_MS if (waits or watch or quarantine) else -1
+            # Calls held at the priority gate: every GATE_WAKE_MS.
+            timeout = GATE_WAKE_MS if gate.held else \
+                WAKE_MS if (waits or watch or quarantine or gate.gated) else -1
             n = lib.pilot_srv_wait(srv, timeout, self.spin_us, msgs, BATCH, control)
             if n < 0:
                 log.error("vgpu-%d: endpoint failed; stopping", self.index)
@@ -176,6 +183,8 @@ class VGpu(Dispatch):
                         return
                 except Exception:  # a release that failed must not take the vGPU down
                     log.exception("vgpu-%d: control command failed", self.index)
+            if board.enabled or gate.gated or gate.held:
+                gate.poll()
 
     def _control(self) -> bool:
         """Runs queued control commands; False once told to stop."""
@@ -187,7 +196,7 @@ class VGpu(Dispatch):
             command, session_id = CONTROL.unpack_from(data, off)
             if command == b"S":
                 return False
-            if command == b"W":  # the policy host: ask waiting launches again (after this)
+            if command in (b"W", b"P"):  # ask waiting launches again; look at the priority gates
                 continue
             session = self.sessions.get(session_id)
             if command == b"R" and session is not None:
@@ -203,6 +212,7 @@ class VGpu(Dispatch):
                 self._by_conn.pop(conn, None)
                 lib.pilot_srv_disconnect(self._srv, conn)  # a live client sees EOF
         self.waits.drop(session)
+        self.gate.forget(session)
         self.kernel_watch.forget(session.id)
         held = session.held_allocations()
         if self.broker.residency is not None:

@@ -3,7 +3,7 @@
 #
 #   bash tests/gpu/run_all.sh [STAGE...]
 #
-# With STAGE names (smoke compare driver cublas cudnn ops faults graphs bench um_tune um_flush sched fig1 tenants) only those run, after wheels and
+# With STAGE names (smoke compare driver cublas cudnn ops faults graphs bench um_tune um_flush sched preempt priority fig1 tenants) only those run, after wheels and
 # install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
@@ -31,6 +31,10 @@
 #      um_flush bench/um_flush_probe.sh: GPU first touch of host-written managed memory natively
 #               and under pilotd variants, with pilotd's counts of the flushes (issue 14)
 #   8. sched    tests/gpu/scheduler_check.py: the resource broker and launches that wait, on the GPU
+#      preempt  tests/gpu/preempt_check.py: preemptible persistent-block kernels (issue 29): results
+#               identical under forced preemption, overhead without it, preemption latency
+#      priority tests/gpu/priority_check.py: a high tenant's latency probe beside another tenant's
+#               flood, without priorities and with the gate at K=2 and K=1 (issue 29)
 #   9. fig1     bench/fig1.py: PILOT Fig. 1, bare CUDA vs MPS vs pilot (default configuration)
 #  10. tenants  bench/tenants.py: N PyTorch training / CUDA-graph inference processes at once under
 #               time-slicing, MPS and pilot (TENANTS_ARGS, e.g. "--rounds 1 --ns 1,4,8")
@@ -166,6 +170,8 @@ main() {
     stage um_tune um_tune
     stage um_flush timeout -k 10 300 bash bench/um_flush_probe.sh
     stage sched timeout -k 10 180 "$PYTHON" tests/gpu/scheduler_check.py
+    stage preempt timeout -k 10 200 "$PYTHON" tests/gpu/preempt_check.py --out "$OUT"
+    stage priority timeout -k 10 200 "$PYTHON" tests/gpu/priority_check.py
     mkdir -p "$OUT/fig1"
     stage fig1 timeout -k 20 450 "$PYTHON" bench/fig1.py --out "$OUT/fig1" --python "$PYTHON"
     mkdir -p "$OUT/tenants"
@@ -174,7 +180,7 @@ main() {
         --python "$PYTHON" $TENANTS_ARGS
 
     printf '\n==================== results\n\n'
-    for f in compare.md bench.md um_tune.md fig1/fig1.md tenants/tenants.md; do
+    for f in compare.md bench.md um_tune.md preempt.md priority.md fig1/fig1.md tenants/tenants.md; do
         if [ -f "$OUT/$f" ]; then
             cat "$OUT/$f"
         else
@@ -189,8 +195,8 @@ main() {
 }
 
 for wanted in "$@"; do
-    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | faults | graphs | bench | um_tune | um_flush | sched | fig1 | tenants) ;; *)
-        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops faults graphs bench um_tune um_flush sched fig1 tenants)" >&2
+    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | faults | graphs | bench | um_tune | um_flush | sched | preempt | priority | fig1 | tenants) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops faults graphs bench um_tune um_flush sched preempt priority fig1 tenants)" >&2
         exit 2
     esac
 done

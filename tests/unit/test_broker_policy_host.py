@@ -187,7 +187,8 @@ def test_calls_held_behind_a_waiting_launch_are_bounded(monkeypatch: pytest.Monk
     handled: list[bytes] = []
     vg = SimpleNamespace(sessions={1: None}, handle=lambda m: handled.append(bytes(m._bufs[2])))
     q = waiting.WaitQueue(vg)  # type: ignore[arg-type]
-    s = SimpleNamespace(id=1, tenant="user:a", waiting=object(), backlog=deque(), backlog_bytes=0)
+    s = SimpleNamespace(id=1, tenant="user:a", waiting=object(), backlog=deque(), backlog_bytes=0,
+                        gate_held=0.0)
     assert q.hold(s, msg) and q.hold(s, msg)  # 400 bytes each
     assert not q.hold(s, msg) and len(s.backlog) == 2 and s.backlog_bytes == 800
     frames[2][:] = b"q" * 300  # the held copies do not change with the receive buffer

@@ -350,7 +350,7 @@ def test_every_example_setting_is_valid(tmp_path: Path) -> None:
     settings = re.compile(r'(?m)^#(?=\[|"?[a-z0-9_]+"?\s*=)')
     assert len(settings.findall(text)) >= 20
     c = load_config(write(tmp_path, settings.sub("", text)))
-    assert c.tenants == {"ml-team": TenantDef("ml-team", ("alice", "bob"), ("ml",), 25)}
+    assert c.tenants == {"ml-team": TenantDef("ml-team", ("alice", "bob"), ("ml",), 25, "high")}
     assert c.capacity == 70 * GiB and c.capacity_per_gpu == {0: 40 * GiB}
     assert c.managed_limit == 80 * GiB  # an example value: the default is the card's memory
     assert c.isolation_capacity == 8 * GiB  # an example value: the default is a quarter

@@ -192,3 +192,25 @@ def test_provisioned_quotas_cannot_add_up_past_a_gpus_capacity() -> None:
     assert d.quotas.get("user:bob", 0).provisioned == 1 << 30
     reply = call(d, ADMIN, "quota.set", tenant="user:bob", gpu=0, provisioned="1GiB")
     assert reply["ok"], reply
+
+
+def test_priority_classes(tmp_path: Any) -> None:
+    """pilotctl priority set/unset need admin, apply to the board at once, and a non-admin's
+    list shows its own tenant's class only."""
+    from pilot.daemon.resources.priorities import PriorityStore
+    from pilot.daemon.scheduling.priority import PriorityBoard
+
+    d = fake_daemon()
+    d.priorities = PriorityBoard(PriorityStore(str(tmp_path), {"user:bob": "low"}), [])
+    reply = call(d, ALICE, "priority.set", tenant="user:alice", level="high")
+    assert reply == {"ok": False, "error": "priority.set needs root or membership of group 'pilot-admin'"}
+    assert call(d, ADMIN, "priority.set", tenant="user:alice", level="High")["result"] == {
+        "tenant": "user:alice", "priority": "high"}
+    assert not call(d, ADMIN, "priority.set", tenant="user:alice", level="urgent")["ok"]
+    listed = call(d, ADMIN, "priority.list")["result"]
+    assert listed["enabled"] and set(listed["tenants"]) == {"user:alice", "user:bob"}
+    assert set(call(d, ALICE, "priority.list")["result"]["tenants"]) == {"user:alice"}
+    assert call(d, ADMIN, "priority.unset", tenant="user:alice")["result"]["priority"] == "normal"
+    assert not call(d, ADMIN, "priority.unset", tenant="user:alice")["ok"]
+    assert call(d, ADMIN, "priority.unset", tenant="user:bob")["error"] == \
+        "user:bob has no priority set by pilotctl"

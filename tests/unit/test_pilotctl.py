@@ -65,3 +65,34 @@ def test_quota_set_echoes_sizes_in_binary(replies: dict[str, Any]) -> None:
     assert out.output == "user:alice on GPU 0: hard 7.45 GiB (8000000000 bytes), provisioned 2 GiB\n"
     assert replies["calls"] == [("quota.set", {"tenant": "alice", "hard": "8GB", "gpu": 0,
                                                "provisioned": "2GiB"})]
+
+
+def test_priority_commands(replies: dict[str, Any]) -> None:
+    replies["priority.set"] = {"tenant": "user:alice", "priority": "high"}
+    out = run("priority", "set", "alice", "HIGH")
+    assert out.exit_code == 0 and out.output == "user:alice: priority high\n", out.output
+    assert replies["calls"][-1] == ("priority.set", {"tenant": "alice", "level": "high"})
+    assert run("priority", "set", "alice", "urgent").exit_code == 2  # not a class
+    replies["priority.list"] = {"enabled": True, "gated_inflight": 2, "active_window_s": 0.1,
+                                "tenants": {"user:alice": {"priority": "high", "from": "pilotctl"}},
+                                "active": {"0": "high", "1": None}}
+    assert run("priority", "list").output.splitlines() == [
+        "user:alice: high (pilotctl)",
+        "gate: at most 2 pieces of GPU work in flight per gated session; active for 100 ms after a call",
+        "GPU 0: highest class active: high", "GPU 1: highest class active: none"]
+    replies["priority.list"] = {"enabled": False, "gated_inflight": 2, "active_window_s": 0.1,
+                                "tenants": {}, "active": {}}
+    assert run("priority", "list").output == "every tenant is normal: no priority gating\n"
+    assert run("priority", "list", "--json").output.startswith('{"enabled": false')
+
+
+def test_sessions_show_a_class_and_the_gate(replies: dict[str, Any]) -> None:
+    row = {"session": 3, "tenant": "user:bob", "pid": 42, "device": 0, "device_bytes": 0,
+           "managed_bytes": 0, "calls": 7, "state": "gated", "cmdline": "train", "priority": "low",
+           "gated": True}
+    replies["sessions"] = [row, {**row, "session": 4, "priority": "normal", "gated": False,
+                                 "state": "active"}]
+    lines = run("sessions").output.splitlines()
+    assert lines[2].split() == ["priority", "low:", "gated", "(a", "higher", "class", "is", "active",
+                                "on", "its", "GPU)"]
+    assert len(lines) == 4 and "gated" in lines[1]  # the normal, ungated one has no such line

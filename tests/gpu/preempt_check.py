@@ -1,0 +1,424 @@
+#!/usr/bin/env python3
+"""Preemptible persistent-block kernels (daemon/backends/ptx_preempt.py) on a real GPU, by hand
+or as run_all.sh's `preempt` stage (under 3 minutes on an H100):
+
+    PYTHONPATH=<dir holding the pilot package> python3 tests/gpu/preempt_check.py [--out DIR]
+
+For each kernel (vadd of tests/apps/vector_add.cu, sgemm16 and sgemm32 of
+tests/gpu/matmul_tiled.cu, and four of its own: a 3D-grid stamp of every block's index and the
+grid, a read-modify-write and a spinning kernel that a block run twice would change, a
+shared-memory histogram with atomics and a grid-stride loop over %nctaid):
+1. JIT: the module's PTX rewritten and compiled with ptxas through the image cache, twice (the
+   second is the cache's hit: what a second start costs).
+2. Results: the original kernel once (the reference), then the preemptible variant with the
+   retreat flag set at random moments (a busy wait of a random part of the kernel's time, then
+   the flag written from another stream) and resumed from its counter until every logical
+   block ran, run after run until at least 100 preemptions (a launch that ended with blocks left
+   to run) happened or the kernel's time budget is spent. Every run's output must equal the
+   reference byte for byte (PASS/FAIL per kernel, with the count of preemptions).
+3. Overhead: the variant without preemption against the original (CUDA events, median of 15),
+   at three input sizes, claiming 1 and 8 logical blocks at a time (the control block's
+   chunk); the geomean per size for chunk 1 and for the better chunk of each kernel (issue 29's
+   target: <= 1.05x at every size). The random preemptions of 2 use chunks of 1, 3 and 8.
+4. Preemption latency: a kernel whose blocks each spin 10 us .. 10 ms; the time from the flag's
+   write to the kernel's end event, p50 and p99 over 30 requests (target: p99 <= 50 us for
+   blocks of <= 20 us).
+Prints PASS/FAIL lines and INFO tables; writes preempt.md and preempt.json under --out; exits 1
+if any check failed. Asks for a few hundred MiB of device memory at most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pilot.daemon.backends import ptx_preempt as pp
+from pilot.daemon.backends.cuda import CudaBackend, check
+from pilot.daemon.backends.ptx_cache import ImageCache, ptxas
+
+REPO = Path(__file__).resolve().parents[2]
+MIN_PREEMPTIONS = 100
+BUDGET_S = 10.0  # per kernel for the random preemptions
+ONE, ZERO = struct.pack("<I", 1), struct.pack("<I", 0)
+
+OWN = r"""
+extern "C" __global__ void stamp(unsigned *out) {
+    unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    unsigned t = threadIdx.x + blockDim.x * threadIdx.y;
+    out[b * blockDim.x * blockDim.y + t] = blockIdx.x ^ (blockIdx.y << 11) ^ (blockIdx.z << 22)
+        ^ ((gridDim.x * gridDim.y * gridDim.z) << 3) ^ (threadIdx.y << 29);
+}
+extern "C" __global__ void accumulate(float *x, int n, int reps) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = x[i];
+    for (int r = 0; r < reps; r++) v = v * 1.0001f + 1.0f;
+    x[i] = v;
+}
+extern "C" __global__ void histogram(const unsigned *in, unsigned *bins, int n) {
+    __shared__ unsigned local[256];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) local[i] = 0;
+    __syncthreads();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x)
+        atomicAdd(&local[(in[i] * 2654435761u) >> 24], 1u);
+    __syncthreads();
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) atomicAdd(&bins[i], local[i]);
+}
+extern "C" __global__ void spin(long long cycles, unsigned *out) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+    if (threadIdx.x == 0) out[blockIdx.x] += 1;
+}
+"""
+
+failures: list[str] = []
+
+
+def report(ok: bool, name: str, detail: str = "") -> None:
+    print(f"{'PASS' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
+    if not ok:
+        failures.append(name)
+
+
+@dataclass
+class Case:
+    """One kernel at one size: its launch, its buffers (initial bytes), and which it writes."""
+
+    module: str
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared: int
+    buffers: list[bytes]
+    outputs: list[int]  # indexes into buffers
+    scalars: Callable[[list[int]], bytes]  # device pointers -> packed arguments
+    ptrs: list[int] = field(default_factory=list)
+
+
+def _f32(values: list[float]) -> bytes:
+    return struct.pack(f"<{len(values)}f", *values)
+
+
+def _u32(values: list[int]) -> bytes:
+    return struct.pack(f"<{len(values)}I", *values)
+
+
+def _pattern(data: bytes, size: int) -> bytes:
+    """`data` repeated to `size` bytes (large inputs without a Python loop per element)."""
+    return (data * (size // len(data) + 1))[:size]
+
+
+def cases(size: int) -> list[Case]:
+    """Every kernel at size 0 (small), 1 (medium) or 2 (large)."""
+    rnd = random.Random(size)
+    n = (1 << 16, 1 << 20, 1 << 22)[size]
+    dim = (128, 512, 1024)[size]
+    mat = _pattern(_f32([rnd.randrange(-16, 17) / 8 for _ in range(4099)]), 4 * dim * dim)
+    out: list[Case] = []
+    out.append(Case("vector_add", "_Z4vaddPKfS0_Pfi", (-(-n // 256), 1, 1), (256, 1, 1), 0,
+                    [_pattern(_f32([float(i) for i in range(1000)]), 4 * n), _pattern(_f32([0.5]), 4 * n),
+                     bytes(4 * n)],
+                    [2], lambda p: struct.pack("<QQQi", p[0], p[1], p[2], n)))
+    for kernel, block, shared, tile in (("_Z7sgemm16PKfS0_Pfiii", (16, 16, 1), 0, 16),
+                                        ("_Z7sgemm32PKfS0_Pfiii", (32, 8, 1), 2 * 32 * 33 * 4, 32)):
+        out.append(Case("matmul_tiled", kernel, (-(-dim // tile), -(-dim // tile), 1), block, shared,
+                        [mat, mat, bytes(4 * dim * dim)], [2],
+                        lambda p, d=dim: struct.pack("<QQQiii", p[0], p[1], p[2], d, d, d)))
+    g = ((8, 4, 2), (32, 16, 4), (64, 32, 16))[size]
+    out.append(Case("own", "stamp", g, (16, 4, 1), 0, [bytes(4 * 64 * math.prod(g))], [0],
+                    lambda p: struct.pack("<Q", p[0])))
+    out.append(Case("own", "accumulate", (-(-n // 256), 1, 1), (256, 1, 1), 0,
+                    [_pattern(_f32([rnd.random() for _ in range(4093)]), 4 * n)], [0],
+                    lambda p: struct.pack("<Qii", p[0], n, 256)))
+    out.append(Case("own", "histogram", (max(1, n // 4096), 1, 1), (256, 1, 1), 0,
+                    [rnd.randbytes(4 * n), bytes(4 * 256)], [1],
+                    lambda p: struct.pack("<QQi", p[0], p[1], n)))
+    return out
+
+
+class Runner:
+    def __init__(self, out_dir: Path) -> None:
+        self.be = CudaBackend()
+        self.be.bind_thread(0)
+        cu = self.be._cu
+        attr = cu.CUdevice_attribute
+        dev = check(cu.cuDeviceGet(0), "cuDeviceGet")
+        self.sms = int(check(cu.cuDeviceGetAttribute(
+            attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute"))
+        self.khz = int(check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev),
+                             "cuDeviceGetAttribute"))
+        self.stream = self.be.stream_create(1, 0)
+        greatest = self.be.stream_priority_range()[1]
+        self.side = self.be.stream_create(1, greatest)  # the preemptor's
+        self.ctl = self.be.mem_alloc(pp.CONTROL_BYTES)
+        self.cache = ImageCache(str(out_dir / "ptx-cache"))
+        self.functions: dict[tuple[str, str], Any] = {}
+        self.jit: dict[str, dict[str, float]] = {}
+
+    # ---- modules ----
+    def load(self, module: str, ptx: str) -> pp.Rewritten:
+        rewritten = pp.rewrite_module(ptx)
+        first = self.cache.compile(rewritten.ptx, "sm_90", ptxas)
+        second = self.cache.compile(rewritten.ptx, "sm_90", ptxas)
+        self.jit[module] = {"first_s": first.seconds, "cached_s": second.seconds,
+                            "first_hit": first.hit, "second_hit": second.hit}
+        report(second.hit and first.image == second.image, f"{module}: image cache",
+               f"ptxas {first.seconds * 1e3:.0f} ms{' (already cached)' if first.hit else ''}, "
+               f"second start {second.seconds * 1e3:.2f} ms")
+        handle = self.be.module_load(first.image)
+        for kernel, r in rewritten.kernels.items():
+            self.functions[(module, kernel)] = self.be.function_get(handle, kernel)
+            if r.variant is not None:
+                self.functions[(module, r.variant)] = self.be.function_get(handle, r.variant)
+            else:
+                print(f"INFO {module} {kernel}: not rewritten: {r.reason}")
+        return rewritten
+
+    # ---- buffers ----
+    def prepare(self, c: Case) -> None:
+        if not c.ptrs:
+            c.ptrs = [self.be.mem_alloc(max(len(b), 4)) for b in c.buffers]
+        for ptr, data in zip(c.ptrs, c.buffers, strict=True):
+            self.be.memcpy_htod(ptr, data, len(data), self.stream)
+        self.be.stream_synchronize(self.stream)
+
+    def outputs(self, c: Case) -> bytes:
+        out = b""
+        for i in c.outputs:
+            buf = bytearray(len(c.buffers[i]))
+            self.be.memcpy_dtoh(buf, c.ptrs[i], len(buf), self.stream)
+            out += bytes(buf)
+        return out
+
+    def free(self, c: Case) -> None:
+        for ptr in c.ptrs:
+            self.be.mem_free(ptr)
+        c.ptrs = []
+
+    # ---- launches ----
+    def original(self, c: Case) -> None:
+        self.be.launch(self.functions[(c.module, c.kernel)], c.grid, c.block, c.shared,
+                       self.stream, c.scalars(c.ptrs))
+
+    def persistent_grid(self, c: Case) -> int:
+        fn = self.functions[(c.module, c.kernel + pp.SUFFIX)]
+        per_sm = self.be.occupancy(fn.handle, math.prod(c.block), c.shared, 0)
+        return max(1, min(math.prod(c.grid), per_sm * self.sms))
+
+    def variant(self, c: Case, blocks: int) -> None:
+        args = c.scalars(c.ptrs)
+        args += bytes(-len(args) % 8) + struct.pack("<Q", self.ctl)
+        self.be.launch(self.functions[(c.module, c.kernel + pp.SUFFIX)], (blocks, 1, 1), c.block,
+                       c.shared, self.stream, args)
+
+    def set_control(self, words: list[int]) -> None:
+        data = struct.pack("<8I", *words)
+        self.be.memcpy_htod(self.ctl, data, len(data), self.stream)
+
+    def control(self) -> list[int]:
+        buf = bytearray(pp.CONTROL_BYTES)
+        self.be.memcpy_dtoh(buf, self.ctl, len(buf), self.stream)
+        return list(struct.unpack("<8I", buf))
+
+    def retreat(self, value: bytes) -> None:
+        self.be.memcpy_htod(self.ctl + 4, value, 4, self.side)
+
+    def timed(self, launch: Callable[[], None], reps: int = 15) -> float:
+        """Median seconds of `launch` between two events (after one warm-up)."""
+        start, end = self.be.event_create(0), self.be.event_create(0)
+        times = []
+        for i in range(reps + 1):
+            self.be.event_record(start, self.stream)
+            launch()
+            self.be.event_record(end, self.stream)
+            self.be.event_synchronize(end)
+            if i:
+                times.append(self.be.event_elapsed_ms(start, end) / 1e3)
+        return statistics.median(times)
+
+
+def busy_wait(seconds: float) -> None:
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+def check_results(r: Runner, c: Case, rnd: random.Random) -> dict[str, Any]:
+    """The variant, preempted at random moments, against the original (module docstring, 2)."""
+    total = math.prod(c.grid)
+    r.prepare(c)
+    r.original(c)
+    reference = r.outputs(c)
+    blocks = r.persistent_grid(c)
+    r.prepare(c)
+    duration = r.timed(lambda: (r.set_control(pp.control_words(c.grid)), r.variant(c, blocks)), 3)
+    preemptions = runs = bad = 0
+    deadline = time.monotonic() + BUDGET_S
+    while preemptions < MIN_PREEMPTIONS and time.monotonic() < deadline:
+        r.prepare(c)
+        r.set_control(pp.control_words(c.grid, chunk=rnd.choice((1, 3, 8))))
+        runs += 1
+        for _launch in range(256):
+            done = r.control()[0]
+            if done >= total:
+                break
+            r.retreat(ZERO)
+            r.be.stream_synchronize(r.side)
+            r.variant(c, min(blocks, total - done))
+            busy_wait(rnd.random() * duration)
+            r.retreat(ONE)
+            r.be.stream_synchronize(r.stream)
+            if r.control()[0] < total:
+                preemptions += 1
+        else:
+            bad += 1  # never finished
+        r.be.stream_synchronize(r.side)
+        if r.outputs(c) != reference:
+            bad += 1
+    name = f"{c.module} {c.kernel} grid {c.grid}"
+    report(bad == 0, f"{name}: identical after preemption",
+           f"{runs} runs, {preemptions} preemptions, {blocks} persistent blocks, "
+           f"{duration * 1e6:.0f} us per run")
+    if preemptions < MIN_PREEMPTIONS:
+        print(f"INFO {name}: only {preemptions} preemptions within {BUDGET_S:.0f} s "
+              "(the kernel is too short to be caught often)")
+    r.free(c)
+    return {"kernel": c.kernel, "grid": c.grid, "runs": runs, "preemptions": preemptions, "ok": bad == 0}
+
+
+CHUNKS = (1, 8)  # logical blocks per claim whose overhead is measured
+
+
+def overhead(r: Runner, c: Case) -> tuple[float, list[float]]:
+    """The original's time and the variant's at each of CHUNKS, without preemption."""
+    r.prepare(c)
+    native = r.timed(lambda: r.original(c))
+    blocks = r.persistent_grid(c)
+    start, end = r.be.event_create(0), r.be.event_create(0)
+    variants = []
+    for chunk in CHUNKS:
+        words = pp.control_words(c.grid, chunk=chunk)
+        times = []
+        for i in range(16):
+            r.set_control(words)  # outside the timed span
+            r.be.event_record(start, r.stream)
+            r.variant(c, blocks)
+            r.be.event_record(end, r.stream)
+            r.be.event_synchronize(end)
+            if i:
+                times.append(r.be.event_elapsed_ms(start, end) / 1e3)
+        variants.append(statistics.median(times))
+    r.free(c)
+    return native, variants
+
+
+def latency(r: Runner, block_us: float) -> list[float]:
+    """Seconds from the retreat's write to the kernel's end, 30 requests (module docstring, 4)."""
+    cycles = int(block_us * r.khz / 1e3)
+    spin = Case("own", "spin", (1, 1, 1), (128, 1, 1), 0, [], [], lambda p: b"")
+    blocks = r.persistent_grid(Case("own", "spin", (r.sms * 64, 1, 1), (128, 1, 1), 0, [], [],
+                                    lambda p: b""))
+    total = max(blocks * 4, int(0.02e6 / block_us) * blocks)  # runs well past the request
+    counts = r.be.mem_alloc(4 * total)
+    spin.ptrs = [counts]
+    spin.scalars = lambda p: struct.pack("<qQ", cycles, counts)
+    end = r.be.event_create(2)
+    out = []
+    for _ in range(30):
+        r.set_control(pp.control_words((total, 1, 1)))
+        r.retreat(ZERO)
+        r.be.stream_synchronize(r.side)
+        r.variant(spin, blocks)
+        r.be.event_record(end, r.stream)
+        busy_wait(max(0.002, 3 * block_us / 1e6))
+        t0 = time.perf_counter()
+        r.retreat(ONE)
+        while not r.be.event_query(end):
+            pass
+        out.append(time.perf_counter() - t0)
+        r.be.stream_synchronize(r.side)
+    r.be.mem_free(counts)
+    return out
+
+
+def ptx_of(source: Path, tmp: Path) -> str:
+    out = tmp / f"{source.stem}.ptx"
+    subprocess.run([shutil.which("nvcc") or "nvcc", "-ptx", "-arch=sm_90", "-o", str(out), str(source)],
+                   check=True)
+    return out.read_text()
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/pilot-gpu-out"))
+    args = parser.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    r = Runner(out_dir)
+    rnd = random.Random(29)
+    with tempfile.TemporaryDirectory() as tmp:
+        own = Path(tmp) / "own.cu"
+        own.write_text(OWN)
+        for module, src in (("vector_add", REPO / "tests/apps/vector_add.cu"),
+                            ("matmul_tiled", REPO / "tests/gpu/matmul_tiled.cu"), ("own", own)):
+            r.load(module, ptx_of(src, Path(tmp)))
+    results = [check_results(r, c, rnd) for c in cases(2)]
+    spin_case = Case("own", "spin", (r.sms * 64, 1, 1), (128, 1, 1), 0, [bytes(4 * r.sms * 64)], [0],
+                     lambda p: struct.pack("<qQ", int(20 * r.khz / 1e3), p[0]))
+    results.append(check_results(r, spin_case, rnd))
+    rows, per_size, best = [], {0: [], 1: [], 2: []}, {0: [], 1: [], 2: []}
+    for size in (0, 1, 2):
+        for c in cases(size):
+            native, variants = overhead(r, c)
+            per_size[size].append(variants[0] / native)
+            best[size].append(min(variants) / native)  # the chunk the daemon would choose
+            rows.append((size, c.kernel, c.grid, native, variants))
+    lat = {us: latency(r, us) for us in (10, 20, 100, 1000, 10000)}
+    names = ("small", "medium", "large")
+    lines = ["| size | kernel | grid | native us | " + " | ".join(f"chunk {k} us (ratio)" for k in CHUNKS)
+             + " |", "|---|---|---|---|" + "---|" * len(CHUNKS)]
+    lines += [f"| {names[s]} | {k} | {g} | {n * 1e6:.1f} | "
+              + " | ".join(f"{v * 1e6:.1f} ({v / n:.3f})" for v in vs) + " |" for s, k, g, n, vs in rows]
+    lines += ["", "| size | geomean ratio, chunk 1 | geomean ratio, best chunk |", "|---|---|---|"]
+    lines += [f"| {names[s]} | {geomean(v):.3f} | {geomean(best[s]):.3f} |" for s, v in per_size.items()]
+    lines += ["", "| block duration | p50 us | p99 us |", "|---|---|---|"]
+    for us, samples in lat.items():
+        q = statistics.quantiles(samples, n=100)
+        lines.append(f"| {us} us | {statistics.median(samples) * 1e6:.1f} | {q[98] * 1e6:.1f} |")
+    lines += ["", "| module | ptxas ms | second start ms |", "|---|---|---|"]
+    lines += [f"| {m} | {j['first_s'] * 1e3:.0f} | {j['cached_s'] * 1e3:.2f} |" for m, j in r.jit.items()]
+    table = "\n".join(lines)
+    print("INFO\n" + table)
+    (out_dir / "preempt.md").write_text(table + "\n")
+    (out_dir / "preempt.json").write_text(json.dumps(
+        {"results": results, "overhead": rows, "latency_s": lat, "jit": r.jit}, indent=1, default=str))
+    for s, v in per_size.items():
+        print(f"INFO overhead geomean ({names[s]}): chunk 1 {geomean(v):.3f}x, best chunk "
+              f"{geomean(best[s]):.3f}x (target <= 1.05)")
+    small = [x for us in (10, 20) for x in lat[us]]
+    print(f"INFO preemption p99 for blocks <= 20 us: {statistics.quantiles(small, n=100)[98] * 1e6:.1f} us "
+          "(target <= 50)")
+    print(f"{'FAIL' if failures else 'PASS'} preempt_check: {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
