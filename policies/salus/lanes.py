@@ -165,16 +165,18 @@ class Lanes:
         lane.jobs.remove(job)
         self._resize(lane)
 
-    def update(self, job: int, persistent: int, ephemeral: int) -> bool:
+    def update(self, job: int, persistent: int, ephemeral: int, force: bool = False) -> bool:
         """New sizes of an admitted job (re-measured at an iteration boundary). True: it keeps its
         lane (grown or shrunk to fit); False: the new sizes break the safety condition where it
-        is, so it has left its lane and must be admitted again."""
+        is, so it has left its lane and must be admitted again. With `force` it keeps its lane
+        even so (a job that grew within an iteration already holds the memory): `used` then
+        exceeds the capacity and nothing is admitted until it is back within."""
         m = self.members[job]
         lane = self.lanes[m.lane]
         others = max((self.members[j].ephemeral for j in lane.jobs if j != job), default=0)
         new_size = max(others, ephemeral)
         after = self._persistent - m.persistent + persistent + self._lane_sizes - lane.size + new_size
-        if after > self.capacity:
+        if after > self.capacity and not force:
             self.remove(job)
             return False
         self._persistent += persistent - m.persistent

@@ -124,3 +124,19 @@ def test_a_level_that_rises_for_good_is_relearned() -> None:
     _, found = run(training([], [[10 * MIB]], 10), det)
     assert det.persistent == 150 * MIB and close(det.ephemeral, 10 * MIB)
     assert len(found) >= 5  # boundaries again, at the new level
+
+
+def test_declared_sizes_parse_and_ignore_garbage(tmp_path: object) -> None:
+    from pilot.policies.salus import declared
+    d = declared.parse({"PILOT_SALUS_PERSISTENT": "2GiB", "PILOT_SALUS_EPHEMERAL": " 512MiB ",
+                        "PILOT_SALUS_ITERATIONS": "300"})
+    assert d == declared.Declared(2 << 30, 512 * MIB, 300)
+    bad = declared.parse({"PILOT_SALUS_PERSISTENT": "2", "PILOT_SALUS_ITERATIONS": "-4"})
+    assert bad == declared.NONE
+    assert declared.read(2**22 + 12345) == declared.NONE  # no such process
+    import os
+    os.environ["PILOT_SALUS_ITERATIONS"] = "7"
+    try:
+        assert declared.read(os.getpid()).iterations is None  # environ is as the process started
+    finally:
+        del os.environ["PILOT_SALUS_ITERATIONS"]

@@ -1,0 +1,215 @@
+"""The `salus` policy: lanes (lanes.py) with the safety condition, jobs' P and E from their calls
+(detector.py), and iteration-boundary scheduling (schedulers.py). A job is a session.
+
+- A job asks for a lane at its first launch (so what it allocated to set itself up counts): its
+  sizes are the detector's once it is recognized, else its declaration (declared.py), else all
+  it has held with E = 0. Waiting jobs are offered lanes in the scheduler's admission order
+  after every event; one that gets none waits at that launch.
+- A job in an iteration always runs (its launches are never held). At a boundary (a free that
+  returns it to its persistent level) it is no longer running; its next launch asks the
+  scheduler, and waits (a deferred reply, never a kill) until the scheduler picks it.
+- At each boundary its lane is updated to the new measurement; if that no longer fits, the job
+  leaves its lane and waits for admission again. A job not recognized grows with what it holds
+  (forced: the memory is already held); while that puts the lanes over the capacity nothing is
+  admitted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..api import RUN, AllocationView, Decision, LaunchView, Policy, SessionView
+from ..settings import Bytes
+from ..tracking import size_text
+from . import declared as declarations
+from .detector import IterationDetector
+from .lanes import GROW_CHOICES, Lanes
+from .schedulers import SCHEDULERS, JobState, admission_order, remaining_s, runnable, strict_order
+
+HOST_KINDS = ("pinned",)  # host memory: not on the GPU, not counted
+
+
+@dataclass(frozen=True, slots=True)
+class SalusSettings:
+    scheduler: str = "pack"  # fifo, srtf, pack or fair
+    capacity: Bytes = 0  # C for the lanes; 0: the GPU's capacity ([gpu] capacity)
+    grow: str = "smallest"  # which lane Algorithm 1 grows: "smallest" (the paper) or "closest"
+    learn: int = 2  # boundaries before a job's P and E are trusted
+    declared: bool = True  # read PILOT_SALUS_* from a job's environment
+
+    def __post_init__(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}")
+        if self.grow not in GROW_CHOICES:
+            raise ValueError(f"grow must be one of {', '.join(GROW_CHOICES)}")
+        if self.capacity < 0:
+            raise ValueError("capacity must be 0 or more")
+        if self.learn < 1:
+            raise ValueError("learn must be 1 or more")
+
+
+@dataclass(slots=True)
+class Job:
+    session: SessionView
+    arrival: int
+    detector: IterationDetector
+    declared: declarations.Declared
+    wants_lane: bool = False  # it asked to launch
+    running: bool = False  # in an iteration: never held
+    started: float = 0.0  # when its current iteration began
+    service: float = 0.0  # seconds of iterations run
+    held: str = ""  # why its launch waits, "" if it does not
+
+    def sizes(self) -> tuple[int, int]:
+        d, det = self.declared, self.detector
+        if det.recognized:
+            return det.persistent, det.ephemeral
+        if d.persistent is not None or d.ephemeral is not None:
+            e = d.ephemeral or 0
+            return max(d.persistent or 0, det.peak - e), e
+        return det.peak, 0
+
+
+class Salus(Policy):
+    name = "salus"
+    summary = "Salus: jobs in GPU lanes within sum(P)+sum(L) <= C, switched at iteration boundaries"
+    decides_launches = True
+    Settings = SalusSettings
+
+    def __init__(self, settings: Any = None) -> None:
+        super().__init__(settings)
+        self.jobs: dict[int, Job] = {}
+        self.lanes: dict[int, Lanes] = {}  # gpu -> its lanes
+        self._arrivals = itertools.count(1)
+        self.clock = time.monotonic  # tests replace it
+
+    # ---- sessions and memory ----
+    def session_started(self, s: SessionView) -> None:
+        d = declarations.read(s.pid) if self.settings.declared else declarations.NONE
+        self.jobs[s.id] = Job(s, next(self._arrivals), IterationDetector(self.settings.learn), d)
+
+    def session_ended(self, s: SessionView) -> None:
+        job = self.jobs.pop(s.id, None)
+        if job is not None:
+            self._lanes(job).remove(s.id)
+            self._admit(s.gpu)
+
+    def allocated(self, a: AllocationView) -> None:
+        job = self.jobs.get(a.session)
+        if job is None or a.kind in HOST_KINDS:
+            return
+        job.detector.allocated(a.size)
+        lanes = self._lanes(job)
+        if a.session in lanes and not job.detector.recognized:
+            lanes.update(a.session, *job.sizes(), force=True)  # it holds it already
+
+    def freed(self, a: AllocationView) -> None:
+        job = self.jobs.get(a.session)
+        if job is None or a.kind in HOST_KINDS:
+            return
+        now = self.clock()
+        boundary = job.detector.freed(a.size, now)
+        if boundary is None:
+            return
+        if job.running:
+            job.service += now - job.started
+            job.running = False
+        lanes = self._lanes(job)
+        if a.session in lanes and not lanes.update(a.session, *job.sizes()):
+            job.held = "its new sizes do not fit its lane"
+        self._admit(a.gpu)
+
+    # ---- launches ----
+    def launch_requested(self, l: LaunchView) -> Decision:  # noqa: E741
+        job = self.jobs.get(l.session)
+        if job is None or job.running:
+            return RUN
+        job.wants_lane = True
+        lanes = self._admit(l.gpu)
+        if l.session not in lanes:
+            p, e = job.sizes()
+            return self._hold(job, f"no lane fits P {size_text(p)}, E {size_text(e)} "
+                                   f"({size_text(lanes.used)} of {size_text(lanes.capacity)} used)")
+        if l.session not in runnable(self.settings.scheduler, self._states(l.gpu)):
+            return self._hold(job, f"{self.settings.scheduler}: another job's turn")
+        if job.held:
+            self.controls.report("release", job.session.tenant)
+        job.held = ""
+        job.running, job.started = True, self.clock()
+        return RUN
+
+    def launch_started(self, l: LaunchView) -> None:  # noqa: E741
+        job = self.jobs.get(l.session)
+        if job is not None:
+            job.detector.launched()
+
+    # ---- internals ----
+    def _hold(self, job: Job, why: str) -> Decision:
+        if not job.held:
+            self.controls.report("hold", job.session.tenant)
+        job.held = why
+        return Decision.wait(f"salus: {why}")
+
+    def _lanes(self, job: Job) -> Lanes:
+        return self._gpu_lanes(job.session.gpu)
+
+    def _gpu_lanes(self, gpu: int) -> Lanes:
+        lanes = self.lanes.get(gpu)
+        if lanes is None:
+            lanes = self.lanes[gpu] = Lanes(0, self.settings.grow)
+        lanes.capacity = self.settings.capacity or self.controls.gpu(gpu).capacity
+        return lanes
+
+    def _state(self, job: Job, lanes: Lanes) -> JobState:
+        det = job.detector
+        remaining = remaining_s(det.boundaries, job.declared.iterations, det.iteration_s, job.service)
+        return JobState(job.session.id, job.arrival, lanes.lane_of(job.session.id), job.running,
+                        job.service, remaining)
+
+    def _states(self, gpu: int) -> list[JobState]:
+        lanes = self._gpu_lanes(gpu)
+        return [self._state(j, lanes) for j in self.jobs.values() if j.session.gpu == gpu]
+
+    def _admit(self, gpu: int) -> Lanes:
+        """Offer lanes to the jobs of `gpu` that wait for one, in the scheduler's order."""
+        lanes = self._gpu_lanes(gpu)
+        waiting = [self._state(j, lanes) for j in self.jobs.values()
+                   if j.session.gpu == gpu and j.wants_lane and j.session.id not in lanes]
+        for st in admission_order(self.settings.scheduler, waiting):
+            job = self.jobs[st.job]
+            if lanes.admit(st.job, *job.sizes()) is not None:
+                job.held = ""
+            elif strict_order(self.settings.scheduler):
+                break
+        return lanes
+
+    # ---- reports ----
+    def state(self) -> dict[str, Any]:
+        gpus: dict[str, Any] = {}
+        for gpu, lanes in sorted(self.lanes.items()):
+            jobs = [self.jobs[j] for j in sorted(self.jobs) if self.jobs[j].session.gpu == gpu]
+            gpus[str(gpu)] = {
+                "capacity": lanes.capacity, "used": lanes.used, "persistent": lanes.persistent,
+                "lane_bytes": lanes.lane_bytes, "lanes": lanes.describe(),
+                "queue": [j.session.id for j in jobs if j.wants_lane and j.session.id not in lanes],
+                "jobs": [self._describe(j, lanes) for j in jobs]}
+        return {"scheduler": self.settings.scheduler, "gpus": gpus}
+
+    def _describe(self, job: Job, lanes: Lanes) -> dict[str, Any]:
+        det = job.detector
+        p, e = job.sizes()
+        return {"session": job.session.id, "tenant": job.session.tenant, "pid": job.session.pid,
+                "lane": lanes.lane_of(job.session.id), "persistent": p, "ephemeral": e,
+                "recognized": det.recognized, "iterations": det.boundaries,
+                "iteration_s": det.iteration_s, "service_s": round(job.service, 3),
+                "running": job.running, "held": job.held}
+
+    def session_status(self, session: int) -> tuple[str, str] | None:
+        job = self.jobs.get(session)
+        if job is None or not job.held:
+            return None
+        return "held", f"salus {job.held}"
+
