@@ -147,6 +147,9 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     # A launch the policy made wait (scheduling/waiting.py), and the calls held behind it.
     waiting: Any = None
     backlog: deque[Any] = field(default_factory=deque)
+    # Why the policy holds the session's next call (Controls.hold_session), None: it does not.
+    # Written by the policy's thread, read by the vGPU's (one attribute: atomic under the GIL).
+    policy_hold: str | None = None
     backlog_bytes: int = 0
     device_bytes: int = 0
     # Unified memory (daemon/managed.py): managed allocations, the client's shadows of managed
@@ -244,7 +247,8 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
             "calls": self.calls,
             "state": "error" if self.sticky else "waiting" if self.waiting is not None else "active",
             "waiting": None if self.waiting is None else {
-                "kernel": self.waiting.launch.info.name if self.waiting.launch.info else "",
+                "kernel": self.waiting.launch.info.name
+                if self.waiting.launch is not None and self.waiting.launch.info else "",
                 "reason": self.waiting.reason, "since": self.waiting.since,
                 "held_calls": len(self.backlog)},
             "alive": os.path.exists(f"/proc/{self.creds.pid}"),

@@ -1,17 +1,20 @@
 """The `salus` policy: lanes (lanes.py) with the safety condition, jobs' P and E from their calls
 (detector.py), and iteration-boundary scheduling (schedulers.py). A job is a session.
 
-- A job asks for a lane at its first launch (so what it allocated to set itself up counts): its
-  sizes are the detector's once it is recognized, else its declaration (declared.py), else all
-  it has held with E = 0. Waiting jobs are offered lanes in the scheduler's admission order
-  after every event; one that gets none waits at that launch.
-- A job in an iteration always runs (its launches are never held). At a boundary (a free that
-  returns it to its persistent level) it is no longer running; its next launch asks the
-  scheduler, and waits (a deferred reply, never a kill) until the scheduler picks it.
-- At each boundary its lane is updated to the new measurement; if that no longer fits, the job
-  leaves its lane and waits for admission again. A job not recognized grows with what it holds
-  (forced: the memory is already held); while that puts the lanes over the capacity nothing is
-  admitted.
+- **Admission.** A job that declares its sizes (declared.py) asks for a lane when its session
+  starts, and its first call is held until it gets one, so it allocates nothing before. A job
+  that declares nothing asks at its first launch (what it allocated to set itself up counts):
+  its sizes are then all it has held with E = 0, the detector's once it is recognized. Waiting
+  jobs are offered lanes in the scheduler's admission order after every event and tick.
+- **Boundaries.** A job in an iteration always runs (nothing of it is held). At a boundary (a
+  free that returns it to its persistent level) its lane is updated to the new measurement (if
+  that no longer fits, it leaves its lane and waits for admission again) and the scheduler
+  picks who runs next; if not this job, its next call, whatever it is (the scratch allocation
+  of its next iteration, usually), is held (Controls.hold_session: a deferred reply, never a
+  kill) until the scheduler picks it. A daemon without holds (or a launch made anyway) is
+  held at the launch instead (WAIT).
+- **Growth.** A job not recognized grows with what it holds (forced: the memory is already
+  held); while that puts the lanes over the capacity nothing is admitted.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ class Job:
     running: bool = False  # in an iteration: never held
     started: float = 0.0  # when its current iteration began
     service: float = 0.0  # seconds of iterations run
-    held: str = ""  # why its launch waits, "" if it does not
+    held: str = ""  # why it waits, "" if it does not
+    gated: bool = False  # its calls are held (Controls.hold_session)
 
     def sizes(self) -> tuple[int, int]:
         d, det = self.declared, self.detector
@@ -85,17 +89,23 @@ class Salus(Policy):
         self.lanes: dict[int, Lanes] = {}  # gpu -> its lanes
         self._arrivals = itertools.count(1)
         self.clock = time.monotonic  # tests replace it
+        self.read_declared = declarations.read  # pid -> Declared; tests replace it
 
     # ---- sessions and memory ----
     def session_started(self, s: SessionView) -> None:
-        d = declarations.read(s.pid) if self.settings.declared else declarations.NONE
-        self.jobs[s.id] = Job(s, next(self._arrivals), IterationDetector(self.settings.learn), d)
+        d = self.read_declared(s.pid) if self.settings.declared else declarations.NONE
+        job = self.jobs[s.id] = Job(s, next(self._arrivals), IterationDetector(self.settings.learn), d)
+        if d.persistent is not None or d.ephemeral is not None:
+            # Declared: it asks for its lane now, before it allocates anything.
+            job.wants_lane = True
+            self._reschedule(s.gpu)
+            self._hold_unless_running(job)
 
     def session_ended(self, s: SessionView) -> None:
         job = self.jobs.pop(s.id, None)
         if job is not None:
             self._lanes(job).remove(s.id)
-            self._admit(s.gpu)
+            self._reschedule(s.gpu)
 
     def allocated(self, a: AllocationView) -> None:
         job = self.jobs.get(a.session)
@@ -107,39 +117,41 @@ class Salus(Policy):
             lanes.update(a.session, *job.sizes(), force=True)  # it holds it already
 
     def freed(self, a: AllocationView) -> None:
+        """A boundary ends the job's iteration: its lane is updated, the scheduler picks who runs
+        next, and if that is not this job its next call is held."""
         job = self.jobs.get(a.session)
         if job is None or a.kind in HOST_KINDS:
             return
         now = self.clock()
-        boundary = job.detector.freed(a.size, now)
-        if boundary is None:
+        if job.detector.freed(a.size, now) is None:
             return
         if job.running:
             job.service += now - job.started
             job.running = False
         lanes = self._lanes(job)
-        if a.session in lanes and not lanes.update(a.session, *job.sizes()):
-            job.held = "its new sizes do not fit its lane"
-        self._admit(a.gpu)
+        if a.session in lanes:
+            lanes.update(a.session, *job.sizes())  # False: it left its lane, admitted again
+        self._reschedule(a.gpu)
+        self._hold_unless_running(job)
+
+    def tick(self, now: float) -> None:
+        for gpu in self.lanes:
+            if any(j.held or j.gated for j in self.jobs.values() if j.session.gpu == gpu):
+                self._reschedule(gpu)
 
     # ---- launches ----
     def launch_requested(self, l: LaunchView) -> Decision:  # noqa: E741
+        """Launches within an iteration run; the first one of a job that is not running (its
+        first launch, or after a boundary where the daemon could not hold it) asks for a lane
+        and the scheduler's turn."""
         job = self.jobs.get(l.session)
         if job is None or job.running:
             return RUN
         job.wants_lane = True
-        lanes = self._admit(l.gpu)
-        if l.session not in lanes:
-            p, e = job.sizes()
-            return self._hold(job, f"no lane fits P {size_text(p)}, E {size_text(e)} "
-                                   f"({size_text(lanes.used)} of {size_text(lanes.capacity)} used)")
-        if l.session not in runnable(self.settings.scheduler, self._states(l.gpu)):
-            return self._hold(job, f"{self.settings.scheduler}: another job's turn")
-        if job.held:
-            self.controls.report("release", job.session.tenant)
-        job.held = ""
-        job.running, job.started = True, self.clock()
-        return RUN
+        self._reschedule(l.gpu)
+        if job.running:
+            return RUN
+        return Decision.wait(f"salus: {self._note_held(job)}")
 
     def launch_started(self, l: LaunchView) -> None:  # noqa: E741
         job = self.jobs.get(l.session)
@@ -147,11 +159,42 @@ class Salus(Policy):
             job.detector.launched()
 
     # ---- internals ----
-    def _hold(self, job: Job, why: str) -> Decision:
+    def _reschedule(self, gpu: int) -> None:
+        """Offer lanes to the jobs that wait for one, then let the scheduler's choices run:
+        a chosen job becomes running, and if its calls were held they are released."""
+        self._admit(gpu)
+        chosen = runnable(self.settings.scheduler, self._states(gpu))
+        now = self.clock()
+        for sid in chosen:
+            job = self.jobs[sid]
+            if job.running or not job.wants_lane:
+                continue
+            job.running, job.started = True, now
+            if job.gated:
+                job.gated = False
+                self.controls.release_session(sid)
+            if job.held:
+                job.held = ""
+                self.controls.report("release", job.session.tenant)
+
+    def _hold_unless_running(self, job: Job) -> None:
+        if not job.running:
+            job.gated = True
+            self.controls.hold_session(job.session.id, f"salus: {self._note_held(job)}")
+
+    def _note_held(self, job: Job) -> str:
+        """Why the job waits (kept for pilotctl), counted once per wait."""
+        lanes = self._lanes(job)
+        if job.session.id not in lanes:
+            p, e = job.sizes()
+            why = (f"no lane fits P {size_text(p)}, E {size_text(e)} "
+                   f"({size_text(lanes.used)} of {size_text(lanes.capacity)} used)")
+        else:
+            why = f"{self.settings.scheduler}: another job's turn"
         if not job.held:
             self.controls.report("hold", job.session.tenant)
         job.held = why
-        return Decision.wait(f"salus: {why}")
+        return why
 
     def _lanes(self, job: Job) -> Lanes:
         return self._gpu_lanes(job.session.gpu)
@@ -180,9 +223,7 @@ class Salus(Policy):
                    if j.session.gpu == gpu and j.wants_lane and j.session.id not in lanes]
         for st in admission_order(self.settings.scheduler, waiting):
             job = self.jobs[st.job]
-            if lanes.admit(st.job, *job.sizes()) is not None:
-                job.held = ""
-            elif strict_order(self.settings.scheduler):
+            if lanes.admit(st.job, *job.sizes()) is None and strict_order(self.settings.scheduler):
                 break
         return lanes
 

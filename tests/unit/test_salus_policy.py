@@ -5,18 +5,20 @@ iterations of one lane never overlap."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
 
 import pytest
 
-from pilot.policies import AllocationView, LaunchView, SessionView, Verdict, create
+from pilot.policies import AllocationView, Controls, LaunchView, SessionView, Verdict, create
 from pilot.policies.salus.declared import Declared
 from pilot.policies.salus.policy import Salus
 
 GIB = 1 << 30
 DT = 0.01
+STEP = 0.1 + 2 * DT  # an iteration of 0.1 s and its allocation and free, one step each
 
 
 @dataclass
@@ -33,66 +35,95 @@ class Script:
 class Run:
     script: Script
     sid: int
-    state: str = "new"  # new, ready, iter, done
-    done: int = 0
-    end: float = 0.0
-    scratch: bool = False
+    calls: list[tuple[str, int]] = field(default_factory=list)  # what it does next, in order
+    started: bool = False
+    busy_until: float = -1.0  # in a kernel until then
+    live: int = 0
     attempts: int = 0
-    finished: float = math.nan
+    finished: float = math.inf
     iterations: list[tuple[float, float, int | None]] = field(default_factory=list)  # start, end, lane
 
+    def __post_init__(self) -> None:
+        s = self.script
+        self.calls = [("alloc", s.persistent)]
+        for i in range(s.iterations):
+            if s.frees or i == 0:
+                self.calls.append(("alloc", s.ephemeral))
+            self.calls.append(("launch", 0))
+            if s.frees:
+                self.calls.append(("free", s.ephemeral))
+        if s.frees:
+            self.calls.append(("free", s.persistent))
+        self.calls.append(("end", 0))
 
-def simulate(policy: Salus, scripts: list[Script], capacity: int, limit_s: float = 600.0) -> list[Run]:
+
+class Holds(Controls):
+    """The daemon's hold_session as the simulation sees it: a held job makes no call."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, str] = {}
+        self.ever = 0
+
+    def hold_session(self, session: int, reason: str) -> None:
+        self.held[session] = reason
+        self.ever += 1
+
+    def release_session(self, session: int) -> None:
+        self.held.pop(session, None)
+
+
+def simulate(policy: Salus, scripts: list[Script], capacity: int, limit_s: float = 600.0,
+             holds: bool = True, real_bound: bool = False) -> list[Run]:
+    """Each step of DT, every job not held and not in a kernel makes its next call; a launch
+    the policy answers WAIT is asked again next step. Checks the safety condition (and with
+    `real_bound` that what the jobs really hold stays within C) at every step."""
     now = 0.0
     policy.clock = lambda: now
+    controls = Holds() if holds else Controls()
+    policy.controls = controls
     runs = [Run(s, i + 1) for i, s in enumerate(scripts)]
     launch_ids = iter(range(1, 10**9))
-    lanes = lambda: policy.lanes.get(0)  # noqa: E731
-
-    def alloc(r: Run, size: int, free: bool = False) -> None:
-        a = AllocationView(r.sid, f"t{r.sid}", 0, "device", 0, size)
-        (policy.freed if free else policy.allocated)(a)
-
-    while now < limit_s and any(r.state != "done" for r in runs):
+    while now < limit_s and any(r.calls for r in runs):
         for r in runs:
+            if not r.calls or now < r.script.arrival or now < r.busy_until - 1e-9:
+                continue
             sv = SessionView(r.sid, f"t{r.sid}", 1000 + r.sid, 0, 0)
-            s = r.script
-            if r.state == "new" and now >= s.arrival:
+            if not r.started:
+                r.started = True
                 policy.session_started(sv)
-                alloc(r, s.persistent)
-                r.state = "ready"
-            if r.state == "iter" and now >= r.end - 1e-9:
-                if s.frees:
-                    alloc(r, s.ephemeral, free=True)
-                r.scratch = False
+                continue
+            if r.iterations and r.iterations[-1][1] == math.inf:
                 start, _, lane = r.iterations[-1]
                 r.iterations[-1] = (start, now, lane)
-                r.done += 1
-                if r.done == s.iterations:
-                    if s.frees:
-                        alloc(r, s.persistent, free=True)
-                    policy.session_ended(sv)
-                    r.state, r.finished = "done", now
-                else:
-                    r.state = "ready"
-            if r.state == "ready":
-                if not r.scratch and (s.frees or r.done == 0):
-                    alloc(r, s.ephemeral)
-                r.scratch = True
+            if holds and r.sid in controls.held:
+                continue
+            what, size = r.calls[0]
+            if what in ("alloc", "free"):
+                r.live += size if what == "alloc" else -size
+                a = AllocationView(r.sid, f"t{r.sid}", 0, "device", 0, size)
+                (policy.allocated if what == "alloc" else policy.freed)(a)
+            elif what == "launch":
                 r.attempts += 1
                 view = LaunchView(next(launch_ids), r.sid, f"t{r.sid}", 1000 + r.sid, 0, 0, "k",
                                   (1, 1, 1), (1, 1, 1), 0, (), now, now, r.attempts)
-                d = policy.launch_requested(view)
-                if d.verdict is Verdict.RUN:
-                    policy.launch_started(view)
-                    r.attempts = 0
-                    r.state, r.end = "iter", now + s.iteration_s
-                    r.iterations.append((now, math.inf, policy.lanes[0].lane_of(r.sid)))
-        ln = lanes()
-        if ln is not None:
-            assert ln.used <= capacity, f"safety condition broken at {now:.2f}s"
+                if policy.launch_requested(view).verdict is not Verdict.RUN:
+                    continue
+                policy.launch_started(view)
+                r.attempts = 0
+                r.busy_until = now + r.script.iteration_s
+                r.iterations.append((now, math.inf, policy.lanes[0].lane_of(r.sid)))
+            else:
+                policy.session_ended(sv)
+                r.finished = now
+            r.calls.pop(0)
+        policy.tick(now)  # as the daemon's scheduler thread does every 10 ms
+        lanes = policy.lanes.get(0)
+        if lanes is not None:
+            assert lanes.used <= capacity, f"safety condition broken at {now:.2f}s"
+        if real_bound:
+            assert sum(r.live for r in runs) <= capacity, f"over C at {now:.2f}s"
         now = round(now + DT, 6)
-    assert all(r.state == "done" for r in runs), [r.state for r in runs]
+    assert not any(r.calls for r in runs), [r.calls[:2] for r in runs]
     return runs
 
 
@@ -105,15 +136,13 @@ def salus(scheduler: str, capacity: int = 12 * GIB) -> Salus:
 
 def declaring(p: Salus, scripts: list[Script], sizes: bool = True) -> Salus:
     """Each job declares its iteration count (and with `sizes` its P and E), as
-    PILOT_SALUS_* in its environment would."""
-    original = p.session_started
-
-    def started(s: SessionView) -> None:
-        original(s)
-        sc = scripts[s.id - 1]
-        p.jobs[s.id].declared = Declared(sc.persistent if sizes else None,
-                                         sc.ephemeral if sizes else None, sc.iterations)
-    p.session_started = started  # type: ignore[method-assign]
+    PILOT_SALUS_* in its environment would (the simulation's pids are 1000 + session)."""
+    def read(pid: int) -> Declared:
+        sc = scripts[pid - 1001]
+        return Declared(sc.persistent if sizes else None, sc.ephemeral if sizes else None,
+                        sc.iterations)
+    p.read_declared = read  # type: ignore[method-assign]
+    p.settings = dataclasses.replace(p.settings, declared=True)
     return p
 
 
@@ -143,7 +172,7 @@ def test_fifo_runs_one_job_at_a_time_in_arrival_order() -> None:
     runs = simulate(salus("fifo"), THREE, 12 * GIB)
     assert [r.sid for r in sorted(runs, key=lambda r: r.finished)] == [1, 2, 3]
     assert not any_overlap(runs)
-    assert runs[2].finished == pytest.approx(3.0, abs=0.1)
+    assert runs[2].finished == pytest.approx(30 * STEP, abs=0.1)  # no time lost between jobs
 
 
 def test_srtf_lets_a_short_job_in_at_the_next_boundary() -> None:
@@ -152,7 +181,7 @@ def test_srtf_lets_a_short_job_in_at_the_next_boundary() -> None:
     assert not any_overlap(runs)  # one at a time
     # Without a declared count, the least attained service goes first: the newcomer runs at the
     # long job's next boundary and finishes long before it.
-    assert runs[1].finished < 1.2 and runs[0].finished == pytest.approx(3.3, abs=0.1)
+    assert runs[1].finished < 1.2 and runs[0].finished == pytest.approx(33 * STEP, abs=0.1)
     long_starts = [it[0] for it in runs[0].iterations]
     assert all(not (0.55 < t < runs[1].finished - 1e-9) for t in long_starts)
     for it in runs[0].iterations:  # the long job was switched out only between iterations
@@ -255,3 +284,31 @@ def test_settings_are_checked() -> None:
         create("salus", {"scheduler": "lifo"})
     with pytest.raises(ValueError, match="grow"):
         create("salus", {"grow": "biggest"})
+
+
+@pytest.mark.parametrize("scheduler", ["fifo", "srtf", "pack", "fair"])
+def test_declared_jobs_never_hold_more_than_c(scheduler: str) -> None:
+    """A seeded trace of 12 declared jobs: with the daemon's holds, what the jobs really hold
+    (not only the lanes' sum) stays within C at every step; a job is held at its boundary
+    before it allocates the next scratch."""
+    import random
+    rng = random.Random(30)
+    scripts = [Script(round(rng.uniform(0, 2), 2), rng.randrange(1, 4) * GIB // 2,
+                      rng.randrange(0, 8) * GIB // 2, rng.randrange(2, 12), 0.05) for _ in range(12)]
+    p = declaring(salus(scheduler), scripts)
+    runs = simulate(p, scripts, 12 * GIB, real_bound=True)
+    assert isinstance(p.controls, Holds) and p.controls.ever > 0
+    for r in runs:
+        for it in r.iterations:  # every iteration ran whole: nothing was stopped within one
+            assert it[1] - it[0] == pytest.approx(0.05, abs=DT / 2)
+    lanes_serialized(runs)
+
+
+def test_without_holds_a_waiting_job_has_allocated_its_scratch() -> None:
+    """Why the daemon's holds matter: held only at its launch, the second job of the pair has
+    already allocated its 7 GiB when it waits, so the jobs really hold 16 GiB > C."""
+    pair = [Script(0.0, 1 * GIB, 7 * GIB, 4, 0.1), Script(0.0, 1 * GIB, 7 * GIB, 4, 0.1)]
+    with pytest.raises(AssertionError, match="over C"):
+        simulate(declaring(salus("pack"), pair), pair, 12 * GIB, holds=False, real_bound=True)
+    runs = simulate(declaring(salus("pack"), pair), pair, 12 * GIB, holds=False)
+    lanes_serialized(runs)  # the lanes still serialize the iterations
