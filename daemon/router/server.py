@@ -897,6 +897,7 @@ class Daemon:
             "isolation": {**self.isolation.describe(), "engines": self.engines.describe(),
                           "serves": self.config.isolated_tenant},
             "shares": self.shares.report(),
+            "salus": self.policy.state() if self.policy.name == "salus" else {},
         }
 
     def _shutdown(self, router: zmq.Socket, control_sock: zmq.Socket) -> None:

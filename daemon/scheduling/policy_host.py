@@ -314,6 +314,15 @@ class PolicyHost:
         state, why = status
         return str(state), str(why)
 
+    def state(self) -> dict[str, Any]:
+        """The policy's state() (empty if it fails: a scrape must not fail for it)."""
+        try:
+            with self._lock:
+                return self.policy.state()
+        except Exception:
+            log.exception("policy %s: state failed", self.name)
+            return {}
+
     def describe(self) -> dict[str, Any]:
         """For pilotctl status: the policy in force, its knobs and state, and every name known."""
         try:

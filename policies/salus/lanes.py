@@ -24,6 +24,10 @@ waiting for each other's scratch.
    grow satisfies the same condition, so the choice changes only where the job runs.
 5. Otherwise **wait** (`admit` returns None; the caller asks again when memory frees).
 
+`shared=True` tries reuse and grow before create: for schedulers that run one job at a time
+(FIFO, SRTF) extra lanes would only hold memory, while one lane as large as the largest E lets
+the most jobs keep their P on the GPU (so a short job can be admitted and preempt a long one).
+
 Lanes **shrink**: the paper leaves it open. Here a lane's size is always the largest E of its
 jobs: when a job leaves (or is re-measured smaller), the lane shrinks at once, which can only
 lower sum(L), so it is always safe; an empty lane is removed. A job re-measured larger
@@ -65,13 +69,14 @@ class _Member:
 class Lanes:
     """The lanes of one GPU of capacity C (bytes). Not thread-safe (the policy lock serializes)."""
 
-    def __init__(self, capacity: int, grow: str = "smallest") -> None:
+    def __init__(self, capacity: int, grow: str = "smallest", shared: bool = False) -> None:
         if capacity < 0:
             raise ValueError("capacity must be 0 or more")
         if grow not in GROW_CHOICES:
             raise ValueError(f"grow must be one of {GROW_CHOICES}, not {grow!r}")
         self.capacity = capacity
         self.grow = grow
+        self.shared = shared
         self.lanes: dict[int, Lane] = {}
         self.members: dict[int, _Member] = {}  # admitted job -> its sizes and lane
         self._persistent = 0  # sum(P) of admitted jobs
@@ -117,7 +122,7 @@ class Lanes:
         room = self.capacity - base
         if room < 0:
             return None
-        if ephemeral <= room:
+        if ephemeral <= room and not (self.shared and self.lanes):
             return Placement("create", 0, ephemeral)
         fitting = [lane for lane in self.lanes.values() if lane.size >= ephemeral]
         if fitting:
@@ -125,7 +130,7 @@ class Lanes:
             return Placement("reuse", best.id, best.size)
         growable = [lane for lane in self.lanes.values() if ephemeral - lane.size <= room]
         if not growable:
-            return None
+            return Placement("create", 0, ephemeral) if ephemeral <= room else None
         if self.grow == "smallest":
             lane = min(growable, key=lambda lane: (lane.size, lane.id))
         else:

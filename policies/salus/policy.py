@@ -30,7 +30,15 @@ from ..tracking import size_text
 from . import declared as declarations
 from .detector import IterationDetector
 from .lanes import GROW_CHOICES, Lanes
-from .schedulers import SCHEDULERS, JobState, admission_order, remaining_s, runnable, strict_order
+from .schedulers import (
+    ONE_AT_A_TIME,
+    SCHEDULERS,
+    JobState,
+    admission_order,
+    remaining_s,
+    runnable,
+    strict_order,
+)
 
 HOST_KINDS = ("pinned",)  # host memory: not on the GPU, not counted
 
@@ -202,24 +210,34 @@ class Salus(Policy):
     def _gpu_lanes(self, gpu: int) -> Lanes:
         lanes = self.lanes.get(gpu)
         if lanes is None:
-            lanes = self.lanes[gpu] = Lanes(0, self.settings.grow)
+            lanes = self.lanes[gpu] = Lanes(0, self.settings.grow,
+                                            shared=self.settings.scheduler in ONE_AT_A_TIME)
         lanes.capacity = self.settings.capacity or self.controls.gpu(gpu).capacity
         return lanes
 
-    def _state(self, job: Job, lanes: Lanes) -> JobState:
+    def _state(self, job: Job, lanes: Lanes, typical_s: float | None = None) -> JobState:
         det = job.detector
-        remaining = remaining_s(det.boundaries, job.declared.iterations, det.iteration_s, job.service)
+        remaining = remaining_s(det.boundaries, job.declared.iterations, det.iteration_s or typical_s,
+                                job.service)
         return JobState(job.session.id, job.arrival, lanes.lane_of(job.session.id), job.running,
                         job.service, remaining)
 
+    def _typical_s(self, gpu: int) -> float | None:
+        """The mean iteration time of the measured jobs of `gpu`: SRTF's guess for the others."""
+        times = [t for j in self.jobs.values() if j.session.gpu == gpu
+                 for t in [j.detector.iteration_s] if t is not None]
+        return sum(times) / len(times) if times else None
+
     def _states(self, gpu: int) -> list[JobState]:
         lanes = self._gpu_lanes(gpu)
-        return [self._state(j, lanes) for j in self.jobs.values() if j.session.gpu == gpu]
+        typical = self._typical_s(gpu) if self.settings.scheduler == "srtf" else None
+        return [self._state(j, lanes, typical) for j in self.jobs.values() if j.session.gpu == gpu]
 
     def _admit(self, gpu: int) -> Lanes:
         """Offer lanes to the jobs of `gpu` that wait for one, in the scheduler's order."""
         lanes = self._gpu_lanes(gpu)
-        waiting = [self._state(j, lanes) for j in self.jobs.values()
+        typical = self._typical_s(gpu) if self.settings.scheduler == "srtf" else None
+        waiting = [self._state(j, lanes, typical) for j in self.jobs.values()
                    if j.session.gpu == gpu and j.wants_lane and j.session.id not in lanes]
         for st in admission_order(self.settings.scheduler, waiting):
             job = self.jobs[st.job]

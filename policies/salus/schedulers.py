@@ -8,9 +8,10 @@ different lanes run in parallel, each on its jobs' own streams.
   job, in arrival order).
 - `srtf`: one job at a time, the one with the shortest estimated remaining time; a shorter job
   that arrives takes over at the running job's next boundary. Remaining time is the declared
-  iteration count less the iterations done, times the mean iteration time; a job not measured
-  yet counts 0 (it runs until its iterations are measured); without a declared count, the
-  service it has had (least attained service, the usual stand-in for unknown sizes).
+  iteration count less the iterations done, times its mean iteration time (not measured yet:
+  the mean of the GPU's measured jobs; none measured: 0, it runs until measured); without a
+  declared count, the service it has had (least attained service, the usual stand-in for
+  unknown sizes).
 - `pack`: every lane runs; within a lane the oldest job runs to completion, then the next.
   As many lanes as the safety condition allows (admission tries every waiting job).
 - `fair`: every lane runs; within a lane, at each boundary the job with the least service

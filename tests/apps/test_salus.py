@@ -62,7 +62,7 @@ class Watch(threading.Thread):
 
 
 @pytest.mark.parametrize(("scheduler", "capacity", "lanes", "running"),
-                         [("fifo", 64, 2, 1), ("pack", 64, 2, 2), ("pack", 40, 1, 1)])
+                         [("fifo", 64, 1, 1), ("pack", 64, 2, 2), ("pack", 40, 1, 1)])
 def test_jobs_are_admitted_within_c(scheduler: str, capacity: int, lanes: int, running: int,
                                     start_pilotd: Any, shim_path: str, salus_job: Path) -> None:
     """Three jobs of P = 8 MiB, E = 16 MiB. With C = 64 MiB two lanes fit (8+16, 8+16, then

@@ -38,6 +38,21 @@ def test_grow_picks_the_smallest_or_the_closest_lane(grow: str, expected: int) -
     assert lanes.used <= 10 * GB and lanes.safe()
 
 
+def test_shared_lanes_reuse_or_grow_before_creating() -> None:
+    """For one-job-at-a-time schedulers: one lane, as large as the largest E."""
+    lanes = Lanes(12 * GB, shared=True)
+    assert lanes.admit(1, 1 * GB, 2 * GB).how == "create"
+    assert lanes.admit(2, 1 * GB, 1 * GB).how == "reuse"
+    p = lanes.admit(3, 1 * GB, 4 * GB)
+    assert p is not None and p.how == "grow" and len(lanes.lanes) == 1
+    assert lanes.used == 3 * GB + 4 * GB
+    assert lanes.admit(4, 6 * GB, 0) is None  # P alone does not fit
+    plain = Lanes(12 * GB)
+    for job, (p_, e) in enumerate([(1, 2), (1, 1), (1, 4)]):
+        plain.admit(job, p_ * GB, e * GB)
+    assert len(plain.lanes) == 3 and plain.used == 10 * GB  # the same jobs, three lanes
+
+
 def test_the_papers_deadlock_example_shares_one_lane() -> None:
     lanes = Lanes(12 * GB)
     assert lanes.admit(1, 1 * GB, 7 * GB).how == "create"
@@ -92,14 +107,16 @@ def test_refuses_bad_arguments() -> None:
         lanes.admit(1, 0, 0)
 
 
-@pytest.mark.parametrize(("grow", "events"), [("smallest", N_EVENTS), ("closest", N_EVENTS // 4)])
-def test_safety_holds_over_random_arrivals_and_finishes(grow: str, events: int) -> None:
+@pytest.mark.parametrize(("grow", "shared", "events"), [("smallest", False, N_EVENTS),
+                                                        ("closest", False, N_EVENTS // 4),
+                                                        ("smallest", True, N_EVENTS // 4)])
+def test_safety_holds_over_random_arrivals_and_finishes(grow: str, shared: bool, events: int) -> None:
     """10^5 random events (arrival, finish, re-measure) on C = 12 GB with the paper's deadlock
     pair mixed in: the condition holds after each, and no two (P = 1 GB, E = 7 GB) jobs ever sit
     in separate lanes."""
-    rng = random.Random(30 + len(grow))
+    rng = random.Random(30 + len(grow) + shared)
     C = 12 * GB
-    lanes = Lanes(C, grow)
+    lanes = Lanes(C, grow, shared)
     waiting: list[tuple[int, int, int]] = []  # FIFO: (job, P, E)
     pair: set[int] = set()
     next_job = 0

@@ -274,7 +274,7 @@ def test_state_and_session_status_while_held() -> None:
     st = p.state()
     assert st["scheduler"] == "fifo"
     gpu = st["gpus"]["0"]
-    assert [lane["jobs"][0]["job"] for lane in gpu["lanes"]] == [1, 2]
+    assert [[j["job"] for j in lane["jobs"]] for lane in gpu["lanes"]] == [[1, 2]]  # FIFO: one lane
     assert gpu["used"] == 2 * GIB and gpu["queue"] == []
     assert [j["running"] for j in gpu["jobs"]] == [True, False]
 
