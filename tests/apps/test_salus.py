@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import NVCC, NVCC_FLAGS
 
 from pilot.cli.client import ControlClient
 
@@ -23,6 +22,8 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def salus_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from conftest import NVCC, NVCC_FLAGS  # tests/apps/conftest.py (pytest puts it on sys.path)
+
     if NVCC is None:
         pytest.skip("nvcc not found")
     exe = tmp_path_factory.mktemp("salus") / "salus_job"
