@@ -72,6 +72,10 @@ class Job:
     running: bool = False  # in an iteration: never held
     started: float = 0.0  # when its current iteration began
     service: float = 0.0  # seconds of iterations run
+    # FAIR's virtual service: the service, but a job joining a lane starts from the least of
+    # its lane-mates' (so a newcomer shares from its arrival instead of catching up on what
+    # the others ran before it came)
+    vservice: float = 0.0
     held: str = ""  # why it waits, "" if it does not
     gated: bool = False  # its calls are held (Controls.hold_session)
 
@@ -135,6 +139,7 @@ class Salus(Policy):
             return
         if job.running:
             job.service += now - job.started
+            job.vservice += now - job.started
             job.running = False
         lanes = self._lanes(job)
         if a.session in lanes:
@@ -219,8 +224,9 @@ class Salus(Policy):
         det = job.detector
         remaining = remaining_s(det.boundaries, job.declared.iterations, det.iteration_s or typical_s,
                                 job.service)
+        service = job.vservice if self.settings.scheduler == "fair" else job.service
         return JobState(job.session.id, job.arrival, lanes.lane_of(job.session.id), job.running,
-                        job.service, remaining)
+                        service, remaining)
 
     def _typical_s(self, gpu: int) -> float | None:
         """The mean iteration time of the measured jobs of `gpu`: SRTF's guess for the others."""
@@ -241,8 +247,13 @@ class Salus(Policy):
                    if j.session.gpu == gpu and j.wants_lane and j.session.id not in lanes]
         for st in admission_order(self.settings.scheduler, waiting):
             job = self.jobs[st.job]
-            if lanes.admit(st.job, *job.sizes()) is None and strict_order(self.settings.scheduler):
-                break
+            placed = lanes.admit(st.job, *job.sizes())
+            if placed is None:
+                if strict_order(self.settings.scheduler):
+                    break
+                continue
+            mates = [self.jobs[j].vservice for j in lanes.lanes[placed.lane].jobs if j != st.job]
+            job.vservice = max(job.vservice, min(mates, default=0.0))
         return lanes
 
     # ---- reports ----

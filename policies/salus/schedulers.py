@@ -15,7 +15,9 @@ different lanes run in parallel, each on its jobs' own streams.
 - `pack`: every lane runs; within a lane the oldest job runs to completion, then the next.
   As many lanes as the safety condition allows (admission tries every waiting job).
 - `fair`: every lane runs; within a lane, at each boundary the job with the least service
-  (seconds of iterations run) goes next, so jobs sharing a lane get equal GPU time.
+  (seconds of iterations run) goes next, so jobs sharing a lane get equal GPU time. A job that
+  joins a lane starts from its lane-mates' least service (virtual time, as CFS does): it
+  shares from its arrival on instead of running alone until it has caught up.
 """
 
 from __future__ import annotations

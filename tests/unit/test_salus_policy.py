@@ -230,6 +230,8 @@ def test_fair_alternates_jobs_sharing_a_lane() -> None:
                   if runs[1].iterations[0][0] <= it[0] < runs[0].finished)
     switches = sum(1 for a, b in itertools.pairwise(both) if a[1] != b[1])
     assert switches >= len(both) // 2
+    # From job 2's arrival, not after it has caught up on job 1's service (virtual time).
+    assert {sid for _, sid in both[:4]} == {1, 2}
     assert abs(runs[0].finished - runs[1].finished) < 1.0
 
 
