@@ -79,10 +79,11 @@ class JobSpec:
     iterations: int = 1
     torch: str = ""
     blocks: int = 8  # of the CUDA C job's kernel (128 threads each)
+    torch_alloc: str = "backend:cudaMallocAsync"  # PYTORCH_CUDA_ALLOC_CONF; "": the caching one
 
     def command(self, exe: Path, sim: bool) -> list[str]:
         if self.torch:
-            return [sys.executable, "-m", "pilot.cli.pilot", "run", "--cuda", "13", "--",
+            return [sys.executable, "-m", "pilot.cli.pilot", "run", "--",
                     sys.executable, str(BENCH / "salus_torch_job.py"), "--size", self.torch,
                     "--iterations", str(self.iterations)]
         host_ms = self.iter_ms if sim else 0
@@ -91,8 +92,8 @@ class JobSpec:
 
     def env(self, daemon: Daemon, shim: str, declare: bool) -> dict[str, str]:
         env = {**clean_env(), "PILOT_SOCKET": daemon.socket}
-        if self.torch:
-            env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"  # E visible to pilot
+        if self.torch and self.torch_alloc:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = self.torch_alloc  # cudaMallocAsync: E visible to pilot
         else:
             env["LD_PRELOAD"] = shim
         if declare:
@@ -131,6 +132,7 @@ class Poller(threading.Thread):
         self.first_running: dict[int, float] = {}
         self.service: list[tuple[float, dict[int, float]]] = []
         self.max_used = self.max_granted = self.capacity = 0
+        self.jobs: dict[int, dict[str, Any]] = {}  # pid -> its last row in the salus state
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -150,6 +152,7 @@ class Poller(threading.Thread):
                 if j["running"] and j["pid"] not in self.first_running:
                     self.first_running[j["pid"]] = now
             self.service.append((now, {j["pid"]: j["service_s"] for j in gpu["jobs"]}))
+            self.jobs.update({j["pid"]: j for j in gpu["jobs"]})
 
 
 def shim_path() -> str:

@@ -3,6 +3,7 @@
 
     python3 bench/salus_experiments.py fair --out /tmp/salus-fair          # about 100 s
     python3 bench/salus_experiments.py overhead --out /tmp/salus-overhead  # about 45 s
+    python3 bench/salus_experiments.py torch --out /tmp/salus-torch        # about 40 s, PyTorch
     python3 bench/salus_experiments.py fair --backend sim --scale 0.1      # no GPU: the script
 
 fair (Salus Fig. 11): three jobs of P = 1 GiB, E = 7 GiB in C = 12 GiB (so they share one lane)
@@ -14,6 +15,11 @@ of its arrival.
 
 overhead: one job (P = E = 1 GiB, 150 iterations of 20 ms) alone under `none` and under
 salus (PACK), three times each, alternating; PASS when salus's median JCT <= 1.05 x none's.
+torch: bench/salus_torch_job.py (--size, --iterations) alone under salus, declaring nothing,
+first with PyTorch's caching allocator (pilot should not recognize it: E = 0, P = all it holds),
+then with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (pilot should recognize its
+iterations: E > 0); prints what pilot measured and the JCT ratio (what the async backend costs
+under pilot). Needs PyTorch on the GPU machine.
 --out DIR writes the numbers as JSON (and fair.png with matplotlib).
 """
 
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from salus_bench import Daemon, JobSpec, Poller, build_job, run_jobs
+from salus_bench import MIB, Daemon, JobSpec, Poller, build_job, run_jobs
 
 
 def shares(poller: Poller, pids: list[int], start: float, end: float) -> dict[int, float]:
@@ -127,17 +133,52 @@ def overhead(args: argparse.Namespace, work: Path, sim: bool) -> tuple[bool, dic
     return ok, {"jct": jct, "ratio": ratio}
 
 
+def torch_jobs(args: argparse.Namespace, work: Path, sim: bool) -> tuple[bool, dict[str, Any]]:
+    """A PyTorch job (salus_torch_job.py, --size) alone under salus, declaring nothing, with
+    PyTorch's caching allocator and with backend:cudaMallocAsync: what pilot learns of it."""
+    exe = build_job(work)
+    doc: dict[str, Any] = {}
+    for alloc in ("", "backend:cudaMallocAsync"):
+        name = alloc or "caching"
+        spec = JobSpec(f"torch-{name}", 0.0, iterations=args.iterations, torch=args.size,
+                       torch_alloc=alloc)
+        daemon = Daemon(work / name.replace(":", "-"), args.backend, "salus", "pack", "12GiB")
+        try:
+            [r], poller = run_jobs(daemon, [spec], exe, sim, declare=False)
+        finally:
+            daemon.stop()
+        last = next(iter(poller.jobs.values()), {})
+        doc[name] = {"rc": r.rc, "jct": r.jct, "state": last, "output": r.output[-2000:]}
+        print(f"{name}: rc {r.rc}, JCT {r.jct:.2f} s; pilot saw: recognized {last.get('recognized')}, "
+              f"P {last.get('persistent', 0) / MIB:.0f} MiB, E {last.get('ephemeral', 0) / MIB:.0f} MiB, "
+              f"{last.get('iterations')} iterations of {last.get('iteration_s')} s")
+    cached, asynchronous = doc["caching"], doc["backend:cudaMallocAsync"]
+    seen = asynchronous["state"]
+    checks = [(cached["rc"] == 0 and asynchronous["rc"] == 0, "both runs finished"),
+              (not cached["state"].get("recognized"), "caching allocator: not recognized (E = 0)"),
+              (bool(seen.get("recognized")) and seen.get("ephemeral", 0) > 0,
+               "cudaMallocAsync: recognized, E > 0"),
+              (True, f"cudaMallocAsync / caching JCT: {asynchronous['jct'] / max(cached['jct'], 1e-9):.2f}x")]
+    for good, text in checks:
+        print(f"{'PASS' if good else 'FAIL'}: {text}")
+    return all(g for g, _ in checks), doc
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("experiment", choices=("fair", "overhead"))
+    ap.add_argument("experiment", choices=("fair", "overhead", "torch"))
     ap.add_argument("--backend", choices=("cuda", "sim"), default="cuda")
     ap.add_argument("--scale", type=float, default=1.0, help="fair: arrival gaps and job lengths x this")
+    ap.add_argument("--size", choices=("small", "medium", "large"), default="small",
+                    help="torch: the model")
+    ap.add_argument("--iterations", type=int, default=300, help="torch: training steps")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     work = args.out or Path(tempfile.mkdtemp(prefix=f"salus-{args.experiment}-"))
     work.mkdir(parents=True, exist_ok=True)
     sim = args.backend == "sim"
-    ok, doc = (fair if args.experiment == "fair" else overhead)(args, work, sim)
+    run = {"fair": fair, "overhead": overhead, "torch": torch_jobs}[args.experiment]
+    ok, doc = run(args, work, sim)
     if args.out:
         (work / f"{args.experiment}.json").write_text(json.dumps(doc, indent=1))
     return 0 if ok else 1

@@ -106,10 +106,10 @@ def main() -> int:
     args = ap.parse_args()
     sim = args.backend == "sim"
     specs = trace(args.seed, args.jobs, args.scale, args.torch)
-    if sim:  # the sim holds memory in the daemon's RAM: MiB, not GiB
+    if sim:  # the sim holds memory in the daemon's RAM: every size / 128
         for s in specs:
-            s.persistent_mib, s.ephemeral_mib = s.persistent_mib // 256, s.ephemeral_mib // 256
-        args.capacity = "48MiB"
+            s.persistent_mib, s.ephemeral_mib = s.persistent_mib // 128, s.ephemeral_mib // 128
+        args.capacity = "96MiB"
     cap = int(args.capacity.removesuffix("GiB")) * GIB if args.capacity.endswith("GiB") else None
     free = None if sim else free_gpu_bytes()
     if cap is not None and free is not None and free < cap + 4 * GIB:
