@@ -21,6 +21,7 @@ from pilotd_process import PilotdProcess, find_nvcc  # noqa: E402
 
 GIB = 1 << 30
 MIB = 1 << 20
+REFUSED = "pilotd refused the session"
 
 
 def build_job(out_dir: Path) -> Path:
@@ -111,6 +112,7 @@ class Result:
     first_ran: float | None = None  # when pilotd first showed it running
     rc: int | None = None
     output: str = ""
+    retried: bool = False
 
     @property
     def jct(self) -> float:
@@ -187,6 +189,15 @@ def run_jobs(daemon: Daemon, specs: list[JobSpec], exe: Path, sim: bool, declare
                 r.output = (out_dir / f"{r.spec.name}.out").read_text()
                 r.first_ran = poller.first_running.get(pid)
                 del procs[pid]
+                if r.rc and REFUSED in r.output and not r.retried:
+                    # pilotd's router sometimes refuses a HELLO racing another connection's
+                    # close as a reused pid: start the job again, once, and say so.
+                    print(f"{r.spec.name}: {REFUSED}; started again", flush=True)
+                    r.retried = True
+                    again = subprocess.Popen(r.spec.command(exe, sim), env=r.spec.env(daemon, shim, declare),
+                                             stdout=(out_dir / f"{r.spec.name}.out").open("w+"),
+                                             stderr=subprocess.STDOUT, text=True)
+                    procs[again.pid] = (r, again)
         if now > timeout:
             for _r, p in procs.values():
                 p.kill()

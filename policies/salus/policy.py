@@ -46,7 +46,7 @@ HOST_KINDS = ("pinned",)  # host memory: not on the GPU, not counted
 @dataclass(frozen=True, slots=True)
 class SalusSettings:
     scheduler: str = "pack"  # fifo, srtf, pack or fair
-    capacity: Bytes = 0  # C for the lanes; 0: the GPU's capacity ([gpu] capacity)
+    capacity: Bytes = 0  # C for the lanes (at most the GPU's capacity); 0: the GPU's capacity
     grow: str = "smallest"  # which lane Algorithm 1 grows: "smallest" (the paper) or "closest"
     learn: int = 2  # boundaries before a job's P and E are trusted
     declared: bool = True  # read PILOT_SALUS_* from a job's environment
@@ -217,7 +217,9 @@ class Salus(Policy):
         if lanes is None:
             lanes = self.lanes[gpu] = Lanes(0, self.settings.grow,
                                             shared=self.settings.scheduler in ONE_AT_A_TIME)
-        lanes.capacity = self.settings.capacity or self.controls.gpu(gpu).capacity
+        card = self.controls.gpu(gpu).capacity  # 0: not known (outside a daemon)
+        mine = self.settings.capacity
+        lanes.capacity = min(mine, card) if mine and card else mine or card
         return lanes
 
     def _state(self, job: Job, lanes: Lanes, typical_s: float | None = None) -> JobState:
