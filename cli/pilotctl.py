@@ -142,6 +142,41 @@ def status(client: ControlClient, as_json: bool, measure: bool) -> None:
                    + (f"; planned: {', '.join(planned)}" if planned else ""))
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@pass_client
+def lanes(client: ControlClient, as_json: bool) -> None:
+    """The salus policy's lanes, jobs (P, E, iterations) and admission queue per GPU."""
+    sched = _call(client, "status").get("scheduling") or {}
+    if sched.get("name") != "salus":
+        raise click.ClickException(f"the policy is {sched.get('name', 'unknown')!r}, not 'salus': no lanes")
+    state = sched.get("state") or {}
+    if as_json:
+        _emit_json(state)
+        return
+    click.echo(f"salus, scheduler {state.get('scheduler')}")
+    gpus = state.get("gpus") or {}
+    if not gpus:
+        click.echo("no job yet")
+    for gpu, g in gpus.items():
+        click.echo(f"GPU {gpu}: sum(P) {_size(g['persistent'])} + sum(L) {_size(g['lane_bytes'])} = "
+                   f"{_size(g['used'])} of C {_size(g['capacity'])}")
+        for lane in g["lanes"]:
+            click.echo(f"  lane {lane['lane']}: size {_size(lane['size'])}, jobs "
+                       + ", ".join(str(j["job"]) for j in lane["jobs"]))
+        for j in g["jobs"]:
+            where = f"lane {j['lane']}" if j["lane"] is not None else "queued"
+            it = j["iteration_s"]
+            click.echo(f"  session {j['session']} ({j['tenant']}, pid {j['pid']}): {where}, "
+                       f"P {_size(j['persistent'])}, E {_size(j['ephemeral'])}"
+                       + ("" if j["recognized"] else " (not recognized: all persistent)")
+                       + f", {j['iterations']} iterations"
+                       + (f" of {it * 1e3:.1f} ms" if it else "")
+                       + (", running" if j["running"] else f", held: {j['held']}" if j["held"] else ""))
+        if g["queue"]:
+            click.echo(f"  queue: {', '.join(f'session {q}' for q in g['queue'])}")
+
+
 def _show_faults(faults: list[dict[str, Any]]) -> None:
     """GPU faults since the service started, the last one in full."""
     if not faults:

@@ -28,8 +28,8 @@ from .errors import PolicyConfigError, UnknownPolicy
 from .madvise import MAdvise
 from .mfit import MFit
 from .none import NonePolicy
-from .planned import Salus
 from .registry import available, create, load_plugin, register
+from .salus.policy import Salus
 from .settings import Bytes, Seconds, parse_settings
 
 DEFAULT = "none"

@@ -180,6 +180,15 @@ class Controls:
         """Lift advise_host on [ptr, ptr+size), and with `prefetch` move it to the GPU (on the
         H100, unsetting alone leaves the pages on the host)."""
 
+    def hold_session(self, session: int, reason: str) -> None:
+        """Hold the session's next call, whatever it is (an allocation, a copy, a launch), and
+        every call after it, until release_session: the caller waits for its reply (a deferred
+        reply; nothing is killed). Takes effect at once (not queued): called from an event of
+        that session (e.g. the `freed` that ends an iteration), the very next call is held."""
+
+    def release_session(self, session: int) -> None:
+        """Lift hold_session: the held calls run, in order, at the vGPU's next look (a tick)."""
+
     def report(self, action: str, tenant: str) -> None:
         """Count a policy action of its own (`hold`, `release`, `throttle`, `unthrottle`) in
         pilot_policy_actions_total{policy,tenant,action}."""

@@ -93,6 +93,11 @@ def _bytes(v: Any) -> int:
     return int(value)  # toward zero: whole bytes
 
 
+def parse_size(v: Any) -> int:
+    """A size as the Bytes knobs take it ("512MiB", "8GiB", 0); ValueError otherwise."""
+    return _bytes(v)
+
+
 def _seconds(v: Any) -> float:
     if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
         return float(v)

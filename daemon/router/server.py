@@ -919,6 +919,7 @@ class Daemon:
                           "serves": self.config.isolated_tenant},
             "shares": self.shares.report(),
             "priorities": self.priorities.describe(),
+            "salus": self.policy.state() if self.policy.name == "salus" else {},
         }
 
     def _shutdown(self, router: zmq.Socket, control_sock: zmq.Socket) -> None:

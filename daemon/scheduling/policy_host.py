@@ -120,6 +120,17 @@ class DaemonControls(Controls):
     def unadvise(self, session: int, ptr: int, size: int, prefetch: bool = True) -> None:
         self._queue("unadvise", session, ptr, size, prefetch)
 
+    def hold_session(self, session: int, reason: str) -> None:
+        s = self.host.sessions.get(session)
+        if s is not None:
+            s.policy_hold = reason or "held by the policy"
+
+    def release_session(self, session: int) -> None:
+        s = self.host.sessions.get(session)
+        if s is not None:
+            s.policy_hold = None
+            self.host.wake()
+
     def report(self, action: str, tenant: str) -> None:
         self.host.metrics.count("policy_actions", (self.host.name, tenant, action))
 
@@ -166,6 +177,7 @@ class PolicyHost:
         self._thread: threading.Thread | None = None
         self.controls = DaemonControls(self)
         policy.controls = self.controls
+        self.sessions: dict[int, Session] = {}  # for hold_session (dict operations: GIL-atomic)
 
     # ---- the scheduler thread: ticks ----
     def start(self) -> None:
@@ -225,9 +237,11 @@ class PolicyHost:
 
     # ---- sessions and memory (vGPU and router threads) ----
     def session_started(self, s: Session) -> None:
+        self.sessions[s.id] = s
         self._event(self.policy.session_started, session_view(s))
 
     def session_ended(self, s: Session) -> None:
+        self.sessions.pop(s.id, None)
         self._event(self.policy.session_ended, session_view(s))
         self.wake()
 
@@ -299,6 +313,15 @@ class PolicyHost:
             return None
         state, why = status
         return str(state), str(why)
+
+    def state(self) -> dict[str, Any]:
+        """The policy's state() (empty if it fails: a scrape must not fail for it)."""
+        try:
+            with self._lock:
+                return self.policy.state()
+        except Exception:
+            log.exception("policy %s: state failed", self.name)
+            return {}
 
     def describe(self) -> dict[str, Any]:
         """For pilotctl status: the policy in force, its knobs and state, and every name known."""

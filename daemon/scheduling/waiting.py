@@ -58,7 +58,7 @@ class HeldMessage:
 @dataclass(eq=False)
 class Waiting:
     session: Session
-    launch: Launch
+    launch: Launch | None  # None: a hold of the policy (Controls.hold_session), no launch
     reply_to: HeldMessage | None  # None: a posted launch (no reply)
     error: int
     reason: str
@@ -87,6 +87,18 @@ class WaitQueue:
         self.entries.append(w)
         self.vg.metrics.admission_wait(s.tenant)
 
+    def gate(self, s: Session, msg: Any) -> bool:
+        """The policy holds s (Controls.hold_session): this call, and the later ones, wait in
+        its backlog until the policy releases it; no deadline ([policy] max_wait is for
+        launches). False as for hold."""
+        if not self.hold(s, msg):
+            return False
+        w = Waiting(s, None, None, 0, s.policy_hold or "held by the policy")
+        s.waiting = w
+        self.entries.append(w)
+        self.vg.metrics.admission_wait(s.tenant)
+        return True
+
     def hold(self, s: Session, msg: Any) -> bool:
         """Queue one of s's calls behind its waiting launch; False (and a log line) once s's held
         calls would take more than MAX_HELD_BYTES of the daemon's memory: a client posting
@@ -107,6 +119,10 @@ class WaitQueue:
         for w in sorted(self.entries, key=lambda w: -w.session.priority):
             if w.session.waiting is not w:  # released meanwhile
                 self._remove(w)
+                continue
+            if w.launch is None:  # a hold of the policy
+                if w.session.policy_hold is None:
+                    self._finish(w, 0, "ran")
                 continue
             err, outcome = 0, "ran"
             try:
@@ -152,7 +168,7 @@ class WaitQueue:
             s.waiting = None
             self._remove(w)
             self.vg.metrics.count("launch_waits", (self._policy_name(), s.tenant, "session_end"))
-            if self.vg.policy is not None and w.launch.view is not None:
+            if self.vg.policy is not None and w.launch is not None and w.launch.view is not None:
                 self.vg.policy.launch_dropped(w.launch.view, "session_end")
         s.backlog.clear()
         s.backlog_bytes = 0
@@ -171,7 +187,8 @@ class WaitQueue:
         w = s.waiting
         if w is None:
             return None
-        return {"kernel": w.launch.info.name if w.launch.info else "", "reason": w.reason,
+        kernel = w.launch.info.name if w.launch is not None and w.launch.info else ""
+        return {"kernel": kernel, "reason": w.reason,
                 "waiting_s": round(time.monotonic() - w.since, 3), "held_calls": len(s.backlog)}
 
 

@@ -148,6 +148,9 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     # A launch the policy made wait (scheduling/waiting.py), and the calls held behind it.
     waiting: Any = None
     backlog: deque[Any] = field(default_factory=deque)
+    # Why the policy holds the session's next call (Controls.hold_session), None: it does not.
+    # Written by the policy's thread, read by the vGPU's (one attribute: atomic under the GIL).
+    policy_hold: str | None = None
     backlog_bytes: int = 0
     # Priority classes (scheduling/priority.py): the tenant's class level, whether its calls
     # make its GPU's lower sessions wait (`signals`), when it last made one, whether it is gated
@@ -264,7 +267,8 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
             "priority": PRIORITIES[self.priority],
             "gated": self.gated,
             "waiting": None if self.waiting is None else {
-                "kernel": self.waiting.launch.info.name if self.waiting.launch.info else "",
+                "kernel": self.waiting.launch.info.name
+                if self.waiting.launch is not None and self.waiting.launch.info else "",
                 "reason": self.waiting.reason, "since": self.waiting.since,
                 "held_calls": len(self.backlog)},
             "alive": os.path.exists(f"/proc/{self.creds.pid}"),

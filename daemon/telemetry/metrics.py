@@ -532,6 +532,32 @@ class PilotCollector(Collector):
                 movable.add_metric([gpu], r["movable"])
                 advised.add_metric([gpu], r["advised_to_host"])
         yield from (resident, peak, room, movable, advised)
+        yield from self._salus_families(state.get("salus") or {})
+
+    @staticmethod
+    def _salus_families(salus: dict[str, Any]) -> Iterator[Metric]:
+        """The salus policy's lanes per GPU (`pilotctl lanes`'s state); empty under other policies."""
+        lanes = _gauge("pilot_salus_lanes", "Lanes of the salus policy on a GPU.", ["gpu"])
+        memory = _gauge("pilot_salus_memory_bytes",
+                        "The salus safety condition's terms: sum of admitted jobs' persistent memory "
+                        "(persistent), sum of lane sizes (lanes), and C (capacity).", ["gpu", "part"])
+        jobs = _gauge("pilot_salus_jobs", "Jobs (sessions) of the salus policy by state: running an "
+                      "iteration, held at a boundary or launch, queued for a lane.", ["gpu", "state"])
+        for gpu, g in sorted((salus.get("gpus") or {}).items()):
+            lanes.add_metric([gpu], len(g["lanes"]))
+            for part, key in (("persistent", "persistent"), ("lanes", "lane_bytes"),
+                              ("capacity", "capacity")):
+                memory.add_metric([gpu, part], g[key])
+            queued = set(g["queue"])
+            counts = {"running": 0, "held": 0, "queued": len(queued)}
+            for j in g["jobs"]:
+                if j["running"]:
+                    counts["running"] += 1
+                elif j["held"] and j["session"] not in queued:
+                    counts["held"] += 1
+            for state, n in counts.items():
+                jobs.add_metric([gpu, state], n)
+        yield from (lanes, memory, jobs)
 
     def _counter_families(self, snap: MetricsSnapshot | None) -> Iterator[Metric]:
         calls = _counter("pilot_calls_total", "CUDA calls handled, by function.", ["function"])

@@ -121,8 +121,13 @@ class Dispatch:
         if env.version != _VERSION or session is None or session.id != env.session:
             self._refuse(msg, env, session, no_reply)
             return
-        if (session.waiting is not None or session.gate_held) and msg.conn == session.identity:
-            if not self.waits.hold(session, msg):  # behind its waiting launch, in order
+        if (session.waiting is not None or session.gate_held or session.policy_hold is not None) \
+                and msg.conn == session.identity:
+            # behind its waiting launch or the priority gate, in order; or the first call the
+            # policy holds
+            held = self.waits.hold(session, msg) if session.waiting is not None or session.gate_held \
+                else self.waits.gate(session, msg)
+            if not held:
                 self._release(session)  # it held more than the daemon keeps for anyone
             return
         if session.signals:  # its calls gate lower tenants (scheduling/priority.py)

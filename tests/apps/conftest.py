@@ -109,7 +109,7 @@ def _dnn_flags(out_dir: Path) -> list[str]:
 # Kernel emulations the sim daemons load.
 SIM_KERNEL_FILES = (APPS_DIR / "sim_kernels.py", APPS_DIR / "sim_kernels_streams.py",
                     APPS_DIR / "sim_kernels_arrays.py", GPU_DIR / "sim_kernels.py",
-                    BENCH_DIR / "policy_sim_kernels.py")
+                    BENCH_DIR / "policy_sim_kernels.py", BENCH_DIR / "salus_sim_kernels.py")
 NVCC = shutil.which("nvcc") or next(
     (p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc") if Path(p).exists()), None)
 NATIVE = os.environ.get("PILOT_APPS_NATIVE") == "1"

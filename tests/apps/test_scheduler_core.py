@@ -478,7 +478,8 @@ def test_unusable_policy_stops_the_start(case: str, tmp_path: Path) -> None:
     if case == "unknown":
         args, names = ["--policy", "nosuch"], ["'nosuch'", "unknown policy"]
     elif case == "not implemented":
-        args, names = ["--policy", "salus"], ["'salus'", "not implemented"]
+        args, names = (["--policy", "later-design", "--policy-plugin",
+                        str(EXAMPLES_DIR / "later_design.py")], ["'later-design'", "not implemented"])
     else:
         table = "hold-file" if case == "bad knob" else "nosuch-either"
         config = tmp_path / "pilotd.toml"

@@ -354,13 +354,14 @@ def test_every_example_setting_is_valid(tmp_path: Path) -> None:
     assert c.capacity == 70 * GiB and c.capacity_per_gpu == {0: 40 * GiB}
     assert c.managed_limit == 80 * GiB  # an example value: the default is the card's memory
     assert c.isolation_capacity == 8 * GiB  # an example value: the default is a quarter
-    # each policy's documented knobs are its defaults (madvise's budget is an example value)
-    assert set(c.policy_settings) == {"mfit", "amfit", "madvise"}
+    # each policy's documented knobs are its defaults (madvise's budget and salus's capacity are
+    # example values)
+    assert set(c.policy_settings) == {"mfit", "amfit", "madvise", "salus"}
     for name, table in c.policy_settings.items():
         documented = policies.create(name, table).settings
         default = policies.create(name).settings
         diff = {k for k in table if getattr(documented, k) != getattr(default, k)}
-        assert diff <= {"budget"}, (name, diff)
+        assert diff <= {"budget", "capacity"}, (name, diff)
     defaults = Config(socket="/run/pilot/pilot.sock", control_socket="/run/pilot/control.sock",
                       state_dir="/var/lib/pilot", capacity=c.capacity,
                       capacity_per_gpu=c.capacity_per_gpu, tenants=c.tenants,

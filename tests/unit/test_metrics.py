@@ -221,6 +221,24 @@ def test_state_gauges() -> None:
     assert v("pilot_tenant_sm_share_ratio", {"tenant": "bob", "gpu": "1"}) is None
 
 
+def test_salus_gauges() -> None:
+    def state() -> dict[str, Any]:
+        jobs = [{"session": 1, "running": True, "held": ""},
+                {"session": 2, "running": False, "held": "fifo: another job's turn"},
+                {"session": 3, "running": False, "held": "no lane fits"}]
+        return {**fake_state(), "salus": {"scheduler": "fifo", "gpus": {"0": {
+            "capacity": 12 * GiB, "used": 9 * GiB, "persistent": 2 * GiB, "lane_bytes": 7 * GiB,
+            "lanes": [{"lane": 1}], "queue": [3], "jobs": jobs}}}}
+    v = registry_for(Metrics(), state).get_sample_value
+    assert v("pilot_salus_lanes", {"gpu": "0"}) == 1
+    assert v("pilot_salus_memory_bytes", {"gpu": "0", "part": "persistent"}) == 2 * GiB
+    assert v("pilot_salus_memory_bytes", {"gpu": "0", "part": "lanes"}) == 7 * GiB
+    assert v("pilot_salus_memory_bytes", {"gpu": "0", "part": "capacity"}) == 12 * GiB
+    assert [v("pilot_salus_jobs", {"gpu": "0", "state": s}) for s in ("running", "held", "queued")] \
+        == [1, 1, 1]
+    assert registry_for(Metrics()).get_sample_value("pilot_salus_lanes", {"gpu": "0"}) is None
+
+
 def test_no_pid_or_session_labels() -> None:
     for family in registry_for(Metrics()).collect():
         for sample in family.samples:

@@ -96,3 +96,37 @@ def test_sessions_show_a_class_and_the_gate(replies: dict[str, Any]) -> None:
     assert lines[2].split() == ["priority", "low:", "gated", "(a", "higher", "class", "is", "active",
                                 "on", "its", "GPU)"]
     assert len(lines) == 4 and "gated" in lines[1]  # the normal, ungated one has no such line
+
+
+SALUS_STATE = {"scheduler": "fair", "gpus": {"0": {
+    "capacity": 12 << 30, "used": 9 << 30, "persistent": 2 << 30, "lane_bytes": 7 << 30,
+    "lanes": [{"lane": 1, "size": 7 << 30, "jobs": [{"job": 3, "persistent": 1 << 30,
+                                                     "ephemeral": 7 << 30}]}],
+    "queue": [4],
+    "jobs": [{"session": 3, "tenant": "user:a", "pid": 10, "lane": 1, "persistent": 1 << 30,
+              "ephemeral": 7 << 30, "recognized": True, "iterations": 12, "iteration_s": 0.05,
+              "service_s": 0.6, "running": True, "held": ""},
+             {"session": 4, "tenant": "user:b", "pid": 11, "lane": None, "persistent": 8 << 30,
+              "ephemeral": 0, "recognized": False, "iterations": 0, "iteration_s": None,
+              "service_s": 0.0, "running": False, "held": "no lane fits"}]}}}
+
+
+def test_lanes_shows_the_salus_state(replies: dict[str, Any]) -> None:
+    replies["status"] = {"scheduling": {"name": "salus", "state": SALUS_STATE}}
+    out = run("lanes")
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert lines[0] == "salus, scheduler fair"
+    assert "sum(P) 2.0 GiB + sum(L) 7.0 GiB = 9.0 GiB of C 12.0 GiB" in lines[1]
+    assert lines[2] == "  lane 1: size 7.0 GiB, jobs 3"
+    assert "lane 1, P 1.0 GiB, E 7.0 GiB, 12 iterations of 50.0 ms, running" in lines[3]
+    assert "queued, P 8.0 GiB, E 0 B (not recognized: all persistent)" in lines[4]
+    assert lines[5] == "  queue: session 4"
+    import json
+    assert json.loads(run("lanes", "--json").output) == SALUS_STATE
+
+
+def test_lanes_refuses_another_policy(replies: dict[str, Any]) -> None:
+    replies["status"] = {"scheduling": {"name": "mfit", "state": {}}}
+    out = run("lanes")
+    assert out.exit_code == 1 and "not 'salus'" in out.output

@@ -1,0 +1,215 @@
+"""What the salus benchmark scripts share (salus_trace.py, salus_experiments.py): a pilotd they
+start with a policy, the job programs (bench/salus_job.cu built with nvcc, the PyTorch job
+bench/salus_torch_job.py under `pilot run`), and a poller of pilotd's salus state that records
+when each job first ran and how much GPU time (iteration seconds) each has had."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from pilotd_process import PilotdProcess, find_nvcc  # noqa: E402
+
+GIB = 1 << 30
+MIB = 1 << 20
+REFUSED = "pilotd refused the session"
+
+
+def build_job(out_dir: Path) -> Path:
+    exe = out_dir / "salus_job"
+    cmd = [find_nvcc(), "-cudart", "shared", "-O2", "-Wno-deprecated-gpu-targets", "-o", str(exe),
+           str(BENCH / "salus_job.cu")]
+    subprocess.run(cmd, check=True, timeout=600)
+    return exe
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PILOT", "LD_PRELOAD"))}
+
+
+class Daemon(PilotdProcess):
+    """A pilotd of its own (socket, state and log under `workdir`) with `policy`."""
+
+    def __init__(self, workdir: Path, backend: str, policy: str, scheduler: str = "pack",
+                 capacity: str = "12GiB") -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.socket = str(workdir / "pilot.sock")
+        self.control = str(workdir / "control.sock")
+        config = workdir / "pilotd.toml"
+        text = "[policy]\nmax_wait = 0\n"
+        if policy == "salus":
+            text += f'[policy.salus]\nscheduler = "{scheduler}"\ncapacity = "{capacity}"\n'
+        config.write_text(text)
+        cmd = [sys.executable, "-m", "pilot.daemon", "--config", str(config), "--backend", backend,
+               "--socket", self.socket, "--control-socket", self.control, "--state-dir",
+               str(workdir / "state"), "--metrics-address", "", "--policy", policy]
+        if backend == "sim":
+            cmd += ["--sim-kernels", str(BENCH / "salus_sim_kernels.py")]
+        super().__init__(cmd, workdir / "pilotd.log", clean_env(), say=lambda s: None)
+        self.wait_ready(60)
+
+    def status(self) -> dict[str, Any]:
+        from pilot.cli.client import ControlClient
+        return ControlClient(self.control, timeout_ms=3000).call("status")
+
+
+# What a PyTorch job of each size (salus_torch_job.py) declares, MiB: P (parameters, cuBLAS's
+# workspace, the context's first allocations) and E (activations and gradients of a batch of
+# 512), rounded up; once pilot recognizes its iterations its measured P and E take over.
+TORCH_DECLARED = {"small": (64, 64), "medium": (384, 256), "large": (1280, 1024)}
+
+
+@dataclass
+class JobSpec:
+    """One job of a trace: a CUDA C job (P, E in MiB, iteration ms, iterations) or a PyTorch
+    job (`torch` = its model size)."""
+    name: str
+    arrival: float
+    persistent_mib: int = 0
+    ephemeral_mib: int = 0
+    iter_ms: float = 0.0
+    iterations: int = 1
+    torch: str = ""
+    blocks: int = 8  # of the CUDA C job's kernel (128 threads each)
+    torch_alloc: str = "backend:cudaMallocAsync"  # PYTORCH_CUDA_ALLOC_CONF; "": the caching one
+
+    def command(self, exe: Path, sim: bool) -> list[str]:
+        if self.torch:
+            return [sys.executable, "-m", "pilot.cli.pilot", "run", "--",
+                    sys.executable, str(BENCH / "salus_torch_job.py"), "--size", self.torch,
+                    "--iterations", str(self.iterations)]
+        host_ms = self.iter_ms if sim else 0
+        return [str(exe), str(self.persistent_mib), str(self.ephemeral_mib), f"{self.iter_ms:g}",
+                str(self.iterations), str(self.blocks), f"{host_ms:g}"]
+
+    def env(self, daemon: Daemon, shim: str, declare: bool) -> dict[str, str]:
+        env = {**clean_env(), "PILOT_SOCKET": daemon.socket}
+        if self.torch and self.torch_alloc:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = self.torch_alloc  # cudaMallocAsync: E visible to pilot
+        else:
+            env["LD_PRELOAD"] = shim
+        if declare:
+            p, e = TORCH_DECLARED[self.torch] if self.torch else (self.persistent_mib, self.ephemeral_mib)
+            env.update(PILOT_SALUS_PERSISTENT=f"{p}MiB", PILOT_SALUS_EPHEMERAL=f"{e}MiB")
+        env["PILOT_SALUS_ITERATIONS"] = str(self.iterations)
+        return env
+
+
+@dataclass
+class Result:
+    spec: JobSpec
+    started: float = 0.0  # seconds from the trace's start
+    ended: float = 0.0
+    first_ran: float | None = None  # when pilotd first showed it running
+    rc: int | None = None
+    output: str = ""
+    retried: bool = False
+
+    @property
+    def jct(self) -> float:
+        return self.ended - self.spec.arrival
+
+    @property
+    def queued(self) -> float:
+        return (self.first_ran if self.first_ran is not None else self.ended) - self.spec.arrival
+
+
+class Poller(threading.Thread):
+    """Every `period` s: for each pid, when it was first seen running and its service seconds
+    (the salus policy's state), with the time of each reading; the most the lanes counted and
+    the most pilot granted on GPU 0."""
+
+    def __init__(self, pilotd: Daemon, t0: float, period: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.pilotd, self.t0, self.period = pilotd, t0, period
+        self.first_running: dict[int, float] = {}
+        self.service: list[tuple[float, dict[int, float]]] = []
+        self.max_used = self.max_granted = self.capacity = 0
+        self.jobs: dict[int, dict[str, Any]] = {}  # pid -> its last row in the salus state
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.period):
+            try:
+                doc = self.pilotd.status()
+            except Exception:
+                continue
+            now = time.monotonic() - self.t0
+            self.max_granted = max(self.max_granted, doc["gpus"][0]["used_by_pilot"])
+            gpu = ((doc.get("scheduling") or {}).get("state") or {}).get("gpus", {}).get("0")
+            if not gpu:
+                continue
+            self.capacity = gpu["capacity"]
+            self.max_used = max(self.max_used, gpu["used"])
+            for j in gpu["jobs"]:
+                if j["running"] and j["pid"] not in self.first_running:
+                    self.first_running[j["pid"]] = now
+            self.service.append((now, {j["pid"]: j["service_s"] for j in gpu["jobs"]}))
+            self.jobs.update({j["pid"]: j for j in gpu["jobs"]})
+
+
+def shim_path() -> str:
+    out = subprocess.run([sys.executable, "-m", "pilot.cli.pilot", "shim-path"], capture_output=True,
+                         text=True, check=True)
+    return out.stdout.strip()
+
+
+def run_jobs(daemon: Daemon, specs: list[JobSpec], exe: Path, sim: bool, declare: bool = True,
+             timeout: float = 600.0) -> tuple[list[Result], Poller]:
+    """Start each job at its arrival, wait for all; results and the poller's readings."""
+    shim = shim_path()
+    t0 = time.monotonic()
+    poller = Poller(daemon, t0)
+    poller.start()
+    results = [Result(s) for s in specs]
+    procs: dict[int, tuple[Result, subprocess.Popen[str]]] = {}
+    pending = sorted(results, key=lambda r: r.spec.arrival)
+    out_dir = Path(tempfile.mkdtemp(prefix="salus-out-"))
+    while pending or procs:
+        now = time.monotonic() - t0
+        while pending and pending[0].spec.arrival <= now:
+            r = pending.pop(0)
+            out = (out_dir / f"{r.spec.name}.out").open("w+")
+            p = subprocess.Popen(r.spec.command(exe, sim), env=r.spec.env(daemon, shim, declare),
+                                 stdout=out, stderr=subprocess.STDOUT, text=True)
+            r.started = now
+            procs[p.pid] = (r, p)
+        for pid, (r, p) in list(procs.items()):
+            if p.poll() is not None:
+                r.ended, r.rc = time.monotonic() - t0, p.returncode
+                r.output = (out_dir / f"{r.spec.name}.out").read_text()
+                r.first_ran = poller.first_running.get(pid)
+                del procs[pid]
+                if r.rc and REFUSED in r.output and not r.retried:
+                    # pilotd's router sometimes refuses a HELLO racing another connection's
+                    # close as a reused pid: start the job again, once, and say so.
+                    print(f"{r.spec.name}: {REFUSED}; started again", flush=True)
+                    r.retried = True
+                    again = subprocess.Popen(r.spec.command(exe, sim), env=r.spec.env(daemon, shim, declare),
+                                             stdout=(out_dir / f"{r.spec.name}.out").open("w+"),
+                                             stderr=subprocess.STDOUT, text=True)
+                    procs[again.pid] = (r, again)
+        if now > timeout:
+            for _r, p in procs.values():
+                p.kill()
+        time.sleep(0.01)
+    poller.stop.set()
+    poller.join(5)
+    return results, poller
+
+
+def percentile(values: list[float], q: float) -> float:
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    k = min(len(v) - 1, max(0, round(q * (len(v) - 1))))
+    return v[k]

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""Two short salus experiments on the GPU (each a fresh pilotd):
+
+    python3 bench/salus_experiments.py fair --out /tmp/salus-fair          # about 100 s
+    python3 bench/salus_experiments.py overhead --out /tmp/salus-overhead  # about 45 s
+    python3 bench/salus_experiments.py torch --out /tmp/salus-torch        # about 40 s, PyTorch
+    python3 bench/salus_experiments.py fair --backend sim --scale 0.1      # no GPU: the script
+
+fair (Salus Fig. 11): three jobs of P = 1 GiB, E = 7 GiB in C = 12 GiB (so they share one lane)
+arrive 15 s apart (x --scale) under FAIR, each with 30 s of 50 ms iterations. In each window
+where k jobs are present (from 1 s after the k-th arrival to the next arrival or the first
+end), each job's share of GPU time (its iteration seconds, pilotd's state every 50 ms) should
+be 1/k within +-10% (PASS/FAIL), and each newcomer should run its first iteration within 1 s
+of its arrival.
+
+overhead: one job (P = E = 1 GiB, 150 iterations of 20 ms) alone under `none` and under
+salus (PACK), three times each, alternating; PASS when salus's median JCT <= 1.05 x none's.
+torch: bench/salus_torch_job.py (--size, --iterations) alone under salus, declaring nothing,
+first with PyTorch's caching allocator (pilot should not recognize it: E = 0, P = all it holds),
+then with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (pilot should recognize its
+iterations: E > 0); prints what pilot measured and the JCT ratio (what the async backend costs
+under pilot). Needs PyTorch on the GPU machine.
+--out DIR writes the numbers as JSON (and fair.png with matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from salus_bench import MIB, Daemon, JobSpec, Poller, build_job, run_jobs
+
+
+def shares(poller: Poller, pids: list[int], start: float, end: float) -> dict[int, float]:
+    """Each pid's iteration seconds between start and end, over end - start."""
+    def at(t: float) -> dict[int, float]:
+        before = [s for when, s in poller.service if when <= t]
+        return before[-1] if before else {}
+    a, b = at(start), at(end)
+    return {pid: (b.get(pid, 0.0) - a.get(pid, 0.0)) / (end - start) for pid in pids}
+
+
+def fair(args: argparse.Namespace, work: Path, sim: bool) -> tuple[bool, dict[str, Any]]:
+    exe = build_job(work)
+    gap = 15.0 * args.scale
+    mib = (1024, 7168) if not sim else (4, 28)
+    capacity = "12GiB" if not sim else "48MiB"
+    iterations = round(30.0 * args.scale / 0.05)
+    specs = [JobSpec(f"fair{i}", i * gap, mib[0], mib[1], 50.0, iterations) for i in range(3)]
+    daemon = Daemon(work / "fair", args.backend, "salus", "fair", capacity)
+    try:
+        results, poller = run_jobs(daemon, specs, exe, sim)
+    finally:
+        daemon.stop()
+    pids = sorted(poller.first_running, key=lambda p: poller.first_running[p])
+    ok = all(r.rc == 0 for r in results) and len(pids) == 3
+    first_end = min(r.ended for r in results)
+    windows = []
+    for k in (1, 2, 3):
+        start = (k - 1) * gap + 1.0
+        end = min(k * gap if k < 3 else first_end, first_end)
+        if end - start < 1.0:
+            continue
+        got = shares(poller, pids[:k], start, end)
+        total = sum(got.values())
+        fine = all(abs(v / total - 1 / k) <= 0.1 / k for v in got.values()) if total else False
+        windows.append({"k": k, "start": start, "end": end, "shares": list(got.values()),
+                        "busy": total, "pass": fine})
+        ok &= fine
+    reactions = [poller.first_running.get(pid, float("inf")) - spec.arrival
+                 for pid, spec in zip(pids, specs, strict=False)]
+    ok &= all(r <= 1.0 for r in reactions)
+    for w in windows:
+        print(f"{'PASS' if w['pass'] else 'FAIL'}: {w['k']} job(s), {w['start']:.1f}-{w['end']:.1f} s: "
+              f"shares {', '.join(f'{v:.2f}' for v in w['shares'])} of GPU time "
+              f"(target {1 / w['k']:.2f} each, +-10%)")
+    print(f"{'PASS' if all(r <= 1.0 for r in reactions) else 'FAIL'}: first iterations "
+          f"{', '.join(f'{r:.2f}' for r in reactions)} s after arrival (target <= 1 s)")
+    if args.out:
+        plot_fair(poller, pids, work / "fair.png")
+    return ok, {"windows": windows, "reactions": reactions, "service": poller.service}
+
+
+def plot_fair(poller: Poller, pids: list[int], path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 3))
+    times = [t for t, _ in poller.service]
+    for n, pid in enumerate(pids):
+        series = [s.get(pid, 0.0) for _, s in poller.service]
+        rate = [0.0] + [(b - a) / (t1 - t0) if t1 > t0 else 0.0 for a, b, t0, t1 in
+                        zip(series, series[1:], times, times[1:], strict=False)]
+        ax.plot(times, rate, label=f"job {n + 1}")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("share of GPU time")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def overhead(args: argparse.Namespace, work: Path, sim: bool) -> tuple[bool, dict[str, Any]]:
+    exe = build_job(work)
+    mib = 1024 if not sim else 4
+    spec = JobSpec("alone", 0.0, mib, mib, 20.0, 150)
+    jct: dict[str, list[float]] = {"none": [], "salus": []}
+    for n in range(3):
+        for policy in ("none", "salus"):
+            daemon = Daemon(work / f"{policy}{n}", args.backend, policy, "pack",
+                            "12GiB" if not sim else "48MiB")
+            try:
+                [r], _ = run_jobs(daemon, [spec], exe, sim)
+            finally:
+                daemon.stop()
+            if r.rc != 0:
+                print(f"FAIL: the job failed under {policy}:\n{r.output}")
+                return False, {}
+            jct[policy].append(r.jct)
+    ratio = statistics.median(jct["salus"]) / statistics.median(jct["none"])
+    ok = ratio <= 1.05
+    runs = {p: ", ".join(f"{v:.3f}" for v in jct[p]) for p in jct}
+    print(f"{'PASS' if ok else 'FAIL'}: salus/none median JCT {ratio:.3f} (target <= 1.05); none "
+          f"{runs['none']} s, salus {runs['salus']} s")
+    return ok, {"jct": jct, "ratio": ratio}
+
+
+def torch_jobs(args: argparse.Namespace, work: Path, sim: bool) -> tuple[bool, dict[str, Any]]:
+    """A PyTorch job (salus_torch_job.py, --size) alone under salus, declaring nothing, with
+    PyTorch's caching allocator and with backend:cudaMallocAsync: what pilot learns of it."""
+    exe = build_job(work)
+    doc: dict[str, Any] = {}
+    for alloc in ("", "backend:cudaMallocAsync"):
+        name = alloc or "caching"
+        spec = JobSpec(f"torch-{name}", 0.0, iterations=args.iterations, torch=args.size,
+                       torch_alloc=alloc)
+        daemon = Daemon(work / name.replace(":", "-"), args.backend, "salus", "pack", "12GiB")
+        try:
+            [r], poller = run_jobs(daemon, [spec], exe, sim, declare=False)
+        finally:
+            daemon.stop()
+        last = next(iter(poller.jobs.values()), {})
+        doc[name] = {"rc": r.rc, "jct": r.jct, "state": last, "output": r.output[-2000:]}
+        print(f"{name}: rc {r.rc}, JCT {r.jct:.2f} s; pilot saw: recognized {last.get('recognized')}, "
+              f"P {last.get('persistent', 0) / MIB:.0f} MiB, E {last.get('ephemeral', 0) / MIB:.0f} MiB, "
+              f"{last.get('iterations')} iterations of {last.get('iteration_s')} s")
+    cached, asynchronous = doc["caching"], doc["backend:cudaMallocAsync"]
+    seen = asynchronous["state"]
+    checks = [(cached["rc"] == 0 and asynchronous["rc"] == 0, "both runs finished"),
+              (not cached["state"].get("recognized"), "caching allocator: not recognized (E = 0)"),
+              (bool(seen.get("recognized")) and seen.get("ephemeral", 0) > 0,
+               "cudaMallocAsync: recognized, E > 0"),
+              (True, f"cudaMallocAsync / caching JCT: {asynchronous['jct'] / max(cached['jct'], 1e-9):.2f}x")]
+    for good, text in checks:
+        print(f"{'PASS' if good else 'FAIL'}: {text}")
+    return all(g for g, _ in checks), doc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("experiment", choices=("fair", "overhead", "torch"))
+    ap.add_argument("--backend", choices=("cuda", "sim"), default="cuda")
+    ap.add_argument("--scale", type=float, default=1.0, help="fair: arrival gaps and job lengths x this")
+    ap.add_argument("--size", choices=("small", "medium", "large"), default="small",
+                    help="torch: the model")
+    ap.add_argument("--iterations", type=int, default=300, help="torch: training steps")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    work = args.out or Path(tempfile.mkdtemp(prefix=f"salus-{args.experiment}-"))
+    work.mkdir(parents=True, exist_ok=True)
+    sim = args.backend == "sim"
+    run = {"fair": fair, "overhead": overhead, "torch": torch_jobs}[args.experiment]
+    ok, doc = run(args, work, sim)
+    if args.out:
+        (work / f"{args.experiment}.json").write_text(json.dumps(doc, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,287 @@
+"""The `salus` policy: lanes (lanes.py) with the safety condition, jobs' P and E from their calls
+(detector.py), and iteration-boundary scheduling (schedulers.py). A job is a session.
+
+- **Admission.** A job that declares its sizes (declared.py) asks for a lane when its session
+  starts, and its first call is held until it gets one, so it allocates nothing before. A job
+  that declares nothing asks at its first launch (what it allocated to set itself up counts):
+  its sizes are then all it has held with E = 0, the detector's once it is recognized. Waiting
+  jobs are offered lanes in the scheduler's admission order after every event and tick.
+- **Boundaries.** A job in an iteration always runs (nothing of it is held). At a boundary (a
+  free that returns it to its persistent level) its lane is updated to the new measurement (if
+  that no longer fits, it leaves its lane and waits for admission again) and the scheduler
+  picks who runs next; if not this job, its next call, whatever it is (the scratch allocation
+  of its next iteration, usually), is held (Controls.hold_session: a deferred reply, never a
+  kill) until the scheduler picks it. A daemon without holds (or a launch made anyway) is
+  held at the launch instead (WAIT).
+- **Growth.** A job not recognized grows with what it holds (forced: the memory is already
+  held); while that puts the lanes over the capacity nothing is admitted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..api import RUN, AllocationView, Decision, LaunchView, Policy, SessionView
+from ..settings import Bytes
+from ..tracking import size_text
+from . import declared as declarations
+from .detector import IterationDetector
+from .lanes import GROW_CHOICES, Lanes
+from .schedulers import (
+    ONE_AT_A_TIME,
+    SCHEDULERS,
+    JobState,
+    admission_order,
+    remaining_s,
+    runnable,
+    strict_order,
+)
+
+HOST_KINDS = ("pinned",)  # host memory: not on the GPU, not counted
+
+
+@dataclass(frozen=True, slots=True)
+class SalusSettings:
+    scheduler: str = "pack"  # fifo, srtf, pack or fair
+    capacity: Bytes = 0  # C for the lanes (at most the GPU's capacity); 0: the GPU's capacity
+    grow: str = "smallest"  # which lane Algorithm 1 grows: "smallest" (the paper) or "closest"
+    learn: int = 2  # boundaries before a job's P and E are trusted
+    declared: bool = True  # read PILOT_SALUS_* from a job's environment
+
+    def __post_init__(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}")
+        if self.grow not in GROW_CHOICES:
+            raise ValueError(f"grow must be one of {', '.join(GROW_CHOICES)}")
+        if self.capacity < 0:
+            raise ValueError("capacity must be 0 or more")
+        if self.learn < 1:
+            raise ValueError("learn must be 1 or more")
+
+
+@dataclass(slots=True)
+class Job:
+    session: SessionView
+    arrival: int
+    detector: IterationDetector
+    declared: declarations.Declared
+    wants_lane: bool = False  # it asked to launch
+    running: bool = False  # in an iteration: never held
+    started: float = 0.0  # when its current iteration began
+    service: float = 0.0  # seconds of iterations run
+    # FAIR's virtual service: the service, but a job joining a lane starts from the least of
+    # its lane-mates' (so a newcomer shares from its arrival instead of catching up on what
+    # the others ran before it came)
+    vservice: float = 0.0
+    held: str = ""  # why it waits, "" if it does not
+    gated: bool = False  # its calls are held (Controls.hold_session)
+
+    def sizes(self) -> tuple[int, int]:
+        d, det = self.declared, self.detector
+        if det.recognized:
+            return det.persistent, det.ephemeral
+        if d.persistent is not None or d.ephemeral is not None:
+            e = d.ephemeral or 0
+            return max(d.persistent or 0, det.peak - e), e
+        return det.peak, 0
+
+
+class Salus(Policy):
+    name = "salus"
+    summary = "Salus: jobs in GPU lanes within sum(P)+sum(L) <= C, switched at iteration boundaries"
+    decides_launches = True
+    Settings = SalusSettings
+
+    def __init__(self, settings: Any = None) -> None:
+        super().__init__(settings)
+        self.jobs: dict[int, Job] = {}
+        self.lanes: dict[int, Lanes] = {}  # gpu -> its lanes
+        self._arrivals = itertools.count(1)
+        self.clock = time.monotonic  # tests replace it
+        self.read_declared = declarations.read  # pid -> Declared; tests replace it
+
+    # ---- sessions and memory ----
+    def session_started(self, s: SessionView) -> None:
+        d = self.read_declared(s.pid) if self.settings.declared else declarations.NONE
+        job = self.jobs[s.id] = Job(s, next(self._arrivals), IterationDetector(self.settings.learn), d)
+        if d.persistent is not None or d.ephemeral is not None:
+            # Declared: it asks for its lane now, before it allocates anything.
+            job.wants_lane = True
+            self._reschedule(s.gpu)
+            self._hold_unless_running(job)
+
+    def session_ended(self, s: SessionView) -> None:
+        job = self.jobs.pop(s.id, None)
+        if job is not None:
+            self._lanes(job).remove(s.id)
+            self._reschedule(s.gpu)
+
+    def allocated(self, a: AllocationView) -> None:
+        job = self.jobs.get(a.session)
+        if job is None or a.kind in HOST_KINDS:
+            return
+        job.detector.allocated(a.size)
+        lanes = self._lanes(job)
+        if a.session in lanes and not job.detector.recognized:
+            lanes.update(a.session, *job.sizes(), force=True)  # it holds it already
+
+    def freed(self, a: AllocationView) -> None:
+        """A boundary ends the job's iteration: its lane is updated, the scheduler picks who runs
+        next, and if that is not this job its next call is held."""
+        job = self.jobs.get(a.session)
+        if job is None or a.kind in HOST_KINDS:
+            return
+        now = self.clock()
+        if job.detector.freed(a.size, now) is None:
+            return
+        if job.running:
+            job.service += now - job.started
+            job.vservice += now - job.started
+            job.running = False
+        lanes = self._lanes(job)
+        if a.session in lanes:
+            lanes.update(a.session, *job.sizes())  # False: it left its lane, admitted again
+        self._reschedule(a.gpu)
+        self._hold_unless_running(job)
+
+    def tick(self, now: float) -> None:
+        for gpu in self.lanes:
+            if any(j.held or j.gated for j in self.jobs.values() if j.session.gpu == gpu):
+                self._reschedule(gpu)
+
+    # ---- launches ----
+    def launch_requested(self, l: LaunchView) -> Decision:  # noqa: E741
+        """Launches within an iteration run; the first one of a job that is not running (its
+        first launch, or after a boundary where the daemon could not hold it) asks for a lane
+        and the scheduler's turn."""
+        job = self.jobs.get(l.session)
+        if job is None or job.running:
+            return RUN
+        job.wants_lane = True
+        self._reschedule(l.gpu)
+        if job.running:
+            return RUN
+        return Decision.wait(f"salus: {self._note_held(job)}")
+
+    def launch_started(self, l: LaunchView) -> None:  # noqa: E741
+        job = self.jobs.get(l.session)
+        if job is not None:
+            job.detector.launched()
+
+    # ---- internals ----
+    def _reschedule(self, gpu: int) -> None:
+        """Offer lanes to the jobs that wait for one, then let the scheduler's choices run:
+        a chosen job becomes running, and if its calls were held they are released."""
+        self._admit(gpu)
+        chosen = runnable(self.settings.scheduler, self._states(gpu))
+        now = self.clock()
+        for sid in chosen:
+            job = self.jobs[sid]
+            if job.running or not job.wants_lane:
+                continue
+            job.running, job.started = True, now
+            if job.gated:
+                job.gated = False
+                self.controls.release_session(sid)
+            if job.held:
+                job.held = ""
+                self.controls.report("release", job.session.tenant)
+
+    def _hold_unless_running(self, job: Job) -> None:
+        if not job.running:
+            job.gated = True
+            self.controls.hold_session(job.session.id, f"salus: {self._note_held(job)}")
+
+    def _note_held(self, job: Job) -> str:
+        """Why the job waits (kept for pilotctl), counted once per wait."""
+        lanes = self._lanes(job)
+        if job.session.id not in lanes:
+            p, e = job.sizes()
+            why = (f"no lane fits P {size_text(p)}, E {size_text(e)} "
+                   f"({size_text(lanes.used)} of {size_text(lanes.capacity)} used)")
+        else:
+            why = f"{self.settings.scheduler}: another job's turn"
+        if not job.held:
+            self.controls.report("hold", job.session.tenant)
+        job.held = why
+        return why
+
+    def _lanes(self, job: Job) -> Lanes:
+        return self._gpu_lanes(job.session.gpu)
+
+    def _gpu_lanes(self, gpu: int) -> Lanes:
+        lanes = self.lanes.get(gpu)
+        if lanes is None:
+            lanes = self.lanes[gpu] = Lanes(0, self.settings.grow,
+                                            shared=self.settings.scheduler in ONE_AT_A_TIME)
+        card = self.controls.gpu(gpu).capacity  # 0: not known (outside a daemon)
+        mine = self.settings.capacity
+        lanes.capacity = min(mine, card) if mine and card else mine or card
+        return lanes
+
+    def _state(self, job: Job, lanes: Lanes, typical_s: float | None = None) -> JobState:
+        det = job.detector
+        remaining = remaining_s(det.boundaries, job.declared.iterations, det.iteration_s or typical_s,
+                                job.service)
+        service = job.vservice if self.settings.scheduler == "fair" else job.service
+        return JobState(job.session.id, job.arrival, lanes.lane_of(job.session.id), job.running,
+                        service, remaining)
+
+    def _typical_s(self, gpu: int) -> float | None:
+        """The mean iteration time of the measured jobs of `gpu`: SRTF's guess for the others."""
+        times = [t for j in self.jobs.values() if j.session.gpu == gpu
+                 for t in [j.detector.iteration_s] if t is not None]
+        return sum(times) / len(times) if times else None
+
+    def _states(self, gpu: int) -> list[JobState]:
+        lanes = self._gpu_lanes(gpu)
+        typical = self._typical_s(gpu) if self.settings.scheduler == "srtf" else None
+        return [self._state(j, lanes, typical) for j in self.jobs.values() if j.session.gpu == gpu]
+
+    def _admit(self, gpu: int) -> Lanes:
+        """Offer lanes to the jobs of `gpu` that wait for one, in the scheduler's order."""
+        lanes = self._gpu_lanes(gpu)
+        typical = self._typical_s(gpu) if self.settings.scheduler == "srtf" else None
+        waiting = [self._state(j, lanes, typical) for j in self.jobs.values()
+                   if j.session.gpu == gpu and j.wants_lane and j.session.id not in lanes]
+        for st in admission_order(self.settings.scheduler, waiting):
+            job = self.jobs[st.job]
+            placed = lanes.admit(st.job, *job.sizes())
+            if placed is None:
+                if strict_order(self.settings.scheduler):
+                    break
+                continue
+            mates = [self.jobs[j].vservice for j in lanes.lanes[placed.lane].jobs if j != st.job]
+            job.vservice = max(job.vservice, min(mates, default=0.0))
+        return lanes
+
+    # ---- reports ----
+    def state(self) -> dict[str, Any]:
+        gpus: dict[str, Any] = {}
+        for gpu, lanes in sorted(self.lanes.items()):
+            jobs = [self.jobs[j] for j in sorted(self.jobs) if self.jobs[j].session.gpu == gpu]
+            gpus[str(gpu)] = {
+                "capacity": lanes.capacity, "used": lanes.used, "persistent": lanes.persistent,
+                "lane_bytes": lanes.lane_bytes, "lanes": lanes.describe(),
+                "queue": [j.session.id for j in jobs if j.wants_lane and j.session.id not in lanes],
+                "jobs": [self._describe(j, lanes) for j in jobs]}
+        return {"scheduler": self.settings.scheduler, "gpus": gpus}
+
+    def _describe(self, job: Job, lanes: Lanes) -> dict[str, Any]:
+        det = job.detector
+        p, e = job.sizes()
+        return {"session": job.session.id, "tenant": job.session.tenant, "pid": job.session.pid,
+                "lane": lanes.lane_of(job.session.id), "persistent": p, "ephemeral": e,
+                "recognized": det.recognized, "iterations": det.boundaries,
+                "iteration_s": det.iteration_s, "service_s": round(job.service, 3),
+                "running": job.running, "held": job.held}
+
+    def session_status(self, session: int) -> tuple[str, str] | None:
+        job = self.jobs.get(session)
+        if job is None or not job.held:
+            return None
+        return "held", f"salus {job.held}"
+

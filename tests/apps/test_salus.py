@@ -1,0 +1,103 @@
+"""The salus policy end to end on the sim: real nvcc-built "training" jobs (bench/salus_job.cu:
+state once, per iteration scratch, launch, free) under the shim, declaring their sizes in
+their environment. Admission and the safety condition hold: what pilot has granted on the GPU
+never exceeds C, FIFO runs one job at a time, PACK opens a second lane, and every job's
+kernels ran every iteration."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pilot.cli.client import ControlClient
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def salus_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bench/salus_job.cu built as the benchmarks build it (bench/salus_bench.py)."""
+    sys.path.insert(0, str(BENCH_DIR))
+    from salus_bench import build_job
+
+    try:
+        return build_job(tmp_path_factory.mktemp("salus"))
+    except RuntimeError as exc:  # no nvcc
+        pytest.skip(str(exc))
+
+
+class Watch(threading.Thread):
+    """Polls pilotd's status every 20 ms: the most pilot granted on GPU 0, the lanes' sum, the
+    most lanes and the most jobs running at once."""
+
+    def __init__(self, control_socket: str) -> None:
+        super().__init__(daemon=True)
+        self.client = ControlClient(control_socket)
+        self.stop = threading.Event()
+        self.granted = self.used = self.lanes = self.running = 0
+        self.capacity = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                doc: dict[str, Any] = self.client.call("status")
+                self.granted = max(self.granted, doc["gpus"][0]["used_by_pilot"])
+                gpu = (doc["scheduling"]["state"].get("gpus") or {}).get("0")
+                if gpu:
+                    self.capacity = gpu["capacity"]
+                    self.used = max(self.used, gpu["used"])
+                    self.lanes = max(self.lanes, len(gpu["lanes"]))
+                    self.running = max(self.running, sum(j["running"] for j in gpu["jobs"]))
+                time.sleep(0.02)
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+@pytest.mark.parametrize(("scheduler", "capacity", "lanes", "running"),
+                         [("fifo", 64, 1, 1), ("pack", 64, 2, 2), ("pack", 40, 1, 1)])
+def test_jobs_are_admitted_within_c(scheduler: str, capacity: int, lanes: int, running: int,
+                                    start_pilotd: Any, shim_path: str, salus_job: Path) -> None:
+    """Three jobs of P = 8 MiB, E = 16 MiB. With C = 64 MiB two lanes fit (8+16, 8+16, then
+    the third job reuses a lane: 56 MiB); with C = 40 MiB they share one lane (24 + 16)."""
+    daemon = start_pilotd("--policy", "salus", config=(
+        f'[policy]\nmax_wait = 0\n[policy.salus]\nscheduler = "{scheduler}"\n'
+        f'capacity = "{capacity}MiB"\n'))
+    env = {**daemon.env(), "LD_PRELOAD": shim_path, "PILOT_SALUS_PERSISTENT": "8MiB",
+           "PILOT_SALUS_EPHEMERAL": "16MiB", "PILOT_SALUS_ITERATIONS": "12"}
+    watch = Watch(daemon.control_socket)
+    watch.start()
+    procs = []
+    for _ in range(3):
+        procs.append(subprocess.Popen([str(salus_job), "8", "16", "0", "12", "4", "60"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        # Apart: HELLOs racing a closing connection are sometimes refused as a reused pid
+        # (router/admission.py keys peers by descriptor; reported, not this test's subject).
+        time.sleep(0.2)
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        watch.stop.set()
+        watch.join(5)
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0 and "iterations 12 ok" in out, f"{out}\n{err}\n{daemon.log_tail()}"
+    assert watch.error is None, watch.error
+    assert watch.capacity == capacity * MiB
+    assert 0 < watch.used <= capacity * MiB
+    assert watch.granted <= capacity * MiB, (watch.granted, daemon.log_tail())
+    assert watch.lanes == lanes
+    assert watch.running <= running
+    if running > 1:
+        assert watch.running == running  # lanes really ran side by side
+    log = daemon.log()
+    assert "policy salus" in log or "salus" in log

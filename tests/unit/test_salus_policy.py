@@ -1,0 +1,316 @@
+"""The `salus` policy on scripted training jobs, driven through its events as pilotd drives it
+(allocate state, then per iteration: allocate scratch, launch, free), on a simulated clock.
+Each scheduler's order; switches only at iteration boundaries; the safety condition throughout;
+iterations of one lane never overlap."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import pytest
+
+from pilot.policies import AllocationView, Controls, LaunchView, SessionView, Verdict, create
+from pilot.policies.salus.declared import Declared
+from pilot.policies.salus.policy import Salus
+
+GIB = 1 << 30
+DT = 0.01
+STEP = 0.1 + 2 * DT  # an iteration of 0.1 s and its allocation and free, one step each
+
+
+@dataclass
+class Script:
+    arrival: float
+    persistent: int
+    ephemeral: int
+    iterations: int
+    iteration_s: float
+    frees: bool = True  # False: a caching allocator (never frees, never recognized)
+
+
+@dataclass
+class Run:
+    script: Script
+    sid: int
+    calls: list[tuple[str, int]] = field(default_factory=list)  # what it does next, in order
+    started: bool = False
+    busy_until: float = -1.0  # in a kernel until then
+    live: int = 0
+    attempts: int = 0
+    finished: float = math.inf
+    iterations: list[tuple[float, float, int | None]] = field(default_factory=list)  # start, end, lane
+
+    def __post_init__(self) -> None:
+        s = self.script
+        self.calls = [("alloc", s.persistent)]
+        for i in range(s.iterations):
+            if s.frees or i == 0:
+                self.calls.append(("alloc", s.ephemeral))
+            self.calls.append(("launch", 0))
+            if s.frees:
+                self.calls.append(("free", s.ephemeral))
+        if s.frees:
+            self.calls.append(("free", s.persistent))
+        self.calls.append(("end", 0))
+
+
+class Holds(Controls):
+    """The daemon's hold_session as the simulation sees it: a held job makes no call."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, str] = {}
+        self.ever = 0
+
+    def hold_session(self, session: int, reason: str) -> None:
+        self.held[session] = reason
+        self.ever += 1
+
+    def release_session(self, session: int) -> None:
+        self.held.pop(session, None)
+
+
+def simulate(policy: Salus, scripts: list[Script], capacity: int, limit_s: float = 600.0,
+             holds: bool = True, real_bound: bool = False) -> list[Run]:
+    """Each step of DT, every job not held and not in a kernel makes its next call; a launch
+    the policy answers WAIT is asked again next step. Checks the safety condition (and with
+    `real_bound` that what the jobs really hold stays within C) at every step."""
+    now = 0.0
+    policy.clock = lambda: now
+    controls = Holds() if holds else Controls()
+    policy.controls = controls
+    runs = [Run(s, i + 1) for i, s in enumerate(scripts)]
+    launch_ids = iter(range(1, 10**9))
+    while now < limit_s and any(r.calls for r in runs):
+        for r in runs:
+            if not r.calls or now < r.script.arrival or now < r.busy_until - 1e-9:
+                continue
+            sv = SessionView(r.sid, f"t{r.sid}", 1000 + r.sid, 0, 0)
+            if not r.started:
+                r.started = True
+                policy.session_started(sv)
+                continue
+            if r.iterations and r.iterations[-1][1] == math.inf:
+                start, _, lane = r.iterations[-1]
+                r.iterations[-1] = (start, now, lane)
+            if holds and r.sid in controls.held:
+                continue
+            what, size = r.calls[0]
+            if what in ("alloc", "free"):
+                r.live += size if what == "alloc" else -size
+                a = AllocationView(r.sid, f"t{r.sid}", 0, "device", 0, size)
+                (policy.allocated if what == "alloc" else policy.freed)(a)
+            elif what == "launch":
+                r.attempts += 1
+                view = LaunchView(next(launch_ids), r.sid, f"t{r.sid}", 1000 + r.sid, 0, 0, "k",
+                                  (1, 1, 1), (1, 1, 1), 0, (), now, now, r.attempts)
+                if policy.launch_requested(view).verdict is not Verdict.RUN:
+                    continue
+                policy.launch_started(view)
+                r.attempts = 0
+                r.busy_until = now + r.script.iteration_s
+                r.iterations.append((now, math.inf, policy.lanes[0].lane_of(r.sid)))
+            else:
+                policy.session_ended(sv)
+                r.finished = now
+            r.calls.pop(0)
+        policy.tick(now)  # as the daemon's scheduler thread does every 10 ms
+        lanes = policy.lanes.get(0)
+        if lanes is not None:
+            assert lanes.used <= capacity, f"safety condition broken at {now:.2f}s"
+        if real_bound:
+            assert sum(r.live for r in runs) <= capacity, f"over C at {now:.2f}s"
+        now = round(now + DT, 6)
+    assert not any(r.calls for r in runs), [r.calls[:2] for r in runs]
+    return runs
+
+
+def salus(scheduler: str, capacity: int = 12 * GIB) -> Salus:
+    p = create("salus", {"scheduler": scheduler, "capacity": f"{capacity // GIB}GiB",
+                         "declared": False})
+    assert isinstance(p, Salus)
+    return p
+
+
+def declaring(p: Salus, scripts: list[Script], sizes: bool = True) -> Salus:
+    """Each job declares its iteration count (and with `sizes` its P and E), as
+    PILOT_SALUS_* in its environment would (the simulation's pids are 1000 + session)."""
+    def read(pid: int) -> Declared:
+        sc = scripts[pid - 1001]
+        return Declared(sc.persistent if sizes else None, sc.ephemeral if sizes else None,
+                        sc.iterations)
+    p.read_declared = read  # type: ignore[method-assign]
+    p.settings = dataclasses.replace(p.settings, declared=True)
+    return p
+
+
+def overlaps(a: tuple[float, float, int | None], b: tuple[float, float, int | None]) -> bool:
+    return a[0] < b[1] - 1e-9 and b[0] < a[1] - 1e-9
+
+
+def lanes_serialized(runs: list[Run]) -> None:
+    """Iterations of one lane never overlap (each lane runs one iteration at a time)."""
+    its = [(it, r.sid) for r in runs for it in r.iterations if it[2] is not None]
+    for i, (a, ra) in enumerate(its):
+        for b, rb in its[i + 1:]:
+            if ra != rb and a[2] == b[2]:
+                assert not overlaps(a, b), (ra, a, rb, b)
+
+
+def any_overlap(runs: list[Run]) -> bool:
+    return any(overlaps(a, b) for i, r in enumerate(runs) for s in runs[i + 1:]
+               for a in r.iterations for b in s.iterations)
+
+
+THREE = [Script(0.0, 1 * GIB, 1 * GIB, 10, 0.1), Script(0.05, 1 * GIB, 1 * GIB, 10, 0.1),
+         Script(0.1, 1 * GIB, 1 * GIB, 10, 0.1)]
+
+
+def test_fifo_runs_one_job_at_a_time_in_arrival_order() -> None:
+    runs = simulate(salus("fifo"), THREE, 12 * GIB)
+    assert [r.sid for r in sorted(runs, key=lambda r: r.finished)] == [1, 2, 3]
+    assert not any_overlap(runs)
+    assert runs[2].finished == pytest.approx(30 * STEP, abs=0.1)  # no time lost between jobs
+
+
+def test_srtf_lets_a_short_job_in_at_the_next_boundary() -> None:
+    scripts = [Script(0.0, 1 * GIB, 1 * GIB, 30, 0.1), Script(0.55, 1 * GIB, 1 * GIB, 3, 0.1)]
+    runs = simulate(salus("srtf"), scripts, 12 * GIB)
+    assert not any_overlap(runs)  # one at a time
+    # Without a declared count, the least attained service goes first: the newcomer runs at the
+    # long job's next boundary and finishes long before it.
+    assert runs[1].finished < 1.2 and runs[0].finished == pytest.approx(33 * STEP, abs=0.1)
+    long_starts = [it[0] for it in runs[0].iterations]
+    assert all(not (0.55 < t < runs[1].finished - 1e-9) for t in long_starts)
+    for it in runs[0].iterations:  # the long job was switched out only between iterations
+        assert it[1] - it[0] == pytest.approx(0.1, abs=DT / 2)
+
+
+def test_srtf_with_declared_counts_runs_the_shortest_remaining() -> None:
+    scripts = [Script(0.0, 1 * GIB, 1 * GIB, 20, 0.1), Script(0.05, 1 * GIB, 1 * GIB, 8, 0.1),
+               Script(0.1, 1 * GIB, 1 * GIB, 4, 0.1)]
+    runs = simulate(declaring(salus("srtf"), scripts, sizes=False), scripts, 12 * GIB)
+    assert [r.sid for r in sorted(runs, key=lambda r: r.finished)] == [3, 2, 1]
+    assert not any_overlap(runs)
+
+
+def test_pack_runs_lanes_in_parallel_and_beats_fifo() -> None:
+    pack = simulate(salus("pack"), THREE, 12 * GIB)
+    fifo = simulate(salus("fifo"), THREE, 12 * GIB)
+    assert any_overlap(pack)
+    lanes_serialized(pack)
+    assert max(r.finished for r in pack) < 0.6 * max(r.finished for r in fifo)
+
+
+def test_pack_keeps_the_deadlock_pair_in_one_lane() -> None:
+    """The paper's example: C = 12, two jobs P = 1, E = 7: one lane, iterations alternate
+    (or run one after the other), never together."""
+    pair = [Script(0.0, 1 * GIB, 7 * GIB, 6, 0.1), Script(0.0, 1 * GIB, 7 * GIB, 6, 0.1)]
+    runs = simulate(declaring(salus("pack"), pair), pair, 12 * GIB)
+    lanes_serialized(runs)
+    assert len({it[2] for r in runs for it in r.iterations}) == 1
+    assert not any_overlap(runs)
+
+
+def test_undeclared_pair_runs_one_after_the_other() -> None:
+    """Not declared, each job is all persistent (P = 8) until measured: the second waits."""
+    pair = [Script(0.0, 1 * GIB, 7 * GIB, 6, 0.1), Script(0.0, 1 * GIB, 7 * GIB, 6, 0.1)]
+    runs = simulate(salus("pack"), pair, 12 * GIB)
+    assert not any_overlap(runs) and runs[1].iterations[0][0] >= runs[0].finished
+
+
+def test_fair_alternates_jobs_sharing_a_lane() -> None:
+    pair = [Script(0.0, 1 * GIB, 7 * GIB, 12, 0.1), Script(0.5, 1 * GIB, 7 * GIB, 12, 0.1)]
+    runs = simulate(declaring(salus("fair"), pair), pair, 12 * GIB)
+    lanes_serialized(runs)
+    # While both run, they take turns: job 1's iterations interleave with job 2's.
+    both = sorted((it[0], r.sid) for r in runs for it in r.iterations
+                  if runs[1].iterations[0][0] <= it[0] < runs[0].finished)
+    switches = sum(1 for a, b in itertools.pairwise(both) if a[1] != b[1])
+    assert switches >= len(both) // 2
+    # From job 2's arrival, not after it has caught up on job 1's service (virtual time).
+    assert {sid for _, sid in both[:4]} == {1, 2}
+    assert abs(runs[0].finished - runs[1].finished) < 1.0
+
+
+def test_a_job_that_never_frees_runs_as_one_job() -> None:
+    """A caching allocator: never recognized, P = all it holds, E = 0, its own lane."""
+    scripts = [Script(0.0, 1 * GIB, 2 * GIB, 5, 0.1, frees=False),
+               Script(0.0, 1 * GIB, 1 * GIB, 5, 0.1)]
+    p = salus("pack")
+    seen: list[dict] = []
+    original = p.launch_started
+
+    def record(view: LaunchView) -> None:
+        original(view)
+        seen.append(p.state())
+    p.launch_started = record  # type: ignore[method-assign]
+    runs = simulate(p, scripts, 12 * GIB)
+    job1 = [j for st in seen for j in st["gpus"]["0"]["jobs"] if j["session"] == 1]
+    assert job1 and all(j["ephemeral"] == 0 and not j["recognized"] for j in job1)
+    assert job1[-1]["persistent"] == 3 * GIB
+    assert any_overlap(runs)
+
+
+def test_a_job_that_does_not_fit_waits_for_memory() -> None:
+    big = [Script(0.0, 6 * GIB, 4 * GIB, 5, 0.1), Script(0.0, 6 * GIB, 4 * GIB, 5, 0.1)]
+    p = salus("pack")
+    runs = simulate(p, big, 12 * GIB)
+    assert not any_overlap(runs)  # 10 + 10 > 12: the second waits for the first to end
+    assert p.session_status(2) is None
+
+
+def test_state_and_session_status_while_held() -> None:
+    p = salus("fifo")
+    for sid in (1, 2):
+        p.session_started(SessionView(sid, "t", 10 + sid, 0, 0))
+        p.allocated(AllocationView(sid, "t", 0, "device", 0, GIB))
+    views = [LaunchView(sid, sid, "t", 10 + sid, 0, 0, "k", (1, 1, 1), (1, 1, 1), 0, (), 0.0, 0.0, 1)
+             for sid in (1, 2)]
+    assert p.launch_requested(views[0]).verdict is Verdict.RUN
+    d = p.launch_requested(views[1])
+    assert d.verdict is Verdict.WAIT and "another job's turn" in d.reason
+    assert p.session_status(2) == ("held", "salus fifo: another job's turn")
+    st = p.state()
+    assert st["scheduler"] == "fifo"
+    gpu = st["gpus"]["0"]
+    assert [[j["job"] for j in lane["jobs"]] for lane in gpu["lanes"]] == [[1, 2]]  # FIFO: one lane
+    assert gpu["used"] == 2 * GIB and gpu["queue"] == []
+    assert [j["running"] for j in gpu["jobs"]] == [True, False]
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="scheduler"):
+        create("salus", {"scheduler": "lifo"})
+    with pytest.raises(ValueError, match="grow"):
+        create("salus", {"grow": "biggest"})
+
+
+@pytest.mark.parametrize("scheduler", ["fifo", "srtf", "pack", "fair"])
+def test_declared_jobs_never_hold_more_than_c(scheduler: str) -> None:
+    """A seeded trace of 12 declared jobs: with the daemon's holds, what the jobs really hold
+    (not only the lanes' sum) stays within C at every step; a job is held at its boundary
+    before it allocates the next scratch."""
+    import random
+    rng = random.Random(30)
+    scripts = [Script(round(rng.uniform(0, 2), 2), rng.randrange(1, 4) * GIB // 2,
+                      rng.randrange(0, 8) * GIB // 2, rng.randrange(2, 12), 0.05) for _ in range(12)]
+    p = declaring(salus(scheduler), scripts)
+    runs = simulate(p, scripts, 12 * GIB, real_bound=True)
+    assert isinstance(p.controls, Holds) and p.controls.ever > 0
+    for r in runs:
+        for it in r.iterations:  # every iteration ran whole: nothing was stopped within one
+            assert it[1] - it[0] == pytest.approx(0.05, abs=DT / 2)
+    lanes_serialized(runs)
+
+
+def test_without_holds_a_waiting_job_has_allocated_its_scratch() -> None:
+    """Why the daemon's holds matter: held only at its launch, the second job of the pair has
+    already allocated its 7 GiB when it waits, so the jobs really hold 16 GiB > C."""
+    pair = [Script(0.0, 1 * GIB, 7 * GIB, 4, 0.1), Script(0.0, 1 * GIB, 7 * GIB, 4, 0.1)]
+    with pytest.raises(AssertionError, match="over C"):
+        simulate(declaring(salus("pack"), pair), pair, 12 * GIB, holds=False, real_bound=True)
+    runs = simulate(declaring(salus("pack"), pair), pair, 12 * GIB, holds=False)
+    lanes_serialized(runs)  # the lanes still serialize the iterations
