@@ -26,10 +26,55 @@ static cudaError_t um_prepare(void)
     return pilot_fault_channel_open();
 }
 
-static void free_on_daemon(uint64_t ptr)
+static void free_on_daemon(uint64_t ptr, int device)
 {
     pilot_req_free req = {.ptr = ptr};
-    pilot_call(PILOT_OP_FREE, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+    pilot_call_on(device, PILOT_OP_FREE, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+}
+
+void pilot_um_release_range(uint64_t base, int device)
+{
+    free_on_daemon(base, device);
+    pilot_um_remove(base);
+}
+
+cudaError_t pilot_um_new_range(uint64_t size, uint32_t flags, uint64_t *out)
+{
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), len = page_round(size);
+    const int device = pilot_route_device();
+    uint64_t taken[SHADOW_ATTEMPTS], base = 0;
+    int ntaken = 0;
+    cudaError_t err;
+    pilot_req_malloc_managed req = {.size = size, .flags = flags};
+    for (;;) {
+        pilot_rep_u64 rep;
+        err = pilot_call(PILOT_OP_MALLOC_MANAGED, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL,
+                         0, NULL);
+        if (err)
+            break;
+        base = rep.value;
+        if (base % page) {
+            LOG_ERROR("managed allocation at %#llx is not page-aligned", (unsigned long long)base);
+            free_on_daemon(base, device);
+            err = cudaErrorMemoryAllocation;
+            break;
+        }
+        int in_use;
+        err = pilot_um_map_shadow(base, len, 1, PILOT_UM_ALLOCATION, &in_use);
+        if (!err)
+            break;
+        if (!in_use || ntaken == SHADOW_ATTEMPTS) {
+            free_on_daemon(base, device);
+            break;
+        }
+        /* Keep it allocated while asking again, so the daemon hands out another address. */
+        taken[ntaken++] = base;
+    }
+    while (ntaken > 0)
+        free_on_daemon(taken[--ntaken], device);
+    if (err == cudaSuccess)
+        *out = base;
+    return err;
 }
 
 PILOT_EXPORT cudaError_t cudaMallocManaged(void **ptr, size_t size, unsigned int flags)
@@ -46,38 +91,11 @@ PILOT_EXPORT cudaError_t cudaMallocManaged(void **ptr, size_t size, unsigned int
     cudaError_t err = um_prepare();
     if (err)
         PILOT_RETURN(err);
-    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), len = page_round(size);
-    uint64_t taken[SHADOW_ATTEMPTS], base = 0;
-    int ntaken = 0;
-    pilot_req_malloc_managed req = {
-        .size = size,
-        .flags = flags == cudaMemAttachHost ? PILOT_MANAGED_ATTACH_HOST : PILOT_MANAGED_ATTACH_GLOBAL};
-    for (;;) {
-        pilot_rep_u64 rep;
-        err = pilot_call(PILOT_OP_MALLOC_MANAGED, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL,
-                         0, NULL);
-        if (err)
-            break;
-        base = rep.value;
-        if (base % page) {
-            LOG_ERROR("managed allocation at %#llx is not page-aligned", (unsigned long long)base);
-            free_on_daemon(base);
-            err = cudaErrorMemoryAllocation;
-            break;
-        }
-        int in_use;
-        err = pilot_um_map_shadow(base, len, 1, PILOT_UM_ALLOCATION, &in_use);
-        if (!err)
-            break;
-        if (!in_use || ntaken == SHADOW_ATTEMPTS) {
-            free_on_daemon(base);
-            break;
-        }
-        /* Keep it allocated while asking again, so the daemon hands out another address. */
-        taken[ntaken++] = base;
-    }
-    while (ntaken > 0)
-        free_on_daemon(taken[--ntaken]);
+    if (pilot_um_pack_wanted(size, flags)) /* a piece of a range the session holds (um_pack.c) */
+        PILOT_RETURN(pilot_um_pack_alloc(size, ptr));
+    uint64_t base;
+    err = pilot_um_new_range(size, flags == cudaMemAttachHost ? PILOT_MANAGED_ATTACH_HOST
+                                                              : PILOT_MANAGED_ATTACH_GLOBAL, &base);
     if (err)
         PILOT_RETURN(err);
     pilot_alloc_add_flags(base, size, PILOT_ALLOC_MANAGED);

@@ -199,6 +199,10 @@ PILOT_EXPORT cudaError_t cudaFree(void *ptr)
         PILOT_RETURN(cudaErrorInvalidValue);
     if (pilot_gmem_user_free(ptr, 0, NULL, &err)) /* memory a graph allocated (graph_mem.c) */
         PILOT_RETURN(err);
+    uint64_t range;
+    int flags = pilot_alloc_flags((uintptr_t)ptr, &range, NULL);
+    if (flags >= 0 && (flags & PILOT_ALLOC_PACKED)) /* a small managed allocation (um_pack.c) */
+        PILOT_RETURN(pilot_um_pack_free((uintptr_t)ptr, range));
     pilot_req_free req = {.ptr = (uintptr_t)ptr};
     int owner = pilot_alloc_device((uintptr_t)ptr); /* freed on its device, as with UVA */
     owner = owner >= 0 ? owner : pilot_current_device();

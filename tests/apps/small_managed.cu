@@ -1,0 +1,161 @@
+// Small managed allocations (pilot packs them into ranges of the session's own, shim/um_pack.c).
+// Usage:
+//   small_managed many N SIZE [hold]  N allocations of SIZE bytes, each filled on the host, every
+//                                     byte incremented by one kernel through a managed pointer
+//                                     table, checked; with `hold`, prints its addresses'
+//                                     pages ("page 0x...") and "ready" before and "freed" after
+//                                     freeing them all, waiting for a line on stdin each time
+//   small_managed reuse               freed pieces come back zeroed; cudaFree of an address that
+//                                     is not the start of a live allocation is refused
+//   small_managed zero N SIZE         N fresh allocations read zero on the host and the device
+// Self-checking: prints "<scenario> ok" or "<scenario> FAIL ..." (exit status 1); the output is
+// the same natively and under pilot.
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "self_check.h"
+
+// ptrs[i][b] += add for every byte b < size of every allocation i < n
+__global__ void touch_table(unsigned char **ptrs, int n, int size, int add)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        for (int b = 0; b < size; b++)
+            ptrs[i][b] += (unsigned char)add;
+}
+
+// *sum = the sum of every byte of every allocation (one thread)
+__global__ void sum_table(unsigned char **ptrs, int n, int size, unsigned long long *sum)
+{
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        unsigned long long s = 0;
+        for (int i = 0; i < n; i++)
+            for (int b = 0; b < size; b++)
+                s += ptrs[i][b];
+        *sum = s;
+    }
+}
+
+static unsigned char pattern(int i, int b)
+{
+    return (unsigned char)(i * 7 + b * 3 + 1);
+}
+
+static void wait_line(void)
+{
+    char line[16];
+    if (!fgets(line, sizeof line, stdin))
+        exit(1);
+}
+
+static void many(int n, int size, int hold)
+{
+    unsigned char **ptrs;
+    CHECK(cudaMallocManaged((void **)&ptrs, (size_t)n * sizeof *ptrs, cudaMemAttachGlobal));
+    for (int i = 0; i < n; i++) {
+        CHECK(cudaMallocManaged((void **)&ptrs[i], (size_t)size, cudaMemAttachGlobal));
+        for (int b = 0; b < size; b++)
+            ptrs[i][b] = pattern(i, b);
+    }
+    touch_table<<<(n + 255) / 256, 256>>>(ptrs, n, size, 5);
+    CHECK(cudaDeviceSynchronize());
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++)
+        for (int b = 0; b < size; b++)
+            ok &= ptrs[i][b] == (unsigned char)(pattern(i, b) + 5);
+    if (hold) {
+        unsigned long long last = ~0ull;
+        for (int i = 0; i < n; i++) {
+            unsigned long long page = (unsigned long long)(uintptr_t)ptrs[i] >> 12;
+            unsigned long long end = ((unsigned long long)(uintptr_t)ptrs[i] + size - 1) >> 12;
+            for (; page <= end; page++)
+                if (page != last)
+                    printf("page %#llx\n", page << 12);
+            last = end;
+        }
+        printf("ready\n");
+        wait_line();
+    }
+    for (int i = 0; i < n; i++)
+        CHECK(cudaFree(ptrs[i]));
+    CHECK(cudaFree(ptrs));
+    if (hold) {
+        printf("freed\n");
+        wait_line();
+    }
+    verdict("many", ok, "wrong contents");
+}
+
+static void reuse(void)
+{
+    enum { N = 64, SIZE = 700 };
+    unsigned char *p[N];
+    int ok = 1;
+    for (int i = 0; i < N; i++) {
+        CHECK(cudaMallocManaged((void **)&p[i], SIZE, cudaMemAttachGlobal));
+        memset(p[i], 0xa5, SIZE);
+    }
+    // not the start of an allocation, then a double free: refused, the allocation untouched
+    cudaError_t inner = cudaFree(p[3] + 16);
+    cudaGetLastError();
+    CHECK(cudaFree(p[3]));
+    cudaError_t twice = cudaFree(p[3]);
+    cudaGetLastError();
+    printf("reuse inner=%s twice=%s\n", cudaGetErrorName(inner), cudaGetErrorName(twice));
+    ok &= p[4][0] == 0xa5;
+    for (int i = 0; i < N; i += 2)
+        if (i != 2)
+            CHECK(cudaFree(p[i]));
+    // allocated again: whatever they reuse reads zero
+    for (int i = 0; i < N; i += 2) {
+        CHECK(cudaMallocManaged((void **)&p[i], SIZE, cudaMemAttachGlobal));
+        for (int b = 0; b < SIZE; b++)
+            ok &= p[i][b] == 0;
+    }
+    CHECK(cudaMallocManaged((void **)&p[3], SIZE, cudaMemAttachGlobal));
+    for (int b = 0; b < SIZE; b++)
+        ok &= p[3][b] == 0;
+    for (int i = 0; i < N; i++)
+        CHECK(cudaFree(p[i]));
+    verdict("reuse", ok, "freed bytes readable");
+}
+
+static void zero(int n, int size)
+{
+    unsigned char **ptrs;
+    unsigned long long *sum;
+    CHECK(cudaMallocManaged((void **)&ptrs, (size_t)n * sizeof *ptrs, cudaMemAttachGlobal));
+    CHECK(cudaMallocManaged((void **)&sum, sizeof *sum, cudaMemAttachGlobal));
+    unsigned long long host = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK(cudaMallocManaged((void **)&ptrs[i], (size_t)size, cudaMemAttachGlobal));
+        for (int b = 0; b < size; b++)
+            host += ptrs[i][b];
+    }
+    sum_table<<<1, 1>>>(ptrs, n, size, sum);
+    CHECK(cudaDeviceSynchronize());
+    verdict("zero", host == 0 && *sum == 0, "nonzero");
+    for (int i = 0; i < n; i++)
+        CHECK(cudaFree(ptrs[i]));
+    CHECK(cudaFree(ptrs));
+    CHECK(cudaFree(sum));
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IONBF, 0);
+    if (argc >= 4 && strcmp(argv[1], "many") == 0)
+        many(atoi(argv[2]), atoi(argv[3]), argc > 4 && strcmp(argv[4], "hold") == 0);
+    else if (argc >= 2 && strcmp(argv[1], "reuse") == 0)
+        reuse();
+    else if (argc >= 4 && strcmp(argv[1], "zero") == 0)
+        zero(atoi(argv[2]), atoi(argv[3]));
+    else {
+        fprintf(stderr, "usage: small_managed many N SIZE [hold] | reuse | zero N SIZE\n");
+        return 2;
+    }
+    return g_failed ? 1 : 0;
+}
