@@ -106,8 +106,14 @@ def test_many_small_allocations_are_correct_charged_in_ranges_and_returned(
 def test_reused_pieces_read_zero_and_bad_frees_are_refused(run_under_pilot: RunUnderPilot,
                                                             daemon_log: Callable[[], str]) -> None:
     check_output(run_under_pilot("small_managed", "reuse"),
-                 ["reuse inner=cudaErrorInvalidValue twice=cudaErrorInvalidValue", "reuse ok"],
+                 ["reuse inner=cudaErrorInvalidValue twice=cudaErrorInvalidValue",
+                  "reuse reused_zero=yes", "reuse ok"],
                  daemon_log)
+
+
+def test_threads_allocating_at_once_get_pieces_of_their_own(run_under_pilot: RunUnderPilot,
+                                                             daemon_log: Callable[[], str]) -> None:
+    check_output(run_under_pilot("small_managed", "threads"), ["threads ok"], daemon_log)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a program as a second user")
