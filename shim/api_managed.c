@@ -236,6 +236,13 @@ static cudaError_t attach(cudaStream_t stream, void *ptr, size_t length, unsigne
         (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost &&
          flags != cudaMemAttachSingle))
         PILOT_RETURN(cudaErrorInvalidValue);
+    /* A packed piece (um_pack.c): its range holds other allocations of the session, which an
+     * attachment of the whole range would move too. Attachment restricts nothing on a GPU with
+     * concurrent managed access (the H100's: its host and device may touch managed memory at
+     * any time), so the piece is left attached globally, as the range is. */
+    int flags_of = pilot_alloc_flags((uintptr_t)ptr, NULL, NULL);
+    if (flags_of >= 0 && (flags_of & PILOT_ALLOC_PACKED))
+        return cudaSuccess;
     pilot_req_stream_attach_mem req = {.stream = pilot_stream_handle(stream),
                                        .ptr = (uintptr_t)ptr, .length = length, .flags = flags};
     PILOT_RETURN(pilot_post(PILOT_OP_STREAM_ATTACH_MEM, &req, sizeof req, NULL, 0));

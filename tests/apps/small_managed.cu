@@ -1,5 +1,5 @@
 // Small managed allocations (pilot packs them into ranges of the session's own, shim/um_pack.c).
-// Usage:
+// Usage (no argument: many 10000 64, reuse, zero 3000 700, threads and api):
 //   small_managed many N SIZE [hold]  N allocations of SIZE bytes, each filled on the host, every
 //                                     byte incremented by one kernel through a managed pointer
 //                                     table, checked; with `hold`, prints its addresses'
@@ -7,10 +7,13 @@
 //                                     freeing them all, waiting for a line on stdin each time
 //   small_managed reuse               cudaFree of an address that is not the start of a live
 //                                     allocation is refused; prints whether allocations made
-//                                     after frees read zero (under pilot they do)
+//                                     after frees read zero (under pilot they do; not printed
+//                                     when all scenarios run: CUDA does not promise it)
 //   small_managed zero N SIZE         N fresh allocations read zero on the host and the device
 //   small_managed threads             4 threads allocating, filling, freeing and allocating
 //                                     again at once: no piece given twice
+//   small_managed api                 advice, prefetch, range and pointer attributes, stream
+//                                     attachment on one small allocation among others
 // Self-checking: prints "<scenario> ok" or "<scenario> FAIL ..." (exit status 1); the output is
 // the same natively and under pilot.
 #include <cuda_runtime.h>
@@ -93,7 +96,7 @@ static void many(int n, int size, int hold)
     verdict("many", ok, "wrong contents");
 }
 
-static void reuse(void)
+static void reuse(int tell_zero)
 {
     enum { N = 64, SIZE = 700 };
     unsigned char *p[N];
@@ -128,7 +131,8 @@ static void reuse(void)
         ok &= i == 3 || p[i][SIZE - 1] == 0xa5; // the others untouched
     for (int i = 0; i < N; i++)
         CHECK(cudaFree(p[i]));
-    printf("reuse reused_zero=%s\n", zero ? "yes" : "no");
+    if (tell_zero)
+        printf("reuse reused_zero=%s\n", zero ? "yes" : "no");
     verdict("reuse", ok, "wrong contents");
 }
 
@@ -151,6 +155,56 @@ static void zero(int n, int size)
         CHECK(cudaFree(ptrs[i]));
     CHECK(cudaFree(ptrs));
     CHECK(cudaFree(sum));
+}
+
+// The managed API on small allocations: advice, prefetch both ways, range attributes, stream
+// attachment and pointer attributes of one allocation, then a kernel and the host on it.
+static void api(void)
+{
+    enum { N = 8, SIZE = 300 };
+    unsigned char *p[N], **table;
+    struct cudaMemLocation gpu = {cudaMemLocationTypeDevice, 0};
+    struct cudaMemLocation host = {cudaMemLocationTypeHost, 0};
+    CHECK(cudaMallocManaged((void **)&table, sizeof p, cudaMemAttachGlobal));
+    for (int i = 0; i < N; i++) {
+        CHECK(cudaMallocManaged((void **)&p[i], SIZE, cudaMemAttachGlobal));
+        memset(p[i], i, SIZE);
+        table[i] = p[i];
+    }
+    int v = -9, ok = 1;
+    unsigned char *m = p[3];
+    CHECK(cudaMemAdvise(m, SIZE, cudaMemAdviseSetReadMostly, gpu));
+    CHECK(cudaMemRangeGetAttribute(&v, 4, cudaMemRangeAttributeReadMostly, m, SIZE));
+    ok &= v == 1;
+    CHECK(cudaMemAdvise(m, SIZE, cudaMemAdviseUnsetReadMostly, gpu));
+    CHECK(cudaMemAdvise(m, SIZE, cudaMemAdviseSetPreferredLocation, gpu));
+    CHECK(cudaMemRangeGetAttribute(&v, 4, cudaMemRangeAttributePreferredLocation, m, SIZE));
+    ok &= v == 0;
+    cudaStream_t s;
+    CHECK(cudaStreamCreate(&s));
+    CHECK(cudaMemPrefetchAsync(m, SIZE, gpu, 0, s));
+    CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaMemRangeGetAttribute(&v, 4, cudaMemRangeAttributeLastPrefetchLocation, m, SIZE));
+    ok &= v == 0;
+    CHECK(cudaStreamAttachMemAsync(s, m, 0, cudaMemAttachSingle));
+    touch_table<<<1, N, 0, s>>>(table, N, SIZE, 2);
+    CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaStreamAttachMemAsync(s, m, 0, cudaMemAttachGlobal));
+    CHECK(cudaMemPrefetchAsync(m, SIZE, host, 0, s));
+    CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaMemRangeGetAttribute(&v, 4, cudaMemRangeAttributeLastPrefetchLocation, m, SIZE));
+    ok &= v == cudaCpuDeviceId;
+    CHECK(cudaStreamDestroy(s));
+    struct cudaPointerAttributes a;
+    CHECK(cudaPointerGetAttributes(&a, m + 10));
+    ok &= a.type == cudaMemoryTypeManaged && a.devicePointer == m + 10 && a.hostPointer == m + 10;
+    for (int i = 0; i < N; i++)
+        for (int b = 0; b < SIZE; b++)
+            ok &= p[i][b] == i + 2;
+    for (int i = 0; i < N; i++)
+        CHECK(cudaFree(p[i]));
+    CHECK(cudaFree(table));
+    verdict("api", ok, "wrong attribute or value");
 }
 
 enum { THREADS = 4, PER_THREAD = 3000, THREAD_SIZE = 100 };
@@ -197,12 +251,20 @@ int main(int argc, char **argv)
         many(atoi(argv[2]), atoi(argv[3]), argc > 4 && strcmp(argv[4], "hold") == 0);
     else if (argc >= 2 && strcmp(argv[1], "threads") == 0)
         threads();
+    else if (argc >= 2 && strcmp(argv[1], "api") == 0)
+        api();
     else if (argc >= 2 && strcmp(argv[1], "reuse") == 0)
-        reuse();
+        reuse(1);
     else if (argc >= 4 && strcmp(argv[1], "zero") == 0)
         zero(atoi(argv[2]), atoi(argv[3]));
-    else {
-        fprintf(stderr, "usage: small_managed many N SIZE [hold] | reuse | zero N SIZE | threads\n");
+    else if (argc == 1) { // all of them, as tests/gpu/run_compare.sh runs it
+        many(10000, 64, 0);
+        reuse(0);
+        zero(3000, 700);
+        threads();
+        api();
+    } else {
+        fprintf(stderr, "usage: small_managed many N SIZE [hold] | reuse | zero N SIZE | threads | api\n");
         return 2;
     }
     return g_failed ? 1 : 0;

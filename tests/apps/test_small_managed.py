@@ -19,8 +19,10 @@ import pytest
 from conftest import RunUnderPilot  # pytest puts tests/apps on sys.path
 from scenario_output import check_output
 from test_gpu_faults import as_nobody, shared_copy
+from test_policies_over_capacity import CONFIG, Sampler, _residency, _run_beside_pagedos
 
-RANGE = 2 << 20  # PILOT_UM_PACK_RANGE
+MIB = 1 << 20
+RANGE = 2 * MIB  # PILOT_UM_PACK_RANGE
 PIECE = 512  # PILOT_UM_PACK_ALIGN
 
 
@@ -111,9 +113,14 @@ def test_reused_pieces_read_zero_and_bad_frees_are_refused(run_under_pilot: RunU
                  daemon_log)
 
 
-def test_threads_allocating_at_once_get_pieces_of_their_own(run_under_pilot: RunUnderPilot,
-                                                             daemon_log: Callable[[], str]) -> None:
-    check_output(run_under_pilot("small_managed", "threads"), ["threads ok"], daemon_log)
+def test_all_scenarios_as_the_gpu_comparison_runs_them(run_under_pilot: RunUnderPilot,
+                                                        daemon_log: Callable[[], str]) -> None:
+    """No argument (tests/gpu/run_compare.sh): 10,000 x 64 B, the frees refused, fresh memory
+    reading zero, four threads allocating and freeing at once, and the managed API (advice,
+    prefetch, attributes, attachment) on one small allocation among others."""
+    check_output(run_under_pilot("small_managed"),
+                 ["many ok", "reuse inner=cudaErrorInvalidValue twice=cudaErrorInvalidValue",
+                  "reuse ok", "zero ok", "threads ok", "api ok"], daemon_log)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a program as a second user")
@@ -175,3 +182,32 @@ def test_bytes_a_session_freed_are_never_readable_by_another(
             writer.kill()
             writer.wait()
     check_output(run_under_pilot("small_managed", "zero", "3000", "700"), ["zero ok"], daemon_log)
+
+
+@pytest.mark.parametrize("policy", ["none", "mfit", "amfit", "madvise"])
+def test_the_enforcer_and_the_memory_policies_move_packed_ranges(
+        policy: str, start_pilotd: Any, app_binaries: dict[str, Path], shim_path: str) -> None:
+    """20,000 small buffers (about 20 MiB of packed ranges) beside 48 MiB of pageDoS within a
+    capacity of 64 MiB: the program's results are right, its ranges were movable memory the
+    enforcer tracked, and everything is given back at exit."""
+    daemon = start_pilotd("--enforce-capacity", "--capacity", f"{64 * MIB}B", "--policy", policy,
+                          config=CONFIG)
+    sampler = Sampler(daemon)
+    sampler.start()
+    try:
+        dos, small = _run_beside_pagedos(
+            daemon, shim_path, app_binaries,
+            ["pagedos", "--bytes", "48MiB", "--chunk", "16MiB", "--seconds", "60"],
+            ["small_managed", "many", "20000", "700"])
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    assert dos.returncode == 0 and " ok=1" in dos.stdout, (dos.stdout, dos.stderr, daemon.log_tail())
+    assert small.returncode == 0 and small.stdout == "many ok\n", (small.stdout, small.stderr,
+                                                                     daemon.log_tail())
+    final = _residency(daemon)
+    assert final["enforced"] and final["movable"] == 0 and final["resident"] == 0, final
+    assert final["peak_resident"] <= final["room"], final
+    # the packed ranges (20,000 x 1 KiB: 10 ranges) were movable memory beside pageDoS's 48 MiB
+    assert max(x["movable"] for x in sampler.samples) >= 48 * MIB + 10 * RANGE, sampler.samples[-1]
+    assert "Traceback" not in daemon.log(), daemon.log_tail()
