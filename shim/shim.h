@@ -172,6 +172,9 @@ cudaError_t pilot_um_pack_alloc(size_t size, void **ptr);
 /* cudaFree of ptr, inside the packed range at range_base: cudaErrorInvalidValue unless ptr is
  * the start of a live piece. */
 cudaError_t pilot_um_pack_free(uint64_t ptr, uint64_t range_base);
+/* The live piece holding ptr inside the packed range at range_base: its start and the bytes
+ * asked for; -1 if no piece holds ptr. */
+int pilot_um_pack_piece(uint64_t ptr, uint64_t range_base, uint64_t *base, uint64_t *size);
 void pilot_um_pack_forget(int device); /* cudaDeviceReset (-1: every device's) */
 
 /* ---- registry.c: fatbins and kernels registered by the program ---- */

@@ -32,6 +32,7 @@ struct pack_range {
     uint32_t live;           /* pieces */
     uint64_t used[WORDS];    /* a bit per unit in use */
     uint16_t units[UNITS];   /* at a piece's first unit: its length in units; else 0 */
+    uint16_t asked[UNITS];   /* at a piece's first unit: the bytes asked for, less one */
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -145,10 +146,11 @@ static struct pack_range *new_range_locked(cudaError_t *err)
     return r;
 }
 
-static uint64_t take(struct pack_range *r, uint32_t at, uint32_t n)
+static uint64_t take(struct pack_range *r, uint32_t at, uint32_t n, size_t size)
 {
     mark(r, at, n, 1);
     r->units[at] = (uint16_t)n;
+    r->asked[at] = (uint16_t)(size - 1);
     r->free_units -= n;
     r->cursor = at + n < UNITS ? at + n : 0;
     g_empty -= r->live++ == 0;
@@ -186,7 +188,7 @@ cudaError_t pilot_um_pack_alloc(size_t size, void **out)
         g_next = (size_t)index_of_locked(r->base);
     }
     if (r)
-        *out = (void *)(uintptr_t)take(r, (uint32_t)at, n);
+        *out = (void *)(uintptr_t)take(r, (uint32_t)at, n, size);
     pthread_mutex_unlock(&g_lock);
     return err;
 }
@@ -248,6 +250,31 @@ cudaError_t pilot_um_pack_free(uint64_t ptr, uint64_t range_base)
         pilot_um_release_range(release, device);
     }
     return cudaSuccess;
+}
+
+int pilot_um_pack_piece(uint64_t ptr, uint64_t range_base, uint64_t *base, uint64_t *size)
+{
+    int rc = -1;
+    pthread_mutex_lock(&g_lock);
+    long i = index_of_locked(range_base);
+    if (i >= 0 && ptr - range_base < PILOT_UM_PACK_RANGE) {
+        const struct pack_range *r = g_ranges[i];
+        const uint32_t at = (uint32_t)((ptr - range_base) / PILOT_UM_PACK_ALIGN);
+        const uint32_t lowest = at >= PILOT_UM_PACK_MAX / PILOT_UM_PACK_ALIGN
+                                    ? at - PILOT_UM_PACK_MAX / PILOT_UM_PACK_ALIGN : 0;
+        for (uint32_t k = at + 1; k-- > lowest;)
+            if (r->units[k]) { /* the nearest piece starting at or below ptr */
+                uint64_t b = range_base + (uint64_t)k * PILOT_UM_PACK_ALIGN, n = r->asked[k] + 1u;
+                if (ptr - b < n) {
+                    *base = b;
+                    *size = n;
+                    rc = 0;
+                }
+                break;
+            }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
 }
 
 void pilot_um_pack_forget(int device)

