@@ -16,14 +16,20 @@ static uint64_t page_round(uint64_t n)
     return (n + page - 1) & ~(page - 1);
 }
 
-/* The fault handler and the fault channel, set up before the first shadow exists. */
+/* The fault handler and the fault channel, set up before the first shadow exists; and the
+ * session's staging area, which the first flush needs (the first launch after host writes):
+ * opening it means pinning it in pilotd, a cost taken here rather than in the first kernel. A
+ * refusal of it (the tenant's pinned limit) is left to that flush to report. */
 static cudaError_t um_prepare(void)
 {
     if (pilot_um_install_handler() != 0) {
         LOG_ERROR("cannot install the unified-memory fault handler");
         return cudaErrorOperatingSystem;
     }
-    return pilot_fault_channel_open();
+    cudaError_t err = pilot_fault_channel_open();
+    if (err == cudaSuccess && pilot_staging_ready() != cudaSuccess)
+        LOG_INFO("the staging area is not open yet: the first flush will ask again");
+    return err;
 }
 
 static void free_on_daemon(uint64_t ptr, int device)

@@ -49,6 +49,12 @@ static cudaError_t staging_open(struct pilot_staging **out)
     return err;
 }
 
+cudaError_t pilot_staging_ready(void)
+{
+    struct pilot_staging *stage;
+    return staging_open(&stage);
+}
+
 static uint64_t min_u64(uint64_t a, uint64_t b)
 {
     return a < b ? a : b;

@@ -77,6 +77,8 @@ const struct pilot_staging *pilot_fault_staging(void);
  * pilot_req_memcpy {dst, count, slot, sync}), pipelined over its slots; returns once every piece
  * was answered. */
 cudaError_t pilot_staged_upload(uint16_t op, uint64_t dst, const void *src, uint64_t count);
+/* Opens the route device's staging area now, if it is not open yet (api_memory.c). */
+cudaError_t pilot_staging_ready(void);
 
 /* What the daemon says about a device (fetched once); NULL without a session. */
 const pilot_rep_device_info *pilot_device_info(void); /* of the route device */
