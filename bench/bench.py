@@ -20,6 +20,14 @@ before it measures and prints `metric value` lines, parsed here:
     um_touch.cu   um_touch_seq_ms, um_touch_rand_ms  (GPU first touch of 512 host-written pages)
     um_stream.cu  um_stream_gbps                     (STREAM on managed memory, a sync per kernel)
     launch_many.cu tenants8_launches_per_s           (8 processes launching at once)
+    um_small.cu   small_N_SIZE_{alloc,kernel,free}_ms, small_N_SIZE_mem_mib   (N small managed
+                  allocations of SIZE bytes, N = 1,000 / 10,000 / 100,000, SIZE = 16 / 64 / 1024)
+    um_first.cu   um_first_kernel_ms, um_second_kernel_ms, um_first_alloc_ms  (the first managed
+                  kernel of a fresh process)
+
+Just the small-allocation and first-touch rows (issue 28; about a minute on the H100):
+
+    python3 bench/bench.py --start-daemon --only um_small --only um_first --out um_small.md
 
 The table has one row per metric: native | pilot | ratio | target | met?. The ratio is
 pilot/native for times and native/pilot for rates, so above 1 always means pilot is slower.
@@ -27,7 +35,10 @@ Targets (issue 14): launch, launch + synchronize at most 2.0x native; 8 processe
 launch together at least as fast as one native process; 4-byte D2H median under 20 us and p99
 under 35 us; cudaMalloc + cudaFree 1 MiB at most 1.5x; first touch of host-written managed
 pages at most 2x; managed STREAM at least 95%; bandwidth at least 80% of native; Unified
-Memory workloads (a) and (c) at most 1.2x native ((b) is reported).
+Memory workloads (a) and (c) at most 1.2x native ((b) is reported). Issue 28: 10,000 x 64 B
+managed allocations + host fill at most 3x native, their kernel at most 1.5x, device memory
+used at most native + 4 MiB; 100,000 x 16 B allocations at most 3x; the first managed kernel of
+a fresh process at most 2x.
 --dry-run starts a sim daemon (bench/sim_kernels.py), uses small counts and runs the
 "native" side under pilot too, since this path is for machines without a GPU: it checks the
 building, running, parsing and reporting, not the numbers.
@@ -67,6 +78,9 @@ STOP_TIMEOUT_S = 10.0
 METRIC_LINE = re.compile(r"^([a-z][a-z0-9_]*) ([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|inf|nan))$")
 
 
+SMALL_COUNTS, SMALL_SIZES = (1000, 10000, 100000), (16, 64, 1024)  # um_small.cu's rounds
+
+
 @dataclass(frozen=True)
 class Program:
     """One measurement program, bench/<name>.cu, and its arguments (full and --quick/--dry-run)."""
@@ -90,6 +104,10 @@ PROGRAMS = (
     Program("um_touch", ("512", "20"), ("64", "3"), ("um_touch_seq_ms", "um_touch_rand_ms")),
     Program("um_stream", ("67108864", "10"), ("65536", "2"), ("um_stream_gbps",)),
     Program("launch_many", ("8", "10000"), ("8", "200"), ("tenants8_launches_per_s",)),
+    Program("um_small", (), ("100",),
+            tuple(f"small_{n}_{size}_{m}" for size in SMALL_SIZES for n in SMALL_COUNTS
+                  for m in ("alloc_ms", "kernel_ms", "free_ms", "mem_mib"))),
+    Program("um_first", (), (), ("um_first_kernel_ms", "um_second_kernel_ms", "um_first_alloc_ms")),
 )
 
 # A target: (native, pilot) -> met, or None when the value it needs is missing.
@@ -106,6 +124,12 @@ def ratio_at_most(limit: float, kind: str) -> Check:
 def pilot_below(limit: float) -> Check:
     def check(native: float | None, pilot: float | None) -> bool | None:
         return None if pilot is None else pilot < limit
+    return check
+
+
+def pilot_within(extra: float) -> Check:
+    def check(native: float | None, pilot: float | None) -> bool | None:
+        return None if native is None or pilot is None else pilot <= native + extra
     return check
 
 
@@ -165,6 +189,38 @@ METRICS = (
            "ms", "time", "<= 2x native", ratio_at_most(2.0, "time")),
     Metric("um_stream_gbps", "managed-memory STREAM, a sync per kernel (268 MB arrays)", "GB/s",
            "rate", ">= 95% of native", ratio_at_most(1 / 0.95, "rate")),
+)
+
+
+def _small_metrics() -> tuple[Metric, ...]:
+    """um_small.cu's rows (issue 28): per count and size, allocation + host fill, the kernel
+    touching every byte through a managed pointer table, cudaFree of all, device memory used."""
+    # (count, size, what) -> (target, check)
+    targets: dict[tuple[int, int, str], tuple[str, Check]] = {
+        (10000, 64, "alloc_ms"): ("<= 3x native", ratio_at_most(3.0, "time")),
+        (10000, 64, "kernel_ms"): ("<= 1.5x native", ratio_at_most(1.5, "time")),
+        (10000, 64, "mem_mib"): ("<= native + 4 MiB", pilot_within(4.0)),
+        (100000, 16, "alloc_ms"): ("<= 3x native", ratio_at_most(3.0, "time")),
+    }
+    labels = {"alloc_ms": ("cudaMallocManaged + host fill", "ms"),
+              "kernel_ms": ("the kernel touching every byte, + sync", "ms"),
+              "free_ms": ("cudaFree of all", "ms"), "mem_mib": ("device memory used", "MiB")}
+    rows = []
+    for size in SMALL_SIZES:
+        for n in SMALL_COUNTS:
+            for what, (label, unit) in labels.items():
+                target, check = targets.get((n, size, what), ("-", None))
+                rows.append(Metric(f"small_{n}_{size}_{what}", f"{n:,} x {size} B managed: {label}",
+                                   unit, "time", target, check))
+    return tuple(rows)
+
+
+METRICS += (
+    *_small_metrics(),
+    Metric("um_first_kernel_ms", "first managed kernel of a fresh process (1 MiB host-written)",
+           "ms", "time", "<= 2x native", ratio_at_most(2.0, "time")),
+    Metric("um_second_kernel_ms", "  the same on a second allocation", "ms", "time"),
+    Metric("um_first_alloc_ms", "  the first cudaMallocManaged 1 MiB + host fill", "ms", "time"),
 )
 
 

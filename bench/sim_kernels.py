@@ -99,3 +99,23 @@ def st_dot(k: SimLaunch) -> None:
     (n,) = k.arg(2, "<Q")
     total = np.frombuffer(k.view(k.ptr(3), 8), dtype=np.float64)
     total[0] += float(np.dot(_floats(k, 0, n).astype(np.float64), _floats(k, 1, n).astype(np.float64)))
+
+
+@sim_kernel("_Z11small_touchPPhii")
+def small_touch(k: SimLaunch) -> None:
+    """um_small.cu: ptrs[i][b] += 1 for b < size, i < n covered by the grid."""
+    n, size = min(k.i32(1), k.grid[0] * k.block[0]), k.i32(2)
+    if n <= 0 or size <= 0:
+        return
+    for (target,) in struct.iter_unpack("<Q", k.read(k.ptr(0), 8 * n)):
+        v = np.frombuffer(k.view(target, size), dtype=np.uint8)
+        v += np.uint8(1)
+
+
+@sim_kernel("_Z11first_touchPim")
+def first_touch(k: SimLaunch) -> None:
+    """um_first.cu: x[i] += 1 for i < n covered by the grid."""
+    x, n = k.ptr(0), min(k.arg(1, "<Q")[0], k.grid[0] * k.block[0])
+    if n > 0:
+        v = np.frombuffer(k.view(x, 4 * n), dtype=np.int32)
+        v += np.int32(1)

@@ -296,6 +296,10 @@ def quota_get(client: ControlClient, tenant: str | None, gpu: int | None, as_jso
         click.echo(f"{r['tenant']} GPU {g}: used {_size(q['used'])}, hard {_size(q['hard'])}, "
                    f"provisioned {_size(q['provisioned'])}")
         _echo_by_kind(q.get("by_kind") or {})
+        if q.get("packed_managed"):
+            click.echo(f"    of managed: {_size(q['packed_managed'])} in ranges small managed "
+                       "allocations are packed into (charged in full: the allocations and the "
+                       "slack around them)")
     pinned = r.get("pinned")
     if pinned:
         click.echo(f"{r['tenant']} pinned host memory: used {_size(pinned['used'])}, "

@@ -156,6 +156,7 @@ PILOT_EXPORT cudaError_t cudaDeviceReset(void)
         pilot_arrays_clear_device(dev);
         pilot_objects_clear_device(dev);
         pilot_streams_reset_device(dev);
+        pilot_um_pack_forget(dev);
         pilot_um_remove_allocations();
     }
     PILOT_RETURN(err);

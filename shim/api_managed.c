@@ -16,20 +16,71 @@ static uint64_t page_round(uint64_t n)
     return (n + page - 1) & ~(page - 1);
 }
 
-/* The fault handler and the fault channel, set up before the first shadow exists. */
+/* The fault handler and the fault channel, set up before the first shadow exists; and the
+ * session's staging area, which the first flush needs (the first launch after host writes):
+ * opening it means pinning it in pilotd, a cost taken here rather than in the first kernel. A
+ * refusal of it (the tenant's pinned limit) is left to that flush to report. */
 static cudaError_t um_prepare(void)
 {
     if (pilot_um_install_handler() != 0) {
         LOG_ERROR("cannot install the unified-memory fault handler");
         return cudaErrorOperatingSystem;
     }
-    return pilot_fault_channel_open();
+    cudaError_t err = pilot_fault_channel_open();
+    if (err == cudaSuccess && pilot_staging_ready() != cudaSuccess)
+        LOG_INFO("the staging area is not open yet: the first flush will ask again");
+    return err;
 }
 
-static void free_on_daemon(uint64_t ptr)
+static void free_on_daemon(uint64_t ptr, int device)
 {
     pilot_req_free req = {.ptr = ptr};
-    pilot_call(PILOT_OP_FREE, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+    pilot_call_on(device, PILOT_OP_FREE, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
+}
+
+void pilot_um_release_range(uint64_t base, int device)
+{
+    free_on_daemon(base, device);
+    pilot_um_remove(base);
+}
+
+cudaError_t pilot_um_new_range(uint64_t size, uint32_t flags, uint64_t *out)
+{
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), len = page_round(size);
+    const int device = pilot_route_device();
+    uint64_t taken[SHADOW_ATTEMPTS], base = 0;
+    int ntaken = 0;
+    cudaError_t err;
+    pilot_req_malloc_managed req = {.size = size, .flags = flags};
+    for (;;) {
+        pilot_rep_u64 rep;
+        err = pilot_call(PILOT_OP_MALLOC_MANAGED, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL,
+                         0, NULL);
+        if (err)
+            break;
+        base = rep.value;
+        if (base % page) {
+            LOG_ERROR("managed allocation at %#llx is not page-aligned", (unsigned long long)base);
+            free_on_daemon(base, device);
+            err = cudaErrorMemoryAllocation;
+            break;
+        }
+        int in_use;
+        err = pilot_um_map_shadow(base, len, 1, PILOT_UM_ALLOCATION, &in_use);
+        if (!err)
+            break;
+        if (!in_use || ntaken == SHADOW_ATTEMPTS) {
+            free_on_daemon(base, device);
+            break;
+        }
+        /* Keep it allocated while asking again, so the daemon hands out another address. */
+        taken[ntaken++] = base;
+    }
+    while (ntaken > 0)
+        free_on_daemon(taken[--ntaken], device);
+    if (err == cudaSuccess)
+        *out = base;
+    return err;
 }
 
 PILOT_EXPORT cudaError_t cudaMallocManaged(void **ptr, size_t size, unsigned int flags)
@@ -46,38 +97,11 @@ PILOT_EXPORT cudaError_t cudaMallocManaged(void **ptr, size_t size, unsigned int
     cudaError_t err = um_prepare();
     if (err)
         PILOT_RETURN(err);
-    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), len = page_round(size);
-    uint64_t taken[SHADOW_ATTEMPTS], base = 0;
-    int ntaken = 0;
-    pilot_req_malloc_managed req = {
-        .size = size,
-        .flags = flags == cudaMemAttachHost ? PILOT_MANAGED_ATTACH_HOST : PILOT_MANAGED_ATTACH_GLOBAL};
-    for (;;) {
-        pilot_rep_u64 rep;
-        err = pilot_call(PILOT_OP_MALLOC_MANAGED, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL,
-                         0, NULL);
-        if (err)
-            break;
-        base = rep.value;
-        if (base % page) {
-            LOG_ERROR("managed allocation at %#llx is not page-aligned", (unsigned long long)base);
-            free_on_daemon(base);
-            err = cudaErrorMemoryAllocation;
-            break;
-        }
-        int in_use;
-        err = pilot_um_map_shadow(base, len, 1, PILOT_UM_ALLOCATION, &in_use);
-        if (!err)
-            break;
-        if (!in_use || ntaken == SHADOW_ATTEMPTS) {
-            free_on_daemon(base);
-            break;
-        }
-        /* Keep it allocated while asking again, so the daemon hands out another address. */
-        taken[ntaken++] = base;
-    }
-    while (ntaken > 0)
-        free_on_daemon(taken[--ntaken]);
+    if (pilot_um_pack_wanted(size, flags)) /* a piece of a range the session holds (um_pack.c) */
+        PILOT_RETURN(pilot_um_pack_alloc(size, ptr));
+    uint64_t base;
+    err = pilot_um_new_range(size, flags == cudaMemAttachHost ? PILOT_MANAGED_ATTACH_HOST
+                                                              : PILOT_MANAGED_ATTACH_GLOBAL, &base);
     if (err)
         PILOT_RETURN(err);
     pilot_alloc_add_flags(base, size, PILOT_ALLOC_MANAGED);
@@ -218,6 +242,13 @@ static cudaError_t attach(cudaStream_t stream, void *ptr, size_t length, unsigne
         (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost &&
          flags != cudaMemAttachSingle))
         PILOT_RETURN(cudaErrorInvalidValue);
+    /* A packed piece (um_pack.c): its range holds other allocations of the session, which an
+     * attachment of the whole range would move too. Attachment restricts nothing on a GPU with
+     * concurrent managed access (the H100's: its host and device may touch managed memory at
+     * any time), so the piece is left attached globally, as the range is. */
+    int flags_of = pilot_alloc_flags((uintptr_t)ptr, NULL, NULL);
+    if (flags_of >= 0 && (flags_of & PILOT_ALLOC_PACKED))
+        return cudaSuccess;
     pilot_req_stream_attach_mem req = {.stream = pilot_stream_handle(stream),
                                        .ptr = (uintptr_t)ptr, .length = length, .flags = flags};
     PILOT_RETURN(pilot_post(PILOT_OP_STREAM_ATTACH_MEM, &req, sizeof req, NULL, 0));

@@ -49,6 +49,12 @@ static cudaError_t staging_open(struct pilot_staging **out)
     return err;
 }
 
+cudaError_t pilot_staging_ready(void)
+{
+    struct pilot_staging *stage;
+    return staging_open(&stage);
+}
+
 static uint64_t min_u64(uint64_t a, uint64_t b)
 {
     return a < b ? a : b;
@@ -199,6 +205,10 @@ PILOT_EXPORT cudaError_t cudaFree(void *ptr)
         PILOT_RETURN(cudaErrorInvalidValue);
     if (pilot_gmem_user_free(ptr, 0, NULL, &err)) /* memory a graph allocated (graph_mem.c) */
         PILOT_RETURN(err);
+    uint64_t range;
+    int flags = pilot_alloc_flags((uintptr_t)ptr, &range, NULL);
+    if (flags >= 0 && (flags & PILOT_ALLOC_PACKED)) /* a small managed allocation (um_pack.c) */
+        PILOT_RETURN(pilot_um_pack_free((uintptr_t)ptr, range));
     pilot_req_free req = {.ptr = (uintptr_t)ptr};
     int owner = pilot_alloc_device((uintptr_t)ptr); /* freed on its device, as with UVA */
     owner = owner >= 0 ? owner : pilot_current_device();

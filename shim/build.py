@@ -48,6 +48,7 @@ SHIM_SOURCES = [
     "registry.c",
     "coherence.c",
     "api_managed.c",
+    "um_pack.c",
     "api_host.c",
     "api_device.c",
     "api_mempool.c",

@@ -55,6 +55,7 @@ static struct region *g_regions; /* sorted by base */
 static size_t g_count, g_cap;
 static int g_any;        /* g_count > 0, read without the lock on hot paths */
 static uint64_t g_chunk; /* PILOT_UM_CHUNK */
+static uint64_t g_device_work; /* pilot_um_device_work() */
 
 /* ---- the table ---- */
 
@@ -329,10 +330,16 @@ cudaError_t pilot_um_flush(void)
     return err;
 }
 
+uint64_t pilot_um_device_work(void)
+{
+    return __atomic_load_n(&g_device_work, __ATOMIC_ACQUIRE);
+}
+
 cudaError_t pilot_um_before_launch(void)
 {
     if (!__atomic_load_n(&g_any, __ATOMIC_ACQUIRE))
         return cudaSuccess;
+    __atomic_add_fetch(&g_device_work, 1, __ATOMIC_RELEASE);
     pthread_mutex_lock(&g_lock);
     cudaError_t err = flush_all_locked();
     for (size_t k = 0; k < g_count && err == cudaSuccess; k++) {
@@ -367,8 +374,10 @@ static void invalidate_range(uint64_t ptr, uint64_t count)
 cudaError_t pilot_um_device_wrote(uint64_t ptr, uint64_t count, uint64_t stream, int sync,
                                   cudaError_t err)
 {
-    if (count && __atomic_load_n(&g_any, __ATOMIC_ACQUIRE))
+    if (count && __atomic_load_n(&g_any, __ATOMIC_ACQUIRE)) {
         invalidate_range(ptr, count);
+        __atomic_add_fetch(&g_device_work, 1, __ATOMIC_RELEASE);
+    }
     return sync && err == cudaSuccess ? pilot_stream_sync(stream) : err;
 }
 

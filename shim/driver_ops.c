@@ -14,9 +14,19 @@ static cudaError_t launch(struct pilot_kernel *kernel, dim3 grid, dim3 block, vo
     return pilot_launch_packed(kernel, grid, block, args, packed, packed_size, shared, stream, NULL);
 }
 
+/* The allocation holding ptr; a small managed allocation is its own piece of a packed range
+ * (um_pack.c), as the driver answers for its packed ones. */
 static int alloc_range(uint64_t ptr, uint64_t *base, uint64_t *size)
 {
-    return pilot_alloc_flags(ptr, base, size);
+    uint64_t b = 0, n = 0;
+    int flags = pilot_alloc_flags(ptr, &b, &n);
+    if (flags >= 0 && (flags & PILOT_ALLOC_PACKED) && pilot_um_pack_piece(ptr, b, &b, &n) != 0)
+        return -1;
+    if (flags >= 0 && base)
+        *base = b;
+    if (flags >= 0 && size)
+        *size = n;
+    return flags;
 }
 
 static cudaError_t memset_wide(uint64_t ptr, uint32_t value, uint32_t elem_size, uint64_t count,

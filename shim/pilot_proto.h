@@ -535,10 +535,14 @@ typedef struct pilot_req_memset_2d {
  * staging area); docs/ARCHITECTURE.md, coherence. */
 #define PILOT_MANAGED_ATTACH_GLOBAL 1   /* cudaMemAttachGlobal */
 #define PILOT_MANAGED_ATTACH_HOST 2     /* cudaMemAttachHost */
+/* Or'ed into the flags: a range the client packs its small managed allocations into (shim/
+ * um_pack.c); charged in full to the session, never shared with another session. */
+#define PILOT_MANAGED_PACKED_RANGE 0x100
+#define PILOT_UM_PACK_RANGE 0x200000   /* bytes of such a range (2 MiB) */
 
 typedef struct pilot_req_malloc_managed {
     uint64_t size;
-    uint32_t flags;                   /* PILOT_MANAGED_ATTACH_* */
+    uint32_t flags;                   /* PILOT_MANAGED_ATTACH_*, PILOT_MANAGED_PACKED_RANGE */
     uint32_t reserved;
 } pilot_req_malloc_managed;
 

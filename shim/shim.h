@@ -91,6 +91,8 @@ const struct pilot_staging *pilot_fault_staging(void);
  * pilot_req_memcpy {dst, count, slot, sync}), pipelined over its slots; returns once every piece
  * was answered. */
 cudaError_t pilot_staged_upload(uint16_t op, uint64_t dst, const void *src, uint64_t count);
+/* Opens the route device's staging area now, if it is not open yet (api_memory.c). */
+cudaError_t pilot_staging_ready(void);
 
 /* What the daemon says about a device (fetched once); NULL without a session. */
 const pilot_rep_device_info *pilot_device_info(void); /* of the route device */
@@ -141,6 +143,7 @@ int pilot_alloc_is_symbol(uint64_t ptr);
 void pilot_alloc_clear_symbols(void);
 #define PILOT_ALLOC_SYMBOL 1  /* a module global: cudaFree refuses it */
 #define PILOT_ALLOC_MANAGED 2 /* managed memory: the host may touch it too */
+#define PILOT_ALLOC_PACKED 4  /* a range small managed allocations are packed into (um_pack.c) */
 void pilot_alloc_add_flags(uint64_t base, uint64_t size, int flags);
 /* The flags of the range holding ptr (its base and size too), or -1 if none does. */
 int pilot_alloc_flags(uint64_t ptr, uint64_t *base, uint64_t *size);
@@ -168,6 +171,28 @@ cudaError_t pilot_um_device_wrote(uint64_t ptr, uint64_t count, uint64_t stream,
 /* Maps a shadow of the daemon's managed range at [base, base+len) and attaches it. *taken is set
  * when the address is in use in this process (the caller may try another one). */
 cudaError_t pilot_um_map_shadow(uint64_t base, uint64_t len, int valid, int kind, int *taken);
+/* Device work that may write managed memory sent so far (launches, copies and memsets into it):
+ * a count that changes whenever some is sent. */
+uint64_t pilot_um_device_work(void);
+
+/* ---- api_managed.c: managed ranges of the daemon, shadowed ---- */
+/* A managed range of size bytes from the daemon (flags: PILOT_MANAGED_*), shadowed here. */
+cudaError_t pilot_um_new_range(uint64_t size, uint32_t flags, uint64_t *base);
+/* Frees the range at base in the daemon (on the part of `device`) and unmaps its shadow. */
+void pilot_um_release_range(uint64_t base, int device);
+
+/* ---- um_pack.c: small managed allocations packed into ranges of the session's ---- */
+#define PILOT_UM_PACK_MAX (64u << 10) /* cudaMallocManaged of at most this many bytes is packed */
+#define PILOT_UM_PACK_ALIGN 512u      /* pieces start this many bytes apart, as on the H100 */
+int pilot_um_pack_wanted(size_t size, unsigned int flags);
+cudaError_t pilot_um_pack_alloc(size_t size, void **ptr);
+/* cudaFree of ptr, inside the packed range at range_base: cudaErrorInvalidValue unless ptr is
+ * the start of a live piece. */
+cudaError_t pilot_um_pack_free(uint64_t ptr, uint64_t range_base);
+/* The live piece holding ptr inside the packed range at range_base: its start and the bytes
+ * asked for; -1 if no piece holds ptr. */
+int pilot_um_pack_piece(uint64_t ptr, uint64_t range_base, uint64_t *base, uint64_t *size);
+void pilot_um_pack_forget(int device); /* cudaDeviceReset (-1: every device's) */
 
 /* ---- registry.c: fatbins and kernels registered by the program ---- */
 struct pilot_kernel;

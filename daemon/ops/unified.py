@@ -52,6 +52,7 @@ PREFETCH_MANAGED = 64 << 20
 # pilotd prefetched answer so (cuMemRangeGetAttribute would show pilotd's own prefetch).
 LAST_PREFETCH_NEVER = {4: -2, 7: 0, 8: 0}
 MANAGED_FLAGS = {lib.PILOT_MANAGED_ATTACH_GLOBAL: 1, lib.PILOT_MANAGED_ATTACH_HOST: 2}
+PACKED_RANGE = lib.PILOT_UM_PACK_RANGE  # a range the client packs small allocations into
 
 
 def coherence_stream(vg: VGpu) -> Any:
@@ -87,18 +88,23 @@ def _check_managed(s: Session, ptr: int, count: int) -> None:
 
 @OPS.handler(lib.PILOT_OP_MALLOC_MANAGED, "pilot_req_malloc_managed")
 def malloc_managed(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
-    flags = MANAGED_FLAGS.get(req.flags)
-    if flags is None or req.size == 0:
+    packed = bool(req.flags & lib.PILOT_MANAGED_PACKED_RANGE)
+    flags = MANAGED_FLAGS.get(req.flags & ~lib.PILOT_MANAGED_PACKED_RANGE)
+    if flags is None or req.size == 0 or (packed and (req.size != PACKED_RANGE or flags != 1)):
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"managed allocation {req.size} flags {req.flags}")
     # Reads as zero without a memset: the driver zeroes managed pages when it first populates
     # them (tests/apps/managed.cu `zeroed` checks it on the H100 after other frees).
     # The driver packs small managed allocations at 512-byte granularity, so two sessions' could
     # share a page (the client shadows whole pages, and the enforcer moves whole ranges): each
-    # gets a 2 MiB range of its own, charged at the size asked for.
+    # gets a 2 MiB range of its own. The client packs its small allocations into ranges it asks
+    # for as `packed` ones (shim/um_pack.c), charged in full: what the program asked for plus the
+    # session's slack; any other allocation is charged at the size asked for.
     size = max(req.size, SMALL_MANAGED)
-    ptr = vg.broker.allocate(s, "managed", req.size, lambda: vg.backend.mem_alloc_managed(size, flags),
-                             span=size)
-    s.add_allocation(ptr, req.size, managed=True)
+    ptr = vg.broker.allocate(s, "managed", size if packed else req.size,
+                             lambda: vg.backend.mem_alloc_managed(size, flags), span=size)
+    s.add_allocation(ptr, size if packed else req.size, managed=True)
+    if packed:
+        vg.broker.packed_range(s, ptr, size)
     res, host = vg.broker.residency, vg.policy
     if size <= PREFETCH_MANAGED and req.flags == lib.PILOT_MANAGED_ATTACH_GLOBAL and \
             (host is None or not host.moves_memory) and (res is None or s.id not in res.sessions):

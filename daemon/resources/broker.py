@@ -85,6 +85,11 @@ def default_pinned_limit() -> int:
         return 1 << 62
 
 
+# Where a refusal by the managed memory limit says how to raise it (docs/POLICIES.md).
+MANAGED_LIMIT_HINT = ("; the limit is [gpu] managed_limit in pilotd's configuration (default: the "
+                      "card's memory): raise it to allocate more managed memory than that")
+
+
 class ResourceBroker:
     """`movable`: the kinds the residency tracker follows (resources/residency.py): "managed",
     and "device" when cudaMalloc is served with managed memory. With `managed_limits` (an
@@ -111,6 +116,8 @@ class ResourceBroker:
         self.managed = GpuBudget(managed_limits) if managed_limits is not None else None
         self.policy: PolicyHost | None = None  # set by the Daemon
         self.residency: Residency | None = None  # set by the Daemon: tracks movable memory
+        # (tenant, GPU) -> bytes of packed managed ranges (ops/unified.py): part of "managed"
+        self._packed: dict[tuple[str, int], int] = {}
 
     def _pool(self, kind: str) -> tuple[GpuBudget, str]:
         if self.managed is not None and kind in self.movable:
@@ -141,7 +148,8 @@ class ResourceBroker:
             fits_without = pool.used(gpu) + nbytes <= pool.capacity(gpu)
             self._refused(s, kind, nbytes, call, "provisioned" if fits_without else "capacity",
                           f"{what} {pool.capacity(gpu)}, {pool.used(gpu)} granted"
-                          + (f", {withheld} provisioned to other tenants and unused" if withheld else ""))
+                          + (f", {withheld} provisioned to other tenants and unused" if withheld else "")
+                          + (MANAGED_LIMIT_HINT if pool is self.managed and not fits_without else ""))
         s.charged[kind] = s.charged.get(kind, 0) + nbytes
 
     def withheld(self, tenant: str, gpu: int) -> int:
@@ -194,9 +202,24 @@ class ResourceBroker:
             self.policy.allocated(s, kind, ptr, nbytes, movable)
         return result
 
+    def packed_range(self, s: Session, ptr: int, nbytes: int) -> None:
+        """The managed allocation at ptr (charged in full) is a range s packs its small managed
+        allocations into: reported apart in tenant_usage until it is released."""
+        s.packed_ranges.add(ptr)
+        key = (s.tenant, s.device)
+        self._packed[key] = self._packed.get(key, 0) + nbytes
+
     def release(self, s: Session, kind: str, nbytes: int, ptr: int = 0) -> None:
         """The allocation is gone: refund it and tell the policy."""
         self.refund(s, kind, nbytes)
+        if ptr and ptr in s.packed_ranges:
+            s.packed_ranges.discard(ptr)
+            key = (s.tenant, s.device)
+            left = self._packed.get(key, 0) - nbytes
+            if left > 0:
+                self._packed[key] = left
+            else:
+                self._packed.pop(key, None)
         movable = kind in self.movable and self.residency is not None and bool(ptr)
         if movable:
             self.residency.untrack(s, ptr)  # type: ignore[union-attr]
@@ -223,7 +246,7 @@ class ResourceBroker:
         log.warning("%s: %s on %s: %d-byte %s refused (%s)", reason, s.tenant, where, nbytes,
                     kind, detail,
                     extra={"session": s.id, "tenant": s.tenant, "call": call or CALLS[kind]})
-        raise BackendError(CUDA_ERROR_MEMORY_ALLOCATION, f"{kind} allocation refused: {reason}")
+        raise BackendError(CUDA_ERROR_MEMORY_ALLOCATION, f"{kind} allocation refused: {reason} ({detail})")
 
     # ---- what a session sees ----
     def memory_limits(self, s: Session, backend_free: int) -> tuple[int, int]:
@@ -242,9 +265,13 @@ class ResourceBroker:
         return max(0, min(free, backend_free)), total
 
     def tenant_usage(self, tenant: str, gpus: list[int]) -> dict[str, Any]:
-        """Per GPU: bytes held and what each path charged; and the tenant's pinned bytes."""
+        """Per GPU: bytes held and what each path charged (of "managed": `packed_managed`, the
+        ranges small managed allocations are packed into, charged in full: the allocations and
+        their sessions' slack); and the tenant's pinned bytes."""
         out: dict[str, Any] = {str(g): {"used": self.ledger.usage(tenant, g),
-                                        "by_kind": self.ledger.breakdown(tenant, g)} for g in gpus}
+                                        "by_kind": self.ledger.breakdown(tenant, g),
+                                        "packed_managed": self._packed.get((tenant, g), 0)}
+                               for g in gpus}
         out["host"] = {"used": self.ledger.usage(tenant, HOST),
                        "by_kind": self.ledger.breakdown(tenant, HOST), "limit": self.pinned_limit_per_tenant}
         return out

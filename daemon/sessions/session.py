@@ -167,6 +167,7 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     # ranges by base, and the ranges holding the session's __managed__ variables.
     managed_bytes: int = 0
     managed: set[int] = field(default_factory=set)
+    packed_ranges: set[int] = field(default_factory=set)  # managed ranges the client packs into
     # managed allocations pilotd prefetched to the GPU itself -> the ranges of them the program
     # prefetched since (ops/unified.py malloc_managed)
     auto_prefetched: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
@@ -248,6 +249,7 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
             "started": self.started,
             "device_bytes": self.device_bytes,
             "managed_bytes": self.managed_bytes,
+            "packed_ranges": len(self.packed_ranges),
             "managed": [sh.summary() for sh in list(self.shadows.values())],
             "pinned_bytes": self.pinned_bytes,
             "pinned": [r.summary() for r in list(self.pinned.values())],

@@ -189,6 +189,18 @@ int main(int argc, char **argv)
     MUST(cuPointerGetAttribute(&rstart, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, d + 8));
     std::printf("pointer: device memory %d ordinal %d range %zu start ok %d\n",
                 mtype == CU_MEMORYTYPE_DEVICE, ordinal, rsize, rstart == d);
+    // Small managed allocations (which the driver, and pilot, pack 512 bytes apart): each one's
+    // own range, not its neighbour's.
+    CUdeviceptr m1 = 0, m2 = 0;
+    MUST(cuMemAllocManaged(&m1, 300, CU_MEM_ATTACH_GLOBAL));
+    MUST(cuMemAllocManaged(&m2, 300, CU_MEM_ATTACH_GLOBAL));
+    MUST(cuMemGetAddressRange(&base, &size, m2 + 10));
+    rstart = 0;
+    MUST(cuPointerGetAttribute(&rstart, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, m1 + 299));
+    std::printf("small managed: base ok %d size ok %d start ok %d\n", base == m2,
+                size >= 300 && size < 4096, rstart == m1);
+    MUST(cuMemFree(m1));
+    MUST(cuMemFree(m2));
 
     // Streams, events, the `extra` form, async copies and memsets.
     CUstream s;

@@ -415,21 +415,21 @@ static void api(void)
 
 // The address the daemon picks for a managed allocation is taken in this process: the
 // allocation must land elsewhere and leave the program's mapping alone. (Under the sim daemon the
-// next address is predictable: right after the previous small allocation's 2 MiB; natively this only
+// next address is predictable: right after the previous allocation's 2 MiB; natively this only
 // checks that allocating next to a mapping of the program works.)
 static void collision(void)
 {
-    const size_t two_mib = 2u << 20;
+    const size_t two_mib = 2u << 20, size = 128u << 10; // above what pilot packs (um_pack.c)
     char *a, *b;
-    CHECK(cudaMallocManaged((void **)&a, 4096, cudaMemAttachGlobal));
-    // pilotd gives a small managed allocation a 2 MiB range of its own; the sim daemon puts the
-    // next one right after it, as the driver does (natively: no collision, that is fine)
+    CHECK(cudaMallocManaged((void **)&a, size, cudaMemAttachGlobal));
+    // pilotd gives a managed allocation of this size a 2 MiB range of its own; the sim daemon
+    // puts the next one right after it, as the driver does (natively: no collision, that is fine)
     char *want = a + two_mib;
     char *mine = (char *)mmap(want, two_mib, PROT_READ | PROT_WRITE,
                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
     if (mine != MAP_FAILED)
         memset(mine, 0x5a, two_mib);
-    CHECK(cudaMallocManaged((void **)&b, 4096, cudaMemAttachGlobal));
+    CHECK(cudaMallocManaged((void **)&b, size, cudaMemAttachGlobal));
     int ok = b != want || mine == MAP_FAILED;
     b[0] = 1;
     um_fill<<<1, 32>>>((int *)b, 32, 3);

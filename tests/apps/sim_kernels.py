@@ -537,3 +537,29 @@ def printf_fill(k: SimLaunch) -> None:
     count = k.block[0]
     k.view(out, 4 * count)[:] = np.arange(v, v + count, dtype=np.int32).tobytes()
     k.printf(f"fill {v}\n")
+
+
+# ---- small_managed.cu ----
+
+def _table(k: SimLaunch, ptrs: int, n: int) -> list[int]:
+    """The first n pointers of the pointer table at ptrs."""
+    return [p for (p,) in struct.iter_unpack("<Q", k.read(ptrs, 8 * n))] if n > 0 else []
+
+
+@sim_kernel("_Z11touch_tablePPhiii")
+def touch_table(k: SimLaunch) -> None:
+    """ptrs[i][b] += add (uint8 wrap) for b < size, i < n covered by the grid."""
+    n, size, add = _one_per_element(k, k.i32(1)), k.i32(2), k.i32(3)
+    for target in _table(k, k.ptr(0), n if size > 0 else 0):
+        v = np.frombuffer(k.view(target, size), dtype=np.uint8)
+        np.add(v, np.uint8(add & 0xFF), out=v)
+
+
+@sim_kernel("_Z9sum_tablePPhiiPy")
+def sum_table(k: SimLaunch) -> None:
+    """*sum = the sum of every byte of every allocation (thread 0 of block 0)."""
+    if _threads_x(k) == 0:
+        return
+    n, size = k.i32(1), k.i32(2)
+    total = sum(sum(k.read(t, size)) for t in _table(k, k.ptr(0), n if size > 0 else 0))
+    k.write(k.ptr(3), struct.pack("<Q", total))

@@ -45,6 +45,7 @@ cuLaunchKernel(null function): CUDA_ERROR_INVALID_HANDLE
 scale: h[1]=1.50 h[999]=1498.50 sum=749250.0
 address range: base ok 1 size 4000
 pointer: device memory 1 ordinal 0 range 4000 start ok 1
+small managed: base ok 1 size ok 1 start ok 1
 cuLaunchKernel(extra of 32 bytes): CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
 axpb: y[0]=-3503 y[500]=-3 y[989]=3420 y[990]=0xdeadbeef elapsed >= 0: 1
 cuStreamQuery(idle): CUDA_SUCCESS

@@ -445,10 +445,10 @@ def test_footprint_program(run_under_pilot: Callable[..., Any], daemon_log: Call
 def test_launch_footprints_as_a_policy_sees_them(start_pilotd: StartPilotd, tmp_path: Path,
                                                  app_binaries: dict[str, Path], shim_path: str) -> None:
     """The record-launches policy writes what the daemon told it about each launch: the whole
-    allocations its arguments point into, by kind, in argument order, from plain pointer
-    arguments (<<<>>>), interior pointers (cudaLaunchKernelExC with a priority attribute), a
-    struct passed by value (cudaLaunchKernel); nothing for a kernel without pointers (module
-    globals are not part of a footprint)."""
+    allocations its arguments point into (for a small managed allocation, its packed range), by
+    kind, in argument order, from plain pointer arguments (<<<>>>), interior pointers
+    (cudaLaunchKernelExC with a priority attribute), a struct passed by value (cudaLaunchKernel);
+    nothing for a kernel without pointers (module globals are not part of a footprint)."""
     record = tmp_path / "launches.jsonl"
     daemon = start_pilotd("--policy", "record-launches", "--policy-plugin", str(RECORD_PLUGIN),
                           config=f'[policy.record-launches]\npath = "{record}"\n')
@@ -457,7 +457,9 @@ def test_launch_footprints_as_a_policy_sees_them(start_pilotd: StartPilotd, tmp_
     launches = [json.loads(line) for line in record.read_text().splitlines()]
     assert {x["event"] for x in launches} == {"launch"}  # allocations are not recorded
     n = 1000
-    mixed = [["device", 4 * n], ["managed", 4 * n], ["pinned", n]]  # int, float, char arrays
+    # int, float, char arrays; the 4,000-byte managed one is a piece of a 2 MiB range the
+    # session packs its small managed allocations into, which the footprint holds whole
+    mixed = [["device", 4 * n], ["managed", 2 * MiB], ["pinned", n]]
     pitch = -(-8 * n // 512) * 512  # the sim's cudaMallocPitch: the width rounded up to 512
     assert [(x["kernel"], x["grid"], x["block"], x["footprint"]) for x in launches] == [
         ("_Z8fp_mixedPiPfPci", [4, 1, 1], [256, 1, 1], mixed),

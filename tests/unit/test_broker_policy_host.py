@@ -55,7 +55,7 @@ class Recorder(Policy):
 
 
 def session(sid: int = 1, tenant: str = "user:a", gpu: int = 0) -> Any:
-    return SimpleNamespace(id=sid, tenant=tenant, device=gpu, vgpu=0, charged={},
+    return SimpleNamespace(id=sid, tenant=tenant, device=gpu, vgpu=0, charged={}, packed_ranges=set(),
                            creds=SimpleNamespace(pid=100 + sid))
 
 
@@ -221,3 +221,35 @@ def test_provisioned_memory_is_withheld_from_other_tenants(tmp_path: Any) -> Non
     quotas.set("user:b", 0, hard=None, provisioned=None)
     b.refund(b_s, "device", 60 * MiB)
     b.charge(a_s, "device", 60 * MiB)  # no guarantee left: a may take the whole GPU
+
+
+def test_a_managed_limit_refusal_names_the_limit_and_how_to_raise_it(caplog: Any) -> None:
+    metrics = Metrics()
+    b = ResourceBroker(Quotas(), Ledger(), GpuBudget({0: 100 * MiB}), metrics,
+                       movable=frozenset({"managed"}), managed_limits={0: 8 * MiB})
+    s = session()
+    b.charge(s, "managed", 6 * MiB)
+    with pytest.raises(BackendError) as info:
+        b.charge(s, "managed", 4 * MiB)
+    assert "managed memory limit 8388608" in str(info.value) and "[gpu] managed_limit" in str(info.value)
+    assert "raise it" in caplog.text and refusals(metrics) == {("user:a", "managed", "capacity"): 1}
+    with pytest.raises(BackendError) as info:  # the GPU's capacity: no word of the managed limit
+        b.charge(s, "device", 101 * MiB)
+    assert "managed_limit" not in str(info.value)
+
+
+def test_packed_managed_ranges_are_reported_until_released() -> None:
+    b, _ = broker()
+    s = session()
+    for ptr in (0x1000000, 0x1200000):
+        b.allocate(s, "managed", 2 * MiB, lambda p=ptr: p)
+        b.packed_range(s, ptr, 2 * MiB)
+    b.allocate(s, "managed", 3 * MiB, lambda: 0x2000000)  # a range of its own
+    usage = b.tenant_usage("user:a", [0])["0"]
+    assert usage["packed_managed"] == 4 * MiB and usage["by_kind"] == {"managed": 7 * MiB}
+    b.release(s, "managed", 2 * MiB, 0x1000000)
+    b.release(s, "managed", 3 * MiB, 0x2000000)
+    assert b.tenant_usage("user:a", [0])["0"]["packed_managed"] == 2 * MiB
+    b.release_session(s, [("managed", 0x1200000, 2 * MiB)])
+    usage = b.tenant_usage("user:a", [0])["0"]
+    assert (usage["packed_managed"], usage["used"], s.packed_ranges) == (0, 0, set())
