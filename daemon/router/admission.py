@@ -191,16 +191,18 @@ class Admission:
             else:
                 del self._by_uid[peer.uid]
 
-    def peer(self, frame: zmq.Frame, path: str) -> Peer | None:
+    def peer(self, frame: zmq.Frame, path: str, pid: int | None = None) -> Peer | None:
         """The kernel's record of the connection `frame` came on, to the socket at `path` (None:
-        not admitted, or gone)."""
+        not admitted, or gone). `pid`: the process the connection's credentials name now; a
+        record of another process is an earlier connection that had the descriptor number,
+        whose DISCONNECTED (and this one's ACCEPTED) event is still queued."""
         try:
             fd = frame.get(zmq.SRCFD)
         except zmq.ZMQError:
             return None
         peer = self._peers.get((path, fd))
-        if peer is None:  # accepted while the router read this batch: its event is queued
-            self.drain()
+        if peer is None or (pid is not None and peer.pid != pid):
+            self.drain()  # accepted while the router read this batch: its event is queued
             peer = self._peers.get((path, fd))
         return peer
 

@@ -681,7 +681,7 @@ class Daemon:
             pidfd: int | None = os.pidfd_open(creds.pid)
         except (AttributeError, OSError):
             pidfd = None
-        peer = self.admission.peer(frames[1], self.socket_path)
+        peer = self.admission.peer(frames[1], self.socket_path, creds.pid)
         actual = process_start_time(creds.pid)  # after pidfd_open: of the process it pins
         # The accept's record is read when its event is handled, which a busy router may do
         # after the sender exited and its pid was reused: the process now holding the pid must
@@ -690,7 +690,8 @@ class Daemon:
                 or peer.start_time is None or actual != peer.start_time
                 or _process_uid(creds.pid) != creds.uid):
             log.warning("router: HELLO from pid %d uid %d refused: %s", creds.pid, creds.uid,
-                        "its connection is gone" if peer is None or peer.uid != creds.uid else
+                        "its connection is gone" if peer is None or (peer.uid, peer.pid) != (
+                            creds.uid, creds.pid) else
                         f"that pid is now another process (started at tick {actual}, the sender "
                         f"at {peer.start_time}): the sender exited and its pid was reused")
             if pidfd is not None:
