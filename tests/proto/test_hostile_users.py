@@ -149,7 +149,8 @@ _SESSIONS = """
 for _ in range(2):  # three processes (the same pid saying HELLO again would end its session)
     if os.fork() == 0:
         break
-print(int(ProtoClient(sys.argv[1]).hello().hdr.err), flush=True)
+# one write each: print's two writes of three processes interleave when stdout is unbuffered
+os.write(1, b"%d\n" % int(ProtoClient(sys.argv[1]).hello().hdr.err))
 time.sleep(5)
 """
 
