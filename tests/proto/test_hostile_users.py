@@ -150,7 +150,7 @@ for _ in range(2):  # three processes (the same pid saying HELLO again would end
     if os.fork() == 0:
         break
 # one write each: print's two writes of three processes interleave when stdout is unbuffered
-os.write(1, b"%d\n" % int(ProtoClient(sys.argv[1]).hello().hdr.err))
+os.write(1, b"%d\\n" % int(ProtoClient(sys.argv[1]).hello().hdr.err))
 time.sleep(5)
 """
 
