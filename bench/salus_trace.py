@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from salus_bench import GIB, Daemon, JobSpec, Result, build_job, percentile, run_jobs
+from salus_bench import GIB, Daemon, JobSpec, Result, build_job, describe_peak, percentile, run_jobs
 
 PAPER = {  # Salus, Table 2 (minutes): average JCT, JCT p95 where given, queuing, makespan
     "fifo": {"avg_jct": 170.6, "makespan": 303.4},
@@ -129,13 +129,15 @@ def main() -> int:
             daemon.stop()
         row = summarize(results)
         row.update(max_granted=poller.max_granted, max_lanes_used=poller.max_used,
-                   capacity=poller.capacity, wall_s=time.monotonic() - t,
+                   capacity=poller.capacity, wall_s=time.monotonic() - t, peaks=poller.peaks,
                    jobs=[{"name": r.spec.name, "arrival": r.spec.arrival, "jct": r.jct,
                           "queued": r.queued, "rc": r.rc} for r in results])
         table[sched] = row
         print(f"{sched}: avg JCT {row['avg_jct']:.2f} s, p95 {row['p95_jct']:.2f} s, queueing "
               f"{row['avg_queue']:.2f} s, makespan {row['makespan']:.2f} s ({row['wall_s']:.0f} s wall); "
               f"failed: {row['failed'] or 'none'}", flush=True)
+        for name, key in (("lanes sum", "used"), ("grant", "granted")):
+            print(f"  {sched}: {describe_peak(name, poller.peaks.get(key))}", flush=True)
         ok &= not row["failed"]
     lines = ["| scheduler | avg JCT (s) | JCT p95 (s) | avg queueing (s) | makespan (s) "
              "| paper avg JCT (min) | paper makespan (min) |", "|---|---|---|---|---|---|---|"]
