@@ -6,6 +6,13 @@
   that declares nothing asks at its first launch (what it allocated to set itself up counts):
   its sizes are then all it has held with E = 0, the detector's once it is recognized. Waiting
   jobs are offered lanes in the scheduler's admission order after every event and tick.
+- **Set-up.** An admitted job holds no turn until it asks to launch or to allocate beyond its
+  P: its set-up (a process's CUDA and library start, loading its modules, copying its model
+  in) runs beside the others' iterations, so a one-at-a-time scheduler does not leave the GPU
+  idle for it (on the H100 a PyTorch job's set-up took seconds, all of them in FIFO's and
+  SRTF's single turn).
+- **Last iteration.** A job that has run its declared iteration count gives its turn up at
+  that boundary, so the next job starts while it reads back, frees and exits.
 - **Boundaries.** A job in an iteration always runs (nothing of it is held). At a boundary (a
   free that returns it to its persistent level) its lane is updated to the new measurement (if
   that no longer fits, it leaves its lane and waits for admission again) and the scheduler
@@ -82,7 +89,10 @@ class Job:
     arrival: int
     detector: IterationDetector
     declared: declarations.Declared
-    wants_lane: bool = False  # it asked to launch
+    wants_lane: bool = False  # it asked for a lane (declared: at its start; else at a launch)
+    # it needs its turn on the GPU: it asked to launch, or to allocate beyond its P (set-up
+    # before that runs beside the others' iterations: it holds no turn)
+    wants_turn: bool = False
     running: bool = False  # in an iteration: never held
     started: float = 0.0  # when its current iteration began
     service: float = 0.0  # seconds of iterations run
@@ -134,10 +144,13 @@ class Salus(Policy):
         d = self.read_declared(s.pid) if self.settings.declared else declarations.NONE
         job = self.jobs[s.id] = Job(s, next(self._arrivals), IterationDetector(self.settings.learn), d)
         if d.persistent is not None or d.ephemeral is not None:
-            # Declared: it asks for its lane now, before it allocates anything.
+            # Declared: it asks for its lane now, before it allocates anything, and sets
+            # itself up (within its P) once admitted, without waiting for its turn.
             job.wants_lane = True
             self._reschedule(s.gpu)
-            self._hold_unless_running(job)
+            if s.id not in self._lanes(job):
+                job.gated = True
+                self.controls.hold_session(s.id, f"salus: {self._note_held(job)}")
 
     def session_ended(self, s: SessionView) -> None:
         job = self.jobs.pop(s.id, None)
@@ -170,6 +183,13 @@ class Salus(Policy):
                 self.controls.report("hold", job.session.tenant)
             job.waits_for = a.size
             return Decision.wait(why)
+        if not job.running and job.detector.live + a.size > m.persistent:
+            # beyond its P: its iteration's scratch, in its lane, at its turn
+            job.wants_turn = True
+            self._reschedule(job.session.gpu)
+            if not job.running:
+                job.gated = True
+                return Decision.wait(f"salus: {self._note_held(job)}")
         p, e = job.sizes(a.size)
         if (p <= m.persistent and e <= m.ephemeral) or lanes.fits(a.session, p, e):
             return RUN
@@ -212,6 +232,13 @@ class Salus(Policy):
             job.running = False
         if a.session in lanes:
             lanes.update(a.session, *job.sizes())  # False: it left its lane, admitted again
+        declared = job.declared.iterations
+        if declared is not None and boundary.iteration >= declared:
+            # Its last iteration: it gives its turn up now, not at its session's end (its
+            # read-back, frees and exit need no turn; a launch or scratch would ask again).
+            job.wants_turn = False
+            self._reschedule(a.gpu)
+            return
         self._reschedule(a.gpu)
         self._hold_unless_running(job)
 
@@ -228,7 +255,7 @@ class Salus(Policy):
         job = self.jobs.get(l.session)
         if job is None or job.running:
             return RUN
-        job.wants_lane = True
+        job.wants_lane = job.wants_turn = True
         self._reschedule(l.gpu)
         if job.running:
             return RUN
@@ -249,11 +276,18 @@ class Salus(Policy):
                     lanes.used + job.waits_for <= lanes.capacity or not self._can_make_room(job)):
                 job.waits_for = 0
                 self.controls.release_session(job.session.id)  # asked again: RUN or REFUSE
+        for job in self.jobs.values():  # admitted at its start: it sets itself up now
+            if job.gated and not job.wants_turn and job.session.gpu == gpu and job.session.id in lanes:
+                job.gated = False
+                self.controls.release_session(job.session.id)
+                if job.held:
+                    job.held = ""
+                    self.controls.report("release", job.session.tenant)
         chosen = runnable(self.settings.scheduler, self._states(gpu))
         now = self.clock()
         for sid in chosen:
             job = self.jobs[sid]
-            if job.running or not job.wants_lane:
+            if job.running or not job.wants_turn:
                 continue
             job.running, job.started = True, now
             if job.gated:
@@ -310,8 +344,8 @@ class Salus(Policy):
         remaining = remaining_s(det.boundaries, job.declared.iterations, det.iteration_s or typical_s,
                                 job.service)
         service = job.vservice if self.settings.scheduler == "fair" else job.service
-        return JobState(job.session.id, job.arrival, lanes.lane_of(job.session.id), job.running,
-                        service, remaining)
+        lane = lanes.lane_of(job.session.id) if job.wants_turn or job.running else None
+        return JobState(job.session.id, job.arrival, lane, job.running, service, remaining)
 
     def _typical_s(self, gpu: int) -> float | None:
         """The mean iteration time of the measured jobs of `gpu`: SRTF's guess for the others."""
