@@ -25,8 +25,8 @@
   lane with them) when the safety condition allows, and otherwise the allocation is refused as
   a GPU of capacity C would refuse it (cudaErrorMemoryAllocation, as a job outgrowing its lane
   fails in Salus). So the condition holds at every moment by construction, including when a
-  job is measured larger than it declared. Memory the daemon charges without asking (a raised
-  cudaDeviceSetLimit) is counted when made (forced) and stops admissions while over C.
+  job is measured larger than it declared. Memory a daemon would charge without asking is
+  counted when made (forced) and stops admissions while over C (every path of pilotd's asks).
 - **Outside the lanes.** What a job without a lane holds (an undeclared job's set-up before its
   first launch, a job that left its lane at a boundary) is counted too (Lanes.hold_outside),
   so no admission can count on memory someone still holds.
