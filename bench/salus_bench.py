@@ -61,6 +61,10 @@ class Daemon(PilotdProcess):
         from pilot.cli.client import ControlClient
         return ControlClient(self.control, timeout_ms=3000).call("status")
 
+    def sessions(self) -> list[dict[str, Any]]:
+        from pilot.cli.client import ControlClient
+        return ControlClient(self.control, timeout_ms=3000).call("sessions")
+
 
 # What a PyTorch job of each size (salus_torch_job.py) declares, MiB: P (parameters, cuBLAS's
 # workspace, the context's first allocations) and E (activations and gradients of a batch of
@@ -126,7 +130,8 @@ class Result:
 class Poller(threading.Thread):
     """Every `period` s: for each pid, when it was first seen running and its service seconds
     (the salus policy's state), with the time of each reading; the most the lanes counted and
-    the most pilot granted on GPU 0."""
+    the most pilot granted on GPU 0, each with when (seconds from the start) and what made it
+    up (`peaks`: the lanes' terms and each job's P and E, what each session was charged)."""
 
     def __init__(self, pilotd: Daemon, t0: float, period: float = 0.05) -> None:
         super().__init__(daemon=True)
@@ -134,6 +139,7 @@ class Poller(threading.Thread):
         self.first_running: dict[int, float] = {}
         self.service: list[tuple[float, dict[int, float]]] = []
         self.max_used = self.max_granted = self.capacity = 0
+        self.peaks: dict[str, dict[str, Any]] = {}  # "used" / "granted" -> when and what
         self.jobs: dict[int, dict[str, Any]] = {}  # pid -> its last row in the salus state
         self.stop = threading.Event()
 
@@ -144,17 +150,61 @@ class Poller(threading.Thread):
             except Exception:
                 continue
             now = time.monotonic() - self.t0
-            self.max_granted = max(self.max_granted, doc["gpus"][0]["used_by_pilot"])
+            granted = doc["gpus"][0]["used_by_pilot"]
             gpu = ((doc.get("scheduling") or {}).get("state") or {}).get("gpus", {}).get("0")
+            if granted > self.max_granted:
+                self.max_granted = granted
+                self.peaks["granted"] = peak(now, granted, gpu, self._sessions())
             if not gpu:
                 continue
             self.capacity = gpu["capacity"]
-            self.max_used = max(self.max_used, gpu["used"])
+            if gpu["used"] > self.max_used:
+                self.max_used = gpu["used"]
+                self.peaks["used"] = peak(now, gpu["used"], gpu, self._sessions())
             for j in gpu["jobs"]:
                 if j["running"] and j["pid"] not in self.first_running:
                     self.first_running[j["pid"]] = now
             self.service.append((now, {j["pid"]: j["service_s"] for j in gpu["jobs"]}))
             self.jobs.update({j["pid"]: j for j in gpu["jobs"]})
+
+    def _sessions(self) -> list[dict[str, Any]]:
+        try:
+            return self.pilotd.sessions()
+        except Exception:
+            return []
+
+
+def peak(now: float, value: int, gpu: dict[str, Any] | None,
+         sessions: list[dict[str, Any]]) -> dict[str, Any]:
+    """A reading worth keeping: when, the value, the lanes' terms and jobs then (salus state),
+    and what each session on GPU 0 was charged, by kind (pilotd's sessions, read just after)."""
+    row: dict[str, Any] = {"at_s": round(now, 3), "bytes": value}
+    if gpu:
+        row.update({k: gpu.get(k, 0) for k in ("persistent", "lane_bytes", "outside", "used")},
+                   lanes=[{"lane": lane["lane"], "size": lane["size"],
+                           "jobs": [j["job"] for j in lane["jobs"]]} for lane in gpu["lanes"]],
+                   jobs=[{k: j.get(k) for k in ("session", "pid", "lane", "persistent", "ephemeral",
+                                                 "recognized", "running")} for j in gpu["jobs"]])
+    row["charged"] = {str(x.get("pid")): x.get("charged") or {} for x in sessions if x.get("gpu", 0) == 0}
+    return row
+
+
+def describe_peak(name: str, row: dict[str, Any] | None) -> str:
+    """One line: the largest reading of `name`, when, and the lanes' terms then."""
+    if not row:
+        return f"largest {name}: none seen"
+    text = f"largest {name} {row['bytes'] / GIB:.2f} GiB at {row['at_s']:.2f} s"
+    if "used" in row:
+        text += (f" (lanes then: sum(P) {row['persistent'] / GIB:.2f} + sum(L) {row['lane_bytes'] / GIB:.2f}"
+                 f" + outside {row['outside'] / GIB:.2f} = {row['used'] / GIB:.2f} GiB, "
+                 f"{len(row['lanes'])} lanes, {sum(j['running'] for j in row['jobs'])} running)")
+    kinds: dict[str, int] = {}
+    for charged in row.get("charged", {}).values():
+        for kind, n in charged.items():
+            kinds[kind] = kinds.get(kind, 0) + n
+    if kinds:  # e.g. a module load charged someone else's allocation (issue 30)
+        text += "; charged: " + ", ".join(f"{k} {n / GIB:.2f} GiB" for k, n in sorted(kinds.items()))
+    return text
 
 
 def shim_path() -> str:

@@ -159,8 +159,9 @@ def lanes(client: ControlClient, as_json: bool) -> None:
     if not gpus:
         click.echo("no job yet")
     for gpu, g in gpus.items():
-        click.echo(f"GPU {gpu}: sum(P) {_size(g['persistent'])} + sum(L) {_size(g['lane_bytes'])} = "
-                   f"{_size(g['used'])} of C {_size(g['capacity'])}")
+        outside = f" + outside lanes {_size(g['outside'])}" if g.get("outside") else ""
+        click.echo(f"GPU {gpu}: sum(P) {_size(g['persistent'])} + sum(L) {_size(g['lane_bytes'])}"
+                   f"{outside} = {_size(g['used'])} of C {_size(g['capacity'])}")
         for lane in g["lanes"]:
             click.echo(f"  lane {lane['lane']}: size {_size(lane['size'])}, jobs "
                        + ", ".join(str(j["job"]) for j in lane["jobs"]))

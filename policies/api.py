@@ -284,6 +284,14 @@ class Policy:
     def session_ended(self, s: SessionView) -> None:
         """A session ended (its allocations were freed first, each with `freed`)."""
 
+    def allocation_requested(self, a: AllocationView) -> Decision:
+        """May this allocation be made? Asked before it is charged and made (a.ptr is 0):
+        RUN lets it be made; REFUSE fails it as the GPU out of memory would (the allocating call
+        returns cudaErrorMemoryAllocation; the reason is logged); WAIT holds the session (as
+        Controls.hold_session, no deadline) until the policy calls Controls.release_session,
+        and the call is then asked about again. Cheap, and no side effect but bookkeeping."""
+        return RUN
+
     def allocated(self, a: AllocationView) -> None:
         """An allocation succeeded."""
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pilot.daemon.backends.base import CUDA_ERROR_MEMORY_ALLOCATION, BackendError
 from pilot.daemon.resources.tenants import GPU_KINDS, HOST, KINDS, Ledger, QuotaStore
+from pilot.policies.api import Verdict
 
 if TYPE_CHECKING:
     from pilot.daemon.resources.residency import Residency
@@ -39,6 +40,12 @@ if TYPE_CHECKING:
     from pilot.daemon.telemetry.metrics import Metrics
 
 log = logging.getLogger("pilot.broker")
+
+
+class HoldForPolicy(Exception):
+    """The policy answered WAIT to an allocation: nothing was charged or made; the vGPU holds
+    the call (and the session's later ones) until the policy releases the session, then serves
+    it again (vgpu/dispatch.py)."""
 T = TypeVar("T")
 
 # The call each path answers, for log lines.
@@ -176,6 +183,7 @@ class ResourceBroker:
         """A charge of `old` bytes becomes `new` (pitch corrections, a limit raised or lowered);
         the policy hears the difference as allocated or freed."""
         if new > old:
+            self._ask_policy(s, kind, new - old, call)
             self.charge(s, kind, new - old, call)
             if self.policy is not None:
                 self.policy.allocated(s, kind, ptr, new - old)
@@ -186,8 +194,10 @@ class ResourceBroker:
                  call: str | None = None, ptr_of: Callable[[T], int] | None = None,
                  span: int = 0) -> T:
         """Charge, then run `make` (the backend's allocation); refund if it fails. The policy
-        hears of the allocation. `span`: the address range `make` asks for when larger than
-        `nbytes` (what residency counts on the GPU once it is touched)."""
+        hears of the allocation, and may refuse it first (Policy.allocation_requested). `span`:
+        the address range `make` asks for when larger than `nbytes` (what residency counts on
+        the GPU once it is touched)."""
+        self._ask_policy(s, kind, nbytes, call)
         self.charge(s, kind, nbytes, call)
         try:
             result = make()
@@ -201,6 +211,18 @@ class ResourceBroker:
         if self.policy is not None:
             self.policy.allocated(s, kind, ptr, nbytes, movable)
         return result
+
+    def _ask_policy(self, s: Session, kind: str, nbytes: int, call: str | None) -> None:
+        """Refuse (cudaErrorMemoryAllocation, reason "policy") what the policy refuses; raise
+        HoldForPolicy when it answers WAIT (the vGPU holds the call and asks again later)."""
+        if self.policy is None or nbytes <= 0:
+            return
+        decision = self.policy.allocation_requested(s, kind, nbytes,
+                                                    kind in self.movable and self.residency is not None)
+        if decision.verdict is Verdict.WAIT:
+            raise HoldForPolicy(decision.reason)
+        if decision.verdict is Verdict.REFUSE:
+            self._refused(s, kind, nbytes, call, "policy", decision.reason or "refused by the policy")
 
     def packed_range(self, s: Session, ptr: int, nbytes: int) -> None:
         """The managed allocation at ptr (charged in full) is a range s packs its small managed

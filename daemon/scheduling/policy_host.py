@@ -245,6 +245,32 @@ class PolicyHost:
         self._event(self.policy.session_ended, session_view(s))
         self.wake()
 
+    def allocation_requested(self, s: Session, kind: str, size: int, movable: bool = False) -> Decision:
+        """The policy's answer before an allocation is charged and made: RUN, REFUSE, or WAIT,
+        for which the session is held (Session.policy_hold) until the policy releases it, and
+        the call is then asked again. A policy that fails lets it be made (logged)."""
+        if type(self.policy).allocation_requested is Policy.allocation_requested:
+            return RUN  # the policy does not ask: no lock on the allocation path
+        view = AllocationView(s.id, s.tenant, s.device, kind, 0, size, movable)
+        try:
+            with self._lock:
+                decision = self.policy.allocation_requested(view)
+                if isinstance(decision, Decision) and decision.verdict is Verdict.WAIT \
+                        and s.policy_hold is None:
+                    s.policy_hold = decision.reason or "held by the policy"
+        except Exception:
+            log.exception("policy %s: allocation_requested failed; the allocation is made", self.name)
+            return RUN
+        if not isinstance(decision, Decision):
+            log.error("policy %s: allocation_requested returned %r, not a Decision; the allocation "
+                      "is made", self.name, decision)
+            return RUN
+        if decision.verdict is not Verdict.RUN:
+            log.info("policy %s: session %d (%s) %d-byte %s allocation: %s (%s)", self.name, s.id,
+                     s.tenant, size, kind, decision.verdict.value, decision.reason,
+                     extra={"session": s.id, "tenant": s.tenant})
+        return decision
+
     def allocated(self, s: Session, kind: str, ptr: int, size: int, movable: bool = False) -> None:
         self._event(self.policy.allocated,
                     AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable))

@@ -540,14 +540,15 @@ class PilotCollector(Collector):
         lanes = _gauge("pilot_salus_lanes", "Lanes of the salus policy on a GPU.", ["gpu"])
         memory = _gauge("pilot_salus_memory_bytes",
                         "The salus safety condition's terms: sum of admitted jobs' persistent memory "
-                        "(persistent), sum of lane sizes (lanes), and C (capacity).", ["gpu", "part"])
+                        "(persistent), sum of lane sizes (lanes), what jobs without a lane hold "
+                        "(outside), and C (capacity).", ["gpu", "part"])
         jobs = _gauge("pilot_salus_jobs", "Jobs (sessions) of the salus policy by state: running an "
                       "iteration, held at a boundary or launch, queued for a lane.", ["gpu", "state"])
         for gpu, g in sorted((salus.get("gpus") or {}).items()):
             lanes.add_metric([gpu], len(g["lanes"]))
             for part, key in (("persistent", "persistent"), ("lanes", "lane_bytes"),
-                              ("capacity", "capacity")):
-                memory.add_metric([gpu, part], g[key])
+                              ("outside", "outside"), ("capacity", "capacity")):
+                memory.add_metric([gpu, part], g.get(key, 0))
             queued = set(g["queue"])
             counts = {"running": 0, "held": 0, "queued": len(queued)}
             for j in g["jobs"]:

@@ -19,6 +19,7 @@ from pilot.daemon.backends.base import (
 )
 from pilot.daemon.ops.registry import HandlerSpec
 from pilot.daemon.protocol import ENVELOPE_SIZE, ProtocolError, ffi, lib, new
+from pilot.daemon.resources.broker import HoldForPolicy
 from pilot.daemon.scheduling import streams
 from pilot.daemon.scheduling.launch import WaitForPolicy
 from pilot.daemon.scheduling.priority import GATED_OPS
@@ -164,6 +165,10 @@ class Dispatch:
             except WaitForPolicy as wait:
                 self.waits.defer(session, wait, msg, bool(no_reply))
                 session.calls += 1
+                return
+            except HoldForPolicy:  # an allocation the policy holds: served again once released
+                if not self.waits.gate(session, msg):
+                    self._release(session)
                 return
             except ProtocolError as exc:
                 err = CUDA_ERROR_INVALID_VALUE

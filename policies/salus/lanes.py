@@ -33,6 +33,14 @@ jobs: when a job leaves (or is re-measured smaller), the lane shrinks at once, w
 lower sum(L), so it is always safe; an empty lane is removed. A job re-measured larger
 (`update`) keeps its place only if its lane can grow within the condition; otherwise it leaves
 its lane and must be admitted again.
+
+Memory held **outside** the lanes counts too: a job that left its lane still holds its P, and a
+job not admitted yet may hold what it set itself up with (`hold_outside`). `used` is
+sum(P) + sum(L) + what is held outside, and every admission and growth keeps *that* within C:
+the bytes a job holds are counted from the moment it holds them to the moment it frees them,
+whether it has a lane or not (a job that left its lane used to drop its P from the sum while it
+still held it). `fits` says whether new sizes of an admitted job keep the condition, before
+they are applied (the policy refuses an allocation that would not).
 """
 
 from __future__ import annotations
@@ -81,13 +89,20 @@ class Lanes:
         self.members: dict[int, _Member] = {}  # admitted job -> its sizes and lane
         self._persistent = 0  # sum(P) of admitted jobs
         self._lane_sizes = 0  # sum(L)
+        self.outside: dict[int, int] = {}  # job without a lane -> the bytes it holds
+        self._outside = 0  # their sum
         self._next_lane = 1
 
     # ---- reading ----
     @property
     def used(self) -> int:
-        """sum(P) + sum(L): what the safety condition keeps within the capacity."""
-        return self._persistent + self._lane_sizes
+        """sum(P) + sum(L) + what jobs without a lane hold: what the safety condition keeps
+        within the capacity."""
+        return self._persistent + self._lane_sizes + self._outside
+
+    @property
+    def outside_bytes(self) -> int:
+        return self._outside
 
     @property
     def persistent(self) -> int:
@@ -108,17 +123,20 @@ class Lanes:
         """The safety condition, recomputed from scratch (the tests' oracle)."""
         p = sum(m.persistent for m in self.members.values())
         sizes = sum(lane.size for lane in self.lanes.values())
+        out = sum(self.outside.values())
         fits = all(self.members[j].ephemeral <= lane.size for lane in self.lanes.values()
                    for j in lane.jobs)
-        return (p + sizes <= self.capacity and p == self._persistent and sizes == self._lane_sizes
+        return (p + sizes + out <= self.capacity and p == self._persistent and sizes == self._lane_sizes
+                and out == self._outside and not self.outside.keys() & self.members.keys()
                 and fits and all(lane.jobs for lane in self.lanes.values()))
 
     # ---- Algorithm 1 ----
-    def plan(self, persistent: int, ephemeral: int) -> Placement | None:
-        """Where a job of these sizes would go now, or None: it waits. Changes nothing."""
+    def plan(self, persistent: int, ephemeral: int, job: int | None = None) -> Placement | None:
+        """Where a job of these sizes would go now, or None: it waits. Changes nothing. What
+        `job` holds outside the lanes is replaced by its P once admitted."""
         if persistent < 0 or ephemeral < 0:
             raise ValueError("sizes must be 0 or more")
-        base = self._persistent + persistent + self._lane_sizes
+        base = self.used - self.outside.get(job, 0) + persistent  # type: ignore[arg-type]
         room = self.capacity - base
         if room < 0:
             return None
@@ -141,9 +159,10 @@ class Lanes:
         """Admit `job` (not admitted yet) by Algorithm 1; None: it must wait."""
         if job in self.members:
             raise ValueError(f"job {job} is already admitted")
-        p = self.plan(persistent, ephemeral)
+        p = self.plan(persistent, ephemeral, job)
         if p is None:
             return None
+        self._outside -= self.outside.pop(job, 0)
         if p.how == "create":
             lane = Lane(self._next_lane, ephemeral)
             self._next_lane += 1
@@ -159,12 +178,23 @@ class Lanes:
         self._persistent += persistent
         return p
 
-    def remove(self, job: int) -> None:
+    def hold_outside(self, job: int, held: int) -> None:
+        """`job`, which has no lane, now holds `held` bytes (0: nothing, it is forgotten)."""
+        if job in self.members:
+            raise ValueError(f"job {job} is admitted: its bytes are counted in its lane")
+        self._outside += held - self.outside.pop(job, 0)
+        if held:
+            self.outside[job] = held
+
+    def remove(self, job: int, holding: int = 0) -> None:
         """The job ends (or gives its place back): its P leaves, its lane shrinks to the largest
-        E of the jobs left, and a lane left empty is removed. Unknown jobs are ignored."""
+        E of the jobs left, and a lane left empty is removed. `holding`: the bytes it still
+        holds, counted outside the lanes until it frees them. Unknown jobs are forgotten."""
         m = self.members.pop(job, None)
         if m is None:
+            self.hold_outside(job, holding)
             return
+        self.hold_outside(job, holding)
         self._persistent -= m.persistent
         lane = self.lanes[m.lane]
         lane.jobs.remove(job)
@@ -173,21 +203,28 @@ class Lanes:
     def update(self, job: int, persistent: int, ephemeral: int, force: bool = False) -> bool:
         """New sizes of an admitted job (re-measured at an iteration boundary). True: it keeps its
         lane (grown or shrunk to fit); False: the new sizes break the safety condition where it
-        is, so it has left its lane and must be admitted again. With `force` it keeps its lane
-        even so (a job that grew within an iteration already holds the memory): `used` then
-        exceeds the capacity and nothing is admitted until it is back within."""
+        is, so it has left its lane (its P still counted, outside) and must be admitted again.
+        With `force` it keeps its lane even so (memory it already holds, which the policy could
+        not refuse): `used` then exceeds the capacity and nothing is admitted until it is back
+        within."""
         m = self.members[job]
         lane = self.lanes[m.lane]
-        others = max((self.members[j].ephemeral for j in lane.jobs if j != job), default=0)
-        new_size = max(others, ephemeral)
-        after = self._persistent - m.persistent + persistent + self._lane_sizes - lane.size + new_size
-        if after > self.capacity and not force:
-            self.remove(job)
+        if not force and not self.fits(job, persistent, ephemeral):
+            self.remove(job, holding=persistent)  # at a boundary it holds its P
             return False
         self._persistent += persistent - m.persistent
         m.persistent, m.ephemeral = persistent, ephemeral
         self._resize(lane)
         return True
+
+    def fits(self, job: int, persistent: int, ephemeral: int) -> bool:
+        """Would these new sizes of admitted `job` keep the safety condition (its lane grown or
+        shrunk to the largest E of its jobs)? Changes nothing."""
+        m = self.members[job]
+        lane = self.lanes[m.lane]
+        others = max((self.members[j].ephemeral for j in lane.jobs if j != job), default=0)
+        new_size = max(others, ephemeral)
+        return self.used - m.persistent + persistent - lane.size + new_size <= self.capacity
 
     def _resize(self, lane: Lane) -> None:
         size = max((self.members[j].ephemeral for j in lane.jobs), default=0)

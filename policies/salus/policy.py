@@ -6,6 +6,13 @@
   that declares nothing asks at its first launch (what it allocated to set itself up counts):
   its sizes are then all it has held with E = 0, the detector's once it is recognized. Waiting
   jobs are offered lanes in the scheduler's admission order after every event and tick.
+- **Set-up.** An admitted job holds no turn until it asks to launch or to allocate beyond its
+  P: its set-up (a process's CUDA and library start, loading its modules, copying its model
+  in) runs beside the others' iterations, so a one-at-a-time scheduler does not leave the GPU
+  idle for it (on the H100 a PyTorch job's set-up took seconds, all of them in FIFO's and
+  SRTF's single turn).
+- **Last iteration.** A job that has run its declared iteration count gives its turn up at
+  that boundary, so the next job starts while it reads back, frees and exits.
 - **Boundaries.** A job in an iteration always runs (nothing of it is held). At a boundary (a
   free that returns it to its persistent level) its lane is updated to the new measurement (if
   that no longer fits, it leaves its lane and waits for admission again) and the scheduler
@@ -13,13 +20,25 @@
   of its next iteration, usually), is held (Controls.hold_session: a deferred reply, never a
   kill) until the scheduler picks it. A daemon without holds (or a launch made anyway) is
   held at the launch instead (WAIT).
-- **Growth.** A job not recognized grows with what it holds (forced: the memory is already
-  held); while that puts the lanes over the capacity nothing is admitted.
+- **Growth.** Every allocation of an admitted job is asked for first (allocation_requested):
+  if what the job would then hold is more than its P and its lane count, its sizes grow (its
+  lane with them) when the safety condition allows, and otherwise the allocation is refused as
+  a GPU of capacity C would refuse it (cudaErrorMemoryAllocation, as a job outgrowing its lane
+  fails in Salus). So the condition holds at every moment by construction, including when a
+  job is measured larger than it declared. Memory a daemon would charge without asking is
+  counted when made (forced) and stops admissions while over C (every path of pilotd's asks).
+- **Outside the lanes.** What a job without a lane holds (an undeclared job's set-up before its
+  first launch, a job that left its lane at a boundary) is counted too (Lanes.hold_outside),
+  so no admission can count on memory someone still holds.
+- **Declarations are floors.** A declared job is counted at least its declared P and E, also
+  once recognized: the detector may cut an iteration that frees in several places (PyTorch)
+  into pieces and measure too little.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +59,9 @@ from .schedulers import (
     strict_order,
 )
 
-HOST_KINDS = ("pinned",)  # host memory: not on the GPU, not counted
+HOST_KINDS = ("pinned", "staging")  # host memory (staging: pinned copy buffers): not counted
+
+log = logging.getLogger("pilot.policy.salus")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +89,10 @@ class Job:
     arrival: int
     detector: IterationDetector
     declared: declarations.Declared
-    wants_lane: bool = False  # it asked to launch
+    wants_lane: bool = False  # it asked for a lane (declared: at its start; else at a launch)
+    # it needs its turn on the GPU: it asked to launch, or to allocate beyond its P (set-up
+    # before that runs beside the others' iterations: it holds no turn)
+    wants_turn: bool = False
     running: bool = False  # in an iteration: never held
     started: float = 0.0  # when its current iteration began
     service: float = 0.0  # seconds of iterations run
@@ -78,15 +102,27 @@ class Job:
     vservice: float = 0.0
     held: str = ""  # why it waits, "" if it does not
     gated: bool = False  # its calls are held (Controls.hold_session)
+    waits_for: int = 0  # bytes of an allocation held until they fit (it has no lane)
 
-    def sizes(self) -> tuple[int, int]:
+    def sizes(self, extra: int = 0) -> tuple[int, int]:
+        """P and E to count: the detector's once it recognized the job, else its declaration
+        (P grown to what it has held beyond its declared E) or, undeclared, all it has held
+        with E = 0; never less than declared; with `extra` bytes more allocated, what it would
+        hold above P counts as scratch (its lane grows)."""
         d, det = self.declared, self.detector
+        live = det.live + extra
+        peak = max(det.peak, live)
+        declared = d.persistent is not None or d.ephemeral is not None
         if det.recognized:
-            return det.persistent, det.ephemeral
-        if d.persistent is not None or d.ephemeral is not None:
+            p, e = det.persistent, det.ephemeral
+        elif declared:
             e = d.ephemeral or 0
-            return max(d.persistent or 0, det.peak - e), e
-        return det.peak, 0
+            p = max(d.persistent or 0, peak - e)
+        else:
+            return peak, 0
+        if declared:
+            p, e = max(p, d.persistent or 0), max(e, d.ephemeral or 0)
+        return p, max(e, live - p)
 
 
 class Salus(Policy):
@@ -108,10 +144,13 @@ class Salus(Policy):
         d = self.read_declared(s.pid) if self.settings.declared else declarations.NONE
         job = self.jobs[s.id] = Job(s, next(self._arrivals), IterationDetector(self.settings.learn), d)
         if d.persistent is not None or d.ephemeral is not None:
-            # Declared: it asks for its lane now, before it allocates anything.
+            # Declared: it asks for its lane now, before it allocates anything, and sets
+            # itself up (within its P) once admitted, without waiting for its turn.
             job.wants_lane = True
             self._reschedule(s.gpu)
-            self._hold_unless_running(job)
+            if s.id not in self._lanes(job):
+                job.gated = True
+                self.controls.hold_session(s.id, f"salus: {self._note_held(job)}")
 
     def session_ended(self, s: SessionView) -> None:
         job = self.jobs.pop(s.id, None)
@@ -119,14 +158,60 @@ class Salus(Policy):
             self._lanes(job).remove(s.id)
             self._reschedule(s.gpu)
 
+    def allocation_requested(self, a: AllocationView) -> Decision:
+        """An admitted job may hold more than its P and lane count only if the lanes can grow
+        within C; otherwise the allocation is refused (waiting, a job in its iteration could
+        deadlock with another). A job without a lane (an undeclared job setting itself up)
+        waits until the allocation fits beside what is counted, while an admitted job can still
+        end and free memory; when none can, it is refused."""
+        job = self.jobs.get(a.session)
+        if job is None or a.kind in HOST_KINDS:
+            return RUN
+        lanes = self._lanes(job)
+        m = lanes.members.get(a.session)
+        if m is None:
+            if lanes.used + a.size <= lanes.capacity:
+                job.waits_for = 0
+                return RUN
+            why = (f"salus: {size_text(a.size)} more does not fit beside what the lanes count "
+                   f"({size_text(lanes.used)} of {size_text(lanes.capacity)})")
+            if not self._can_make_room(job):
+                job.waits_for = 0
+                self.controls.report("refuse", job.session.tenant)
+                return Decision.refuse(why)
+            if not job.waits_for:
+                self.controls.report("hold", job.session.tenant)
+            job.waits_for = a.size
+            return Decision.wait(why)
+        if not job.running and job.detector.live + a.size > m.persistent:
+            # beyond its P: its iteration's scratch, in its lane, at its turn
+            job.wants_turn = True
+            self._reschedule(job.session.gpu)
+            if not job.running:
+                job.gated = True
+                return Decision.wait(f"salus: {self._note_held(job)}")
+        p, e = job.sizes(a.size)
+        if (p <= m.persistent and e <= m.ephemeral) or lanes.fits(a.session, p, e):
+            return RUN
+        self.controls.report("refuse", job.session.tenant)
+        return Decision.refuse(
+            f"salus: {size_text(a.size)} more would make the job P {size_text(p)}, E {size_text(e)}, "
+            f"past C ({size_text(lanes.used)} of {size_text(lanes.capacity)} counted)")
+
     def allocated(self, a: AllocationView) -> None:
         job = self.jobs.get(a.session)
         if job is None or a.kind in HOST_KINDS:
             return
         job.detector.allocated(a.size)
         lanes = self._lanes(job)
-        if a.session in lanes and not job.detector.recognized:
-            lanes.update(a.session, *job.sizes(), force=True)  # it holds it already
+        if a.session not in lanes:
+            lanes.hold_outside(a.session, job.detector.live)
+            return
+        lanes.update(a.session, *job.sizes(), force=True)  # it holds it already
+        if lanes.used > lanes.capacity:
+            log.warning("salus: session %d holds more than it was admitted with: %s counted of C %s "
+                        "(memory charged without asking the policy); nothing is admitted until "
+                        "back within", a.session, size_text(lanes.used), size_text(lanes.capacity))
 
     def freed(self, a: AllocationView) -> None:
         """A boundary ends the job's iteration: its lane is updated, the scheduler picks who runs
@@ -135,21 +220,31 @@ class Salus(Policy):
         if job is None or a.kind in HOST_KINDS:
             return
         now = self.clock()
-        if job.detector.freed(a.size, now) is None:
+        boundary = job.detector.freed(a.size, now)
+        lanes = self._lanes(job)
+        if a.session not in lanes:
+            lanes.hold_outside(a.session, job.detector.live)
+        if boundary is None:
             return
         if job.running:
             job.service += now - job.started
             job.vservice += now - job.started
             job.running = False
-        lanes = self._lanes(job)
         if a.session in lanes:
             lanes.update(a.session, *job.sizes())  # False: it left its lane, admitted again
+        declared = job.declared.iterations
+        if declared is not None and boundary.iteration >= declared:
+            # Its last iteration: it gives its turn up now, not at its session's end (its
+            # read-back, frees and exit need no turn; a launch or scratch would ask again).
+            job.wants_turn = False
+            self._reschedule(a.gpu)
+            return
         self._reschedule(a.gpu)
         self._hold_unless_running(job)
 
     def tick(self, now: float) -> None:
         for gpu in self.lanes:
-            if any(j.held or j.gated for j in self.jobs.values() if j.session.gpu == gpu):
+            if any(j.held or j.gated or j.waits_for for j in self.jobs.values() if j.session.gpu == gpu):
                 self._reschedule(gpu)
 
     # ---- launches ----
@@ -160,7 +255,7 @@ class Salus(Policy):
         job = self.jobs.get(l.session)
         if job is None or job.running:
             return RUN
-        job.wants_lane = True
+        job.wants_lane = job.wants_turn = True
         self._reschedule(l.gpu)
         if job.running:
             return RUN
@@ -175,12 +270,24 @@ class Salus(Policy):
     def _reschedule(self, gpu: int) -> None:
         """Offer lanes to the jobs that wait for one, then let the scheduler's choices run:
         a chosen job becomes running, and if its calls were held they are released."""
-        self._admit(gpu)
+        lanes = self._admit(gpu)
+        for job in self.jobs.values():  # allocations held until they fit (or nothing can free)
+            if job.waits_for and job.session.gpu == gpu and (
+                    lanes.used + job.waits_for <= lanes.capacity or not self._can_make_room(job)):
+                job.waits_for = 0
+                self.controls.release_session(job.session.id)  # asked again: RUN or REFUSE
+        for job in self.jobs.values():  # admitted at its start: it sets itself up now
+            if job.gated and not job.wants_turn and job.session.gpu == gpu and job.session.id in lanes:
+                job.gated = False
+                self.controls.release_session(job.session.id)
+                if job.held:
+                    job.held = ""
+                    self.controls.report("release", job.session.tenant)
         chosen = runnable(self.settings.scheduler, self._states(gpu))
         now = self.clock()
         for sid in chosen:
             job = self.jobs[sid]
-            if job.running or not job.wants_lane:
+            if job.running or not job.wants_turn:
                 continue
             job.running, job.started = True, now
             if job.gated:
@@ -189,6 +296,16 @@ class Salus(Policy):
             if job.held:
                 job.held = ""
                 self.controls.report("release", job.session.tenant)
+
+    def _can_make_room(self, job: Job) -> bool:
+        """Whether another job of job's GPU can still end or be admitted and so change what is
+        counted: an admitted one (it runs and ends; it never waits for an allocation), or one
+        without a lane that is neither waiting for an allocation nor for a lane. If none can,
+        an allocation that does not fit never will: it is refused rather than held."""
+        lanes = self._lanes(job)
+        return any(o is not job and o.session.gpu == job.session.gpu
+                   and (o.session.id in lanes or not (o.waits_for or o.wants_lane))
+                   for o in self.jobs.values())
 
     def _hold_unless_running(self, job: Job) -> None:
         if not job.running:
@@ -227,8 +344,8 @@ class Salus(Policy):
         remaining = remaining_s(det.boundaries, job.declared.iterations, det.iteration_s or typical_s,
                                 job.service)
         service = job.vservice if self.settings.scheduler == "fair" else job.service
-        return JobState(job.session.id, job.arrival, lanes.lane_of(job.session.id), job.running,
-                        service, remaining)
+        lane = lanes.lane_of(job.session.id) if job.wants_turn or job.running else None
+        return JobState(job.session.id, job.arrival, lane, job.running, service, remaining)
 
     def _typical_s(self, gpu: int) -> float | None:
         """The mean iteration time of the measured jobs of `gpu`: SRTF's guess for the others."""
@@ -265,7 +382,8 @@ class Salus(Policy):
             jobs = [self.jobs[j] for j in sorted(self.jobs) if self.jobs[j].session.gpu == gpu]
             gpus[str(gpu)] = {
                 "capacity": lanes.capacity, "used": lanes.used, "persistent": lanes.persistent,
-                "lane_bytes": lanes.lane_bytes, "lanes": lanes.describe(),
+                "lane_bytes": lanes.lane_bytes, "outside": lanes.outside_bytes,
+                "lanes": lanes.describe(),
                 "queue": [j.session.id for j in jobs if j.wants_lane and j.session.id not in lanes],
                 "jobs": [self._describe(j, lanes) for j in jobs]}
         return {"scheduler": self.settings.scheduler, "gpus": gpus}

@@ -61,6 +61,27 @@ class Watch(threading.Thread):
             self.error = exc
 
 
+def run_jobs(watch: Watch, jobs: list[tuple[list[str], dict[str, str]]]
+             ) -> tuple[list[subprocess.Popen[str]], list[tuple[str, str]]]:
+    """Start each (command, environment) 0.2 s apart while `watch` polls; wait for all."""
+    watch.start()
+    procs = []
+    for cmd, env in jobs:
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+        # Apart: HELLOs racing a closing connection are sometimes refused as a reused pid
+        # (router/admission.py keys peers by descriptor; reported, not this test's subject).
+        time.sleep(0.2)
+    try:
+        return procs, [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        watch.stop.set()
+        watch.join(5)
+
+
 @pytest.mark.parametrize(("scheduler", "capacity", "lanes", "running"),
                          [("fifo", 64, 1, 1), ("pack", 64, 2, 2), ("pack", 40, 1, 1)])
 def test_jobs_are_admitted_within_c(scheduler: str, capacity: int, lanes: int, running: int,
@@ -73,22 +94,7 @@ def test_jobs_are_admitted_within_c(scheduler: str, capacity: int, lanes: int, r
     env = {**daemon.env(), "LD_PRELOAD": shim_path, "PILOT_SALUS_PERSISTENT": "8MiB",
            "PILOT_SALUS_EPHEMERAL": "16MiB", "PILOT_SALUS_ITERATIONS": "12"}
     watch = Watch(daemon.control_socket)
-    watch.start()
-    procs = []
-    for _ in range(3):
-        procs.append(subprocess.Popen([str(salus_job), "8", "16", "0", "12", "4", "60"], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        # Apart: HELLOs racing a closing connection are sometimes refused as a reused pid
-        # (router/admission.py keys peers by descriptor; reported, not this test's subject).
-        time.sleep(0.2)
-    try:
-        outs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        watch.stop.set()
-        watch.join(5)
+    procs, outs = run_jobs(watch, [([str(salus_job), "8", "16", "0", "12", "4", "60"], env)] * 3)
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0 and "iterations 12 ok" in out, f"{out}\n{err}\n{daemon.log_tail()}"
     assert watch.error is None, watch.error
@@ -101,3 +107,29 @@ def test_jobs_are_admitted_within_c(scheduler: str, capacity: int, lanes: int, r
         assert watch.running == running  # lanes really ran side by side
     log = daemon.log()
     assert "policy salus" in log or "salus" in log
+
+
+def test_a_job_outgrowing_its_declaration_is_refused_within_c(start_pilotd: Any, shim_path: str,
+                                                              salus_job: Path) -> None:
+    """Issue 30 (the H100's PACK and FAIR went past C): C = 64 MiB, two honest jobs (P 8, E 16
+    MiB) in two lanes, then a third that declares P 8, E 16 but allocates 48 MiB of scratch
+    each iteration. It is admitted into the first job's lane and runs when that one ends,
+    beside the long second job; its 48 MiB would make the lanes count 24 + 40 + 16 = 80 MiB
+    (and pilot grant 80): counted after the fact, both went past C. Now that cudaMalloc is
+    refused (cudaErrorMemoryAllocation, as on a GPU of C), and neither ever passes C."""
+    daemon = start_pilotd("--policy", "salus", config=(
+        '[policy]\nmax_wait = 0\n[policy.salus]\nscheduler = "pack"\ncapacity = "64MiB"\n'))
+    env = {**daemon.env(), "LD_PRELOAD": shim_path, "PILOT_SALUS_PERSISTENT": "8MiB",
+           "PILOT_SALUS_EPHEMERAL": "16MiB"}
+    watch = Watch(daemon.control_socket)
+    jobs = [("8", "16", "4"), ("8", "16", "100"), ("8", "48", "4")]  # P, E used, iterations
+    procs, outs = run_jobs(watch, [([str(salus_job), p, e, "0", n, "4", "40"],
+                                    {**env, "PILOT_SALUS_ITERATIONS": n}) for p, e, n in jobs])
+    for p, (out, err), (_, _, n) in zip(procs[:2], outs, jobs, strict=False):
+        assert p.returncode == 0 and f"iterations {n} ok" in out, f"{out}\n{err}\n{daemon.log_tail()}"
+    assert watch.error is None, watch.error
+    assert watch.used <= 64 * MiB, (watch.used, watch.granted, daemon.log_tail())
+    assert watch.granted <= 64 * MiB, (watch.granted, daemon.log_tail())
+    out, err = outs[2]
+    assert procs[2].returncode != 0 and "cudaErrorMemoryAllocation" in err, (out, err)
+    assert "refuse (salus: 48" in daemon.log(), daemon.log_tail()

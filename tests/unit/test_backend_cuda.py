@@ -10,6 +10,7 @@ import enum
 import mmap
 import re
 import sys
+import threading
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -367,6 +368,40 @@ def test_a_module_is_charged_what_the_driver_loaded(backend: CudaBackend, drv: F
     drv.replies["cuMemGetInfo"] = lambda: (OK, next(frees), 80 << 30)
     module = backend.module_load(b"\x50\xed\x55\xba\x01\x00\x10\x00" + b"\1" * 8)
     assert backend.module_loaded_bytes(module, b"") == 2 << 30
+
+
+def test_a_module_is_not_charged_what_another_thread_allocated_meanwhile(
+        backend: CudaBackend, drv: FakeDriver) -> None:
+    """Issue 30: pilotd's vGPU threads allocate while one of them loads a module, and the load
+    is measured by cuMemGetInfo before and after: a 4 GiB scratch another thread allocated
+    meanwhile was charged to the module (on the H100, to a salus job, past the lanes' C). A
+    load the free memory moved under is charged its named variables only."""
+    fatbin = b"\x50\xed\x55\xba\x01\x00\x10\x00" + b"\1" * 8
+    free = [8 << 30]
+    drv.replies["cuMemGetInfo"] = lambda: (OK, free[0], 80 << 30)
+
+    def alloc(size: int) -> tuple[Any, ...]:
+        free[0] -= size
+        return (OK, 0x7F0000)
+
+    def load_beside_an_allocation(image: bytes) -> tuple[Any, ...]:
+        other = threading.Thread(target=backend.mem_alloc, args=(4 << 30,))
+        other.start()
+        other.join()
+        free[0] -= 6 << 20  # the load's own code pages
+        return (OK, 0x4D0D)
+
+    drv.replies["cuMemAlloc"] = alloc
+    drv.replies["cuModuleLoadData"] = load_beside_an_allocation
+    module = backend.module_load(fatbin)
+    assert backend.module_loaded_bytes(module, b"") == 0  # not 4 GiB + 6 MiB
+    def load_alone(image: bytes) -> tuple[Any, ...]:
+        free[0] -= 6 << 20
+        return (OK, 0x4D0E)
+
+    drv.replies["cuModuleLoadData"] = load_alone
+    module = backend.module_load(fatbin)  # alone: what it took
+    assert backend.module_loaded_bytes(module, b"") == 6 << 20
 
 
 def test_device_info_skips_rejected_attributes(backend: CudaBackend, drv: FakeDriver) -> None:

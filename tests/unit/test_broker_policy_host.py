@@ -253,3 +253,51 @@ def test_packed_managed_ranges_are_reported_until_released() -> None:
     b.release_session(s, [("managed", 0x1200000, 2 * MiB)])
     usage = b.tenant_usage("user:a", [0])["0"]
     assert (usage["packed_managed"], usage["used"], s.packed_ranges) == (0, 0, set())
+
+
+class Gatekeeper(Recorder):
+    """Answers allocation_requested with `allocation` (a Decision, or an exception to raise)."""
+
+    def __init__(self, allocation: Any) -> None:
+        super().__init__()
+        self.allocation = allocation
+
+    def allocation_requested(self, a: Any) -> Decision:
+        self.events.append(("requested", (a.kind, a.size, a.ptr)))
+        if isinstance(self.allocation, Exception):
+            raise self.allocation
+        return self.allocation
+
+
+def test_a_policy_is_asked_before_an_allocation_is_charged() -> None:
+    """Issue 30: the salus policy keeps its lanes within C by construction only if it can say
+    no before memory is taken. REFUSE: cudaErrorMemoryAllocation, nothing charged, reason
+    "policy"; WAIT: HoldForPolicy (the vGPU holds the call), nothing charged, the session
+    held; a failing policy lets the allocation be made."""
+    from pilot.daemon.resources.broker import HoldForPolicy
+    b, metrics = broker()
+    s = session()
+    s.policy_hold = None
+    policy = Gatekeeper(Decision.refuse("salus: past C"))
+    b.policy = PolicyHost(policy, Metrics())
+    with pytest.raises(BackendError) as info:
+        b.allocate(s, "device", 4 * MiB, lambda: 0x1000)
+    assert info.value.code == 2 and b.budget.used(0) == 0 and s.charged == {}
+    assert refusals(metrics) == {("user:a", "device", "policy"): 1}
+    assert policy.events == [("requested", ("device", 4 * MiB, 0))]  # never "allocated"
+    policy.allocation = Decision.wait("no room yet")
+    with pytest.raises(HoldForPolicy):
+        b.allocate(s, "device", 4 * MiB, lambda: 0x1000)
+    assert b.budget.used(0) == 0 and s.policy_hold == "no room yet"
+    s.policy_hold = None
+    policy.allocation = RuntimeError("a bug")
+    assert b.allocate(s, "device", 4 * MiB, lambda: 0x1000) == 0x1000
+    policy.allocation = RUN
+    assert b.allocate(s, "device", 4 * MiB, lambda: 0x2000) == 0x2000
+    assert b.budget.used(0) == 8 * MiB and policy.events[-1] == ("allocated", ("device", 4 * MiB))
+
+
+def test_a_policy_that_does_not_ask_costs_no_lock() -> None:
+    host = PolicyHost(Recorder(), Metrics())
+    host._lock = None  # type: ignore[assignment]  # would raise if taken
+    assert host.allocation_requested(session(), "device", MiB) is RUN
