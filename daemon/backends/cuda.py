@@ -281,6 +281,7 @@ class CudaBackend:
     """backend.Backend on real GPUs; see the module docstring for the conventions."""
 
     name = "cuda"
+    _memory_changes = 0  # set in __init__; the class default serves backends built without it
 
     def __init__(self, devices: list[int] | None = None) -> None:
         from cuda.bindings import driver as cu
