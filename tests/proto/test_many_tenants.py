@@ -90,7 +90,9 @@ def _sessions_gone(d, sessions: int) -> None:
 
 
 def test_64_tenants_of_mixed_calls_lose_nothing_and_grow_nothing(tmp_path: Path) -> None:
-    (tmp_path / "pilotd.toml").write_text("[limits]\nsessions_per_uid = 256\n")
+    # vGPU threads are started as sessions come, up to max_vgpus_per_gpu: 64 sessions reach it
+    (tmp_path / "pilotd.toml").write_text("[daemon]\nmax_vgpus_per_gpu = 8\n"
+                                          "[limits]\nsessions_per_uid = 256\n")
     d = start_daemon(tmp_path, "--config", str(tmp_path / "pilotd.toml"))
     try:
         sock = str(d.socket_path)
@@ -104,8 +106,8 @@ def test_64_tenants_of_mixed_calls_lose_nothing_and_grow_nothing(tmp_path: Path)
         assert d.alive()
         for calls, errors in (*first, *second):
             assert errors == 0 and calls > 0, (first, second)
-        # vGPU threads come with sessions (up to the daemon's bound), never with calls
-        assert threads2 == threads1, (threads0, threads1, threads2)
+        # vGPU threads come with sessions, up to the bound (2 at start, 8 at most), never with calls
+        assert threads2 == threads1 <= threads0 + 6, (threads0, threads1, threads2)
         # pilotd's heap after six times the calls: within 32 MiB of after the warm-up wave
         assert rss2 - rss1 < 32 << 10, (rss1, rss2)
         print(f"\n{TENANTS} tenants: {sum(c for c, _ in first + second)} calls, pilotd threads "
