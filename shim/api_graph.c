@@ -2018,10 +2018,18 @@ static cudaError_t exec_update(cudaGraphExec_t exec, cudaGraph_t graph,
     return cudaSuccess;
 }
 
+/* An updated exec is instantiated in pilotd again at once, so a node pilotd refuses fails the
+ * update (cudaGraphExecUpdateError), not a later launch. */
 PILOT_EXPORT cudaError_t cudaGraphExecUpdate(cudaGraphExec_t hGraphExec, cudaGraph_t hGraph,
                                              cudaGraphExecUpdateResultInfo *resultInfo)
 {
-    LOCKED(exec_update(hGraphExec, hGraph, resultInfo));
+    pthread_mutex_lock(&pilot_graph_lock);
+    cudaError_t err = exec_update(hGraphExec, hGraph, resultInfo);
+    struct gexec *e = err ? NULL : exec_get(hGraphExec);
+    pthread_mutex_unlock(&pilot_graph_lock);
+    if (e && e->remote.state != GREMOTE_REPLAY && (err = remote_instantiate(e)) && resultInfo)
+        resultInfo->result = cudaGraphExecUpdateError;
+    PILOT_RETURN(err);
 }
 
 /* ---- cudaGraphDebugDotPrint ---- */
