@@ -681,6 +681,16 @@ int pilot_fast_graph(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t grap
     return c ? map_put(&c->graphs, token, graph_exec, 0) : -1;
 }
 
+/* C put kernels on program stream `token` (a launch, a graph): what Python counts per launch,
+ * and the driver has printf output of theirs to print at the next synchronization. */
+static void kernels_queued(struct fconn *c, uint64_t token)
+{
+    c->unflushed = 1;
+    if (!token)
+        c->count.legacy++;
+    c->count.synced = 0;
+}
+
 /* A posted GRAPH_LAUNCH of a graph Python registered, on a stream C knows: one cuGraphLaunch. */
 static int try_graph(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m,
                      const pilot_envelope *env)
@@ -708,10 +718,7 @@ static int try_graph(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m,
     if (err)
         return FAST_PYTHON; /* Python launches it again and reports the error */
     c->count.graphs++;
-    c->unflushed = 1;
-    if (!req.stream)
-        c->count.legacy++;
-    c->count.synced = 0;
+    kernels_queued(c, req.stream);
     return FAST_DONE;
 }
 
@@ -794,9 +801,6 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
     if (c->segments.n)
         count_managed(c, args, arg_bytes);
     c->count.launches++;
-    c->unflushed = 1;
-    if (!req.stream)
-        c->count.legacy++;
-    c->count.synced = 0;
+    kernels_queued(c, req.stream);
     return FAST_DONE;
 }

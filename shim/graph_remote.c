@@ -22,6 +22,8 @@
 
 static pthread_mutex_t g_streams_lock = PTHREAD_MUTEX_INITIALIZER;
 static cudaStream_t g_record_stream[PILOT_MAX_DEVICES]; /* made on first use, never destroyed */
+/* Past enum pilot_graph_replay's reasons: the daemon does not know the opcodes. */
+#define REPLAY_NO_DAEMON_SUPPORT 5
 static int g_logged_reason[8];
 
 static const char *reason_text(uint32_t reason)
@@ -115,7 +117,7 @@ cudaError_t pilot_graph_remote_send(struct gremote *r, uint64_t id, cudaStream_t
                                     rec->buf, rec->len, &rep, sizeof rep, NULL, 0, NULL);
     free(rec->buf);
     if (err == cudaErrorNotSupported) { /* a pilotd without graphs */
-        set_replay(r, 5);
+        set_replay(r, REPLAY_NO_DAEMON_SUPPORT);
         return cudaSuccess;
     }
     if (err)

@@ -27,7 +27,7 @@ from pilot.daemon.backends.libraries import GEMM_BATCHED
 from pilot.daemon.ops.registry import OpTable
 from pilot.daemon.protocol import ProtocolError, ffi, lib, new
 from pilot.daemon.scheduling import streams
-from pilot.daemon.scheduling.launch import WaitForPolicy
+from pilot.daemon.scheduling.launch import WaitForPolicy, launches_seen_one_by_one
 
 if TYPE_CHECKING:
     from pilot.daemon.sessions.session import Session
@@ -101,11 +101,9 @@ def parse_records(payload: memoryview, count: int) -> list[tuple[int, memoryview
 
 def qualifies(vg: VGpu, s: Session) -> str:
     """Why the session's launches must each go through Python ('' if they need not)."""
-    host = vg.policy
-    if host is not None and (host.decides_launches or host.needs_kernel_end or host.needs_footprint):
-        return f"policy {host.name} sees every launch"
-    if vg.kernel_time:
-        return "[metrics] kernel_time times every kernel"
+    why = launches_seen_one_by_one(vg)
+    if why:
+        return why
     res = vg.broker.residency
     if res is not None and s.id in res.sessions:
         return "the capacity enforcer moves its memory per launch"
@@ -179,6 +177,13 @@ def _forget(vg: VGpu, s: Session, token: int) -> RemoteGraph | None:
     if g is None:
         return None
     s.graph_bytes -= len(g.records)
+    _drop_exec(vg, s, token, g)
+    return g
+
+
+def _drop_exec(vg: VGpu, s: Session, token: int, g: RemoteGraph) -> None:
+    """C forgets the graph, and pilotd's executable graph is destroyed (the driver frees it once
+    a launch still running ends)."""
     if vg.fast is not None:
         vg.fast.graph(s, token, None)
     if g.graph_exec is not None:
@@ -186,7 +191,7 @@ def _forget(vg: VGpu, s: Session, token: int) -> RemoteGraph | None:
             vg.backend.graph_exec_destroy(g.graph_exec)
         except BackendError as exc:
             log.warning("session %d: destroying graph %#x: %s", s.id, token, exc)
-    return g
+        g.graph_exec = None
 
 
 def _hold(vg: VGpu, s: Session, token: int, g: RemoteGraph) -> None:
@@ -255,13 +260,6 @@ def graphs_stale(vg: VGpu, s: Session) -> None:
     """Memory of the session was freed: each graph is captured again, checks included, at its
     next launch (C forgets them until then)."""
     for token, g in s.graphs.items():
-        if g.graph_exec is None:
-            continue
-        if vg.fast is not None:
-            vg.fast.graph(s, token, None)
-        try:
-            vg.backend.graph_exec_destroy(g.graph_exec)
-        except BackendError as exc:
-            log.warning("session %d: destroying graph %#x: %s", s.id, token, exc)
-        g.graph_exec = None
+        if g.graph_exec is not None:
+            _drop_exec(vg, s, token, g)
 

@@ -115,6 +115,18 @@ def movable_footprint(vg: VGpu, s: Session, launch: Launch) -> tuple[RangeView, 
                  for r in ranges)
 
 
+def launches_seen_one_by_one(vg: VGpu) -> str:
+    """Why every launch on this vGPU must come through Python, one by one ('' if none must): a
+    policy that sees launches, or kernel timing. Neither C's fast path nor a CUDA graph in
+    pilotd may then launch for it."""
+    host = vg.policy
+    if host is not None and (host.decides_launches or host.needs_kernel_end or host.needs_footprint):
+        return f"policy {host.name} sees every launch"
+    if vg.kernel_time:
+        return "[metrics] kernel_time times every kernel"
+    return ""
+
+
 def make_view(vg: VGpu, s: Session, launch: Launch, info: FunctionInfo, host: PolicyHost) -> LaunchView:
     now = time.monotonic()
     return LaunchView(

@@ -61,6 +61,7 @@ from pilot.daemon.ops.dnn import batchnorm_call
 from pilot.daemon.ops.libraries import LtRanges, gemm_call, library_handle, lt_call
 from pilot.daemon.ops.unified import coherence_stream
 from pilot.daemon.protocol import ffi, lib
+from pilot.daemon.scheduling.launch import launches_seen_one_by_one
 from pilot.daemon.telemetry.metrics import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
@@ -125,10 +126,7 @@ class FastLaunches:
     def create(cls, vg: VGpu) -> FastLaunches | None:
         """For a vGPU whose every launch needs Python (a policy that sees launches, kernel
         timing) or a backend that offers neither path: None."""
-        host = vg.policy
-        if host is not None and (host.decides_launches or host.needs_kernel_end or host.needs_footprint):
-            return None
-        if vg.kernel_time:
+        if launches_seen_one_by_one(vg):
             return None
         backend = vg.backend
         native = backend.native_fast_functions() if hasattr(backend, "native_fast_functions") else None
