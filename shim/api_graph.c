@@ -1754,18 +1754,24 @@ static cudaError_t remote_instantiate(struct gexec *e)
         e->remote.reason = PILOT_GRAPH_REPLAY_NODE;
         return cudaSuccess;
     }
+    const struct gremote before = e->remote;
+    const uint64_t id = (uint64_t)(uintptr_t)e;
+    cudaError_t err = cudaSuccess;
     cudaStream_t stream = pilot_graph_remote_prepare(&e->remote, e->order, e->count);
-    if (!stream)
-        return cudaSuccess; /* replayed */
-    struct pilot_recording rec = {.device = e->remote.device};
-    cudaError_t err = cudaSuccess, last = pilot_last_error_swap(cudaSuccess);
-    pilot_record_begin(&rec);
-    for (size_t i = 0; i < e->count && !err && !rec.failed; i++)
-        if (e->order[i]->enabled)
-            err = pilot_node_issue(e->order[i], stream);
-    pilot_record_end();
-    pilot_last_error_swap(last); /* what recording met is not the program's error */
-    return pilot_graph_remote_send(&e->remote, (uint64_t)(uintptr_t)e, stream, &rec, err);
+    if (stream) {
+        struct pilot_recording rec = {.device = e->remote.device};
+        cudaError_t last = pilot_last_error_swap(cudaSuccess);
+        pilot_record_begin(&rec);
+        for (size_t i = 0; i < e->count && !err && !rec.failed; i++)
+            if (e->order[i]->enabled)
+                err = pilot_node_issue(e->order[i], stream);
+        pilot_record_end();
+        pilot_last_error_swap(last); /* what recording met is not the program's error */
+        err = pilot_graph_remote_send(&e->remote, id, stream, &rec, err);
+    }
+    if (before.state == GREMOTE_STALE && e->remote.state == GREMOTE_REPLAY)
+        pilot_graph_remote_destroy(&before, id); /* pilotd must not keep the graph it replaced */
+    return err;
 }
 
 /* Instantiation, then pilotd's graph: a node pilotd refuses (memory that is not the session's)
