@@ -20,6 +20,7 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     fault_recovery = "restart"     # after a context-fatal GPU fault: "restart" in place | "exit"
     fault_poll_interval = "20ms"   # how often each GPU's context is checked for a fault; 0: never
     fast_launch = true             # plain launches go on their stream in C, without Python
+    staging_spares = 1             # 0..16: staging areas of each size pinned ahead (16 + 2 MiB each)
     device_output = true           # kernels' printf output goes back to the program (one tenant)
     state_dir = "/var/lib/pilot"   # default: /var/lib/pilot (root), else $XDG_STATE_HOME/pilot
     admin_group = "pilot-admin"
@@ -300,6 +301,7 @@ class Config:
     fault_recovery: str = "restart"
     fault_poll_interval: float = 0.02
     fast_launch: bool = True
+    staging_spares: int = 1
     device_output: bool = True
     policy: str = "none"
     policy_max_wait: float = 30.0
@@ -665,6 +667,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "fault_recovery": _choice(FAULT_RECOVERY),
     "fault_poll_interval": _fault_poll_interval,
     "fast_launch": _flag,
+    "staging_spares": _int_range(0, 16),
     "device_output": _flag,
     "policy": _policy_name,
     "policy_max_wait": parse_duration,
@@ -705,6 +708,7 @@ SECTIONS: dict[str, dict[str, str]] = {
                               "max_vgpus_per_gpu", "gpus", "callback_timeout", "callback_hold_total",
                               "vgpus_per_tenant", "switch_interval",
                               "fault_recovery", "fault_poll_interval", "fast_launch", "device_output",
+                              "staging_spares",
                               "spin_us",
                               "state_dir",
                               "admin_group", "log_level", "log_format",

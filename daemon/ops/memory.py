@@ -99,11 +99,14 @@ def malloc_pitch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     return u64(ptr, pitch)
 
 def _new_staging(vg: VGpu, s: Session, slots: int) -> Staging:
-    """A staging area, charged to the tenant's pinned host memory (it is pinned) until the
-    session ends (teardown closes it, release_session refunds it)."""
-    return vg.broker.allocate(s, "staging", STAGING_SLOT_BYTES * slots,
-                              lambda: Staging(vg.backend, s.id, s.creds.uid, s.creds.gid, slots=slots),
-                              call="STAGING_OPEN")
+    """A staging area (a spare pinned ahead when there is one: sessions/staging.py), charged to
+    the tenant's pinned host memory (it is pinned) until the session ends (teardown closes it,
+    release_session refunds it)."""
+    def make() -> Staging:
+        uid, gid = s.creds.uid, s.creds.gid
+        spare = vg.staging_spares.take(slots, uid, gid) if vg.staging_spares else None
+        return spare or Staging(vg.backend, s.id, uid, gid, slots=slots)
+    return vg.broker.allocate(s, "staging", STAGING_SLOT_BYTES * slots, make, call="STAGING_OPEN")
 
 @OPS.handler(lib.PILOT_OP_STAGING_OPEN, "pilot_req_staging_open")
 def staging_open(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:

@@ -67,6 +67,7 @@ from pilot.daemon.scheduling.priority import PriorityBoard
 from pilot.daemon.sessions import visible
 from pilot.daemon.sessions.devices import SessionGroup, Topology
 from pilot.daemon.sessions.session import Credentials, Session, process_start_time, read_cmdline
+from pilot.daemon.sessions.staging import StagingSpares
 from pilot.daemon.telemetry.logs import setup_logging
 from pilot.daemon.telemetry.metrics import Metrics, PilotCollector, start_exporter
 from pilot.daemon.telemetry.nvml import NvmlPoller, NvmlSource, NvmlUnavailable, SimSource
@@ -224,19 +225,13 @@ class Daemon:
             except OSError as exc:  # no stdout to keep (fd 1 closed), no memfd: not captured
                 log.warning("kernels' printf output is not captured (it stays on pilotd's "
                             "stdout): %s", exc)
-        for vg in self.vgpus:
-            vg.policy, vg.kernel_time = self.policy, config.metrics_kernel_time
-            vg.fast_launch = config.fast_launch
-            vg.device_output = self.device_output
-            vg.shares = self.shares
-            vg.gate.board = self.priorities
+        # staging areas pinned ahead of the sessions that ask (sessions/staging.py)
+        self.staging_spares = StagingSpares(backend, per_kind=config.staging_spares)
         self.topology = self._topology()
         self.callbacks = CallbackHub(f"{socket_path}.callbacks", backend, config.callback_timeout,
                                      config.callback_hold_total)
         self._ends: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()  # from other threads
         self.callbacks.on_overdue = lambda sid, why: self._ends.put((sid, why))
-        for vg in self.vgpus:
-            vg.topology, vg.callbacks = self.topology, self.callbacks
         self.draining: set[int] = set()
         self.reread_config: Callable[[], Config] | None = None  # set by main: SIGHUP re-reads
         self._stop = threading.Event()
@@ -259,13 +254,25 @@ class Daemon:
         self.monitor = FaultMonitor(backend, self.gpus, config.fault_poll_interval,
                                     self._fault_noticed)
         for vg in self.vgpus:
-            vg.report_fault = self.monitor.report
+            self._equip(vg)
         # Isolation (router/isolation.py): tenants served by a pilotd of their own
         self.isolation = IsolationList(config.state_dir, config.isolation_tenants)
         self.engines = Engines(socket_path, self.broker.budget, sorted(self.gpus),
                                config.isolation_capacity)
         self.engines.adopt(handover.engines)
         self._idle_since = time.monotonic()
+
+    def _equip(self, vg: VGpu) -> None:
+        """What the daemon gives each vGPU, those started with it and those added later."""
+        config = self.config
+        vg.policy, vg.topology, vg.callbacks = self.policy, self.topology, self.callbacks
+        vg.kernel_time = config.metrics_kernel_time
+        vg.fast_launch = config.fast_launch
+        vg.device_output = self.device_output
+        vg.report_fault = self.monitor.report
+        vg.shares = self.shares
+        vg.gate.board = self.priorities
+        vg.staging_spares = self.staging_spares
 
     def _topology(self) -> Topology:
         """The GPUs in host order, as programs number them (relative to their first GPU)."""
@@ -292,13 +299,7 @@ class Daemon:
         index = len(self.vgpus)
         vg = VGpu(index, self.gpus[gpu], self.backend, f"{self.socket_path}.vgpu{index}", self.broker,
                   self.config.spin_us, gpu=gpu)
-        vg.policy, vg.topology, vg.callbacks = self.policy, self.topology, self.callbacks
-        vg.kernel_time = self.config.metrics_kernel_time
-        vg.fast_launch = self.config.fast_launch
-        vg.device_output = self.device_output
-        vg.report_fault = self.monitor.report
-        vg.shares = self.shares
-        vg.gate.board = self.priorities
+        self._equip(vg)
         try:
             prepare_socket_path(vg.endpoint_path)
             vg.start()
@@ -933,6 +934,7 @@ class Daemon:
         for vg in self.vgpus:
             vg.join(timeout=10)
         self.callbacks.stop()
+        self.staging_spares.close()
         if self._nvml is not None:
             self._nvml.stop()
         if self._exporter is not None:

@@ -31,6 +31,7 @@ from pilot.daemon.scheduling.priority import GATE_WAKE_MS, PriorityBoard, Sessio
 from pilot.daemon.scheduling.waiting import WaitQueue
 from pilot.daemon.sessions.quarantine import Quarantine
 from pilot.daemon.sessions.session import Session
+from pilot.daemon.sessions.staging import StagingSpares
 from pilot.daemon.vgpu.dispatch import Dispatch, _Prepared
 from pilot.daemon.vgpu.fast import FastLaunches
 
@@ -67,6 +68,7 @@ class VGpu(Dispatch):
         self.fast: FastLaunches | None = None  # launches run in C (vgpu/fast.py), made in serve
         self.device_output: Any = None  # device_output.DeviceOutput (set by the Daemon)
         self.quarantine = Quarantine(backend)  # freed memory being zeroed (sessions/quarantine.py)
+        self.staging_spares: StagingSpares | None = None  # areas pinned ahead (set by the Daemon)
         self._partition: Any = None  # the SM partition current on this thread (dispatch.enter)
         self._info: DeviceInfo | None = None
         self._op_names = op_names()

@@ -4,6 +4,7 @@ what the end of a session frees."""
 
 from __future__ import annotations
 
+import glob
 import mmap
 import os
 import subprocess
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import pytest
 from client import ProtoClient, body
+from proto_daemon import start_daemon, stop_daemon
 
-from pilot.daemon.protocol import lib
+from pilot.daemon.protocol import ffi, lib
 
 INVALID_VALUE, MEMORY_ALLOCATION, ALREADY_REGISTERED = 1, 2, 712
 PAGE = mmap.PAGESIZE
@@ -258,3 +260,67 @@ c = ProtoClient({sock!r})
 c.open()
 print(int(c.call(lib.PILOT_OP_STAGING_OPEN, body("pilot_req_staging_open", fault=0)).err), flush=True)
 """
+
+
+def _spares_of(d) -> list[str]:
+    return glob.glob(f"/dev/shm/pilot-{d.proc.pid}-spare-*")
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _open_area(c: ProtoClient, fault: int) -> tuple[int, str, int]:
+    rep = c.call(lib.PILOT_OP_STAGING_OPEN, body("pilot_req_staging_open", fault=fault),
+                 rep_type="pilot_rep_staging")
+    return int(rep.hdr.err), ffi.string(rep.path).decode(), int(rep.slots)
+
+
+def test_sessions_get_staging_areas_pinned_ahead(daemon):
+    """Issue 28 (2): pilotd pins one staging area of each size before any session asks, hands
+    it to the first session that does (for good: never to another) and pins its replacement;
+    the area is unwritten (zeros) and pilotd's alone to hand out (0600)."""
+    assert _wait_for(lambda: len(_spares_of(daemon)) == 2), _spares_of(daemon)
+    c = _client(daemon)
+    taken = []
+    for fault, slots in ((0, 8), (1, 1)):
+        err, path, got_slots = _open_area(c, fault)
+        assert (err, got_slots) == (0, slots)
+        assert "-spare-" in path
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        with open(path, "rb") as f:
+            assert f.read(1 << 20).count(0) == 1 << 20
+        taken.append(path)
+    # both were replaced, by new files: what one session holds is never handed to another
+    assert _wait_for(lambda: len(set(_spares_of(daemon)) - set(taken)) == 2), _spares_of(daemon)
+    second = _client(daemon)
+    err, path, _ = _open_area(second, 0)
+    assert err == 0 and path not in taken
+    c.close()
+    second.close()
+
+
+def test_no_spares_when_switched_off_and_none_left_behind(daemon_with, tmp_path):
+    config = tmp_path / "spares.toml"
+    config.write_text("[daemon]\nstaging_spares = 0\n")
+    d = daemon_with("--config", str(config))
+    c = _client(d)
+    err, path, _ = _open_area(c, 0)
+    assert err == 0 and "-spare-" not in path
+    assert _spares_of(d) == []
+    c.close()
+
+
+def test_spares_are_removed_when_pilotd_stops(tmp_path):
+    d = start_daemon(tmp_path)
+    try:
+        assert _wait_for(lambda: len(_spares_of(d)) == 2)
+    finally:
+        pid = d.proc.pid
+        stop_daemon(d)
+    assert glob.glob(f"/dev/shm/pilot-{pid}-spare-*") == []
