@@ -16,6 +16,10 @@
 /* Opens the session if needed (HELLO on the main socket, ATTACH on the vGPU socket, device info).
  * Returns cudaSuccess or the error every call gets while the daemon cannot be reached. */
 cudaError_t pilot_ensure_session(void);
+/* pilot_ensure_session for entry points: also runs, once, the hooks registered to act when the
+ * session is up (pilot_on_session_ready; each runs on the thread of that entry point). */
+cudaError_t pilot_enter_session(void);
+void pilot_on_session_ready(void (*hook)(void));
 /* From now on every call of the calling thread that needs the session fails with
  * cudaErrorNotPermitted (the callback thread: a host callback may not call CUDA). */
 void pilot_refuse_thread_calls(void);
@@ -116,7 +120,7 @@ int pilot_error_is_sticky(cudaError_t err);
         cudaError_t e_ = pilot_sticky_error();               \
         pilot_runtime_call();                                \
         if (e_ == cudaSuccess)                               \
-            e_ = pilot_ensure_session();                     \
+            e_ = pilot_enter_session();                      \
         if (e_ != cudaSuccess)                               \
             return pilot_set_error(e_);                      \
     } while (0)

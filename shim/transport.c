@@ -92,6 +92,8 @@ static void init_parts(void)
     }
 }
 
+static int g_ready_hooks_pending = 1; /* pilot_enter_session has not run the hooks yet */
+
 /* After fork the child must not use the parent's connections or session: it starts afresh on
  * first use. This resets the transport's own state only: each module above that keeps state of
  * the parent's session registers its own child handler, from a constructor like this one, so
@@ -120,6 +122,7 @@ static void fork_child(void)
     g_state = CONN_NONE;
     g_session = 0;
     g_device_count = 1;
+    g_ready_hooks_pending = 1; /* the child's session is a new one */
 }
 
 __attribute__((constructor)) static void transport_init(void)
@@ -516,6 +519,36 @@ cudaError_t pilot_ensure_session(void)
         }
     }
     pthread_mutex_unlock(&g_session_lock);
+    return err;
+}
+
+/* Work the layers above want done once the session is up (registry.c preloads a small program's
+ * kernels), run by the first entry point called after that, where it holds none of the shim's
+ * locks: a set-up started inside a call (a kernel's first launch resolving it) must not re-enter
+ * that call's locks. */
+#define READY_HOOKS 4
+static void (*g_ready_hooks[READY_HOOKS])(void);
+
+void pilot_on_session_ready(void (*hook)(void))
+{
+    for (int i = 0; i < READY_HOOKS; i++)
+        if (!g_ready_hooks[i]) {
+            g_ready_hooks[i] = hook;
+            return;
+        }
+    LOG_ERROR("pilot: more than %d session-ready hooks", READY_HOOKS);
+}
+
+cudaError_t pilot_enter_session(void)
+{
+    cudaError_t err = pilot_ensure_session();
+    if (err == cudaSuccess && __atomic_load_n(&g_ready_hooks_pending, __ATOMIC_ACQUIRE) &&
+        __atomic_exchange_n(&g_ready_hooks_pending, 0, __ATOMIC_ACQ_REL)) {
+        cudaError_t saved = pilot_last_error_swap(cudaSuccess); /* hooks leave no error behind */
+        for (int i = 0; i < READY_HOOKS && g_ready_hooks[i]; i++)
+            g_ready_hooks[i]();
+        pilot_last_error_swap(saved);
+    }
     return err;
 }
 

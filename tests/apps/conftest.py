@@ -46,14 +46,15 @@ SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
             "launch_ex", "scrub", "pinned", "quota_paths", "footprint", "liveness", "devices",
             "fault", "mempool", "launch_order", "func_info", "arrays", "driver_api", "graphs", "graph_mem",
             "graph_launch", "device_printf", "cublas_gemm", "cublas_level", "cudnn_conv",
-            "entry_point", "small_managed")}
+            "entry_point", "small_managed", "preload")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 SOURCES["ptds_per_thread"] = APPS_DIR / "ptds.cu"  # the same source, per-thread default streams
+SOURCES["preload_many"] = APPS_DIR / "preload.cu"  # the same source with 40 kernels more
 # PILOT's pageDoS and a streaming Unified Memory workload (bench/uvm), for the memory policies
 SOURCES |= {"pagedos": BENCH_DIR / "uvm" / "pagedos.cu", "uvm_stream": BENCH_DIR / "uvm" / "stream.cu"}
 PROGRAMS = tuple(SOURCES)
 NVCC_FLAGS = ("-cudart", "shared", "-O2", "-Wno-deprecated-gpu-targets")
-EXTRA_FLAGS = {"ptds_per_thread": ("-default-stream", "per-thread")}
+EXTRA_FLAGS = {"ptds_per_thread": ("-default-stream", "per-thread"), "preload_many": ("-DMANY_KERNELS",)}
 # driver_api.cu calls the driver API: it embeds the fatbin of driver_kernels.cu, loads the cubin
 # built next to it (driver_kernels.cubin, its argument) and links with -lcuda (the toolkit's stub
 # if it has one, else pilot's own libpilot-cuda.so, whose SONAME is libcuda.so.1).
