@@ -12,6 +12,7 @@ import mmap
 import os
 import secrets
 import threading
+import time
 from typing import Any
 
 from pilot.daemon.backends.base import Backend
@@ -81,14 +82,20 @@ class StagingSpares:
     area took 4.6 ms on an H100, and a program's first cudaMallocManaged waited for two (its
     session's area and the unified-memory fault channel's one-slot area). `take` hands a spare
     of the size asked to one session, for good (it is closed with that session, never given to
-    another), and the `staging-spares` thread pins its replacement. Spares are pilotd's own
+    another), and the `staging-spares` thread pins its replacement once no spare was taken for
+    `refill_delay` seconds: pinning holds the driver up (a vGPU thread's copies waited 4.6 ms
+    behind it on an H100), so it is not done while a session that just started makes its first
+    copies. Spares are pilotd's own
     pinned memory until taken (`per_kind` of each size: 18 MiB with the defaults); a taken one
     is charged to its tenant like an area made on demand. None left (a burst of new sessions):
     the caller makes one, as before."""
 
-    def __init__(self, backend: Backend, kinds: tuple[int, ...] = (SLOTS, 1), per_kind: int = 1) -> None:
+    def __init__(self, backend: Backend, kinds: tuple[int, ...] = (SLOTS, 1), per_kind: int = 1,
+                 refill_delay: float = 1.0) -> None:
         self._backend = backend
         self._per_kind = per_kind
+        self._refill_delay = refill_delay
+        self._last_take = -refill_delay
         self._spares: dict[int, list[Staging]] = {k: [] for k in kinds}
         self._cond = threading.Condition()
         self._closing = False
@@ -110,6 +117,7 @@ class StagingSpares:
             spares = self._spares.get(slots)
             area = spares.pop() if spares else None
             if area is not None:
+                self._last_take = time.monotonic()
                 self._cond.notify()
         if area is None:
             return None
@@ -133,6 +141,11 @@ class StagingSpares:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._closing or self._missing() is not None)
+                while not self._closing:  # quiet since the last take
+                    left = self._last_take + self._refill_delay - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(timeout=left)
                 if self._closing:
                     return
                 kind = self._missing()
