@@ -102,6 +102,9 @@ static void free_plans_of(struct fconn *c, uint64_t token) /* token 0: every pla
 /* What one session may make C keep: a client sending ever new descriptor records or shapes
  * must not grow pilotd. Past it the table starts afresh (Python teaches what is still used). */
 #define TABLE_MAX 256
+/* cuBLASLt descriptor sets: as many as Python keeps (backends/cublas.py LT_CACHE_MAX) and more,
+ * since their records hold pointers and a training step uses hundreds. */
+#define LT_TABLE_MAX 2048
 
 static uint32_t live_entries(const struct map *m)
 {
@@ -238,7 +241,7 @@ int pilot_fast_lt_plan(pilot_fast *f, uint32_t conn, uint64_t token, const uint8
     }
     if (!descs)
         return 0;
-    if (live_entries(&c->lt_plans) >= TABLE_MAX) {
+    if (live_entries(&c->lt_plans) >= LT_TABLE_MAX) {
         free_plans_of(c, 0);
         free(c->lt_plans.slots);
         memset(&c->lt_plans, 0, sizeof c->lt_plans);

@@ -50,6 +50,10 @@ from pilot.daemon.backends.libraries import (
 
 SONAMES = {LIB_CUBLAS: "libcublas.so.13", LIB_CUBLASLT: "libcublasLt.so.13"}
 POOL_MAX = 16  # idle handles kept per device and library
+# cuBLASLt descriptor sets kept per handle. Their records hold pointers (bias, epilogue aux), so a
+# transformer's training step used ~300 distinct sets; 64 evicted each before its next use and
+# sent every cublasLtMatmul back through Python to build its descriptors again (issue 25, H100).
+LT_CACHE_MAX = 1024
 
 _vp, _i, _sz, _ll, _u64, _i64 = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t,
                                  ctypes.c_longlong, ctypes.c_uint64, ctypes.c_int64)
@@ -363,9 +367,11 @@ class CudaLibraries:
         """The descriptors for `key` (the call's attribute records), built once per handle."""
         key = (b"H" if with_pref else b"M") + key
         made = state.lt_cache.get(key)
-        if made is None:
+        if made is not None:
+            state.lt_cache[key] = state.lt_cache.pop(key)  # the most recently used last
+        else:
             made = self._lt_build(call, with_pref)
-            if len(state.lt_cache) >= 64:
+            if len(state.lt_cache) >= LT_CACHE_MAX:  # the least recently used goes
                 old_key = next(iter(state.lt_cache))
                 self._lt_destroy(state.lt_cache.pop(old_key))
                 if old_key[:1] == b"M":

@@ -308,6 +308,10 @@ def blas_gemm(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     vg.backend.blas_gemm(h.obj, call, settings, stream)
     vg.metrics.count("library_calls", (s.tenant, call.name))
     if fast is not None:
+        if log.isEnabledFor(logging.DEBUG):  # which calls still cost the interpreter lock
+            log.debug("%s through Python: pointer mode %d, m %d n %d k %d batch %d, stream %#x",
+                      call.name, req.pointer_mode, call.m, call.n, call.k, call.batch, req.stream,
+                      extra={"session": s.id, "tenant": s.tenant})
         fast.handle_used(s, req.handle, h)
         fast.stream_used(s, req.stream)
 
@@ -508,6 +512,10 @@ def blaslt_matmul(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     vg.backend.blaslt_matmul(h.obj, call, key, stream)
     vg.metrics.count("library_calls", (s.tenant, "cublasLtMatmul"))
     if vg.fast is not None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("cublasLtMatmul through Python: %s (records %08x, %d bytes)",
+                      vg.fast.why_python_lt(s, req, ranges), hash(key) & 0xFFFFFFFF, len(key),
+                      extra={"session": s.id, "tenant": s.tenant})
         vg.fast.lt_plan(s, req.handle, h, key, ranges)
         vg.fast.stream_used(s, req.stream)
 

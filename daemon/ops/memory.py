@@ -3,6 +3,7 @@ peer copies."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.backends.base import (
@@ -25,6 +26,7 @@ from pilot.daemon.sessions.staging import Staging
 if TYPE_CHECKING:
     from pilot.daemon.vgpu.server import VGpu
 
+log = logging.getLogger("pilot.ops")
 OPS = OpTable("memory")
 MANAGED_ATTACH_GLOBAL = 1
 
@@ -192,6 +194,9 @@ def memset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     note_write(vg, s, req.ptr, req.count, stream)
     vg.backend.memset_d8(req.ptr, req.value & 0xFF, req.count, stream)
     if vg.fast is not None:  # the stream's next memsets may run in C
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("memset through Python: %s", vg.fast.why_python(s, req.stream, req.ptr, req.count),
+                      extra={"session": s.id, "tenant": s.tenant})
         vg.fast.stream_used(s, req.stream)
 
 @OPS.handler(lib.PILOT_OP_MEMSET_WIDE, "pilot_req_memset_wide")

@@ -82,6 +82,11 @@ class MemoryTables:
             return  # memory of the session on another device (devices.py)
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"[{ptr:#x}, +{count}) is not memory of this session")
 
+    def owns_allocation_range(self, ptr: int, count: int) -> bool:
+        """[ptr, ptr+count) lies inside one of this session's own device allocations."""
+        i = bisect.bisect_right(self._bases, ptr) - 1
+        return _within(self._bases, self.allocations, ptr, count) and self._bases[i] not in self.managed
+
     def add_symbol(self, module: int, ptr: int, size: int) -> None:
         """Record a variable of the session's module `module` (a handle) as its memory."""
         if ptr in self.symbols:

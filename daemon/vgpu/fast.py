@@ -284,6 +284,44 @@ class FastLaunches:
         if st is not None:  # a blocking stream's calls stay with Python
             lib.pilot_fast_stream(self.ptr, s.identity, token, self._raw(st.obj), int(st.blocking))
 
+    def why_python(self, s: Session, token: int, ptr: int, count: int) -> str:
+        """Why C left a memset of the session to Python, as far as Python can tell (logged at
+        debug level: which calls still cost the interpreter lock, issue 25)."""
+        state = self._states.get(s.id)
+        if state is None or not state[1]:
+            return "the session is off the fast path (policy, gate, residency or sticky error)"
+        if not count:
+            return "empty"
+        if not s.owns_allocation_range(ptr, count):
+            return "not inside one device allocation C knows (a module variable, managed memory)"
+        if not token:
+            return "legacy stream, behind blocking-stream work" if s.dirty_blocking else "legacy stream"
+        st = s.streams.get(token)
+        if st is None:
+            return "unknown stream"
+        return "blocking stream" if st.blocking else "first call on this stream"
+
+    def why_python_lt(self, s: Session, req: Any, ranges: LtRanges) -> str:
+        """Why C left a cuBLASLt matmul to Python, as far as Python can tell: try_lt's checks
+        (fast_library.c) in its order; "not taught yet" when every one passes."""
+        state = self._states.get(s.id)
+        if state is None or not state[1]:
+            return "the session is off the fast path"
+        if ranges.device_scalars:
+            return "device scalars (Python only)"
+        spans = [ranges.spans[obj] for obj in (LT_A, LT_B, LT_C, LT_D)]
+        for name, ptr, span in zip("ABCD", (req.a, req.b, req.c, req.d), spans, strict=True):
+            if (ptr or name == "D") and span and not s.owns_allocation_range(ptr, span):
+                return f"{name} [{ptr:#x}, +{span}) not inside one device allocation"
+        for ptr, span in ranges.fixed:
+            if span and not s.owns_allocation_range(ptr, span):
+                return f"descriptor pointer [{ptr:#x}, +{span}) not inside one device allocation"
+        if req.workspace_size and not s.owns_allocation_range(req.workspace, req.workspace_size):
+            return "workspace not inside one device allocation"
+        if req.stream and req.stream not in s.streams:
+            return "unknown stream"
+        return "not taught yet (or evicted)"
+
     def dnn_plan_gone(self, s: Session, token: int) -> None:
         if s.identity is not None and s.id in self._states:
             lib.pilot_fast_dnn_plan(self.ptr, s.identity, token, 0, 0, ffi.NULL, ffi.NULL, 0, 0)

@@ -349,12 +349,13 @@ def test_a_size_query_is_never_answered_here(h: Harness) -> None:
 
 def test_ever_new_descriptor_sets_and_shapes_do_not_grow_what_c_keeps(h: Harness) -> None:
     """A client sending new cuBLASLt records or batch normalization shapes without end: C keeps
-    at most 256 of each per session and starts afresh (Python teaches again what is used)."""
+    at most 2048 descriptor sets and 256 shapes per session and starts afresh (Python teaches
+    again what is used)."""
     lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, lib.PILOT_FAST_CUBLAS)
-    for i in range(300):
+    for i in range(2100):
         plan(h, records=RECORDS + i.to_bytes(4, "little"))
     # the last ones are kept, the first were dropped with the table
-    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS + (299).to_bytes(4, "little"))) == FAST_DONE
+    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS + (2099).to_bytes(4, "little"))) == FAST_DONE
     assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS + (0).to_bytes(4, "little"))) == FAST_LEARN
     lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, lib.PILOT_FAST_CUDNN)
     for n in range(1, 301):
