@@ -112,7 +112,7 @@ def main() -> int:
     futex_users: collections.Counter[str] = collections.Counter()
     for c in counts.values():
         for what in c:
-            if what.startswith("futex"):
+            if what.startswith("futex "):
                 futex_users[what] += 1
     print(f"pid {pid}: {n} samples over {elapsed:.1f} s, {len(counts)} threads")
     for tid in sorted(counts, key=lambda t: -cpu.get(t, 0))[:args.top]:
