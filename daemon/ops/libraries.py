@@ -513,8 +513,9 @@ def blaslt_matmul(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     vg.metrics.count("library_calls", (s.tenant, "cublasLtMatmul"))
     if vg.fast is not None:
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("cublasLtMatmul through Python: %s (records %08x, %d bytes)",
+            log.debug("cublasLtMatmul through Python: %s (records %08x, %d bytes; descriptors %s)",
                       vg.fast.why_python_lt(s, req, ranges), hash(key) & 0xFFFFFFFF, len(key),
+                      "kept" if vg.backend.fast_lt_descriptors(h.obj, key) else "not kept",
                       extra={"session": s.id, "tenant": s.tenant})
         vg.fast.lt_plan(s, req.handle, h, key, ranges)
         vg.fast.stream_used(s, req.stream)
