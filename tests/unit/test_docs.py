@@ -165,3 +165,13 @@ def test_architecture_documents_say_what_they_own() -> None:
         assert lines[0].startswith("# "), f"{doc.name} does not open with its title"
         assert lines[1].startswith("Owns: "), f"{doc.name}: second line must be `Owns: ...`"
         assert f"architecture/{doc.name}" in index, f"docs/ARCHITECTURE.md does not link {doc.name}"
+
+
+def test_results_open_with_the_headline() -> None:
+    """bench/RESULTS.md's first section is the latest run of each benchmark, before the history."""
+    headings = [line for line in (ROOT / "bench" / "RESULTS.md").read_text().splitlines()
+                if line.startswith("## ")]
+    assert headings[0].startswith("## Headline"), headings[0]
+    assert all(h[3:7].isdigit() for h in headings[1:]), "history sections are dated, newest first"
+    dates = [h[3:13] for h in headings[1:]]
+    assert dates == sorted(dates, reverse=True), "history is not newest first"
