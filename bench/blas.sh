@@ -6,21 +6,15 @@
 #   OUT=... bash bench/blas.sh [--no-install] [REPEATS (3)]
 set -u -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-OUT=${OUT:-/tmp/pilot-gpu-out}
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" blas
 SOCK=/tmp/pilot-gpu-blas/pilot.sock
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
-say() { printf '[blas] %s\n' "$*" >&2; }
-if [ "${1:-}" = --no-install ]; then shift; else bash "$REPO/tests/gpu/run_compare.sh" --install-only || exit 2; fi
+if [ "${1:-}" = --no-install ]; then shift; else install_site_pilot || exit 2; fi
 REPEATS=${1:-3}
 mkdir -p "$OUT/blas" "$(dirname "$SOCK")"
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-LIB=$(dirname "$(dirname "$(readlink -f "$NVCC")")")/lib64
+LIB=$TOOLKIT_LIB
 "$NVCC" -cudart shared -O2 -arch=sm_90 -o "$OUT/blas/blas" "$REPO/bench/blas.cu" -L "$LIB" \
     -lcublasLt -lcublas || exit 2
-# shellcheck source=tests/gpu/pilotd.sh
-. "$REPO/tests/gpu/pilotd.sh"
 trap pilotd_stop EXIT
 pilotd_start "$OUT/blas/pilotd.log" --backend cuda --socket "$SOCK" || exit 2
 : >"$OUT/blas/native.txt"

@@ -7,12 +7,9 @@
 # Needs pilot installed in $PILOT_SITE (tests/gpu/run_compare.sh --install-only).
 set -u -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" graph_latency
 IDLE=${IDLE:-64}
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
-say() { printf '[graph_latency] %s\n' "$*" >&2; }
-. "$REPO/tests/gpu/pilotd.sh"
 WORK=$(mktemp -d /tmp/graph-latency.XXXXXX)
 mkdir -p -m 700 "$WORK/sock"
 trap 'pilotd_stop; rm -rf "$WORK"' EXIT

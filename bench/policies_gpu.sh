@@ -8,14 +8,13 @@
 # what the device tool can bring back into $OUT: policies.md, policies.json, the plots, the
 # runner's output, and the pilotd logs as one tarball.
 set -u -o pipefail
-OUT=${OUT:-/tmp/pilot-gpu-out}
-SITE=${PILOT_SITE:-/tmp/site}
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" policies
 WORK=${WORK:-/tmp/policies}
 mkdir -p "$OUT" "$WORK"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl || exit 1
-PILOT_SITE=$SITE bash tests/gpu/run_compare.sh --install-only >"$WORK/install.log" 2>&1 \
-    || { tail -30 "$WORK/install.log"; exit 1; }
-export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+install_site_wheels || exit 1
+install_site_pilot >"$WORK/install.log" 2>&1 || { tail -30 "$WORK/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 date -u
 python3 bench/policy_runner.py --realprogs .realprogs --out "$WORK" "$@" 2>&1 | tee "$WORK/runner.log"

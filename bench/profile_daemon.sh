@@ -8,12 +8,12 @@
 #   bash bench/profile_daemon.sh [OUT]        (default OUT: $OUT or /tmp/pilot-gpu-out)
 set -u -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-OUT=${1:-${OUT:-/tmp/pilot-gpu-out}}
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" profile
+OUT=${1:-$OUT}
 PYSPY=${PYSPY:-$REPO/.gl/py-spy}
 BACKEND=${BACKEND:-cuda}
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}" PATH=/usr/local/cuda/bin:$PATH
+export PATH=/usr/local/cuda/bin:$PATH
 mkdir -p "$OUT"
 work=$(mktemp -d /tmp/pilot-prof-XXXX)
 for p in launch roundtrip; do

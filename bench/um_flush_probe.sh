@@ -8,15 +8,11 @@
 #   OUT=/tmp/pilot-gpu-out bash bench/um_flush_probe.sh      (pilot installed in $PILOT_SITE)
 set -u -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-OUT=${OUT:-/tmp/pilot-gpu-out}/um_flush_probe
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" um_flush_probe
+OUT=$OUT/um_flush_probe
 ARGS=${UM_TOUCH_ARGS:-512 20}
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
-say() { printf '[um_flush_probe] %s\n' "$*" >&2; }
-# shellcheck source=tests/gpu/pilotd.sh
-. "$REPO/tests/gpu/pilotd.sh"
 trap pilotd_stop EXIT
 nvcc -cudart shared -O2 -arch=sm_90 -I "$REPO/bench" -o "$OUT/um_touch" "$REPO/bench/um_touch.cu" || exit 1
 SHIM=$("$PYTHON" -c 'from pilot.shim import shim_path; print(shim_path(13))')

@@ -8,14 +8,10 @@
 #   OUT=/tmp/pilot-gpu-out bash bench/um_kernel_time.sh      (pilot installed in $PILOT_SITE)
 set -u -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-OUT=${OUT:-/tmp/pilot-gpu-out}/um_kernel_time
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" um_kernel_time
+OUT=$OUT/um_kernel_time
 mkdir -p "$OUT"
-say() { printf '[um_kernel_time] %s\n' "$*" >&2; }
-# shellcheck source=tests/gpu/pilotd.sh
-. "$REPO/tests/gpu/pilotd.sh"
 trap pilotd_stop EXIT
 for prog in um_stream um_touch; do
     nvcc -cudart shared -O2 -arch=sm_90 -I "$REPO/bench" -o "$OUT/$prog" "$REPO/bench/$prog.cu" || exit 1

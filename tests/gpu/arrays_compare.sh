@@ -17,14 +17,11 @@
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-OUT=${OUT:-/tmp/pilot-gpu-out}
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
-NVCC_ARCH=${NVCC_ARCH:-sm_90}
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" arrays
 PILOT_BACKEND=${PILOT_BACKEND:-cuda}
 PILOT_SIM_KERNELS=${PILOT_SIM_KERNELS:-}
 COMPARE_DRY_RUN=${COMPARE_DRY_RUN:-0}
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 LOG=$OUT/arrays_compare.log
@@ -33,27 +30,20 @@ LOG=$OUT/arrays_compare.log
 say() { printf '[arrays] %s\n' "$*" | tee -a "$LOG" >&2; }
 
 if [ "${1:-}" != --no-install ]; then
-    wheels=("$REPO"/.whl/*.whl)
-    if [ -e "${wheels[0]}" ]; then
-        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target "$PILOT_SITE" "${wheels[@]}" || { say "wheels failed to install"; exit 2; }
-    fi
-    bash "$REPO/tests/gpu/run_compare.sh" --install-only || { say "pilot failed to install"; exit 2; }
+    install_site_wheels || { say "wheels failed to install"; exit 2; }
+    install_site_pilot || { say "pilot failed to install"; exit 2; }
 fi
 
 WORK=$(mktemp -d /tmp/pilot-arrays.XXXXXX)
 SOCK_DIR=$WORK/sock
 mkdir -p "$SOCK_DIR"
 SOCK=$SOCK_DIR/pilot.sock
-# shellcheck source=tests/gpu/pilotd.sh
-. "$REPO/tests/gpu/pilotd.sh"
 cleanup() {
     pilotd_stop
     rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 BIN=$WORK/arrays
 if ! "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$BIN" "$REPO/tests/apps/arrays.cu" \
         >>"$LOG" 2>&1; then

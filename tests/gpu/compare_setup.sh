@@ -5,39 +5,28 @@
 #   COMPARE_NAME=cudnn
 #   . "$REPO/tests/gpu/compare_setup.sh" "$@"
 #
-# Sets OUT (/tmp/pilot-gpu-out), PILOT_SITE (/tmp/site), PYTHON (python3), NVCC_ARCH (sm_90) where
-# the environment does not; SOCK_DIR (/tmp/pilot-gpu-NAME) and SOCK; PILOT_SITE first on
-# PYTHONPATH; say() ("[NAME] ..." on stderr). Installs pilot (run_compare.sh --install-only; exit
-# 2 if that fails) unless the first argument is --no-install. LOG: $OUT/NAME-compare.log, emptied;
-# WORK: a temporary folder, removed at exit after pilotd_stop (pilotd.sh, sourced here). NVCC: the
-# toolkit's nvcc, TOOLKIT_LIB: its lib64.
+# The GPU scripts' common environment first (tests/gpu/env.sh: OUT, PILOT_SITE, PYTHON,
+# NVCC_ARCH, PYTHONPATH, NVCC, TOOLKIT_LIB, say() as "[NAME] ...", pilotd.sh); then SOCK_DIR
+# (/tmp/pilot-gpu-NAME) and SOCK. Installs pilot (run_compare.sh --install-only; exit 2 if that
+# fails) unless the first argument is --no-install. LOG: $OUT/NAME-compare.log, emptied; WORK: a
+# temporary folder, removed at exit after pilotd_stop.
 
-OUT=${OUT:-/tmp/pilot-gpu-out}
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
-NVCC_ARCH=${NVCC_ARCH:-sm_90}
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" "$COMPARE_NAME"
 SOCK_DIR=/tmp/pilot-gpu-$COMPARE_NAME
 SOCK=$SOCK_DIR/pilot.sock
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
-
-say() { printf '[%s] %s\n' "$COMPARE_NAME" "$*" >&2; }
 
 if [ "${1:-}" != --no-install ]; then
-    bash "$REPO/tests/gpu/run_compare.sh" --install-only || exit 2
+    install_site_pilot || exit 2
 fi
 mkdir -p "$OUT" "$SOCK_DIR"
 LOG=$OUT/$COMPARE_NAME-compare.log
 : >"$LOG"
 WORK=$(mktemp -d "/tmp/pilot-$COMPARE_NAME.XXXXXX")
 
-# shellcheck source=tests/gpu/pilotd.sh
-. "$REPO/tests/gpu/pilotd.sh"
 # shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() {
     pilotd_stop
     rm -rf "$WORK"
 }
 trap cleanup EXIT
-
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-TOOLKIT_LIB=$(dirname "$(dirname "$(readlink -f "$NVCC")")")/lib64

@@ -16,33 +16,26 @@
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-OUT=${OUT:-/tmp/pilot-gpu-out}
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
-NVCC_ARCH=${NVCC_ARCH:-sm_90}
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" samples
 CS=$REPO/.realprogs-src/cuda-samples
 SOCK=/tmp/pilot-gpu-samples/pilot.sock
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
-say() { printf '[samples] %s\n' "$*" >&2; }
 # tests/gpu/real_programs.sh's "generic" filter: lines that report times or rates
 DROP='\b(time|timing|elapsed|throughput|bandwidth|gflops|tflops|flops|tops)\b|[0-9][[:space:]]*(ms|msec|msecs|millisec|milliseconds|s|sec|secs|seconds|us|usec|usecs|ns)\b|/sec\b|per second|[a-z]/s\b|^exec:'
 
 if [ "${1:-}" != --no-install ]; then
-    bash "$REPO/tests/gpu/run_compare.sh" --install-only || exit 2
+    install_site_pilot || exit 2
 fi
 [ -d "$CS/Common" ] || { say "no $CS/Common: carry the samples' sources"; exit 2; }
 mkdir -p "$OUT" "$(dirname "$SOCK")"
 LOG=$OUT/cublas-samples.log
 : >"$LOG"
 WORK=$(mktemp -d /tmp/pilot-samples.XXXXXX)
-# shellcheck source=tests/gpu/pilotd.sh
-. "$REPO/tests/gpu/pilotd.sh"
 # shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() { pilotd_stop; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-LIB=$(dirname "$(dirname "$(readlink -f "$NVCC")")")/lib64
+LIB=$TOOLKIT_LIB
 # name | source | extra flags | compare (all: filtered stdout; verdict: lines matching the ERE)
 PROGRAMS=(
     "batchCUBLAS|4_CUDA_Libraries/batchCUBLAS/batchCUBLAS.cpp||all"

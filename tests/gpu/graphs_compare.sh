@@ -15,27 +15,19 @@
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
-NVCC_ARCH=${NVCC_ARCH:-sm_90}
-OUT=${OUT:-/tmp/pilot-gpu-out}
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" graphs
 SOCK_DIR=/tmp/pilot-gpu-graphs
 SOCK=$SOCK_DIR/pilot.sock
 PILOT_BACKEND=${PILOT_BACKEND:-cuda}
 PILOT_SIM_KERNELS=${PILOT_SIM_KERNELS:-}
 COMPARE_DRY_RUN=${COMPARE_DRY_RUN:-0}
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-
-say() { printf '[graphs] %s\n' "$*" >&2; }
-# shellcheck source=tests/gpu/pilotd.sh
-. "$REPO/tests/gpu/pilotd.sh"
 
 mkdir -p "$OUT" "$SOCK_DIR"
 WORK=$(mktemp -d /tmp/pilot-graphs.XXXXXX)
 trap 'pilotd_stop; rm -rf "$WORK"' EXIT
 
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 PROGRAMS=(graphs graph_mem graph_launch)
 for prog in "${PROGRAMS[@]}"; do
     say "building $prog.cu with $NVCC -arch=$NVCC_ARCH"

@@ -57,9 +57,8 @@
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-OUT=${OUT:-/tmp/pilot-gpu-out}
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" real
 REALPROGS=${REALPROGS:-$REPO/.realprogs}
 MANIFEST=${REAL_MANIFEST:-$REALPROGS/manifest.tsv}
 PROG_TIMEOUT=${PROG_TIMEOUT:-60}
@@ -72,7 +71,6 @@ REAL_LOG_ALL=${REAL_LOG_ALL:-0}
 export PILOT_LOG=${PILOT_LOG:-warn}
 SOCK_DIR=/tmp/pilot-real
 SOCK=$SOCK_DIR/pilot.sock
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
 install=1
@@ -99,8 +97,6 @@ if [ -n "$part" ]; then
     fi
 fi
 
-say() { printf '[real] %s\n' "$*" >&2; }
-
 [ -f "$MANIFEST" ] || { say "no manifest at $MANIFEST: build with hack/build_real_programs.sh and carry .realprogs"; exit 2; }
 if [ "$list" = 1 ]; then
     column -t -s $'\t' "$MANIFEST" 2>/dev/null || cat "$MANIFEST"
@@ -121,16 +117,9 @@ log() { printf '%s\n' "$*" >>"$LOG"; }
 # ---- pilot: install, shim, daemon ----
 
 install_pilot() {
-    local wheels=("$REPO"/.whl/*.whl)
-    if [ -e "${wheels[0]}" ]; then
-        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target "$PILOT_SITE" "${wheels[@]}" || return 1
-    fi
-    bash "$REPO/tests/gpu/run_compare.sh" --install-only
+    install_site_wheels || return 1
+    install_site_pilot
 }
-
-# shellcheck source=tests/gpu/pilotd.sh
-. "$REPO/tests/gpu/pilotd.sh"
 
 stop_daemon() { pilotd_stop; }
 

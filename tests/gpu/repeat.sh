@@ -10,21 +10,17 @@
 # in PILOT_SITE: run `bash tests/gpu/run_compare.sh --install-only` first).
 set -u -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-OUT=${OUT:-/tmp/pilot-gpu-out}
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
-PYTHON=${PYTHON:-python3}
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" repeat
 prog=$1 n=$2
 shift 2
 flags=() args=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do flags+=("$1"); shift; done
 [ "${1:-}" = -- ] && shift && args=("$@")
-say() { echo "[repeat] $*"; }
-# shellcheck source=tests/gpu/pilotd.sh
-. "$REPO/tests/gpu/pilotd.sh"
+say() { echo "[repeat] $*"; }  # on stdout, unlike env.sh's
 work=$(mktemp -d)
 mkdir -p "$OUT"
-nvcc -cudart shared -O2 "-arch=${NVCC_ARCH:-sm_90}" "${flags[@]}" -o "$work/$prog" "$REPO/tests/apps/$prog.cu" || exit 2
+nvcc -cudart shared -O2 "-arch=$NVCC_ARCH" "${flags[@]}" -o "$work/$prog" "$REPO/tests/apps/$prog.cu" || exit 2
 "$work/$prog" "${args[@]}" >"$work/native.out" 2>"$work/native.err"
 nrc=$?
 pilotd_start "$OUT/pilotd-repeat.log" --backend cuda --socket "$work/pilot.sock" --state-dir "$work/state" \

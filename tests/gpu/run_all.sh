@@ -48,9 +48,8 @@
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-OUT=${OUT:-/tmp/pilot-gpu-out}
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" run_all
 SMOKE_TIMEOUT=${SMOKE_TIMEOUT:-120}
 COMPARE_TIMEOUT=${COMPARE_TIMEOUT:-240}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-240}
@@ -59,7 +58,6 @@ BENCH_ARGS=${BENCH_ARGS:-}
 TENANTS_ARGS=${TENANTS_ARGS:-}
 TENANTS_TIMEOUT=${TENANTS_TIMEOUT:-900}
 export OUT PILOT_SITE PYTHON
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 
@@ -97,8 +95,7 @@ install_wheels() {
     if [ ! -e "${wheels[0]}" ]; then
         echo "no wheels in $REPO/.whl: relying on the interpreter's own pyzmq/cffi/pycparser"
     else
-        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target "$PILOT_SITE" "${wheels[@]}" || return 1
+        install_site_wheels || return 1
     fi
     "$PYTHON" -c 'import zmq, cffi, pycparser; print("zmq", zmq.__version__, "cffi", cffi.__version__)'
 }

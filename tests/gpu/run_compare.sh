@@ -39,10 +39,8 @@
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-OUT=${OUT:-/tmp/pilot-gpu-out}
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
-NVCC_ARCH=${NVCC_ARCH:-sm_90}
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" compare
 PILOT_BACKEND=${PILOT_BACKEND:-cuda}
 PILOT_SIM_KERNELS=${PILOT_SIM_KERNELS:-}
 COMPARE_DRY_RUN=${COMPARE_DRY_RUN:-0}
@@ -52,7 +50,6 @@ SOCK_DIR=/tmp/pilot-gpu
 SOCK=$SOCK_DIR/pilot.sock
 ERROR_SCENARIOS=(launch_config launch_bounds use_after_free copy_oob bad_free device_props)
 
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
 mode=compare
@@ -62,8 +59,6 @@ case "${1:-}" in
     "") ;;
     *) echo "usage: $0 [--install-only|--no-install]" >&2; exit 2 ;;
 esac
-
-say() { printf '[compare] %s\n' "$*" >&2; }
 
 # ---- installing pilot ----
 
@@ -115,9 +110,6 @@ BIN=$WORK/bin
 mkdir -p "$BIN"
 log() { printf '%s\n' "$*" >>"$LOG"; }
 
-# shellcheck source=tests/gpu/pilotd.sh
-. "$REPO/tests/gpu/pilotd.sh"
-
 stop_daemon() {
     [ -n "$DAEMON_PID" ] || return 0
     pilotd_stop
@@ -137,7 +129,6 @@ say "shim: $SHIM"
 
 # ---- building ----
 
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 SOURCES=()
 for src in "$REPO"/tests/apps/*.cu "$REPO/tests/gpu/matmul_tiled.cu" "$REPO/tests/gpu/multistream.cu"; do
     # cuda12.cu is a CUDA 12 program: it builds against the 12.x runtime headers

@@ -10,18 +10,13 @@
 #    beside an uncapped one. Outputs in $OUT (green_probe.txt, share_check.txt, pilotd-share.log).
 set -u -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-OUT=${OUT:-/tmp/pilot-gpu-out}
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" share
 export OUT PILOT_SITE PYTHON PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
 mkdir -p "$OUT"
 cd "$REPO"
-if compgen -G ".whl/*.whl" >/dev/null; then
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$PILOT_SITE" .whl/*.whl || exit 2
-fi
-bash tests/gpu/run_compare.sh --install-only >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 2; }
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
+install_site_wheels || exit 2
+install_site_pilot >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 2; }
 rc=0
 timeout "${PROBE_TIMEOUT:-120}" "$PYTHON" tests/gpu/green_probe.py 2>&1 | tee "$OUT/green_probe.txt" || rc=1
 timeout "${SHARE_TIMEOUT:-120}" "$PYTHON" tests/gpu/share_check.py 2>&1 \

@@ -14,24 +14,19 @@
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-OUT=${OUT:-/tmp/pilot-gpu-out}
-PILOT_SITE=${PILOT_SITE:-/tmp/site}
-PYTHON=${PYTHON:-python3}
+# shellcheck source=tests/gpu/env.sh
+. "$REPO/tests/gpu/env.sh" torch
 STEP_TIMEOUT=${STEP_TIMEOUT:-120}
 SOCK=/tmp/pilot-gpu-torch/pilot.sock
-export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
-say() { printf '[torch] %s\n' "$*" >&2; }
 
 if [ "${1:-}" = --no-install ]; then
     shift
 else
-    bash "$REPO/tests/gpu/run_compare.sh" --install-only || exit 2
+    install_site_pilot || exit 2
 fi
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(init alloc ops copy matmul linear bmm conv triton mlp transformer)
 mkdir -p "$OUT/torch" "$(dirname "$SOCK")"
-# shellcheck source=tests/gpu/pilotd.sh
-. "$REPO/tests/gpu/pilotd.sh"
 trap pilotd_stop EXIT
 # shellcheck disable=SC2086  # PILOTD_ARGS is a list of words
 pilotd_start "$OUT/torch/pilotd.log" --backend cuda --socket "$SOCK" ${PILOTD_ARGS:-} || exit 2
