@@ -26,8 +26,10 @@ REFUSED = "pilotd refused the session"
 
 def build_job(out_dir: Path) -> Path:
     exe = out_dir / "salus_job"
-    cmd = [find_nvcc(), "-cudart", "shared", "-O2", "-Wno-deprecated-gpu-targets", "-o", str(exe),
-           str(BENCH / "salus_job.cu")]
+    # Machine code for the GPU (NVCC_ARCH, sm_90 by default, as tests/gpu builds): without it
+    # nvcc 13 emits sm_75 code and PTX, which the driver must compile when a job loads it.
+    cmd = [find_nvcc(), "-cudart", "shared", "-O2", f"-arch={os.environ.get('NVCC_ARCH', 'sm_90')}",
+           "-Wno-deprecated-gpu-targets", "-o", str(exe), str(BENCH / "salus_job.cu")]
     subprocess.run(cmd, check=True, timeout=600)
     return exe
 
@@ -40,7 +42,7 @@ class Daemon(PilotdProcess):
     """A pilotd of its own (socket, state and log under `workdir`) with `policy`."""
 
     def __init__(self, workdir: Path, backend: str, policy: str, scheduler: str = "pack",
-                 capacity: str = "12GiB") -> None:
+                 capacity: str = "12GiB", log_level: str = "info") -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.socket = str(workdir / "pilot.sock")
         self.control = str(workdir / "control.sock")
@@ -51,7 +53,8 @@ class Daemon(PilotdProcess):
         config.write_text(text)
         cmd = [sys.executable, "-m", "pilot.daemon", "--config", str(config), "--backend", backend,
                "--socket", self.socket, "--control-socket", self.control, "--state-dir",
-               str(workdir / "state"), "--metrics-address", "", "--policy", policy]
+               str(workdir / "state"), "--metrics-address", "", "--policy", policy,
+               "--log-level", log_level]
         if backend == "sim":
             cmd += ["--sim-kernels", str(BENCH / "salus_sim_kernels.py")]
         super().__init__(cmd, workdir / "pilotd.log", clean_env(), say=lambda s: None)
@@ -117,6 +120,7 @@ class Result:
     rc: int | None = None
     output: str = ""
     retried: bool = False
+    pid: int = 0  # of its (last) process
 
     @property
     def jct(self) -> float:
@@ -231,7 +235,7 @@ def run_jobs(daemon: Daemon, specs: list[JobSpec], exe: Path, sim: bool, declare
             out = (out_dir / f"{r.spec.name}.out").open("w+")
             p = subprocess.Popen(r.spec.command(exe, sim), env=r.spec.env(daemon, shim, declare),
                                  stdout=out, stderr=subprocess.STDOUT, text=True)
-            r.started = now
+            r.started, r.pid = now, p.pid
             procs[p.pid] = (r, p)
         for pid, (r, p) in list(procs.items()):
             if p.poll() is not None:
@@ -248,6 +252,7 @@ def run_jobs(daemon: Daemon, specs: list[JobSpec], exe: Path, sim: bool, declare
                                              stdout=(out_dir / f"{r.spec.name}.out").open("w+"),
                                              stderr=subprocess.STDOUT, text=True)
                     procs[again.pid] = (r, again)
+                    r.pid = again.pid
         if now > timeout:
             for _r, p in procs.values():
                 p.kill()

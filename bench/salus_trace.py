@@ -48,6 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from salus_bench import GIB, Daemon, JobSpec, Result, build_job, describe_peak, percentile, run_jobs
+from salus_timeline import one_at_a_time, read_events, report, timelines
 
 PAPER = {  # Salus, Table 2 (minutes): average JCT, JCT p95 where given, queuing, makespan
     "fifo": {"avg_jct": 170.6, "makespan": 303.4},
@@ -91,24 +92,10 @@ def ideal(specs: list[JobSpec], boundary_s: float = 0.05, torch_iteration_s: flo
     `boundary_s` iteration boundaries, with no memory limit and no start-up cost (a PyTorch
     job's iterations counted `torch_iteration_s` each): what the trace allows at best."""
     work = [s.iterations * (s.iter_ms / 1e3 if not s.torch else torch_iteration_s) for s in specs]
-    out = {}
-    for policy in ("fifo", "srtf"):
-        left, ends, t, cur = dict(enumerate(work)), {}, 0.0, None
-        while left:
-            ready = [i for i in left if specs[i].arrival <= t + 1e-9]
-            if not ready:
-                t = min(specs[i].arrival for i in left)
-                continue
-            if policy == "srtf" or cur not in left:
-                cur = min(ready, key=lambda i: (left[i] if policy == "srtf" else 0.0, specs[i].arrival, i))
-            step = min(boundary_s, left[cur])
-            t += step
-            left[cur] -= step
-            if left[cur] <= 1e-9:
-                del left[cur]
-                ends[cur] = t
-        out[policy] = statistics.mean(ends[i] - s.arrival for i, s in enumerate(specs))
-    return out
+    arrivals = [s.arrival for s in specs]
+    return {policy: statistics.mean(e - a for e, a in zip(one_at_a_time(arrivals, work, policy, boundary_s),
+                                                          arrivals, strict=True))
+            for policy in ("fifo", "srtf")}
 
 
 def free_gpu_bytes() -> int | None:
@@ -138,6 +125,8 @@ def main() -> int:
     ap.add_argument("--torch", type=int, default=4, help="how many of the jobs are PyTorch jobs")
     ap.add_argument("--scale", type=float, default=0.7, help="job durations and arrivals x this")
     ap.add_argument("--capacity", default="12GiB")
+    ap.add_argument("--timeline", action="store_true",
+                    help="per job and scheduler: where its JCT went (bench/salus_timeline.py)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     sim = args.backend == "sim"
@@ -162,7 +151,8 @@ def main() -> int:
     ok = True
     for sched in args.schedulers.split(","):
         t = time.monotonic()
-        daemon = Daemon(work / sched, args.backend, "salus", sched, args.capacity)
+        daemon = Daemon(work / sched, args.backend, "salus", sched, args.capacity,
+                        log_level="debug" if args.timeline else "info")
         try:
             results, poller = run_jobs(daemon, specs, exe, sim)
         finally:
@@ -179,6 +169,11 @@ def main() -> int:
         for name, key in (("lanes sum", "used"), ("grant", "granted")):
             print(f"  {sched}: {describe_peak(name, poller.peaks.get(key))}", flush=True)
         ok &= not row["failed"]
+        if args.timeline:
+            rows = timelines(results, read_events(daemon.log_path), poller.t0)
+            lines = report(rows, {s.name: s.iter_ms / 1e3 or 0.01 for s in specs}, sched)
+            row["timeline"] = lines
+            print("\n".join(f"  {sched}: {line}" for line in lines), flush=True)
     lines = ["| scheduler | avg JCT (s) | JCT p95 (s) | avg queueing (s) | makespan (s) "
              "| paper avg JCT (min) | paper makespan (min) |", "|---|---|---|---|---|---|---|"]
     for sched, row in table.items():
