@@ -8,7 +8,9 @@ process. For the whole run: the sum of all JCTs is the integral over time of the
 present (arrived, not ended), so the average JCT splits exactly by what the GPU was doing at
 each moment (`breakdown`):
 
-- `iterations`: some job is in an iteration (between a turn and its boundary);
+- `iterations`: some job is in an iteration (between a turn and its boundary) after its first;
+- `first iterations`: only jobs in their first iteration are (which also loads their modules
+  and starts their libraries: a warm-up that holds a one-at-a-time GPU);
 - `switch`: none is, but a job has asked and waits for its turn (the scheduler's latency);
 - `set-up`: none is and none asks: jobs are starting (process, CUDA, model) with the GPU idle;
 - `finish`: only jobs past their last boundary are left (read-back, frees, exit).
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 EVENT = re.compile(r"salus event (\w+) session (\d+) pid (\d+) at ([\d.]+)")
-KINDS = ("iterations", "switch", "set-up", "finish")
+KINDS = ("iterations", "first iterations", "switch", "set-up", "finish")
 
 
 @dataclass
@@ -129,8 +131,9 @@ def breakdown(rows: list[Timeline]) -> dict[str, float]:
         present = [tl for tl in rows if tl.arrival <= mid < tl.ended]
         if not present:
             continue
-        if any(x <= mid < y for tl in rows for x, y in tl.busy):
-            kind = "iterations"
+        busy = [n for tl in rows for n, (x, y) in enumerate(tl.busy) if x <= mid < y]
+        if busy:
+            kind = "iterations" if any(busy) else "first iterations"
         elif any(tl.asks is not None and tl.asks <= mid
                  and (tl.last_boundary is None or mid < tl.last_boundary) for tl in present):
             kind = "switch"
@@ -148,16 +151,15 @@ def report(rows: list[Timeline], iter_s: dict[str, float], policy: str) -> list[
     scheduler would reach on the jobs' declared work and on the service they really had
     (their iterations as long as they ran): the gap between the two is slower iterations, the
     rest of the gap to the average JCT is the scheduler's (order, switches, set-up, finish)."""
-    def f(t: float | None) -> str:
-        return "-" if t is None else f"{t:.2f}"
-    lines = ["| job | arrival | spawn->HELLO | HELLO->admitted | ->asks | asks->turn | held | "
-             "service (work) | last boundary->end | JCT |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| job | arrival | spawn->HELLO | HELLO->admitted | ->asks | asks->turn | 1st iteration | "
+             "held | service (work) | last boundary->end | JCT |", "|---" * 11 + "|"]
+    def gap(a: float | None, b: float | None) -> str:
+        return "-" if a is None or b is None else f"{b - a:.2f}"
     for tl in sorted(rows, key=lambda t: t.arrival):
-        def gap(a: float | None, b: float | None) -> str:
-            return "-" if a is None or b is None else f"{b - a:.2f}"
         lines.append(f"| {tl.name} | {tl.arrival:.2f} | {gap(tl.spawned, tl.hello)} | "
                      f"{gap(tl.hello, tl.admitted)} | {gap(tl.admitted, tl.asks)} | "
-                     f"{gap(tl.asks, tl.first_turn)} | {tl.held:.2f} | {tl.service:.2f} "
+                     f"{gap(tl.asks, tl.first_turn)} | {gap(*tl.busy[0]) if tl.busy else '-'} | "
+                     f"{tl.held:.2f} | {tl.service:.2f} "
                      f"({tl.iterations * iter_s.get(tl.name, 0.0):.2f}) | "
                      f"{gap(tl.last_boundary, tl.ended)} | "
                      f"{tl.ended - tl.arrival:.2f} |")
