@@ -5,6 +5,10 @@ beside the paper's Table 2.
 
     python3 bench/salus_trace.py --out /tmp/salus-trace                 # H100, about 3 min
     python3 bench/salus_trace.py --backend sim --scale 0.2 --torch 0    # no GPU: checks the script
+    python3 bench/salus_trace.py --timeline ...                         # where each JCT went
+
+--timeline: per scheduler, each job's timeline and the average JCT split by what the GPU did
+(bench/salus_timeline.py; pilotd logs at debug level for it).
 
 The trace (--seed, --jobs, default 30): arrivals uniform over the first 4 s; 75% short jobs
 (0.2-0.6 s of iterations alone), 15% medium (1-2 s), 10% long (8-12 s), all times x --scale
