@@ -47,6 +47,7 @@ class Timeline:
     last_boundary: float | None = None
     busy: list[tuple[float, float]] = field(default_factory=list)  # turn -> boundary
     held: float = 0.0  # seconds between a hold at a boundary and the next turn
+    boundaries: int = 0  # seen by pilot (more than its iterations: a step cut into pieces)
 
     @property
     def service(self) -> float:
@@ -110,6 +111,7 @@ def timelines(results: Iterable[Any], events: dict[int, list[tuple[str, float]]]
             elif what == "held":
                 held = t
             elif what in ("boundary", "last"):
+                tl.boundaries += what == "boundary"
                 if turn is not None and what == "boundary":
                     tl.busy.append((turn, t))
                     turn = None
@@ -151,15 +153,16 @@ def report(rows: list[Timeline], iter_s: dict[str, float], policy: str) -> list[
     scheduler would reach on the jobs' declared work and on the service they really had
     (their iterations as long as they ran): the gap between the two is slower iterations, the
     rest of the gap to the average JCT is the scheduler's (order, switches, set-up, finish)."""
-    lines = ["| job | arrival | spawn->HELLO | HELLO->admitted | ->asks | asks->turn | 1st iteration | "
-             "held | service (work) | last boundary->end | JCT |", "|---" * 11 + "|"]
+    lines = ["| job | arrival | spawn->HELLO | HELLO->admitted | ->asks | asks->turn | 1st iteration "
+             "| boundaries / iterations | held | service (work) | last boundary->end | JCT |",
+             "|---" * 12 + "|"]
     def gap(a: float | None, b: float | None) -> str:
         return "-" if a is None or b is None else f"{b - a:.2f}"
     for tl in sorted(rows, key=lambda t: t.arrival):
         lines.append(f"| {tl.name} | {tl.arrival:.2f} | {gap(tl.spawned, tl.hello)} | "
                      f"{gap(tl.hello, tl.admitted)} | {gap(tl.admitted, tl.asks)} | "
                      f"{gap(tl.asks, tl.first_turn)} | {gap(*tl.busy[0]) if tl.busy else '-'} | "
-                     f"{tl.held:.2f} | {tl.service:.2f} "
+                     f"{tl.boundaries} / {tl.iterations} | {tl.held:.2f} | {tl.service:.2f} "
                      f"({tl.iterations * iter_s.get(tl.name, 0.0):.2f}) | "
                      f"{gap(tl.last_boundary, tl.ended)} | "
                      f"{tl.ended - tl.arrival:.2f} |")

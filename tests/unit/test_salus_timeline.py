@@ -77,7 +77,8 @@ def test_timelines_and_the_split_of_the_average_jct(tmp_path: Path) -> None:
     assert parts["switch"] == pytest.approx(0.2 / 2)
     assert parts["finish"] == pytest.approx(0.1 / 2)
     text = "\n".join(tl.report(rows, {"a": 0.5, "b": 0.2}, "srtf"))
-    assert "| a | 0.00 | 0.10 | 0.00 | 0.40 | 0.00 | 0.40 | 0.30 | 1.10 (1.50) | 0.10 | 2.00 |" in text
+    row = "| a | 0.00 | 0.10 | 0.00 | 0.40 | 0.00 | 0.40 | 3 / 3 | 0.30 | 1.10 (1.50) | 0.10 | 2.00 |"
+    assert row in text
     assert "ideal srtf on the measured service (1.30 s)" in text
 
 
