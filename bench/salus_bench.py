@@ -73,6 +73,9 @@ class Daemon(PilotdProcess):
 # workspace, the context's first allocations) and E (activations and gradients of a batch of
 # 512), rounded up; once pilot recognizes its iterations its measured P and E take over.
 TORCH_DECLARED = {"small": (64, 64), "medium": (384, 256), "large": (1280, 1024)}
+# The step time a PyTorch job of the trace declares (PILOT_SALUS_ITERATION_TIME) and the trace's
+# ideal counts: its work is its steps x this (the timelines show what the steps really took).
+TORCH_ITERATION_S = 0.01
 
 
 @dataclass
@@ -88,6 +91,11 @@ class JobSpec:
     torch: str = ""
     blocks: int = 8  # of the CUDA C job's kernel (128 threads each)
     torch_alloc: str = "backend:cudaMallocAsync"  # PYTORCH_CUDA_ALLOC_CONF; "": the caching one
+
+    @property
+    def iteration_s(self) -> float:
+        """One iteration's time as the trace counts it (and the job declares)."""
+        return TORCH_ITERATION_S if self.torch else self.iter_ms / 1e3
 
     def command(self, exe: Path, sim: bool) -> list[str]:
         if self.torch:
@@ -106,7 +114,8 @@ class JobSpec:
             env["LD_PRELOAD"] = shim
         if declare:
             p, e = TORCH_DECLARED[self.torch] if self.torch else (self.persistent_mib, self.ephemeral_mib)
-            env.update(PILOT_SALUS_PERSISTENT=f"{p}MiB", PILOT_SALUS_EPHEMERAL=f"{e}MiB")
+            env.update(PILOT_SALUS_PERSISTENT=f"{p}MiB", PILOT_SALUS_EPHEMERAL=f"{e}MiB",
+                       PILOT_SALUS_ITERATION_TIME=f"{self.iteration_s * 1e3:g}ms")
         env["PILOT_SALUS_ITERATIONS"] = str(self.iterations)
         return env
 

@@ -22,11 +22,13 @@ down about 1000-fold, so what compares is the shape (ratios), not minutes. Each 
 2 GiB, 4 GiB} (persistent memory small beside ephemeral, as in the paper's Fig. 3), iterations
 of 50 ms of a kernel spinning on 528, 1056 or 2112 blocks of 128 threads (a quarter, half or
 all of an H100's 132 SMs x 2048 threads: lanes side by side contend for the SMs as real jobs
-do), and declares its sizes and iteration count (PILOT_SALUS_*). --torch N (default 4) of the
-jobs are PyTorch jobs (bench/salus_torch_job.py, small or medium, backend:cudaMallocAsync,
-declared sizes) instead of short ones (chosen apart: the rest of the trace is the same with
-any --torch). Time: FIFO and SRTF run one job at a time (about 35-45 s each with the jobs'
-start-up), PACK and FAIR between half that and as long: about 2.5-3 min in all.
+do), and declares its sizes, iteration count and iteration time (PILOT_SALUS_*). --torch N
+(default 4) of the jobs are PyTorch jobs (bench/salus_torch_job.py, small or medium,
+backend:cudaMallocAsync, declared sizes, 100 steps per second of the short job replaced,
+declared and counted in the ideal at 10 ms a step) instead of short ones (chosen apart: the
+rest of the trace is the same with any --torch). Time: FIFO and SRTF run one job at a time
+(about 35-45 s each with the jobs' start-up), PACK and FAIR between half that and as long:
+about 2.5-3 min in all.
 Capacity C = --capacity (default 12GiB, well under an H100's 80 GB; the script refuses to start
 when the GPU has less free memory than C + 4 GiB).
 
@@ -90,12 +92,11 @@ def trace(seed: int, jobs: int, scale: float, torch_jobs: int) -> list[JobSpec]:
     return sorted(specs, key=lambda s: s.arrival)
 
 
-def ideal(specs: list[JobSpec], boundary_s: float = 0.05, torch_iteration_s: float = 0.01
-          ) -> dict[str, float]:
+def ideal(specs: list[JobSpec], boundary_s: float = 0.05) -> dict[str, float]:
     """Average JCT of FIFO and SRTF on one GPU running one job at a time, switched only at
     `boundary_s` iteration boundaries, with no memory limit and no start-up cost (a PyTorch
-    job's iterations counted `torch_iteration_s` each): what the trace allows at best."""
-    work = [s.iterations * (s.iter_ms / 1e3 if not s.torch else torch_iteration_s) for s in specs]
+    job's steps counted TORCH_ITERATION_S each): what the trace allows at best."""
+    work = [s.iterations * s.iteration_s for s in specs]
     arrivals = [s.arrival for s in specs]
     return {policy: statistics.mean(e - a for e, a in zip(one_at_a_time(arrivals, work, policy, boundary_s),
                                                           arrivals, strict=True))
@@ -150,7 +151,7 @@ def main() -> int:
     best = ideal(specs)
     print(f"ideal (one job at a time, 50 ms boundaries, no start-up): FIFO avg JCT {best['fifo']:.2f} s, "
           f"SRTF {best['srtf']:.2f} s: ratio {best['fifo'] / best['srtf']:.2f}; GPU work "
-          f"{sum(s.iterations * (s.iter_ms / 1e3 or 0.01) for s in specs):.1f} s", flush=True)
+          f"{sum(s.iterations * s.iteration_s for s in specs):.1f} s", flush=True)
     table: dict[str, Any] = {}
     ok = True
     for sched in args.schedulers.split(","):
@@ -175,7 +176,7 @@ def main() -> int:
         ok &= not row["failed"]
         if args.timeline:
             rows = timelines(results, read_events(daemon.log_path), poller.t0)
-            lines = report(rows, {s.name: s.iter_ms / 1e3 or 0.01 for s in specs}, sched)
+            lines = report(rows, {s.name: s.iteration_s for s in specs}, sched)
             row["timeline"] = lines
             print("\n".join(f"  {sched}: {line}" for line in lines), flush=True)
     lines = ["| scheduler | avg JCT (s) | JCT p95 (s) | avg queueing (s) | makespan (s) "

@@ -381,8 +381,8 @@ class Salus(Policy):
 
     def _state(self, job: Job, lanes: Lanes, typical_s: float | None = None) -> JobState:
         det = job.detector
-        remaining = remaining_s(det.boundaries, job.declared.iterations, job.iteration_s or typical_s,
-                                job.service)
+        pace = job.iteration_s or job.declared.iteration_s or typical_s
+        remaining = remaining_s(det.boundaries, job.declared.iterations, pace, job.service)
         service = job.vservice if self.settings.scheduler == "fair" else job.service
         lane = lanes.lane_of(job.session.id) if job.wants_turn or job.running else None
         return JobState(job.session.id, job.arrival, lane, job.running, service, remaining)

@@ -32,6 +32,7 @@ class Script:
     uses: int = 0  # the scratch it really allocates per iteration (0: `ephemeral`)
     first_s: float = 0.0  # its first iteration's time, if longer (modules, libraries: warm-up)
     pieces: int = 1  # scratch allocations, launches and frees per iteration (seen as iterations)
+    declares_s: float | None = None  # the iteration time it declares (PILOT_SALUS_ITERATION_TIME)
 
 
 @dataclass
@@ -156,7 +157,7 @@ def declaring(p: Salus, scripts: list[Script], sizes: bool = True) -> Salus:
     def read(pid: int) -> Declared:
         sc = scripts[pid - 1001]
         return Declared(sc.persistent if sizes else None, sc.ephemeral if sizes else None,
-                        sc.iterations)
+                        sc.iterations, sc.declares_s)
     p.read_declared = read  # type: ignore[method-assign]
     p.settings = dataclasses.replace(p.settings, declared=True)
     return p
@@ -232,6 +233,19 @@ def test_srtf_does_not_count_a_first_iteration_s_warm_up_as_the_job_s_pace() -> 
     runs = simulate(declaring(salus("srtf"), scripts, sizes=False), scripts, 12 * GIB)
     assert [r.sid for r in sorted(runs, key=lambda r: r.finished)] == [2, 3, 1]
     assert not any_overlap(runs)
+
+
+@pytest.mark.parametrize("declares", [True, False])
+def test_srtf_takes_a_declared_iteration_time_until_it_measures_one(declares: bool) -> None:
+    """M (0.1 s iterations) runs; T (10 iterations of 0.01 s, 0.03 s with its allocation and
+    free) and S (5 of 0.1 s) ask meanwhile. Declaring its time, T is seen as the shortest and
+    goes first; without, it is guessed at M's pace (1.2 s) and goes after S."""
+    scripts = [Script(0.0, 1 * GIB, 1 * GIB, 40, 0.1),
+               Script(0.15, 1 * GIB, 1 * GIB, 10, 0.01, declares_s=0.03 if declares else None),
+               Script(0.15, 1 * GIB, 1 * GIB, 5, 0.1)]
+    runs = simulate(declaring(salus("srtf"), scripts, sizes=False), scripts, 12 * GIB)
+    order = [r.sid for r in sorted(runs, key=lambda r: r.finished)]
+    assert order == ([2, 3, 1] if declares else [3, 2, 1])
 
 
 def test_a_job_seen_in_pieces_keeps_its_turn_past_its_declared_count() -> None:
