@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ class Daemon(PilotdProcess):
     def __init__(self, workdir: Path, backend: str, policy: str, scheduler: str = "pack",
                  capacity: str = "12GiB", log_level: str = "info") -> None:
         workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = workdir
         self.socket = str(workdir / "pilot.sock")
         self.control = str(workdir / "control.sock")
         config = workdir / "pilotd.toml"
@@ -228,7 +228,8 @@ def shim_path() -> str:
 
 def run_jobs(daemon: Daemon, specs: list[JobSpec], exe: Path, sim: bool, declare: bool = True,
              timeout: float = 600.0) -> tuple[list[Result], Poller]:
-    """Start each job at its arrival, wait for all; results and the poller's readings."""
+    """Start each job at its arrival, wait for all; results and the poller's readings. Each
+    job's output is kept in the daemon's work directory (jobs/NAME.out)."""
     shim = shim_path()
     t0 = time.monotonic()
     poller = Poller(daemon, t0)
@@ -236,7 +237,8 @@ def run_jobs(daemon: Daemon, specs: list[JobSpec], exe: Path, sim: bool, declare
     results = [Result(s) for s in specs]
     procs: dict[int, tuple[Result, subprocess.Popen[str]]] = {}
     pending = sorted(results, key=lambda r: r.spec.arrival)
-    out_dir = Path(tempfile.mkdtemp(prefix="salus-out-"))
+    out_dir = daemon.workdir / "jobs"
+    out_dir.mkdir(exist_ok=True)
     while pending or procs:
         now = time.monotonic() - t0
         while pending and pending[0].spec.arrival <= now:
