@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -26,8 +25,10 @@ REFUSED = "pilotd refused the session"
 
 def build_job(out_dir: Path) -> Path:
     exe = out_dir / "salus_job"
-    cmd = [find_nvcc(), "-cudart", "shared", "-O2", "-Wno-deprecated-gpu-targets", "-o", str(exe),
-           str(BENCH / "salus_job.cu")]
+    # Machine code for the GPU (NVCC_ARCH, sm_90 by default, as tests/gpu builds): without it
+    # nvcc 13 emits sm_75 code and PTX, which the driver must compile when a job loads it.
+    cmd = [find_nvcc(), "-cudart", "shared", "-O2", f"-arch={os.environ.get('NVCC_ARCH', 'sm_90')}",
+           "-Wno-deprecated-gpu-targets", "-o", str(exe), str(BENCH / "salus_job.cu")]
     subprocess.run(cmd, check=True, timeout=600)
     return exe
 
@@ -40,8 +41,9 @@ class Daemon(PilotdProcess):
     """A pilotd of its own (socket, state and log under `workdir`) with `policy`."""
 
     def __init__(self, workdir: Path, backend: str, policy: str, scheduler: str = "pack",
-                 capacity: str = "12GiB") -> None:
+                 capacity: str = "12GiB", log_level: str = "info") -> None:
         workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = workdir
         self.socket = str(workdir / "pilot.sock")
         self.control = str(workdir / "control.sock")
         config = workdir / "pilotd.toml"
@@ -51,7 +53,8 @@ class Daemon(PilotdProcess):
         config.write_text(text)
         cmd = [sys.executable, "-m", "pilot.daemon", "--config", str(config), "--backend", backend,
                "--socket", self.socket, "--control-socket", self.control, "--state-dir",
-               str(workdir / "state"), "--metrics-address", "", "--policy", policy]
+               str(workdir / "state"), "--metrics-address", "", "--policy", policy,
+               "--log-level", log_level]
         if backend == "sim":
             cmd += ["--sim-kernels", str(BENCH / "salus_sim_kernels.py")]
         super().__init__(cmd, workdir / "pilotd.log", clean_env(), say=lambda s: None)
@@ -70,6 +73,9 @@ class Daemon(PilotdProcess):
 # workspace, the context's first allocations) and E (activations and gradients of a batch of
 # 512), rounded up; once pilot recognizes its iterations its measured P and E take over.
 TORCH_DECLARED = {"small": (64, 64), "medium": (384, 256), "large": (1280, 1024)}
+# The step time a PyTorch job of the trace declares (PILOT_SALUS_ITERATION_TIME) and the trace's
+# ideal counts: its work is its steps x this (the timelines show what the steps really took).
+TORCH_ITERATION_S = 0.01
 
 
 @dataclass
@@ -85,6 +91,11 @@ class JobSpec:
     torch: str = ""
     blocks: int = 8  # of the CUDA C job's kernel (128 threads each)
     torch_alloc: str = "backend:cudaMallocAsync"  # PYTORCH_CUDA_ALLOC_CONF; "": the caching one
+
+    @property
+    def iteration_s(self) -> float:
+        """One iteration's time as the trace counts it (and the job declares)."""
+        return TORCH_ITERATION_S if self.torch else self.iter_ms / 1e3
 
     def command(self, exe: Path, sim: bool) -> list[str]:
         if self.torch:
@@ -103,7 +114,8 @@ class JobSpec:
             env["LD_PRELOAD"] = shim
         if declare:
             p, e = TORCH_DECLARED[self.torch] if self.torch else (self.persistent_mib, self.ephemeral_mib)
-            env.update(PILOT_SALUS_PERSISTENT=f"{p}MiB", PILOT_SALUS_EPHEMERAL=f"{e}MiB")
+            env.update(PILOT_SALUS_PERSISTENT=f"{p}MiB", PILOT_SALUS_EPHEMERAL=f"{e}MiB",
+                       PILOT_SALUS_ITERATION_TIME=f"{self.iteration_s * 1e3:g}ms")
         env["PILOT_SALUS_ITERATIONS"] = str(self.iterations)
         return env
 
@@ -117,6 +129,7 @@ class Result:
     rc: int | None = None
     output: str = ""
     retried: bool = False
+    pid: int = 0  # of its (last) process
 
     @property
     def jct(self) -> float:
@@ -215,7 +228,8 @@ def shim_path() -> str:
 
 def run_jobs(daemon: Daemon, specs: list[JobSpec], exe: Path, sim: bool, declare: bool = True,
              timeout: float = 600.0) -> tuple[list[Result], Poller]:
-    """Start each job at its arrival, wait for all; results and the poller's readings."""
+    """Start each job at its arrival, wait for all; results and the poller's readings. Each
+    job's output is kept in the daemon's work directory (jobs/NAME.out)."""
     shim = shim_path()
     t0 = time.monotonic()
     poller = Poller(daemon, t0)
@@ -223,7 +237,8 @@ def run_jobs(daemon: Daemon, specs: list[JobSpec], exe: Path, sim: bool, declare
     results = [Result(s) for s in specs]
     procs: dict[int, tuple[Result, subprocess.Popen[str]]] = {}
     pending = sorted(results, key=lambda r: r.spec.arrival)
-    out_dir = Path(tempfile.mkdtemp(prefix="salus-out-"))
+    out_dir = daemon.workdir / "jobs"
+    out_dir.mkdir(exist_ok=True)
     while pending or procs:
         now = time.monotonic() - t0
         while pending and pending[0].spec.arrival <= now:
@@ -231,7 +246,7 @@ def run_jobs(daemon: Daemon, specs: list[JobSpec], exe: Path, sim: bool, declare
             out = (out_dir / f"{r.spec.name}.out").open("w+")
             p = subprocess.Popen(r.spec.command(exe, sim), env=r.spec.env(daemon, shim, declare),
                                  stdout=out, stderr=subprocess.STDOUT, text=True)
-            r.started = now
+            r.started, r.pid = now, p.pid
             procs[p.pid] = (r, p)
         for pid, (r, p) in list(procs.items()):
             if p.poll() is not None:
@@ -248,6 +263,7 @@ def run_jobs(daemon: Daemon, specs: list[JobSpec], exe: Path, sim: bool, declare
                                              stdout=(out_dir / f"{r.spec.name}.out").open("w+"),
                                              stderr=subprocess.STDOUT, text=True)
                     procs[again.pid] = (r, again)
+                    r.pid = again.pid
         if now > timeout:
             for _r, p in procs.values():
                 p.kill()

@@ -5,6 +5,10 @@ beside the paper's Table 2.
 
     python3 bench/salus_trace.py --out /tmp/salus-trace                 # H100, about 3 min
     python3 bench/salus_trace.py --backend sim --scale 0.2 --torch 0    # no GPU: checks the script
+    python3 bench/salus_trace.py --timeline ...                         # where each JCT went
+
+--timeline: per scheduler, each job's timeline and the average JCT split by what the GPU did
+(bench/salus_timeline.py; pilotd logs at debug level for it).
 
 The trace (--seed, --jobs, default 30): arrivals uniform over the first 4 s; 75% short jobs
 (0.2-0.6 s of iterations alone), 15% medium (1-2 s), 10% long (8-12 s), all times x --scale
@@ -18,11 +22,13 @@ down about 1000-fold, so what compares is the shape (ratios), not minutes. Each 
 2 GiB, 4 GiB} (persistent memory small beside ephemeral, as in the paper's Fig. 3), iterations
 of 50 ms of a kernel spinning on 528, 1056 or 2112 blocks of 128 threads (a quarter, half or
 all of an H100's 132 SMs x 2048 threads: lanes side by side contend for the SMs as real jobs
-do), and declares its sizes and iteration count (PILOT_SALUS_*). --torch N (default 4) of the
-jobs are PyTorch jobs (bench/salus_torch_job.py, small or medium, backend:cudaMallocAsync,
-declared sizes) instead of short ones (chosen apart: the rest of the trace is the same with
-any --torch). Time: FIFO and SRTF run one job at a time (about 35-45 s each with the jobs'
-start-up), PACK and FAIR between half that and as long: about 2.5-3 min in all.
+do), and declares its sizes, iteration count and iteration time (PILOT_SALUS_*). --torch N
+(default 4) of the jobs are PyTorch jobs (bench/salus_torch_job.py, small or medium,
+backend:cudaMallocAsync, declared sizes, 100 steps per second of the short job replaced,
+declared and counted in the ideal at 10 ms a step) instead of short ones (chosen apart: the
+rest of the trace is the same with any --torch). Time: FIFO and SRTF run one job at a time
+(about 35-45 s each with the jobs' start-up), PACK and FAIR between half that and as long:
+about 2.5-3 min in all.
 Capacity C = --capacity (default 12GiB, well under an H100's 80 GB; the script refuses to start
 when the GPU has less free memory than C + 4 GiB).
 
@@ -48,6 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from salus_bench import GIB, Daemon, JobSpec, Result, build_job, describe_peak, percentile, run_jobs
+from salus_timeline import one_at_a_time, read_events, report, timelines
 
 PAPER = {  # Salus, Table 2 (minutes): average JCT, JCT p95 where given, queuing, makespan
     "fifo": {"avg_jct": 170.6, "makespan": 303.4},
@@ -85,30 +92,15 @@ def trace(seed: int, jobs: int, scale: float, torch_jobs: int) -> list[JobSpec]:
     return sorted(specs, key=lambda s: s.arrival)
 
 
-def ideal(specs: list[JobSpec], boundary_s: float = 0.05, torch_iteration_s: float = 0.01
-          ) -> dict[str, float]:
+def ideal(specs: list[JobSpec], boundary_s: float = 0.05) -> dict[str, float]:
     """Average JCT of FIFO and SRTF on one GPU running one job at a time, switched only at
     `boundary_s` iteration boundaries, with no memory limit and no start-up cost (a PyTorch
-    job's iterations counted `torch_iteration_s` each): what the trace allows at best."""
-    work = [s.iterations * (s.iter_ms / 1e3 if not s.torch else torch_iteration_s) for s in specs]
-    out = {}
-    for policy in ("fifo", "srtf"):
-        left, ends, t, cur = dict(enumerate(work)), {}, 0.0, None
-        while left:
-            ready = [i for i in left if specs[i].arrival <= t + 1e-9]
-            if not ready:
-                t = min(specs[i].arrival for i in left)
-                continue
-            if policy == "srtf" or cur not in left:
-                cur = min(ready, key=lambda i: (left[i] if policy == "srtf" else 0.0, specs[i].arrival, i))
-            step = min(boundary_s, left[cur])
-            t += step
-            left[cur] -= step
-            if left[cur] <= 1e-9:
-                del left[cur]
-                ends[cur] = t
-        out[policy] = statistics.mean(ends[i] - s.arrival for i, s in enumerate(specs))
-    return out
+    job's steps counted TORCH_ITERATION_S each): what the trace allows at best."""
+    work = [s.iterations * s.iteration_s for s in specs]
+    arrivals = [s.arrival for s in specs]
+    return {policy: statistics.mean(e - a for e, a in zip(one_at_a_time(arrivals, work, policy, boundary_s),
+                                                          arrivals, strict=True))
+            for policy in ("fifo", "srtf")}
 
 
 def free_gpu_bytes() -> int | None:
@@ -138,6 +130,8 @@ def main() -> int:
     ap.add_argument("--torch", type=int, default=4, help="how many of the jobs are PyTorch jobs")
     ap.add_argument("--scale", type=float, default=0.7, help="job durations and arrivals x this")
     ap.add_argument("--capacity", default="12GiB")
+    ap.add_argument("--timeline", action="store_true",
+                    help="per job and scheduler: where its JCT went (bench/salus_timeline.py)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     sim = args.backend == "sim"
@@ -157,12 +151,13 @@ def main() -> int:
     best = ideal(specs)
     print(f"ideal (one job at a time, 50 ms boundaries, no start-up): FIFO avg JCT {best['fifo']:.2f} s, "
           f"SRTF {best['srtf']:.2f} s: ratio {best['fifo'] / best['srtf']:.2f}; GPU work "
-          f"{sum(s.iterations * (s.iter_ms / 1e3 or 0.01) for s in specs):.1f} s", flush=True)
+          f"{sum(s.iterations * s.iteration_s for s in specs):.1f} s", flush=True)
     table: dict[str, Any] = {}
     ok = True
     for sched in args.schedulers.split(","):
         t = time.monotonic()
-        daemon = Daemon(work / sched, args.backend, "salus", sched, args.capacity)
+        daemon = Daemon(work / sched, args.backend, "salus", sched, args.capacity,
+                        log_level="debug" if args.timeline else "info")
         try:
             results, poller = run_jobs(daemon, specs, exe, sim)
         finally:
@@ -179,6 +174,11 @@ def main() -> int:
         for name, key in (("lanes sum", "used"), ("grant", "granted")):
             print(f"  {sched}: {describe_peak(name, poller.peaks.get(key))}", flush=True)
         ok &= not row["failed"]
+        if args.timeline:
+            rows = timelines(results, read_events(daemon.log_path), poller.t0)
+            lines = report(rows, {s.name: s.iteration_s for s in specs}, sched)
+            row["timeline"] = lines
+            print("\n".join(f"  {sched}: {line}" for line in lines), flush=True)
     lines = ["| scheduler | avg JCT (s) | JCT p95 (s) | avg queueing (s) | makespan (s) "
              "| paper avg JCT (min) | paper makespan (min) |", "|---|---|---|---|---|---|---|"]
     for sched, row in table.items():

@@ -108,6 +108,11 @@ def _seconds(v: Any) -> float:
     return float(Decimal(m.group(1)) * mult)
 
 
+def parse_duration(v: Any) -> float:
+    """A duration as the duration knobs take it (seconds, "500ms", "2s"); ValueError otherwise."""
+    return _seconds(v)
+
+
 _SCALARS: dict[Any, Converter] = {bool: _bool, int: _int, float: _float, str: _str}
 
 

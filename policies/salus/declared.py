@@ -4,6 +4,7 @@ starts (never its identity: that comes from peer credentials). All optional:
     PILOT_SALUS_PERSISTENT=2GiB   # P, used until the detector recognizes the job
     PILOT_SALUS_EPHEMERAL=1GiB    # E, likewise
     PILOT_SALUS_ITERATIONS=500    # the iteration count, for SRTF's remaining time
+    PILOT_SALUS_ITERATION_TIME=50ms  # one iteration's time, SRTF's guess until it is measured
 
 A value that does not parse, or an environment pilotd may not read, is ignored (the job is then
 measured only).
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..settings import parse_size
+from ..settings import parse_duration, parse_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,7 @@ class Declared:
     persistent: int | None = None
     ephemeral: int | None = None
     iterations: int | None = None
+    iteration_s: float | None = None
 
 
 NONE = Declared()
@@ -38,7 +40,13 @@ def parse(env: dict[str, str]) -> Declared:
         iterations = None
     if iterations is not None and iterations <= 0:
         iterations = None
-    return Declared(size("PILOT_SALUS_PERSISTENT"), size("PILOT_SALUS_EPHEMERAL"), iterations)
+    try:
+        seconds = parse_duration(env["PILOT_SALUS_ITERATION_TIME"].strip()) \
+            if "PILOT_SALUS_ITERATION_TIME" in env else None
+    except ValueError:
+        seconds = None
+    return Declared(size("PILOT_SALUS_PERSISTENT"), size("PILOT_SALUS_EPHEMERAL"), iterations,
+                    seconds or None)
 
 
 def read(pid: int) -> Declared:

@@ -40,7 +40,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import RUN, AllocationView, Decision, LaunchView, Policy, SessionView
@@ -100,9 +101,30 @@ class Job:
     # its lane-mates' (so a newcomer shares from its arrival instead of catching up on what
     # the others ran before it came)
     vservice: float = 0.0
+    # seconds of its recent iterations, each from its turn to its boundary: not the time
+    # between boundaries, which includes waits for its turn (a preempted job would look long
+    # to SRTF for as long as it was held); not the first one either, which also loads the
+    # job's modules and starts its libraries (a PyTorch job's first step can take as long as
+    # a hundred later ones)
+    turns: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    iterations_ran: int = 0
     held: str = ""  # why it waits, "" if it does not
     gated: bool = False  # its calls are held (Controls.hold_session)
     waits_for: int = 0  # bytes of an allocation held until they fit (it has no lane)
+
+    @property
+    def iteration_s(self) -> float | None:
+        """Its mean iteration time in its turns after the first; None before (SRTF then
+        guesses from the other jobs)."""
+        return sum(self.turns) / len(self.turns) if self.turns else None
+
+    def ran(self, seconds: float) -> None:
+        """An iteration ended after `seconds` in its turn."""
+        self.service += seconds
+        self.vservice += seconds
+        self.iterations_ran += 1
+        if self.iterations_ran > 1:
+            self.turns.append(seconds)
 
     def sizes(self, extra: int = 0) -> tuple[int, int]:
         """P and E to count: the detector's once it recognized the job, else its declaration
@@ -143,6 +165,7 @@ class Salus(Policy):
     def session_started(self, s: SessionView) -> None:
         d = self.read_declared(s.pid) if self.settings.declared else declarations.NONE
         job = self.jobs[s.id] = Job(s, next(self._arrivals), IterationDetector(self.settings.learn), d)
+        self._trace(job, "started")
         if d.persistent is not None or d.ephemeral is not None:
             # Declared: it asks for its lane now, before it allocates anything, and sets
             # itself up (within its P) once admitted, without waiting for its turn.
@@ -155,6 +178,7 @@ class Salus(Policy):
     def session_ended(self, s: SessionView) -> None:
         job = self.jobs.pop(s.id, None)
         if job is not None:
+            self._trace(job, "ended")
             self._lanes(job).remove(s.id)
             self._reschedule(s.gpu)
 
@@ -185,6 +209,8 @@ class Salus(Policy):
             return Decision.wait(why)
         if not job.running and job.detector.live + a.size > m.persistent:
             # beyond its P: its iteration's scratch, in its lane, at its turn
+            if not job.wants_turn:
+                self._trace(job, "asks")
             job.wants_turn = True
             self._reschedule(job.session.gpu)
             if not job.running:
@@ -226,17 +252,22 @@ class Salus(Policy):
             lanes.hold_outside(a.session, job.detector.live)
         if boundary is None:
             return
+        self._trace(job, "boundary")
         if job.running:
-            job.service += now - job.started
-            job.vservice += now - job.started
+            job.ran(now - job.started)
             job.running = False
         if a.session in lanes:
             lanes.update(a.session, *job.sizes())  # False: it left its lane, admitted again
         declared = job.declared.iterations
-        if declared is not None and boundary.iteration >= declared:
+        if declared is not None and boundary.iteration == declared:
             # Its last iteration: it gives its turn up now, not at its session's end (its
             # read-back, frees and exit need no turn; a launch or scratch would ask again).
+            # Only at the declared count itself: a job seen with more boundaries than it
+            # declared (an iteration that frees in several places, PyTorch's, is cut into
+            # pieces) is not at its end, and giving its turn up at each later boundary made it
+            # wait for another job's boundary before each piece.
             job.wants_turn = False
+            self._trace(job, "last")
             self._reschedule(a.gpu)
             return
         self._reschedule(a.gpu)
@@ -255,6 +286,8 @@ class Salus(Policy):
         job = self.jobs.get(l.session)
         if job is None or job.running:
             return RUN
+        if not job.wants_turn:
+            self._trace(job, "asks")
         job.wants_lane = job.wants_turn = True
         self._reschedule(l.gpu)
         if job.running:
@@ -290,12 +323,18 @@ class Salus(Policy):
             if job.running or not job.wants_turn:
                 continue
             job.running, job.started = True, now
+            self._trace(job, "turn")
             if job.gated:
                 job.gated = False
                 self.controls.release_session(sid)
             if job.held:
                 job.held = ""
                 self.controls.report("release", job.session.tenant)
+
+    def _trace(self, job: Job, what: str) -> None:
+        """A debug line per step of a job's life (bench/salus_timeline.py reads them)."""
+        log.debug("salus event %s session %d pid %d at %.6f", what, job.session.id, job.session.pid,
+                  self.clock())
 
     def _can_make_room(self, job: Job) -> bool:
         """Whether another job of job's GPU can still end or be admitted and so change what is
@@ -309,6 +348,7 @@ class Salus(Policy):
 
     def _hold_unless_running(self, job: Job) -> None:
         if not job.running:
+            self._trace(job, "held")
             job.gated = True
             self.controls.hold_session(job.session.id, f"salus: {self._note_held(job)}")
 
@@ -341,8 +381,8 @@ class Salus(Policy):
 
     def _state(self, job: Job, lanes: Lanes, typical_s: float | None = None) -> JobState:
         det = job.detector
-        remaining = remaining_s(det.boundaries, job.declared.iterations, det.iteration_s or typical_s,
-                                job.service)
+        pace = job.iteration_s or job.declared.iteration_s or typical_s
+        remaining = remaining_s(det.boundaries, job.declared.iterations, pace, job.service)
         service = job.vservice if self.settings.scheduler == "fair" else job.service
         lane = lanes.lane_of(job.session.id) if job.wants_turn or job.running else None
         return JobState(job.session.id, job.arrival, lane, job.running, service, remaining)
@@ -350,7 +390,7 @@ class Salus(Policy):
     def _typical_s(self, gpu: int) -> float | None:
         """The mean iteration time of the measured jobs of `gpu`: SRTF's guess for the others."""
         times = [t for j in self.jobs.values() if j.session.gpu == gpu
-                 for t in [j.detector.iteration_s] if t is not None]
+                 for t in [j.iteration_s] if t is not None]
         return sum(times) / len(times) if times else None
 
     def _states(self, gpu: int) -> list[JobState]:
@@ -371,6 +411,7 @@ class Salus(Policy):
                 if strict_order(self.settings.scheduler):
                     break
                 continue
+            self._trace(job, "admitted")
             mates = [self.jobs[j].vservice for j in lanes.lanes[placed.lane].jobs if j != st.job]
             job.vservice = max(job.vservice, min(mates, default=0.0))
         return lanes
@@ -394,7 +435,7 @@ class Salus(Policy):
         return {"session": job.session.id, "tenant": job.session.tenant, "pid": job.session.pid,
                 "lane": lanes.lane_of(job.session.id), "persistent": p, "ephemeral": e,
                 "recognized": det.recognized, "iterations": det.boundaries,
-                "iteration_s": det.iteration_s, "service_s": round(job.service, 3),
+                "iteration_s": job.iteration_s, "service_s": round(job.service, 3),
                 "running": job.running, "held": job.held}
 
     def session_status(self, session: int) -> tuple[str, str] | None:

@@ -8,8 +8,9 @@ different lanes run in parallel, each on its jobs' own streams.
   job, in arrival order).
 - `srtf`: one job at a time, the one with the shortest estimated remaining time; a shorter job
   that arrives takes over at the running job's next boundary. Remaining time is the declared
-  iteration count less the iterations done, times its mean iteration time (not measured yet:
-  the mean of the GPU's measured jobs; none measured: 0, it runs until measured); without a
+  iteration count less the iterations done, times its mean iteration time (measured in its
+  turns, the first iteration left out; not measured yet: its declared iteration time, else the
+  mean of the GPU's measured jobs; none measured: 0, it runs until measured); without a
   declared count, the service it has had (least attained service, the usual stand-in for
   unknown sizes).
 - `pack`: every lane runs; within a lane the oldest job runs to completion, then the next.

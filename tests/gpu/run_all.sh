@@ -3,7 +3,7 @@
 #
 #   bash tests/gpu/run_all.sh [STAGE...]
 #
-# With STAGE names (smoke compare driver cublas cudnn ops faults graphs bench um_tune um_flush sched preempt priority fig1 tenants) only those run, after wheels and
+# With STAGE names (smoke compare driver cublas cudnn ops faults graphs bench um_tune um_flush sched preempt priority fig1 tenants salus) only those run, after wheels and
 # install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
@@ -38,6 +38,8 @@
 #   9. fig1     bench/fig1.py: PILOT Fig. 1, bare CUDA vs MPS vs pilot (default configuration)
 #  10. tenants  bench/tenants.py: N PyTorch training / CUDA-graph inference processes at once under
 #               time-slicing, MPS and pilot (TENANTS_ARGS, e.g. "--rounds 1 --ns 1,4,8")
+#  11. salus    tests/gpu/salus_gpu.sh: the salus policy's trace (Table 2, per-job timelines),
+#               Fig. 11 (FAIR) and the PyTorch detector probe; $OUT/salus.md, salus.tgz (~6 min)
 # Everything printed is also in $OUT/run_all.log; the compare and bench tables come last.
 # Files under $OUT (default /tmp/pilot-gpu-out): run_all.log, compare.md, compare.log,
 # pilotd-compare.log, bench.md, bench.json, pilotd-bench.log, um_tune.md.
@@ -175,9 +177,10 @@ main() {
     # shellcheck disable=SC2086  # TENANTS_ARGS is a list of words
     stage tenants timeout -k 20 "$TENANTS_TIMEOUT" "$PYTHON" bench/tenants.py --out "$OUT/tenants" \
         --python "$PYTHON" $TENANTS_ARGS
+    stage salus timeout -k 20 540 bash tests/gpu/salus_gpu.sh
 
     printf '\n==================== results\n\n'
-    for f in compare.md bench.md um_tune.md preempt.md priority.md fig1/fig1.md tenants/tenants.md; do
+    for f in compare.md bench.md um_tune.md preempt.md priority.md fig1/fig1.md tenants/tenants.md salus.md; do
         if [ -f "$OUT/$f" ]; then
             cat "$OUT/$f"
         else
@@ -192,8 +195,8 @@ main() {
 }
 
 for wanted in "$@"; do
-    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | faults | graphs | bench | um_tune | um_flush | sched | preempt | priority | fig1 | tenants) ;; *)
-        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops faults graphs bench um_tune um_flush sched preempt priority fig1 tenants)" >&2
+    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | faults | graphs | bench | um_tune | um_flush | sched | preempt | priority | fig1 | tenants | salus) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops faults graphs bench um_tune um_flush sched preempt priority fig1 tenants salus)" >&2
         exit 2
     esac
 done

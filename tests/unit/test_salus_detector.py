@@ -129,9 +129,10 @@ def test_a_level_that_rises_for_good_is_relearned() -> None:
 def test_declared_sizes_parse_and_ignore_garbage(tmp_path: object) -> None:
     from pilot.policies.salus import declared
     d = declared.parse({"PILOT_SALUS_PERSISTENT": "2GiB", "PILOT_SALUS_EPHEMERAL": " 512MiB ",
-                        "PILOT_SALUS_ITERATIONS": "300"})
-    assert d == declared.Declared(2 << 30, 512 * MIB, 300)
-    bad = declared.parse({"PILOT_SALUS_PERSISTENT": "2", "PILOT_SALUS_ITERATIONS": "-4"})
+                        "PILOT_SALUS_ITERATIONS": "300", "PILOT_SALUS_ITERATION_TIME": " 50ms"})
+    assert d == declared.Declared(2 << 30, 512 * MIB, 300, 0.05)
+    bad = declared.parse({"PILOT_SALUS_PERSISTENT": "2", "PILOT_SALUS_ITERATIONS": "-4",
+                          "PILOT_SALUS_ITERATION_TIME": "fast"})
     assert bad == declared.NONE
     assert declared.read(2**22 + 12345) == declared.NONE  # no such process
     import os
