@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 from conftest import OwnDaemon, StartPilotd
-from test_visible_devices import CLEAN_ENV, check, expected, last_session_gpus, uuid
+from test_visible_devices import check, device_env, expected, last_session_gpus, uuid
 
 if os.environ.get("PILOT_APPS_NATIVE") == "1":
     pytest.skip("needs pilot's sim daemons (three GPUs of known UUIDs)", allow_module_level=True)
@@ -47,12 +47,7 @@ def daemon(shared: OwnDaemon) -> Iterator[OwnDaemon]:
 def run(app_binaries: dict, shim_path: str, daemon: OwnDaemon, visible: str | None,
         order: str | None = None, job: str | None = None) -> subprocess.CompletedProcess[str]:
     """devices.cu with that CUDA_VISIBLE_DEVICES (None: unset), inside Slurm job `job` if given."""
-    env = {k: v for k, v in CLEAN_ENV.items() if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
-    env |= {"LD_PRELOAD": shim_path, "PILOT_SOCKET": daemon.socket}
-    if visible is not None:
-        env["CUDA_VISIBLE_DEVICES"] = visible
-    if order is not None:
-        env["CUDA_DEVICE_ORDER"] = order
+    env = device_env(shim_path, daemon.socket, visible, order)
     argv = [str(app_binaries["devices"])]
     if job is not None:  # the step daemon stays the program's parent (`; true`: no exec)
         argv = ["bash", "-c", f"exec -a 'slurmstepd: [{job}.0]' bash -c '\"$1\"; true' stepd \"$0\"",
