@@ -1,9 +1,9 @@
 """`pilotctl`: the operator's view and controls of a running pilotd.
 
-Reads (`status`, `sessions`, `quota get|list`, `share list`, `priority list`) take --json and
-print one JSON document on stdout; everything else is for people. Changes need root or the admin
-group (checked by the daemon from the kernel's peer credentials). Errors are one line on stderr
-and exit status 1.
+Reads (`status`, `sessions`, `quota get|list`, `share list`, `priority list`, `gpus list`) take
+--json and print one JSON document on stdout; everything else is for people. Changes need root
+or the admin group (checked by the daemon from the kernel's peer credentials). Errors are one
+line on stderr and exit status 1.
 """
 
 from __future__ import annotations
