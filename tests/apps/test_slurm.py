@@ -1,14 +1,14 @@
 """pilot under a real single-node Slurm (Debian's slurm-wlm): munged, slurmctld and slurmd started
 here on localhost with `ProctrackType=proctrack/cgroup`, `TaskPlugin=task/cgroup`
-(`ConstrainDevices=yes`), `GresTypes=gpu,pilotmem` (two `gpu`s on fake device files, so Slurm's
+(`ConstrainDevices=yes`), `GresTypes=gpu,pilotmem,pilotshare` (two `gpu`s on fake device files, so Slurm's
 bookkeeping and device cgroup are real), deploy/slurm/pilot-prolog.sh and pilot-epilog.sh as
 the cluster's Prolog and Epilog, and a sim pilotd of two GPUs with `[slurm] job_tenants = true`.
 
 Jobs of two ordinary users (made here with useradd, removed after) each get one GPU: their
 programs under the shim see only that GPU, as device 0, whether they keep the
 CUDA_VISIBLE_DEVICES Slurm set, unset it or name the other GPU (by index or UUID); the job's
-`pilotmem` is its quota; scancel ends the job's sessions and its registration in pilotd. Root's
-jobs run the same way (a quota test).
+`pilotmem` is its quota (`pilotshare` its compute share); scancel ends the job's sessions and its
+registration in pilotd. Root's jobs run the same way (a quota test).
 
 Needs root (slurmd runs jobs as their users, and the step daemons must be root's), useradd, and the
 Slurm and munge binaries (.ci/run installs them when it is root); skipped, saying why, otherwise.
@@ -103,7 +103,8 @@ class Cluster:
         shutil.copy(REPO / "deploy" / "slurm" / "pilot-taskprolog.sh", d / "taskprolog.sh")
         (d / "taskprolog.sh").chmod(0o755)  # run as the job's user: the repository may be root's
         (d / "gres.conf").write_text(f"NodeName={NODE} Name=gpu File={d / 'dev'}/gpu[0-1]\n"
-                                     f"NodeName={NODE} Name=pilotmem Count=65536\n")
+                                     f"NodeName={NODE} Name=pilotmem Count=65536\n"
+                                     f"NodeName={NODE} Name=pilotshare Count=100\n")
         self.conf = d / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -144,10 +145,10 @@ class Cluster:
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
             "SchedulerType=sched/builtin", "MpiDefault=none", "ReturnToService=2",
             "JobCompType=jobcomp/none", "AccountingStorageType=accounting_storage/none",
-            "KillWait=2", "GresTypes=gpu,pilotmem",
+            "KillWait=2", "GresTypes=gpu,pilotmem,pilotshare",
             f"Prolog={d / 'prolog.sh'}", f"Epilog={d / 'epilog.sh'}", "PrologFlags=Alloc",
             f"NodeName={NODE} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=2 "
-            "Gres=gpu:2,pilotmem:65536 State=UNKNOWN",
+            "Gres=gpu:2,pilotmem:65536,pilotshare:100 State=UNKNOWN",
             f"PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP", "")))
 
     def _start_slurm(self, cgroup: bool) -> bool:
@@ -422,16 +423,16 @@ def test_a_job_cannot_open_another_jobs_gpu_device(cluster, programs) -> None:
     assert said[f"gpu{1 - mine}"].endswith("Operation not permitted"), out
 
 
-def test_root_jobs_quota_follows_its_pilotmem(cluster, programs) -> None:
+def test_root_jobs_quota_and_share_follow_its_gres(cluster, programs) -> None:
     c, daemon = cluster
     env = _pilot_env(daemon, programs)
-    small = c.run("srun", "--gres=gpu:1,pilotmem:64", "-N1", *env, programs["quota_paths"])
+    small = c.run("srun", "--gres=gpu:1,pilotmem:64,pilotshare:25", "-N1", *env, programs["quota_paths"])
     assert "cudaMemcpyToSymbol g_big: cudaErrorMemoryAllocation" in small.stdout, small.stdout
     assert "cudaMalloc 8MiB: cudaSuccess" in small.stdout and "done" in small.stdout
     big = c.run("srun", "--gres=gpu:1,pilotmem:1024", "-N1", *env, programs["quota_paths"])
     assert "cudaErrorMemoryAllocation" not in big.stdout, big.stdout
     prolog = (c.dir / "log" / "prolog.log").read_text()
-    assert "quota 64 MiB" in prolog and "quota 1 GiB" in prolog, prolog
+    assert "quota 64 MiB, share 25%" in prolog and "quota 1 GiB, share -" in prolog, prolog
     # a job without a gpu GRES gets no GPU from pilot (PILOT_SLURM_NO_GPU=none)
     none = c.run("srun", "-N1", *env, programs["devices"])
     assert none.stdout.splitlines() == expected([]), none.stdout
