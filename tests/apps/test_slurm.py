@@ -1,8 +1,9 @@
 """pilot under a real single-node Slurm (Debian's slurm-wlm): munged, slurmctld and slurmd started
 here on localhost with `ProctrackType=proctrack/cgroup`, `TaskPlugin=task/cgroup`
-(`ConstrainDevices=yes`), `GresTypes=gpu,pilotmem,pilotshare` (two `gpu`s on fake device files, so Slurm's
-bookkeeping and device cgroup are real), deploy/slurm/pilot-prolog.sh and pilot-epilog.sh as
-the cluster's Prolog and Epilog, and a sim pilotd of two GPUs with `[slurm] job_tenants = true`.
+(`ConstrainDevices=yes`), `GresTypes=gpu,pilotmem,pilotshare` (two `gpu`s on fake device files,
+so Slurm's bookkeeping and device cgroup are real), deploy/slurm/pilot-prolog.sh and
+pilot-epilog.sh as the cluster's Prolog and Epilog, and a sim pilotd of two GPUs with
+`[slurm] job_tenants = true`.
 
 Jobs of two ordinary users (made here with useradd, removed after) each get one GPU: their
 programs under the shim see only that GPU, as device 0, whether they keep the
