@@ -1,9 +1,9 @@
 """`pilotctl`: the operator's view and controls of a running pilotd.
 
-Reads (`status`, `sessions`, `quota get|list`, `share list`, `priority list`) take --json and
-print one JSON document on stdout; everything else is for people. Changes need root or the admin
-group (checked by the daemon from the kernel's peer credentials). Errors are one line on stderr
-and exit status 1.
+Reads (`status`, `sessions`, `quota get|list`, `share list`, `priority list`, `gpus list`) take
+--json and print one JSON document on stdout; everything else is for people. Changes need root
+or the admin group (checked by the daemon from the kernel's peer credentials). Errors are one
+line on stderr and exit status 1.
 """
 
 from __future__ import annotations
@@ -445,6 +445,95 @@ def share_unset(client: ControlClient, tenant: str, gpu: int | None) -> None:
     """Remove TENANT's share set by pilotctl (on one GPU, or all of them)."""
     r = _call(client, "share.unset", tenant=tenant, gpu=gpu)
     click.echo(f"{r['tenant']}: share removed")
+
+
+@main.group()
+def gpus() -> None:
+    """GPU allow-lists: the GPUs a tenant's programs may use, whatever their CUDA_VISIBLE_DEVICES.
+
+    \b
+    A tenant with an allow-list sees only those GPUs, renumbered from 0 in pilotd's order as
+    CUDA numbers the GPUs of a device cgroup; CUDA_VISIBLE_DEVICES indexes count among them.
+    A Slurm job's tenant ([slurm] job_tenants) gets no GPU until its prolog registers it
+    (`pilotctl job start`). A change applies to sessions started after it.
+    """
+
+
+@gpus.command("set")
+@click.argument("tenant")
+@click.argument("gpu_list", metavar="GPUS")
+@click.option("--pci-order", is_flag=True,
+              help="GPUS are indexes in the host's PCI bus order (as nvidia-smi numbers them).")
+@pass_client
+def gpus_set(client: ControlClient, tenant: str, gpu_list: str, pci_order: bool) -> None:
+    """Let TENANT use only GPUS (pilotd's GPU numbers, e.g. 0,2; or all, or none)."""
+    r = _call(client, "gpus.set", tenant=tenant, gpus=gpu_list, pci_order=pci_order or None)
+    click.echo(f"{r['tenant']}: GPUs {_gpu_names(r['gpus'])}")
+
+
+def _gpu_names(gpu_list: list[int]) -> str:
+    return ",".join(map(str, gpu_list)) or "none"
+
+
+@gpus.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+@pass_client
+def gpus_list(client: ControlClient, as_json: bool) -> None:
+    """Every allow-list (yours only unless you are an admin)."""
+    r = _call(client, "gpus.list")
+    if as_json:
+        _emit_json(r)
+        return
+    if not r["tenants"]:
+        click.echo("no GPU allow-list is set")
+    for tenant, gpu_list in r["tenants"].items():
+        click.echo(f"{tenant}: GPUs {_gpu_names(gpu_list)}")
+    if r["slurm_jobs_need_one"]:
+        click.echo("a Slurm job without one gets no GPU ([slurm] job_tenants)")
+
+
+@gpus.command("unset")
+@click.argument("tenant")
+@pass_client
+def gpus_unset(client: ControlClient, tenant: str) -> None:
+    """Remove TENANT's allow-list (it may use every GPU again; a Slurm job, none)."""
+    r = _call(client, "gpus.unset", tenant=tenant)
+    click.echo(f"{r['tenant']}: GPU allow-list removed")
+
+
+@main.group()
+def job() -> None:
+    """Slurm jobs (deploy/slurm: the prolog starts them, the epilog ends them)."""
+
+
+@job.command("start")
+@click.argument("job_id", metavar="JOB")
+@click.option("--gpus", "gpu_list", required=True, metavar="GPUS",
+              help="The GPUs the job's programs may use: 0,1 (pilotd's numbers), all, or none.")
+@click.option("--pci-order", is_flag=True,
+              help="GPUS are indexes in the host's PCI bus order (Slurm's, when gres.conf lists "
+                   "/dev/nvidia0, 1, ... in order).")
+@click.option("--mem", metavar="SIZE", help="The job's hard quota on each GPU, e.g. 8GiB.")
+@click.option("--share", metavar="PERCENT", help="The job's compute share of each GPU (1-100).")
+@pass_client
+def job_start(client: ControlClient, job_id: str, gpu_list: str, pci_order: bool, mem: str | None,
+              share: str | None) -> None:
+    """Register Slurm job JOB (tenant slurm:job_JOB): its GPUs, quota and share."""
+    r = _call(client, "job.start", job=job_id, gpus=gpu_list, pci_order=pci_order or None,
+              mem=mem, share=share)
+    click.echo(f"{r['tenant']}: GPUs {_gpu_names(r['gpus'])}, quota "
+               f"{'-' if r['mem'] is None else size_text(r['mem'])}, share "
+               f"{'-' if r['share'] is None else str(r['share']) + '%'}")
+
+
+@job.command("end")
+@click.argument("job_id", metavar="JOB")
+@pass_client
+def job_end(client: ControlClient, job_id: str) -> None:
+    """Unregister Slurm job JOB: no new session, its sessions ended, its quota and share gone."""
+    r = _call(client, "job.end", job=job_id)
+    click.echo(f"{r['tenant']}: {len(r['sessions'])} session(s) ended"
+               + ("" if r["registered"] else " (it was not registered)"))
 
 
 @main.group()

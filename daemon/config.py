@@ -50,7 +50,8 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     connections_per_uid = 320      # connections one user may hold on each socket
     max_frame = "64KiB"            # largest frame before a session is attached (main, control, ...)
     [slurm]
-    job_tenants = false            # a process in a Slurm job is tenant slurm:job_<id> (deploy/slurm)
+    job_tenants = false            # a process in a Slurm job is tenant slurm:job_<id>, with only the
+                                   # GPUs its prolog registered (none until then; deploy/slurm)
     [isolation]
     tenants = []                   # tenants whose work runs in a pilotd process of its own; "all"
     after_fault = true             # a tenant whose kernel faulted runs isolated until cleared

@@ -1,5 +1,5 @@
 """The control socket's commands (pilotctl): status, sessions, quotas, compute shares, priority
-classes, kill, drain.
+classes, GPU allow-lists, Slurm jobs, kill, drain.
 
 Requests and replies are one JSON frame each: `{"cmd": "quota.set", "args": {...}}` ->
 `{"ok": true, "result": ...}` or `{"ok": false, "error": "one line"}`. The caller's uid and gid
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.config import at_least_floor, parse_bytes
-from pilot.daemon.resources.shares import units_for
+from pilot.daemon.resources.shares import check_share, units_for
 from pilot.daemon.resources.tenants import SLURM_TENANT_PREFIX
 from pilot.daemon.sessions.session import Credentials
 
@@ -354,6 +354,125 @@ def share_unset(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[st
         raise ControlError(f"{tenant} has no share set by pilotctl"
                            + ("" if gpu is None else f" on GPU {gpu}"))
     return {"tenant": tenant, "gpu": gpu}
+
+
+# ---- GPU allow-lists (resources/gpu_access.py) and Slurm jobs (deploy/slurm) ----
+
+def _gpu_list(daemon: Daemon, value: Any, pci_order: bool) -> list[int]:
+    """pilotd GPU numbers from a list (or "0,1" text) of them, "all" or "none"; with
+    `pci_order`, the entries are indexes in the host's PCI bus order instead (Slurm's GPU
+    indexes when gres.conf lists /dev/nvidia0, 1, ... in order)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "all":
+            return sorted(daemon.gpus)
+        if text == "none":
+            return []
+        try:
+            value = [int(v) for v in text.split(",")]
+        except ValueError:
+            raise ControlError(f"GPUs {value!r}: a list of GPU indexes such as 0,1, or all, "
+                               "or none") from None
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise ControlError(f"GPUs {value!r}: a list of GPU indexes")
+    out: list[int] = []
+    for n in value:
+        if pci_order:
+            gpu = next((g.gpu for g in daemon.topology.ids if g.pci_index == n), None)
+            if gpu is None:
+                raise ControlError(f"no GPU of this daemon is number {n} in PCI bus order (it serves "
+                                   f"{sorted(g.pci_index for g in daemon.topology.ids)} in that order)")
+        else:
+            gpu = n
+            if gpu not in daemon.gpus:
+                raise ControlError(f"no GPU {gpu} (this daemon serves {sorted(daemon.gpus)})")
+        if gpu in out:
+            raise ControlError(f"GPU {n} named twice")
+        out.append(gpu)
+    return sorted(out)
+
+
+@command("gpus.list")
+def gpus_list(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    """Every allow-list (a non-admin sees its own), and whether Slurm jobs need one."""
+    listing = daemon.gpu_access.list()
+    if not caller.admin:
+        listing = {t: v for t, v in listing.items() if t == caller.tenant}
+    return {"tenants": listing, "gpus": sorted(daemon.gpus),
+            "slurm_jobs_need_one": daemon.config.slurm_job_tenants}
+
+
+@command("gpus.set", admin=True)
+def gpus_set(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    """The tenant's new sessions see only these GPUs (running sessions keep what they have)."""
+    tenant = _tenant_arg(daemon, args["tenant"])
+    gpus = _gpu_list(daemon, args["gpus"], bool(args.get("pci_order")))
+    daemon.gpu_access.set(tenant, gpus)
+    log.info("GPUs of %s: %s", tenant, ",".join(map(str, gpus)) or "none", extra={"tenant": tenant})
+    return {"tenant": tenant, "gpus": gpus}
+
+
+@command("gpus.unset", admin=True)
+def gpus_unset(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    tenant = _tenant_arg(daemon, args["tenant"])
+    if not daemon.gpu_access.unset(tenant):
+        raise ControlError(f"{tenant} has no GPU allow-list")
+    return {"tenant": tenant}
+
+
+def _job_tenant(daemon: Daemon, args: dict[str, Any]) -> str:
+    job = str(args.get("job", ""))
+    if not job.isdigit():
+        raise ControlError(f"bad job id {args.get('job')!r}: a Slurm job id is a number")
+    if not daemon.config.slurm_job_tenants:
+        raise ControlError("[slurm] job_tenants is off in pilotd's config: a job's programs are "
+                           "their users' tenants, so a job cannot be registered")
+    return SLURM_TENANT_PREFIX + job
+
+
+@command("job.start", admin=True)
+def job_start(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    """A Slurm prolog registers its job: the GPUs its programs may use (`gpus`, `pci_order`),
+    its hard quota on each (`mem`) and its compute share (`share`, percent). Everything is
+    checked before anything is set; the allow-list is set last, as it lets the job in."""
+    tenant = _job_tenant(daemon, args)
+    gpus = _gpu_list(daemon, args.get("gpus", "none"), bool(args.get("pci_order")))
+    share = args.get("share")
+    if share is not None:
+        if isinstance(share, str) and share.rstrip("%").isdigit():
+            share = int(share.rstrip("%"))
+        try:
+            share = check_share(share)
+        except ValueError as exc:
+            raise ControlError(str(exc)) from None
+        if share < 100:
+            _check_share_total(daemon, tenant, None, share)
+    out: dict[str, Any] = {"tenant": tenant, "gpus": gpus, "mem": None, "share": share}
+    if args.get("mem") is not None:
+        out["mem"] = quota_set(daemon, caller, {"tenant": tenant, "hard": args["mem"]})["hard"]
+    if share is not None:
+        daemon.shares.store.set(tenant, None, share)
+    daemon.gpu_access.set(tenant, gpus)
+    log.info("Slurm job %s registered: GPUs %s, quota %s, share %s", tenant, ",".join(map(str, gpus))
+             or "none", out["mem"], share, extra={"tenant": tenant})
+    return out
+
+
+@command("job.end", admin=True)
+def job_end(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
+    """A Slurm epilog (also after scancel or a time limit): the job's allow-list goes first (no
+    new session gets in), then its sessions end and its quota and share are removed. Nothing
+    registered is no error: an epilog runs whether or not its prolog could register the job."""
+    tenant = _job_tenant(daemon, args)
+    had_gpus = daemon.gpu_access.unset(tenant)
+    ended = kill(daemon, caller, {"tenant": tenant})["sessions"]
+    had_quota = daemon.quotas.unset(tenant, None)
+    if had_quota:
+        daemon.engines.reread_quotas()
+    had_share = daemon.shares.store.unset(tenant, None)
+    log.info("Slurm job %s ended: %d session(s) ended", tenant, len(ended), extra={"tenant": tenant})
+    return {"tenant": tenant, "sessions": ended, "registered": had_gpus, "quota": had_quota,
+            "share": had_share}
 
 
 # ---- priority classes (resources/priorities.py, scheduling/priority.py) ----

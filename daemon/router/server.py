@@ -39,6 +39,7 @@ from pilot.daemon.backends.base import (
 from pilot.daemon.config import Config
 from pilot.daemon.protocol import ENVELOPE_SIZE, ffi, lib, new, to_bytes
 from pilot.daemon.resources.broker import GpuBudget, ResourceBroker
+from pilot.daemon.resources.gpu_access import GpuAccess, within
 from pilot.daemon.resources.priorities import PriorityStore
 from pilot.daemon.resources.residency import Residency
 from pilot.daemon.resources.shares import ComputeShares, ShareStore
@@ -183,6 +184,7 @@ class Daemon:
         for line in unknown_members(config.tenants):
             log.warning("config: %s", line)
         self.quotas = QuotaStore(config.state_dir)
+        self.gpu_access = GpuAccess(config.state_dir)
         self.shares = ComputeShares(
             ShareStore(config.state_dir, {t.name: t.sm_share for t in config.tenants.values()
                                           if t.sm_share is not None}), backend, self.gpus)
@@ -338,7 +340,9 @@ class Daemon:
         self.isolation.reload()
         self.shares.store.reload()
         self.priorities.store.reload()  # type: ignore[union-attr]
-        log.info("SIGHUP: quotas, isolation marks, shares and priorities re-read from %s",
+        self.gpu_access.reload()
+        log.info("SIGHUP: quotas, isolation marks, shares, priorities and GPU allow-lists re-read "
+                 "from %s",
                  self.config.state_dir)
         if self.reread_config is None:
             self.priorities.refresh()
@@ -747,10 +751,19 @@ class Daemon:
             return to_bytes(rep)
         if self.config.isolated_tenant is None and self.isolation.isolated(tenant):
             return self._redirect(rep, tenant, creds)
-        selected = self._selection(req)
+        allowed = self._allowed(tenant)
+        if allowed is not None and not allowed:
+            log.warning("router: session of pid %d refused: tenant %s may use no GPU (%s)", creds.pid,
+                        tenant, "its Slurm job was not registered by the prolog: pilotctl job start"
+                        if self.gpu_access.allowed(tenant) is None else "its GPU allow-list is empty",
+                        extra={"tenant": tenant})
+            rep.hdr.err = CUDA_ERROR_NO_DEVICE
+            return to_bytes(rep)
+        selected = self._selection(req, allowed)
         if selected is not None and not selected:
             log.info("router: session of pid %d refused: its CUDA_VISIBLE_DEVICES selects no GPU "
-                     "pilotd serves", creds.pid, extra={"tenant": tenant})
+                     "%s", creds.pid, "pilotd serves" if allowed is None else "its tenant may use",
+                     extra={"tenant": tenant})
             rep.hdr.err = CUDA_ERROR_NO_DEVICE
             return to_bytes(rep)
         admin = self.resolver.is_admin(creds.uid, creds.gid, self.config.admin_group)
@@ -758,7 +771,9 @@ class Daemon:
         # as they are not to sessions_per_uid: an operator's many-process job keeps a thread each
         share = 0 if admin else self.config.vgpus_per_tenant or max(2, self.max_vgpus_per_gpu // 4)
         if selected is None:
-            vg = place_session(self.vgpus, self.draining, self._grow, tenant, share)
+            pool = self.vgpus if allowed is None else [
+                v for v in self.vgpus if self.topology.position(v.gpu) in allowed]
+            vg = place_session(pool, self.draining, self._grow, tenant, share)
         else:  # the program's device 0 is the GPU it selected first
             vg = place_session(self.topology.vgpus[selected[0]], self.draining, self._grow, tenant, share)
         if vg is None:
@@ -773,7 +788,7 @@ class Daemon:
         self.shares.place(session)
         self.priorities.place(session)
         self._next_session += 1
-        group = SessionGroup(session, self.topology.position(vg.gpu), self.topology, selected)
+        group = SessionGroup(session, self.topology.position(vg.gpu), self.topology, selected, allowed)
         vg.sessions[session.id] = session
         self._watched[session.id] = Watched(session, vg, pidfd, group, [])
         self.callbacks.open_session(session.id, group)
@@ -809,12 +824,26 @@ class Daemon:
                 return SLURM_TENANT_PREFIX + job
         return self.resolver.tenant_of(creds.uid, creds.gid)
 
-    def _selection(self, req: Any) -> list[int] | None:
-        """The topology positions a HELLO's CUDA_VISIBLE_DEVICES selects (None: not set)."""
+    def _allowed(self, tenant: str) -> list[int] | None:
+        """The topology positions the tenant may use, in order (None: every GPU; resources/
+        gpu_access.py): its allow-list, or none at all for a Slurm job no prolog registered."""
+        gpus = self.gpu_access.allowed(tenant)
+        if gpus is None:
+            unregistered_job = self.config.slurm_job_tenants and tenant.startswith(SLURM_TENANT_PREFIX)
+            return [] if unregistered_job else None
+        return sorted(self.topology.position(g) for g in gpus if g in self.topology.gpus)
+
+    def _selection(self, req: Any, allowed: list[int] | None) -> list[int] | None:
+        """The topology positions a HELLO's CUDA_VISIBLE_DEVICES selects (None: not set), among
+        the `allowed` ones as a host with only those GPUs would number them."""
         if not req.flags & lib.PILOT_HELLO_VISIBLE_SET:
             return None
         value = ffi.string(req.visible_devices, lib.PILOT_VISIBLE_MAX).decode(errors="replace")
-        return visible.select(value, self.topology.ids, bool(req.flags & lib.PILOT_HELLO_PCI_BUS_ORDER))
+        pci_order = bool(req.flags & lib.PILOT_HELLO_PCI_BUS_ORDER)
+        if allowed is None:
+            return visible.select(value, self.topology.ids, pci_order)
+        chosen = visible.select(value, within(self.topology.ids, allowed), pci_order) or []
+        return [allowed[i] for i in chosen]
 
     def _placed(self, rep: Any, session: Session, vg: VGpu, ordinal: int) -> bytes:
         rep.session = session.id

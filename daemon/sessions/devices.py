@@ -12,7 +12,8 @@ shim sends the selection in HELLO, and the router resolves it against the GPUs p
 so it can only narrow). Without one, ordinals are relative to the session's first GPU: device 0
 is the GPU the router placed the session on (the least busy one), device i the i-th next GPU in
 host order, wrapping. So single-GPU programs still spread over the server's GPUs, and every
-program sees all of them.
+program sees all of them. A tenant with a GPU allow-list (a Slurm job: resources/gpu_access.py)
+sees only its allowed GPUs, both ways: as if the host had no others.
 
 Handles carry their device: a part numbers its streams, events, modules and functions from
 `ordinal << PILOT_HANDLE_DEVICE_SHIFT`, so the shim routes a call naming a handle to the right
@@ -84,14 +85,16 @@ class SessionGroup:
     use `part()` and the helpers below."""
 
     def __init__(self, first: Session, base: int, topology: Topology | None,
-                 selected: list[int] | None = None) -> None:
+                 selected: list[int] | None = None, allowed: list[int] | None = None) -> None:
         """`base`: the topology position of device 0's GPU when the program selected none;
-        `selected`: the positions its CUDA_VISIBLE_DEVICES selected, as program ordinals."""
+        `selected`: the positions its CUDA_VISIBLE_DEVICES selected, as program ordinals;
+        `allowed`: the positions its tenant may use (None: all; resources/gpu_access.py)."""
         self.id = first.id
         self.topology = topology
-        n = len(topology) if topology is not None else 1
+        pool = allowed if allowed is not None else list(range(len(topology) if topology is not None else 1))
+        start = pool.index(base) if base in pool else 0
         self.positions: list[int] = (list(selected)[:MAX_DEVICES] if selected is not None
-                                     else [(base + i) % n for i in range(n)])
+                                     else (pool[start:] + pool[:start])[:MAX_DEVICES])
         self.parts: dict[int, Session] = {0: first}
         first.group = self
 

@@ -69,14 +69,22 @@ def expected(gpus: list[int], sim_index: dict[int, int] | None = None) -> list[s
                f"attribute of device {n}: cudaErrorInvalidDevice", f"current device: {n - 1}"])
 
 
-def run(app_binaries: dict, shim_path: str, daemon: SimDaemon, visible: str | None,
-        order: str | None = None) -> subprocess.CompletedProcess[str]:
+def device_env(shim_path: str, socket_path: str, visible: str | None,
+               order: str | None = None) -> dict[str, str]:
+    """A program's environment under pilot with that CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER
+    (None: unset)."""
     env = {k: v for k, v in CLEAN_ENV.items() if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
-    env |= {"LD_PRELOAD": shim_path, "PILOT_SOCKET": daemon.socket}
+    env |= {"LD_PRELOAD": shim_path, "PILOT_SOCKET": socket_path}
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
     if order is not None:
         env["CUDA_DEVICE_ORDER"] = order
+    return env
+
+
+def run(app_binaries: dict, shim_path: str, daemon: SimDaemon, visible: str | None,
+        order: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = device_env(shim_path, daemon.socket, visible, order)
     return subprocess.run([str(app_binaries["devices"])], capture_output=True, text=True, env=env,
                           timeout=60)
 
