@@ -1,4 +1,4 @@
-"""The shims (libpilot.so, libpilot12.so) and the protocol module built from shim/pilot_proto.h."""
+"""The shims (libpilot.so, libpilot12.so) and the protocol module built from shim/transport/pilot_proto.h."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 LIBRARIES = {13: "libpilot.so", 12: "libpilot12.so"}
 CUDA_MAJORS = tuple(sorted(LIBRARIES))
 # The driver API library (SONAME libcuda.so.1), preloaded beside a shim for programs that call
-# the driver API; it serves them through the shim's session (shim/driver_ops.h).
+# the driver API; it serves them through the shim's session (shim/bridge/driver_ops.h).
 DRIVER_LIBRARY = "libpilot-cuda.so"
 # Stand-ins for CUDA libraries that link a static runtime pilot cannot carry (cuBLAS, cuBLASLt,
 # cuDNN):
-# same SONAME and symbol version as NVIDIA's, their calls forwarded to pilotd (shim/blas.h). By
+# same SONAME and symbol version as NVIDIA's, their calls forwarded to pilotd (shim/libs/blas.h). By
 # the SONAME they stand in for; each lists the sources and export table it is built from.
 LIBRARY_STANDINS = {
     "libcublas.so.13": "libpilot-cublas.so",

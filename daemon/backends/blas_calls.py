@@ -1,4 +1,4 @@
-"""The cuBLAS functions of the generic path (shim/cublas_calls.tsv): per family, the argument
+"""The cuBLAS functions of the generic path (shim/tables/cublas_calls.tsv): per family, the argument
 checks cuBLAS makes, the device ranges a call reads and writes, and the sim's numpy emulation.
 The table says each function's family, type (S or D) and argument kinds; ops/libraries.py
 checks and backends run the calls from there.
@@ -37,7 +37,7 @@ class Function:
     family: str
     type: str  # S or D
     kinds: tuple[str, ...]
-    params: tuple[str, ...]  # the family's argument names (shim/cublas_families.tsv)
+    params: tuple[str, ...]  # the family's argument names (shim/tables/cublas_families.tsv)
     checks: tuple[tuple[int, str], ...]  # (argument number, Python expression)
 
     @property
@@ -56,7 +56,7 @@ def _tsv(name: str) -> list[dict[str, str]]:
 
 
 def python_check(expr: str) -> str:
-    """A check of shim/cublas_families.tsv (C) as Python: `!`, `&&`, `||`, `c ? a : b`."""
+    """A check of shim/tables/cublas_families.tsv (C) as Python: `!`, `&&`, `||`, `c ? a : b`."""
     expr = re.sub(r"(\w+)==0\?(\w+):(\w+)", r"(\2 if \1==0 else \3)", expr)
     expr = re.sub(r"!(?!=)", " not ", expr).replace("&&", " and ").replace("||", " or ")
     if "?" in expr:

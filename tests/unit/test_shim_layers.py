@@ -1,4 +1,4 @@
-"""The shim's layering (the comment at the top of shim/transport.c): the transport and the modules
+"""The shim's layering (the comment at the top of shim/transport/transport.c): the transport and the modules
 below it never call up. Checked on the compiled objects: every hand-written source of the CUDA 13
 build and the generated ones, compiled with the build's flags; `nm` says which global symbols
 each object defines and which it references, so calls hidden in macros or taken as function
@@ -23,7 +23,7 @@ LAYERS = {
     "socket_path.c": 0,
     "zmtp.c": 0,
     "error_state.c": 0,
-    "errors.c": 0,  # generated from shim/cuda_errors.tsv
+    "errors.c": 0,  # generated from shim/tables/cuda_errors.tsv
     "transport.c": 1,
 }
 ABOVE = 2
@@ -66,7 +66,8 @@ def shim_symbols(tmp_path_factory: pytest.TempPathFactory) -> Symbols:
     tmp = tmp_path_factory.mktemp("shim_layers")
     gen = tmp / "gen"
     generated = build.generate_tables(gen, 13)
-    base = ["gcc", *build.C_FLAGS, f"-I{SHIM}", f"-I{gen}", f"-I{build.cuda_include_dir()}"]
+    base = ["gcc", *build.C_FLAGS, *(f"-I{d}" for d in build.INCLUDE_DIRS), f"-I{gen}",
+            f"-I{build.cuda_include_dir()}"]
     symbols: Symbols = {}
     for src, flags in ([(p, build.shared_source_flags(13, gen)) for p in build.hand_written_sources(13)]
                        + [(p, []) for p in generated]):
@@ -86,7 +87,7 @@ def test_every_bottom_module_is_built(shim_symbols: Symbols) -> None:
 def test_no_module_calls_up(shim_symbols: Symbols) -> None:
     bad = upward_references(shim_symbols, LAYERS)
     assert not bad, ("modules of the shim's bottom layers reference modules above them (see the "
-                     "comment at the top of shim/transport.c):\n  " + "\n  ".join(bad))
+                     "comment at the top of shim/transport/transport.c):\n  " + "\n  ".join(bad))
 
 
 def test_the_transport_uses_the_bottom_modules(shim_symbols: Symbols) -> None:

@@ -422,7 +422,7 @@ cudaError_t pilot_capture_check_device(int device);
 cudaError_t pilot_capture_check_unsafe(void); /* cudaMalloc, cudaFree: by the capture modes */
 cudaError_t pilot_capture_check_event(cudaEvent_t event);
 
-/* ---- generated from shim/cuda_errors.tsv (errors.c in the build dir) ---- */
+/* ---- generated from shim/tables/cuda_errors.tsv (errors.c in the build dir) ---- */
 const char *pilot_error_name(int code);
 const char *pilot_error_string(int code);
 

@@ -641,7 +641,7 @@ PILOT_BLAS_EXPORT cublasStatus_t cublasGemmStridedBatchedEx(
     return gemm(handle, &g);
 }
 
-/* ---- the generic path (shim/cublas_calls.tsv; the exported functions are generated) ---- */
+/* ---- the generic path (shim/tables/cublas_calls.tsv; the exported functions are generated) ---- */
 
 /* An argument check failed: cuBLAS's stdout line (its xerbla; where the H100's name for the
  * function is known) and CUBLAS_STATUS_INVALID_VALUE; a bad handle comes first. */
@@ -655,7 +655,7 @@ cublasStatus_t pilot_blas_bad_argument(cublasHandle_t handle, const char *xerbla
 }
 
 /* One call of a generated function: `kinds` names its arguments after the handle (i int, s
- * scalar, p device pointer, r result of the type, x int result; shim/cublas_calls.tsv) and
+ * scalar, p device pointer, r result of the type, x int result; shim/tables/cublas_calls.tsv) and
  * `elem` is the size of its type. Scalars travel by value under the host pointer mode; a result
  * the host waits for makes the call synchronous (as natively), anything else is posted like a
  * launch, and pilotd's argument and range checks then fail the next synchronizing call. */

@@ -1,7 +1,7 @@
-/* Internal interface of libpilot-cuda.so (shim/drv_*.c), the driver API library: it stands in
+/* Internal interface of libpilot-cuda.so (shim/driver/drv_*.c), the driver API library: it stands in
  * for libcuda.so.1 and serves every call through libpilot.so's session (driver_ops.h). Nothing
  * here is exported (-fvisibility=hidden); the entry points are the CUresult functions of
- * drv_*.c and the generated stubs (drv_gen.c), exactly shim/cuda_driver_exports.tsv. */
+ * drv_*.c and the generated stubs (drv_gen.c), exactly shim/tables/cuda_driver_exports.tsv. */
 #ifndef PILOT_DRV_H
 #define PILOT_DRV_H
 

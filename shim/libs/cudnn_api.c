@@ -14,7 +14,7 @@
  *   each pointer against the extent of the plan's tensor with that unique id.
  * - The legacy calls PyTorch makes: tensor descriptors (kept here, sent by value) and batch
  *   normalization (posted; its size queries are calls, answered once per shape).
- * Every other export is a generated stub (shim/cudnn_exports.tsv) that logs its name once and
+ * Every other export is a generated stub (shim/tables/cudnn_exports.tsv) that logs its name once and
  * returns CUDNN_STATUS_NOT_SUPPORTED. */
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>

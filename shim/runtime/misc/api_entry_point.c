@@ -1,6 +1,6 @@
 /* cudaGetDriverEntryPoint(ByVersion): the runtime's way to the driver API (PyTorch's c10 takes
  * its virtual-memory and context calls this way). Under pilot the driver is libpilot-cuda.so
- * (shim/drv_*.c), installed beside this library and sharing its session: it is loaded on the
+ * (shim/driver/drv_*.c), installed beside this library and sharing its session: it is loaded on the
  * first request (SONAME libcuda.so.1, so a later dlopen("libcuda.so.1") in the process finds it
  * too) and its cuGetProcAddress_v2 answers. Never the machine's real libcuda: its functions
  * would work outside pilot. */

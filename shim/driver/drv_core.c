@@ -477,7 +477,7 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuCtxSynchronize(void)
     return PILOT_DRV_RT(pilot_drv_ops->cudaDeviceSynchronize());
 }
 
-/* As cudaCtxResetPersistingL2Cache (shim/api_stream_attr.c): no line of the program's persists. */
+/* As cudaCtxResetPersistingL2Cache (shim/runtime/stream/api_stream_attr.c): no line of the program's persists. */
 PILOT_DRV_EXPORT CUresult CUDAAPI cuCtxResetPersistingL2Cache(void)
 {
     PILOT_DRV_ENTER(1);

@@ -4,7 +4,7 @@
  * This file is compiled only into the 12 build, which force-includes the generated
  * cudart12_renames.h everywhere: a CUDA 13 function whose 12.x ABI differs is compiled (and
  * declared by the CUDA 13 headers) as pilot13_<name>, local to the library, and the real name
- * is defined here with the 12.x ABI. Which names those are is shim/cudart12_exports.tsv's
+ * is defined here with the 12.x ABI. Which names those are is shim/tables/cudart12_exports.tsv's
  * business: rows marked impl are the functions below.
  *
  * - cudaDeviceProp: 12.x layout (cuda12_abi.h), filled from the CUDA 13 one plus the fields 13

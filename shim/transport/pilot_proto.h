@@ -39,7 +39,7 @@
 #define PILOT_F_NO_REPLY 1            /* asynchronous call: the daemon sends no reply */
 #define PILOT_F_FAULT_CHANNEL 2       /* ATTACH: this connection is the session's fault channel */
 #define PILOT_F_DEVICE_OUTPUT 4       /* reply: its last frame is the program's kernels' printf
-                                       * output, to be written to its stdout (shim/transport.c) */
+                                       * output, to be written to its stdout (shim/transport/transport.c) */
 
 enum pilot_op {
     /* 1: session */
@@ -49,7 +49,7 @@ enum pilot_op {
     PILOT_OP_STAGING_OPEN = 4,        /* map the session's pinned shared-memory staging area */
     PILOT_OP_SESSIONS = 10,           /* main socket: list sessions (JSON payload in reply) */
     PILOT_OP_PING = 11,               /* main socket: is pilotd alive? (status reply; a client
-                                       * whose call waits long asks, shim/transport.c) */
+                                       * whose call waits long asks, shim/transport/transport.c) */
 
     /* 100: device management */
     PILOT_OP_DEVICE_INFO = 101,
@@ -78,7 +78,7 @@ enum pilot_op {
     PILOT_OP_STREAM_WAIT_EVENT = 254,
     /* 255-269: stream queries (api_misc.c) */
     PILOT_OP_STREAM_GET_INFO = 255,   /* pilot_req_handle; reply pilot_rep_stream_info */
-    /* 270-279: host callbacks (shim/callbacks.c, daemon/callbacks.py) */
+    /* 270-279: host callbacks (shim/runtime/stream/callbacks.c, daemon/callbacks.py) */
     PILOT_OP_STREAM_CALLBACK = 270,   /* pilot_req_stream_callback; status reply */
     PILOT_OP_CALLBACK_ATTACH = 271,   /* callback socket: first message; status reply */
     PILOT_OP_CALLBACK_RUN = 272,      /* daemon -> client on the callback socket: pilot_msg_callback */
@@ -104,10 +104,10 @@ enum pilot_op {
     /* 320-329: launches with attributes (api_launch_ex.c, daemon/execution.py) */
     PILOT_OP_LAUNCH_EX = 320,         /* pilot_req_launch_ex; frame 2: packed arguments. Posted, or a
                                        * call when the launch has checks only the device makes */
-    /* 330-349: the driver API (libpilot-cuda.so, shim/drv_*.c) */
+    /* 330-349: the driver API (libpilot-cuda.so, shim/driver/drv_*.c) */
     PILOT_OP_MODULE_UNLOAD = 330,     /* pilot_req_handle (module); status reply */
     PILOT_OP_MEMSET_WIDE = 331,       /* pilot_req_memset_wide: cuMemsetD16/D32; posted when async */
-    /* 360-369: CUDA graphs instantiated in pilotd (shim/graph_remote.c, daemon/ops/graphs.py) */
+    /* 360-369: CUDA graphs instantiated in pilotd (shim/runtime/graph/graph_remote.c, daemon/ops/graphs.py) */
     PILOT_OP_GRAPH_INSTANTIATE = 360, /* pilot_req_graph {exec, stream: the recording stream,
                                        * count}; frame 2: `count` pilot_graph_record, each followed
                                        * by its request and payload, padded to 8 bytes; reply
@@ -135,7 +135,7 @@ enum pilot_op {
     PILOT_OP_MEMSET_2D = 422,         /* pilot_req_memset_2d */
     /* 423-429: peer copies (api_peer.c) */
     PILOT_OP_MEMCPY_PEER = 423,       /* pilot_req_memcpy_peer; posted when async */
-    /* 424-429: CUDA arrays (shim/api_array.c, daemon/ops/arrays.py) */
+    /* 424-429: CUDA arrays (shim/runtime/texture/api_array.c, daemon/ops/arrays.py) */
     PILOT_OP_ARRAY_CREATE = 424,      /* pilot_req_array_create; reply pilot_rep_u64 {value: the
                                        * session's handle of the array (never a device address),
                                        * value2: its element size in bytes} */
@@ -144,7 +144,7 @@ enum pilot_op {
                                        * one an array; host rows packed in frame 2 (to the device)
                                        * or in the reply's frame 2 (to the host); posted when async
                                        * and nothing comes back */
-    /* 430-439: pinned and mapped host memory (shim/api_host.c, daemon/pinned.py) */
+    /* 430-439: pinned and mapped host memory (shim/runtime/memory/api_host.c, daemon/pinned.py) */
     PILOT_OP_HOST_REGISTER = 430,     /* pilot_req_host_register: the client's memfd, which the
                                        * daemon maps and pins; reply pilot_rep_u64 {value: the
                                        * daemon's address of the mapping, value2: its device
@@ -154,7 +154,7 @@ enum pilot_op {
     PILOT_OP_MEMCPY_PINNED = 432,     /* pilot_req_memcpy_pinned: DMA between device memory and
                                        * a registered host range; posted when async */
     /* 433-439 reserved */
-    /* 440-469: texture and surface objects (shim/api_texture.c, daemon/ops/arrays.py) */
+    /* 440-469: texture and surface objects (shim/runtime/texture/api_texture.c, daemon/ops/arrays.py) */
     PILOT_OP_TEXTURE_CREATE = 440,    /* pilot_req_texture_create; reply pilot_rep_u64 {value: the
                                        * driver's cudaTextureObject_t, which kernels use} */
     PILOT_OP_TEXTURE_DESTROY = 441,   /* pilot_req_handle (a texture object of the session) */
@@ -162,7 +162,7 @@ enum pilot_op {
                                        * pilot_rep_u64 {value: the cudaSurfaceObject_t} */
     PILOT_OP_SURFACE_DESTROY = 443,   /* pilot_req_handle (a surface object of the session) */
     /* 444-469 reserved: textures and surfaces; 470-499 reserved */
-    /* 500: unified memory (shim/api_managed.c, shim/coherence.c, daemon/managed.py) */
+    /* 500: unified memory (shim/runtime/managed/api_managed.c, shim/runtime/managed/coherence.c, daemon/managed.py) */
     PILOT_OP_MALLOC_MANAGED = 500,    /* pilot_req_malloc_managed; reply pilot_rep_u64 {ptr} */
     PILOT_OP_SHADOW_ATTACH = 501,     /* pilot_req_shadow_attach: the client shadows a range */
     PILOT_OP_SHADOW_FLUSH = 502,      /* pilot_req_memcpy {dst, count, slot}: staging -> device */
@@ -186,10 +186,10 @@ enum pilot_op {
                                        * as MATMUL; reply pilot_rep_lib {status, value: results},
                                        * frame 2: the results (PILOT_LT_RESULT_BYTES each) */
     PILOT_OP_BLAS_CALL = 605,         /* pilot_req_blas_call; frame 2: the function's name (a row of
-                                       * shim/cublas_calls.tsv). Posted, or a call when it returns
+                                       * shim/tables/cublas_calls.tsv). Posted, or a call when it returns
                                        * a result to the host: reply pilot_rep_lib, frame 2 the
                                        * result's bytes */
-    /* cuDNN (shim/cudnn_api.c, daemon/ops/dnn.py): the backend API's descriptors live in pilotd
+    /* cuDNN (shim/libs/cudnn_api.c, daemon/ops/dnn.py): the backend API's descriptors live in pilotd
      * (numbers it gave out), except variant packs, which the stand-in keeps and sends with the
      * execution. Handles are LIB_CREATE's (PILOT_LIB_CUDNN). */
     PILOT_OP_DNN_DESC_CREATE = 606,   /* pilot_req_dnn_attr {type in attr}; reply pilot_rep_lib
@@ -623,7 +623,7 @@ typedef struct pilot_req_memcpy_pinned {  /* the host side lies inside one regis
     uint32_t sync;                    /* 1: cudaMemcpy (returns when done), 0: stream-ordered */
 } pilot_req_memcpy_pinned;
 
-/* ---- host callbacks (shim/callbacks.c, daemon/callbacks.py) ---- */
+/* ---- host callbacks (shim/runtime/stream/callbacks.c, daemon/callbacks.py) ---- */
 #define PILOT_CALLBACK_HOST_FUNC 0    /* cudaLaunchHostFunc: not called after a context error */
 #define PILOT_CALLBACK_STREAM 1       /* cudaStreamAddCallback: called with the error status */
 #define PILOT_CALLBACK_SKIP 1         /* pilot_msg_callback.flags: drop it, never call it */
@@ -663,7 +663,7 @@ typedef struct pilot_req_memcpy_peer {
     uint32_t reserved;
 } pilot_req_memcpy_peer;
 
-/* ---- CUDA arrays, texture and surface objects (shim/api_array.c, shim/api_texture.c) ----
+/* ---- CUDA arrays, texture and surface objects (shim/runtime/texture/api_array.c, shim/runtime/texture/api_texture.c) ----
  * An array is the daemon's (a CUarray); the client knows it by a handle of its session. Channel
  * formats use the runtime's numbering (struct cudaChannelFormatDesc: bits per channel x y z w
  * and enum cudaChannelFormatKind). */
@@ -834,7 +834,7 @@ typedef struct pilot_req_blas_gemm {
     int32_t sm_count_target;          /* cublasSetSmCountTarget */
 } pilot_req_blas_gemm;
 
-/* A cuBLAS function of the generic path (shim/cublas_calls.tsv): its arguments after the handle
+/* A cuBLAS function of the generic path (shim/tables/cublas_calls.tsv): its arguments after the handle
  * in order, each as 64 bits (ints sign-extended, pointers); a scalar under
  * CUBLAS_POINTER_MODE_HOST travels by value in `scalars` (the n-th scalar argument in the n-th
  * slot) and its args entry is 0. */

@@ -97,7 +97,7 @@ uint64_t pilot_blas_version(int library); /* major*10000 + minor*100 + patch; 0 
  * device, or NULL with *status set. */
 void *pilot_blas_open(int library, size_t size, uint64_t *version, cublasStatus_t *status);
 cublasStatus_t pilot_blas_property(int library, int type, int *value);
-/* A function of the generic path (shim/cublas_calls.tsv), called by its generated export. */
+/* A function of the generic path (shim/tables/cublas_calls.tsv), called by its generated export. */
 cublasStatus_t pilot_blas_call(cublasHandle_t handle, const char *name, const char *kinds,
                                size_t elem, const uint64_t *args, int nargs);
 cublasStatus_t pilot_blas_bad_argument(cublasHandle_t handle, const char *xerbla, int number);

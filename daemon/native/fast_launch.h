@@ -127,7 +127,7 @@ void pilot_fast_context(pilot_fast *f, uint64_t context);
 int pilot_fast_function(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t function,
                         uint32_t arg_bytes);
 int pilot_fast_stream(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t stream, int slow);
-/* Unified memory. A shadow of the session (shim/coherence.c) mapped at [base, base+length),
+/* Unified memory. A shadow of the session (shim/runtime/managed/coherence.c) mapped at [base, base+length),
  * cut by the client into chunks of `chunk` bytes (length 0: forget it; its counts not taken yet
  * go to *left when left is not NULL, else are lost); and one managed segment [lo, hi) inside
  * it, which flushes copy and launches count (a shadow of __managed__ variables has several).

@@ -1,4 +1,4 @@
-/* The libcudart.so.12 ABI where it differs from CUDA 13's: what shim/cuda12_compat.c needs to
+/* The libcudart.so.12 ABI where it differs from CUDA 13's: what shim/runtime/cuda12/cuda12_compat.c needs to
  * serve programs built with CUDA 12 headers. The layouts are those of CUDA 12.9 (the newest 12.x,
  * whose libcudart.so.12 is the one the 12 build stands in for); tests/unit/test_cuda12.py checks
  * every offset against the real 12.x headers when they are installed (PyPI's
