@@ -27,7 +27,7 @@ from pilot.daemon.backends.libraries import (
     matrix_span,
 )
 
-TABLE = Path(__file__).resolve().parents[2] / "shim" / "cublas_calls.tsv"
+TABLE = Path(__file__).resolve().parents[2] / "shim" / "tables" / "cublas_calls.tsv"
 TYPE_SIZES = {"S": 4, "D": 8}
 
 
@@ -48,7 +48,7 @@ class Function:
 def _tsv(name: str) -> list[dict[str, str]]:
     from pilot.shim import __file__ as shim_init  # the tables are installed beside the shim
 
-    path = Path(shim_init).parent / name
+    path = Path(shim_init).parent / "tables" / name
     if not path.exists():
         path = TABLE.parent / name
     lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
