@@ -45,6 +45,7 @@ INCLUDE_DIRS = sorted({p.parent for p in SHIM_DIR.rglob("*.h")})
 
 # Hand-written shim sources, in link order. Generated ones are added by build_shim().
 SHIM_SOURCES = [
+    "core/hooks.c",
     "transport/log.c",
     "transport/socket_path.c",
     "transport/zmtp.c",
@@ -61,6 +62,7 @@ SHIM_SOURCES = [
     "runtime/memory/api_mempool.c",
     "runtime/memory/api_memory.c",
     "runtime/launch/api_launch.c",
+    "runtime/stream/stream_handles.c",
     "runtime/stream/api_stream.c",
     "runtime/misc/api_misc.c",
     "runtime/launch/api_symbols.c",

@@ -136,7 +136,6 @@ int pilot_alloc_contains(uint64_t ptr, uint64_t count);
 int pilot_alloc_is_device(uint64_t ptr);
 /* Ranges are recorded on the route device; the device ptr is on, or -1 if it is no range. */
 int pilot_alloc_device(uint64_t ptr);
-void pilot_alloc_clear_device(int device); /* the same for one device (cudaDeviceReset) */
 /* A module global's range (api_symbols.c): copies may use it, cudaFree refuses it. */
 void pilot_alloc_add_symbol(uint64_t base, uint64_t size);
 int pilot_alloc_is_symbol(uint64_t ptr);
@@ -157,7 +156,6 @@ int pilot_um_install_handler(void);
 #define PILOT_UM_VARIABLE 1
 int pilot_um_add(uint64_t base, uint64_t len, int valid, int kind);
 int pilot_um_remove(uint64_t base); /* unmaps it too */
-void pilot_um_remove_allocations(void); /* cudaDeviceReset: variables stay with their modules */
 int pilot_um_active(void); /* any shadow exists: the one check hot paths make without managed memory */
 int pilot_um_contains(uint64_t addr);
 /* The first unmapped stretch [start, *gap_end) of [from, to) (start == *gap_end: none). */
@@ -192,7 +190,7 @@ cudaError_t pilot_um_pack_free(uint64_t ptr, uint64_t range_base);
 /* The live piece holding ptr inside the packed range at range_base: its start and the bytes
  * asked for; -1 if no piece holds ptr. */
 int pilot_um_pack_piece(uint64_t ptr, uint64_t range_base, uint64_t *base, uint64_t *size);
-void pilot_um_pack_forget(int device); /* cudaDeviceReset (-1: every device's) */
+void pilot_um_pack_forget(int device); /* cudaDeviceReset, a hook (-1: every device's) */
 
 /* ---- registry.c: fatbins and kernels registered by the program ---- */
 struct pilot_kernel;
@@ -286,8 +284,6 @@ struct pilot_array_info {          /* what the shim knows of one of the process'
     struct cudaChannelFormatDesc desc;
 };
 int pilot_array_info(const void *array, struct pilot_array_info *out); /* 0 if not ours */
-void pilot_arrays_clear_device(int device); /* cudaDeviceReset freed the device's arrays */
-void pilot_objects_clear_device(int device); /* ... and its texture and surface objects */
 /* One side of a copy: PILOT_MEM_HOST (host: the box's first byte, pitch bytes between rows,
  * rows per slice), PILOT_MEM_DEVICE (ptr, pitch, rows per slice, position x bytes, y, z) or
  * PILOT_MEM_ARRAY (info; position x in bytes, y, z). */
@@ -348,7 +344,7 @@ cudaError_t pilot_check_access_window(const struct cudaAccessPolicyWindow *w);
 /* ---- device_props.c ---- */
 void pilot_fill_device_prop(struct cudaDeviceProp *prop, const pilot_rep_device_info *info);
 
-/* ---- streams (api_stream.c) ---- */
+/* ---- stream and event handles (stream_handles.c) ---- */
 /* The daemon handle of a program's stream: 0 for the legacy stream (0, cudaStreamLegacy); for
  * cudaStreamPerThread the calling thread's per-thread default stream on its current device
  * (created on first use; UINT64_MAX, a handle no session has, if that failed). */
@@ -356,14 +352,15 @@ uint64_t pilot_stream_handle(cudaStream_t stream);
 /* The device a handle belongs to (bits PILOT_HANDLE_DEVICE_SHIFT..+7); for stream handle 0
  * the current device. */
 int pilot_handle_device(uint64_t handle);
-/* cudaEventRecord: the event and the stream must be on one device. */
-cudaError_t pilot_event_record(cudaEvent_t event, cudaStream_t stream);
-void pilot_streams_reset_device(int device); /* cudaDeviceReset destroyed the device's streams */
 /* Daemon objects a thread keeps per device, created on first use, destroyed when the thread
  * exits, recreated after cudaDeviceReset or fork: its per-thread default stream (a blocking
  * stream), its marker event (callbacks.c). UINT64_MAX if it cannot be created. */
 enum { PILOT_PER_THREAD_STREAM, PILOT_MARKER_EVENT, PILOT_THREAD_OBJECT_KINDS };
 uint64_t pilot_thread_object(int kind, int device);
+
+/* ---- streams (api_stream.c) ---- */
+/* cudaEventRecord: the event and the stream must be on one device. */
+cudaError_t pilot_event_record(cudaEvent_t event, cudaStream_t stream);
 
 /* ---- callbacks.c: host callbacks run on the shim's callback thread ---- */
 /* While host callbacks are outstanding, a call that waits for device work (a synchronize, a

@@ -36,6 +36,7 @@
 #include "shim.h"
 #include "socket_path.h"
 #include "zmtp.h"
+#include "hooks.h"
 
 /* CONN_FAILED: the set-up timed out or was refused (a stopped pilotd, a socket that is not
  * pilotd's main one): like CUDA's own initialisation errors, that is final for the process, so
@@ -94,10 +95,10 @@ static void init_parts(void)
 
 /* After fork the child must not use the parent's connections or session: it starts afresh on
  * first use. This resets the transport's own state only: each module above that keeps state of
- * the parent's session registers its own child handler, from a constructor like this one, so
- * every shim handler is registered before the program's constructors run (a program's own child
- * handler that calls CUDA finds the shim reset). Child handlers run in registration order, here
- * the link order of shim/build.py's SHIM_SOURCES, this one first; their relative order does not
+ * the parent's session registers its own child handler with PILOT_HOOK (shim/core/hooks.h), and
+ * the registry's one pthread_atfork handler, registered before the program's constructors run
+ * (a program's own child handler that calls CUDA finds the shim reset), runs them in the link
+ * order of shim/build.py's SHIM_SOURCES, this one first; their relative order does not
  * matter. Each resets only its own module's state (api_symbols.c's also drops alloc_table.c's
  * symbol ranges, which alloc_table.c's own handler keeps while it drops the rest: in either order
  * the table ends empty); none talks to the daemon or waits for another module's state, and the
@@ -125,8 +126,9 @@ static void fork_child(void)
 __attribute__((constructor)) static void transport_init(void)
 {
     init_parts();
-    pthread_atfork(NULL, NULL, fork_child);
 }
+
+PILOT_HOOK(transport, .on_fork_child = fork_child);
 
 static void lose_connection(struct part *p, const char *why)
 {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "hooks.h"
 #include "shim.h"
 
 PILOT_EXPORT cudaError_t cudaGetDeviceCount(int *count)
@@ -152,12 +153,7 @@ PILOT_EXPORT cudaError_t cudaDeviceReset(void)
     if (err == cudaSuccess)
         err = pilot_call(PILOT_OP_DEVICE_RESET, NULL, 0, NULL, 0, NULL, 0, NULL, 0, NULL);
     if (err == cudaSuccess) {
-        pilot_alloc_clear_device(dev);
-        pilot_arrays_clear_device(dev);
-        pilot_objects_clear_device(dev);
-        pilot_streams_reset_device(dev);
-        pilot_um_pack_forget(dev);
-        pilot_um_remove_allocations();
+        pilot_hooks_device_reset(dev); /* each module drops what the reset destroyed */
     }
     PILOT_RETURN(err);
 }

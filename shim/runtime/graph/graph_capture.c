@@ -27,6 +27,7 @@
 
 #include "graph.h"
 #include "log.h"
+#include "hooks.h"
 
 struct capture {
     uint64_t id;
@@ -958,7 +959,4 @@ static void fork_child(void)
     pilot_gmem_forget(); /* graph memory is the parent's session's */
 }
 
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, fork_child);
-}
+PILOT_HOOK(graph_capture, .on_fork_child = fork_child);

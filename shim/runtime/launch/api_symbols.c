@@ -18,6 +18,7 @@
 
 #include "log.h"
 #include "shim.h"
+#include "hooks.h"
 
 #define BUCKETS 256u
 
@@ -99,10 +100,7 @@ static void fork_child(void)
     pilot_alloc_clear_symbols();
 }
 
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, fork_child);
-}
+PILOT_HOOK(api_symbols, .on_fork_child = fork_child);
 
 static struct pilot_symbol *lookup(const void *symbol)
 {

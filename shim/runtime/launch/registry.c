@@ -11,6 +11,7 @@
 
 #include "log.h"
 #include "shim.h"
+#include "hooks.h"
 
 #define FATBIN_WRAPPER_MAGIC 0x466243B1u
 #define FATBIN_MAGIC 0xBA55ED50u
@@ -363,10 +364,7 @@ static void fork_child(void)
         memset(img->module, 0, sizeof img->module); /* images with variables and no kernels too */
 }
 
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, fork_child);
-}
+PILOT_HOOK(registry, .on_fork_child = fork_child);
 
 int pilot_kernel_attr_is(struct pilot_kernel *k, uint64_t function, int attr, int32_t value)
 {

@@ -37,6 +37,7 @@
 
 #include "log.h"
 #include "shim.h"
+#include "hooks.h"
 
 enum chunk_state { CHUNK_INVALID = 0, CHUNK_CLEAN = 1, CHUNK_DIRTY = 2 };
 
@@ -174,7 +175,8 @@ int pilot_um_remove(uint64_t base)
     return rc;
 }
 
-void pilot_um_remove_allocations(void)
+/* cudaDeviceReset: variables stay with their modules. */
+static void remove_allocations(void)
 {
     pthread_mutex_lock(&g_lock);
     for (size_t i = g_count; i-- > 0;)
@@ -273,11 +275,6 @@ static void fork_child(void)
         free(g_regions[i].state);
     g_count = 0;
     g_any = 0;
-}
-
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, fork_child);
 }
 
 /* ---- moving data ---- */
@@ -661,3 +658,13 @@ PILOT_EXPORT __sighandler_t signal(int sig, __sighandler_t handler)
     }
     return old.sa_handler;
 }
+
+/* cudaDeviceReset destroyed the managed ranges (of every device: they are the session's). */
+static void reset_device(int device)
+{
+    (void)device;
+    remove_allocations();
+}
+
+PILOT_HOOK(coherence, .on_fork_child = fork_child,
+           .on_device_reset = reset_device, .reset_rank = PILOT_RESET_MANAGED);

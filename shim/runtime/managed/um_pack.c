@@ -19,6 +19,7 @@
 
 #include "log.h"
 #include "shim.h"
+#include "hooks.h"
 
 #define UNITS (PILOT_UM_PACK_RANGE / PILOT_UM_PACK_ALIGN) /* 4096 units of 512 bytes */
 #define WORDS (UNITS / 64)
@@ -297,7 +298,5 @@ static void fork_child(void)
     g_empty = 0;
 }
 
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, fork_child);
-}
+PILOT_HOOK(um_pack, .on_fork_child = fork_child,
+           .on_device_reset = pilot_um_pack_forget, .reset_rank = PILOT_RESET_PACKED_MANAGED);

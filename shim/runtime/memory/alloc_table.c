@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "shim.h"
+#include "hooks.h"
 
 struct range {
     uint64_t base, size;
@@ -188,12 +189,7 @@ static void fork_child(void)
     keep_only(1, -1);
 }
 
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, fork_child);
-}
-
-void pilot_alloc_clear_device(int device)
+static void clear_device(int device)
 {
     keep_only(1, device);
 }
@@ -202,3 +198,6 @@ void pilot_alloc_clear_symbols(void)
 {
     keep_only(0, -1);
 }
+
+PILOT_HOOK(alloc_table, .on_fork_child = fork_child,
+           .on_device_reset = clear_device, .reset_rank = PILOT_RESET_ALLOCATIONS);

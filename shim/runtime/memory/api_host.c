@@ -41,6 +41,7 @@
 
 #include "log.h"
 #include "shim.h"
+#include "hooks.h"
 
 #define HOST_ATTEMPTS 8     /* addresses tried before giving up on a cudaHostAlloc */
 #define MOVE_GRACE_NS 1000000000LL /* faults this soon after a move are retried (see host_fault) */
@@ -550,7 +551,4 @@ static void fork_child(void)
     __atomic_store_n(&g_any, 0, __ATOMIC_RELEASE);
 }
 
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, fork_child);
-}
+PILOT_HOOK(api_host, .on_fork_child = fork_child);

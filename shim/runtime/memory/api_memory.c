@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "shim.h"
+#include "hooks.h"
 
 static pthread_mutex_t g_stage_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct pilot_staging g_stages[PILOT_MAX_DEVICES]; /* one per device part */
@@ -25,10 +26,7 @@ static void fork_child(void)
         pilot_staging_unmap(&g_stages[d]);
 }
 
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, fork_child);
-}
+PILOT_HOOK(api_memory, .on_fork_child = fork_child);
 
 /* The route device's staging area, opened on first use. */
 static cudaError_t staging_open(struct pilot_staging **out)

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "shim.h"
+#include "hooks.h"
 
 #define MAX_POOLS 64
 
@@ -62,8 +63,9 @@ static void fork_child(void)
 __attribute__((constructor)) static void mempool_init(void)
 {
     reset();
-    pthread_atfork(NULL, NULL, fork_child);
 }
+
+PILOT_HOOK(api_mempool, .on_fork_child = fork_child);
 
 /* The slot of a pool handle, or -1 (caller holds g_lock). */
 static int slot_of(cudaMemPool_t pool)

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "shim.h"
+#include "hooks.h"
 
 #define SPLIT_MIN (512u << 10) /* below this one thread is as fast */
 #define HELPER_SPIN_US 300
@@ -112,7 +113,4 @@ static void fork_child(void)
     g.busy = 0;
 }
 
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, fork_child);
-}
+PILOT_HOOK(parallel_copy, .on_fork_child = fork_child);

@@ -29,6 +29,7 @@
 #include "socket_path.h"
 #include "shim.h"
 #include "zmtp.h"
+#include "hooks.h"
 
 struct entry {
     uint64_t id;
@@ -64,10 +65,7 @@ static void fork_child(void)
     g_channel = CHANNEL_NONE;
 }
 
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, fork_child);
-}
+PILOT_HOOK(callbacks, .on_fork_child = fork_child);
 
 static struct entry *take(uint64_t id)
 {

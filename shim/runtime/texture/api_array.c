@@ -18,6 +18,7 @@
 
 #include "log.h"
 #include "shim.h"
+#include "hooks.h"
 
 /* ---- the process's arrays ---- */
 
@@ -87,7 +88,7 @@ static void forget(uint64_t handle)
     pthread_mutex_unlock(&g_lock);
 }
 
-void pilot_arrays_clear_device(int device)
+static void clear_device(int device)
 {
     pthread_mutex_lock(&g_lock);
     for (size_t i = 0; i < g_count;)
@@ -102,11 +103,6 @@ static void fork_child(void)
 {
     g_count = 0; /* the parent's arrays are its session's */
     pthread_mutex_init(&g_lock, NULL);
-}
-
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, fork_child);
 }
 
 /* ---- allocation ---- */
@@ -733,3 +729,6 @@ PILOT_EXPORT cudaError_t cudaMemcpyArrayToArray_ptds(cudaArray_t dst, size_t wOf
     PILOT_RETURN(array_to_array_1d(dst, wOffsetDst, hOffsetDst, src, wOffsetSrc, hOffsetSrc, count,
                                    kind, PER_THREAD, 1));
 }
+
+PILOT_HOOK(api_array, .on_fork_child = fork_child,
+           .on_device_reset = clear_device, .reset_rank = PILOT_RESET_ARRAYS);

@@ -11,6 +11,7 @@
 
 #include "log.h"
 #include "shim.h"
+#include "hooks.h"
 
 struct object_rec {
     uint64_t handle;
@@ -71,7 +72,7 @@ static void forget(uint64_t handle, int surface)
     pthread_mutex_unlock(&g_lock);
 }
 
-void pilot_objects_clear_device(int device)
+static void clear_device(int device)
 {
     pthread_mutex_lock(&g_lock);
     for (size_t i = 0; i < g_count;)
@@ -86,11 +87,6 @@ static void fork_child(void)
 {
     g_count = 0; /* the parent's objects are its session's */
     pthread_mutex_init(&g_lock, NULL);
-}
-
-__attribute__((constructor)) static void register_fork_handler(void)
-{
-    pthread_atfork(NULL, NULL, fork_child);
 }
 
 static pilot_channel_desc wire_desc(struct cudaChannelFormatDesc d)
@@ -305,3 +301,6 @@ PILOT_EXPORT cudaError_t cudaGetSurfaceObjectResourceDesc(struct cudaResourceDes
     *pResDesc = rec.res;
     return cudaSuccess;
 }
+
+PILOT_HOOK(api_texture, .on_fork_child = fork_child,
+           .on_device_reset = clear_device, .reset_rank = PILOT_RESET_OBJECTS);
