@@ -276,15 +276,16 @@ def driver_errors(include: Path) -> dict[int, str]:
 
 def gen_driver(rows: list[dict[str, str]], table: Path, include: Path) -> str:
     """drv_gen.c: a stub per ``stub`` row (log once, CUDA_ERROR_NOT_SUPPORTED), the table of
-    every export for cuGetProcAddress (sorted by name), its base names' default and per-thread
-    symbols, and the CUresult names."""
+    every export for cuGetProcAddress (sorted by name) and its base names' default and per-thread
+    symbols, handed to drv_core.c when the library loads (the table names every export, so the
+    modules it names never name it back); and the CUresult names (gen_driver_errors)."""
     api = driver_api(include)
     names = sorted(r["name"] for r in rows)
     if len(set(names)) != len(names):
         raise ValueError("duplicate names in the driver table")
     out = [
         banner(table),
-        "/* libpilot-cuda.so: stubs, the cuGetProcAddress tables, the CUresult names. */\n",
+        "/* libpilot-cuda.so: stubs and the cuGetProcAddress tables. */\n",
         "#include <stdatomic.h>\n#include <stddef.h>\n\n",
         '#include "drv_tables.h"\n\n',
         "void pilot_drv_log_unsupported(const char *name);\n\n",
@@ -317,7 +318,16 @@ def gen_driver(rows: list[dict[str, str]], table: Path, include: Path) -> str:
         out.append(f"    {{{c_string(base)}, {d}, {t}}},\n")
     out.append("};\nconst size_t pilot_drv_alias_count =\n"
                "    sizeof pilot_drv_aliases / sizeof *pilot_drv_aliases;\n\n")
-    out.append("const char *pilot_drv_error_name(int code)\n{\n    switch (code) {\n")
+    out.append("__attribute__((constructor)) static void register_tables(void)\n{\n"
+               "    pilot_drv_register_tables(pilot_drv_procs, pilot_drv_proc_count, "
+               "pilot_drv_aliases,\n                              pilot_drv_alias_count);\n}\n")
+    return "".join(out)
+
+
+def gen_driver_errors(table: Path, include: Path) -> str:
+    """drv_errors.c: the CUresult names, from the driver headers (cuGetErrorName)."""
+    out = [banner(table), '#include <stddef.h>\n\n#include "drv_tables.h"\n\n',
+           "const char *pilot_drv_error_name(int code)\n{\n    switch (code) {\n"]
     for code, name in sorted(driver_errors(include).items()):
         out.append(f"    case {code}:\n        return {c_string(name)};\n")
     out.append("    default:\n        return NULL;\n    }\n}\n")
@@ -453,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda", type=int, choices=(12, 13), default=13,
                     help="which libcudart the build stands in for (default 13)")
     ap.add_argument("--driver", type=Path, metavar="INCLUDE",
-                    help="generate drv_gen.c for libpilot-cuda.so instead, from "
+                    help="generate drv_gen.c and drv_errors.c for libpilot-cuda.so instead, from "
                          "shim/tables/cuda_driver_exports.tsv and the driver headers in INCLUDE")
     ap.add_argument("--driver-exports", type=Path, default=DEFAULT_DRIVER_EXPORTS)
     ap.add_argument("--library", choices=sorted(LIBRARY_TABLES),
@@ -480,11 +490,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.driver is not None:
         try:
             text = gen_driver(read_tsv(args.driver_exports), args.driver_exports, args.driver)
+            errors = gen_driver_errors(args.driver_exports, args.driver)
         except (OSError, ValueError, KeyError) as e:
             print(f"gen_shim_tables: {e}", file=sys.stderr)
             return 1
         args.outdir.mkdir(parents=True, exist_ok=True)
         write_if_changed(args.outdir / "drv_gen.c", text)
+        write_if_changed(args.outdir / "drv_errors.c", errors)
         return 0
     renames = None
     try:

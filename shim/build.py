@@ -84,8 +84,8 @@ SHIM_SOURCES = [
     "runtime/misc/api_entry_point.c",
     "runtime/stream/api_stream_attr.c",
 ]
-# The driver API library's sources (libpilot-cuda.so, SONAME libcuda.so.1); drv_gen.c is
-# generated from shim/tables/cuda_driver_exports.tsv and the driver headers.
+# The driver API library's sources (libpilot-cuda.so, SONAME libcuda.so.1); drv_gen.c and
+# drv_errors.c are generated from shim/tables/cuda_driver_exports.tsv and the driver headers.
 DRIVER_SOURCES = [
     "driver/drv_core.c", "driver/drv_api.c", "driver/drv_export.c", "bridge/ops_lookup.c"]
 # libpilot.so's one export beyond libcudart's: the driver library's way in (driver_ops.h).
@@ -264,7 +264,8 @@ def build_driver(compiler, out_dir: str, build_temp: str = "build/shim") -> Path
     subprocess.run([sys.executable, str(REPO_DIR / "hack" / "gen_shim_tables.py"), str(gen_dir),
                     "--driver", str(cuda_include_dir())], check=True)
     include_dirs = [*map(str, INCLUDE_DIRS), str(gen_dir), str(cuda_include_dir())]
-    sources = [str(SHIM_DIR / s) for s in DRIVER_SOURCES] + [str(gen_dir / "drv_gen.c")]
+    sources = [str(SHIM_DIR / s) for s in DRIVER_SOURCES] + [
+        str(gen_dir / "drv_errors.c"), str(gen_dir / "drv_gen.c")]
     objects = compiler.compile(sources, output_dir=str(Path(build_temp) / "shim_obj_driver"),
                                include_dirs=include_dirs, extra_postargs=C_FLAGS)
     script = gen_dir / "libpilot-cuda.map"

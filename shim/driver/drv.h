@@ -43,7 +43,7 @@ CUresult pilot_drv_result(cudaError_t err);
 void pilot_drv_log_unsupported(const char *name);
 
 /* ---- drv_export.c ---- */
-/* Runs and drops the context-local storage of ctx (the primary context was reset). */
-void pilot_drv_context_reset(CUcontext ctx);
+/* drv_core.c calls fn(ctx) when the primary context ctx is reset (drv_export.c registers). */
+void pilot_drv_on_context_reset(void (*fn)(CUcontext ctx));
 
 #endif

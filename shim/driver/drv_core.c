@@ -36,6 +36,15 @@ static pthread_mutex_t g_primary_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread CUcontext t_stack[CONTEXT_STACK];
 static __thread int t_depth;
 
+/* Who keeps state per context and drops it when the primary context is reset (drv_export.c),
+ * set from its constructor. */
+static void (*g_context_reset)(CUcontext ctx);
+
+void pilot_drv_on_context_reset(void (*fn)(CUcontext ctx))
+{
+    g_context_reset = fn;
+}
+
 static void find_ops(void)
 {
     const struct pilot_driver_ops *ops = pilot_ops_find(
@@ -317,7 +326,8 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
     if (r == CUDA_SUCCESS)
         r = PILOT_DRV_RT(pilot_drv_ops->cudaDeviceReset());
     PILOT_DRV_RT(pilot_drv_ops->cudaSetDevice(previous));
-    pilot_drv_context_reset(context_of(dev));
+    if (g_context_reset)
+        g_context_reset(context_of(dev)); /* drv_export.c's context-local storage */
     pthread_mutex_lock(&g_primary_lock);
     g_primary_refs[dev] = 0;
     g_primary_flags[dev] = 0;
@@ -550,10 +560,25 @@ static int by_alias_base(const void *key, const void *item)
     return strcmp(key, ((const struct pilot_drv_alias *)item)->base);
 }
 
+/* drv_gen.c's tables, handed over when the library loads (before any program code runs). */
+static const struct pilot_drv_proc *g_procs;
+static size_t g_proc_count;
+static const struct pilot_drv_alias *g_aliases;
+static size_t g_alias_count;
+
+void pilot_drv_register_tables(const struct pilot_drv_proc *procs, size_t proc_count,
+                               const struct pilot_drv_alias *aliases, size_t alias_count)
+{
+    g_procs = procs;
+    g_proc_count = proc_count;
+    g_aliases = aliases;
+    g_alias_count = alias_count;
+}
+
 static void *find_proc(const char *name)
 {
-    const struct pilot_drv_proc *p = bsearch(name, pilot_drv_procs, pilot_drv_proc_count,
-                                              sizeof *pilot_drv_procs, by_proc_name);
+    const struct pilot_drv_proc *p = bsearch(name, g_procs, g_proc_count, sizeof *g_procs,
+                                              by_proc_name);
     return p ? p->fn : NULL;
 }
 
@@ -567,8 +592,8 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void *
     if (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
                              CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
         return CUDA_ERROR_INVALID_VALUE;
-    const struct pilot_drv_alias *a = bsearch(symbol, pilot_drv_aliases, pilot_drv_alias_count,
-                                              sizeof *pilot_drv_aliases, by_alias_base);
+    const struct pilot_drv_alias *a = bsearch(symbol, g_aliases, g_alias_count, sizeof *g_aliases,
+                                              by_alias_base);
     void *fn = NULL;
     if (a && (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && a->per_thread)
         fn = find_proc(a->per_thread);

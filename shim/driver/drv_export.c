@@ -297,7 +297,8 @@ static CUresult storage_get(void **value, CUcontext ctx, void *key)
     return item ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-void pilot_drv_context_reset(CUcontext ctx)
+/* Runs and drops the context-local storage of ctx (the primary context was reset). */
+static void context_reset(CUcontext ctx)
 {
     /* The destructors run outside the lock: the runtime's may call back into the storage. */
     for (;;) {
@@ -315,6 +316,11 @@ void pilot_drv_context_reset(CUcontext ctx)
             item->dtor(ctx, item->key, item->value);
         free(item);
     }
+}
+
+__attribute__((constructor)) static void register_context_reset(void)
+{
+    pilot_drv_on_context_reset(context_reset);
 }
 
 /* ---- the integrity check: what stops a static runtime here ----
