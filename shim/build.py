@@ -135,6 +135,12 @@ def _cdef_text(header: Path, marker: str) -> str:
     return re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S)
 
 
+# pilot.shim._proto's C: the socket-path rule it shares with the shim, and the daemon's own C.
+PROTO_SOURCES = [str(TRANSPORT_DIR / "socket_path.c")] + [
+    str(NATIVE_DIR / s) for s in ("vgpu_server.c", "fast_state.c", "fast_launch.c",
+                                  "fast_library.c", "gates.c")]
+
+
 def _make_ffi() -> FFI:
     ffi = FFI()
     ffi.cdef(_cdef_text(PROTO_HEADER, "PILOT_CDEF"))
@@ -146,9 +152,7 @@ def _make_ffi() -> FFI:
         "pilot.shim._proto",
         '#include "pilot_proto.h"\n#include "socket_path.h"\n#include "vgpu_server.h"\n'
         '#include "fast_launch.h"\n#include "gates.h"\n',
-        sources=[str(TRANSPORT_DIR / "socket_path.c"), str(NATIVE_DIR / "vgpu_server.c"),
-                 str(NATIVE_DIR / "fast_launch.c"), str(NATIVE_DIR / "fast_library.c"),
-                 str(NATIVE_DIR / "gates.c")],
+        sources=PROTO_SOURCES,
         include_dirs=[str(NATIVE_DIR), str(TRANSPORT_DIR)],
         extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],
     )

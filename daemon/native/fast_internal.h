@@ -110,7 +110,7 @@ struct pilot_fast {
     uint32_t nconns, cap;
 };
 
-/* fast_launch.c */
+/* fast_state.c */
 struct entry *map_find(const struct map *m, uint64_t key);
 int map_put(struct map *m, uint64_t key, uint64_t value, uint32_t extra);
 struct fconn *fast_find_conn(pilot_fast *f, uint32_t conn);
@@ -122,6 +122,17 @@ uint64_t fast_stream(struct fconn *c, uint64_t token);
 /* Work goes on `stream`: the next device synchronization waits for it. */
 void fast_stream_dirty(struct fconn *c, uint64_t stream);
 double fast_now(void);
+/* Sorted tables of items of `size` bytes, each led by its uint64_t key. The index of the first
+ * item whose key is above `at`; the i-th item; the item keyed exactly `key` (or NULL); removing
+ * the i-th; room for a new item at its key's place (the caller fills it; NULL when out of
+ * memory); the item whose [key, key+extent) holds `at` (extent: the uint64_t after the key, or
+ * the end if extent_is_end), or NULL. */
+uint32_t sorted_after(const struct sorted *a, size_t size, uint64_t at);
+void *sorted_item(const struct sorted *a, size_t size, uint32_t i);
+void *sorted_find(const struct sorted *a, size_t size, uint64_t key);
+void sorted_remove(struct sorted *a, size_t size, uint32_t i);
+void *sorted_insert(struct sorted *a, size_t size, uint64_t key);
+void *sorted_holding(const struct sorted *a, size_t size, uint64_t at, int extent_is_end);
 
 /* fast_library.c */
 int fast_try_library(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m,

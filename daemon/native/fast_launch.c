@@ -11,67 +11,6 @@
 #include "pilot_proto.h"
 #include "vgpu_server.h"
 
-static uint64_t mix(uint64_t k)
-{
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdULL;
-    k ^= k >> 33;
-    return k;
-}
-
-struct entry *map_find(const struct map *m, uint64_t key)
-{
-    if (!m->cap || !key)
-        return NULL;
-    for (uint32_t i = (uint32_t)mix(key) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
-        struct entry *e = &m->slots[i];
-        if (e->key == key)
-            return e->value ? e : NULL;
-        if (!e->key)
-            return NULL;
-    }
-}
-
-int map_put(struct map *m, uint64_t key, uint64_t value, uint32_t extra)
-{
-    if (!key)
-        return -1;
-    struct entry *e = NULL;
-    if (m->cap) {
-        for (uint32_t i = (uint32_t)mix(key) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
-            if (m->slots[i].key == key || !m->slots[i].key) {
-                e = &m->slots[i];
-                break;
-            }
-        }
-    }
-    if (e && e->key == key) {
-        e->value = value;
-        e->extra = extra;
-        return 0;
-    }
-    if (!value)
-        return 0; /* removing what is not there */
-    if ((m->used + 1) * 4 > m->cap * 3) { /* grow (and drop tombstones) */
-        uint32_t cap = m->cap ? m->cap * 2 : 16;
-        struct entry *slots = calloc(cap, sizeof *slots);
-        if (!slots)
-            return -1;
-        struct map grown = {slots, cap, 0};
-        for (uint32_t i = 0; i < m->cap; i++)
-            if (m->slots[i].key && m->slots[i].value)
-                map_put(&grown, m->slots[i].key, m->slots[i].value, m->slots[i].extra);
-        free(m->slots);
-        *m = grown;
-        return map_put(m, key, value, extra);
-    }
-    e->key = key;
-    e->value = value;
-    e->extra = extra;
-    m->used++;
-    return 0;
-}
-
 pilot_fast *pilot_fast_new(void *cuda_launch, void *cuda_dtoh, void *cuda_htod, void *cuda_sync,
                            pilot_fast_launch_fn generic_launch, pilot_fast_copy_fn generic_copy,
                            pilot_fast_sync_fn generic_sync, const double *bounds, int nbounds,
@@ -128,14 +67,6 @@ void pilot_fast_free(pilot_fast *f)
     free(f->conns);
     free(f->reply);
     free(f);
-}
-
-struct fconn *fast_find_conn(pilot_fast *f, uint32_t conn)
-{
-    for (uint32_t i = 0; i < f->nconns; i++)
-        if (f->conns[i]->conn == conn)
-            return f->conns[i];
-    return NULL;
 }
 
 int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabled,
@@ -212,19 +143,6 @@ void pilot_fast_python_work(pilot_fast *f, uint32_t conn)
         c->all_dirty = 1;
 }
 
-void fast_stream_dirty(struct fconn *c, uint64_t stream)
-{
-    if (c->all_dirty)
-        return;
-    for (uint32_t i = 0; i < c->nsyncs; i++) {
-        if (c->syncs[i] == stream) {
-            c->sync_dirty[i] = 1;
-            return;
-        }
-    }
-    c->all_dirty = 1; /* a stream the list lacks: wait for everything */
-}
-
 void pilot_fast_output(pilot_fast *f, int fd, uint64_t taken)
 {
     f->output_fd = fd;
@@ -267,92 +185,21 @@ int pilot_fast_stream(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t str
     return map_put(&c->streams, token, stream && slow ? ~(uint64_t)0 : stream, 0);
 }
 
-/* The index of the first item whose key is above `at`. */
-static uint32_t after(const struct sorted *a, size_t size, uint64_t at)
-{
-    uint32_t lo = 0, hi = a->n;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi) / 2;
-        uint64_t key;
-        memcpy(&key, (const char *)a->items + mid * size, sizeof key);
-        if (key <= at)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-static void *item(const struct sorted *a, size_t size, uint32_t i)
-{
-    return (char *)a->items + i * size;
-}
-
-/* The item keyed exactly `key`, or NULL. */
-static void *find_key(const struct sorted *a, size_t size, uint64_t key)
-{
-    uint32_t i = after(a, size, key);
-    if (!i)
-        return NULL;
-    uint64_t *found = item(a, size, i - 1);
-    return *found == key ? found : NULL;
-}
-
-static void remove_at(struct sorted *a, size_t size, uint32_t i)
-{
-    memmove(item(a, size, i), item(a, size, i + 1), (a->n - i - 1) * size);
-    a->n--;
-}
-
-/* Room for a new item at its key's place (the caller fills it), or NULL when out of memory. */
-static void *insert(struct sorted *a, size_t size, uint64_t key)
-{
-    if (a->n == a->cap) {
-        uint32_t cap = a->cap ? a->cap * 2 : 16;
-        void *grown = realloc(a->items, cap * size);
-        if (!grown)
-            return NULL;
-        a->items = grown;
-        a->cap = cap;
-    }
-    uint32_t i = after(a, size, key);
-    memmove(item(a, size, i + 1), item(a, size, i), (a->n - i) * size);
-    a->n++;
-    return item(a, size, i);
-}
-
-/* The item whose [key, key+extent) holds `at` (extent: the uint64_t after the key), or NULL. */
-static void *holding(const struct sorted *a, size_t size, uint64_t at, int extent_is_end)
-{
-    uint32_t i = after(a, size, at);
-    if (!i)
-        return NULL;
-    const uint64_t *it = item(a, size, i - 1);
-    uint64_t end = extent_is_end ? it[1] : it[0] + it[1];
-    return at < end ? (void *)it : NULL;
-}
-
 int pilot_fast_range(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t size)
 {
     struct fconn *c = fast_find_conn(f, conn);
     if (!c)
         return -1;
-    struct range *known = find_key(&c->ranges, sizeof *known, base);
+    struct range *known = sorted_find(&c->ranges, sizeof *known, base);
     if (known) /* forget it (and add it again if sized) */
-        remove_at(&c->ranges, sizeof *known, (uint32_t)(known - (struct range *)c->ranges.items));
+        sorted_remove(&c->ranges, sizeof *known, (uint32_t)(known - (struct range *)c->ranges.items));
     if (!size)
         return 0;
-    struct range *r = insert(&c->ranges, sizeof *r, base);
+    struct range *r = sorted_insert(&c->ranges, sizeof *r, base);
     if (!r)
         return -1;
     *r = (struct range){base, size};
     return 0;
-}
-
-int fast_owns(const struct fconn *c, uint64_t ptr, uint64_t count)
-{
-    const struct range *r = holding(&c->ranges, sizeof *r, ptr, 0);
-    return r && count <= r->size - (ptr - r->base);
 }
 
 int pilot_fast_shadow(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t length,
@@ -361,20 +208,20 @@ int pilot_fast_shadow(pilot_fast *f, uint32_t conn, uint64_t base, uint64_t leng
     struct fconn *c = fast_find_conn(f, conn);
     if (!c)
         return -1;
-    struct shadow *known = find_key(&c->shadows, sizeof *known, base);
+    struct shadow *known = sorted_find(&c->shadows, sizeof *known, base);
     if (known) {
         if (left)
             *left = known->n;
-        remove_at(&c->shadows, sizeof *known, (uint32_t)(known - (struct shadow *)c->shadows.items));
+        sorted_remove(&c->shadows, sizeof *known, (uint32_t)(known - (struct shadow *)c->shadows.items));
         for (uint32_t i = c->segments.n; i-- > 0;) /* and its segments */
-            if (((struct segment *)item(&c->segments, sizeof(struct segment), i))->shadow == base)
-                remove_at(&c->segments, sizeof(struct segment), i);
+            if (((struct segment *)sorted_item(&c->segments, sizeof(struct segment), i))->shadow == base)
+                sorted_remove(&c->segments, sizeof(struct segment), i);
     } else if (left) {
         memset(left, 0, sizeof *left);
     }
     if (!length)
         return 0;
-    struct shadow *sh = insert(&c->shadows, sizeof *sh, base);
+    struct shadow *sh = sorted_insert(&c->shadows, sizeof *sh, base);
     if (!sh)
         return -1;
     *sh = (struct shadow){.base = base, .length = length, .chunk = chunk ? chunk : 1};
@@ -387,12 +234,12 @@ int pilot_fast_segment(pilot_fast *f, uint32_t conn, uint64_t lo, uint64_t hi)
     struct fconn *c = fast_find_conn(f, conn);
     if (!c || lo >= hi)
         return -1;
-    const struct shadow *sh = holding(&c->shadows, sizeof *sh, lo, 0);
+    const struct shadow *sh = sorted_holding(&c->shadows, sizeof *sh, lo, 0);
     if (!sh || hi - sh->base > sh->length)
         return -1;
-    if (find_key(&c->segments, sizeof(struct segment), lo))
+    if (sorted_find(&c->segments, sizeof(struct segment), lo))
         return 0; /* known */
-    struct segment *seg = insert(&c->segments, sizeof *seg, lo);
+    struct segment *seg = sorted_insert(&c->segments, sizeof *seg, lo);
     if (!seg)
         return -1;
     *seg = (struct segment){lo, hi, sh->base};
@@ -421,7 +268,7 @@ int pilot_fast_take_shadows(pilot_fast *f, uint32_t conn, pilot_fast_shadow_coun
     struct fconn *c = fast_find_conn(f, conn);
     int n = 0;
     for (uint32_t i = 0; c && i < c->shadows.n && n < max; i++) {
-        struct shadow *sh = item(&c->shadows, sizeof *sh, i);
+        struct shadow *sh = sorted_item(&c->shadows, sizeof *sh, i);
         if (sh->n.launches || sh->n.flushes) {
             out[n++] = sh->n;
             memset(&sh->n, 0, sizeof sh->n);
@@ -438,8 +285,8 @@ static void count_managed(struct fconn *c, const uint8_t *args, uint64_t arg_byt
     for (uint64_t at = 0; at + 8 <= arg_bytes; at += 8) {
         uint64_t word;
         memcpy(&word, args + at, sizeof word);
-        const struct segment *seg = word ? holding(&c->segments, sizeof *seg, word, 1) : NULL;
-        struct shadow *sh = seg ? find_key(&c->shadows, sizeof *sh, seg->shadow) : NULL;
+        const struct segment *seg = word ? sorted_holding(&c->segments, sizeof *seg, word, 1) : NULL;
+        struct shadow *sh = seg ? sorted_find(&c->shadows, sizeof *sh, seg->shadow) : NULL;
         if (sh && sh->stamp != seq) {
             sh->stamp = seq;
             sh->n.launches++;
@@ -478,13 +325,6 @@ int pilot_fast_take(pilot_fast *f, pilot_fast_count *out, int max)
     return n;
 }
 
-double fast_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* The latency bucket of dt seconds. */
 static int bucket(const pilot_fast *f, double dt)
 {
@@ -492,20 +332,6 @@ static int bucket(const pilot_fast *f, double dt)
     while (b < f->nbounds && dt > f->bounds[b])
         b++;
     return b;
-}
-
-uint64_t fast_stream(struct fconn *c, uint64_t token)
-{
-    uint64_t stream;
-    if (!token) {
-        stream = c->legacy_slow ? 0 : c->legacy;
-    } else {
-        const struct entry *st = map_find(&c->streams, token);
-        stream = st && st->value != ~(uint64_t)0 ? st->value : 0;
-    }
-    if (stream)
-        fast_stream_dirty(c, stream);
-    return stream;
 }
 
 static int sync_stream(pilot_fast *f, uint64_t stream)
@@ -630,7 +456,7 @@ static int try_flush(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot
         return FAST_PYTHON;
     pilot_req_memcpy req;
     memcpy(&req, m->frame[1], sizeof req);
-    struct shadow *sh = holding(&c->shadows, sizeof *sh, req.dst, 0);
+    struct shadow *sh = sorted_holding(&c->shadows, sizeof *sh, req.dst, 0);
     if (!req.count || req.count > c->slot_bytes || req.slot >= c->slots || !sh ||
         req.count > sh->length - (req.dst - sh->base))
         return FAST_PYTHON;
@@ -638,9 +464,9 @@ static int try_flush(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot
     const uint8_t *slot = c->staging + (uint64_t)req.slot * c->slot_bytes;
     const uint64_t end = req.dst + req.count;
     uint64_t moved = 0;
-    uint32_t i = after(&c->segments, sizeof(struct segment), req.dst);
+    uint32_t i = sorted_after(&c->segments, sizeof(struct segment), req.dst);
     for (i = i ? i - 1 : 0; i < c->segments.n; i++) { /* from the segment at or before dst */
-        const struct segment *seg = item(&c->segments, sizeof *seg, i);
+        const struct segment *seg = sorted_item(&c->segments, sizeof *seg, i);
         if (seg->lo >= end)
             break;
         uint64_t lo = seg->lo > req.dst ? seg->lo : req.dst, hi = seg->hi < end ? seg->hi : end;
@@ -803,4 +629,14 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
     c->count.launches++;
     kernels_queued(c, req.stream);
     return FAST_DONE;
+}
+
+static int try_filter(void *f, pilot_srv *srv, const pilot_srv_msg *m)
+{
+    return pilot_fast_try(f, srv, m);
+}
+
+void pilot_srv_set_fast(pilot_srv *s, pilot_fast *f)
+{
+    pilot_srv_set_filter(s, f ? try_filter : NULL, f);
 }

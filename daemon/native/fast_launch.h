@@ -235,7 +235,7 @@ void pilot_fast_forget(pilot_fast *f, uint32_t conn);
 /* Copies up to max counts of connections with launches run here since the last take, and zeroes
  * them; returns how many were copied. */
 int pilot_fast_take(pilot_fast *f, pilot_fast_count *out, int max);
-/* For vgpu_server.c: runs the message's launch here (FAST_DONE), or says it goes to Python
+/* The filter pilot_srv_set_fast puts on the endpoint (vgpu_server.c): runs the message's launch here (FAST_DONE), or says it goes to Python
  * (FAST_PYTHON), or goes to Python, which will teach this path something (FAST_LEARN: the
  * first launch of a kernel, or on a stream, not known here yet). */
 enum pilot_fast_verdict { FAST_PYTHON = 0, FAST_DONE = 1, FAST_LEARN = 2 };

@@ -53,7 +53,8 @@ struct pilot_srv {
     int nconns;
     struct conn *conns;
     struct conn *rr; /* where the next collect() starts, for fairness */
-    pilot_fast *fast; /* launches run in C as they arrive (fast_launch.c), or NULL */
+    pilot_srv_filter_fn filter; /* runs messages in C as they arrive (fast_launch.c), or NULL */
+    void *filter_ctx;
     size_t *starts;   /* where each collected message began in its connection's buffer */
     int starts_cap;
 };
@@ -363,7 +364,7 @@ static int next_message(pilot_srv *s, struct conn *c, pilot_srv_msg *m)
 static int collect(pilot_srv *s, pilot_srv_msg *out, int max)
 {
     int n = 0, progress = 1;
-    if (s->fast && s->starts_cap < max) {
+    if (s->filter && s->starts_cap < max) {
         size_t *starts = realloc(s->starts, (size_t)max * sizeof *starts);
         if (!starts)
             return -1;
@@ -417,7 +418,7 @@ static int filter_fast(pilot_srv *s, pilot_srv_msg *out, int n)
             continue;
         }
         if (c->fast_state == STATE_FAST) {
-            int r = pilot_fast_try(s->fast, s, &out[i]);
+            int r = s->filter(s->filter_ctx, s, &out[i]);
             if (r == FAST_DONE)
                 continue;
             c->fast_state = r == FAST_LEARN ? STATE_LEARNING : STATE_PYTHON;
@@ -544,7 +545,7 @@ static int wait_round(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *
         }
         n = collect(s, out, max);
     }
-    if (!s->fast || n == 0)
+    if (!s->filter || n == 0)
         return n;
     int kept = filter_fast(s, out, n);
     *fast_round = kept == 0;
@@ -580,9 +581,10 @@ int pilot_srv_wait(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *out
     }
 }
 
-void pilot_srv_set_fast(pilot_srv *s, pilot_fast *f)
+void pilot_srv_set_filter(pilot_srv *s, pilot_srv_filter_fn filter, void *ctx)
 {
-    s->fast = f;
+    s->filter = filter;
+    s->filter_ctx = ctx;
 }
 
 static struct conn *find(pilot_srv *s, uint32_t id)

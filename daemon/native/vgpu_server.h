@@ -66,10 +66,11 @@ int pilot_srv_connections(pilot_srv *s);
 void pilot_srv_set_limits(int total, int per_uid);
 /* PILOT_SRV_CDEF_END */
 
-/* Launches that need nothing of Python run in C as wait() receives them (fast_launch.h); NULL
- * turns that off. wait() then returns only the messages left for Python (possibly 0). Declared
- * for cffi in fast_launch.h. */
-struct pilot_fast;
-void pilot_srv_set_fast(pilot_srv *s, struct pilot_fast *f);
+/* A filter of the messages wait() receives: it runs a message in C and says FAST_DONE, or leaves
+ * it to Python (FAST_PYTHON, FAST_LEARN: fast_launch.h); wait() then returns only the messages
+ * left for Python (possibly 0). NULL turns it off. Set by the fast path, which sits above this
+ * server (pilot_srv_set_fast, fast_launch.c). */
+typedef int (*pilot_srv_filter_fn)(void *ctx, pilot_srv *s, const pilot_srv_msg *m);
+void pilot_srv_set_filter(pilot_srv *s, pilot_srv_filter_fn filter, void *ctx);
 
 #endif
