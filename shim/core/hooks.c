@@ -35,6 +35,24 @@ void pilot_hooks_device_reset(int device)
     }
 }
 
+void pilot_hooks_image_unregister(struct pilot_image *img)
+{
+    for (const struct pilot_hook *h = __start_pilot_hooks; h < __stop_pilot_hooks; h++)
+        if (h->on_image_unregister)
+            h->on_image_unregister(img);
+}
+
+cudaError_t pilot_hooks_managed_variable(uint64_t module, const char *name, void **host_ptr)
+{
+    cudaError_t err = cudaSuccess;
+    for (const struct pilot_hook *h = __start_pilot_hooks; h < __stop_pilot_hooks; h++)
+        if (h->on_managed_variable) {
+            cudaError_t e = h->on_managed_variable(module, name, host_ptr);
+            err = err ? err : e;
+        }
+    return err;
+}
+
 /* Registered before the program's constructors run (this library is loaded first), so a
  * program's own child handler that calls CUDA finds the shim reset. */
 __attribute__((constructor)) static void register_fork_handler(void)

@@ -1,12 +1,18 @@
-/* Process-wide events a module of libpilot.so takes part in, registered where the module is.
+/* Events a module of libpilot.so takes part in, registered where the module is.
  *
- * A module that keeps state of the session declares what it does after fork() (in the child)
- * and after cudaDeviceReset() with PILOT_HOOK; the event's owner calls pilot_hooks_fork_child()
- * or pilot_hooks_device_reset() and never names the modules. The entries are const data the
+ * A module that keeps state of the session declares what it does after fork() (in the child),
+ * after cudaDeviceReset(), when the program unregisters a fatbin or when a module with
+ * __managed__ variables is loaded, with PILOT_HOOK; the event's owner calls pilot_hooks_...()
+ * and never names the modules. The entries are const data the
  * linker gathers into one section (pilot_hooks), so registering references no symbol: a module
  * registers without depending on the registry's callers, and the registry on none of them. */
 #ifndef PILOT_HOOKS_H
 #define PILOT_HOOKS_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+struct pilot_image;
 
 struct pilot_hook {
     /* In the child after fork(): forget the parent's session (its own module's state only; it
@@ -17,6 +23,11 @@ struct pilot_hook {
      * lower first (equal ranks in link order). */
     void (*on_device_reset)(int device);
     int reset_rank;
+    /* The program unregistered a fatbin (registry.c): forget what was kept of its image. */
+    void (*on_image_unregister)(struct pilot_image *img);
+    /* registry.c loaded a module with a __managed__ variable `name` (module: the daemon's handle,
+     * on device 0): bind it and fill *host_ptr. */
+    cudaError_t (*on_managed_variable)(uint64_t module, const char *name, void **host_ptr);
 };
 
 /* Ranks of the device-reset hooks: the session's tables first, the managed ranges last (um_pack
@@ -39,5 +50,9 @@ enum {
 void pilot_hooks_fork_child(void);
 /* Every module's on_device_reset for device, by rank. */
 void pilot_hooks_device_reset(int device);
+/* Every module's on_image_unregister, in link order. */
+void pilot_hooks_image_unregister(struct pilot_image *img);
+/* Every module's on_managed_variable, in link order; the first error, else cudaSuccess. */
+cudaError_t pilot_hooks_managed_variable(uint64_t module, const char *name, void **host_ptr);
 
 #endif

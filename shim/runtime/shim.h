@@ -214,12 +214,7 @@ cudaError_t pilot_module_global(struct pilot_image *img, const char *name, int d
                                 uint64_t *ptr, uint64_t *size);
 struct pilot_image *pilot_kernel_image(const struct pilot_kernel *k);
 
-/* ---- api_managed.c ---- */
-/* Binds a loaded module's __managed__ variable: maps its shadow, fills *host_ptr. */
-cudaError_t pilot_um_bind_variable(uint64_t module, const char *name, void **host_ptr);
-
 /* ---- api_symbols.c: __device__ and __constant__ variables ---- */
-void pilot_symbols_forget_image(struct pilot_image *img); /* the image was unregistered */
 
 struct pilot_kernel_launch_info {
     uint64_t function;
@@ -337,7 +332,7 @@ cudaError_t pilot_launch_packed(struct pilot_kernel *kernel, dim3 grid, dim3 blo
                                 const void *packed, size_t packed_size, size_t shared,
                                 cudaStream_t stream, const struct pilot_launch_ex *ex);
 
-/* ---- api_stream_attr.c ---- */
+/* ---- api_helpers.c ---- */
 /* An L2 access policy window as CUDA checks it (pilot keeps windows as hints, never applies them). */
 cudaError_t pilot_check_access_window(const struct cudaAccessPolicyWindow *w);
 

@@ -69,7 +69,7 @@ PILOT_EXPORT void __cudaRegisterVar(void **handle, char *host_var, char *device_
     pthread_mutex_unlock(&g_lock);
 }
 
-void pilot_symbols_forget_image(struct pilot_image *img)
+static void forget_image(struct pilot_image *img)
 {
     /* The library is being unloaded: its shadow addresses may be reused by the next one. The
      * records are leaked on purpose (another thread may hold one), as registry.c does. */
@@ -100,7 +100,7 @@ static void fork_child(void)
     pilot_alloc_clear_symbols();
 }
 
-PILOT_HOOK(api_symbols, .on_fork_child = fork_child);
+PILOT_HOOK(api_symbols, .on_fork_child = fork_child, .on_image_unregister = forget_image);
 
 static struct pilot_symbol *lookup(const void *symbol)
 {

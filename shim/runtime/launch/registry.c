@@ -205,7 +205,7 @@ PILOT_EXPORT void __cudaUnregisterFatBinary(void **handle)
     unlink_image_kernels(g_by_host, img, 1);
     unlink_image_kernels(g_by_handle, img, 0);
     pthread_mutex_unlock(&g_lock);
-    pilot_symbols_forget_image(img);
+    pilot_hooks_image_unregister(img); /* api_symbols.c forgets its variables */
 }
 
 struct pilot_kernel *pilot_kernel_from_host(const void *host_fun)
@@ -273,7 +273,7 @@ cudaError_t pilot_image_module(struct pilot_image *img, uint64_t *module)
                 /* __managed__ variables live in device 0's module (unified memory is kept
                  * coherent through the session's part 0): bound once, there. */
                 for (struct managed_var *v = img->managed; dev == 0 && v; v = v->next) {
-                    cudaError_t e = pilot_um_bind_variable(rep.value, v->name, v->host_ptr);
+                    cudaError_t e = pilot_hooks_managed_variable(rep.value, v->name, v->host_ptr);
                     err = err ? err : e;
                 }
             }

@@ -7,6 +7,7 @@
 
 #include "log.h"
 #include "shim.h"
+#include "hooks.h"
 
 #define SHADOW_ATTEMPTS 8 /* addresses tried before giving up on a managed allocation */
 
@@ -112,7 +113,9 @@ PILOT_EXPORT cudaError_t cudaMallocManaged(void **ptr, size_t size, unsigned int
 /* Shadows of a module's __managed__ variables (registry.c calls this once the module is loaded):
  * each variable's range is mapped once, INVALID (the device holds the initial values), and the
  * program's host-side pointer to the variable is filled in. */
-cudaError_t pilot_um_bind_variable(uint64_t module, const char *name, void **host_ptr)
+/* A loaded module's __managed__ variable (registry.c, through the hook): maps its shadow,
+ * fills *host_ptr. */
+static cudaError_t bind_variable(uint64_t module, const char *name, void **host_ptr)
 {
     cudaError_t err = um_prepare();
     if (err)
@@ -296,3 +299,5 @@ PILOT_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *
     }
     return cudaSuccess;
 }
+
+PILOT_HOOK(api_managed, .on_managed_variable = bind_variable);

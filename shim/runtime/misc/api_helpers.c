@@ -1,6 +1,7 @@
 /* Host-side helpers that need nothing of the daemon: cudaCreateChannelDesc (a plain function in
- * libcudart, which the channel_descriptor.h templates call) and cudaChooseDevice (among the
- * devices the program sees, from the attributes the shim already holds). */
+ * libcudart, which the channel_descriptor.h templates call), cudaChooseDevice (among the
+ * devices the program sees, from the attributes the shim already holds) and the check of an L2
+ * access policy window (streams' and graph kernel nodes' attributes). */
 #include "shim.h"
 
 PILOT_EXPORT struct cudaChannelFormatDesc cudaCreateChannelDesc(int x, int y, int z, int w,
@@ -36,5 +37,19 @@ PILOT_EXPORT cudaError_t cudaChooseDevice(int *device, const struct cudaDevicePr
     if (best < 0)
         PILOT_RETURN(cudaErrorNoDevice);
     *device = best;
+    return cudaSuccess;
+}
+
+cudaError_t pilot_check_access_window(const struct cudaAccessPolicyWindow *w)
+{
+    const pilot_rep_device_info *info = pilot_device_info();
+    int max = info ? info->attrs[cudaDevAttrMaxAccessPolicyWindowSize] : 0;
+    if (max > 0 && w->num_bytes > (size_t)max)
+        return cudaErrorInvalidValue;
+    if (!(w->hitRatio >= 0.0f && w->hitRatio <= 1.0f))
+        return cudaErrorInvalidValue;
+    if ((unsigned)w->hitProp > cudaAccessPropertyPersisting ||
+        (unsigned)w->missProp > cudaAccessPropertyPersisting)
+        return cudaErrorInvalidValue;
     return cudaSuccess;
 }

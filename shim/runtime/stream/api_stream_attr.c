@@ -93,20 +93,6 @@ PILOT_EXPORT cudaError_t cudaStreamGetAttribute(cudaStream_t hStream, cudaStream
     PILOT_RETURN(err);
 }
 
-cudaError_t pilot_check_access_window(const struct cudaAccessPolicyWindow *w)
-{
-    const pilot_rep_device_info *info = pilot_device_info();
-    int max = info ? info->attrs[cudaDevAttrMaxAccessPolicyWindowSize] : 0;
-    if (max > 0 && w->num_bytes > (size_t)max)
-        return cudaErrorInvalidValue;
-    if (!(w->hitRatio >= 0.0f && w->hitRatio <= 1.0f))
-        return cudaErrorInvalidValue;
-    if ((unsigned)w->hitProp > cudaAccessPropertyPersisting ||
-        (unsigned)w->missProp > cudaAccessPropertyPersisting)
-        return cudaErrorInvalidValue;
-    return cudaSuccess;
-}
-
 PILOT_EXPORT cudaError_t cudaStreamSetAttribute(cudaStream_t hStream, cudaStreamAttrID attr,
                                                 const cudaStreamAttrValue *value)
 {
