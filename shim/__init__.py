@@ -1,4 +1,16 @@
-"""The shims (libpilot.so, libpilot12.so) and the protocol module built from shim/transport/pilot_proto.h."""
+"""The shims (libpilot.so, libpilot12.so) and the protocol module built from shim/transport/pilot_proto.h.
+
+Which library, which layer (lowest first; shim/build.py lists each artefact's sources):
+- libpilot.so / libpilot12.so: core/ (hooks for fork and device reset), transport/ (log, ZMTP,
+  socket path, error state, the session with pilotd), runtime/<chapter>/ (device, memory,
+  managed, launch, stream, graph, texture, misc; cuda12/ for the 12 build only), bridge/driver_ops.c
+  (the runtime's table for the driver library);
+- libpilot-cuda.so: driver/ (plus bridge/ops_lookup.c, which finds libpilot.so's table);
+- the cuBLAS, cuBLASLt and cuDNN stand-ins: libs/ (plus bridge/ops_lookup.c);
+- tables/: the export tables the stubs and checks are generated from (hack/gen_shim_tables.py);
+- pilot.shim._proto, loaded by pilotd: transport/socket_path.c and daemon/native/.
+tests/unit/test_shim_layers.py checks that no module calls up or in a circle.
+"""
 
 from __future__ import annotations
 
