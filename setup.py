@@ -1,7 +1,7 @@
 """Build glue: cffi builds the daemon's protocol module, then shim/build.py builds libpilot.so
 (and libpilot12.so, for CUDA 12 programs).
 
-Everything else is declared in pyproject.toml. All three artefacts come from shim/pilot_proto.h, the
+Everything else is declared in pyproject.toml. All three artefacts come from shim/transport/pilot_proto.h, the
 one definition of the wire protocol.
 """
 

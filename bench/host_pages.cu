@@ -11,7 +11,7 @@
 // did, optionally populated per chunk (MADV_POPULATE_WRITE) and by helper threads ahead
 // (MADV_POPULATE_READ), with the daemon's side: registering a second mapping of it.
 // Prints `backing touch_s register_s unmap_s` lines, then the kernel's THP settings. This is
-// the measurement behind shim/coherence.c's private huge-page shadows (bench/RESULTS.md).
+// the measurement behind shim/runtime/managed/coherence.c's private huge-page shadows (bench/RESULTS.md).
 // Usage: host_pages [MiB]
 #include <cuda_runtime.h>
 

@@ -1,4 +1,4 @@
-"""The wire protocol as the daemon sees it: structs and opcodes from shim/pilot_proto.h via cffi.
+"""The wire protocol as the daemon sees it: structs and opcodes from shim/transport/pilot_proto.h via cffi.
 
 Nothing here restates a layout: `pilot.shim._proto` is compiled from the same header the shim
 compiles, so a struct that changes there changes here.
@@ -45,7 +45,7 @@ def op_names() -> dict[int, str]:
 
 
 def socket_path(for_daemon: bool) -> str:
-    """The default socket path rule, shared with the shim (shim/socket_path.c)."""
+    """The default socket path rule, shared with the shim (shim/transport/socket_path.c)."""
     buf = ffi.new("char[]", 4096)
     if lib.pilot_socket_path(1 if for_daemon else 0, buf, 4096) != 0:
         raise ValueError("socket path too long")

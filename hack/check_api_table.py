@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Consistency guard for the shim's hook tables (shim/cudart_exports.tsv, cudart12_exports.tsv).
+"""Consistency guard for the shim's hook tables (shim/tables/cudart_exports.tsv, cudart12_exports.tsv).
 
 libpilot.so stands in for libcudart.so.13, so it must export every symbol the real
 library exports (a missing one makes the dynamic loader fail the whole program) and
@@ -10,22 +10,23 @@ library, the CUDA headers, the hand-written sources and (optionally) the built
 library agree.  It needs neither a GPU nor a compiler; checks whose inputs are
 absent print [SKIP].
 
-The CUDA 12 build (libpilot12.so) has its own table, shim/cudart12_exports.tsv, one row per
+The CUDA 12 build (libpilot12.so) has its own table, shim/tables/cudart12_exports.tsv, one row per
 libcudart.so.12 export with status ``as13`` (the same ABI as the CUDA 13 export of that name:
-the 13 table decides how it is served), ``impl`` (defined in shim/cuda12_*.c) or ``stub``.
-It is checked the same way against libcudart.so.12, its headers, shim/cuda12_*.c and the
+the 13 table decides how it is served), ``impl`` (defined in shim/runtime/cuda12/cuda12_*.c) or ``stub``.
+It is checked the same way against libcudart.so.12, its headers, shim/runtime/cuda12/cuda12_*.c and the
 built library, and every ``as13`` row is checked to really have CUDA 13's ABI: the same
 prototype in the 12 and 13 headers, and no structure whose layout differs between them.
 The 12.x library and headers come from PyPI's nvidia-cuda-runtime-cu12 (a test dependency).
 
 The driver API library (libpilot-cuda.so, SONAME libcuda.so.1) has the table
-shim/cuda_driver_exports.tsv (name, status: ``impl`` in shim/drv_*.c or ``stub``, generated). It is
+shim/tables/cuda_driver_exports.tsv (name, status: ``impl`` in shim/driver/drv_*.c or ``stub``,
+generated). It is
 checked against the exports the driver headers declare (cuda.h, cudaProfiler.h: the declared
 names, the versions cuda.h maps them to and their per-thread-stream forms), a real libcuda.so.1
 when one is found (every export of it but the GL/EGL/VDPAU interop ones must be a row), the
 hand-written sources and the built library (exactly the table, unversioned, like libcuda). The
 built libpilot.so may export one symbol beyond libcudart's: pilot_driver_ops@PILOT_PRIVATE_1,
-the driver library's way into the shim's session (shim/driver_ops.h).
+the driver library's way into the shim's session (shim/bridge/driver_ops.h).
 
 Usage: python3 hack/check_api_table.py [--cuda {12,13}] [--table TSV] [--shim-dir DIR]
                                        [--cudart LIB] [--include DIR] [--lib libpilot.so]
@@ -50,13 +51,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_TABLE = REPO / "shim" / "cudart_exports.tsv"
+DEFAULT_TABLE = REPO / "shim" / "tables" / "cudart_exports.tsv"
 DEFAULT_SHIM_DIR = REPO / "shim"
 VERSION = "libcudart.so.13"
-DEFAULT_TABLE12 = REPO / "shim" / "cudart12_exports.tsv"
+DEFAULT_TABLE12 = REPO / "shim" / "tables" / "cudart12_exports.tsv"
 VERSION12 = "libcudart.so.12"
 CUDA12_SOURCES = "cuda12_*.c"  # the CUDA 12 build's own sources; the 13 build leaves them out
-DEFAULT_DRIVER_TABLE = REPO / "shim" / "cuda_driver_exports.tsv"
+DEFAULT_DRIVER_TABLE = REPO / "shim" / "tables" / "cuda_driver_exports.tsv"
 DRIVER_SOURCES = "drv_*.c"
 DRIVER_STATUSES = frozenset(("impl", "stub"))
 # Exports of the real libcuda for OpenGL, EGL and VDPAU interop: declared in headers that need
@@ -612,8 +613,13 @@ def top_level_definitions(text: str, filename: str) -> list[Definition]:
 
 
 def shared_sources(shim_dir: Path) -> list[Path]:
-    """The sources both builds compile (every shim/*.c but the CUDA 12 build's own)."""
-    return sorted(p for p in shim_dir.glob("*.c") if not fnmatch.fnmatch(p.name, CUDA12_SOURCES))
+    """The sources both builds compile (every shim/**/*.c but the CUDA 12 build's own)."""
+    return sorted(p for p in shim_dir.rglob("*.c") if not fnmatch.fnmatch(p.name, CUDA12_SOURCES))
+
+
+def shim_file(shim_dir: Path, name: str) -> Path:
+    """The file `name` in shim_dir's folders (shim/tables/, shim/libs/, ...), else shim_dir/name."""
+    return next(iter(sorted(shim_dir.rglob(name))), shim_dir / name)
 
 
 def check_sources(
@@ -873,7 +879,7 @@ def run_checks_driver(args: argparse.Namespace, rep: Report) -> list[Row]:
     check_duplicates(rows, rep)
     check_driver_headers(rows, args.include or find_include(), rep)
     check_against_libcuda(rows, args.libcuda or find_libcuda(), rep)
-    sources = sorted(args.shim_dir.glob(DRIVER_SOURCES))
+    sources = sorted(args.shim_dir.rglob(DRIVER_SOURCES))
     check_sources(rows, args.shim_dir, rep, sources, DRIVER_SOURCES, prefix=r"cu[A-Z]")
     if args.libdrv is not None:
         check_driver_lib(rows, args.libdrv, rep)
@@ -940,12 +946,12 @@ def check_library_lib(rows: list[Row], lib: Path, version: str, rep: Report) -> 
 def run_checks_libraries(args: argparse.Namespace, rep: Report) -> list[str]:
     summary = []
     for table_name, (soname, source, prefix) in LIBRARY_TABLES.items():
-        table = args.shim_dir / table_name
+        table = shim_file(args.shim_dir, table_name)
         print(f"-- {table_name} ({soname})")
         rows = read_library_table(table, rep)
         check_duplicates(rows, rep)
-        check_sources(rows, args.shim_dir, rep, [args.shim_dir / source], source, prefix=prefix)
-        calls = args.shim_dir / "cublas_calls.tsv"
+        check_sources(rows, args.shim_dir, rep, [shim_file(args.shim_dir, source)], source, prefix=prefix)
+        calls = shim_file(args.shim_dir, "cublas_calls.tsv")
         gen = {r.name for r in rows if r.status == "gen"}
         listed = set()
         if table_name == "cublas_exports.tsv" and calls.exists():
@@ -993,7 +999,7 @@ def run_checks12(args: argparse.Namespace, rows13: list[Row], rep: Report) -> li
         check_headers(rows, include12, rep)
     check_abi12(rows, rows13, include12, args.include or find_include(), rep)
     own = [r for r in rows if r.status != "as13"]  # as13 rows are the shared sources' (13 check)
-    check_sources(own, args.shim_dir, rep, sorted(args.shim_dir.glob(CUDA12_SOURCES)),
+    check_sources(own, args.shim_dir, rep, sorted(args.shim_dir.rglob(CUDA12_SOURCES)),
                   CUDA12_SOURCES)
     if args.lib12 is not None:
         check_built_lib(rows, args.lib12, rep, VERSION12)

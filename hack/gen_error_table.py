@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate shim/cuda_errors.tsv from the installed CUDA toolkit.
+"""Regenerate shim/tables/cuda_errors.tsv from the installed CUDA toolkit.
 
 The codes and enumerator names come from ``enum cudaError`` in driver_types.h; the
 names and strings that pilot hands back come from the real libcudart.so.13
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "shim" / "cuda_errors.tsv"
+DEFAULT_OUT = REPO / "shim" / "tables" / "cuda_errors.tsv"
 UNRECOGNIZED = "unrecognized error code"
 
 

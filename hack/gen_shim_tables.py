@@ -8,18 +8,18 @@ writes OUTDIR/stubs.c and OUTDIR/errors.c (with --cuda 12 also OUTDIR/cudart12_r
 All are build outputs (rebuilt at every build from the committed TSVs, git-ignored), so the
 TSVs stay the single source of truth -- the cricket model.
 
-stubs.c: one function per ``stub`` row of shim/cudart_exports.tsv.  libpilot.so must
+stubs.c: one function per ``stub`` row of shim/tables/cudart_exports.tsv.  libpilot.so must
 export every symbol of libcudart.so.13 or programs fail to load; an unimplemented
 call logs its name once through pilot_log_unsupported() and fails cleanly.  Stubs
 take ``(void)`` and include no CUDA header: extra arguments are harmless in the
 SysV ABI and the definitions can never conflict with CUDA's prototypes.
 
-errors.c: pilot_error_name()/pilot_error_string() from shim/cuda_errors.tsv, NULL for
+errors.c: pilot_error_name()/pilot_error_string() from shim/tables/cuda_errors.tsv, NULL for
 codes CUDA does not know (the caller adds CUDA's fallback text).
 
-The CUDA 12 build (libpilot12.so) follows shim/cudart12_exports.tsv, whose status column says
+The CUDA 12 build (libpilot12.so) follows shim/tables/cudart12_exports.tsv, whose status column says
 per libcudart.so.12 export: ``as13`` (same ABI as the CUDA 13 export of that name: whatever the
-13 table says, hand-written or stub), ``impl`` (the 12 build's own code, shim/cuda12_*.c) or
+13 table says, hand-written or stub), ``impl`` (the 12 build's own code, shim/runtime/cuda12/cuda12_*.c) or
 ``stub``.  A 13 export whose 12 row is ``impl`` or ``stub`` has another ABI in CUDA 12, so the
 12 build compiles the shared sources with it renamed ``pilot13_<name>`` (cudart12_renames.h,
 force-included): the CUDA 13 function stays callable inside the library under that name (a
@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_EXPORTS = REPO / "shim" / "cudart_exports.tsv"
-DEFAULT_EXPORTS12 = REPO / "shim" / "cudart12_exports.tsv"
+DEFAULT_EXPORTS = REPO / "shim" / "tables" / "cudart_exports.tsv"
+DEFAULT_EXPORTS12 = REPO / "shim" / "tables" / "cudart12_exports.tsv"
 RENAME_PREFIX = "pilot13_"  # the CUDA 13 function of a name whose CUDA 12 ABI differs
-DEFAULT_ERRORS = REPO / "shim" / "cuda_errors.tsv"
-DEFAULT_DRIVER_EXPORTS = REPO / "shim" / "cuda_driver_exports.tsv"
+DEFAULT_ERRORS = REPO / "shim" / "tables" / "cuda_errors.tsv"
+DEFAULT_DRIVER_EXPORTS = REPO / "shim" / "tables" / "cuda_driver_exports.tsv"
 # Headers declaring libcuda.so.1's exports (the GL, EGL and VDPAU interop headers need those
 # libraries' own headers; their few functions are not in the table).
 DRIVER_HEADERS = ("cuda.h", "cudaProfiler.h")
@@ -209,7 +209,7 @@ def gen_renames(renamed: list[str], table: Path) -> str:
         "/* Force-included into the shared shim sources of the CUDA 12 build: these CUDA 13\n"
         " * functions have another ABI in libcudart.so.12, so their CUDA 13 definitions (and the\n"
         f" * CUDA 13 headers' prototypes) become {RENAME_PREFIX}<name>, local to libpilot12.so;\n"
-        " * shim/cuda12_*.c define the CUDA 12 functions under the real names. */\n",
+        " * shim/runtime/cuda12/cuda12_*.c define the CUDA 12 functions under the real names. */\n",
         "#ifndef PILOT_CUDART12_RENAMES_H\n#define PILOT_CUDART12_RENAMES_H\n",
     ]
     out += [f"#define {n} {RENAME_PREFIX}{n}\n" for n in renamed]
@@ -276,15 +276,16 @@ def driver_errors(include: Path) -> dict[int, str]:
 
 def gen_driver(rows: list[dict[str, str]], table: Path, include: Path) -> str:
     """drv_gen.c: a stub per ``stub`` row (log once, CUDA_ERROR_NOT_SUPPORTED), the table of
-    every export for cuGetProcAddress (sorted by name), its base names' default and per-thread
-    symbols, and the CUresult names."""
+    every export for cuGetProcAddress (sorted by name) and its base names' default and per-thread
+    symbols, handed to drv_core.c when the library loads (the table names every export, so the
+    modules it names never name it back); and the CUresult names (gen_driver_errors)."""
     api = driver_api(include)
     names = sorted(r["name"] for r in rows)
     if len(set(names)) != len(names):
         raise ValueError("duplicate names in the driver table")
     out = [
         banner(table),
-        "/* libpilot-cuda.so: stubs, the cuGetProcAddress tables, the CUresult names. */\n",
+        "/* libpilot-cuda.so: stubs and the cuGetProcAddress tables. */\n",
         "#include <stdatomic.h>\n#include <stddef.h>\n\n",
         '#include "drv_tables.h"\n\n',
         "void pilot_drv_log_unsupported(const char *name);\n\n",
@@ -317,7 +318,16 @@ def gen_driver(rows: list[dict[str, str]], table: Path, include: Path) -> str:
         out.append(f"    {{{c_string(base)}, {d}, {t}}},\n")
     out.append("};\nconst size_t pilot_drv_alias_count =\n"
                "    sizeof pilot_drv_aliases / sizeof *pilot_drv_aliases;\n\n")
-    out.append("const char *pilot_drv_error_name(int code)\n{\n    switch (code) {\n")
+    out.append("__attribute__((constructor)) static void register_tables(void)\n{\n"
+               "    pilot_drv_register_tables(pilot_drv_procs, pilot_drv_proc_count, "
+               "pilot_drv_aliases,\n                              pilot_drv_alias_count);\n}\n")
+    return "".join(out)
+
+
+def gen_driver_errors(table: Path, include: Path) -> str:
+    """drv_errors.c: the CUresult names, from the driver headers (cuGetErrorName)."""
+    out = [banner(table), '#include <stddef.h>\n\n#include "drv_tables.h"\n\n',
+           "const char *pilot_drv_error_name(int code)\n{\n    switch (code) {\n"]
     for code, name in sorted(driver_errors(include).items()):
         out.append(f"    case {code}:\n        return {c_string(name)};\n")
     out.append("    default:\n        return NULL;\n    }\n}\n")
@@ -327,9 +337,9 @@ def gen_driver(rows: list[dict[str, str]], table: Path, include: Path) -> str:
 # ---- the CUDA library stand-ins (libpilot-cublas.so, libpilot-cublasLt.so) ----
 
 LIBRARY_TABLES = {
-    "cublas": REPO / "shim" / "cublas_exports.tsv",
-    "cublasLt": REPO / "shim" / "cublasLt_exports.tsv",
-    "cudnn": REPO / "shim" / "cudnn_exports.tsv",
+    "cublas": REPO / "shim" / "tables" / "cublas_exports.tsv",
+    "cublasLt": REPO / "shim" / "tables" / "cublasLt_exports.tsv",
+    "cudnn": REPO / "shim" / "tables" / "cudnn_exports.tsv",
 }
 # Per library: the function its stubs log through, and its NOT_SUPPORTED status (name, value).
 LIBRARY_STUB_STYLE = {
@@ -395,8 +405,8 @@ def gen_library_stubs(rows: list[dict[str, str]], table: Path, library: str) -> 
     return "".join(out).rstrip("\n") + "\n"
 
 
-CUBLAS_CALLS = REPO / "shim" / "cublas_calls.tsv"
-CUBLAS_FAMILIES = REPO / "shim" / "cublas_families.tsv"
+CUBLAS_CALLS = REPO / "shim" / "tables" / "cublas_calls.tsv"
+CUBLAS_FAMILIES = REPO / "shim" / "tables" / "cublas_families.tsv"
 CALL_KINDS = {"i": "int", "s": "const void *", "p": "void *", "a": "void *", "r": "void *",
               "x": "int *"}
 CALL_TYPE_SIZES = {"S": 4, "D": 8}
@@ -405,7 +415,7 @@ CALL_TYPE_SIZES = {"S": 4, "D": 8}
 def gen_cublas_calls(rows: list[dict[str, str]], families: list[dict[str, str]],
                      table: Path) -> str:
     """cublas_calls.c: each function of the generic path: cuBLAS's argument checks (the family's
-    C expressions), then its arguments packed for pilot_blas_call (shim/cublas_api.c)."""
+    C expressions), then its arguments packed for pilot_blas_call (shim/libs/cublas_api.c)."""
     fams = {f["family"]: f for f in families}
     out = [banner(table), "/* The cuBLAS functions of the generic path. */\n",
            '#include "blas.h"\n\n',
@@ -453,8 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda", type=int, choices=(12, 13), default=13,
                     help="which libcudart the build stands in for (default 13)")
     ap.add_argument("--driver", type=Path, metavar="INCLUDE",
-                    help="generate drv_gen.c for libpilot-cuda.so instead, from "
-                         "shim/cuda_driver_exports.tsv and the driver headers in INCLUDE")
+                    help="generate drv_gen.c and drv_errors.c for libpilot-cuda.so instead, from "
+                         "shim/tables/cuda_driver_exports.tsv and the driver headers in INCLUDE")
     ap.add_argument("--driver-exports", type=Path, default=DEFAULT_DRIVER_EXPORTS)
     ap.add_argument("--library", choices=sorted(LIBRARY_TABLES),
                     help="generate <library>_stubs.c for that CUDA library's stand-in instead")
@@ -480,11 +490,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.driver is not None:
         try:
             text = gen_driver(read_tsv(args.driver_exports), args.driver_exports, args.driver)
+            errors = gen_driver_errors(args.driver_exports, args.driver)
         except (OSError, ValueError, KeyError) as e:
             print(f"gen_shim_tables: {e}", file=sys.stderr)
             return 1
         args.outdir.mkdir(parents=True, exist_ok=True)
         write_if_changed(args.outdir / "drv_gen.c", text)
+        write_if_changed(args.outdir / "drv_errors.c", errors)
         return 0
     renames = None
     try:

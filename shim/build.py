@@ -1,21 +1,21 @@
 """The shim's build script, run at install time by setup.py (through cffi's setuptools hook).
 
-It produces three artefacts from one protocol header, shim/pilot_proto.h:
+It produces three artefacts from one protocol header, shim/transport/pilot_proto.h:
 - `pilot.shim._proto`: a cffi module (API mode, so the C compiler checks every struct layout the
   daemon reads) exposing the protocol structs, the socket-path rule and the vGPU endpoint server
-  (shim/vgpu_server.c) to the daemon;
+  (daemon/native/vgpu_server.c) to the daemon;
 - `libpilot.so`: the shim, a plain C shared library (no libpython) with SONAME libcudart.so.13 and
   a version script, so that a preloaded libpilot.so satisfies programs linked with
   `-cudart shared` and the real libcudart is never mapped;
 - `libpilot12.so`: the same sources built for programs linked with CUDA 12's libcudart.so.12
-  (that SONAME and symbol version), plus shim/cuda12_*.c for the exports whose 12.x ABI differs;
-  the shared sources are compiled with -DPILOT_CUDART_MAJOR=12 and the generated
+  (that SONAME and symbol version), plus shim/runtime/cuda12/cuda12_*.c for the exports whose
+  12.x ABI differs; the shared sources are compiled with -DPILOT_CUDART_MAJOR=12 and the generated
   cudart12_renames.h force-included (see hack/gen_shim_tables.py). Both build against the CUDA 13
-  headers: the 12.x layouts the 12 build needs are in shim/cuda12_abi.h.
+  headers: the 12.x layouts the 12 build needs are in shim/runtime/cuda12/cuda12_abi.h.
 
 The stubs for every libcudart export the shim does not implement, and the error-name table, are
-generated from shim/cudart_exports.tsv (cudart12_exports.tsv for the 12 build) and
-shim/cuda_errors.tsv by hack/gen_shim_tables.py into the build directory (rebuilt each build,
+generated from shim/tables/cudart_exports.tsv (cudart12_exports.tsv for the 12 build) and
+shim/tables/cuda_errors.tsv by hack/gen_shim_tables.py into the build directory (rebuilt each build,
 never committed).
 """
 
@@ -34,55 +34,66 @@ from cffi import FFI
 
 SHIM_DIR = Path(__file__).resolve().parent
 REPO_DIR = SHIM_DIR.parent
-PROTO_HEADER = SHIM_DIR / "pilot_proto.h"
+TRANSPORT_DIR = SHIM_DIR / "transport"
+TABLES_DIR = SHIM_DIR / "tables"
+# The daemon's own C (the vGPU endpoint, its fast path, the host-callback gates): it runs inside
+# pilotd, built into pilot.shim._proto.
+NATIVE_DIR = REPO_DIR / "daemon" / "native"
+PROTO_HEADER = TRANSPORT_DIR / "pilot_proto.h"
+# Every folder of the shim's headers: the sources include each other's headers by name.
+INCLUDE_DIRS = sorted({p.parent for p in SHIM_DIR.rglob("*.h")})
 
 # Hand-written shim sources, in link order. Generated ones are added by build_shim().
 SHIM_SOURCES = [
-    "log.c",
-    "socket_path.c",
-    "zmtp.c",
-    "transport.c",
-    "error_state.c",
-    "alloc_table.c",
-    "parallel_copy.c",
-    "registry.c",
-    "coherence.c",
-    "api_managed.c",
-    "um_pack.c",
-    "api_host.c",
-    "api_device.c",
-    "api_mempool.c",
-    "api_memory.c",
-    "api_launch.c",
-    "api_stream.c",
-    "api_misc.c",
-    "api_symbols.c",
-    "api_launch_ex.c",
-    "api_peer.c",
-    "api_ptds.c",
-    "api_array.c",
-    "api_memory3d.c",
-    "api_texture.c",
-    "api_helpers.c",
-    "callbacks.c",
-    "device_props.c",
-    "driver_ops.c",
-    "api_graph.c",
-    "graph_capture.c",
-    "graph_remote.c",
-    "graph_mem.c",
-    "static_check.c",
-    "api_entry_point.c",
-    "api_stream_attr.c",
+    "core/hooks.c",
+    "transport/log.c",
+    "transport/socket_path.c",
+    "transport/zmtp.c",
+    "transport/transport.c",
+    "transport/error_state.c",
+    "runtime/memory/alloc_table.c",
+    "runtime/memory/parallel_copy.c",
+    "runtime/launch/registry.c",
+    "runtime/managed/coherence.c",
+    "runtime/managed/api_managed.c",
+    "runtime/managed/um_pack.c",
+    "runtime/memory/api_host.c",
+    "runtime/device/api_device.c",
+    "runtime/memory/api_mempool.c",
+    "runtime/memory/api_memory.c",
+    "runtime/launch/api_launch.c",
+    "runtime/stream/stream_handles.c",
+    "runtime/stream/api_stream.c",
+    "runtime/misc/api_misc.c",
+    "runtime/launch/api_symbols.c",
+    "runtime/launch/api_launch_ex.c",
+    "runtime/device/api_peer.c",
+    "runtime/stream/api_ptds.c",
+    "runtime/texture/api_array.c",
+    "runtime/memory/api_memory3d.c",
+    "runtime/texture/api_texture.c",
+    "runtime/misc/api_helpers.c",
+    "runtime/stream/callbacks.c",
+    "runtime/device/device_props.c",
+    "bridge/driver_ops.c",
+    "runtime/graph/api_graph.c",
+    "runtime/graph/graph_capture.c",
+    "runtime/graph/graph_remote.c",
+    "runtime/graph/graph_mem.c",
+    "runtime/misc/static_check.c",
+    "runtime/misc/api_entry_point.c",
+    "runtime/stream/api_stream_attr.c",
 ]
-# The driver API library's sources (libpilot-cuda.so, SONAME libcuda.so.1); drv_gen.c is
-# generated from shim/cuda_driver_exports.tsv and the driver headers.
-DRIVER_SOURCES = ["drv_core.c", "drv_api.c", "drv_export.c", "ops_lookup.c"]
+# The driver API library's sources (libpilot-cuda.so, SONAME libcuda.so.1); drv_gen.c and
+# drv_errors.c are generated from shim/tables/cuda_driver_exports.tsv and the driver headers.
+DRIVER_SOURCES = [
+    "driver/drv_core.c", "driver/drv_api.c", "driver/drv_export.c", "bridge/ops_lookup.c"]
 # libpilot.so's one export beyond libcudart's: the driver library's way in (driver_ops.h).
 PRIVATE_NODE = "PILOT_PRIVATE_1"
 PRIVATE_EXPORTS = ("pilot_driver_ops",)
-# The CUDA 12 build's own sources (shim/cuda12_*.c; hack/check_api_table.py reads them as such).
-CUDA12_SOURCES = ["cuda12_compat.c"]
+# The CUDA 12 build's own sources (shim/runtime/cuda12/cuda12_*.c; hack/check_api_table.py reads them as
+# such).
+CUDA12_SOURCES = ["runtime/cuda12/cuda12_compat.c"]
 C_FLAGS = ["-std=gnu11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra"]
 
 
@@ -108,9 +119,10 @@ LIBRARY_STANDINS = _shim_package().LIBRARY_STANDINS
 # The stand-ins' sources beside their generated stubs, by the table name (gen_shim_tables.py
 # --library) of each SONAME.
 STANDIN_SOURCES = {
-    "libcublas.so.13": ("cublas", ["cublas_api.c", "blas_common.c", "ops_lookup.c"]),
-    "libcublasLt.so.13": ("cublasLt", ["cublaslt_api.c", "blas_common.c", "ops_lookup.c"]),
-    "libcudnn.so.9": ("cudnn", ["cudnn_api.c", "ops_lookup.c"]),
+    "libcublas.so.13": ("cublas", ["libs/cublas_api.c", "libs/blas_common.c", "bridge/ops_lookup.c"]),
+    "libcublasLt.so.13": ("cublasLt", ["libs/cublaslt_api.c", "libs/blas_common.c",
+                                       "bridge/ops_lookup.c"]),
+    "libcudnn.so.9": ("cudnn", ["libs/cudnn_api.c", "bridge/ops_lookup.c"]),
 }
 
 
@@ -123,21 +135,25 @@ def _cdef_text(header: Path, marker: str) -> str:
     return re.sub(r"/\*.*?\*/", "", match.group(1), flags=re.S)
 
 
+# pilot.shim._proto's C: the socket-path rule it shares with the shim, and the daemon's own C.
+PROTO_SOURCES = [str(TRANSPORT_DIR / "socket_path.c")] + [
+    str(NATIVE_DIR / s) for s in ("vgpu_server.c", "fast_state.c", "fast_launch.c",
+                                  "fast_library.c", "gates.c")]
+
+
 def _make_ffi() -> FFI:
     ffi = FFI()
     ffi.cdef(_cdef_text(PROTO_HEADER, "PILOT_CDEF"))
-    ffi.cdef(_cdef_text(SHIM_DIR / "vgpu_server.h", "PILOT_SRV_CDEF"))
-    ffi.cdef(_cdef_text(SHIM_DIR / "fast_launch.h", "PILOT_FAST_CDEF"))
-    ffi.cdef(_cdef_text(SHIM_DIR / "gates.h", "PILOT_GATE_CDEF"))
+    ffi.cdef(_cdef_text(NATIVE_DIR / "vgpu_server.h", "PILOT_SRV_CDEF"))
+    ffi.cdef(_cdef_text(NATIVE_DIR / "fast_launch.h", "PILOT_FAST_CDEF"))
+    ffi.cdef(_cdef_text(NATIVE_DIR / "gates.h", "PILOT_GATE_CDEF"))
     ffi.cdef("int pilot_socket_path(int for_daemon, char *buf, size_t len);")
     ffi.set_source(
         "pilot.shim._proto",
         '#include "pilot_proto.h"\n#include "socket_path.h"\n#include "vgpu_server.h"\n'
         '#include "fast_launch.h"\n#include "gates.h"\n',
-        sources=[str(SHIM_DIR / "socket_path.c"), str(SHIM_DIR / "vgpu_server.c"),
-                 str(SHIM_DIR / "fast_launch.c"), str(SHIM_DIR / "fast_library.c"),
-                 str(SHIM_DIR / "gates.c")],
-        include_dirs=[str(SHIM_DIR)],
+        sources=PROTO_SOURCES,
+        include_dirs=[str(NATIVE_DIR), str(TRANSPORT_DIR)],
         extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],
     )
     return ffi
@@ -182,12 +198,12 @@ LIBC_OVERRIDES = ("sigaction", "signal", "sigset", "bsd_signal")
 
 
 def version_script(gen_dir: Path, cuda: int = 13) -> Path:
-    """shim/libcudart.map (for libcudart.so.<cuda>) plus the libc overrides' node, for this
+    """shim/tables/libcudart.map (for libcudart.so.<cuda>) plus the libc overrides' node, for this
     machine."""
     base = GLIBC_BASE_VERSION.get(platform.machine())
     if base is None:
         raise RuntimeError(f"no glibc base version known for {platform.machine()}")
-    text = (SHIM_DIR / "libcudart.map").read_text().replace("libcudart.so.13",
+    text = (TABLES_DIR / "libcudart.map").read_text().replace("libcudart.so.13",
                                                              f"libcudart.so.{cuda}")
     text += f"\n{base} {{\n  global: {'; '.join(LIBC_OVERRIDES)};\n}};\n"
     text += f"\n{PRIVATE_NODE} {{\n  global: {'; '.join(PRIVATE_EXPORTS)};\n}};\n"
@@ -213,7 +229,7 @@ def build_shim(compiler, out_dir: str, build_temp: str = "build/shim", cuda: int
     setuptools/distutils CCompiler."""
     gen_dir = Path(build_temp) / f"shim_gen{cuda}"
     generated = generate_tables(gen_dir, cuda)
-    include_dirs = [str(SHIM_DIR), str(gen_dir), str(cuda_include_dir())]
+    include_dirs = [*map(str, INCLUDE_DIRS), str(gen_dir), str(cuda_include_dir())]
     obj_dir = str(Path(build_temp) / f"shim_obj{cuda}")
     objects = compiler.compile(
         [str(p) for p in hand_written_sources(cuda)],
@@ -243,16 +259,17 @@ def build_shim(compiler, out_dir: str, build_temp: str = "build/shim", cuda: int
 
 
 def build_driver(compiler, out_dir: str, build_temp: str = "build/shim") -> Path:
-    """libpilot-cuda.so: SONAME libcuda.so.1, exporting exactly shim/cuda_driver_exports.tsv,
+    """libpilot-cuda.so: SONAME libcuda.so.1, exporting exactly shim/tables/cuda_driver_exports.tsv,
     unversioned like the real libcuda. It links only libc: libpilot.so's table is found at run
-    time (shim/drv_core.c), so linking never records libpilot.so's SONAME, libcudart.so.13, as
+    time (shim/driver/drv_core.c), so linking never records libpilot.so's SONAME, libcudart.so.13, as
     needed (which could map the real runtime beside the shim)."""
     gen_dir = Path(build_temp) / "shim_gen_driver"
     gen_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, str(REPO_DIR / "hack" / "gen_shim_tables.py"), str(gen_dir),
                     "--driver", str(cuda_include_dir())], check=True)
-    include_dirs = [str(SHIM_DIR), str(gen_dir), str(cuda_include_dir())]
-    sources = [str(SHIM_DIR / s) for s in DRIVER_SOURCES] + [str(gen_dir / "drv_gen.c")]
+    include_dirs = [*map(str, INCLUDE_DIRS), str(gen_dir), str(cuda_include_dir())]
+    sources = [str(SHIM_DIR / s) for s in DRIVER_SOURCES] + [
+        str(gen_dir / "drv_errors.c"), str(gen_dir / "drv_gen.c")]
     objects = compiler.compile(sources, output_dir=str(Path(build_temp) / "shim_obj_driver"),
                                include_dirs=include_dirs, extra_postargs=C_FLAGS)
     script = gen_dir / "libpilot-cuda.map"
@@ -272,13 +289,13 @@ def build_driver(compiler, out_dir: str, build_temp: str = "build/shim") -> Path
 def build_standin(compiler, soname: str, out_dir: str, build_temp: str = "build/shim") -> Path:
     """A CUDA library's stand-in (libpilot-cublas.so for libcublas.so.13, ...): that SONAME, every
     export of its table under the version node named like the SONAME (as NVIDIA's), linking
-    only libc: libpilot.so's session table is found at run time (shim/ops_lookup.c)."""
+    only libc: libpilot.so's session table is found at run time (shim/bridge/ops_lookup.c)."""
     table, sources = STANDIN_SOURCES[soname]
     gen_dir = Path(build_temp) / f"shim_gen_{table}"
     gen_dir.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, str(REPO_DIR / "hack" / "gen_shim_tables.py"), str(gen_dir),
                     "--library", table], check=True)
-    include_dirs = [str(SHIM_DIR), str(gen_dir), str(cuda_include_dir())]
+    include_dirs = [*map(str, INCLUDE_DIRS), str(gen_dir), str(cuda_include_dir())]
     paths = [str(SHIM_DIR / s) for s in sources] + [str(gen_dir / f"{table}_stubs.c")]
     if (gen_dir / f"{table}_calls.c").exists():  # the generic path's functions (cuBLAS)
         paths.append(str(gen_dir / f"{table}_calls.c"))

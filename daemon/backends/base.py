@@ -156,7 +156,7 @@ class SmLayout:
 
 @dataclass(frozen=True)
 class Gate:
-    """One host-callback gate (callbacks.py): a `pilot_gate` (shim/gates.h) in pinned host
+    """One host-callback gate (callbacks.py): a `pilot_gate` (daemon/native/gates.h) in pinned host
     memory. The stream runs pilot_gate_fire on it, then waits until its word reaches target."""
 
     address: int  # host address of the pilot_gate
@@ -364,7 +364,7 @@ class Backend(Protocol):
         (its exact ELF symbol name); cudaErrorInvalidSymbol if the module has none."""
     def native_fast_functions(self) -> tuple[int, int, int] | None:
         """The addresses of the driver's cuLaunchKernel, cuMemcpyDtoHAsync_v2 and
-        cuMemcpyHtoDAsync_v2 for the vGPU's fast path (shim/fast_launch.c), taking this
+        cuMemcpyHtoDAsync_v2 for the vGPU's fast path (daemon/native/fast_launch.c), taking this
         backend's function and stream handles as their values; None: the backend has none (the
         sim is called back instead)."""
 
@@ -378,7 +378,7 @@ class Backend(Protocol):
         args: bytes,
     ) -> None: ...
 
-    # limits, stream priorities, function attributes, occupancy, 2D memory (shim/api_misc.c)
+    # limits, stream priorities, function attributes, occupancy, 2D memory (shim/runtime/misc/api_misc.c)
     def ctx_get_limit(self, limit: int) -> int:
         """cuCtxGetLimit in the calling thread's context (cudaLimit numbering);
         cudaErrorUnsupportedLimit for a limit the device does not have."""
@@ -501,7 +501,7 @@ class Backend(Protocol):
         """Issue the LtCall on `stream`; `key` (its attribute records) may cache descriptors."""
     def blaslt_heuristic(self, handle: Any, call: Any, key: bytes, requested: int) -> list[bytes]:
         """Up to `requested` cublasLtMatmulHeuristicResult_t (96 bytes each) for the call."""
-    # The vGPU's fast path for library calls (shim/fast_library.c, vgpu/fast.py).
+    # The vGPU's fast path for library calls (daemon/native/fast_library.c, vgpu/fast.py).
     def fast_library_functions(self) -> dict[int, int]:
         """Addresses of the functions fast_library.c calls, by enum pilot_fast_libfn, for what is
         loaded now (libcuda's memset; cuBLAS and cuBLASLt once a handle was made); {} for a

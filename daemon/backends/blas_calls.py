@@ -1,4 +1,4 @@
-"""The cuBLAS functions of the generic path (shim/cublas_calls.tsv): per family, the argument
+"""The cuBLAS functions of the generic path (shim/tables/cublas_calls.tsv): per family, the argument
 checks cuBLAS makes, the device ranges a call reads and writes, and the sim's numpy emulation.
 The table says each function's family, type (S or D) and argument kinds; ops/libraries.py
 checks and backends run the calls from there.
@@ -27,7 +27,7 @@ from pilot.daemon.backends.libraries import (
     matrix_span,
 )
 
-TABLE = Path(__file__).resolve().parents[2] / "shim" / "cublas_calls.tsv"
+TABLE = Path(__file__).resolve().parents[2] / "shim" / "tables" / "cublas_calls.tsv"
 TYPE_SIZES = {"S": 4, "D": 8}
 
 
@@ -37,7 +37,7 @@ class Function:
     family: str
     type: str  # S or D
     kinds: tuple[str, ...]
-    params: tuple[str, ...]  # the family's argument names (shim/cublas_families.tsv)
+    params: tuple[str, ...]  # the family's argument names (shim/tables/cublas_families.tsv)
     checks: tuple[tuple[int, str], ...]  # (argument number, Python expression)
 
     @property
@@ -48,7 +48,7 @@ class Function:
 def _tsv(name: str) -> list[dict[str, str]]:
     from pilot.shim import __file__ as shim_init  # the tables are installed beside the shim
 
-    path = Path(shim_init).parent / name
+    path = Path(shim_init).parent / "tables" / name
     if not path.exists():
         path = TABLE.parent / name
     lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
@@ -56,7 +56,7 @@ def _tsv(name: str) -> list[dict[str, str]]:
 
 
 def python_check(expr: str) -> str:
-    """A check of shim/cublas_families.tsv (C) as Python: `!`, `&&`, `||`, `c ? a : b`."""
+    """A check of shim/tables/cublas_families.tsv (C) as Python: `!`, `&&`, `||`, `c ? a : b`."""
     expr = re.sub(r"(\w+)==0\?(\w+):(\w+)", r"(\2 if \1==0 else \3)", expr)
     expr = re.sub(r"!(?!=)", " not ", expr).replace("&&", " and ").replace("||", " or ")
     if "?" in expr:

@@ -401,7 +401,7 @@ class CudaLibraries:
         return [out.raw[i * 96:(i + 1) * 96] for i in range(count.value)]
 
 
-# enum pilot_fast_libfn (shim/fast_launch.h): cuBLAS's setters and GEMMs (8 + pilot_gemm_fn)
+# enum pilot_fast_libfn (daemon/native/fast_launch.h): cuBLAS's setters and GEMMs (8 + pilot_gemm_fn)
 _FAST_BLAS = {1: "cublasSetStream_v2", 2: "cublasSetWorkspace_v2", 3: "cublasSetMathMode",
               4: "cublasSetAtomicsMode", 5: "cublasSetSmCountTarget", 6: "cublasSetPointerMode_v2",
               9: "cublasSgemm_v2", 10: "cublasDgemm_v2", 11: "cublasHgemm", 12: "cublasGemmEx",

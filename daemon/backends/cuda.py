@@ -818,7 +818,7 @@ class CudaBackend:
 
     def native_fast_functions(self) -> tuple[int, int, int, int] | None:
         """The driver's cuLaunchKernel, cuMemcpyDtoHAsync_v2, cuMemcpyHtoDAsync_v2 and
-        cuStreamSynchronize, for the vGPU's fast path (shim/fast_launch.c), which calls them
+        cuStreamSynchronize, for the vGPU's fast path (daemon/native/fast_launch.c), which calls them
         with the CUfunction and CUstream values of this backend's handles."""
         try:
             lib = ctypes.CDLL("libcuda.so.1")

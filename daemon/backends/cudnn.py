@@ -89,7 +89,7 @@ class DnnHandle:
     stream: int | None = None
 
 
-# enum pilot_fast_libfn (shim/fast_launch.h): what an execution in C calls
+# enum pilot_fast_libfn (daemon/native/fast_launch.h): what an execution in C calls
 _FAST_DNN = {21: "cudnnSetStream", 22: "cudnnBackendCreateDescriptor", 23: "cudnnBackendSetAttribute",
              24: "cudnnBackendFinalize", 25: "cudnnBackendExecute", 26: "cudnnBackendDestroyDescriptor",
              27: "cudnnCreateTensorDescriptor", 28: "cudnnSetTensorNdDescriptor",

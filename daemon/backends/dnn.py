@@ -1,7 +1,7 @@
 """cuDNN 9 as pilotd runs it for its clients: the facts of its public API that the ops layer,
 both backends and the checks share, and what a backend is asked to do.
 
-The stand-in (shim/cudnn_api.c) forwards the backend API (cudnnBackend*: descriptors, their
+The stand-in (shim/libs/cudnn_api.c) forwards the backend API (cudnnBackend*: descriptors, their
 typed attributes, finalize, execute) and the legacy calls PyTorch makes (handles, tensor
 descriptors, batch normalization). Numbers are cuDNN's (cudnn_graph.h, cudnn_ops.h of 9.x); the
 attribute and descriptor numbers are stable across cuDNN 9 releases.
@@ -107,7 +107,7 @@ BN_PER_ACTIVATION, BN_SPATIAL, BN_SPATIAL_PERSISTENT = 0, 1, 2
 BN_OPS_BN = 0
 DIM_MAX = 8
 
-# pilot_dnn_bn_fn (shim/pilot_proto.h): the batch normalization function a request names
+# pilot_dnn_bn_fn (shim/transport/pilot_proto.h): the batch normalization function a request names
 BN_FORWARD_TRAINING_EX, BN_FORWARD_TRAINING, BN_FORWARD_INFERENCE = 1, 2, 3
 BN_BACKWARD_EX, BN_BACKWARD = 4, 5
 BN_SIZE_FORWARD_WORKSPACE, BN_SIZE_RESERVE, BN_SIZE_BACKWARD_WORKSPACE = 6, 7, 8

@@ -17,7 +17,7 @@ from pilot.daemon.backends.base import (
     BackendError,
 )
 
-LIB_CUBLAS, LIB_CUBLASLT, LIB_CUDNN = 1, 2, 3  # pilot_library (shim/pilot_proto.h)
+LIB_CUBLAS, LIB_CUBLASLT, LIB_CUDNN = 1, 2, 3  # pilot_library (shim/transport/pilot_proto.h)
 LIBRARY_NAMES = {LIB_CUBLAS: "cuBLAS", LIB_CUBLASLT: "cuBLASLt", LIB_CUDNN: "cuDNN"}
 
 # cublasStatus_t
@@ -78,7 +78,7 @@ EPILOGUES_WITHOUT_AUX = frozenset({EPI_DEFAULT, EPI_RELU, EPI_BIAS, EPI_RELU | E
                                    EPI_GELU | EPI_BIAS, EPI_BGRADA, EPI_BGRADB})
 HEURISTIC_RESULT_BYTES = 96
 
-# Attributes pilotd passes on to the real library (the client's table, shim/cublaslt_api.c, may
+# Attributes pilotd passes on to the real library (the client's table, shim/libs/cublaslt_api.c, may
 # hold more: those it refuses are checked by the ops layer).
 DESC_ATTRS = frozenset({0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 17, 18, 19, 20, 21, 22,
                         23, 24, 25, 26, 31, 32, 33, 34, 35, 36, 37})

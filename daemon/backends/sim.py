@@ -140,7 +140,7 @@ EVENT_DISABLE_TIMING = 0x2
 EVENT_INTERPROCESS = 0x4
 STREAM_NON_BLOCKING = 0x1
 
-# Limits, stream priorities, function attributes, occupancy, pitched memory (shim/api_misc.c),
+# Limits, stream priorities, function attributes, occupancy, pitched memory (shim/runtime/misc/api_misc.c),
 # with the values an H100 reports (CUDA 13.0, driver 580).
 STREAM_PRIORITY_RANGE = (0, -5)  # (least, greatest)
 DEFAULT_LIMITS = {  # cudaLimit -> the context's default; 3 (device runtime sync depth) is absent
@@ -910,7 +910,7 @@ class SimBackend:
 
     def gate(self, stream: Any, gate: Gate) -> None:
         """The gate's host function, then a hold until its word reaches the target: the same
-        C code (shim/gates.c) the driver runs on a GPU."""
+        C code (daemon/native/gates.c) the driver runs on a GPU."""
         ptr = ffi.cast("pilot_gate *", gate.address)
         target = gate.target  # as cuStreamWaitValue32 takes it: the slot may be re-armed later
         with self._lock:

@@ -1,5 +1,5 @@
 """cuDNN (opcodes 606-612): the backend API's descriptors and executions, and the legacy batch
-normalization calls of the stand-in (shim/cudnn_api.c), run by the backend in pilotd's context
+normalization calls of the stand-in (shim/libs/cudnn_api.c), run by the backend in pilotd's context
 on the session's streams (backends/cudnn.py on a GPU, backends/sim_dnn.py on the sim).
 
 Descriptors are the session's: pilotd numbers them, and a number of another session is an

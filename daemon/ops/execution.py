@@ -108,7 +108,7 @@ def launch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
 
 @OPS.handler(lib.PILOT_OP_LAUNCH_EX, "pilot_req_launch_ex")
 def launch_ex(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    """cudaLaunchKernelExC and cudaLaunchCooperativeKernel (shim/api_launch_ex.c): the shim has
+    """cudaLaunchKernelExC and cudaLaunchCooperativeKernel (shim/runtime/launch/api_launch_ex.c): the shim has
     parsed the program's attributes and refused those pilot does not carry; what arrives is
     cooperative or not, an optional cluster shape and scheduling preference, and an optional
     priority. Cooperative and cluster launches come as calls, not posts, because only the device

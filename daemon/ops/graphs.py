@@ -1,4 +1,4 @@
-"""CUDA graphs as real graphs (shim/graph_remote.c): the shim records the posted calls an
+"""CUDA graphs as real graphs (shim/runtime/graph/graph_remote.c): the shim records the posted calls an
 executable graph's nodes make and sends them in one GRAPH_INSTANTIATE; pilotd runs them through
 their ordinary handlers, with every check those make, while it captures the recording stream,
 and instantiates what it captured. A GRAPH_LAUNCH is then one cuGraphLaunch (in C on the fast

@@ -77,7 +77,7 @@ def _check_request(req: Any) -> None:
         raise BackendError(CUDA_ERROR_INVALID_VALUE,
                            f"pinned range {req.address:#x}+{req.length} ({req.offset}+{req.size})")
     # A registered range names its address; an allocation names one only when the client could
-    # not map it at the device pointers offered (shim/api_host.c): then that is its address.
+    # not map it at the device pointers offered (shim/runtime/memory/api_host.c): then that is its address.
     if req.kind == lib.PILOT_HOST_REGISTERED and not req.address:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, "a registered range names its address")
 

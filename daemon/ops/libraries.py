@@ -1,5 +1,5 @@
 """The CUDA math libraries (opcodes 600-699): cuBLAS and cuBLASLt calls of the stand-ins
-(shim/cublas_api.c, shim/cublaslt_api.c), run by the backend in pilotd's context on the
+(shim/libs/cublas_api.c, shim/libs/cublaslt_api.c), run by the backend in pilotd's context on the
 session's streams (backends/cublas.py on a GPU, backends/sim_blas.py on the sim).
 
 A library call is device work like a launch, so it gets a launch's checks: every pointer it
@@ -316,7 +316,7 @@ def blas_gemm(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
         fast.stream_used(s, req.stream)
 
 
-# ---- the generic path (shim/cublas_calls.tsv) ----
+# ---- the generic path (shim/tables/cublas_calls.tsv) ----
 
 _GENERIC: dict[str, blas_calls.Function] = {}
 

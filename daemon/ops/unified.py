@@ -1,7 +1,7 @@
 """Unified memory handlers (opcodes 500-599): managed allocations, the client's shadows of them,
 and the managed API the daemon serves for real (advice, prefetch, range attributes, attach).
 
-The coherence protocol itself runs in the client (shim/coherence.c): it decides what to flush
+The coherence protocol itself runs in the client (shim/runtime/managed/coherence.c): it decides what to flush
 and fetch. The daemon moves the bytes between pinned staging slots and the managed memory (the
 session's staging area for flushes, the fault channel's for fetches), on a coherence stream of
 the vGPU, and checks that every byte it moves lies inside managed memory of the requesting
@@ -97,8 +97,8 @@ def malloc_managed(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     # The driver packs small managed allocations at 512-byte granularity, so two sessions' could
     # share a page (the client shadows whole pages, and the enforcer moves whole ranges): each
     # gets a 2 MiB range of its own. The client packs its small allocations into ranges it asks
-    # for as `packed` ones (shim/um_pack.c), charged in full: what the program asked for plus the
-    # session's slack; any other allocation is charged at the size asked for.
+    # for as `packed` ones (shim/runtime/managed/um_pack.c), charged in full: what the program
+    # asked for plus the session's slack; any other allocation is charged at the size asked for.
     size = max(req.size, SMALL_MANAGED)
     ptr = vg.broker.allocate(s, "managed", size if packed else req.size,
                              lambda: vg.backend.mem_alloc_managed(size, flags), span=size)

@@ -121,7 +121,7 @@ def _alive(w: Watched) -> bool:
 def untrusted_directory(directory: str) -> str | None:
     """Why pilotd must not serve in `directory` (None: it may): it must be owned by root or by
     pilotd's user and writable by no one else, or another user could have made it first (and
-    replace the sockets in it). The shim checks the same (shim/socket_path.c)."""
+    replace the sockets in it). The shim checks the same (shim/transport/socket_path.c)."""
     st = os.stat(directory)
     if st.st_uid not in (0, os.geteuid()):
         return f"{directory} is owned by another user (uid {st.st_uid})"

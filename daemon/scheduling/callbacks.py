@@ -4,7 +4,7 @@ A callback is a function of the client process, so it must run there, in stream 
 starts once everything queued before it on the stream is done, and nothing queued after it may
 start before it returned. The daemon cannot run it, and cannot give the driver a Python
 callable either (cuLaunchHostFunc takes a C function pointer). So a callback becomes a *gate*
-on the program's stream (shim/gates.h):
+on the program's stream (daemon/native/gates.h):
 
 1. STREAM_CALLBACK (vGPU thread): `arm` takes a slot of pinned host memory and the backend
    enqueues pilot_gate_fire (C, compiled into pilot.shim._proto; it runs on the driver's

@@ -175,6 +175,6 @@ def any_event(s: Session, handle: int) -> Any:
 # ---- DEVICE_INFO ----
 
 
-# ---- peer access and peer copies (shim/api_peer.c) ----
+# ---- peer access and peer copies (shim/runtime/device/api_peer.c) ----
 
 

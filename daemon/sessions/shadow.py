@@ -1,6 +1,6 @@
 """The daemon's side of a unified-memory shadow.
 
-A shadow is the client's private memory at a managed range's own address (shim/coherence.c);
+A shadow is the client's private memory at a managed range's own address (shim/runtime/managed/coherence.c);
 the daemon keeps its extent, the managed segments inside it and the accounting.
 """
 

@@ -13,7 +13,7 @@ mixes their kernels' output). Otherwise it goes to pilotd's log, with a warning,
 It is taken after each synchronizing call Python handles (vgpu/dispatch.py) and sent with that
 call's reply (PILOT_F_DEVICE_OUTPUT), which the shim writes to the program's stdout: in order
 with the program's own output, where the driver would have printed it natively. The C fast path
-gives such calls to Python whenever the file has grown (shim/fast_launch.c).
+gives such calls to Python whenever the file has grown (daemon/native/fast_launch.c).
 
 Before pilotd re-executes itself after a GPU fault, fd 1 is given back its original file
 (`restore`), so the new process starts as the first one did and captures afresh.

@@ -1,4 +1,4 @@
-"""The vGPU's fast path (shim/fast_launch.c): posted launches, small cudaMemcpy H2D/D2H of the
+"""The vGPU's fast path (daemon/native/fast_launch.c): posted launches, small cudaMemcpy H2D/D2H of the
 program's device memory, and cudaDeviceSynchronize / cudaStreamSynchronize, that need nothing of
 Python run in C as the endpoint receives them, on the vGPU thread, without the GIL (copies and
 synchronizations are answered from C too).

@@ -2,7 +2,7 @@
 sessions assigned to it. A call is received, executed and answered on this one thread, with no
 hand-off; that is what keeps a remoted call close to a native one.
 
-The endpoint is served by shim/vgpu_server.c (ZMTP/3.0 on a UNIX socket, called through cffi
+The endpoint is served by daemon/native/vgpu_server.c (ZMTP/3.0 on a UNIX socket, called through cffi
 with the GIL released), which spins briefly before it sleeps and reads each peer's uid/gid/pid
 from the kernel when it accepts the connection.
 

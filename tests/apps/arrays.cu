@@ -1,4 +1,4 @@
-// arrays: CUDA arrays, 3D pitched memory, texture and surface objects (shim/api_array.c,
+// arrays: CUDA arrays, 3D pitched memory, texture and surface objects (shim/runtime/texture/api_array.c,
 // api_memory3d.c, api_texture.c, api_helpers.c; daemon/ops/arrays.py).
 //
 // Each scenario keeps a host model of every array and buffer it writes (bytes, row-major), makes

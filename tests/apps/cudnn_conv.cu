@@ -310,7 +310,7 @@ static void batchnorm(void)
     const float one = 1.0f, zero = 0.0f;
     const double eps = 1e-5, factor = 0.1;
     // twice, as a training loop does (the running statistics start afresh each round), so
-    // under pilot the second round runs on the fast path (shim/fast_library.c)
+    // under pilot the second round runs on the fast path (daemon/native/fast_library.c)
     for (int round = 0; round < 2; round++) {
         CHECK_CUDA(cudaMemcpy(gp + 2 * BC, rmean, sizeof rmean, cudaMemcpyHostToDevice));
         CHECK_CUDA(cudaMemcpy(gp + 3 * BC, rvar, sizeof rvar, cudaMemcpyHostToDevice));

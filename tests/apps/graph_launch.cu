@@ -1,5 +1,5 @@
 // Executable graphs of device work only (kernels, device-to-device copies, memsets), the kind
-// pilotd instantiates as real CUDA graphs (shim/graph_remote.c, daemon/ops/graphs.py): captured
+// pilotd instantiates as real CUDA graphs (shim/runtime/graph/graph_remote.c, daemon/ops/graphs.py): captured
 // and explicit graphs launched many times on other streams, an exec changed after instantiation
 // (kernel parameters, a node disabled, a whole-graph update), memory freed between launches,
 // and two executable graphs of one graph. Prints what native CUDA prints

@@ -1,5 +1,5 @@
 // The stream-ordered allocator and the queries programs and libraries make around it
-// (shim/api_mempool.c): cudaMallocAsync / cudaFreeAsync on streams, the default and a created
+// (shim/runtime/memory/api_mempool.c): cudaMallocAsync / cudaFreeAsync on streams, the default and a created
 // memory pool with their attributes, cudaMallocFromPoolAsync, stream-capture status queries,
 // and cudaInitDevice. Prints one line per check;
 // compared byte for byte with native.

@@ -1,4 +1,4 @@
-// Small managed allocations (pilot packs them into ranges of the session's own, shim/um_pack.c).
+// Small managed allocations (pilot packs them into ranges of the session's own, shim/runtime/managed/um_pack.c).
 // Usage (no argument: zero 3000 700, many 10000 64, reuse, threads and api):
 //   small_managed many N SIZE [hold]  N allocations of SIZE bytes, each filled on the host, every
 //                                     byte incremented by one kernel through a managed pointer

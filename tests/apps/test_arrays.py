@@ -1,5 +1,6 @@
 """CUDA arrays, 3D pitched memory, texture and surface objects: tests/apps/arrays.cu under the
-sim daemon (shim/api_array.c, api_memory3d.c, api_texture.c, api_helpers.c; daemon/ops/arrays.py).
+sim daemon (shim/runtime/texture/api_array.c, api_memory3d.c, api_texture.c, api_helpers.c;
+daemon/ops/arrays.py).
 
 Each scenario checks the device's contents against a host model and prints "<scenario> ok"
 after the lines below, which are what an H100 prints natively too (tests/gpu/run_compare.sh and

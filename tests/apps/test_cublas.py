@@ -166,7 +166,7 @@ def test_a_client_killed_between_gemms_loses_its_handles_and_nothing_else(
 
 
 def test_gemms_and_memsets_run_in_c_with_the_same_results(start_pilotd, app_binaries, blas_env) -> None:
-    """The fast path (shim/fast_library.c) checks and issues the program's GEMMs, cuBLASLt
+    """The fast path (daemon/native/fast_library.c) checks and issues the program's GEMMs, cuBLASLt
     matmuls and memsets without Python; with `fast_launch = false` Python does it all. Both
     print what the H100 prints, and every library call is counted once wherever it ran."""
     preload = blas_env["LD_PRELOAD"]

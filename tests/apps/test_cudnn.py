@@ -91,7 +91,7 @@ def test_a_killed_client_loses_its_descriptors_and_handles(app_binaries, dnn_env
 
 def test_executions_run_in_c_with_the_same_results(start_pilotd, app_binaries, dnn_env) -> None:
     """A plan's executions after its first, and batch normalizations of a shape after its
-    first, run in C (shim/fast_library.c: the variant pack's
+    first, run in C (daemon/native/fast_library.c: the variant pack's
     tensors checked against the plan's, each range the session's); with `fast_launch = false`
     Python runs them all. Both print what the H100 prints, and each execution counts once."""
     argv = [str(app_binaries["cudnn_conv"])]

@@ -1,5 +1,6 @@
 """graph_mem.cu under pilot: graph memory nodes, explicit and captured from cudaMallocAsync /
-cudaFreeAsync (shim/graph_mem.c). Values are computed here; the error names are CUDA 13's for the
+cudaFreeAsync (shim/runtime/graph/graph_mem.c). Values are computed here; the error names are CUDA 13's for
+the
 same calls: tests/gpu/graphs_compare.sh diffs the program natively and under pilot on a GPU
 (H100, 2026-11-27: identical, after three error names were corrected from the native run)."""
 

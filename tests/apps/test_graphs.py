@@ -1,5 +1,5 @@
 """graphs.cu under pilot: CUDA graphs built explicitly and by stream capture, kept and replayed
-by the shim (shim/api_graph.c, shim/graph_capture.c). The values are computed here
+by the shim (shim/runtime/graph/api_graph.c, shim/runtime/graph/graph_capture.c). The values are computed here
 independently; the structure lines and error names are what CUDA 13 gives for the same calls
 (tests/gpu/graphs_compare.sh diffs the program natively and under pilot on a GPU)."""
 

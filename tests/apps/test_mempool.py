@@ -1,4 +1,5 @@
-"""tests/apps/mempool.cu under pilot: the stream-ordered allocator (shim/api_mempool.c), its pools
+"""tests/apps/mempool.cu under pilot: the stream-ordered allocator (shim/runtime/memory/api_mempool.c), its
+pools
 and attributes, and the stream-capture queries. The expected lines are the program's output on
 the H100 natively (tests/gpu/run_compare.sh compares both there)."""
 

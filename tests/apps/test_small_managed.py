@@ -1,4 +1,4 @@
-"""Small managed allocations, packed into ranges of the session's own (shim/um_pack.c):
+"""Small managed allocations, packed into ranges of the session's own (shim/runtime/managed/um_pack.c):
 tests/apps/small_managed.cu under the sim daemon.
 
 Two tenants allocating at the same time never get bytes on one 4 KiB page; bytes a session freed

@@ -2,7 +2,7 @@
 # The driver API on a real GPU (issue 13): tests/apps/driver_api.cu, linked with -lcuda, runs
 # natively and under `pilot run` (libpilot.so + libpilot-cuda.so preloaded), and their stdout must
 # be identical byte for byte. Also records what the machine's real libcuda.so.1 exports against
-# shim/cuda_driver_exports.tsv and whether its symbols are versioned (informational).
+# shim/tables/cuda_driver_exports.tsv and whether its symbols are versioned (informational).
 #
 #   tests/gpu/driver_compare.sh               install pilot (run_compare.sh --install-only), compare
 #   tests/gpu/driver_compare.sh --no-install  pilot is already installed in $PILOT_SITE

@@ -183,7 +183,7 @@ fi
 # Functions libpilot.so does not implement yet (they log their name and return
 # cudaErrorNotSupported): for the note column, which a binary imports.
 STUBS=$WORK/stubs.txt
-awk -F'\t' 'NR > 1 && $4 == "stub" { print $1 }' "$REPO/shim/cudart_exports.tsv" 2>/dev/null | sort -u >"$STUBS"
+awk -F'\t' 'NR > 1 && $4 == "stub" { print $1 }' "$REPO/shim/tables/cudart_exports.tsv" 2>/dev/null | sort -u >"$STUBS"
 
 # ---- filters ----
 

@@ -21,8 +21,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 HACK = REPO / "hack"
-EXPORTS = REPO / "shim" / "cudart_exports.tsv"
-ERRORS = REPO / "shim" / "cuda_errors.tsv"
+EXPORTS = REPO / "shim" / "tables" / "cudart_exports.tsv"
+ERRORS = REPO / "shim" / "tables" / "cuda_errors.tsv"
 NOWHERE = "/nonexistent/pilot-test"
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
@@ -417,7 +417,7 @@ def _shim_sources_complete() -> bool:
     if not build.exists():
         return False
     m = re.search(r"SHIM_SOURCES\s*=\s*\[(.*?)\]", build.read_text(), re.S)
-    names = re.findall(r"[\"']([\w.]+\.c)[\"']", m.group(1)) if m else []
+    names = re.findall(r"[\"']([\w./]+\.c)[\"']", m.group(1)) if m else []
     return bool(names) and all((REPO / "shim" / n).exists() for n in names)
 
 

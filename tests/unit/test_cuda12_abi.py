@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 HACK, SHIM = REPO / "hack", REPO / "shim"
-TABLE12 = SHIM / "cudart12_exports.tsv"
+TABLE12 = SHIM / "tables" / "cudart12_exports.tsv"
 NOWHERE = "/nonexistent/pilot-test"
 
 
@@ -90,7 +90,7 @@ def test_table12_is_current(tmp_path: Path) -> None:
 
 def test_renames_and_hidden_stubs() -> None:
     rows12 = gen.read_tsv(TABLE12)
-    rows13 = gen.read_tsv(SHIM / "cudart_exports.tsv")
+    rows13 = gen.read_tsv(SHIM / "tables" / "cudart_exports.tsv")
     stubs, hidden, renamed = gen.cuda12_plan(rows12, rows13)
     by13 = {r["name"]: r["status"] for r in rows13}
     assert {"cudaGetDeviceProperties", "cudaMemAdvise", "cudaMemPrefetchAsync",
@@ -173,7 +173,7 @@ def test_abi_comparison_reads_prototypes_and_structs() -> None:
 @needs_gcc
 @pytest.mark.skipif(INCLUDE13 is None, reason="CUDA 13 headers missing")
 def test_device_prop_layout_matches_cuda12_headers(tmp_path: Path) -> None:
-    """Every field of shim/cuda12_abi.h's cudaDeviceProp sits where CUDA 12's headers put it,
+    """Every field of shim/runtime/cuda12/cuda12_abi.h's cudaDeviceProp sits where CUDA 12's headers put it,
     with the same size; so does cudaPointerAttributes. (The runtime wheel has no crt/ headers:
     CUDA 13's serve, behind the 12.x ones, as when tests/apps builds CUDA 12 programs.)"""
     src = tmp_path / "layout.c"
@@ -195,7 +195,8 @@ _Static_assert(offsetof(struct cudaPointerAttributes, hostPointer) ==
 _Static_assert(CUDART_VERSION == PILOT_CUDART12_VERSION, "12.x version");
 """)
     res = subprocess.run(["gcc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", f"-I{INCLUDE12}",
-                          f"-I{INCLUDE13}", f"-I{SHIM}", "-fsyntax-only", str(src)],
+                          f"-I{INCLUDE13}", *(f"-I{d}" for d in build.INCLUDE_DIRS),
+                          "-fsyntax-only", str(src)],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 
@@ -248,10 +249,11 @@ def compat(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
         pytest.skip("gcc or nm not installed")
     d = tmp_path_factory.mktemp("compat")
     build.generate_tables(d / "gen", 12)
-    flags = ["-std=gnu11", "-fPIC", "-Wall", "-Wextra", "-Werror", f"-I{SHIM}", f"-I{d / 'gen'}",
+    flags = ["-std=gnu11", "-fPIC", "-Wall", "-Wextra", "-Werror", *(f"-I{i}" for i in build.INCLUDE_DIRS),
+             f"-I{d / 'gen'}",
              f"-I{build.cuda_include_dir()}", *build.shared_source_flags(12, d / "gen")]
     obj = d / "compat.o"
-    subprocess.run(["gcc", *flags, "-c", str(SHIM / "cuda12_compat.c"), "-o", str(obj)], check=True)
+    subprocess.run(["gcc", *flags, "-c", str(SHIM / build.CUDA12_SOURCES[0]), "-o", str(obj)], check=True)
     (d / "harness.c").write_text(HARNESS)
     undefined = subprocess.run(["nm", "-u", str(obj)], capture_output=True, text=True,
                                check=True).stdout.split()

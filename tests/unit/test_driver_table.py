@@ -1,4 +1,4 @@
-"""The driver API's hook table (shim/cuda_driver_exports.tsv), its generated C (drv_gen.c) and
+"""The driver API's hook table (shim/tables/cuda_driver_exports.tsv), its generated C (drv_gen.c) and
 the consistency check's driver part. Needs no GPU; compiling tests skip without gcc."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pilot.shim import driver_path
 
 REPO = Path(__file__).resolve().parents[2]
 HACK = REPO / "hack"
-TABLE = REPO / "shim" / "cuda_driver_exports.tsv"
+TABLE = REPO / "shim" / "tables" / "cuda_driver_exports.tsv"
 INCLUDE = Path("/usr/local/cuda/include")
 needs_headers = pytest.mark.skipif(not (INCLUDE / "cuda.h").exists(), reason="no CUDA headers")
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
@@ -63,7 +63,8 @@ def test_generated_c_compiles(tmp_path: Path) -> None:
                     str(INCLUDE)], check=True)
     text = (tmp_path / "drv_gen.c").read_text()
     res = subprocess.run(["gcc", "-fsyntax-only", "-Wall", "-Wextra", "-std=gnu11",
-                          f"-I{REPO / 'shim'}", str(tmp_path / "drv_gen.c")],
+                          f"-I{REPO / 'shim' / 'driver'}", f"-I{REPO / 'shim' / 'transport'}",
+                          f"-I{REPO / 'shim' / 'bridge'}", str(tmp_path / "drv_gen.c")],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     procs = [line.split('"')[1] for line in text.splitlines() if line.startswith('    {"cu')
@@ -77,7 +78,7 @@ def test_generated_c_compiles(tmp_path: Path) -> None:
 def test_check_flags_a_stub_defined_by_hand(tmp_path: Path) -> None:
     shim = tmp_path / "shim"
     shim.mkdir()
-    for src in (REPO / "shim").glob("drv_*.c"):
+    for src in (REPO / "shim" / "driver").glob("drv_*.c"):
         shutil.copy(src, shim)
     (shim / "drv_extra.c").write_text("int cuGraphCreate(void *g, unsigned f)\n{\n    return 0;\n}\n"
                                       "int cuNotInTheTable(void)\n{\n    return 0;\n}\n")

@@ -1,4 +1,4 @@
-"""cuGetExportTable of libpilot-cuda.so (shim/drv_export.c), called as a static runtime calls it:
+"""cuGetExportTable of libpilot-cuda.so (shim/driver/drv_export.c), called as a static runtime calls it:
 by UUID, then through the table's entries. Run in a child process (the library is loaded
 there)."""
 

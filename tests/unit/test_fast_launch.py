@@ -1,4 +1,4 @@
-"""shim/fast_launch.c through cffi: which messages it launches, with what, and which it leaves
+"""daemon/native/fast_launch.c through cffi: which messages it launches, with what, and which it leaves
 to Python (FAST_PYTHON) or to Python first, to learn from (FAST_LEARN)."""
 
 from __future__ import annotations

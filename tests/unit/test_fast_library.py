@@ -1,4 +1,4 @@
-"""shim/fast_library.c through cffi: which cuBLAS GEMMs, cuBLASLt matmuls and memsets it checks
+"""daemon/native/fast_library.c through cffi: which cuBLAS GEMMs, cuBLASLt matmuls and memsets it checks
 and issues in C (the generic callback standing for the library), and which it leaves to Python
 (FAST_PYTHON) or to Python first, to learn from (FAST_LEARN)."""
 

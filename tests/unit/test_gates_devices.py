@@ -1,4 +1,4 @@
-"""Host-callback gates in the sim backend and in shim/gates.c, a session's own legacy stream,
+"""Host-callback gates in the sim backend and in daemon/native/gates.c, a session's own legacy stream,
 and the pieces of a session that spans devices (daemon/devices.py)."""
 
 from __future__ import annotations

@@ -215,7 +215,7 @@ def test_sim_lt_matmul_bias_relu_in_bf16() -> None:
     np.testing.assert_allclose(got, ref, rtol=1e-2)
 
 
-# ---- the generic path (shim/cublas_calls.tsv, cublas_families.tsv, backends/blas_calls.py) ----
+# ---- the generic path (shim/tables/cublas_calls.tsv, cublas_families.tsv, backends/blas_calls.py) ----
 
 def test_every_family_of_the_tables_has_ranges_and_an_emulation() -> None:
     from pilot.daemon.backends import blas_calls

@@ -1,4 +1,4 @@
-"""The CUDA library stand-ins' tables (shim/cublas_exports.tsv, cublasLt_exports.tsv,
+"""The CUDA library stand-ins' tables (shim/tables/cublas_exports.tsv, cublasLt_exports.tsv,
 cudnn_exports.tsv), their
 generated stubs and the consistency check's library part. Needs no GPU and no cuBLAS."""
 
@@ -73,9 +73,9 @@ def test_check_passes_on_the_built_stand_ins() -> None:
 def test_check_flags_sources_that_disagree_with_the_table(tmp_path: Path) -> None:
     for name in ("cublas_exports.tsv", "cublasLt_exports.tsv", "cublaslt_api.c", "cublas_calls.tsv",
                  "cudnn_exports.tsv", "cudnn_api.c"):
-        shutil.copy(REPO / "shim" / name, tmp_path / name)
+        shutil.copy(check.shim_file(REPO / "shim", name), tmp_path / name)
     # a stub row defined by hand, and an export missing from the table
-    (tmp_path / "cublas_api.c").write_text((REPO / "shim" / "cublas_api.c").read_text() + (
+    (tmp_path / "cublas_api.c").write_text((REPO / "shim" / "libs" / "cublas_api.c").read_text() + (
         "\nPILOT_BLAS_EXPORT int cublasSrot_v2(void) { return 0; }\n"
         "PILOT_BLAS_EXPORT int cublasNotAFunction(void) { return 0; }\n"))
     rep = check.Report()
@@ -126,6 +126,7 @@ def test_generated_generic_calls_compile_warning_free(tmp_path: Path) -> None:
                                         gen.read_tsv(gen.CUBLAS_FAMILIES), gen.CUBLAS_CALLS))
     include = "/usr/local/cuda/include"
     proc = subprocess.run(["gcc", "-c", "-std=gnu11", "-Wall", "-Wextra", "-Werror",
-                           f"-I{REPO / 'shim'}", f"-I{include}", "-o", str(tmp_path / "x.o"),
+                           f"-I{REPO / 'shim' / 'libs'}", f"-I{REPO / 'shim' / 'bridge'}",
+                           f"-I{REPO / 'shim' / 'transport'}", f"-I{include}", "-o", str(tmp_path / "x.o"),
                            str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -1,4 +1,4 @@
-"""The backend calls behind shim/api_misc.c: stream priorities, limits, function attributes,
+"""The backend calls behind shim/runtime/misc/api_misc.c: stream priorities, limits, function attributes,
 occupancy, pitched allocations, 2D copies and memsets. The sim backend with nvcc-built images
 (its answers are the H100's, CUDA 13.0, driver 580); the cuda backend's plumbing with a
 recording stand-in for cuda.bindings.driver; and the image parsing of func_attrs.py."""

@@ -29,11 +29,12 @@ def test_every_shim_source_compiles_without_warnings(tmp_path, cuda):
     gen = tmp_path / "gen"
     generated = build.generate_tables(gen, cuda)
     hand = build.hand_written_sources(cuda)
-    others = [p for p in SHIM.glob("*.c")
+    others = [p for p in [*SHIM.rglob("*.c"), *build.NATIVE_DIR.glob("*.c")]
               if p not in hand and not p.name.startswith("cuda12_")]  # vgpu_server.c: cffi's
     assert len(hand) > 10 and all(p.exists() for p in hand)
-    base = ["gcc", "-std=gnu11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Werror", f"-I{SHIM}",
-            f"-I{gen}", f"-I{build.cuda_include_dir()}"]
+    base = ["gcc", "-std=gnu11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Werror",
+            *(f"-I{d}" for d in [*build.INCLUDE_DIRS, build.NATIVE_DIR]), f"-I{gen}",
+            f"-I{build.cuda_include_dir()}"]
     for src, flags in ([(p, build.shared_source_flags(cuda, gen)) for p in hand]
                        + [(p, []) for p in generated + others]):
         out = subprocess.run([*base, *flags, "-c", str(src), "-o", str(tmp_path / "x.o")],

@@ -1,5 +1,5 @@
 // What cuBLAS prints for each bad argument of the GEMM family (its xerbla line: function name and
-// argument number), natively: the table shim/cublas_api.c reproduces. Run on the GPU machine:
+// argument number), natively: the table shim/libs/cublas_api.c reproduces. Run on the GPU machine:
 //   nvcc -o xerbla_probe xerbla_probe.cu -lcublas && ./xerbla_probe
 #include <cublas_v2.h>
 #include <cstdio>
@@ -39,7 +39,7 @@ int main()
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         std::fflush(stdout);
     }
-    // the generic path's families: each check of shim/cublas_families.tsv once
+    // the generic path's families: each check of shim/tables/cublas_families.tsv once
     std::printf("== gemv\n");
     std::fflush(stdout);
     cublasOperation_t bad = (cublasOperation_t)7, N = CUBLAS_OP_N;
