@@ -355,7 +355,8 @@ def test_ever_new_descriptor_sets_and_shapes_do_not_grow_what_c_keeps(h: Harness
     for i in range(2100):
         plan(h, records=RECORDS + i.to_bytes(4, "little"))
     # the last ones are kept, the first were dropped with the table
-    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS + (2099).to_bytes(4, "little"))) == FAST_DONE
+    last = RECORDS + (2099).to_bytes(4, "little")
+    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), last)) == FAST_DONE
     assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS + (0).to_bytes(4, "little"))) == FAST_LEARN
     lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, lib.PILOT_FAST_CUDNN)
     for n in range(1, 301):
