@@ -129,6 +129,13 @@ def noargs_kernel(k: SimLaunch) -> None:
     """An empty kernel."""
 
 
+@sim_kernel("_Z14never_launchedPi")
+def never_launched(k: SimLaunch) -> None:
+    """preload.cu's kernel that is only resolved ahead, never launched: *p = 1 (every thread)."""
+    if k.grid[0] * k.block[0] > 0:
+        k.write(k.ptr(0), struct.pack("<i", 1))
+
+
 # ---- streams_events.cu ----
 
 @sim_kernel("_Z7producePfi")
