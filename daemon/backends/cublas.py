@@ -46,6 +46,7 @@ from pilot.daemon.backends.libraries import (
     GemmCall,
     LibraryError,
     LtCall,
+    lt_pointer_attr,
 )
 
 SONAMES = {LIB_CUBLAS: "libcublas.so.13", LIB_CUBLASLT: "libcublasLt.so.13"}
@@ -219,7 +220,8 @@ class CudaLibraries:
     def fast_functions(self) -> dict[int, int]:
         """The loaded libraries' functions fast_library.c calls (enum pilot_fast_libfn)."""
         out: dict[int, int] = {}
-        names = {LIB_CUBLAS: _FAST_BLAS, LIB_CUBLASLT: {7: "cublasLtMatmul"}}
+        names = {LIB_CUBLAS: _FAST_BLAS,
+                 LIB_CUBLASLT: {7: "cublasLtMatmul", 33: "cublasLtMatmulDescSetAttribute"}}
         for library, table in names.items():
             lib = self._libs.get(library)
             if lib is None:
@@ -377,7 +379,16 @@ class CudaLibraries:
                 if old_key[:1] == b"M":
                     state.lt_evicted.append(old_key[1:])
             state.lt_cache[key] = made
+        self._lt_pointers(made[0][1], call)
         return made
+
+    def _lt_pointers(self, desc: int, call: LtCall) -> None:
+        """This call's buffers onto the matmul descriptor: the set's key leaves them out
+        (ops/libraries.py lt_set_key), so a cached descriptor holds another call's."""
+        for attr, value in call.attrs.get(LT_DESC, {}).items():
+            if lt_pointer_attr(LT_DESC, attr):
+                buf = ctypes.create_string_buffer(bytes(value), len(value))
+                self._call(LIB_CUBLASLT, "cublasLtMatmulDescSetAttribute", desc, attr, buf, len(value))
 
     def lt_matmul(self, state: HandleState, call: LtCall, key: bytes, stream: int) -> None:
         made = self._lt_objects(state, call, key, False)

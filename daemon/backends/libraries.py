@@ -16,6 +16,7 @@ from pilot.daemon.backends.base import (
     CUDA_ERROR_UNKNOWN,
     BackendError,
 )
+from pilot.daemon.protocol import lib
 
 LIB_CUBLAS, LIB_CUBLASLT, LIB_CUDNN = 1, 2, 3  # pilot_library (shim/transport/pilot_proto.h)
 LIBRARY_NAMES = {LIB_CUBLAS: "cuBLAS", LIB_CUBLASLT: "cuBLASLt", LIB_CUDNN: "cuDNN"}
@@ -181,6 +182,11 @@ class Layout:
         if self.order == ORDER_COL:
             return matrix_span(self.rows, self.cols, self.ld, elem, self.batch, self.stride)
         return matrix_span(self.cols, self.rows, self.ld, elem, self.batch, self.stride)
+
+
+def lt_pointer_attr(obj: int, attr: int) -> bool:
+    """Whether the attribute holds a device pointer (PILOT_LT_POINTER_ATTRS, pilot_proto.h)."""
+    return obj == LT_DESC and attr < 64 and bool(lib.PILOT_LT_POINTER_ATTRS >> attr & 1)
 
 
 @dataclass

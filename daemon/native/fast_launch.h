@@ -180,7 +180,8 @@ enum pilot_fast_libfn {
     PILOT_FAST_DNN_BN_FORWARD = 30,    /* cudnnBatchNormalizationForwardTrainingEx */
     PILOT_FAST_DNN_BN_BACKWARD = 31,   /* cudnnBatchNormalizationBackwardEx */
     PILOT_FAST_GRAPH_LAUNCH = 32,      /* cuGraphLaunch */
-    PILOT_FAST_LIBFNS = 33
+    PILOT_FAST_LT_DESC_SET = 33,       /* cublasLtMatmulDescSetAttribute (a call's pointers) */
+    PILOT_FAST_LIBFNS = 34
 };
 /* The session's executable graph `token` (the program's handle) is pilotd's CUgraphExec
  * `graph_exec` (the sim: a value standing for its graph); 0 forgets it. Its launches run here
@@ -213,10 +214,13 @@ int pilot_fast_dnn_plan(pilot_fast *f, uint32_t conn, uint64_t token, uint64_t p
                         uint64_t workspace_size, const int64_t *uids, const uint64_t *spans,
                         uint32_t n, int python_only);
 /* A cuBLASLt descriptor set of handle `token`: the attribute records the stand-in sends (frame
- * 2 of BLASLT_MATMUL, compared byte for byte), the real descriptors (matmul, A, B, C, D), the
- * spans in bytes of A, B, C and D as the layouts give them, and `nfixed` (pointer, span) pairs
- * the records themselves name (bias, scale pointers), checked again at every call. Registered
- * only for host-memory scalars. descs NULL: forget the set. Returns 0, or -1. */
+ * 2 of BLASLT_MATMUL) with the values of pointer attributes blanked (PILOT_LT_POINTER_ATTRS;
+ * compared byte for byte with a call's records blanked the same way), the real descriptors
+ * (matmul, A, B, C, D), the spans in bytes of A, B, C and D as the layouts give them, and
+ * `nfixed` (attribute, span) pairs: every pointer attribute the records hold (bias, scale
+ * pointers), whose value each call gives, is checked against the session and set on the matmul
+ * descriptor before the call. Registered only for host-memory scalars. descs NULL: forget the
+ * set. Returns 0, or -1. */
 int pilot_fast_lt_plan(pilot_fast *f, uint32_t conn, uint64_t token, const uint8_t *records,
                        uint32_t len, const uint64_t *descs, const uint64_t *spans,
                        const uint64_t *fixed, uint32_t nfixed);

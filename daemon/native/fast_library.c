@@ -29,8 +29,8 @@ struct lt_plan {
     uint64_t descs[5];   /* matmul, A, B, C, D */
     uint64_t spans[4];   /* A, B, C, D */
     uint32_t nfixed;
-    uint64_t *fixed;     /* (pointer, span) pairs named by the records */
-    uint8_t records[];   /* `len` bytes */
+    uint64_t *fixed;     /* (attribute, span): the pointer attributes the records hold */
+    uint8_t records[];   /* `len` bytes, pointer values blanked (lt_blank) */
 };
 
 typedef int (*dnn_set_stream_fn)(uint64_t handle, uint64_t stream);
@@ -56,6 +56,7 @@ typedef int (*gemm_ex_strided_fn)(uint64_t h, int ta, int tb, int m, int n, int 
                                   uint64_t b, int btype, int ldb, long long sb, const void *beta,
                                   uint64_t c, int ctype, int ldc, long long sc, int batch,
                                   int compute, int algo);
+typedef int (*lt_desc_set_fn)(uint64_t desc, int attr, const void *value, size_t size);
 typedef int (*lt_matmul_fn)(uint64_t h, uint64_t desc, const void *alpha, uint64_t a, uint64_t adesc,
                             uint64_t b, uint64_t bdesc, const void *beta, uint64_t c, uint64_t cdesc,
                             uint64_t d, uint64_t ddesc, const void *algo, uint64_t workspace,
@@ -212,6 +213,42 @@ int pilot_fast_library_handle(pilot_fast *f, uint32_t conn, uint64_t token, uint
 static uint64_t plan_key(uint64_t token, const uint8_t *records, uint32_t len)
 {
     return hash_bytes(token * 0x9e3779b97f4a7c15ULL, records, len);
+}
+
+/* Records of at most this many bytes are looked up here (a matmul's five descriptors hold far
+ * fewer); longer ones go to Python. */
+#define LT_RECORDS_MAX 4096
+
+static int is_pointer_attr(const pilot_lt_attr *rec)
+{
+    return rec->object == PILOT_LT_DESC && rec->attr < 64 &&
+           ((uint64_t)PILOT_LT_POINTER_ATTRS >> rec->attr & 1);
+}
+
+/* Copies `len` bytes of records into `out` with the values of pointer attributes blanked (how
+ * Python keys the set: ops/libraries.py lt_set_key) and each of those values into `ptrs` by
+ * attribute number (0 where absent); -1 for records that do not parse (Python reports them). */
+static int lt_blank(const uint8_t *records, uint32_t len, uint8_t *out, uint64_t ptrs[64])
+{
+    memcpy(out, records, len);
+    memset(ptrs, 0, 64 * sizeof *ptrs);
+    for (uint32_t at = 0; at < len;) {
+        pilot_lt_attr rec;
+        if (len - at < sizeof rec)
+            return -1;
+        memcpy(&rec, records + at, sizeof rec);
+        uint64_t padded = ((uint64_t)rec.size + 7) & ~(uint64_t)7;
+        if (!rec.size || padded > len - at - sizeof rec)
+            return -1;
+        if (is_pointer_attr(&rec)) {
+            if (rec.size != sizeof(uint64_t))
+                return -1;
+            memcpy(&ptrs[rec.attr], records + at + sizeof rec, sizeof(uint64_t));
+            memset(out + at + sizeof rec, 0, (size_t)padded);
+        }
+        at += (uint32_t)(sizeof rec + padded);
+    }
+    return 0;
 }
 
 static struct lt_plan *find_plan(const struct fconn *c, uint64_t token, const uint8_t *records,
@@ -464,7 +501,13 @@ static int try_lt(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m, int *l
         return FAST_LEARN;
     if (h->kind == PILOT_FAST_CUDNN)
         return FAST_PYTHON;
-    const struct lt_plan *p = find_plan(c, r.handle, m->frame[2], m->len[2]);
+    /* the set without the buffers its pointer attributes name: a step's matmuls name new bias
+     * copies each time (autocast) and are still the same descriptors */
+    uint8_t blank[LT_RECORDS_MAX];
+    uint64_t named[64];
+    if (m->len[2] > sizeof blank || lt_blank(m->frame[2], m->len[2], blank, named) != 0)
+        return FAST_PYTHON;
+    const struct lt_plan *p = find_plan(c, r.handle, blank, m->len[2]);
     if (!p)
         return FAST_LEARN; /* Python builds the descriptors and registers them */
     if (!p->descs[0] || !p->spans[3])
@@ -473,9 +516,16 @@ static int try_lt(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m, int *l
     for (int i = 0; i < 4; i++)
         if ((ptrs[i] || i == 3) && !in_session(c, ptrs[i], (int64_t)p->spans[i]))
             return FAST_PYTHON;
-    for (uint32_t i = 0; i < p->nfixed; i++)
-        if (!in_session(c, p->fixed[2 * i], (int64_t)p->fixed[2 * i + 1]))
+    uint64_t checked = 0;
+    for (uint32_t i = 0; i < p->nfixed; i++) {
+        uint64_t attr = p->fixed[2 * i];
+        if (attr >= 64 || !named[attr] || !in_session(c, named[attr], (int64_t)p->fixed[2 * i + 1]))
             return FAST_PYTHON;
+        checked |= 1ull << attr;
+    }
+    for (unsigned attr = 0; attr < 64; attr++)
+        if (named[attr] && !(checked >> attr & 1))
+            return FAST_PYTHON; /* a pointer Python did not size for this set */
     if (r.workspace_size && !fast_owns(c, r.workspace, r.workspace_size))
         return FAST_PYTHON;
     uint64_t stream = fast_stream(c, r.stream);
@@ -487,6 +537,12 @@ static int try_lt(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m, int *l
                               m->len[2]);
     } else {
         lt_matmul_fn call = (lt_matmul_fn)f->libfns[PILOT_FAST_LT_MATMUL];
+        lt_desc_set_fn set = (lt_desc_set_fn)f->libfns[PILOT_FAST_LT_DESC_SET];
+        if (p->nfixed && !set)
+            return FAST_PYTHON;
+        for (uint32_t i = 0; i < p->nfixed; i++) /* this call's buffers onto the descriptor */
+            if (set(p->descs[0], (int)p->fixed[2 * i], &named[p->fixed[2 * i]], sizeof(uint64_t)))
+                return FAST_PYTHON;
         uint64_t alpha[2], beta[2], algo[8];
         memcpy(alpha, r.alpha, sizeof alpha);
         memcpy(beta, r.beta, sizeof beta);

@@ -67,6 +67,7 @@ from pilot.daemon.backends.libraries import (
     GemmCall,
     LibraryError,
     LtCall,
+    lt_pointer_attr,
     matrix_span,
     type_size,
 )
@@ -105,14 +106,32 @@ class LibraryHandle:
             backend.library_release(self.obj)
 
     def records(self, payload: memoryview) -> tuple[bytes, dict[int, dict[int, bytes]]]:
-        key = bytes(payload)
-        attrs = self.parsed.get(key)
+        """The descriptor set's key (lt_set_key) and the call's attributes, its pointers too."""
+        raw = bytes(payload)
+        attrs = self.parsed.get(raw)
         if attrs is None:
             attrs = parse_records(payload)
             if len(self.parsed) >= 64:
                 self.parsed.pop(next(iter(self.parsed)))
-            self.parsed[key] = attrs
-        return key, attrs
+            self.parsed[raw] = attrs
+        return lt_set_key(raw), attrs
+
+
+def lt_set_key(records: bytes) -> bytes:
+    """The records with the values of pointer attributes (PILOT_LT_POINTER_ATTRS) blanked: a
+    descriptor set is the same set whatever buffers it names (under autocast a step's bias is a
+    new copy each time), so its descriptors are built once and each call's pointers applied
+    (backends/cublas.py; fast_library.c blanks a call's records the same way). Records that do
+    not parse are returned as they are (parse_records refuses them)."""
+    blank = bytearray(records)
+    at = 0
+    while at + 8 <= len(blank):
+        obj, attr, size = struct.unpack_from("<HHI", blank, at)
+        padded = (size + 7) & ~7
+        if lt_pointer_attr(obj, attr):
+            blank[at + 8:at + 8 + padded] = bytes(min(padded, max(0, len(blank) - at - 8)))
+        at += 8 + padded
+    return bytes(blank)
 
 
 def library_handle(s: Session, number: int, *libraries: int) -> LibraryHandle:
@@ -433,6 +452,9 @@ class LtRanges:
     fixed: list[tuple[int, int]]
     device_scalars: bool
     scale_size: int
+    # (attribute, span) of each pointer attribute the records hold, for the fast path: it checks
+    # and applies each call's value of these (fast_library.c)
+    pointer_spans: list[tuple[int, int]] = field(default_factory=list)
 
 
 def lt_ranges(call: LtCall) -> LtRanges:
@@ -445,12 +467,14 @@ def lt_ranges(call: LtCall) -> LtRanges:
     if mode not in (POINTER_MODE_HOST, POINTER_MODE_DEVICE):
         raise LibraryError(STATUS_NOT_SUPPORTED, f"pointer mode {mode}")
     fixed: list[tuple[int, int]] = []
+    pointer_spans: list[tuple[int, int]] = []
     for ptr_attr, mode_attr in DESC_SCALAR_POINTERS.items():
         ptr = v(LT_DESC, ptr_attr, signed=False)
         if ptr and mode_attr is not None and v(LT_DESC, mode_attr):
             raise LibraryError(STATUS_NOT_SUPPORTED, f"scale mode {v(LT_DESC, mode_attr)}")
         if ptr:
             fixed.append((ptr, 4))
+            pointer_spans.append((ptr_attr, 4))
     layouts = {}
     for obj in (LT_A, LT_B, LT_C, LT_D):
         if v(obj, LAYOUT_BATCH_MODE) or v(obj, LAYOUT_PLANE_OFFSET):
@@ -466,10 +490,13 @@ def lt_ranges(call: LtCall) -> LtRanges:
         dtype = v(LT_DESC, DESC_BIAS_DATA_TYPE, -1)
         elem = type_size(d.dtype if dtype == -1 else dtype, "bias")
         stride = v(LT_DESC, DESC_BIAS_BATCH_STRIDE)
-        fixed.append((bias, matrix_span(length, 1, length, elem, d.batch, max(stride, 0))))
+        span = matrix_span(length, 1, length, elem, d.batch, max(stride, 0))
+        fixed.append((bias, span))
+        pointer_spans.append((DESC_BIAS_POINTER, span))
     device = mode == POINTER_MODE_DEVICE
     return LtRanges({obj: lay.span() for obj, lay in layouts.items()}, fixed, device,
-                    type_size(v(LT_DESC, DESC_SCALE_TYPE), "scale") if device else 0)
+                    type_size(v(LT_DESC, DESC_SCALE_TYPE), "scale") if device else 0,
+                    pointer_spans)
 
 
 def check_lt(s: Session, call: LtCall, r: LtRanges | None = None) -> int:

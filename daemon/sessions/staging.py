@@ -62,16 +62,18 @@ class Staging:
         return self.view[start:start + count]
 
     def close(self, backend: Backend) -> None:
-        if self._registered:
-            backend.host_unregister(self.address)
-            self._registered = False
-        self.view.release()
-        del self._anchor
-        self.map.close()
+        """Unpin, unmap and unlink; the memory is let go of even when unpinning fails (a
+        context a kernel fault corrupted), and that failure is raised afterwards."""
         try:
-            os.unlink(self.path)  # normally the client already did
-        except FileNotFoundError:
-            pass
+            if self._registered:
+                self._registered = False
+                backend.host_unregister(self.address)
+        finally:
+            self.view.release()
+            del self._anchor
+            self.map.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)  # normally the client already did
 
 
 SPARE_TAG = "spare"
@@ -164,7 +166,8 @@ class StagingSpares:
                 if not self._closing:
                     self._spares[kind].append(area)
                     continue
-            area.close(self._backend)
+            with contextlib.suppress(Exception):  # closing: close() may find a faulted context
+                area.close(self._backend)
             return
 
     def close(self) -> None:
@@ -178,4 +181,7 @@ class StagingSpares:
             for v in self._spares.values():
                 v.clear()
         for area in spares:
-            area.close(self._backend)
+            try:
+                area.close(self._backend)
+            except Exception as exc:  # a faulted context cannot unpin: the process ends anyway
+                log.debug("spare staging area %s: %s", area.path, exc)

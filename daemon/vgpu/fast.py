@@ -336,9 +336,10 @@ class FastLaunches:
         self.lt_forget_evicted(s, token, h)
         descs = None if ranges.device_scalars else self.vg.backend.fast_lt_descriptors(h.obj, key)
         spans = [ranges.spans[obj] for obj in (LT_A, LT_B, LT_C, LT_D)]
-        fixed = [v for pair in ranges.fixed for v in pair]
+        # each pointer attribute's span: C checks and applies every call's value of it
+        fixed = [v for pair in ranges.pointer_spans for v in pair]
         if lib.pilot_fast_lt_plan(self.ptr, s.identity, token, key, len(key), descs or [0] * 5,
-                                  spans, fixed or ffi.NULL, len(ranges.fixed)) != 0:
+                                  spans, fixed or ffi.NULL, len(ranges.pointer_spans)) != 0:
             raise MemoryError("pilot_fast_lt_plan")
 
     def lt_forget_evicted(self, s: Session, token: int, h: Any) -> None:

@@ -483,9 +483,7 @@ static size_t scale_size(cublasLtMatmulDesc_t op)
  * through their alignment, as the header documents for the bias pointer) and the device, so the
  * same question gets the library's earlier answer without a round trip to pilotd. */
 #define HEURISTIC_CACHE 64
-#define POINTER_ATTRS_MASK ((1ull << 8) | (1ull << 11) | (1ull << 17) | (1ull << 18) | \
-                            (1ull << 19) | (1ull << 20) | (1ull << 21) | (1ull << 23) | \
-                            (1ull << 24) | (1ull << 36))
+#define POINTER_ATTRS_MASK ((uint64_t)PILOT_LT_POINTER_ATTRS)
 
 struct heuristic_answer {
     uint8_t *key;

@@ -869,6 +869,12 @@ enum pilot_lt_object {
     PILOT_LT_PREFERENCE = 5           /* cublasLtMatmulPreference_t (the heuristic query) */
 };
 
+/* Matmul descriptor attributes (PILOT_LT_DESC) that hold device pointers, as a mask of attribute
+ * numbers: bias 8, epilogue aux 11, A/B/C/D scale 17-20, amax D 21, aux scale 23, aux amax 24,
+ * D out scale 36. A descriptor set is the same set whatever buffers they name: pilotd keys its
+ * descriptors on the records with these values blanked and applies each call's values. */
+#define PILOT_LT_POINTER_ATTRS 0x1001be0900
+
 typedef struct pilot_lt_attr {
     uint16_t object;                  /* pilot_lt_object */
     uint16_t attr;                    /* the library's attribute number */

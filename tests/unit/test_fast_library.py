@@ -4,11 +4,13 @@ and issues in C (the generic callback standing for the library), and which it le
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import pytest
 
 from pilot.daemon.backends.libraries import TYPE_SIZES
+from pilot.daemon.ops.libraries import lt_set_key
 from pilot.daemon.protocol import ffi, lib
 
 FAST_PYTHON, FAST_DONE, FAST_LEARN = 0, 1, 2
@@ -141,7 +143,13 @@ def lt(**fields: int) -> Any:
     return req
 
 
-RECORDS = b"records of the descriptors"
+def rec(obj: int, attr: int, value: int) -> bytes:
+    """One pilot_lt_attr record of an 8-byte value, as the stand-in writes them."""
+    return struct.pack("<HHIQ", obj, attr, 8, value)
+
+
+LT_DESC, BIAS = 0, 8  # pilot_lt_object; CUBLASLT_MATMUL_DESC_BIAS_POINTER
+RECORDS = rec(LT_DESC, 0, 68) + rec(LT_DESC, 1, 0) + rec(1, 2, 64)  # compute, scale type, A rows
 
 
 def plan(h: Harness, records: bytes = RECORDS, spans: tuple[int, ...] = (4096, 4096, 0, 4096),
@@ -159,14 +167,16 @@ def test_a_matmul_runs_here_once_its_records_are_known(h: Harness) -> None:
     assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS)) == FAST_DONE
     assert h.calls[-1][3] == RECORDS
     # other records (another bias, another shape) are other descriptors: learnt first
-    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS + b"!")) == FAST_LEARN
+    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS + rec(1, 3, 64))) == FAST_LEARN
+    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS + b"!")) == FAST_PYTHON  # malformed
     assert h.counts().lt_matmuls == 1
 
 
 def test_a_matmul_whose_ranges_are_not_the_sessions_goes_to_python(h: Harness) -> None:
     lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, 0)
-    plan(h, fixed=(BASE - 64, 32))  # a bias the records name, outside the session
-    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS)) == FAST_PYTHON
+    biased = RECORDS + rec(LT_DESC, BIAS, BASE - 64)  # a bias the records name, outside the session
+    plan(h, records=blank(biased), fixed=(BIAS, 32))
+    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), biased)) == FAST_PYTHON
     plan(h)
     assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(d=BASE + SIZE - 16), RECORDS)) == FAST_PYTHON
     assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(workspace=BASE + SIZE, workspace_size=256),
@@ -174,6 +184,34 @@ def test_a_matmul_whose_ranges_are_not_the_sessions_goes_to_python(h: Harness) -
     plan(h, descs=[0] * 5)  # a set Python keeps (scalars in device memory): no learning loop
     assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS)) == FAST_PYTHON
     assert h.calls == []
+
+
+def blank(records: bytes) -> bytes:
+    """The set's key as Python gives it to C (ops/libraries.py lt_set_key)."""
+    return lt_set_key(records)
+
+
+def test_a_set_is_the_same_whatever_buffers_its_pointers_name(h: Harness) -> None:
+    """Issue 25: under autocast each step's bias is a new copy; the descriptor set is learnt once
+    and every call's bias is checked against the session and passed on as the call gives it."""
+    lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, 0)
+    first = RECORDS + rec(LT_DESC, BIAS, BASE + 12288)
+    assert lt_set_key(first) == lt_set_key(RECORDS + rec(LT_DESC, BIAS, BASE + 16384)) != first
+    plan(h, records=blank(first), fixed=(BIAS, 256))
+    for bias in (BASE + 12288, BASE + 16384, BASE + 20480):
+        records = RECORDS + rec(LT_DESC, BIAS, bias)
+        assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), records)) == FAST_DONE
+        assert h.calls[-1][3] == records  # this call's pointer, not the first one's
+    # a bias outside the session, or one whose range would end outside it: Python
+    outside = RECORDS + rec(LT_DESC, BIAS, BASE - 4096)
+    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), outside)) == FAST_PYTHON
+    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(),
+                        RECORDS + rec(LT_DESC, BIAS, BASE + SIZE - 128))) == FAST_PYTHON
+    # a pointer attribute Python did not size for the set (a scale pointer): Python
+    scaled = first + rec(LT_DESC, 17, BASE)
+    plan(h, records=blank(scaled), fixed=(BIAS, 256))
+    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), scaled)) == FAST_PYTHON
+    assert h.counts().lt_matmuls == 3
 
 
 def test_forgetting_a_handle_forgets_its_descriptor_sets(h: Harness) -> None:
@@ -353,11 +391,10 @@ def test_ever_new_descriptor_sets_and_shapes_do_not_grow_what_c_keeps(h: Harness
     again what is used)."""
     lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, lib.PILOT_FAST_CUBLAS)
     for i in range(2100):
-        plan(h, records=RECORDS + i.to_bytes(4, "little"))
+        plan(h, records=RECORDS + rec(1, 3, i))
     # the last ones are kept, the first were dropped with the table
-    last = RECORDS + (2099).to_bytes(4, "little")
-    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), last)) == FAST_DONE
-    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS + (0).to_bytes(4, "little"))) == FAST_LEARN
+    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS + rec(1, 3, 2099))) == FAST_DONE
+    assert h.try_(h.msg(lib.PILOT_OP_BLASLT_MATMUL, lt(), RECORDS + rec(1, 3, 0))) == FAST_LEARN
     lib.pilot_fast_library_handle(h.f, CONN, HANDLE, 0x1234, lib.PILOT_FAST_CUDNN)
     for n in range(1, 301):
         shape = bn()

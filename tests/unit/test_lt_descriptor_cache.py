@@ -15,6 +15,7 @@ class Builder:
     def __init__(self) -> None:
         self.built = 0
         self.destroyed = 0
+        self.applied: list[tuple[int, Any]] = []
 
     def _lt_build(self, call: Any, with_pref: bool) -> list[tuple[str, int]]:
         self.built += 1
@@ -22,6 +23,9 @@ class Builder:
 
     def _lt_destroy(self, made: list[tuple[str, int]]) -> None:
         self.destroyed += 1
+
+    def _lt_pointers(self, desc: int, call: Any) -> None:
+        self.applied.append((desc, call))
 
 
 def objects(b: Builder, state: HandleState, key: bytes) -> Any:
@@ -48,3 +52,13 @@ def test_a_working_set_within_the_bound_is_built_once() -> None:
         for k in keys:
             objects(b, state, k)
     assert b.built == 300 and b.destroyed == 0
+
+
+def test_every_call_applies_its_own_pointers_to_the_cached_descriptors() -> None:
+    """The set's key leaves the pointers out (lt_set_key): a cached descriptor holds another
+    call's bias until this call's is set on it."""
+    b, state = Builder(), HandleState(library=2, device=0, ptr=1)
+    first = CudaLibraries._lt_objects(b, state, "call 1", b"set", False)  # type: ignore[arg-type]
+    again = CudaLibraries._lt_objects(b, state, "call 2", b"set", False)  # type: ignore[arg-type]
+    assert again is first and b.built == 1
+    assert b.applied == [(first[0][1], "call 1"), (first[0][1], "call 2")]
