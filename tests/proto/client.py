@@ -12,9 +12,16 @@ from pilot.daemon.protocol import ffi, lib, new, to_bytes
 TIMEOUT_MS = 5000
 
 
+# One context for every client, never collected: a context garbage-collected while its sockets
+# are collected in the same pass waits in term() for them forever (a test that dropped a client
+# without close() hung the whole suite in an unrelated test's garbage collection).
+_CONTEXT = zmq.Context.instance()
+
+
 class ProtoClient:
     def __init__(self, socket_path: str) -> None:
-        self.ctx = zmq.Context()
+        self.ctx = _CONTEXT
+        self._sockets: list[zmq.Socket] = []
         self.main = self._connect(socket_path)
         self.vgpu: zmq.Socket | None = None
         self.session = 0
@@ -23,11 +30,14 @@ class ProtoClient:
     def _connect(self, path: str) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        self._sockets.append(sock)
         sock.connect(f"ipc://{path}")
         return sock
 
     def close(self) -> None:
-        self.ctx.destroy(0)
+        for sock in self._sockets:
+            sock.close(0)
+        self._sockets.clear()
 
     def envelope(self, op: int, flags: int = 0, session: int | None = None,
                  version: int | None = None) -> bytes:
