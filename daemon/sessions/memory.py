@@ -85,7 +85,10 @@ class MemoryTables:
     def owns_allocation_range(self, ptr: int, count: int) -> bool:
         """[ptr, ptr+count) lies inside one of this session's own device allocations."""
         i = bisect.bisect_right(self._bases, ptr) - 1
-        return _within(self._bases, self.allocations, ptr, count) and self._bases[i] not in self.managed
+        if i < 0:
+            return False
+        base = self._bases[i]
+        return ptr + count <= base + self.allocations[base] and base not in self.managed
 
     def add_symbol(self, module: int, ptr: int, size: int) -> None:
         """Record a variable of the session's module `module` (a handle) as its memory."""

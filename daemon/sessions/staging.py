@@ -26,6 +26,11 @@ SLOTS = 8
 SHM_DIR = "/dev/shm"
 
 
+def _given_to_client(uid: int) -> bool:
+    """Whether an area is chowned to its client: pilotd runs as root and the client does not."""
+    return os.geteuid() == 0 and uid != 0
+
+
 class Staging:
     def __init__(self, backend: Backend, session_id: int | str, uid: int, gid: int,
                  slot_bytes: int = SLOT_BYTES, slots: int = SLOTS) -> None:
@@ -35,7 +40,7 @@ class Staging:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, size)
-            if os.geteuid() == 0 and uid != 0:
+            if _given_to_client(uid):
                 os.fchown(fd, uid, gid)  # the client maps it and then unlinks it
             self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
@@ -52,7 +57,7 @@ class Staging:
     def hand_to(self, uid: int, gid: int) -> None:
         """Give an area made for no one (a spare) to the user whose program maps it. The file is
         pilotd's own, made with O_EXCL in the sticky /dev/shm: no one else can have replaced it."""
-        if os.geteuid() == 0 and uid != 0:
+        if _given_to_client(uid):
             os.chown(self.path, uid, gid, follow_symlinks=False)
 
     def slot(self, index: int, count: int) -> memoryview:
