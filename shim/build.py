@@ -76,6 +76,7 @@ SHIM_SOURCES = [
     "runtime/stream/callbacks.c",
     "runtime/device/device_props.c",
     "bridge/driver_ops.c",
+    "runtime/graph/graph_model.c",
     "runtime/graph/api_graph.c",
     "runtime/graph/graph_capture.c",
     "runtime/graph/graph_remote.c",

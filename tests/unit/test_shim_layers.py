@@ -54,12 +54,8 @@ NATIVE_LAYERS = {
 KNOWN_RUNTIME_CIRCLE = frozenset("runtime/" + name for name in (
     "device/api_device.c",
     "device/api_peer.c",
-    "graph/api_graph.c",
     "graph/graph_capture.c",
     "graph/graph_mem.c",
-    "graph/graph_remote.c",
-    "launch/api_launch.c",
-    "launch/api_symbols.c",
     "managed/api_managed.c",
     "managed/coherence.c",
     "managed/um_pack.c",

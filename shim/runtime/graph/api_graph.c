@@ -7,13 +7,13 @@
  * launch is correct but never runs two branches of the graph at once, and costs what issuing its
  * nodes one by one costs.
  *
- * Handles are pointers to the shim's objects, but every call looks a handle up in a registry of
- * live objects before it touches it: a destroyed or made-up handle is cudaErrorInvalidValue, never
+ * Handles are pointers to the shim's objects (graph_model.c keeps them), but every call looks a
+ * handle up in a registry of live objects before it touches it: a destroyed or made-up handle is cudaErrorInvalidValue, never
  * a crash. Kernel arguments are copied when a node is created or set (kernelParams point into the
  * caller's stack), with the parameter sizes the daemon reported for the kernel. A kernel node's
  * attributes are kept with it (struct gkattrs): its priority is applied when it is issued, the
  * hints only answered back. Graph memory (allocation and free) nodes keep their allocations in
- * graph_mem.c; a graph that has them cannot be cloned, be a child graph, lose nodes or edges,
+ * graph_model.c's table, their memory made and freed by graph_mem.c; a graph that has them cannot be cloned, be a child graph, lose nodes or edges,
  * or have two executable graphs at once, and an update must keep its allocations, as in CUDA. Not
  * carried (cudaErrorNotSupported, logged once): memcpy nodes with CUDA arrays, kernel nodes given
  * their arguments through `extra`, conditional nodes, external semaphores, device launch,
@@ -26,12 +26,7 @@
 #include "graph_remote.h"
 #include "log.h"
 
-#define GRAPH_MAGIC 0x47524150u
-#define NODE_MAGIC 0x4e4f4445u
 #define EXEC_MAGIC 0x45584543u
-#define PATTERN_MAX (64u << 20) /* a memset node's row whose value bytes differ: copied from here */
-
-pthread_mutex_t pilot_graph_lock = PTHREAD_MUTEX_INITIALIZER;
 
 struct gexec {
     uint32_t magic;
@@ -53,242 +48,15 @@ static void exec_changed(struct gexec *e)
         e->remote.state = GREMOTE_UNTRIED;
 }
 
-/* ---- the registry of live objects: an open-addressed set of pointers ---- */
-
-static void **g_live;
-static size_t g_live_cap, g_live_used; /* used counts tombstones too */
-#define TOMB ((void *)1)
-
-static size_t slot_of(const void *p, size_t cap)
-{
-    uintptr_t x = (uintptr_t)p;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    return (size_t)x & (cap - 1);
-}
-
-static int live_has(const void *p)
-{
-    if (!p || !g_live_cap)
-        return 0;
-    for (size_t i = slot_of(p, g_live_cap), n = 0; n < g_live_cap; i = (i + 1) & (g_live_cap - 1), n++) {
-        if (g_live[i] == p)
-            return 1;
-        if (!g_live[i])
-            return 0;
-    }
-    return 0;
-}
-
-static int live_add(void *p)
-{
-    if ((g_live_used + 1) * 2 > g_live_cap) { /* rebuilt at most a quarter full, tombstones gone */
-        size_t live = 0;
-        for (size_t i = 0; i < g_live_cap; i++)
-            live += g_live[i] && g_live[i] != TOMB;
-        size_t cap = g_live_cap ? g_live_cap : 256;
-        while ((live + 1) * 4 > cap)
-            cap *= 2;
-        void **table = calloc(cap, sizeof *table);
-        if (!table)
-            return -1;
-        size_t used = 0;
-        for (size_t i = 0; i < g_live_cap; i++)
-            if (g_live[i] && g_live[i] != TOMB) {
-                size_t j = slot_of(g_live[i], cap);
-                while (table[j])
-                    j = (j + 1) & (cap - 1);
-                table[j] = g_live[i];
-                used++;
-            }
-        free(g_live);
-        g_live = table;
-        g_live_cap = cap;
-        g_live_used = used;
-    }
-    size_t i = slot_of(p, g_live_cap);
-    while (g_live[i] && g_live[i] != TOMB)
-        i = (i + 1) & (g_live_cap - 1);
-    if (!g_live[i])
-        g_live_used++;
-    g_live[i] = p;
-    return 0;
-}
-
-static void live_del(const void *p)
-{
-    if (!g_live_cap)
-        return;
-    for (size_t i = slot_of(p, g_live_cap), n = 0; n < g_live_cap && g_live[i];
-         i = (i + 1) & (g_live_cap - 1), n++)
-        if (g_live[i] == p) {
-            g_live[i] = TOMB;
-            return;
-        }
-}
-
-struct ggraph *pilot_graph_get(cudaGraph_t h)
-{
-    struct ggraph *g = (struct ggraph *)h;
-    return live_has(g) && g->magic == GRAPH_MAGIC ? g : NULL;
-}
-
-struct gnode *pilot_node_get(cudaGraphNode_t h)
-{
-    struct gnode *n = (struct gnode *)h;
-    return live_has(n) && n->magic == NODE_MAGIC ? n : NULL;
-}
-
 static struct gexec *exec_get(cudaGraphExec_t h)
 {
     struct gexec *e = (struct gexec *)h;
-    return live_has(e) && e->magic == EXEC_MAGIC ? e : NULL;
-}
-
-/* ---- graphs and nodes ---- */
-
-static int grow(void *array, size_t *cap, size_t need, size_t size)
-{
-    if (need <= *cap)
-        return 0;
-    size_t n = *cap ? *cap * 2 : 4;
-    while (n < need)
-        n *= 2;
-    void *p = realloc(*(void **)array, n * size);
-    if (!p)
-        return -1;
-    *(void **)array = p;
-    *cap = n;
-    return 0;
-}
-
-struct ggraph *pilot_graph_new(void)
-{
-    struct ggraph *g = calloc(1, sizeof *g);
-    if (!g)
-        return NULL;
-    g->magic = GRAPH_MAGIC;
-    if (live_add(g)) {
-        free(g);
-        return NULL;
-    }
-    return g;
-}
-
-static void node_free_params(struct gnode *n)
-{
-    if (n->lib) {
-        free(n->lib->req);
-        free(n->lib->payload);
-        free(n->lib);
-        n->lib = NULL;
-    }
-    if (n->type == cudaGraphNodeTypeKernel) {
-        free(n->u.k.buf);
-        free(n->u.k.args);
-        free(n->u.k.offsets);
-        free(n->u.k.sizes);
-    } else if (n->type == cudaGraphNodeTypeMemset) {
-        free(n->u.set.pattern);
-    } else if (n->type == cudaGraphNodeTypeGraph && n->u.child) {
-        pilot_graph_free(n->u.child);
-    } else if (n->type == cudaGraphNodeTypeMemAlloc && n->u.alloc.mem) {
-        free(n->u.alloc.descs);
-        pilot_gmem_unref(n->u.alloc.mem, n->orig != NULL); /* copies come from instantiation */
-    } else if (n->type == cudaGraphNodeTypeMemFree && n->u.freed) {
-        pilot_gmem_unref(n->u.freed, 0);
-    }
-}
-
-static void node_free(struct gnode *n)
-{
-    live_del(n);
-    n->magic = 0;
-    node_free_params(n);
-    free(n->kattrs); /* kept across new parameters, as CUDA keeps a node's attributes */
-    free(n->deps);
-    free(n->outs);
-    free(n);
-}
-
-void pilot_graph_free(struct ggraph *g)
-{
-    if (!g)
-        return;
-    live_del(g);
-    g->magic = 0;
-    for (size_t i = 0; i < g->count; i++)
-        node_free(g->nodes[i]);
-    free(g->nodes);
-    free(g);
-}
-
-static int edge_add(struct gnode *from, struct gnode *to)
-{
-    if (grow(&from->outs, &from->cap_outs, from->nouts + 1, sizeof *from->outs) ||
-        grow(&to->deps, &to->cap_deps, to->ndeps + 1, sizeof *to->deps))
-        return -1;
-    from->outs[from->nouts++] = to;
-    to->deps[to->ndeps++] = from;
-    return 0;
-}
-
-static void remove_ptr(struct gnode **array, size_t *count, const struct gnode *p)
-{
-    for (size_t i = 0; i < *count; i++)
-        if (array[i] == p) {
-            memmove(&array[i], &array[i + 1], (*count - i - 1) * sizeof *array);
-            (*count)--;
-            return;
-        }
-}
-
-static int has_edge(const struct gnode *from, const struct gnode *to)
-{
-    for (size_t i = 0; i < from->nouts; i++)
-        if (from->outs[i] == to)
-            return 1;
-    return 0;
-}
-
-static uint64_t g_seq;
-
-struct gnode *pilot_node_add(struct ggraph *g, enum cudaGraphNodeType type, struct gnode *const *deps,
-                             size_t ndeps)
-{
-    struct gnode *n = calloc(1, sizeof *n);
-    if (!n || grow(&g->nodes, &g->cap, g->count + 1, sizeof *g->nodes) || live_add(n)) {
-        free(n);
-        return NULL;
-    }
-    n->magic = NODE_MAGIC;
-    n->type = type;
-    n->graph = g;
-    n->enabled = 1;
-    n->seq = ++g_seq;
-    g->nodes[g->count++] = n;
-    for (size_t i = 0; i < ndeps; i++)
-        if (!has_edge(deps[i], n) && edge_add(deps[i], n)) {
-            pilot_node_destroy(n);
-            return NULL;
-        }
-    return n;
-}
-
-void pilot_node_destroy(struct gnode *n)
-{
-    for (size_t i = 0; i < n->ndeps; i++)
-        remove_ptr(n->deps[i]->outs, &n->deps[i]->nouts, n);
-    for (size_t i = 0; i < n->nouts; i++)
-        remove_ptr(n->outs[i]->deps, &n->outs[i]->ndeps, n);
-    remove_ptr(n->graph->nodes, &n->graph->count, n);
-    node_free(n);
+    return pilot_graph_live_has(e) && e->magic == EXEC_MAGIC ? e : NULL;
 }
 
 /* ---- node parameters ---- */
 
-static int g_logged_extra, g_logged_array;
+static int g_logged_extra;
 
 /* The kernel a cudaKernelNodeParams.func names (a host stub or a cudaKernel_t of ours), resolved
  * on the current device: its parameter layout. Without the lock (may ask the daemon). */
@@ -306,45 +74,6 @@ static cudaError_t kernel_of(const void *func, struct pilot_kernel **kernel,
         return err;
     pilot_kernel_info(k, dev, info);
     *kernel = k;
-    return cudaSuccess;
-}
-
-/* Fills a kernel node from a packed argument buffer (info: the kernel's layout). */
-cudaError_t pilot_node_set_kernel_packed(struct gnode *n, struct pilot_kernel *kernel, void *func,
-                                         dim3 grid, dim3 block, unsigned shared,
-                                         const struct pilot_kernel_launch_info *info,
-                                         const unsigned char *buf)
-{
-    uint32_t np = info->nparams;
-    unsigned char *copy = malloc(info->arg_bytes ? info->arg_bytes : 1);
-    void **args = calloc(np ? np : 1, sizeof *args);
-    uint32_t *offsets = calloc(np ? np : 1, sizeof *offsets);
-    uint32_t *sizes = calloc(np ? np : 1, sizeof *sizes);
-    if (!copy || !args || !offsets || !sizes) {
-        free(copy);
-        free(args);
-        free(offsets);
-        free(sizes);
-        return cudaErrorMemoryAllocation;
-    }
-    memcpy(copy, buf, info->arg_bytes);
-    for (uint32_t i = 0; i < np; i++) {
-        offsets[i] = info->params[i].offset;
-        sizes[i] = info->params[i].size;
-        args[i] = copy + offsets[i];
-    }
-    node_free_params(n);
-    n->u.k.kernel = kernel;
-    n->u.k.func = func;
-    n->u.k.grid = grid;
-    n->u.k.block = block;
-    n->u.k.shared = shared;
-    n->u.k.nparams = np;
-    n->u.k.arg_bytes = info->arg_bytes;
-    n->u.k.offsets = offsets;
-    n->u.k.sizes = sizes;
-    n->u.k.buf = copy;
-    n->u.k.args = args;
     return cudaSuccess;
 }
 
@@ -369,73 +98,6 @@ static cudaError_t pack_kernel(const struct cudaKernelNodeParams *p,
     return cudaSuccess;
 }
 
-static int has_array(const struct cudaMemcpy3DParms *p)
-{
-    if (!p->srcArray && !p->dstArray)
-        return 0;
-    if (!__atomic_exchange_n(&g_logged_array, 1, __ATOMIC_RELAXED))
-        LOG_WARN("memcpy graph nodes with CUDA arrays are not supported by pilot");
-    return 1;
-}
-
-cudaError_t pilot_node_set_copy(struct gnode *n, const struct cudaMemcpy3DParms *p)
-{
-    if (has_array(p))
-        return cudaErrorNotSupported;
-    if ((unsigned)p->kind > cudaMemcpyDefault)
-        return cudaErrorInvalidMemcpyDirection;
-    if (!p->extent.width || !p->extent.height || !p->extent.depth)
-        return cudaErrorInvalidValue;
-    n->u.copy.p = *p;
-    return cudaSuccess;
-}
-
-cudaError_t pilot_node_set_copy_1d(struct gnode *n, void *dst, const void *src, size_t count,
-                                   enum cudaMemcpyKind kind)
-{
-    if ((unsigned)kind > cudaMemcpyDefault)
-        return cudaErrorInvalidMemcpyDirection;
-    if (!count)
-        return cudaErrorInvalidValue;
-    struct cudaMemcpy3DParms p = {0};
-    p.srcPtr = (struct cudaPitchedPtr){.ptr = (void *)src, .pitch = count, .xsize = count, .ysize = 1};
-    p.dstPtr = (struct cudaPitchedPtr){.ptr = dst, .pitch = count, .xsize = count, .ysize = 1};
-    p.extent = (struct cudaExtent){.width = count, .height = 1, .depth = 1};
-    p.kind = kind;
-    n->u.copy.p = p;
-    return cudaSuccess;
-}
-
-cudaError_t pilot_node_set_memset(struct gnode *n, const struct cudaMemsetParams *p)
-{
-    unsigned e = p->elementSize;
-    if (e != 1 && e != 2 && e != 4)
-        return cudaErrorInvalidValue;
-    if (!p->dst || !p->width || !p->height)
-        return cudaErrorInvalidValue;
-    if (p->height > 1 && p->width * e > p->pitch)
-        return cudaErrorInvalidValue;
-    unsigned char bytes[4];
-    memcpy(bytes, &p->value, 4); /* little-endian: the element's bytes in memory order */
-    int uniform = 1;
-    for (unsigned i = 1; i < e; i++)
-        uniform &= bytes[i] == bytes[0];
-    unsigned char *pattern = NULL;
-    if (!uniform) {
-        /* The daemon sets bytes; a row of 16- or 32-bit values whose bytes differ is copied. */
-        if (p->width > PATTERN_MAX / e)
-            return cudaErrorNotSupported;
-        if (!(pattern = malloc(p->width * e)))
-            return cudaErrorMemoryAllocation;
-        for (size_t i = 0; i < p->width; i++)
-            memcpy(pattern + i * e, bytes, e);
-    }
-    free(n->u.set.pattern);
-    n->u.set.p = *p;
-    n->u.set.pattern = pattern;
-    return cudaSuccess;
-}
-
 /* ---- copies ---- */
 
 static cudaError_t node_copy_params(struct gnode *dst, const struct gnode *src);
@@ -453,29 +115,6 @@ struct gnode *pilot_node_copy(struct ggraph *g, const struct gnode *src)
         return NULL;
     }
     return n;
-}
-
-cudaError_t pilot_node_set_library(struct gnode *n, const struct glib *call)
-{
-    struct glib *lib = malloc(sizeof *lib);
-    unsigned char *req = malloc(call->req_len ? call->req_len : 1);
-    unsigned char *payload = malloc(call->payload_len ? call->payload_len : 1);
-    if (!lib || !req || !payload) {
-        free(lib);
-        free(req);
-        free(payload);
-        return cudaErrorMemoryAllocation;
-    }
-    memcpy(req, call->req, call->req_len);
-    if (call->payload_len)
-        memcpy(payload, call->payload, call->payload_len);
-    node_free_params(n);
-    memset(&n->u.k, 0, sizeof n->u.k);
-    *lib = *call;
-    lib->req = req;
-    lib->payload = payload;
-    n->lib = lib;
-    return cudaSuccess;
 }
 
 /* A library node on the launch stream: its request again, with that stream's handle. */
@@ -570,7 +209,7 @@ struct ggraph *pilot_graph_clone(const struct ggraph *src)
     for (size_t i = 0; i < src->count; i++) {
         const struct gnode *from = src->nodes[i];
         for (size_t j = 0; j < from->nouts; j++) {
-            if (edge_add(g->nodes[i], g->nodes[from->outs[j]->index])) {
+            if (pilot_graph_edge_add(g->nodes[i], g->nodes[from->outs[j]->index])) {
                 pilot_graph_free(g);
                 return NULL;
             }
@@ -655,17 +294,6 @@ cudaError_t pilot_node_issue(const struct gnode *n, cudaStream_t stream)
     }
 }
 
-int pilot_graph_has_mem_nodes(const struct ggraph *g)
-{
-    for (size_t i = 0; i < g->count; i++) {
-        const struct gnode *n = g->nodes[i];
-        if (n->type == cudaGraphNodeTypeMemAlloc || n->type == cudaGraphNodeTypeMemFree ||
-            (n->type == cudaGraphNodeTypeGraph && pilot_graph_has_mem_nodes(n->u.child)))
-            return 1;
-    }
-    return 0;
-}
-
 /* 1 if an allocation node of g (or of a child graph moved into it) has a copy in an executable
  * graph: CUDA allows one executable graph at a time for a graph with memory nodes. */
 static int has_exec(const struct ggraph *g)
@@ -706,7 +334,7 @@ static int order_graph(struct gexec *e, const struct ggraph *g, size_t *cap)
                 ready[tail++] = node->outs[j];
         if (node->type == cudaGraphNodeTypeGraph) {
             rc = order_graph(e, node->u.child, cap); /* renumbers the child's nodes only */
-        } else if (grow(&e->order, cap, e->count + 1, sizeof *e->order)) {
+        } else if (pilot_graph_grow(&e->order, cap, e->count + 1, sizeof *e->order)) {
             rc = -2;
         } else {
             e->order[e->count++] = node;
@@ -722,9 +350,9 @@ static int order_graph(struct gexec *e, const struct ggraph *g, size_t *cap)
 /* An exec's copy is its own: no program handle may reach its graph, nodes or child graphs. */
 static void unregister(const struct ggraph *g)
 {
-    live_del(g);
+    pilot_graph_live_del(g);
     for (size_t i = 0; i < g->count; i++) {
-        live_del(g->nodes[i]);
+        pilot_graph_live_del(g->nodes[i]);
         if (g->nodes[i]->type == cudaGraphNodeTypeGraph)
             unregister(g->nodes[i]->u.child);
     }
@@ -732,7 +360,7 @@ static void unregister(const struct ggraph *g)
 
 static void exec_free(struct gexec *e)
 {
-    live_del(e);
+    pilot_graph_live_del(e);
     e->magic = 0;
     pilot_graph_free(e->graph);
     free(e->order);
@@ -797,41 +425,6 @@ PILOT_EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t graph)
     cudaError_t err = graph_destroy(graph);
     pthread_mutex_unlock(&pilot_graph_lock);
     pilot_gmem_drain(); /* allocations no node names any more */
-    PILOT_RETURN(err);
-}
-
-/* Checks a graph and a dependency list given to an Add call: every dependency a node of g. */
-static cudaError_t check_add(cudaGraphNode_t *pNode, cudaGraph_t graph,
-                             const cudaGraphNode_t *deps, size_t ndeps, struct ggraph **g)
-{
-    if (!pNode || !(*g = pilot_graph_get(graph)) || (ndeps && !deps))
-        return cudaErrorInvalidValue;
-    for (size_t i = 0; i < ndeps; i++) {
-        struct gnode *d = pilot_node_get(deps[i]);
-        if (!d || d->graph != *g)
-            return cudaErrorInvalidValue;
-        for (size_t j = 0; j < i; j++)
-            if (deps[j] == deps[i])
-                return cudaErrorInvalidValue; /* a dependency named twice */
-    }
-    return cudaSuccess;
-}
-
-cudaError_t pilot_graph_add(cudaGraphNode_t *pNode, cudaGraph_t graph, const cudaGraphNode_t *deps,
-                            size_t ndeps, enum cudaGraphNodeType type,
-                            cudaError_t (*fill)(struct gnode *, const void *), const void *arg)
-{
-    pthread_mutex_lock(&pilot_graph_lock);
-    struct ggraph *g = NULL;
-    cudaError_t err = check_add(pNode, graph, deps, ndeps, &g);
-    struct gnode *n = NULL;
-    if (err == cudaSuccess && !(n = pilot_node_add(g, type, (struct gnode *const *)deps, ndeps)))
-        err = cudaErrorMemoryAllocation;
-    if (err == cudaSuccess && fill && (err = fill(n, arg)))
-        pilot_node_destroy(n);
-    else if (err == cudaSuccess)
-        *pNode = (cudaGraphNode_t)n;
-    pthread_mutex_unlock(&pilot_graph_lock);
     PILOT_RETURN(err);
 }
 
@@ -1102,10 +695,10 @@ static cudaError_t add_dependencies(cudaGraph_t graph, const cudaGraphNode_t *fr
     if (err)
         return err;
     for (size_t i = 0; i < n; i++)
-        if (has_edge((struct gnode *)from[i], (struct gnode *)to[i]))
+        if (pilot_graph_has_edge((struct gnode *)from[i], (struct gnode *)to[i]))
             return cudaErrorInvalidValue;
     for (size_t i = 0; i < n; i++)
-        if (edge_add((struct gnode *)from[i], (struct gnode *)to[i]))
+        if (pilot_graph_edge_add((struct gnode *)from[i], (struct gnode *)to[i]))
             return cudaErrorMemoryAllocation;
     return cudaSuccess;
 }
@@ -1129,12 +722,12 @@ static cudaError_t remove_dependencies(cudaGraph_t graph, const cudaGraphNode_t 
     if (pilot_graph_has_mem_nodes(g))
         return cudaErrorNotSupported; /* and so do its edges */
     for (size_t i = 0; i < n; i++)
-        if (!has_edge((struct gnode *)from[i], (struct gnode *)to[i]))
+        if (!pilot_graph_has_edge((struct gnode *)from[i], (struct gnode *)to[i]))
             return cudaErrorInvalidValue;
     for (size_t i = 0; i < n; i++) {
         struct gnode *a = (struct gnode *)from[i], *b = (struct gnode *)to[i];
-        remove_ptr(a->outs, &a->nouts, b);
-        remove_ptr(b->deps, &b->ndeps, a);
+        pilot_graph_remove_ptr(a->outs, &a->nouts, b);
+        pilot_graph_remove_ptr(b->deps, &b->ndeps, a);
     }
     return cudaSuccess;
 }
@@ -1726,7 +1319,7 @@ static cudaError_t instantiate(cudaGraphExec_t *out, cudaGraph_t graph, unsigned
     int rc = -2;
     if ((e->graph = pilot_graph_clone(g)))
         rc = order_graph(e, e->graph, &cap);
-    if (rc == 0 && live_add(e))
+    if (rc == 0 && pilot_graph_live_add(e))
         rc = -2;
     if (rc) {
         if (result && rc == -1)

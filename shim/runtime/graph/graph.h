@@ -1,5 +1,6 @@
-/* CUDA graphs in the shim: the objects api_graph.c keeps (graphs, nodes, executable graphs) and
- * what stream capture (graph_capture.c) needs of them. Nothing here reaches the daemon: a graph
+/* CUDA graphs in the shim: the graph model (graph_model.c: graphs, nodes, their lock and
+ * registry, graph allocations' references), what stream capture (graph_capture.c) and the graph
+ * API (api_graph.c: executable graphs) share. Nothing here reaches the daemon: a graph
  * is the program's list of operations, and launching an executable graph issues them, in a
  * topological order, on the launch stream through the shim's ordinary entry points. */
 #ifndef PILOT_GRAPH_H
@@ -103,6 +104,19 @@ struct gnode {
  * objects; nothing that reaches the daemon is called with it held. */
 extern pthread_mutex_t pilot_graph_lock;
 
+/* The registry of live handles (graph_model.c; under the lock): every graph, node and
+ * executable graph is registered while it lives, so a made-up handle is never touched. */
+int pilot_graph_live_has(const void *p);
+int pilot_graph_live_add(void *p); /* -1: out of memory */
+void pilot_graph_live_del(const void *p);
+/* Grows *array (of elements of `size` bytes, capacity *cap) to hold need; -1: out of memory. */
+int pilot_graph_grow(void *array, size_t *cap, size_t need, size_t size);
+/* Edges between two nodes of one graph: added (-1: out of memory), a pointer removed from an
+ * edge list, and whether from -> to exists. */
+int pilot_graph_edge_add(struct gnode *from, struct gnode *to);
+void pilot_graph_remove_ptr(struct gnode **array, size_t *count, const struct gnode *p);
+int pilot_graph_has_edge(const struct gnode *from, const struct gnode *to);
+
 /* Handle checks (under the lock): the object if h is a live one of that kind, else NULL. */
 struct ggraph *pilot_graph_get(cudaGraph_t h);
 struct gnode *pilot_node_get(cudaGraphNode_t h);
@@ -135,7 +149,7 @@ struct ggraph *pilot_graph_clone(const struct ggraph *src); /* nodes' orig = src
 /* Issues one node's work on a stream (a program's cudaStream_t). */
 cudaError_t pilot_node_issue(const struct gnode *n, cudaStream_t stream);
 
-/* The common part of every cudaGraphAdd*Node (api_graph.c): checks graph and dependencies, adds
+/* The common part of every cudaGraphAdd*Node (graph_model.c): checks graph and dependencies, adds
  * the node, lets fill() set its parameters under the lock, and undoes the node if that fails. */
 cudaError_t pilot_graph_add(cudaGraphNode_t *pNode, cudaGraph_t graph, const cudaGraphNode_t *deps,
                             size_t ndeps, enum cudaGraphNodeType type,
@@ -144,7 +158,7 @@ cudaError_t pilot_graph_add(cudaGraphNode_t *pNode, cudaGraph_t graph, const cud
  * child graph cannot have them). Under the lock. */
 int pilot_graph_has_mem_nodes(const struct ggraph *g);
 /* Marks `from` and every node they depend on, directly or not, with a new mark (*mark); 0 if
- * out of memory. Under the lock (graph_capture.c). */
+ * out of memory. Under the lock. */
 int pilot_graph_mark_ancestors(struct gnode *const *from, size_t n, uint64_t *mark);
 
 /* ---- graph_mem.c ---- */
@@ -169,6 +183,19 @@ void pilot_gmem_unref(struct gmem *m, int exec_alloc);
 void pilot_gmem_drain(void);
 /* In a forked child: the parent's graph allocations are not this process's to free or track. */
 void pilot_gmem_forget(void);
+/* The table of graph allocations (graph_model.c, beside the nodes that hold them; graph_mem.c
+ * makes and frees their memory): m entered (takes the lock); the released ones taken to be
+ * freed (NULL if none; takes the lock); 1 if some wait to be freed. */
+void pilot_gmem_track(struct gmem *m);
+struct gmem *pilot_gmem_take_released(void);
+int pilot_gmem_released_pending(void);
+/* cudaFree or cudaFreeAsync of ptr (takes the lock): 0 if no graph allocated it, else 1 with
+ * *err set (cudaErrorInvalidValue if it is not allocated now) and the allocation released. */
+int pilot_gmem_user_release(void *ptr, cudaError_t *err);
+/* The bytes of graph allocations on device now and at most since the last reset (takes the
+ * lock); the high watermark reset to the current value. */
+void pilot_gmem_usage(int device, unsigned long long *current, unsigned long long *high);
+void pilot_gmem_reset_high(int device);
 /* Fills an allocation node (under the lock): n->u.alloc from p and m, a reference taken
  * (exec_alloc: n is a copy in an executable graph). */
 cudaError_t pilot_gmem_fill_alloc(struct gnode *n, const struct cudaMemAllocNodeParams *p,

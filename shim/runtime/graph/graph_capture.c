@@ -64,7 +64,7 @@ static struct capture *g_captures;
 static struct cstream *g_streams;
 static struct cevent *g_events;
 static int g_active; /* captures under way: the hot paths' one check */
-static uint64_t g_next_id, g_mark;
+static uint64_t g_next_id;
 static __thread enum cudaStreamCaptureMode t_mode = cudaStreamCaptureModeGlobal;
 
 int pilot_capture_any(void)
@@ -714,38 +714,6 @@ PILOT_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream,
 {
     return cudaStreamBeginCaptureToGraph(stream ? stream : cudaStreamPerThread, graph, dependencies,
                                          dependencyData, numDependencies, mode);
-}
-
-/* Marks every node the origin's dependency set depends on (itself included) with `mark`,
- * without recursion (a capture of a long loop is a chain of as many nodes). 0: out of memory. */
-int pilot_graph_mark_ancestors(struct gnode *const *from, size_t n, uint64_t *out)
-{
-    uint64_t mark = *out = ++g_mark;
-    size_t cap = n + 16, top = 0;
-    struct gnode **stack = malloc(cap * sizeof *stack);
-    if (!stack)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        stack[top++] = from[i];
-    while (top) {
-        struct gnode *node = stack[--top];
-        if (node->mark == mark)
-            continue;
-        node->mark = mark;
-        if (top + node->ndeps > cap) {
-            cap = (top + node->ndeps) * 2;
-            struct gnode **bigger = realloc(stack, cap * sizeof *stack);
-            if (!bigger) {
-                free(stack);
-                return 0;
-            }
-            stack = bigger;
-        }
-        for (size_t i = 0; i < node->ndeps; i++)
-            stack[top++] = node->deps[i];
-    }
-    free(stack);
-    return 1;
 }
 
 /* 1 if every stream that joined the capture was joined back into the origin stream. */

@@ -1,6 +1,8 @@
 /* Graph memory nodes: cudaGraphAddMemAllocNode / cudaGraphAddMemFreeNode, and cudaMallocAsync /
  * cudaFreeAsync captured from a stream (graph_capture.c), with the device's graph memory
  * attributes.
+ * The table of allocations and the nodes' references on them are graph_model.c's (below stream
+ * capture); this file makes and frees their memory, through the memory API.
  *
  * CUDA gives an allocation node its address when the node is made and keeps it across
  * instantiations and launches; memory is mapped when the node runs and may be reused by later
@@ -26,11 +28,6 @@
 
 #include "graph.h"
 #include "log.h"
-
-static struct gmem *g_mems;     /* every allocation some node names or the program holds */
-static struct gmem *g_dead;     /* released, to be freed by pilot_gmem_drain */
-static int g_count;             /* entries in g_mems: cudaFree's one check while none exists */
-static unsigned long long g_reserved[PILOT_MAX_DEVICES], g_high[PILOT_MAX_DEVICES];
 
 static int valid_device(int device)
 {
@@ -80,24 +77,9 @@ cudaError_t pilot_gmem_create(const struct cudaMemAllocNodeParams *p, struct gme
         return err;
     }
     m->refs = 1; /* the creator's */
-    pthread_mutex_lock(&pilot_graph_lock);
-    m->next = g_mems;
-    g_mems = m;
-    __atomic_add_fetch(&g_count, 1, __ATOMIC_RELEASE);
-    g_reserved[m->device] += m->size;
-    if (g_reserved[m->device] > g_high[m->device])
-        g_high[m->device] = g_reserved[m->device];
-    pthread_mutex_unlock(&pilot_graph_lock);
+    pilot_gmem_track(m);
     *out = m;
     return cudaSuccess;
-}
-
-struct gmem *pilot_gmem_find(const void *ptr)
-{
-    for (struct gmem *m = g_mems; m; m = m->next)
-        if (m->ptr == ptr)
-            return m;
-    return NULL;
 }
 
 /* How many allocation nodes and free nodes of g name m, and how many of those free nodes carry
@@ -142,43 +124,9 @@ struct gmem *pilot_gmem_reusable(const struct ggraph *g, struct gnode *const *de
     return NULL;
 }
 
-/* Under the lock: m leaves the table for g_dead if nothing holds it any more. */
-static void maybe_release(struct gmem *m)
-{
-    if (m->refs || m->live)
-        return;
-    for (struct gmem **p = &g_mems; *p; p = &(*p)->next)
-        if (*p == m) { /* (not there in a forked child: its parent's, left alone) */
-            *p = m->next;
-            __atomic_sub_fetch(&g_count, 1, __ATOMIC_RELEASE);
-            g_reserved[m->device] -= m->size;
-            m->next = g_dead;
-            g_dead = m;
-            return;
-        }
-}
-
-void pilot_gmem_ref(struct gmem *m, int exec_alloc)
-{
-    m->refs++;
-    m->exec_allocs += exec_alloc != 0;
-}
-
-void pilot_gmem_unref(struct gmem *m, int exec_alloc)
-{
-    m->refs--;
-    m->exec_allocs -= exec_alloc != 0;
-    maybe_release(m);
-}
-
 void pilot_gmem_drain(void)
 {
-    if (!__atomic_load_n(&g_dead, __ATOMIC_ACQUIRE))
-        return;
-    pthread_mutex_lock(&pilot_graph_lock);
-    struct gmem *m = g_dead;
-    g_dead = NULL;
-    pthread_mutex_unlock(&pilot_graph_lock);
+    struct gmem *m = pilot_gmem_take_released();
     while (m) {
         struct gmem *next = m->next;
         cudaError_t err = pilot_free_relaxed(m->ptr);
@@ -187,15 +135,6 @@ void pilot_gmem_drain(void)
         free(m);
         m = next;
     }
-}
-
-void pilot_gmem_forget(void)
-{
-    g_mems = NULL; /* the entries stay reachable from the graph objects copied with the process */
-    g_dead = NULL;
-    g_count = 0;
-    memset(g_reserved, 0, sizeof g_reserved);
-    memset(g_high, 0, sizeof g_high);
 }
 
 cudaError_t pilot_gmem_fill_alloc(struct gnode *n, const struct cudaMemAllocNodeParams *p,
@@ -240,19 +179,9 @@ void pilot_gmem_issued(const struct gnode *n)
 
 int pilot_gmem_user_free(void *ptr, int async, cudaStream_t stream, cudaError_t *err)
 {
-    if (!__atomic_load_n(&g_count, __ATOMIC_ACQUIRE))
+    if (!pilot_gmem_user_release(ptr, err))
         return 0;
-    pthread_mutex_lock(&pilot_graph_lock);
-    struct gmem *m = pilot_gmem_find(ptr);
-    if (!m) {
-        pthread_mutex_unlock(&pilot_graph_lock);
-        return 0;
-    }
-    *err = m->live ? cudaSuccess : cudaErrorInvalidValue; /* not allocated now: nothing to free */
-    m->live = 0;
-    maybe_release(m);
-    pthread_mutex_unlock(&pilot_graph_lock);
-    if (*err == cudaSuccess && async && __atomic_load_n(&g_dead, __ATOMIC_ACQUIRE))
+    if (*err == cudaSuccess && async && pilot_gmem_released_pending())
         *err = cudaStreamSynchronize(stream); /* the stream's work before the free may use it */
     pilot_gmem_drain();
     return 1;
@@ -398,9 +327,8 @@ PILOT_EXPORT cudaError_t cudaDeviceGetGraphMemAttribute(int device, enum cudaGra
         PILOT_RETURN(cudaErrorInvalidDevice);
     if (!value)
         PILOT_RETURN(cudaErrorInvalidValue);
-    pthread_mutex_lock(&pilot_graph_lock);
-    unsigned long long v = g_reserved[device], high = g_high[device];
-    pthread_mutex_unlock(&pilot_graph_lock);
+    unsigned long long v, high;
+    pilot_gmem_usage(device, &v, &high);
     switch (attr) {
     case cudaGraphMemAttrUsedMemCurrent:
     case cudaGraphMemAttrReservedMemCurrent:
@@ -425,8 +353,6 @@ PILOT_EXPORT cudaError_t cudaDeviceSetGraphMemAttribute(int device, enum cudaGra
     if (!value || (attr != cudaGraphMemAttrUsedMemHigh && attr != cudaGraphMemAttrReservedMemHigh) ||
         *(const unsigned long long *)value != 0)
         PILOT_RETURN(cudaErrorInvalidValue);
-    pthread_mutex_lock(&pilot_graph_lock);
-    g_high[device] = g_reserved[device];
-    pthread_mutex_unlock(&pilot_graph_lock);
+    pilot_gmem_reset_high(device);
     return cudaSuccess;
 }
