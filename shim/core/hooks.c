@@ -53,6 +53,36 @@ cudaError_t pilot_hooks_managed_variable(uint64_t module, const char *name, void
     return err;
 }
 
+cudaError_t pilot_hooks_graph_memory_alloc(const struct cudaMemAllocNodeParams *p, struct gmem **out)
+{
+    for (const struct pilot_hook *h = __start_pilot_hooks; h < __stop_pilot_hooks; h++)
+        if (h->on_graph_memory_alloc)
+            return h->on_graph_memory_alloc(p, out);
+    return cudaErrorNotSupported;
+}
+
+void pilot_hooks_graph_memory_released(void)
+{
+    for (const struct pilot_hook *h = __start_pilot_hooks; h < __stop_pilot_hooks; h++)
+        if (h->on_graph_memory_released)
+            h->on_graph_memory_released();
+}
+
+int pilot_hooks_memory_free(void *ptr, int async, cudaStream_t stream, cudaError_t *err)
+{
+    for (const struct pilot_hook *h = __start_pilot_hooks; h < __stop_pilot_hooks; h++)
+        if (h->on_memory_free && h->on_memory_free(ptr, async, stream, err))
+            return 1;
+    return 0;
+}
+
+void pilot_hooks_memory_freed(uint64_t ptr)
+{
+    for (const struct pilot_hook *h = __start_pilot_hooks; h < __stop_pilot_hooks; h++)
+        if (h->on_memory_freed)
+            h->on_memory_freed(ptr);
+}
+
 /* Registered before the program's constructors run (this library is loaded first), so a
  * program's own child handler that calls CUDA finds the shim reset. */
 __attribute__((constructor)) static void register_fork_handler(void)

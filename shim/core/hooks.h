@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 struct pilot_image;
+struct gmem;
 
 struct pilot_hook {
     /* In the child after fork(): forget the parent's session (its own module's state only; it
@@ -28,6 +29,17 @@ struct pilot_hook {
     /* registry.c loaded a module with a __managed__ variable `name` (module: the daemon's handle,
      * on device 0): bind it and fill *host_ptr. */
     cudaError_t (*on_managed_variable)(uint64_t module, const char *name, void **host_ptr);
+    /* Stream capture made an allocation node (cudaMallocAsync): make its memory (graph_mem.c,
+     * through the memory API, which itself asks stream capture about every call). */
+    cudaError_t (*on_graph_memory_alloc)(const struct cudaMemAllocNodeParams *p, struct gmem **out);
+    /* Graph allocations were released (graph_model.c's table): free their memory (graph_mem.c). */
+    void (*on_graph_memory_released)(void);
+    /* The program frees ptr (cudaFree; async: cudaFreeAsync on stream): 1 if the memory is the
+     * module's to free (graph memory, graph_mem.c), with *err the free's result; 0 to let the
+     * free go on. */
+    int (*on_memory_free)(void *ptr, int async, cudaStream_t stream, cudaError_t *err);
+    /* cudaFree freed the device memory at ptr: forget it (a pool's allocation, api_mempool.c). */
+    void (*on_memory_freed)(uint64_t ptr);
 };
 
 /* Ranks of the device-reset hooks: the session's tables first, the managed ranges last (um_pack
@@ -54,5 +66,14 @@ void pilot_hooks_device_reset(int device);
 void pilot_hooks_image_unregister(struct pilot_image *img);
 /* Every module's on_managed_variable, in link order; the first error, else cudaSuccess. */
 cudaError_t pilot_hooks_managed_variable(uint64_t module, const char *name, void **host_ptr);
+/* The first on_graph_memory_alloc's answer (one module makes graph memory);
+ * cudaErrorNotSupported if none is registered. */
+cudaError_t pilot_hooks_graph_memory_alloc(const struct cudaMemAllocNodeParams *p, struct gmem **out);
+/* Every module's on_graph_memory_released, in link order. */
+void pilot_hooks_graph_memory_released(void);
+/* The first on_memory_free that claims ptr: 1 (*err set), else 0. */
+int pilot_hooks_memory_free(void *ptr, int async, cudaStream_t stream, cudaError_t *err);
+/* Every module's on_memory_freed, in link order. */
+void pilot_hooks_memory_freed(uint64_t ptr);
 
 #endif

@@ -81,7 +81,7 @@ cudaError_t pilot_recv_locked(void *rep, size_t rep_len);
 cudaError_t pilot_fault_channel_open(void);
 cudaError_t pilot_fault_call(uint16_t op, const void *req, size_t req_len);
 /* A staging area: shared memory the daemon pins, cut into slots, mapped from its STAGING_OPEN
- * reply (each part's by api_memory.c, the fault channel's by transport.c). */
+ * reply (each part's by staging.c, the fault channel's by transport.c). */
 struct pilot_staging {
     uint8_t *base;
     uint64_t slot_bytes;
@@ -95,8 +95,14 @@ const struct pilot_staging *pilot_fault_staging(void);
  * pilot_req_memcpy {dst, count, slot, sync}), pipelined over its slots; returns once every piece
  * was answered. */
 cudaError_t pilot_staged_upload(uint16_t op, uint64_t dst, const void *src, uint64_t count);
-/* Opens the route device's staging area now, if it is not open yet (api_memory.c). */
+/* Opens the route device's staging area now, if it is not open yet (staging.c). */
 cudaError_t pilot_staging_ready(void);
+/* The copies of api_memory.c through the staging area (staging.c): host to device with op, and
+ * device to host, on stream (sync: wait for it), pipelined over the slots. */
+cudaError_t pilot_staged_h2d(uint16_t op, uint64_t dst, const uint8_t *src, uint64_t count,
+                            uint64_t stream, uint32_t sync);
+cudaError_t pilot_staged_d2h(uint8_t *dst, uint64_t src, uint64_t count, uint64_t stream,
+                            uint32_t sync);
 
 /* What the daemon says about a device (fetched once); NULL without a session. */
 const pilot_rep_device_info *pilot_device_info(void); /* of the route device */
@@ -126,7 +132,7 @@ int pilot_error_is_sticky(cudaError_t err);
     } while (0)
 
 /* ---- api_mempool.c: the stream-ordered allocator ---- */
-void pilot_mempool_forget(uint64_t ptr); /* freed: no longer counted in its memory pool */
+void pilot_mempool_forget(uint64_t ptr); /* freed: no longer counted in its pool (a hook) */
 
 /* ---- alloc_table.c: the session's device allocations, mirrored ---- */
 /* The index of the last of `count` items, `stride` bytes each and sorted by a leading uint64_t
@@ -177,7 +183,7 @@ cudaError_t pilot_um_map_shadow(uint64_t base, uint64_t len, int valid, int kind
  * a count that changes whenever some is sent. */
 uint64_t pilot_um_device_work(void);
 
-/* ---- api_managed.c: managed ranges of the daemon, shadowed ---- */
+/* ---- um_range.c: managed ranges of the daemon, shadowed ---- */
 /* A managed range of size bytes from the daemon (flags: PILOT_MANAGED_*), shadowed here. */
 cudaError_t pilot_um_new_range(uint64_t size, uint32_t flags, uint64_t *base);
 /* Frees the range at base in the daemon (on the part of `device`) and unmaps its shadow. */
@@ -312,7 +318,10 @@ int pilot_host_attributes(const void *ptr, struct cudaPointerAttributes *attr);
 /* A copy between device memory and a pinned range (host side checked with pilot_host_pinned). */
 cudaError_t pilot_pinned_copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                               uint64_t stream, int sync);
-int pilot_host_fault(uint64_t addr); /* from the SIGSEGV handler: 1 if it was a moving page */
+/* page_move.c: from the SIGSEGV handler, 1 if it was a page being moved (the move is over). */
+int pilot_host_fault(uint64_t addr);
+/* Replaces the pages [base, base+len) by `replacement` (consumed) with their contents; 0 or -1. */
+int pilot_move_pages(uint64_t base, uint64_t len, void *replacement);
 
 /* ---- api_peer.c ---- */
 /* A copy between two devices' memory (cudaMemcpyPeer, cross-device cudaMemcpy). */
@@ -385,7 +394,8 @@ int pilot_capture_any(void);
  * or free node (or refused: *err says), 0 when the stream does not capture. */
 int pilot_capture_mem_alloc(uint64_t stream, void **ptr, size_t size, int device, cudaError_t *err);
 int pilot_capture_mem_free(uint64_t stream, void *ptr, cudaError_t *err);
-/* Graph allocations (graph_mem.c) freed by the program outside a graph. */
+/* Graph allocations (graph_mem.c) freed by the program outside a graph (cudaFree and
+ * cudaFreeAsync reach it through shim/core/hooks.h). */
 int pilot_gmem_user_free(void *ptr, int async, cudaStream_t stream, cudaError_t *err);
 /* cudaMalloc on `device` (the calling thread's device kept), allowed during a capture; and the
  * cudaFree that goes with it (api_mempool.c). */

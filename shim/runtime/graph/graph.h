@@ -161,7 +161,9 @@ int pilot_graph_has_mem_nodes(const struct ggraph *g);
  * out of memory. Under the lock. */
 int pilot_graph_mark_ancestors(struct gnode *const *from, size_t n, uint64_t *mark);
 
-/* ---- graph_mem.c ---- */
+/* ---- graph allocations: graph_mem.c makes and frees their memory (pilot_gmem_create,
+ * pilot_gmem_drain: stream capture reaches them through shim/core/hooks.h) and runs them
+ * (before_launch, issued); graph_model.c keeps the table and the nodes' references. ---- */
 /* An allocation node's parameters checked and its memory made (without the lock); *out comes
  * with the creator's reference, for pilot_gmem_unref once a node took its own. */
 cudaError_t pilot_gmem_create(const struct cudaMemAllocNodeParams *p, struct gmem **out);

@@ -391,7 +391,7 @@ int pilot_capture_mem_alloc(uint64_t stream, void **ptr, size_t size, int device
     } else {
         uint64_t id = s->cap->id;
         pthread_mutex_unlock(&pilot_graph_lock);
-        if ((*err = pilot_gmem_create(&p, &m)))
+        if ((*err = pilot_hooks_graph_memory_alloc(&p, &m)))
             return 1;
         s = enter(stream, &taken, err);
         if (!s || s->cap->id != id) {
@@ -411,7 +411,7 @@ int pilot_capture_mem_alloc(uint64_t stream, void **ptr, size_t size, int device
     }
     pilot_gmem_unref(m, 0); /* ours: the node holds its own, or none took it and it goes */
     pthread_mutex_unlock(&pilot_graph_lock);
-    pilot_gmem_drain();
+    pilot_hooks_graph_memory_released();
     if (n)
         *err = cudaSuccess;
     return 1;
@@ -763,7 +763,7 @@ PILOT_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *
 {
     PILOT_REQUIRE_SESSION();
     cudaError_t err = end(stream, pGraph);
-    pilot_gmem_drain(); /* a failed capture's graph allocations */
+    pilot_hooks_graph_memory_released(); /* a failed capture's graph allocations */
     PILOT_RETURN(err);
 }
 

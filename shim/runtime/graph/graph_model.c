@@ -564,3 +564,63 @@ void pilot_gmem_forget(void)
     memset(g_reserved, 0, sizeof g_reserved);
     memset(g_high, 0, sizeof g_high);
 }
+
+cudaError_t pilot_gmem_fill_alloc(struct gnode *n, const struct cudaMemAllocNodeParams *p,
+                                  struct gmem *m, int exec_alloc)
+{
+    struct cudaMemAccessDesc *descs = NULL;
+    if (p->accessDescCount) {
+        if (!(descs = malloc(p->accessDescCount * sizeof *descs)))
+            return cudaErrorMemoryAllocation;
+        memcpy(descs, p->accessDescs, p->accessDescCount * sizeof *descs);
+    }
+    n->u.alloc.mem = m;
+    n->u.alloc.bytesize = p->bytesize;
+    n->u.alloc.props = p->poolProps;
+    n->u.alloc.descs = descs;
+    n->u.alloc.ndescs = p->accessDescCount;
+    pilot_gmem_ref(m, exec_alloc);
+    return cudaSuccess;
+}
+
+/* How many allocation nodes and free nodes of g name m, and how many of those free nodes carry
+ * `mark` (0: none does). */
+static void count_nodes(const struct ggraph *g, const struct gmem *m, uint64_t mark, size_t *allocs,
+                        size_t *frees, size_t *marked_frees)
+{
+    *allocs = *frees = *marked_frees = 0;
+    for (size_t i = 0; i < g->count; i++) {
+        const struct gnode *n = g->nodes[i];
+        int is_free = n->type == cudaGraphNodeTypeMemFree && n->u.freed == m;
+        *allocs += n->type == cudaGraphNodeTypeMemAlloc && n->u.alloc.mem == m;
+        *frees += is_free;
+        *marked_frees += is_free && mark && n->mark == mark;
+    }
+}
+
+int pilot_gmem_can_free(const struct ggraph *g, const struct gmem *m)
+{
+    size_t allocs, frees, marked;
+    count_nodes(g, m, 0, &allocs, &frees, &marked);
+    return frees < (allocs ? allocs : 1);
+}
+
+struct gmem *pilot_gmem_reusable(const struct ggraph *g, struct gnode *const *deps, size_t ndeps,
+                                 const struct cudaMemAllocNodeParams *p)
+{
+    uint64_t mark;
+    if (!ndeps || !pilot_graph_has_mem_nodes(g) || !pilot_graph_mark_ancestors(deps, ndeps, &mark))
+        return NULL;
+    for (size_t i = 0; i < g->count; i++) {
+        const struct gnode *f = g->nodes[i];
+        if (f->type != cudaGraphNodeTypeMemFree || f->mark != mark)
+            continue;
+        struct gmem *m = f->u.freed;
+        size_t allocs, frees, before;
+        count_nodes(g, m, mark, &allocs, &frees, &before);
+        if (allocs && allocs == frees && before == frees && m->size >= p->bytesize &&
+            m->device == p->poolProps.location.id)
+            return m;
+    }
+    return NULL;
+}

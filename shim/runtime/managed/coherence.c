@@ -501,7 +501,7 @@ static void fetch_locked(struct region *r, size_t i, int write)
 
 /* ---- the fault handler ----
  * It also serves api_host.c: a write to pages cudaHostRegister is moving waits there until the
- * move is done (pilot_host_fault). */
+ * move is done (pilot_host_fault, page_move.c). */
 
 static struct sigaction g_app; /* the program's SIGSEGV action */
 static int g_installed;

@@ -44,7 +44,6 @@
 #include "hooks.h"
 
 #define HOST_ATTEMPTS 8     /* addresses tried before giving up on a cudaHostAlloc */
-#define MOVE_GRACE_NS 1000000000LL /* faults this soon after a move are retried (see host_fault) */
 
 struct pinned {
     uint64_t base, len;  /* the mapping here: whole pages */
@@ -173,71 +172,11 @@ int pilot_host_attributes(const void *ptr, struct cudaPointerAttributes *attr)
     return 1;
 }
 
-/* ---- moving the program's pages ---- */
-
-static pthread_mutex_t g_move_lock = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t g_move_lo, g_move_hi; /* the range being moved, or last moved */
-static unsigned g_move_gen;           /* odd while a move is in progress */
-static int64_t g_move_end_ns;         /* CLOCK_MONOTONIC at the end of the last move */
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-/* From the SIGSEGV handler: a write to pages being moved waits until they are writable again,
- * then retries. A fault that comes in just after the move ended (the handler ran late) is
- * retried too; a genuine fault there later, past the grace period, goes to the program. */
-int pilot_host_fault(uint64_t addr)
-{
-    unsigned gen = __atomic_load_n(&g_move_gen, __ATOMIC_ACQUIRE);
-    if (addr < __atomic_load_n(&g_move_lo, __ATOMIC_ACQUIRE) ||
-        addr >= __atomic_load_n(&g_move_hi, __ATOMIC_ACQUIRE))
-        return 0;
-    if (!(gen & 1))
-        return now_ns() - __atomic_load_n(&g_move_end_ns, __ATOMIC_ACQUIRE) < MOVE_GRACE_NS;
-    struct timespec pause = {0, 20000};
-    while (__atomic_load_n(&g_move_gen, __ATOMIC_ACQUIRE) == gen)
-        nanosleep(&pause, NULL); /* async-signal-safe */
-    return 1;
-}
-
-/* Replaces the pages [base, base+len) by `replacement` (a mapping of len bytes elsewhere) with
- * their contents: the pages are read-only while they are copied, then the replacement is moved
- * over them in one mremap. `replacement` is consumed either way. */
-static int move_pages(uint64_t base, uint64_t len, void *replacement)
-{
-    void *at = (void *)(uintptr_t)base;
-    pthread_mutex_lock(&g_move_lock);
-    __atomic_store_n(&g_move_lo, base, __ATOMIC_RELEASE);
-    __atomic_store_n(&g_move_hi, base + len, __ATOMIC_RELEASE);
-    __atomic_add_fetch(&g_move_gen, 1, __ATOMIC_ACQ_REL);
-    int rc = mprotect(at, len, PROT_READ);
-    if (rc == 0) {
-        memcpy(replacement, at, len);
-        rc = mremap(replacement, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at) == at ? 0 : -1;
-        if (rc != 0)
-            mprotect(at, len, PROT_READ | PROT_WRITE);
-    }
-    int saved = errno;
-    if (rc != 0)
-        munmap(replacement, len);
-    __atomic_store_n(&g_move_end_ns, now_ns(), __ATOMIC_RELEASE);
-    __atomic_add_fetch(&g_move_gen, 1, __ATOMIC_ACQ_REL);
-    pthread_mutex_unlock(&g_move_lock);
-    if (rc != 0)
-        LOG_ERROR("cannot move the pages at %#llx+%llu: %s", (unsigned long long)base,
-                  (unsigned long long)len, strerror(saved));
-    return rc;
-}
-
 /* Private anonymous memory with the same contents at [base, base+len) again. */
 static int privatize(uint64_t base, uint64_t len)
 {
     void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return tmp == MAP_FAILED ? -1 : move_pages(base, len, tmp);
+    return tmp == MAP_FAILED ? -1 : pilot_move_pages(base, len, tmp);
 }
 
 /* Whether [base, base+len) is private writable memory that is not a stack: every page in a
@@ -451,7 +390,7 @@ PILOT_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int f
         PILOT_RETURN(cudaErrorMemoryAllocation);
     void *tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     cudaError_t err = cudaErrorMemoryAllocation;
-    if (tmp != MAP_FAILED && move_pages(base, len, tmp) == 0) {
+    if (tmp != MAP_FAILED && pilot_move_pages(base, len, tmp) == 0) {
         pilot_req_host_register req = {.address = base, .length = len, .offset = user - base,
                                        .size = size, .fd = fd, .flags = flags,
                                        .kind = PILOT_HOST_REGISTERED};
@@ -543,7 +482,6 @@ cudaError_t pilot_pinned_copy(void *dst, const void *src, size_t count, enum cud
 static void fork_child(void)
 {
     pthread_rwlock_init(&g_lock, NULL);
-    pthread_mutex_init(&g_move_lock, NULL);
     for (size_t i = 0; i < g_count; i++)
         if (g_ranges[i].dev && g_ranges[i].kind == PILOT_HOST_REGISTERED)
             privatize(g_ranges[i].base, g_ranges[i].len);

@@ -65,7 +65,7 @@ __attribute__((constructor)) static void mempool_init(void)
     reset();
 }
 
-PILOT_HOOK(api_mempool, .on_fork_child = fork_child);
+PILOT_HOOK(api_mempool, .on_fork_child = fork_child, .on_memory_freed = pilot_mempool_forget);
 
 /* The slot of a pool handle, or -1 (caller holds g_lock). */
 static int slot_of(cudaMemPool_t pool)
@@ -226,7 +226,7 @@ PILOT_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream)
         PILOT_RETURN(err);
     if ((err = refuse_capture(stream, "cudaFreeAsync")))
         PILOT_RETURN(err);
-    if (pilot_gmem_user_free(devPtr, 1, stream, &err)) /* a graph allocation (graph_mem.c) */
+    if (pilot_hooks_memory_free(devPtr, 1, stream, &err)) /* a graph allocation (graph_mem.c) */
         PILOT_RETURN(err);
     /* after the work issued to the stream before this call: that work may still use it */
     err = cudaStreamSynchronize(stream);

@@ -1,4 +1,5 @@
-/* Smaller parts of the runtime API (issue 3): stream priorities and flags, device flags, limits,
+/* Smaller parts of the runtime API (issue 3): streams with a priority (their flags and
+ * priorities are read in api_stream_info.c), device flags, limits,
  * cache configurations, the profiler switches, function attributes, occupancy, and pitched (2D)
  * memory (peer queries: api_peer.c).
  *
@@ -43,43 +44,6 @@ PILOT_EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t *stream, unsi
                                  sizeof rep, NULL, 0, NULL);
     if (err == cudaSuccess)
         *stream = (cudaStream_t)(uintptr_t)rep.value;
-    PILOT_RETURN(err);
-}
-
-static cudaError_t stream_info(cudaStream_t stream, pilot_rep_stream_info *info)
-{
-    uint64_t h = (uintptr_t)stream == PILOT_STREAM_PER_THREAD ? 0 : pilot_stream_handle(stream);
-    if (!h) { /* stream 0, cudaStreamLegacy, cudaStreamPerThread: as seen natively */
-        info->flags = cudaStreamDefault;
-        info->priority = 0;
-        return cudaSuccess;
-    }
-    pilot_req_handle req = {.handle = h};
-    return pilot_call_on(pilot_handle_device(h), PILOT_OP_STREAM_GET_INFO, &req, sizeof req, NULL,
-                         0, info, sizeof *info, NULL, 0, NULL);
-}
-
-PILOT_EXPORT cudaError_t cudaStreamGetFlags(cudaStream_t stream, unsigned int *flags)
-{
-    if (!flags)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    PILOT_REQUIRE_SESSION();
-    pilot_rep_stream_info info;
-    cudaError_t err = stream_info(stream, &info);
-    if (err == cudaSuccess)
-        *flags = info.flags;
-    PILOT_RETURN(err);
-}
-
-PILOT_EXPORT cudaError_t cudaStreamGetPriority(cudaStream_t stream, int *priority)
-{
-    if (!priority)
-        PILOT_RETURN(cudaErrorInvalidValue);
-    PILOT_REQUIRE_SESSION();
-    pilot_rep_stream_info info;
-    cudaError_t err = stream_info(stream, &info);
-    if (err == cudaSuccess)
-        *priority = info.priority;
     PILOT_RETURN(err);
 }
 
