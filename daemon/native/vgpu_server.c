@@ -7,12 +7,16 @@
 #define _GNU_SOURCE
 #include "vgpu_server.h"
 #include "fast_launch.h"
+#include "pilot_proto.h"
+#include "pilot_ring.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -28,6 +32,7 @@
 #define READ_CHUNK (256u << 10)      /* bytes read per connection per wake-up, at most */
 #define MAX_CONNECTIONS 4096
 #define OUT_MAX (1u << 20)           /* replies queued for a peer that does not read, at most */
+#define ERR_NOT_SUPPORTED 801        /* cudaErrorNotSupported: a RING_OPEN refused */
 
 enum conn_state { ST_GREETING, ST_READY, ST_OPEN };
 
@@ -44,6 +49,10 @@ struct conn {
     size_t cap, len, pos; /* unparsed bytes are buf[pos, len) */
     uint8_t *out;         /* replies the socket did not take yet: out[out_pos, out_len) */
     size_t out_len, out_pos;
+    /* After RING_OPEN the byte stream runs through shared-memory rings (pilot_ring.h) and the
+     * socket carries only doorbells and EOF. */
+    void *ring_map;
+    struct pilot_ring rin, rout; /* requests in, replies out */
     struct conn *next;
 };
 
@@ -89,12 +98,13 @@ static uint64_t now_us(void)
 }
 
 static size_t write_some(int fd, struct iovec *iov, int *iovcnt);
+static void flush_out(pilot_srv *s, struct conn *c);
 
 static void kill_conn(pilot_srv *s, struct conn *c)
 {
     if (c->dead)
         return;
-    if (c->out_len != c->out_pos) { /* what the socket takes now of the queued replies */
+    if (c->out_len != c->out_pos && !c->ring_map) { /* what the socket takes now of the queued replies */
         struct iovec iov = {c->out + c->out_pos, c->out_len - c->out_pos};
         int iovcnt = 1;
         write_some(c->fd, &iov, &iovcnt);
@@ -103,6 +113,45 @@ static void kill_conn(pilot_srv *s, struct conn *c)
     close(c->fd);
     c->fd = -1;
     c->dead = 1;
+    if (c->ring_map) { /* no frame points into it: messages are copied out before parsing */
+        munmap(c->ring_map, PILOT_RING_SHM_BYTES);
+        c->ring_map = NULL;
+    }
+}
+
+/* One byte on the socket for a ring peer that sleeps. A full socket buffer already holds
+ * doorbells the peer has not read, so EAGAIN loses nothing; a gone peer shows as EOF on read. */
+static void doorbell(struct conn *c)
+{
+    static const char bell = 'd';
+    while (send(c->fd, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno == EINTR)
+        ;
+}
+
+/* write_some for a ring connection: puts what the reply ring takes now. Returns the bytes left,
+ * or (size_t)-1 when the peer's index is impossible. Rings the doorbell if the peer sleeps. */
+static size_t ring_write_some(struct conn *c, struct iovec *iov, int *iovcnt)
+{
+    int wrote = 0;
+    while (*iovcnt > 0) {
+        int64_t n = pilot_ring_put(&c->rout, iov->iov_base, iov->iov_len);
+        if (n < 0)
+            return (size_t)-1;
+        wrote |= n > 0;
+        if ((size_t)n < iov->iov_len) {
+            iov->iov_base = (char *)iov->iov_base + n;
+            iov->iov_len -= (size_t)n;
+            break;
+        }
+        iov++;
+        (*iovcnt)--;
+    }
+    if (wrote && pilot_ring_consumer_asleep(&c->rout))
+        doorbell(c);
+    size_t left = 0;
+    for (int i = 0; i < *iovcnt; i++)
+        left += iov[i].iov_len;
+    return left;
 }
 
 /* Writes what the socket takes now, without waiting; advances iov. Returns the bytes left, or
@@ -141,7 +190,8 @@ static int queue_out(pilot_srv *s, struct conn *c, struct iovec *iov, int iovcnt
 {
     if (c->out_len == c->out_pos) {
         c->out_len = c->out_pos = 0;
-        size_t left = write_some(c->fd, iov, &iovcnt);
+        size_t left = c->ring_map ? ring_write_some(c, iov, &iovcnt)
+                                  : write_some(c->fd, iov, &iovcnt);
         if (left == (size_t)-1)
             return -1;
         if (left == 0)
@@ -166,6 +216,11 @@ static int queue_out(pilot_srv *s, struct conn *c, struct iovec *iov, int iovcnt
         memcpy(c->out + c->out_len, iov[i].iov_base, iov[i].iov_len);
         c->out_len += iov[i].iov_len;
     }
+    if (c->ring_map) { /* the peer's doorbell says when it took some; wait() flushes then */
+        if (!pilot_ring_prepare_wait(&c->rout))
+            flush_out(s, c);
+        return 0;
+    }
     struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.ptr = c};
     return epoll_ctl(s->efd, EPOLL_CTL_MOD, c->fd, &ev);
 }
@@ -177,12 +232,21 @@ static void flush_out(pilot_srv *s, struct conn *c)
         return;
     struct iovec iov = {c->out + c->out_pos, c->out_len - c->out_pos};
     int iovcnt = 1;
-    size_t left = write_some(c->fd, &iov, &iovcnt);
+    size_t left = c->ring_map ? ring_write_some(c, &iov, &iovcnt) : write_some(c->fd, &iov, &iovcnt);
     if (left == (size_t)-1) {
         kill_conn(s, c);
         return;
     }
     c->out_pos = c->out_len - left;
+    if (c->ring_map) {
+        if (left == 0) {
+            c->out_len = c->out_pos = 0;
+            pilot_ring_done_waiting(&c->rout);
+        } else if (!pilot_ring_prepare_wait(&c->rout)) {
+            flush_out(s, c); /* the peer took some meanwhile */
+        }
+        return;
+    }
     if (left == 0) {
         c->out_len = c->out_pos = 0;
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
@@ -236,20 +300,77 @@ static void accept_all(pilot_srv *s)
     }
 }
 
+/* Room for at least 64 KiB more in c's input buffer; 0, or -1 (the connection is closed). */
+static int reserve_input(pilot_srv *s, struct conn *c)
+{
+    if (c->cap - c->len >= 65536)
+        return 0;
+    size_t cap = c->cap ? c->cap * 2 : 131072;
+    uint8_t *nb = realloc(c->buf, cap);
+    if (!nb) {
+        kill_conn(s, c);
+        return -1;
+    }
+    c->buf = nb;
+    c->cap = cap;
+    return 0;
+}
+
+/* A ring connection's requests: copied out of the ring into its input buffer (parsed there, so
+ * nothing the client writes to the ring later changes them), up to READ_CHUNK per round. */
+static void pull_ring(pilot_srv *s, struct conn *c)
+{
+    size_t budget = READ_CHUNK;
+    int took = 0;
+    while (budget > 0 && !c->dead) {
+        uint64_t avail = pilot_ring_available(&c->rin);
+        if (avail == 0)
+            break;
+        if (reserve_input(s, c) != 0)
+            return;
+        size_t room = c->cap - c->len < budget ? c->cap - c->len : budget;
+        int64_t n = pilot_ring_get(&c->rin, c->buf + c->len, room);
+        if (n < 0) {
+            kill_conn(s, c); /* an impossible index: a broken or hostile client */
+            return;
+        }
+        c->len += (size_t)n;
+        budget -= (size_t)n;
+        took = 1;
+    }
+    if (took && pilot_ring_producer_waits(&c->rin))
+        doorbell(c);
+}
+
+/* A ring connection's socket: doorbells (their bytes mean nothing) or the end of the peer. */
+static void drain_doorbells(pilot_srv *s, struct conn *c)
+{
+    uint8_t sink[256];
+    for (;;) {
+        ssize_t n = recv(c->fd, sink, sizeof sink, MSG_DONTWAIT);
+        if (n > 0)
+            continue;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return;
+        kill_conn(s, c);
+        return;
+    }
+}
+
 static void read_available(pilot_srv *s, struct conn *c)
 {
     size_t budget = READ_CHUNK;
+    if (c->ring_map) {
+        drain_doorbells(s, c);
+        flush_out(s, c); /* a doorbell may say the peer made room for queued replies */
+        pull_ring(s, c);
+        return;
+    }
     while (budget > 0 && !c->dead) {
-        if (c->cap - c->len < 65536) {
-            size_t cap = c->cap ? c->cap * 2 : 131072;
-            uint8_t *nb = realloc(c->buf, cap);
-            if (!nb) {
-                kill_conn(s, c);
-                return;
-            }
-            c->buf = nb;
-            c->cap = cap;
-        }
+        if (reserve_input(s, c) != 0)
+            return;
         size_t want = c->cap - c->len < budget ? c->cap - c->len : budget;
         ssize_t n = recv(c->fd, c->buf + c->len, want, 0);
         if (n > 0) {
@@ -321,6 +442,86 @@ static int handshake(pilot_srv *s, struct conn *c)
     return 1;
 }
 
+static int send_frames(pilot_srv *s, uint32_t conn, const void *const *data, const size_t *lens,
+                       int nframes);
+
+/* RING_OPEN (pilot_ring.h): a memfd sealed against resizing, mapped here, handed to the client
+ * with the status reply (SCM_RIGHTS); from the byte after the request on, both directions of the
+ * stream run through its rings. Refused (cudaErrorNotSupported, the connection stays on its
+ * socket) before ATTACH, a second time, or while replies or further requests are buffered. */
+static void open_ring(pilot_srv *s, struct conn *c, const pilot_srv_msg *m)
+{
+    pilot_envelope env;
+    memcpy(&env, m->frame[0], sizeof env);
+    env.flags = 0;
+    pilot_rep_status st = {.hdr = {.err = ERR_NOT_SUPPORTED}};
+    const void *data[2] = {&env, &st};
+    size_t lens[2] = {sizeof env, sizeof st};
+    int fd = -1;
+    void *map = MAP_FAILED;
+    if (c->max_message != MAX_MESSAGE || c->ring_map || c->out_len != c->out_pos || c->pos != c->len)
+        goto refuse;
+    fd = memfd_create("pilot-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, PILOT_RING_SHM_BYTES) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+        goto refuse;
+    map = mmap(NULL, PILOT_RING_SHM_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED)
+        goto refuse;
+    struct pilot_ring_shm *shm = map;
+    shm->magic = PILOT_RING_MAGIC;
+    shm->req_bytes = PILOT_RING_REQ_BYTES;
+    shm->rep_bytes = PILOT_RING_REP_BYTES;
+    st.hdr.err = 0;
+    uint8_t hdr[2][9];
+    struct iovec iov[4];
+    for (int i = 0; i < 2; i++) {
+        hdr[i][0] = i == 0 ? FLAG_MORE : 0;
+        hdr[i][1] = (uint8_t)lens[i];
+        iov[2 * i] = (struct iovec){hdr[i], 2};
+        iov[2 * i + 1] = (struct iovec){(void *)data[i], lens[i]};
+    }
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control = {0};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 4, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    size_t total = 4 + lens[0] + lens[1];
+    ssize_t sent;
+    while ((sent = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT)) < 0 && errno == EINTR)
+        ;
+    close(fd);
+    if (sent != (ssize_t)total) { /* an empty socket buffer takes 40 bytes: the peer is gone */
+        munmap(map, PILOT_RING_SHM_BYTES);
+        kill_conn(s, c);
+        return;
+    }
+    c->ring_map = map;
+    pilot_ring_views(map, 0, &c->rout, &c->rin);
+    return;
+refuse:
+    if (map != MAP_FAILED)
+        munmap(map, PILOT_RING_SHM_BYTES);
+    if (fd >= 0)
+        close(fd);
+    send_frames(s, c->id, data, lens, 2);
+}
+
+static int is_ring_open(const pilot_srv_msg *m)
+{
+    pilot_envelope env;
+    if (m->nframes < 1 || m->len[0] < sizeof env)
+        return 0;
+    memcpy(&env, m->frame[0], sizeof env);
+    return env.opcode == PILOT_OP_RING_OPEN;
+}
+
 /* Cuts one whole message out of c's buffer. 1: got one; 0: none complete yet. */
 static int next_message(pilot_srv *s, struct conn *c, pilot_srv_msg *m)
 {
@@ -357,6 +558,12 @@ static int next_message(pilot_srv *s, struct conn *c, pilot_srv_msg *m)
             continue; /* PING and friends: pilot's clients send none; skip */
         m->conn = c->id;
         m->nframes = n;
+        if (is_ring_open(m)) {
+            open_ring(s, c, m);
+            if (c->dead)
+                return 0;
+            continue;
+        }
         return 1;
     }
 }
@@ -506,6 +713,45 @@ void pilot_srv_close(pilot_srv *s)
     free(s);
 }
 
+/* Whether a ring connection has requests waiting in its ring (an impossible index counts: the
+ * pull that follows closes the connection). */
+static int rings_pending(const pilot_srv *s)
+{
+    for (const struct conn *c = s->conns; c; c = c->next)
+        if (c->ring_map && !c->dead && pilot_ring_available(&c->rin) != 0)
+            return 1;
+    return 0;
+}
+
+/* Before the endpoint sleeps: every ring peer is told to ring the doorbell. 0 if a ring got
+ * requests meanwhile (then it must not sleep; the flags are cleared again). */
+static int rings_prepare_sleep(pilot_srv *s)
+{
+    int may = 1;
+    for (struct conn *c = s->conns; c; c = c->next)
+        if (c->ring_map && !c->dead && !pilot_ring_prepare_sleep(&c->rin))
+            may = 0;
+    if (!may)
+        for (struct conn *c = s->conns; c; c = c->next)
+            if (c->ring_map && !c->dead)
+                pilot_ring_awake(&c->rin);
+    return may;
+}
+
+static void rings_awake(pilot_srv *s)
+{
+    for (struct conn *c = s->conns; c; c = c->next)
+        if (c->ring_map && !c->dead)
+            pilot_ring_awake(&c->rin);
+}
+
+static void pull_rings(pilot_srv *s)
+{
+    for (struct conn *c = s->conns; c; c = c->next)
+        if (c->ring_map && !c->dead)
+            pull_ring(s, c);
+}
+
 /* One round: flush, then messages already read, else wait (spinning first) and read. Returns
  * the messages left for Python, or -1. *fast_round: messages came and C handled them all. */
 static int wait_round(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *out, int max,
@@ -517,17 +763,20 @@ static int wait_round(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *
         if (c->out_len != c->out_pos)
             flush_out(s, c);
     reap_and_compact(s);
+    pull_rings(s);
     int n = collect(s, out, max);
     if (n == 0) {
-        int k = 0;
+        int k = 0, rings = 0;
         if (spin_us > 0) {
             uint64_t deadline = now_us() + (uint64_t)spin_us;
             do
                 k = epoll_wait(s->efd, ev, 64, 0);
-            while (k == 0 && now_us() < deadline);
+            while (k == 0 && !(rings = rings_pending(s)) && now_us() < deadline);
         }
-        if (k == 0)
+        if (k == 0 && !rings && rings_prepare_sleep(s)) {
             k = epoll_wait(s->efd, ev, 64, timeout_ms);
+            rings_awake(s);
+        }
         if (k < 0)
             return errno == EINTR ? 0 : -1;
         for (int i = 0; i < k; i++) {
@@ -543,6 +792,7 @@ static int wait_round(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *
                     read_available(s, c);
             }
         }
+        pull_rings(s);
         n = collect(s, out, max);
     }
     if (!s->filter || n == 0)

@@ -47,6 +47,10 @@ enum pilot_op {
     PILOT_OP_ATTACH = 2,              /* vGPU socket: first message on a session's connection */
     PILOT_OP_BYE = 3,                 /* orderly exit: release everything the session owns */
     PILOT_OP_STAGING_OPEN = 4,        /* map the session's pinned shared-memory staging area */
+    PILOT_OP_RING_OPEN = 5,           /* vGPU socket, after ATTACH: move the connection's byte
+                                       * stream into shared-memory rings (pilot_ring.h); answered
+                                       * by the endpoint in C (daemon/native/vgpu_server.c) with a
+                                       * status reply that carries the rings' memfd (SCM_RIGHTS) */
     PILOT_OP_SESSIONS = 10,           /* main socket: list sessions (JSON payload in reply) */
     PILOT_OP_PING = 11,               /* main socket: is pilotd alive? (status reply; a client
                                        * whose call waits long asks, shim/transport/transport.c) */

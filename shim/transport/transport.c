@@ -115,8 +115,7 @@ static void fork_child(void)
     g_fault_conn.fd = -1;
     pilot_staging_unmap(&g_fault_stage);
     for (int d = 0; d < PILOT_MAX_DEVICES; d++) {
-        if (g_parts[d].conn.fd >= 0)
-            close(g_parts[d].conn.fd);
+        zmtp_abandon(&g_parts[d].conn);
         g_info_known[d] = 0;
     }
     init_parts();
@@ -258,6 +257,49 @@ static int daemon_alive(void)
     return ok;
 }
 
+/* $PILOT_RING=0 keeps a session's calls on the socket instead of shared-memory rings. */
+static int rings_wanted(void)
+{
+    const char *env = getenv("PILOT_RING");
+    return !env || strcmp(env, "0") != 0;
+}
+
+/* Asks the vGPU endpoint to move the attached connection into shared-memory rings
+ * (pilot_ring.h). 0: in rings, or left on the socket because pilotd declined (an older one,
+ * say); -1: the connection failed. */
+static int open_rings(struct part *p, uint64_t session)
+{
+    pilot_envelope env = {.version = PILOT_PROTO_VERSION, .opcode = PILOT_OP_RING_OPEN,
+                          .seq = __atomic_add_fetch(&g_seq, 1, __ATOMIC_RELAXED),
+                          .session = session};
+    struct zmtp_frame frames[2] = {{&env, sizeof env}, {NULL, 0}};
+    struct zmtp_frame rep[ZMTP_MAX_FRAMES];
+    int fd = -1;
+    int rc = zmtp_send(&p->conn, frames, 2);
+    int n = rc ? rc : zmtp_recv_fd(&p->conn, rep, ZMTP_MAX_FRAMES, &fd);
+    t_exchange_rc = n < 0 ? n : 0;
+    if (n < 2 || rep[0].len < sizeof env || rep[1].len < sizeof(pilot_reply_hdr) ||
+        ((const pilot_envelope *)rep[0].data)->seq != env.seq) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    pilot_reply_hdr hdr;
+    memcpy(&hdr, rep[1].data, sizeof hdr);
+    if (hdr.err || fd < 0) {
+        if (fd >= 0)
+            close(fd);
+        LOG_INFO("pilotd keeps this connection on its socket (no shared-memory rings)");
+        return 0;
+    }
+    rc = zmtp_use_ring(&p->conn, fd);
+    if (rc) {
+        LOG_ERROR("pilot: cannot map pilotd's shared-memory rings: %s", strerror(-rc));
+        return -1;
+    }
+    return 0;
+}
+
 /* Connects to a part's vGPU socket and attaches the session there. 0 or -1. */
 static int attach(struct part *p, const pilot_rep_hello *hrep)
 {
@@ -285,6 +327,11 @@ static int attach(struct part *p, const pilot_rep_hello *hrep)
         LOG_ERROR("pilot: pilotd refused to attach the session (or did not answer within %d s)",
                   setup_timeout_ms() / 1000);
         return -1;
+    }
+    if (rings_wanted() && open_rings(p, hrep->session) != 0) {
+        int retry = closed_by_peer(t_exchange_rc);
+        zmtp_close(&p->conn);
+        return retry ? SETUP_RETRY : -1;
     }
     zmtp_set_timeout(&p->conn, 0); /* the session's calls may wait as long as their work, */
     p->conn.alive_ms = liveness_ms(); /* as long as pilotd is alive */

@@ -4,7 +4,9 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -65,6 +67,177 @@ static int read_all(int fd, void *buf, size_t len)
     return 0;
 }
 
+/* ---- the rings (pilot_ring.h): the stream after RING_OPEN ---- */
+
+static long long elapsed_us(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (t.tv_sec - t0->tv_sec) * 1000000LL + (t.tv_nsec - t0->tv_nsec) / 1000;
+}
+
+/* Wakes pilotd's endpoint, which sleeps. A full socket buffer holds doorbells already. */
+static void ring_doorbell(struct zmtp_conn *c)
+{
+    static const char bell = 'd';
+    while (send(c->fd, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno == EINTR)
+        ;
+}
+
+/* Sleeps until the socket says something: a doorbell (read and dropped) or pilotd's end
+ * (-ECONNRESET). Every alive_ms without one, alive() is asked (-ETIMEDOUT when it says no).
+ * Returns 0 when the caller should look at the ring again. */
+static int ring_sleep(struct zmtp_conn *c)
+{
+    struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+    int r = poll(&pfd, 1, c->alive_ms > 0 && c->alive ? c->alive_ms : -1);
+    if (r < 0)
+        return errno == EINTR ? 0 : -errno;
+    if (r == 0)
+        return c->alive() ? 0 : -ETIMEDOUT;
+    uint8_t sink[64];
+    for (;;) {
+        ssize_t n = recv(c->fd, sink, sizeof sink, MSG_DONTWAIT);
+        if (n > 0)
+            continue;
+        if (n == 0)
+            return -ECONNRESET;
+        if (errno == EINTR)
+            continue;
+        return errno == EAGAIN ? 0 : -errno;
+    }
+}
+
+/* Up to len bytes of replies: waits (spinning spin_us first) until some are there. */
+static ssize_t ring_recv_some(struct zmtp_conn *c, void *buf, size_t len)
+{
+    struct timespec t0 = {0};
+    for (int spun = 0;; spun = 1) {
+        int64_t n = pilot_ring_get(&c->rin, buf, len);
+        if (n < 0)
+            return -EPROTO;
+        if (n > 0) {
+            if (pilot_ring_producer_waits(&c->rin))
+                ring_doorbell(c);
+            return (ssize_t)n;
+        }
+        if (!spun)
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (elapsed_us(&t0) < c->spin_us) {
+            pilot_ring_relax();
+            continue;
+        }
+        if (pilot_ring_prepare_sleep(&c->rin)) {
+            int rc = ring_sleep(c);
+            pilot_ring_awake(&c->rin);
+            if (rc)
+                return rc;
+        }
+    }
+}
+
+/* Puts the whole of iov into the request ring, waiting for room as long as pilotd takes. */
+static int ring_write_all(struct zmtp_conn *c, struct iovec *iov, int iovcnt)
+{
+    int wrote = 0;
+    struct timespec t0 = {0};
+    int spinning = 0;
+    while (iovcnt > 0) {
+        int64_t n = pilot_ring_put(&c->rout, iov->iov_base, iov->iov_len);
+        if (n < 0)
+            return -EPROTO;
+        if (n > 0) {
+            wrote = 1;
+            spinning = 0;
+            iov->iov_base = (char *)iov->iov_base + n;
+            iov->iov_len -= (size_t)n;
+            if (iov->iov_len == 0) {
+                iov++;
+                iovcnt--;
+            }
+            continue;
+        }
+        /* full: pilotd must take some; make sure it knows there is something to take */
+        if (wrote && pilot_ring_consumer_asleep(&c->rout))
+            ring_doorbell(c);
+        wrote = 0;
+        if (!spinning) {
+            spinning = 1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+        }
+        if (elapsed_us(&t0) < c->spin_us) {
+            pilot_ring_relax();
+            continue;
+        }
+        if (pilot_ring_prepare_wait(&c->rout)) {
+            int rc = ring_sleep(c);
+            pilot_ring_done_waiting(&c->rout);
+            if (rc)
+                return rc;
+        }
+    }
+    if (wrote && pilot_ring_consumer_asleep(&c->rout))
+        ring_doorbell(c);
+    return 0;
+}
+
+static ssize_t conn_recv_some(struct zmtp_conn *c, void *buf, size_t len)
+{
+    return c->ring_map ? ring_recv_some(c, buf, len) : recv_some(c->fd, buf, len);
+}
+
+static int conn_read_all(struct zmtp_conn *c, void *buf, size_t len)
+{
+    if (!c->ring_map)
+        return read_all(c->fd, buf, len);
+    char *p = buf;
+    while (len > 0) {
+        ssize_t n = ring_recv_some(c, p, len);
+        if (n < 0)
+            return (int)n;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int zmtp_use_ring(struct zmtp_conn *c, int fd)
+{
+    struct stat st;
+    void *map = MAP_FAILED;
+    errno = 0;
+    if (fstat(fd, &st) == 0 && (size_t)st.st_size == PILOT_RING_SHM_BYTES)
+        map = mmap(NULL, PILOT_RING_SHM_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = map == MAP_FAILED ? (errno ? errno : EPROTO) : 0;
+    close(fd);
+    if (err)
+        return -err;
+    const struct pilot_ring_shm *shm = map;
+    if (shm->magic != PILOT_RING_MAGIC || shm->req_bytes != PILOT_RING_REQ_BYTES ||
+        shm->rep_bytes != PILOT_RING_REP_BYTES) {
+        munmap(map, PILOT_RING_SHM_BYTES);
+        return -EPROTO;
+    }
+    c->ring_map = map;
+    pilot_ring_views(map, 1, &c->rout, &c->rin);
+    return 0;
+}
+
+static void ring_unmap(struct zmtp_conn *c)
+{
+    if (c->ring_map)
+        munmap(c->ring_map, PILOT_RING_SHM_BYTES);
+    c->ring_map = NULL;
+}
+
+void zmtp_abandon(struct zmtp_conn *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    ring_unmap(c);
+}
+
 /* len bytes of the connection's stream: first what was read ahead, then straight from the
  * socket when len is large, else through the read-ahead buffer (one recv of whatever has
  * arrived). */
@@ -80,9 +253,9 @@ static int conn_read(struct zmtp_conn *c, void *dst, size_t len)
         len -= n;
     }
     if (len >= sizeof c->ahead)
-        return read_all(c->fd, p, len);
+        return conn_read_all(c, p, len);
     while (len > 0) {
-        ssize_t n = recv_some(c->fd, c->ahead, sizeof c->ahead);
+        ssize_t n = conn_recv_some(c, c->ahead, sizeof c->ahead);
         if (n < 0)
             return (int)n;
         size_t k = (size_t)n < len ? (size_t)n : len;
@@ -222,6 +395,7 @@ int zmtp_connect_timeout(struct zmtp_conn *c, const char *path, int ms)
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     c->fd = -1;
     c->rpos = c->rlen = 0;
+    c->ring_map = NULL;
     if (strlen(path) >= sizeof addr.sun_path)
         return -ENAMETOOLONG;
     strcpy(addr.sun_path, path);
@@ -249,6 +423,7 @@ void zmtp_close(struct zmtp_conn *c)
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
+    ring_unmap(c);
     c->rpos = c->rlen = 0;
     free(c->buf);
     c->buf = NULL;
@@ -274,7 +449,7 @@ int zmtp_send(struct zmtp_conn *c, const struct zmtp_frame *frames, int nframes)
             iov[n++].iov_len = frames[i].len;
         }
     }
-    return write_all(c->fd, iov, n);
+    return c->ring_map ? ring_write_all(c, iov, n) : write_all(c->fd, iov, n);
 }
 
 /* Replies to short calls arrive within tens of microseconds: polling for that long avoids the
@@ -307,7 +482,8 @@ int zmtp_recv(struct zmtp_conn *c, struct zmtp_frame *frames, int max_frames)
     int count = 0;
     if (c->fd < 0)
         return -ENOTCONN;
-    int ready = c->rpos < c->rlen || (c->spin_us > 0 && spin_until_readable(c));
+    /* with rings, conn_read waits itself (spinning, then sleeping on the doorbell) */
+    int ready = c->ring_map || c->rpos < c->rlen || (c->spin_us > 0 && spin_until_readable(c));
     while (!ready && c->alive_ms > 0 && c->alive) { /* a long wait: is the peer still there? */
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
         int r = poll(&pfd, 1, c->alive_ms);
@@ -346,4 +522,37 @@ int zmtp_recv(struct zmtp_conn *c, struct zmtp_frame *frames, int max_frames)
         frames[i].len = lens[i];
     }
     return count;
+}
+
+int zmtp_recv_fd(struct zmtp_conn *c, struct zmtp_frame *frames, int max_frames, int *fd)
+{
+    *fd = -1;
+    if (c->fd < 0 || c->ring_map)
+        return -ENOTCONN;
+    if (c->rpos != c->rlen)
+        return -EPROTO;
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct iovec iov = {c->ahead, sizeof c->ahead};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    ssize_t n;
+    while ((n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
+        ;
+    if (n <= 0)
+        return n == 0 ? -ECONNRESET : -errno;
+    c->rpos = 0;
+    c->rlen = (uint32_t)n;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+            cm->cmsg_len == CMSG_LEN(sizeof(int)) && *fd < 0)
+            memcpy(fd, CMSG_DATA(cm), sizeof(int));
+    int rc = zmtp_recv(c, frames, max_frames);
+    if (rc < 0 && *fd >= 0) {
+        close(*fd);
+        *fd = -1;
+    }
+    return rc;
 }

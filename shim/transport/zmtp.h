@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pilot_ring.h"
+
 #define ZMTP_MAX_FRAMES 4
 
 struct zmtp_conn {
@@ -24,6 +26,10 @@ struct zmtp_conn {
      * (headers and frames) instead of one recv per header and per frame */
     uint32_t rpos, rlen;
     uint8_t ahead[4096];
+    /* After zmtp_use_ring the stream runs through shared-memory rings (pilot_ring.h); the socket
+     * then carries doorbells and EOF only. */
+    void *ring_map;
+    struct pilot_ring rout, rin; /* requests out, replies in */
 };
 
 struct zmtp_frame {
@@ -51,5 +57,18 @@ int zmtp_send(struct zmtp_conn *c, const struct zmtp_frame *frames, int nframes)
 /* Receives one multipart message into the connection's buffer; frames point into it and stay
  * valid until the next zmtp_recv. Returns the number of frames or -errno. */
 int zmtp_recv(struct zmtp_conn *c, struct zmtp_frame *frames, int max_frames);
+
+/* zmtp_recv for a reply that carries a descriptor (SCM_RIGHTS): *fd is it, or -1. Nothing may be
+ * read ahead on the connection (a synchronous request's reply). */
+int zmtp_recv_fd(struct zmtp_conn *c, struct zmtp_frame *frames, int max_frames, int *fd);
+
+/* Moves the connection's stream into the rings of the memfd pilotd handed over (RING_OPEN,
+ * pilot_ring.h); takes fd. Returns 0 or -errno (then the connection is unusable: pilotd has
+ * switched already). */
+int zmtp_use_ring(struct zmtp_conn *c, int fd);
+
+/* After fork, in the child: lets go of the parent's connection (its socket and rings) without
+ * touching what the parent shares. */
+void zmtp_abandon(struct zmtp_conn *c);
 
 #endif

@@ -570,3 +570,15 @@ def sum_table(k: SimLaunch) -> None:
     n, size = k.i32(1), k.i32(2)
     total = sum(sum(k.read(t, size)) for t in _table(k, k.ptr(0), n if size > 0 else 0))
     k.write(k.ptr(3), struct.pack("<Q", total))
+
+
+# ---- rings.cu ----
+
+@sim_kernel("_Z7add_onePyy")
+def add_one_u64(k: SimLaunch) -> None:
+    """Thread 0 of block 0: *counter += step."""
+    counter, (step,) = k.ptr(0), k.arg(1, "<Q")
+    if _threads_x(k) == 0:
+        return
+    (value,) = struct.unpack("<Q", k.read(counter, 8))
+    k.write(counter, struct.pack("<Q", (value + step) & (2**64 - 1)))

@@ -27,9 +27,10 @@ from pilot.daemon.protocol import ffi, lib
 SEED = int(os.environ.get("PILOT_FUZZ_SEED", "20261123"))
 ROUNDS = int(os.environ.get("PILOT_FUZZ_ROUNDS", "600"))
 HERE = Path(__file__).parent
-# Calls that end or re-make the session, or wait for a client that does not exist here
+# Calls that end or re-make the session, or wait for a client that does not exist here; and
+# RING_OPEN, which moves the connection into shared-memory rings (tests/proto/test_ring.py)
 SKIP = {lib.PILOT_OP_BYE, lib.PILOT_OP_ATTACH, lib.PILOT_OP_DEVICE_RESET,
-        lib.PILOT_OP_STREAM_CALLBACK}
+        lib.PILOT_OP_STREAM_CALLBACK, lib.PILOT_OP_RING_OPEN}
 
 
 def _body(rng: random.Random, size: int, pointers: list[int]) -> bytes:
