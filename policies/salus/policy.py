@@ -12,7 +12,11 @@
   idle for it (on the H100 a PyTorch job's set-up took seconds, all of them in FIFO's and
   SRTF's single turn).
 - **Last iteration.** A job that has run its declared iteration count gives its turn up at
-  that boundary, so the next job starts while it reads back, frees and exits.
+  that boundary, so the next job starts while it reads back, frees and exits. Past its
+  declared count (an iteration seen in pieces, or a count declared too low) it gives its turn
+  up at each learned count (the declared one doubled) and is not held at its other
+  boundaries: its next launch or scratch waits for its turn instead, so its exit never waits
+  for another job's iterations.
 - **Boundaries.** A job in an iteration always runs (nothing of it is held). At a boundary (a
   free that returns it to its persistent level) its lane is updated to the new measurement (if
   that no longer fits, it leaves its lane and waits for admission again) and the scheduler
@@ -299,6 +303,11 @@ class Salus(Policy):
             self._reschedule(a.gpu)
             return
         self._reschedule(a.gpu)
+        if declared is not None and boundary.iteration > declared:
+            # Past its declared count pilot cannot tell its end from a piece: not held here, or
+            # its exit (read-back, frees) would wait for another job's iterations. If it has
+            # lost the turn, its next launch or scratch waits for it instead (WAIT).
+            return
         self._hold_unless_running(job)
 
     def tick(self, now: float) -> None:

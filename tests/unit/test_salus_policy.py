@@ -305,6 +305,21 @@ def test_remaining_time_counts_to_the_learned_count() -> None:
     assert remaining_s(3, None, 0.1, 9.0) == 9.0  # no count: the service it had
 
 
+def test_a_job_past_its_declared_count_exits_without_waiting_for_a_turn() -> None:
+    """T frees its scratch three times per iteration: 30 boundaries for 10 declared iterations,
+    and its last (the 30th) is no learned count (10, 20, 40). Past its declared count pilot
+    cannot tell its end: it is not held at those boundaries (its next launch or scratch waits
+    for its turn instead), so when the shorter M, arriving during T's last piece, takes the
+    turn at that boundary, T's exit (its last free) does not wait for M's iterations."""
+    scripts = [Script(0.0, 1 * GIB, 1 * GIB, 10, 0.3, pieces=3), Script(9.45, 1 * GIB, 1 * GIB, 4, 0.1, declares_s=0.1)]
+    runs = simulate(declaring(salus("srtf"), scripts, sizes=False), scripts, 12 * GIB)
+    t, m = runs
+    assert len(t.iterations) == 30 and t.iterations[-1][0] < 9.45 < t.iterations[-1][1]
+    assert m.iterations[0][0] <= t.iterations[-1][1] + 3 * DT  # M took the turn at T's end
+    assert t.finished - t.iterations[-1][1] <= 3 * DT  # T's free and end, no wait
+    assert not any_overlap(runs)
+
+
 def test_srtf_keeps_the_incumbent_on_near_equal_estimates() -> None:
     """Estimates are noisy: the job that ran last keeps its turn unless another's is shorter
     by more than 5% of its own; equal estimates go by arrival."""
