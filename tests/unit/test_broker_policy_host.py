@@ -166,7 +166,7 @@ class Watcher(Recorder):
     def watches_launches(self, session: int) -> Watch:
         if isinstance(self.watch, Exception):
             raise self.watch
-        return self.watch  # type: ignore[no-any-return]
+        return self.watch
 
 
 def test_a_policy_watches_sessions_one_by_one_only_if_it_says_so(caplog: Any) -> None:
