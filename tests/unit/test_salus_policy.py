@@ -311,7 +311,8 @@ def test_a_job_past_its_declared_count_exits_without_waiting_for_a_turn() -> Non
     cannot tell its end: it is not held at those boundaries (its next launch or scratch waits
     for its turn instead), so when the shorter M, arriving during T's last piece, takes the
     turn at that boundary, T's exit (its last free) does not wait for M's iterations."""
-    scripts = [Script(0.0, 1 * GIB, 1 * GIB, 10, 0.3, pieces=3), Script(9.45, 1 * GIB, 1 * GIB, 4, 0.1, declares_s=0.1)]
+    scripts = [Script(0.0, 1 * GIB, 1 * GIB, 10, 0.3, pieces=3),
+               Script(9.45, 1 * GIB, 1 * GIB, 4, 0.1, declares_s=0.1)]
     runs = simulate(declaring(salus("srtf"), scripts, sizes=False), scripts, 12 * GIB)
     t, m = runs
     assert len(t.iterations) == 30 and t.iterations[-1][0] < 9.45 < t.iterations[-1][1]
