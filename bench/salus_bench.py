@@ -6,10 +6,12 @@ when each job first ran and how much GPU time (iteration seconds) each has had."
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,22 +40,30 @@ def clean_env() -> dict[str, str]:
 
 
 class Daemon(PilotdProcess):
-    """A pilotd of its own (socket, state and log under `workdir`) with `policy`."""
+    """A pilotd of its own (socket, state and log under `workdir`) with `policy`; `config`:
+    more TOML (e.g. "[daemon]\nfast_launch = false\n"); `metrics`: serve Prometheus metrics
+    on a free local port (`scrape`)."""
 
     def __init__(self, workdir: Path, backend: str, policy: str, scheduler: str = "pack",
-                 capacity: str = "12GiB", log_level: str = "info") -> None:
+                 capacity: str = "12GiB", log_level: str = "info", config: str = "",
+                 metrics: bool = False) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.socket = str(workdir / "pilot.sock")
         self.control = str(workdir / "control.sock")
-        config = workdir / "pilotd.toml"
-        text = "[policy]\nmax_wait = 0\n"
+        toml = workdir / "pilotd.toml"
+        text = config + "[policy]\nmax_wait = 0\n"
         if policy == "salus":
             text += f'[policy.salus]\nscheduler = "{scheduler}"\ncapacity = "{capacity}"\n'
-        config.write_text(text)
-        cmd = [sys.executable, "-m", "pilot.daemon", "--config", str(config), "--backend", backend,
+        toml.write_text(text)
+        self.metrics_address = ""
+        if metrics:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                self.metrics_address = f"127.0.0.1:{probe.getsockname()[1]}"
+        cmd = [sys.executable, "-m", "pilot.daemon", "--config", str(toml), "--backend", backend,
                "--socket", self.socket, "--control-socket", self.control, "--state-dir",
-               str(workdir / "state"), "--metrics-address", "", "--policy", policy,
+               str(workdir / "state"), "--metrics-address", self.metrics_address, "--policy", policy,
                "--log-level", log_level]
         if backend == "sim":
             cmd += ["--sim-kernels", str(BENCH / "salus_sim_kernels.py")]
@@ -63,6 +73,14 @@ class Daemon(PilotdProcess):
     def status(self) -> dict[str, Any]:
         from pilot.cli.client import ControlClient
         return ControlClient(self.control, timeout_ms=3000).call("status")
+
+    def scrape(self, name: str) -> float:
+        """The sum of metric `name`'s samples (0 without metrics or samples)."""
+        if not self.metrics_address:
+            return 0.0
+        text = urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name + "{") or line.startswith(name + " "))
 
     def sessions(self) -> list[dict[str, Any]]:
         from pilot.cli.client import ControlClient

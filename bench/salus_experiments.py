@@ -3,7 +3,7 @@
 
     python3 bench/salus_experiments.py fair --out /tmp/salus-fair          # about 60 s
     python3 bench/salus_experiments.py overhead --out /tmp/salus-overhead  # about 45 s
-    python3 bench/salus_experiments.py torch --out /tmp/salus-torch        # about 40 s, PyTorch
+    python3 bench/salus_experiments.py torch --out /tmp/salus-torch        # about 60 s, PyTorch
     python3 bench/salus_experiments.py fair --backend sim --scale 0.1      # no GPU: the script
 
 fair (Salus Fig. 11): three jobs of P = 1 GiB, E = 7 GiB in C = 12 GiB (so they share one lane)
@@ -23,7 +23,10 @@ first with PyTorch's caching allocator (pilot should not recognize it: E = 0, P 
 then with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (pilot should recognize its
 iterations: E > 0); prints what pilot measured, the JCT ratio (what the async backend costs
 under pilot) and how many boundaries pilot saw for the steps (more than the steps: it cuts a step
-into pieces, which SRTF's iteration count must survive). Needs PyTorch on the GPU machine.
+into pieces, which SRTF's iteration count must survive); then the cudaMallocAsync run again with
+`[daemon] fast_launch = false` (every call through Python, as salus had it before it watched
+sessions one by one): how many launches and library calls ran in C and the JCT against that
+(about 60 s in all). Needs PyTorch on the GPU machine.
 --out DIR writes the numbers as JSON (and fair.png with matplotlib).
 """
 
@@ -147,30 +150,45 @@ def torch_jobs(args: argparse.Namespace, work: Path, sim: bool) -> tuple[bool, d
     PyTorch's caching allocator and with backend:cudaMallocAsync: what pilot learns of it."""
     exe = build_job(work)
     doc: dict[str, Any] = {}
-    for alloc in ("", "backend:cudaMallocAsync"):
-        name = alloc or "caching"
+    slow = "[daemon]\nfast_launch = false\n"  # every call through Python: salus before issue 30's fix
+    asynchronous_alloc = "backend:cudaMallocAsync"
+    for name, alloc, config in (("caching", "", ""), (asynchronous_alloc, asynchronous_alloc, ""),
+                                ("cudaMallocAsync, no fast path", asynchronous_alloc, slow)):
         spec = JobSpec(f"torch-{name}", 0.0, iterations=args.iterations, torch=args.size,
                        torch_alloc=alloc)
-        daemon = Daemon(work / name.replace(":", "-"), args.backend, "salus", "pack", "12GiB")
+        daemon = Daemon(work / name.replace(":", "-").replace(", ", "-").replace(" ", "-"), args.backend,
+                        "salus", "pack", "12GiB", config=config, metrics=True)
         try:
             [r], poller = run_jobs(daemon, [spec], exe, sim, declare=False)
+            counts = {k: daemon.scrape(f"pilot_{k}_total") for k in
+                      ("tenant_launches", "fast_launches", "fast_library_calls")}
         finally:
             daemon.stop()
         last = next(iter(poller.jobs.values()), {})
-        doc[name] = {"rc": r.rc, "jct": r.jct, "state": last, "output": r.output[-2000:]}
+        doc[name] = {"rc": r.rc, "jct": r.jct, "state": last, "output": r.output[-2000:], "counts": counts}
         print(f"{name}: rc {r.rc}, JCT {r.jct:.2f} s; pilot saw: recognized {last.get('recognized')}, "
               f"P {last.get('persistent', 0) / MIB:.0f} MiB, E {last.get('ephemeral', 0) / MIB:.0f} MiB, "
               f"{last.get('iterations')} iterations of {last.get('iteration_s')} s")
     cached, asynchronous = doc["caching"], doc["backend:cudaMallocAsync"]
+    slow_run = doc["cudaMallocAsync, no fast path"]
     seen = asynchronous["state"]
-    checks = [(cached["rc"] == 0 and asynchronous["rc"] == 0, "both runs finished"),
+    fast = asynchronous["counts"]
+    finished = cached["rc"] == 0 and asynchronous["rc"] == 0 and slow_run["rc"] == 0
+    checks = [(finished, "all three runs finished"),
               (bool(cached["state"]) and not cached["state"].get("recognized"),
                "caching allocator: seen by pilot, not recognized (E = 0)"),
               (bool(seen.get("recognized")) and seen.get("ephemeral", 0) > 0,
                "cudaMallocAsync: recognized, E > 0"),
               (True, f"cudaMallocAsync / caching JCT: {asynchronous['jct'] / max(cached['jct'], 1e-9):.2f}x"),
               # more boundaries than steps: pilot cuts a step into pieces (its SRTF count runs ahead)
-              (True, f"cudaMallocAsync: {seen.get('iterations')} boundaries for {args.iterations} steps")]
+              (True, f"cudaMallocAsync: {seen.get('iterations')} boundaries for {args.iterations} steps"),
+              # issue 30: salus no longer turns the fast path off for every call of every job
+              (fast["fast_launches"] > 0,
+               f"cudaMallocAsync under salus: {fast['fast_launches']:.0f} of {fast['tenant_launches']:.0f} "
+               f"launches and {fast['fast_library_calls']:.0f} library calls ran in C; JCT "
+               f"{asynchronous['jct']:.2f} s against {slow_run['jct']:.2f} s with every call through "
+               f"Python (fast_launch = false, salus before): "
+               f"{asynchronous['jct'] / max(slow_run['jct'], 1e-9):.2f}x")]
     for good, text in checks:
         print(f"{'PASS' if good else 'FAIL'}: {text}")
     return all(g for g, _ in checks), doc

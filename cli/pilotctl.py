@@ -173,6 +173,8 @@ def lanes(client: ControlClient, as_json: bool) -> None:
                        + ("" if j["recognized"] else " (not recognized: all persistent)")
                        + f", {j['iterations']} iterations"
                        + (f" of {it * 1e3:.1f} ms" if it else "")
+                       + (f", about {j['remaining_s']:.1f} s left (SRTF's estimate)"
+                          if state.get("scheduler") == "srtf" and j.get("remaining_s") is not None else "")
                        + (", running" if j["running"] else f", held: {j['held']}" if j["held"] else ""))
         if g["queue"]:
             click.echo(f"  queue: {', '.join(f'session {q}' for q in g['queue'])}")

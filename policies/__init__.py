@@ -23,6 +23,7 @@ from .api import (
     RangeView,
     SessionView,
     Verdict,
+    Watch,
 )
 from .errors import PolicyConfigError, UnknownPolicy
 from .madvise import MAdvise
@@ -63,6 +64,7 @@ __all__ = [
     "SessionView",
     "UnknownPolicy",
     "Verdict",
+    "Watch",
     "available",
     "create",
     "load_plugin",

@@ -196,6 +196,14 @@ class Controls:
 
 # ---- decisions ----
 
+class Watch(enum.Enum):
+    """How much of a session's launches a policy that decides launches must see now
+    (Policy.watches_launches)."""
+    ALL = "all"    # every launch comes to launch_requested: pilotd's fast path (C) is off for it
+    NEXT = "next"  # its next launch does; the calls around it (and after it) may run in C
+    NONE = "none"  # C may run its launches, library calls, copies and synchronizations
+
+
 class Verdict(enum.Enum):
     RUN = "run"        # issue the launch now
     WAIT = "wait"      # defer it; the daemon asks again on later events and ticks
@@ -310,6 +318,21 @@ class Policy:
 
     def launch_dropped(self, l: LaunchView, why: str) -> None:  # noqa: E741
         """A launch that had been answered WAIT ended without running; `why` in DROP_REASONS."""
+
+    def watches_launches(self, session: int) -> Watch:
+        """Only for a policy that decides launches: how much of this session's launches must
+        come to launch_requested now (Watch). The default, ALL for every session, turns
+        pilotd's fast path (C) off for the whole vGPU: every launch, library call, copy and
+        synchronization goes through Python. A policy that overrides it lets C serve what it
+        does not watch: with NEXT its next launch comes to the policy and the calls before and
+        after it run in C; with NONE its launches skip launch_requested/launch_started
+        (launches that reach Python anyway, the first of a kernel, still come). pilotd asks
+        after each batch of the session's calls that Python handled, so a session must be
+        watched more only from one of its own events (its allocation, free or launch): its
+        very next call then follows the new answer. A session the policy holds
+        (Controls.hold_session) is off the fast path whatever this says. CUDA graphs stay off
+        in pilotd under such a policy (a graph is many launches). Cheap, and no side effect."""
+        return Watch.ALL
 
     # -- completion, readings, time --
 

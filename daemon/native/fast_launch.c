@@ -570,7 +570,7 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
     if (env.opcode == PILOT_OP_BLAS_GEMM || env.opcode == PILOT_OP_BLASLT_MATMUL ||
         env.opcode == PILOT_OP_MEMSET || env.opcode == PILOT_OP_DNN_EXECUTE ||
         env.opcode == PILOT_OP_DNN_BATCHNORM) {
-        if (c->enabled != PILOT_FAST_ALL)
+        if (c->enabled != PILOT_FAST_ALL && c->enabled != PILOT_FAST_NEXT_LAUNCH)
             return FAST_PYTHON;
         int r = fast_try_library(f, c, m, &env);
         if (r == FAST_DONE && (env.flags & PILOT_F_NO_REPLY) == 0) {
@@ -580,9 +580,12 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
         }
         return r;
     }
-    if (env.opcode != PILOT_OP_LAUNCH || c->enabled != PILOT_FAST_ALL ||
-        !(env.flags & PILOT_F_NO_REPLY) ||
+    if (env.opcode != PILOT_OP_LAUNCH || !(env.flags & PILOT_F_NO_REPLY) ||
         m->len[1] < sizeof(pilot_req_launch))
+        return FAST_PYTHON;
+    if (c->enabled == PILOT_FAST_NEXT_LAUNCH)
+        return FAST_LEARN; /* the policy sees this one; the later messages are read again after */
+    if (c->enabled != PILOT_FAST_ALL)
         return FAST_PYTHON;
     memcpy(&req, m->frame[1], sizeof req);
     uint64_t arg_bytes = m->nframes == 3 ? m->len[2] : 0;

@@ -25,7 +25,10 @@
 /* PILOT_FAST_CDEF_BEGIN */
 typedef struct pilot_fast pilot_fast;
 
-enum pilot_fast_mode { PILOT_FAST_OFF = 0, PILOT_FAST_ALL = 1 };
+/* PILOT_FAST_NEXT_LAUNCH: as ALL, except that the next posted launch goes to Python (FAST_LEARN:
+ * the messages after it are put back), for a policy that must see one launch (Python then tells
+ * the session's mode again). */
+enum pilot_fast_mode { PILOT_FAST_OFF = 0, PILOT_FAST_ALL = 1, PILOT_FAST_NEXT_LAUNCH = 2 };
 
 /* What ran here for one connection since the last pilot_fast_take. */
 #define PILOT_FAST_BUCKETS 24 /* latency buckets of the copies (+Inf last), see pilot_fast_new */
@@ -88,8 +91,8 @@ pilot_fast *pilot_fast_new(void *cuda_launch, void *cuda_dtoh, void *cuda_htod, 
                            uint16_t protocol_version);
 void pilot_fast_free(pilot_fast *f);
 
-/* A connection's session qualifies (enabled PILOT_FAST_ALL) or not (PILOT_FAST_OFF, the
- * default). legacy_stream is the
+/* A connection's session qualifies (enabled PILOT_FAST_ALL, or PILOT_FAST_NEXT_LAUNCH) or not
+ * (PILOT_FAST_OFF, the default). legacy_stream is the
  * CUstream that work on the program's stream 0 goes to, or 0 when none exists yet; legacy_slow:
  * such work must go through Python (its blocking streams have work the legacy stream must wait
  * for). context: the key of

@@ -115,12 +115,17 @@ def movable_footprint(vg: VGpu, s: Session, launch: Launch) -> tuple[RangeView, 
                  for r in ranges)
 
 
-def launches_seen_one_by_one(vg: VGpu) -> str:
+def launches_seen_one_by_one(vg: VGpu, per_session: bool = False) -> str:
     """Why every launch on this vGPU must come through Python, one by one ('' if none must): a
     policy that sees launches, or kernel timing. Neither C's fast path nor a CUDA graph in
-    pilotd may then launch for it."""
+    pilotd may then launch for it. `per_session` (the fast path): a policy that decides the
+    launches of the sessions it watches only (Policy.watches_launches) does not count; C is
+    then told per session (vgpu/fast.py). CUDA graphs in pilotd stay off under it: a graph
+    made while a session was not watched would launch a whole iteration past the policy once
+    it is."""
     host = vg.policy
-    if host is not None and (host.decides_launches or host.needs_kernel_end or host.needs_footprint):
+    if host is not None and (host.needs_kernel_end or host.needs_footprint or (
+            host.decides_launches and not (per_session and host.selective))):
         return f"policy {host.name} sees every launch"
     if vg.kernel_time:
         return "[metrics] kernel_time times every kernel"

@@ -31,6 +31,7 @@ from pilot.policies import (
     Policy,
     SessionView,
     Verdict,
+    Watch,
 )
 
 if TYPE_CHECKING:
@@ -162,6 +163,10 @@ class PolicyHost:
         self.metrics = metrics
         self.max_wait = max_wait  # seconds a launch may wait; 0: no limit
         self.decides_launches = policy.decides_launches
+        # it decides launches of the sessions it watches only (Policy.watches_launches): the
+        # fast path serves the others
+        self.selective = policy.decides_launches and \
+            type(policy).watches_launches is not Policy.watches_launches
         self.needs_footprint = policy.needs_footprint
         self.needs_kernel_end = policy.needs_kernel_end
         self.prefetches_footprint = policy.prefetches_footprint
@@ -316,6 +321,22 @@ class PolicyHost:
 
     def launch_started(self, view: LaunchView) -> None:
         self._event(self.policy.launch_started, view)
+
+    def watches_launches(self, session: int) -> Watch:
+        """How much of the session's launches must reach the policy now (a policy that fails
+        or answers something else: ALL, every launch through Python, logged)."""
+        try:
+            with self._lock:
+                watch = self.policy.watches_launches(session)
+        except Exception:
+            log.exception("policy %s: watches_launches failed; the session's launches go to it",
+                          self.name)
+            return Watch.ALL
+        if not isinstance(watch, Watch):
+            log.error("policy %s: watches_launches returned %r, not a Watch; the session's "
+                      "launches go to it", self.name, watch)
+            return Watch.ALL
+        return watch
 
     def launch_dropped(self, view: LaunchView, why: str) -> None:
         self._event(self.policy.launch_dropped, view, why)

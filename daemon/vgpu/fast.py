@@ -10,8 +10,10 @@ Session.fast_ranges), and after each wait it folds the counts of what C did into
 the metrics and the fault bookkeeping (`fold`).
 
 A session qualifies while no per-launch work of the daemon applies to it: no policy that sees
-launches, no capacity enforcement of its memory, no kernel timing, no waiting launch, no sticky
-error, no priority gate (a tenant of a higher class active on its GPU: scheduling/priority.py).
+launches (a policy that decides launches of the sessions it watches only, Policy.watches_launches
+such as salus's, keeps the fast path for the others: asked in `update`), no hold of the policy,
+no capacity enforcement of its memory, no kernel timing, no waiting launch, no sticky error, no
+priority gate (a tenant of a higher class active on its GPU: scheduling/priority.py).
 For a session with unified memory C also counts each launch per shadow it reaches (as
 Session.note_managed_launch does) and does the shadow flushes (SHADOW_FLUSH) whose shadow,
 staging area and coherence stream it knows (`ShadowsInC`, `update`). Work on the program's
@@ -63,6 +65,7 @@ from pilot.daemon.ops.unified import coherence_stream
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.scheduling.launch import launches_seen_one_by_one
 from pilot.daemon.telemetry.metrics import LATENCY_BUCKETS
+from pilot.policies import Watch
 
 if TYPE_CHECKING:
     from pilot.daemon.scheduling.launch import Launch
@@ -126,7 +129,7 @@ class FastLaunches:
     def create(cls, vg: VGpu) -> FastLaunches | None:
         """For a vGPU whose every launch needs Python (a policy that sees launches, kernel
         timing) or a backend that offers neither path: None."""
-        if launches_seen_one_by_one(vg):
+        if launches_seen_one_by_one(vg, per_session=True):
             return None
         backend = vg.backend
         native = backend.native_fast_functions() if hasattr(backend, "native_fast_functions") else None
@@ -386,8 +389,14 @@ class FastLaunches:
             return
         lib.pilot_fast_python_work(self.ptr, conn)
         res = self.vg.broker.residency
+        host = self.vg.policy
+        watch = host.watches_launches(s.id) if host is not None and host.selective else Watch.NONE
         enabled = 0 if (s.sticky or s.waiting is not None or s.gated or s.gate_held
-                        or (res is not None and s.id in res.sessions)) else lib.PILOT_FAST_ALL
+                        or s.policy_hold is not None or watch is Watch.ALL
+                        or (res is not None and s.id in res.sessions)) \
+            else lib.PILOT_FAST_NEXT_LAUNCH if watch is Watch.NEXT else lib.PILOT_FAST_ALL
+        if not enabled and s.id not in self._states:
+            return  # C has never served it (a policy watches it from its start): nothing to tell
         legacy = self._raw(s.legacy) if enabled and s.legacy is not None else 0
         state = (conn, int(enabled), legacy, int(bool(s.dirty_blocking)), int(bool(s.deferred)),
                  0 if s.partition is None else id(s.partition))

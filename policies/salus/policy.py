@@ -12,7 +12,11 @@
   idle for it (on the H100 a PyTorch job's set-up took seconds, all of them in FIFO's and
   SRTF's single turn).
 - **Last iteration.** A job that has run its declared iteration count gives its turn up at
-  that boundary, so the next job starts while it reads back, frees and exits.
+  that boundary, so the next job starts while it reads back, frees and exits. Past its
+  declared count (an iteration seen in pieces, or a count declared too low) it gives its turn
+  up at each learned count (the declared one doubled) and is not held at its other
+  boundaries: its next launch or scratch waits for its turn instead, so its exit never waits
+  for another job's iterations.
 - **Boundaries.** A job in an iteration always runs (nothing of it is held). At a boundary (a
   free that returns it to its persistent level) its lane is updated to the new measurement (if
   that no longer fits, it leaves its lane and waits for admission again) and the scheduler
@@ -44,7 +48,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api import RUN, AllocationView, Decision, LaunchView, Policy, SessionView
+from ..api import RUN, AllocationView, Decision, LaunchView, Policy, SessionView, Watch
 from ..settings import Bytes
 from ..tracking import size_text
 from . import declared as declarations
@@ -55,6 +59,7 @@ from .schedulers import (
     SCHEDULERS,
     JobState,
     admission_order,
+    learned_count,
     remaining_s,
     runnable,
     strict_order,
@@ -72,6 +77,9 @@ class SalusSettings:
     grow: str = "smallest"  # which lane Algorithm 1 grows: "smallest" (the paper) or "closest"
     learn: int = 2  # boundaries before a job's P and E are trusted
     declared: bool = True  # read PILOT_SALUS_* from a job's environment
+    # SRTF: seconds taken off a job's estimated remaining time per second it has waited for its
+    # turn (0: pure SRTF, where a long job can wait for ever behind a stream of short ones)
+    aging: float = 0.1
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -82,6 +90,8 @@ class SalusSettings:
             raise ValueError("capacity must be 0 or more")
         if self.learn < 1:
             raise ValueError("learn must be 1 or more")
+        if not self.aging >= 0:  # NaN too
+            raise ValueError("aging must be 0 or more")
 
 
 @dataclass(slots=True)
@@ -111,12 +121,28 @@ class Job:
     held: str = ""  # why it waits, "" if it does not
     gated: bool = False  # its calls are held (Controls.hold_session)
     waits_for: int = 0  # bytes of an allocation held until they fit (it has no lane)
+    waited: float = 0.0  # seconds it wanted its turn and did not have it (SRTF's aging), ...
+    waiting_since: float | None = None  # ... plus now less this, while it waits
 
     @property
     def iteration_s(self) -> float | None:
-        """Its mean iteration time in its turns after the first; None before (SRTF then
-        guesses from the other jobs)."""
-        return sum(self.turns) / len(self.turns) if self.turns else None
+        """Its iteration time in its turns after the first, a trimmed mean of the recent ones
+        (from 4 on, the shortest and the longest left out: one iteration slowed by a neighbour
+        or a page-in does not move the estimate); None before (SRTF then takes its declared
+        time, else the other jobs' pace)."""
+        t = sorted(self.turns)
+        if len(t) >= 4:
+            t = t[1:-1]
+        return sum(t) / len(t) if t else None
+
+    def wants(self, now: float) -> None:
+        """It asks for its turn (a launch, or scratch beyond its P)."""
+        self.wants_turn = True
+        if not self.running and self.waiting_since is None:
+            self.waiting_since = now
+
+    def waited_s(self, now: float) -> float:
+        return self.waited + (now - self.waiting_since if self.waiting_since is not None else 0.0)
 
     def ran(self, seconds: float) -> None:
         """An iteration ended after `seconds` in its turn."""
@@ -158,6 +184,7 @@ class Salus(Policy):
         self.jobs: dict[int, Job] = {}
         self.lanes: dict[int, Lanes] = {}  # gpu -> its lanes
         self._arrivals = itertools.count(1)
+        self.last_turn: dict[int, int] = {}  # gpu -> the session that got its turn last
         self.clock = time.monotonic  # tests replace it
         self.read_declared = declarations.read  # pid -> Declared; tests replace it
 
@@ -211,7 +238,7 @@ class Salus(Policy):
             # beyond its P: its iteration's scratch, in its lane, at its turn
             if not job.wants_turn:
                 self._trace(job, "asks")
-            job.wants_turn = True
+            job.wants(self.clock())
             self._reschedule(job.session.gpu)
             if not job.running:
                 job.gated = True
@@ -256,21 +283,31 @@ class Salus(Policy):
         if job.running:
             job.ran(now - job.started)
             job.running = False
+            if job.wants_turn:  # it waits for its next turn from here (unless it is picked again)
+                job.waiting_since = now
         if a.session in lanes:
             lanes.update(a.session, *job.sizes())  # False: it left its lane, admitted again
         declared = job.declared.iterations
-        if declared is not None and boundary.iteration == declared:
-            # Its last iteration: it gives its turn up now, not at its session's end (its
-            # read-back, frees and exit need no turn; a launch or scratch would ask again).
-            # Only at the declared count itself: a job seen with more boundaries than it
-            # declared (an iteration that frees in several places, PyTorch's, is cut into
-            # pieces) is not at its end, and giving its turn up at each later boundary made it
-            # wait for another job's boundary before each piece.
+        if declared is not None and boundary.iteration == learned_count(boundary.iteration - 1, declared):
+            # Its last iteration, as far as pilot can tell: it gives its turn up now, not at its
+            # session's end (its read-back, frees and exit need no turn; a launch or scratch
+            # would ask again). At the declared count, and at each learned one after it (the
+            # declared count doubled: SRTF's estimate, schedulers.remaining_s) for a job seen
+            # with more boundaries than it declared (an iteration that frees in several places,
+            # PyTorch's, is cut into pieces): held there instead, its exit would wait for
+            # another job's boundary. Not at every later boundary: that made such a job wait
+            # for another's boundary before each piece.
             job.wants_turn = False
+            job.waiting_since = None
             self._trace(job, "last")
             self._reschedule(a.gpu)
             return
         self._reschedule(a.gpu)
+        if declared is not None and boundary.iteration > declared:
+            # Past its declared count pilot cannot tell its end from a piece: not held here, or
+            # its exit (read-back, frees) would wait for another job's iterations. If it has
+            # lost the turn, its next launch or scratch waits for it instead (WAIT).
+            return
         self._hold_unless_running(job)
 
     def tick(self, now: float) -> None:
@@ -288,7 +325,8 @@ class Salus(Policy):
             return RUN
         if not job.wants_turn:
             self._trace(job, "asks")
-        job.wants_lane = job.wants_turn = True
+        job.wants_lane = True
+        job.wants(self.clock())
         self._reschedule(l.gpu)
         if job.running:
             return RUN
@@ -298,6 +336,19 @@ class Salus(Policy):
         job = self.jobs.get(l.session)
         if job is not None:
             job.detector.launched()
+
+    def watches_launches(self, session: int) -> Watch:
+        """What of the session's launches must come to launch_requested now: all of them while
+        it does not run (its launch asks for its turn and may wait; its calls may be held);
+        while it runs, its first launch after a boundary (the detector needs one launch per
+        iteration), and nothing more until its next boundary: it is never held within an
+        iteration, so pilotd's fast path runs its other launches (and its library calls,
+        copies and synchronizations) in C. A job is watched more again only in its own events
+        (the free that is its boundary), as the fast path requires."""
+        job = self.jobs.get(session)
+        if job is None or not job.running:
+            return Watch.ALL
+        return Watch.NONE if job.detector.in_iteration else Watch.NEXT
 
     # ---- internals ----
     def _reschedule(self, gpu: int) -> None:
@@ -323,6 +374,10 @@ class Salus(Policy):
             if job.running or not job.wants_turn:
                 continue
             job.running, job.started = True, now
+            if job.waiting_since is not None:
+                job.waited += now - job.waiting_since
+                job.waiting_since = None
+            self.last_turn[gpu] = sid
             self._trace(job, "turn")
             if job.gated:
                 job.gated = False
@@ -379,13 +434,22 @@ class Salus(Policy):
         lanes.capacity = min(mine, card) if mine and card else mine or card
         return lanes
 
-    def _state(self, job: Job, lanes: Lanes, typical_s: float | None = None) -> JobState:
-        det = job.detector
+    def _remaining(self, job: Job, typical_s: float | None) -> float:
+        """SRTF's estimate of the job's remaining seconds (schedulers.remaining_s), with the
+        job's own measured pace once it has one."""
         pace = job.iteration_s or job.declared.iteration_s or typical_s
-        remaining = remaining_s(det.boundaries, job.declared.iterations, pace, job.service)
+        return remaining_s(job.detector.boundaries, job.declared.iterations, pace, job.service)
+
+    def _state(self, job: Job, lanes: Lanes, typical_s: float | None = None,
+               now: float | None = None) -> JobState:
+        srtf = self.settings.scheduler == "srtf"
+        remaining = self._remaining(job, typical_s)
+        if srtf and now is not None:
+            remaining -= self.settings.aging * job.waited_s(now)
         service = job.vservice if self.settings.scheduler == "fair" else job.service
         lane = lanes.lane_of(job.session.id) if job.wants_turn or job.running else None
-        return JobState(job.session.id, job.arrival, lane, job.running, service, remaining)
+        incumbent = srtf and self.last_turn.get(job.session.gpu) == job.session.id
+        return JobState(job.session.id, job.arrival, lane, job.running, service, remaining, incumbent)
 
     def _typical_s(self, gpu: int) -> float | None:
         """The mean iteration time of the measured jobs of `gpu`: SRTF's guess for the others."""
@@ -396,13 +460,15 @@ class Salus(Policy):
     def _states(self, gpu: int) -> list[JobState]:
         lanes = self._gpu_lanes(gpu)
         typical = self._typical_s(gpu) if self.settings.scheduler == "srtf" else None
-        return [self._state(j, lanes, typical) for j in self.jobs.values() if j.session.gpu == gpu]
+        now = self.clock()
+        return [self._state(j, lanes, typical, now) for j in self.jobs.values() if j.session.gpu == gpu]
 
     def _admit(self, gpu: int) -> Lanes:
         """Offer lanes to the jobs of `gpu` that wait for one, in the scheduler's order."""
         lanes = self._gpu_lanes(gpu)
         typical = self._typical_s(gpu) if self.settings.scheduler == "srtf" else None
-        waiting = [self._state(j, lanes, typical) for j in self.jobs.values()
+        now = self.clock()
+        waiting = [self._state(j, lanes, typical, now) for j in self.jobs.values()
                    if j.session.gpu == gpu and j.wants_lane and j.session.id not in lanes]
         for st in admission_order(self.settings.scheduler, waiting):
             job = self.jobs[st.job]
@@ -436,6 +502,8 @@ class Salus(Policy):
                 "lane": lanes.lane_of(job.session.id), "persistent": p, "ephemeral": e,
                 "recognized": det.recognized, "iterations": det.boundaries,
                 "iteration_s": job.iteration_s, "service_s": round(job.service, 3),
+                "remaining_s": round(self._remaining(job, self._typical_s(job.session.gpu)), 3),
+                "waited_s": round(job.waited_s(self.clock()), 3),
                 "running": job.running, "held": job.held}
 
     def session_status(self, session: int) -> tuple[str, str] | None:

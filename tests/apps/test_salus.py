@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pilotd_metrics import run_scraped, total
 
 from pilot.cli.client import ControlClient
 
@@ -133,3 +134,24 @@ def test_a_job_outgrowing_its_declaration_is_refused_within_c(start_pilotd: Any,
     out, err = outs[2]
     assert procs[2].returncode != 0 and "cudaErrorMemoryAllocation" in err, (out, err)
     assert "refuse (salus: 48" in daemon.log(), daemon.log_tail()
+
+
+def test_a_running_job_s_launches_run_in_c(start_pilotd: Any, shim_path: str, salus_job: Path) -> None:
+    """Issue 30: salus decides launches, and used to turn pilotd's fast path off for the whole
+    vGPU: every launch of every job went through Python (a PyTorch step under salus took ~10x
+    its time). Now only a job that does not run is watched whole; a running one sends its
+    first launch after each boundary to the policy (the detector needs one per iteration) and
+    the rest of its iteration runs in C. 12 iterations of 20 launches: at most the first
+    iteration's 20 and one per later iteration go through Python."""
+    config = ('[policy]\nname = "salus"\nmax_wait = 0\n[policy.salus]\nscheduler = "srtf"\n'
+              'capacity = "64MiB"\n')
+    env = {"PILOT_SALUS_PERSISTENT": "8MiB", "PILOT_SALUS_EPHEMERAL": "16MiB",
+           "PILOT_SALUS_ITERATIONS": "12"}
+    out, metrics = run_scraped(start_pilotd, [str(salus_job), "8", "16", "0", "12", "4", "5", "20"],
+                               shim_path, config, env)
+    assert "iterations 12 ok" in out, out
+    launched = total(metrics, "pilot_tenant_launches_total")
+    in_c = total(metrics, "pilot_fast_launches_total")
+    assert launched == 12 * 20
+    print(f"salus fast path: {launched - in_c:g} of {launched:g} launches through Python")
+    assert launched - in_c <= 20 + 11, (launched, in_c)

@@ -11,7 +11,8 @@
 #   fair   bench/salus_experiments.py fair: Fig. 11 (three jobs 15 s apart under FAIR, shares
 #          of 1/k +-10%, first iterations within 1 s); about 60 s, limit 100 s
 #   torch  bench/salus_experiments.py torch: a PyTorch job declaring nothing, caching allocator
-#          vs backend:cudaMallocAsync (what pilot recognizes); about 40 s, limit 120 s
+#          vs backend:cudaMallocAsync (what pilot recognizes), and cudaMallocAsync again with
+#          the fast path off (what watching sessions one by one gains); about 60 s, limit 120 s
 # Written to $OUT: salus.md (every PASS/FAIL line by step, the trace's table and timelines,
 # each step's exit status) and salus.tgz (everything: JSON, plots, pilotd logs, job outputs).
 # Exit status: non-zero if a step failed or printed a FAIL line.

@@ -14,7 +14,7 @@ from pilot.daemon.resources.broker import GpuBudget, ResourceBroker
 from pilot.daemon.resources.tenants import HOST, Ledger, QuotaStore
 from pilot.daemon.scheduling.policy_host import PolicyHost
 from pilot.daemon.telemetry.metrics import Metrics
-from pilot.policies import RUN, Decision, LaunchView, Policy, Verdict
+from pilot.policies import RUN, Decision, LaunchView, Policy, Verdict, Watch
 
 MiB = 1 << 20
 
@@ -154,6 +154,30 @@ def test_a_policy_that_raises_or_answers_nonsense_lets_the_launch_run(caplog: An
         host = PolicyHost(Recorder(answer), Metrics())
         assert host.launch_requested(view()).verdict is Verdict.RUN
     assert "launch_requested" in caplog.text
+
+
+class Watcher(Recorder):
+    """Decides launches of the sessions it watches only (Policy.watches_launches)."""
+
+    def __init__(self, watch: Any) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def watches_launches(self, session: int) -> Watch:
+        if isinstance(self.watch, Exception):
+            raise self.watch
+        return self.watch
+
+
+def test_a_policy_watches_sessions_one_by_one_only_if_it_says_so(caplog: Any) -> None:
+    assert not PolicyHost(Recorder(), Metrics()).selective  # the default: every launch seen
+    assert PolicyHost(Recorder(), Metrics()).watches_launches(1) is Watch.ALL
+    assert PolicyHost(Watcher(Watch.NONE), Metrics()).selective
+    assert PolicyHost(Watcher(Watch.NEXT), Metrics()).watches_launches(1) is Watch.NEXT
+    # a policy that fails or answers nonsense sees every launch of the session
+    for answer in (RuntimeError("bug"), True):
+        assert PolicyHost(Watcher(answer), Metrics()).watches_launches(1) is Watch.ALL
+    assert "watches_launches" in caplog.text
 
 
 def test_decisions_are_counted_once_per_launch() -> None:

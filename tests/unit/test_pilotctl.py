@@ -126,6 +126,15 @@ def test_lanes_shows_the_salus_state(replies: dict[str, Any]) -> None:
     assert json.loads(run("lanes", "--json").output) == SALUS_STATE
 
 
+def test_lanes_shows_srtf_s_estimate(replies: dict[str, Any]) -> None:
+    jobs = [{**SALUS_STATE["gpus"]["0"]["jobs"][0], "remaining_s": 2.25, "waited_s": 0.5}]
+    state = {"scheduler": "srtf", "gpus": {"0": {**SALUS_STATE["gpus"]["0"], "jobs": jobs}}}
+    replies["status"] = {"scheduling": {"name": "salus", "state": state}}
+    out = run("lanes")
+    assert out.exit_code == 0, out.output
+    assert "12 iterations of 50.0 ms, about 2.2 s left (SRTF's estimate), running" in out.output
+
+
 def test_lanes_refuses_another_policy(replies: dict[str, Any]) -> None:
     replies["status"] = {"scheduling": {"name": "mfit", "state": {}}}
     out = run("lanes")

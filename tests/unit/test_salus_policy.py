@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pilot.policies import AllocationView, Controls, LaunchView, SessionView, Verdict, create
+from pilot.policies import AllocationView, Controls, LaunchView, SessionView, Verdict, Watch, create
 from pilot.policies.salus.declared import Declared
 from pilot.policies.salus.policy import Salus
+from pilot.policies.salus.schedulers import JobState, learned_count, remaining_s, runnable
 
 GIB = 1 << 30
 DT = 0.01
@@ -33,6 +34,7 @@ class Script:
     first_s: float = 0.0  # its first iteration's time, if longer (modules, libraries: warm-up)
     pieces: int = 1  # scratch allocations, launches and frees per iteration (seen as iterations)
     declares_s: float | None = None  # the iteration time it declares (PILOT_SALUS_ITERATION_TIME)
+    declares_n: int | None = None  # the iteration count it declares, if not `iterations`
 
 
 @dataclass
@@ -157,7 +159,7 @@ def declaring(p: Salus, scripts: list[Script], sizes: bool = True) -> Salus:
     def read(pid: int) -> Declared:
         sc = scripts[pid - 1001]
         return Declared(sc.persistent if sizes else None, sc.ephemeral if sizes else None,
-                        sc.iterations, sc.declares_s)
+                        sc.declares_n or sc.iterations, sc.declares_s)
     p.read_declared = read  # type: ignore[method-assign]
     p.settings = dataclasses.replace(p.settings, declared=True)
     return p
@@ -252,14 +254,140 @@ def test_a_job_seen_in_pieces_keeps_its_turn_past_its_declared_count() -> None:
     """T frees its scratch twice per iteration (PyTorch does, in several places), so pilot sees
     20 boundaries for its 10 declared iterations. Past the 10th it is not at its end: it keeps
     running (it used to give its turn up at every later boundary and wait for M's next one;
-    at the 10th it still does, once: pilot cannot tell a piece from an iteration)."""
+    at the 10th it still does, once: pilot cannot tell a piece from an iteration). SRTF counts
+    it to its learned count (20, the declared one doubled), not 0 and not the service it had."""
     scripts = [Script(0.0, 1 * GIB, 1 * GIB, 10, 0.05, pieces=2), Script(0.05, 1 * GIB, 1 * GIB, 20, 0.1)]
     runs = simulate(declaring(salus("srtf"), scripts, sizes=False), scripts, 12 * GIB)
     alone = 20 * (0.05 + 2 * DT) + 2 * DT
     assert runs[0].finished < alone + 0.2
-    # M ran once, at T's 10th boundary (T gave its turn up there), and not again until T ended
-    assert sum(it[0] < runs[0].finished for it in runs[1].iterations) == 1
+    # M ran once, at T's 10th boundary (T gave its turn up there), and not again until T's
+    # last piece ended (at the 20th, the declared count doubled, T gives its turn up again, so
+    # M starts while T frees and exits)
+    assert sum(it[0] < runs[0].iterations[-1][1] for it in runs[1].iterations) == 1
     assert not any_overlap(runs)
+
+
+def finish_order(runs: list[Run]) -> list[int]:
+    return [r.sid for r in sorted(runs, key=lambda r: r.finished)]
+
+
+def test_srtf_ranks_a_job_by_its_measured_iterations_not_its_declared_time() -> None:
+    """L declares 30 iterations of 10 ms (0.3 s) but each takes 0.1 s (3 s: a PyTorch step
+    under pilot took ~10x its declared time on the H100). S (8 of 0.1 s, declared honestly)
+    comes once L has measured a few: L's estimate is its iterations left x its measured time
+    (2.5 s), not x its declared one (0.25 s), so S goes first."""
+    scripts = [Script(0.0, 1 * GIB, 1 * GIB, 30, 0.1, declares_s=0.01),
+               Script(0.6, 1 * GIB, 1 * GIB, 8, 0.1, declares_s=0.1)]
+    runs = simulate(declaring(salus("srtf"), scripts, sizes=False), scripts, 12 * GIB)
+    assert finish_order(runs) == [2, 1]
+    assert runs[1].finished < 0.6 + 8 * STEP + 0.3
+    assert not any_overlap(runs)
+
+
+def test_srtf_a_job_past_its_declared_count_does_not_keep_the_gpu() -> None:
+    """L declares 5 iterations and runs 60 (7 s). Counted 0 once past its 5th (as it was),
+    it kept the GPU to its end and S1, S2 (10 iterations each) waited 7 s. Its learned count
+    (10, 20, 40, 80: the declaration doubled) makes it look as long as it really is, so both
+    short jobs finish within a few seconds, long before L."""
+    scripts = [Script(0.0, 1 * GIB, 1 * GIB, 60, 0.1, declares_n=5),
+               Script(0.3, 1 * GIB, 1 * GIB, 10, 0.1), Script(0.35, 1 * GIB, 1 * GIB, 10, 0.1)]
+    runs = simulate(declaring(salus("srtf"), scripts, sizes=False), scripts, 12 * GIB)
+    assert finish_order(runs)[-1] == 1
+    assert max(runs[1].finished, runs[2].finished) < 0.35 + 20 * STEP + 1.5
+    assert not any_overlap(runs)
+
+
+def test_remaining_time_counts_to_the_learned_count() -> None:
+    assert [learned_count(done, 5) for done in (0, 4, 5, 9, 10, 19, 20)] == [5, 5, 10, 10, 20, 20, 40]
+    assert remaining_s(3, 5, 0.1, 9.0) == pytest.approx(0.2)
+    assert remaining_s(5, 5, 0.1, 9.0) == pytest.approx(0.5)  # past its count: to 10
+    assert remaining_s(3, 5, None, 9.0) == 0.0  # no pace yet: it runs until measured
+    assert remaining_s(3, None, 0.1, 9.0) == 9.0  # no count: the service it had
+
+
+def test_a_job_past_its_declared_count_exits_without_waiting_for_a_turn() -> None:
+    """T frees its scratch three times per iteration: 30 boundaries for 10 declared iterations,
+    and its last (the 30th) is no learned count (10, 20, 40). Past its declared count pilot
+    cannot tell its end: it is not held at those boundaries (its next launch or scratch waits
+    for its turn instead), so when the shorter M, arriving during T's last piece, takes the
+    turn at that boundary, T's exit (its last free) does not wait for M's iterations."""
+    scripts = [Script(0.0, 1 * GIB, 1 * GIB, 10, 0.3, pieces=3),
+               Script(9.45, 1 * GIB, 1 * GIB, 4, 0.1, declares_s=0.1)]
+    runs = simulate(declaring(salus("srtf"), scripts, sizes=False), scripts, 12 * GIB)
+    t, m = runs
+    assert len(t.iterations) == 30 and t.iterations[-1][0] < 9.45 < t.iterations[-1][1]
+    assert m.iterations[0][0] <= t.iterations[-1][1] + 3 * DT  # M took the turn at T's end
+    assert t.finished - t.iterations[-1][1] <= 3 * DT  # T's free and end, no wait
+    assert not any_overlap(runs)
+
+
+def test_srtf_keeps_the_incumbent_on_near_equal_estimates() -> None:
+    """Estimates are noisy: the job that ran last keeps its turn unless another's is shorter
+    by more than 5% of its own; equal estimates go by arrival."""
+    def pick(incumbent_left: float, other_left: float) -> set[int]:
+        return runnable("srtf", [JobState(1, 2, 0, False, 1.0, incumbent_left, incumbent=True),
+                                 JobState(2, 1, 0, False, 0.0, other_left)])
+    assert pick(1.0, 0.97) == {1}
+    assert pick(1.0, 0.9) == {2}
+    assert runnable("srtf", [JobState(1, 2, 0, False, 0.0, 1.0), JobState(2, 1, 0, False, 0.0, 1.0)]) == {2}
+
+
+@pytest.mark.parametrize("aging", [0.0, 0.5])
+def test_srtf_aging_bounds_a_long_job_s_wait_behind_a_stream_of_short_ones(aging: float) -> None:
+    """L (30 iterations, 3.6 s) and a short job (3 iterations, 0.36 s) arriving every 0.3 s for
+    12 s: more work than the GPU does, so pure SRTF (aging 0) runs L after every short job. With
+    aging each second L has waited takes `aging` s off its estimate: it runs once it has waited
+    about (its remaining - a short job's) / aging longer than the oldest short job waiting."""
+    scripts = [Script(0.0, GIB // 8, GIB // 8, 30, 0.1)] + [
+        Script(0.2 + 0.3 * i, GIB // 8, GIB // 8, 3, 0.1) for i in range(40)]
+    p = declaring(salus("srtf"), scripts, sizes=False)
+    p.settings = dataclasses.replace(p.settings, aging=aging)
+    runs = simulate(p, scripts, 12 * GIB, limit_s=60)
+    last_short = max(r.finished for r in runs[1:])
+    if aging == 0:
+        assert finish_order(runs)[-1] == 1  # starved while short jobs came
+    else:
+        assert runs[0].finished < last_short - 2.0
+        assert runs[0].finished < 0.2 + (3.6 - 0.36) / aging + 3.6 + 2.0
+
+
+def test_the_fast_path_serves_a_running_job_between_its_first_launch_and_its_boundary() -> None:
+    """watches_launches: a job that does not run is watched whole (its launch asks for its
+    turn); a running one only until its first launch after a boundary (Watch.NEXT), then not
+    at all (NONE: pilotd's fast path runs the rest of its iteration in C); its boundary makes
+    it NEXT again (or ALL, if another job gets the turn)."""
+    p = salus("fifo")
+    now = 0.0
+    p.clock = lambda: now
+    p.controls = Holds()
+    views = [SessionView(sid, f"t{sid}", 1000 + sid, 0, 0) for sid in (1, 2)]
+    for v in views:
+        p.session_started(v)
+    def alloc(sid: int, size: int, free: bool = False) -> None:
+        a = AllocationView(sid, f"t{sid}", 0, "device", 0, size)
+        if free:
+            p.freed(a)
+        else:
+            assert p.allocation_requested(a).verdict is Verdict.RUN
+            p.allocated(a)
+    def launch(sid: int) -> Verdict:
+        view = LaunchView(sid, sid, f"t{sid}", 1000 + sid, 0, 0, "k", (1, 1, 1), (1, 1, 1), 0, (),
+                          now, now, 1)
+        verdict = p.launch_requested(view).verdict
+        if verdict is Verdict.RUN:
+            p.launch_started(view)
+        return verdict
+    alloc(1, GIB)
+    assert p.watches_launches(1) is Watch.ALL  # not running: its first launch asks for a turn
+    assert launch(1) is Verdict.RUN
+    assert p.watches_launches(1) is Watch.NONE
+    alloc(2, GIB)
+    assert launch(2) is Verdict.WAIT and p.watches_launches(2) is Watch.ALL
+    alloc(1, GIB)
+    alloc(1, GIB, free=True)  # its first boundary; FIFO: it goes on
+    assert p.watches_launches(1) is Watch.NEXT
+    assert launch(1) is Verdict.RUN and p.watches_launches(1) is Watch.NONE
+    assert p.watches_launches(3) is Watch.ALL  # not a job it knows
 
 
 def test_pack_runs_lanes_in_parallel_and_beats_fifo() -> None:

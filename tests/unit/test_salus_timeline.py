@@ -80,6 +80,12 @@ def test_timelines_and_the_split_of_the_average_jct(tmp_path: Path) -> None:
     row = "| a | 0.00 | 0.10 | 0.00 | 0.40 | 0.00 | 0.40 | 3 / 3 | 0.30 | 1.10 (1.50) | 0.10 | 2.00 |"
     assert row in text
     assert "ideal srtf on the measured service (1.30 s)" in text
+    # the best any one-at-a-time scheduler could do with these services, each job from its first
+    # ask: FIFO A 0.5-1.6, B 1.6-1.8 (JCTs 1.6, 1.2); SRTF B takes A's boundary at 0.8: B 0.8-1.0,
+    # A to 1.8 (JCTs 1.8, 0.4)
+    best = tl.best_with_start_up(rows)
+    assert best["fifo"] == pytest.approx(1.4) and best["srtf"] == pytest.approx(1.1)
+    assert "SRTF/FIFO 1.27" in text
 
 
 def test_one_at_a_time_fifo_and_srtf() -> None:
