@@ -1,5 +1,5 @@
-// rings: a program whose calls fill the shared-memory request ring many times over (issue 25
-// item 4): 20,000 posted launches that each add to one counter, small copies both ways, and a
+// rings [LAUNCHES]: a program whose calls fill the shared-memory request ring many times over
+// (issue 25 item 4): LAUNCHES (default 20,000) posted launches that each add to one counter, small copies both ways, and a
 // copy larger than a message carries inline. Prints what it computed on stdout (the same natively,
 // tests/gpu/run_compare.sh) and, on stderr, how many of pilot's rings its process maps
 // (/proc/self/maps: memfd "pilot-ring"): 0 natively and when pilot runs it on the socket.
@@ -37,9 +37,9 @@ static int rings_mapped(void)
     return n;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
-    const int launches = 20000;
+    const int launches = argc > 1 ? atoi(argv[1]) : 20000;
     unsigned long long *counter, total = 0;
     CHECK(cudaMalloc(&counter, sizeof *counter));
     CHECK(cudaMemset(counter, 0, sizeof *counter));
