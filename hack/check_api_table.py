@@ -971,7 +971,8 @@ def run_checks_libraries(args: argparse.Namespace, rep: Report) -> list[str]:
                 name = soname if (where / soname).exists() else _standin_name(soname)
                 check_library_lib(rows, where / name, soname, rep)
         n_impl = sum(r.status == "impl" for r in rows)
-        summary.append(f"{soname}: {len(rows)} symbols, {n_impl} impl")
+        summary.append(f"{soname}: {len(rows)} symbols, {n_impl} impl"
+                       + (f", {len(gen)} gen" if gen else ""))
     return summary
 
 
