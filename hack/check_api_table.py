@@ -894,6 +894,8 @@ LIBRARY_TABLES = {
     "cublasLt_exports.tsv": ("libcublasLt.so.13", "cublaslt_api.c", r"cublasLt"),
     "cudnn_exports.tsv": ("libcudnn.so.9", "cudnn_api.c", r"cudnn"),
 }
+# The tables cuBLAS's `gen` rows are generated from: the generic path, the typed GEMMs.
+GENERATED_TABLES = ("cublas_calls.tsv", "cublas_gemms.tsv")
 LIBRARY_RETS = frozenset({"status", "void", "int", "size", "ptr", "float", "double", "complex",
                           "dcomplex"})
 
@@ -951,23 +953,26 @@ def run_checks_libraries(args: argparse.Namespace, rep: Report) -> list[str]:
         rows = read_library_table(table, rep)
         check_duplicates(rows, rep)
         check_sources(rows, args.shim_dir, rep, [shim_file(args.shim_dir, source)], source, prefix=prefix)
-        calls = shim_file(args.shim_dir, "cublas_calls.tsv")
+        generated = [shim_file(args.shim_dir, name) for name in GENERATED_TABLES]
         gen = {r.name for r in rows if r.status == "gen"}
         listed = set()
-        if table_name == "cublas_exports.tsv" and calls.exists():
-            listed = {line.split("\t")[0] for line in calls.read_text().splitlines()
-                      if line and not line.startswith(("#", "name\t"))}
+        if table_name == "cublas_exports.tsv":
+            for source in generated:
+                if source.exists():
+                    listed |= {line.split("\t")[0] for line in source.read_text().splitlines()
+                               if line and not line.startswith(("#", "name\t"))}
+        sources = " and ".join(source.name for source in generated)
         if gen != listed:
-            rep.error(f"{table_name}: `gen` rows and {calls.name} differ",
-                      sorted(gen ^ listed))
+            rep.error(f"{table_name}: `gen` rows and {sources} differ", sorted(gen ^ listed))
         elif gen:
-            rep.ok(f"{table_name}: the {len(gen)} `gen` rows are {calls.name}'s functions")
+            rep.ok(f"{table_name}: the {len(gen)} `gen` rows are {sources}'s functions")
         for where in args.libblas:  # the built stand-ins, or NVIDIA's libraries
             if (where / soname).exists() or where.is_dir():
                 name = soname if (where / soname).exists() else _standin_name(soname)
                 check_library_lib(rows, where / name, soname, rep)
         n_impl = sum(r.status == "impl" for r in rows)
-        summary.append(f"{soname}: {len(rows)} symbols, {n_impl} impl")
+        summary.append(f"{soname}: {len(rows)} symbols, {n_impl} impl"
+                       + (f", {len(gen)} gen" if gen else ""))
     return summary
 
 

@@ -447,6 +447,67 @@ def gen_cublas_calls(rows: list[dict[str, str]], families: list[dict[str, str]],
     return "".join(out).rstrip("\n") + "\n"
 
 
+
+CUBLAS_GEMMS = REPO / "shim" / "tables" / "cublas_gemms.tsv"
+# type letter -> (C element type, cudaDataType, cublasComputeType_t)
+GEMM_TYPES = {"S": ("float", "CUDA_R_32F", "68 /* CUBLAS_COMPUTE_32F */"),
+              "D": ("double", "CUDA_R_64F", "70 /* CUBLAS_COMPUTE_64F */"),
+              "H": ("pilot_half", "CUDA_R_16F", "64 /* CUBLAS_COMPUTE_16F */"),
+              "C": ("pilot_complex", "CUDA_C_32F", "68 /* CUBLAS_COMPUTE_32F */"),
+              "Z": ("pilot_zcomplex", "CUDA_C_64F", "70 /* CUBLAS_COMPUTE_64F */")}
+# shape -> (the parameters after k, with T the element type; the PILOT_GEMM_ suffix; its fields)
+GEMM_SHAPES = {
+    "plain": ("const T *alpha, const T *A, int lda, const T *B, int ldb, const T *beta, T *C, "
+              "int ldc", "", ".c = C, .batch = 1"),
+    "strided": ("const T *alpha, const T *A, int lda, long long stride_a, const T *B, int ldb, "
+                "long long stride_b, const T *beta, T *C, int ldc, long long stride_c, int batch",
+                "_STRIDED", ".c = C, .batch = batch, .stride_a = stride_a, .stride_b = stride_b, "
+                ".stride_c = stride_c"),
+    "batched": ("const T *alpha, const T *const A[], int lda, const T *const B[], int ldb, "
+                "const T *beta, T *const C[], int ldc, int batch", "_BATCHED",
+                ".c = (void *)C, .batch = batch"),
+}
+
+
+def gemm_function(row: dict[str, str]) -> str:
+    """The PILOT_GEMM_* number of a typed GEMM row (pilot_proto.h)."""
+    return f"PILOT_GEMM_{row['type']}{GEMM_SHAPES[row['shape']][1]}"
+
+
+def gen_cublas_gemms(rows: list[dict[str, str]], table: Path) -> str:
+    """cublas_gemms.c: each typed GEMM of ``rows``, its arguments and implied types as one
+    pilot_blas_gemm request (shim/libs/cublas_api.c)."""
+    out = [banner(table), "/* The typed cuBLAS GEMMs: their data and compute types are implied. */\n",
+           '#include "blas.h"\n\n',
+           "typedef uint16_t pilot_half; /* __half: 16 bits, passed by pointer only */\n",
+           "typedef struct { float x, y; } pilot_complex;   /* cuComplex */\n",
+           "typedef struct { double x, y; } pilot_zcomplex; /* cuDoubleComplex */\n\n"]
+    names = [r["name"] for r in rows]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate names in {table}")
+    for r in rows:
+        if r["type"] not in GEMM_TYPES or r["shape"] not in GEMM_SHAPES or not r["xerbla"]:
+            raise ValueError(f"{table}: bad row {r['name']}")
+        elem, data, compute = GEMM_TYPES[r["type"]]
+        params, _, fields = GEMM_SHAPES[r["shape"]]
+        params = params.replace("T *", f"{elem} *")
+        out.append(
+            f"PILOT_BLAS_EXPORT cublasStatus_t {r['name']}(\n"
+            "    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, "
+            f"int n, int k,\n    {params})\n{{\n"
+            f"    const struct pilot_blas_gemm g = {{\n"
+            f"        .name = {c_string(r['name'])}, .xerbla = {c_string(r['xerbla'])}, "
+            f".fn = {gemm_function(r)},\n"
+            "        .transa = transa, .transb = transb, .m = m, .n = n, .k = k,\n"
+            "        .alpha = alpha, .a = A, .b = B, .beta = beta, .lda = lda, .ldb = ldb, "
+            ".ldc = ldc,\n"
+            f"        .atype = {data}, .btype = {data}, .ctype = {data},\n"
+            f"        .compute = {compute}, .algo = -1 /* CUBLAS_GEMM_DEFAULT */,\n"
+            f"        {fields}}};\n"
+            "    return pilot_blas_gemm(handle, &g);\n}\n\n")
+    return "".join(out).rstrip("\n") + "\n"
+
+
 def write_if_changed(path: Path, text: str) -> None:
     """Leave an identical file untouched so make does not rebuild needlessly."""
     if path.exists() and path.read_text() == text:
@@ -486,6 +547,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"gen_shim_tables: {e}", file=sys.stderr)
                 return 1
             write_if_changed(args.outdir / "cublas_calls.c", calls)
+            try:
+                gemms = gen_cublas_gemms(read_tsv(CUBLAS_GEMMS), CUBLAS_GEMMS)
+            except (OSError, ValueError, KeyError) as e:
+                print(f"gen_shim_tables: {e}", file=sys.stderr)
+                return 1
+            write_if_changed(args.outdir / "cublas_gemms.c", gemms)
         return 0
     if args.driver is not None:
         try:

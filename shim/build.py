@@ -302,8 +302,9 @@ def build_standin(compiler, soname: str, out_dir: str, build_temp: str = "build/
                     "--library", table], check=True)
     include_dirs = [*map(str, INCLUDE_DIRS), str(gen_dir), str(cuda_include_dir())]
     paths = [str(SHIM_DIR / s) for s in sources] + [str(gen_dir / f"{table}_stubs.c")]
-    if (gen_dir / f"{table}_calls.c").exists():  # the generic path's functions (cuBLAS)
-        paths.append(str(gen_dir / f"{table}_calls.c"))
+    for generated in ("calls", "gemms"):  # cuBLAS: the generic path's functions, the typed GEMMs
+        if (gen_dir / f"{table}_{generated}.c").exists():
+            paths.append(str(gen_dir / f"{table}_{generated}.c"))
     objects = compiler.compile(paths, output_dir=str(Path(build_temp) / f"shim_obj_{table}"),
                                include_dirs=include_dirs, extra_postargs=C_FLAGS)
     script = gen_dir / f"{table}.map"

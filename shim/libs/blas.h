@@ -101,6 +101,21 @@ cublasStatus_t pilot_blas_property(int library, int type, int *value);
 cublasStatus_t pilot_blas_call(cublasHandle_t handle, const char *name, const char *kinds,
                                size_t elem, const uint64_t *args, int nargs);
 cublasStatus_t pilot_blas_bad_argument(cublasHandle_t handle, const char *xerbla, int number);
+/* One GEMM of libcublas: the typed functions' (generated from shim/tables/cublas_gemms.tsv) and
+ * the Ex functions' (shim/libs/cublas_api.c), sent by pilot_blas_gemm. */
+struct pilot_blas_gemm {
+    const char *name;
+    const char *xerbla; /* the name cuBLAS's argument-error line gives the function, printed
+                         * "%-6s " as cuBLAS does ("GEMM_EX " has its own space on the H100) */
+    int fn;             /* PILOT_GEMM_* */
+    cublasOperation_t transa, transb;
+    int m, n, k;
+    const void *alpha, *a, *b, *beta;
+    void *c;
+    int atype, btype, ctype, lda, ldb, ldc, compute, algo, batch;
+    long long stride_a, stride_b, stride_c;
+};
+cublasStatus_t pilot_blas_gemm(cublasHandle_t handle, const struct pilot_blas_gemm *g);
 /* cublasGetStatusName/String for both libraries. */
 const char *pilot_blas_status_name(int status);
 const char *pilot_blas_status_string(int status);

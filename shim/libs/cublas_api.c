@@ -312,7 +312,8 @@ PILOT_BLAS_EXPORT cublasStatus_t cublasGetMatrixAsync(int rows, int cols, int el
     return matrix(rows, cols, elem, a, lda, b, ldb, cudaMemcpyDeviceToHost, stream, 1);
 }
 
-/* ---- the GEMM family ---- */
+/* ---- the GEMM family: one request each (the typed functions are generated from
+ * shim/tables/cublas_gemms.tsv, the Ex functions below take their types as arguments) ---- */
 
 /* Bytes of alpha and beta: the scale type of a GEMM of compute type `compute` writing `ctype`. */
 static size_t scalar_size(int compute, int ctype)
@@ -334,25 +335,12 @@ static int op_valid(int op)
     return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C;
 }
 
-struct gemm {
-    const char *name;
-    const char *xerbla; /* the name cuBLAS's argument-error line gives the function, printed
-                         * "%-6s " as cuBLAS does ("GEMM_EX " has its own space on the H100) */
-    int fn;
-    cublasOperation_t transa, transb;
-    int m, n, k;
-    const void *alpha, *a, *b, *beta;
-    void *c;
-    int atype, btype, ctype, lda, ldb, ldc, compute, algo, batch;
-    long long stride_a, stride_b, stride_c;
-};
-
 /* The number cuBLAS gives the first argument it refuses (its xerbla line; from 1, the handle not
  * counted), 0 if none, -1 for a refusal it does not print. The numbers of lda, ldb, ldc and
  * batch per function are the H100's (tests/gpu/cublas/xerbla_probe.cu, bench/RESULTS.md): the
  * strided-batched typed functions number as if they had no strides, GemmStridedBatchedEx counts
  * them and prints nothing for a negative batch. */
-static int bad_argument(const struct gemm *g)
+static int bad_argument(const struct pilot_blas_gemm *g)
 {
     static const int places[][4] = {
         [PILOT_GEMM_S] = {8, 10, 13, 0},          [PILOT_GEMM_D] = {8, 10, 13, 0},
@@ -389,7 +377,8 @@ static int bad_argument(const struct gemm *g)
     return 0;
 }
 
-static cublasStatus_t gemm(cublasHandle_t handle, const struct gemm *g)
+/* One GEMM (blas.h): cuBLAS's argument checks here, then posted to pilotd like a launch. */
+cublasStatus_t pilot_blas_gemm(cublasHandle_t handle, const struct pilot_blas_gemm *g)
 {
     struct cublasContext *h = live(handle);
     if (!h)
@@ -436,180 +425,16 @@ static cublasStatus_t gemm(cublasHandle_t handle, const struct gemm *g)
     return err ? pilot_blas_transport_error(g->name, err) : CUBLAS_STATUS_SUCCESS;
 }
 
-/* The typed functions: their data and compute types are implied. */
-#define COMPUTE_32F 68
-#define COMPUTE_64F 70
-#define COMPUTE_16F 64
-#define GEMM_DEFAULT (-1)
-
-typedef uint16_t pilot_half; /* __half: 16 bits, passed by pointer only */
-typedef struct { float x, y; } pilot_complex;   /* cuComplex */
-typedef struct { double x, y; } pilot_zcomplex; /* cuDoubleComplex */
-
-PILOT_BLAS_EXPORT cublasStatus_t cublasSgemm_v2(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const float *alpha, const float *A, int lda, const float *B, int ldb, const float *beta, float *C,
-    int ldc)
-{
-    struct gemm g = {"cublasSgemm_v2", "SGEMM", PILOT_GEMM_S, transa, transb,
-                     m, n, k, alpha, A, B, beta, C, CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, lda, ldb, ldc,
-                     COMPUTE_32F, GEMM_DEFAULT, 1, 0, 0, 0};
-    return gemm(handle, &g);
-}
-
-PILOT_BLAS_EXPORT cublasStatus_t cublasDgemm_v2(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const double *alpha, const double *A, int lda, const double *B, int ldb, const double *beta, double *C,
-    int ldc)
-{
-    struct gemm g = {"cublasDgemm_v2", "DGEMM", PILOT_GEMM_D, transa, transb,
-                     m, n, k, alpha, A, B, beta, C, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F, lda, ldb, ldc,
-                     COMPUTE_64F, GEMM_DEFAULT, 1, 0, 0, 0};
-    return gemm(handle, &g);
-}
-
-PILOT_BLAS_EXPORT cublasStatus_t cublasHgemm(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const pilot_half *alpha, const pilot_half *A, int lda, const pilot_half *B, int ldb, const pilot_half *beta, pilot_half *C,
-    int ldc)
-{
-    struct gemm g = {"cublasHgemm", "HGEMM", PILOT_GEMM_H, transa, transb,
-                     m, n, k, alpha, A, B, beta, C, CUDA_R_16F, CUDA_R_16F, CUDA_R_16F, lda, ldb, ldc,
-                     COMPUTE_16F, GEMM_DEFAULT, 1, 0, 0, 0};
-    return gemm(handle, &g);
-}
-
-PILOT_BLAS_EXPORT cublasStatus_t cublasSgemmStridedBatched(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const float *alpha, const float *A, int lda, long long stride_a, const float *B, int ldb,
-    long long stride_b, const float *beta, float *C, int ldc, long long stride_c, int batch)
-{
-    struct gemm g = {"cublasSgemmStridedBatched", "SgemmStridedBatched", PILOT_GEMM_S_STRIDED, transa, transb,
-                     m, n, k, alpha, A, B, beta, C, CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, lda, ldb, ldc,
-                     COMPUTE_32F, GEMM_DEFAULT, batch, stride_a, stride_b, stride_c};
-    return gemm(handle, &g);
-}
-
-PILOT_BLAS_EXPORT cublasStatus_t cublasDgemmStridedBatched(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const double *alpha, const double *A, int lda, long long stride_a, const double *B, int ldb,
-    long long stride_b, const double *beta, double *C, int ldc, long long stride_c, int batch)
-{
-    struct gemm g = {"cublasDgemmStridedBatched", "DgemmStridedBatched", PILOT_GEMM_D_STRIDED, transa, transb,
-                     m, n, k, alpha, A, B, beta, C, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F, lda, ldb, ldc,
-                     COMPUTE_64F, GEMM_DEFAULT, batch, stride_a, stride_b, stride_c};
-    return gemm(handle, &g);
-}
-
-PILOT_BLAS_EXPORT cublasStatus_t cublasHgemmStridedBatched(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const pilot_half *alpha, const pilot_half *A, int lda, long long stride_a, const pilot_half *B, int ldb,
-    long long stride_b, const pilot_half *beta, pilot_half *C, int ldc, long long stride_c, int batch)
-{
-    struct gemm g = {"cublasHgemmStridedBatched", "HgemmStridedBatched", PILOT_GEMM_H_STRIDED, transa, transb,
-                     m, n, k, alpha, A, B, beta, C, CUDA_R_16F, CUDA_R_16F, CUDA_R_16F, lda, ldb, ldc,
-                     COMPUTE_16F, GEMM_DEFAULT, batch, stride_a, stride_b, stride_c};
-    return gemm(handle, &g);
-}
-
-PILOT_BLAS_EXPORT cublasStatus_t cublasCgemm_v2(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const pilot_complex *alpha, const pilot_complex *A, int lda, const pilot_complex *B, int ldb, const pilot_complex *beta,
-    pilot_complex *C, int ldc)
-{
-    struct gemm g = {"cublasCgemm_v2", "CGEMM", PILOT_GEMM_C, transa, transb,
-                     m, n, k, alpha, A, B, beta, C, CUDA_C_32F, CUDA_C_32F, CUDA_C_32F, lda, ldb, ldc,
-                     COMPUTE_32F, GEMM_DEFAULT, 1, 0, 0, 0};
-    return gemm(handle, &g);
-}
-
-PILOT_BLAS_EXPORT cublasStatus_t cublasCgemmStridedBatched(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const pilot_complex *alpha, const pilot_complex *A, int lda, long long stride_a, const pilot_complex *B, int ldb,
-    long long stride_b, const pilot_complex *beta, pilot_complex *C, int ldc, long long stride_c, int batch)
-{
-    struct gemm g = {"cublasCgemmStridedBatched", "CgemmStridedBatched", PILOT_GEMM_C_STRIDED,
-                     transa, transb, m, n, k, alpha, A, B, beta, C, CUDA_C_32F, CUDA_C_32F, CUDA_C_32F, lda, ldb,
-                     ldc, COMPUTE_32F, GEMM_DEFAULT, batch, stride_a, stride_b, stride_c};
-    return gemm(handle, &g);
-}
-
-PILOT_BLAS_EXPORT cublasStatus_t cublasZgemm_v2(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const pilot_zcomplex *alpha, const pilot_zcomplex *A, int lda, const pilot_zcomplex *B, int ldb, const pilot_zcomplex *beta,
-    pilot_zcomplex *C, int ldc)
-{
-    struct gemm g = {"cublasZgemm_v2", "ZGEMM", PILOT_GEMM_Z, transa, transb,
-                     m, n, k, alpha, A, B, beta, C, CUDA_C_64F, CUDA_C_64F, CUDA_C_64F, lda, ldb, ldc,
-                     COMPUTE_64F, GEMM_DEFAULT, 1, 0, 0, 0};
-    return gemm(handle, &g);
-}
-
-PILOT_BLAS_EXPORT cublasStatus_t cublasZgemmStridedBatched(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const pilot_zcomplex *alpha, const pilot_zcomplex *A, int lda, long long stride_a, const pilot_zcomplex *B, int ldb,
-    long long stride_b, const pilot_zcomplex *beta, pilot_zcomplex *C, int ldc, long long stride_c, int batch)
-{
-    struct gemm g = {"cublasZgemmStridedBatched", "ZgemmStridedBatched", PILOT_GEMM_Z_STRIDED,
-                     transa, transb, m, n, k, alpha, A, B, beta, C, CUDA_C_64F, CUDA_C_64F, CUDA_C_64F, lda, ldb,
-                     ldc, COMPUTE_64F, GEMM_DEFAULT, batch, stride_a, stride_b, stride_c};
-    return gemm(handle, &g);
-}
-
-PILOT_BLAS_EXPORT cublasStatus_t cublasSgemmBatched(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const float *alpha, const float *const A[], int lda, const float *const B[], int ldb,
-    const float *beta, float *const C[], int ldc, int batch)
-{
-    struct gemm g = {"cublasSgemmBatched", "SgemmBatched", PILOT_GEMM_S_BATCHED, transa, transb,
-                     m, n, k, alpha, A, B, beta, (void *)C, CUDA_R_32F, CUDA_R_32F, CUDA_R_32F, lda, ldb, ldc,
-                     COMPUTE_32F, GEMM_DEFAULT, batch, 0, 0, 0};
-    return gemm(handle, &g);
-}
-
-PILOT_BLAS_EXPORT cublasStatus_t cublasDgemmBatched(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const double *alpha, const double *const A[], int lda, const double *const B[], int ldb,
-    const double *beta, double *const C[], int ldc, int batch)
-{
-    struct gemm g = {"cublasDgemmBatched", "DgemmBatched", PILOT_GEMM_D_BATCHED, transa, transb,
-                     m, n, k, alpha, A, B, beta, (void *)C, CUDA_R_64F, CUDA_R_64F, CUDA_R_64F, lda, ldb, ldc,
-                     COMPUTE_64F, GEMM_DEFAULT, batch, 0, 0, 0};
-    return gemm(handle, &g);
-}
-
-PILOT_BLAS_EXPORT cublasStatus_t cublasCgemmBatched(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const pilot_complex *alpha, const pilot_complex *const A[], int lda, const pilot_complex *const B[], int ldb,
-    const pilot_complex *beta, pilot_complex *const C[], int ldc, int batch)
-{
-    struct gemm g = {"cublasCgemmBatched", "CgemmBatched", PILOT_GEMM_C_BATCHED, transa, transb,
-                     m, n, k, alpha, A, B, beta, (void *)C, CUDA_C_32F, CUDA_C_32F, CUDA_C_32F, lda, ldb, ldc,
-                     COMPUTE_32F, GEMM_DEFAULT, batch, 0, 0, 0};
-    return gemm(handle, &g);
-}
-
-PILOT_BLAS_EXPORT cublasStatus_t cublasZgemmBatched(
-    cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
-    const pilot_zcomplex *alpha, const pilot_zcomplex *const A[], int lda, const pilot_zcomplex *const B[], int ldb,
-    const pilot_zcomplex *beta, pilot_zcomplex *const C[], int ldc, int batch)
-{
-    struct gemm g = {"cublasZgemmBatched", "ZgemmBatched", PILOT_GEMM_Z_BATCHED, transa, transb,
-                     m, n, k, alpha, A, B, beta, (void *)C, CUDA_C_64F, CUDA_C_64F, CUDA_C_64F, lda, ldb, ldc,
-                     COMPUTE_64F, GEMM_DEFAULT, batch, 0, 0, 0};
-    return gemm(handle, &g);
-}
-
 PILOT_BLAS_EXPORT cublasStatus_t cublasGemmBatchedEx(
     cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k,
     const void *alpha, const void *const A[], cudaDataType Atype, int lda, const void *const B[],
     cudaDataType Btype, int ldb, const void *beta, void *const C[], cudaDataType Ctype, int ldc,
     int batch, cublasComputeType_t compute, cublasGemmAlgo_t algo)
 {
-    struct gemm g = {"cublasGemmBatchedEx", "GEMM_EX ", PILOT_GEMM_EX_BATCHED, transa, transb,
-                     m, n, k, alpha, A, B, beta, (void *)C, Atype, Btype, Ctype, lda, ldb, ldc,
-                     compute, algo, batch, 0, 0, 0};
-    return gemm(handle, &g);
+    struct pilot_blas_gemm g = {"cublasGemmBatchedEx", "GEMM_EX ", PILOT_GEMM_EX_BATCHED, transa,
+                                transb, m, n, k, alpha, A, B, beta, (void *)C, Atype, Btype, Ctype,
+                                lda, ldb, ldc, compute, algo, batch, 0, 0, 0};
+    return pilot_blas_gemm(handle, &g);
 }
 
 PILOT_BLAS_EXPORT cublasStatus_t cublasGemmEx(cublasHandle_t handle,
@@ -621,10 +446,10 @@ PILOT_BLAS_EXPORT cublasStatus_t cublasGemmEx(cublasHandle_t handle,
                                               int ldc, cublasComputeType_t compute,
                                               cublasGemmAlgo_t algo)
 {
-    struct gemm g = {"cublasGemmEx", "GEMM_EX ", PILOT_GEMM_EX,
-                     transa, transb, m, n, k, alpha, A, B, beta, C,
-                     Atype, Btype, Ctype, lda, ldb, ldc, compute, algo, 1, 0, 0, 0};
-    return gemm(handle, &g);
+    struct pilot_blas_gemm g = {"cublasGemmEx", "GEMM_EX ", PILOT_GEMM_EX,
+                                transa, transb, m, n, k, alpha, A, B, beta, C,
+                                Atype, Btype, Ctype, lda, ldb, ldc, compute, algo, 1, 0, 0, 0};
+    return pilot_blas_gemm(handle, &g);
 }
 
 PILOT_BLAS_EXPORT cublasStatus_t cublasGemmStridedBatchedEx(
@@ -634,11 +459,11 @@ PILOT_BLAS_EXPORT cublasStatus_t cublasGemmStridedBatchedEx(
     cudaDataType Ctype, int ldc, long long stride_c, int batch, cublasComputeType_t compute,
     cublasGemmAlgo_t algo)
 {
-    struct gemm g = {"cublasGemmStridedBatchedEx", "GEMM_EX ",
-                     PILOT_GEMM_EX_STRIDED, transa, transb, m, n, k,
-                     alpha, A, B, beta, C, Atype, Btype, Ctype, lda, ldb, ldc, compute, algo,
-                     batch, stride_a, stride_b, stride_c};
-    return gemm(handle, &g);
+    struct pilot_blas_gemm g = {"cublasGemmStridedBatchedEx", "GEMM_EX ",
+                                PILOT_GEMM_EX_STRIDED, transa, transb, m, n, k,
+                                alpha, A, B, beta, C, Atype, Btype, Ctype, lda, ldb, ldc, compute,
+                                algo, batch, stride_a, stride_b, stride_c};
+    return pilot_blas_gemm(handle, &g);
 }
 
 /* ---- the generic path (shim/tables/cublas_calls.tsv; the exported functions are generated) ---- */

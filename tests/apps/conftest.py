@@ -44,9 +44,10 @@ SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
            ("vector_add", "kernel_args", "copies", "memset", "streams_events", "errors", "threads",
             "alloc", "symbols", "runtime_misc", "managed", "callbacks", "ptds", "multidev",
             "launch_ex", "scrub", "pinned", "quota_paths", "footprint", "liveness", "devices",
-            "fault", "mempool", "launch_order", "func_info", "arrays", "driver_api", "graphs", "graph_mem",
-            "graph_launch", "device_printf", "cublas_gemm", "cublas_level", "cudnn_conv",
-            "entry_point", "small_managed", "preload", "device_reset", "rings")}
+            "fault", "mempool", "launch_order", "func_info", "arrays", "driver_api", "graphs",
+            "graph_mem", "graph_params", "graph_launch", "device_printf", "cublas_gemm",
+            "cublas_level", "cudnn_conv", "entry_point", "small_managed", "preload", "device_reset",
+            "rings")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 SOURCES["ptds_per_thread"] = APPS_DIR / "ptds.cu"  # the same source, per-thread default streams
 SOURCES["preload_many"] = APPS_DIR / "preload.cu"  # the same source with 40 kernels more

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CUDA graphs on a real GPU: builds tests/apps/graphs.cu and graph_mem.cu (graph memory nodes),
+# CUDA graphs on a real GPU: builds tests/apps/graphs.cu, graph_mem.cu (graph memory nodes),
+# graph_launch.cu and graph_params.cu (node parameters read back and set),
 # runs each natively and under pilot and diffs stdout byte for byte, then runs `graphs garbage`
 # under pilot (destroyed and made-up handles: every line but the last must be
 # cudaErrorInvalidValue). About 40 s with the builds. `graph_mem moved` is compared as well.
@@ -28,7 +29,7 @@ mkdir -p "$OUT" "$SOCK_DIR"
 WORK=$(mktemp -d /tmp/pilot-graphs.XXXXXX)
 trap 'pilotd_stop; rm -rf "$WORK"' EXIT
 
-PROGRAMS=(graphs graph_mem graph_launch)
+PROGRAMS=(graphs graph_mem graph_launch graph_params)
 for prog in "${PROGRAMS[@]}"; do
     say "building $prog.cu with $NVCC -arch=$NVCC_ARCH"
     "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$WORK/$prog" "$REPO/tests/apps/$prog.cu" \
@@ -44,7 +45,7 @@ native_env=(env -u LD_PRELOAD -u PILOT_SOCKET)
 
 bad=0
 # each run: the program and its argument, if any (graph_mem moved: memory nodes in a moved child)
-for run in graphs graph_mem "graph_mem moved" graph_launch; do
+for run in graphs graph_mem "graph_mem moved" graph_launch graph_params; do
     read -r prog arg <<<"$run"
     tag=${run// /_}
     # shellcheck disable=SC2086  # $arg: no word at all when there is no argument

@@ -18,6 +18,7 @@
  * carried (cudaErrorNotSupported, logged once): memcpy nodes with CUDA arrays, kernel nodes given
  * their arguments through `extra`, conditional nodes, external semaphores, device launch,
  * cooperative and cluster kernel node attributes. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1129,34 +1130,36 @@ PILOT_EXPORT cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t hGraph
     PILOT_RETURN(kernel_set(hGraphExec, node, pNodeParams));
 }
 
-/* Reads (get) or sets (set) the parameters of a memcpy, memset, host or event node: the
- * program's node, or (in_exec) its copy in exec. Under the lock. */
+/* The node kinds whose parameters are read and set whole (kernel nodes have kernel_get and
+ * kernel_set): where the parameters lie in a node, and the filler of their Add function, which
+ * checks and stores a new value (an event node's is the event itself). */
+static const struct node_kind {
+    size_t offset, size;
+    cudaError_t (*fill)(struct gnode *n, const void *arg);
+} g_node_kinds[] = {
+    [cudaGraphNodeTypeMemcpy] = {offsetof(struct gnode, u.copy.p), sizeof(struct cudaMemcpy3DParms),
+                                 fill_copy},
+    [cudaGraphNodeTypeMemset] = {offsetof(struct gnode, u.set.p), sizeof(struct cudaMemsetParams),
+                                 fill_memset},
+    [cudaGraphNodeTypeHost] = {offsetof(struct gnode, u.host), sizeof(struct cudaHostNodeParams),
+                               fill_host},
+    [cudaGraphNodeTypeEventRecord] = {offsetof(struct gnode, u.event), sizeof(cudaEvent_t), fill_event},
+    [cudaGraphNodeTypeWaitEvent] = {offsetof(struct gnode, u.event), sizeof(cudaEvent_t), fill_event},
+};
+
+/* Reads (get) or sets (set) the parameters of a node of one of g_node_kinds: the program's node,
+ * or (in_exec) its copy in exec. Under the lock. */
 static cudaError_t node_params(int in_exec, cudaGraphExec_t exec, cudaGraphNode_t node,
                                enum cudaGraphNodeType type, void *get, const void *set)
 {
     struct gnode *n = target(in_exec, exec, node, type);
     if (!n || (!get && !set))
         return cudaErrorInvalidValue;
-    switch (type) {
-    case cudaGraphNodeTypeMemcpy:
-        if (get)
-            *(struct cudaMemcpy3DParms *)get = n->u.copy.p;
-        return get ? cudaSuccess : pilot_node_set_copy(n, set);
-    case cudaGraphNodeTypeMemset:
-        if (get)
-            *(struct cudaMemsetParams *)get = n->u.set.p;
-        return get ? cudaSuccess : pilot_node_set_memset(n, set);
-    case cudaGraphNodeTypeHost:
-        if (get)
-            *(struct cudaHostNodeParams *)get = n->u.host;
-        return get ? cudaSuccess : fill_host(n, set);
-    default: /* event record and wait nodes: the event (set: the value itself) */
-        if (get)
-            *(cudaEvent_t *)get = n->u.event;
-        else
-            n->u.event = (cudaEvent_t)set;
-        return cudaSuccess;
-    }
+    const struct node_kind *kind = &g_node_kinds[type];
+    if (!get)
+        return kind->fill(n, set);
+    memcpy(get, (const char *)n + kind->offset, kind->size);
+    return cudaSuccess;
 }
 
 #define GET(node, type, out) LOCKED(node_params(0, NULL, node, type, out, NULL))

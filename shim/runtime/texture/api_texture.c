@@ -6,6 +6,7 @@
  * at its end. The shim keeps the descriptors each object was made from, for the
  * cudaGet*ObjectResourceDesc / TextureDesc / ResourceViewDesc queries, and the device it is on. */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -262,44 +263,43 @@ PILOT_EXPORT cudaError_t cudaDestroySurfaceObject(cudaSurfaceObject_t surfObject
     PILOT_RETURN(destroy(surfObject, 1));
 }
 
+/* The descriptor at `offset` (`size` bytes) of the record of a live object: what the
+ * cudaGet*Object*Desc queries answer. */
+static cudaError_t describe(uint64_t handle, int surface, void *out, size_t offset, size_t size)
+{
+    struct object_rec rec;
+    if (!out || !lookup(handle, surface, &rec))
+        return cudaErrorInvalidValue;
+    memcpy(out, (const char *)&rec + offset, size);
+    return cudaSuccess;
+}
+
+#define DESCRIBE(handle, surface, out, field) \
+    PILOT_RETURN(describe(handle, surface, out, offsetof(struct object_rec, field), \
+                          sizeof((struct object_rec *)0)->field))
+
 PILOT_EXPORT cudaError_t cudaGetTextureObjectResourceDesc(struct cudaResourceDesc *pResDesc,
                                                           cudaTextureObject_t texObject)
 {
-    struct object_rec rec;
-    if (!pResDesc || !lookup(texObject, 0, &rec))
-        PILOT_RETURN(cudaErrorInvalidValue);
-    *pResDesc = rec.res;
-    return cudaSuccess;
+    DESCRIBE(texObject, 0, pResDesc, res);
 }
 
 PILOT_EXPORT cudaError_t cudaGetTextureObjectTextureDesc(struct cudaTextureDesc *pTexDesc,
                                                          cudaTextureObject_t texObject)
 {
-    struct object_rec rec;
-    if (!pTexDesc || !lookup(texObject, 0, &rec))
-        PILOT_RETURN(cudaErrorInvalidValue);
-    *pTexDesc = rec.tex;
-    return cudaSuccess;
+    DESCRIBE(texObject, 0, pTexDesc, tex);
 }
 
 PILOT_EXPORT cudaError_t cudaGetTextureObjectResourceViewDesc(
     struct cudaResourceViewDesc *pResViewDesc, cudaTextureObject_t texObject)
 {
-    struct object_rec rec;
-    if (!pResViewDesc || !lookup(texObject, 0, &rec))
-        PILOT_RETURN(cudaErrorInvalidValue);
-    *pResViewDesc = rec.view; /* zeros when the object was made without a view */
-    return cudaSuccess;
+    DESCRIBE(texObject, 0, pResViewDesc, view); /* zeros when the object was made without a view */
 }
 
 PILOT_EXPORT cudaError_t cudaGetSurfaceObjectResourceDesc(struct cudaResourceDesc *pResDesc,
                                                           cudaSurfaceObject_t surfObject)
 {
-    struct object_rec rec;
-    if (!pResDesc || !lookup(surfObject, 1, &rec))
-        PILOT_RETURN(cudaErrorInvalidValue);
-    *pResDesc = rec.res;
-    return cudaSuccess;
+    DESCRIBE(surfObject, 1, pResDesc, res);
 }
 
 PILOT_HOOK(api_texture, .on_fork_child = fork_child,
