@@ -11,7 +11,7 @@
 #                     part; optional: skipped when absent). Default $RODINIA_MIRROR, else
 #                     /work/.mirror/yuhc+gpu-rodinia/repo
 #   --dest DIR        where the sources go (default .realprogs-src in the repository root,
-#                     git-ignored through .git/info/exclude)
+#                     git-ignored by .gitignore)
 #
 # Without a mirror: `git clone --bare https://github.com/NVIDIA/cuda-samples cs.git` (and the
 # same for yuhc/gpu-rodinia), then pass those directories.
