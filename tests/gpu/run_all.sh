@@ -3,7 +3,7 @@
 #
 #   bash tests/gpu/run_all.sh [STAGE...]
 #
-# With STAGE names (smoke compare driver cublas cudnn ops faults graphs bench um_tune um_flush sched preempt priority fig1 tenants salus) only those run, after wheels and
+# With STAGE names (smoke compare driver cublas cudnn ops faults graphs real bench rings um_tune um_flush sched preempt priority fig1 tenants salus) only those run, after wheels and
 # install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
@@ -24,8 +24,13 @@
 #   5. ops      tests/gpu/ops_check.py: NVML readings, capacity, a quota enforced, metrics served
 #      faults   tests/gpu/fault_check.py: a kernel fault beside a running program and before the
 #               next one; detection and recovery times (router/recovery.py)
+#      real     tests/gpu/real_programs.sh --no-install: the public CUDA samples and Rodinia programs
+#               natively and under pilot (carry .realprogs, built by hack/build_real_programs.sh;
+#               skipped without it; REAL_DEADLINE seconds, default 330)
 #   6. bench    bench/bench.py --start-daemon: native vs pilot costs and bandwidths, and the
 #               Unified Memory workloads (bench/um.cu, 1 GiB)
+#      rings    bench/ring_ab.sh: launch and round-trip rows with the shared-memory rings and on
+#               the socket (PILOT_RING=0), side by side with native
 #   7. um_tune  bench/bench.py --only um at other shadow chunk sizes (PILOT_UM_CHUNK) and without
 #               huge pages (PILOT_UM_HUGEPAGE=0), one run each: the measurements behind the defaults
 #      um_flush bench/um_flush_probe.sh: GPU first touch of host-written managed memory natively
@@ -148,6 +153,17 @@ cublas_all() {
     return "$rc"
 }
 
+# shellcheck disable=SC2317  # called through stage
+# The real-program set when it was carried (hack/build_real_programs.sh); else said and skipped.
+real_programs() {
+    if [ ! -f "$REPO/.realprogs/manifest.tsv" ]; then
+        echo "real: .realprogs not carried (hack/fetch_real_programs.sh, hack/build_real_programs.sh): skipped"
+        return 0
+    fi
+    DEADLINE=${REAL_DEADLINE:-330} PROG_TIMEOUT=${PROG_TIMEOUT:-30} \
+        timeout -k 20 $((${REAL_DEADLINE:-330} + 60)) bash tests/gpu/real_programs.sh --no-install
+}
+
 main() {
     cd "$REPO" || return 1
     echo "run_all.sh starting $(date -u +%FT%TZ) on $(hostname)"
@@ -162,10 +178,12 @@ main() {
     stage ops timeout -k 10 120 "$PYTHON" tests/gpu/ops_check.py
     stage faults timeout -k 10 180 "$PYTHON" tests/gpu/fault_check.py
     stage graphs timeout -k 10 240 bash tests/gpu/graphs_compare.sh
+    stage real real_programs
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
     stage bench timeout -k 20 "$BENCH_TIMEOUT" "$PYTHON" bench/bench.py --start-daemon \
         --out "$OUT/bench.md" --json "$OUT/bench.json" --daemon-log "$OUT/pilotd-bench.log" $BENCH_ARGS
 
+    stage rings timeout -k 10 400 env MODES="on off" bash bench/ring_ab.sh
     stage um_tune um_tune
     stage um_flush timeout -k 10 300 bash bench/um_flush_probe.sh
     stage sched timeout -k 10 180 "$PYTHON" tests/gpu/scheduler_check.py
@@ -180,7 +198,7 @@ main() {
     stage salus timeout -k 20 540 bash tests/gpu/salus_gpu.sh
 
     printf '\n==================== results\n\n'
-    for f in compare.md bench.md um_tune.md preempt.md priority.md fig1/fig1.md tenants/tenants.md salus.md; do
+    for f in compare.md real_programs.md bench.md ring_on.md ring_off.md um_tune.md preempt.md priority.md fig1/fig1.md tenants/tenants.md salus.md; do
         if [ -f "$OUT/$f" ]; then
             cat "$OUT/$f"
         else
@@ -195,8 +213,8 @@ main() {
 }
 
 for wanted in "$@"; do
-    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | faults | graphs | bench | um_tune | um_flush | sched | preempt | priority | fig1 | tenants | salus) ;; *)
-        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops faults graphs bench um_tune um_flush sched preempt priority fig1 tenants salus)" >&2
+    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | faults | graphs | real | bench | rings | um_tune | um_flush | sched | preempt | priority | fig1 | tenants | salus) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops faults graphs real bench rings um_tune um_flush sched preempt priority fig1 tenants salus)" >&2
         exit 2
     esac
 done
