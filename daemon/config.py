@@ -13,6 +13,7 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     max_vgpus_per_gpu = 32         # 1..256: more are started as sessions come (one each), up to this
     gpus = "all"                   # or a list of GPU indexes: [0, 1]
     spin_us = 50                   # 0..10000
+    gpu_wait = "auto"              # how pilotd's threads wait for the GPU: auto | spin | yield | blocking
     callback_timeout = "60s"       # a host callback unanswered this long ends its session; 0: never
     callback_hold_total = "10m"    # a session's callbacks may hold its stream this long in all; 0: no limit
     vgpus_per_tenant = 0           # vGPU threads of a GPU one tenant's sessions may hold; 0: a fair share
@@ -105,6 +106,8 @@ DEFAULT_CONFIG_PATH = "/etc/pilot/pilotd.toml"
 
 BACKENDS = ("cuda", "sim")
 FAULT_RECOVERY = ("restart", "exit")
+# The driver's schedule of pilotd's contexts (CU_CTX_SCHED_*): how a thread that synchronizes waits
+GPU_WAITS = ("auto", "spin", "yield", "blocking")
 _POLICY_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
@@ -334,6 +337,7 @@ class Config:
     log_level: str = "info"
     log_format: str = "text"
     spin_us: int = 50
+    gpu_wait: str = "auto"
     sim_kernels: tuple[str, ...] = ()
     sim_devices: int = 1
     tenants: dict[str, TenantDef] = field(default_factory=dict)
@@ -698,6 +702,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
     "spin_us": _int_range(0, 10000),
+    "gpu_wait": _choice(GPU_WAITS),
     "sim_kernels": _paths,
     "sim_devices": _int_range(1, 16),
     "tenants": _tenants,
@@ -710,7 +715,7 @@ SECTIONS: dict[str, dict[str, str]] = {
                               "vgpus_per_tenant", "switch_interval",
                               "fault_recovery", "fault_poll_interval", "fast_launch", "device_output",
                               "staging_spares",
-                              "spin_us",
+                              "spin_us", "gpu_wait",
                               "state_dir",
                               "admin_group", "log_level", "log_format",
                               "sim_kernels", "sim_devices")},

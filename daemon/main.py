@@ -28,7 +28,9 @@ MAX_CONNECTIONS = 32
 
 
 def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] | None,
-                 sim_devices: int = 1) -> Any:
+                 sim_devices: int = 1, gpu_wait: str = "auto") -> Any:
+    """`gpu_wait` (config `[daemon] gpu_wait`): how the driver makes pilotd's threads wait in a
+    synchronization; the sim has no such threads and ignores it."""
     if name == "sim":
         from pilot.daemon.backends.sim import SimBackend
         from pilot.daemon.sim_kernels import load_kernel_files
@@ -42,7 +44,7 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", str(MAX_CONNECTIONS))
     from pilot.daemon.backends.cuda import CudaBackend
 
-    return CudaBackend(list(gpus) if gpus else None)
+    return CudaBackend(list(gpus) if gpus else None, gpu_wait=gpu_wait)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -78,6 +80,8 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
               help="GPUs the sim backend presents [default: 1].")
 @click.option("--spin-us", type=click.IntRange(0, 10000),
               help="Microseconds a vGPU thread polls for the next call before it sleeps.")
+@click.option("--gpu-wait", type=click.Choice(["auto", "spin", "yield", "blocking"]),
+              help="How pilotd's threads wait for the GPU in a synchronization [auto].")
 @click.option("--callback-timeout", metavar="DURATION",
               help="A host callback the program does not answer this long ends its session "
                    "[60s] (0: never).")
@@ -95,7 +99,8 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
          capacity: str | None, enforce_capacity: bool | None, managed_device_memory: bool | None,
          state_dir: str | None, metrics_address: str | None, admin_group: str | None,
          sim_kernels: tuple[str, ...], sim_devices: int | None, spin_us: int | None,
-         callback_timeout: str | None, policy: str | None, policy_plugins: tuple[str, ...],
+         gpu_wait: str | None, callback_timeout: str | None, policy: str | None,
+         policy_plugins: tuple[str, ...],
          policy_max_wait: str | None, isolated_tenant: str | None,
          log_level: str | None,
          log_format: str | None) -> None:
@@ -110,7 +115,7 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
             "state_dir": state_dir, "metrics_address": metrics_address,
             "admin_group": admin_group, "sim_kernels": tuple(sim_kernels) or None,
             "sim_devices": sim_devices,
-            "spin_us": spin_us, "log_level": log_level, "log_format": log_format,
+            "spin_us": spin_us, "gpu_wait": gpu_wait, "log_level": log_level, "log_format": log_format,
             "policy": policy, "policy_plugins": tuple(policy_plugins) or None,
             "policy_max_wait": policy_max_wait, "callback_timeout": callback_timeout,
             "isolated_tenant": isolated_tenant,
@@ -132,7 +137,8 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
         log.info("restarted after a GPU fault: %.3f s from the exec to here", time.time() - handover.exec_at)
     started = time.time()
     try:
-        be = make_backend(config.backend, config.sim_kernels, config.gpus, config.sim_devices)
+        be = make_backend(config.backend, config.sim_kernels, config.gpus, config.sim_devices,
+                          config.gpu_wait)
         daemon = Daemon(be, config, path, control_path, policy, handover=handover)
         if handover.exec_at:
             log.info("backend and daemon set up in %.3f s", time.time() - started)

@@ -283,7 +283,12 @@ class CudaBackend:
     name = "cuda"
     _memory_changes = 0  # set in __init__; the class default serves backends built without it
 
-    def __init__(self, devices: list[int] | None = None) -> None:
+    def __init__(self, devices: list[int] | None = None, gpu_wait: str = "auto") -> None:
+        """`gpu_wait`: how a pilotd thread waits in a synchronization, the primary contexts'
+        schedule (`[daemon] gpu_wait`). "auto" leaves the driver's default: with pilotd's one
+        context per GPU that is spinning, a core per waiting vGPU thread (the lowest latency);
+        "yield" spins but gives way; "blocking" sleeps until the GPU interrupts (no CPU while
+        waiting, a wake-up more per synchronization): for hosts whose cores are short."""
         from cuda.bindings import driver as cu
 
         self._cu: Any = cu
@@ -307,8 +312,13 @@ class CudaBackend:
         self._ordinals = ordinals  # CUDA ordinal per index
         self._devices: list[Any] = []  # CUdevice per index
         self._contexts: list[Any] = []  # retained primary CUcontext per index
+        schedule = {"spin": cu.CUctx_flags.CU_CTX_SCHED_SPIN,
+                    "yield": cu.CUctx_flags.CU_CTX_SCHED_YIELD,
+                    "blocking": cu.CUctx_flags.CU_CTX_SCHED_BLOCKING_SYNC}.get(gpu_wait)
         for ordinal in ordinals:
             dev = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+            if schedule is not None:  # before the context is made, so every stream of it waits so
+                check(cu.cuDevicePrimaryCtxSetFlags(dev, int(schedule)), "cuDevicePrimaryCtxSetFlags")
             self._contexts.append(
                 check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
             )

@@ -153,6 +153,29 @@ def spin_cycles(be: CudaBackend) -> int:
 # ---- the checks -----------------------------------------------------------------------------
 
 
+_GPU_WAIT_PROBE = """
+from cuda.bindings import driver as cu
+from pilot.daemon.backends.cuda import CudaBackend
+be = CudaBackend([0], gpu_wait="{wait}")
+err, dev = cu.cuDeviceGet(0)
+err, flags, active = cu.cuDevicePrimaryCtxGetState(dev)
+print(int(flags) & int(cu.CUctx_flags.CU_CTX_SCHED_MASK), int(active))
+"""
+
+
+def gpu_wait() -> str:
+    """`[daemon] gpu_wait` sets the primary context's schedule before the context is made (a
+    process of its own: the flags are the process's)."""
+    seen = {}
+    for wait, flag in (("blocking", 4), ("yield", 2), ("spin", 1)):
+        proc = subprocess.run([sys.executable, "-c", _GPU_WAIT_PROBE.format(wait=wait)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.split() == [str(flag), "1"], (wait, proc.stdout)
+        seen[wait] = flag
+    return ", ".join(f"{w}: CU_CTX_SCHED flag {f}" for w, f in seen.items())
+
+
 def main() -> int:
     try:
         import cuda.bindings
@@ -491,6 +514,7 @@ def main() -> int:
         ("launch_ex", launch_ex),
         ("peers", peers),
         ("teardown", teardown),
+        ("gpu_wait", gpu_wait),
     ]:
         step(name, fn)
 

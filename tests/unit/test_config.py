@@ -149,6 +149,7 @@ control_socket = "ctl.sock"
 vgpus_per_gpu = 4
 gpus = [0, 2]
 spin_us = 0
+gpu_wait = "blocking"
 state_dir = "/var/lib/p"
 admin_group = "gpu-admins"
 log_level = "debug"
@@ -184,7 +185,8 @@ def test_load_full_file(tmp_path: Path) -> None:
     c = load_config(write(tmp_path, FULL))
     assert c == Config(
         backend="sim", socket="/s/pilot.sock", control_socket=str(tmp_path / "ctl.sock"),
-        vgpus_per_gpu=4, gpus=(0, 2), spin_us=0, state_dir="/var/lib/p", admin_group="gpu-admins",
+        vgpus_per_gpu=4, gpus=(0, 2), spin_us=0, gpu_wait="blocking", state_dir="/var/lib/p",
+        admin_group="gpu-admins",
         log_level="debug", log_format="json", sim_kernels=(str(tmp_path / "k.py"), "/abs/k2.py"),
         capacity=70 * GiB, capacity_per_gpu={0: 40 * GiB, 2: 10**9}, policy="madvise",
         nvml_poll_interval=0.5, metrics_address="[::1]:9401",
@@ -232,6 +234,7 @@ def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
     ("[daemon]\nvgpus_per_gpu = 65", "daemon.vgpus_per_gpu: 65 is not in 1..64"),
     ("[daemon]\nvgpus_per_gpu = true", "daemon.vgpus_per_gpu: True is not an integer"),
     ("[daemon]\nspin_us = 10001", "daemon.spin_us: 10001 is not in 0..10000"),
+    ("[daemon]\ngpu_wait = 'sleep'", "daemon.gpu_wait: 'sleep' is not one of auto, spin, yield, blocking"),
     ("[daemon]\nswitch_interval = '1s'", "daemon.switch_interval: '1s' is out of range"),
     ("[daemon]\nswitch_interval = 0", "daemon.switch_interval: 0 is out of range"),
     ("[daemon]\ngpus = 'some'", "daemon.gpus: 'some' is not \"all\""),
@@ -390,3 +393,22 @@ def test_issue27_limits_and_opt_ins(tmp_path: Path) -> None:
     for bad in ("[pinned]\ntenant_fraction = 0\n", '[limits]\nmax_frame = "1GiB"\n'):
         with pytest.raises(ConfigError):
             load_config(write(tmp_path, bad))
+
+
+def test_gpu_wait_reaches_the_cuda_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`[daemon] gpu_wait` is handed to CudaBackend, which sets the contexts' schedule (checked on
+    the GPU by tests/gpu/backend_cuda_smoke.py, step gpu_wait); the sim takes none."""
+    import pilot.daemon.backends.cuda as cuda_backend
+    from pilot.daemon.main import make_backend
+
+    made: list[tuple[object, str]] = []
+
+    class Recorder:
+        def __init__(self, devices: object = None, gpu_wait: str = "auto") -> None:
+            made.append((devices, gpu_wait))
+
+    monkeypatch.setattr(cuda_backend, "CudaBackend", Recorder)
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    make_backend("cuda", (), (1,), 1, "blocking")
+    make_backend("cuda", (), None)
+    assert made == [([1], "blocking"), (None, "auto")]
