@@ -312,9 +312,9 @@ class CudaBackend:
         self._ordinals = ordinals  # CUDA ordinal per index
         self._devices: list[Any] = []  # CUdevice per index
         self._contexts: list[Any] = []  # retained primary CUcontext per index
-        schedule = {"spin": cu.CUctx_flags.CU_CTX_SCHED_SPIN,
-                    "yield": cu.CUctx_flags.CU_CTX_SCHED_YIELD,
-                    "blocking": cu.CUctx_flags.CU_CTX_SCHED_BLOCKING_SYNC}.get(gpu_wait)
+        schedule = None if gpu_wait == "auto" else getattr(
+            cu.CUctx_flags, {"spin": "CU_CTX_SCHED_SPIN", "yield": "CU_CTX_SCHED_YIELD",
+                             "blocking": "CU_CTX_SCHED_BLOCKING_SYNC"}[gpu_wait])
         for ordinal in ordinals:
             dev = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
             if schedule is not None:  # before the context is made, so every stream of it waits so

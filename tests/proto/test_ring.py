@@ -129,7 +129,10 @@ def test_an_impossible_index_closes_only_that_connection(daemon: RunningDaemon) 
     ring.set_u64(ring.req_side + HEAD, 10 * ring.req_bytes)  # more than the ring holds
     sock.send(b"d")
     sock.settimeout(5)
-    assert sock.recv(64) == b""  # pilotd closed it
+    try:  # pilotd closed it: EOF, or a reset when it closed before reading our doorbell
+        assert sock.recv(64) == b""
+    except ConnectionResetError:
+        pass
     ring.close()
     sock.close()
     other = ProtoClient(str(daemon.socket_path))
