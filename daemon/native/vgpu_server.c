@@ -9,6 +9,7 @@
 #include "fast_launch.h"
 #include "pilot_proto.h"
 #include "pilot_ring.h"
+#include "zmtp_wire.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,9 +24,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define FLAG_MORE 0x01
-#define FLAG_LONG 0x02
-#define FLAG_COMMAND 0x04
 #define MAX_FRAMES 4
 #define MAX_MESSAGE (1ull << 30)     /* no request is larger (fatbin images included) */
 #define PRE_ATTACH_MAX (64u << 10)   /* until ATTACH succeeds: ATTACH (and a refusal) is small */
@@ -119,15 +117,6 @@ static void kill_conn(pilot_srv *s, struct conn *c)
     }
 }
 
-/* One byte on the socket for a ring peer that sleeps. A full socket buffer already holds
- * doorbells the peer has not read, so EAGAIN loses nothing; a gone peer shows as EOF on read. */
-static void doorbell(struct conn *c)
-{
-    static const char bell = 'd';
-    while (send(c->fd, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno == EINTR)
-        ;
-}
-
 /* write_some for a ring connection: puts what the reply ring takes now. Returns the bytes left,
  * or (size_t)-1 when the peer's index is impossible. Rings the doorbell if the peer sleeps. */
 static size_t ring_write_some(struct conn *c, struct iovec *iov, int *iovcnt)
@@ -147,7 +136,7 @@ static size_t ring_write_some(struct conn *c, struct iovec *iov, int *iovcnt)
         (*iovcnt)--;
     }
     if (wrote && pilot_ring_consumer_asleep(&c->rout))
-        doorbell(c);
+        pilot_ring_doorbell(c->fd);
     size_t left = 0;
     for (int i = 0; i < *iovcnt; i++)
         left += iov[i].iov_len;
@@ -262,7 +251,7 @@ static void accept_all(pilot_srv *s)
     uint8_t hello[64 + 2 + sizeof ready - 1] = {0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 0};
     memcpy(hello + 12, "NULL", 4);
     hello[32] = 1; /* as-server */
-    hello[64] = FLAG_COMMAND;
+    hello[64] = ZMTP_FLAG_COMMAND;
     hello[65] = sizeof ready - 1;
     memcpy(hello + 66, ready, sizeof ready - 1);
 
@@ -339,31 +328,17 @@ static void pull_ring(pilot_srv *s, struct conn *c)
         took = 1;
     }
     if (took && pilot_ring_producer_waits(&c->rin))
-        doorbell(c);
-}
-
-/* A ring connection's socket: doorbells (their bytes mean nothing) or the end of the peer. */
-static void drain_doorbells(pilot_srv *s, struct conn *c)
-{
-    uint8_t sink[256];
-    for (;;) {
-        ssize_t n = recv(c->fd, sink, sizeof sink, MSG_DONTWAIT);
-        if (n > 0)
-            continue;
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && errno == EAGAIN)
-            return;
-        kill_conn(s, c);
-        return;
-    }
+        pilot_ring_doorbell(c->fd);
 }
 
 static void read_available(pilot_srv *s, struct conn *c)
 {
     size_t budget = READ_CHUNK;
     if (c->ring_map) {
-        drain_doorbells(s, c);
+        if (pilot_ring_drain_doorbells(c->fd) != 0) { /* the peer is gone */
+            kill_conn(s, c);
+            return;
+        }
         flush_out(s, c); /* a doorbell may say the peer made room for queued replies */
         pull_ring(s, c);
         return;
@@ -386,25 +361,6 @@ static void read_available(pilot_srv *s, struct conn *c)
     }
 }
 
-/* Decodes one frame header at p (avail bytes). Returns header length, 0 if incomplete. */
-static size_t frame_header(const uint8_t *p, size_t avail, uint8_t *flags, uint64_t *size)
-{
-    if (avail < 2)
-        return 0;
-    *flags = p[0];
-    if (!(p[0] & FLAG_LONG)) {
-        *size = p[1];
-        return 2;
-    }
-    if (avail < 9)
-        return 0;
-    uint64_t v = 0;
-    for (int i = 1; i < 9; i++)
-        v = (v << 8) | p[i];
-    *size = v;
-    return 9;
-}
-
 /* Moves a connection through the handshake. Returns 1 if it is open for messages. */
 static int handshake(pilot_srv *s, struct conn *c)
 {
@@ -422,10 +378,10 @@ static int handshake(pilot_srv *s, struct conn *c)
     if (c->state == ST_READY) {
         uint8_t flags;
         uint64_t size;
-        size_t h = frame_header(c->buf + c->pos, c->len - c->pos, &flags, &size);
+        size_t h = zmtp_decode_header(c->buf + c->pos, c->len - c->pos, &flags, &size);
         if (!h)
             return 0;
-        if (!(flags & FLAG_COMMAND) || size < 6 || size > 4096) {
+        if (!(flags & ZMTP_FLAG_COMMAND) || size < 6 || size > 4096) {
             kill_conn(s, c);
             return 0;
         }
@@ -444,6 +400,8 @@ static int handshake(pilot_srv *s, struct conn *c)
 
 static int send_frames(pilot_srv *s, uint32_t conn, const void *const *data, const size_t *lens,
                        int nframes);
+static int frames_iov(uint8_t (*hdr)[ZMTP_HEADER_MAX], struct iovec *iov, const void *const *data,
+                      const size_t *lens, int nframes);
 
 /* RING_OPEN (pilot_ring.h): a memfd sealed against resizing, mapped here, handed to the client
  * with the status reply (SCM_RIGHTS); from the byte after the request on, both directions of the
@@ -473,26 +431,23 @@ static void open_ring(pilot_srv *s, struct conn *c, const pilot_srv_msg *m)
     shm->req_bytes = PILOT_RING_REQ_BYTES;
     shm->rep_bytes = PILOT_RING_REP_BYTES;
     st.hdr.err = 0;
-    uint8_t hdr[2][9];
+    uint8_t hdr[2][ZMTP_HEADER_MAX];
     struct iovec iov[4];
-    for (int i = 0; i < 2; i++) {
-        hdr[i][0] = i == 0 ? FLAG_MORE : 0;
-        hdr[i][1] = (uint8_t)lens[i];
-        iov[2 * i] = (struct iovec){hdr[i], 2};
-        iov[2 * i + 1] = (struct iovec){(void *)data[i], lens[i]};
-    }
+    int iovcnt = frames_iov(hdr, iov, data, lens, 2);
     union {
         struct cmsghdr align;
         char buf[CMSG_SPACE(sizeof(int))];
     } control = {0};
-    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 4, .msg_control = control.buf,
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt, .msg_control = control.buf,
                          .msg_controllen = sizeof control.buf};
     struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
     cm->cmsg_level = SOL_SOCKET;
     cm->cmsg_type = SCM_RIGHTS;
     cm->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-    size_t total = 4 + lens[0] + lens[1];
+    size_t total = 0;
+    for (int i = 0; i < iovcnt; i++)
+        total += iov[i].iov_len;
     ssize_t sent;
     while ((sent = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT)) < 0 && errno == EINTR)
         ;
@@ -534,23 +489,23 @@ static int next_message(pilot_srv *s, struct conn *c, pilot_srv_msg *m)
         for (;;) {
             uint8_t flags;
             uint64_t size;
-            size_t h = frame_header(c->buf + p, c->len - p, &flags, &size);
+            size_t h = zmtp_decode_header(c->buf + p, c->len - p, &flags, &size);
             if (!h)
                 return 0;
-            if (size > c->max_message || (!(flags & FLAG_COMMAND) && n >= MAX_FRAMES)) {
+            if (size > c->max_message || (!(flags & ZMTP_FLAG_COMMAND) && n >= MAX_FRAMES)) {
                 kill_conn(s, c);
                 return 0;
             }
             if (c->len - p - h < size)
                 return 0;
-            command = flags & FLAG_COMMAND;
+            command = flags & ZMTP_FLAG_COMMAND;
             if (!command) {
                 m->frame[n] = c->buf + p + h;
                 m->len[n] = size;
                 n++;
             }
             p += h + size;
-            if (command || !(flags & FLAG_MORE))
+            if (command || !(flags & ZMTP_FLAG_MORE))
                 break;
         }
         c->pos = p;
@@ -845,19 +800,20 @@ static struct conn *find(pilot_srv *s, uint32_t id)
     return NULL;
 }
 
-static size_t encode_header(uint8_t *out, uint8_t flags, uint64_t size)
+/* The iovec of a message of nframes frames (each header written into hdr[i]); its length. */
+static int frames_iov(uint8_t (*hdr)[ZMTP_HEADER_MAX], struct iovec *iov, const void *const *data,
+                      const size_t *lens, int nframes)
 {
-    if (size <= 255) {
-        out[0] = flags;
-        out[1] = (uint8_t)size;
-        return 2;
+    int n = 0;
+    for (int i = 0; i < nframes; i++) {
+        iov[n].iov_base = hdr[i];
+        iov[n++].iov_len = zmtp_encode_header(hdr[i], i + 1 < nframes ? ZMTP_FLAG_MORE : 0, lens[i]);
+        if (lens[i]) {
+            iov[n].iov_base = (void *)data[i];
+            iov[n++].iov_len = lens[i];
+        }
     }
-    out[0] = flags | FLAG_LONG;
-    for (int i = 8; i >= 1; i--) {
-        out[i] = (uint8_t)size;
-        size >>= 8;
-    }
-    return 9;
+    return n;
 }
 
 static int send_frames(pilot_srv *s, uint32_t conn, const void *const *data, const size_t *lens,
@@ -866,17 +822,9 @@ static int send_frames(pilot_srv *s, uint32_t conn, const void *const *data, con
     struct conn *c = find(s, conn);
     if (!c)
         return -1;
-    uint8_t hdr[4][9];
+    uint8_t hdr[4][ZMTP_HEADER_MAX];
     struct iovec iov[8];
-    int n = 0;
-    for (int i = 0; i < nframes; i++) {
-        iov[n].iov_base = hdr[i];
-        iov[n++].iov_len = encode_header(hdr[i], i + 1 < nframes ? FLAG_MORE : 0, lens[i]);
-        if (lens[i]) {
-            iov[n].iov_base = (void *)data[i];
-            iov[n++].iov_len = lens[i];
-        }
-    }
+    int n = frames_iov(hdr, iov, data, lens, nframes);
     if (queue_out(s, c, iov, n) != 0) {
         kill_conn(s, c);
         return -1;

@@ -24,10 +24,12 @@
 #ifndef PILOT_RING_H
 #define PILOT_RING_H
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define PILOT_RING_MAGIC 0x31676e69522d5450ull /* "PT-Ring1" */
 #define PILOT_RING_REQ_BYTES (256u << 10)       /* shim -> pilotd; a power of two */
@@ -183,6 +185,32 @@ static inline int pilot_ring_prepare_wait(struct pilot_ring *r)
 static inline void pilot_ring_done_waiting(struct pilot_ring *r)
 {
     atomic_store_explicit(&r->side->producer_waiting, 0, memory_order_relaxed);
+}
+
+/* The doorbell: one byte on the connection's socket for a peer that sleeps. A full socket buffer
+ * holds doorbells the peer has not read yet, so EAGAIN loses nothing; a gone peer shows as EOF
+ * on the next read. */
+static inline void pilot_ring_doorbell(int fd)
+{
+    static const char bell = 'd';
+    while (send(fd, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno == EINTR)
+        ;
+}
+
+/* Reads every doorbell waiting on the socket (their bytes mean nothing). 0 when it is empty,
+ * -ECONNRESET when the peer has gone, else -errno. */
+static inline int pilot_ring_drain_doorbells(int fd)
+{
+    uint8_t sink[256];
+    for (;;) {
+        ssize_t n = recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+        if (n > 0)
+            continue;
+        if (n == 0)
+            return -ECONNRESET;
+        if (errno != EINTR)
+            return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+    }
 }
 
 #endif

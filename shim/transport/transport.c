@@ -153,10 +153,12 @@ static int closed_by_peer(int rc)
     return rc == -ECONNRESET || rc == -EPIPE;
 }
 
-static cudaError_t exchange_on(struct zmtp_conn *c, uint64_t *seq, uint32_t flags,
+/* One request and its reply. fd: NULL, or where a descriptor the reply carries goes (-1: none;
+ * closed again when the exchange fails). */
+static cudaError_t exchange_fd(struct zmtp_conn *c, uint64_t *seq, uint32_t flags,
                                uint64_t session, uint16_t op, const void *req, size_t req_len,
                                const void *payload, size_t payload_len, struct zmtp_frame *reply,
-                               int *nreply)
+                               int *nreply, int *fd)
 {
     pilot_envelope env = {.version = PILOT_PROTO_VERSION, .opcode = op, .flags = flags,
                           .seq = __atomic_add_fetch(seq, 1, __ATOMIC_RELAXED), .session = session};
@@ -165,14 +167,28 @@ static cudaError_t exchange_on(struct zmtp_conn *c, uint64_t *seq, uint32_t flag
     t_exchange_rc = rc;
     if (rc)
         return ERR_LOST;
-    int n = zmtp_recv(c, reply, ZMTP_MAX_FRAMES);
+    int n = fd ? zmtp_recv_fd(c, reply, ZMTP_MAX_FRAMES, fd) : zmtp_recv(c, reply, ZMTP_MAX_FRAMES);
     t_exchange_rc = n < 0 ? n : 0;
     if (n < 2 || reply[0].len < sizeof(pilot_envelope) ||
         ((const pilot_envelope *)reply[0].data)->seq != env.seq ||
-        reply[1].len < sizeof(pilot_reply_hdr))
+        reply[1].len < sizeof(pilot_reply_hdr)) {
+        if (fd && *fd >= 0) {
+            close(*fd);
+            *fd = -1;
+        }
         return ERR_LOST;
+    }
     *nreply = n;
     return cudaSuccess;
+}
+
+static cudaError_t exchange_on(struct zmtp_conn *c, uint64_t *seq, uint32_t flags,
+                               uint64_t session, uint16_t op, const void *req, size_t req_len,
+                               const void *payload, size_t payload_len, struct zmtp_frame *reply,
+                               int *nreply)
+{
+    return exchange_fd(c, seq, flags, session, op, req, req_len, payload, payload_len, reply,
+                       nreply, NULL);
 }
 
 static cudaError_t exchange(struct zmtp_conn *c, uint64_t session, uint16_t op, const void *req,
@@ -269,21 +285,11 @@ static int rings_wanted(void)
  * say); -1: the connection failed. */
 static int open_rings(struct part *p, uint64_t session)
 {
-    pilot_envelope env = {.version = PILOT_PROTO_VERSION, .opcode = PILOT_OP_RING_OPEN,
-                          .seq = __atomic_add_fetch(&g_seq, 1, __ATOMIC_RELAXED),
-                          .session = session};
-    struct zmtp_frame frames[2] = {{&env, sizeof env}, {NULL, 0}};
     struct zmtp_frame rep[ZMTP_MAX_FRAMES];
-    int fd = -1;
-    int rc = zmtp_send(&p->conn, frames, 2);
-    int n = rc ? rc : zmtp_recv_fd(&p->conn, rep, ZMTP_MAX_FRAMES, &fd);
-    t_exchange_rc = n < 0 ? n : 0;
-    if (n < 2 || rep[0].len < sizeof env || rep[1].len < sizeof(pilot_reply_hdr) ||
-        ((const pilot_envelope *)rep[0].data)->seq != env.seq) {
-        if (fd >= 0)
-            close(fd);
+    int n, fd = -1;
+    if (exchange_fd(&p->conn, &g_seq, 0, session, PILOT_OP_RING_OPEN, NULL, 0, NULL, 0, rep, &n,
+                    &fd) != cudaSuccess)
         return -1;
-    }
     pilot_reply_hdr hdr;
     memcpy(&hdr, rep[1].data, sizeof hdr);
     if (hdr.err || fd < 0) {
@@ -292,7 +298,7 @@ static int open_rings(struct part *p, uint64_t session)
         LOG_INFO("pilotd keeps this connection on its socket (no shared-memory rings)");
         return 0;
     }
-    rc = zmtp_use_ring(&p->conn, fd);
+    int rc = zmtp_use_ring(&p->conn, fd);
     if (rc) {
         LOG_ERROR("pilot: cannot map pilotd's shared-memory rings: %s", strerror(-rc));
         return -1;

@@ -1,4 +1,5 @@
 #include "zmtp.h"
+#include "zmtp_wire.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -12,10 +13,6 @@
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
-
-#define FLAG_MORE 0x01
-#define FLAG_LONG 0x02
-#define FLAG_COMMAND 0x04
 
 static int write_all(int fd, struct iovec *iov, int iovcnt)
 {
@@ -76,14 +73,6 @@ static long long elapsed_us(const struct timespec *t0)
     return (t.tv_sec - t0->tv_sec) * 1000000LL + (t.tv_nsec - t0->tv_nsec) / 1000;
 }
 
-/* Wakes pilotd's endpoint, which sleeps. A full socket buffer holds doorbells already. */
-static void ring_doorbell(struct zmtp_conn *c)
-{
-    static const char bell = 'd';
-    while (send(c->fd, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno == EINTR)
-        ;
-}
-
 /* Sleeps until the socket says something: a doorbell (read and dropped) or pilotd's end
  * (-ECONNRESET). Every alive_ms without one, alive() is asked (-ETIMEDOUT when it says no).
  * Returns 0 when the caller should look at the ring again. */
@@ -95,38 +84,39 @@ static int ring_sleep(struct zmtp_conn *c)
         return errno == EINTR ? 0 : -errno;
     if (r == 0)
         return c->alive() ? 0 : -ETIMEDOUT;
-    uint8_t sink[64];
-    for (;;) {
-        ssize_t n = recv(c->fd, sink, sizeof sink, MSG_DONTWAIT);
-        if (n > 0)
-            continue;
-        if (n == 0)
-            return -ECONNRESET;
-        if (errno == EINTR)
-            continue;
-        return errno == EAGAIN ? 0 : -errno;
+    return pilot_ring_drain_doorbells(c->fd);
+}
+
+/* Whether a caller that found its ring empty (or full) may poll it again: for spin_us from its
+ * first look (*spinning is set then, with *t0), relaxing the core in between. */
+static int keep_polling(const struct zmtp_conn *c, struct timespec *t0, int *spinning)
+{
+    if (!*spinning) {
+        *spinning = 1;
+        clock_gettime(CLOCK_MONOTONIC, t0);
     }
+    if (elapsed_us(t0) >= c->spin_us)
+        return 0;
+    pilot_ring_relax();
+    return 1;
 }
 
 /* Up to len bytes of replies: waits (spinning spin_us first) until some are there. */
 static ssize_t ring_recv_some(struct zmtp_conn *c, void *buf, size_t len)
 {
-    struct timespec t0 = {0};
-    for (int spun = 0;; spun = 1) {
+    struct timespec t0;
+    int spinning = 0;
+    for (;;) {
         int64_t n = pilot_ring_get(&c->rin, buf, len);
         if (n < 0)
             return -EPROTO;
         if (n > 0) {
             if (pilot_ring_producer_waits(&c->rin))
-                ring_doorbell(c);
+                pilot_ring_doorbell(c->fd);
             return (ssize_t)n;
         }
-        if (!spun)
-            clock_gettime(CLOCK_MONOTONIC, &t0);
-        if (elapsed_us(&t0) < c->spin_us) {
-            pilot_ring_relax();
+        if (keep_polling(c, &t0, &spinning))
             continue;
-        }
         if (pilot_ring_prepare_sleep(&c->rin)) {
             int rc = ring_sleep(c);
             pilot_ring_awake(&c->rin);
@@ -140,7 +130,7 @@ static ssize_t ring_recv_some(struct zmtp_conn *c, void *buf, size_t len)
 static int ring_write_all(struct zmtp_conn *c, struct iovec *iov, int iovcnt)
 {
     int wrote = 0;
-    struct timespec t0 = {0};
+    struct timespec t0;
     int spinning = 0;
     while (iovcnt > 0) {
         int64_t n = pilot_ring_put(&c->rout, iov->iov_base, iov->iov_len);
@@ -159,16 +149,10 @@ static int ring_write_all(struct zmtp_conn *c, struct iovec *iov, int iovcnt)
         }
         /* full: pilotd must take some; make sure it knows there is something to take */
         if (wrote && pilot_ring_consumer_asleep(&c->rout))
-            ring_doorbell(c);
+            pilot_ring_doorbell(c->fd);
         wrote = 0;
-        if (!spinning) {
-            spinning = 1;
-            clock_gettime(CLOCK_MONOTONIC, &t0);
-        }
-        if (elapsed_us(&t0) < c->spin_us) {
-            pilot_ring_relax();
+        if (keep_polling(c, &t0, &spinning))
             continue;
-        }
         if (pilot_ring_prepare_wait(&c->rout)) {
             int rc = ring_sleep(c);
             pilot_ring_done_waiting(&c->rout);
@@ -177,7 +161,7 @@ static int ring_write_all(struct zmtp_conn *c, struct iovec *iov, int iovcnt)
         }
     }
     if (wrote && pilot_ring_consumer_asleep(&c->rout))
-        ring_doorbell(c);
+        pilot_ring_doorbell(c->fd);
     return 0;
 }
 
@@ -271,38 +255,14 @@ static int conn_read(struct zmtp_conn *c, void *dst, size_t len)
 /* Reads one frame header; returns 0 and fills flags/size. */
 static int read_frame_header(struct zmtp_conn *c, uint8_t *flags, uint64_t *size)
 {
-    uint8_t hdr[9];
+    uint8_t hdr[ZMTP_HEADER_MAX];
     int rc = conn_read(c, hdr, 2);
+    if (rc == 0 && (hdr[0] & ZMTP_FLAG_LONG))
+        rc = conn_read(c, hdr + 2, 7);
     if (rc)
         return rc;
-    *flags = hdr[0];
-    if (!(hdr[0] & FLAG_LONG)) {
-        *size = hdr[1];
-        return 0;
-    }
-    rc = conn_read(c, hdr + 2, 7);
-    if (rc)
-        return rc;
-    uint64_t s = 0;
-    for (int i = 1; i < 9; i++)
-        s = (s << 8) | hdr[i];
-    *size = s;
+    zmtp_decode_header(hdr, sizeof hdr, flags, size);
     return 0;
-}
-
-static size_t encode_frame_header(uint8_t *out, uint8_t flags, uint64_t size)
-{
-    if (size <= 255) {
-        out[0] = flags;
-        out[1] = (uint8_t)size;
-        return 2;
-    }
-    out[0] = flags | FLAG_LONG;
-    for (int i = 8; i >= 1; i--) {
-        out[i] = (uint8_t)size;
-        size >>= 8;
-    }
-    return 9;
 }
 
 static int ensure_cap(struct zmtp_conn *c, size_t need)
@@ -340,7 +300,7 @@ static int handshake(struct zmtp_conn *c)
     memcpy(greeting + 12, "NULL", 4);
     /* READY command with Socket-Type=DEALER. */
     static const char ready_body[] = "\x05READY\x0bSocket-Type\x00\x00\x00\x06" "DEALER";
-    uint8_t ready_hdr[2] = {FLAG_COMMAND, sizeof ready_body - 1};
+    uint8_t ready_hdr[2] = {ZMTP_FLAG_COMMAND, sizeof ready_body - 1};
     struct iovec iov[3] = {
         {greeting, sizeof greeting},
         {ready_hdr, sizeof ready_hdr},
@@ -362,7 +322,7 @@ static int handshake(struct zmtp_conn *c)
     rc = read_frame_header(c, &flags, &size);
     if (rc)
         return rc;
-    if (!(flags & FLAG_COMMAND) || size < 6 || size > 4096)
+    if (!(flags & ZMTP_FLAG_COMMAND) || size < 6 || size > 4096)
         return -EPROTO;
     if ((rc = ensure_cap(c, (size_t)size)))
         return rc;
@@ -432,7 +392,7 @@ void zmtp_close(struct zmtp_conn *c)
 
 int zmtp_send(struct zmtp_conn *c, const struct zmtp_frame *frames, int nframes)
 {
-    uint8_t hdrs[ZMTP_MAX_FRAMES][9];
+    uint8_t hdrs[ZMTP_MAX_FRAMES][ZMTP_HEADER_MAX];
     struct iovec iov[2 * ZMTP_MAX_FRAMES];
     int n = 0;
     if (c->fd < 0)
@@ -440,8 +400,8 @@ int zmtp_send(struct zmtp_conn *c, const struct zmtp_frame *frames, int nframes)
     if (nframes < 1 || nframes > ZMTP_MAX_FRAMES)
         return -EINVAL;
     for (int i = 0; i < nframes; i++) {
-        uint8_t flags = i + 1 < nframes ? FLAG_MORE : 0;
-        size_t hl = encode_frame_header(hdrs[i], flags, frames[i].len);
+        uint8_t flags = i + 1 < nframes ? ZMTP_FLAG_MORE : 0;
+        size_t hl = zmtp_encode_header(hdrs[i], flags, frames[i].len);
         iov[n].iov_base = hdrs[i];
         iov[n++].iov_len = hl;
         if (frames[i].len) {
@@ -498,7 +458,7 @@ int zmtp_recv(struct zmtp_conn *c, struct zmtp_frame *frames, int max_frames)
         int rc = read_frame_header(c, &flags, &size);
         if (rc)
             return rc;
-        if (flags & FLAG_COMMAND) { /* PING and friends: not used by pilotd; skip */
+        if (flags & ZMTP_FLAG_COMMAND) { /* PING and friends: not used by pilotd; skip */
             if ((rc = discard(c, size)))
                 return rc;
             continue;
@@ -514,7 +474,7 @@ int zmtp_recv(struct zmtp_conn *c, struct zmtp_frame *frames, int max_frames)
         used += (size_t)size;
         used = (used + 7) & ~(size_t)7; /* keep each frame 8-byte aligned for struct access */
         count++;
-        if (!(flags & FLAG_MORE))
+        if (!(flags & ZMTP_FLAG_MORE))
             break;
     }
     for (int i = 0; i < count; i++) {
