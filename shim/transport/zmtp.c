@@ -51,19 +51,6 @@ static ssize_t recv_some(int fd, void *buf, size_t len)
     }
 }
 
-static int read_all(int fd, void *buf, size_t len)
-{
-    char *p = buf;
-    while (len > 0) {
-        ssize_t n = recv_some(fd, p, len);
-        if (n < 0)
-            return (int)n;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 /* ---- the rings (pilot_ring.h): the stream after RING_OPEN ---- */
 
 static long long elapsed_us(const struct timespec *t0)
@@ -172,11 +159,9 @@ static ssize_t conn_recv_some(struct zmtp_conn *c, void *buf, size_t len)
 
 static int conn_read_all(struct zmtp_conn *c, void *buf, size_t len)
 {
-    if (!c->ring_map)
-        return read_all(c->fd, buf, len);
     char *p = buf;
     while (len > 0) {
-        ssize_t n = ring_recv_some(c, p, len);
+        ssize_t n = conn_recv_some(c, p, len);
         if (n < 0)
             return (int)n;
         p += n;
