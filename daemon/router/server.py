@@ -53,7 +53,8 @@ from pilot.daemon.resources.tenants import (
 )
 from pilot.daemon.router import control, sdnotify
 from pilot.daemon.router.admission import Admission, connection_budget, raise_nofile
-from pilot.daemon.router.isolation import EngineError, Engines, IsolationList
+from pilot.daemon.router.isolation import EngineError, Engines, IsolationList, confinement
+from pilot.daemon.router.mps import MpsControl
 from pilot.daemon.router.recovery import (
     FAULT_GRACE,
     Fault,
@@ -251,6 +252,7 @@ class Daemon:
         # connections to the main and control sockets (router/admission.py); limits set in run()
         self.admission = Admission(config.connections, config.connections_per_uid)
         self.restart: Callable[[Handover], None] | None = None  # set by main: exec_afresh
+        self.mps: MpsControl | None = None  # set by main: pilotd's MPS control daemon (router/mps.py)
         self.exit_status = 0
         self._fault_wake_r, self._fault_wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.monitor = FaultMonitor(backend, self.gpus, config.fault_poll_interval,
@@ -260,7 +262,7 @@ class Daemon:
         # Isolation (router/isolation.py): tenants served by a pilotd of their own
         self.isolation = IsolationList(config.state_dir, config.isolation_tenants)
         self.engines = Engines(socket_path, self.broker.budget, sorted(self.gpus),
-                               config.isolation_capacity)
+                               config.isolation_capacity, mps=config.isolation_mps)
         self.engines.adopt(handover.engines)
         self._idle_since = time.monotonic()
 
@@ -909,6 +911,7 @@ class Daemon:
         to it, `why` says why), or active."""
         rows = [w.group.summary() for w in list(self._watched.values())]
         isolated = self.engines.sessions() if len(self.engines) else []
+        here = confinement(self.config)
         res = self.broker.residency
         for row in rows:
             status = self.policy.session_status(row["session"])
@@ -919,6 +922,7 @@ class Daemon:
                     row["state"], row["why"] = status
             if res is not None:
                 row["movable_bytes"], row["resident_bytes"] = res.session_bytes(row["session"])
+            row["confinement"] = here
         return rows + isolated
 
     def part_summaries(self) -> list[dict[str, Any]]:
@@ -947,7 +951,9 @@ class Daemon:
                       for v in self.vgpus],
             "faults": [{**asdict(f), "tenant": f.tenant} for f in self.faults],
             "isolation": {**self.isolation.describe(), "engines": self.engines.describe(),
-                          "serves": self.config.isolated_tenant},
+                          "serves": self.config.isolated_tenant, "mps": self.config.isolation_mps,
+                          "confined": self.config.confined,
+                          "mps_control": self.mps.describe() if self.mps is not None else None},
             "shares": self.shares.report(),
             "priorities": self.priorities.describe(),
             "salus": self.policy.state() if self.policy.name == "salus" else {},
