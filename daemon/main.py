@@ -43,7 +43,11 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
     # queue serialize, so independent tenants would wait for each other (natively and under MPS
     # each process has queues of its own). 32 is the most the driver takes; an operator's own
     # value wins. Read by the driver at cuInit, so it is set before the backend starts.
-    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", str(MAX_CONNECTIONS))
+    # Not under MPS ([isolation] mps): there each client takes that many of the server's
+    # connections (60 clients per GPU at MPS's default of 2, fewer with more each), and an
+    # engine serves one tenant, like one native MPS client (its engines inherit this choice).
+    if not mps:
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", str(MAX_CONNECTIONS))
     from pilot.daemon.backends.cuda import CudaBackend
 
     return CudaBackend(list(gpus) if gpus else None, gpu_wait=gpu_wait, mps=mps)

@@ -409,10 +409,14 @@ def test_gpu_wait_and_mps_reach_the_cuda_backend(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(cuda_backend, "CudaBackend", Recorder)
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    # [isolation] mps: it checks its contexts are clients, and leaves MPS's hardware queues alone
+    # (each client takes that many of the server's: fewer clients with more)
+    make_backend("cuda", (), None, mps=True)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ
     make_backend("cuda", (), (1,), 1, "blocking")
+    assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
     make_backend("cuda", (), None)
-    make_backend("cuda", (), None, mps=True)  # [isolation] mps: it checks its contexts are clients
-    assert made == [([1], "blocking", False), (None, "auto", False), (None, "auto", True)]
+    assert made == [(None, "auto", True), ([1], "blocking", False), (None, "auto", False)]
 
 
 def test_isolation_mps_settings(tmp_path: Path) -> None:
