@@ -24,9 +24,10 @@ pipe directory in its environment. Never silently unconfined.
 Lifecycle: the top pilotd (not an engine) starts it once. A restart in place after a fault
 (router/recovery.py: an exec of the same pid with the same environment) finds it answering in its
 directory and keeps it, as does a pilotd started after one that was killed without its exit (the
-directory is pilotd's alone, so whatever answers there is pilotd's). pilotd's exit stops it:
-`quit`, then SIGTERM and SIGKILL to the control daemon and its servers if they outstay
-STOP_TIMEOUT (pilotd is a client itself until it exits).
+directory is pilotd's alone, so whatever answers there is pilotd's). pilotd's exit stops it: a
+detached helper (this module run as a program) waits for pilotd to be gone, since pilotd is a
+client itself until then, sends `quit`, then SIGTERM and SIGKILL to the control daemon and its
+servers if they outstay STOP_TIMEOUT. Under systemd the service's cgroup ends them in any case.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,31 +144,59 @@ class MpsControl:
                 "pipe_dir": self.pipe_dir, "log_dir": self.log_dir, "program": self.program}
 
     def stop(self) -> None:
-        """`quit`; the control daemon and the servers it listed are signalled if they outstay
-        STOP_TIMEOUT (a server may wait for its clients, this pilotd among them)."""
+        """End the control daemon and its servers once this pilotd has exited, from a detached
+        helper (`quit_after`): pilotd is an MPS client itself until its exit, and `quit` makes
+        the control daemon wait for its clients. The helper's account goes to pilotd-quit.log in
+        the log directory."""
         with contextlib.suppress(MpsError, OSError, subprocess.TimeoutExpired):
             self.servers()
-        try:
-            proc = self.command("quit")
-            if proc.returncode != 0:
-                log.warning("MPS control daemon %d: quit: rc %d: %s", self.pid, proc.returncode,
-                            (proc.stdout + proc.stderr).strip()[:300])
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("MPS control daemon %d: quit: %s", self.pid, exc)
         pids = [p for p in (self.pid, *sorted(self.servers_seen)) if p]
-        for sig in (None, signal.SIGTERM, signal.SIGKILL):
-            if sig is not None:
-                for pid in pids:
-                    if _running(pid):
-                        log.warning("MPS process %d still running after quit: %s", pid, sig.name)
-                        with contextlib.suppress(OSError):
-                            os.kill(pid, sig)
-            deadline = time.monotonic() + (STOP_TIMEOUT if sig is None else 2.0)
-            while any(_running(p) for p in pids) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if not any(_running(p) for p in pids):
-                break
-        log.info("MPS control daemon %d stopped", self.pid)
+        try:
+            with open(os.path.join(self.log_dir, "pilotd-quit.log"), "a") as out:
+                subprocess.Popen([sys.executable, "-m", __name__, self.program, str(os.getpid()),
+                                  *map(str, pids)], env={**os.environ, **self.env},
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                 start_new_session=True)
+        except OSError as exc:
+            log.error("MPS control daemon %d: cannot start its quit (%s): it keeps running", self.pid, exc)
+            return
+        log.info("MPS control daemon %d: quit once this pilotd has exited", self.pid)
+
+
+def _wait_gone(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(_running(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def quit_after(program: str, pilotd: int, pids: list[int]) -> None:
+    """(The detached helper of MpsControl.stop.) Once pilotd has exited, `quit` to the control
+    daemon; the control daemon and servers `pids` still running STOP_TIMEOUT later are sent
+    SIGTERM, then SIGKILL."""
+    def say(text: str) -> None:
+        print(time.strftime("%Y-%m-%dT%H:%M:%S"), text, flush=True)
+
+    if not _wait_gone([pilotd], 60):
+        say(f"pilotd {pilotd} still runs after 60 s: quitting the MPS control daemon anyway")
+    try:
+        proc = subprocess.run([program], input="quit\n", capture_output=True, text=True,
+                              timeout=COMMAND_TIMEOUT * 3)
+        say(f"quit: rc {proc.returncode} {(proc.stdout + proc.stderr).strip()[:300]}")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        say(f"quit: {exc}")
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if _wait_gone(pids, STOP_TIMEOUT):
+            say(f"MPS processes {pids} gone")
+            return
+        for pid in pids:
+            if _running(pid):
+                say(f"MPS process {pid} still running: {sig.name}")
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
+    say(f"MPS processes still running: {[p for p in pids if _running(p)]}")
 
 
 def start(program: str, state_dir: str, restarted: bool = False) -> MpsControl:
@@ -235,3 +265,7 @@ def take_part(config: Config, restarted: bool = False) -> MpsControl | None:
     control = start(config.isolation_mps_control, config.state_dir, restarted)
     os.environ.update(control.env)
     return control
+
+
+if __name__ == "__main__":  # MpsControl.stop's helper: PROGRAM PILOTD_PID [PID...]
+    quit_after(sys.argv[1], int(sys.argv[2]), [int(p) for p in sys.argv[3:]])

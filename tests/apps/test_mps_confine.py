@@ -18,10 +18,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import OwnDaemon, StartPilotd, pilotd_command
+
+if TYPE_CHECKING:
+    from conftest import OwnDaemon, StartPilotd  # pytest puts tests/apps on sys.path
 
 FAKE = Path(__file__).resolve().parent / "fake_mps_control.py"
 CONFINED = '[isolation]\ntenants = "all"\nmps = true\n'
@@ -83,6 +85,13 @@ def wait_for(what: Callable[[], bool], message: Callable[[], str], timeout: floa
         time.sleep(0.02)
 
 
+def quit_once(fake: FakeMps, control_pid: int) -> None:
+    """pilotd's exit has the control daemon quit (a detached helper, once pilotd is gone)."""
+    wait_for(lambda: "quit" in fake.commands() and not running(control_pid),
+             lambda: f"the control daemon was not quit: {fake.runs()}")
+    assert fake.commands().count("quit") == 1
+
+
 def run(daemon: OwnDaemon, shim: str, exe: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(exe), *args], env={**daemon.env(), "LD_PRELOAD": shim},
                           capture_output=True, text=True, timeout=60)
@@ -132,8 +141,7 @@ def test_confined_mode_runs_engines_as_clients_of_a_private_mps(
         steady.wait()
 
     assert daemon.stop() == 0, daemon.log_tail()
-    assert fake_mps.commands().count("quit") == 1, fake_mps.runs()
-    assert not running(control_pid)
+    quit_once(fake_mps, control_pid)
     assert len(fake_mps.starts()) == 1
 
 
@@ -157,7 +165,7 @@ def test_restart_in_place_keeps_the_control_daemon(
     assert all(r["confinement"] == "shared" for r in rows), rows
     assert status(daemon)["isolation"]["confined"] is False  # mps without tenants = "all"
     assert daemon.stop() == 0
-    assert fake_mps.commands().count("quit") == 1 and not running(control_pid)
+    quit_once(fake_mps, control_pid)
 
 
 def test_a_control_daemon_left_behind_is_kept_not_doubled(
@@ -172,7 +180,7 @@ def test_a_control_daemon_left_behind_is_kept_not_doubled(
     assert "left by an earlier pilotd: kept" in again.log(), again.log_tail()
     assert len(fake_mps.starts()) == 1 and running(control_pid)
     assert again.stop() == 0
-    assert not running(control_pid)
+    quit_once(fake_mps, control_pid)
 
 
 def start_fails(config: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -181,8 +189,10 @@ def start_fails(config: str, *args: str) -> subprocess.CompletedProcess[str]:
     path = Path(workdir) / "pilotd.toml"
     path.write_text(config)
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", PIPE_ENV, LOG_ENV)}
-    proc = subprocess.run(pilotd_command(workdir, "--config", str(path), *args), env=env,
-                          capture_output=True, text=True, timeout=60)
+    command = [sys.executable, "-m", "pilot.daemon", "--config", str(path), "--backend", "sim",
+               "--socket", f"{workdir}/pilot.sock", "--state-dir", f"{workdir}/state",
+               "--metrics-address", "", *args]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "pilotd ready" not in proc.stdout + proc.stderr, proc
     return proc
 

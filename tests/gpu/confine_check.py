@@ -76,6 +76,18 @@ def running(pid: int) -> bool:
         return False
 
 
+def mps_servers_running() -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"nvidia-cuda-mps-server" in (proc / "cmdline").read_bytes() \
+                    and running(int(proc.name)):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
 def clean_env() -> dict[str, str]:
     drop = ("LD_PRELOAD", "PILOT_SOCKET", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
     return {k: v for k, v in os.environ.items() if k not in drop}
@@ -368,12 +380,16 @@ def confined_part(work: Path, out: Path, t: Tenants, args: argparse.Namespace,
     finally:
         rc = pilot.stop()
         check(rc == 0, f"confined: pilotd stopped cleanly (rc {rc})")
-        if control_pid:
+        if control_pid:  # quit by a helper once pilotd has exited (router/mps.py)
+            deadline = time.monotonic() + 20
+            while running(control_pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
             gone = not running(control_pid)
             check(gone, f"confined: its MPS control daemon (pid {control_pid}) is gone after pilotd's exit")
-        leftover = subprocess.run(["pgrep", "-f", "nvidia-cuda-mps-server"], capture_output=True,
-                                  text=True).stdout.split()
-        info(f"MPS servers still running after pilotd's exit: {leftover or 'none'}")
+        info(f"MPS servers still running after pilotd's exit: {mps_servers_running() or 'none'}")
+        logs = pilot.dir / "state" / "mps" / "log"  # control.log, server.log, pilotd-quit.log
+        if logs.is_dir():
+            shutil.copytree(logs, out / "mps-log", dirs_exist_ok=True)
 
 
 def ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
