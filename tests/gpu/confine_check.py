@@ -298,6 +298,17 @@ def overhead(pilot: Pilotd, out: Path, worker: Path, homes: Path, args: argparse
     return rows
 
 
+def measured(pilot: Pilotd, out: Path, worker: Path, homes: Path, args: argparse.Namespace
+             ) -> list[dict[str, Any]]:
+    """overhead(), a failure of which is a FAIL line (the rest of the part goes on)."""
+    try:
+        return overhead(pilot, out, worker, homes, args)
+    except Exception as exc:
+        check(False, f"c. {pilot.name}: PyTorch workers: {type(exc).__name__}: {exc} "
+                     f"(logs: {out}/worker-{pilot.name}-*.log)")
+        return []
+
+
 def shared_part(work: Path, out: Path, t: Tenants, args: argparse.Namespace,
                 results: dict[str, Any], worker: Path) -> None:
     pilot = Pilotd("shared", work, out, SHARED_CONFIG, args.backend, args.pilotd_extra)
@@ -314,7 +325,7 @@ def shared_part(work: Path, out: Path, t: Tenants, args: argparse.Namespace,
         check(r.get("sessions") == [(f"uid:{V_UID}", "shared")],
               f"shared: pilotctl sessions shows V's session shared ({r.get('sessions')})")
         if args.overhead:
-            results["overhead_shared"] = overhead(pilot, out, worker, t.homes, args)
+            results["overhead_shared"] = measured(pilot, out, worker, t.homes, args)
     finally:
         rc = pilot.stop()
         check(rc == 0, f"shared: pilotd stopped cleanly (rc {rc})")
@@ -361,7 +372,7 @@ def confined_part(work: Path, out: Path, t: Tenants, args: argparse.Namespace,
               f"confined: pilotctl sessions shows V's session confined ({r.get('sessions')})")
 
         if args.overhead:
-            results["overhead_confined"] = overhead(pilot, out, worker, t.homes, args)
+            results["overhead_confined"] = measured(pilot, out, worker, t.homes, args)
 
         b = attack(pilot, t, "confined-busy", busy=True)
         results["confined_busy"] = b
@@ -482,8 +493,11 @@ def main() -> int:
         ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
         capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else ""}
     try:
-        shared_part(work, args.out, tenants, args, results, worker)
-        confined_part(work, args.out, tenants, args, results, worker)
+        for part in (shared_part, confined_part):
+            try:
+                part(work, args.out, tenants, args, results, worker)
+            except Exception as exc:  # the other part still runs
+                check(False, f"{part.__name__}: {type(exc).__name__}: {exc}")
     finally:
         results["ratios"] = ratios(results)
         results["seconds"] = round(time.monotonic() - t_start, 1)
