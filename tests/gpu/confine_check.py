@@ -68,6 +68,11 @@ def as_user(uid: int) -> Callable[[], None]:
     return switch
 
 
+def user_env(uid: int, home: Path) -> dict[str, str]:
+    """A home and a name for a uid without a passwd entry (getpass reads USER before pwd)."""
+    return {"HOME": str(home), "USER": f"u{uid}", "LOGNAME": f"u{uid}"}
+
+
 def running(pid: int) -> bool:
     """pid exists and is not a zombie (a daemon reparented to a PID 1 that does not reap)."""
     try:
@@ -157,7 +162,7 @@ class Tenants:
         home = self.homes / str(uid)
         home.mkdir(mode=0o777, exist_ok=True)
         home.chmod(0o777)
-        return {**pilot.env(), "LD_PRELOAD": self.shim, "HOME": str(home)}
+        return {**pilot.env(), "LD_PRELOAD": self.shim, **user_env(uid, home)}
 
     def start(self, pilot: Pilotd, uid: int, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen([str(self.probe), *args], env=self.env(pilot, uid), text=True,
@@ -279,7 +284,7 @@ def overhead(pilot: Pilotd, out: Path, worker: Path, homes: Path, args: argparse
             home = homes / str(uid)
             home.mkdir(mode=0o777, exist_ok=True)
             home.chmod(0o777)
-            env = {**pilot.env(), "HOME": str(home), "PYTHONUNBUFFERED": "1",
+            env = {**pilot.env(), **user_env(uid, home), "PYTHONUNBUFFERED": "1",
                    "PYTHONDONTWRITEBYTECODE": "1"}
             workers.append(Worker(cmd, env, out / f"worker-{pilot.name}-{i}.log",
                                   preexec_fn=as_user(uid)))
