@@ -23,6 +23,7 @@ from pilot.daemon.resources.broker import HoldForPolicy
 from pilot.daemon.scheduling import streams
 from pilot.daemon.scheduling.launch import WaitForPolicy
 from pilot.daemon.scheduling.priority import GATED_OPS
+from pilot.daemon.scheduling.streams import WAITING_OPS
 from pilot.daemon.scheduling.waiting import HeldMessage
 from pilot.daemon.sessions.session import Credentials, Session
 
@@ -138,9 +139,15 @@ class Dispatch:
             if not self.gate.hold(session, msg, isinstance(msg, HeldMessage)):
                 self._release(session)
             return
+        prepared = self._specs.get(opcode)
+        if session.callback_gates and prepared is not None and prepared.waits \
+                and msg.conn == session.identity:
+            # it would wait on this thread for the client's own callback: held instead
+            if not self.waits.hold_for_callbacks(session, msg):
+                self._release(session)
+            return
         if session.partition is not self._partition:
             self.enter(session)
-        prepared = self._specs.get(opcode)
         result: Any = None
         err = 0
         t0 = 0.0 if no_reply else _clock()
@@ -268,11 +275,13 @@ class Dispatch:
 class _Prepared:
     """A handler with its request type resolved once, off the hot path."""
 
-    __slots__ = ("fn", "ptr", "size", "synchronizing")
+    __slots__ = ("fn", "ptr", "size", "synchronizing", "waits")
 
-    def __init__(self, spec: HandlerSpec) -> None:
+    def __init__(self, spec: HandlerSpec, opcode: int = -1) -> None:
         self.fn = spec.fn
         self.synchronizing = spec.synchronizing
+        # it waits for the session's streams (held while its callbacks' gates are shut)
+        self.waits = spec.synchronizing or opcode in WAITING_OPS
         self.ptr = ffi.typeof(spec.request + " *") if spec.request else None
         self.size = ffi.sizeof(spec.request) if spec.request else 0
 
