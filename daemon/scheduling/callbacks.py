@@ -17,9 +17,10 @@ on the program's stream (daemon/native/gates.h):
 
 The hub thread owns its own socket and never touches CUDA. A vGPU thread never waits behind a
 gate: while a session part has a gate not yet opened (`Session.callback_gates`), its calls
-that wait for its streams (a synchronize, a blocking copy, cudaFree...) are held in its backlog
-and served once the last gate opens (scheduling/waiting.py, `hold_for_callbacks`), so the other
-sessions of the vGPU never queue behind a tenant's host callback (issue 27, 5). A session
+that would wait for unfinished work (a synchronize, a blocking copy, cudaFree...) are held in
+its backlog and served once that work is done (scheduling/callback_wait.py, waiting.py
+`hold_for_callbacks`), so the other sessions of the vGPU never queue behind a tenant's host
+callback (issue 27, 5). A session
 that ends (process exit or crash, pilotctl kill, daemon shutdown) has every gate it still holds
 opened at once by the router thread, so a client that dies mid-callback leaves no stream
 waiting. A session's callbacks on the legacy stream move that session to a legacy stream of its
@@ -231,8 +232,8 @@ class CallbackHub:
         self._generation[p.slot] = p.gate.target
         p.opened = True
         p.part.callback_gates -= 1
-        if not p.part.callback_gates and p.part.waiting is not None:
-            _wake(p.vgpu)  # calls held behind its gates go on now
+        if p.part.waiting is not None:
+            _wake(p.vgpu)  # a call held behind its gates may go on now
         if p.asked_at and p.session in self._sessions:
             self._held[p.session] = self._held.get(p.session, 0.0) + time.monotonic() - p.asked_at
         self._by_client.pop((p.session, p.client_id), None)

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.config import PRIORITIES
-from pilot.daemon.protocol import lib
 from pilot.daemon.sessions.session import Session
 
 if TYPE_CHECKING:
@@ -28,10 +27,6 @@ if TYPE_CHECKING:
 EVENT_DISABLE_TIMING = 2
 STREAM_NON_BLOCKING = 1
 HIGH = PRIORITIES.index("high")
-# Calls that wait for the session's streams besides the `synchronizing` ones (registry.py):
-# the vGPU holds them while a gate of the session's host callbacks is shut (callbacks.py).
-WAITING_OPS = frozenset((lib.PILOT_OP_FREE, lib.PILOT_OP_HOST_UNREGISTER, lib.PILOT_OP_ARRAY_DESTROY,
-                         lib.PILOT_OP_SHADOW_FLUSH))
 
 
 def session_stream(vg: VGpu, s: Session, flags: int, priority: int) -> Any:

@@ -104,8 +104,9 @@ class WaitQueue:
         """A call that waits for s's streams while one of its host callbacks' gates is still
         shut: executed now it would block the vGPU thread, and every other session behind it,
         for as long as the client takes to answer. It waits in s's backlog instead (a replayed
-        one at its head, where it came from) until the last gate opens; nothing of it ran yet.
-        Only s waits, as natively its thread would. False as for hold."""
+        one at its head, where it came from) and is asked again on every tick and whenever a
+        gate of s opens (scheduling/callback_wait.py); nothing of it ran yet. Only s waits, as
+        natively its thread would. False as for hold."""
         if isinstance(msg, HeldMessage):  # replayed and held again: it stays first
             s.backlog.appendleft(msg)
             s.backlog_bytes += msg.size
@@ -137,11 +138,10 @@ class WaitQueue:
             if w.session.waiting is not w:  # released meanwhile
                 self._remove(w)
                 continue
-            if w.callbacks:
-                if not w.session.callback_gates:
-                    self._remove(w)
-                    w.session.waiting = None
-                    self.replay(w.session)
+            if w.callbacks:  # its first held call is held again if it would still wait
+                self._remove(w)
+                w.session.waiting = None
+                self.replay(w.session)
                 continue
             if w.launch is None:  # a hold of the policy
                 if w.session.policy_hold is None:

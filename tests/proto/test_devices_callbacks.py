@@ -252,6 +252,32 @@ def test_other_sessions_never_wait_behind_a_tenants_host_callback(daemon_with):
     c.close()
 
 
+def test_calls_that_wait_for_nothing_behind_a_gate_run_at_once(daemon_with):
+    """A callback may wait for another thread of its program, whose calls on other streams must
+    go on meanwhile (as natively): with a gate shut on one stream, a synchronize of another
+    stream, of an event recorded there, and an asynchronous copy on the gated stream are
+    answered at once."""
+    daemon = daemon_with("--vgpus-per-gpu", "1", "--max-vgpus-per-gpu", "1", "--callback-timeout", "20s")
+    c, cb = _callback_client(daemon)
+    gated, event = _stream_and_event(c)
+    other, _ = _stream_and_event(c)
+    assert _arm(c, gated, 1) == 0
+    _run_message(c, cb)
+    c.send(lib.PILOT_OP_EVENT_RECORD, body("pilot_req_event_record", event=event, stream=other),
+           flags=lib.PILOT_F_NO_REPLY)
+    assert c.call(lib.PILOT_OP_STREAM_SYNCHRONIZE, body("pilot_req_handle", handle=other)).err == 0
+    assert c.call(lib.PILOT_OP_EVENT_SYNCHRONIZE, body("pilot_req_handle", handle=event)).err == 0
+    ptr = c.malloc(4096)
+    copy = body("pilot_req_memcpy", dst=ptr, count=16, stream=gated, sync=0)
+    assert c.call(lib.PILOT_OP_MEMCPY_H2D, copy, payload=b"x" * 16).err == 0
+    assert c.call(lib.PILOT_OP_STREAM_QUERY, body("pilot_req_handle", handle=gated)).err == NOT_READY
+    done = new("pilot_msg_callback")
+    done.id = 1
+    cb.send_multipart([c.envelope(lib.PILOT_OP_CALLBACK_DONE, flags=lib.PILOT_F_NO_REPLY), to_bytes(done)])
+    assert c.call(lib.PILOT_OP_STREAM_SYNCHRONIZE, body("pilot_req_handle", handle=gated)).err == 0
+    c.close()
+
+
 def _sessions() -> list[dict]:
     proc = subprocess.run([sys.executable, "-m", "pilot.cli.pilot", "sessions", "--json"],
                           capture_output=True, text=True, timeout=30)
