@@ -98,6 +98,9 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
               help="Longest a launch may wait for the policy, e.g. 30s (0: no limit).")
 @click.option("--isolated-tenant", metavar="TENANT", hidden=True,
               help="Serve this tenant alone (an isolated tenant's pilotd, started by pilotd).")
+@click.option("--without-mps", is_flag=True, hidden=True,
+              help="[isolation] mps off: an isolated tenant's pilotd whose tenant's kernel "
+                   "faulted under MPS (started by pilotd, without MPS's environment).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-format", type=click.Choice(["text", "json"]))
 def main(config_path: str | None, backend: str | None, socket_: str | None, control_socket: str | None,
@@ -107,7 +110,7 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
          sim_kernels: tuple[str, ...], sim_devices: int | None, spin_us: int | None,
          gpu_wait: str | None, callback_timeout: str | None, policy: str | None,
          policy_plugins: tuple[str, ...],
-         policy_max_wait: str | None, isolated_tenant: str | None,
+         policy_max_wait: str | None, isolated_tenant: str | None, without_mps: bool,
          log_level: str | None,
          log_format: str | None) -> None:
     """Serve CUDA programs run under libpilot.so."""
@@ -124,7 +127,7 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
             "spin_us": spin_us, "gpu_wait": gpu_wait, "log_level": log_level, "log_format": log_format,
             "policy": policy, "policy_plugins": tuple(policy_plugins) or None,
             "policy_max_wait": policy_max_wait, "callback_timeout": callback_timeout,
-            "isolated_tenant": isolated_tenant,
+            "isolated_tenant": isolated_tenant, "isolation_mps": False if without_mps else None,
         }
         config = load_config(config_path, overrides)
     except (ConfigError, ValueError) as exc:

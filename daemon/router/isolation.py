@@ -32,6 +32,13 @@ With `[isolation] mps` the engines (and this pilotd) are clients of pilotd's own
 daemon (router/mps.py; they inherit its environment): their kernels run at once, and each has its
 own GPU address space, so a tenant's device code cannot reach another's memory. With
 `tenants = "all"` too, that is the *confined* mode (docs/SECURITY.md).
+
+MPS does not contain a fault: the MPS server tears down every client when one faults (router/
+mps.py). So a tenant whose kernel faulted under MPS is marked *without MPS* (`"mps": False` in
+its mark, by the top pilotd, from the MPS server's log): its engine is then a process without
+MPS (`Engine.mps` False; `pilotctl` shows it as "engine"): its own context and address space,
+its faults its own (tests/gpu/fault_probe.py), time-sliced against the MPS server. The first
+deliberate fault of a tenant ends every tenant's work once, never twice.
 """
 
 from __future__ import annotations
@@ -44,18 +51,21 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from pilot.daemon.config import Config
 from pilot.daemon.protocol import ask_sessions
 from pilot.daemon.resources.broker import GpuBudget
+from pilot.daemon.router import mps as mps_control
 from pilot.daemon.router.recovery import RECOVERY_ENV
 
 log = logging.getLogger("pilot.isolation")
 
 ISOLATION_FILE = "isolation.json"
 LISTEN_BACKLOG = 512
+LEAVE_MPS_TIMEOUT = 5.0  # seconds an MPS engine of a tenant leaving MPS gets to exit (then SIGKILL)
 
 
 CONFINED, ENGINE, SHARED = "confined", "engine", "shared"
@@ -98,11 +108,21 @@ class IsolationList:
     def isolated(self, tenant: str) -> bool:
         return "all" in self.configured or tenant in self.configured or tenant in self._marked
 
-    def mark(self, tenant: str, why: str) -> None:
-        self._marked[tenant] = {"since": time.time(), "why": why}
+    def without_mps(self, tenant: str) -> bool:
+        """`tenant` is marked to run without MPS (its kernel faulted under MPS)."""
+        return self._marked.get(tenant, {}).get("mps", True) is False
+
+    def mark(self, tenant: str, why: str, mps: bool | None = None) -> None:
+        """`mps` False: its engine runs without MPS from now on. None: as its mark said (a
+        mark without MPS is ended by `clear` alone)."""
+        mark: dict[str, Any] = {"since": time.time(), "why": why}
+        if mps is False or (mps is None and self.without_mps(tenant)):
+            mark["mps"] = False
+        self._marked[tenant] = mark
         self._save()
-        log.warning("tenant %s runs isolated from now on (%s); `pilotctl isolate clear %s` ends it",
-                    tenant, why, tenant, extra={"tenant": tenant})
+        log.warning("tenant %s runs isolated%s from now on (%s); `pilotctl isolate clear %s` "
+                    "ends it", tenant, " without MPS" if "mps" in mark else "", why, tenant,
+                    extra={"tenant": tenant})
 
     def clear(self, tenant: str) -> bool:
         if self._marked.pop(tenant, None) is None:
@@ -132,6 +152,7 @@ class Engine:
     started: float
     capacity: int  # device memory it grants per GPU
     withheld: int = 0  # what this pilotd's budget holds back for it, per GPU
+    mps: bool = False  # an MPS client (confined), or a process without MPS
 
     def alive(self) -> bool:
         """Reaps it when it has exited (it is this process's child)."""
@@ -150,12 +171,14 @@ class Engines:
     """The running engines, by tenant (router thread)."""
 
     def __init__(self, socket_path: str, budget: GpuBudget, gpus: list[int], capacity: int | None,
-                 argv: list[str] | None = None, mps: bool = False) -> None:
+                 argv: list[str] | None = None, mps: bool = False,
+                 without_mps: Callable[[str], bool] = lambda tenant: False) -> None:
         self.base = os.path.join(os.path.dirname(socket_path) or ".", "isolated")
         self.budget = budget
         self.gpus = gpus
         self.capacity = capacity
         self.mps = mps  # engines are MPS clients (they inherit the environment router/mps.py set)
+        self.without_mps = without_mps  # a tenant whose kernel faulted under MPS: not for it
         # the command line this pilotd was started with: engines get its settings
         self.argv = argv if argv is not None else list(getattr(sys, "orig_argv", []) or
                                                        [sys.executable, *sys.argv])
@@ -174,11 +197,18 @@ class Engines:
     def socket_for(self, tenant: str) -> str:
         """The main socket of `tenant`'s engine, started if it is not running."""
         engine = self._engines.get(tenant)
-        if engine is not None and engine.alive():
+        if engine is not None and engine.alive() and not self._leaves_mps(engine):
             return engine.socket
-        if engine is not None:
+        if engine is not None and engine.alive():
+            self._stop([engine], LEAVE_MPS_TIMEOUT)
+        elif engine is not None:
             self._ended(engine)
         return self._start(tenant).socket
+
+    def _leaves_mps(self, engine: Engine) -> bool:
+        """`engine` is an MPS client, and its tenant is marked to run without MPS: its sessions
+        ended with the fault (the MPS server tore every client down), the next starts anew."""
+        return engine.mps and self.without_mps(engine.tenant)
 
     def _start(self, tenant: str) -> Engine:
         capacity, withheld = self._capacity()
@@ -201,7 +231,8 @@ class Engines:
             listener.bind(path)
             listener.listen(LISTEN_BACKLOG)
             os.chmod(path, 0o666)  # access is decided by peer credentials
-            env = dict(os.environ)
+            mps = self.mps and not self.without_mps(tenant)
+            env = dict(os.environ) if mps or not self.mps else mps_control.without_env(dict(os.environ))
             self._started += 1
             # session ids of an engine start at a million times its number, apart from the
             # shared pilotd's (in logs, which engines share)
@@ -211,6 +242,8 @@ class Engines:
             cmd = [*self.argv, "--socket", path, "--control-socket",
                    os.path.join(directory, "control.sock"), "--metrics-address", "",
                    "--capacity", f"{capacity}B", "--isolated-tenant", tenant]
+            if self.mps and not mps:
+                cmd.append("--without-mps")  # its config: [isolation] mps off
             # stdout: pilotd's own, not the driver's (captured for kernels' printf output,
             # vgpu/device_output.py); the engine captures its own
             proc = subprocess.Popen(cmd, env=env, pass_fds=[listener.fileno()],
@@ -220,10 +253,12 @@ class Engines:
             for g in taken:
                 self.budget.release(g, withheld)
             raise EngineError(f"cannot start the isolated pilotd of {tenant}: {exc}") from exc
-        engine = Engine(tenant, proc.pid, path, time.time(), capacity, withheld)
+        engine = Engine(tenant, proc.pid, path, time.time(), capacity, withheld, mps)
         self._engines[tenant] = engine
-        log.info("tenant %s: isolated pilotd started (pid %d, %s, %d bytes per GPU)", tenant,
-                 proc.pid, path, capacity, extra={"tenant": tenant})
+        log.info("tenant %s: isolated pilotd started (pid %d, %s, %d bytes per GPU%s)", tenant,
+                 proc.pid, path, capacity,
+                 ", without MPS: its kernel faulted under MPS" if self.mps and not mps else "",
+                 extra={"tenant": tenant})
         return engine
 
     def _ended(self, engine: Engine) -> None:
@@ -239,13 +274,29 @@ class Engines:
                 self._ended(engine)
 
     def adopt(self, engines: list[dict[str, Any]]) -> None:
-        """Engines a previous process of this pilotd started (they are this pid's children)."""
+        """Engines a previous process of this pilotd started (they are this pid's children).
+        An MPS client among them whose tenant is now marked without MPS is stopped: the
+        previous process marked it at the fault it restarted for."""
         for e in engines:
-            engine = Engine(**e)
+            engine = Engine(**{"mps": self.mps, **e})
             if engine.alive():
                 for gpu in self.gpus:
                     self.budget.reserve(gpu, engine.withheld)
                 self._engines[engine.tenant] = engine
+        leaving = [e for e in self._engines.values() if self._leaves_mps(e)]
+        for engine in leaving:
+            log.warning("tenant %s: stopping its isolated pilotd (pid %d), an MPS client: the "
+                        "tenant runs without MPS from now on", engine.tenant, engine.pid,
+                        extra={"tenant": engine.tenant})
+        if leaving:
+            self._stop(leaving, LEAVE_MPS_TIMEOUT)
+
+    def tenant_of(self, pid: int) -> str | None:
+        """The tenant whose engine has pid `pid` (any thread: a fault's attribution)."""
+        for engine in list(self._engines.values()):
+            if engine.pid == pid:
+                return engine.tenant
+        return None
 
     def sessions(self, timeout_ms: int = 500) -> list[dict[str, Any]]:
         """Every engine's sessions (SESSIONS on its main socket; this pilotd's uid sees all),
@@ -263,7 +314,7 @@ class Engines:
     def describe(self) -> list[dict[str, Any]]:
         return [{"tenant": e.tenant, "pid": e.pid, "socket": e.socket, "started": e.started,
                  "capacity": e.capacity, "withheld": e.withheld,
-                 "confinement": CONFINED if self.mps else ENGINE} for e in self._engines.values()]
+                 "confinement": CONFINED if e.mps else ENGINE} for e in self._engines.values()]
 
     def reread_quotas(self) -> None:
         """SIGHUP to every engine: a quota changed here, and they enforce it too."""

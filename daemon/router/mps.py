@@ -28,6 +28,15 @@ directory is pilotd's alone, so whatever answers there is pilotd's). pilotd's ex
 detached helper (this module run as a program) waits for pilotd to be gone, since pilotd is a
 client itself until then, sends `quit`, then SIGTERM and SIGKILL to the control daemon and its
 servers if they outstay STOP_TIMEOUT. Under systemd the service's cgroup ends them in any case.
+
+What MPS does not contain: a client's fatal GPU fault. The MPS server tears down every client of
+the device, resets it, and sets a sticky error in each (measured on the H100, 2026-11-28: every
+engine and pilotd got cudaErrorIllegalAddress, not just the faulting one). No client can tell
+its own fault from another's, but the server's log names the client that faulted
+(`faulting_clients`); the top pilotd reads it and moves that tenant out of MPS
+(router/isolation.py, `IsolationList.mark(..., mps=False)`): a process without MPS has its own
+context, its faults poison only it (tests/gpu/fault_probe.py), and the MPS server is just another
+process to it. `without_env` is the environment of such a process.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import stat
@@ -56,6 +66,12 @@ START_TIMEOUT = 15.0  # seconds from `-d` to a control daemon that answers
 STOP_TIMEOUT = 5.0  # seconds after `quit` before the processes are signalled
 # The control daemon's UNIX sockets go in the pipe directory (108 bytes for a socket path).
 MAX_PIPE_DIR = 80
+SERVER_LOG = "server.log"  # the MPS server's log, in the log directory
+# "Client {PID: 1153, Context: 1} encountered a fatal GPU error." (the server writes it at the
+# fault, before it tears its clients down)
+FAULT_LINE = re.compile(r"Client \{PID: (\d+), Context[^}]*\} encountered a fatal GPU error")
+FAULT_LOG_WAIT = 0.5  # seconds to wait for that line when a fault is noticed before it is there
+NO_MPS_DIR = "none"  # an empty pipe directory beside pilotd's: no control daemon answers there
 
 
 class MpsError(Exception):
@@ -161,6 +177,50 @@ class MpsControl:
             log.error("MPS control daemon %d: cannot start its quit (%s): it keeps running", self.pid, exc)
             return
         log.info("MPS control daemon %d: quit once this pilotd has exited", self.pid)
+
+
+def server_log_size(log_dir: str) -> int:
+    """Where the MPS server's log ends now: `faulting_clients` reads what comes after it."""
+    try:
+        return os.path.getsize(os.path.join(log_dir, SERVER_LOG))
+    except OSError:
+        return 0
+
+
+def faulting_clients(log_dir: str, offset: int, wait: float | None = None) -> list[int]:
+    """The pids of the clients whose fatal GPU error the MPS server logged after `offset` (its
+    log's size when this process started), waiting up to `wait` seconds for such a line. The log
+    directory is pilotd's private one (0700): only its MPS server, running as pilotd's user,
+    writes there. A line not yet ended by a newline is left for the next read. [] when none."""
+    path = os.path.join(log_dir, SERVER_LOG)
+    deadline = time.monotonic() + (FAULT_LOG_WAIT if wait is None else wait)
+    while True:
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            text = ""
+        complete = text[:text.rfind("\n") + 1]
+        pids = list(dict.fromkeys(int(m.group(1)) for m in FAULT_LINE.finditer(complete)))
+        if pids or time.monotonic() >= deadline:
+            return pids
+        time.sleep(0.02)
+
+
+def without_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a process that must not be an MPS client: pilotd's log directory dropped, and
+    its pipe directory replaced by an empty one beside it (not merely unset: the driver would
+    then try the system's default /tmp/nvidia-mps, an operator's MPS). CUDA runs a process
+    without MPS when no control daemon answers in its pipe directory."""
+    out = {k: v for k, v in env.items() if k != LOG_ENV}
+    pipe = env.get(PIPE_ENV)
+    if pipe:
+        none = os.path.join(os.path.dirname(pipe.rstrip("/")), NO_MPS_DIR)
+        with contextlib.suppress(OSError, MpsError):
+            _private_dir(none)
+        out[PIPE_ENV] = none
+    return out
 
 
 def _wait_gone(pids: list[int], seconds: float) -> bool:

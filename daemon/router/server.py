@@ -52,6 +52,7 @@ from pilot.daemon.resources.tenants import (
     unknown_members,
 )
 from pilot.daemon.router import control, sdnotify
+from pilot.daemon.router import mps as mps_control
 from pilot.daemon.router.acceptor import Acceptor
 from pilot.daemon.router.admission import Admission, connection_budget, raise_nofile
 from pilot.daemon.router.isolation import EngineError, Engines, IsolationList, confinement
@@ -264,7 +265,11 @@ class Daemon:
         # Isolation (router/isolation.py): tenants served by a pilotd of their own
         self.isolation = IsolationList(config.state_dir, config.isolation_tenants)
         self.engines = Engines(socket_path, self.broker.budget, sorted(self.gpus),
-                               config.isolation_capacity, mps=config.isolation_mps)
+                               config.isolation_capacity, mps=config.isolation_mps,
+                               without_mps=self.isolation.without_mps)
+        # under MPS a fault's culprit is named by the MPS server's log, after what it held now
+        self._mps_log_dir = os.environ.get(mps_control.LOG_ENV, "") if config.isolation_mps else ""
+        self._mps_log_offset = mps_control.server_log_size(self._mps_log_dir) if self._mps_log_dir else 0
         self.engines.adopt(handover.engines)
         self._idle_since = time.monotonic()
 
@@ -466,14 +471,18 @@ class Daemon:
         """The first context-fatal fault (any thread): name the suspects, count, wake the router."""
         fault = Fault(gpu=gpu, error=error, detected=time.time(), via=via,
                       suspects=self._fault_suspects(gpu))
+        culprits = self._mps_culprits(fault) if self._mps_log_dir else None
         fault.known = len(fault.suspects) == 1
         self.faults.append(fault)
         if self.config.isolation_after_fault and not self.config.isolated_tenant:
-            for tenant, why in repeat_suspects(self.faults).items():
-                try:
-                    self.isolation.mark(tenant, why)
-                except OSError as exc:
-                    log.error("cannot mark tenant %s isolated: %s", tenant, exc)
+            if culprits is None or os.getpid() in culprits:
+                marks = repeat_suspects(self.faults)
+            else:  # another MPS client's fault (its tenant is marked below), or nobody named
+                marks = {}
+            for tenant, why in marks.items():
+                self._mark_isolated(tenant, why, culprits is not None)
+            for pid in culprits or ():
+                self._mark_mps_culprit(pid, fault)
         who = ", ".join(f"session {s['session']} (tenant {s['tenant']}, pid {s['pid']}: "
                         f"{s['cmdline'][:80]})" for s in fault.suspects) or "no session had work in flight"
         log.error("GPU %d: context-fatal fault %s (%d), seen by a %s; %s %s. Every session on it "
@@ -483,6 +492,47 @@ class Daemon:
                   self.config.fault_recovery)
         with contextlib.suppress(OSError):
             os.write(self._fault_wake_w, b"F")
+
+    def _mps_culprits(self, fault: Fault) -> list[int]:
+        """Under MPS: the clients whose fault the MPS server logged. Every client gets the
+        error (the server tears them all down), so this process's sessions with work in flight
+        are suspects only when it is among them; otherwise they become bystanders."""
+        culprits = mps_control.faulting_clients(self._mps_log_dir, self._mps_log_offset)
+        if not culprits:
+            log.warning("GPU %d: the MPS server's log (%s) names no client with a fatal GPU error: "
+                        "the fault is nobody's (no tenant marked)", fault.gpu,
+                        os.path.join(self._mps_log_dir, mps_control.SERVER_LOG))
+            fault.suspects = []
+        elif os.getpid() not in culprits:
+            log.warning("GPU %d: MPS client pid %s faulted (the MPS server's log), not this process: "
+                        "the MPS server tore down every client; this process's sessions with work "
+                        "in flight are bystanders: %s", fault.gpu, ", ".join(map(str, culprits)),
+                        ", ".join(f"session {s['session']} (tenant {s['tenant']})"
+                                  for s in fault.suspects) or "none")
+            fault.suspects = []
+        return culprits
+
+    def _mark_isolated(self, tenant: str, why: str, under_mps: bool) -> None:
+        try:  # a fault under MPS tore down every client: its tenant leaves MPS
+            self.isolation.mark(tenant, why, mps=False if under_mps else None)
+        except OSError as exc:
+            log.error("cannot mark tenant %s isolated: %s", tenant, exc)
+
+    def _mark_mps_culprit(self, pid: int, fault: Fault) -> None:
+        """MPS client `pid` faulted: the tenant of the engine with that pid leaves MPS."""
+        if pid == os.getpid():
+            return  # this process's own: its suspects decided (repeat_suspects)
+        tenant = self.engines.tenant_of(pid)
+        if tenant is None:
+            log.warning("GPU %d: the faulting MPS client pid %d is no engine of this pilotd: no "
+                        "tenant marked", fault.gpu, pid)
+            return
+        log.error("tenant %s's kernel faulted under MPS (pid %d, from the MPS server's log): its "
+                  "programs run in an engine without MPS from now on (time-sliced, its faults its "
+                  "own)", tenant, pid, extra={"tenant": tenant})
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(fault.detected))
+        self._mark_isolated(tenant, f"its kernel faulted under MPS ({fault.name}) at {when}: "
+                                    f"pid {pid} in the MPS server's log", True)
 
     def _fault_suspects(self, gpu: int) -> list[dict[str, Any]]:
         """Sessions on `gpu` that launched kernels since their last synchronizing call: the
