@@ -381,7 +381,8 @@ def isolate_list(client: ControlClient, as_json: bool) -> None:
         click.echo(f"isolated by the config: {', '.join(r['configured'])}")
     for tenant, mark in sorted(r["marked"].items()):
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mark["since"]))
-        click.echo(f"{tenant}: isolated since {since}: {mark['why']}")
+        how = " without MPS (its engine is no MPS client)" if mark.get("mps") is False else ""
+        click.echo(f"{tenant}: isolated{how} since {since}: {mark['why']}")
     for e in r["engines"]:
         click.echo(f"{e['tenant']}: pilotd pid {e['pid']} on {e['socket']}, {_size(e['capacity'])} "
                    f"per GPU, {e.get('confinement', 'engine')}")

@@ -471,18 +471,14 @@ class Daemon:
         """The first context-fatal fault (any thread): name the suspects, count, wake the router."""
         fault = Fault(gpu=gpu, error=error, detected=time.time(), via=via,
                       suspects=self._fault_suspects(gpu))
-        culprits = self._mps_culprits(fault) if self._mps_log_dir else None
-        fault.known = len(fault.suspects) == 1
+        # under MPS every client gets the error: the MPS server's log tells whose it was
+        # (_mps_attribute, in the router thread before the restart)
+        fault.known = len(fault.suspects) == 1 and not self._mps_log_dir
         self.faults.append(fault)
-        if self.config.isolation_after_fault and not self.config.isolated_tenant:
-            if culprits is None or os.getpid() in culprits:
-                marks = repeat_suspects(self.faults)
-            else:  # another MPS client's fault (its tenant is marked below), or nobody named
-                marks = {}
-            for tenant, why in marks.items():
-                self._mark_isolated(tenant, why, culprits is not None)
-            for pid in culprits or ():
-                self._mark_mps_culprit(pid, fault)
+        if self.config.isolation_after_fault and not self.config.isolated_tenant \
+                and not self._mps_log_dir:
+            for tenant, why in repeat_suspects(self.faults).items():
+                self._mark_isolated(tenant, why, False)
         who = ", ".join(f"session {s['session']} (tenant {s['tenant']}, pid {s['pid']}: "
                         f"{s['cmdline'][:80]})" for s in fault.suspects) or "no session had work in flight"
         log.error("GPU %d: context-fatal fault %s (%d), seen by a %s; %s %s. Every session on it "
@@ -493,24 +489,38 @@ class Daemon:
         with contextlib.suppress(OSError):
             os.write(self._fault_wake_w, b"F")
 
-    def _mps_culprits(self, fault: Fault) -> list[int]:
-        """Under MPS: the clients whose fault the MPS server logged. Every client gets the
-        error (the server tears them all down), so this process's sessions with work in flight
-        are suspects only when it is among them; otherwise they become bystanders."""
+    def _mps_attribute(self, fault: Fault) -> None:
+        """Under MPS (router thread, after the fault was noticed and before the restart): the
+        clients whose fault the MPS server logged. The server tears every client down, so this
+        process's sessions with work in flight are suspects only when it is among them, else
+        bystanders. The top pilotd marks the culprits' tenants to run without MPS."""
         culprits = mps_control.faulting_clients(self._mps_log_dir, self._mps_log_offset)
+        mine = os.getpid() in culprits
         if not culprits:
             log.warning("GPU %d: the MPS server's log (%s) names no client with a fatal GPU error: "
                         "the fault is nobody's (no tenant marked)", fault.gpu,
                         os.path.join(self._mps_log_dir, mps_control.SERVER_LOG))
-            fault.suspects = []
-        elif os.getpid() not in culprits:
+        elif not mine:
             log.warning("GPU %d: MPS client pid %s faulted (the MPS server's log), not this process: "
                         "the MPS server tore down every client; this process's sessions with work "
                         "in flight are bystanders: %s", fault.gpu, ", ".join(map(str, culprits)),
                         ", ".join(f"session {s['session']} (tenant {s['tenant']})"
                                   for s in fault.suspects) or "none")
+        else:
+            fault.known = len(fault.suspects) == 1
+            log.error("GPU %d: the fault was this process's (pid %d in the MPS server's log)%s",
+                      fault.gpu, os.getpid(), ": the faulting work is session "
+                      f"{fault.suspects[0]['session']} (tenant {fault.suspects[0]['tenant']})"
+                      if fault.known else "")
+        if not mine:
             fault.suspects = []
-        return culprits
+        if not self.config.isolation_after_fault or self.config.isolated_tenant:
+            return
+        if mine:
+            for tenant, why in repeat_suspects(self.faults).items():
+                self._mark_isolated(tenant, why, True)
+        for pid in culprits:
+            self._mark_mps_culprit(pid, fault)
 
     def _mark_isolated(self, tenant: str, why: str, under_mps: bool) -> None:
         try:  # a fault under MPS tore down every client: its tenant leaves MPS
@@ -550,6 +560,8 @@ class Daemon:
         """Calls in flight get the fault's error for FAULT_GRACE, then pilotd starts afresh in
         place (does not return), or stops with EXIT_FAULT."""
         fault = self.faults[-1]
+        if self._mps_log_dir:
+            self._mps_attribute(fault)
         sdnotify.notify(f"STATUS=GPU {fault.gpu} faulted ({fault.name}); restarting")
         time.sleep(FAULT_GRACE)
         for w in list(self._watched.values()):  # their files would outlive this process

@@ -11,11 +11,14 @@ One run, two pilotds (the default shared one, then a confined one), three parts:
      pointer check of pilot's sees it) that counts the pattern's words there. In the shared
      pilotd (one context per GPU) it must find all of them: the check can fail.
   b. Confined. The same scan finds none of V's bytes (A's kernel faults in A's own engine, or
-     reads A's own memory); V's data is intact and V goes on; every engine and pilotd are
-     clients of pilotd's MPS control daemon (get_client_list); how long until A's tenant runs
-     again after its fault. Then the scan again while V has kernels running: what happens to V
-     (on Hopper, MPS ends the clients that had work running at a fault) and how long until both
-     tenants run again. Last, the control daemon is gone after pilotd stops.
+     reads A's own memory). MPS does not contain that fault (H100, 2026-11-28: its server tears
+     down every client, V's data is lost: INFO), but pilotd names A from the MPS server's log and
+     marks A's tenant to run without MPS (checked: `pilotctl isolate list`, A's engine shown as
+     "engine" and not an MPS client, V's engine and pilotd still are); how long until A's tenant
+     runs again. Then the scan again while V has kernels running: A's engine, without MPS, has
+     its own address space (0 bytes found) and its fault is its own: V's busy program finishes,
+     V's idle data is intact, no new fault reaches the top pilotd, both tenants run again. Last,
+     the control daemon is gone after pilotd stops.
   c. Overhead. PyTorch training steps (bench/tenant_worker.py: transformer and cnn) by N = 1
      and N = 4 tenants at once (uids 20011-20014: each its own engine when confined), confined
      vs shared; the ratio of the median step time (issue 27's target: <= 1.10).
@@ -253,6 +256,14 @@ def attack(pilot: Pilotd, t: Tenants, label: str, busy: bool = False) -> dict[st
     return result
 
 
+def gpu_check(args: argparse.Namespace, ok: bool, text: str) -> None:
+    """A check on the GPU; under the sim (no MPS server, no fault of its own) an INFO line."""
+    if args.backend == "cuda":
+        check(ok, text)
+    else:
+        info(f"{text} [sim: {'yes' if ok else 'no'}]")
+
+
 def mps_clients(pilot: Pilotd) -> dict[str, Any]:
     """The servers and clients pilotd's MPS control daemon lists."""
     mc = pilot.status().get("isolation", {}).get("mps_control") or {}
@@ -356,21 +367,33 @@ def confined_part(work: Path, out: Path, t: Tenants, args: argparse.Namespace,
                else "A's kernel read memory of its own address space, not V's")
         check("error" not in r and found == 0,
               f"b. confined: A's scan found {found} bytes of V's secret ({r.get('scan_error')}: {how})")
-        check(bool(r.get("victim_intact")) and bool(r.get("victim_kernel_ok")),
-              f"b. confined: V's data is intact and V's kernels run after A's attack "
-              f"({r.get('victim_output')!r})")
+        info(f"b. confined, A's first fault: V's idle program {r.get('victim_output')!r} "
+             f"({'intact' if r.get('victim_intact') else 'MPS tore down every client'})")
         again = r.get("a_runs_again_s")
         check(again is not None, f"b. confined: A's tenant runs again "
                                  f"{'-' if again is None else f'{again:.2f}'} s after its scan ended")
+        faults_first = len(pilot.status().get("faults") or [])
+        info(f"b. confined: faults the top pilotd saw at A's first fault: {faults_first}")
+        marked = json.loads(pilot.ctl("isolate", "list", "--json").stdout or "{}").get("marked", {})
+        mark = marked.get(f"uid:{A_UID}", {})
+        results["a_mark"] = mark
+        text = f"b. confined: A's tenant is marked to run without MPS ({mark or 'no mark'})"
+        gpu_check(args, mark.get("mps") is False, text)
         clients = mps_clients(pilot)
         results["mps"] = clients
-        engines = [e["pid"] for e in pilot.status().get("isolation", {}).get("engines", [])]
+        rows = pilot.status().get("isolation", {}).get("engines", [])
+        kinds = {e["pid"]: e.get("confinement") for e in rows}
+        results["engines"] = rows
+        confined = [p for p, k in kinds.items() if k == "confined"]
+        outside = [p for p, k in kinds.items() if k != "confined"]
         listed = set(clients.get("clients", []))
-        verdict = bool(engines) and set(engines) <= listed and pilot.proc.pid in listed
-        text = (f"b. confined: pilotd (pid {pilot.proc.pid}) and its engines {engines} are clients "
-                f"of its MPS server(s) {clients.get('servers')} (clients {sorted(listed)})")
+        verdict = (bool(confined) and set(confined) <= listed and pilot.proc.pid in listed
+                   and not set(outside) & listed)
+        text = (f"b. confined: pilotd (pid {pilot.proc.pid}) and its confined engines {confined} are "
+                f"clients of its MPS server(s) {clients.get('servers')}, A's engine without MPS "
+                f"{outside} is not (clients {sorted(listed)})")
         if args.backend == "cuda":
-            check(verdict, text)
+            check(verdict and len(outside) == 1, text)
         else:
             info(text + " [sim: not MPS clients]")
         check(r.get("sessions") == [(f"uid:{V_UID}", "confined")],
@@ -381,18 +404,28 @@ def confined_part(work: Path, out: Path, t: Tenants, args: argparse.Namespace,
 
         b = attack(pilot, t, "confined-busy", busy=True)
         results["confined_busy"] = b
-        check(b.get("secret_bytes_found") == 0,
-              f"b. confined, V busy: A's scan found {b.get('secret_bytes_found')} bytes of V's secret")
-        info(f"b. confined, V had kernels running at A's fault: V's spinning program: "
-             f"{b.get('busy_victim')!r}; V's idle program: {b.get('victim_output')!r}")
-        info(f"b. confined, V busy: A's tenant ran again after {b.get('a_runs_again_s')} s, V's after "
-             f"{b.get('v_runs_again_s')} s")
+        check("error" not in b and b.get("secret_bytes_found") == 0,
+              f"b. confined, V busy: A's scan (its engine without MPS: its own address space) "
+              f"found {b.get('secret_bytes_found')} bytes of V's secret ({b.get('scan_error')})")
+        check(str(b.get("busy_victim", "")).startswith("busy: ok"),
+              f"b. confined, V busy: V's kernels ran through A's second fault, contained in A's "
+              f"engine ({b.get('busy_victim')!r})")
+        check(bool(b.get("victim_intact")) and bool(b.get("victim_kernel_ok")),
+              f"b. confined, V busy: V's idle data is intact and its kernels run after A's second "
+              f"fault ({b.get('victim_output')!r})")
+        a_again, v_again = b.get("a_runs_again_s"), b.get("v_runs_again_s")
+        check(a_again is not None and v_again is not None,
+              f"b. confined, V busy: both tenants run again (A after "
+              f"{'-' if a_again is None else f'{a_again:.2f}'} s, V after "
+              f"{'-' if v_again is None else f'{v_again:.2f}'} s)")
+        faults_now = len(pilot.status().get("faults") or [])
+        text = (f"b. confined: A's second fault did not reach the top pilotd (its faults: "
+                f"{faults_first}, then {faults_now})")
+        gpu_check(args, faults_now == faults_first, text)
         waits = [line for line in pilot.log().splitlines() if "MPS took this process after" in line]
         info(f"engines' CUDA initializations that waited for MPS: {len(waits)}"
              + (f" (last: {waits[-1].split('after')[-1].strip()})" if waits else ""))
         results["mps_waits"] = waits
-        top = pilot.status()
-        check(top.get("faults") == [], f"confined: the shared pilotd saw no fault ({top.get('faults')})")
     finally:
         rc = pilot.stop()
         check(rc == 0, f"confined: pilotd stopped cleanly (rc {rc})")
@@ -433,10 +466,12 @@ def summary(results: dict[str, Any]) -> str:
              f"| bytes of V's secret A's kernel found (of {BUFFER}) | {s.get('secret_bytes_found', '-')} "
              f"| {c.get('secret_bytes_found', '-')} |",
              f"| A's scan ended with | {s.get('scan_error', '-')} | {c.get('scan_error', '-')} |",
-             f"| V's data afterwards | {data(s)} | {data(c)} |",
+             f"| V's data afterwards (confined: A's first fault, under MPS) | {data(s)} | {data(c)} |",
              f"| A's tenant runs again after | {secs(s.get('a_runs_again_s'))} "
              f"| {secs(c.get('a_runs_again_s'))} |",
-             f"| V with kernels running at A's fault | - | {b.get('busy_victim', '-')!r} |",
+             f"| A's tenant then marked without MPS | - | {results.get('a_mark', {}).get('mps') is False} |",
+             f"| second scan (A without MPS, V busy): bytes found | - | {b.get('secret_bytes_found', '-')} |",
+             f"| V with kernels running at A's second fault | - | {b.get('busy_victim', '-')!r} |",
              f"| V's idle program then | - | {b.get('victim_output', '-')!r} |",
              f"| tenants run again after (A, V) | - | {secs(b.get('a_runs_again_s'))}, "
              f"{secs(b.get('v_runs_again_s'))} |"]

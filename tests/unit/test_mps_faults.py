@@ -63,11 +63,19 @@ def server_logs(d: Daemon, pid: int) -> None:
                 "[t] Server is handling a fatal GPU error.\n")
 
 
+def notice(d: Daemon) -> None:
+    """A fault as pilotd sees it: noticed (any thread; the router is woken at once), then
+    attributed in the router thread before the restart (Daemon._after_fault)."""
+    d._fault_noticed(0, ILLEGAL_ADDRESS, "watch")
+    assert d.isolation.describe()["marked"] == {} and not d.faults[-1].known  # not yet
+    d._mps_attribute(d.faults[-1])
+
+
 def test_an_engines_fault_marks_its_tenant_without_mps(daemon: Daemon,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     server_logs(daemon, 1153)
     with caplog.at_level("WARNING"):
-        daemon._fault_noticed(0, ILLEGAL_ADDRESS, "watch")
+        notice(daemon)
     assert daemon.isolation.without_mps("user:a") and not daemon.isolation.without_mps("user:v")
     mark = daemon.isolation.describe()["marked"]["user:a"]
     assert mark["mps"] is False and "pid 1153 in the MPS server's log" in mark["why"]
@@ -81,7 +89,7 @@ def test_this_processs_sessions_are_bystanders_of_an_engines_fault(
     """Under MPS every client gets the error: a busy session here did not fault."""
     monkeypatch.setattr(daemon, "_fault_suspects", lambda gpu: [OTHER_TENANT_SESSION])
     server_logs(daemon, 1153)
-    daemon._fault_noticed(0, ILLEGAL_ADDRESS, "watch")
+    notice(daemon)
     fault = daemon.faults[-1]
     assert fault.suspects == [] and not fault.known and fault.tenant == "unknown"
     assert set(daemon.isolation.describe()["marked"]) == {"user:a"}
@@ -91,7 +99,7 @@ def test_its_own_fault_leaves_it_to_the_suspects(daemon: Daemon,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(daemon, "_fault_suspects", lambda gpu: [OTHER_TENANT_SESSION])
     server_logs(daemon, os.getpid())
-    daemon._fault_noticed(0, ILLEGAL_ADDRESS, "watch")
+    notice(daemon)
     assert daemon.faults[-1].known
     marked = daemon.isolation.describe()["marked"]
     assert set(marked) == {"user:v"} and marked["user:v"]["mps"] is False  # it faulted under MPS
@@ -101,7 +109,7 @@ def test_no_line_marks_nobody(daemon: Daemon, monkeypatch: pytest.MonkeyPatch,
                               caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(daemon, "_fault_suspects", lambda gpu: [OTHER_TENANT_SESSION])
     with caplog.at_level("WARNING"):
-        daemon._fault_noticed(0, ILLEGAL_ADDRESS, "watch")
+        notice(daemon)
     assert daemon.isolation.describe()["marked"] == {}  # the line before its start is not this one
     assert "names no client with a fatal GPU error" in caplog.text
     assert daemon.faults[-1].suspects == []
@@ -111,7 +119,7 @@ def test_after_fault_off_marks_nobody(daemon: Daemon) -> None:
     daemon.config = Config(state_dir=daemon.config.state_dir, isolation_tenants=("all",),
                            isolation_mps=True, isolation_after_fault=False)
     server_logs(daemon, 1153)
-    daemon._fault_noticed(0, ILLEGAL_ADDRESS, "watch")
+    notice(daemon)
     assert daemon.isolation.describe()["marked"] == {}
 
 
@@ -122,7 +130,7 @@ def test_an_engine_tells_another_clients_fault_from_its_own(
                            isolation_mps=True, isolated_tenant="user:v")
     monkeypatch.setattr(daemon, "_fault_suspects", lambda gpu: [OTHER_TENANT_SESSION])
     server_logs(daemon, 1153)
-    daemon._fault_noticed(0, ILLEGAL_ADDRESS, "watch")
+    notice(daemon)
     assert daemon.faults[-1].suspects == [] and daemon.isolation.describe()["marked"] == {}
 
 
@@ -185,3 +193,20 @@ def test_adopt_stops_an_mps_engine_of_a_tenant_leaving_mps(tmp_path: Path) -> No
     finally:
         v.kill()
         v.wait()
+
+
+def test_the_next_program_replaces_an_mps_engine_of_a_tenant_leaving_mps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Marked while its MPS engine runs (a SIGHUP re-read the marks): the tenant's next HELLO."""
+    child = subprocess.Popen(["sleep", "30"])  # before Popen is the fake's
+    monkeypatch.setattr(isolation.subprocess, "Popen", FakePopen)
+    FakePopen.started = []
+    monkeypatch.setenv(mps.PIPE_ENV, str(tmp_path / "mps" / "pipe"))
+    marks = IsolationList(str(tmp_path), ("all",))
+    engines = engines_for(tmp_path, marks)
+    engines._engines["user:a"] = Engine("user:a", child.pid, "/a", 0.0, 0, mps=True)
+    assert engines.socket_for("user:a") == "/a"  # not marked: kept
+    marks.mark("user:a", "its kernel faulted under MPS", mps=False)
+    path = engines.socket_for("user:a")
+    assert path.endswith("pilot.sock") and not os.path.exists(f"/proc/{child.pid}")
+    assert FakePopen.started[-1][0][-1] == "--without-mps"

@@ -139,3 +139,19 @@ def test_lanes_refuses_another_policy(replies: dict[str, Any]) -> None:
     replies["status"] = {"scheduling": {"name": "mfit", "state": {}}}
     out = run("lanes")
     assert out.exit_code == 1 and "not 'salus'" in out.output
+
+
+def test_isolate_list_shows_a_tenant_without_mps(replies: dict[str, Any]) -> None:
+    """A tenant whose kernel faulted under MPS (router/mps.py) runs in an engine without MPS."""
+    replies["isolate.list"] = {
+        "configured": ["all"], "engines": [
+            {"tenant": "uid:2", "pid": 9, "socket": "/s", "capacity": 1 << 30, "confinement": "engine"}],
+        "marked": {"uid:2": {"since": 0.0, "why": "its kernel faulted under MPS", "mps": False},
+                   "uid:3": {"since": 0.0, "why": "pilotctl isolate set"}}}
+    out = run("isolate", "list")
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert any(line.startswith("uid:2: isolated without MPS (its engine is no MPS client) since")
+               for line in lines)
+    assert any(line.startswith("uid:3: isolated since") for line in lines)
+    assert any(line.startswith("uid:2: pilotd pid 9") and line.endswith(", engine") for line in lines)
