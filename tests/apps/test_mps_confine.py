@@ -2,7 +2,9 @@
 `nvidia-cuda-mps-control` (fake_mps_control.py, first on pilotd's PATH) records how it is run.
 Checked: it is started once, with pipe and log directories private to pilotd's state directory;
 pilotd and its engines get the two variables CUDA reads at cuInit; sessions show whether they are
-confined; it is kept over a restart in place after a fault and quit at pilotd's exit; a missing
+confined; it is kept over a restart in place after a fault and quit at pilotd's exit; a tenant
+whose kernel faulted under MPS (the MPS server's log, written here by the test) runs without MPS
+from then on; a missing
 program, one that fails and a control daemon that dies stop pilotd's start with a clear error.
 That the driver then really gives each engine its own address space is tests/gpu/confine_check.py's
 part, on the GPU."""
@@ -165,6 +167,34 @@ def test_restart_in_place_keeps_the_control_daemon(
     assert all(r["confinement"] == "shared" for r in rows), rows
     assert status(daemon)["isolation"]["confined"] is False  # mps without tenants = "all"
     assert daemon.stop() == 0
+    quit_once(fake_mps, control_pid)
+
+
+def test_a_tenant_whose_kernel_faulted_under_mps_leaves_mps(
+        start_pilotd: StartPilotd, fake_mps: FakeMps, app_binaries: dict[str, Path],
+        shim_path: str) -> None:
+    """The MPS server's log names the faulting client (here pilotd itself: the stand-in has no
+    server, so the test writes the line): its tenant is marked to run without MPS, and its next
+    program runs in an engine outside MPS (an empty pipe directory, no log directory)."""
+    daemon = start_pilotd(config="[isolation]\nmps = true\n")
+    state = Path(daemon.dir) / "state"
+    (control_pid,) = fake_mps.daemon_pids()
+    with (state / "mps" / "log" / "server.log").open("a") as f:  # as the MPS server at the fault
+        f.write(f"[fake] Client {{PID: {daemon.proc.pid}, Context: 1}} encountered a fatal GPU error.\n")
+    exe = app_binaries["fault"]
+    assert run(daemon, shim_path, exe, "fault").returncode == 0
+    assert run(daemon, shim_path, exe, "work").stdout == "work: ok\n", daemon.log_tail()
+    assert f"the fault was this process's (pid {daemon.proc.pid} in the MPS server's log)" in daemon.log()
+    listing = json.loads(daemon.ctl("isolate", "list", "--json").stdout)
+    (tenant,) = listing["marked"]
+    assert listing["marked"][tenant]["mps"] is False, listing
+    (engine,) = listing["engines"]
+    assert engine["confinement"] == "engine"
+    assert "isolated without MPS" in daemon.ctl("isolate", "list").stdout
+    env = environ_of(engine["pid"])
+    assert env.get(PIPE_ENV) == str(state / "mps" / "none") and LOG_ENV not in env
+    assert "--without-mps" in Path(f"/proc/{engine['pid']}/cmdline").read_text().split("\0")
+    assert daemon.stop() == 0, daemon.log_tail()
     quit_once(fake_mps, control_pid)
 
 
