@@ -503,7 +503,8 @@ class Daemon:
         elif not mine:
             log.warning("GPU %d: MPS client pid %s faulted (the MPS server's log), not this process: "
                         "the MPS server tore down every client; this process's sessions with work "
-                        "in flight are bystanders: %s", fault.gpu, ", ".join(map(str, culprits)),
+                        "in flight are bystanders: %s", fault.gpu,
+                        ", ".join(f"{p} (tenant {self.engines.tenant_of(p) or '?'})" for p in culprits),
                         ", ".join(f"session {s['session']} (tenant {s['tenant']})"
                                   for s in fault.suspects) or "none")
         else:
