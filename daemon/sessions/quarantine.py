@@ -14,7 +14,9 @@ cudaFreeAsync's (ops/mempool.py) is queued on the program's stream after work th
 run for long: such a block is *behind work* (`session` set). Nothing waits for it but `drain`;
 only the session that freed it may take it back early, for an allocation on the very stream
 its zeroing is queued on (`take` with that session and stream): everything the program issues
-there afterwards runs after the memset, and no other tenant ever sees the block.
+there afterwards runs after the memset, and no other tenant ever sees the block. Its memset is
+still to run, so until it has, a later free of the block (on any stream) counts it too: the
+block reaches no one else before every zeroing queued on it is done.
 
 Zeroed blocks of up to 64 MiB are kept a while (at most 16 blocks, 128 MiB per vGPU) and a cudaMalloc of
 exactly such a size takes one (`take`) instead of calling cuMemAlloc: a program that allocates
@@ -45,13 +47,19 @@ KEEP_BLOCK_MAX = 64 << 20  # larger ones are freed at once
 
 @dataclass(slots=True)
 class _Zeroing:
-    """A freed block whose memset is queued on `stream`, followed by `event`."""
+    """A freed block whose memset is queued on `stream`, followed by `event`; `earlier`: the
+    events after its earlier zeroings, still queued when the block was taken back early."""
 
     ptr: int
     size: int
     event: Any
     stream: Any
     session: int | None  # freed in stream order (behind that session's work), else None
+    earlier: tuple[Any, ...] = ()
+
+    @property
+    def events(self) -> tuple[Any, ...]:
+        return (*self.earlier, self.event)
 
     def reusable_by(self, session: int, stream: Any) -> bool:
         """Whether `session`'s allocation on `stream` may take it before its zeroing is done."""
@@ -68,10 +76,12 @@ class Quarantine:
         self.bytes = 0  # held, being zeroed
         self._kept: deque[tuple[int, int]] = deque()  # zeroed blocks (ptr, size), oldest first
         self.kept_bytes = 0
+        # blocks taken back before their zeroing ran -> the events after those zeroings
+        self._reused: dict[int, tuple[Any, ...]] = {}
 
     def __bool__(self) -> bool:
         """Something is being zeroed (the vGPU thread polls while it is)."""
-        return bool(self._held)
+        return bool(self._held or self._reused)
 
     def holds_memory(self) -> bool:
         """Memory is held or kept here: a drain would give some back to the driver."""
@@ -86,7 +96,7 @@ class Quarantine:
         backend.memset_d8(ptr, 0, size, stream)
         event = self._spare.pop() if self._spare else backend.event_create(EVENT_DISABLE_TIMING)
         backend.event_record(event, stream)
-        self._held.append(_Zeroing(ptr, size, event, stream, session))
+        self._held.append(_Zeroing(ptr, size, event, stream, session, self._reused.pop(ptr, ())))
         self.bytes += size
 
     def poll(self) -> None:
@@ -101,6 +111,10 @@ class Quarantine:
             else:
                 self._zeroed(z)
         self._held = still
+        for ptr, events in list(self._reused.items()):
+            if all(self._event_done(ptr, e) for e in events):
+                del self._reused[ptr]
+                self._release_events(events)
 
     def take(self, size: int, session: int | None = None, stream: Any = None) -> int | None:
         """A block of exactly `size` bytes for a new allocation, or None: a zeroed one; else
@@ -128,7 +142,8 @@ class Quarantine:
         if z is None:
             return None
         try:
-            self.backend.event_synchronize(z.event)
+            for event in z.events:  # `earlier` ones: of the synchronized session, done too
+                self.backend.event_synchronize(event)
         except Exception as exc:  # a sticky context error: not this block, then
             log.error("zeroing freed memory at %#x failed: %s", z.ptr, exc)
             return None
@@ -142,14 +157,15 @@ class Quarantine:
         held = self._held
         self._held = deque()
         for z in held:
-            if z.session is not None and not behind_work and not self._done(z):
+            if (z.session is not None or z.earlier) and not behind_work and not self._done(z):
                 self._held.append(z)
                 continue
-            try:
-                self.backend.event_synchronize(z.event)
-            except Exception as exc:
-                log.error("zeroing freed memory at %#x failed: %s", z.ptr, exc)
-            self._release_event(z.event)
+            for event in z.events:
+                try:
+                    self.backend.event_synchronize(event)
+                except Exception as exc:
+                    log.error("zeroing freed memory at %#x failed: %s", z.ptr, exc)
+            self._release_events(z.events)
             self._free(z.ptr, z.size)
         while self._kept:
             ptr, size = self._kept.popleft()
@@ -158,6 +174,9 @@ class Quarantine:
 
     def close(self) -> None:
         self.drain()
+        for events in self._reused.values():  # the blocks went with their sessions
+            self._release_events(events)
+        self._reused.clear()
         for event in self._spare:
             try:
                 self.backend.event_destroy(event)
@@ -166,27 +185,34 @@ class Quarantine:
         self._spare.clear()
 
     def _done(self, z: _Zeroing) -> bool:
+        return all(self._event_done(z.ptr, e) for e in z.events)
+
+    def _event_done(self, ptr: int, event: Any) -> bool:
         try:
-            return bool(self.backend.event_query(z.event))
+            return bool(self.backend.event_query(event))
         except Exception as exc:  # a sticky context error: the memory goes with the context
-            log.error("zeroing freed memory at %#x failed: %s", z.ptr, exc)
+            log.error("zeroing freed memory at %#x failed: %s", ptr, exc)
             return True
 
     def _find(self, match: Any) -> _Zeroing | None:
         return next((z for z in self._held if match(z)), None)
 
     def _hand_out(self, z: _Zeroing) -> int:
-        """The held block goes to a new allocation; its event to the spares (re-recording a
-        pending event is allowed: only the newest record counts)."""
+        """The held block goes to a new allocation. Zeroed (waited for), its events go to the
+        spares; taken back early, they are remembered until done (the block's next free counts
+        them)."""
         self._held.remove(z)
-        self._release_event(z.event)
         self.bytes -= z.size
+        if z.session is not None and not self._done(z):
+            self._reused[z.ptr] = z.events
+        else:
+            self._release_events(z.events)
         return z.ptr
 
     def _zeroed(self, z: _Zeroing) -> None:
         """Its zeroing is done: keep it for reuse, or free it (and the oldest kept beyond the
         limits)."""
-        self._release_event(z.event)
+        self._release_events(z.events)
         self.bytes -= z.size
         if z.size > KEEP_BLOCK_MAX:
             self._free(z.ptr, z.size, held=False)
@@ -206,11 +232,12 @@ class Quarantine:
         except Exception as exc:
             log.error("freeing %#x (%d bytes) after zeroing failed: %s", ptr, size, exc)
 
-    def _release_event(self, event: Any) -> None:
+    def _release_events(self, events: tuple[Any, ...]) -> None:
         backend = self.backend
-        if len(self._spare) < SPARE_EVENTS:
-            self._spare.append(event)
-        else:
+        for event in events:
+            if len(self._spare) < SPARE_EVENTS:
+                self._spare.append(event)
+                continue
             try:
                 backend.event_destroy(event)
             except Exception as exc:

@@ -176,6 +176,29 @@ def test_the_same_session_takes_the_block_back_on_the_same_stream_only(vg: Any) 
     assert read(vg, ptr, MiB) == b"\x55" * MiB
 
 
+def test_a_block_taken_back_and_freed_elsewhere_waits_for_its_first_zeroing(vg: Any) -> None:
+    """Taken back on its stream, then freed on another (idle) stream of the session: another
+    tenant gets it only once the first stream ran the program's work and the first zeroing,
+    which would otherwise land in that tenant's data."""
+    s, other = session(vg, 1), session(vg, 2)
+    s.streams[STREAM + 1] = StreamState(vg.backend.stream_create(STREAM_NON_BLOCKING, 0), False)
+    stream = s.streams[STREAM].obj
+    ptr = malloc_async(vg, s, MiB)
+    held = HeldStream(vg.backend, stream)
+    vg.backend.memset_d8(ptr, 0x77, MiB, stream)
+    vg.backend.waits_allowed = False
+    free_async(vg, s, ptr)
+    assert malloc_async(vg, s, MiB) == ptr
+    free_async(vg, s, ptr, STREAM + 1)
+    vg.quarantine.poll()
+    assert vg.quarantine.bytes == MiB and malloc_async(vg, other, MiB, 0) != ptr
+    vg.backend.waits_allowed = True
+    held.open()
+    vg.quarantine.poll()
+    assert vg.quarantine.bytes == 0 and malloc_async(vg, other, MiB, 0) == ptr
+    assert read(vg, ptr, MiB) == bytes(MiB)
+
+
 def test_blocks_freed_on_the_shared_legacy_stream_stay_with_their_session(vg: Any) -> None:
     s, other = session(vg, 1), session(vg, 2)
     ptr = malloc_async(vg, s, MiB, 0)

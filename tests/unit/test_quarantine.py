@@ -168,7 +168,10 @@ def test_blocks_behind_a_programs_work_are_never_waited_for_by_others() -> None:
     assert q.take(256, 2, "s") is None and q.take(256, 1, "t") is None
     assert b.calls == []
     assert q.take(256, 1, "s") == 0x1000  # its own stream: ordered after the zeroing already
-    assert b.calls == [] and q.bytes == 0 and not q
+    assert b.calls == [] and q.bytes == 0 and q  # its zeroing is watched until it ran
+    b.done.add("ev1")
+    q.poll()
+    assert not q
 
 
 def test_a_memory_report_drains_only_what_is_not_behind_a_programs_work() -> None:
@@ -194,3 +197,17 @@ def test_an_allocation_short_of_memory_waits_for_blocks_behind_work_last() -> No
     # first without waiting behind the program's work, then waiting for it too
     assert ("free", 0x2000) in attempts[0] and ("sync", "ev1") not in attempts[0]
     assert ("sync", "ev1") in attempts[1] and len(attempts) == 2
+
+
+def test_a_block_taken_back_early_reaches_no_one_before_its_first_zeroing() -> None:
+    b = FakeBackend()
+    q = Quarantine(b)  # type: ignore[arg-type]
+    q.free_later(0x1000, 256, "s", session=1)  # ev1, behind the program's work on s
+    assert q.take(256, 1, "s") == 0x1000 and q  # its memset is still to run
+    q.free_later(0x1000, 256, "t", session=1)  # freed again, on an idle stream: ev2
+    b.done.add("ev2")
+    q.poll()
+    assert q.bytes == 256 and q.take(256) is None  # ev1 still pending: neither kept nor given
+    b.done.add("ev1")
+    q.poll()
+    assert q.bytes == 0 and q.take(256) == 0x1000 and not q
