@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pilot.daemon.ops import memory
+from pilot.daemon.ops.memory import (
+    allocate_device,
+    check_allocation,
+    free_after_work,
+    is_managed_memory,
+    release_allocation,
+)
 from pilot.daemon.ops.registry import OpTable
 from pilot.daemon.ops.replies import u64
 from pilot.daemon.protocol import lib
@@ -36,16 +42,16 @@ def _backend_stream(vg: VGpu, s: Session, handle: int) -> Any:
 @OPS.handler(lib.PILOT_OP_MALLOC_ASYNC, "pilot_req_malloc_async")
 def malloc_async(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     stream = _backend_stream(vg, s, req.stream)
-    return u64(memory.allocate_device(vg, s, req.size, stream))
+    return u64(allocate_device(vg, s, req.size, stream))
 
 @OPS.handler(lib.PILOT_OP_FREE_ASYNC, "pilot_req_free_async")
 def free_async(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     ptr = req.ptr
-    memory.check_allocation(s, ptr)
-    if memory.is_managed_memory(s, ptr):
+    check_allocation(s, ptr)
+    if is_managed_memory(s, ptr):
         if req.stream:
             s.stream(req.stream)  # an unknown stream is refused before anything changes
-        memory.free_after_work(vg, s, ptr)
+        free_after_work(vg, s, ptr)
         return
     stream = streams.stream_for_work(vg, s, req.stream)  # raises for an unknown stream
     size = s.allocations[ptr]
@@ -53,4 +59,4 @@ def free_async(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
         vg.quarantine.free_later(ptr, size, stream, s.id)
     else:
         vg.backend.mem_free(ptr)
-    memory.release_allocation(vg, s, ptr)
+    release_allocation(vg, s, ptr)
