@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -59,10 +60,12 @@ def log(msg: str) -> None:
 class Worker:
     """One tenant process: commands on stdin, results on stdout, stderr to a log file."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, cmd: list[str], env: dict[str, str], log_path: Path,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
+        """`preexec_fn`: run in the child before the exec (another user: tests/gpu/confine_check.py)."""
         self.err: IO[str] = log_path.open("w")
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.err, text=True, bufsize=1)
+                                     stderr=self.err, text=True, bufsize=1, preexec_fn=preexec_fn)
         self.lines: list[str] = []
         self.cond = threading.Condition()
         threading.Thread(target=self._pump, daemon=True).start()

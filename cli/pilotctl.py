@@ -121,11 +121,7 @@ def status(client: ControlClient, as_json: bool, measure: bool) -> None:
     if prio.get("tenants"):
         click.echo("priority classes:")
         _show_priorities(prio)
-    iso = doc.get("isolation") or {}
-    if iso.get("serves"):
-        click.echo(f"isolated pilotd: serves tenant {iso['serves']} alone")
-    for e in iso.get("engines") or []:
-        click.echo(f"isolated tenant {e['tenant']}: pilotd pid {e['pid']} ({_size(e['capacity'])} per GPU)")
+    _show_isolation(doc.get("isolation") or {})
     sched = doc.get("scheduling")
     if sched:
         known = sched.get("available", {})
@@ -180,6 +176,27 @@ def lanes(client: ControlClient, as_json: bool) -> None:
             click.echo(f"  queue: {', '.join(f'session {q}' for q in g['queue'])}")
 
 
+def _show_isolation(iso: dict[str, Any]) -> None:
+    """Where tenants' work runs: the confined mode, engines with or without MPS (router/mps.py)."""
+    if iso.get("serves"):
+        click.echo(f"isolated pilotd: serves tenant {iso['serves']} alone"
+                   + (", confined (an MPS client: its own GPU address space)" if iso.get("mps") else ""))
+    elif iso.get("confined"):
+        click.echo("confined mode: every tenant's work runs in a pilotd of its own, an MPS client "
+                   "with its own GPU address space")
+    elif iso.get("mps"):
+        click.echo("isolated tenants are confined (their pilotds are MPS clients); the others share "
+                   "this pilotd's context")
+    mps = iso.get("mps_control")
+    if mps:
+        click.echo(f"MPS control daemon pid {mps['control_pid']}"
+                   f"{'' if mps['running'] else ' NOT RUNNING'}: pipes {mps['pipe_dir']}, "
+                   f"logs {mps['log_dir']}")
+    for e in iso.get("engines") or []:
+        click.echo(f"isolated tenant {e['tenant']}: pilotd pid {e['pid']} ({_size(e['capacity'])} "
+                   f"per GPU), {e.get('confinement', 'engine')}")
+
+
 def _show_faults(faults: list[dict[str, Any]]) -> None:
     """GPU faults since the service started, the last one in full."""
     if not faults:
@@ -200,19 +217,22 @@ def _show_faults(faults: list[dict[str, Any]]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 @pass_client
 def sessions(client: ControlClient, as_json: bool) -> None:
-    """Sessions: tenant, pid, command line, memory, calls, state."""
+    """Sessions: tenant, pid, command line, memory, calls, state, and where each runs (RUNS IN:
+    confined, engine or shared; docs/SECURITY.md)."""
     rows = _call(client, "sessions")
     if as_json:
         _emit_json(rows)
         return
+    # RUNS IN: confined (a pilotd of its own over MPS), engine (of its own, no MPS) or shared
     click.echo(f"{'SESSION':>7} {'TENANT':<16} {'PID':>7} {'GPU':>3} {'DEVICE':>10} {'MANAGED':>10} "
-               f"{'CALLS':>9} {'STATE':<9} COMMAND")
+               f"{'CALLS':>9} {'STATE':<9} {'RUNS IN':<8} COMMAND")
     if not rows:
         click.echo("no session")
     for r in rows:
         click.echo(f"{r['session']:>7} {r['tenant'][:16]:<16} {r['pid']:>7} {r['device']:>3} "
                    f"{_size(r['device_bytes']):>10} {_size(r.get('managed_bytes', 0)):>10} "
-                   f"{r['calls']:>9} {r['state']:<9} {r['cmdline'][:50]}")
+                   f"{r['calls']:>9} {r['state']:<9} {r.get('confinement', 'shared'):<8} "
+                   f"{r['cmdline'][:50]}")
         p = r.get("policy")
         if p and r["state"] != p["state"]:
             click.echo(f"{'':>7} {p['state']}: {p['why']}")
@@ -363,7 +383,8 @@ def isolate_list(client: ControlClient, as_json: bool) -> None:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mark["since"]))
         click.echo(f"{tenant}: isolated since {since}: {mark['why']}")
     for e in r["engines"]:
-        click.echo(f"{e['tenant']}: pilotd pid {e['pid']} on {e['socket']}, {_size(e['capacity'])} per GPU")
+        click.echo(f"{e['tenant']}: pilotd pid {e['pid']} on {e['socket']}, {_size(e['capacity'])} "
+                   f"per GPU, {e.get('confinement', 'engine')}")
     if not (r["configured"] or r["marked"] or r["engines"]):
         click.echo("no tenant is isolated")
 

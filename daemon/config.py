@@ -59,6 +59,10 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     capacity = "8GiB"              # per GPU for each isolated tenant's process, withheld from the
                                    # shared one (default: the same capacity, nothing withheld)
     idle_exit = "5m"               # an isolated tenant's process with no session ends after this
+    mps = false                    # isolated tenants' processes (and pilotd) are clients of pilotd's
+                                   # own MPS control daemon: each its own GPU address space, run at
+                                   # once; with tenants = "all": the confined mode (docs/SECURITY.md)
+    mps_control = "nvidia-cuda-mps-control"  # the MPS control program: a name on PATH, or a path
     [nvml]
     poll_interval = "1s"
     [metrics]
@@ -328,6 +332,9 @@ class Config:
     isolation_capacity: int | None = None  # per GPU, withheld; default: the same, not withheld
     isolation_idle_exit: float = 300.0
     isolated_tenant: str | None = None  # set in the process that serves one isolated tenant
+    # MPS (router/mps.py): engines and pilotd are clients of pilotd's own MPS control daemon
+    isolation_mps: bool = False
+    isolation_mps_control: str = "nvidia-cuda-mps-control"
     metrics_kernel_time: bool = False
     metrics_tenant_labels: bool = False
     # Outside 9100-9999, where Prometheus exporters' default ports are (9400: dcgm-exporter).
@@ -365,6 +372,12 @@ class Config:
         if gpu in self.capacity_per_gpu:
             return self.capacity_per_gpu[gpu]
         return self.capacity if self.capacity is not None else physical
+
+    @property
+    def confined(self) -> bool:
+        """The confined mode: every tenant's work in a pilotd process of its own (an engine),
+        each a client of pilotd's MPS, so each has its own GPU address space (docs/SECURITY.md)."""
+        return self.isolation_mps and "all" in self.isolation_tenants
 
     def metrics_host_port(self) -> tuple[str, int] | None:
         """(host, port) of the metrics endpoint, or None when disabled."""
@@ -570,6 +583,14 @@ def _isolation_tenants(value: Any) -> tuple[str, ...]:
     return out
 
 
+def _program(value: Any) -> str:
+    """A program's name (looked up on PATH when it is run) or its path."""
+    text = _string(value)
+    if any(c.isspace() for c in text):
+        raise ValueError(f"{value!r}: give one program, a name on PATH or a path (no arguments)")
+    return text
+
+
 def _paths(value: Any) -> tuple[str, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
         raise ValueError(f"{value!r} is not a list of paths")
@@ -694,6 +715,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "isolation_capacity": _capacity,
     "isolation_idle_exit": parse_duration,
     "isolated_tenant": _optional_string,
+    "isolation_mps": _flag,
+    "isolation_mps_control": _program,
     "metrics_kernel_time": _flag,
     "metrics_tenant_labels": _flag,
     "metrics_address": _metrics_address,
@@ -730,7 +753,8 @@ SECTIONS: dict[str, dict[str, str]] = {
     "nvml": {"poll_interval": "nvml_poll_interval"},
     "slurm": {"job_tenants": "slurm_job_tenants"},
     "isolation": {"tenants": "isolation_tenants", "after_fault": "isolation_after_fault",
-                  "capacity": "isolation_capacity", "idle_exit": "isolation_idle_exit"},
+                  "capacity": "isolation_capacity", "idle_exit": "isolation_idle_exit",
+                  "mps": "isolation_mps", "mps_control": "isolation_mps_control"},
     "metrics": {"address": "metrics_address", "kernel_time": "metrics_kernel_time",
                 "tenant_labels": "metrics_tenant_labels"},
 }
@@ -790,6 +814,9 @@ def _file_values(data: dict[str, Any], base_dir: str, path: str,
                 continue
             name = keys[key]
             if name in _PATH_FIELDS and isinstance(value, str) and value:
+                value = os.path.join(base_dir, os.path.expanduser(value))
+            elif name == "isolation_mps_control" and isinstance(value, str) and "/" in value:
+                # a path is relative to the file; a bare name is looked up on PATH when run
                 value = os.path.join(base_dir, os.path.expanduser(value))
             elif name in ("sim_kernels", "policy_plugins") and isinstance(value, list):
                 # plugins may also be module names; only paths are made relative to the file

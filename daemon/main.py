@@ -16,9 +16,10 @@ from typing import Any
 import click
 
 from pilot import __version__
-from pilot.daemon.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+from pilot.daemon.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
 from pilot.daemon.protocol import socket_path
-from pilot.daemon.router.recovery import exec_afresh, handover_from_environment
+from pilot.daemon.router import mps as mps_control
+from pilot.daemon.router.recovery import Handover, exec_afresh, handover_from_environment
 from pilot.daemon.router.server import Daemon, DaemonError
 from pilot.daemon.scheduling.policy_host import PolicyStartError, load_policy
 from pilot.daemon.telemetry.logs import setup_logging
@@ -28,9 +29,10 @@ MAX_CONNECTIONS = 32
 
 
 def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] | None,
-                 sim_devices: int = 1, gpu_wait: str = "auto") -> Any:
+                 sim_devices: int = 1, gpu_wait: str = "auto", mps: bool = False) -> Any:
     """`gpu_wait` (config `[daemon] gpu_wait`): how the driver makes pilotd's threads wait in a
-    synchronization; the sim has no such threads and ignores it."""
+    synchronization; the sim has no such threads and ignores it. `mps` (`[isolation] mps`): the
+    CUDA backend must find its contexts to be MPS clients (router/mps.py); the sim has none."""
     if name == "sim":
         from pilot.daemon.backends.sim import SimBackend
         from pilot.daemon.sim_kernels import load_kernel_files
@@ -41,10 +43,14 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
     # queue serialize, so independent tenants would wait for each other (natively and under MPS
     # each process has queues of its own). 32 is the most the driver takes; an operator's own
     # value wins. Read by the driver at cuInit, so it is set before the backend starts.
-    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", str(MAX_CONNECTIONS))
+    # Not under MPS ([isolation] mps): there each client takes that many of the server's
+    # connections (60 clients per GPU at MPS's default of 2, fewer with more each), and an
+    # engine serves one tenant, like one native MPS client (its engines inherit this choice).
+    if not mps:
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", str(MAX_CONNECTIONS))
     from pilot.daemon.backends.cuda import CudaBackend
 
-    return CudaBackend(list(gpus) if gpus else None, gpu_wait=gpu_wait)
+    return CudaBackend(list(gpus) if gpus else None, gpu_wait=gpu_wait, mps=mps)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -135,11 +141,27 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
     handover = handover_from_environment()
     if handover.exec_at:
         log.info("restarted after a GPU fault: %.3f s from the exec to here", time.time() - handover.exec_at)
+    try:  # before the backend: CUDA reads the MPS settings at cuInit
+        mps = mps_control.take_part(config, restarted=bool(handover.exec_at))
+    except mps_control.MpsError as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
+        serve(config, config_path, overrides, path, control_path, policy, handover, mps)
+    finally:  # not reached by a restart in place (an exec), which keeps the control daemon
+        if mps is not None:
+            mps.stop()
+
+
+def serve(config: Config, config_path: str | None, overrides: dict[str, Any], path: str,
+          control_path: str, policy: Any, handover: Handover,
+          mps: mps_control.MpsControl | None) -> None:
+    """Set up the backend and the daemon, and serve until stopped."""
     started = time.time()
     try:
         be = make_backend(config.backend, config.sim_kernels, config.gpus, config.sim_devices,
-                          config.gpu_wait)
+                          config.gpu_wait, config.isolation_mps)
         daemon = Daemon(be, config, path, control_path, policy, handover=handover)
+        daemon.mps = mps
         if handover.exec_at:
             log.info("backend and daemon set up in %.3f s", time.time() - started)
         daemon.reread_config = lambda: load_config(config_path, overrides)  # SIGHUP

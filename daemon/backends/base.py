@@ -59,6 +59,9 @@ CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900  # a call that waits on a capturing 
 CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901  # the capture was ended by an error
 CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906  # the legacy stream used while this thread captures
 CUDA_ERROR_UNKNOWN = 999
+# An MPS client the MPS server ended (after another client's fault, on Hopper one that had work
+# running then): the process must end, like after a fault of its own (router/mps.py)
+CUDA_ERROR_MPS_CLIENT_TERMINATED = 810
 
 # cudaMemRangeAttribute values (= CUmem_range_attribute) whose int32 values are device ids (-1
 # the CPU, -2 none): preferred location, accessed-by (an array), last prefetch location; and the
@@ -79,6 +82,7 @@ STICKY_ERRORS = frozenset({
     CUDA_ERROR_INVALID_PC,
     CUDA_ERROR_LAUNCH_FAILURE,
     214,  # cudaErrorECCUncorrectable
+    CUDA_ERROR_MPS_CLIENT_TERMINATED,
 })
 
 

@@ -21,6 +21,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -61,6 +62,12 @@ from pilot.daemon.protocol import ffi as _pffi
 from pilot.daemon.protocol import lib as _plib
 
 log = logging.getLogger("pilot.backend")
+
+# CUresults with which MPS refuses a process for a while (connection failed, RPC failure, server
+# not ready, too many clients or connections, client terminated): CUDA initialization tries
+# again for up to MPS_INIT_PATIENCE seconds (CudaBackend._open_devices).
+MPS_RETRY_ERRORS = frozenset({805, 806, 807, 808, 809, 810})
+MPS_INIT_PATIENCE = 60.0
 
 # --------------------------------------------------------------------------------------------
 # Error funnel
@@ -283,12 +290,16 @@ class CudaBackend:
     name = "cuda"
     _memory_changes = 0  # set in __init__; the class default serves backends built without it
 
-    def __init__(self, devices: list[int] | None = None, gpu_wait: str = "auto") -> None:
+    def __init__(self, devices: list[int] | None = None, gpu_wait: str = "auto",
+                 mps: bool = False) -> None:
         """`gpu_wait`: how a pilotd thread waits in a synchronization, the primary contexts'
         schedule (`[daemon] gpu_wait`). "auto" leaves the driver's default: with pilotd's one
         context per GPU that is spinning, a core per waiting vGPU thread (the lowest latency);
         "yield" spins but gives way; "blocking" sleeps until the GPU interrupts (no CPU while
-        waiting, a wake-up more per synchronization): for hosts whose cores are short."""
+        waiting, a wake-up more per synchronization): for hosts whose cores are short.
+        `mps` (`[isolation] mps`): the contexts must be MPS clients (router/mps.py), else the
+        backend does not start: the driver quietly runs without MPS when it cannot reach the
+        control daemon, and this process's kernels would then not be confined."""
         from cuda.bindings import driver as cu
 
         self._cu: Any = cu
@@ -299,30 +310,12 @@ class CudaBackend:
         self._sync = cu.cuStreamSynchronize
         self._range_attribute_fn: Any = None  # cuMemRangeGetAttribute through ctypes, once used
 
-        try:
-            init = cu.cuInit(0)
-        except Exception as exc:  # the binding raises when libcuda.so.1 cannot be loaded
-            raise BackendError(_NO_DRIVER, f"cuInit: {type(exc).__name__}: {exc}") from exc
-        check(init, "cuInit")
-        count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
-        ordinals = list(range(count)) if devices is None else list(devices)
-        for ordinal in ordinals:
-            if not 0 <= ordinal < count:
-                raise BackendError(CUDA_ERROR_INVALID_DEVICE, f"device {ordinal} of {count}")
-        self._ordinals = ordinals  # CUDA ordinal per index
+        self._ordinals: list[int] = []  # CUDA ordinal per index
         self._devices: list[Any] = []  # CUdevice per index
         self._contexts: list[Any] = []  # retained primary CUcontext per index
-        schedule = None if gpu_wait == "auto" else getattr(
-            cu.CUctx_flags, {"spin": "CU_CTX_SCHED_SPIN", "yield": "CU_CTX_SCHED_YIELD",
-                             "blocking": "CU_CTX_SCHED_BLOCKING_SYNC"}[gpu_wait])
-        for ordinal in ordinals:
-            dev = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
-            if schedule is not None:  # before the context is made, so every stream of it waits so
-                check(cu.cuDevicePrimaryCtxSetFlags(dev, int(schedule)), "cuDevicePrimaryCtxSetFlags")
-            self._contexts.append(
-                check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-            )
-            self._devices.append(dev)
+        self._open_devices(devices, gpu_wait)
+        if mps:
+            self._check_mps()
         self._tls = threading.local()  # .device: bound index; .packed: _PackedArgs
         # Registered (pinned) host ranges as (start, end); replaced whole, never mutated, so
         # copy threads read it without a lock.
@@ -343,6 +336,88 @@ class CudaBackend:
         self._memory_changes = 0
         self._libraries = CudaLibraries()  # cuBLAS, cuBLASLt (backends/cublas.py)
         self._dnn = CudaDnn()  # cuDNN (backends/cudnn.py)
+
+    def _open_devices(self, devices: list[int] | None, gpu_wait: str) -> None:
+        """cuInit and each device's primary context, tried again for up to MPS_INIT_PATIENCE
+        while MPS refuses this process (MPS_RETRY_ERRORS): its server is starting, or recovering
+        from a fault (on Hopper it takes no new client until every client that had work running
+        at the fault has exited; an engine restarting after its own fault meets exactly that)."""
+        deadline = time.monotonic() + MPS_INIT_PATIENCE
+        waited_since: float | None = None
+        pause = 0.05
+        while True:
+            try:
+                self._open_devices_once(devices, gpu_wait)
+            except BackendError as exc:
+                self._release_contexts()
+                if exc.code not in MPS_RETRY_ERRORS or time.monotonic() > deadline:
+                    raise
+                if waited_since is None:
+                    waited_since = time.monotonic()
+                    log.warning("CUDA initialization: %s: the MPS server does not take this process "
+                                "yet (it is starting, or recovering from a fault until every client "
+                                "that had work running has exited); trying again for up to %.0f s",
+                                exc, MPS_INIT_PATIENCE)
+                time.sleep(pause)
+                pause = min(1.0, pause * 2)
+                continue
+            if waited_since is not None:
+                log.warning("CUDA initialization: MPS took this process after %.1f s",
+                            time.monotonic() - waited_since)
+            return
+
+    def _open_devices_once(self, devices: list[int] | None, gpu_wait: str) -> None:
+        cu = self._cu
+        try:
+            init = cu.cuInit(0)
+        except Exception as exc:  # the binding raises when libcuda.so.1 cannot be loaded
+            raise BackendError(_NO_DRIVER, f"cuInit: {type(exc).__name__}: {exc}") from exc
+        check(init, "cuInit")
+        count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        ordinals = list(range(count)) if devices is None else list(devices)
+        for ordinal in ordinals:
+            if not 0 <= ordinal < count:
+                raise BackendError(CUDA_ERROR_INVALID_DEVICE, f"device {ordinal} of {count}")
+        self._ordinals = ordinals
+        schedule = None if gpu_wait == "auto" else getattr(
+            cu.CUctx_flags, {"spin": "CU_CTX_SCHED_SPIN", "yield": "CU_CTX_SCHED_YIELD",
+                             "blocking": "CU_CTX_SCHED_BLOCKING_SYNC"}[gpu_wait])
+        for ordinal in ordinals:
+            dev = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+            if schedule is not None:  # before the context is made, so every stream of it waits so
+                check(cu.cuDevicePrimaryCtxSetFlags(dev, int(schedule)), "cuDevicePrimaryCtxSetFlags")
+            self._contexts.append(
+                check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            )
+            self._devices.append(dev)
+
+    def _release_contexts(self) -> None:
+        """The primary contexts retained so far (an initialization cut short)."""
+        devices, self._devices, self._contexts = self._devices, [], []
+        for dev in devices:
+            try:
+                check(self._cu.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
+            except BackendError as exc:
+                log.debug("releasing a primary context after a failed start: %s", exc)
+
+    def _check_mps(self) -> None:
+        """Every device's contexts are MPS clients (CU_DEVICE_ATTRIBUTE_MPS_ENABLED), else raise."""
+        cu = self._cu
+        attr = getattr(cu.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_MPS_ENABLED", None)
+        if attr is None:
+            log.warning("[isolation] mps: this cuda-python has no CU_DEVICE_ATTRIBUTE_MPS_ENABLED: "
+                        "cannot check that this process is an MPS client (pilotd's MPS control "
+                        "daemon lists its servers: `pilotctl status`)")
+            return
+        for index, dev in enumerate(self._devices):
+            if not check(cu.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute"):
+                raise BackendError(
+                    CUDA_ERROR_NOT_SUPPORTED,
+                    f"[isolation] mps is on, but the driver does not run this process's contexts "
+                    f"on CUDA device {self._ordinals[index]} under MPS (it could not reach the "
+                    f"control daemon at CUDA_MPS_PIPE_DIRECTORY="
+                    f"{os.environ.get('CUDA_MPS_PIPE_DIRECTORY', '(unset)')}, or the GPU does not "
+                    f"support it): its kernels would not be confined, so pilotd does not start")
 
     def close(self) -> None:
         """Release the primary contexts (not in the interface; for orderly daemon shutdown)."""

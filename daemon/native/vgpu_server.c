@@ -56,6 +56,7 @@ struct conn {
 
 struct pilot_srv {
     int lfd, efd, cfd;
+    int spare; /* a descriptor kept to be given up when accept() meets EMFILE (refuse_one) */
     uint32_t next_id;
     int nconns;
     struct conn *conns;
@@ -244,6 +245,20 @@ static void flush_out(pilot_srv *s, struct conn *c)
     }
 }
 
+/* Out of descriptors (EMFILE, ENFILE): give up the spare one to take a connection off the
+ * listen queue and close it, then take the spare again. Without it the connection would stay
+ * queued and the listening socket readable: this thread would spin. 1: one was refused. */
+static int refuse_one(pilot_srv *s)
+{
+    if (s->spare >= 0)
+        close(s->spare);
+    int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd >= 0)
+        close(fd);
+    s->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return fd >= 0;
+}
+
 static void accept_all(pilot_srv *s)
 {
     /* Greeting (ZMTP 3.0, NULL mechanism, as-server) and READY (Socket-Type ROUTER), sent at once. */
@@ -257,8 +272,11 @@ static void accept_all(pilot_srv *s)
 
     for (;;) {
         int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
+        if (fd < 0) {
+            if ((errno == EMFILE || errno == ENFILE) && refuse_one(s))
+                continue;
             return;
+        }
         struct ucred cred;
         socklen_t len = sizeof cred;
         struct conn *c = NULL;
@@ -626,6 +644,7 @@ pilot_srv *pilot_srv_open(const char *path, int control_fd, char *err, size_t er
         return NULL;
     }
     s->lfd = s->efd = -1;
+    s->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s->cfd = control_fd;
     if (strlen(path) >= sizeof addr.sun_path) {
         snprintf(err, errlen, "socket path too long: %s", path);
@@ -651,6 +670,8 @@ fail:
         close(s->lfd);
     if (s->efd >= 0)
         close(s->efd);
+    if (s->spare >= 0)
+        close(s->spare);
     free(s);
     return NULL;
 }
@@ -664,6 +685,8 @@ void pilot_srv_close(pilot_srv *s)
     reap_and_compact(s);
     close(s->lfd);
     close(s->efd);
+    if (s->spare >= 0)
+        close(s->spare);
     free(s->starts);
     free(s);
 }

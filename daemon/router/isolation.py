@@ -27,6 +27,11 @@ by an operator (`pilotctl isolate set T`), or by a kernel fault of theirs when
 What it costs: an engine's kernels and the other tenants' do not run at the same time on the
 GPU (processes without MPS are time-sliced), and an engine holds its own CUDA context (~0.5 GiB
 of device memory) and capacity share (bench/RESULTS.md, "isolation").
+
+With `[isolation] mps` the engines (and this pilotd) are clients of pilotd's own MPS control
+daemon (router/mps.py; they inherit its environment): their kernels run at once, and each has its
+own GPU address space, so a tenant's device code cannot reach another's memory. With
+`tenants = "all"` too, that is the *confined* mode (docs/SECURITY.md).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pilot.daemon.config import Config
 from pilot.daemon.protocol import ask_sessions
 from pilot.daemon.resources.broker import GpuBudget
 from pilot.daemon.router.recovery import RECOVERY_ENV
@@ -50,6 +56,19 @@ log = logging.getLogger("pilot.isolation")
 
 ISOLATION_FILE = "isolation.json"
 LISTEN_BACKLOG = 512
+
+
+CONFINED, ENGINE, SHARED = "confined", "engine", "shared"
+
+
+def confinement(config: Config) -> str:
+    """Where this process's sessions run, as `pilotctl sessions` shows it: "confined" (an engine
+    over MPS: its own GPU address space), "engine" (a process of its own without MPS: its faults
+    are its own, its kernels share no context, but are time-sliced), or "shared" (the shared
+    pilotd: one context per GPU with the other shared tenants)."""
+    if config.isolated_tenant is None:
+        return SHARED
+    return CONFINED if config.isolation_mps else ENGINE
 
 
 class EngineError(Exception):
@@ -131,11 +150,12 @@ class Engines:
     """The running engines, by tenant (router thread)."""
 
     def __init__(self, socket_path: str, budget: GpuBudget, gpus: list[int], capacity: int | None,
-                 argv: list[str] | None = None) -> None:
+                 argv: list[str] | None = None, mps: bool = False) -> None:
         self.base = os.path.join(os.path.dirname(socket_path) or ".", "isolated")
         self.budget = budget
         self.gpus = gpus
         self.capacity = capacity
+        self.mps = mps  # engines are MPS clients (they inherit the environment router/mps.py set)
         # the command line this pilotd was started with: engines get its settings
         self.argv = argv if argv is not None else list(getattr(sys, "orig_argv", []) or
                                                        [sys.executable, *sys.argv])
@@ -242,7 +262,8 @@ class Engines:
 
     def describe(self) -> list[dict[str, Any]]:
         return [{"tenant": e.tenant, "pid": e.pid, "socket": e.socket, "started": e.started,
-                 "capacity": e.capacity, "withheld": e.withheld} for e in self._engines.values()]
+                 "capacity": e.capacity, "withheld": e.withheld,
+                 "confinement": CONFINED if self.mps else ENGINE} for e in self._engines.values()]
 
     def reread_quotas(self) -> None:
         """SIGHUP to every engine: a quota changed here, and they enforce it too."""

@@ -40,7 +40,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
-from pilot.daemon.backends.base import STICKY_ERRORS, Backend, BackendError
+from pilot.daemon.backends.base import (
+    CUDA_ERROR_MPS_CLIENT_TERMINATED,
+    STICKY_ERRORS,
+    Backend,
+    BackendError,
+)
 
 log = logging.getLogger("pilot.recovery")
 
@@ -50,7 +55,8 @@ ERROR_NAMES = {700: "cudaErrorIllegalAddress", 702: "cudaErrorLaunchTimeout",
                710: "cudaErrorAssert", 714: "cudaErrorHardwareStackError",
                715: "cudaErrorIllegalInstruction", 716: "cudaErrorMisalignedAddress",
                717: "cudaErrorInvalidAddressSpace", 718: "cudaErrorInvalidPc",
-               719: "cudaErrorLaunchFailure", 214: "cudaErrorECCUncorrectable"}
+               719: "cudaErrorLaunchFailure", 214: "cudaErrorECCUncorrectable",
+               810: "cudaErrorMpsClientTerminated"}
 
 
 @dataclass
@@ -83,8 +89,11 @@ def repeat_suspects(faults: list[Fault]) -> dict[str, str]:
     """Who the last fault makes isolated ([isolation] after_fault), and why: its tenant when it
     is known; else every suspect tenant that was also a suspect of an earlier fault within
     SUSPECT_WINDOW, so that a tenant cannot fault again and again by always having another
-    tenant's work in flight beside its own (a busy bystander may be isolated with it)."""
+    tenant's work in flight beside its own (a busy bystander may be isolated with it). Nobody
+    when the MPS server ended this process for another client's fault."""
     last = faults[-1]
+    if last.error == CUDA_ERROR_MPS_CLIENT_TERMINATED:
+        return {}  # the MPS server ended this process for another client's fault ([isolation] mps)
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last.detected))
     if last.tenant != "unknown":
         return {last.tenant: f"its kernel faulted ({last.name}) at {when}"}

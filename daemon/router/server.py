@@ -52,8 +52,10 @@ from pilot.daemon.resources.tenants import (
     unknown_members,
 )
 from pilot.daemon.router import control, sdnotify
+from pilot.daemon.router.acceptor import Acceptor
 from pilot.daemon.router.admission import Admission, connection_budget, raise_nofile
-from pilot.daemon.router.isolation import EngineError, Engines, IsolationList
+from pilot.daemon.router.isolation import EngineError, Engines, IsolationList, confinement
+from pilot.daemon.router.mps import MpsControl
 from pilot.daemon.router.recovery import (
     FAULT_GRACE,
     Fault,
@@ -250,7 +252,9 @@ class Daemon:
         self._listeners: dict[str, int] = {}  # name -> listening descriptor (libzmq owns it)
         # connections to the main and control sockets (router/admission.py); limits set in run()
         self.admission = Admission(config.connections, config.connections_per_uid)
+        self.acceptor = Acceptor(self.admission)  # takes their connections before libzmq
         self.restart: Callable[[Handover], None] | None = None  # set by main: exec_afresh
+        self.mps: MpsControl | None = None  # set by main: pilotd's MPS control daemon (router/mps.py)
         self.exit_status = 0
         self._fault_wake_r, self._fault_wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.monitor = FaultMonitor(backend, self.gpus, config.fault_poll_interval,
@@ -260,7 +264,7 @@ class Daemon:
         # Isolation (router/isolation.py): tenants served by a pilotd of their own
         self.isolation = IsolationList(config.state_dir, config.isolation_tenants)
         self.engines = Engines(socket_path, self.broker.budget, sorted(self.gpus),
-                               config.isolation_capacity)
+                               config.isolation_capacity, mps=config.isolation_mps)
         self.engines.adopt(handover.engines)
         self._idle_since = time.monotonic()
 
@@ -389,6 +393,7 @@ class Daemon:
             prepare_socket_path(path)
         router = self._listen("main", self.socket_path)
         control_sock = self._listen("control", self.control_path)
+        self.acceptor.start()
         try:
             for vg in self.vgpus:
                 vg.start()
@@ -418,7 +423,7 @@ class Daemon:
 
     def _set_connection_limits(self) -> None:
         """[limits] connections, within the descriptors pilotd may open (never EMFILE: libzmq
-        aborts on it), for the libzmq sockets (admission.py) and the endpoint servers (C)."""
+        aborts on it), for the main and control sockets (admission.py) and the endpoint servers (C)."""
         nofile = raise_nofile()
         sessions = self.config.sessions_per_uid * 16  # pidfds: room for 16 users' worth
         total = connection_budget(self.config.connections, sessions, nofile)
@@ -441,16 +446,18 @@ class Daemon:
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             listener.bind(path)
             listener.listen(LISTEN_BACKLOG)
-        fd = listener.detach()  # libzmq closes it with the socket
+        fd = listener.detach()
         self._listeners[name] = fd
+        # pilotd's acceptor takes the connections (router/acceptor.py); libzmq gets only those
+        # it admitted, on a private socket
+        private_fd, endpoint = self.acceptor.listen(fd)
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.USE_FD, fd)
+        sock.setsockopt(zmq.USE_FD, private_fd)  # libzmq closes it with the socket
         # every message on these sockets is small (HELLO, a pilotctl command): a larger frame
         # closes the connection before libzmq buffers it
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame)
-        self.admission.watch(sock)  # before bind: no connection goes uncounted
-        sock.bind(f"ipc://{path}")
+        sock.bind(endpoint)
         return sock
 
     # ---- GPU faults (router/recovery.py) ----
@@ -556,8 +563,6 @@ class Daemon:
             poller.register(router, zmq.POLLIN)
             poller.register(control_sock, zmq.POLLIN)
             poller.register(self._fault_wake_r, zmq.POLLIN)
-            for monitor in self.admission.monitors:
-                poller.register(monitor, zmq.POLLIN)
             by_fd: dict[int, int] = {}
             for sid, w in self._watched.items():
                 if w.pidfd is not None:
@@ -587,7 +592,6 @@ class Daemon:
                 self._reap_without_pidfd()
             except Exception:  # the front door stays open whatever one session does
                 log.exception("router: session reaping failed")
-            self.admission.drain()  # connections accepted or gone: known before their messages
             for sock, handle in ((router, self._handle), (control_sock, self._handle_control)):
                 if sock not in ready:
                     continue
@@ -625,12 +629,17 @@ class Daemon:
         if len(frames) != 2:
             log.warning("control: dropped a malformed message")
             return
-        try:
-            creds = Credentials.from_peer_address(frames[1].get("Peer-Address"))
-        except (ValueError, zmq.ZMQError) as exc:
-            log.warning("control: request without credentials refused: %s", exc)
+        creds = self._creds(frames)
+        if creds is None:
+            log.warning("control: request of a connection pilotd did not admit refused")
             return
         sock.send_multipart([frames[0], control.handle(self, creds, frames[1].bytes)])
+
+    def _creds(self, frames: list[zmq.Frame]) -> Credentials | None:
+        """Who sent the message: the kernel's credentials of its connection, read when pilotd's
+        acceptor admitted it (router/acceptor.py); None: gone."""
+        peer = self.acceptor.peer(frames[0].bytes)
+        return None if peer is None else Credentials(uid=peer.uid, gid=peer.gid, pid=peer.pid)
 
     def _handle(self, router: zmq.Socket, frames: list[zmq.Frame]) -> None:
         if len(frames) < 2 or len(frames[1]) < ENVELOPE_SIZE:
@@ -659,9 +668,8 @@ class Daemon:
         """`pilot sessions`: every session for root and the admin group, the caller's tenant's
         otherwise (pids, command lines and memory of other tenants are theirs), none without
         credentials."""
-        try:
-            creds = Credentials.from_peer_address(frames[1].get("Peer-Address"))
-        except (ValueError, zmq.ZMQError):
+        creds = self._creds(frames)
+        if creds is None:
             return []
         rows = self.session_summaries()
         if self.resolver.is_admin(creds.uid, creds.gid, self.config.admin_group):
@@ -671,34 +679,28 @@ class Daemon:
 
     def _hello(self, frames: list[zmq.Frame]) -> bytes:
         rep = new("pilot_rep_hello")
-        try:
-            creds = Credentials.from_peer_address(frames[1].get("Peer-Address"))
-        except (ValueError, zmq.ZMQError) as exc:
-            log.warning("router: HELLO refused: %s", exc)
+        peer = self.acceptor.peer(frames[0].bytes)
+        if peer is None:
+            log.warning("router: HELLO refused: its connection is gone")
             rep.hdr.err = CUDA_ERROR_INITIALIZATION
             return to_bytes(rep)
+        creds = Credentials(uid=peer.uid, gid=peer.gid, pid=peer.pid)
         # Pin the peer's process, then make sure it is the one that sent the HELLO: the start
-        # time pilotd read from /proc when it accepted the connection (router/admission.py) must
-        # still be the pid's. If the sender exited and its pid was reused, it must neither get
-        # a session nor end the sessions the pid's new process has. What the client says of its
-        # start time is not used.
+        # time pilotd read from /proc when its acceptor took the connection (router/acceptor.py)
+        # must still be the pid's. If the sender exited and its pid was reused, it must neither
+        # get a session nor end the sessions the pid's new process has. What the client says of
+        # its start time is not used.
         try:
             pidfd: int | None = os.pidfd_open(creds.pid)
         except (AttributeError, OSError):
             pidfd = None
-        peer = self.admission.peer(frames[1], self.socket_path, creds.pid)
         actual = process_start_time(creds.pid)  # after pidfd_open: of the process it pins
-        # The accept's record is read when its event is handled, which a busy router may do
-        # after the sender exited and its pid was reused: the process now holding the pid must
-        # at least be the sender's user (another user's process never lends its pid).
-        if (peer is None or (peer.uid, peer.pid) != (creds.uid, creds.pid)
-                or peer.start_time is None or actual != peer.start_time
-                or _process_uid(creds.pid) != creds.uid):
-            log.warning("router: HELLO from pid %d uid %d refused: %s", creds.pid, creds.uid,
-                        "its connection is gone" if peer is None or (peer.uid, peer.pid) != (
-                            creds.uid, creds.pid) else
-                        f"that pid is now another process (started at tick {actual}, the sender "
-                        f"at {peer.start_time}): the sender exited and its pid was reused")
+        # the process now holding the pid must at least be the sender's user (another user's
+        # process never lends its pid)
+        if peer.start_time is None or actual != peer.start_time or _process_uid(creds.pid) != creds.uid:
+            log.warning("router: HELLO from pid %d uid %d refused: that pid is now another process "
+                        "(started at tick %s, the sender at %s): the sender exited and its pid was "
+                        "reused", creds.pid, creds.uid, actual, peer.start_time)
             if pidfd is not None:
                 os.close(pidfd)
             rep.hdr.err = CUDA_ERROR_INITIALIZATION
@@ -861,10 +863,7 @@ class Daemon:
         process may ask, and once per device."""
         rep = new("pilot_rep_hello")
         w = self._watched.get(sid)
-        try:
-            creds = Credentials.from_peer_address(frames[1].get("Peer-Address"))
-        except (ValueError, zmq.ZMQError):
-            creds = None
+        creds = self._creds(frames)
         if (w is None or creds is None or len(frames) < 3
                 or (creds.pid, creds.uid) != (w.session.creds.pid, w.session.creds.uid)):
             log.warning("router: DEVICE_JOIN for session %d refused", sid)
@@ -909,6 +908,7 @@ class Daemon:
         to it, `why` says why), or active."""
         rows = [w.group.summary() for w in list(self._watched.values())]
         isolated = self.engines.sessions() if len(self.engines) else []
+        here = confinement(self.config)
         res = self.broker.residency
         for row in rows:
             status = self.policy.session_status(row["session"])
@@ -919,6 +919,7 @@ class Daemon:
                     row["state"], row["why"] = status
             if res is not None:
                 row["movable_bytes"], row["resident_bytes"] = res.session_bytes(row["session"])
+            row["confinement"] = here
         return rows + isolated
 
     def part_summaries(self) -> list[dict[str, Any]]:
@@ -947,7 +948,9 @@ class Daemon:
                       for v in self.vgpus],
             "faults": [{**asdict(f), "tenant": f.tenant} for f in self.faults],
             "isolation": {**self.isolation.describe(), "engines": self.engines.describe(),
-                          "serves": self.config.isolated_tenant},
+                          "serves": self.config.isolated_tenant, "mps": self.config.isolation_mps,
+                          "confined": self.config.confined,
+                          "mps_control": self.mps.describe() if self.mps is not None else None},
             "shares": self.shares.report(),
             "priorities": self.priorities.describe(),
             "salus": self.policy.state() if self.policy.name == "salus" else {},
@@ -971,7 +974,8 @@ class Daemon:
         for w in self._watched.values():
             if w.pidfd is not None:
                 os.close(w.pidfd)
-        self.admission.close()
+        self.acceptor.stop()
+        self.acceptor.close_listeners()  # the public sockets: handed on to no one
         router.close(0)
         control_sock.close(0)
         for fd in (self._fault_wake_r, self._fault_wake_w):

@@ -15,8 +15,12 @@ on the program's stream (daemon/native/gates.h):
    CALLBACK_DONE.
 4. The hub opens the gate (stores the target into the word): the stream goes on.
 
-The hub thread owns its own socket and never touches CUDA, so a vGPU thread blocked in a
-synchronize that waits for a callback never keeps the callback from completing. A session
+The hub thread owns its own socket and never touches CUDA. A vGPU thread never waits behind a
+gate: while a session part has a gate not yet opened (`Session.callback_gates`), its calls
+that would wait for unfinished work (a synchronize, a blocking copy, cudaFree...) are held in
+its backlog and served once that work is done (scheduling/callback_wait.py, waiting.py
+`hold_for_callbacks`), so the other sessions of the vGPU never queue behind a tenant's host
+callback (issue 27, 5). A session
 that ends (process exit or crash, pilotctl kill, daemon shutdown) has every gate it still holds
 opened at once by the router thread, so a client that dies mid-callback leaves no stream
 waiting. A session's callbacks on the legacy stream move that session to a legacy stream of its
@@ -81,6 +85,7 @@ class _Pending:
     fired: bool = False
     opened: bool = False
     asked_at: float = 0.0  # when CALLBACK_RUN went to the client (monotonic); 0: not asked
+    vgpu: Any = None  # the VGpu whose thread armed it: told when the part's last gate opens
 
 
 class CallbackHub:
@@ -182,8 +187,9 @@ class CallbackHub:
             target = (self._generation.get(slot, 0) + 1) & 0xFFFFFFFF
             gate.target, gate.status, gate.fd = target, 0, self._write_fd
             gate.token, gate.wait = slot + 1, 0  # the backend sets wait where it must
-            pending = _Pending(slot, gate, s.id, s, client_id, kind)
+            pending = _Pending(slot, gate, s.id, s, client_id, kind, vgpu=vg)
             self._pending[slot] = pending
+            s.callback_gates += 1
             self._by_client[(s.id, client_id)] = pending
             page = slot // PER_PAGE
             device_address = self._device_address_locked(vg, page) + (slot % PER_PAGE) * GATE_SIZE
@@ -192,6 +198,7 @@ class CallbackHub:
             vg.backend.gate(stream, Gate(address, device_address, target, kind == STREAM_CALLBACK))
         except BaseException:
             with self._lock:  # never enqueued: the slot can go back at once
+                s.callback_gates -= 1
                 self._forget_locked(pending)
                 self._free.append(slot)
             raise
@@ -224,6 +231,9 @@ class CallbackHub:
         lib.pilot_gate_open(p.gate, p.gate.target)
         self._generation[p.slot] = p.gate.target
         p.opened = True
+        p.part.callback_gates -= 1
+        if p.part.waiting is not None:
+            _wake(p.vgpu)  # a call held behind its gates may go on now
         if p.asked_at and p.session in self._sessions:
             self._held[p.session] = self._held.get(p.session, 0.0) + time.monotonic() - p.asked_at
         self._by_client.pop((p.session, p.client_id), None)
@@ -407,6 +417,15 @@ class CallbackHub:
         with self._lock:
             return sum(1 for p in self._pending.values()
                        if not p.opened and (session_id is None or p.session == session_id))
+
+
+def _wake(vg: Any) -> None:
+    if vg is None:
+        return
+    try:
+        vg.send_control(b"W")
+    except (BlockingIOError, OSError):  # full of wake-ups already, or the vGPU stopped
+        pass
 
 
 def _creds(owner: Any) -> Any:

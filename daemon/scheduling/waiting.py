@@ -64,6 +64,7 @@ class Waiting:
     reason: str
     since: float = field(default_factory=time.monotonic)
     deadline: float = math.inf
+    callbacks: bool = False  # held until the session's callback gates are open, not by the policy
 
 
 class WaitQueue:
@@ -99,6 +100,23 @@ class WaitQueue:
         self.vg.metrics.admission_wait(s.tenant)
         return True
 
+    def hold_for_callbacks(self, s: Session, msg: Any) -> bool:
+        """A call that waits for s's streams while one of its host callbacks' gates is still
+        shut: executed now it would block the vGPU thread, and every other session behind it,
+        for as long as the client takes to answer. It waits in s's backlog instead (a replayed
+        one at its head, where it came from) and is asked again on every tick and whenever a
+        gate of s opens (scheduling/callback_wait.py); nothing of it ran yet. Only s waits, as
+        natively its thread would. False as for hold."""
+        if isinstance(msg, HeldMessage):  # replayed and held again: it stays first
+            s.backlog.appendleft(msg)
+            s.backlog_bytes += msg.size
+        elif not self.hold(s, msg):
+            return False
+        w = Waiting(s, None, None, 0, "behind its host callback", callbacks=True)
+        s.waiting = w
+        self.entries.append(w)
+        return True
+
     def hold(self, s: Session, msg: Any) -> bool:
         """Queue one of s's calls behind its waiting launch; False (and a log line) once s's held
         calls would take more than MAX_HELD_BYTES of the daemon's memory: a client posting
@@ -119,6 +137,11 @@ class WaitQueue:
         for w in sorted(self.entries, key=lambda w: -w.session.priority):
             if w.session.waiting is not w:  # released meanwhile
                 self._remove(w)
+                continue
+            if w.callbacks:  # its first held call is held again if it would still wait
+                self._remove(w)
+                w.session.waiting = None
+                self.replay(w.session)
                 continue
             if w.launch is None:  # a hold of the policy
                 if w.session.policy_hold is None:

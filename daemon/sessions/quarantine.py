@@ -149,15 +149,17 @@ class Quarantine:
             return None
         return self._hand_out(z)
 
-    def drain(self, behind_work: bool = True) -> None:
+    def drain(self, behind_work: bool = True, may_wait: Any = None) -> None:
         """Wait for every zeroing and free it all (before an allocation is retried, the
         thread's end). With `behind_work` False, blocks freed in stream order are only freed if
         their zeroing is done by now, never waited for (cudaMemGetInfo: natively a pool holds
-        such memory until its stream gets there)."""
+        such memory until its stream gets there); with `may_wait`, only those of the sessions
+        it accepts (an id) are waited for (none behind a host callback's gate)."""
         held = self._held
         self._held = deque()
         for z in held:
-            if (z.session is not None or z.earlier) and not behind_work and not self._done(z):
+            waits = behind_work and (z.session is None or may_wait is None or may_wait(z.session))
+            if (z.session is not None or z.earlier) and not waits and not self._done(z):
                 self._held.append(z)
                 continue
             for event in z.events:

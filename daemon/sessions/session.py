@@ -152,6 +152,10 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     # Written by the policy's thread, read by the vGPU's (one attribute: atomic under the GIL).
     policy_hold: str | None = None
     backlog_bytes: int = 0
+    # Gates of its host callbacks armed on its streams and not yet opened (scheduling/
+    # callbacks.py, under the hub's lock): while any is, a call that waits for its streams is
+    # held in its backlog instead of blocking its vGPU's thread (scheduling/waiting.py).
+    callback_gates: int = 0
     # Priority classes (scheduling/priority.py): the tenant's class level, whether its calls
     # make its GPU's lower sessions wait (`signals`), when it last made one, whether it is gated
     # now, since when its calls are held at the gate (0.0: not held), and the events after its

@@ -21,6 +21,7 @@ from pilot.daemon.ops.registry import HandlerSpec
 from pilot.daemon.protocol import ENVELOPE_SIZE, ProtocolError, ffi, lib, new
 from pilot.daemon.resources.broker import HoldForPolicy
 from pilot.daemon.scheduling import streams
+from pilot.daemon.scheduling.callback_wait import WAITING_OPS, fields_of, would_wait
 from pilot.daemon.scheduling.launch import WaitForPolicy
 from pilot.daemon.scheduling.priority import GATED_OPS
 from pilot.daemon.scheduling.waiting import HeldMessage
@@ -71,17 +72,23 @@ class Dispatch:
         """An allocation failed for want of memory while freed memory is held in the
         quarantine: free what is not behind a program's work and try again; if that is not
         enough, wait for the rest too (as cudaMalloc would wait for memory a stream still
-        frees) and try once more. Returns (result, error)."""
+        frees), except what a session's host callback holds back (this thread never waits
+        behind a gate: callbacks.py), and try once more. Returns (result, error)."""
         quarantine, err = self.quarantine, CUDA_ERROR_MEMORY_ALLOCATION
         for behind_work in (False, True):
             if err != CUDA_ERROR_MEMORY_ALLOCATION or not quarantine.holds_memory():
                 break
-            quarantine.drain(behind_work)
+            quarantine.drain(behind_work, self._no_gate_shut)
             try:
                 return prepared.fn(self, session, req, payload), 0
             except BackendError as exc:
                 err = exc.code
         return None, err
+
+    def _no_gate_shut(self, session_id: int) -> bool:
+        """Whether waiting for the session's streams cannot wait for its host callbacks."""
+        s = getattr(self, "sessions", {}).get(session_id)
+        return s is None or not s.callback_gates
 
     def _send(self, msg: Any, body: Any, size: int, payload: Any = None,
               flush_point: bool = False) -> None:
@@ -145,9 +152,15 @@ class Dispatch:
             if not self.gate.hold(session, msg, isinstance(msg, HeldMessage)):
                 self._release(session)
             return
+        prepared = self._specs.get(opcode)
+        if session.callback_gates and prepared is not None and prepared.waits \
+                and msg.conn == session.identity and self._would_wait(session, opcode, prepared, msg):
+            # it would wait on this thread for the client's own callback: held instead
+            if not self.waits.hold_for_callbacks(session, msg):
+                self._release(session)
+            return
         if session.partition is not self._partition:
             self.enter(session)
-        prepared = self._specs.get(opcode)
         result: Any = None
         err = 0
         t0 = 0.0 if no_reply else _clock()
@@ -217,6 +230,14 @@ class Dispatch:
             self.reply_status(msg, err, session.sticky,
                               prepared is not None and prepared.synchronizing)
 
+    def _would_wait(self, session: Session, opcode: int, prepared: _Prepared, msg: Any) -> bool:
+        """Whether the call would block this thread behind one of its session's host callbacks
+        (scheduling/callback_wait.py); a short body is the handler's to refuse."""
+        if prepared.ptr is not None and msg.len[1] < prepared.size:
+            return False
+        req = _cast(prepared.ptr, msg.frame[1]) if prepared.ptr is not None else None
+        return would_wait(self, session, opcode, req, prepared.fields)  # type: ignore[arg-type]
+
     def _refuse(self, msg: Any, env: Any, session: Session | None, no_reply: int) -> None:
         """Requests that get no handler: protocol version, attach, no session on the connection."""
         if env.version != _VERSION:
@@ -275,11 +296,14 @@ class Dispatch:
 class _Prepared:
     """A handler with its request type resolved once, off the hot path."""
 
-    __slots__ = ("fn", "ptr", "size", "synchronizing")
+    __slots__ = ("fields", "fn", "ptr", "size", "synchronizing", "waits")
 
-    def __init__(self, spec: HandlerSpec) -> None:
+    def __init__(self, spec: HandlerSpec, opcode: int = -1) -> None:
         self.fn = spec.fn
         self.synchronizing = spec.synchronizing
+        # it waits for the session's streams (held while its callbacks' gates are shut)
+        self.waits = spec.synchronizing or opcode in WAITING_OPS
+        self.fields = fields_of(spec.request)
         self.ptr = ffi.typeof(spec.request + " *") if spec.request else None
         self.size = ffi.sizeof(spec.request) if spec.request else 0
 

@@ -77,7 +77,7 @@ class VGpu(Dispatch):
         self.sessions: dict[int, Session] = {}
         # Owned by the vgpu thread.
         self._by_conn: dict[int, Session] = {}
-        self._specs = {op: _Prepared(spec) for op, spec in handler_table().items()}
+        self._specs = {op: _Prepared(spec, op) for op, spec in handler_table().items()}
         self.stream: Any = None
         self.um_stream: Any = None  # shadow flushes and fetches (daemon/managed.py)
         self.shard: Any = None  # this thread's metrics counters (set in serve)

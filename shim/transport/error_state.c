@@ -20,6 +20,7 @@ int pilot_error_is_sticky(cudaError_t err)
     case cudaErrorInvalidPc:
     case cudaErrorLaunchFailure:
     case cudaErrorECCUncorrectable:
+    case cudaErrorMpsClientTerminated: /* pilotd's MPS ended its process ([isolation] mps) */
     case cudaErrorDevicesUnavailable: /* pilot: the daemon went away mid-session */
         return 1;
     default:

@@ -3,7 +3,7 @@
 #
 #   bash tests/gpu/run_all.sh [STAGE...]
 #
-# With STAGE names (smoke compare driver cublas cudnn ops charge freeasync faults graphs real bench rings um_tune um_flush sched preempt priority fig1 tenants salus) only those run, after wheels and
+# With STAGE names (smoke compare driver cublas cudnn ops charge freeasync faults confine graphs real bench rings um_tune um_flush sched preempt priority fig1 tenants salus) only those run, after wheels and
 # install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
@@ -27,6 +27,9 @@
 #               under pilot, and a PyTorch step with backend:cudaMallocAsync vs caching (~1.5 min)
 #      faults   tests/gpu/fault_check.py: a kernel fault beside a running program and before the
 #               next one; detection and recovery times (router/recovery.py)
+#      confine  tests/gpu/confine_check.py: a kernel reading another tenant's memory by address,
+#               shared vs the confined mode (engines over pilotd's MPS), MPS fault containment,
+#               PyTorch step overhead confined/shared; $OUT/confine/ (issue 27 item 10, ~2.5 min)
 #      real     tests/gpu/real_programs.sh --no-install: the public CUDA samples and Rodinia programs
 #               natively and under pilot (carry .realprogs, built by hack/build_real_programs.sh;
 #               skipped without it; REAL_DEADLINE seconds, default 330)
@@ -182,6 +185,7 @@ main() {
     stage charge timeout -k 10 180 "$PYTHON" tests/gpu/image_charge_check.py
     stage freeasync timeout -k 10 240 "$PYTHON" tests/gpu/free_async_check.py
     stage faults timeout -k 10 180 "$PYTHON" tests/gpu/fault_check.py
+    stage confine timeout -k 10 240 "$PYTHON" tests/gpu/confine_check.py --out "$OUT/confine"
     stage graphs timeout -k 10 240 bash tests/gpu/graphs_compare.sh
     stage real real_programs
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
@@ -203,7 +207,7 @@ main() {
     stage salus timeout -k 20 540 bash tests/gpu/salus_gpu.sh
 
     printf '\n==================== results\n\n'
-    for f in compare.md real_programs.md bench.md ring_on.md ring_off.md um_tune.md preempt.md priority.md fig1/fig1.md tenants/tenants.md salus.md; do
+    for f in compare.md confine/confine.md real_programs.md bench.md ring_on.md ring_off.md um_tune.md preempt.md priority.md fig1/fig1.md tenants/tenants.md salus.md; do
         if [ -f "$OUT/$f" ]; then
             cat "$OUT/$f"
         else
@@ -218,8 +222,8 @@ main() {
 }
 
 for wanted in "$@"; do
-    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | charge | freeasync | faults | graphs | real | bench | rings | um_tune | um_flush | sched | preempt | priority | fig1 | tenants | salus) ;; *)
-        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops charge freeasync faults graphs real bench rings um_tune um_flush sched preempt priority fig1 tenants salus)" >&2
+    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | charge | freeasync | faults | confine | graphs | real | bench | rings | um_tune | um_flush | sched | preempt | priority | fig1 | tenants | salus) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops charge freeasync faults confine graphs real bench rings um_tune um_flush sched preempt priority fig1 tenants salus)" >&2
         exit 2
     esac
 done

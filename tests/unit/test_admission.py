@@ -27,8 +27,32 @@ def test_pilotd_serves_only_from_a_directory_no_one_else_controls(tmp_path) -> N
 
 
 def test_connection_budget_leaves_room_for_everything_else() -> None:
-    from pilot.daemon.router.admission import RESERVED_FDS, connection_budget
+    from pilot.daemon.router.admission import PROXIED_FDS, RESERVED_FDS, connection_budget
 
-    assert connection_budget(16384, 2048, 65536) == 16384
+    assert connection_budget(16384, 2048, 131072) == 16384
     low = connection_budget(16384, 100, 4096)
-    assert 2 * low + 100 + RESERVED_FDS <= 4096
+    assert (PROXIED_FDS + 1) * low + 100 + RESERVED_FDS <= 4096
+
+
+def test_the_acceptor_names_each_connection_itself() -> None:
+    """The client's READY reaches libzmq with pilotd's Identity in place of its own, whatever
+    the client claimed (router/handshake.py), so a routing id always names the connection."""
+    import struct
+
+    from pilot.daemon.router.handshake import HandshakeError, ready_frame_size, rewrite_ready
+
+    def prop(name: bytes, value: bytes) -> bytes:
+        return bytes([len(name)]) + name + struct.pack(">I", len(value)) + value
+
+    body = b"\x05READY" + prop(b"Socket-Type", b"DEALER") + prop(b"Identity", b"P" + bytes(8))
+    frame = bytes([0x04, len(body)]) + body
+    assert ready_frame_size(frame[:1]) is None
+    assert ready_frame_size(frame) == len(frame)
+    out = rewrite_ready(frame, b"Pmine")
+    assert out[2:] == b"\x05READY" + prop(b"Socket-Type", b"DEALER") + prop(b"Identity", b"Pmine")
+    with pytest.raises(HandshakeError):
+        ready_frame_size(bytes([0x00, 5]))  # a message before the handshake ended
+    with pytest.raises(HandshakeError):
+        ready_frame_size(bytes([0x06]) + (1 << 30).to_bytes(8, "big"))  # a 1 GiB command
+    with pytest.raises(HandshakeError):
+        rewrite_ready(bytes([0x04, 6]) + b"\x05HELLO", b"P")

@@ -48,6 +48,7 @@ except ImportError:  # pragma: no cover - depends on the machine
             "CUDA_ERROR_NOT_FOUND": 500,
             "CUDA_ERROR_NOT_READY": 600,
             "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
+            "CUDA_ERROR_MPS_SERVER_NOT_READY": 807,
         },
     )
     CUdevice_attribute = enum.IntEnum(
@@ -711,3 +712,78 @@ def test_array_destroy_zeroes_in_chunks_and_without_device_memory(arr_backend: C
     assert len(copies) == 4 and all(p.srcMemoryType == _cu.CUmemorytype.CU_MEMORYTYPE_HOST
                                     for p in copies)
     assert not drv.called("cuMemFree") and drv.called("cuArrayDestroy")
+
+
+# ---- MPS ([isolation] mps; router/mps.py) ---------------------------------------------------
+
+MPS_SERVER_NOT_READY = 807
+
+
+def refuse_first(times: int, code: int) -> Callable[..., tuple[Any, ...]]:
+    """cuDevicePrimaryCtxRetain refusing `times` times with `code`, then retaining."""
+    calls = {"n": 0}
+
+    def retain(dev: Any) -> tuple[Any, ...]:
+        calls["n"] += 1
+        return (CUresult(code),) if calls["n"] <= times else (OK, f"ctx:{dev}")
+    return retain
+
+
+def test_init_waits_while_mps_refuses_the_process(drv: FakeDriver, monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """An engine restarting after its fault meets an MPS server that takes no new client until
+    every client that had work running has exited: initialization tries again, logging it once."""
+    pauses: list[float] = []
+    monkeypatch.setattr(backend_cuda.time, "sleep", pauses.append)
+    drv.replies["cuDevicePrimaryCtxRetain"] = refuse_first(3, MPS_SERVER_NOT_READY)
+    with caplog.at_level("WARNING", logger="pilot.backend"):
+        be = CudaBackend()
+    assert be.device_count() == 1 and len(pauses) == 3 and pauses == sorted(pauses)
+    assert len(drv.called("cuInit")) == 4  # the whole initialization again
+    assert drv.called("cuDevicePrimaryCtxRelease") == []  # nothing was retained before
+    waits = [r.getMessage() for r in caplog.records]
+    assert len(waits) == 2 and "MPS server does not take this process yet" in waits[0]
+    assert "MPS took this process after" in waits[1]
+
+
+def test_init_releases_what_it_retained_before_trying_again(
+        drv: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backend_cuda.time, "sleep", lambda s: None)
+    drv.replies["cuDeviceGetCount"] = (OK, 2)
+    refused = refuse_first(1, MPS_SERVER_NOT_READY)
+    drv.replies["cuDevicePrimaryCtxRetain"] = lambda dev: (
+        (OK, f"ctx:{dev}") if dev == "dev0" else refused(dev))
+    be = CudaBackend()
+    assert be.device_count() == 2
+    assert drv.called("cuDevicePrimaryCtxRelease") == [("dev0",)]  # the first try's
+
+
+def test_init_gives_up_on_mps_after_its_patience_and_at_once_on_other_errors(
+        drv: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backend_cuda.time, "sleep", lambda s: None)
+    monkeypatch.setattr(backend_cuda, "MPS_INIT_PATIENCE", -1.0)  # already past
+    drv.replies["cuDevicePrimaryCtxRetain"] = refuse_first(99, MPS_SERVER_NOT_READY)
+    with pytest.raises(BackendError) as exc:
+        CudaBackend()
+    assert exc.value.code == MPS_SERVER_NOT_READY and len(drv.called("cuInit")) == 1
+    monkeypatch.setattr(backend_cuda, "MPS_INIT_PATIENCE", 60.0)
+    drv.calls.clear()
+    drv.replies["cuDevicePrimaryCtxRetain"] = refuse_first(99, int(INVALID_VALUE))
+    with pytest.raises(BackendError):
+        CudaBackend()
+    assert len(drv.called("cuInit")) == 1  # not an MPS refusal: no second try
+
+
+def test_mps_asked_but_not_in_effect_refuses_to_start(drv: FakeDriver) -> None:
+    """The driver runs a process without MPS when it cannot reach the control daemon: with
+    `mps` the backend checks each device's contexts are MPS clients, else it does not start."""
+    attr = getattr(drv.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_MPS_ENABLED", None)
+    if attr is None:  # pragma: no cover - the stand-in enum of machines without cuda-python
+        pytest.skip("no CU_DEVICE_ATTRIBUTE_MPS_ENABLED in this cuda-python")
+    drv.replies["cuDeviceGetAttribute"] = lambda a, dev: (OK, 0 if a == attr else 1)
+    with pytest.raises(BackendError, match="would not be confined"):
+        CudaBackend(mps=True)
+    CudaBackend()  # without `mps` nothing is asked: only the first backend asked, once
+    assert len([a for a, _ in drv.called("cuDeviceGetAttribute") if a == attr]) == 1
+    drv.replies["cuDeviceGetAttribute"] = lambda a, dev: (OK, 1)
+    assert CudaBackend(mps=True).device_count() == 1

@@ -395,20 +395,44 @@ def test_issue27_limits_and_opt_ins(tmp_path: Path) -> None:
             load_config(write(tmp_path, bad))
 
 
-def test_gpu_wait_reaches_the_cuda_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_wait_and_mps_reach_the_cuda_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     """`[daemon] gpu_wait` is handed to CudaBackend, which sets the contexts' schedule (checked on
     the GPU by tests/gpu/backend_cuda_smoke.py, step gpu_wait); the sim takes none."""
     import pilot.daemon.backends.cuda as cuda_backend
     from pilot.daemon.main import make_backend
 
-    made: list[tuple[object, str]] = []
+    made: list[tuple[object, str, bool]] = []
 
     class Recorder:
-        def __init__(self, devices: object = None, gpu_wait: str = "auto") -> None:
-            made.append((devices, gpu_wait))
+        def __init__(self, devices: object = None, gpu_wait: str = "auto", mps: bool = False) -> None:
+            made.append((devices, gpu_wait, mps))
 
     monkeypatch.setattr(cuda_backend, "CudaBackend", Recorder)
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    # [isolation] mps: it checks its contexts are clients, and leaves MPS's hardware queues alone
+    # (each client takes that many of the server's: fewer clients with more)
+    make_backend("cuda", (), None, mps=True)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ
     make_backend("cuda", (), (1,), 1, "blocking")
+    assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
     make_backend("cuda", (), None)
-    assert made == [([1], "blocking"), (None, "auto")]
+    assert made == [(None, "auto", True), ([1], "blocking", False), (None, "auto", False)]
+
+
+def test_isolation_mps_settings(tmp_path: Path) -> None:
+    """[isolation] mps and mps_control (router/mps.py); `confined` is tenants = "all" with mps."""
+    c = load_config(write(tmp_path, '[isolation]\ntenants = "all"\nmps = true\n'
+                                    'mps_control = "bin/mps-control"\n'))
+    assert c.isolation_mps and c.confined
+    assert c.isolation_mps_control == str(tmp_path / "bin" / "mps-control")  # beside the file
+    bare = load_config(write(tmp_path, '[isolation]\nmps = true\nmps_control = "my-mps"\n'))
+    assert bare.isolation_mps_control == "my-mps" and not bare.confined  # looked up on PATH
+    defaults = load_config(None)
+    assert not defaults.isolation_mps and not defaults.confined
+    assert defaults.isolation_mps_control == "nvidia-cuda-mps-control"
+    assert not Config(isolation_tenants=("all",)).confined  # isolated, but not over MPS
+    for bad, key in (('mps = "yes"', "isolation.mps"),
+                     ('mps_control = "mps -d"', "isolation.mps_control"),
+                     ('mps_control = ""', "isolation.mps_control")):
+        with pytest.raises(ConfigError, match=re.escape(key)):
+            load_config(write(tmp_path, f"[isolation]\n{bad}\n"))

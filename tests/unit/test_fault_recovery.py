@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pilot.daemon.backends.base import BackendError
+from pilot.daemon.backends.base import STICKY_ERRORS, BackendError
 from pilot.daemon.config import ConfigError, load_config
 from pilot.daemon.router import recovery
 from pilot.daemon.router.recovery import Fault, FaultMonitor, Handover, handover_from_environment
@@ -183,3 +183,15 @@ def test_who_a_fault_isolates() -> None:
                  suspects=[_suspect("user:b"), _suspect("user:d", 4)])
     assert recovery.repeat_suspects([first, late]) == {}
     assert recovery.repeat_suspects([Fault(gpu=0, error=700, detected=1.0, via="watch")]) == {}
+
+
+def test_an_mps_termination_isolates_nobody() -> None:
+    """Under [isolation] mps the MPS server ends a client that had work running at another
+    client's fault (cudaErrorMpsClientTerminated): this process restarts like after a fault of
+    its own, but its tenant in flight did nothing wrong."""
+    ended = Fault(gpu=0, error=810, detected=100.0, via="watch", suspects=[_suspect("user:a")])
+    assert 810 in STICKY_ERRORS and ended.name == "cudaErrorMpsClientTerminated"
+    assert recovery.repeat_suspects([ended]) == {}
+    assert recovery.repeat_suspects([Fault(gpu=0, error=700, detected=50.0, via="call",
+                                           suspects=[_suspect("user:a"), _suspect("user:b", 2)]),
+                                     ended]) == {}

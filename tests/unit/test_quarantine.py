@@ -211,3 +211,13 @@ def test_a_block_taken_back_early_reaches_no_one_before_its_first_zeroing() -> N
     b.done.add("ev1")
     q.poll()
     assert q.bytes == 0 and q.take(256) == 0x1000 and not q
+
+
+def test_a_drain_never_waits_behind_a_sessions_host_callback() -> None:
+    b = FakeBackend()
+    q = Quarantine(b)  # type: ignore[arg-type]
+    q.free_later(0x1000, 256, "s", session=1)  # session 1 has a gate shut
+    q.free_later(0x2000, 256, "t", session=2)
+    b.calls.clear()
+    q.drain(may_wait=lambda sid: sid != 1)
+    assert b.calls == [("sync", "ev2"), ("free", 0x2000)] and q.bytes == 256

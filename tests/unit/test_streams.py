@@ -85,3 +85,20 @@ def test_device_synchronize_covers_every_stream_and_clears_joins():
     synced = {c[1] for c in rec.calls if c[0] == "sync"}
     assert synced == {"blocking", "nonblocking", "legacy"}
     assert not s.dirty_blocking
+
+
+def test_every_call_that_waits_for_streams_is_held_behind_callback_gates() -> None:
+    """A handler that synchronizes (itself or through the ops module's helpers) blocks its vGPU
+    thread if a gate of the session's callbacks is shut: it must be `synchronizing` or in
+    callback_wait.WAITING_OPS, so that the vGPU holds it instead (issue 27, 5)."""
+    import inspect
+    import re
+
+    from pilot.daemon.ops import handler_table
+    from pilot.daemon.scheduling.callback_wait import WAITING_OPS
+
+    waits = re.compile(r"stream_synchronize|event_synchronize|synchronize_session|_printf_flush")
+    missing = [spec.fn.__name__ for op, spec in handler_table().items()
+               if waits.search(inspect.getsource(spec.fn))
+               and not (spec.synchronizing or op in WAITING_OPS)]
+    assert missing == []
