@@ -13,13 +13,14 @@ from pilot.daemon.ops import (
     host_memory,
     libraries,
     memory,
+    mempool,
     streams,
     unified,
 )
 from pilot.daemon.ops.registry import HandlerSpec, merge
 
-CHAPTERS = (device, streams, events, execution, graphs, memory, arrays, unified, host_memory,
-            libraries, dnn)
+CHAPTERS = (device, streams, events, execution, graphs, memory, mempool, arrays, unified,
+            host_memory, libraries, dnn)
 
 
 def handler_table() -> dict[int, HandlerSpec]:

@@ -39,40 +39,62 @@ def note_write(vg: VGpu, s: Session, ptr: int, count: int, stream: Any) -> None:
         res.written(s, ptr, count, stream)
 
 
-@OPS.handler(lib.PILOT_OP_MALLOC, "pilot_req_malloc")
-def malloc(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
-    """With `[gpu] managed_device_memory` (and an enforced capacity) the memory is managed, so
-    the enforcer and the policies can move it; the program still sees device memory."""
-    size = req.size
+def allocate_device(vg: VGpu, s: Session, size: int, stream: Any = None) -> int:
+    """cudaMalloc's memory, charged and recorded. With `[gpu] managed_device_memory` (and an
+    enforced capacity) it is managed, so the enforcer and the policies can move it; the program
+    still sees device memory. Otherwise a zeroed block freed a moment ago, of this very size (or
+    one the session freed on `stream`, a backend stream: quarantine.py), else the driver's."""
     backend = vg.backend
     movable = "device" in vg.broker.movable
     make = ((lambda: backend.mem_alloc_managed(size, MANAGED_ATTACH_GLOBAL)) if movable else
-            # a zeroed block freed a moment ago, of this very size, else the driver's
-            (lambda: vg.quarantine.take(size) or backend.mem_alloc(size)))
+            (lambda: vg.quarantine.take(size, s.id if stream is not None else None, stream)
+             or backend.mem_alloc(size)))
     ptr = vg.broker.allocate(s, "device", size, make)
     s.add_allocation(ptr, size, driver_zeroed=movable)
-    return u64(ptr)
+    return ptr
+
+@OPS.handler(lib.PILOT_OP_MALLOC, "pilot_req_malloc")
+def malloc(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
+    return u64(allocate_device(vg, s, req.size))
+
+def is_managed_memory(s: Session, ptr: int) -> bool:
+    """Managed memory, or device memory served with it (driver_zeroed): the driver zeroes the
+    pages it populates, and the capacity enforcer may be moving it, counting it as resident
+    until it is freed; so it is freed at once, after the session's work, not zeroed."""
+    return ptr in s.managed or ptr in s.driver_zeroed
+
+def check_allocation(s: Session, ptr: int) -> None:
+    if ptr not in s.allocations:
+        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{ptr:#x} is not an allocation of this session")
+
+def release_allocation(vg: VGpu, s: Session, ptr: int) -> None:
+    """The allocation leaves the session (no later call of it may use ptr) and its charge goes
+    back to the tenant; the policy hears of it (broker.release)."""
+    kind = s.allocation_kind(ptr)
+    vg.broker.release(s, kind, s.remove_allocation(ptr), ptr)
 
 @OPS.handler(lib.PILOT_OP_FREE, "pilot_req_free")
 def free(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    if req.ptr not in s.allocations:
-        raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{req.ptr:#x} is not an allocation of this session")
-    s.drop_shadow(req.ptr)
+    check_allocation(s, req.ptr)
+    free_after_work(vg, s, req.ptr)
+
+def free_after_work(vg: VGpu, s: Session, ptr: int) -> None:
+    """cudaFree of one of the session's allocations: after every piece of work it issued."""
+    s.drop_shadow(ptr)
     streams.synchronize_session(vg, s)  # cudaFree waits for the device; the zeroing must too
     if vg.broker.residency is not None:
-        vg.broker.residency.quiesce(s, req.ptr)
-    size = s.allocations[req.ptr]
-    if size and req.ptr not in s.managed and req.ptr not in s.driver_zeroed:
+        vg.broker.residency.quiesce(s, ptr)
+    size = s.allocations[ptr]
+    if size and not is_managed_memory(s, ptr):
         # zeroed, then freed once that is done (quarantine.py)
-        vg.quarantine.free_later(req.ptr, size, s.legacy or vg.stream)
+        vg.quarantine.free_later(ptr, size, s.legacy or vg.stream)
     else:
-        s.free_memory(vg.backend, req.ptr, s.legacy or vg.stream)
-    kind = s.allocation_kind(req.ptr)
-    vg.broker.release(s, kind, s.remove_allocation(req.ptr), req.ptr)
+        s.free_memory(vg.backend, ptr, s.legacy or vg.stream)
+    release_allocation(vg, s, ptr)
 
 @OPS.handler(lib.PILOT_OP_MEM_GET_INFO)
 def mem_get_info(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
-    vg.quarantine.drain()  # memory freed a moment ago is free
+    vg.quarantine.drain(behind_work=False)  # memory freed a moment ago is free
     return u64(*vg.memory_limits(s))
 
 TEXTURE_ALIGNMENT_ATTR = 14  # cudaDevAttrTextureAlignment: cudaMallocPitch's pitch unit (512)

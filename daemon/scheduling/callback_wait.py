@@ -11,6 +11,7 @@ callbacks are outstanding"). What a call waits for is read from its request:
   streams; a blocking stream: the legacy stream too);
 - an event synchronize: the event;
 - a copy: its stream, if it is a synchronous one (`sync`); an asynchronous one waits for nothing;
+- cudaFreeAsync: nothing, unless of managed memory (freed the synchronous way: every stream);
 - anything else that waits (device synchronize, cudaFree, module unload...): every stream of
   the session.
 It would wait unless everything it waits for is done now (the streams' and event's queries).
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
 
 # WAITING_OPS and the `synchronizing` handlers (registry.py) are the calls asked about.
 WAITING_OPS = frozenset((lib.PILOT_OP_FREE, lib.PILOT_OP_HOST_UNREGISTER, lib.PILOT_OP_ARRAY_DESTROY,
-                         lib.PILOT_OP_SHADOW_FLUSH))
+                         lib.PILOT_OP_SHADOW_FLUSH, lib.PILOT_OP_FREE_ASYNC))
+_FREE_ASYNC = lib.PILOT_OP_FREE_ASYNC
 _STREAM_SYNCHRONIZE = lib.PILOT_OP_STREAM_SYNCHRONIZE
 _EVENT_SYNCHRONIZE = lib.PILOT_OP_EVENT_SYNCHRONIZE
 
@@ -44,8 +46,12 @@ def would_wait(vg: VGpu, s: Session, opcode: int, req: Any, fields: frozenset[st
     try:
         if opcode == _EVENT_SYNCHRONIZE:
             return not backend.event_query(s.event(req.handle))
+        if opcode == _FREE_ASYNC and req.ptr not in s.managed and req.ptr not in s.driver_zeroed:
+            return False  # queued in stream order (ops/mempool.py): waits for nothing
         if opcode == _STREAM_SYNCHRONIZE:
             streams = _stream_and_joined(vg, s, req.handle)
+        elif opcode == _FREE_ASYNC:
+            streams = [st.obj for st in s.streams.values()] + [s.legacy or vg.stream]
         elif "stream" in fields:
             if "sync" in fields and not req.sync:
                 return False

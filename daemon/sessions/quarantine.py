@@ -9,18 +9,29 @@ memset is queued, and the vGPU thread frees the memory when the event after it h
 (checked between calls, `poll`). Until then the memory is in neither the tenant's hands nor the
 driver's free pool, so no one can be given it before it is zero.
 
+cudaFree's memset follows work pilotd has synchronized, so it is done in microseconds.
+cudaFreeAsync's (ops/mempool.py) is queued on the program's stream after work that may still
+run for long: such a block is *behind work* (`session` set). Nothing waits for it but `drain`;
+only the session that freed it may take it back early, for an allocation on the very stream
+its zeroing is queued on (`take` with that session and stream): everything the program issues
+there afterwards runs after the memset, and no other tenant ever sees the block. Its memset is
+still to run, so until it has, a later free of the block (on any stream) counts it too: the
+block reaches no one else before every zeroing queued on it is done.
+
 Zeroed blocks of up to 64 MiB are kept a while (at most 16 blocks, 128 MiB per vGPU) and a cudaMalloc of
 exactly such a size takes one (`take`) instead of calling cuMemAlloc: a program that allocates
 and frees in a loop then pays neither cuMemAlloc nor cuMemFree, as with the driver's own
 caching. A block given out is zero, whoever had it before. An allocation that fails for want of
-memory while some is held here is retried after `drain` (vgpu/dispatch.py), and cudaMemGetInfo
-drains first, so holding it never makes a program see less memory.
+memory while some is held or kept here is retried after `drain` (vgpu/dispatch.py), and
+cudaMemGetInfo drains what is not behind work first, so holding it never makes a program see
+less memory than the GPU would.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from pilot.daemon.backends.base import Backend
@@ -34,49 +45,85 @@ KEEP_BYTES = 128 << 20
 KEEP_BLOCK_MAX = 64 << 20  # larger ones are freed at once
 
 
+@dataclass(slots=True)
+class _Zeroing:
+    """A freed block whose memset is queued on `stream`, followed by `event`; `earlier`: the
+    events after its earlier zeroings, still queued when the block was taken back early."""
+
+    ptr: int
+    size: int
+    event: Any
+    stream: Any
+    session: int | None  # freed in stream order (behind that session's work), else None
+    earlier: tuple[Any, ...] = ()
+
+    @property
+    def events(self) -> tuple[Any, ...]:
+        return (*self.earlier, self.event)
+
+    def reusable_by(self, session: int, stream: Any) -> bool:
+        """Whether `session`'s allocation on `stream` may take it before its zeroing is done."""
+        return self.session == session and self.stream is stream
+
+
 class Quarantine:
     """One vGPU thread's freed allocations whose zeroing is under way (oldest first)."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        self._held: deque[tuple[int, int, Any]] = deque()  # (ptr, size, event after its zeroing)
+        self._held: deque[_Zeroing] = deque()
         self._spare: list[Any] = []
         self.bytes = 0  # held, being zeroed
         self._kept: deque[tuple[int, int]] = deque()  # zeroed blocks (ptr, size), oldest first
         self.kept_bytes = 0
+        # blocks taken back before their zeroing ran -> the events after those zeroings
+        self._reused: dict[int, tuple[Any, ...]] = {}
 
     def __bool__(self) -> bool:
-        return bool(self._held)
+        """Something is being zeroed (the vGPU thread polls while it is)."""
+        return bool(self._held or self._reused)
 
-    def free_later(self, ptr: int, size: int, stream: Any) -> None:
-        """Zero [ptr, ptr+size) on `stream` (after the work the caller synchronized) and free it
-        once that is done. The calling thread has the allocation's context current."""
+    def holds_memory(self) -> bool:
+        """Memory is held or kept here: a drain would give some back to the driver."""
+        return bool(self._held or self._kept)
+
+    def free_later(self, ptr: int, size: int, stream: Any, session: int | None = None) -> None:
+        """Zero [ptr, ptr+size) on `stream` and free it once that is done. Without `session`,
+        the work that used it is synchronized; with it, the block was freed in stream order by
+        that session and its zeroing runs after what the program queued on `stream` before.
+        The calling thread has the allocation's context current."""
         backend = self.backend
         backend.memset_d8(ptr, 0, size, stream)
         event = self._spare.pop() if self._spare else backend.event_create(EVENT_DISABLE_TIMING)
         backend.event_record(event, stream)
-        self._held.append((ptr, size, event))
+        self._held.append(_Zeroing(ptr, size, event, stream, session, self._reused.pop(ptr, ())))
         self.bytes += size
 
     def poll(self) -> None:
-        """Keep or free what is zeroed by now, oldest first (stops at the first still under way:
-        the rest is looked at next time)."""
-        held, backend = self._held, self.backend
-        while held:
-            ptr, size, event = held[0]
-            try:
-                if not backend.event_query(event):
-                    return
-            except Exception as exc:  # a sticky context error: the memory goes with the context
-                log.error("zeroing freed memory at %#x failed: %s", ptr, exc)
-            held.popleft()
-            self._zeroed(ptr, size, event)
+        """Keep or free what is zeroed by now, oldest first. Events of one stream complete in
+        order, so after one still under way the later ones of its stream are not asked."""
+        busy: set[int] = set()
+        still: deque[_Zeroing] = deque()
+        for z in self._held:
+            if id(z.stream) in busy or not self._done(z):
+                busy.add(id(z.stream))
+                still.append(z)
+            else:
+                self._zeroed(z)
+        self._held = still
+        for ptr, events in list(self._reused.items()):
+            if all(self._event_done(ptr, e) for e in events):
+                del self._reused[ptr]
+                self._release_events(events)
 
-    def take(self, size: int) -> int | None:
-        """A zeroed block of exactly `size` bytes for a new allocation, or None. A block of that
-        size still being zeroed is waited for (its memset: at most 64 MiB, tens of microseconds)
-        rather than calling cuMemAlloc, which costs as much or more: an allocate/free loop then
-        reuses its block every time, whatever the timing."""
+    def take(self, size: int, session: int | None = None, stream: Any = None) -> int | None:
+        """A block of exactly `size` bytes for a new allocation, or None: a zeroed one; else
+        one `session` freed on `stream` whose zeroing is queued there (ordered before whatever
+        the allocation is used for on that stream); else one whose zeroing follows finished
+        work, waited for (its memset: at most 64 MiB, tens of microseconds) rather than calling
+        cuMemAlloc, which costs as much or more: an allocate/free loop then reuses its block
+        every time, whatever the timing. A block behind another stream's or session's work is
+        never waited for here."""
         if self._held:
             self.poll()
         kept = self._kept
@@ -85,33 +132,43 @@ class Quarantine:
                 del kept[i]
                 self.kept_bytes -= n
                 return ptr
+        if session is not None:
+            z = self._find(lambda z: z.size == size and z.reusable_by(session, stream))
+            if z is not None:
+                return self._hand_out(z)
         if size > KEEP_BLOCK_MAX:
             return None
-        for i, (ptr, n, event) in enumerate(self._held):
-            if n == size:
+        z = self._find(lambda z: z.size == size and z.session is None)
+        if z is None:
+            return None
+        try:
+            for event in z.events:  # `earlier` ones: of the synchronized session, done too
+                self.backend.event_synchronize(event)
+        except Exception as exc:  # a sticky context error: not this block, then
+            log.error("zeroing freed memory at %#x failed: %s", z.ptr, exc)
+            return None
+        return self._hand_out(z)
+
+    def drain(self, behind_work: bool = True, may_wait: Any = None) -> None:
+        """Wait for every zeroing and free it all (before an allocation is retried, the
+        thread's end). With `behind_work` False, blocks freed in stream order are only freed if
+        their zeroing is done by now, never waited for (cudaMemGetInfo: natively a pool holds
+        such memory until its stream gets there); with `may_wait`, only those of the sessions
+        it accepts (an id) are waited for (none behind a host callback's gate)."""
+        held = self._held
+        self._held = deque()
+        for z in held:
+            waits = behind_work and (z.session is None or may_wait is None or may_wait(z.session))
+            if (z.session is not None or z.earlier) and not waits and not self._done(z):
+                self._held.append(z)
+                continue
+            for event in z.events:
                 try:
                     self.backend.event_synchronize(event)
-                except Exception as exc:  # a sticky context error: not this block, then
-                    log.error("zeroing freed memory at %#x failed: %s", ptr, exc)
-                    return None
-                del self._held[i]
-                self._release_event(event)
-                self.bytes -= n
-                return ptr
-        return None
-
-    def drain(self) -> None:
-        """Wait for every zeroing and free it all (before an allocation is retried, a memory
-        report, the thread's end)."""
-        held, backend = self._held, self.backend
-        while held:
-            ptr, size, event = held.popleft()
-            try:
-                backend.event_synchronize(event)
-            except Exception as exc:
-                log.error("zeroing freed memory at %#x failed: %s", ptr, exc)
-            self._release_event(event)
-            self._free(ptr, size)
+                except Exception as exc:
+                    log.error("zeroing freed memory at %#x failed: %s", z.ptr, exc)
+            self._release_events(z.events)
+            self._free(z.ptr, z.size)
         while self._kept:
             ptr, size = self._kept.popleft()
             self.kept_bytes -= size
@@ -119,6 +176,9 @@ class Quarantine:
 
     def close(self) -> None:
         self.drain()
+        for events in self._reused.values():  # the blocks went with their sessions
+            self._release_events(events)
+        self._reused.clear()
         for event in self._spare:
             try:
                 self.backend.event_destroy(event)
@@ -126,16 +186,41 @@ class Quarantine:
                 log.debug("event_destroy: %s", exc)
         self._spare.clear()
 
-    def _zeroed(self, ptr: int, size: int, event: Any) -> None:
+    def _done(self, z: _Zeroing) -> bool:
+        return all(self._event_done(z.ptr, e) for e in z.events)
+
+    def _event_done(self, ptr: int, event: Any) -> bool:
+        try:
+            return bool(self.backend.event_query(event))
+        except Exception as exc:  # a sticky context error: the memory goes with the context
+            log.error("zeroing freed memory at %#x failed: %s", ptr, exc)
+            return True
+
+    def _find(self, match: Any) -> _Zeroing | None:
+        return next((z for z in self._held if match(z)), None)
+
+    def _hand_out(self, z: _Zeroing) -> int:
+        """The held block goes to a new allocation. Zeroed (waited for), its events go to the
+        spares; taken back early, they are remembered until done (the block's next free counts
+        them)."""
+        self._held.remove(z)
+        self.bytes -= z.size
+        if z.session is not None and not self._done(z):
+            self._reused[z.ptr] = z.events
+        else:
+            self._release_events(z.events)
+        return z.ptr
+
+    def _zeroed(self, z: _Zeroing) -> None:
         """Its zeroing is done: keep it for reuse, or free it (and the oldest kept beyond the
         limits)."""
-        self._release_event(event)
-        self.bytes -= size
-        if size > KEEP_BLOCK_MAX:
-            self._free(ptr, size, held=False)
+        self._release_events(z.events)
+        self.bytes -= z.size
+        if z.size > KEEP_BLOCK_MAX:
+            self._free(z.ptr, z.size, held=False)
             return
-        self._kept.append((ptr, size))
-        self.kept_bytes += size
+        self._kept.append((z.ptr, z.size))
+        self.kept_bytes += z.size
         while len(self._kept) > KEEP_BLOCKS or self.kept_bytes > KEEP_BYTES:
             old, n = self._kept.popleft()
             self.kept_bytes -= n
@@ -149,11 +234,12 @@ class Quarantine:
         except Exception as exc:
             log.error("freeing %#x (%d bytes) after zeroing failed: %s", ptr, size, exc)
 
-    def _release_event(self, event: Any) -> None:
+    def _release_events(self, events: tuple[Any, ...]) -> None:
         backend = self.backend
-        if len(self._spare) < SPARE_EVENTS:
-            self._spare.append(event)
-        else:
+        for event in events:
+            if len(self._spare) < SPARE_EVENTS:
+                self._spare.append(event)
+                continue
             try:
                 backend.event_destroy(event)
             except Exception as exc:

@@ -69,13 +69,26 @@ class Dispatch:
                 self.fast.context(part)
 
     def _after_drain(self, prepared: Any, session: Session, req: Any, payload: Any) -> tuple[Any, int]:
-        """An allocation failed for want of memory while freed memory is still being zeroed:
-        free that (waiting for its zeroing), then try once more. Returns (result, error)."""
-        self.quarantine.drain()
-        try:
-            return prepared.fn(self, session, req, payload), 0
-        except BackendError as exc:
-            return None, exc.code
+        """An allocation failed for want of memory while freed memory is held in the
+        quarantine: free what is not behind a program's work and try again; if that is not
+        enough, wait for the rest too (as cudaMalloc would wait for memory a stream still
+        frees), except what a session's host callback holds back (this thread never waits
+        behind a gate: callbacks.py), and try once more. Returns (result, error)."""
+        quarantine, err = self.quarantine, CUDA_ERROR_MEMORY_ALLOCATION
+        for behind_work in (False, True):
+            if err != CUDA_ERROR_MEMORY_ALLOCATION or not quarantine.holds_memory():
+                break
+            quarantine.drain(behind_work, self._no_gate_shut)
+            try:
+                return prepared.fn(self, session, req, payload), 0
+            except BackendError as exc:
+                err = exc.code
+        return None, err
+
+    def _no_gate_shut(self, session_id: int) -> bool:
+        """Whether waiting for the session's streams cannot wait for its host callbacks."""
+        s = getattr(self, "sessions", {}).get(session_id)
+        return s is None or not s.callback_gates
 
     def _send(self, msg: Any, body: Any, size: int, payload: Any = None,
               flush_point: bool = False) -> None:
@@ -165,7 +178,7 @@ class Dispatch:
                     self.gate.issued(session, opcode, req)
             except BackendError as exc:
                 err = exc.code
-                if err == CUDA_ERROR_MEMORY_ALLOCATION and self.quarantine:
+                if err == CUDA_ERROR_MEMORY_ALLOCATION and self.quarantine.holds_memory():
                     result, err = self._after_drain(prepared, session, req, payload)
                 if err:
                     log.debug("session %d: %s: %s", session.id, self._op_names.get(opcode), exc)

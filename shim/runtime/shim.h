@@ -401,6 +401,13 @@ int pilot_gmem_user_free(void *ptr, int async, cudaStream_t stream, cudaError_t 
  * cudaFree that goes with it (api_mempool.c). */
 cudaError_t pilot_malloc_on(int device, size_t size, void **ptr);
 cudaError_t pilot_free_relaxed(void *ptr);
+/* The stream-ordered allocator's calls to pilotd (api_memory.c). pilot_malloc_ordered: an
+ * allocation on the route device, made now, that may reuse memory the session freed on `stream`
+ * (a handle of that device). pilot_free_ordered: frees device memory in the order of `stream`
+ * without waiting for it; 1 when done (*err says how), 0 when the memory must be freed the
+ * synchronous way (managed memory, or a stream of another device than the memory's). */
+cudaError_t pilot_malloc_ordered(void **ptr, size_t size, uint64_t stream);
+int pilot_free_ordered(void *ptr, uint64_t stream, cudaError_t *err);
 int pilot_capture_launch(uint64_t stream, struct pilot_kernel *kernel, dim3 grid, dim3 block,
                          unsigned shared, const struct pilot_kernel_launch_info *info,
                          const unsigned char *buf, cudaError_t *err);

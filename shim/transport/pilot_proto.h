@@ -165,7 +165,15 @@ enum pilot_op {
     PILOT_OP_SURFACE_CREATE = 442,    /* pilot_req_texture_create (resource only); reply
                                        * pilot_rep_u64 {value: the cudaSurfaceObject_t} */
     PILOT_OP_SURFACE_DESTROY = 443,   /* pilot_req_handle (a surface object of the session) */
-    /* 444-469 reserved: textures and surfaces; 470-499 reserved */
+    /* 444-469 reserved: textures and surfaces */
+    /* 470-479: the stream-ordered allocator (shim/runtime/memory/api_mempool.c,
+     * daemon/ops/mempool.py) */
+    PILOT_OP_MALLOC_ASYNC = 470,      /* pilot_req_malloc_async; reply pilot_rep_u64 {ptr}. May
+                                       * reuse a block the session freed on the same stream */
+    PILOT_OP_FREE_ASYNC = 471,        /* pilot_req_free_async: the allocation leaves the session
+                                       * at once; its memory is zeroed and freed in the order of
+                                       * `stream`, after the work issued there before; no wait */
+    /* 472-499 reserved */
     /* 500: unified memory (shim/runtime/managed/api_managed.c, shim/runtime/managed/coherence.c, daemon/managed.py) */
     PILOT_OP_MALLOC_MANAGED = 500,    /* pilot_req_malloc_managed; reply pilot_rep_u64 {ptr} */
     PILOT_OP_SHADOW_ATTACH = 501,     /* pilot_req_shadow_attach: the client shadows a range */
@@ -427,6 +435,16 @@ typedef struct pilot_req_malloc {
 typedef struct pilot_req_free {
     uint64_t ptr;
 } pilot_req_free;
+
+typedef struct pilot_req_malloc_async {
+    uint64_t size;
+    uint64_t stream;                  /* the program's stream handle (0: legacy) */
+} pilot_req_malloc_async;
+
+typedef struct pilot_req_free_async {
+    uint64_t ptr;
+    uint64_t stream;                  /* the program's stream handle (0: legacy) */
+} pilot_req_free_async;
 
 typedef struct pilot_req_memcpy {       /* H2D, D2H, D2D, and staged chunks */
     uint64_t dst;

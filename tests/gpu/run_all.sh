@@ -3,7 +3,7 @@
 #
 #   bash tests/gpu/run_all.sh [STAGE...]
 #
-# With STAGE names (smoke compare driver cublas cudnn ops charge faults confine graphs real bench rings um_tune um_flush sched preempt priority fig1 tenants salus) only those run, after wheels and
+# With STAGE names (smoke compare driver cublas cudnn ops charge freeasync faults confine graphs real bench rings um_tune um_flush sched preempt priority fig1 tenants salus) only those run, after wheels and
 # install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
@@ -23,6 +23,8 @@
 #               tests/gpu/torch_probe.sh --no-install conv train resnet18 (issue 13 (a), (b), (e))
 #   5. ops      tests/gpu/ops_check.py: NVML readings, capacity, a quota enforced, metrics served
 #      charge   tests/gpu/image_charge_check.py: module images charged what the driver loaded
+#      freeasync tests/gpu/free_async_check.py: cudaFreeAsync beside a 100 ms kernel natively and
+#               under pilot, and a PyTorch step with backend:cudaMallocAsync vs caching (~1.5 min)
 #      faults   tests/gpu/fault_check.py: a kernel fault beside a running program and before the
 #               next one; detection and recovery times (router/recovery.py)
 #      confine  tests/gpu/confine_check.py: a kernel reading another tenant's memory by address,
@@ -181,6 +183,7 @@ main() {
     stage cudnn cudnn_all
     stage ops timeout -k 10 120 "$PYTHON" tests/gpu/ops_check.py
     stage charge timeout -k 10 180 "$PYTHON" tests/gpu/image_charge_check.py
+    stage freeasync timeout -k 10 240 "$PYTHON" tests/gpu/free_async_check.py
     stage faults timeout -k 10 180 "$PYTHON" tests/gpu/fault_check.py
     stage confine timeout -k 10 240 "$PYTHON" tests/gpu/confine_check.py --out "$OUT/confine"
     stage graphs timeout -k 10 240 bash tests/gpu/graphs_compare.sh
@@ -219,8 +222,8 @@ main() {
 }
 
 for wanted in "$@"; do
-    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | charge | faults | confine | graphs | real | bench | rings | um_tune | um_flush | sched | preempt | priority | fig1 | tenants | salus) ;; *)
-        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops charge faults confine graphs real bench rings um_tune um_flush sched preempt priority fig1 tenants salus)" >&2
+    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | charge | freeasync | faults | confine | graphs | real | bench | rings | um_tune | um_flush | sched | preempt | priority | fig1 | tenants | salus) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops charge freeasync faults confine graphs real bench rings um_tune um_flush sched preempt priority fig1 tenants salus)" >&2
         exit 2
     esac
 done

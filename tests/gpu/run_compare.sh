@@ -387,6 +387,16 @@ for src in "${SOURCES[@]}"; do
     elif [ "$name" = scrub ]; then
         compare scrub fill # natively, then under pilot: the pilot read below follows a pilot fill
         compare scrub read
+    elif [ "$name" = free_async ]; then
+        compare free_async
+        compare free_async fill # as scrub: cudaFreeAsync's block, zeroed behind the kernel
+        compare free_async read
+        pilot_only free_async refused "$(printf '%s\n' 'alloc: cudaSuccess' 'free: cudaSuccess' \
+            'free again: cudaErrorInvalidValue' 'copy from it: cudaErrorInvalidValue' \
+            'memset it: cudaErrorInvalidValue' 'free a host address: cudaErrorInvalidValue' \
+            'alloc another: cudaSuccess' 'free inside it: cudaErrorInvalidValue' \
+            'free it on a stream that does not exist: cudaErrorInvalidResourceHandle' \
+            'still usable: cudaSuccess' 'free it: cudaSuccess' 'synchronize: cudaSuccess')"
     else
         compare "$name"
     fi

@@ -1,5 +1,6 @@
-"""Emulations of the kernels of tests/gpu/matmul_tiled.cu and tests/gpu/multistream.cu, so that
-CI runs those self-checking programs under pilotd --backend sim (on the H100 they run for real).
+"""Emulations of the kernels of tests/gpu/matmul_tiled.cu, tests/gpu/multistream.cu and
+tests/gpu/free_async_time.cu, so that CI runs those programs under pilotd --backend sim (on the
+H100 they run for real; the sim does not spin: it has no time to spend).
 
 matmul: inputs are multiples of 1/8 small enough that every float32 sum is exact, so any
 summation order (here float64, then rounded) gives the kernel's result bit for bit.
@@ -75,3 +76,9 @@ def combine(k: SimLaunch) -> None:
     a, b, dst, n = k.ptr(0), k.ptr(1), k.ptr(2), k.i32(3)
     bb = _u32(k, b, n)
     _u32(k, dst, n)[:] = _u32(k, a, n) ^ ((bb << np.uint32(7)) | (bb >> np.uint32(25)))
+
+
+@sim_kernel("_Z15spin_then_writeyPii")
+def spin_then_write(k: SimLaunch) -> None:
+    """*out = value (the GPU spins for `ns` first)."""
+    np.frombuffer(k.view(k.ptr(1), 4), dtype=np.int32)[0] = k.i32(2)

@@ -96,23 +96,34 @@ def test_drain_waits_for_every_zeroing() -> None:
     assert ("destroy", "ev1") in b.calls and ("destroy", "ev2") in b.calls
 
 
-def test_an_allocation_short_of_memory_is_tried_again_after_a_drain() -> None:
+def dispatch_over(b: FakeBackend) -> Any:
     from pilot.daemon.vgpu.dispatch import Dispatch
 
-    b = FakeBackend()
     vg = Dispatch()
     vg.quarantine = Quarantine(b)  # type: ignore[arg-type]
-    vg.quarantine.free_later(0x1000, 256, "s")
-    attempts: list[int] = []
+    return vg
+
+
+def allocation_until_freed(b: FakeBackend, ptr: int) -> tuple[Any, list[list[Any]]]:
+    """A handler whose allocation fails for want of memory until `ptr` is freed, and the
+    backend's calls so far at each of its attempts."""
+    attempts: list[list[Any]] = []
 
     def allocate(vg: Any, s: Any, req: Any, payload: Any) -> str:
-        attempts.append(len(b.calls))
-        if ("free", 0x1000) not in b.calls:
+        attempts.append(list(b.calls))
+        if ("free", ptr) not in b.calls:
             raise BackendError(CUDA_ERROR_MEMORY_ALLOCATION, "out of memory")
         return "ptr"
 
-    prepared = SimpleNamespace(fn=allocate)
-    assert vg._after_drain(prepared, None, None, None) == ("ptr", 0)  # type: ignore[arg-type]
+    return SimpleNamespace(fn=allocate), attempts
+
+
+def test_an_allocation_short_of_memory_is_tried_again_after_a_drain() -> None:
+    b = FakeBackend()
+    vg = dispatch_over(b)
+    vg.quarantine.free_later(0x1000, 256, "s")
+    prepared, _ = allocation_until_freed(b, 0x1000)
+    assert vg._after_drain(prepared, None, None, None) == ("ptr", 0)
     assert not vg.quarantine
 
 
@@ -130,3 +141,83 @@ def test_a_block_still_being_zeroed_is_waited_for_not_allocated_anew() -> None:
     q.poll()
     assert q.take(256) == 0x1000 and not q
     assert ("free", 0x1000) not in b.calls and ("free", 0x2000) not in b.calls
+
+
+def test_blocks_of_other_streams_are_not_held_up_by_a_busy_one() -> None:
+    b = FakeBackend()
+    q = Quarantine(b)  # type: ignore[arg-type]
+    q.free_later(0x1000, 256, "s", session=1)  # behind the program's long work on s
+    q.free_later(0x2000, 256, "s", session=1)
+    q.free_later(0x3000, 512, "t")
+    b.done.add("ev3")
+    b.calls.clear()
+    q.poll()
+    # s's first is under way, so its second is not asked; t's is done and kept
+    assert q.bytes == 512 and q.kept_bytes == 512 and q.take(512) == 0x3000
+    b.done.update(("ev1", "ev2"))
+    q.poll()
+    assert q.bytes == 0 and q.kept_bytes == 512
+
+
+def test_blocks_behind_a_programs_work_are_never_waited_for_by_others() -> None:
+    b = FakeBackend()
+    q = Quarantine(b)  # type: ignore[arg-type]
+    q.free_later(0x1000, 256, "s", session=1)
+    b.calls.clear()
+    assert q.take(256) is None  # cudaMalloc: cuMemAlloc rather than wait behind the program
+    assert q.take(256, 2, "s") is None and q.take(256, 1, "t") is None
+    assert b.calls == []
+    assert q.take(256, 1, "s") == 0x1000  # its own stream: ordered after the zeroing already
+    assert b.calls == [] and q.bytes == 0 and q  # its zeroing is watched until it ran
+    b.done.add("ev1")
+    q.poll()
+    assert not q
+
+
+def test_a_memory_report_drains_only_what_is_not_behind_a_programs_work() -> None:
+    b = FakeBackend()
+    q = Quarantine(b)  # type: ignore[arg-type]
+    q.free_later(0x1000, 256, "s", session=1)
+    q.free_later(0x2000, 256, "t")
+    b.calls.clear()
+    q.drain(behind_work=False)
+    assert b.calls == [("sync", "ev2"), ("free", 0x2000)] and q.bytes == 256
+    b.done.add("ev1")  # done by now: freed without a wait
+    q.drain(behind_work=False)
+    assert b.calls[-1] == ("free", 0x1000) and not q.holds_memory()
+
+
+def test_an_allocation_short_of_memory_waits_for_blocks_behind_work_last() -> None:
+    b = FakeBackend()
+    vg = dispatch_over(b)
+    vg.quarantine.free_later(0x1000, 256, "s", session=1)
+    vg.quarantine.free_later(0x2000, 256, "t")
+    prepared, attempts = allocation_until_freed(b, 0x1000)
+    assert vg._after_drain(prepared, None, None, None) == ("ptr", 0)
+    # first without waiting behind the program's work, then waiting for it too
+    assert ("free", 0x2000) in attempts[0] and ("sync", "ev1") not in attempts[0]
+    assert ("sync", "ev1") in attempts[1] and len(attempts) == 2
+
+
+def test_a_block_taken_back_early_reaches_no_one_before_its_first_zeroing() -> None:
+    b = FakeBackend()
+    q = Quarantine(b)  # type: ignore[arg-type]
+    q.free_later(0x1000, 256, "s", session=1)  # ev1, behind the program's work on s
+    assert q.take(256, 1, "s") == 0x1000 and q  # its memset is still to run
+    q.free_later(0x1000, 256, "t", session=1)  # freed again, on an idle stream: ev2
+    b.done.add("ev2")
+    q.poll()
+    assert q.bytes == 256 and q.take(256) is None  # ev1 still pending: neither kept nor given
+    b.done.add("ev1")
+    q.poll()
+    assert q.bytes == 0 and q.take(256) == 0x1000 and not q
+
+
+def test_a_drain_never_waits_behind_a_sessions_host_callback() -> None:
+    b = FakeBackend()
+    q = Quarantine(b)  # type: ignore[arg-type]
+    q.free_later(0x1000, 256, "s", session=1)  # session 1 has a gate shut
+    q.free_later(0x2000, 256, "t", session=2)
+    b.calls.clear()
+    q.drain(may_wait=lambda sid: sid != 1)
+    assert b.calls == [("sync", "ev2"), ("free", 0x2000)] and q.bytes == 256

@@ -35,6 +35,27 @@ static cudaError_t posted_h2d(uint64_t dst, const uint8_t *src, uint64_t count, 
     return cudaSuccess;
 }
 
+/* A new allocation from pilotd: PILOT_OP_MALLOC, or PILOT_OP_MALLOC_ASYNC on *stream (a handle
+ * of the route device) when stream is not NULL. */
+static cudaError_t allocate(void **ptr, size_t size, const uint64_t *stream)
+{
+    pilot_rep_u64 rep;
+    cudaError_t err;
+    if (!stream) {
+        pilot_req_malloc req = {.size = size};
+        err = pilot_call(PILOT_OP_MALLOC, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
+    } else {
+        pilot_req_malloc_async req = {.size = size, .stream = *stream};
+        err = pilot_call(PILOT_OP_MALLOC_ASYNC, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0,
+                         NULL);
+    }
+    if (err == cudaSuccess) {
+        *ptr = (void *)(uintptr_t)rep.value;
+        pilot_alloc_add(rep.value, size);
+    }
+    return err;
+}
+
 PILOT_EXPORT cudaError_t cudaMalloc(void **ptr, size_t size)
 {
     if (!ptr)
@@ -46,14 +67,28 @@ PILOT_EXPORT cudaError_t cudaMalloc(void **ptr, size_t size)
         PILOT_RETURN(err);
     if (size == 0)
         return cudaSuccess;
-    pilot_req_malloc req = {.size = size};
-    pilot_rep_u64 rep;
-    err = pilot_call(PILOT_OP_MALLOC, &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
-    if (err == cudaSuccess) {
-        *ptr = (void *)(uintptr_t)rep.value;
-        pilot_alloc_add(rep.value, size);
-    }
-    PILOT_RETURN(err);
+    PILOT_RETURN(allocate(ptr, size, NULL));
+}
+
+cudaError_t pilot_malloc_ordered(void **ptr, size_t size, uint64_t stream)
+{
+    *ptr = NULL;
+    return size ? allocate(ptr, size, &stream) : cudaSuccess;
+}
+
+/* The device that frees ptr: the one it is on, as with UVA (else the current one). */
+static int owner_of(void *ptr)
+{
+    int owner = pilot_alloc_device((uintptr_t)ptr);
+    return owner >= 0 ? owner : pilot_current_device();
+}
+
+/* pilotd freed ptr: the shim's tables forget it. */
+static void forget_freed(void *ptr)
+{
+    if (pilot_alloc_remove((uintptr_t)ptr) == 0 && pilot_um_contains((uintptr_t)ptr))
+        pilot_um_remove((uintptr_t)ptr);
+    pilot_hooks_memory_freed((uintptr_t)ptr); /* a stream-ordered allocation leaves its pool */
 }
 
 PILOT_EXPORT cudaError_t cudaFree(void *ptr)
@@ -73,17 +108,31 @@ PILOT_EXPORT cudaError_t cudaFree(void *ptr)
     if (flags >= 0 && (flags & PILOT_ALLOC_PACKED)) /* a small managed allocation (um_pack.c) */
         PILOT_RETURN(pilot_um_pack_free((uintptr_t)ptr, range));
     pilot_req_free req = {.ptr = (uintptr_t)ptr};
-    int owner = pilot_alloc_device((uintptr_t)ptr); /* freed on its device, as with UVA */
-    owner = owner >= 0 ? owner : pilot_current_device();
+    int owner = owner_of(ptr);
     err = pilot_callbacks_fence_device(owner); /* cudaFree waits for the device */
     if (err == cudaSuccess)
         err = pilot_call_on(owner, PILOT_OP_FREE, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
-    if (err == cudaSuccess && pilot_alloc_remove((uintptr_t)ptr) == 0 &&
-        pilot_um_contains((uintptr_t)ptr))
-        pilot_um_remove((uintptr_t)ptr);
     if (err == cudaSuccess)
-        pilot_hooks_memory_freed((uintptr_t)ptr); /* a stream-ordered allocation leaves its pool */
+        forget_freed(ptr);
     PILOT_RETURN(err);
+}
+
+int pilot_free_ordered(void *ptr, uint64_t stream, cudaError_t *err)
+{
+    if (pilot_alloc_is_symbol((uintptr_t)ptr)) { /* a module global, never an allocation */
+        *err = cudaErrorInvalidValue;
+        return 1;
+    }
+    int owner = owner_of(ptr);
+    if (pilot_alloc_is_managed((uintptr_t)ptr) || pilot_um_contains((uintptr_t)ptr) ||
+        pilot_handle_device(stream) != owner)
+        return 0;
+    pilot_req_free_async req = {.ptr = (uintptr_t)ptr, .stream = stream};
+    *err = pilot_call_on(owner, PILOT_OP_FREE_ASYNC, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0,
+                         NULL);
+    if (*err == cudaSuccess)
+        forget_freed(ptr);
+    return 1;
 }
 
 PILOT_EXPORT cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)

@@ -3,14 +3,17 @@
  * allocation and free nodes (graph_mem.c); cudaMallocFromPoolAsync is refused there.
  *
  * Semantics kept: an allocation is usable by work ordered after cudaMallocAsync on its stream (it
- * is made at once, which is earlier, so it is); cudaFreeAsync frees once the work issued to its
- * stream before it has finished (the stream is synchronized, then the memory freed with
- * cudaFree's path: charged and zeroed as every allocation). Not kept: reuse of freed memory
- * within a pool without a round trip (each allocation is a cudaMalloc), so cudaMallocAsync costs
- * what cudaMalloc costs and cudaFreeAsync waits for its stream. Pools are handles of this
- * process: a default pool per device and the ones cudaMemPoolCreate makes; their attributes are
- * kept (release threshold, reuse flags) and their used/reserved bytes counted (memory is released
- * at once, so reserved = used). Pools cannot be exported or imported (IPC). */
+ * is made at once, which is earlier, so it is). cudaFreeAsync of device memory returns at once:
+ * pilotd (daemon/ops/mempool.py) takes the memory from the session, gives its charge back, and
+ * zeroes it on the stream after the work issued there before the free; it is freed, or reused,
+ * once that is done. A cudaMallocAsync on the same stream may get the block back at once (stream
+ * order makes that safe), like a pool's reuse; other allocations only get it zeroed. Not kept:
+ * each allocation is a round trip to pilotd. Managed memory and a stream of another device than
+ * the memory's are freed the synchronous way (the stream synchronized, then cudaFree). Pools are
+ * handles of this process: a default pool per device and the ones cudaMemPoolCreate makes; their
+ * attributes are kept (release threshold, reuse flags) and their used/reserved bytes counted
+ * (freed memory leaves the pool at the free, so reserved = used). Pools cannot be exported or
+ * imported (IPC). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,22 +137,32 @@ void pilot_mempool_forget(uint64_t ptr)
     pthread_mutex_unlock(&g_lock);
 }
 
-cudaError_t pilot_malloc_on(int device, size_t size, void **ptr)
+/* An allocation on `device` (the calling thread's device kept): with `stream` (a handle, or NULL
+ * for none) a stream-ordered one when the stream is of that device. */
+static cudaError_t malloc_on(int device, size_t size, const uint64_t *stream, void **ptr)
 {
     *ptr = NULL;
     int previous = pilot_current_device();
     cudaError_t err = cudaSuccess;
     if (device != previous)
         err = cudaSetDevice(device); /* the pool's device holds the memory */
-    /* stream-ordered, so capture-safe: not the unsafe cudaMalloc a capture refuses */
-    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    if (err == cudaSuccess)
+    if (err == cudaSuccess && stream && pilot_handle_device(*stream) == device) {
+        err = pilot_malloc_ordered(ptr, size, *stream);
+    } else if (err == cudaSuccess) {
+        /* stream-ordered, so capture-safe: not the unsafe cudaMalloc a capture refuses */
+        enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        cudaThreadExchangeStreamCaptureMode(&mode);
         err = cudaMalloc(ptr, size);
-    cudaThreadExchangeStreamCaptureMode(&mode);
+        cudaThreadExchangeStreamCaptureMode(&mode);
+    }
     if (device != previous)
         cudaSetDevice(previous);
     return err;
+}
+
+cudaError_t pilot_malloc_on(int device, size_t size, void **ptr)
+{
+    return malloc_on(device, size, NULL, ptr);
 }
 
 cudaError_t pilot_free_relaxed(void *ptr)
@@ -161,11 +174,12 @@ cudaError_t pilot_free_relaxed(void *ptr)
     return err;
 }
 
-static cudaError_t alloc_from(void **ptr, size_t size, int slot, int device)
+static cudaError_t alloc_from(void **ptr, size_t size, int slot, int device, cudaStream_t stream)
 {
     if (!ptr)
         return cudaErrorInvalidValue;
-    cudaError_t err = pilot_malloc_on(device, size, ptr);
+    uint64_t handle = pilot_stream_handle(stream);
+    cudaError_t err = malloc_on(device, size, &handle, ptr);
     if (err == cudaSuccess && *ptr)
         note_owned((uint64_t)(uintptr_t)*ptr, size, slot);
     return err;
@@ -196,7 +210,7 @@ PILOT_EXPORT cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t s
     pthread_mutex_lock(&g_lock);
     int slot = g_current[device];
     pthread_mutex_unlock(&g_lock);
-    PILOT_RETURN(alloc_from(ptr, size, slot, device));
+    PILOT_RETURN(alloc_from(ptr, size, slot, device, stream));
 }
 
 PILOT_EXPORT cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool,
@@ -212,7 +226,7 @@ PILOT_EXPORT cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMe
     pthread_mutex_lock(&g_lock);
     int slot = slot_of(memPool);
     pthread_mutex_unlock(&g_lock);
-    PILOT_RETURN(alloc_from(ptr, size, slot, device));
+    PILOT_RETURN(alloc_from(ptr, size, slot, device, stream));
 }
 
 PILOT_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream)
@@ -228,10 +242,14 @@ PILOT_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream)
         PILOT_RETURN(err);
     if (pilot_hooks_memory_free(devPtr, 1, stream, &err)) /* a graph allocation (graph_mem.c) */
         PILOT_RETURN(err);
-    /* after the work issued to the stream before this call: that work may still use it */
+    /* device memory: pilotd frees it in stream order, no wait (forgotten in its pool too) */
+    if (pilot_free_ordered(devPtr, pilot_stream_handle(stream), &err))
+        PILOT_RETURN(err);
+    /* managed memory, or a stream of another device: after the work issued to the stream
+     * before this call, which may still use it, the synchronous way */
     err = cudaStreamSynchronize(stream);
     if (err == cudaSuccess)
-        err = pilot_free_relaxed(devPtr); /* forgets it in its pool too */
+        err = pilot_free_relaxed(devPtr);
     PILOT_RETURN(err);
 }
 
