@@ -6,13 +6,17 @@
 // The proof that cudaFreeAsync did not wait: a host callback holds the stream (host_gate.h) with
 // a kernel that writes the block and a copy of it queued behind; cudaFreeAsync and a cudaMalloc
 // of as much must return while the callback still holds the stream, or the callback gives up
-// after GATE_PATIENCE_S seconds and the line says NO. The copy then shows the kernel wrote the
+// after GATE_PATIENCE_S seconds and the line says NO. That line is pilot's promise, printed only
+// with FREE_ASYNC_NO_WAIT=1: natively on the H100 (driver 580) cudaFreeAsync does wait while a
+// host callback holds its stream (it returns at once behind a running kernel:
+// tests/gpu/free_async_check.py), so the natively compared output leaves it out. The copy then shows the kernel wrote the
 // block before it was freed (on the sim a freed block faults). Run `fill`, then `read`, as two
 // processes: the freed bytes never reach another program (under pilot both share one context,
 // so pilotd zeroes the block on the stream after the kernel, before anyone may get it).
 #include <cuda_runtime.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "host_gate.h"
@@ -41,6 +45,14 @@ static void expect(int ok, const char *what)
     failed |= !ok;
 }
 
+/* Lets the held stream go; with FREE_ASYNC_NO_WAIT=1 also checks nothing waited for it. */
+static void release_expecting_no_wait(Gate *gate, const char *what)
+{
+    int in_time = release(gate);
+    if (getenv("FREE_ASYNC_NO_WAIT"))
+        expect(in_time, what);
+}
+
 static int holds(const int *host, int v)
 {
     for (int i = 0; i < N; i++)
@@ -61,7 +73,7 @@ static void free_behind_held_stream(cudaStream_t stream, int *host)
     show("copy back behind the hold", cudaMemcpyAsync(host, a, BYTES, cudaMemcpyDeviceToHost, stream));
     show("free behind the hold", cudaFreeAsync(a, stream));
     show("as much again at once", cudaMalloc((void **)&b, BYTES)); /* the charge came back */
-    expect(release(&gate), "neither waited for the stream");
+    release_expecting_no_wait(&gate, "neither waited for the stream");
     show("synchronize", cudaStreamSynchronize(stream));
     expect(holds(host, 1), "written before the free");
     show("free the other", cudaFree(b));
@@ -133,7 +145,7 @@ static int fill(void)
     fill_ints<<<N / 256, 256, 0, stream>>>(a, N, 0x5A5A5A5A);
     show("fill behind the hold", cudaGetLastError());
     show("free behind the hold", cudaFreeAsync(a, stream));
-    expect(release(&gate), "did not wait");
+    release_expecting_no_wait(&gate, "did not wait");
     show("synchronize", cudaStreamSynchronize(stream));
     cudaStreamDestroy(stream);
     return failed;

@@ -33,7 +33,7 @@ FREE_ASYNC_OUTPUT = [
     "copy back behind the hold: cudaSuccess",
     "free behind the hold: cudaSuccess",
     "as much again at once: cudaSuccess",
-    "neither waited for the stream: yes",
+    *([] if NATIVE else ["neither waited for the stream: yes"]),
     "synchronize: cudaSuccess",
     "written before the free: yes",
     "free the other: cudaSuccess",
@@ -58,8 +58,13 @@ REFUSED_OUTPUT = [
 ]
 
 
+# pilot's promise that nothing waits for a stream a host callback holds; natively the H100 does
+# wait there (free_async.cu's header), so native runs leave the check out
+NO_WAIT = {} if NATIVE else {"FREE_ASYNC_NO_WAIT": "1"}
+
+
 def test_free_async_waits_for_nothing(run_under_pilot: RunUnderPilot, daemon_log: DaemonLog) -> None:
-    check_output(run_under_pilot("free_async"), FREE_ASYNC_OUTPUT, daemon_log)
+    check_output(run_under_pilot("free_async", env=NO_WAIT), FREE_ASYNC_OUTPUT, daemon_log)
 
 
 @pilot_only
@@ -72,10 +77,10 @@ def test_freed_bytes_never_reach_the_next_program(run_under_pilot: RunUnderPilot
                                                   daemon_log: DaemonLog) -> None:
     """The block is written by a kernel queued behind the held stream, then freed there: pilotd
     zeroes it after the kernel, before the next program's cudaMalloc of its size may get it."""
-    check_output(run_under_pilot("free_async", "fill"),
+    check_output(run_under_pilot("free_async", "fill", env=NO_WAIT),
                  ["alloc: cudaSuccess", "hold the stream: cudaSuccess",
                   "fill behind the hold: cudaSuccess", "free behind the hold: cudaSuccess",
-                  "did not wait: yes", "synchronize: cudaSuccess"], daemon_log)
+                  *([] if NATIVE else ["did not wait: yes"]), "synchronize: cudaSuccess"], daemon_log)
     check_output(run_under_pilot("free_async", "read"), ["read: nonzero bytes 0"], daemon_log)
 
 
@@ -86,6 +91,6 @@ def test_the_charge_is_back_when_the_free_returns(start_pilotd: Callable[..., Ow
     its stream was held no longer counts; at the exit nothing is charged."""
     daemon = start_pilotd()
     daemon.ctl("quota", "set", ME, "6MiB")
-    check_output(run_under_pilot("free_async", env={"PILOT_SOCKET": daemon.socket}),
+    check_output(run_under_pilot("free_async", env={"PILOT_SOCKET": daemon.socket, **NO_WAIT}),
                  FREE_ASYNC_OUTPUT, daemon.log_tail)
     wait_for("nothing charged after the exit", lambda: nothing_held(daemon), daemon)
