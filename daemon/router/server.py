@@ -1010,6 +1010,8 @@ class Daemon:
             "vgpus": [{"index": v.index, "gpu": v.gpu, "sessions": len(v.sessions)}
                       for v in self.vgpus],
             "faults": [{**asdict(f), "tenant": f.tenant} for f in self.faults],
+            "connections": {"admitted": self.admission.connections(), "refused": self.admission.refused,
+                            "limit": self.admission.total, "per_uid": self.admission.per_uid},
             "isolation": {**self.isolation.describe(), "engines": self.engines.describe(),
                           "serves": self.config.isolated_tenant, "mps": self.config.isolation_mps,
                           "confined": self.config.confined,

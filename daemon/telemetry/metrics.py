@@ -408,6 +408,22 @@ class PilotCollector(Collector):
                 recovery.add_metric([str(f["gpu"])], f["restarted"] - f["detected"])
         yield recovery
 
+    @staticmethod
+    def _connection_families(conn: dict[str, Any] | None) -> Iterator[Metric]:
+        """The main and control sockets' connections (router/acceptor.py): how near the limits
+        pilotd is, and how many it refused (a flood, or a user past `connections_per_uid`)."""
+        if not conn:
+            return
+        admitted = _gauge("pilot_connections", "Connections admitted to the main and control sockets "
+                          "now; pilotd refuses more than `limit` in all.", ["limit"])
+        admitted.add_metric([str(conn["limit"])], conn["admitted"])
+        yield admitted
+        refused = _counter("pilot_connections_refused", "Connections to the main and control sockets "
+                           "refused: past [limits] connections_per_uid or connections, or out of "
+                           "descriptors.")
+        refused.add_metric([], conn["refused"])
+        yield refused
+
     def _state_families(self, state: dict[str, Any]) -> Iterator[Metric]:
         sessions = list(state.get("sessions") or ())
         gpus = list(state.get("gpus") or ())
@@ -511,6 +527,7 @@ class PilotCollector(Collector):
                 mem_util.add_metric([gpu], reading.utilization_memory / 100.0)
         yield from (info, capacity, draining, used, free, total, util, mem_util)
         yield from self._fault_families(list(state.get("faults") or ()))
+        yield from self._connection_families(state.get("connections"))
 
         resident = _gauge("pilot_gpu_resident_bytes",
                           "Movable (managed) memory pilot counts resident on a GPU.", ["gpu"])

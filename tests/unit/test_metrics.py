@@ -68,6 +68,7 @@ def fake_state() -> dict[str, Any]:
         "vgpus": [{"index": 0, "gpu": 0, "sessions": 2}, {"index": 1, "gpu": 1, "sessions": 1}],
         "shares": {0: {"sms": 132, "unit": 8, "held": {"alice": 33}},
                    1: {"sms": None, "unit": None, "held": {}}},
+        "connections": {"admitted": 7, "refused": 4200, "limit": 16384, "per_uid": 320},
     }
 
 
@@ -219,6 +220,25 @@ def test_state_gauges() -> None:
     assert v("pilot_gpu_memory_used_bytes", {"gpu": "2"}) is None  # no reading: unknown, not 0
     assert v("pilot_tenant_sm_share_ratio", {"tenant": "alice", "gpu": "0"}) == 0.25
     assert v("pilot_tenant_sm_share_ratio", {"tenant": "bob", "gpu": "1"}) is None
+
+
+def test_connection_gauges() -> None:
+    """How near the main and control sockets' limits pilotd is, and what its acceptor refused."""
+    v = registry_for(Metrics()).get_sample_value
+    assert v("pilot_connections", {"limit": "16384"}) == 7
+    assert v("pilot_connections_refused_total") == 4200
+    without = {k: x for k, x in fake_state().items() if k != "connections"}
+    assert registry_for(Metrics(), lambda: without).get_sample_value("pilot_connections",
+                                                                     {"limit": "16384"}) is None
+
+
+def test_connections_in_the_daemons_snapshot() -> None:
+    """The acceptor's counts reach the snapshot the collector reads (router/server.py)."""
+    from pilot.daemon.router.admission import Admission, Peer
+    admission = Admission(total=2, per_uid=1)
+    assert admission.admit(Peer(uid=5, gid=5, pid=1, start_time=None))
+    assert not admission.admit(Peer(uid=5, gid=5, pid=2, start_time=None))  # past per_uid
+    assert (admission.connections(), admission.connections(5), admission.refused) == (1, 1, 1)
 
 
 def test_salus_gauges() -> None:
