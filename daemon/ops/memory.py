@@ -57,12 +57,6 @@ def allocate_device(vg: VGpu, s: Session, size: int, stream: Any = None) -> int:
 def malloc(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     return u64(allocate_device(vg, s, req.size))
 
-def is_managed_memory(s: Session, ptr: int) -> bool:
-    """Managed memory, or device memory served with it (driver_zeroed): the driver zeroes the
-    pages it populates, and the capacity enforcer may be moving it, counting it as resident
-    until it is freed; so it is freed at once, after the session's work, not zeroed."""
-    return ptr in s.managed or ptr in s.driver_zeroed
-
 def check_allocation(s: Session, ptr: int) -> None:
     if ptr not in s.allocations:
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{ptr:#x} is not an allocation of this session")
@@ -85,7 +79,7 @@ def free_after_work(vg: VGpu, s: Session, ptr: int) -> None:
     if vg.broker.residency is not None:
         vg.broker.residency.quiesce(s, ptr)
     size = s.allocations[ptr]
-    if size and not is_managed_memory(s, ptr):
+    if size and not s.holds_managed(ptr):
         # zeroed, then freed once that is done (quarantine.py)
         vg.quarantine.free_later(ptr, size, s.legacy or vg.stream)
     else:

@@ -19,7 +19,6 @@ from pilot.daemon.ops.memory import (
     allocate_device,
     check_allocation,
     free_after_work,
-    is_managed_memory,
     release_allocation,
 )
 from pilot.daemon.ops.registry import OpTable
@@ -48,7 +47,7 @@ def malloc_async(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
 def free_async(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     ptr = req.ptr
     check_allocation(s, ptr)
-    if is_managed_memory(s, ptr):
+    if s.holds_managed(ptr):
         if req.stream:
             s.stream(req.stream)  # an unknown stream is refused before anything changes
         free_after_work(vg, s, ptr)

@@ -3,8 +3,8 @@ classes, GPU allow-lists, Slurm jobs, kill, drain.
 
 Requests and replies are one JSON frame each: `{"cmd": "quota.set", "args": {...}}` ->
 `{"ok": true, "result": ...}` or `{"ok": false, "error": "one line"}`. The caller's uid and gid
-come from the kernel (libzmq's SO_PEERCRED metadata). Changes need root or the admin group;
-reads show another tenant's sessions and quotas to admins only.
+come from the kernel (SO_PEERCRED, read by the acceptor when it took the connection). Changes
+need root or the admin group; reads show another tenant's sessions and quotas to admins only.
 
 Runs on the router thread, which owns the control socket; what it reads of vGPU-owned sessions
 is counters (see session.py).

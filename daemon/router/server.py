@@ -1,12 +1,12 @@
 """The daemon's front door: the main and control ROUTER sockets and the thread that owns them
 (`pilot-router`).
 
-It opens sessions (HELLO: the client's uid/gid/pid come from the kernel through libzmq's
-SO_PEERCRED metadata, never from the message), places each on the least busy vGPU of a GPU that
-is not draining, serves pilotctl's commands (control.py), watches every client process through
-a pidfd so that a client that exits or crashes has everything released within milliseconds, and
-keeps systemd informed (READY, watchdog, STOPPING). It also starts the NVML poller and the
-Prometheus exporter.
+It opens sessions (HELLO: the client's uid/gid/pid come from the kernel, SO_PEERCRED read by
+the acceptor when it took the connection (acceptor.py), never from the message), places each on
+the least busy vGPU of a GPU that is not draining, serves pilotctl's commands (control.py),
+watches every client process through a pidfd so that a client that exits or crashes has
+everything released within milliseconds, and keeps systemd informed (READY, watchdog,
+STOPPING). It also starts the NVML poller and the Prometheus exporter.
 """
 
 from __future__ import annotations

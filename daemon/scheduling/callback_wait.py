@@ -46,13 +46,11 @@ def would_wait(vg: VGpu, s: Session, opcode: int, req: Any, fields: frozenset[st
     try:
         if opcode == _EVENT_SYNCHRONIZE:
             return not backend.event_query(s.event(req.handle))
-        if opcode == _FREE_ASYNC and req.ptr not in s.managed and req.ptr not in s.driver_zeroed:
+        if opcode == _FREE_ASYNC and not s.holds_managed(req.ptr):
             return False  # queued in stream order (ops/mempool.py): waits for nothing
         if opcode == _STREAM_SYNCHRONIZE:
             streams = _stream_and_joined(vg, s, req.handle)
-        elif opcode == _FREE_ASYNC:
-            streams = [st.obj for st in s.streams.values()] + [s.legacy or vg.stream]
-        elif "stream" in fields:
+        elif "stream" in fields and opcode != _FREE_ASYNC:  # managed cudaFreeAsync: every stream
             if "sync" in fields and not req.sync:
                 return False
             streams = _stream_and_joined(vg, s, req.stream)

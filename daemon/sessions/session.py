@@ -36,16 +36,6 @@ class Credentials:
     gid: int
     pid: int
 
-    @classmethod
-    def from_peer_address(cls, peer: str | None) -> Credentials:
-        """libzmq appends ':uid:gid:pid' (SO_PEERCRED) to an IPC peer's address."""
-        if not peer:
-            raise ValueError("no peer credentials on the connection")
-        parts = peer.rsplit(":", 3)
-        if len(parts) != 4:
-            raise ValueError(f"no peer credentials in {peer!r}")
-        return cls(uid=int(parts[1]), gid=int(parts[2]), pid=int(parts[3]))
-
 
 def read_cmdline(pid: int) -> str:
     try:
@@ -197,6 +187,12 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     graph_bytes: int = 0
     graphs_stale: Any = None
     _next_handle: int = FIRST_HANDLE
+
+    def holds_managed(self, ptr: int) -> bool:
+        """Managed memory, or device memory served with it (driver_zeroed): the driver zeroes the
+        pages it populates, and the capacity enforcer may be moving it, counting it as resident
+        until it is freed; so it is freed at once, after the session's work, not zeroed."""
+        return ptr in self.managed or ptr in self.driver_zeroed
 
     # ---- handles ----
     def new_handle(self) -> int:
