@@ -13,6 +13,7 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     max_vgpus_per_gpu = 32         # 1..256: more are started as sessions come (one each), up to this
     gpus = "all"                   # or a list of GPU indexes: [0, 1]
     spin_us = 50                   # 0..10000
+    spinners = 0                   # threads spinning at once: 0 (no limit) | N | auto (cores/4)
     gpu_wait = "auto"              # how pilotd's threads wait for the GPU: auto | spin | yield | blocking
     callback_timeout = "60s"       # a host callback unanswered this long ends its session; 0: never
     callback_hold_total = "10m"    # a session's callbacks may hold its stream this long in all; 0: no limit
@@ -344,6 +345,7 @@ class Config:
     log_level: str = "info"
     log_format: str = "text"
     spin_us: int = 50
+    spinners: int | str = 0
     gpu_wait: str = "auto"
     sim_kernels: tuple[str, ...] = ()
     sim_devices: int = 1
@@ -441,6 +443,28 @@ def _int_range(lo: int, hi: int) -> Callable[[Any], int]:
         return value
 
     return convert
+
+
+def _spinners(value: Any) -> int | str:
+    """"auto", or how many of pilotd's threads may spin at once (0: no limit)."""
+    if isinstance(value, str) and value.lower() == "auto":
+        return "auto"
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    try:
+        return _int_range(0, 4096)(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not \"auto\" or an integer in 0..4096") from None
+
+
+def spin_limit(spinners: int | str, cores: int | None = None) -> int:
+    """The spin budget's size (daemon/native/spin_budget.h; 0: no limit): "auto" is a quarter of
+    the cores pilotd may run on, at least 2, so the tenants' own processes keep the rest."""
+    if spinners != "auto":
+        return int(spinners)
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(2, cores // 4)
 
 
 def _string(value: Any) -> str:
@@ -725,6 +749,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "log_level": _choice(LOG_LEVELS),
     "log_format": _choice(LOG_FORMATS),
     "spin_us": _int_range(0, 10000),
+    "spinners": _spinners,
     "gpu_wait": _choice(GPU_WAITS),
     "sim_kernels": _paths,
     "sim_devices": _int_range(1, 16),
@@ -738,7 +763,7 @@ SECTIONS: dict[str, dict[str, str]] = {
                               "vgpus_per_tenant", "switch_interval",
                               "fault_recovery", "fault_poll_interval", "fast_launch", "device_output",
                               "staging_spares",
-                              "spin_us", "gpu_wait",
+                              "spin_us", "spinners", "gpu_wait",
                               "state_dir",
                               "admin_group", "log_level", "log_format",
                               "sim_kernels", "sim_devices")},

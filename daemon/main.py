@@ -86,6 +86,9 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
               help="GPUs the sim backend presents [default: 1].")
 @click.option("--spin-us", type=click.IntRange(0, 10000),
               help="Microseconds a vGPU thread polls for the next call before it sleeps.")
+@click.option("--spinners", metavar="N|auto",
+              help="pilotd threads that may spin at once waiting for a call or the GPU; the rest "
+                   "sleep [0: no limit] (auto: a quarter of the cores).")
 @click.option("--gpu-wait", type=click.Choice(["auto", "spin", "yield", "blocking"]),
               help="How pilotd's threads wait for the GPU in a synchronization [auto].")
 @click.option("--callback-timeout", metavar="DURATION",
@@ -108,6 +111,7 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
          capacity: str | None, enforce_capacity: bool | None, managed_device_memory: bool | None,
          state_dir: str | None, metrics_address: str | None, admin_group: str | None,
          sim_kernels: tuple[str, ...], sim_devices: int | None, spin_us: int | None,
+         spinners: str | None,
          gpu_wait: str | None, callback_timeout: str | None, policy: str | None,
          policy_plugins: tuple[str, ...],
          policy_max_wait: str | None, isolated_tenant: str | None, without_mps: bool,
@@ -124,7 +128,8 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
             "state_dir": state_dir, "metrics_address": metrics_address,
             "admin_group": admin_group, "sim_kernels": tuple(sim_kernels) or None,
             "sim_devices": sim_devices,
-            "spin_us": spin_us, "gpu_wait": gpu_wait, "log_level": log_level, "log_format": log_format,
+            "spin_us": spin_us, "spinners": spinners, "gpu_wait": gpu_wait,
+            "log_level": log_level, "log_format": log_format,
             "policy": policy, "policy_plugins": tuple(policy_plugins) or None,
             "policy_max_wait": policy_max_wait, "callback_timeout": callback_timeout,
             "isolated_tenant": isolated_tenant, "isolation_mps": False if without_mps else None,

@@ -143,7 +143,7 @@ def _cdef_text(header: Path, marker: str) -> str:
 # pilot.shim._proto's C: the socket-path rule it shares with the shim, and the daemon's own C.
 PROTO_SOURCES = [str(TRANSPORT_DIR / "socket_path.c")] + [
     str(NATIVE_DIR / s) for s in ("vgpu_server.c", "fast_state.c", "fast_launch.c",
-                                  "fast_library.c", "gates.c")]
+                                  "fast_library.c", "gates.c", "spin_budget.c")]
 
 
 def _make_ffi() -> FFI:
@@ -152,11 +152,12 @@ def _make_ffi() -> FFI:
     ffi.cdef(_cdef_text(NATIVE_DIR / "vgpu_server.h", "PILOT_SRV_CDEF"))
     ffi.cdef(_cdef_text(NATIVE_DIR / "fast_launch.h", "PILOT_FAST_CDEF"))
     ffi.cdef(_cdef_text(NATIVE_DIR / "gates.h", "PILOT_GATE_CDEF"))
+    ffi.cdef(_cdef_text(NATIVE_DIR / "spin_budget.h", "PILOT_SPIN_CDEF"))
     ffi.cdef("int pilot_socket_path(int for_daemon, char *buf, size_t len);")
     ffi.set_source(
         "pilot.shim._proto",
         '#include "pilot_proto.h"\n#include "socket_path.h"\n#include "vgpu_server.h"\n'
-        '#include "fast_launch.h"\n#include "gates.h"\n',
+        '#include "fast_launch.h"\n#include "gates.h"\n#include "spin_budget.h"\n',
         sources=PROTO_SOURCES,
         include_dirs=[str(NATIVE_DIR), str(TRANSPORT_DIR)],
         extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],

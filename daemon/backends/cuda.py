@@ -918,6 +918,21 @@ class CudaBackend:
         launch, dtoh, htod, sync = addresses
         return launch or 0, dtoh or 0, htod or 0, sync or 0
 
+    def native_wait_functions(self) -> tuple[int, ...] | None:
+        """The driver's cuStreamQuery, cuEventCreate, cuEventRecord, cuEventSynchronize,
+        cuEventDestroy and cuCtxGetCurrent: the fast path's GPU waits spin within pilotd's spin
+        budget and otherwise sleep on a blocking-sync event (pilot_fast_waits)."""
+        names = ("cuStreamQuery", "cuEventCreate", "cuEventRecord", "cuEventSynchronize",
+                 "cuEventDestroy_v2", "cuCtxGetCurrent")
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            addresses = tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
+                              for name in names)
+        except (OSError, AttributeError) as exc:
+            log.warning("GPU waits of the fast path spin as the context says: %s", exc)
+            return None
+        return addresses if all(addresses) else None
+
     def launch(
         self,
         function: Any,

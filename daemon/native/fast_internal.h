@@ -18,6 +18,20 @@ typedef int (*cu_launch_kernel_fn)(uint64_t f, unsigned gx, unsigned gy, unsigne
 typedef int (*cu_dtoh_fn)(void *dst, uint64_t src, size_t count, uint64_t stream);
 typedef int (*cu_htod_fn)(uint64_t dst, const void *src, size_t count, uint64_t stream);
 typedef int (*cu_sync_fn)(uint64_t stream);
+typedef int (*cu_event_create_fn)(uint64_t *event, unsigned flags);
+typedef int (*cu_event_record_fn)(uint64_t event, uint64_t stream);
+typedef int (*cu_event_fn)(uint64_t event);
+typedef int (*cu_ctx_get_fn)(uint64_t *ctx);
+
+/* A blocking-sync event of one context (fast_launch.c's GPU waits). */
+struct wait_event {
+    uint64_t context, event;
+};
+/* How long a GPU wait holding a spin token polls before it sleeps on its event: waits shorter
+ * than this (a small graph, a few kernels) answer without a wake-up; longer ones free the core,
+ * and a wake-up (some microseconds) is small beside them. */
+#define PILOT_FAST_SPIN_WAIT_US 500
+#define WAIT_EVENTS 8 /* contexts a vGPU thread keeps an event for (its green contexts) */
 
 /* cuda.h's CU_LAUNCH_PARAM_* (the pointers 1, 2 and 0). */
 #define LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
@@ -91,6 +105,13 @@ struct pilot_fast {
     cu_dtoh_fn dtoh;
     cu_htod_fn htod;
     cu_sync_fn sync;
+    cu_sync_fn query;                 /* cuStreamQuery (pilot_fast_waits), or NULL */
+    cu_event_create_fn event_create;
+    cu_event_record_fn event_record;
+    cu_event_fn event_sync, event_destroy;
+    cu_ctx_get_fn ctx_get;
+    struct wait_event events[WAIT_EVENTS];
+    uint32_t nevents;
     pilot_fast_launch_fn generic;
     pilot_fast_copy_fn generic_copy;
     pilot_fast_sync_fn generic_sync;

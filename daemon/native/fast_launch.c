@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "pilot_proto.h"
+#include "spin_budget.h"
 #include "vgpu_server.h"
 
 pilot_fast *pilot_fast_new(void *cuda_launch, void *cuda_dtoh, void *cuda_htod, void *cuda_sync,
@@ -58,10 +59,27 @@ static void free_conn(struct fconn *c)
     free(c);
 }
 
+int pilot_fast_waits(pilot_fast *f, void *stream_query, void *event_create, void *event_record,
+                     void *event_synchronize, void *event_destroy, void *ctx_get_current)
+{
+    if (!stream_query || !event_create || !event_record || !event_synchronize || !event_destroy ||
+        !ctx_get_current)
+        return -1;
+    f->query = (cu_sync_fn)stream_query;
+    f->event_create = (cu_event_create_fn)event_create;
+    f->event_record = (cu_event_record_fn)event_record;
+    f->event_sync = (cu_event_fn)event_synchronize;
+    f->event_destroy = (cu_event_fn)event_destroy;
+    f->ctx_get = (cu_ctx_get_fn)ctx_get_current;
+    return 0;
+}
+
 void pilot_fast_free(pilot_fast *f)
 {
     if (!f)
         return;
+    for (uint32_t i = 0; i < f->nevents; i++)
+        f->event_destroy(f->events[i].event);
     for (uint32_t i = 0; i < f->nconns; i++)
         free_conn(f->conns[i]);
     free(f->conns);
@@ -334,9 +352,66 @@ static int bucket(const pilot_fast *f, double dt)
     return b;
 }
 
+#define CU_SUCCESS 0
+#define CU_ERROR_NOT_READY 600
+#define CU_EVENT_BLOCKING_SYNC 0x1
+#define CU_EVENT_DISABLE_TIMING 0x2
+
+/* The thread's current context's blocking-sync event (made the first time), or 0. */
+static uint64_t wait_event(pilot_fast *f)
+{
+    uint64_t ctx = 0, event = 0;
+    if (f->ctx_get(&ctx) != CU_SUCCESS || !ctx)
+        return 0;
+    for (uint32_t i = 0; i < f->nevents; i++)
+        if (f->events[i].context == ctx)
+            return f->events[i].event;
+    if (f->event_create(&event, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING) != CU_SUCCESS)
+        return 0;
+    if (f->nevents == WAIT_EVENTS) { /* more contexts than kept: the oldest one's goes */
+        f->event_destroy(f->events[0].event);
+        memmove(f->events, f->events + 1, (WAIT_EVENTS - 1) * sizeof f->events[0]);
+        f->nevents--;
+    }
+    f->events[f->nevents++] = (struct wait_event){ctx, event};
+    return event;
+}
+
+/* Until the stream's work is done: polled while this thread holds a spin token, for at most
+ * PILOT_FAST_SPIN_WAIT_US; else asleep on the blocking-sync event recorded behind the work. */
+static void wait_quietly(pilot_fast *f, uint64_t stream)
+{
+    int r = f->query(stream);
+    if (r != CU_ERROR_NOT_READY)
+        return;
+    if (pilot_spin_take()) {
+        double until = fast_now() + PILOT_FAST_SPIN_WAIT_US * 1e-6;
+        do
+            r = f->query(stream);
+        while (r == CU_ERROR_NOT_READY && fast_now() < until);
+        pilot_spin_give();
+        if (r != CU_ERROR_NOT_READY)
+            return;
+    }
+    uint64_t event = wait_event(f);
+    if (event && f->event_record(event, stream) == CU_SUCCESS)
+        f->event_sync(event); /* an error here is the stream's: the synchronization reports it */
+}
+
+/* cuStreamSynchronize, after waiting within the spin budget when the driver's waits are known
+ * (pilot_fast_waits): the synchronization then finds the work done. */
 static int sync_stream(pilot_fast *f, uint64_t stream)
 {
-    return f->cuda ? f->sync(stream) : f->generic_sync(stream);
+    if (!f->cuda)
+        return f->generic_sync(stream);
+    if (f->query)
+        wait_quietly(f, stream);
+    return f->sync(stream);
+}
+
+int pilot_fast_sync(pilot_fast *f, uint64_t stream)
+{
+    return sync_stream(f, stream);
 }
 
 /* cudaMemcpy D2H / H2D of the session's device memory, carried inline: done and answered here
@@ -359,6 +434,8 @@ static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
         return FAST_PYTHON;
     double t0 = fast_now();
     int err;
+    if (f->cuda && to_host && f->query)
+        wait_quietly(f, stream); /* the copy waits for the work before it: not in a spin */
     if (f->cuda)
         err = to_host ? f->dtoh(f->reply, dev, req.count, stream)
                       : f->htod(dev, m->frame[2], req.count, stream);

@@ -36,7 +36,7 @@ from pilot.daemon.backends.base import (
     CUDA_ERROR_NOT_SUPPORTED,
     Backend,
 )
-from pilot.daemon.config import Config
+from pilot.daemon.config import Config, spin_limit
 from pilot.daemon.protocol import ENVELOPE_SIZE, ffi, lib, new, to_bytes
 from pilot.daemon.resources.broker import GpuBudget, ResourceBroker
 from pilot.daemon.resources.gpu_access import GpuAccess, within
@@ -208,6 +208,7 @@ class Daemon:
             log.warning("managed_device_memory has no effect without enforce_capacity or a policy "
                         "that moves memory; cudaMalloc is served with device memory")
             self.broker.movable = frozenset({"managed"})
+        lib.pilot_spin_set_limit(spin_limit(config.spinners))  # every vGPU thread draws on it
         self.vgpus = [
             VGpu(i, d, backend, f"{socket_path}.vgpu{i}", self.broker, config.spin_us, gpu=g)
             for i, (g, d) in enumerate((g, d) for g, d in self.gpus.items()

@@ -98,6 +98,9 @@ class FastLaunches:
             launch, dtoh, htod, sync = (ffi.cast("void *", a) for a in native)
             self.ptr = lib.pilot_fast_new(launch, dtoh, htod, sync, ffi.NULL, ffi.NULL, ffi.NULL,
                                           self._bounds, len(LATENCY_BUCKETS), version)
+            waits = getattr(vg.backend, "native_wait_functions", lambda: None)()
+            if self.ptr != ffi.NULL and waits:
+                lib.pilot_fast_waits(self.ptr, *(ffi.cast("void *", a) for a in waits))
         else:
             self._raw = self._registered
             self._callbacks = (
