@@ -6,8 +6,10 @@
 #
 #   bash tests/gpu/run_compare.sh --install-only && OUT=/tmp/out bash bench/spin_ab.sh
 #
-# Environment: SPINNERS (the pilot variants, default "0 auto": no limit, as before, and the
-# default), NS (8,16), WORKLOADS (graph,transformer), ROUNDS (2). Writes $OUT/spin_ab.md (one
+# Environment: SPINNERS (the pilot variants, default "0 auto": no limit and a quarter of the
+# cores; a variant SPINNERS,US also sets the tenants' PILOT_SPIN_US, how long the shim polls for
+# a reply before it sleeps, e.g. "auto,1000"), NS (8,16), WORKLOADS (graph,transformer), ROUNDS
+# (2), WARM (seconds of steps before each window, 0.5), MPS (1: run MPS too). Writes $OUT/spin_ab.md (one
 # table: MPS and every variant, each variant's ratios to MPS), $OUT/spin-*/ (tenants.py's
 # outputs) and $OUT/spin_bench.md (bench.py launch and roundtrip; SPIN_BENCH=0 leaves it out).
 set -u
@@ -19,17 +21,26 @@ SPINNERS=${SPINNERS:-0 auto}
 NS=${NS:-8,16}
 WORKLOADS=${WORKLOADS:-graph,transformer}
 ROUNDS=${ROUNDS:-2}
+WARM=${WARM:-0.5}
 mkdir -p "$OUT"
-common=(--ns "$NS" --workloads "$WORKLOADS" --rounds "$ROUNDS" --warm 0.5 --measure 1.2 --python "$PYTHON")
-say "mps"
-timeout -k 10 160 "$PYTHON" bench/tenants.py --modes mps --out "$OUT/spin-mps" "${common[@]}" 2>&1 |
-    grep -E '^\[tenants\] (mps|pilot)|failed|Error' | tail -20
+common=(--ns "$NS" --workloads "$WORKLOADS" --rounds "$ROUNDS" --warm "$WARM" --measure 1.2 --python "$PYTHON")
+if [ "${MPS:-1}" = 1 ]; then
+    say "mps"
+    timeout -k 10 160 "$PYTHON" bench/tenants.py --modes mps --out "$OUT/spin-mps" "${common[@]}" 2>&1 |
+        grep -E '^\[tenants\] (mps|pilot)|failed|Error' | tail -20
+fi
+names=()
 for s in $SPINNERS; do
-    say "pilot, spinners $s"
-    timeout -k 10 160 "$PYTHON" bench/tenants.py --modes pilot --pilotd-arg="--spinners=$s" \
-        --out "$OUT/spin-$s" "${common[@]}" 2>&1 | grep -E '^\[tenants\] (mps|pilot)|failed|Error' | tail -20
+    spinners=${s%%,*}
+    client=()
+    [ "$s" != "$spinners" ] && client=(env "PILOT_SPIN_US=${s#*,}")
+    name=${s/,/-}
+    names+=("$name")
+    say "pilot, spinners $spinners, tenants' spin ${s#*,}"
+    timeout -k 10 160 "${client[@]}" "$PYTHON" bench/tenants.py --modes pilot --pilotd-arg="--spinners=$spinners" \
+        --out "$OUT/spin-$name" "${common[@]}" 2>&1 | grep -E '^\[tenants\] (mps|pilot)|failed|Error' | tail -20
 done
-"$PYTHON" - "$OUT" $SPINNERS <<'PY' | tee "$OUT/spin_ab.md"
+"$PYTHON" - "$OUT" "${names[@]}" <<'PY' | tee "$OUT/spin_ab.md"
 import json, statistics, sys
 from pathlib import Path
 out, variants = Path(sys.argv[1]), sys.argv[2:]
@@ -47,7 +58,7 @@ mps = cells("mps")
 pil = {v: cells(v) for v in variants}
 head = ["workload", "N", "MPS agg/s", "MPS med ms"]
 for v in variants:
-    head += [f"spinners={v} agg/s", f"med ms", "agg/MPS", "med/MPS", "rounds agg/s"]
+    head += [f"{v} agg/s", "med ms", "agg/MPS", "med/MPS", "rounds agg/s"]
 print("| " + " | ".join(head) + " |")
 print("|" + " --- |" * len(head))
 for key in sorted(set(mps) | {k for c in pil.values() for k in c}):

@@ -130,7 +130,16 @@ def test_the_waits_need_every_driver_function() -> None:
     d.close()
 
 
+def test_without_a_limit_a_wait_is_the_drivers_synchronization() -> None:
+    lib.pilot_spin_set_limit(0)
+    d = FakeDriver(busy=-1)
+    assert lib.pilot_fast_sync(d.f, STREAM) == 0
+    assert d.calls == [("sync", STREAM)]
+    d.close()
+
+
 def test_finished_work_is_one_query_and_the_synchronization() -> None:
+    lib.pilot_spin_set_limit(4)
     d = FakeDriver(busy=0)
     assert lib.pilot_fast_sync(d.f, STREAM) == 0
     assert d.calls == [("query", STREAM), ("sync", STREAM)]
@@ -167,6 +176,7 @@ def test_with_the_budget_spent_the_wait_sleeps_on_a_blocking_event() -> None:
 
 def test_a_long_wait_with_a_token_ends_on_the_event_too() -> None:
     """Polling stops after PILOT_FAST_SPIN_WAIT_US (500 us): the rest of the wait sleeps."""
+    lib.pilot_spin_set_limit(4)
     d = FakeDriver(busy=-1)
     assert lib.pilot_fast_sync(d.f, STREAM) == 0
     assert d.kinds() == ["create", "record", "event_sync", "sync"]
