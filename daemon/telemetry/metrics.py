@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from pilot import __version__
+from pilot.daemon.protocol import ffi, lib
 
 log = logging.getLogger("pilot.metrics")
 
@@ -386,6 +387,23 @@ class PilotCollector(Collector):
         if state is not None:
             yield from self._state_families(state)
         yield from self._counter_families(self.metrics.snapshot())
+        yield from self._spin_families()
+
+    @staticmethod
+    def _spin_families() -> Iterator[Metric]:
+        """The spin budget of pilotd's threads (daemon/native/spin_budget.h, `[daemon] spinners`):
+        how often a wait could spin and how often it slept at once because the budget was spent."""
+        granted, refused = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        lib.pilot_spin_counts(granted, refused)
+        limit = _gauge("pilot_spin_limit", "Threads of pilotd that may spin at once waiting for a "
+                       "call or the GPU ([daemon] spinners; 0: no limit).")
+        limit.add_metric([], lib.pilot_spin_limit())
+        yield limit
+        waits = _counter("pilot_spin_waits", "Waits of pilotd's threads: spun (a token of the spin "
+                         "budget held) or slept at once (the budget spent).", ["outcome"])
+        waits.add_metric(["spun"], granted[0])
+        waits.add_metric(["slept"], refused[0])
+        yield waits
 
     @staticmethod
     def _fault_families(faults: list[dict[str, Any]]) -> Iterator[Metric]:

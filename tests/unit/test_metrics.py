@@ -232,6 +232,25 @@ def test_connection_gauges() -> None:
                                                                      {"limit": "16384"}) is None
 
 
+def test_the_spin_budget_is_exported() -> None:
+    """The process's spin budget: its limit, and the waits that spun or slept."""
+    from pilot.daemon.protocol import lib
+    v = registry_for(Metrics()).get_sample_value
+    spun, slept = v("pilot_spin_waits_total", {"outcome": "spun"}), v("pilot_spin_waits_total",
+                                                                       {"outcome": "slept"})
+    lib.pilot_spin_set_limit(1)
+    try:
+        assert lib.pilot_spin_take() == 1
+        assert lib.pilot_spin_take() == 0
+        lib.pilot_spin_give()
+        v = registry_for(Metrics()).get_sample_value
+        assert v("pilot_spin_limit") == 1
+        assert v("pilot_spin_waits_total", {"outcome": "spun"}) == spun + 1
+        assert v("pilot_spin_waits_total", {"outcome": "slept"}) == slept + 1
+    finally:
+        lib.pilot_spin_set_limit(0)
+
+
 def test_connections_in_the_daemons_snapshot() -> None:
     """The acceptor's counts reach the snapshot the collector reads (router/server.py)."""
     from pilot.daemon.router.admission import Admission, Peer
