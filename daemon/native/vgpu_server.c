@@ -72,6 +72,20 @@ static char LISTEN_TAG, CONTROL_TAG;
 
 /* pilot_srv_set_limits: over every server of the process, and per uid on one server */
 static _Atomic int g_conns_total, g_conns_max = MAX_CONNECTIONS, g_conns_per_uid = MAX_CONNECTIONS;
+static _Atomic uint64_t g_refused;
+static _Atomic uint32_t g_refused_uid = UINT32_MAX;
+
+static void count_refusal(uint32_t uid)
+{
+    g_refused++;
+    g_refused_uid = uid;
+}
+
+void pilot_srv_refusals(uint64_t *count, uint32_t *last_uid)
+{
+    *count = g_refused;
+    *last_uid = g_refused_uid;
+}
 
 void pilot_srv_set_limits(int total, int per_uid)
 {
@@ -254,8 +268,10 @@ static int refuse_one(pilot_srv *s)
     if (s->spare >= 0)
         close(s->spare);
     int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd >= 0)
+    if (fd >= 0) {
         close(fd);
+        count_refusal(UINT32_MAX);
+    }
     s->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
     return fd >= 0;
 }
@@ -281,9 +297,10 @@ static void accept_all(pilot_srv *s)
         struct ucred cred;
         socklen_t len = sizeof cred;
         struct conn *c = NULL;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || !admit(s, cred.uid) ||
-            !(c = calloc(1, sizeof *c))) {
+        int known = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+        if (!known || !admit(s, cred.uid) || !(c = calloc(1, sizeof *c))) {
             close(fd);
+            count_refusal(known ? cred.uid : UINT32_MAX);
             continue;
         }
         c->fd = fd;

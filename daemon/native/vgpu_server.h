@@ -64,6 +64,9 @@ int pilot_srv_connections(pilot_srv *s);
  * endpoint (issue 27: a user's idle connections must not fill a socket others need, nor
  * pilotd's descriptors); more are closed as they are accepted. Any thread, before or after open. */
 void pilot_srv_set_limits(int total, int per_uid);
+/* Connections the endpoint servers of this process refused (past those limits, or out of
+ * descriptors) since it started, and the uid of the last one (UINT32_MAX: unknown). */
+void pilot_srv_refusals(uint64_t *count, uint32_t *last_uid);
 /* PILOT_SRV_CDEF_END */
 
 /* A filter of the messages wait() receives: it runs a message in C and says FAST_DONE, or leaves

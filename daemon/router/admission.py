@@ -10,6 +10,8 @@ Descriptors: `raise_nofile()` lifts pilotd's soft RLIMIT_NOFILE to the hard one 
 `connection_budget()` keeps every connection limit below it with room for pidfds, staging
 files and the driver. The acceptor itself never lets libzmq's accept meet EMFILE (libzmq
 aborts on it): libzmq accepts only the connections the acceptor made.
+
+The endpoint servers accept in C with the same limits; `EndpointRefusals` logs what they refused.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import contextlib
 import logging
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from pilot.daemon.protocol import ffi, lib
 
 log = logging.getLogger("pilot.admission")
 
@@ -103,3 +108,34 @@ class Admission:
             self._by_uid[peer.uid] = left
         else:
             del self._by_uid[peer.uid]
+
+
+class EndpointRefusals:
+    """What the endpoint servers (the vGPUs' and the callbacks' sockets, accepted in C by
+    daemon/native/vgpu_server.c under the same limits) refused: read from C by the router's loop
+    and logged at most every LOG_EVERY s, with how many since the last line and whose was last."""
+
+    def __init__(self, read: Callable[[], tuple[int, int]]) -> None:
+        """read: the count since the process started and the last uid (-1: unknown)."""
+        self._read = read
+        self._logged_count = 0
+        self._logged_at = -LOG_EVERY
+
+    def check(self, now: float | None = None) -> int:
+        """The count now; logs the new refusals when LOG_EVERY s passed since the last line."""
+        count, uid = self._read()
+        now = time.monotonic() if now is None else now
+        if count > self._logged_count and now - self._logged_at >= LOG_EVERY:
+            who = f"uid {uid}" if uid >= 0 else "a process pilotd could not identify"
+            log.warning("%d connection(s) to pilotd's endpoints (vGPUs, callbacks) refused, the last "
+                        "of %s: past [limits] connections_per_uid or connections, or out of "
+                        "descriptors", count - self._logged_count, who)
+            self._logged_count, self._logged_at = count, now
+        return count
+
+
+def read_endpoint_refusals() -> tuple[int, int]:
+    """pilot_srv_refusals: (count, last uid or -1)."""
+    count, uid = ffi.new("uint64_t *"), ffi.new("uint32_t *")
+    lib.pilot_srv_refusals(count, uid)
+    return int(count[0]), -1 if uid[0] == 0xFFFFFFFF else int(uid[0])

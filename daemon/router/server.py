@@ -54,7 +54,13 @@ from pilot.daemon.resources.tenants import (
 from pilot.daemon.router import control, sdnotify
 from pilot.daemon.router import mps as mps_control
 from pilot.daemon.router.acceptor import Acceptor
-from pilot.daemon.router.admission import Admission, connection_budget, raise_nofile
+from pilot.daemon.router.admission import (
+    Admission,
+    EndpointRefusals,
+    connection_budget,
+    raise_nofile,
+    read_endpoint_refusals,
+)
 from pilot.daemon.router.isolation import EngineError, Engines, IsolationList, confinement
 from pilot.daemon.router.mps import MpsControl
 from pilot.daemon.router.recovery import (
@@ -254,6 +260,7 @@ class Daemon:
         self._listeners: dict[str, int] = {}  # name -> listening descriptor (libzmq owns it)
         # connections to the main and control sockets (router/admission.py); limits set in run()
         self.admission = Admission(config.connections, config.connections_per_uid)
+        self.endpoint_refusals = EndpointRefusals(read_endpoint_refusals)  # the router's loop logs them
         self.acceptor = Acceptor(self.admission)  # takes their connections before libzmq
         self.restart: Callable[[Handover], None] | None = None  # set by main: exec_afresh
         self.mps: MpsControl | None = None  # set by main: pilotd's MPS control daemon (router/mps.py)
@@ -637,6 +644,7 @@ class Daemon:
                 return
             if watchdog is not None:
                 watchdog.maybe_ping()
+            self.endpoint_refusals.check()
             self.engines.reap()
             if self._idle_too_long():
                 log.info("isolated pilotd of %s: no session for %.0f s; stopping",
@@ -1012,7 +1020,8 @@ class Daemon:
                       for v in self.vgpus],
             "faults": [{**asdict(f), "tenant": f.tenant} for f in self.faults],
             "connections": {"admitted": self.admission.connections(), "refused": self.admission.refused,
-                            "limit": self.admission.total, "per_uid": self.admission.per_uid},
+                            "limit": self.admission.total, "per_uid": self.admission.per_uid,
+                            "endpoint_refused": read_endpoint_refusals()[0]},
             "isolation": {**self.isolation.describe(), "engines": self.engines.describe(),
                           "serves": self.config.isolated_tenant, "mps": self.config.isolation_mps,
                           "confined": self.config.confined,

@@ -441,6 +441,12 @@ class PilotCollector(Collector):
                            "descriptors.")
         refused.add_metric([], conn["refused"])
         yield refused
+        if "endpoint_refused" in conn:
+            endpoint = _counter("pilot_endpoint_connections_refused", "Connections to the vGPU and "
+                                "callback endpoints refused: past [limits] connections_per_uid or "
+                                "connections, or out of descriptors.")
+            endpoint.add_metric([], conn["endpoint_refused"])
+            yield endpoint
 
     def _state_families(self, state: dict[str, Any]) -> Iterator[Metric]:
         sessions = list(state.get("sessions") or ())

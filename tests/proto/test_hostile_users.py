@@ -5,6 +5,7 @@ process that drops root's uid before it connects, as in test_two_users.py)."""
 from __future__ import annotations
 
 import os
+import pwd
 import resource
 import shutil
 import socket
@@ -140,6 +141,12 @@ def test_one_users_idle_connections_are_capped_and_others_still_served(limited, 
         assert c.malloc(4096) != 0
         c.close()
         assert d.alive()
+        if target.startswith("pilot.sock."):  # refused in C: the router's loop logs them
+            deadline = time.monotonic() + 5
+            while "to pilotd's endpoints (vGPUs, callbacks) refused" not in d.log():
+                assert time.monotonic() < deadline, d.log()[-2000:]
+                time.sleep(0.05)
+            assert f"the last of uid {pwd.getpwnam('nobody').pw_uid}" in d.log()
     finally:
         flood.kill()
         flood.wait()

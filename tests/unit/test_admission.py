@@ -56,3 +56,31 @@ def test_the_acceptor_names_each_connection_itself() -> None:
         ready_frame_size(bytes([0x06]) + (1 << 30).to_bytes(8, "big"))  # a 1 GiB command
     with pytest.raises(HandshakeError):
         rewrite_ready(bytes([0x04, 6]) + b"\x05HELLO", b"P")
+
+
+def test_endpoint_refusals_are_logged_at_most_every_ten_seconds(caplog: pytest.LogCaptureFixture) -> None:
+    """What the endpoint servers refused in C: one line per LOG_EVERY s with the new count and
+    the last uid; nothing when nothing new was refused."""
+    from pilot.daemon.router.admission import LOG_EVERY, EndpointRefusals
+    reading = [(0, -1)]
+    refusals = EndpointRefusals(lambda: reading[0])
+    with caplog.at_level("WARNING", logger="pilot.admission"):
+        assert refusals.check(now=100.0) == 0
+        reading[0] = (5, 65534)
+        assert refusals.check(now=101.0) == 5
+        reading[0] = (9, 1000)
+        assert refusals.check(now=102.0) == 9  # counted, not logged yet
+        assert refusals.check(now=101.0 + LOG_EVERY) == 9
+        reading[0] = (10, -1)
+        assert refusals.check(now=200.0) == 10
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert lines[0].startswith("5 connection(s)") and "the last of uid 65534" in lines[0]
+    assert lines[1].startswith("4 connection(s)") and "uid 1000" in lines[1]
+    assert lines[2].startswith("1 connection(s)") and "could not identify" in lines[2]
+
+
+def test_the_endpoints_count_is_read_from_c() -> None:
+    from pilot.daemon.router.admission import read_endpoint_refusals
+    count, uid = read_endpoint_refusals()
+    assert count >= 0 and uid >= -1

@@ -68,7 +68,8 @@ def fake_state() -> dict[str, Any]:
         "vgpus": [{"index": 0, "gpu": 0, "sessions": 2}, {"index": 1, "gpu": 1, "sessions": 1}],
         "shares": {0: {"sms": 132, "unit": 8, "held": {"alice": 33}},
                    1: {"sms": None, "unit": None, "held": {}}},
-        "connections": {"admitted": 7, "refused": 4200, "limit": 16384, "per_uid": 320},
+        "connections": {"admitted": 7, "refused": 4200, "limit": 16384, "per_uid": 320,
+                        "endpoint_refused": 12},
     }
 
 
@@ -227,6 +228,7 @@ def test_connection_gauges() -> None:
     v = registry_for(Metrics()).get_sample_value
     assert v("pilot_connections", {"limit": "16384"}) == 7
     assert v("pilot_connections_refused_total") == 4200
+    assert v("pilot_endpoint_connections_refused_total") == 12
     without = {k: x for k, x in fake_state().items() if k != "connections"}
     assert registry_for(Metrics(), lambda: without).get_sample_value("pilot_connections",
                                                                      {"limit": "16384"}) is None
