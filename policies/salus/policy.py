@@ -255,7 +255,7 @@ class Salus(Policy):
         job = self.jobs.get(a.session)
         if job is None or a.kind in HOST_KINDS:
             return
-        job.detector.allocated(a.size)
+        job.detector.allocated(a.size, self.clock())
         lanes = self._lanes(job)
         if a.session not in lanes:
             lanes.hold_outside(a.session, job.detector.live)
@@ -335,7 +335,7 @@ class Salus(Policy):
     def launch_started(self, l: LaunchView) -> None:  # noqa: E741
         job = self.jobs.get(l.session)
         if job is not None:
-            job.detector.launched()
+            job.detector.launched(self.clock())
 
     def watches_launches(self, session: int) -> Watch:
         """What of the session's launches must come to launch_requested now: all of them while
