@@ -76,7 +76,8 @@ class Piece:
     def matches(self, other: Piece, tolerance_bytes: int) -> bool:
         if self.allocations != other.allocations or self.frees != other.frees:
             return False
-        return abs(self.peak - other.peak) <= max(tolerance_bytes, max(self.peak, other.peak) // 10)
+        a, b = self.peak, other.peak
+        return abs(a - b) <= max(tolerance_bytes, (a if a > b else b) // 10)
 
 
 class IterationDetector:
@@ -99,6 +100,7 @@ class IterationDetector:
         self.period = 1  # pieces per iteration (1: not folded)
         self._peaks: deque[int] = deque(maxlen=window)  # peak above the level per iteration
         self._times: deque[float] = deque(maxlen=window)
+        self._window_e = 0  # max(self._peaks), kept (the policy reads E at every allocation)
         self._pieces: deque[Piece] = deque(maxlen=(confirm + 1) * max_period)
         self._streak = [0] * (max_period + 1)  # per k: the latest pieces matching the one k before
         self._phase = 0  # folded: a Boundary at the candidates c with c % period == phase
@@ -129,7 +131,7 @@ class IterationDetector:
     def ephemeral(self) -> int:
         """E: the largest scratch of the recent iterations (and of the pieces of the one under
         way, while folded) when recognized, else 0."""
-        return max(max(self._peaks, default=0), self._fold_peak) if self.recognized else 0
+        return max(self._window_e, self._fold_peak) if self.recognized else 0
 
     @property
     def iteration_s(self) -> float | None:
@@ -196,10 +198,10 @@ class IterationDetector:
         self._pieces.append(piece)
         index = self.candidates
         self.candidates += 1
-        n = len(self._pieces)
+        pieces, streak, slack = self._pieces, self._streak, self.tolerance_bytes
+        n = len(pieces)
         for k in range(1, min(n, self.max_period + 1)):
-            alike = piece.matches(self._pieces[n - 1 - k], self.tolerance_bytes)
-            self._streak[k] = self._streak[k] + 1 if alike else 0
+            streak[k] = streak[k] + 1 if piece.matches(pieces[n - 1 - k], slack) else 0
         if self.period > 1:
             if self._streak[self.period] == 0:  # the period broke: every candidate again
                 self.period = 1
@@ -256,6 +258,7 @@ class IterationDetector:
 
     def _boundary(self, now: float, iteration: int, restart: bool = False) -> Boundary:
         self._peaks.append(self._fold_peak)
+        self._window_e = max(self._peaks)
         self._fold_peak = 0
         seconds = 0.0
         if self._last_at is not None:
@@ -278,5 +281,6 @@ class IterationDetector:
         if self._reported:  # it ended an iteration
             if self._peaks:
                 self._peaks[-1] = max(self._peaks[-1], peak)
+                self._window_e = max(self._peaks)
         else:  # it is part of the iteration under way
             self._fold_peak = max(self._fold_peak, peak)

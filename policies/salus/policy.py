@@ -312,6 +312,7 @@ class Salus(Policy):
 
     def tick(self, now: float) -> None:
         for gpu in self.lanes:
+            self._gpu_lanes(gpu)  # its capacity, as of now
             if any(j.held or j.gated or j.waits_for for j in self.jobs.values() if j.session.gpu == gpu):
                 self._reschedule(gpu)
 
@@ -422,7 +423,11 @@ class Salus(Policy):
         return why
 
     def _lanes(self, job: Job) -> Lanes:
-        return self._gpu_lanes(job.session.gpu)
+        """The job's GPU's lanes, as of the last look at its capacity (every _gpu_lanes: each
+        reschedule and tick), without asking the daemon again: this runs at every allocation
+        and free, and Controls.gpu builds a view of the whole GPU."""
+        lanes = self.lanes.get(job.session.gpu)
+        return lanes if lanes is not None else self._gpu_lanes(job.session.gpu)
 
     def _gpu_lanes(self, gpu: int) -> Lanes:
         lanes = self.lanes.get(gpu)
