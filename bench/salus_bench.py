@@ -25,12 +25,13 @@ MIB = 1 << 20
 REFUSED = "pilotd refused the session"
 
 
-def build_job(out_dir: Path) -> Path:
-    exe = out_dir / "salus_job"
+def build_job(out_dir: Path, program: str = "salus_job") -> Path:
+    """bench/<program>.cu built into out_dir (salus_torch_like: the PyTorch-shaped step)."""
+    exe = out_dir / program
     # Machine code for the GPU (NVCC_ARCH, sm_90 by default, as tests/gpu builds): without it
     # nvcc 13 emits sm_75 code and PTX, which the driver must compile when a job loads it.
     cmd = [find_nvcc(), "-cudart", "shared", "-O2", f"-arch={os.environ.get('NVCC_ARCH', 'sm_90')}",
-           "-Wno-deprecated-gpu-targets", "-o", str(exe), str(BENCH / "salus_job.cu")]
+           "-Wno-deprecated-gpu-targets", "-o", str(exe), str(BENCH / f"{program}.cu")]
     subprocess.run(cmd, check=True, timeout=600)
     return exe
 
