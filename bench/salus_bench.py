@@ -110,6 +110,7 @@ class JobSpec:
     torch: str = ""
     blocks: int = 8  # of the CUDA C job's kernel (128 threads each)
     torch_alloc: str = "backend:cudaMallocAsync"  # PYTORCH_CUDA_ALLOC_CONF; "": the caching one
+    argv: tuple[str, ...] = ()  # a program of its own instead (under the shim), e.g. salus_torch_like
 
     @property
     def iteration_s(self) -> float:
@@ -117,6 +118,8 @@ class JobSpec:
         return TORCH_ITERATION_S if self.torch else self.iter_ms / 1e3
 
     def command(self, exe: Path, sim: bool) -> list[str]:
+        if self.argv:
+            return list(self.argv)
         if self.torch:
             return [sys.executable, "-m", "pilot.cli.pilot", "run", "--",
                     sys.executable, str(BENCH / "salus_torch_job.py"), "--size", self.torch,

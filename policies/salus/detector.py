@@ -113,7 +113,7 @@ class IterationDetector:
         self._frees = 0  # since the last candidate's first launch
         self._lowest = 0  # the lowest live bytes after a free since the last candidate
         self._last_at: float | None = None  # when the last Boundary was reported
-        self._candidate_at = 0.0  # when the last candidate was seen
+        self._candidate_at: float | None = None  # when the last candidate was seen
         self._gap: float | None = None  # seconds from it to the next call seen (None: none yet)
         self._reported = False  # the last candidate was a Boundary
 
@@ -139,6 +139,11 @@ class IterationDetector:
         return sum(self._times) / len(self._times) if self._times else None
 
     @property
+    def last_piece(self) -> Piece | None:
+        """The piece the last candidate ended (for debug lines)."""
+        return self._pieces[-1] if self._pieces else None
+
+    @property
     def in_iteration(self) -> bool:
         """Launches were made since the last candidate (the policy lets it run unwatched until
         its next free at the level)."""
@@ -147,7 +152,7 @@ class IterationDetector:
     # ---- events ----
     def allocated(self, size: int, now: float | None = None) -> None:
         if self._gap is None and now is not None:
-            self._gap = now - self._candidate_at
+            self._gap = self._since_candidate(now)
         self.live += size
         self._allocations += 1
         if self.live > self.peak:
@@ -157,7 +162,7 @@ class IterationDetector:
 
     def launched(self, now: float | None = None) -> None:
         if self._gap is None and now is not None:
-            self._gap = now - self._candidate_at
+            self._gap = self._since_candidate(now)
         self._launches += 1
 
     def freed(self, size: int, now: float) -> Boundary | None:
@@ -165,7 +170,7 @@ class IterationDetector:
         self.live = max(0, self.live - size)
         self._piece_frees += 1
         if self._gap is None and self._launches:
-            self._gap = now - self._candidate_at
+            self._gap = self._since_candidate(now)
         level = self.level
         if level is not None and self._launches == 0 and self.live < level:
             self.level = self._iter_peak = self.live  # the same candidate, lower (freed in pieces)
@@ -183,6 +188,9 @@ class IterationDetector:
         return None
 
     # ---- internals ----
+    def _since_candidate(self, now: float) -> float:
+        return now - self._candidate_at if self._candidate_at is not None else 0.0
+
     def _tolerance(self, level: int) -> int:
         return max(self.tolerance_bytes, int(level * self.tolerance))
 

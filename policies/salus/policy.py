@@ -273,7 +273,11 @@ class Salus(Policy):
         if job is None or a.kind in HOST_KINDS:
             return
         now = self.clock()
-        boundary = job.detector.freed(a.size, now)
+        det = job.detector
+        pieces = det.candidates
+        boundary = det.freed(a.size, now)
+        if det.candidates != pieces and log.isEnabledFor(logging.DEBUG):
+            self._trace_piece(job)
         lanes = self._lanes(job)
         if a.session not in lanes:
             lanes.hold_outside(a.session, job.detector.live)
@@ -392,6 +396,16 @@ class Salus(Policy):
         log.debug("salus event %s session %d pid %d at %.6f", what, job.session.id, job.session.pid,
                   self.clock())
 
+    def _trace_piece(self, job: Job) -> None:
+        """A debug line per piece (what came between two returns to the level): its signature,
+        for telling why a job's steps are or are not folded (bench/salus_experiments.py steps)."""
+        det = job.detector
+        p = det.last_piece
+        if p is not None:
+            log.debug("salus piece %d session %d: allocations %d frees %d peak %d live %d gap %.6f; "
+                      "period %d, iterations %d", det.candidates, job.session.id, p.allocations, p.frees,
+                      p.peak, p.live, p.gap, det.period, det.boundaries)
+
     def _can_make_room(self, job: Job) -> bool:
         """Whether another job of job's GPU can still end or be admitted and so change what is
         counted: an admitted one (it runs and ends; it never waits for an allocation), or one
@@ -506,6 +520,7 @@ class Salus(Policy):
         return {"session": job.session.id, "tenant": job.session.tenant, "pid": job.session.pid,
                 "lane": lanes.lane_of(job.session.id), "persistent": p, "ephemeral": e,
                 "recognized": det.recognized, "iterations": det.boundaries,
+                "pieces": det.candidates, "period": det.period,
                 "iteration_s": job.iteration_s, "service_s": round(job.service, 3),
                 "remaining_s": round(self._remaining(job, self._typical_s(job.session.gpu)), 3),
                 "waited_s": round(job.waited_s(self.clock()), 3),
