@@ -139,6 +139,13 @@ class IterationDetector:
         return sum(self._times) / len(self._times) if self._times else None
 
     @property
+    def settled(self) -> bool:
+        """Its boundaries are its iterations as far as it can tell: folded, or its last
+        `confirm` + 1 pieces alike (period 1). Not while a step of several pieces may still be
+        learned: the policy's iteration count is then a count of pieces."""
+        return self.period > 1 or self._streak[1] >= self.confirm
+
+    @property
     def last_piece(self) -> Piece | None:
         """The piece the last candidate ended (for debug lines)."""
         return self._pieces[-1] if self._pieces else None

@@ -292,7 +292,8 @@ class Salus(Policy):
         if a.session in lanes:
             lanes.update(a.session, *job.sizes())  # False: it left its lane, admitted again
         declared = job.declared.iterations
-        if declared is not None and boundary.iteration == learned_count(boundary.iteration - 1, declared):
+        if declared is not None and det.settled and \
+                boundary.iteration == learned_count(boundary.iteration - 1, declared):
             # Its last iteration, as far as pilot can tell: it gives its turn up now, not at its
             # session's end (its read-back, frees and exit need no turn; a launch or scratch
             # would ask again). At the declared count, and at each learned one after it (the
@@ -300,7 +301,10 @@ class Salus(Policy):
             # with more boundaries than it declared (an iteration that frees in several places,
             # PyTorch's, is cut into pieces): held there instead, its exit would wait for
             # another job's boundary. Not at every later boundary: that made such a job wait
-            # for another's boundary before each piece.
+            # for another's boundary before each piece. Only where the detector has settled
+            # (its pieces alike, or folded into iterations): a PyTorch step is several pieces
+            # until the detector has seen three steps, and a job of 20 steps reached "20" in
+            # its second one.
             job.wants_turn = False
             job.waiting_since = None
             self._trace(job, "last")
