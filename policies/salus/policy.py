@@ -12,13 +12,15 @@
   idle for it (on the H100 a PyTorch job's set-up took seconds, all of them in FIFO's and
   SRTF's single turn).
 - **Last iteration.** A job that has run its declared iteration count gives its turn up at
-  that boundary, so the next job starts while it reads back, frees and exits. Past its
-  declared count (an iteration seen in pieces, or a count declared too low) it gives its turn
-  up at each learned count (the declared one doubled) and is not held at its other
-  boundaries: its next launch or scratch waits for its turn instead, so its exit never waits
-  for another job's iterations.
+  that boundary, so the next job starts while it reads back, frees and exits, once the
+  detector has settled (its pieces alike, or a step of several pieces folded into one
+  iteration: before, its count is of pieces). Past its declared count (an iteration seen in
+  pieces, or a count declared too low) it gives its turn up at each learned count (the
+  declared one doubled) and is not held at its other boundaries: its next launch or scratch
+  waits for its turn instead, so its exit never waits for another job's iterations.
 - **Boundaries.** A job in an iteration always runs (nothing of it is held). At a boundary (a
-  free that returns it to its persistent level) its lane is updated to the new measurement (if
+  free that returns it to its persistent level; of a step that does so several times, only
+  the one that ends the step, detector.py) its lane is updated to the new measurement (if
   that no longer fits, it leaves its lane and waits for admission again) and the scheduler
   picks who runs next; if not this job, its next call, whatever it is (the scratch allocation
   of its next iteration, usually), is held (Controls.hold_session: a deferred reply, never a
@@ -35,8 +37,8 @@
   first launch, a job that left its lane at a boundary) is counted too (Lanes.hold_outside),
   so no admission can count on memory someone still holds.
 - **Declarations are floors.** A declared job is counted at least its declared P and E, also
-  once recognized: the detector may cut an iteration that frees in several places (PyTorch)
-  into pieces and measure too little.
+  once recognized: until the detector has folded a step that frees in several places
+  (PyTorch) into one iteration, it measures the pieces, and too little.
 """
 
 from __future__ import annotations
