@@ -51,6 +51,10 @@ from collections import deque
 from dataclasses import dataclass
 
 MIB = 1 << 20
+# A pause of the host marks a step's end (the phase) when it is at least twice any other pause
+# around a candidate plus this much: a synchronization waits for the GPU (milliseconds), the
+# calls within a step follow each other within tens of microseconds (a round trip to pilotd).
+PAUSE_S = 0.0005
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +69,15 @@ class Boundary:
 @dataclass(slots=True)
 class Piece:
     """What a job did between two candidates: its signature (allocations, frees, peak above
-    the level), the live bytes at the candidate that ended it, and the seconds from the
-    candidate before it to its first call (the host's pause between the two)."""
+    the level), the live bytes at the candidate that ended it, the seconds from the candidate
+    before it to its first call (`gap`) and from its call before the free that ended it to
+    that free (`before`): the host's pauses around its two ends."""
     allocations: int
     frees: int
     peak: int
     live: int
     gap: float
+    before: float
 
     def matches(self, other: Piece, tolerance_bytes: int) -> bool:
         if self.allocations != other.allocations or self.frees != other.frees:
@@ -115,6 +121,8 @@ class IterationDetector:
         self._last_at: float | None = None  # when the last Boundary was reported
         self._candidate_at: float | None = None  # when the last candidate was seen
         self._gap: float | None = None  # seconds from it to the next call seen (None: none yet)
+        self._call_at: float | None = None  # when the last call was seen (with a time)
+        self._before = 0.0  # seconds between the call before the last free and that free
         self._reported = False  # the last candidate was a Boundary
 
     # ---- what the policy reads ----
@@ -158,8 +166,10 @@ class IterationDetector:
 
     # ---- events ----
     def allocated(self, size: int, now: float | None = None) -> None:
-        if self._gap is None and now is not None:
-            self._gap = self._since_candidate(now)
+        if now is not None:
+            if self._gap is None:
+                self._gap = self._since_candidate(now)
+            self._call_at = now
         self.live += size
         self._allocations += 1
         if self.live > self.peak:
@@ -168,14 +178,18 @@ class IterationDetector:
             self._iter_peak = self.live
 
     def launched(self, now: float | None = None) -> None:
-        if self._gap is None and now is not None:
-            self._gap = self._since_candidate(now)
+        if now is not None:
+            if self._gap is None:
+                self._gap = self._since_candidate(now)
+            self._call_at = now
         self._launches += 1
 
     def freed(self, size: int, now: float) -> Boundary | None:
         """A free; the Boundary it completes, if it completes one."""
         self.live = max(0, self.live - size)
         self._piece_frees += 1
+        self._before = now - self._call_at if self._call_at is not None else 0.0
+        self._call_at = now
         if self._gap is None and self._launches:
             self._gap = self._since_candidate(now)
         level = self.level
@@ -204,7 +218,7 @@ class IterationDetector:
     def _candidate(self, now: float) -> Boundary | None:
         """A piece ended: a Boundary unless the job is folded and this is not its phase."""
         piece = Piece(self._allocations, self._piece_frees, max(0, self._iter_peak - self.live), self.live,
-                      self._gap or 0.0)
+                      self._gap or 0.0, self._before)
         self._candidate_at, self._gap = now, None
         self.level = self.live
         self._iter_peak = self.live
@@ -248,24 +262,25 @@ class IterationDetector:
         return 1
 
     def _pick_phase(self, index: int, k: int) -> int:
-        """The candidate of a period after which an iteration starts: the one followed by the
-        longest pause of the host if that stands out (at least twice any other, averaged over
-        the periods kept: a step's end synchronizes, loss.item() or the data loader), else the
-        one with the lowest live bytes (a step's end frees everything; its inner dips may keep
-        a loss or a small buffer), then the one whose next piece has the largest peak (the
-        biggest piece first), then the latest."""
+        """The candidate of a period after which an iteration starts: the one with the longest
+        pause of the host just before its free or just after it, averaged over the periods
+        kept, if that stands out (PAUSE_S; a step's end synchronizes: loss.item(), the data
+        loader), else the one with the lowest live bytes (a step's end frees everything; its
+        inner dips may keep a loss or a small buffer), then the one whose next piece has the
+        largest peak (the biggest piece first), then the latest."""
         pieces = list(self._pieces)
         n = len(pieces)
         last = pieces[n - k:]  # last[j] ended at candidate index - (k - 1) + j
 
         def pause(j: int) -> float:
-            """The mean pause after candidate j, over the periods kept (the piece after it)."""
-            after = [pieces[i].gap for m in range(self.confirm + 1)
-                     for i in [n - k + j + 1 - m * k] if 0 <= i < n]
-            return sum(after) / len(after) if after else 0.0
+            """The mean pause around candidate j over the periods kept: the longer of the one
+            before its free (pieces[i]) and the one after it (the next piece's gap)."""
+            around = [max(pieces[i].before, pieces[i + 1].gap)
+                      for m in range(self.confirm + 1) for i in [n - k + j - m * k] if 0 <= i < n - 1]
+            return sum(around) / len(around) if around else 0.0
 
         pauses = sorted(((pause(j), j) for j in range(k)), reverse=True)
-        if pauses[0][0] > 0 and pauses[0][0] >= 2 * pauses[1][0]:
+        if pauses[0][0] >= 2 * pauses[1][0] + PAUSE_S:
             best = pauses[0][1]
         else:
             best = min(range(k), key=lambda j: (last[j].live, -last[(j + 1) % k].peak, -j))

@@ -256,6 +256,23 @@ def test_without_a_pause_the_phase_is_the_lowest_level_then_the_biggest_piece_fi
     assert det.period == 2 and found[-1].iteration == 29  # phase before the larger piece (mid-step)
 
 
+def test_a_pause_before_the_free_that_ends_the_step_marks_it_too() -> None:
+    """A step that ends with loss.item() (the host waits for the step) before its last free
+    that returns to the level (gradients freed after it, the input last): the pause comes
+    before the candidate's free, not after it. Both candidates keep the input alive and the
+    larger piece comes second, so neither the lowest level nor the largest piece finds the
+    step's end (without the pause the phase is mid-step: 19 of 20 reported); the pause does."""
+    def step(pause_ms: int) -> list[Call]:
+        return [("alloc", 4 * MIB), ("launch", 0), ("alloc", 8 * MIB), ("launch", 0), ("free", 8 * MIB),
+                ("alloc", 64 * MIB), ("launch", 0), ("pause", pause_ms), ("free", 64 * MIB),
+                ("free", 4 * MIB)]
+    det, found = run(job([1024 * MIB], step(40), 20), IterationDetector(tolerance_bytes=8 * MIB), dt=0.001)
+    assert det.period == 2 and found[-1].iteration == 20
+    assert [b.seconds for b in found[-3:]] == pytest.approx([0.050] * 3)
+    det, found = run(job([1024 * MIB], step(0), 20), IterationDetector(tolerance_bytes=8 * MIB), dt=0.001)
+    assert det.period == 2 and found[-1].iteration == 19
+
+
 def test_a_held_boundary_does_not_make_a_phase_from_one_pause() -> None:
     """The phase stands out only at twice any other mean pause: one long pause mid-step in
     one period (a hold) against the step's end pauses of every period."""
