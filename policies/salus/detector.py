@@ -15,17 +15,22 @@ detector finds that level without program changes:
   signature: its allocations, its frees and its peak above the level (peaks match within the
   larger of `tolerance_bytes` and 10%). When the last `confirm` periods of k pieces each match
   the period before them (k from 2 to `max_period`; the smallest such k), the job's
-  **iteration is k pieces**: a Boundary is reported only at every k-th candidate, the phase
-  being the candidate of the period with the lowest live bytes (a step's end frees
-  everything; its inner dips may keep a loss or a small buffer), ties to the one whose next
-  piece has the largest peak (an iteration's biggest piece comes first), then the latest.
-  Its E is the largest peak of its pieces, its time their sum. At the period's first
-  Boundary the iteration count is recounted as the pieces since the last fold (or the
-  start) divided by k, so a job is not counted k times its steps. A piece that does not match
-  the one k before breaks the period: that candidate is reported (with everything since the
-  last Boundary as one iteration) and every candidate is again a Boundary until a period is
-  confirmed again. A job whose pieces all match (k = 1, a CUDA C iteration) and a job with
-  no period are reported at every candidate, as without folding.
+  **iteration is k pieces**: a Boundary is reported only at every k-th candidate, the
+  **phase** being the candidate of the period around which the host pauses longest (just
+  before its free or just after it; a step's end synchronizes: loss.item(), the data
+  loader) if that pause stands out (PAUSE_S), else the one with the lowest live bytes (a
+  step's end frees everything; its inner dips may keep a loss or a small buffer), ties to
+  the one whose next piece has the largest peak (an iteration's biggest piece comes first),
+  then the latest. The policy sees no synchronization or copy, only the time between the
+  calls it sees. Its E is the largest peak of its pieces, its time their sum. When the
+  period is confirmed the iteration count is recounted as the pieces since the start (or
+  since the period last broke) divided by k, so a job is not counted k times its steps. A
+  piece that does not match the one k before breaks the period: that candidate is reported
+  (with everything since the last Boundary as one iteration) and every candidate is again a
+  Boundary until a period is confirmed again. A job whose pieces all match (k = 1, a CUDA C
+  iteration) and a job with no period are reported at every candidate, as without folding.
+  `settled`: folded, or the last pieces alike; before, the count is of pieces (the policy
+  trusts a declared count only once settled).
 - **P** is the live bytes at the last boundary; **E** the largest peak above P within an
   iteration over the last `window` iterations (learned over the first ones, updated after),
   and within the iteration under way while folded.
