@@ -33,6 +33,9 @@
   fails in Salus). So the condition holds at every moment by construction, including when a
   job is measured larger than it declared. Memory a daemon would charge without asking is
   counted when made (forced) and stops admissions while over C (every path of pilotd's asks).
+- **Between iterations** all a job holds counts as its P (Job.sizes): a boundary is a return
+  to its level within a tolerance, and what it still holds there must not count as the
+  scratch its lane now lends to the next job.
 - **Outside the lanes.** What a job without a lane holds (an undeclared job's set-up before its
   first launch, a job that left its lane at a boundary) is counted too (Lanes.hold_outside),
   so no admission can count on memory someone still holds.
@@ -154,11 +157,12 @@ class Job:
         if self.iterations_ran > 1:
             self.turns.append(seconds)
 
-    def sizes(self, extra: int = 0) -> tuple[int, int]:
+    def sizes(self, extra: int = 0, between: bool | None = None) -> tuple[int, int]:
         """P and E to count: the detector's once it recognized the job, else its declaration
         (P grown to what it has held beyond its declared E) or, undeclared, all it has held
         with E = 0; never less than declared; with `extra` bytes more allocated, what it would
-        hold above P counts as scratch (its lane grows)."""
+        hold above P counts as scratch (its lane grows). `between` iterations (default: when
+        it does not run) all it holds counts as P."""
         d, det = self.declared, self.detector
         live = det.live + extra
         peak = max(det.peak, live)
@@ -172,6 +176,12 @@ class Job:
             return peak, 0
         if declared:
             p, e = max(p, d.persistent or 0), max(e, d.ephemeral or 0)
+        if not self.running if between is None else between:
+            # Between iterations all it holds is persistent: its lane's scratch is another
+            # job's now. A boundary is a return to the level within a tolerance (up to 1 MiB or
+            # 2%), and a declared floor may be below what it holds: counted as scratch, such
+            # leftovers went past C beside the next job's iteration (the sim's trace, SRTF).
+            p = max(p, live)
         return p, max(e, live - p)
 
 
@@ -284,6 +294,14 @@ class Salus(Policy):
         if a.session not in lanes:
             lanes.hold_outside(a.session, job.detector.live)
         if boundary is None:
+            if not job.running and a.session in lanes:
+                lanes.update(a.session, *job.sizes())  # what it holds between iterations, less
+            return
+        if job.running and a.session in lanes and not lanes.fits(a.session, *job.sizes(between=True)):
+            # It still holds more than its P counts (a return to its level within the
+            # tolerance) and that does not fit beside the scratch its lane would lend the next
+            # job: no switch point, its iteration goes on to its next boundary.
+            self._trace(job, "kept")
             return
         self._trace(job, "boundary")
         if job.running:
