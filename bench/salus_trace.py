@@ -6,6 +6,7 @@ beside the paper's Table 2.
     python3 bench/salus_trace.py --out /tmp/salus-trace                 # H100, about 3 min
     python3 bench/salus_trace.py --backend sim --scale 0.2 --torch 0    # no GPU: checks the script
     python3 bench/salus_trace.py --timeline ...                         # where each JCT went
+    python3 bench/salus_trace.py --backend sim --scale 0.3 --torch-like # PyTorch-shaped steps
 
 --timeline: per scheduler, each job's timeline and the average JCT split by what the GPU did
 (bench/salus_timeline.py; pilotd logs at debug level for it), and after the table the best
@@ -28,7 +29,9 @@ do), and declares its sizes, iteration count and iteration time (PILOT_SALUS_*).
 (default 4) of the jobs are PyTorch jobs (bench/salus_torch_job.py, small or medium,
 backend:cudaMallocAsync, declared sizes, 100 steps per second of the short job replaced,
 declared and counted in the ideal at 10 ms a step) instead of short ones (chosen apart: the
-rest of the trace is the same with any --torch). Time: FIFO and SRTF run one job at a time
+rest of the trace is the same with any --torch); with --torch-like they are
+bench/salus_torch_like.cu instead (the same steps, each returning to its level 6 times as a
+PyTorch step does; on the sim 10 ms of the host's a step). Time: FIFO and SRTF run one job at a time
 (about 35-45 s each with the jobs' start-up), PACK and FAIR between half that and as long:
 about 2.5-3 min in all.
 Capacity C = --capacity (default 12GiB, well under an H100's 80 GB; the script refuses to start
