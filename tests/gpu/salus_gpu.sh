@@ -23,8 +23,8 @@
 # Environment: OUT, PYTHON (python3), SALUS_WORK (/tmp/salus-gpu), SALUS_STEPS (which steps, in
 # order; default "trace fair torch steps"), SALUS_TRACE_ARGS (extra
 # salus_trace.py arguments, e.g. "--scale 1.0"), SALUS_TRACE_TIMEOUT, SALUS_BACKEND (cuda; sim
-# checks this script without a GPU: shorter runs, no PyTorch jobs, the torch step only where
-# PyTorch is installed).
+# checks this script without a GPU: shorter runs, the trace's PyTorch jobs as
+# bench/salus_torch_like.cu, the torch step only where PyTorch is installed).
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -54,7 +54,7 @@ step() {
 
 SIM_TRACE=() SIM_FAIR=() SIM_TORCH=()
 if [ "${SALUS_BACKEND:-cuda}" = sim ]; then
-    SIM_TRACE=(--backend sim --torch 0 --scale 0.3) SIM_FAIR=(--backend sim --scale 0.2) SIM_TORCH=(--backend sim)
+    SIM_TRACE=(--backend sim --torch-like --scale 0.3) SIM_FAIR=(--backend sim --scale 0.2) SIM_TORCH=(--backend sim)
 fi
 STEPS=${SALUS_STEPS:-trace fair torch steps}
 wants() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
