@@ -198,6 +198,8 @@ class IterationDetector:
         if self._gap is None and self._launches:
             self._gap = self._since_candidate(now)
         level = self.level
+        if self.live == 0 and self._launches == 0:
+            return None  # it freed everything: its end (P and E stay what they were)
         if level is not None and self._launches == 0 and self.live < level:
             self.level = self._iter_peak = self.live  # the same candidate, lower (freed in pieces)
             self._correct_last_peak(level)

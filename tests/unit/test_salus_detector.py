@@ -132,6 +132,14 @@ def test_scratch_freed_in_pieces_in_the_first_iteration_moves_the_boundary_down(
     assert len(more) == 3 and det.persistent == 100 * MIB and det.ephemeral == 100 * MIB
 
 
+def test_a_job_that_frees_everything_at_its_end_keeps_its_p_and_e() -> None:
+    """Its state freed at exit (no launch since its last boundary) is not its level moving
+    down (P 0 and E its state, as pilotctl showed a job in its last moments)."""
+    det, _ = run(training([512 * MIB], [[256 * MIB]], 5))
+    run(iter([("free", 512 * MIB)]), det)
+    assert det.persistent == 512 * MIB and det.ephemeral == 256 * MIB and det.live == 0
+
+
 def test_state_made_in_the_first_step_is_persistent() -> None:
     """An optimizer that makes its state in the first step: P includes it."""
     calls: list[Call] = [("alloc", 200 * MIB), ("alloc", 80 * MIB), ("launch", 0),
