@@ -25,12 +25,13 @@ MIB = 1 << 20
 REFUSED = "pilotd refused the session"
 
 
-def build_job(out_dir: Path) -> Path:
-    exe = out_dir / "salus_job"
+def build_job(out_dir: Path, program: str = "salus_job") -> Path:
+    """bench/<program>.cu built into out_dir (salus_torch_like: the PyTorch-shaped step)."""
+    exe = out_dir / program
     # Machine code for the GPU (NVCC_ARCH, sm_90 by default, as tests/gpu builds): without it
     # nvcc 13 emits sm_75 code and PTX, which the driver must compile when a job loads it.
     cmd = [find_nvcc(), "-cudart", "shared", "-O2", f"-arch={os.environ.get('NVCC_ARCH', 'sm_90')}",
-           "-Wno-deprecated-gpu-targets", "-o", str(exe), str(BENCH / "salus_job.cu")]
+           "-Wno-deprecated-gpu-targets", "-o", str(exe), str(BENCH / f"{program}.cu")]
     subprocess.run(cmd, check=True, timeout=600)
     return exe
 
@@ -109,6 +110,7 @@ class JobSpec:
     torch: str = ""
     blocks: int = 8  # of the CUDA C job's kernel (128 threads each)
     torch_alloc: str = "backend:cudaMallocAsync"  # PYTORCH_CUDA_ALLOC_CONF; "": the caching one
+    argv: tuple[str, ...] = ()  # a program of its own instead (under the shim), e.g. salus_torch_like
 
     @property
     def iteration_s(self) -> float:
@@ -116,6 +118,8 @@ class JobSpec:
         return TORCH_ITERATION_S if self.torch else self.iter_ms / 1e3
 
     def command(self, exe: Path, sim: bool) -> list[str]:
+        if self.argv:
+            return list(self.argv)
         if self.torch:
             return [sys.executable, "-m", "pilot.cli.pilot", "run", "--",
                     sys.executable, str(BENCH / "salus_torch_job.py"), "--size", self.torch,

@@ -4,6 +4,7 @@
     python3 bench/salus_experiments.py fair --out /tmp/salus-fair          # about 60 s
     python3 bench/salus_experiments.py overhead --out /tmp/salus-overhead  # about 45 s
     python3 bench/salus_experiments.py torch --out /tmp/salus-torch        # about 60 s, PyTorch
+    python3 bench/salus_experiments.py steps --out /tmp/salus-steps        # about 90 s, PyTorch
     python3 bench/salus_experiments.py fair --backend sim --scale 0.1      # no GPU: the script
 
 fair (Salus Fig. 11): three jobs of P = 1 GiB, E = 7 GiB in C = 12 GiB (so they share one lane)
@@ -27,6 +28,13 @@ into pieces, which SRTF's iteration count must survive); then the cudaMallocAsyn
 `[daemon] fast_launch = false` (every call through Python, as salus had it before it watched
 sessions one by one): how many launches and library calls ran in C and the JCT against that
 (about 60 s in all). Needs PyTorch on the GPU machine.
+steps (issue 30, about 2.5 min): what the detector makes of a step that returns to its level
+several times. bench/salus_torch_job.py small and medium (--iterations steps,
+backend:cudaMallocAsync, declaring only its step count) alone under salus (SRTF) and under
+`none`: boundaries per step (PASS: 0.8 to 1.25 under salus), the pieces pilot saw and the period
+it folded them by, P and E, and the median step time (salus against none: INFO); then
+bench/salus_torch_like.cu (the sim's reproduction: 4 layers, 6 pieces a step) under salus, the
+same PASS. Without PyTorch (or --backend sim) only salus_torch_like runs.
 --out DIR writes the numbers as JSON (and fair.png with matplotlib).
 """
 
@@ -194,20 +202,86 @@ def torch_jobs(args: argparse.Namespace, work: Path, sim: bool) -> tuple[bool, d
     return all(g for g, _ in checks), doc
 
 
+def step_ms(output: str) -> float | None:
+    """The median step salus_torch_job.py printed (`step_ms X`), if it did."""
+    for line in output.splitlines():
+        if line.startswith("step_ms "):
+            return float(line.split()[1])
+    return None
+
+
+def steps(args: argparse.Namespace, work: Path, sim: bool) -> tuple[bool, dict[str, Any]]:
+    """Boundaries per step and step time of PyTorch-shaped jobs under salus (and PyTorch jobs
+    under `none`), module docstring."""
+    exe = build_job(work)
+    like = build_job(work, "salus_torch_like")
+    doc: dict[str, Any] = {}
+    checks: list[tuple[bool | None, str]] = []
+    n = args.iterations
+    try:
+        import torch  # noqa: F401
+        sizes = [] if sim else ["small", "medium"]
+    except ImportError:
+        sizes = []
+    if not sizes:
+        checks.append((None, "PyTorch jobs: no PyTorch here (or the sim): salus_torch_like only"))
+    runs = [(policy, JobSpec(f"torch-{size}", 0.0, iterations=n, torch=size))
+            for size in sizes for policy in ("salus", "none")]
+    runs.append(("salus", JobSpec("torch_like", 0.0, iterations=n, argv=(
+        str(like), "64", str(n), "4", "2048", "5" if sim else "0", "500"))))
+    for policy, spec in runs:
+        name = spec.name
+        daemon = Daemon(work / f"{name}-{policy}", args.backend, policy, "srtf", "12GiB",
+                        log_level="debug" if policy == "salus" else "info")
+        try:
+            [r], poller = run_jobs(daemon, [spec], exe, sim, declare=False)
+        finally:
+            daemon.stop()
+        if policy == "salus":  # the pieces of its first steps, as the detector saw them
+            lines = [x.split("salus piece ", 1)[1] for x in daemon.log_path.read_text().splitlines()
+                     if "salus piece " in x]
+            print(f"{name}: its first pieces (of {len(lines)}):\n  " + "\n  ".join(lines[:40]), flush=True)
+        last = next(iter(poller.jobs.values()), {})
+        row = {"rc": r.rc, "jct": r.jct, "step_ms": step_ms(r.output), "state": last,
+               "output": r.output[-2000:]}
+        doc[f"{name} {policy}"] = row
+        seen = last.get("iterations") or 0
+        text = (f"{name} under {policy}: rc {r.rc}, JCT {r.jct:.2f} s, step {row['step_ms']} ms")
+        if policy == "salus":
+            text += (f"; pilot saw {seen} boundaries for {n} steps ({seen / n:.2f} a step) from "
+                     f"{last.get('pieces')} pieces (period {last.get('period')}), "
+                     f"P {last.get('persistent', 0) / MIB:.1f} MiB, "
+                     f"E {last.get('ephemeral', 0) / MIB:.1f} MiB, "
+                     f"iteration {last.get('iteration_s')} s")
+            checks.append((r.rc == 0 and 0.8 <= seen / n <= 1.25,
+                           f"{name}: {seen} boundaries for {n} steps under salus (target 0.8-1.25 a step)"))
+        print(text, flush=True)
+    for size in sizes:
+        a, b = doc[f"torch-{size} salus"]["step_ms"], doc[f"torch-{size} none"]["step_ms"]
+        if a is not None and b:
+            checks.append((None, f"torch-{size}: median step {a:.2f} ms under salus, {b:.2f} ms under "
+                                 f"none ({a / b:.2f}x)"))
+    for good, text in checks:
+        print(f"{'INFO' if good is None else 'PASS' if good else 'FAIL'}: {text}")
+    return all(g is not False for g, _ in checks), doc
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("experiment", choices=("fair", "overhead", "torch"))
+    ap.add_argument("experiment", choices=("fair", "overhead", "torch", "steps"))
     ap.add_argument("--backend", choices=("cuda", "sim"), default="cuda")
     ap.add_argument("--scale", type=float, default=1.0, help="fair: arrival gaps and job lengths x this")
     ap.add_argument("--size", choices=("small", "medium", "large"), default="small",
                     help="torch: the model")
-    ap.add_argument("--iterations", type=int, default=300, help="torch: training steps")
+    ap.add_argument("--iterations", type=int, default=0,
+                    help="torch: training steps (300), steps: (150)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     work = args.out or Path(tempfile.mkdtemp(prefix=f"salus-{args.experiment}-"))
     work.mkdir(parents=True, exist_ok=True)
     sim = args.backend == "sim"
-    run = {"fair": fair, "overhead": overhead, "torch": torch_jobs}[args.experiment]
+    args.iterations = args.iterations or (150 if args.experiment == "steps" else 300)
+    run = {"fair": fair, "overhead": overhead, "torch": torch_jobs, "steps": steps}[args.experiment]
     ok, doc = run(args, work, sim)
     if args.out:
         (work / f"{args.experiment}.json").write_text(json.dumps(doc, indent=1))

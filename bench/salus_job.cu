@@ -16,28 +16,7 @@
 #include <time.h>
 
 #include "check.h"
-
-__global__ void iteration(unsigned long long *state, unsigned int *scratch, size_t scratch_words,
-                          unsigned long long spin_ns)
-{
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while (now - start < spin_ns);
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < scratch_words)
-        scratch[i] = (unsigned int)i;
-    if (i == 0)
-        state[0] += 1;
-}
-
-static double seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "salus_kernel.cuh"
 
 int main(int argc, char **argv)
 {

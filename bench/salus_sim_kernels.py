@@ -1,6 +1,6 @@
-"""Sim-backend emulation of bench/salus_job.cu's kernel (the sim runs it at once: the job's
-HOST_MS argument stands in for its time), so the salus tests and `salus_trace.py --backend
-sim` run without a GPU."""
+"""Sim-backend emulation of the kernel of bench/salus_job.cu and bench/salus_torch_like.cu
+(bench/salus_kernel.cuh; the sim runs it at once: the jobs' HOST_MS argument stands in for its
+time), so the salus tests and `salus_trace.py --backend sim` run without a GPU."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ beside the paper's Table 2.
     python3 bench/salus_trace.py --out /tmp/salus-trace                 # H100, about 3 min
     python3 bench/salus_trace.py --backend sim --scale 0.2 --torch 0    # no GPU: checks the script
     python3 bench/salus_trace.py --timeline ...                         # where each JCT went
+    python3 bench/salus_trace.py --backend sim --scale 0.3 --torch-like # PyTorch-shaped steps
 
 --timeline: per scheduler, each job's timeline and the average JCT split by what the GPU did
 (bench/salus_timeline.py; pilotd logs at debug level for it), and after the table the best
@@ -28,7 +29,9 @@ do), and declares its sizes, iteration count and iteration time (PILOT_SALUS_*).
 (default 4) of the jobs are PyTorch jobs (bench/salus_torch_job.py, small or medium,
 backend:cudaMallocAsync, declared sizes, 100 steps per second of the short job replaced,
 declared and counted in the ideal at 10 ms a step) instead of short ones (chosen apart: the
-rest of the trace is the same with any --torch). Time: FIFO and SRTF run one job at a time
+rest of the trace is the same with any --torch); with --torch-like they are
+bench/salus_torch_like.cu instead (the same steps, each returning to its level 6 times as a
+PyTorch step does; on the sim 10 ms of the host's a step). Time: FIFO and SRTF run one job at a time
 (about 35-45 s each with the jobs' start-up), PACK and FAIR between half that and as long:
 about 2.5-3 min in all.
 Capacity C = --capacity (default 12GiB, well under an H100's 80 GB; the script refuses to start
@@ -55,7 +58,17 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from salus_bench import GIB, Daemon, JobSpec, Result, build_job, describe_peak, percentile, run_jobs
+from salus_bench import (
+    GIB,
+    TORCH_ITERATION_S,
+    Daemon,
+    JobSpec,
+    Result,
+    build_job,
+    describe_peak,
+    percentile,
+    run_jobs,
+)
 from salus_timeline import best_with_start_up, one_at_a_time, read_events, report, timelines
 
 PAPER = {  # Salus, Table 2 (minutes): average JCT, JCT p95 where given, queuing, makespan
@@ -94,6 +107,16 @@ def trace(seed: int, jobs: int, scale: float, torch_jobs: int) -> list[JobSpec]:
     return sorted(specs, key=lambda s: s.arrival)
 
 
+def torch_like(s: JobSpec, exe: Path, sim: bool) -> JobSpec:
+    """PyTorch job `s` as bench/salus_torch_like.cu: as many steps of 10 ms (on the sim: 10 ms
+    of the host's), each returning to its level 6 times (P 64 MiB, E 22 MiB; on the sim 8 MiB
+    and 2.75 MiB), declaring its sizes, steps and step time as the PyTorch job does."""
+    p_mib, unit_kib = (8, 256) if sim else (64, 2048)
+    return JobSpec(f"{s.name}-like", s.arrival, p_mib, -(-11 * unit_kib // 1024), TORCH_ITERATION_S * 1e3,
+                   s.iterations, argv=(str(exe), str(p_mib), str(s.iterations), "4", str(unit_kib),
+                                       f"{TORCH_ITERATION_S * 1e3 if sim else 0:g}", "0"))
+
+
 def ideal(specs: list[JobSpec], boundary_s: float = 0.05) -> dict[str, float]:
     """Average JCT of FIFO and SRTF on one GPU running one job at a time, switched only at
     `boundary_s` iteration boundaries, with no memory limit and no start-up cost (a PyTorch
@@ -130,6 +153,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=30)
     ap.add_argument("--jobs", type=int, default=30)
     ap.add_argument("--torch", type=int, default=4, help="how many of the jobs are PyTorch jobs")
+    ap.add_argument("--torch-like", action="store_true",
+                    help="the PyTorch jobs are bench/salus_torch_like.cu instead (PyTorch-shaped "
+                         "steps of 6 pieces; for the sim)")
     ap.add_argument("--scale", type=float, default=0.7, help="job durations and arrivals x this")
     ap.add_argument("--capacity", default="12GiB")
     ap.add_argument("--timeline", action="store_true",
@@ -150,6 +176,8 @@ def main() -> int:
     work = args.out or Path(tempfile.mkdtemp(prefix="salus-trace-"))
     work.mkdir(parents=True, exist_ok=True)
     exe = build_job(work)
+    if args.torch_like:
+        specs = [torch_like(s, build_job(work, "salus_torch_like"), sim) if s.torch else s for s in specs]
     best = ideal(specs)
     ideal_ratio = best["fifo"] / best["srtf"]
     print(f"ideal (one job at a time, 50 ms boundaries, no start-up): FIFO avg JCT {best['fifo']:.2f} s, "

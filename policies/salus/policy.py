@@ -12,13 +12,15 @@
   idle for it (on the H100 a PyTorch job's set-up took seconds, all of them in FIFO's and
   SRTF's single turn).
 - **Last iteration.** A job that has run its declared iteration count gives its turn up at
-  that boundary, so the next job starts while it reads back, frees and exits. Past its
-  declared count (an iteration seen in pieces, or a count declared too low) it gives its turn
-  up at each learned count (the declared one doubled) and is not held at its other
-  boundaries: its next launch or scratch waits for its turn instead, so its exit never waits
-  for another job's iterations.
+  that boundary, so the next job starts while it reads back, frees and exits, once the
+  detector has settled (its pieces alike, or a step of several pieces folded into one
+  iteration: before, its count is of pieces). Past its declared count (an iteration seen in
+  pieces, or a count declared too low) it gives its turn up at each learned count (the
+  declared one doubled) and is not held at its other boundaries: its next launch or scratch
+  waits for its turn instead, so its exit never waits for another job's iterations.
 - **Boundaries.** A job in an iteration always runs (nothing of it is held). At a boundary (a
-  free that returns it to its persistent level) its lane is updated to the new measurement (if
+  free that returns it to its persistent level; of a step that does so several times, only
+  the one that ends the step, detector.py) its lane is updated to the new measurement (if
   that no longer fits, it leaves its lane and waits for admission again) and the scheduler
   picks who runs next; if not this job, its next call, whatever it is (the scratch allocation
   of its next iteration, usually), is held (Controls.hold_session: a deferred reply, never a
@@ -31,12 +33,15 @@
   fails in Salus). So the condition holds at every moment by construction, including when a
   job is measured larger than it declared. Memory a daemon would charge without asking is
   counted when made (forced) and stops admissions while over C (every path of pilotd's asks).
+- **Between iterations** all a job holds counts as its P (Job.sizes): a boundary is a return
+  to its level within a tolerance, and what it still holds there must not count as the
+  scratch its lane now lends to the next job.
 - **Outside the lanes.** What a job without a lane holds (an undeclared job's set-up before its
   first launch, a job that left its lane at a boundary) is counted too (Lanes.hold_outside),
   so no admission can count on memory someone still holds.
 - **Declarations are floors.** A declared job is counted at least its declared P and E, also
-  once recognized: the detector may cut an iteration that frees in several places (PyTorch)
-  into pieces and measure too little.
+  once recognized: until the detector has folded a step that frees in several places
+  (PyTorch) into one iteration, it measures the pieces, and too little.
 """
 
 from __future__ import annotations
@@ -152,11 +157,12 @@ class Job:
         if self.iterations_ran > 1:
             self.turns.append(seconds)
 
-    def sizes(self, extra: int = 0) -> tuple[int, int]:
+    def sizes(self, extra: int = 0, between: bool | None = None) -> tuple[int, int]:
         """P and E to count: the detector's once it recognized the job, else its declaration
         (P grown to what it has held beyond its declared E) or, undeclared, all it has held
         with E = 0; never less than declared; with `extra` bytes more allocated, what it would
-        hold above P counts as scratch (its lane grows)."""
+        hold above P counts as scratch (its lane grows). `between` iterations (default: when
+        it does not run) all it holds counts as P."""
         d, det = self.declared, self.detector
         live = det.live + extra
         peak = max(det.peak, live)
@@ -170,6 +176,12 @@ class Job:
             return peak, 0
         if declared:
             p, e = max(p, d.persistent or 0), max(e, d.ephemeral or 0)
+        if not self.running if between is None else between:
+            # Between iterations all it holds is persistent: its lane's scratch is another
+            # job's now. A boundary is a return to the level within a tolerance (up to 1 MiB or
+            # 2%), and a declared floor may be below what it holds: counted as scratch, such
+            # leftovers went past C beside the next job's iteration (the sim's trace, SRTF).
+            p = max(p, live)
         return p, max(e, live - p)
 
 
@@ -255,7 +267,7 @@ class Salus(Policy):
         job = self.jobs.get(a.session)
         if job is None or a.kind in HOST_KINDS:
             return
-        job.detector.allocated(a.size)
+        job.detector.allocated(a.size, self.clock())
         lanes = self._lanes(job)
         if a.session not in lanes:
             lanes.hold_outside(a.session, job.detector.live)
@@ -273,11 +285,23 @@ class Salus(Policy):
         if job is None or a.kind in HOST_KINDS:
             return
         now = self.clock()
-        boundary = job.detector.freed(a.size, now)
+        det = job.detector
+        pieces = det.candidates
+        boundary = det.freed(a.size, now)
+        if det.candidates != pieces and log.isEnabledFor(logging.DEBUG):
+            self._trace_piece(job)
         lanes = self._lanes(job)
         if a.session not in lanes:
             lanes.hold_outside(a.session, job.detector.live)
         if boundary is None:
+            if not job.running and a.session in lanes:
+                lanes.update(a.session, *job.sizes())  # what it holds between iterations, less
+            return
+        if job.running and a.session in lanes and not lanes.fits(a.session, *job.sizes(between=True)):
+            # It still holds more than its P counts (a return to its level within the
+            # tolerance) and that does not fit beside the scratch its lane would lend the next
+            # job: no switch point, its iteration goes on to its next boundary.
+            self._trace(job, "kept")
             return
         self._trace(job, "boundary")
         if job.running:
@@ -288,7 +312,8 @@ class Salus(Policy):
         if a.session in lanes:
             lanes.update(a.session, *job.sizes())  # False: it left its lane, admitted again
         declared = job.declared.iterations
-        if declared is not None and boundary.iteration == learned_count(boundary.iteration - 1, declared):
+        if declared is not None and det.settled and \
+                boundary.iteration == learned_count(boundary.iteration - 1, declared):
             # Its last iteration, as far as pilot can tell: it gives its turn up now, not at its
             # session's end (its read-back, frees and exit need no turn; a launch or scratch
             # would ask again). At the declared count, and at each learned one after it (the
@@ -296,7 +321,10 @@ class Salus(Policy):
             # with more boundaries than it declared (an iteration that frees in several places,
             # PyTorch's, is cut into pieces): held there instead, its exit would wait for
             # another job's boundary. Not at every later boundary: that made such a job wait
-            # for another's boundary before each piece.
+            # for another's boundary before each piece. Only where the detector has settled
+            # (its pieces alike, or folded into iterations): a PyTorch step is several pieces
+            # until the detector has seen three steps, and a job of 20 steps reached "20" in
+            # its second one.
             job.wants_turn = False
             job.waiting_since = None
             self._trace(job, "last")
@@ -312,6 +340,7 @@ class Salus(Policy):
 
     def tick(self, now: float) -> None:
         for gpu in self.lanes:
+            self._gpu_lanes(gpu)  # its capacity, as of now
             if any(j.held or j.gated or j.waits_for for j in self.jobs.values() if j.session.gpu == gpu):
                 self._reschedule(gpu)
 
@@ -335,7 +364,7 @@ class Salus(Policy):
     def launch_started(self, l: LaunchView) -> None:  # noqa: E741
         job = self.jobs.get(l.session)
         if job is not None:
-            job.detector.launched()
+            job.detector.launched(self.clock())
 
     def watches_launches(self, session: int) -> Watch:
         """What of the session's launches must come to launch_requested now: all of them while
@@ -391,6 +420,16 @@ class Salus(Policy):
         log.debug("salus event %s session %d pid %d at %.6f", what, job.session.id, job.session.pid,
                   self.clock())
 
+    def _trace_piece(self, job: Job) -> None:
+        """A debug line per piece (what came between two returns to the level): its signature,
+        for telling why a job's steps are or are not folded (bench/salus_experiments.py steps)."""
+        det = job.detector
+        p = det.last_piece
+        if p is not None:
+            log.debug("salus piece %d session %d: allocations %d frees %d peak %d live %d gap %.6f; "
+                      "period %d, iterations %d", det.candidates, job.session.id, p.allocations, p.frees,
+                      p.peak, p.live, p.gap, det.period, det.boundaries)
+
     def _can_make_room(self, job: Job) -> bool:
         """Whether another job of job's GPU can still end or be admitted and so change what is
         counted: an admitted one (it runs and ends; it never waits for an allocation), or one
@@ -422,7 +461,11 @@ class Salus(Policy):
         return why
 
     def _lanes(self, job: Job) -> Lanes:
-        return self._gpu_lanes(job.session.gpu)
+        """The job's GPU's lanes, as of the last look at its capacity (every _gpu_lanes: each
+        reschedule and tick), without asking the daemon again: this runs at every allocation
+        and free, and Controls.gpu builds a view of the whole GPU."""
+        lanes = self.lanes.get(job.session.gpu)
+        return lanes if lanes is not None else self._gpu_lanes(job.session.gpu)
 
     def _gpu_lanes(self, gpu: int) -> Lanes:
         lanes = self.lanes.get(gpu)
@@ -501,6 +544,7 @@ class Salus(Policy):
         return {"session": job.session.id, "tenant": job.session.tenant, "pid": job.session.pid,
                 "lane": lanes.lane_of(job.session.id), "persistent": p, "ephemeral": e,
                 "recognized": det.recognized, "iterations": det.boundaries,
+                "pieces": det.candidates, "period": det.period,
                 "iteration_s": job.iteration_s, "service_s": round(job.service, 3),
                 "remaining_s": round(self._remaining(job, self._typical_s(job.session.gpu)), 3),
                 "waited_s": round(job.waited_s(self.clock()), 3),

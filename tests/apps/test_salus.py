@@ -34,6 +34,18 @@ def salus_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(str(exc))
 
 
+@pytest.fixture(scope="module")
+def torch_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bench/salus_torch_like.cu: a PyTorch-shaped step (several dips to the level per step)."""
+    sys.path.insert(0, str(BENCH_DIR))
+    from salus_bench import build_job
+
+    try:
+        return build_job(tmp_path_factory.mktemp("salus"), "salus_torch_like")
+    except RuntimeError as exc:  # no nvcc
+        pytest.skip(str(exc))
+
+
 class Watch(threading.Thread):
     """Polls pilotd's status every 20 ms: the most pilot granted on GPU 0, the lanes' sum, the
     most lanes and the most jobs running at once."""
@@ -155,3 +167,43 @@ def test_a_running_job_s_launches_run_in_c(start_pilotd: Any, shim_path: str, sa
     assert launched == 12 * 20
     print(f"salus fast path: {launched - in_c:g} of {launched:g} launches through Python")
     assert launched - in_c <= 20 + 11, (launched, in_c)
+
+
+def test_a_pytorch_shaped_step_is_one_iteration(start_pilotd: Any, shim_path: str, torch_like: Path) -> None:
+    """Issue 30: a PyTorch step with backend:cudaMallocAsync returns to its persistent level
+    several times (between layers, after backward, after the optimizer), and the detector
+    cut it into that many iterations (a small model: 170 boundaries for 20 steps on the
+    H100). bench/salus_torch_like.cu makes such steps (4 layers: 6 pieces a step, then a
+    synchronizing copy); the detector folds them: about one boundary per step, P and E within
+    10% of the program's (P 64 MiB, E its backward piece's gradients, 22 MiB)."""
+    sys.path.insert(0, str(BENCH_DIR))
+    from salus_step_shapes import torch_like_peak
+
+    daemon = start_pilotd("--policy", "salus", config=(
+        '[policy]\nmax_wait = 0\n[policy.salus]\nscheduler = "fifo"\ncapacity = "1GiB"\n'))
+    env = {**daemon.env(), "LD_PRELOAD": shim_path}
+    steps = 24
+    proc = subprocess.Popen([str(torch_like), "64", str(steps), "4", "2048", "5", "1500"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = ControlClient(daemon.control_socket)
+    seen: dict[str, Any] = {}
+    assert proc.stdout is not None
+    while proc.poll() is None:  # until its last steps (then it holds its state 1.5 s)
+        gpu = (client.call("status")["scheduling"]["state"].get("gpus") or {}).get("0")
+        if gpu and gpu["jobs"]:
+            seen = gpu["jobs"][0]
+        time.sleep(0.02)
+        if seen.get("iterations", 0) >= steps - 1:
+            break
+    time.sleep(0.5)  # its last step's boundary and the copy after it
+    gpu = client.call("status")["scheduling"]["state"]["gpus"]["0"]
+    seen = gpu["jobs"][0] if gpu["jobs"] else seen
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and f"steps {steps} ok" in out, f"{out}\n{err}\n{daemon.log_tail()}"
+    print(f"salus torch-like: {seen['iterations']} boundaries for {steps} steps, "
+          f"P {seen['persistent'] / MiB:.2f} MiB, E {seen['ephemeral'] / MiB:.2f} MiB")
+    assert seen["recognized"]
+    assert steps - 1 <= seen["iterations"] <= steps + 1, seen
+    assert abs(seen["persistent"] - 64 * MiB) <= 0.1 * 64 * MiB, seen
+    truth = torch_like_peak(4, 2 * MiB)
+    assert abs(seen["ephemeral"] - truth) <= 0.1 * truth, seen

@@ -50,7 +50,8 @@
 #  10. tenants  bench/tenants.py: N PyTorch training / CUDA-graph inference processes at once under
 #               time-slicing, MPS and pilot (TENANTS_ARGS, e.g. "--rounds 1 --ns 1,4,8")
 #  11. salus    tests/gpu/salus_gpu.sh: the salus policy's trace (Table 2, per-job timelines),
-#               Fig. 11 (FAIR) and the PyTorch detector probe; $OUT/salus.md, salus.tgz (~6 min)
+#               Fig. 11 (FAIR), the PyTorch detector probe and boundaries per step; $OUT/salus.md,
+#               salus.tgz (~7.5 min)
 # Everything printed is also in $OUT/run_all.log; the compare and bench tables come last.
 # Files under $OUT (default /tmp/pilot-gpu-out): run_all.log, compare.md, compare.log,
 # pilotd-compare.log, bench.md, bench.json, pilotd-bench.log, um_tune.md.
@@ -204,7 +205,7 @@ main() {
     # shellcheck disable=SC2086  # TENANTS_ARGS is a list of words
     stage tenants timeout -k 20 "$TENANTS_TIMEOUT" "$PYTHON" bench/tenants.py --out "$OUT/tenants" \
         --python "$PYTHON" $TENANTS_ARGS
-    stage salus timeout -k 20 540 bash tests/gpu/salus_gpu.sh
+    stage salus timeout -k 20 660 bash tests/gpu/salus_gpu.sh
 
     printf '\n==================== results\n\n'
     for f in compare.md confine/confine.md real_programs.md bench.md ring_on.md ring_off.md um_tune.md preempt.md priority.md fig1/fig1.md tenants/tenants.md salus.md; do

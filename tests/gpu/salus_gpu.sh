@@ -13,13 +13,18 @@
 #   torch  bench/salus_experiments.py torch: a PyTorch job declaring nothing, caching allocator
 #          vs backend:cudaMallocAsync (what pilot recognizes), and cudaMallocAsync again with
 #          the fast path off (what watching sessions one by one gains); about 60 s, limit 120 s
+#   steps  bench/salus_experiments.py steps: boundaries per step and step time of PyTorch jobs
+#          (small, medium; backend:cudaMallocAsync) under salus and `none`, and of
+#          bench/salus_torch_like.cu under salus (PASS: 0.8-1.25 boundaries a step); about 90 s,
+#          limit 180 s
 # Written to $OUT: salus.md (every PASS/FAIL line by step, the trace's table and timelines,
 # each step's exit status) and salus.tgz (everything: JSON, plots, pilotd logs, job outputs).
 # Exit status: non-zero if a step failed or printed a FAIL line.
-# Environment: OUT, PYTHON (python3), SALUS_WORK (/tmp/salus-gpu), SALUS_TRACE_ARGS (extra
+# Environment: OUT, PYTHON (python3), SALUS_WORK (/tmp/salus-gpu), SALUS_STEPS (which steps, in
+# order; default "trace fair torch steps"), SALUS_TRACE_ARGS (extra
 # salus_trace.py arguments, e.g. "--scale 1.0"), SALUS_TRACE_TIMEOUT, SALUS_BACKEND (cuda; sim
-# checks this script without a GPU: shorter runs, no PyTorch jobs, the torch step only where
-# PyTorch is installed).
+# checks this script without a GPU: shorter runs, the trace's PyTorch jobs as
+# bench/salus_torch_like.cu, the torch step only where PyTorch is installed).
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -49,32 +54,44 @@ step() {
 
 SIM_TRACE=() SIM_FAIR=() SIM_TORCH=()
 if [ "${SALUS_BACKEND:-cuda}" = sim ]; then
-    SIM_TRACE=(--backend sim --torch 0 --scale 0.3) SIM_FAIR=(--backend sim --scale 0.2) SIM_TORCH=(--backend sim)
+    SIM_TRACE=(--backend sim --torch-like --scale 0.3) SIM_FAIR=(--backend sim --scale 0.2) SIM_TORCH=(--backend sim)
 fi
+STEPS=${SALUS_STEPS:-trace fair torch steps}
+wants() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 # shellcheck disable=SC2086  # TRACE_ARGS is a list of words
-step trace "$TRACE_TIMEOUT" "$PYTHON" bench/salus_trace.py --timeline --out "$WORK/trace" "${SIM_TRACE[@]}" $TRACE_ARGS
-step fair 100 "$PYTHON" bench/salus_experiments.py fair --out "$WORK/fair" "${SIM_FAIR[@]}"
-if [ "${SALUS_BACKEND:-cuda}" = sim ] && ! "$PYTHON" -c 'import torch' 2>/dev/null; then
-    echo "SKIP: torch: no PyTorch here (sim dry run)" | tee "$WORK/torch.log"
-else
-    step torch 120 "$PYTHON" bench/salus_experiments.py torch --out "$WORK/torch" "${SIM_TORCH[@]}"
+wants trace && step trace "$TRACE_TIMEOUT" "$PYTHON" bench/salus_trace.py --timeline --out "$WORK/trace" "${SIM_TRACE[@]}" $TRACE_ARGS
+wants fair && step fair 100 "$PYTHON" bench/salus_experiments.py fair --out "$WORK/fair" "${SIM_FAIR[@]}"
+if wants torch; then
+    if [ "${SALUS_BACKEND:-cuda}" = sim ] && ! "$PYTHON" -c 'import torch' 2>/dev/null; then
+        echo "SKIP: torch: no PyTorch here (sim dry run)" | tee "$WORK/torch.log"
+    else
+        step torch 120 "$PYTHON" bench/salus_experiments.py torch --out "$WORK/torch" "${SIM_TORCH[@]}"
+    fi
 fi
+wants steps && step steps 180 "$PYTHON" bench/salus_experiments.py steps --out "$WORK/steps" "${SIM_TORCH[@]}"
 
 {
     echo "# salus on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1), $(date -u +%FT%TZ)"
-    for name in trace fair torch; do
+    for name in $STEPS; do
         echo
         echo "## $name"
-        grep -E '^(PASS|FAIL|SKIP)' "$WORK/$name.log" || echo "(no PASS/FAIL line)"
+        grep -E '^(PASS|FAIL|SKIP|INFO)' "$WORK/$name.log" || echo "(no PASS/FAIL line)"
     done
-    echo
-    echo "## the trace"
-    grep -vE '^(PASS|FAIL)' "$WORK/trace.log"
+    if wants steps; then
+        echo
+        echo "## boundaries per step: each run"
+        grep -E ' under (salus|none): ' "$WORK/steps.log"
+    fi
+    if wants trace; then
+        echo
+        echo "## the trace"
+        grep -vE '^(PASS|FAIL)' "$WORK/trace.log"
+    fi
     echo
     echo "## steps"
     printf '%s\n' "${STATUS[@]}"
 } >"$OUT/salus.md"
 grep -q '^FAIL' "$WORK"/*.log && RC=1
-tar czf "$OUT/salus.tgz" --exclude=salus_job --exclude=state -C "$WORK" . 2>/dev/null
+tar czf "$OUT/salus.tgz" --exclude=salus_job --exclude=salus_torch_like --exclude=state -C "$WORK" . 2>/dev/null
 cat "$OUT/salus.md"
 exit "$RC"

@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,9 @@ from pilot.policies import AllocationView, Controls, LaunchView, SessionView, Ve
 from pilot.policies.salus.declared import Declared
 from pilot.policies.salus.policy import Salus
 from pilot.policies.salus.schedulers import JobState, learned_count, remaining_s, runnable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from salus_step_shapes import torch_like_step
 
 GIB = 1 << 30
 DT = 0.01
@@ -35,6 +40,8 @@ class Script:
     pieces: int = 1  # scratch allocations, launches and frees per iteration (seen as iterations)
     declares_s: float | None = None  # the iteration time it declares (PILOT_SALUS_ITERATION_TIME)
     declares_n: int | None = None  # the iteration count it declares, if not `iterations`
+    # its calls per iteration instead: alloc, free, launch (iteration_s each), pause (ms)
+    step: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -53,7 +60,9 @@ class Run:
     def __post_init__(self) -> None:
         s = self.script
         self.calls = [("alloc", s.persistent)]
-        for i in range(s.iterations * s.pieces):
+        for _ in range(s.iterations if s.step else 0):
+            self.calls += s.step
+        for i in range(0 if s.step else s.iterations * s.pieces):
             scratch = s.uses or s.ephemeral
             if s.frees or i == 0:
                 self.calls.append(("alloc", scratch))
@@ -120,6 +129,8 @@ def simulate(policy: Salus, scripts: list[Script], capacity: int, limit_s: float
                     continue
                 r.live += size if what == "alloc" else -size
                 (policy.allocated if what == "alloc" else policy.freed)(a)
+            elif what == "pause":  # the host waits (loss.item() synchronizing): no call
+                r.busy_until = now + size / 1000
             elif what == "launch":
                 r.attempts += 1
                 view = LaunchView(next(launch_ids), r.sid, f"t{r.sid}", 1000 + r.sid, 0, 0, "k",
@@ -264,6 +275,38 @@ def test_a_job_seen_in_pieces_keeps_its_turn_past_its_declared_count() -> None:
     # last piece ended (at the 20th, the declared count doubled, T gives its turn up again, so
     # M starts while T frees and exits)
     assert sum(it[0] < runs[0].iterations[-1][1] for it in runs[1].iterations) == 1
+    assert not any_overlap(runs)
+
+
+def test_a_pytorch_like_job_gives_its_turn_up_at_its_last_step_not_at_its_count_of_pieces() -> None:
+    """T's step is 6 pieces of different shapes (bench/salus_step_shapes.py) and a pause (its
+    loss.item()), 12 steps declared; M arrives during T's first step (FIFO: after T). The
+    detector folds T's pieces once it has seen three steps, but T's 12th piece comes in its
+    second step: counted as its 12th iteration, T gave its turn up there and M ran first. Now
+    the count is trusted only once the detector has settled, and T's iteration ends before its
+    pause (the phase): M starts at T's last boundary, while T pauses, frees and exits."""
+    step = (*torch_like_step(4, 256 << 20), ("pause", 30))
+    scripts = [Script(0.0, 1 * GIB, 2 * GIB, 12, 0.01, step=step),
+               Script(0.05, 1 * GIB, 1 * GIB, 5, 0.1)]
+    runs = simulate(declaring(salus("fifo"), scripts), scripts, 12 * GIB)
+    t, m = runs
+    assert t.iterations[-1][1] <= m.iterations[0][0] <= t.iterations[-1][1] + 3 * DT
+    assert not any_overlap(runs)
+
+
+@pytest.mark.parametrize("scheduler", ["srtf", "fifo", "pack"])
+def test_what_a_job_holds_at_a_boundary_within_the_tolerance_stays_within_c(scheduler: str) -> None:
+    """A boundary is a return to the level within a tolerance (2% of 8 GiB here): T's first
+    pieces end with a temporary of 128-160 MiB still allocated. Counted as T's scratch (its
+    declared E), that went past C once its lane's scratch was M's (the sim's trace went 128
+    KiB past C under SRTF). Now what a job holds between iterations counts as its P, and a
+    boundary where that does not fit is no switch point: T's iteration goes on. What the jobs
+    really hold never exceeds C (simulate's real_bound)."""
+    step = (*torch_like_step(4, 256 << 20), ("pause", 30))
+    scripts = [Script(0.0, 8 * GIB, 3 * GIB, 12, 0.01, step=step),
+               Script(0.05, 1 * GIB, 3 * GIB, 20, 0.05)]
+    runs = simulate(declaring(salus(scheduler), scripts), scripts, 12 * GIB, real_bound=True)
+    assert all(not r.refused for r in runs)
     assert not any_overlap(runs)
 
 
