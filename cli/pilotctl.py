@@ -117,6 +117,7 @@ def status(client: ControlClient, as_json: bool, measure: bool) -> None:
     for v in doc["vgpus"]:
         click.echo(f"  vGPU {v['index']} on GPU {v['gpu']}: {v['sessions']} session(s)")
     _show_faults(doc.get("faults") or [])
+    _show_engine_faults(doc.get("engine_faults") or [])
     prio = doc.get("priorities") or {}
     if prio.get("tenants"):
         click.echo("priority classes:")
@@ -211,6 +212,16 @@ def _show_faults(faults: list[dict[str, Any]]) -> None:
     if f.get("restarted"):
         line += f"; serving again after {f['restarted'] - f['detected']:.2f} s"
     click.echo(line)
+
+
+def _show_engine_faults(faults: list[dict[str, Any]]) -> None:
+    """Faults of isolated tenants' pilotds (each restarted alone), the last one named."""
+    if not faults:
+        return
+    f = faults[-1]
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f["detected"]))
+    click.echo(f"isolated tenants' GPU faults: {len(faults)}; last of {f['tenant']} on GPU "
+               f"{f['gpu']} at {when}: {f.get('name') or 'error'} ({f['error']})")
 
 
 @main.command()

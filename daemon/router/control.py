@@ -191,7 +191,8 @@ def status(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, An
             "uptime_s": round(time.time() - daemon.started, 1), "gpus": gpus,
             "vgpus": snap["vgpus"], "sessions": len({s["session"] for s in snap["sessions"]}),
             "policy": daemon.config.policy, "scheduling": daemon.policy.describe(),
-            "faults": snap["faults"], "isolation": snap["isolation"],
+            "faults": snap["faults"], "engine_faults": snap.get("engine_faults", []),
+            "isolation": snap["isolation"],
             "priorities": _visible_priorities(snap["priorities"], caller),
             "you": {"tenant": caller.tenant, "admin": caller.admin}}
 

@@ -223,3 +223,57 @@ def exec_afresh(handover: Handover) -> NoReturn:
             stream.flush()
     logging.shutdown()
     os.execve(sys.executable, argv, env)
+
+
+# ---- an isolated tenant's faults, seen by the pilotd that started its engine ----
+
+ENGINE_FAULTS_FILE = "engine-faults.jsonl"
+ENGINE_FAULTS_READ = 1 << 20  # bytes read from the end: the latest ~10,000 faults
+
+
+def record_engine_fault(state_dir: str, fault: Fault, tenant: str) -> None:
+    """An engine (a pilotd serving one isolated tenant) faulted: one JSON line appended to the
+    state directory's ENGINE_FAULTS_FILE, which the pilotd that started it exports (metrics,
+    `pilotctl status`); the engine's own counters restart with it and nobody scrapes it. A fault
+    the MPS server ended this engine for (another client's) is not recorded: that client's
+    engine records its own. Best effort: a full disk loses the line, never the restart."""
+    if fault.error == CUDA_ERROR_MPS_CLIENT_TERMINATED:
+        return
+    line = json.dumps({"gpu": fault.gpu, "error": fault.error, "name": fault.name,
+                       "detected": fault.detected, "tenant": tenant, "pid": os.getpid()})
+    try:
+        fd = os.open(os.path.join(state_dir, ENGINE_FAULTS_FILE),
+                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log.warning("cannot record the fault for the pilotd that started this one: %s", exc)
+
+
+def read_engine_faults(state_dir: str) -> list[dict[str, Any]]:
+    """The engines' faults recorded in the state directory, oldest first (the last
+    ENGINE_FAULTS_READ bytes; lines that are not a fault's are skipped)."""
+    path = os.path.join(state_dir, ENGINE_FAULTS_FILE)
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - ENGINE_FAULTS_READ))
+            data = f.read()
+    except OSError:
+        return []
+    lines = data.split(b"\n")
+    if size > ENGINE_FAULTS_READ:
+        lines = lines[1:]  # cut in the middle
+    faults = []
+    for raw in lines:
+        try:
+            row = json.loads(raw)
+            faults.append({"gpu": int(row["gpu"]), "error": int(row["error"]),
+                           "name": str(row.get("name", "")), "detected": float(row["detected"]),
+                           "tenant": str(row["tenant"]), "pid": int(row.get("pid", 0))})
+        except (ValueError, KeyError, TypeError):
+            continue
+    return faults

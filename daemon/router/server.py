@@ -68,6 +68,8 @@ from pilot.daemon.router.recovery import (
     Fault,
     FaultMonitor,
     Handover,
+    read_engine_faults,
+    record_engine_fault,
     repeat_suspects,
 )
 from pilot.daemon.scheduling.callbacks import CallbackHub
@@ -483,6 +485,8 @@ class Daemon:
         # (_mps_attribute, in the router thread before the restart)
         fault.known = len(fault.suspects) == 1 and not self._mps_log_dir
         self.faults.append(fault)
+        if self.config.isolated_tenant:  # the pilotd that started this engine exports it
+            record_engine_fault(self.config.state_dir, fault, self.config.isolated_tenant)
         if self.config.isolation_after_fault and not self.config.isolated_tenant \
                 and not self._mps_log_dir:
             for tenant, why in repeat_suspects(self.faults).items():
@@ -1019,6 +1023,8 @@ class Daemon:
             "vgpus": [{"index": v.index, "gpu": v.gpu, "sessions": len(v.sessions)}
                       for v in self.vgpus],
             "faults": [{**asdict(f), "tenant": f.tenant} for f in self.faults],
+            "engine_faults": ([] if self.config.isolated_tenant
+                              else read_engine_faults(self.config.state_dir)),
             "connections": {"admitted": self.admission.connections(), "refused": self.admission.refused,
                             "limit": self.admission.total, "per_uid": self.admission.per_uid,
                             "endpoint_refused": read_endpoint_refusals()[0]},

@@ -406,15 +406,19 @@ class PilotCollector(Collector):
         yield waits
 
     @staticmethod
-    def _fault_families(faults: list[dict[str, Any]]) -> Iterator[Metric]:
-        """GPU faults since pilotd's service started (they survive its restarts after a fault)."""
+    def _fault_families(faults: list[dict[str, Any]],
+                        engine_faults: Iterable[dict[str, Any]] = ()) -> Iterator[Metric]:
+        """GPU faults since pilotd's service started (they survive its restarts after a fault),
+        and those of the isolated tenants' pilotds it started (each restarted alone; their
+        tenant is always known)."""
         counts: dict[tuple[str, str, str], int] = {}
-        for f in faults:
+        for f in [*faults, *engine_faults]:
             key = (str(f["gpu"]), str(f["error"]), str(f.get("tenant") or "unknown"))
             counts[key] = counts.get(key, 0) + 1
         total = _counter("pilot_gpu_faults", "Context-fatal GPU faults (a kernel's illegal address, "
-                         "device assert...): every session on the GPU got the error and pilotd "
-                         "restarted. tenant: whose work faulted, where it is known.",
+                         "device assert...): every session on the GPU (of an isolated tenant's "
+                         "pilotd: of that tenant) got the error and that pilotd restarted. "
+                         "tenant: whose work faulted, where it is known.",
                          ["gpu", "error", "tenant"])
         for labels, n in sorted(counts.items()):
             total.add_metric(list(labels), n)
@@ -550,7 +554,8 @@ class PilotCollector(Collector):
             if not math.isnan(reading.utilization_memory):
                 mem_util.add_metric([gpu], reading.utilization_memory / 100.0)
         yield from (info, capacity, draining, used, free, total, util, mem_util)
-        yield from self._fault_families(list(state.get("faults") or ()))
+        yield from self._fault_families(list(state.get("faults") or ()),
+                                        list(state.get("engine_faults") or ()))
         yield from self._connection_families(state.get("connections"))
 
         resident = _gauge("pilot_gpu_resident_bytes",

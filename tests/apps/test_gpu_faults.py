@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -171,6 +172,11 @@ def test_isolated_tenant_runs_in_a_pilotd_of_its_own(
     assert run(daemon, shim_path, exe, "work").stdout == "work: ok\n"
     status = json.loads(daemon.ctl("status", "--json").stdout)
     assert status["faults"] == [] and status["pid"] == daemon.proc.pid
+    # ...and this pilotd reports it: the engine's tenant, its error
+    (fault,) = status["engine_faults"]
+    assert fault["tenant"] == f"user:{pwd.getpwuid(os.getuid()).pw_name}" and fault["gpu"] == 0
+    assert fault["name"] == "cudaErrorIllegalAddress" and fault["pid"] == engine
+    assert "isolated tenants' GPU faults: 1; last of user:" in daemon.ctl("status").stdout
     assert isolated_pids(daemon) == [engine]  # restarted in place: same pid
     assert "serves tenant user:" in daemon.log() and "recovered from the GPU 0 fault" in daemon.log()
 

@@ -195,3 +195,34 @@ def test_an_mps_termination_isolates_nobody() -> None:
     assert recovery.repeat_suspects([Fault(gpu=0, error=700, detected=50.0, via="call",
                                            suspects=[_suspect("user:a"), _suspect("user:b", 2)]),
                                      ended]) == {}
+
+
+def test_engine_faults_recorded_for_the_pilotd_that_started_them(tmp_path: Any) -> None:
+    """An isolated tenant's pilotd appends its faults to the state directory; the pilotd that
+    started it reads them (metrics, status). An MPS termination (another client's fault) is not
+    the engine's own and is left out; a line that is not a fault's is skipped."""
+    state = str(tmp_path)
+    assert recovery.read_engine_faults(state) == []
+    recovery.record_engine_fault(state, Fault(gpu=0, error=700, detected=10.0, via="call"), "user:a")
+    recovery.record_engine_fault(state, Fault(gpu=0, error=810, detected=11.0, via="watch"), "user:b")
+    with open(tmp_path / recovery.ENGINE_FAULTS_FILE, "a") as f:
+        f.write("not json\n{\"gpu\": 1}\n")
+    recovery.record_engine_fault(state, Fault(gpu=1, error=719, detected=12.0, via="watch"), "user:c")
+    faults = recovery.read_engine_faults(state)
+    assert [(f["gpu"], f["error"], f["tenant"], f["name"]) for f in faults] == [
+        (0, 700, "user:a", "cudaErrorIllegalAddress"), (1, 719, "user:c", "cudaErrorLaunchFailure")]
+    assert oct((tmp_path / recovery.ENGINE_FAULTS_FILE).stat().st_mode & 0o777) == "0o600"
+    families = {f.name: f for f in PilotCollector._fault_families([], faults)}
+    samples = {tuple(s.labels.values()): s.value for s in families["pilot_gpu_faults"].samples
+               if s.name.endswith("_total")}
+    assert samples == {("0", "700", "user:a"): 1, ("1", "719", "user:c"): 1}
+
+
+def test_engine_faults_read_only_from_the_end(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recovery, "ENGINE_FAULTS_READ", 300)
+    for i in range(20):
+        recovery.record_engine_fault(str(tmp_path), Fault(gpu=0, error=700, detected=float(i),
+                                                          via="call"), "user:a")
+    faults = recovery.read_engine_faults(str(tmp_path))
+    assert 1 <= len(faults) < 20 and faults[-1]["detected"] == 19.0
+    assert [f["detected"] for f in faults] == sorted(f["detected"] for f in faults)
