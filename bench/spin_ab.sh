@@ -4,7 +4,7 @@
 # (issue 25: graph inference at N=16 was 0.60x MPS), under MPS and under pilot with each
 # budget, then the single-tenant round trips with the default budget beside native.
 #
-#   bash tests/gpu/run_compare.sh --install-only && OUT=/tmp/out bash bench/spin_ab.sh
+#   OUT=/tmp/rs bash tests/gpu/run_all.sh smoke && OUT=/tmp/out bash bench/spin_ab.sh  # (installs first)
 #
 # Environment: SPINNERS (the pilot variants, default "0 auto": no limit and a quarter of the
 # cores; a variant SPINNERS,US also sets the tenants' PILOT_SPIN_US, how long the shim polls for
