@@ -21,11 +21,11 @@
 - **Boundaries.** A job in an iteration always runs (nothing of it is held). At a boundary (a
   free that returns it to its persistent level; of a step that does so several times, only
   the one that ends the step, detector.py) its lane is updated to the new measurement (if
-  that no longer fits, it leaves its lane and waits for admission again) and the scheduler
-  picks who runs next; if not this job, its next call, whatever it is (the scratch allocation
-  of its next iteration, usually), is held (Controls.hold_session: a deferred reply, never a
-  kill) until the scheduler picks it. A daemon without holds (or a launch made anyway) is
-  held at the launch instead (WAIT).
+  that no longer fits, it leaves its lane and waits for admission again, never for ever: see
+  below) and the scheduler picks who runs next; if not this job, its next call, whatever it
+  is (the scratch allocation of its next iteration, usually), is held (Controls.hold_session:
+  a deferred reply, never a kill) until the scheduler picks it. A daemon without holds (or a
+  launch made anyway) is held at the launch instead (WAIT).
 - **Growth.** Every allocation of an admitted job is asked for first (allocation_requested):
   if what the job would then hold is more than its P and its lane count, its sizes grow (its
   lane with them) when the safety condition allows, and otherwise the allocation is refused as
@@ -39,6 +39,12 @@
 - **Outside the lanes.** What a job without a lane holds (an undeclared job's set-up before its
   first launch, a job that left its lane at a boundary) is counted too (Lanes.hold_outside),
   so no admission can count on memory someone still holds.
+- **No wait that cannot end** (liveness, docs/POLICIES.md): a job whose P + E alone passes
+  C is refused (its next allocation or launch fails, as on a GPU of capacity C) instead of
+  waiting for a lane for ever; FIFO's arrival order does not block a later job that holds
+  memory outside the lanes; and when the jobs waiting for a lane hold memory outside and none
+  fits beside the others while nothing else can change the count, the youngest holder is
+  refused, and its failure frees what it holds.
 - **Declarations are floors.** A declared job is counted at least its declared P and E, also
   once recognized: until the detector has folded a step that frees in several places
   (PyTorch) into one iteration, it measures the pieces, and too little.
@@ -126,6 +132,7 @@ class Job:
     held: str = ""  # why it waits, "" if it does not
     gated: bool = False  # its calls are held (Controls.hold_session)
     waits_for: int = 0  # bytes of an allocation held until they fit (it has no lane)
+    refused: str = ""  # why it never gets a lane (P + E past C): its allocations and launches fail
     waited: float = 0.0  # seconds it wanted its turn and did not have it (SRTF's aging), ...
     waiting_since: float | None = None  # ... plus now less this, while it waits
 
@@ -210,7 +217,7 @@ class Salus(Policy):
             # itself up (within its P) once admitted, without waiting for its turn.
             job.wants_lane = True
             self._reschedule(s.gpu)
-            if s.id not in self._lanes(job):
+            if s.id not in self._lanes(job) and not job.refused:
                 job.gated = True
                 self.controls.hold_session(s.id, f"salus: {self._note_held(job)}")
 
@@ -230,6 +237,9 @@ class Salus(Policy):
         job = self.jobs.get(a.session)
         if job is None or a.kind in HOST_KINDS:
             return RUN
+        if job.refused:
+            self.controls.report("refuse", job.session.tenant)
+            return Decision.refuse(job.refused)
         lanes = self._lanes(job)
         m = lanes.members.get(a.session)
         if m is None:
@@ -352,13 +362,17 @@ class Salus(Policy):
         job = self.jobs.get(l.session)
         if job is None or job.running:
             return RUN
-        if not job.wants_turn:
-            self._trace(job, "asks")
-        job.wants_lane = True
-        job.wants(self.clock())
-        self._reschedule(l.gpu)
+        if not job.refused:
+            if not job.wants_turn:
+                self._trace(job, "asks")
+            job.wants_lane = True
+            job.wants(self.clock())
+            self._reschedule(l.gpu)
         if job.running:
             return RUN
+        if job.refused:  # now or before: no lane can ever fit it
+            self.controls.report("refuse", job.session.tenant)
+            return Decision.refuse(job.refused)
         return Decision.wait(f"salus: {self._note_held(job)}")
 
     def launch_started(self, l: LaunchView) -> None:  # noqa: E741
@@ -440,6 +454,23 @@ class Salus(Policy):
                    and (o.session.id in lanes or not (o.waits_for or o.wants_lane))
                    for o in self.jobs.values())
 
+    def _refuse(self, job: Job, p: int, e: int, capacity: int, beside: str) -> None:
+        """No lane will ever fit `job` (P + E past C, or past C `beside` memory that nothing
+        can free), so it does not wait for one (it would wait for ever): its calls go on and
+        its next allocation or launch fails, as on a GPU of capacity C."""
+        where = f" beside {beside}" if beside else ""
+        job.refused = (f"salus: P {size_text(p)} + E {size_text(e)}{where} is more than C "
+                       f"({size_text(capacity)}): no lane can ever fit the job")
+        job.wants_lane = job.wants_turn = False
+        job.waiting_since = None
+        log.warning("salus: session %d refused: %s", job.session.id, job.refused)
+        if job.gated:
+            job.gated = False
+            self.controls.release_session(job.session.id)
+        if job.held:
+            job.held = ""
+            self.controls.report("release", job.session.tenant)
+
     def _hold_unless_running(self, job: Job) -> None:
         if not job.running:
             self._trace(job, "held")
@@ -507,22 +538,39 @@ class Salus(Policy):
         return [self._state(j, lanes, typical, now) for j in self.jobs.values() if j.session.gpu == gpu]
 
     def _admit(self, gpu: int) -> Lanes:
-        """Offer lanes to the jobs of `gpu` that wait for one, in the scheduler's order."""
+        """Offer lanes to the jobs of `gpu` that wait for one, in the scheduler's order. Never
+        a wait that cannot end: a job whose P + E alone passes C is refused (_refuse), and
+        FIFO's strict order stops at a job that does not fit only for jobs that hold nothing:
+        one that holds memory outside the lanes (set-up, or it left its lane) is still offered
+        a lane, since the first may wait for exactly what it holds."""
         lanes = self._gpu_lanes(gpu)
         typical = self._typical_s(gpu) if self.settings.scheduler == "srtf" else None
         now = self.clock()
         waiting = [self._state(j, lanes, typical, now) for j in self.jobs.values()
                    if j.session.gpu == gpu and j.wants_lane and j.session.id not in lanes]
+        blocked = False
         for st in admission_order(self.settings.scheduler, waiting):
             job = self.jobs[st.job]
-            placed = lanes.admit(st.job, *job.sizes())
+            if blocked and st.job not in lanes.outside:
+                continue
+            p, e = job.sizes()
+            if lanes.capacity and p + e > lanes.capacity:
+                self._refuse(job, p, e, lanes.capacity, "")
+                continue
+            placed = lanes.admit(st.job, p, e)
             if placed is None:
-                if strict_order(self.settings.scheduler):
-                    break
+                blocked = strict_order(self.settings.scheduler)
                 continue
             self._trace(job, "admitted")
             mates = [self.jobs[j].vservice for j in lanes.lanes[placed.lane].jobs if j != st.job]
             job.vservice = max(job.vservice, min(mates, default=0.0))
+        stuck = [j for j in self.jobs.values() if j.session.gpu == gpu and j.wants_lane
+                 and j.session.id in lanes.outside and j.session.id not in lanes]
+        if stuck and not any(self._can_make_room(j) for j in stuck):
+            # Each waits for memory another one holds and nothing else can change what is
+            # counted: the youngest that holds memory fails, as on a GPU of capacity C.
+            job = max(stuck, key=lambda j: j.arrival)
+            self._refuse(job, *job.sizes(), lanes.capacity, "what the others waiting hold")
         return lanes
 
     # ---- reports ----

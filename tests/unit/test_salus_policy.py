@@ -42,6 +42,8 @@ class Script:
     declares_n: int | None = None  # the iteration count it declares, if not `iterations`
     # its calls per iteration instead: alloc, free, launch (iteration_s each), pause (ms)
     step: tuple[tuple[str, int], ...] = ()
+    # all its calls after its session starts, instead of the above ("end" is added)
+    plan: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -59,6 +61,9 @@ class Run:
 
     def __post_init__(self) -> None:
         s = self.script
+        if s.plan:
+            self.calls = [*s.plan, ("end", 0)]
+            return
         self.calls = [("alloc", s.persistent)]
         for _ in range(s.iterations if s.step else 0):
             self.calls += s.step
@@ -135,7 +140,12 @@ def simulate(policy: Salus, scripts: list[Script], capacity: int, limit_s: float
                 r.attempts += 1
                 view = LaunchView(next(launch_ids), r.sid, f"t{r.sid}", 1000 + r.sid, 0, 0, "k",
                                   (1, 1, 1), (1, 1, 1), 0, (), now, now, r.attempts)
-                if policy.launch_requested(view).verdict is not Verdict.RUN:
+                verdict = policy.launch_requested(view).verdict
+                if verdict is Verdict.REFUSE:  # the launch fails: the program frees and exits
+                    r.refused, r.calls = True, [("free", r.live)] if r.live else []
+                    r.calls.append(("end", 0))
+                    continue
+                if verdict is not Verdict.RUN:
                     continue
                 policy.launch_started(view)
                 r.attempts = 0
