@@ -163,7 +163,8 @@ def lanes(client: ControlClient, as_json: bool) -> None:
             click.echo(f"  lane {lane['lane']}: size {_size(lane['size'])}, jobs "
                        + ", ".join(str(j["job"]) for j in lane["jobs"]))
         for j in g["jobs"]:
-            where = f"lane {j['lane']}" if j["lane"] is not None else "queued"
+            where = ("refused" if j.get("refused") else f"lane {j['lane']}" if j["lane"] is not None
+                     else "queued")
             it = j["iteration_s"]
             click.echo(f"  session {j['session']} ({j['tenant']}, pid {j['pid']}): {where}, "
                        f"P {_size(j['persistent'])}, E {_size(j['ephemeral'])}"
@@ -172,7 +173,8 @@ def lanes(client: ControlClient, as_json: bool) -> None:
                        + (f" of {it * 1e3:.1f} ms" if it else "")
                        + (f", about {j['remaining_s']:.1f} s left (SRTF's estimate)"
                           if state.get("scheduler") == "srtf" and j.get("remaining_s") is not None else "")
-                       + (", running" if j["running"] else f", held: {j['held']}" if j["held"] else ""))
+                       + (", running" if j["running"] else f", held: {j['held']}" if j["held"] else "")
+                       + (f" ({j['refused']})" if j.get("refused") else ""))
         if g["queue"]:
             click.echo(f"  queue: {', '.join(f'session {q}' for q in g['queue'])}")
 

@@ -980,8 +980,8 @@ class Daemon:
 
     def session_summaries(self) -> list[dict[str, Any]]:
         """One row per session, those of isolated tenants' pilotds too (`isolated`); `state` is
-        error, waiting (a launch waits for the policy), held or throttled (what the policy does
-        to it, `why` says why), or active."""
+        error, waiting (a launch waits for the policy), held, throttled or refused (what the
+        policy does to it, `why` says why), or active."""
         rows = [w.group.summary() for w in list(self._watched.values())]
         isolated = self.engines.sessions() if len(self.engines) else []
         here = confinement(self.config)

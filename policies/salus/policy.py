@@ -596,10 +596,12 @@ class Salus(Policy):
                 "iteration_s": job.iteration_s, "service_s": round(job.service, 3),
                 "remaining_s": round(self._remaining(job, self._typical_s(job.session.gpu)), 3),
                 "waited_s": round(job.waited_s(self.clock()), 3),
-                "running": job.running, "held": job.held}
+                "running": job.running, "held": job.held, "refused": job.refused}
 
     def session_status(self, session: int) -> tuple[str, str] | None:
         job = self.jobs.get(session)
+        if job is not None and job.refused:
+            return "refused", job.refused
         if job is None or not job.held:
             return None
         return "held", f"salus {job.held}"

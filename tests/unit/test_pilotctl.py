@@ -135,6 +135,17 @@ def test_lanes_shows_srtf_s_estimate(replies: dict[str, Any]) -> None:
     assert "12 iterations of 50.0 ms, about 2.2 s left (SRTF's estimate), running" in out.output
 
 
+def test_lanes_shows_a_refused_job(replies: dict[str, Any]) -> None:
+    jobs = [{**SALUS_STATE["gpus"]["0"]["jobs"][1], "held": "",
+             "refused": "salus: P 8.0 GiB + E 6.0 GiB is more than C (12.0 GiB): no lane fits"}]
+    state = {"scheduler": "pack", "gpus": {"0": {**SALUS_STATE["gpus"]["0"], "jobs": jobs, "queue": []}}}
+    replies["status"] = {"scheduling": {"name": "salus", "state": state}}
+    out = run("lanes")
+    assert out.exit_code == 0, out.output
+    assert "session 4 (user:b, pid 11): refused, P 8.0 GiB" in out.output
+    assert "(salus: P 8.0 GiB + E 6.0 GiB is more than C (12.0 GiB)" in out.output
+
+
 def test_lanes_refuses_another_policy(replies: dict[str, Any]) -> None:
     replies["status"] = {"scheduling": {"name": "mfit", "state": {}}}
     out = run("lanes")

@@ -181,3 +181,24 @@ def test_fifo_offers_a_lane_to_a_job_holding_memory_behind_one_that_waits_for_it
     runs = simulate(p, scripts, C, limit_s=20, real_bound=True)
     assert not any(r.refused for r in runs)
     assert runs[0].finished < runs[2].finished < runs[1].iterations[0][0]
+
+
+def test_a_declared_job_larger_than_c_is_refused_at_its_first_call_not_held() -> None:
+    """It declares P 8 GiB + E 6 GiB > C: it used to be held at its start for ever. Now its
+    first allocation fails, pilotctl says why, and the job beside it runs."""
+    scripts = [Script(0.0, 8 * GIB, 6 * GIB, 2, ITERATION_S), Script(0.0, 1 * GIB, 1 * GIB, 2, ITERATION_S)]
+    declared = [Declared(8 * GIB, 6 * GIB, 2, None), NONE]
+    p = salus("pack", C)
+    p.read_declared = lambda pid: declared[pid - 1001]  # type: ignore[method-assign]
+    p.settings = dataclasses.replace(p.settings, declared=True)
+    seen: list[tuple[str, str] | None] = []
+    allocation_requested = p.allocation_requested
+
+    def spy(a):  # type: ignore[no-untyped-def]
+        seen.append(p.session_status(1))
+        return allocation_requested(a)
+    p.allocation_requested = spy  # type: ignore[method-assign]
+    runs = simulate(p, scripts, C, limit_s=5)
+    assert [r.refused for r in runs] == [True, False] and runs[0].iterations == []
+    assert seen[0] is not None and seen[0][0] == "refused" and "more than C" in seen[0][1]
+    assert len(runs[1].iterations) == 2
