@@ -202,3 +202,36 @@ def test_a_declared_job_larger_than_c_is_refused_at_its_first_call_not_held() ->
     assert [r.refused for r in runs] == [True, False] and runs[0].iterations == []
     assert seen[0] is not None and seen[0][0] == "refused" and "more than C" in seen[0][1]
     assert len(runs[1].iterations) == 2
+
+
+def test_a_job_that_leaves_its_lane_between_iterations_does_not_stall() -> None:
+    """A running job's boundary that does not fit is no switch point (policy.py), so a job
+    leaves its lane only between iterations: here one that declared P 4 GiB frees half its
+    state after its last iteration; the level drops, its last scratch is re-measured from
+    there (3 GiB), its P stays the declared floor, and beside the full lane of the other job
+    that does not fit. It leaves its lane (what it holds counted outside), goes on freeing and
+    ends; the other job runs to its end, and C is never passed."""
+    n = 4
+    it = [("alloc", GIB), ("launch", 0), ("free", GIB)]
+    scripts = [
+        Script(0.0, 4 * GIB, GIB, n, ITERATION_S, plan=(
+            ("alloc", 2 * GIB), ("alloc", 2 * GIB), *it * n, ("free", 2 * GIB), ("pause", 200),
+            ("free", 2 * GIB))),
+        Script(0.0, GIB, 6 * GIB, 30, ITERATION_S, plan=(
+            ("alloc", GIB), *[("alloc", 6 * GIB), ("launch", 0), ("free", 6 * GIB)] * 30, ("free", GIB))),
+    ]
+    declared = [Declared(4 * GIB, GIB, n, None), Declared(GIB, 6 * GIB, 30, None)]
+    p = salus("pack", C)
+    p.read_declared = lambda pid: declared[pid - 1001]  # type: ignore[method-assign]
+    p.settings = dataclasses.replace(p.settings, declared=True)
+    outside: list[int] = []
+    freed = p.freed
+
+    def spy(a):  # type: ignore[no-untyped-def]
+        freed(a)
+        outside.extend(p.lanes[0].outside)
+    p.freed = spy  # type: ignore[method-assign]
+    watch_progress(p)
+    runs = simulate(p, scripts, C, limit_s=20, real_bound=True)
+    assert 1 in outside  # it left its lane
+    assert [r.refused for r in runs] == [False, False] and [len(r.iterations) for r in runs] == [n, 30]
