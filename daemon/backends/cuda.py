@@ -906,28 +906,20 @@ class CudaBackend:
         cuStreamSynchronize, for the vGPU's fast path (daemon/native/fast_launch.c), which calls them
         with the CUfunction and CUstream values of this backend's handles."""
         try:
-            lib = ctypes.CDLL("libcuda.so.1")
-            addresses = tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in
-                              ("cuLaunchKernel", "cuMemcpyDtoHAsync_v2", "cuMemcpyHtoDAsync_v2",
-                               "cuStreamSynchronize"))
+            launch, dtoh, htod, sync = _driver_addresses(
+                "cuLaunchKernel", "cuMemcpyDtoHAsync_v2", "cuMemcpyHtoDAsync_v2", "cuStreamSynchronize")
         except (OSError, AttributeError) as exc:
             log.warning("no fast path: %s", exc)
             return None
-        if not all(addresses):
-            return None
-        launch, dtoh, htod, sync = addresses
-        return launch or 0, dtoh or 0, htod or 0, sync or 0
+        return (launch, dtoh, htod, sync) if launch and dtoh and htod and sync else None
 
     def native_wait_functions(self) -> tuple[int, ...] | None:
         """The driver's cuStreamQuery, cuEventCreate, cuEventRecord, cuEventSynchronize,
         cuEventDestroy and cuCtxGetCurrent: the fast path's GPU waits spin within pilotd's spin
         budget and otherwise sleep on a blocking-sync event (pilot_fast_waits)."""
-        names = ("cuStreamQuery", "cuEventCreate", "cuEventRecord", "cuEventSynchronize",
-                 "cuEventDestroy_v2", "cuCtxGetCurrent")
         try:
-            lib = ctypes.CDLL("libcuda.so.1")
-            addresses = tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
-                              for name in names)
+            addresses = _driver_addresses("cuStreamQuery", "cuEventCreate", "cuEventRecord",
+                                          "cuEventSynchronize", "cuEventDestroy_v2", "cuCtxGetCurrent")
         except (OSError, AttributeError) as exc:
             log.warning("GPU waits of the fast path spin as the context says: %s", exc)
             return None
@@ -1566,9 +1558,8 @@ class CudaBackend:
     def fast_library_functions(self) -> dict[int, int]:
         out = {**self._libraries.fast_functions(), **self._dnn.fast_functions()}
         try:
-            driver = ctypes.CDLL("libcuda.so.1")
-            out[0] = ctypes.cast(driver.cuMemsetD8Async, ctypes.c_void_p).value or 0
-            out[_plib.PILOT_FAST_GRAPH_LAUNCH] = ctypes.cast(driver.cuGraphLaunch, ctypes.c_void_p).value or 0
+            out[0], out[_plib.PILOT_FAST_GRAPH_LAUNCH] = _driver_addresses("cuMemsetD8Async",
+                                                                           "cuGraphLaunch")
         except (OSError, AttributeError):
             pass
         return out
@@ -1605,6 +1596,13 @@ class CudaBackend:
                 args[fn.params.index(name)] = address
         return self._libraries.call(handle, fn, args, scalars, settings, _stream_ptr(stream),
                                     host_result)
+
+
+def _driver_addresses(*names: str) -> tuple[int, ...]:
+    """The addresses of libcuda's functions `names` (0 for one the library exports as NULL),
+    for the C paths that call the driver directly. Raises OSError or AttributeError."""
+    driver = ctypes.CDLL("libcuda.so.1")
+    return tuple(ctypes.cast(getattr(driver, name), ctypes.c_void_p).value or 0 for name in names)
 
 
 def _stream_ptr(stream: Any) -> int:
