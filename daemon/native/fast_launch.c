@@ -384,12 +384,13 @@ static void wait_quietly(pilot_fast *f, uint64_t stream)
     int r = f->query(stream);
     if (r != CU_ERROR_NOT_READY)
         return;
-    if (pilot_spin_take()) {
+    int spin = pilot_spin_take();
+    if (spin) {
         double until = fast_now() + PILOT_FAST_SPIN_WAIT_US * 1e-6;
         do
             r = f->query(stream);
         while (r == CU_ERROR_NOT_READY && fast_now() < until);
-        pilot_spin_give();
+        pilot_spin_give(spin);
         if (r != CU_ERROR_NOT_READY)
             return;
     }

@@ -91,14 +91,14 @@ pilot_fast *pilot_fast_new(void *cuda_launch, void *cuda_dtoh, void *cuda_htod, 
                            uint16_t protocol_version);
 void pilot_fast_free(pilot_fast *f);
 /* The driver's cuStreamQuery, cuEventCreate, cuEventRecord, cuEventSynchronize, cuEventDestroy
- * and cuCtxGetCurrent. With them, while the spin budget has a limit, a GPU wait of this path (a synchronization; a copy to the host
- * behind queued work) spins only while it holds a token of the process's spin budget
- * (spin_budget.h), for at most PILOT_FAST_SPIN_WAIT_US, and otherwise sleeps on an event made
- * with CU_EVENT_BLOCKING_SYNC in the thread's current context; it then calls cuStreamSynchronize
- * on the finished stream (which returns at once, reports the stream's error and makes the
- * driver print kernels' printf output). Without them or a limit every wait is cuStreamSynchronize, which
- * waits as the context's schedule says (pilotd's one context on many cores: it spins). Returns
- * 0, or -1 when one is NULL (nothing is changed then). */
+ * and cuCtxGetCurrent. With them, while the spin budget has a limit (spin_budget.h), a GPU wait
+ * of this path (a synchronization; a copy to the host behind queued work) spins only while it
+ * holds a token of the budget, for at most PILOT_FAST_SPIN_WAIT_US, and otherwise sleeps on an
+ * event made with CU_EVENT_BLOCKING_SYNC in the thread's current context; it then calls
+ * cuStreamSynchronize on the finished stream (which returns at once, reports the stream's error
+ * and makes the driver print kernels' printf output). Without them or a limit every wait is
+ * cuStreamSynchronize, which waits as the context's schedule says (pilotd's one context on many
+ * cores: it spins). Returns 0, or -1 when one is NULL (nothing is changed then). */
 int pilot_fast_waits(pilot_fast *f, void *stream_query, void *event_create, void *event_record,
                      void *event_synchronize, void *event_destroy, void *ctx_get_current);
 /* A synchronization of `stream` as this path makes them (the budgeted wait, then

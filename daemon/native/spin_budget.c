@@ -26,17 +26,20 @@ void pilot_spin_counts(uint64_t *granted, uint64_t *refused)
 int pilot_spin_take(void)
 {
     int limit = atomic_load_explicit(&g_limit, memory_order_relaxed);
+    if (limit == 0)
+        return PILOT_SPIN_FREE; /* every vGPU thread's idle turn: no shared cache line */
     int before = atomic_fetch_add_explicit(&g_spinning, 1, memory_order_relaxed);
-    if (limit > 0 && before >= limit) {
+    if (before >= limit) {
         atomic_fetch_sub_explicit(&g_spinning, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&g_refused, 1, memory_order_relaxed);
         return 0;
     }
     atomic_fetch_add_explicit(&g_granted, 1, memory_order_relaxed);
-    return 1;
+    return PILOT_SPIN_TOKEN;
 }
 
-void pilot_spin_give(void)
+void pilot_spin_give(int taken)
 {
-    atomic_fetch_sub_explicit(&g_spinning, 1, memory_order_relaxed);
+    if (taken == PILOT_SPIN_TOKEN)
+        atomic_fetch_sub_explicit(&g_spinning, 1, memory_order_relaxed);
 }

@@ -762,13 +762,13 @@ static int wait_round(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *
     pull_rings(s);
     int n = collect(s, out, max);
     if (n == 0) {
-        int k = 0, rings = 0;
-        if (spin_us > 0 && pilot_spin_take()) { /* else the budget is spent: sleep at once */
+        int k = 0, rings = 0, spin = 0;
+        if (spin_us > 0 && (spin = pilot_spin_take())) { /* else the budget is spent: sleep */
             uint64_t deadline = now_us() + (uint64_t)spin_us;
             do
                 k = epoll_wait(s->efd, ev, 64, 0);
             while (k == 0 && !(rings = rings_pending(s)) && now_us() < deadline);
-            pilot_spin_give();
+            pilot_spin_give(spin);
         }
         if (k == 0 && !rings && rings_prepare_sleep(s)) {
             k = epoll_wait(s->efd, ev, 64, timeout_ms);

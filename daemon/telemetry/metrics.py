@@ -399,8 +399,9 @@ class PilotCollector(Collector):
                        "call or the GPU ([daemon] spinners; 0: no limit).")
         limit.add_metric([], lib.pilot_spin_limit())
         yield limit
-        waits = _counter("pilot_spin_waits", "Waits of pilotd's threads: spun (a token of the spin "
-                         "budget held) or slept at once (the budget spent).", ["outcome"])
+        waits = _counter("pilot_spin_waits", "Waits of pilotd's threads while a spin limit is set: "
+                         "spun (a token of the spin budget held) or slept at once (the budget "
+                         "spent).", ["outcome"])
         waits.add_metric(["spun"], granted[0])
         waits.add_metric(["slept"], refused[0])
         yield waits

@@ -244,7 +244,7 @@ def test_the_spin_budget_is_exported() -> None:
     try:
         assert lib.pilot_spin_take() == 1
         assert lib.pilot_spin_take() == 0
-        lib.pilot_spin_give()
+        lib.pilot_spin_give(lib.PILOT_SPIN_TOKEN)
         v = registry_for(Metrics()).get_sample_value
         assert v("pilot_spin_limit") == 1
         assert v("pilot_spin_waits_total", {"outcome": "spun"}) == spun + 1

@@ -33,11 +33,11 @@ def test_at_most_limit_tokens_are_out_at_once() -> None:
     assert lib.pilot_spin_limit() == 2
     before = counts()
     assert [lib.pilot_spin_take() for _ in range(3)] == [1, 1, 0]
-    lib.pilot_spin_give()
+    lib.pilot_spin_give(lib.PILOT_SPIN_TOKEN)
     assert lib.pilot_spin_take() == 1  # the one given back
     assert lib.pilot_spin_take() == 0
-    lib.pilot_spin_give()
-    lib.pilot_spin_give()
+    lib.pilot_spin_give(lib.PILOT_SPIN_TOKEN)
+    lib.pilot_spin_give(lib.PILOT_SPIN_TOKEN)
     after = counts()
     assert (after[0] - before[0], after[1] - before[1]) == (3, 2)
 
@@ -45,9 +45,15 @@ def test_at_most_limit_tokens_are_out_at_once() -> None:
 def test_no_limit_lets_everyone_spin() -> None:
     lib.pilot_spin_set_limit(-5)  # below 0 is no limit too
     assert lib.pilot_spin_limit() == 0
-    assert all(lib.pilot_spin_take() for _ in range(100))
-    for _ in range(100):
-        lib.pilot_spin_give()
+    before = counts()
+    taken = [lib.pilot_spin_take() for _ in range(100)]
+    assert all(taken)
+    for t in taken:
+        lib.pilot_spin_give(t)
+    assert counts() == before  # no budget: nothing taken, nothing counted
+    lib.pilot_spin_set_limit(1)  # and nothing left held when a limit comes
+    assert lib.pilot_spin_take() == lib.PILOT_SPIN_TOKEN
+    lib.pilot_spin_give(lib.PILOT_SPIN_TOKEN)
 
 
 class FakeDriver:
@@ -155,7 +161,7 @@ def test_with_a_token_a_short_wait_is_polled_without_an_event() -> None:
     assert [c for c in d.calls if c[0] == "query"] == [("query", STREAM)] * 4
     assert counts() == (granted + 1, refused)
     assert lib.pilot_spin_take() == 1  # the token came back
-    lib.pilot_spin_give()
+    lib.pilot_spin_give(lib.PILOT_SPIN_TOKEN)
     d.close()
 
 
@@ -169,7 +175,7 @@ def test_with_the_budget_spent_the_wait_sleeps_on_a_blocking_event() -> None:
     assert d.calls == [("query", STREAM), ("create", 0xE1, blocking_sync_no_timing, 0xC0),
                        ("record", 0xE1, STREAM), ("event_sync", 0xE1), ("sync", STREAM)]
     assert counts() == (granted, refused + 1)
-    lib.pilot_spin_give()
+    lib.pilot_spin_give(lib.PILOT_SPIN_TOKEN)
     d.close()
     assert d.calls[-1] == ("destroy", 0xE1)
 
@@ -194,7 +200,7 @@ def test_one_event_per_context_made_once() -> None:
     created = [c for c in d.calls if c[0] == "create"]
     assert [(c[1], c[3]) for c in created] == [(0xE1, 0xC0), (0xE2, 0xC1)]
     assert [c[1] for c in d.calls if c[0] == "event_sync"] == [0xE1, 0xE2, 0xE1]
-    lib.pilot_spin_give()
+    lib.pilot_spin_give(lib.PILOT_SPIN_TOKEN)
     d.close()
     assert sorted(c[1] for c in d.calls if c[0] == "destroy") == [0xE1, 0xE2]
 
@@ -205,7 +211,7 @@ def test_an_event_the_driver_will_not_record_leaves_the_wait_to_the_synchronizat
     d = FakeDriver(busy=-1, record_fails=True)
     assert lib.pilot_fast_sync(d.f, STREAM) == 0
     assert d.kinds() == ["create", "record", "sync"]
-    lib.pilot_spin_give()
+    lib.pilot_spin_give(lib.PILOT_SPIN_TOKEN)
     d.close()
 
 
