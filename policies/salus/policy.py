@@ -238,8 +238,7 @@ class Salus(Policy):
         if job is None or a.kind in HOST_KINDS:
             return RUN
         if job.refused:
-            self.controls.report("refuse", job.session.tenant)
-            return Decision.refuse(job.refused)
+            return self._refusal(job, job.refused)
         lanes = self._lanes(job)
         m = lanes.members.get(a.session)
         if m is None:
@@ -250,8 +249,7 @@ class Salus(Policy):
                    f"({size_text(lanes.used)} of {size_text(lanes.capacity)})")
             if not self._can_make_room(job):
                 job.waits_for = 0
-                self.controls.report("refuse", job.session.tenant)
-                return Decision.refuse(why)
+                return self._refusal(job, why)
             if not job.waits_for:
                 self.controls.report("hold", job.session.tenant)
             job.waits_for = a.size
@@ -268,10 +266,9 @@ class Salus(Policy):
         p, e = job.sizes(a.size)
         if (p <= m.persistent and e <= m.ephemeral) or lanes.fits(a.session, p, e):
             return RUN
-        self.controls.report("refuse", job.session.tenant)
-        return Decision.refuse(
-            f"salus: {size_text(a.size)} more would make the job P {size_text(p)}, E {size_text(e)}, "
-            f"past C ({size_text(lanes.used)} of {size_text(lanes.capacity)} counted)")
+        return self._refusal(
+            job, f"salus: {size_text(a.size)} more would make the job P {size_text(p)}, "
+            f"E {size_text(e)}, past C ({size_text(lanes.used)} of {size_text(lanes.capacity)} counted)")
 
     def allocated(self, a: AllocationView) -> None:
         job = self.jobs.get(a.session)
@@ -371,8 +368,7 @@ class Salus(Policy):
         if job.running:
             return RUN
         if job.refused:  # now or before: no lane can ever fit it
-            self.controls.report("refuse", job.session.tenant)
-            return Decision.refuse(job.refused)
+            return self._refusal(job, job.refused)
         return Decision.wait(f"salus: {self._note_held(job)}")
 
     def launch_started(self, l: LaunchView) -> None:  # noqa: E741
@@ -405,11 +401,7 @@ class Salus(Policy):
                 self.controls.release_session(job.session.id)  # asked again: RUN or REFUSE
         for job in self.jobs.values():  # admitted at its start: it sets itself up now
             if job.gated and not job.wants_turn and job.session.gpu == gpu and job.session.id in lanes:
-                job.gated = False
-                self.controls.release_session(job.session.id)
-                if job.held:
-                    job.held = ""
-                    self.controls.report("release", job.session.tenant)
+                self._release(job)
         chosen = runnable(self.settings.scheduler, self._states(gpu))
         now = self.clock()
         for sid in chosen:
@@ -422,12 +414,7 @@ class Salus(Policy):
                 job.waiting_since = None
             self.last_turn[gpu] = sid
             self._trace(job, "turn")
-            if job.gated:
-                job.gated = False
-                self.controls.release_session(sid)
-            if job.held:
-                job.held = ""
-                self.controls.report("release", job.session.tenant)
+            self._release(job)
 
     def _trace(self, job: Job, what: str) -> None:
         """A debug line per step of a job's life (bench/salus_timeline.py reads them)."""
@@ -464,12 +451,22 @@ class Salus(Policy):
         job.wants_lane = job.wants_turn = False
         job.waiting_since = None
         log.warning("salus: session %d refused: %s", job.session.id, job.refused)
+        self._release(job)
+
+    def _release(self, job: Job) -> None:
+        """The job's held calls go on (its session released), and its hold is reported over."""
         if job.gated:
             job.gated = False
             self.controls.release_session(job.session.id)
         if job.held:
             job.held = ""
             self.controls.report("release", job.session.tenant)
+
+    def _refusal(self, job: Job, why: str) -> Decision:
+        """An allocation or launch of the job refused (counted for its tenant), as a GPU of
+        capacity C would fail it."""
+        self.controls.report("refuse", job.session.tenant)
+        return Decision.refuse(why)
 
     def _hold_unless_running(self, job: Job) -> None:
         if not job.running:
