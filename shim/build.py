@@ -143,7 +143,7 @@ def _cdef_text(header: Path, marker: str) -> str:
 # pilot.shim._proto's C: the socket-path rule it shares with the shim, and the daemon's own C.
 PROTO_SOURCES = [str(TRANSPORT_DIR / "socket_path.c")] + [
     str(NATIVE_DIR / s) for s in ("vgpu_server.c", "fast_state.c", "fast_launch.c",
-                                  "fast_library.c", "gates.c", "spin_budget.c")]
+                                  "fast_library.c", "fast_words.c", "gates.c", "spin_budget.c")]
 
 
 def _make_ffi() -> FFI:

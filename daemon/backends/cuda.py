@@ -925,6 +925,19 @@ class CudaBackend:
             return None
         return addresses if all(addresses) else None
 
+    def native_word_functions(self) -> tuple[int, ...] | None:
+        """The driver's cuMemHostRegister_v2, cuMemHostGetDevicePointer_v2, cuMemHostUnregister,
+        cuStreamWriteValue32_v2 and cuEventQuery: the fast path's completion words
+        (daemon/native/fast_words.c), a synchronization answered before the GPU is done."""
+        try:
+            addresses = _driver_addresses("cuMemHostRegister_v2", "cuMemHostGetDevicePointer_v2",
+                                          "cuMemHostUnregister", "cuStreamWriteValue32_v2",
+                                          "cuEventQuery")
+        except (OSError, AttributeError) as exc:
+            log.warning("no completion words: %s", exc)
+            return None
+        return addresses if all(addresses) else None
+
     def launch(
         self,
         function: Any,

@@ -921,6 +921,24 @@ class SimBackend:
                 self._issue(stream, lib.pilot_gate_fire, ptr)
             self._hold(stream, lambda: (int(ptr.word) - target) & 0xFFFFFFFF < 0x80000000)
 
+    def stream_write_value32(self, stream: Any, address: int, value: int) -> list[bool]:
+        """cuStreamWriteValue32 into mapped host memory (map_host; the fast path's completion
+        words): written when the stream gets there, as on a GPU. Returns a marker, [True] once
+        written (the event the native path records behind the write)."""
+        written = [False]
+        with self._lock:
+            self._check_stream(stream)
+            block = self._memory.block(address)
+            if block is None or not block.host or address % 4 or address + 4 > block.base + block.size:
+                raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{address:#x} is no mapped host word")
+            self._issue(stream, self._write_value32, block, address - block.base, value, written)
+        return written
+
+    @staticmethod
+    def _write_value32(block: Any, offset: int, value: int, written: list[bool]) -> None:
+        block.data[offset:offset + 4] = value.to_bytes(4, "little")
+        written[0] = True
+
     def map_host(self, address: int, size: int) -> None:
         """Nothing to pin; kernels and copies reach the range at a device address of its own."""
         with self._lock:

@@ -127,6 +127,8 @@ struct pilot_fast {
     pilot_fast_call_fn generic_call;  /* fast_library.c (generic mode) */
     uint8_t type_sizes[128];
     int dnn_constants[6]; /* pilot_fast_dnn_constants, in its order */
+    struct pilot_fast_words *words; /* completion words (fast_words.c), or NULL */
+    pilot_srv *srv;                 /* the endpoint this path filters (pilot_srv_set_fast) */
     struct fconn **conns; /* small: one per attached session of this vGPU */
     uint32_t nconns, cap;
 };
@@ -154,6 +156,20 @@ void *sorted_find(const struct sorted *a, size_t size, uint64_t key);
 void sorted_remove(struct sorted *a, size_t size, uint32_t i);
 void *sorted_insert(struct sorted *a, size_t size, uint64_t key);
 void *sorted_holding(const struct sorted *a, size_t size, uint64_t at, int extent_is_end);
+
+/* fast_words.c: the completion words. fast_word_write puts the next value of the connection's
+ * word behind the work on `stream` and says which (0), or -1: no word for this call (none set
+ * up, the connection has no ring or its last write is not done): answer it the usual way.
+ * fast_word_data: where a device-to-host copy answered by the word may put its bytes
+ * (PILOT_RING_GPU_DATA of them), or NULL as above. fast_words_release: the endpoint is about to
+ * unmap a ring; 1 when this file keeps the mapping instead (a write on its way), unmapped by
+ * fast_words_retire once it is done. */
+int fast_word_write(pilot_fast *f, pilot_srv *srv, uint32_t conn, uint64_t stream,
+                    uint32_t *target);
+uint8_t *fast_word_data(pilot_fast *f, pilot_srv *srv, uint32_t conn);
+int fast_words_release(pilot_fast *f, uint32_t conn, void *map);
+void fast_words_retire(pilot_fast *f);
+void fast_words_free(pilot_fast *f);
 
 /* fast_library.c */
 int fast_try_library(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m,

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "pilot_proto.h"
+#include "pilot_ring.h"
 #include "spin_budget.h"
 #include "vgpu_server.h"
 
@@ -78,6 +79,9 @@ void pilot_fast_free(pilot_fast *f)
 {
     if (!f)
         return;
+    fast_words_free(f);
+    if (f->srv)
+        pilot_srv_set_ring_release(f->srv, NULL, NULL);
     for (uint32_t i = 0; i < f->nevents; i++)
         f->event_destroy(f->events[i].event);
     for (uint32_t i = 0; i < f->nconns; i++)
@@ -159,6 +163,15 @@ void pilot_fast_python_work(pilot_fast *f, uint32_t conn)
     struct fconn *c = fast_find_conn(f, conn);
     if (c)
         c->all_dirty = 1;
+}
+
+/* Sessions attached to this pilotd (every vGPU): the kernels' printf output reaches a program
+ * only while its session is the only one (daemon/vgpu/device_output.py). */
+static _Atomic int g_output_sessions;
+
+void pilot_fast_output_sessions(int n)
+{
+    g_output_sessions = n;
 }
 
 void pilot_fast_output(pilot_fast *f, int fd, uint64_t taken)
@@ -326,6 +339,7 @@ void pilot_fast_forget(pilot_fast *f, uint32_t conn)
 
 int pilot_fast_take(pilot_fast *f, pilot_fast_count *out, int max)
 {
+    fast_words_retire(f); /* every fold: pages of ended connections whose last write is done */
     int n = 0;
     for (uint32_t i = 0; i < f->nconns && n < max; i++) {
         struct fconn *c = f->conns[i];
@@ -334,7 +348,8 @@ int pilot_fast_take(pilot_fast *f, pilot_fast_count *out, int max)
         for (int k = 0; k < PILOT_FAST_GEMM_FNS && !library; k++)
             library = c->count.gemms[k] != 0;
         if (c->count.launches || c->count.d2h || c->count.h2d || c->count.syncs[0] ||
-            c->count.syncs[1] || c->count.flushes || c->count.shadows_touched || library) {
+            c->count.syncs[1] || c->count.flushes || c->count.shadows_touched || c->count.graphs ||
+            library) {
             out[n++] = c->count;
             memset(&c->count, 0, sizeof c->count);
             c->count.conn = c->conn;
@@ -424,6 +439,44 @@ int pilot_fast_sync(pilot_fast *f, uint64_t stream)
     return sync_stream(f, stream);
 }
 
+/* The reply to a call answered by the completion word (fast_words.c): done when the ring's word
+ * reaches `target`; a copy's `bytes` are then in the GPU page. */
+static void reply_pending(pilot_srv *srv, const pilot_srv_msg *m, uint32_t target, uint64_t bytes)
+{
+    pilot_envelope env;
+    memcpy(&env, m->frame[0], sizeof env);
+    env.flags = PILOT_F_WORD_PENDING;
+    pilot_rep_u64 rep = {{0, 0}, target, bytes};
+    pilot_srv_send(srv, m->conn, &env, sizeof env, &rep, sizeof rep, NULL, 0);
+}
+
+/* Whether a call may be answered by the completion word: the shim asked for it, and no printf
+ * output of the session's kernels may wait to be printed at this synchronization (only Python
+ * sends output with a reply, after a synchronization in the driver). Output is delivered only
+ * to a session alone on pilotd: beside others it goes to pilotd's log whenever it comes. */
+static int word_asked(const pilot_fast *f, const struct fconn *c, const pilot_envelope *env)
+{
+    return (env->flags & PILOT_F_GPU_WORD) &&
+           !(f->output_fd >= 0 && c->unflushed && g_output_sessions <= 1);
+}
+
+/* A copy of `count` bytes to the host answered by the word: the bytes go to the GPU page behind
+ * the stream's work, the word after them. 0, or -1 to answer it the usual way. */
+static int copy_by_word(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m, uint64_t dev,
+                        uint64_t count, uint64_t stream)
+{
+    uint8_t *data = count <= PILOT_RING_GPU_DATA ? fast_word_data(f, srv, m->conn) : NULL;
+    uint32_t target;
+    if (!data)
+        return -1;
+    int err = f->cuda ? f->dtoh(data, dev, count, stream)
+                      : f->generic_copy(1, (uint64_t)(uintptr_t)data, dev, count, stream);
+    if (err || fast_word_write(f, srv, m->conn, stream, &target) != 0)
+        return -1;
+    reply_pending(srv, m, target, count);
+    return 0;
+}
+
 /* cudaMemcpy D2H / H2D of the session's device memory, carried inline: done and answered here
  * when the range is the session's, the stream known, no error is waiting to be reported. */
 static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_srv_msg *m,
@@ -443,7 +496,11 @@ static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
     if (!stream)
         return FAST_PYTHON;
     double t0 = fast_now();
-    int err;
+    int err, pending = 0;
+    if (to_host && word_asked(f, c, env) && copy_by_word(f, srv, m, dev, req.count, stream) == 0) {
+        pending = 1;
+        goto answered;
+    }
     if (f->cuda && to_host && budgeted(f))
         wait_quietly(f, stream); /* the copy waits for the work before it: not in a spin */
     if (f->cuda)
@@ -466,6 +523,7 @@ static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
     if (pilot_srv_send(srv, m->conn, m->frame[0], sizeof(pilot_envelope), &rep, sizeof rep,
                        to_host ? f->reply : NULL, to_host ? req.count : 0) != 0)
         return FAST_DONE; /* the client is gone: nothing to answer */
+answered:;
     double dt = fast_now() - t0;
     int b = bucket(f, dt);
     pilot_fast_count *n = &c->count;
@@ -482,7 +540,8 @@ static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
     }
     if (!req.stream)
         n->legacy++; /* work on the legacy stream, as Python counts it (blocking-stream order) */
-    n->synced = 1;
+    n->synced = !pending; /* answered by the word: the work may still run (fault suspects) */
+    n->words += pending;
     return FAST_DONE;
 }
 
@@ -497,6 +556,33 @@ static int try_sync(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
     if (!srv || c->deferred || !c->nsyncs || (env->flags & PILOT_F_NO_REPLY))
         return FAST_PYTHON;
     double t0 = fast_now();
+    uint32_t target;
+    int pending = 0;
+    if (word_asked(f, c, env)) {
+        /* one stream to wait for: the completion word behind its work (its dirty mark stays,
+         * so a synchronization after a shim that gave up waiting still waits for it) */
+        uint64_t stream = 0;
+        uint32_t dirty = 0;
+        if (device) {
+            for (uint32_t i = 0; i < c->nsyncs; i++)
+                if (c->all_dirty || c->sync_dirty[i]) {
+                    dirty++;
+                    stream = c->syncs[i];
+                }
+        } else {
+            pilot_req_handle req;
+            if (m->len[1] >= sizeof req) {
+                memcpy(&req, m->frame[1], sizeof req);
+                stream = fast_stream(c, req.handle);
+                dirty = stream != 0;
+            }
+        }
+        if (dirty == 1 && fast_word_write(f, srv, m->conn, stream, &target) == 0) {
+            reply_pending(srv, m, target, 0);
+            pending = 1;
+            goto answered;
+        }
+    }
     if (device) {
         for (uint32_t i = 0; i < c->nsyncs; i++)
             if ((c->all_dirty || c->sync_dirty[i]) && sync_stream(f, c->syncs[i]) != 0)
@@ -519,13 +605,15 @@ static int try_sync(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
     if (pilot_srv_send(srv, m->conn, m->frame[0], sizeof(pilot_envelope), &rep, sizeof rep, NULL,
                        0) != 0)
         return FAST_DONE; /* the client is gone: nothing to answer */
+answered:;
     double dt = fast_now() - t0;
     int kind = device ? 0 : 1;
     pilot_fast_count *n = &c->count;
     n->syncs[kind]++;
     n->sync_buckets[kind][bucket(f, dt)]++;
     n->sync_seconds[kind] += dt;
-    n->synced = 1;
+    n->synced = !pending;
+    n->words += pending;
     return FAST_DONE;
 }
 
@@ -726,7 +814,18 @@ static int try_filter(void *f, pilot_srv *srv, const pilot_srv_msg *m)
     return pilot_fast_try(f, srv, m);
 }
 
+static int ring_release(void *f, uint32_t conn, void *map)
+{
+    return fast_words_release(f, conn, map);
+}
+
+/* The release hook stays while f lives (pilot_fast_free takes it away): a connection that ends
+ * after the filter was switched off may still have a completion word on its way. */
 void pilot_srv_set_fast(pilot_srv *s, pilot_fast *f)
 {
     pilot_srv_set_filter(s, f ? try_filter : NULL, f);
+    if (f) {
+        f->srv = s;
+        pilot_srv_set_ring_release(s, ring_release, f);
+    }
 }

@@ -62,6 +62,8 @@ typedef struct pilot_fast_count {
     uint32_t dnn_executes; /* cudnnBackendExecute */
     uint32_t dnn_bn[2];    /* cudnnBatchNormalizationForwardTrainingEx, ...BackwardEx */
     uint32_t graphs;       /* executable graphs launched (cuGraphLaunch) */
+    uint32_t words;        /* of the synchronizations and copies: answered by the completion
+                            * word (fast_words.c), the GPU still working */
 } pilot_fast_count;
 
 /* What ran here for one unified-memory shadow since it was last taken. */
@@ -101,6 +103,26 @@ void pilot_fast_free(pilot_fast *f);
  * cores: it spins). Returns 0, or -1 when one is NULL (nothing is changed then). */
 int pilot_fast_waits(pilot_fast *f, void *stream_query, void *event_create, void *event_record,
                      void *event_synchronize, void *event_destroy, void *ctx_get_current);
+/* Completion words (fast_words.c, pilot_ring.h's GPU page): a synchronization or a small copy
+ * to the host carrying PILOT_F_GPU_WORD is answered PILOT_F_WORD_PENDING as soon as a write of
+ * the connection's word is queued behind its work; the shim polls the word. Native: the driver's
+ * cuMemHostRegister_v2, cuMemHostGetDevicePointer_v2, cuMemHostUnregister,
+ * cuStreamWriteValue32_v2 and cuEventQuery (after pilot_fast_waits, whose events it uses).
+ * Generic (the sim): one callback, by op: REGISTER (a: host page, b: bytes; *out: its device
+ * address), WRITE (a: stream, b: device address, value; *out: a marker of the write), DONE (a:
+ * marker; returns 1 once written), FORGET (a: marker), UNREGISTER (a: host page); 0 or an
+ * error otherwise. Without either, every call is answered the usual way. Return 0 or -1. */
+enum pilot_fast_word_op {
+    PILOT_WORD_REGISTER = 0,
+    PILOT_WORD_WRITE = 1,
+    PILOT_WORD_DONE = 2,
+    PILOT_WORD_FORGET = 3,
+    PILOT_WORD_UNREGISTER = 4
+};
+typedef int (*pilot_fast_word_fn)(int op, uint64_t a, uint64_t b, uint32_t value, uint64_t *out);
+int pilot_fast_words(pilot_fast *f, void *host_register, void *host_device_pointer,
+                     void *host_unregister, void *write_value, void *event_query);
+int pilot_fast_words_generic(pilot_fast *f, pilot_fast_word_fn generic);
 /* A synchronization of `stream` as this path makes them (the budgeted wait, then
  * cuStreamSynchronize; the sim's callback): 0 or the CUresult. */
 int pilot_fast_sync(pilot_fast *f, uint64_t stream);
@@ -132,6 +154,10 @@ void pilot_fast_python_work(pilot_fast *f, uint32_t conn);
  * longer goes to Python (which synchronizes again, a no-op, and sends the output with the
  * reply), so the output reaches the program where the driver would have printed it. */
 void pilot_fast_output(pilot_fast *f, int fd, uint64_t taken);
+/* How many sessions are attached to this pilotd (device_output.py; any thread): with more than
+ * one, the output goes to nobody, and a synchronization may be answered by the completion word
+ * although kernels ran since the last one (PILOT_F_GPU_WORD). */
+void pilot_fast_output_sessions(int n);
 /* Python launched a kernel of the connection's session: its next blocking copy to the host
  * makes the driver print what kernels printed (C's own launches count themselves). */
 void pilot_fast_mark_launched(pilot_fast *f, uint32_t conn);

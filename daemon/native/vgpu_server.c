@@ -64,6 +64,8 @@ struct pilot_srv {
     struct conn *rr; /* where the next collect() starts, for fairness */
     pilot_srv_filter_fn filter; /* runs messages in C as they arrive (fast_launch.c), or NULL */
     void *filter_ctx;
+    pilot_srv_ring_release_fn ring_release; /* before a ring is unmapped (fast_words.c) */
+    void *ring_release_ctx;
     size_t *starts;   /* where each collected message began in its connection's buffer */
     int starts_cap;
 };
@@ -128,7 +130,8 @@ static void kill_conn(pilot_srv *s, struct conn *c)
     c->fd = -1;
     c->dead = 1;
     if (c->ring_map) { /* no frame points into it: messages are copied out before parsing */
-        munmap(c->ring_map, PILOT_RING_SHM_BYTES);
+        if (!s->ring_release || !s->ring_release(s->ring_release_ctx, c->id, c->ring_map))
+            munmap(c->ring_map, PILOT_RING_SHM_BYTES);
         c->ring_map = NULL;
     }
 }
@@ -832,6 +835,18 @@ void pilot_srv_set_filter(pilot_srv *s, pilot_srv_filter_fn filter, void *ctx)
 {
     s->filter = filter;
     s->filter_ctx = ctx;
+}
+
+void pilot_srv_set_ring_release(pilot_srv *s, pilot_srv_ring_release_fn fn, void *ctx)
+{
+    s->ring_release = fn;
+    s->ring_release_ctx = ctx;
+}
+
+void *pilot_srv_ring_map(pilot_srv *s, uint32_t conn)
+{
+    struct conn *c = find(s, conn);
+    return c && !c->dead ? c->ring_map : NULL;
 }
 
 static struct conn *find(pilot_srv *s, uint32_t id)

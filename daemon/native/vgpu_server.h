@@ -76,4 +76,11 @@ void pilot_srv_refusals(uint64_t *count, uint32_t *last_uid);
 typedef int (*pilot_srv_filter_fn)(void *ctx, pilot_srv *s, const pilot_srv_msg *m);
 void pilot_srv_set_filter(pilot_srv *s, pilot_srv_filter_fn filter, void *ctx);
 
+/* A connection's ring mapping (pilot_ring.h, after RING_OPEN), or NULL. */
+void *pilot_srv_ring_map(pilot_srv *s, uint32_t conn);
+/* Called when a connection ends, before its ring is unmapped: a return of 1 takes the mapping
+ * over (the callee unmaps it later: the GPU may still write its page, fast_words.c). NULL: none. */
+typedef int (*pilot_srv_ring_release_fn)(void *ctx, uint32_t conn, void *map);
+void pilot_srv_set_ring_release(pilot_srv *s, pilot_srv_ring_release_fn fn, void *ctx);
+
 #endif

@@ -113,6 +113,11 @@ LABELED_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "fast_syncs": ("pilot_fast_syncs_total",
                    "cudaDeviceSynchronize / cudaStreamSynchronize calls pilotd did and answered in "
                    "C, without Python ([daemon] fast_launch), by tenant.", ("tenant",)),
+    "fast_word_answers": ("pilot_fast_word_answers_total",
+                          "Of the synchronizations and small D2H copies pilotd answered in C, "
+                          "those answered at once with a completion word the GPU writes behind "
+                          "the work, which the program polls (no pilotd thread waits), by "
+                          "tenant.", ("tenant",)),
     "fast_library_calls": ("pilot_fast_library_calls_total",
                            "cuBLAS GEMMs, cuBLASLt matmuls and cudaMemset calls pilotd checked and "
                            "issued in C, without Python ([daemon] fast_launch), by tenant.",

@@ -27,6 +27,8 @@ import os
 import sys
 import threading
 
+from pilot.daemon.protocol import lib
+
 log = logging.getLogger("pilot.vgpu")
 
 _IONBF = 2
@@ -63,10 +65,12 @@ class DeviceOutput:
     def attached(self, session_id: int) -> None:
         with self._lock:
             self._attached.add(session_id)
+            lib.pilot_fast_output_sessions(len(self._attached))
 
     def released(self, session_id: int) -> None:
         with self._lock:
             self._attached.discard(session_id)
+            lib.pilot_fast_output_sessions(len(self._attached))
 
     # ---- output ----
     def pending(self) -> bool:

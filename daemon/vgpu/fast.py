@@ -65,6 +65,7 @@ from pilot.daemon.ops.unified import coherence_stream
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.scheduling.launch import launches_seen_one_by_one
 from pilot.daemon.telemetry.metrics import LATENCY_BUCKETS
+from pilot.daemon.vgpu.sim_words import SimWords
 from pilot.policies import Watch
 
 if TYPE_CHECKING:
@@ -101,6 +102,9 @@ class FastLaunches:
             waits = getattr(vg.backend, "native_wait_functions", lambda: None)()
             if self.ptr != ffi.NULL and waits:
                 lib.pilot_fast_waits(self.ptr, *(ffi.cast("void *", a) for a in waits))
+                words = getattr(vg.backend, "native_word_functions", lambda: None)()
+                if words:
+                    lib.pilot_fast_words(self.ptr, *(ffi.cast("void *", a) for a in words))
         else:
             self._raw = self._registered
             self._callbacks = (
@@ -109,6 +113,11 @@ class FastLaunches:
                 ffi.callback("pilot_fast_sync_fn", self._generic_sync, onerror=_callback_failed))
             self.ptr = lib.pilot_fast_new(ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, *self._callbacks,
                                           self._bounds, len(LATENCY_BUCKETS), version)
+            self._words = SimWords(vg.backend, self._objects)
+            self._callbacks += (ffi.callback("pilot_fast_word_fn", self._words.call,
+                                             onerror=_callback_failed),)
+            if self.ptr != ffi.NULL:
+                lib.pilot_fast_words_generic(self.ptr, self._callbacks[-1])
         if self.ptr == ffi.NULL:
             raise MemoryError("pilot_fast_new")
         sizes = bytearray(128)
@@ -500,6 +509,8 @@ class FastLaunches:
                 launches = count.launches
                 syncs = count.syncs
                 library = self._fold_library(s, count)
+                if count.words:
+                    self._add(("fast_word_answers", (s.tenant,)), count.words)
                 graphs = count.graphs
                 if graphs:
                     self._row("graph_launch")[0] += graphs

@@ -26,7 +26,7 @@
 
 /* PILOT_CDEF_BEGIN */
 
-#define PILOT_PROTO_VERSION 4
+#define PILOT_PROTO_VERSION 5
 #define PILOT_ENDPOINT_MAX 256
 #define PILOT_NAME_MAX 256
 #define PILOT_ATTR_COUNT 160          /* covers every cudaDeviceAttr value of CUDA 13.0 (max 147) */
@@ -40,6 +40,12 @@
 #define PILOT_F_FAULT_CHANNEL 2       /* ATTACH: this connection is the session's fault channel */
 #define PILOT_F_DEVICE_OUTPUT 4       /* reply: its last frame is the program's kernels' printf
                                        * output, to be written to its stdout (shim/transport/transport.c) */
+#define PILOT_F_GPU_WORD 8            /* request (DEVICE_SYNCHRONIZE, STREAM_SYNCHRONIZE, a small
+                                       * MEMCPY_D2H): the shim can wait on its ring's completion
+                                       * word (pilot_ring.h) */
+#define PILOT_F_WORD_PENDING 16       /* reply to one: not done yet; done when the word reaches
+                                       * the body's value (pilot_rep_u64; value2: a copy's bytes,
+                                       * in the GPU page's data) */
 
 enum pilot_op {
     /* 1: session */

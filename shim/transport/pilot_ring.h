@@ -31,7 +31,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#define PILOT_RING_MAGIC 0x31676e69522d5450ull /* "PT-Ring1" */
+#define PILOT_RING_MAGIC 0x32676e69522d5450ull /* "PT-Ring2": with the GPU page */
 #define PILOT_RING_REQ_BYTES (256u << 10)       /* shim -> pilotd; a power of two */
 #define PILOT_RING_REP_BYTES (128u << 10)       /* pilotd -> shim; a power of two */
 
@@ -45,13 +45,38 @@ struct pilot_ring_side {
     uint8_t pad1[64 - 12];
 };
 
+/* The page the GPU writes (issue 25, "the completion word"): pilotd registers it with the driver
+ * (page-aligned, the ring's control is on the page before), and a synchronization or a small
+ * device-to-host copy answered with PILOT_F_WORD_PENDING is finished when the GPU, behind the
+ * work, has written `word` (cuStreamWriteValue32 in stream order; a copy's bytes land in `data`
+ * first, the same stream). The shim polls the word, as the driver's own synchronization polls
+ * a host semaphore, so no pilotd thread waits for the GPU on a tenant's behalf. The word only
+ * grows (wrapping), per connection, and the shim's calls on one connection are serialized, so
+ * "done" is `(int32_t)(word - target) >= 0`. pilotd never reads this page. */
+#define PILOT_RING_PAGE 4096u
+struct pilot_ring_gpu_page {
+    _Atomic uint32_t word;
+    uint8_t pad[60];
+    uint8_t data[PILOT_RING_PAGE - 64]; /* a small device-to-host copy's bytes */
+};
+#define PILOT_RING_GPU_DATA (PILOT_RING_PAGE - 64u)
+
 struct pilot_ring_shm {
     uint64_t magic;
     uint32_t req_bytes, rep_bytes;
     uint8_t pad[48];
     struct pilot_ring_side req, rep;
+    uint8_t pad_page[PILOT_RING_PAGE - 64 - 2 * sizeof(struct pilot_ring_side)];
+    struct pilot_ring_gpu_page gpu; /* at PILOT_RING_PAGE from the (page-aligned) mapping */
     /* then req_bytes of request data, then rep_bytes of reply data */
 };
+_Static_assert(offsetof(struct pilot_ring_shm, gpu) == PILOT_RING_PAGE, "GPU page on its own page");
+
+/* Whether the word has reached `target` (it wraps; the shim waits for one target at a time). */
+static inline int pilot_ring_word_reached(const struct pilot_ring_gpu_page *page, uint32_t target)
+{
+    return (int32_t)(atomic_load_explicit(&page->word, memory_order_acquire) - target) >= 0;
+}
 
 #define PILOT_RING_SHM_BYTES \
     (sizeof(struct pilot_ring_shm) + PILOT_RING_REQ_BYTES + PILOT_RING_REP_BYTES)

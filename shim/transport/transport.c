@@ -398,7 +398,7 @@ static int main_socket_call(uint16_t op, uint64_t session, const void *req, size
 static cudaError_t send_on(struct part *p, uint16_t op, uint32_t flags, const void *req,
                            size_t req_len, const void *payload, size_t payload_len);
 static cudaError_t recv_on(struct part *p, void *rep, size_t rep_len, void *out, size_t out_cap,
-                           size_t *out_len);
+                           size_t *out_len, uint32_t *reply_flags);
 
 /* DEVICE_INFO for `device` on part 0 (locked by the caller) into g_infos. 0 or -1. */
 static int info_on(struct part *p, int device)
@@ -406,7 +406,7 @@ static int info_on(struct part *p, int device)
     pilot_req_device req = {.device = device};
     pilot_rep_device_info rep;
     if (send_on(p, PILOT_OP_DEVICE_INFO, 0, &req, sizeof req, NULL, 0) != cudaSuccess ||
-        recv_on(p, &rep, sizeof rep, NULL, 0, NULL) != cudaSuccess)
+        recv_on(p, &rep, sizeof rep, NULL, 0, NULL, NULL) != cudaSuccess)
         return -1;
     g_infos[device] = rep;
     __atomic_store_n(&g_info_known[device], 1, __ATOMIC_RELEASE);
@@ -774,9 +774,10 @@ static cudaError_t send_on(struct part *p, uint16_t op, uint32_t flags, const vo
     return cudaSuccess;
 }
 
-/* Receives one reply, copies its body out, and turns its header into the call's result. */
+/* Receives one reply, copies its body out, and turns its header into the call's result;
+ * *reply_flags (when not NULL) gets its envelope's flags. */
 static cudaError_t recv_on(struct part *p, void *rep, size_t rep_len, void *out, size_t out_cap,
-                           size_t *out_len)
+                           size_t *out_len, uint32_t *reply_flags)
 {
     struct zmtp_frame fr[ZMTP_MAX_FRAMES];
     if (p->state != CONN_READY)
@@ -792,6 +793,8 @@ static cudaError_t recv_on(struct part *p, void *rep, size_t rep_len, void *out,
     }
     pilot_envelope env;
     memcpy(&env, fr[0].data, sizeof env);
+    if (reply_flags)
+        *reply_flags = env.flags;
     if ((env.flags & PILOT_F_DEVICE_OUTPUT) && n >= 3) {
         /* the kernels' printf output the call flushed, as the driver writes it natively: into
          * the program's stdout, in order with its own output */
@@ -842,7 +845,62 @@ cudaError_t pilot_send_locked(uint16_t op, uint32_t flags, const void *req, size
 
 cudaError_t pilot_recv_locked(void *rep, size_t rep_len)
 {
-    return t_locked ? recv_on(t_locked, rep, rep_len, NULL, 0, NULL) : ERR_LOST;
+    return t_locked ? recv_on(t_locked, rep, rep_len, NULL, 0, NULL, NULL) : ERR_LOST;
+}
+
+/* $PILOT_WORD_US: how long a call answered by the completion word (pilot_ring.h) polls it
+ * before asking pilotd to wait instead (default 100000). A fault's work never writes the word,
+ * so the error comes that much later; 0 turns the words off. */
+static long word_budget_us(void)
+{
+    static long cached = -1;
+    long v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *env = getenv("PILOT_WORD_US");
+        v = env && *env ? atol(env) : 100000;
+        v = v < 0 ? 0 : v > 10000000 ? 10000000 : v;
+        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+/* Whether pilotd may answer the call by the completion word: a synchronization, or a copy to
+ * the host whose bytes fit the GPU page, on a connection in rings. */
+static int word_call(const struct part *p, uint16_t op, size_t out_cap)
+{
+    if (!zmtp_has_word(&p->conn) || word_budget_us() == 0)
+        return 0;
+    return op == PILOT_OP_DEVICE_SYNCHRONIZE || op == PILOT_OP_STREAM_SYNCHRONIZE ||
+           (op == PILOT_OP_MEMCPY_D2H && out_cap <= PILOT_RING_GPU_DATA);
+}
+
+/* The reply to a call sent with PILOT_F_GPU_WORD: the usual one, or "pending", and then the
+ * wait for the word (and a copy's bytes from the GPU page). A word not written within the
+ * budget (long work, or a fault) makes the call again without the flag: pilotd waits, and
+ * reports what the GPU says. */
+static cudaError_t word_reply(struct part *p, uint16_t op, const void *req, size_t req_len,
+                              void *rep, size_t rep_len, void *out, size_t out_cap,
+                              size_t *out_len)
+{
+    pilot_rep_u64 w;
+    uint32_t flags = 0;
+    cudaError_t err = recv_on(p, &w, sizeof w, out, out_cap, out_len, &flags);
+    if (!(flags & PILOT_F_WORD_PENDING) || err) {
+        memcpy(rep, &w, rep_len < sizeof w ? rep_len : sizeof w);
+        return err;
+    }
+    if (w.value2 > out_cap) {
+        lose_connection(p, "malformed reply");
+        return ERR_LOST;
+    }
+    if (zmtp_wait_word(&p->conn, (uint32_t)w.value, word_budget_us(), out, w.value2) == 0) {
+        memset(rep, 0, rep_len);
+        if (out_len)
+            *out_len = w.value2;
+        return cudaSuccess;
+    }
+    err = send_on(p, op, 0, req, req_len, NULL, 0);
+    return err ? err : recv_on(p, rep, rep_len, out, out_cap, out_len, NULL);
 }
 
 cudaError_t pilot_call_on(int device, uint16_t op, const void *req, size_t req_len,
@@ -858,9 +916,11 @@ cudaError_t pilot_call_on(int device, uint16_t op, const void *req, size_t req_l
     cudaError_t err = lock_part(device, &p);
     if (err)
         return err;
-    err = send_on(p, op, 0, req, req_len, payload, payload_len);
+    uint32_t flags = !t_recording && !payload_len && word_call(p, op, out_cap) ? PILOT_F_GPU_WORD : 0;
+    err = send_on(p, op, flags, req, req_len, payload, payload_len);
     if (err == cudaSuccess)
-        err = recv_on(p, rep, rep_len, out, out_cap, out_len);
+        err = flags ? word_reply(p, op, req, req_len, rep, rep_len, out, out_cap, out_len)
+                    : recv_on(p, rep, rep_len, out, out_cap, out_len, NULL);
     pthread_mutex_unlock(&p->lock);
     return err;
 }

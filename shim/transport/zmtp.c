@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -190,6 +191,40 @@ int zmtp_use_ring(struct zmtp_conn *c, int fd)
     c->ring_map = map;
     pilot_ring_views(map, 1, &c->rout, &c->rin);
     return 0;
+}
+
+/* The completion word (pilot_ring.h's GPU page): polled with the core relaxed for the first
+ * WORD_SPIN_US, as the driver's own synchronization spins, then giving the core away between
+ * looks (sched_yield), so tenants that wait long leave the CPU to those that work. */
+#define WORD_SPIN_US 20
+
+int zmtp_wait_word(struct zmtp_conn *c, uint32_t target, long budget_us, void *out, size_t len)
+{
+    const struct pilot_ring_gpu_page *page =
+        c->ring_map ? &((const struct pilot_ring_shm *)c->ring_map)->gpu : NULL;
+    if (!page || len > PILOT_RING_GPU_DATA)
+        return -1;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned i = 0; !pilot_ring_word_reached(page, target); i++) {
+        if ((i & 63) != 63) {
+            pilot_ring_relax();
+            continue;
+        }
+        long long us = elapsed_us(&t0);
+        if (us >= budget_us)
+            return -1;
+        if (us >= WORD_SPIN_US)
+            sched_yield();
+    }
+    if (len)
+        memcpy(out, page->data, len);
+    return 0;
+}
+
+int zmtp_has_word(const struct zmtp_conn *c)
+{
+    return c->ring_map != NULL;
 }
 
 static void ring_unmap(struct zmtp_conn *c)

@@ -67,6 +67,13 @@ int zmtp_recv_fd(struct zmtp_conn *c, struct zmtp_frame *frames, int max_frames,
  * switched already). */
 int zmtp_use_ring(struct zmtp_conn *c, int fd);
 
+/* The completion word of a connection in rings (pilot_ring.h): whether it has one, and a wait
+ * until it reaches `target` (polling, for at most budget_us), then copies len bytes (at most
+ * PILOT_RING_GPU_DATA) of the GPU page's data to out. 0, or -1 when the budget ran out (or no
+ * word): the caller then asks pilotd the usual way. */
+int zmtp_has_word(const struct zmtp_conn *c);
+int zmtp_wait_word(struct zmtp_conn *c, uint32_t target, long budget_us, void *out, size_t len);
+
 /* After fork, in the child: lets go of the parent's connection (its socket and rings) without
  * touching what the parent shares. */
 void zmtp_abandon(struct zmtp_conn *c);

@@ -582,3 +582,15 @@ def add_one_u64(k: SimLaunch) -> None:
         return
     (value,) = struct.unpack("<Q", k.read(counter, 8))
     k.write(counter, struct.pack("<Q", (value + step) & (2**64 - 1)))
+
+
+# ---- words.cu ----
+
+@sim_kernel("_Z4fillPjji")
+def fill_u32(k: SimLaunch) -> None:
+    """p[i] = value + i for i < n (one thread each)."""
+    p, value, n = k.ptr(0), k.u32(1), k.i32(2)
+    count = min(n, _threads_x(k))
+    if count > 0:
+        values = (np.arange(count, dtype=np.uint64) + value) & 0xFFFFFFFF
+        k.write(p, values.astype("<u4").tobytes())

@@ -405,6 +405,10 @@ compare ptds_per_thread
 [ -x "$BIN/errors" ] && daemon_absent
 [ -x "$BIN/errors" ] && killed errors killed_mid_copy copying
 [ -x "$BIN/callbacks" ] && killed callbacks hang hanging
+# killed while its synchronization's completion word is still to be written (behind a 1.5 s host
+# function): pilotd keeps the page registered until the GPU has written it (a write to memory no
+# longer registered would fault every tenant's context); the programs after it show it did not
+[ -x "$BIN/words" ] && killed words orphan waiting
 [ -x "$BIN/launch_ex" ] && pilot_only launch_ex unsupported "launch completion event: cudaErrorNotSupported (last cudaErrorNotSupported)
 hit ratio 2: cudaErrorInvalidValue (last cudaErrorInvalidValue)
 next launch: yes

@@ -16,7 +16,8 @@ from rawzmtp import frame
 HEADER = 64          # magic, req_bytes, rep_bytes, padding
 SIDE = 128           # struct pilot_ring_side: the producer's cache line, then the consumer's
 HEAD, PRODUCER_WAITING, TAIL, CONSUMER_SLEEPING = 0, 8, 64, 72
-MAGIC = 0x31676E69522D5450
+PAGE = 4096          # the control page, then the GPU page (the completion word), then the data
+MAGIC = 0x32676E69522D5450
 
 
 class RingClient:
@@ -31,7 +32,7 @@ class RingClient:
         assert magic == MAGIC
         self.req_side = HEADER
         self.rep_side = HEADER + SIDE
-        self.req_data = HEADER + 2 * SIDE
+        self.req_data = 2 * PAGE
         self.rep_data = self.req_data + self.req_bytes
         self.head = 0  # our request index
         self.tail = 0  # our reply index

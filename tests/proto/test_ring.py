@@ -74,10 +74,12 @@ def malloc_through(ring: RingClient, client: ProtoClient, size: int) -> tuple[in
 def test_layout_matches_the_header() -> None:
     # ringclient's offsets are pilot_ring.h's: the sizes the C compiler gave pilotd's copy
     assert lib.PILOT_OP_RING_OPEN == 5
-    from ringclient import HEADER, SIDE
+    from ringclient import HEADER, MAGIC, PAGE, SIDE
     header = (ROOT / "shim" / "transport" / "pilot_ring.h").read_text()
     assert "uint8_t pad[48];" in header and "uint8_t pad0[64 - 12];" in header
-    assert HEADER == 64 and SIDE == 128
+    assert "#define PILOT_RING_PAGE 4096u" in header and f"{MAGIC:#x}ull" in header.lower()
+    assert "offsetof(struct pilot_ring_shm, gpu) == PILOT_RING_PAGE" in header
+    assert HEADER == 64 and SIDE == 128 and PAGE == 4096
 
 
 def test_ring_carries_calls_and_its_memfd_is_sealed(daemon: RunningDaemon) -> None:

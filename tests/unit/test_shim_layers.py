@@ -47,6 +47,7 @@ NATIVE_LAYERS = {
     "native/vgpu_server.c": 0,       # the vGPU endpoint (ZMTP server)
     "native/fast_state.c": 0,        # the fast path's maps and tables
     "native/fast_library.c": 1,      # cuBLAS/cuDNN calls run in C
+    "native/fast_words.c": 1,        # completion words the GPU writes into the rings' page
     "native/fast_launch.c": 2,       # launches and copies run in C; the endpoint's filter
 }
 Symbols = dict[str, tuple[set[str], set[str]]]  # module -> (defined, undefined)
