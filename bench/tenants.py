@@ -21,7 +21,7 @@ N and workload: aggregate pilot/MPS (target >= 0.95) and median step pilot/MPS (
 graph inference per call against timeslice N=1 (native alone; target <= 1.3).
 
 --profile WORKLOAD:N samples pilotd with py-spy (from $PYSPY, PATH or the wheel's
-$PILOT_SITE/bin) during that configuration's measured window of the first round (py-spy --gil
+$PILOT_SITE/bin) during that configuration's measured window of the last round (py-spy --gil
 then --idle per-thread samples), and each pilotd thread's CPU time is read from /proc for every
 pilot configuration. Outputs in --out: tenants.json, tenants.md, tenants.png (with matplotlib),
 the daemons' and workers' logs, profile-*.txt.
@@ -254,7 +254,7 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path, out: Path) -> list
                     if wl == "mix" and n < 2:
                         continue
                     prof = None
-                    if pyspy and rnd == 0 and args.profile == f"{wl}:{n}":
+                    if pyspy and rnd == args.rounds - 1 and args.profile == f"{wl}:{n}":
                         prof = (pyspy, str(out / f"profile-{wl}-{n}"))
                     url = (f"http://127.0.0.1:{args.metrics_port}/metrics"
                            if daemon and args.metrics_port else None)
