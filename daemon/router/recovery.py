@@ -228,7 +228,8 @@ def exec_afresh(handover: Handover) -> NoReturn:
 # ---- an isolated tenant's faults, seen by the pilotd that started its engine ----
 
 ENGINE_FAULTS_FILE = "engine-faults.jsonl"
-ENGINE_FAULTS_READ = 1 << 20  # bytes read from the end: the latest ~10,000 faults
+ENGINE_FAULTS_READ = 1 << 20  # bytes read from the end: the latest ~10,000 faults; the file is
+# cut back to them once it holds twice as much
 
 
 def record_engine_fault(state_dir: str, fault: Fault, tenant: str) -> None:
@@ -241,15 +242,40 @@ def record_engine_fault(state_dir: str, fault: Fault, tenant: str) -> None:
         return
     line = json.dumps({"gpu": fault.gpu, "error": fault.error, "name": fault.name,
                        "detected": fault.detected, "tenant": tenant, "pid": os.getpid()})
+    path = os.path.join(state_dir, ENGINE_FAULTS_FILE)
     try:
-        fd = os.open(os.path.join(state_dir, ENGINE_FAULTS_FILE),
-                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, (line + "\n").encode())
-        finally:
-            os.close(fd)
+        for _ in range(3):  # a trim by another engine may replace the file between open and lock
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_nlink == 0:
+                    continue
+                os.write(fd, (line + "\n").encode())
+                if os.fstat(fd).st_size > 2 * ENGINE_FAULTS_READ:
+                    _trim_engine_faults(path)
+                return
+            finally:
+                os.close(fd)  # and its lock
     except OSError as exc:
         log.warning("cannot record the fault for the pilotd that started this one: %s", exc)
+
+
+def _trim_engine_faults(path: str) -> None:
+    """Keeps the file's last ENGINE_FAULTS_READ bytes (whole lines: all a reader looks at), so a
+    tenant faulting its engine over and over cannot fill the state directory. Called with the
+    file locked; the copy replaces it atomically, and writers waiting for the lock see the old
+    file unlinked and open the new one."""
+    with open(path, "rb") as f:
+        f.seek(-ENGINE_FAULTS_READ, os.SEEK_END)
+        data = f.read()
+    data = data[data.find(b"\n") + 1:]
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
 
 
 def read_engine_faults(state_dir: str) -> list[dict[str, Any]]:

@@ -226,3 +226,20 @@ def test_engine_faults_read_only_from_the_end(tmp_path: Any, monkeypatch: pytest
     faults = recovery.read_engine_faults(str(tmp_path))
     assert 1 <= len(faults) < 20 and faults[-1]["detected"] == 19.0
     assert [f["detected"] for f in faults] == sorted(f["detected"] for f in faults)
+
+
+def test_engine_faults_file_is_cut_back(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tenant faulting its engine over and over: the file stays below twice what is read, in
+    whole lines, the newest last, still private."""
+    monkeypatch.setattr(recovery, "ENGINE_FAULTS_READ", 1000)
+    path = tmp_path / recovery.ENGINE_FAULTS_FILE
+    for i in range(200):
+        recovery.record_engine_fault(str(tmp_path), Fault(gpu=0, error=700, detected=float(i),
+                                                          via="call"), "user:a")
+        assert path.stat().st_size <= 2 * 1000 + 200
+    lines = path.read_bytes().split(b"\n")
+    assert lines[-1] == b"" and all(line.startswith(b"{") for line in lines[:-1])
+    faults = recovery.read_engine_faults(str(tmp_path))
+    assert faults[-1]["detected"] == 199.0 and len(faults) >= 5
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [recovery.ENGINE_FAULTS_FILE]
