@@ -28,6 +28,35 @@ OPS = OpTable("device")
 log = logging.getLogger("pilot.ops.device")
 ATTR_MULTIPROCESSOR_COUNT = 16  # cudaDevAttrMultiProcessorCount
 
+# Capabilities the GPU has that pilot does not carry, advertised as absent (0) in every device
+# attribute a program reads (cudaDeviceGetAttribute, cuDeviceGetAttribute, cudaDeviceProp), so a
+# program that looks before it leaps takes its other path instead of calling into a stub
+# (llama.cpp's CUDA memory pool, for one, uses the virtual memory calls whenever attribute 102
+# says so, and aborts when they fail). Attribute -> the call the capability needs (a stub of
+# shim/tables/*.tsv: tests/unit/test_device_capabilities.py checks it), or None with why.
+NOT_CARRIED: dict[int, tuple[str | None, str]] = {
+    102: ("cuMemCreate", "virtual memory management (cuMemCreate, cuMemMap, ...)"),
+    103: ("cuMemExportToShareableHandle", "POSIX file descriptor handles of cuMemCreate memory"),
+    107: ("cuMemCreate", "compressible memory (cuMemCreate)"),
+    110: ("cuMemCreate", "GPUDirect RDMA with cuMemCreate memory"),
+    112: ("cudaArrayGetSparseProperties", "sparse CUDA arrays"),
+    114: ("cudaImportExternalSemaphore", "external timeline semaphores"),
+    119: ("cudaMemPoolExportToShareableHandle", "memory pools exported to other processes"),
+    121: ("cuMemMapArrayAsync", "deferred mapping of CUDA arrays"),
+    124: ("cuMemGetHandleForAddressRange", "dma_buf sharing"),
+    125: ("cudaIpcGetEventHandle", "IPC events"),
+    128: ("cuMemExportToShareableHandle", "fabric handles"),
+    132: ("cuMulticastCreate", "multicast objects"),
+    136: ("cuMemBatchDecompressAsync", "memory decompression"),
+    137: ("cuMemBatchDecompressAsync", "memory decompression"),
+    141: ("cuMemCreate", "host NUMA memory through cuMemCreate"),
+    142: (None, "host NUMA memory pools: cudaMemPoolCreate takes device locations only"),
+    143: ("cuMemPoolExportToShareableHandle", "host NUMA IPC between nodes"),
+    144: (None, "host memory pools: cudaMemPoolCreate takes device locations only"),
+    145: ("cuMemCreate", "host memory through cuMemCreate"),
+    146: ("cuMemGetHandleForAddressRange", "dma_buf sharing of pinned host memory"),
+}
+
 
 @OPS.handler(lib.PILOT_OP_DEVICE_INFO, "pilot_req_device")
 def device_info(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
@@ -38,7 +67,7 @@ def device_info(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     ffi.memmove(rep.name, name, len(name))
     ffi.memmove(rep.uuid, info.uuid[:16], min(16, len(info.uuid)))
     for attr, value in info.attrs.items():
-        if 0 <= attr < lib.PILOT_ATTR_COUNT:
+        if 0 <= attr < lib.PILOT_ATTR_COUNT and attr not in NOT_CARRIED:
             rep.attrs[attr] = value
     part = s if s.group is None else s.group.part(req.device)
     if part is not None and part.partition is not None:
