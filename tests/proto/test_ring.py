@@ -9,6 +9,7 @@ import fcntl
 import os
 import socket
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,73 @@ def test_a_client_that_stops_reading_is_dropped_not_waited_for(daemon: RunningDa
     client.close()
 
 
+
+
+def _word_reply(frames: list[bytes]) -> tuple[int, int, int, int]:
+    """(envelope flags, err, value, value2) of a reply that may be PILOT_F_WORD_PENDING."""
+    env = ffi.new("pilot_envelope *")
+    ffi.memmove(env, frames[0], ffi.sizeof(env[0]))
+    rep = ffi.new("pilot_rep_u64 *")
+    ffi.memmove(rep, frames[1], min(len(frames[1]), ffi.sizeof(rep[0])))
+    return int(env.flags), int(rep.hdr.err), int(rep.value), int(rep.value2)
+
+
+def _word(ring: RingClient) -> int:
+    from ringclient import PAGE
+    return struct.unpack_from("<I", ring.map, PAGE)[0]
+
+
+def test_completion_words_of_a_raw_client(daemon: RunningDaemon) -> None:
+    """What a client that writes its rings itself meets (shim/transport/pilot_ring.h, "the
+    completion word"): a small copy to the host asked with PILOT_F_GPU_WORD is answered pending,
+    its bytes in the GPU page once the word reaches the value; a larger one and a flag the client
+    sets in a request it should not (WORD_PENDING) change nothing; scribbling on its own page and
+    leaving with a word due hurts nobody else."""
+    client, sock = raw_session(daemon)
+    attach(client, sock)
+    ring = open_ring(client, sock)
+    err, ptr = malloc_through(ring, client, 8192)
+    assert err == 0
+    data = bytes(range(256)) * 32
+    ring.send(client.envelope(lib.PILOT_OP_MEMCPY_H2D),
+              body("pilot_req_memcpy", dst=ptr, count=len(data), sync=1), data)
+    assert status(ring.recv()) == 0
+    from ringclient import PAGE
+    for _ in range(3):
+        ring.send(client.envelope(lib.PILOT_OP_MEMCPY_D2H, flags=lib.PILOT_F_GPU_WORD),
+                  body("pilot_req_memcpy", src=ptr + 100, count=64, sync=1))
+        frames = ring.recv()
+        flags, err, target, nbytes = _word_reply(frames)
+        assert err == 0
+        if flags & lib.PILOT_F_WORD_PENDING:
+            assert nbytes == 64 and len(frames) == 2
+            for _ in range(1000):
+                if (_word(ring) - target) % 2**32 < 2**31:
+                    break
+                time.sleep(0.001)
+            assert (_word(ring) - target) % 2**32 < 2**31
+            got = bytes(ring.map[PAGE + 64:PAGE + 128])  # the GPU page's data
+        else:  # answered the usual way (the fast path does not know the session yet)
+            got = frames[2]
+        assert got == data[100:164]
+    assert flags & lib.PILOT_F_WORD_PENDING  # by the last round C answers it
+    # more than the page's data: the usual reply, bytes inline
+    ring.send(client.envelope(lib.PILOT_OP_MEMCPY_D2H, flags=lib.PILOT_F_GPU_WORD),
+              body("pilot_req_memcpy", src=ptr, count=4096, sync=1))
+    frames = ring.recv()
+    assert not _word_reply(frames)[0] & lib.PILOT_F_WORD_PENDING and frames[2] == data[:4096]
+    # a client claiming PENDING in its request gets an ordinary answer
+    ring.send(client.envelope(lib.PILOT_OP_MEMCPY_D2H, flags=lib.PILOT_F_WORD_PENDING),
+              body("pilot_req_memcpy", src=ptr, count=16, sync=1))
+    frames = ring.recv()
+    assert status(frames) == 0 and frames[2] == data[:16]
+    # its own page scribbled on, a synchronization asked with the word, then gone
+    ring.map[PAGE:2 * PAGE] = b"\xff" * PAGE
+    ring.send(client.envelope(lib.PILOT_OP_DEVICE_SYNCHRONIZE, flags=lib.PILOT_F_GPU_WORD), b"")
+    assert status(ring.recv()) == 0
+    ring.close()
+    sock.close()
+    client.close()
+    other = ProtoClient(str(daemon.socket_path))
+    assert other.hello().hdr.err == 0
+    other.close()
