@@ -471,8 +471,15 @@ static int copy_by_word(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m, u
         return -1;
     int err = f->cuda ? f->dtoh(data, dev, count, stream)
                       : f->generic_copy(1, (uint64_t)(uintptr_t)data, dev, count, stream);
-    if (err || fast_word_write(f, srv, m->conn, stream, &target) != 0)
+    if (err)
         return -1;
+    if (fast_word_write(f, srv, m->conn, stream, &target) != 0) {
+        /* no word, so no event behind the copy into the page: wait for it here, or the page
+         * could be unregistered under it (the usual way then copies again) */
+        if (f->cuda)
+            f->sync(stream);
+        return -1;
+    }
     reply_pending(srv, m, target, count);
     return 0;
 }
