@@ -47,7 +47,13 @@ struct word_page {
     int orphan;       /* the connection ended: unmap once the write is done */
 };
 
+/* Pages of ended connections kept for a write still on its way, at most, per vGPU: past it no
+ * new word is written (calls go the usual way) until some have gone, so connections that end
+ * one after another behind work that never finishes cannot pile up mappings and pinned pages. */
+#define MAX_ORPHANS 64
+
 struct pilot_fast_words {
+    uint32_t orphans;
     cu_host_register_fn host_register;
     cu_host_dptr_fn host_dptr;
     cu_host_unregister_fn host_unregister;
@@ -183,8 +189,10 @@ static int unregister_page(pilot_fast *f, struct pilot_fast_words *w, struct wor
 
 static void drop_page(struct pilot_fast_words *w, struct word_page *p)
 {
-    if (p->orphan)
+    if (p->orphan) {
         munmap(p->map, PILOT_RING_SHM_BYTES);
+        w->orphans--;
+    }
     *p = w->pages[--w->n];
 }
 
@@ -193,7 +201,7 @@ static void drop_page(struct pilot_fast_words *w, struct word_page *p)
 static struct word_page *ready_page(pilot_fast *f, pilot_srv *srv, uint32_t conn)
 {
     struct pilot_fast_words *w = f->words;
-    if (!usable(w))
+    if (!usable(w) || w->orphans >= MAX_ORPHANS)
         return NULL;
     struct word_page *p = page_of(w, srv, conn);
     return p && write_done(w, p) ? p : NULL; /* at most one write outstanding per connection */
@@ -260,6 +268,7 @@ int fast_words_release(pilot_fast *f, uint32_t conn, void *map)
         return 0;
     }
     p->orphan = 1; /* the GPU may still write it: kept mapped and registered until it has */
+    w->orphans++;
     return 1;
 }
 
