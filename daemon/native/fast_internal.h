@@ -158,15 +158,14 @@ void *sorted_insert(struct sorted *a, size_t size, uint64_t key);
 void *sorted_holding(const struct sorted *a, size_t size, uint64_t at, int extent_is_end);
 
 /* fast_words.c: the completion words. fast_word_write puts the next value of the connection's
- * word behind the work on `stream` and says which (0), or -1: no word for this call (none set
- * up, the connection has no ring or its last write is not done): answer it the usual way.
- * fast_word_data: where a device-to-host copy answered by the word may put its bytes
- * (PILOT_RING_GPU_DATA of them), or NULL as above. fast_words_release: the endpoint is about to
- * unmap a ring; 1 when this file keeps the mapping instead (a write on its way), unmapped by
- * fast_words_retire once it is done. */
-int fast_word_write(pilot_fast *f, pilot_srv *srv, uint32_t conn, uint64_t stream,
-                    uint32_t *target);
-uint8_t *fast_word_data(pilot_fast *f, pilot_srv *srv, uint32_t conn);
+ * word behind the work on `stream`, after copying `count` bytes (0: none, at most
+ * PILOT_RING_GPU_DATA) of device memory at `src` into the GPU page's data, and says which value
+ * (0), or -1: no word for this call (none set up, the connection has no ring, its last write is
+ * not done, a copy too large or refused): answer it the usual way. fast_words_release: the
+ * endpoint is about to unmap a ring; 1 when this file keeps the mapping instead (a write on its
+ * way), unmapped by fast_words_retire once it is done. */
+int fast_word_write(pilot_fast *f, pilot_srv *srv, uint32_t conn, uint64_t stream, uint64_t src,
+                    uint64_t count, uint32_t *target);
 int fast_words_release(pilot_fast *f, uint32_t conn, void *map);
 void fast_words_retire(pilot_fast *f);
 void fast_words_free(pilot_fast *f);

@@ -9,7 +9,6 @@
 #include <time.h>
 
 #include "pilot_proto.h"
-#include "pilot_ring.h"
 #include "spin_budget.h"
 #include "vgpu_server.h"
 
@@ -460,30 +459,6 @@ static int word_asked(const pilot_fast *f, const struct fconn *c, const pilot_en
            !(f->output_fd >= 0 && c->unflushed && g_output_sessions <= 1);
 }
 
-/* A copy of `count` bytes to the host answered by the word: the bytes go to the GPU page behind
- * the stream's work, the word after them. 0, or -1 to answer it the usual way. */
-static int copy_by_word(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m, uint64_t dev,
-                        uint64_t count, uint64_t stream)
-{
-    uint8_t *data = count <= PILOT_RING_GPU_DATA ? fast_word_data(f, srv, m->conn) : NULL;
-    uint32_t target;
-    if (!data)
-        return -1;
-    int err = f->cuda ? f->dtoh(data, dev, count, stream)
-                      : f->generic_copy(1, (uint64_t)(uintptr_t)data, dev, count, stream);
-    if (err)
-        return -1;
-    if (fast_word_write(f, srv, m->conn, stream, &target) != 0) {
-        /* no word, so no event behind the copy into the page: wait for it here, or the page
-         * could be unregistered under it (the usual way then copies again) */
-        if (f->cuda)
-            f->sync(stream);
-        return -1;
-    }
-    reply_pending(srv, m, target, count);
-    return 0;
-}
-
 /* cudaMemcpy D2H / H2D of the session's device memory, carried inline: done and answered here
  * when the range is the session's, the stream known, no error is waiting to be reported. */
 static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_srv_msg *m,
@@ -504,7 +479,10 @@ static int try_copy(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
         return FAST_PYTHON;
     double t0 = fast_now();
     int err, pending = 0;
-    if (to_host && word_asked(f, c, env) && copy_by_word(f, srv, m, dev, req.count, stream) == 0) {
+    uint32_t target;
+    if (to_host && word_asked(f, c, env) &&
+        fast_word_write(f, srv, m->conn, stream, dev, req.count, &target) == 0) {
+        reply_pending(srv, m, target, req.count); /* the bytes go by the GPU page */
         pending = 1;
         goto answered;
     }
@@ -584,7 +562,7 @@ static int try_sync(pilot_fast *f, pilot_srv *srv, struct fconn *c, const pilot_
                 dirty = stream != 0;
             }
         }
-        if (dirty == 1 && fast_word_write(f, srv, m->conn, stream, &target) == 0) {
+        if (dirty == 1 && fast_word_write(f, srv, m->conn, stream, 0, 0, &target) == 0) {
             reply_pending(srv, m, target, 0);
             pending = 1;
             goto answered;

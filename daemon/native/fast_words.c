@@ -207,40 +207,51 @@ static struct word_page *ready_page(pilot_fast *f, pilot_srv *srv, uint32_t conn
     return p && write_done(w, p) ? p : NULL; /* at most one write outstanding per connection */
 }
 
-int fast_word_write(pilot_fast *f, pilot_srv *srv, uint32_t conn, uint64_t stream,
-                    uint32_t *target)
+/* The copy's bytes into the page, behind the stream's work: 0 or the driver's error. */
+static int copy_in(pilot_fast *f, struct word_page *p, uint64_t src, uint64_t count,
+                   uint64_t stream)
 {
-    struct word_page *p = ready_page(f, srv, conn);
-    if (!p)
+    uint8_t *data = ((struct pilot_ring_shm *)p->map)->gpu.data;
+    return f->cuda ? f->dtoh(data, src, count, stream)
+                   : f->generic_copy(1, (uint64_t)(uintptr_t)data, src, count, stream);
+}
+
+int fast_word_write(pilot_fast *f, pilot_srv *srv, uint32_t conn, uint64_t stream, uint64_t src,
+                    uint64_t count, uint32_t *target)
+{
+    struct word_page *p = count <= PILOT_RING_GPU_DATA ? ready_page(f, srv, conn) : NULL;
+    if (!p || (count && copy_in(f, p, src, count, stream) != 0))
         return -1;
     struct pilot_fast_words *w = f->words;
     uint32_t value = p->seq + 1;
+    int err;
     if (w->generic) {
         uint64_t marker = 0;
-        if (w->generic(PILOT_WORD_WRITE, stream, p->device, value, &marker) != 0)
-            return -1;
-        forget_marker(f, w, p);
-        p->marker = marker;
-    } else {
-        if (!p->marker && f->event_create(&p->marker, CU_EVENT_DISABLE_TIMING) != CU_SUCCESS) {
-            p->marker = 0;
-            return -1;
+        err = w->generic(PILOT_WORD_WRITE, stream, p->device, value, &marker);
+        if (!err) {
+            forget_marker(f, w, p);
+            p->marker = marker;
         }
-        if (w->write_value(stream, p->device, value, 0) != CU_SUCCESS)
-            return -1;
-        if (f->event_record(p->marker, stream) != CU_SUCCESS)
+    } else {
+        err = !p->marker && f->event_create(&p->marker, CU_EVENT_DISABLE_TIMING) != CU_SUCCESS;
+        if (err)
+            p->marker = 0;
+        else
+            err = w->write_value(stream, p->device, value, 0);
+        if (!err && f->event_record(p->marker, stream) != CU_SUCCESS)
             p->untracked = 1;
+    }
+    if (err) {
+        /* a copy into the page that no write, so no event, follows: waited for here, or the
+         * page could be unregistered under it (the call then goes the usual way) */
+        if (count && f->cuda)
+            f->sync(stream);
+        return -1;
     }
     p->pending = 1;
     p->seq = value;
     *target = value;
     return 0;
-}
-
-uint8_t *fast_word_data(pilot_fast *f, pilot_srv *srv, uint32_t conn)
-{
-    struct word_page *p = ready_page(f, srv, conn);
-    return p ? ((struct pilot_ring_shm *)p->map)->gpu.data : NULL;
 }
 
 void fast_words_retire(pilot_fast *f)
