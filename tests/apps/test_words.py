@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from pilotd_metrics import run_scraped, total
+from pilotd_metrics import run_scraped, scrape, start_scraped, total
 
 WORDS_OUTPUT = "sizes ok\nrounds ok\nstreams ok\nslow ok\nthreads ok\n"
 ANSWERS = "pilot_fast_word_answers_total"
@@ -28,10 +26,7 @@ def _two_at_once(start_pilotd, binary: Path, shim_path: str, env: dict[str, str]
     """Two words.cu processes at once on a new pilotd (beside another session, kernels' printf
     output goes to nobody, so calls after launches may be answered by the word too); their
     stdouts and pilotd's metrics afterwards."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    daemon = start_pilotd("--metrics-address", f"127.0.0.1:{port}")
+    daemon, port = start_scraped(start_pilotd)
     full = {**daemon.env(), **env, "LD_PRELOAD": shim_path}
     procs = [subprocess.Popen([str(binary)], env=full, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
@@ -40,10 +35,7 @@ def _two_at_once(start_pilotd, binary: Path, shim_path: str, env: dict[str, str]
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, out + err + daemon.log_tail()
         outs.append(out)
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith("pilot_")}
-    return outs, values
+    return outs, scrape(port)
 
 
 @pytest.mark.parametrize("budget_us", ["50000", "5000000"])
