@@ -25,6 +25,18 @@ def connect(path: str, timeout: float = 5.0) -> socket.socket:
     return s
 
 
+def handshake(s: socket.socket) -> None:
+    """Read the server's greeting and READY. A peer must not send a message before it has them:
+    libzmq takes a message that comes before it has sent its own READY for a handshake command
+    and closes the connection (ZMTP_UNEXPECTED_COMMAND), as the shim's transport knows."""
+    if _exactly(s, 64)[0] != 0xFF:
+        raise ConnectionError("not a ZMTP greeting")
+    flags = _exactly(s, 1)[0]
+    size = int.from_bytes(_exactly(s, 8), "big") if flags & 0x02 else _exactly(s, 1)[0]
+    if not flags & 0x04 or not _exactly(s, size).startswith(b"\x05READY"):
+        raise ConnectionError("the server's first command is not READY")
+
+
 def send(s: socket.socket, *parts: bytes) -> None:
     s.sendall(b"".join(frame(p, more=i < len(parts) - 1) for i, p in enumerate(parts)))
 

@@ -121,6 +121,7 @@ if os.fork():
     print(os.getpid(), flush=True)
     os._exit(0)
 sys.stdin.readline()
+rawzmtp.handshake(conn)
 req = new("pilot_req_hello")
 req.proto_version, req.cuda_abi, req.start_time = lib.PILOT_PROTO_VERSION, 13000, 2**64 - 1
 env = new("pilot_envelope")
