@@ -123,6 +123,11 @@ def status(client: ControlClient, as_json: bool, measure: bool) -> None:
         click.echo("priority classes:")
         _show_priorities(prio)
     _show_isolation(doc.get("isolation") or {})
+    ipc = doc.get("ipc")
+    if ipc and (ipc["memory_exports"] or ipc["event_exports"]):
+        click.echo(f"CUDA IPC: {ipc['memory_exports']} exported allocation(s) opened {ipc['grants']} "
+                   f"time(s), {_size(ipc['kept_bytes'])} kept for importers after their exporter's "
+                   f"free; {ipc['event_exports']} exported event(s)")
     sched = doc.get("scheduling")
     if sched:
         known = sched.get("available", {})

@@ -62,6 +62,7 @@ SHIM_SOURCES = [
     "runtime/memory/api_host.c",
     "runtime/device/api_device.c",
     "runtime/memory/api_mempool.c",
+    "runtime/memory/api_ipc.c",
     "runtime/memory/staging.c",
     "runtime/memory/api_memory.c",
     "runtime/launch/api_launch.c",

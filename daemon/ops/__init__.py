@@ -11,6 +11,7 @@ from pilot.daemon.ops import (
     execution,
     graphs,
     host_memory,
+    ipc,
     libraries,
     memory,
     mempool,
@@ -20,7 +21,7 @@ from pilot.daemon.ops import (
 from pilot.daemon.ops.registry import HandlerSpec, merge
 
 CHAPTERS = (device, streams, events, execution, graphs, memory, mempool, arrays, unified,
-            host_memory, libraries, dnn)
+            host_memory, ipc, libraries, dnn)
 
 
 def handler_table() -> dict[int, HandlerSpec]:

@@ -44,7 +44,6 @@ NOT_CARRIED: dict[int, tuple[str | None, str]] = {
     119: ("cudaMemPoolExportToShareableHandle", "memory pools exported to other processes"),
     121: ("cuMemMapArrayAsync", "deferred mapping of CUDA arrays"),
     124: ("cuMemGetHandleForAddressRange", "dma_buf sharing"),
-    125: ("cudaIpcGetEventHandle", "IPC events"),
     128: ("cuMemExportToShareableHandle", "fabric handles"),
     132: ("cuMulticastCreate", "multicast objects"),
     136: ("cuMemBatchDecompressAsync", "memory decompression"),

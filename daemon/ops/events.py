@@ -8,6 +8,7 @@ from pilot.daemon.backends.base import (
     CUDA_ERROR_NOT_READY,
     BackendError,
 )
+from pilot.daemon.ops.ipc import destroy_event
 from pilot.daemon.ops.registry import OpTable
 from pilot.daemon.ops.replies import u64
 from pilot.daemon.protocol import lib, new
@@ -18,12 +19,15 @@ if TYPE_CHECKING:
     from pilot.daemon.vgpu.server import VGpu
 
 OPS = OpTable("events")
+EVENT_INTERPROCESS = 0x4  # cudaEventInterprocess
 
 
 @OPS.handler(lib.PILOT_OP_EVENT_CREATE, "pilot_req_event_create")
 def event_create(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     handle = s.new_handle()
     s.events[handle] = vg.backend.event_create(req.flags)
+    if req.flags & EVENT_INTERPROCESS:
+        s.ipc_events.add(handle)  # cudaIpcGetEventHandle may name it (ops/ipc.py)
     return u64(handle)
 
 @OPS.handler(lib.PILOT_OP_EVENT_RECORD, "pilot_req_event_record")
@@ -48,6 +52,5 @@ def event_elapsed(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
 
 @OPS.handler(lib.PILOT_OP_EVENT_DESTROY, "pilot_req_handle")
 def event_destroy(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    ev = s.event(req.handle)
-    del s.events[req.handle]
-    vg.backend.event_destroy(ev)
+    s.event(req.handle)  # raises for an unknown handle
+    destroy_event(vg, s, req.handle)

@@ -13,6 +13,7 @@ from pilot.daemon.backends.base import (
     BackendError,
 )
 from pilot.daemon.ops.device import backend_device
+from pilot.daemon.ops.ipc import exporter_frees
 from pilot.daemon.ops.registry import OpTable
 from pilot.daemon.ops.replies import need_payload, staging_slot, u64
 from pilot.daemon.protocol import ffi, lib, new
@@ -78,6 +79,8 @@ def free_after_work(vg: VGpu, s: Session, ptr: int) -> None:
     streams.synchronize_session(vg, s)  # cudaFree waits for the device; the zeroing must too
     if vg.broker.residency is not None:
         vg.broker.residency.quiesce(s, ptr)
+    if exporter_frees(vg, s, ptr):  # other processes opened it through IPC: kept for them
+        return
     size = s.allocations[ptr]
     if size and not s.holds_managed(ptr):
         # zeroed, then freed once that is done (quarantine.py)

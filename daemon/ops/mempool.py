@@ -47,7 +47,7 @@ def malloc_async(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
 def free_async(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     ptr = req.ptr
     check_allocation(s, ptr)
-    if s.holds_managed(ptr):
+    if s.holds_managed(ptr) or vg.broker.ipc.is_exported(s.id, ptr):  # IPC: ops/ipc.py
         if req.stream:
             s.stream(req.stream)  # an unknown stream is refused before anything changes
         free_after_work(vg, s, ptr)

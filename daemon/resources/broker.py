@@ -15,8 +15,10 @@ is withheld from a tenant's allocations there (`withheld`), so it stays free for
 grants (router/control.py).
 
 What a session holds is kept per kind on the session itself (`Session.charged`), so the end of a
-session, however it ends, gives back exactly what is left (`release_all`). The policy host
-hears of every allocation and free (AllocationView events).
+session, however it ends, gives back exactly what is left (`release_all`), except memory other
+processes of the tenant still hold through CUDA IPC (resources/ipc.py): its charge is kept
+(`keep_for_importers`) until the last of them lets go (`settle`). The policy host hears of every
+allocation and free (AllocationView events).
 
 Thread-safe: the ledger and the budgets each take their own lock; vGPU threads call in.
 """
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pilot.daemon.backends.base import CUDA_ERROR_MEMORY_ALLOCATION, BackendError
+from pilot.daemon.resources.ipc import Charge, IpcRegistry
 from pilot.daemon.resources.tenants import GPU_KINDS, HOST, KINDS, Ledger, QuotaStore
 from pilot.policies.api import Verdict
 
@@ -125,6 +128,7 @@ class ResourceBroker:
         self.residency: Residency | None = None  # set by the Daemon: tracks movable memory
         # (tenant, GPU) -> bytes of packed managed ranges (ops/unified.py): part of "managed"
         self._packed: dict[tuple[str, int], int] = {}
+        self.ipc = IpcRegistry()  # CUDA IPC exports and grants, across vGPU threads
 
     def _pool(self, kind: str) -> tuple[GpuBudget, str]:
         if self.managed is not None and kind in self.movable:
@@ -247,6 +251,34 @@ class ResourceBroker:
             self.residency.untrack(s, ptr)  # type: ignore[union-attr]
         if self.policy is not None and nbytes:
             self.policy.freed(s, kind, ptr, nbytes, movable)
+
+    def kept_charge(self, s: Session, kind: str, nbytes: int) -> Charge:
+        """The charge `keep_for_importers` would keep for nbytes of s's `kind`."""
+        nbytes = min(nbytes, s.charged.get(kind, 0))
+        return Charge(s.tenant, s.device if kind in GPU_KINDS else HOST, kind, nbytes)
+
+    def keep_for_importers(self, s: Session, charge: Charge, ptr: int) -> None:
+        """The allocation at ptr leaves s, but other processes that opened it through CUDA IPC
+        (resources/ipc.py) still hold its memory: as `release`, except that the tenant stays
+        charged (its quota and the GPU's budget) until `settle(charge)`."""
+        kind, nbytes = charge.kind, charge.nbytes
+        held = s.charged.get(kind, 0)
+        if held <= nbytes:
+            s.charged.pop(kind, None)
+        else:
+            s.charged[kind] = held - nbytes
+        movable = kind in self.movable and self.residency is not None
+        if movable:
+            self.residency.untrack(s, ptr)  # type: ignore[union-attr]
+        if self.policy is not None and nbytes:
+            self.policy.freed(s, kind, ptr, nbytes, movable)
+
+    def settle(self, charge: Charge) -> None:
+        """Memory kept for importers is freed: its tenant's charge ends."""
+        if charge.nbytes <= 0:
+            return
+        self.ledger.release(charge.tenant, charge.gpu, charge.nbytes, charge.kind)
+        self._pool(charge.kind)[0].release(charge.gpu, charge.nbytes)
 
     def release_session(self, s: Session, held: list[tuple[str, int, int]]) -> dict[str, int]:
         """The session ended and its memory is freed: each allocation it held (`held`: kind, ptr,

@@ -194,6 +194,7 @@ def status(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, An
             "faults": snap["faults"], "engine_faults": snap.get("engine_faults", []),
             "isolation": snap["isolation"],
             "priorities": _visible_priorities(snap["priorities"], caller),
+            "ipc": snap["ipc"] if caller.admin else None,  # daemon-wide counts: admins only
             "you": {"tenant": caller.tenant, "admin": caller.admin}}
 
 

@@ -1033,6 +1033,8 @@ class Daemon:
                           "confined": self.config.confined,
                           "mps_control": self.mps.describe() if self.mps is not None else None},
             "shares": self.shares.report(),
+            # CUDA IPC: exports, grants, and memory kept for importers after its exporter's free
+            "ipc": self.broker.ipc.counts(),
             "priorities": self.priorities.describe(),
             "salus": self.policy.state() if self.policy.name == "salus" else {},
         }

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 # WAITING_OPS and the `synchronizing` handlers (registry.py) are the calls asked about.
 WAITING_OPS = frozenset((lib.PILOT_OP_FREE, lib.PILOT_OP_HOST_UNREGISTER, lib.PILOT_OP_ARRAY_DESTROY,
-                         lib.PILOT_OP_SHADOW_FLUSH, lib.PILOT_OP_FREE_ASYNC))
+                         lib.PILOT_OP_SHADOW_FLUSH, lib.PILOT_OP_FREE_ASYNC, lib.PILOT_OP_IPC_MEM_CLOSE))
 _FREE_ASYNC = lib.PILOT_OP_FREE_ASYNC
 _STREAM_SYNCHRONIZE = lib.PILOT_OP_STREAM_SYNCHRONIZE
 _EVENT_SYNCHRONIZE = lib.PILOT_OP_EVENT_SYNCHRONIZE

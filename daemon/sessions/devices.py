@@ -154,7 +154,8 @@ class SessionGroup:
 def owns_range(s: Session, ptr: int, count: int) -> bool:
     """Session.check_range's test as a yes/no that is safe from another thread: each sorted base
     list is copied in one step, and a base freed meanwhile simply is not found."""
-    for bases, sizes in ((list(s._bases), s.allocations), (list(s._symbol_bases), s.symbols)):
+    for bases, sizes in ((list(s._bases), s.allocations), (list(s._symbol_bases), s.symbols),
+                         (list(s._import_bases), s.imports)):
         i = bisect.bisect_right(bases, ptr) - 1
         size = sizes.get(bases[i]) if i >= 0 else None
         if size is not None and ptr + count <= bases[i] + size:

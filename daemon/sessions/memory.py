@@ -65,6 +65,22 @@ class MemoryTables:
             self.device_bytes -= size
         return size
 
+    def add_import(self, base: int, size: int) -> None:
+        """Another process's allocation, opened through CUDA IPC: memory of this session for
+        every check, never one of its allocations (its cudaFree is refused)."""
+        self.imports[base] = size
+        bisect.insort(self._import_bases, base)
+        if self.fast_ranges is not None:
+            self.fast_ranges(base, size)
+
+    def remove_import(self, base: int) -> None:
+        del self.imports[base]
+        del self._import_bases[bisect.bisect_left(self._import_bases, base)]
+        if self.fast_ranges is not None:
+            self.fast_ranges(base, 0)
+        if self.graphs:
+            self.graphs_stale()
+
     def held_allocations(self) -> list[tuple[str, int, int]]:
         """(kind, ptr, size) of every allocation, array (ptr: its handle) and pinned range the
         session holds."""
@@ -73,10 +89,11 @@ class MemoryTables:
         return held + [("pinned", r.base, r.length) for r in list(self.pinned.values())]
 
     def check_range(self, ptr: int, count: int) -> None:
-        """Raise unless [ptr, ptr+count) lies inside one allocation or one module variable of
-        this session."""
+        """Raise unless [ptr, ptr+count) lies inside one allocation, one module variable or one
+        range opened through CUDA IPC of this session."""
         if _within(self._bases, self.allocations, ptr, count) or (
-                self.symbols and _within(self._symbol_bases, self.symbols, ptr, count)):
+                self.symbols and _within(self._symbol_bases, self.symbols, ptr, count)) or (
+                self.imports and _within(self._import_bases, self.imports, ptr, count)):
             return
         if self.group is not None and self.group.owns(ptr, count, self):
             return  # memory of the session on another device (devices.py)

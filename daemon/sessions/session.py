@@ -104,6 +104,11 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     # Bytes the resource broker charged to this session, by kind (resources/broker.py).
     charged: dict[str, int] = field(default_factory=dict)
     _bases: list[int] = field(default_factory=list)
+    # Device memory of another process of the tenant, opened through CUDA IPC: base -> size
+    # (resources/ipc.py keeps the counts). Checked like allocations; never freed by the session.
+    imports: dict[int, int] = field(default_factory=dict)
+    _import_bases: list[int] = field(default_factory=list)
+    ipc_events: set[int] = field(default_factory=set)  # handles made with cudaEventInterprocess
     streams: dict[int, StreamState] = field(default_factory=dict)
     events: dict[int, Any] = field(default_factory=dict)
     modules: dict[int, Any] = field(default_factory=dict)

@@ -421,6 +421,8 @@ class FastLaunches:
                 for ptr, size in list(s.allocations.items()):
                     if ptr not in s.managed:
                         s.fast_ranges(ptr, size)
+                for ptr, size in list(s.imports.items()):  # opened through CUDA IPC
+                    s.fast_ranges(ptr, size)
                 s.fast_shadows = ShadowsInC(self.ptr, conn)
                 for shadow in list(s.shadows.values()):
                     s.fast_shadows.added(shadow)

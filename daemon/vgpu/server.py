@@ -23,6 +23,7 @@ from pilot.daemon.backends.base import (
     DeviceInfo,
 )
 from pilot.daemon.ops import handler_table
+from pilot.daemon.ops.ipc import session_ends as ipc_session_ends
 from pilot.daemon.protocol import ffi, lib, op_names
 from pilot.daemon.resources.broker import ResourceBroker
 from pilot.daemon.scheduling.launch import KernelWatch
@@ -216,10 +217,14 @@ class VGpu(Dispatch):
         self.waits.drop(session)
         self.gate.forget(session)
         self.kernel_watch.forget(session.id)
+        self.enter(session)  # its modules and streams go in the context they were made in
+        try:  # what it exported or opened through CUDA IPC (ops/ipc.py)
+            ipc_session_ends(self, session)
+        except Exception:
+            log.exception("vgpu-%d: session %d: IPC release failed", self.index, session.id)
         held = session.held_allocations()
         if self.broker.residency is not None:
             self.broker.residency.quiesce(session)
-        self.enter(session)  # its modules and streams go in the context they were made in
         session.release(self.backend, self.stream)
         if self.device_output is not None:  # printed after its last reply: pilotd's log
             self.device_output.drain()

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PILOT_DRIVER_OPS_VERSION 4
+#define PILOT_DRIVER_OPS_VERSION 5
 #define PILOT_DRIVER_OPS_SYMBOL "pilot_driver_ops"
 #define PILOT_DRIVER_OPS_NODE "PILOT_PRIVATE_1"
 
@@ -31,7 +31,9 @@
     X(cudaEventCreateWithFlags) X(cudaEventRecord) X(cudaEventSynchronize) X(cudaEventQuery)    \
     X(cudaEventElapsedTime) X(cudaEventDestroy) X(cudaPointerGetAttributes)                     \
     X(cudaFuncGetAttributes) X(cudaFuncSetAttribute) X(cudaGetErrorString)                      \
-    X(cudaDeviceGetStreamPriorityRange) X(cudaMemcpy2D) X(cudaMemcpy2DAsync)
+    X(cudaDeviceGetStreamPriorityRange) X(cudaMemcpy2D) X(cudaMemcpy2DAsync)                   \
+    X(cudaIpcGetMemHandle) X(cudaIpcOpenMemHandle) X(cudaIpcCloseMemHandle)                     \
+    X(cudaIpcGetEventHandle) X(cudaIpcOpenEventHandle)
 
 struct pilot_image;
 struct pilot_kernel;

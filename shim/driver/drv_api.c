@@ -545,6 +545,62 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
     return PILOT_DRV_RT(OPS->cudaFree((void *)dptr));
 }
 
+/* CUDA IPC (shim/runtime/memory/api_ipc.c): CU_IPC_HANDLE_SIZE bytes either way. */
+PILOT_DRV_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    if (!pHandle)
+        return CUDA_ERROR_INVALID_VALUE;
+    PILOT_DRV_ENTER(1);
+    return PILOT_DRV_RT(OPS->cudaIpcGetMemHandle((cudaIpcMemHandle_t *)pHandle, (void *)dptr));
+}
+
+PILOT_DRV_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                                        unsigned int Flags)
+{
+    if (!pdptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    PILOT_DRV_ENTER(1);
+    cudaIpcMemHandle_t h;
+    memcpy(&h, &handle, sizeof h);
+    void *p = NULL;
+    CUresult r = PILOT_DRV_RT(OPS->cudaIpcOpenMemHandle(&p, h, Flags));
+    *pdptr = (CUdeviceptr)p;
+    return r;
+}
+
+#undef cuIpcOpenMemHandle /* cuda.h maps the name to _v2; the old export is its own symbol */
+PILOT_DRV_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                                     unsigned int Flags);
+PILOT_DRV_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                                     unsigned int Flags)
+{
+    return cuIpcOpenMemHandle_v2(pdptr, handle, Flags);
+}
+
+PILOT_DRV_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    PILOT_DRV_ENTER(1);
+    return PILOT_DRV_RT(OPS->cudaIpcCloseMemHandle((void *)dptr));
+}
+
+PILOT_DRV_EXPORT CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event)
+{
+    if (!pHandle)
+        return CUDA_ERROR_INVALID_VALUE;
+    PILOT_DRV_ENTER(1);
+    return PILOT_DRV_RT(OPS->cudaIpcGetEventHandle((cudaIpcEventHandle_t *)pHandle, (cudaEvent_t)event));
+}
+
+PILOT_DRV_EXPORT CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle)
+{
+    if (!phEvent)
+        return CUDA_ERROR_INVALID_VALUE;
+    PILOT_DRV_ENTER(1);
+    cudaIpcEventHandle_t h;
+    memcpy(&h, &handle, sizeof h);
+    return PILOT_DRV_RT(OPS->cudaIpcOpenEventHandle((cudaEvent_t *)phEvent, h));
+}
+
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch,
                                                      size_t WidthInBytes, size_t Height,
                                                      unsigned int ElementSizeBytes)

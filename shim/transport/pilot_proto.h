@@ -179,7 +179,22 @@ enum pilot_op {
     PILOT_OP_FREE_ASYNC = 471,        /* pilot_req_free_async: the allocation leaves the session
                                        * at once; its memory is zeroed and freed in the order of
                                        * `stream`, after the work issued there before; no wait */
-    /* 472-499 reserved */
+    /* 472-479 reserved */
+    /* 480-489: CUDA IPC between the processes of one tenant (shim/runtime/memory/api_ipc.c,
+     * daemon/ops/ipc.py, daemon/resources/ipc.py) */
+    PILOT_OP_IPC_MEM_EXPORT = 480,    /* pilot_req_free {ptr: in one of the session's device
+                                       * allocations}; reply pilot_rep_ipc_handle */
+    PILOT_OP_IPC_MEM_OPEN = 481,      /* pilot_req_ipc_open; reply pilot_rep_u64 {value: the
+                                       * allocation's base, value2: its size}; the range joins the
+                                       * session's memory (opened again: the same base, counted) */
+    PILOT_OP_IPC_MEM_CLOSE = 482,     /* pilot_req_free {ptr: an opened base}; reply pilot_rep_u64
+                                       * {value: opens of it left}; the last close waits for the
+                                       * session's work */
+    PILOT_OP_IPC_EVENT_EXPORT = 483,  /* pilot_req_handle (an event made with
+                                       * cudaEventInterprocess); reply pilot_rep_ipc_handle */
+    PILOT_OP_IPC_EVENT_OPEN = 484,    /* pilot_req_ipc_open; reply pilot_rep_u64 {value: a new
+                                       * event handle of the session, naming the same event} */
+    /* 485-499 reserved */
     /* 500: unified memory (shim/runtime/managed/api_managed.c, shim/runtime/managed/coherence.c, daemon/managed.py) */
     PILOT_OP_MALLOC_MANAGED = 500,    /* pilot_req_malloc_managed; reply pilot_rep_u64 {ptr} */
     PILOT_OP_SHADOW_ATTACH = 501,     /* pilot_req_shadow_attach: the client shadows a range */
@@ -451,6 +466,21 @@ typedef struct pilot_req_free_async {
     uint64_t ptr;
     uint64_t stream;                  /* the program's stream handle (0: legacy) */
 } pilot_req_free_async;
+
+/* A cudaIpcMemHandle_t / cudaIpcEventHandle_t, opaque to the shim: pilotd makes it (the bytes
+ * "pilotIPC", a random token naming the export in pilotd, zeros: daemon/resources/ipc.py). */
+#define PILOT_IPC_HANDLE_BYTES 64
+
+typedef struct pilot_rep_ipc_handle {
+    pilot_reply_hdr hdr;
+    uint8_t handle[PILOT_IPC_HANDLE_BYTES];
+} pilot_rep_ipc_handle;
+
+typedef struct pilot_req_ipc_open {
+    uint8_t handle[PILOT_IPC_HANDLE_BYTES];
+    uint32_t flags;                   /* cudaIpcMemLazyEnablePeerAccess (memory), 0 (events) */
+    uint32_t reserved;
+} pilot_req_ipc_open;
 
 typedef struct pilot_req_memcpy {       /* H2D, D2H, D2D, and staged chunks */
     uint64_t dst;
