@@ -4,6 +4,7 @@
 // child still holds it (the child keeps reading what was there), and the misuses CUDA refuses.
 // The processes fork before either touches CUDA and talk through pipes. With `other-user` (run
 // as root) the child becomes user nobody first: under pilot another tenant, whose open fails.
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <grp.h>
@@ -25,8 +26,25 @@
 
 struct Handles {
     cudaIpcMemHandle_t mem;
+    cudaIpcMemHandle_t driver_mem;  // the same allocation's, from the driver API
     cudaIpcEventHandle_t event;
 };
+
+// The driver API's IPC calls, reached through the runtime (no -lcuda): CUipcMemHandle has
+// cudaIpcMemHandle_t's layout.
+typedef int (*cu_get_mem_handle)(cudaIpcMemHandle_t *, unsigned long long);
+typedef int (*cu_open_mem_handle)(unsigned long long *, cudaIpcMemHandle_t, unsigned int);
+typedef int (*cu_close_mem_handle)(unsigned long long);
+
+static void *driver_function(const char *name)
+{
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 13000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+        return nullptr;
+    return fn;
+}
 
 static void say(int fd, char c) { (void)!write(fd, &c, 1); }
 
@@ -65,6 +83,13 @@ static int child(int in, int out, bool other_user)
     CHECK(cudaIpcOpenMemHandle((void **)&d, h.mem, cudaIpcMemLazyEnablePeerAccess));
     CHECK(cudaIpcOpenMemHandle((void **)&again, h.mem, cudaIpcMemLazyEnablePeerAccess));
     printf("child: opened twice at one address: %d\n", d == again);
+    auto cu_open = (cu_open_mem_handle)driver_function("cuIpcOpenMemHandle");
+    auto cu_close = (cu_close_mem_handle)driver_function("cuIpcCloseMemHandle");
+    unsigned long long by_driver = 0;
+    int opened = cu_open && cu_close ? cu_open(&by_driver, h.driver_mem, 1) : -1;
+    printf("child: the driver API opens it at that address too: %d\n",
+           opened == 0 && by_driver == (unsigned long long)(uintptr_t)d);
+    printf("child: and closes it: %d\n", opened == 0 && cu_close(by_driver) == 0);
     CHECK(cudaIpcOpenEventHandle(&ev, h.event));
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -123,6 +148,9 @@ static int parent(int in, int out, pid_t kid)
     printf("parent: a pointer inside the allocation gives its handle: %d\n",
            memcmp(&h.mem, &inner, sizeof inner) == 0);
     CHECK(cudaIpcGetEventHandle(&h.event, ev));
+    auto cu_get = (cu_get_mem_handle)driver_function("cuIpcGetMemHandle");
+    printf("parent: the driver API makes a handle too: %d\n",
+           cu_get && cu_get(&h.driver_mem, (unsigned long long)(uintptr_t)d) == 0);
     cudaIpcEventHandle_t eh;
     printf("parent: a handle of an event without cudaEventInterprocess fails: %d\n",
            cudaIpcGetEventHandle(&eh, plain) != cudaSuccess);

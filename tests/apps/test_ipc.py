@@ -1,7 +1,7 @@
 """CUDA IPC under pilot (tests/apps/ipc.cu; daemon/ops/ipc.py): two processes of one user share
 a device allocation and an interprocess event; the exporter frees while the importer still
 holds the memory; a process of another user cannot open the handle. The rules themselves, on
-pilotd's handlers: tests/unit/test_ipc.py."""
+pilotd's handlers: tests/unit/test_ipc_handlers.py."""
 
 from __future__ import annotations
 
@@ -19,12 +19,15 @@ AFTER_CHILD = SUM - sum(i % 1000 for i in range(1024))  # the child zeroed the f
 
 PARENT_FIRST = [
     "parent: a pointer inside the allocation gives its handle: 1",
+    "parent: the driver API makes a handle too: 1",
     "parent: a handle of an event without cudaEventInterprocess fails: 1",
     "parent: opening its own handle fails: 1",
 ]
 EXPECTED = [
     *PARENT_FIRST,
     "child: opened twice at one address: 1",
+    "child: the driver API opens it at that address too: 1",
+    "child: and closes it: 1",
     f"child: read the parent's data: sum {SUM}",
     "child: the range is device memory: 1",
     f"parent: sees the child's writes: sum {AFTER_CHILD}",
