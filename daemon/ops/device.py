@@ -13,6 +13,7 @@ from pilot.daemon.backends.base import (
     BackendError,
     DeviceInfo,
 )
+from pilot.daemon.ops.ipc import session_ends as ipc_session_ends
 from pilot.daemon.ops.registry import OpTable
 from pilot.daemon.ops.replies import u64
 from pilot.daemon.protocol import ffi, lib, new
@@ -112,8 +113,11 @@ def device_query(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
 
 @OPS.handler(lib.PILOT_OP_DEVICE_RESET, synchronizing=True)
 def device_reset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
-    """Frees the session's memory, streams and events; loaded modules stay (kernels relaunch)."""
+    """Frees the session's memory, streams and events; loaded modules stay (kernels relaunch).
+    What it exported through CUDA IPC and others still hold is kept for them; what it opened
+    is closed (ops/ipc.py)."""
     streams.synchronize_session(vg, s)
+    ipc_session_ends(vg, s)
     backend = vg.backend
     # arrays, texture and surface objects
     for handle, charged in release_objects(s, backend, s.legacy or vg.stream):

@@ -117,7 +117,8 @@ class IpcRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._mem: dict[bytes, MemExport] = {}
-        self._mem_by_alloc: dict[tuple[int, int], MemExport] = {}  # (session, base)
+        self._mem_by_alloc: dict[tuple[int, int], MemExport] = {}  # (exporter session, base)
+        self._mem_by_grant: dict[tuple[int, int], MemExport] = {}  # (importer session, base)
         self._events: dict[bytes, EventExport] = {}
         self._events_by_handle: dict[tuple[int, int], EventExport] = {}  # (session, handle)
 
@@ -143,25 +144,28 @@ class IpcRegistry:
             self._check_place(e.owner, who)
             opens = e.importers.get(session, 0)
             e.importers[session] = opens + 1
+            self._mem_by_grant[(session, e.base)] = e
             return e.base, e.size, opens == 0
 
     def close_memory(self, session: int, base: int) -> tuple[int, Released | None]:
         """One close of the session's grant of `base`: (opens left, memory to free now or None);
         KeyError when the session holds no grant there."""
         with self._lock:
-            e = self._imported_at(session, base)
+            e = self._mem_by_grant[(session, base)]
             left = e.importers[session] - 1
             if left:
                 e.importers[session] = left
                 return left, None
             del e.importers[session]
+            del self._mem_by_grant[(session, base)]
             return 0, self._after_last_importer(e)
 
     def drop_importer(self, session: int) -> list[Released]:
         """The session ended: every grant it held ends; returns the memory to free now."""
         out = []
         with self._lock:
-            for e in [e for e in self._mem.values() if session in e.importers]:
+            for key in [k for k in self._mem_by_grant if k[0] == session]:
+                e = self._mem_by_grant.pop(key)
                 del e.importers[session]
                 released = self._after_last_importer(e)
                 if released is not None:
@@ -187,10 +191,8 @@ class IpcRegistry:
     def opens(self, session: int, base: int) -> int:
         """How many times the session holds the grant of `base` open."""
         with self._lock:
-            try:
-                return self._imported_at(session, base).importers[session]
-            except KeyError:
-                return 0
+            e = self._mem_by_grant.get((session, base))
+            return e.importers[session] if e is not None else 0
 
     def is_exported(self, session: int, base: int) -> bool:
         with self._lock:
@@ -199,17 +201,6 @@ class IpcRegistry:
     def exported_bases(self, session: int) -> list[int]:
         with self._lock:
             return [base for (s, base) in self._mem_by_alloc if s == session]
-
-    def imported(self, session: int) -> dict[int, int]:
-        """base -> size of every grant the session holds."""
-        with self._lock:
-            return {e.base: e.size for e in self._mem.values() if session in e.importers}
-
-    def _imported_at(self, session: int, base: int) -> MemExport:
-        for e in self._mem.values():
-            if e.base == base and session in e.importers:
-                return e
-        raise KeyError(base)
 
     def _after_last_importer(self, e: MemExport) -> Released | None:
         if e.importers or not e.released:

@@ -137,7 +137,8 @@ class SessionGroup:
         """The session as `pilot sessions` lists it: part 0's row, totals over every part."""
         rows = [p.summary() for p in list(self.parts.values())]
         row = dict(rows[0])
-        for key in ("device_bytes", "pinned_bytes", "allocations", "streams", "events", "modules", "calls"):
+        for key in ("device_bytes", "pinned_bytes", "allocations", "streams", "events", "modules", "calls",
+                    "ipc_opened_bytes"):
             row[key] = sum(int(r[key]) for r in rows)
         row["gpus"] = sorted({r["gpu"] for r in rows})
         waiting = next((r for r in rows if r["state"] == "waiting"), None)

@@ -260,6 +260,8 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
             "pinned": [r.summary() for r in list(self.pinned.values())],
             "charged": dict(self.charged),
             "allocations": len(self.allocations),
+            # another process's device memory opened through CUDA IPC (charged to its exporter)
+            "ipc_opened_bytes": sum(list(self.imports.values())),
             "arrays": len(self.arrays),
             "textures": len(self.textures) + len(self.surfaces),
             "streams": len(self.streams),

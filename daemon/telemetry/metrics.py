@@ -458,6 +458,26 @@ class PilotCollector(Collector):
             endpoint.add_metric([], conn["endpoint_refused"])
             yield endpoint
 
+    @staticmethod
+    def _ipc_families(ipc: dict[str, Any] | None) -> Iterator[Metric]:
+        """CUDA IPC (resources/ipc.py): exports, opens, and memory kept for the processes that
+        opened it after its exporter freed it (still charged to the tenant)."""
+        if not ipc:
+            return
+        exports = _gauge("pilot_ipc_exports", "Allocations and events exported through CUDA IPC "
+                         "now.", ["kind"])
+        exports.add_metric(["memory"], ipc["memory_exports"])
+        exports.add_metric(["event"], ipc["event_exports"])
+        yield exports
+        grants = _gauge("pilot_ipc_grants", "Exported allocations opened by another process, "
+                        "counted once per opening session.")
+        grants.add_metric([], ipc["grants"])
+        yield grants
+        kept = _gauge("pilot_ipc_kept_bytes", "Device memory its exporter freed that pilotd keeps "
+                      "for the processes that opened it (still charged to the tenant).")
+        kept.add_metric([], ipc["kept_bytes"])
+        yield kept
+
     def _state_families(self, state: dict[str, Any]) -> Iterator[Metric]:
         sessions = list(state.get("sessions") or ())
         gpus = list(state.get("gpus") or ())
@@ -563,6 +583,7 @@ class PilotCollector(Collector):
         yield from self._fault_families(list(state.get("faults") or ()),
                                         list(state.get("engine_faults") or ()))
         yield from self._connection_families(state.get("connections"))
+        yield from self._ipc_families(state.get("ipc"))
 
         resident = _gauge("pilot_gpu_resident_bytes",
                           "Movable (managed) memory pilot counts resident on a GPU.", ["gpu"])

@@ -17,7 +17,7 @@ from pilot.daemon.backends.base import (
     BackendError,
 )
 from pilot.daemon.backends.sim import SimBackend
-from pilot.daemon.ops import events, ipc, memory, mempool
+from pilot.daemon.ops import device, events, ipc, memory, mempool
 from pilot.daemon.protocol import ffi, new
 from pilot.daemon.resources.broker import GpuBudget, ResourceBroker
 from pilot.daemon.resources.ipc import HANDLE_BYTES
@@ -269,6 +269,29 @@ def test_sessions_that_end_let_go_in_either_order(vg: Any) -> None:
         vg.quarantine.drain(behind_work=False)
         assert usage(vg) == 0 and vg.backend.mem_frees.count(ptr) == 1
         vg.backend.mem_frees.clear()
+
+
+def test_cuda_device_reset_lets_go_like_the_end_of_the_session(vg: Any) -> None:
+    a, b = session(vg, 1), session(vg, 2)
+    ptr = malloc(vg, a, MiB)
+    write(vg, ptr, b"kept")
+    handle = export(vg, a, ptr)
+    open_handle(vg, b, handle)
+    flags = EVENT_INTERPROCESS_NO_TIMING
+    ev = int(events.event_create(vg, a, req("pilot_req_event_create", flags=flags), memoryview(b"")).value)
+    rep = ipc.event_export(vg, a, req("pilot_req_handle", handle=ev), memoryview(b""))
+    request = req("pilot_req_ipc_open", flags=0)
+    ffi.memmove(request.handle, bytes(ffi.buffer(rep.handle)), HANDLE_BYTES)
+    theirs = int(ipc.event_open(vg, b, request, memoryview(b"")).value)
+    device.device_reset(vg, a, None, memoryview(b""))  # the exporter resets: b keeps both
+    assert not a.allocations and usage(vg) == MiB and read(vg, ptr, 4) == b"kept"
+    assert vg.backend.events_destroyed == [] and theirs in b.events
+    device.device_reset(vg, b, None, memoryview(b""))  # the importer resets: its grants end
+    vg.quarantine.drain(behind_work=False)
+    assert not b.imports and usage(vg) == 0 and vg.backend.mem_frees == [ptr]
+    assert len(vg.backend.events_destroyed) == 1
+    assert vg.broker.ipc.counts() == {"memory_exports": 0, "grants": 0, "kept_bytes": 0,
+                                      "event_exports": 0}
 
 
 def test_an_interprocess_event_is_shared_until_its_last_handle_goes(vg: Any) -> None:

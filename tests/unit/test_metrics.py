@@ -70,6 +70,7 @@ def fake_state() -> dict[str, Any]:
                    1: {"sms": None, "unit": None, "held": {}}},
         "connections": {"admitted": 7, "refused": 4200, "limit": 16384, "per_uid": 320,
                         "endpoint_refused": 12},
+        "ipc": {"memory_exports": 3, "grants": 5, "kept_bytes": 2 * GiB, "event_exports": 1},
     }
 
 
@@ -232,6 +233,13 @@ def test_connection_gauges() -> None:
     without = {k: x for k, x in fake_state().items() if k != "connections"}
     assert registry_for(Metrics(), lambda: without).get_sample_value("pilot_connections",
                                                                      {"limit": "16384"}) is None
+
+
+def test_cuda_ipc_gauges() -> None:
+    """Exports, opens, and memory kept for importers (resources/ipc.py counts)."""
+    v = registry_for(Metrics()).get_sample_value
+    assert v("pilot_ipc_exports", {"kind": "memory"}) == 3 and v("pilot_ipc_exports", {"kind": "event"}) == 1
+    assert v("pilot_ipc_grants") == 5 and v("pilot_ipc_kept_bytes") == 2 * GiB
 
 
 def test_the_spin_budget_is_exported() -> None:
