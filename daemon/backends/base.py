@@ -357,6 +357,9 @@ class Backend(Protocol):
     def event_elapsed_ms(self, start: Any, end: Any) -> float: ...
 
     # execution
+    def link(self, inputs: list[Any], options: list[tuple[int, int]]) -> tuple[bytes, str]:
+        """The driver's linker (backends/linker.py): LinkInputs and plain-valued CUjit_options
+        in, (cubin, info log) out; BackendError(code, error log) when it fails."""
     def module_load(self, image: bytes) -> Any: ...
     def module_unload(self, module: Any) -> None: ...
     def module_loaded_bytes(self, module: Any, image: bytes) -> int:

@@ -58,10 +58,12 @@ from pilot.daemon.backends.cublas import CudaLibraries
 from pilot.daemon.backends.cudnn import CudaDnn
 from pilot.daemon.backends.fatbin import variable_names
 from pilot.daemon.backends.libraries import BlasSettings, GemmCall, LtCall
+from pilot.daemon.backends.linker import CudaLinker
 from pilot.daemon.protocol import ffi as _pffi
 from pilot.daemon.protocol import lib as _plib
 
 log = logging.getLogger("pilot.backend")
+_LINKER = CudaLinker()  # libcuda's linker, loaded on first use (cuLink* of programs)
 
 # CUresults with which MPS refuses a process for a while (connection failed, RPC failure, server
 # not ready, too many clients or connections, client terminated): CUDA initialization tries
@@ -790,6 +792,9 @@ class CudaBackend:
         raise error(err, call)
 
     # ---- execution ---------------------------------------------------------------------------
+
+    def link(self, inputs: list[Any], options: list[tuple[int, int]]) -> tuple[bytes, str]:
+        return _LINKER.link(inputs, options)
 
     def module_load(self, image: bytes) -> Any:
         """cuda-python takes the image as any buffer-protocol object and holds the export only

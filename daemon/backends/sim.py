@@ -105,6 +105,7 @@ from pilot.daemon.backends.fatbin import (
 )
 from pilot.daemon.backends.func_attrs import ImageFuncAttrs, image_function_attrs
 from pilot.daemon.backends.libraries import BlasSettings, GemmCall, LtCall
+from pilot.daemon.backends.linker import sim_link
 from pilot.daemon.backends.ptx_preempt import CONTROL_BYTES, claim_range
 from pilot.daemon.backends.sim_device import H100_ATTRS, h100_like_info
 from pilot.daemon.protocol import ffi, lib
@@ -1119,6 +1120,9 @@ class SimBackend:
             return (last.recorded_ns - first.recorded_ns) / 1e6
 
     # ---- execution ------------------------------------------------------------------------
+
+    def link(self, inputs: list[Any], options: list[tuple[int, int]]) -> tuple[bytes, str]:
+        return sim_link(inputs)
 
     def module_load(self, image: bytes) -> Any:
         try:

@@ -13,6 +13,7 @@ from pilot.daemon.ops import (
     host_memory,
     ipc,
     libraries,
+    linker,
     memory,
     mempool,
     streams,
@@ -21,7 +22,7 @@ from pilot.daemon.ops import (
 from pilot.daemon.ops.registry import HandlerSpec, merge
 
 CHAPTERS = (device, streams, events, execution, graphs, memory, mempool, arrays, unified,
-            host_memory, ipc, libraries, dnn)
+            host_memory, ipc, libraries, dnn, linker)
 
 
 def handler_table() -> dict[int, HandlerSpec]:

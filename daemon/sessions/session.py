@@ -109,6 +109,7 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     imports: dict[int, int] = field(default_factory=dict)
     _import_bases: list[int] = field(default_factory=list)
     ipc_events: set[int] = field(default_factory=set)  # handles made with cudaEventInterprocess
+    link_output: bytes = b""  # the last cuLinkComplete's cubin and log, read in pieces (ops/linker.py)
     streams: dict[int, StreamState] = field(default_factory=dict)
     events: dict[int, Any] = field(default_factory=dict)
     modules: dict[int, Any] = field(default_factory=dict)

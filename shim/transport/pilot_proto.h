@@ -117,6 +117,13 @@ enum pilot_op {
     /* 330-349: the driver API (libpilot-cuda.so, shim/driver/drv_*.c) */
     PILOT_OP_MODULE_UNLOAD = 330,     /* pilot_req_handle (module); status reply */
     PILOT_OP_MEMSET_WIDE = 331,       /* pilot_req_memset_wide: cuMemsetD16/D32; posted when async */
+    PILOT_OP_LINK = 332,              /* cuLinkComplete (shim/driver/drv_link.c, daemon/ops/linker.py):
+                                       * pilot_req_link; frame 2: `count` pilot_link_input, each
+                                       * followed by its name and data, padded to 8 bytes; reply
+                                       * pilot_rep_link. The image and log stay in the session
+                                       * until the next LINK, read by LINK_FETCH */
+    PILOT_OP_LINK_FETCH = 333,        /* pilot_req_link_fetch; reply payload: those bytes of the
+                                       * last LINK's image followed by its log */
     /* 360-369: CUDA graphs instantiated in pilotd (shim/runtime/graph/graph_remote.c, daemon/ops/graphs.py) */
     PILOT_OP_GRAPH_INSTANTIATE = 360, /* pilot_req_graph {exec, stream: the recording stream,
                                        * count}; frame 2: `count` pilot_graph_record, each followed
@@ -466,6 +473,39 @@ typedef struct pilot_req_free_async {
     uint64_t ptr;
     uint64_t stream;                  /* the program's stream handle (0: legacy) */
 } pilot_req_free_async;
+
+/* ---- the driver's linker (cuLink*) ---- */
+#define PILOT_LINK_OPTIONS 16
+
+typedef struct pilot_link_option {
+    uint32_t option;                  /* a CUjit_option with a plain value (drv_link.c lists them) */
+    uint32_t value;
+} pilot_link_option;
+
+typedef struct pilot_req_link {
+    uint32_t count;                   /* inputs in frame 2 */
+    uint32_t noptions;
+    pilot_link_option options[PILOT_LINK_OPTIONS];
+} pilot_req_link;
+
+typedef struct pilot_link_input {
+    uint32_t type;                    /* CUjitInputType */
+    uint32_t name_len;                /* bytes of the name that follow, no NUL */
+    uint64_t size;                    /* bytes of data after the name */
+} pilot_link_input;
+
+typedef struct pilot_rep_link {
+    pilot_reply_hdr hdr;
+    uint32_t result;                  /* the link's CUresult (0: linked) */
+    uint32_t reserved;
+    uint64_t image_bytes;             /* the linked cubin's size */
+    uint64_t log_bytes;               /* the log's (info log when linked, else error log) */
+} pilot_rep_link;
+
+typedef struct pilot_req_link_fetch {
+    uint64_t offset;                  /* into the image followed by the log */
+    uint64_t count;                   /* at most PILOT_INLINE_MAX */
+} pilot_req_link_fetch;
 
 /* A cudaIpcMemHandle_t / cudaIpcEventHandle_t, opaque to the shim: pilotd makes it (the bytes
  * "pilotIPC", a random token naming the export in pilotd, zeros: daemon/resources/ipc.py). */

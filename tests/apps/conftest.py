@@ -47,7 +47,7 @@ SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
             "fault", "mempool", "launch_order", "func_info", "arrays", "driver_api", "graphs",
             "graph_mem", "graph_params", "graph_launch", "device_printf", "cublas_gemm",
             "cublas_level", "cudnn_conv", "entry_point", "small_managed", "preload", "device_reset",
-            "rings", "free_async", "words", "ipc")}
+            "rings", "free_async", "words", "ipc", "linker")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 SOURCES["ptds_per_thread"] = APPS_DIR / "ptds.cu"  # the same source, per-thread default streams
 SOURCES["preload_many"] = APPS_DIR / "preload.cu"  # the same source with 40 kernels more
@@ -71,6 +71,13 @@ def _driver_flags(nvcc: str, out_dir: Path) -> tuple[list[str], str]:
                                str(out_dir / f"driver_kernels.{kind}"), str(DRIVER_KERNELS)],
                               capture_output=True, text=True, timeout=600)
         out += proc.stdout + proc.stderr
+    return [f"-DDRV_FATBIN={out_dir / 'driver_kernels.fatbin'}", "-arch=sm_90",
+            *_libcuda_flags(out_dir)], out
+
+
+def _libcuda_flags(out_dir: Path) -> list[str]:
+    """-lcuda: the toolkit's stub if it has one, else pilot's own libpilot-cuda.so (SONAME
+    libcuda.so.1)."""
     stub = Path(NVCC).resolve().parent.parent / "lib64" / "stubs"
     if not (stub / "libcuda.so").exists():
         from pilot.shim import driver_path
@@ -79,8 +86,7 @@ def _driver_flags(nvcc: str, out_dir: Path) -> tuple[list[str], str]:
         link = stub / "libcuda.so"
         if not link.exists():
             link.symlink_to(driver_path())
-    return [f"-DDRV_FATBIN={out_dir / 'driver_kernels.fatbin'}", "-arch=sm_90", "-L", str(stub),
-            "-lcuda"], out
+    return ["-L", str(stub), "-lcuda"]
 def _blas_flags(out_dir: Path) -> list[str]:
     """cublas_gemm and cublas_level link -lcublas -lcublasLt: the toolkit's where it has them (the H100), else
     pilot's stand-ins, whose SONAMEs are NVIDIA's (the program then needs them preloaded)."""
@@ -161,6 +167,8 @@ def app_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
         if name == "driver_api":
             flags, pre = _driver_flags(nvcc, out_dir)
             extra += flags
+        if name == "linker":
+            extra += _libcuda_flags(out_dir)
         if name.startswith("cublas_"):
             extra += _blas_flags(out_dir)
         if name.startswith("cudnn_"):

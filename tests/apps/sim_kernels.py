@@ -513,6 +513,18 @@ def drv_pair(k: SimLaunch) -> None:
     k.view(out, 8)[:] = struct.pack("<q", a * 1000 + int(b) * 10 + c)
 
 
+# ---- linker.cu (its PTX linked by cuLink*) ----
+
+@sim_kernel("link_scale")
+def link_scale(k: SimLaunch) -> None:
+    """v[i] = link_twice(v[i]) + 1 = 2 v[i] + 1 (two roundings) for i < n covered by the grid."""
+    v, n = k.ptr(0), k.i32(1)
+    count = _one_per_element(k, n)
+    if count:
+        view = _f32_array(k, v, count)
+        np.add(np.multiply(view, F32(2.0)), F32(1.0), out=view)
+
+
 @sim_kernel("drv_bump")
 def drv_bump(k: SimLaunch) -> None:
     """counter += n (the module's __device__ int)."""
