@@ -179,7 +179,7 @@ simpleCallback|cs:0_Introduction/simpleCallback|simpleCallback.cu multithreading
 streamOrderedAllocation|cs:2_Concepts_and_Techniques/streamOrderedAllocation|streamOrderedAllocation.cu|-|-|-|generic|ok|cudaMallocAsync / cudaFreeAsync, memory pool attributes
 simpleAttributes|cs:0_Introduction/simpleAttributes|simpleAttributes.cu|-|-|-|generic|ok|access policy window (cudaStreamSetAttribute, kept as a hint), cudaCtxResetPersistingL2Cache (nothing of the program's persists), cudaHostAlloc
 segmentationTreeThrust|cs:2_Concepts_and_Techniques/segmentationTreeThrust|segmentationTree.cu|-|-|test.ppm ref_00.ppm ref_09.ppm|generic|ok|Thrust; this CUB path launches through cudaLaunchKernelExC with programmatic dependent launch
-simpleIPC|cs:0_Introduction/simpleIPC|simpleIPC.cu ../../../Common/helper_multiprocess.cpp|-|-|-|generic;drop=lshmName;sort|ipc|forks worker processes that open cudaIpc memory and event handles
+simpleIPC|cs:0_Introduction/simpleIPC|simpleIPC.cu ../../../Common/helper_multiprocess.cpp|-|-|-|generic;drop=lshmName;sort|ok|forks worker processes that open cudaIpc memory and event handles (carried since the twelfth session; first GPU run pending)
 backprop|rod:cuda/backprop|backprop.c facetrain.c imagenet.c backprop_cuda.cu|-lm|65536|-|generic|ok|Rodinia; fixed seed; prints no results (exit status and progress lines)
 gaussian|rod:cuda/gaussian|gaussian.cu|-DclockRate=memoryBusWidth -DdeviceOverlap=asyncEngineCount|-s 128|-|generic|ok|Rodinia; prints the matrices and the solution. Its device-property printout names two fields CUDA 13 removed: they are mapped to other fields with -D
 lud|rod:cuda/lud/cuda|lud.cu lud_kernel.cu ../common/common.c|-I../common|-s 1024 -v|-|generic|ok|Rodinia; -v verifies against the CPU

@@ -33,7 +33,8 @@
     X(cudaFuncGetAttributes) X(cudaFuncSetAttribute) X(cudaGetErrorString)                      \
     X(cudaDeviceGetStreamPriorityRange) X(cudaMemcpy2D) X(cudaMemcpy2DAsync)                   \
     X(cudaIpcGetMemHandle) X(cudaIpcOpenMemHandle) X(cudaIpcCloseMemHandle)                     \
-    X(cudaIpcGetEventHandle) X(cudaIpcOpenEventHandle)
+    X(cudaIpcGetEventHandle) X(cudaIpcOpenEventHandle) X(cudaHostRegister) X(cudaHostUnregister)  \
+    X(cudaLaunchHostFunc) X(cudaStreamAddCallback)
 
 struct pilot_image;
 struct pilot_kernel;

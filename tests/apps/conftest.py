@@ -47,7 +47,7 @@ SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
             "fault", "mempool", "launch_order", "func_info", "arrays", "driver_api", "graphs",
             "graph_mem", "graph_params", "graph_launch", "device_printf", "cublas_gemm",
             "cublas_level", "cudnn_conv", "entry_point", "small_managed", "preload", "device_reset",
-            "rings", "free_async", "words", "ipc", "linker")}
+            "rings", "free_async", "words", "ipc", "linker", "driver_host")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 SOURCES["ptds_per_thread"] = APPS_DIR / "ptds.cu"  # the same source, per-thread default streams
 SOURCES["preload_many"] = APPS_DIR / "preload.cu"  # the same source with 40 kernels more
@@ -167,7 +167,7 @@ def app_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
         if name == "driver_api":
             flags, pre = _driver_flags(nvcc, out_dir)
             extra += flags
-        if name == "linker":
+        if name in ("linker", "driver_host"):
             extra += _libcuda_flags(out_dir)
         if name.startswith("cublas_"):
             extra += _blas_flags(out_dir)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The driver API on a real GPU (issue 13): tests/apps/driver_api.cu, linked with -lcuda, runs
-# natively and under `pilot run` (libpilot.so + libpilot-cuda.so preloaded), and their stdout must
-# be identical byte for byte. Also records what the machine's real libcuda.so.1 exports against
+# The driver API on a real GPU (issue 13): tests/apps/driver_api.cu, tests/apps/linker.cu (the
+# linker, cuLink*) and tests/apps/driver_host.cu (host registration and functions, 2D copies),
+# linked with -lcuda, run natively and under `pilot run` (libpilot.so +
+# libpilot-cuda.so preloaded), and their stdout must be identical byte for byte. Also records what the machine's real libcuda.so.1 exports against
 # shim/tables/cuda_driver_exports.tsv and whether its symbols are versioned (informational).
 #
 #   tests/gpu/driver_compare.sh               install pilot (run_compare.sh --install-only), compare
@@ -32,7 +33,11 @@ say "building driver_api with $NVCC -arch=$NVCC_ARCH"
 "$NVCC" -cubin "-arch=$NVCC_ARCH" -o "$WORK/driver_kernels.cubin" "$KERNELS" >>"$LOG" 2>&1 &&
     "$NVCC" -fatbin "-arch=$NVCC_ARCH" -o "$WORK/driver_kernels.fatbin" "$KERNELS" >>"$LOG" 2>&1 &&
     "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" "-DDRV_FATBIN=$WORK/driver_kernels.fatbin" \
-        -o "$WORK/driver_api" "$REPO/tests/apps/driver_api.cu" -L "$STUBS" -lcuda >>"$LOG" 2>&1 ||
+        -o "$WORK/driver_api" "$REPO/tests/apps/driver_api.cu" -L "$STUBS" -lcuda >>"$LOG" 2>&1 &&
+    "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$WORK/linker" "$REPO/tests/apps/linker.cu" \
+        -L "$STUBS" -lcuda >>"$LOG" 2>&1 &&
+    "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$WORK/driver_host" \
+        "$REPO/tests/apps/driver_host.cu" -L "$STUBS" -lcuda >>"$LOG" 2>&1 ||
     { say "build failed; see $LOG"; cat "$LOG" >&2; exit 1; }
 
 REAL=$(env -u LD_PRELOAD ldd "$WORK/driver_api" | awk '/libcuda\.so\.1/ {print $3}')
@@ -47,25 +52,36 @@ daemon_args=(--backend "$PILOT_BACKEND" --socket "$SOCK")
 for f in $PILOT_SIM_KERNELS; do daemon_args+=(--sim-kernels "$f"); done
 pilotd_start "$OUT/pilotd-driver.log" "${daemon_args[@]}" || exit 2
 CUBIN=$WORK/driver_kernels.cubin
-if [ "$COMPARE_DRY_RUN" = 1 ]; then
-    env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/driver_api" "$CUBIN" \
-        >"$WORK/native.out" 2>"$WORK/native.err"
-else
-    env -u LD_PRELOAD -u PILOT_SOCKET "$WORK/driver_api" "$CUBIN" >"$WORK/native.out" 2>"$WORK/native.err"
-fi
-native=$?
-env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/driver_api" "$CUBIN" \
-    >"$WORK/pilot.out" 2>"$WORK/pilot.err"
-under=$?
-{
-    echo "### native (exit $native)"; cat "$WORK/native.out" "$WORK/native.err"
-    echo "### pilot (exit $under)"; cat "$WORK/pilot.out" "$WORK/pilot.err"
-    echo "### diff"
-} >>"$LOG"
-if [ "$native" = "$under" ] && diff -u "$WORK/native.out" "$WORK/pilot.out" >>"$LOG"; then
-    say "driver_api: identical (exit $native); log $LOG"
-    exit 0
-fi
-say "driver_api: DIFFERENT (native exit $native, pilot exit $under); see $LOG"
-diff -u "$WORK/native.out" "$WORK/pilot.out" >&2
-exit 1
+status=0
+# compare NAME ARGS...: the program natively and under pilot, stdout identical
+compare() {
+    local name=$1 native under
+    shift
+    if [ "$COMPARE_DRY_RUN" = 1 ]; then
+        env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/$name" "$@" \
+            >"$WORK/$name.native.out" 2>"$WORK/$name.native.err"
+    else
+        env -u LD_PRELOAD -u PILOT_SOCKET "$WORK/$name" "$@" \
+            >"$WORK/$name.native.out" 2>"$WORK/$name.native.err"
+    fi
+    native=$?
+    env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/$name" "$@" \
+        >"$WORK/$name.pilot.out" 2>"$WORK/$name.pilot.err"
+    under=$?
+    {
+        echo "### $name native (exit $native)"; cat "$WORK/$name.native.out" "$WORK/$name.native.err"
+        echo "### $name pilot (exit $under)"; cat "$WORK/$name.pilot.out" "$WORK/$name.pilot.err"
+        echo "### $name diff"
+    } >>"$LOG"
+    if [ "$native" = "$under" ] && diff -u "$WORK/$name.native.out" "$WORK/$name.pilot.out" >>"$LOG"; then
+        say "$name: identical (exit $native); log $LOG"
+        return 0
+    fi
+    say "$name: DIFFERENT (native exit $native, pilot exit $under); see $LOG"
+    diff -u "$WORK/$name.native.out" "$WORK/$name.pilot.out" >&2
+    status=1
+}
+compare driver_api "$CUBIN"
+compare linker
+compare driver_host
+exit $status

@@ -133,11 +133,11 @@ SOURCES=()
 for src in "$REPO"/tests/apps/*.cu "$REPO/tests/gpu/matmul_tiled.cu" "$REPO/tests/gpu/multistream.cu"; do
     # cuda12.cu is a CUDA 12 program: it builds against the 12.x runtime headers
     # (tests/apps/test_cuda12.py), not with this machine's nvcc 13.
-    # driver_api.cu (with driver_kernels.cu, its module) links -lcuda and loads a cubin:
-    # tests/gpu/driver_compare.sh builds and compares it. cublas_*.cu link cuBLAS:
+    # driver_api.cu (with driver_kernels.cu, its module) links -lcuda and loads a cubin, and
+    # linker.cu and driver_host.cu link -lcuda: tests/gpu/driver_compare.sh builds and compares them. cublas_*.cu link cuBLAS:
     # tests/gpu/cublas_compare.sh; cudnn_*.cu link cuDNN: tests/gpu/cudnn_compare.sh.
     case "$(basename "$src")" in
-        cuda12.cu | driver_api.cu | driver_kernels.cu | cublas_*.cu | cudnn_*.cu) ;;
+        cuda12.cu | driver_api.cu | driver_kernels.cu | linker.cu | driver_host.cu | cublas_*.cu | cudnn_*.cu) ;;
         *) SOURCES+=("$src") ;;
     esac
 done

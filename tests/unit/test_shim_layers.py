@@ -38,6 +38,7 @@ DRIVER_LAYERS = {
     "driver/drv_core.c": 1,          # init, devices, contexts, cuGetProcAddress
     "driver/drv_api.c": 2,           # memory, modules, launches, streams, events
     "driver/drv_link.c": 2,          # the linker (cuLink*), served by pilotd
+    "driver/drv_host.c": 2,          # host registration, host functions, 2D copies
     "driver/drv_export.c": 3,        # cuGetExportTable
     "gen/drv_gen.c": 4,              # stubs and the table of every export
 }
