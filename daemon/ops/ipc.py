@@ -4,7 +4,6 @@ registry and its rules: resources/ipc.py."""
 
 from __future__ import annotations
 
-import bisect
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from pilot.daemon.ops.replies import u64
 from pilot.daemon.protocol import ffi, lib, new
 from pilot.daemon.resources.ipc import IpcRefused, Owner, Released
 from pilot.daemon.scheduling import streams
+from pilot.daemon.scheduling.launch import allocation_at
 from pilot.daemon.sessions.session import Session
 
 if TYPE_CHECKING:
@@ -51,13 +51,12 @@ def _refused(exc: IpcRefused, s: Session, what: str) -> BackendError:
 @OPS.handler(lib.PILOT_OP_IPC_MEM_EXPORT, "pilot_req_free")
 def mem_export(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     """cudaIpcGetMemHandle: the handle of the device allocation holding ptr (its base's)."""
-    i = bisect.bisect_right(s._bases, req.ptr) - 1
-    base = s._bases[i] if i >= 0 else None
-    if base is None or req.ptr >= base + s.allocations[base] or base in s.managed:
+    r = allocation_at(s, req.ptr)
+    if r is None or r.kind not in ("device", "pitch"):  # not managed memory, nor pinned host memory
         raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{req.ptr:#x} is not in a device allocation "
                            "of this session")
-    handle = vg.broker.ipc.export_memory(s.id, _owner(vg, s), base, s.allocations[base],
-                                         zero=not s.holds_managed(base))
+    handle = vg.broker.ipc.export_memory(s.id, _owner(vg, s), r.ptr, r.size,
+                                         zero=not s.holds_managed(r.ptr))
     return _handle_reply(handle)
 
 
@@ -132,7 +131,7 @@ def exporter_frees(vg: VGpu, s: Session, ptr: int) -> bool:
     the last importer lets go) and the caller frees nothing."""
     ipc = vg.broker.ipc
     kind, size = s.allocation_kind(ptr), s.allocations[ptr]
-    charge = vg.broker.kept_charge(s, kind, size)
+    charge = vg.broker.held_charge(s, kind, size)
     if not ipc.exporter_lets_go(s.id, ptr, charge):
         return False
     s.drop_shadow(ptr)

@@ -170,17 +170,30 @@ class ResourceBroker:
 
     def refund(self, s: Session, kind: str, nbytes: int) -> None:
         """Give back nbytes of `kind` that s was charged."""
-        held = s.charged.get(kind, 0)
-        nbytes = min(nbytes, held)
-        if nbytes <= 0:
-            return
-        gpu = s.device if kind in GPU_KINDS else HOST
-        self.ledger.release(s.tenant, gpu, nbytes, kind)
-        self._pool(kind)[0].release(gpu, nbytes)
-        if held == nbytes:
-            del s.charged[kind]
+        charge = self.held_charge(s, kind, nbytes)
+        self._uncount(s, charge)
+        self.settle(charge)
+
+    def held_charge(self, s: Session, kind: str, nbytes: int) -> Charge:
+        """Up to nbytes of what s was charged for `kind`, as a charge of its tenant."""
+        nbytes = max(0, min(nbytes, s.charged.get(kind, 0)))
+        return Charge(s.tenant, s.device if kind in GPU_KINDS else HOST, kind, nbytes)
+
+    @staticmethod
+    def _uncount(s: Session, charge: Charge) -> None:
+        """The charge is no longer s's (the tenant's ledger is another matter: `settle`)."""
+        left = s.charged.get(charge.kind, 0) - charge.nbytes
+        if left > 0:
+            s.charged[charge.kind] = left
         else:
-            s.charged[kind] = held - nbytes
+            s.charged.pop(charge.kind, None)
+
+    def settle(self, charge: Charge) -> None:
+        """The charge ends: the tenant's ledger and the pool give the bytes back."""
+        if charge.nbytes <= 0:
+            return
+        self.ledger.release(charge.tenant, charge.gpu, charge.nbytes, charge.kind)
+        self._pool(charge.kind)[0].release(charge.gpu, charge.nbytes)
 
     def adjust(self, s: Session, kind: str, old: int, new: int, call: str | None = None,
                ptr: int = 0) -> None:
@@ -246,39 +259,24 @@ class ResourceBroker:
                 self._packed[key] = left
             else:
                 self._packed.pop(key, None)
+        self._gone(s, kind, nbytes, ptr)
+
+    def keep_for_importers(self, s: Session, charge: Charge, ptr: int) -> None:
+        """The allocation at ptr leaves s, but other processes that opened it through CUDA IPC
+        (resources/ipc.py) still hold its memory: as `release`, except that the tenant stays
+        charged (its quota and the GPU's budget) until `settle(charge)` (`charge` from
+        `held_charge`)."""
+        self._uncount(s, charge)
+        self._gone(s, charge.kind, charge.nbytes, ptr)
+
+    def _gone(self, s: Session, kind: str, nbytes: int, ptr: int) -> None:
+        """The allocation at ptr is no longer s's: residency stops following it, the policy
+        hears of it."""
         movable = kind in self.movable and self.residency is not None and bool(ptr)
         if movable:
             self.residency.untrack(s, ptr)  # type: ignore[union-attr]
         if self.policy is not None and nbytes:
             self.policy.freed(s, kind, ptr, nbytes, movable)
-
-    def kept_charge(self, s: Session, kind: str, nbytes: int) -> Charge:
-        """The charge `keep_for_importers` would keep for nbytes of s's `kind`."""
-        nbytes = min(nbytes, s.charged.get(kind, 0))
-        return Charge(s.tenant, s.device if kind in GPU_KINDS else HOST, kind, nbytes)
-
-    def keep_for_importers(self, s: Session, charge: Charge, ptr: int) -> None:
-        """The allocation at ptr leaves s, but other processes that opened it through CUDA IPC
-        (resources/ipc.py) still hold its memory: as `release`, except that the tenant stays
-        charged (its quota and the GPU's budget) until `settle(charge)`."""
-        kind, nbytes = charge.kind, charge.nbytes
-        held = s.charged.get(kind, 0)
-        if held <= nbytes:
-            s.charged.pop(kind, None)
-        else:
-            s.charged[kind] = held - nbytes
-        movable = kind in self.movable and self.residency is not None
-        if movable:
-            self.residency.untrack(s, ptr)  # type: ignore[union-attr]
-        if self.policy is not None and nbytes:
-            self.policy.freed(s, kind, ptr, nbytes, movable)
-
-    def settle(self, charge: Charge) -> None:
-        """Memory kept for importers is freed: its tenant's charge ends."""
-        if charge.nbytes <= 0:
-            return
-        self.ledger.release(charge.tenant, charge.gpu, charge.nbytes, charge.kind)
-        self._pool(charge.kind)[0].release(charge.gpu, charge.nbytes)
 
     def release_session(self, s: Session, held: list[tuple[str, int, int]]) -> dict[str, int]:
         """The session ended and its memory is freed: each allocation it held (`held`: kind, ptr,
