@@ -41,6 +41,12 @@ CUresult pilot_drv_result(cudaError_t err);
             return r_;                                                                       \
     } while (0)
 void pilot_drv_log_unsupported(const char *name);
+/* What a JIT (a module load, cuLinkComplete) that returned r reports through its options: `log`
+ * (len bytes, not NUL-terminated) in the info log buffer when it worked, in the error log buffer
+ * when it failed, the other one empty; the OUT sizes the bytes written with the NUL (0 for an
+ * empty log); the wall time 0 (the daemon's driver compiled). Other options are left alone. */
+void pilot_drv_jit_report(unsigned int n, const CUjit_option *options, void **values, CUresult r,
+                          const char *log, size_t len);
 
 /* ---- drv_export.c ---- */
 /* drv_core.c calls fn(ctx) when the primary context ctx is reset (drv_export.c registers). */

@@ -87,18 +87,11 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void 
     return load(image, pilot_drv_device(), (struct pilot_image **)module);
 }
 
-/* What a JIT reports through its options, after a load that returned `r`: the daemon's driver
- * compiles, so the logs are empty (the error log names the error) and the wall time is 0; the
- * OUT sizes are the bytes written. Options that tune the compilation have no effect. */
+/* A module load's JIT report (pilot_drv_jit_report): the daemon's driver compiles, so the info
+ * log is empty and the error log names the error. Options that tune the compilation have no
+ * effect. */
 static void jit_report(unsigned int n, const CUjit_option *options, void **values, CUresult r)
 {
-    size_t info_size = 0, error_size = 0;
-    for (unsigned int i = 0; i < n; i++) {
-        if (options[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES)
-            info_size = (size_t)(uintptr_t)values[i];
-        else if (options[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
-            error_size = (size_t)(uintptr_t)values[i];
-    }
     char message[128] = "";
     if (r != CUDA_SUCCESS) {
         const char *err = NULL;
@@ -106,25 +99,7 @@ static void jit_report(unsigned int n, const CUjit_option *options, void **value
         snprintf(message, sizeof message, "pilot: the daemon's driver did not load the module (%s)",
                  err ? err : "unknown error");
     }
-    size_t info_written = 0, error_written = 0;
-    for (unsigned int i = 0; i < n; i++) {
-        char *buf = values[i];
-        if (options[i] == CU_JIT_INFO_LOG_BUFFER && buf && info_size)
-            buf[0] = '\0';
-        else if (options[i] == CU_JIT_ERROR_LOG_BUFFER && buf && error_size) {
-            snprintf(buf, error_size, "%s", message);
-            error_written = message[0] ? strnlen(buf, error_size) + 1 : 0;
-        } else if (options[i] == CU_JIT_WALL_TIME) {
-            float ms = 0.0f;
-            memcpy(&values[i], &ms, sizeof ms);
-        }
-    }
-    for (unsigned int i = 0; i < n; i++) {
-        if (options[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES)
-            values[i] = (void *)(uintptr_t)info_written;
-        else if (options[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
-            values[i] = (void *)(uintptr_t)error_written;
-    }
+    pilot_drv_jit_report(n, options, values, r, message, strlen(message));
 }
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule *module, const void *image,

@@ -70,6 +70,40 @@ void pilot_drv_log_unsupported(const char *name)
         fprintf(stderr, "pilot: %s is not supported (CUDA_ERROR_NOT_SUPPORTED)\n", name);
 }
 
+void pilot_drv_jit_report(unsigned int n, const CUjit_option *options, void **values, CUresult r,
+                          const char *log, size_t len)
+{
+    size_t info_size = 0, error_size = 0, info_written = 0, error_written = 0;
+    for (unsigned int i = 0; i < n; i++) {
+        if (options[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES)
+            info_size = (size_t)(uintptr_t)values[i];
+        else if (options[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
+            error_size = (size_t)(uintptr_t)values[i];
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        char *buf = values[i];
+        int info = options[i] == CU_JIT_INFO_LOG_BUFFER && buf && info_size;
+        int error = options[i] == CU_JIT_ERROR_LOG_BUFFER && buf && error_size;
+        if (info || error) {
+            size_t cap = info ? info_size : error_size;
+            int mine = info ? r == CUDA_SUCCESS : r != CUDA_SUCCESS;
+            size_t k = mine ? (len < cap - 1 ? len : cap - 1) : 0;
+            memcpy(buf, log, k);
+            buf[k] = '\0';
+            *(info ? &info_written : &error_written) = k ? k + 1 : 0;
+        } else if (options[i] == CU_JIT_WALL_TIME) {
+            float ms = 0.0f;
+            memcpy(&values[i], &ms, sizeof ms);
+        }
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        if (options[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES)
+            values[i] = (void *)(uintptr_t)info_written;
+        else if (options[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
+            values[i] = (void *)(uintptr_t)error_written;
+    }
+}
+
 CUresult pilot_drv_result(cudaError_t err)
 {
     switch ((int)err) {

@@ -63,7 +63,7 @@ static CUresult copy_2d(const CUDA_MEMCPY2D *p, CUstream stream, int sync)
         return CUDA_ERROR_INVALID_VALUE;
     PILOT_DRV_ENTER(1);
     if (p->srcMemoryType == CU_MEMORYTYPE_ARRAY || p->dstMemoryType == CU_MEMORYTYPE_ARRAY) {
-        OPS->log_unsupported("cuMemcpy2D with a CUDA array");
+        pilot_drv_log_unsupported("cuMemcpy2D with a CUDA array");
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     const char *src, *dst;

@@ -7,7 +7,7 @@
  * until cuLinkDestroy, as natively; the program loads it with cuModuleLoadData like any image.
  * Options with a plain value (registers, optimization level, target, debug and line info, ...)
  * go to pilotd's linker; the log buffers, their sizes and the wall time are filled here, from
- * the log pilotd returns. */
+ * the log pilotd returns (pilot_drv_jit_report, as for a module load). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,40 +175,6 @@ static CUresult fetch(int dev, uint64_t offset, unsigned char *out, uint64_t cou
     return CUDA_SUCCESS;
 }
 
-/* The program's log buffers and OUT options, as the driver fills them. */
-static void report(struct link_state *st, const char *log, size_t log_len, CUresult r)
-{
-    size_t info_size = 0, error_size = 0, info_written = 0, error_written = 0;
-    for (unsigned int i = 0; i < st->noptions; i++) {
-        if (st->options[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES)
-            info_size = (size_t)(uintptr_t)st->values[i];
-        else if (st->options[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
-            error_size = (size_t)(uintptr_t)st->values[i];
-    }
-    for (unsigned int i = 0; i < st->noptions; i++) {
-        char *buf = st->values[i];
-        int info = st->options[i] == CU_JIT_INFO_LOG_BUFFER && buf && info_size;
-        int error = st->options[i] == CU_JIT_ERROR_LOG_BUFFER && buf && error_size;
-        if (info || error) {
-            size_t cap = info ? info_size : error_size;
-            int mine = info ? r == CUDA_SUCCESS : r != CUDA_SUCCESS;
-            size_t n = mine ? (log_len < cap - 1 ? log_len : cap - 1) : 0;
-            memcpy(buf, log, n);
-            buf[n] = '\0';
-            *(info ? &info_written : &error_written) = n ? n + 1 : 0;
-        } else if (st->options[i] == CU_JIT_WALL_TIME) {
-            float ms = 0.0f;
-            memcpy(&st->values[i], &ms, sizeof ms);
-        }
-    }
-    for (unsigned int i = 0; i < st->noptions; i++) {
-        if (st->options[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES)
-            st->values[i] = (void *)(uintptr_t)info_written;
-        else if (st->options[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
-            st->values[i] = (void *)(uintptr_t)error_written;
-    }
-}
-
 PILOT_DRV_EXPORT CUresult CUDAAPI cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut)
 {
     struct link_state *st = state_of(state);
@@ -236,7 +202,7 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuLinkComplete(CUlinkState state, void **cubin
         st->image_size = rep.image_bytes;
         r = st->image ? fetch(dev, 0, st->image, rep.image_bytes) : CUDA_ERROR_OUT_OF_MEMORY;
     }
-    report(st, log ? log : "", rep.log_bytes, r);
+    pilot_drv_jit_report(st->noptions, st->options, st->values, r, log ? log : "", rep.log_bytes);
     free(log);
     if (r != CUDA_SUCCESS)
         return r;

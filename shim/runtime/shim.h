@@ -146,6 +146,8 @@ int pilot_alloc_contains(uint64_t ptr, uint64_t count);
 int pilot_alloc_is_device(uint64_t ptr);
 /* Ranges are recorded on the route device; the device ptr is on, or -1 if it is no range. */
 int pilot_alloc_device(uint64_t ptr);
+/* The device whose part serves calls on ptr: the one it is on, as with UVA, else the current one. */
+int pilot_alloc_owner(uint64_t ptr);
 /* A module global's range (api_symbols.c): copies may use it, cudaFree refuses it. */
 void pilot_alloc_add_symbol(uint64_t base, uint64_t size);
 int pilot_alloc_is_symbol(uint64_t ptr);
@@ -369,6 +371,8 @@ uint64_t pilot_thread_object(int kind, int device);
 /* ---- streams (api_stream.c) ---- */
 /* cudaEventRecord: the event and the stream must be on one device. */
 cudaError_t pilot_event_record(cudaEvent_t event, cudaStream_t stream);
+/* The device of an event handle of this session, -1 if it cannot be one (api_stream.c). */
+int pilot_event_device(cudaEvent_t event);
 
 /* ---- callbacks.c: host callbacks run on the shim's callback thread ---- */
 /* While host callbacks are outstanding, a call that waits for device work (a synchronize, a

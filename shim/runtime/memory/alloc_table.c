@@ -153,6 +153,12 @@ int pilot_alloc_device(uint64_t ptr)
     return device;
 }
 
+int pilot_alloc_owner(uint64_t ptr)
+{
+    int device = pilot_alloc_device(ptr);
+    return device >= 0 ? device : pilot_current_device();
+}
+
 int pilot_alloc_is_symbol(uint64_t ptr)
 {
     int flags = pilot_alloc_flags(ptr, NULL, NULL);

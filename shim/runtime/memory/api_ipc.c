@@ -16,10 +16,9 @@ PILOT_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *d
     if (!handle || !devPtr)
         PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_REQUIRE_SESSION();
-    int dev = pilot_alloc_device((uintptr_t)devPtr);
     pilot_req_free req = {.ptr = (uintptr_t)devPtr};
     pilot_rep_ipc_handle rep;
-    cudaError_t err = pilot_call_on(dev >= 0 ? dev : pilot_current_device(), PILOT_OP_IPC_MEM_EXPORT,
+    cudaError_t err = pilot_call_on(pilot_alloc_owner((uintptr_t)devPtr), PILOT_OP_IPC_MEM_EXPORT,
                                     &req, sizeof req, NULL, 0, &rep, sizeof rep, NULL, 0, NULL);
     if (err == cudaSuccess)
         memcpy(handle->reserved, rep.handle, sizeof handle->reserved);
@@ -52,9 +51,7 @@ PILOT_EXPORT cudaError_t cudaIpcCloseMemHandle(void *devPtr)
     if (!devPtr)
         PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_REQUIRE_SESSION();
-    int dev = pilot_alloc_device((uintptr_t)devPtr);
-    if (dev < 0)
-        dev = pilot_current_device();
+    int dev = pilot_alloc_owner((uintptr_t)devPtr);
     cudaError_t err = pilot_callbacks_fence_device(dev); /* the last close waits for the device */
     if (err)
         PILOT_RETURN(err);
@@ -72,8 +69,8 @@ PILOT_EXPORT cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cud
     if (!handle)
         PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_REQUIRE_SESSION();
-    int dev = pilot_handle_device((uintptr_t)event);
-    if (!event || dev >= pilot_device_count())
+    int dev = pilot_event_device(event);
+    if (dev < 0)
         PILOT_RETURN(cudaErrorInvalidResourceHandle);
     pilot_req_handle req = {.handle = (uintptr_t)event};
     pilot_rep_ipc_handle rep;

@@ -76,13 +76,6 @@ cudaError_t pilot_malloc_ordered(void **ptr, size_t size, uint64_t stream)
     return size ? allocate(ptr, size, &stream) : cudaSuccess;
 }
 
-/* The device that frees ptr: the one it is on, as with UVA (else the current one). */
-static int owner_of(void *ptr)
-{
-    int owner = pilot_alloc_device((uintptr_t)ptr);
-    return owner >= 0 ? owner : pilot_current_device();
-}
-
 /* pilotd freed ptr: the shim's tables forget it. */
 static void forget_freed(void *ptr)
 {
@@ -108,7 +101,7 @@ PILOT_EXPORT cudaError_t cudaFree(void *ptr)
     if (flags >= 0 && (flags & PILOT_ALLOC_PACKED)) /* a small managed allocation (um_pack.c) */
         PILOT_RETURN(pilot_um_pack_free((uintptr_t)ptr, range));
     pilot_req_free req = {.ptr = (uintptr_t)ptr};
-    int owner = owner_of(ptr);
+    int owner = pilot_alloc_owner((uintptr_t)ptr);
     err = pilot_callbacks_fence_device(owner); /* cudaFree waits for the device */
     if (err == cudaSuccess)
         err = pilot_call_on(owner, PILOT_OP_FREE, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0, NULL);
@@ -123,7 +116,7 @@ int pilot_free_ordered(void *ptr, uint64_t stream, cudaError_t *err)
         *err = cudaErrorInvalidValue;
         return 1;
     }
-    int owner = owner_of(ptr);
+    int owner = pilot_alloc_owner((uintptr_t)ptr);
     if (pilot_alloc_is_managed((uintptr_t)ptr) || pilot_um_contains((uintptr_t)ptr) ||
         pilot_handle_device(stream) != owner)
         return 0;

@@ -18,7 +18,7 @@
 #include "shim.h"
 
 /* The device of an event handle, or -1 for a value that cannot be one of ours. */
-static int event_device(cudaEvent_t event)
+int pilot_event_device(cudaEvent_t event)
 {
     int dev = pilot_handle_device((uintptr_t)event);
     return event && dev < pilot_device_count() ? dev : -1;
@@ -98,7 +98,7 @@ PILOT_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev
                                              unsigned int flags)
 {
     PILOT_REQUIRE_SESSION();
-    int edev = event_device(event);
+    int edev = pilot_event_device(event);
     if (edev < 0)
         PILOT_RETURN(cudaErrorInvalidResourceHandle);
     /* The event may be another device's: the stream's part finds it (daemon/devices.py). Calls
@@ -162,7 +162,7 @@ PILOT_EXPORT cudaError_t cudaEventCreate(cudaEvent_t *event)
 
 cudaError_t pilot_event_record(cudaEvent_t event, cudaStream_t stream)
 {
-    int dev = event_device(event);
+    int dev = pilot_event_device(event);
     if (dev < 0)
         return cudaErrorInvalidResourceHandle;
     uint64_t h = pilot_stream_handle(stream);
@@ -184,7 +184,7 @@ PILOT_EXPORT cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 PILOT_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
     PILOT_REQUIRE_SESSION();
-    int dev = event_device(event);
+    int dev = pilot_event_device(event);
     cudaError_t err = pilot_capture_check_event(event);
     if (err)
         PILOT_RETURN(err);
@@ -198,7 +198,7 @@ PILOT_EXPORT cudaError_t cudaEventQuery(cudaEvent_t event)
     cudaError_t err = pilot_capture_check_event(event);
     if (err)
         PILOT_RETURN(err);
-    PILOT_RETURN(handle_call(event_device(event), PILOT_OP_EVENT_QUERY, (uintptr_t)event));
+    PILOT_RETURN(handle_call(pilot_event_device(event), PILOT_OP_EVENT_QUERY, (uintptr_t)event));
 }
 
 PILOT_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
@@ -206,8 +206,8 @@ PILOT_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cuda
     if (!ms)
         PILOT_RETURN(cudaErrorInvalidValue);
     PILOT_REQUIRE_SESSION();
-    int dev = event_device(start);
-    if (dev < 0 || event_device(end) != dev) /* both of one device, as CUDA requires */
+    int dev = pilot_event_device(start);
+    if (dev < 0 || pilot_event_device(end) != dev) /* both of one device, as CUDA requires */
         PILOT_RETURN(cudaErrorInvalidResourceHandle);
     pilot_req_event_elapsed req = {.start = (uintptr_t)start, .end = (uintptr_t)end};
     pilot_rep_elapsed rep;
@@ -221,5 +221,5 @@ PILOT_EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cuda
 PILOT_EXPORT cudaError_t cudaEventDestroy(cudaEvent_t event)
 {
     PILOT_REQUIRE_SESSION();
-    PILOT_RETURN(handle_call(event_device(event), PILOT_OP_EVENT_DESTROY, (uintptr_t)event));
+    PILOT_RETURN(handle_call(pilot_event_device(event), PILOT_OP_EVENT_DESTROY, (uintptr_t)event));
 }
