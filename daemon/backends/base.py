@@ -62,6 +62,10 @@ CUDA_ERROR_UNKNOWN = 999
 # An MPS client the MPS server ended (after another client's fault, on Hopper one that had work
 # running then): the process must end, like after a fault of its own (router/mps.py)
 CUDA_ERROR_MPS_CLIENT_TERMINATED = 810
+# cudaEvent* flags, the same values as the driver's CU_EVENT_*
+EVENT_BLOCKING_SYNC = 0x1
+EVENT_DISABLE_TIMING = 0x2
+EVENT_INTERPROCESS = 0x4
 
 # cudaMemRangeAttribute values (= CUmem_range_attribute) whose int32 values are device ids (-1
 # the CPU, -2 none): preferred location, accessed-by (an array), last prefetch location; and the

@@ -77,6 +77,9 @@ from pilot.daemon.backends.base import (
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
     CUDA_ERROR_UNSUPPORTED_LIMIT,
+    EVENT_BLOCKING_SYNC,
+    EVENT_DISABLE_TIMING,
+    EVENT_INTERPROCESS,
     RESOURCE_ARRAY,
     RESOURCE_LINEAR,
     STICKY_ERRORS,
@@ -136,9 +139,6 @@ MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_DYNAMIC_SHARED = 48 * 1024
 _MMAP_THRESHOLD = 1 << 20  # larger blocks use anonymous mmap: zero pages cost nothing
 
-EVENT_BLOCKING_SYNC = 0x1
-EVENT_DISABLE_TIMING = 0x2
-EVENT_INTERPROCESS = 0x4
 STREAM_NON_BLOCKING = 0x1
 
 # Limits, stream priorities, function attributes, occupancy, pitched memory (shim/runtime/misc/api_misc.c),

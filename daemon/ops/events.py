@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.backends.base import (
     CUDA_ERROR_NOT_READY,
+    EVENT_INTERPROCESS,
     BackendError,
 )
 from pilot.daemon.ops.ipc import destroy_event
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
     from pilot.daemon.vgpu.server import VGpu
 
 OPS = OpTable("events")
-EVENT_INTERPROCESS = 0x4  # cudaEventInterprocess
 
 
 @OPS.handler(lib.PILOT_OP_EVENT_CREATE, "pilot_req_event_create")

@@ -40,6 +40,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from pilot.daemon.backends.base import EVENT_DISABLE_TIMING
 from pilot.daemon.resources import pagemap
 
 if TYPE_CHECKING:
@@ -58,7 +59,6 @@ LOCATION_DEVICE, LOCATION_HOST = 1, 2  # CUmemLocationType
 ADVISE_SET_PREFERRED, ADVISE_UNSET_PREFERRED = 3, 4  # CUmem_advise
 ADVISE_SET_ACCESSED_BY, ADVISE_UNSET_ACCESSED_BY = 5, 6
 STREAM_NON_BLOCKING = 1
-EVENT_DISABLE_TIMING = 2
 
 
 @dataclass(eq=False, slots=True)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_DEVICE_FUNCTION,
     CUDA_ERROR_INVALID_VALUE,
+    EVENT_DISABLE_TIMING,
     BackendError,
     FunctionInfo,
     LaunchAttrs,
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
     from pilot.daemon.vgpu.server import VGpu
 
 _WORD = struct.Struct("<Q")
-EVENT_DISABLE_TIMING = 2
 
 
 @dataclass(slots=True)

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pilot.daemon.backends.base import BackendError
+from pilot.daemon.backends.base import EVENT_DISABLE_TIMING, BackendError
 from pilot.daemon.protocol import lib
 from pilot.daemon.resources.priorities import LEVELS, NAMES, PriorityStore
 
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pilot.scheduling")
 
-EVENT_DISABLE_TIMING = 2
 GATE_WAKE_MS = 1  # how often a vGPU with calls held at the gate looks again
 TOP_CACHE_S = 0.001  # how long a GPU's highest active class is reused
 LOW, NORMAL = LEVELS["low"], LEVELS["normal"]

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pilot.daemon.backends.base import EVENT_DISABLE_TIMING
 from pilot.daemon.config import PRIORITIES
 from pilot.daemon.sessions.session import Session
 
 if TYPE_CHECKING:
     from pilot.daemon.vgpu.server import VGpu
 
-EVENT_DISABLE_TIMING = 2
 STREAM_NON_BLOCKING = 1
 HIGH = PRIORITIES.index("high")
 

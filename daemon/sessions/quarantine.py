@@ -34,11 +34,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from pilot.daemon.backends.base import Backend
+from pilot.daemon.backends.base import EVENT_DISABLE_TIMING, Backend
 
 log = logging.getLogger("pilot.session")
 
-EVENT_DISABLE_TIMING = 2
 SPARE_EVENTS = 16
 KEEP_BLOCKS = 16  # zeroed blocks kept for reuse, at most
 KEEP_BYTES = 128 << 20
