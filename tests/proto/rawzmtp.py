@@ -32,8 +32,7 @@ def handshake(s: socket.socket) -> None:
     if _exactly(s, 64)[0] != 0xFF:
         raise ConnectionError("not a ZMTP greeting")
     flags = _exactly(s, 1)[0]
-    size = int.from_bytes(_exactly(s, 8), "big") if flags & 0x02 else _exactly(s, 1)[0]
-    if not flags & 0x04 or not _exactly(s, size).startswith(b"\x05READY"):
+    if not flags & 0x04 or not _body(s, flags).startswith(b"\x05READY"):
         raise ConnectionError("the server's first command is not READY")
 
 
@@ -51,6 +50,12 @@ def _exactly(s: socket.socket, n: int) -> bytes:
     return out
 
 
+def _body(s: socket.socket, flags: int) -> bytes:
+    """The rest of a frame whose flags byte was read: its size, then its bytes."""
+    size = int.from_bytes(_exactly(s, 8), "big") if flags & 0x02 else _exactly(s, 1)[0]
+    return _exactly(s, size)
+
+
 def recv(s: socket.socket) -> list[bytes]:
     """The next message (the server's greeting and commands are skipped)."""
     parts: list[bytes] = []
@@ -59,8 +64,7 @@ def recv(s: socket.socket) -> list[bytes]:
         if flags == 0xFF:  # the greeting's signature: the rest of its 64 bytes
             _exactly(s, 63)
             continue
-        size = int.from_bytes(_exactly(s, 8), "big") if flags & 0x02 else _exactly(s, 1)[0]
-        data = _exactly(s, size)
+        data = _body(s, flags)
         if flags & 0x04:
             continue
         parts.append(data)
