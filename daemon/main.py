@@ -6,6 +6,7 @@ command-line options override it. A bad setting stops the start with one line na
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -138,6 +139,9 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     setup_logging(config.log_level, config.log_format)
+    # A crash in native code (the driver, a library, the C fast path) leaves every thread's
+    # Python stack on stderr (the journal under systemd) instead of nothing.
+    faulthandler.enable()
     sys.setswitchinterval(config.switch_interval)
     path = config.socket or socket_path(for_daemon=True)
     control_path = config.control_socket_path(path)

@@ -109,9 +109,14 @@ class CudaLinker:
         values = [ctypes.addressof(info), LOG_BYTES, ctypes.addressof(error), LOG_BYTES,
                   *(v for _, v in options)]
         n = len(keys)
+        # Both option arrays and every input's buffer are locals, alive until cuLinkDestroy: the
+        # driver keeps the arrays and writes the logs' sizes back into `option_values` at
+        # cuLinkComplete (CUDA documents this for output options). As temporaries, freed when
+        # cuLinkCreate returned, they were written after reuse: pilotd died on the H200.
+        option_keys, option_values = (ctypes.c_int * n)(*keys), (ctypes.c_void_p * n)(*values)
+        buffers: list[ctypes.Array[ctypes.c_char]] = []
         state = ctypes.c_void_p()
-        r = lib.cuLinkCreate_v2(n, (ctypes.c_int * n)(*keys), (ctypes.c_void_p * n)(*values),
-                                ctypes.byref(state))
+        r = lib.cuLinkCreate_v2(n, option_keys, option_values, ctypes.byref(state))
         if r:
             raise LinkFailed(r, "cuLinkCreate failed")
 
@@ -121,8 +126,8 @@ class CudaLinker:
         try:
             for item in inputs:
                 data = item.data + b"\0" if item.kind == INPUT_PTX else item.data
-                buf = ctypes.create_string_buffer(data, len(data))
-                r = lib.cuLinkAddData_v2(state, item.kind, ctypes.addressof(buf), len(data),
+                buffers.append(ctypes.create_string_buffer(data, len(data)))
+                r = lib.cuLinkAddData_v2(state, item.kind, ctypes.addressof(buffers[-1]), len(data),
                                          item.name.encode(), 0, None, None)
                 if r:
                     raise failed(r, f"cuLinkAddData of {item.name} failed")

@@ -68,6 +68,12 @@ compare() {
     env PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- "$WORK/$name" "$@" \
         >"$WORK/$name.pilot.out" 2>"$WORK/$name.pilot.err"
     under=$?
+    if ! kill -0 "$DAEMON_PID" 2>/dev/null; then  # the next program gets a pilotd again
+        say "pilotd died during $name (see $OUT/pilotd-driver.log): started again for the next program"
+        pilotd_stop
+        cp "$OUT/pilotd-driver.log" "$OUT/pilotd-driver.$name.log"
+        pilotd_start "$OUT/pilotd-driver.log" "${daemon_args[@]}" || exit 2
+    fi
     {
         echo "### $name native (exit $native)"; cat "$WORK/$name.native.out" "$WORK/$name.native.err"
         echo "### $name pilot (exit $under)"; cat "$WORK/$name.pilot.out" "$WORK/$name.pilot.err"

@@ -4,10 +4,14 @@ only, and refuses what the driver's linker would (an undefined function) rather 
 
 from __future__ import annotations
 
+import ctypes
 import struct
+import weakref
+from typing import Any
 
 import pytest
 
+from pilot.daemon.backends import linker as linker_module
 from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_IMAGE,
     CUDA_ERROR_INVALID_PTX,
@@ -93,3 +97,51 @@ def test_a_library_may_define_what_ptx_declares() -> None:
     image, _ = sim_link([LinkInput(INPUT_PTX, "k", KERNEL.encode()),
                          LinkInput(INPUT_LIBRARY, "libcudadevrt.a", b"!<arch>\n")])
     assert b"scale" in image
+
+
+
+class _DriverThatKeepsPointers:
+    """libcuda's linker as far as lifetimes go: cuLinkCreate and cuLinkAddData keep only the
+    addresses of the arrays and buffers they are given, as C does, and cuLinkComplete writes the
+    logs' sizes back into the option values; so everything given must still be alive there."""
+
+    def __init__(self, buffers: list[weakref.ref[Any]]) -> None:
+        self.kept = buffers  # every buffer the linker made (its logs, the inputs' copies)
+        self.image = ctypes.create_string_buffer(b"CUBIN")
+        self.destroyed = False
+
+    def cuLinkCreate_v2(self, n: int, keys: Any, values: Any, state: Any) -> int:
+        self.kept += [weakref.ref(keys), weakref.ref(values)]
+        return 0
+
+    def cuLinkAddData_v2(self, *args: Any) -> int:
+        return 0
+
+    def cuLinkComplete(self, state: Any, cubin: Any, size: Any) -> int:
+        assert all(ref() is not None for ref in self.kept), "the driver would write freed memory"
+        cubin._obj.value, size._obj.value = ctypes.addressof(self.image), 5
+        return 0
+
+    def cuLinkDestroy(self, state: Any) -> int:
+        self.destroyed = True
+        return 0
+
+
+def test_the_cuda_linker_keeps_what_the_driver_holds_alive_until_cuLinkDestroy(monkeypatch):
+    """pilotd died on the H200 when the option arrays were temporaries freed after cuLinkCreate."""
+    made: list[weakref.ref[Any]] = []
+    real = ctypes.create_string_buffer
+
+    def tracked(*args: Any) -> Any:
+        buffer = real(*args)
+        made.append(weakref.ref(buffer))
+        return buffer
+
+    driver = _DriverThatKeepsPointers(made)
+    monkeypatch.setattr(linker_module.ctypes, "create_string_buffer", tracked)
+    linker = linker_module.CudaLinker()
+    linker._lib = driver  # type: ignore[assignment]
+    image, _ = linker.link([LinkInput(INPUT_PTX, "k.ptx", KERNEL.encode()),
+                            LinkInput(INPUT_PTX, "f.ptx", FUNCTION.encode())], [(7, 3)])
+    assert image == b"CUBIN" and driver.destroyed
+    assert len(made) == 6  # two logs, two inputs, two option arrays
