@@ -38,12 +38,12 @@ import selectors
 import socket
 import struct
 import tempfile
-import threading
 from dataclasses import dataclass, field
 
 from pilot.daemon.router.admission import Admission, Peer
 from pilot.daemon.router.handshake import GREETING, HandshakeError, ready_frame_size, rewrite_ready
 from pilot.daemon.sessions.session import process_start_time
+from pilot.daemon.telemetry.thread_names import NamedThread
 
 log = logging.getLogger("pilot.acceptor")
 
@@ -88,7 +88,7 @@ class Acceptor:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._spare: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self._stop = False
-        self._thread = threading.Thread(target=self._run, name="pilot-acceptor", daemon=True)
+        self._thread = NamedThread(target=self._run, name="pilot-acceptor", daemon=True)
 
     # ---- router thread ----
     def listen(self, public_fd: int) -> tuple[int, str]:

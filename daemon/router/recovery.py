@@ -46,6 +46,7 @@ from pilot.daemon.backends.base import (
     Backend,
     BackendError,
 )
+from pilot.daemon.telemetry.thread_names import NamedThread
 
 log = logging.getLogger("pilot.recovery")
 
@@ -142,7 +143,7 @@ class FaultMonitor:
     def start(self) -> None:
         if self.interval <= 0 or self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._run, name="pilot-faultwatch", daemon=True)
+        self._thread = NamedThread(target=self._run, name="pilot-faultwatch", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

@@ -83,6 +83,7 @@ from pilot.daemon.sessions.staging import StagingSpares
 from pilot.daemon.telemetry.logs import setup_logging
 from pilot.daemon.telemetry.metrics import Metrics, PilotCollector, start_exporter
 from pilot.daemon.telemetry.nvml import NvmlPoller, NvmlSource, NvmlUnavailable, SimSource
+from pilot.daemon.telemetry.thread_names import name_this_thread
 from pilot.daemon.vgpu.device_output import DeviceOutput
 from pilot.daemon.vgpu.server import VGpu
 from pilot.policies import Policy
@@ -403,6 +404,7 @@ class Daemon:
     def run(self) -> None:
         """Bind everything, then serve on the calling thread until request_stop()."""
         threading.current_thread().name = "pilot-router"
+        name_this_thread("pilot-router")
         self._set_connection_limits()
         for path in (self.callbacks.endpoint_path, *(vg.endpoint_path for vg in self.vgpus)):
             prepare_socket_path(path)

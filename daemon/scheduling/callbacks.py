@@ -55,6 +55,7 @@ from pilot.daemon.backends.base import (
 )
 from pilot.daemon.protocol import ENVELOPE_SIZE, ffi, lib, new
 from pilot.daemon.sessions.session import Session
+from pilot.daemon.telemetry.thread_names import NamedThread
 
 if TYPE_CHECKING:
     from pilot.daemon.vgpu.server import VGpu
@@ -125,7 +126,7 @@ class CallbackHub:
         self._by_conn: dict[int, int] = {}  # connection -> session id
         self._commands: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
         self._srv: Any = None
-        self._thread = threading.Thread(target=self._run, name="pilot-callbacks", daemon=True)
+        self._thread = NamedThread(target=self._run, name="pilot-callbacks", daemon=True)
         self._ready = threading.Event()
         self._error: BaseException | None = None
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pilot import policies
+from pilot.daemon.telemetry.thread_names import NamedThread
 from pilot.policies import (
     RUN,
     AllocationView,
@@ -186,7 +187,7 @@ class PolicyHost:
 
     # ---- the scheduler thread: ticks ----
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="pilot-scheduler", daemon=True)
+        self._thread = NamedThread(target=self._run, name="pilot-scheduler", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from pilot.daemon.backends.base import EVENT_DISABLE_TIMING, BackendError
 from pilot.daemon.protocol import lib
 from pilot.daemon.resources.priorities import LEVELS, NAMES, PriorityStore
+from pilot.daemon.telemetry.thread_names import NamedThread
 
 if TYPE_CHECKING:
     from pilot.daemon.sessions.session import Session
@@ -168,8 +169,8 @@ class GateWaker:
             self._event = event
             self._cond.notify()
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=f"gate-{self.vg.index}",
-                                                daemon=True)
+                self._thread = NamedThread(target=self._run, name=f"gate-{self.vg.index}",
+                                           daemon=True)
                 self._thread.start()
 
     def _run(self) -> None:

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from pilot.daemon.backends.base import Backend
+from pilot.daemon.telemetry.thread_names import NamedThread
 
 log = logging.getLogger("pilot.staging")
 
@@ -107,7 +108,7 @@ class StagingSpares:
         self._cond = threading.Condition()
         self._closing = False
         self._remove_leftovers()
-        self._thread = threading.Thread(target=self._run, name="staging-spares", daemon=True)
+        self._thread = NamedThread(target=self._run, name="staging-spares", daemon=True)
         if per_kind > 0:
             self._thread.start()
 

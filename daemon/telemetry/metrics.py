@@ -38,6 +38,7 @@ from prometheus_client.utils import floatToGoString
 
 from pilot import __version__
 from pilot.daemon.protocol import ffi, lib
+from pilot.daemon.telemetry.thread_names import NamedThread
 
 log = logging.getLogger("pilot.metrics")
 
@@ -758,8 +759,8 @@ def start_exporter(address: str, collector: Collector, process_metrics: bool = T
     server_class = _Server6 if ":" in host else _Server
     server = server_class((host, port), _QuietHandler)
     server.set_app(app)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.25},
-                              name="exporter", daemon=True)
+    thread = NamedThread(target=server.serve_forever, kwargs={"poll_interval": 0.25},
+                         name="exporter", daemon=True)
     thread.start()
     log.info("metrics exporter listening on %s:%d", host or "*", server.server_port)
     return Exporter(server, thread, registry)

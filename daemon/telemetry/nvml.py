@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pilot.daemon.telemetry.thread_names import NamedThread
+
 log = logging.getLogger("pilot.nvml")
 
 SIM_GPU_NAME = "pilot simulated GPU"
@@ -219,7 +221,7 @@ class NvmlPoller:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("poller already started")
-        self._thread = threading.Thread(target=self._run, name="nvml-poller", daemon=True)
+        self._thread = NamedThread(target=self._run, name="nvml-poller", daemon=True)
         self._thread.start()
 
     def stop(self) -> bool:

@@ -33,6 +33,7 @@ from pilot.daemon.scheduling.waiting import WaitQueue
 from pilot.daemon.sessions.quarantine import Quarantine
 from pilot.daemon.sessions.session import Session
 from pilot.daemon.sessions.staging import StagingSpares
+from pilot.daemon.telemetry.thread_names import NamedThread
 from pilot.daemon.vgpu.dispatch import Dispatch, _Prepared
 from pilot.daemon.vgpu.fast import FastLaunches
 
@@ -85,7 +86,7 @@ class VGpu(Dispatch):
         self._srv: Any = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"vgpu-{index}", daemon=True)
+        self._thread = NamedThread(target=self._run, name=f"vgpu-{index}", daemon=True)
 
     # ---- called from other threads ----
     def start(self) -> None:
