@@ -20,10 +20,11 @@ mps (a private nvidia-cuda-mps-control, stopped after the mode). Ratios against 
 N and workload: aggregate pilot/MPS (target >= 0.95) and median step pilot/MPS (target <= 1.15);
 graph inference per call against timeslice N=1 (native alone; target <= 1.3).
 
---profile WORKLOAD:N samples pilotd with py-spy (from $PYSPY, PATH or the wheel's
-$PILOT_SITE/bin) during that configuration's measured window of the last round (py-spy --gil
-then --idle per-thread samples), and each pilotd thread's CPU time is read from /proc for every
-pilot configuration. Outputs in --out: tenants.json, tenants.md, tenants.png (with matplotlib),
+--profile WORKLOAD:N samples pilotd with py-spy (from $PYSPY, PATH or $PILOT_TOOLS/bin, where
+tests/gpu/env.sh installs the carried wheel) during that configuration's measured window of the
+last round (py-spy --gil then --idle per-thread samples), and each pilotd thread's CPU time is
+read from /proc (by thread name: pilotd names its threads for the OS) for every pilot
+configuration. Outputs in --out: tenants.json, tenants.md, tenants.png (with matplotlib),
 the daemons' and workers' logs, profile-*.txt.
 """
 
@@ -142,7 +143,7 @@ def scrape(url: str) -> dict[str, float]:
 
 def find_pyspy() -> str | None:
     for cand in (os.environ.get("PYSPY"), shutil.which("py-spy"),
-                 os.path.join(os.environ.get("PILOT_SITE", "/tmp/site"), "bin", "py-spy")):
+                 os.path.join(os.environ.get("PILOT_TOOLS", "/tmp/site-tools"), "bin", "py-spy")):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     return None
@@ -248,6 +249,8 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path, out: Path) -> list
         if mps is not None and not mps.servers():
             raise RuntimeError("MPS: no server running: the workers did not use MPS")
         pyspy = find_pyspy() if args.profile and daemon is not None else None
+        if args.profile and daemon is not None and pyspy is None:
+            log("--profile: no py-spy ($PYSPY, PATH, $PILOT_TOOLS/bin): pilotd is not sampled")
         for rnd in range(args.rounds):
             for wl in args.workloads:
                 for n in args.ns:

@@ -6,13 +6,16 @@
 #   . "$REPO/tests/gpu/env.sh" graphs
 #
 # Sets, where the environment does not: OUT (/tmp/pilot-gpu-out), PILOT_SITE (/tmp/site, where
-# pilot and the wheels are installed), PYTHON (python3), NVCC_ARCH (sm_90). Exports PYTHONPATH
-# with PILOT_SITE first. Sets NVCC (nvcc on the PATH, else /usr/local/cuda/bin/nvcc) and
+# pilot and the wheels are installed), PILOT_TOOLS (/tmp/site-tools, where the carried tools'
+# wheels go: py-spy), PYTHON (python3), NVCC_ARCH (sm_90). Exports PYTHONPATH with PILOT_SITE
+# first and PATH with PILOT_TOOLS/bin first. Sets NVCC (nvcc on the PATH, else /usr/local/cuda/bin/nvcc) and
 # TOOLKIT_LIB (its toolkit's lib64). Defines say ("[TAG] ..." on stderr; a script may define its
 # own after sourcing this), sources pilotd.sh (pilotd_start, pilotd_stop) and defines:
 #
 #   install_site_wheels   pip-installs the wheels carried in $REPO/.whl (pyzmq, cffi, pycparser,
-#                         ... for the GPU machine's Python) into PILOT_SITE; none: nothing to do
+#                         ... for the GPU machine's Python) into PILOT_SITE, and the tools'
+#                         (py_spy*) into PILOT_TOOLS: installing pilot with pip --target
+#                         --upgrade afterwards replaces PILOT_SITE/bin; none: nothing to do
 #   install_site_pilot    installs pilot from this tree into PILOT_SITE
 #                         (tests/gpu/run_compare.sh --install-only)
 #
@@ -21,6 +24,8 @@
 
 OUT=${OUT:-/tmp/pilot-gpu-out}
 PILOT_SITE=${PILOT_SITE:-/tmp/site}
+PILOT_TOOLS=${PILOT_TOOLS:-/tmp/site-tools}
+export PATH="$PILOT_TOOLS/bin:$PATH"
 PYTHON=${PYTHON:-python3}
 NVCC_ARCH=${NVCC_ARCH:-sm_90}
 export PYTHONPATH="$PILOT_SITE${PYTHONPATH:+:$PYTHONPATH}"
@@ -32,10 +37,19 @@ say() { printf '[%s] %s\n' "$GPU_SCRIPT_TAG" "$*" >&2; }
 
 # shellcheck disable=SC2317  # called by the sourcing scripts
 install_site_wheels() {
-    local wheels=("$REPO"/.whl/*.whl)
-    [ -e "${wheels[0]}" ] || return 0
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$PILOT_SITE" "${wheels[@]}"
+    local wheels=() tools=() w
+    for w in "$REPO"/.whl/*.whl; do
+        [ -e "$w" ] || continue
+        case ${w##*/} in py_spy*) tools+=("$w") ;; *) wheels+=("$w") ;; esac
+    done
+    if [ ${#wheels[@]} -gt 0 ]; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$PILOT_SITE" "${wheels[@]}" || return 1
+    fi
+    if [ ${#tools[@]} -gt 0 ]; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$PILOT_TOOLS" "${tools[@]}" || return 1
+    fi
 }
 
 # shellcheck disable=SC2317  # called by the sourcing scripts
