@@ -14,6 +14,7 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     gpus = "all"                   # or a list of GPU indexes: [0, 1]
     spin_us = 50                   # 0..10000
     spinners = 0                   # threads spinning at once: 0 (no limit) | N | auto (cores/4)
+    endpoint_spin = "auto"         # vGPU threads poll for calls: auto (not while 2 x busy > CPUs) | always
     gpu_wait = "auto"              # how pilotd's threads wait for the GPU: auto | spin | yield | blocking
     callback_timeout = "60s"       # a host callback unanswered this long ends its session; 0: never
     callback_hold_total = "10m"    # a session's callbacks may hold its stream this long in all; 0: no limit
@@ -113,6 +114,7 @@ BACKENDS = ("cuda", "sim")
 FAULT_RECOVERY = ("restart", "exit")
 # The driver's schedule of pilotd's contexts (CU_CTX_SCHED_*): how a thread that synchronizes waits
 GPU_WAITS = ("auto", "spin", "yield", "blocking")
+ENDPOINT_SPINS = ("auto", "always")
 _POLICY_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
@@ -346,6 +348,7 @@ class Config:
     log_format: str = "text"
     spin_us: int = 50
     spinners: int | str = 0
+    endpoint_spin: str = "auto"
     gpu_wait: str = "auto"
     sim_kernels: tuple[str, ...] = ()
     sim_devices: int = 1
@@ -750,6 +753,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "log_format": _choice(LOG_FORMATS),
     "spin_us": _int_range(0, 10000),
     "spinners": _spinners,
+    "endpoint_spin": _choice(ENDPOINT_SPINS),
     "gpu_wait": _choice(GPU_WAITS),
     "sim_kernels": _paths,
     "sim_devices": _int_range(1, 16),
@@ -763,7 +767,7 @@ SECTIONS: dict[str, dict[str, str]] = {
                               "vgpus_per_tenant", "switch_interval",
                               "fault_recovery", "fault_poll_interval", "fast_launch", "device_output",
                               "staging_spares",
-                              "spin_us", "spinners", "gpu_wait",
+                              "spin_us", "spinners", "endpoint_spin", "gpu_wait",
                               "state_dir",
                               "admin_group", "log_level", "log_format",
                               "sim_kernels", "sim_devices")},

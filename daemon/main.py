@@ -90,6 +90,9 @@ def make_backend(name: str, sim_kernels: tuple[str, ...], gpus: tuple[int, ...] 
 @click.option("--spinners", metavar="N|auto",
               help="pilotd threads that may spin at once waiting for a call or the GPU; the rest "
                    "sleep [0: no limit] (auto: a quarter of the cores).")
+@click.option("--endpoint-spin", type=click.Choice(["auto", "always"]),
+              help="Whether vGPU threads spin for the next call: auto (not while busy tenants x 2 "
+                   "exceed the CPUs) or always [auto].")
 @click.option("--gpu-wait", type=click.Choice(["auto", "spin", "yield", "blocking"]),
               help="How pilotd's threads wait for the GPU in a synchronization [auto].")
 @click.option("--callback-timeout", metavar="DURATION",
@@ -112,7 +115,7 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
          capacity: str | None, enforce_capacity: bool | None, managed_device_memory: bool | None,
          state_dir: str | None, metrics_address: str | None, admin_group: str | None,
          sim_kernels: tuple[str, ...], sim_devices: int | None, spin_us: int | None,
-         spinners: str | None,
+         spinners: str | None, endpoint_spin: str | None,
          gpu_wait: str | None, callback_timeout: str | None, policy: str | None,
          policy_plugins: tuple[str, ...],
          policy_max_wait: str | None, isolated_tenant: str | None, without_mps: bool,
@@ -129,7 +132,8 @@ def main(config_path: str | None, backend: str | None, socket_: str | None, cont
             "state_dir": state_dir, "metrics_address": metrics_address,
             "admin_group": admin_group, "sim_kernels": tuple(sim_kernels) or None,
             "sim_devices": sim_devices,
-            "spin_us": spin_us, "spinners": spinners, "gpu_wait": gpu_wait,
+            "spin_us": spin_us, "spinners": spinners, "endpoint_spin": endpoint_spin,
+            "gpu_wait": gpu_wait,
             "log_level": log_level, "log_format": log_format,
             "policy": policy, "policy_plugins": tuple(policy_plugins) or None,
             "policy_max_wait": policy_max_wait, "callback_timeout": callback_timeout,

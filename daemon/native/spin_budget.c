@@ -6,6 +6,7 @@
 static atomic_int g_limit;    /* 0: no limit */
 static atomic_int g_spinning; /* tokens taken */
 static atomic_uint_fast64_t g_granted, g_refused;
+static atomic_int g_endpoint = 1; /* the endpoints may spin for requests */
 
 void pilot_spin_set_limit(int n)
 {
@@ -42,4 +43,14 @@ void pilot_spin_give(int taken)
 {
     if (taken == PILOT_SPIN_TOKEN)
         atomic_fetch_sub_explicit(&g_spinning, 1, memory_order_relaxed);
+}
+
+void pilot_spin_set_endpoint(int allowed)
+{
+    atomic_store_explicit(&g_endpoint, allowed != 0, memory_order_relaxed);
+}
+
+int pilot_spin_endpoint(void)
+{
+    return atomic_load_explicit(&g_endpoint, memory_order_relaxed);
 }

@@ -31,6 +31,11 @@ void pilot_spin_counts(uint64_t *granted, uint64_t *refused);
 #define PILOT_SPIN_FREE 2
 int pilot_spin_take(void);
 void pilot_spin_give(int taken);
+/* Whether the endpoints (vgpu_server.c) spin for the next request before they sleep: on by
+ * default; off while the host is crowded (daemon/vgpu/endpoint_spin.py), when a vGPU thread
+ * that spins takes a core from a tenant's own thread, whose call it then waits for. */
+void pilot_spin_set_endpoint(int allowed);
+int pilot_spin_endpoint(void);
 /* PILOT_SPIN_CDEF_END */
 
 #endif

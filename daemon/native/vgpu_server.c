@@ -766,7 +766,8 @@ static int wait_round(pilot_srv *s, int timeout_ms, int spin_us, pilot_srv_msg *
     int n = collect(s, out, max);
     if (n == 0) {
         int k = 0, rings = 0, spin = 0;
-        if (spin_us > 0 && (spin = pilot_spin_take())) { /* else the budget is spent: sleep */
+        /* else crowded, or the budget is spent: sleep */
+        if (spin_us > 0 && pilot_spin_endpoint() && (spin = pilot_spin_take())) {
             uint64_t deadline = now_us() + (uint64_t)spin_us;
             do
                 k = epoll_wait(s->efd, ev, 64, 0);

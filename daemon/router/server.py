@@ -85,6 +85,7 @@ from pilot.daemon.telemetry.metrics import Metrics, PilotCollector, start_export
 from pilot.daemon.telemetry.nvml import NvmlPoller, NvmlSource, NvmlUnavailable, SimSource
 from pilot.daemon.telemetry.thread_names import name_this_thread
 from pilot.daemon.vgpu.device_output import DeviceOutput
+from pilot.daemon.vgpu.endpoint_spin import EndpointSpin
 from pilot.daemon.vgpu.server import VGpu
 from pilot.policies import Policy
 
@@ -224,6 +225,9 @@ class Daemon:
                                        for _ in range(config.vgpus_per_gpu))
         ]
         self.max_vgpus_per_gpu = max(config.max_vgpus_per_gpu, config.vgpus_per_gpu)
+        # whether the vGPU threads spin for calls (vgpu/endpoint_spin.py): the router's loop asks
+        self.endpoint_spin = EndpointSpin(config.endpoint_spin, lambda: (
+            s for vg in list(self.vgpus) for s in list(vg.sessions.values())))
         # priority classes (resources/priorities.py) and their gate (scheduling/priority.py)
         self.priorities = PriorityBoard(PriorityStore(config.state_dir, _priority_defaults(config)),
                                         self.vgpus, config.priority_active_window,
@@ -651,6 +655,7 @@ class Daemon:
             if watchdog is not None:
                 watchdog.maybe_ping()
             self.endpoint_refusals.check()
+            self.endpoint_spin.check()
             self.engines.reap()
             if self._idle_too_long():
                 log.info("isolated pilotd of %s: no session for %.0f s; stopping",

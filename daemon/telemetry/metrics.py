@@ -405,6 +405,10 @@ class PilotCollector(Collector):
                        "call or the GPU ([daemon] spinners; 0: no limit).")
         limit.add_metric([], lib.pilot_spin_limit())
         yield limit
+        endpoint = _gauge("pilot_spin_endpoints", "1 while the vGPU threads spin for their tenants' "
+                          "next calls, 0 while the host is crowded ([daemon] endpoint_spin).")
+        endpoint.add_metric([], lib.pilot_spin_endpoint())
+        yield endpoint
         waits = _counter("pilot_spin_waits", "Waits of pilotd's threads while a spin limit is set: "
                          "spun (a token of the spin budget held) or slept at once (the budget "
                          "spent).", ["outcome"])
