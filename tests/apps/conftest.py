@@ -12,6 +12,10 @@
   --state-dir), started with extra pilotd arguments and an optional TOML config text; returns an
   `OwnDaemon` (log, sessions, pilotctl, quota); stopped when the test ends.
 
+The daemons themselves, and what a test module imports (OwnDaemon, PILOTCTL, the type aliases),
+are in apps_daemons.py: a test module that imported them `from conftest` got whichever folder's
+conftest pytest had collected last.
+
 PILOT_APPS_NATIVE=1 runs the programs without pilot, on the machine's own GPU and libcudart,
 to check the expected outputs against real CUDA; tests that need the shim or the daemon skip.
 """
@@ -19,12 +23,10 @@ to check the expected outputs against real CUDA; tests that need the shim or the
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -35,10 +37,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apps_daemons import (  # pytest puts tests/apps on sys.path
+    APPS_DIR,
+    BENCH_DIR,
+    GPU_DIR,
+    NATIVE,
+    NVCC,
+    PILOT,
+    PILOTD,
+    READY_TIMEOUT_S,
+    SIM_KERNEL_FILES,
+    STOP_TIMEOUT_S,
+    OwnDaemon,
+    RunUnderPilot,
+    StartPilotd,
+    clean_env,
+    list_sessions,
+    stop_process,
+)
 
-APPS_DIR = Path(__file__).resolve().parent
-GPU_DIR = APPS_DIR.parent / "gpu"
-BENCH_DIR = APPS_DIR.parent.parent / "bench"
 # name -> source; the two tests/gpu programs are self-checking and also run on the H100.
 SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
            ("vector_add", "kernel_args", "copies", "memset", "streams_events", "errors", "threads",
@@ -114,17 +131,6 @@ def _dnn_flags(out_dir: Path) -> list[str]:
     return ["-L", str(link), "-lcudnn"]
 
 
-# Kernel emulations the sim daemons load.
-SIM_KERNEL_FILES = (APPS_DIR / "sim_kernels.py", APPS_DIR / "sim_kernels_streams.py",
-                    APPS_DIR / "sim_kernels_arrays.py", GPU_DIR / "sim_kernels.py",
-                    BENCH_DIR / "policy_sim_kernels.py", BENCH_DIR / "salus_sim_kernels.py")
-NVCC = shutil.which("nvcc") or next(
-    (p for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc") if Path(p).exists()), None)
-NATIVE = os.environ.get("PILOT_APPS_NATIVE") == "1"
-READY_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 10.0
-
-
 @dataclass
 class Build:
     """What nvcc made of one program."""
@@ -132,25 +138,6 @@ class Build:
     exe: Path
     command: list[str]
     output: str  # nvcc's stdout and stderr
-
-
-def _python_entry_point(module: str, func: str = "main") -> list[str]:
-    return [sys.executable, "-c", f"import sys; from {module} import {func}; sys.exit({func}())"]
-
-
-def _command(script: str, module: str) -> list[str]:
-    """The console script `script` of this interpreter's environment, else the one on PATH, else
-    its entry point (pyproject.toml's [project.scripts]) run by this interpreter."""
-    beside = Path(sys.executable).parent / script
-    if beside.exists():
-        return [str(beside)]
-    found = shutil.which(script)
-    return [found] if found else _python_entry_point(module)
-
-
-PILOT = _command("pilot", "pilot.cli.pilot")
-PILOTD = _command("pilotd", "pilot.daemon.main")
-PILOTCTL = _command("pilotctl", "pilot.cli.pilotctl")
 
 
 @pytest.fixture(scope="session")
@@ -206,11 +193,6 @@ def shim_path() -> str:
     return path
 
 
-def _clean_env() -> dict[str, str]:
-    """This process's environment without anything that would change how a program loads."""
-    return {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "LD_DEBUG")}
-
-
 @dataclass
 class Daemon:
     proc: subprocess.Popen[str]
@@ -232,7 +214,7 @@ def pilotd() -> Iterator[Daemon]:
            "--state-dir", os.path.join(workdir, "state"), "--metrics-address", "",
            *(arg for path in SIM_KERNEL_FILES for arg in ("--sim-kernels", str(path)))]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=_clean_env())
+                            env=clean_env())
     daemon = Daemon(proc, socket)
     ready = threading.Event()
 
@@ -250,7 +232,7 @@ def pilotd() -> Iterator[Daemon]:
         if proc.poll() is not None or time.monotonic() > deadline:
             why = (f"exited with {proc.returncode}" if proc.poll() is not None
                    else f"printed no 'pilotd ready' within {READY_TIMEOUT_S:.0f} s")
-            _stop(proc)
+            stop_process(proc)
             reader.join(5)
             shutil.rmtree(workdir, ignore_errors=True)
             pytest.fail(f"pilotd {why}\n$ {' '.join(cmd)}\n{daemon.log_tail(200)}",
@@ -259,7 +241,7 @@ def pilotd() -> Iterator[Daemon]:
         yield daemon
     finally:
         early_exit = proc.poll()
-        killed = _stop(proc)
+        killed = stop_process(proc)
         reader.join(5)
         shutil.rmtree(workdir, ignore_errors=True)
         if early_exit is not None:
@@ -270,25 +252,11 @@ def pilotd() -> Iterator[Daemon]:
                         f"{daemon.log_tail()}", pytrace=False)
 
 
-def _stop(proc: subprocess.Popen[str]) -> bool:
-    """SIGTERM, wait, SIGKILL. True if it had to be killed."""
-    if proc.poll() is not None:
-        return False
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(STOP_TIMEOUT_S)
-        return False
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return True
-
-
 @pytest.fixture
 def pilot_client_env(request: pytest.FixtureRequest) -> dict[str, str]:
     """The environment of a program run under pilot: LD_PRELOAD and PILOT_SOCKET set (nothing
     added with PILOT_APPS_NATIVE=1)."""
-    env = _clean_env()
+    env = clean_env()
     if not NATIVE:
         daemon: Daemon = request.getfixturevalue("pilotd")
         env.update(LD_PRELOAD=request.getfixturevalue("shim_path"), PILOT_SOCKET=daemon.socket)
@@ -357,9 +325,6 @@ def started_client() -> StartedClient:
     return start
 
 
-RunUnderPilot = Callable[..., "subprocess.CompletedProcess[str]"]
-
-
 @pytest.fixture
 def run_under_pilot(app_binaries: dict[str, Path], pilot_client_env: dict[str, str],
                     daemon_log: Callable[[], str]) -> RunUnderPilot:
@@ -392,99 +357,6 @@ def pilot_sessions(pilotd: Daemon) -> Callable[[], list[dict[str, Any]]]:
     """pilot_sessions() -> the daemon's live sessions (`pilot sessions --json`)."""
 
     return lambda: list_sessions(pilotd.socket)
-
-
-def list_sessions(socket: str) -> list[dict[str, Any]]:
-    """`pilot sessions --json` of the daemon on `socket`, parsed."""
-    env = {**_clean_env(), "PILOT_SOCKET": socket}
-    proc = subprocess.run([*PILOT, "sessions", "--json"], env=env, capture_output=True,
-                          text=True, timeout=30)
-    if proc.returncode != 0:
-        pytest.fail(f"`pilot sessions --json` failed (rc {proc.returncode}):\n{proc.stderr}",
-                    pytrace=False)
-    listed = json.loads(proc.stdout)
-    assert isinstance(listed, list), f"sessions --json printed {proc.stdout!r}"
-    return listed
-
-
-# ---- a daemon of the test's own ----
-
-def pilotd_command(workdir: str, *args: str) -> list[str]:
-    """The command of a sim pilotd with its socket and state under `workdir`, serving
-    SIM_KERNEL_FILES, with `args` appended."""
-    return [*PILOTD, "--backend", "sim", "--socket", os.path.join(workdir, "pilot.sock"),
-            "--state-dir", os.path.join(workdir, "state"), "--metrics-address", "",
-            *(arg for path in SIM_KERNEL_FILES for arg in ("--sim-kernels", str(path))), *args]
-
-
-class OwnDaemon:
-    """A sim pilotd of one test; its output goes to `log_path`."""
-
-    def __init__(self, *args: str, config: str | None = None) -> None:
-        self.dir = tempfile.mkdtemp(prefix="pilot-own-")  # short: unix socket paths max 107 bytes
-        self.socket = os.path.join(self.dir, "pilot.sock")
-        self.control_socket = os.path.join(self.dir, "control.sock")
-        self.log_path = Path(self.dir) / "pilotd.log"
-        if config is not None:
-            config_path = Path(self.dir) / "pilotd.toml"
-            config_path.write_text(config)
-            args = ("--config", str(config_path), *args)
-        self.command = pilotd_command(self.dir, *args)
-        with self.log_path.open("w") as log:
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                         env=_clean_env())
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while "pilotd ready" not in self.log():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                pytest.fail(f"pilotd did not start (rc {self.proc.returncode})\n"
-                            f"$ {' '.join(self.command)}\n{self.log()}", pytrace=False)
-            time.sleep(0.02)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log().splitlines()[-lines:])
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def env(self) -> dict[str, str]:
-        """Environment of a client of this daemon (no shim: add LD_PRELOAD to run a program)."""
-        env = {k: v for k, v in _clean_env().items() if not k.startswith("PILOT")}
-        return {**env, "PILOT_SOCKET": self.socket}
-
-    def ctl(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-        """`pilotctl --control-socket <this daemon's> ARGS`."""
-        proc = subprocess.run([*PILOTCTL, "--control-socket",
-                               self.control_socket, *args], env=self.env(), capture_output=True,
-                              text=True, timeout=30)
-        if ok and proc.returncode != 0:
-            pytest.fail(f"pilotctl {' '.join(args)}: rc {proc.returncode}\n{proc.stderr}\n"
-                        f"pilotd log:\n{self.log_tail()}", pytrace=False)
-        return proc
-
-    def sessions(self) -> list[dict[str, Any]]:
-        """`pilot sessions --json`, parsed."""
-        return list_sessions(self.socket)
-
-    def quota(self, tenant: str) -> dict[str, Any]:
-        """`pilotctl quota get TENANT --json`, parsed."""
-        doc = json.loads(self.ctl("quota", "get", tenant, "--json").stdout)
-        assert isinstance(doc, dict), doc
-        return doc
-
-    def stop(self) -> int | None:
-        """SIGTERM (then SIGKILL); the exit status, None if it had to be killed."""
-        killed = _stop(self.proc)
-        return None if killed else self.proc.returncode
-
-    def remove(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-StartPilotd = Callable[..., OwnDaemon]
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RunUnderPilot  # pytest puts tests/apps on sys.path
+from apps_daemons import RunUnderPilot  # pytest puts tests/apps on sys.path
 from test_streams_devices import expected_launch_ex
 
 if os.environ.get("PILOT_APPS_NATIVE") == "1":

@@ -138,7 +138,7 @@ def test_a_driver_api_program_nvcc_compiled_is_not_taken_for_a_static_runtime(
     refuse it."""
     import subprocess
 
-    from conftest import NVCC
+    from apps_daemons import NVCC
     if NVCC is None:
         pytest.skip("nvcc not found")
     (tmp_path / "host_only.cpp").write_text(HOST_ONLY)

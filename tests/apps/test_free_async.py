@@ -17,7 +17,7 @@ from test_apps import DaemonLog, RunUnderPilot, check_output  # pytest puts test
 from test_scheduler_core import ME, nothing_held, wait_for
 
 if TYPE_CHECKING:
-    from conftest import OwnDaemon
+    from apps_daemons import OwnDaemon
 
 NATIVE = os.environ.get("PILOT_APPS_NATIVE") == "1"
 pilot_only = pytest.mark.skipif(NATIVE, reason="pilot only")

@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from conftest import OwnDaemon, StartPilotd
+from apps_daemons import OwnDaemon, StartPilotd
 from test_visible_devices import check, device_env, expected, last_session_gpus, uuid
 
 if os.environ.get("PILOT_APPS_NATIVE") == "1":

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import OwnDaemon  # pytest puts tests/apps on sys.path
+    from apps_daemons import OwnDaemon  # pytest puts tests/apps on sys.path
 
 StartPilotd = Callable[..., "OwnDaemon"]
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import OwnDaemon, StartPilotd  # pytest puts tests/apps on sys.path
+    from apps_daemons import OwnDaemon, StartPilotd  # pytest puts tests/apps on sys.path
 
 FAKE = Path(__file__).resolve().parent / "fake_mps_control.py"
 CONFINED = '[isolation]\ntenants = "all"\nmps = true\n'

@@ -20,7 +20,7 @@ import pytest
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from conftest import OwnDaemon
+    from apps_daemons import OwnDaemon
 
 MiB = 1 << 20
 C = 64 * MiB

@@ -34,7 +34,7 @@ import pytest
 from test_apps import check_output, expected_vector_add  # pytest puts tests/apps on sys.path
 
 if TYPE_CHECKING:
-    from conftest import OwnDaemon
+    from apps_daemons import OwnDaemon
 
 APPS_DIR = Path(__file__).resolve().parent
 PROTO_DIR = APPS_DIR.parent / "proto"

@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import PILOTCTL, OwnDaemon
+from apps_daemons import PILOTCTL, OwnDaemon
 from test_visible_devices import expected, uuid
 
 REPO = Path(__file__).resolve().parents[2]

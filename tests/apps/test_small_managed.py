@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RunUnderPilot  # pytest puts tests/apps on sys.path
+from apps_daemons import RunUnderPilot  # pytest puts tests/apps on sys.path
 from scenario_output import check_output
 from test_gpu_faults import as_nobody, shared_copy
 from test_policies_over_capacity import CONFIG, Sampler, _residency, _run_beside_pagedos
