@@ -257,14 +257,29 @@ def pid_alive(pid: int) -> bool:
 
 # ---- the daemons ----
 
+def as_user(uid: int) -> Callable[[], None]:
+    """A preexec_fn that makes the child another user (uid and gid `uid`, no groups)."""
+    def switch() -> None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    return switch
+
+
+def user_env(uid: int, home: Path) -> dict[str, str]:
+    """A home and a name for a uid without a passwd entry (getpass reads USER before pwd)."""
+    return {"HOME": str(home), "USER": f"u{uid}", "LOGNAME": f"u{uid}"}
+
+
 class Pilotd(PilotdProcess):
-    """`python -m pilot.daemon` with the default configuration, output pumped to a file."""
+    """`python -m pilot.daemon` with the default configuration (or `config`, a TOML text),
+    output pumped to a file."""
 
     def __init__(self, python: str, backend: str, workdir: Path, log_path: Path,
-                 extra_args: list[str]) -> None:
+                 extra_args: list[str], config_text: str = "# empty: pilotd's defaults\n") -> None:
         self.socket = str(workdir / "pilot.sock")
         config = workdir / "pilotd.toml"
-        config.write_text("# empty: pilotd's defaults\n")
+        config.write_text(config_text)
         cmd = [python, "-m", "pilot.daemon", "--config", str(config), "--backend", backend,
                "--socket", self.socket, "--state-dir", str(workdir / "state"),
                "--metrics-address", ""]

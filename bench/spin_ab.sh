@@ -9,7 +9,8 @@
 # Environment: SPINNERS (the pilot variants, default "0 auto": no limit and a quarter of the
 # cores; a variant SPINNERS,US also sets the tenants' PILOT_SPIN_US, how long the shim polls for
 # a reply before it sleeps, e.g. "auto,1000"; SPINNERS:VAR=VALUE[:VAR=VALUE] sets those in the
-# tenants' environment instead, e.g. "0:PILOT_WORD_US=0"), NS (8,16), WORKLOADS (graph,transformer), ROUNDS
+# tenants' environment instead, e.g. "0:PILOT_WORD_US=0"; a trailing /always or /auto sets
+# `[daemon] endpoint_spin`, auto otherwise: SPINNERS="0/always 0/auto" is that A/B), NS (8,16), WORKLOADS (graph,transformer), ROUNDS
 # (2), WARM (seconds of steps before each window, 0.5), MPS (1: run MPS too). Writes $OUT/spin_ab.md (one
 # table: MPS and every variant, each variant's ratios to MPS), $OUT/spin-*/ (tenants.py's
 # outputs) and $OUT/spin_bench.md (bench.py launch and roundtrip; SPIN_BENCH=0 leaves it out).
@@ -32,17 +33,19 @@ if [ "${MPS:-1}" = 1 ]; then
 fi
 names=()
 for s in $SPINNERS; do
+    endpoint=auto suffix=
+    case "$s" in */*) endpoint=${s##*/} suffix=-${s##*/} s=${s%/*} ;; esac
     spinners=${s%%[,:]*}
     client=()
     case "$s" in
         *:*) IFS=: read -ra assigns <<<"${s#*:}"; client=(env "${assigns[@]}") ;;
         *,*) client=(env "PILOT_SPIN_US=${s#*,}") ;;
     esac
-    name=${s//[,:=]/-}
+    name=${s//[,:=]/-}$suffix
     names+=("$name")
-    say "pilot, spinners $spinners, tenants' environment: ${client[*]:1}"
+    say "pilot, spinners $spinners, endpoint_spin $endpoint, tenants' environment: ${client[*]:1}"
     timeout -k 10 160 "${client[@]}" "$PYTHON" bench/tenants.py --modes pilot --pilotd-arg="--spinners=$spinners" \
-        --out "$OUT/spin-$name" "${common[@]}" 2>&1 | grep -E '^\[tenants\] (mps|pilot)|failed|Error' | tail -20
+        --pilotd-arg="--endpoint-spin=$endpoint" --out "$OUT/spin-$name" "${common[@]}" 2>&1 | grep -E '^\[tenants\] (mps|pilot)|failed|Error' | tail -20
 done
 "$PYTHON" - "$OUT" "${names[@]}" <<'PY' | tee "$OUT/spin_ab.md"
 import json, statistics, sys

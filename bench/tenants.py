@@ -2,7 +2,7 @@
 """Many tenants at once (issue 25): N PyTorch processes sharing the GPU under time-slicing, MPS and
 pilot's default configuration, side by side in one run.
 
-    python3 bench/tenants.py --out DIR [--modes timeslice,mps,pilot] [--ns 1,2,4,8,16]
+    python3 bench/tenants.py --out DIR [--modes timeslice,pilot,confined,mps] [--ns 1,2,4,8,16]
                              [--workloads transformer,cnn,graph,mix] [--rounds 2]
                              [--warm 1.0] [--measure 2.0] [--profile CONFIG]
 
@@ -16,7 +16,10 @@ sum over processes of the steps each finished in the window, per second).
 
 Modes, in this order: timeslice (the processes as they are: the driver time-slices their
 contexts), pilot (a pilotd started here with an empty config, the workers under `pilot run`),
-mps (a private nvidia-cuda-mps-control, stopped after the mode). Ratios against MPS at the same
+confined (pilot's confined mode: `[isolation] tenants = "all"`, `mps = true`; worker i runs as
+uid 21000 + i, so each is a tenant with an engine of its own, an MPS client: N processes submit
+instead of one, which one process's ceiling calls for, bench/one_context.sh; run as root), mps
+(a private nvidia-cuda-mps-control, stopped after the mode). Ratios against MPS at the same
 N and workload: aggregate pilot/MPS (target >= 0.95) and median step pilot/MPS (target <= 1.15);
 graph inference per call against timeslice N=1 (native alone; target <= 1.3).
 
@@ -45,11 +48,13 @@ from pathlib import Path
 from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fig1 import Mps, Pilotd, clean_env  # bench/fig1.py: the MPS and pilotd helpers
+from fig1 import Mps, Pilotd, as_user, clean_env, user_env  # bench/fig1.py: the MPS, pilotd, uid helpers
 
 BENCH = Path(__file__).resolve().parent
 WORKER = BENCH / "tenant_worker.py"
-MODES = ("timeslice", "pilot", "mps")
+MODES = ("timeslice", "pilot", "confined", "mps")
+CONFINED_CONFIG = '# the confined mode\n[isolation]\ntenants = "all"\nmps = true\n'
+CONFINED_UID = 21000  # worker i runs as uid 21000 + i: a tenant of its own
 WORKLOADS = ("transformer", "cnn", "graph", "mix")
 READY_TIMEOUT_S = 600.0
 
@@ -214,20 +219,24 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path, out: Path) -> list
     prefix: list[str] = []
     daemon: Pilotd | None = None
     mps: Mps | None = None
-    if mode == "pilot":
+    user: UserOf = same_user
+    if mode in ("pilot", "confined"):
         extra = list(args.pilotd_arg)
         if args.metrics_port:
             extra += ["--metrics-address", f"127.0.0.1:{args.metrics_port}"]
         saved = dict(os.environ)
         os.environ.update(kv.split("=", 1) for kv in args.pilotd_env)  # pilotd's only
         try:
-            daemon = Pilotd(args.python, "cuda", work, out / "pilotd-tenants.log", extra)
+            daemon = Pilotd(args.python, "cuda", work, out / f"pilotd-{mode}.log", extra,
+                            **({"config_text": CONFINED_CONFIG} if mode == "confined" else {}))
         finally:
             os.environ.clear()
             os.environ.update(saved)
         daemon.wait_ready(120)
         env["PILOT_SOCKET"] = daemon.socket
         prefix = [args.python, "-m", "pilot.cli.pilot", "run", "--"]
+        if mode == "confined":
+            user = confined_user(work)
     elif mode == "mps":
         mps = Mps(shutil.which(args.mps_control) or args.mps_control, work)
         mps.start()
@@ -239,10 +248,14 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path, out: Path) -> list
         cmd = [*prefix, args.python, str(WORKER), "--workloads",
                ",".join(sorted({w for wl in args.workloads for w in assignment(wl, 2)}))]
         # One first (it fills Inductor's cache), then the rest together.
-        workers.append(Worker(cmd, env, out / f"worker-{mode}-0.log"))
+        def start(i: int) -> Worker:
+            more, preexec = user(i)
+            return Worker(cmd, {**env, **more}, out / f"worker-{mode}-{i}.log", preexec_fn=preexec)
+
+        workers.append(start(0))
         workers[0].expect("ready", READY_TIMEOUT_S)
         for i in range(1, nmax):
-            workers.append(Worker(cmd, env, out / f"worker-{mode}-{i}.log"))
+            workers.append(start(i))
         for w in workers[1:]:
             w.expect("ready", READY_TIMEOUT_S)
         log(f"{mode}: {nmax} workers ready")
@@ -279,6 +292,35 @@ def run_mode(mode: str, args: argparse.Namespace, work: Path, out: Path) -> list
     return rows
 
 
+UserOf = Callable[[int], tuple[dict[str, str], Callable[[], None] | None]]  # worker i -> env, preexec
+
+
+def same_user(i: int) -> tuple[dict[str, str], Callable[[], None] | None]:
+    """Every worker as this process's user (timeslice, pilot, mps)."""
+    return {}, None
+
+
+def confined_user(work: Path) -> UserOf:
+    """The confined mode's worker i: uid CONFINED_UID + i (so a tenant, an engine and an MPS
+    client of its own), a home of its own, and one Inductor cache for all (worker 0 fills it)."""
+    cache = work / "inductor"
+    cache.mkdir(mode=0o777)
+    cache.chmod(0o1777)
+
+    def user(i: int) -> tuple[dict[str, str], Callable[[], None] | None]:
+        uid = CONFINED_UID + i
+        home = work / f"home-{uid}"
+        home.mkdir(mode=0o700)
+        os.chown(home, uid, uid)
+        become = as_user(uid)
+
+        def preexec() -> None:
+            os.umask(0)  # what worker 0 writes into the shared cache the others may update
+            become()
+        return {**user_env(uid, home), "TORCHINDUCTOR_CACHE_DIR": str(cache)}, preexec
+    return user
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str, float]]:
     """Per (mode, workload, N): the median over rounds of the aggregate and of the median step."""
     cells: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
@@ -298,16 +340,17 @@ def table(rows: list[dict[str, Any]], modes: list[str]) -> str:
     head = ["workload", "N"]
     for m in modes:
         head += [f"{m} agg/s", f"{m} med ms", f"{m} worst ms"]
-    if {"pilot", "mps"} <= set(modes):
-        head += ["pilot/MPS agg", "pilot/MPS med"]
+    against = [m for m in ("pilot", "confined") if m in modes and "mps" in modes]
+    for m in against:
+        head += [f"{m}/MPS agg", f"{m}/MPS med"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for w, n in keys:
         cells = [w, str(n)]
         for m in modes:
             c = s.get((m, w, n))
             cells += ([f"{c['agg']:.1f}", f"{c['med']:.2f}", f"{c['worst']:.2f}"] if c else ["-"] * 3)
-        if {"pilot", "mps"} <= set(modes):
-            p, q = s.get(("pilot", w, n)), s.get(("mps", w, n))
+        for m in against:
+            p, q = s.get((m, w, n)), s.get(("mps", w, n))
             cells += ([f"{p['agg'] / q['agg']:.2f}", f"{p['med'] / q['med']:.2f}"] if p and q else ["-", "-"])
         lines.append("| " + " | ".join(cells) + " |")
     native = s.get(("timeslice", "graph", 1))
@@ -351,7 +394,7 @@ def plot(rows: list[dict[str, Any]], modes: list[str], path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default="timeslice,pilot,mps", help=f"of {','.join(MODES)}")
     ap.add_argument("--ns", default="1,2,4,8,16")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=2)

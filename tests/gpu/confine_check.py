@@ -45,15 +45,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from fig1 import as_user, user_env  # bench/fig1.py: another user for a child
 from gpu_checks import check, exit_status, info
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
+
 PYTHON = os.environ.get("PYTHON", sys.executable)
 V_UID, A_UID = 20001, 20002  # tenants uid:20001 and uid:20002 (no passwd entry needed)
 WORKER_UIDS = (20011, 20012, 20013, 20014)
@@ -61,19 +62,6 @@ BUFFER = 64 << 20  # confine_probe.cu's victim buffer
 SHARED_CONFIG = "# the default: every tenant in the shared pilotd\n[isolation]\nafter_fault = false\n"
 CONFINED_CONFIG = '# the confined mode\n[isolation]\ntenants = "all"\nmps = true\n'
 MPS_PROGRAMS = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
-
-
-def as_user(uid: int) -> Callable[[], None]:
-    def switch() -> None:
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-    return switch
-
-
-def user_env(uid: int, home: Path) -> dict[str, str]:
-    """A home and a name for a uid without a passwd entry (getpass reads USER before pwd)."""
-    return {"HOME": str(home), "USER": f"u{uid}", "LOGNAME": f"u{uid}"}
 
 
 def running(pid: int) -> bool:
