@@ -11,6 +11,10 @@
 #   mps       N processes under a private MPS control daemon
 #   mps1      N threads of one process under MPS
 #   pilot     N processes under `pilot run` against a pilotd started here
+#   confined  the same against a pilotd in the confined mode ([isolation] tenants = "all",
+#             mps = true), each process a user of its own (uid 21000 + i, by setpriv: run as
+#             root): N engines, each an MPS client, submit instead of one pilotd. A pass of 1 s
+#             first starts the engines; the measured pass follows.
 # From the repository root on the GPU machine, after `bash tests/gpu/run_all.sh smoke`:
 #
 #   OUT=DIR NS="1 4 8 16" SECONDS_EACH=3 bash bench/one_context.sh
@@ -28,8 +32,9 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$REPO/tests/gpu/env.sh" one_context
 NS=${NS:-"1 4 8 16"}
 SECS=${SECONDS_EACH:-3}
-MODES=${MODES:-"threads green ctxs procs mps mps1 pilot"}
+MODES=${MODES:-"threads green ctxs procs mps mps1 pilot confined"}
 WORK=$(mktemp -d /tmp/pilot-onectx.XXXXXX)
+chmod 755 "$WORK"  # the confined mode's users run the program and reach the socket
 SOCK=$WORK/pilot.sock
 BIN=$WORK/one_context
 mkdir -p "$OUT"
@@ -38,12 +43,15 @@ STUBS=$TOOLKIT_LIB/stubs  # links -lcuda for the green and ctx places
 nvcc -O2 -std=c++17 -cudart shared -arch="$NVCC_ARCH" -o "$BIN" "$REPO/bench/one_context.cu" \
     -L"$STUBS" -lcuda || exit 1
 
-# procs N ENV...: N processes of one thread at once; one line per process
+# procs N ENV...: N processes of one thread at once; one line per process. With AS_USERS=1,
+# process i runs as uid 21000 + i.
 procs() {
-    local n=$1 pids=() i
+    local n=$1 pids=() i as=()
     shift
     for ((i = 0; i < n; i++)); do
-        env "$@" "$BIN" 1 "$SECS" >"$WORK/p$i.out" 2>&1 &
+        [ "${AS_USERS:-0}" = 1 ] && as=(setpriv --reuid=$((21000 + i)) --regid=$((21000 + i))
+            --clear-groups env HOME=/tmp USER=u$((21000 + i)) LOGNAME=u$((21000 + i)))
+        "${as[@]}" env "$@" "$BIN" 1 "${PASS_SECS:-$SECS}" >"$WORK/p$i.out" 2>&1 &
         pids+=($!)
     done
     wait "${pids[@]}"
@@ -68,10 +76,15 @@ for mode in $MODES; do
         mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
         nvidia-cuda-mps-control -d || { row "$mode" - "MPS did not start"; continue; }
         ;;
-    pilot)
+    pilot | confined)
+        config=()
+        if [ "$mode" = confined ]; then
+            printf '[isolation]\ntenants = "all"\nmps = true\n' >"$WORK/confined.toml"
+            config=(--config "$WORK/confined.toml")
+        fi
         # shellcheck disable=SC2086  # PILOTD_ARGS is a list of words
-        pilotd_start "$WORK/pilotd.log" --backend cuda --socket "$SOCK" ${PILOTD_ARGS:-} ||
-            { row pilot - "pilotd did not start"; continue; }
+        pilotd_start "$WORK/pilotd.log" --backend cuda --socket "$SOCK" "${config[@]}" ${PILOTD_ARGS:-} ||
+            { row "$mode" - "pilotd did not start"; continue; }
         ;;
     esac
     for n in $NS; do
@@ -84,6 +97,12 @@ for mode in $MODES; do
         pilot) # shellcheck disable=SC2086  # CLIENT_ENV is a list of NAME=VALUE words
             line=$(procs "$n" PILOT_SOCKET="$SOCK" ${CLIENT_ENV:-} "$PYTHON" -m pilot.cli.pilot run -- |
                 tee -a "$OUT/one_context.log" | summed) ;;
+        confined)
+            export AS_USERS=1
+            PASS_SECS=1 procs "$n" PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- >/dev/null
+            line=$(procs "$n" PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- |
+                tee -a "$OUT/one_context.log" | summed)
+            unset AS_USERS ;;
         esac
         row "${LABEL:-$mode}" "$n" "$line"
     done
@@ -93,7 +112,7 @@ for mode in $MODES; do
         sleep 1
         unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
         ;;
-    pilot) pilotd_stop ;;
+    pilot | confined) pilotd_stop ;;
     esac
 done
 rm -rf "$WORK"
