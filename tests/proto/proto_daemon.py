@@ -23,12 +23,13 @@ class RunningDaemon:
         return self.proc.poll() is None
 
 
-def start_daemon(tmp_path: Path, *extra: str) -> RunningDaemon:
+def start_daemon(tmp_path: Path, *extra: str, prefix: tuple[str, ...] = ()) -> RunningDaemon:
+    """`prefix`: a command the daemon runs under (e.g. taskset)."""
     sock = tmp_path / "pilot.sock"
     log_path = tmp_path / "pilotd.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pilot.daemon", "--backend", "sim", "--socket", str(sock),
+        [*prefix, sys.executable, "-m", "pilot.daemon", "--backend", "sim", "--socket", str(sock),
          "--state-dir", str(tmp_path / "state"), "--metrics-address", "", *extra],
         stdout=log, stderr=subprocess.STDOUT, text=True,
     )

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from client import ProtoClient
-from proto_daemon import RunningDaemon, stop_daemon
+from proto_daemon import RunningDaemon, start_daemon, stop_daemon
 
 from pilot.daemon.protocol import lib
 
@@ -21,21 +19,8 @@ pytestmark = pytest.mark.skipif(shutil.which("taskset") is None, reason="no task
 
 
 def _start_on_one_cpu(tmp_path: Path, *extra: str) -> RunningDaemon:
-    sock, log_path = tmp_path / "pilot.sock", tmp_path / "pilotd.log"
     cpu = str(sorted(os.sched_getaffinity(0))[0])
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(["taskset", "-c", cpu, sys.executable, "-m", "pilot.daemon",
-                                 "--backend", "sim", "--socket", str(sock), "--state-dir",
-                                 str(tmp_path / "state"), "--metrics-address", "",
-                                 "--log-level", "debug", *extra],
-                                stdout=log, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 20
-    while "pilotd ready" not in log_path.read_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"pilotd did not start:\n{log_path.read_text()}")
-        time.sleep(0.02)
-    return RunningDaemon(proc, sock, log_path)
+    return start_daemon(tmp_path, "--log-level", "debug", *extra, prefix=("taskset", "-c", cpu))
 
 
 def _busy_then_idle(d: RunningDaemon, seconds: float = 1.0) -> None:
