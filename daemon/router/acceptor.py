@@ -21,6 +21,8 @@ pilotd abort, ending every tenant's work. libzmq cannot adopt a connection accep
   the routing id of every message names the connection it came on, and `peer(routing_id)`
   gives the credentials read when it was accepted. HELLO, DEVICE_JOIN, SESSIONS and pilotctl
   commands take the caller's identity from there (libzmq's Peer-Address would name pilotd).
+  And it holds a client's first messages, when they come before the client could have read
+  libzmq's READY, until that READY went by: libzmq would drop such a connection.
 
 The copy costs a hop on the main and control sockets only: they carry HELLO, DEVICE_JOIN,
 liveness pings, session listings and pilotctl commands; every CUDA call goes to the vGPU
@@ -64,6 +66,11 @@ class _Pair:
     peer: Peer
     greeting_left: int = GREETING
     ready: bytearray | None = field(default_factory=bytearray)  # None: the READY went through
+    # libzmq's side of the handshake as it passes to the client: its greeting, then its READY
+    # (None once both went by). Until then the client's bytes after its READY are `held`.
+    server_greeting_left: int = GREETING
+    server_ready: bytearray | None = field(default_factory=bytearray)
+    held: bytearray = field(default_factory=bytearray)
     to_upstream: bytearray = field(default_factory=bytearray)
     to_client: bytearray = field(default_factory=bytearray)
     closed: bool = False
@@ -238,6 +245,8 @@ class Acceptor:
                     self._from_client(pair, data)
                 else:
                     pair.to_client += data
+                    if pair.server_ready is not None:
+                        self._from_server(pair, data)
                 self._flush(pair, is_client)  # to the other side
         except (OSError, HandshakeError) as exc:
             if isinstance(exc, HandshakeError):
@@ -253,7 +262,7 @@ class Acceptor:
             pair.greeting_left -= n
             data = data[n:]
         if pair.ready is None:
-            pair.to_upstream += data
+            self._after_ready(pair, data)
             return
         pair.ready += data
         if pair.greeting_left:
@@ -262,8 +271,37 @@ class Acceptor:
         if size is None or len(pair.ready) < size:
             return
         pair.to_upstream += rewrite_ready(pair.ready[:size], pair.identity)
-        pair.to_upstream += pair.ready[size:]
-        pair.ready = None
+        rest, pair.ready = pair.ready[size:], None
+        self._after_ready(pair, rest)
+
+    @staticmethod
+    def _after_ready(pair: _Pair, data: bytes | bytearray) -> None:
+        """The client's messages. A client may send its first one (HELLO) before it has read
+        libzmq's READY; libzmq takes a message that comes before it sent its READY for a second
+        handshake command and drops the connection (ZMTP_UNEXPECTED_COMMAND), so such bytes wait
+        here until libzmq's READY went by (_from_server)."""
+        if pair.server_ready is None:
+            pair.to_upstream += data
+        else:
+            pair.held += data
+
+    def _from_server(self, pair: _Pair, data: bytes) -> None:
+        """Follows libzmq's greeting and READY; once both went by, the held bytes go on."""
+        assert pair.server_ready is not None
+        if pair.server_greeting_left:
+            n = min(len(data), pair.server_greeting_left)
+            pair.server_greeting_left -= n
+            data = data[n:]
+            if pair.server_greeting_left:
+                return
+        pair.server_ready += data
+        size = ready_frame_size(pair.server_ready)
+        if size is None or len(pair.server_ready) < size:
+            return
+        pair.server_ready = None
+        pair.to_upstream += pair.held
+        pair.held = bytearray()
+        self._flush(pair, True)
 
     def _flush(self, pair: _Pair, to_upstream: bool) -> None:
         queue, sock = (pair.to_upstream, pair.upstream) if to_upstream else (pair.to_client, pair.client)
@@ -276,7 +314,8 @@ class Acceptor:
 
     def _interest(self, pair: _Pair) -> None:
         """Read a side while the other's queue has room; write a side while its queue is not empty."""
-        client = (_READ if len(pair.to_upstream) < BUFFER else 0) | (_WRITE if pair.to_client else 0)
+        client = ((_READ if len(pair.to_upstream) + len(pair.held) < BUFFER else 0)
+                  | (_WRITE if pair.to_client else 0))
         upstream = (_READ if len(pair.to_client) < BUFFER else 0) | (_WRITE if pair.to_upstream else 0)
         for sock, mask, is_client in ((pair.client, client, True), (pair.upstream, upstream, False)):
             key = self._sel.get_map().get(sock.fileno())

@@ -16,11 +16,17 @@ def frame(data: bytes, more: bool = False, command: bool = False) -> bytes:
     return bytes([flags, len(data)]) + data
 
 
-def connect(path: str, timeout: float = 5.0) -> socket.socket:
-    """A connection to `path` that has sent its greeting and READY (not read the server's)."""
+def raw_connect(path: str, timeout: float = 5.0) -> socket.socket:
+    """A connection to `path` that has sent nothing."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     s.connect(path.removeprefix("ipc://"))
+    return s
+
+
+def connect(path: str, timeout: float = 5.0) -> socket.socket:
+    """A connection to `path` that has sent its greeting and READY (not read the server's)."""
+    s = raw_connect(path, timeout)
     s.sendall(GREETING + frame(READY, command=True))
     return s
 
