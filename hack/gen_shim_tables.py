@@ -309,12 +309,15 @@ def gen_driver(rows: list[dict[str, str]], table: Path, include: Path) -> str:
     out.append("};\nconst size_t pilot_drv_proc_count =\n"
                "    sizeof pilot_drv_procs / sizeof *pilot_drv_procs;\n\n")
     exported = set(names)
+    # A per-thread form still a stub is not handed out: the legacy form serves a per-thread
+    # request (stream 0 is then the legacy stream: more ordering, the same results).
+    implemented = {r["name"] for r in rows if r["status"] != "stub"}
     aliases = sorted((b, api.default.get(b), api.per_thread.get(b))
                      for b in set(api.default) | set(api.per_thread))
     out.append("const struct pilot_drv_alias pilot_drv_aliases[] = {\n")
     for base, dflt, pt in aliases:
         d = c_string(dflt) if dflt in exported else "NULL"
-        t = c_string(pt) if pt in exported else "NULL"
+        t = c_string(pt) if pt in implemented else "NULL"
         out.append(f"    {{{c_string(base)}, {d}, {t}}},\n")
     out.append("};\nconst size_t pilot_drv_alias_count =\n"
                "    sizeof pilot_drv_aliases / sizeof *pilot_drv_aliases;\n\n")

@@ -94,7 +94,7 @@ SHIM_SOURCES = [
 # drv_errors.c are generated from shim/tables/cuda_driver_exports.tsv and the driver headers.
 DRIVER_SOURCES = [
     "driver/drv_core.c", "driver/drv_api.c", "driver/drv_link.c", "driver/drv_host.c",
-    "driver/drv_export.c",
+    "driver/drv_ptds.c", "driver/drv_export.c",
     "bridge/ops_lookup.c"]
 # libpilot.so's one export beyond libcudart's: the driver library's way in (driver_ops.h).
 PRIVATE_NODE = "PILOT_PRIVATE_1"

@@ -67,12 +67,14 @@ SOURCES = {name: APPS_DIR / f"{name}.cu" for name in
             "rings", "free_async", "words", "ipc", "linker", "driver_host")}
 SOURCES |= {name: GPU_DIR / f"{name}.cu" for name in ("matmul_tiled", "multistream")}
 SOURCES["ptds_per_thread"] = APPS_DIR / "ptds.cu"  # the same source, per-thread default streams
+SOURCES["driver_api_ptds"] = APPS_DIR / "driver_api.cu"  # the driver's _ptsz/_ptds forms
 SOURCES["preload_many"] = APPS_DIR / "preload.cu"  # the same source with 40 kernels more
 # PILOT's pageDoS and a streaming Unified Memory workload (bench/uvm), for the memory policies
 SOURCES |= {"pagedos": BENCH_DIR / "uvm" / "pagedos.cu", "uvm_stream": BENCH_DIR / "uvm" / "stream.cu"}
 PROGRAMS = tuple(SOURCES)
 NVCC_FLAGS = ("-cudart", "shared", "-O2", "-Wno-deprecated-gpu-targets")
-EXTRA_FLAGS = {"ptds_per_thread": ("-default-stream", "per-thread"), "preload_many": ("-DMANY_KERNELS",)}
+EXTRA_FLAGS = {"ptds_per_thread": ("-default-stream", "per-thread"),
+               "driver_api_ptds": ("-default-stream", "per-thread"), "preload_many": ("-DMANY_KERNELS",)}
 # driver_api.cu calls the driver API: it embeds the fatbin of driver_kernels.cu, loads the cubin
 # built next to it (driver_kernels.cubin, its argument) and links with -lcuda (the toolkit's stub
 # if it has one, else pilot's own libpilot-cuda.so, whose SONAME is libcuda.so.1).
@@ -148,12 +150,15 @@ def app_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Build]:
     nvcc = NVCC
     out_dir = tmp_path_factory.mktemp("apps-bin")
 
+    # driver_api and driver_api_ptds embed and load the same driver kernels: built once, first
+    driver_flags, driver_pre = _driver_flags(nvcc, out_dir)
+
     def build(name: str) -> tuple[str, Build, int]:
         exe = out_dir / name
         extra, pre = list(EXTRA_FLAGS.get(name, ())), ""
-        if name == "driver_api":
-            flags, pre = _driver_flags(nvcc, out_dir)
-            extra += flags
+        if name in ("driver_api", "driver_api_ptds"):
+            extra += driver_flags
+            pre = driver_pre
         if name in ("linker", "driver_host"):
             extra += _libcuda_flags(out_dir)
         if name.startswith("cublas_"):

@@ -4,6 +4,7 @@ what it prints natively on the H100 (tests/gpu/driver_compare.sh diffs the two t
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -77,10 +78,13 @@ def driver_env(shim_path: str) -> dict[str, str]:
     return {"LD_PRELOAD": f"{shim_path}:{driver_path()}"}
 
 
+@pytest.mark.parametrize("program", ["driver_api", "driver_api_ptds"])
 def test_driver_api_program(run_under_pilot, app_binaries: dict[str, Path], driver_env,
-                            daemon_log) -> None:
-    cubin = app_binaries["driver_api"].parent / "driver_kernels.cubin"
-    proc = run_under_pilot("driver_api", str(cubin), env=driver_env)
+                            daemon_log, program: str) -> None:
+    """driver_api_ptds: the same source built with `-default-stream per-thread`, which calls the
+    driver's _ptsz/_ptds forms (drv_ptds.c) instead."""
+    cubin = app_binaries[program].parent / "driver_kernels.cubin"
+    proc = run_under_pilot(program, str(cubin), env=driver_env)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
     assert proc.stdout == EXPECTED
     # every driver call it makes is carried: no "not supported" line for it
@@ -156,3 +160,17 @@ def test_a_driver_api_program_nvcc_compiled_is_not_taken_for_a_static_runtime(
                           text=True, timeout=60)
     assert proc.returncode == 0 and "statically" not in proc.stderr, proc.stdout + proc.stderr
     assert proc.stdout == "cuInit, cuDeviceGetCount: 0, 1 device(s)\n"
+
+
+def test_the_per_thread_build_calls_the_per_thread_forms(app_binaries: dict[str, Path]) -> None:
+    """So that driver_api_ptds's run above goes through them (and the plain build does not)."""
+    def imported(program: str) -> set[str]:
+        out = subprocess.run(["nm", "-D", "--undefined-only", str(app_binaries[program])],
+                             capture_output=True, text=True, check=True).stdout
+        return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+
+    per_thread, plain = imported("driver_api_ptds"), imported("driver_api")
+    forms = {n for n in per_thread if n.endswith(("_ptsz", "_ptds"))}
+    assert {"cuLaunchKernel_ptsz", "cuMemcpyHtoD_v2_ptds", "cuMemcpyDtoH_v2_ptds",
+            "cuStreamSynchronize_ptsz"} <= forms, sorted(forms)
+    assert not {n for n in plain if n.endswith(("_ptsz", "_ptds"))}

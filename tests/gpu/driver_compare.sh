@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The driver API on a real GPU (issue 13): tests/apps/driver_api.cu, tests/apps/linker.cu (the
-# linker, cuLink*) and tests/apps/driver_host.cu (host registration and functions, 2D copies),
+# linker, cuLink*), tests/apps/driver_host.cu (host registration and functions, 2D copies) and
+# driver_api.cu again built with `-default-stream per-thread` (the _ptsz/_ptds forms),
 # linked with -lcuda, run natively and under `pilot run` (libpilot.so +
 # libpilot-cuda.so preloaded), and their stdout must be identical byte for byte. Also records what the machine's real libcuda.so.1 exports against
 # shim/tables/cuda_driver_exports.tsv and whether its symbols are versioned (informational).
@@ -34,6 +35,9 @@ say "building driver_api with $NVCC -arch=$NVCC_ARCH"
     "$NVCC" -fatbin "-arch=$NVCC_ARCH" -o "$WORK/driver_kernels.fatbin" "$KERNELS" >>"$LOG" 2>&1 &&
     "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" "-DDRV_FATBIN=$WORK/driver_kernels.fatbin" \
         -o "$WORK/driver_api" "$REPO/tests/apps/driver_api.cu" -L "$STUBS" -lcuda >>"$LOG" 2>&1 &&
+    "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" "-DDRV_FATBIN=$WORK/driver_kernels.fatbin" \
+        -default-stream per-thread -o "$WORK/driver_api_ptds" "$REPO/tests/apps/driver_api.cu" \
+        -L "$STUBS" -lcuda >>"$LOG" 2>&1 &&
     "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$WORK/linker" "$REPO/tests/apps/linker.cu" \
         -L "$STUBS" -lcuda >>"$LOG" 2>&1 &&
     "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$WORK/driver_host" \
@@ -88,6 +92,7 @@ compare() {
     status=1
 }
 compare driver_api "$CUBIN"
+compare driver_api_ptds "$CUBIN"  # the same, built with per-thread default streams: _ptsz/_ptds
 compare linker
 compare driver_host
 exit $status

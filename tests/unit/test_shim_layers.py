@@ -39,6 +39,7 @@ DRIVER_LAYERS = {
     "driver/drv_api.c": 2,           # memory, modules, launches, streams, events
     "driver/drv_link.c": 2,          # the linker (cuLink*), served by pilotd
     "driver/drv_host.c": 2,          # host registration, host functions, 2D copies
+    "driver/drv_ptds.c": 3,          # the per-thread default stream forms (_ptsz, _ptds)
     "driver/drv_export.c": 3,        # cuGetExportTable
     "gen/drv_gen.c": 4,              # stubs and the table of every export
 }
