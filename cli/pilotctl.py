@@ -212,9 +212,14 @@ def _show_faults(faults: list[dict[str, Any]]) -> None:
     f = faults[-1]
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f["detected"]))
     who = ", ".join(f"session {s['session']} of {s['tenant']} (pid {s['pid']})" for s in f["suspects"])
+    if f.get("bystander"):  # another MPS client's fault; this pilotd's own work did not fault
+        what = ("the MPS server tore every client down for another client's fault"
+                + (f" (tenant {f['culprit']})" if f.get("culprit") else ""))
+    else:
+        what = (f"work of {who}" if f["known"] else f"work in flight: {who}" if who else
+                "no session had work in flight")
     line = (f"GPU faults: {len(faults)}; last on GPU {f['gpu']} at {when}: error {f['error']}, "
-            + (f"work of {who}" if f["known"] else f"work in flight: {who}" if who else
-               "no session had work in flight")
+            + what
             + (f"; tenant {f['tenant']}" if f.get("tenant", "unknown") != "unknown" else ""))
     if f.get("restarted"):
         line += f"; serving again after {f['restarted'] - f['detected']:.2f} s"

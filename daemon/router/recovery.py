@@ -71,6 +71,11 @@ class Fault:
     suspects: list[dict[str, Any]] = field(default_factory=list)  # session, tenant, pid, cmdline
     known: bool = False  # exactly one suspect: that session's work faulted
     restarted: float | None = None  # when the new process was ready (time.time())
+    # Under MPS: the server tore this process down for another client's fault (its log named
+    # that client, not this process); `culprit` is that client's tenant where it is an engine of
+    # this pilotd. Such a restart is counted apart from the GPU's faults.
+    bystander: bool = False
+    culprit: str = ""
 
     @property
     def name(self) -> str:
@@ -237,9 +242,10 @@ def record_engine_fault(state_dir: str, fault: Fault, tenant: str) -> None:
     """An engine (a pilotd serving one isolated tenant) faulted: one JSON line appended to the
     state directory's ENGINE_FAULTS_FILE, which the pilotd that started it exports (metrics,
     `pilotctl status`); the engine's own counters restart with it and nobody scrapes it. A fault
-    the MPS server ended this engine for (another client's) is not recorded: that client's
-    engine records its own. Best effort: a full disk loses the line, never the restart."""
-    if fault.error == CUDA_ERROR_MPS_CLIENT_TERMINATED:
+    the MPS server ended this engine for (another client's: error 810, or a fault whose MPS log
+    names another client) is not recorded: that client's engine records its own. Best effort: a
+    full disk loses the line, never the restart."""
+    if fault.error == CUDA_ERROR_MPS_CLIENT_TERMINATED or fault.bystander:
         return
     line = json.dumps({"gpu": fault.gpu, "error": fault.error, "name": fault.name,
                        "detected": fault.detected, "tenant": tenant, "pid": os.getpid()})

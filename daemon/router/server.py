@@ -491,7 +491,9 @@ class Daemon:
         # (_mps_attribute, in the router thread before the restart)
         fault.known = len(fault.suspects) == 1 and not self._mps_log_dir
         self.faults.append(fault)
-        if self.config.isolated_tenant:  # the pilotd that started this engine exports it
+        # the pilotd that started this engine exports it (under MPS once the MPS server's log
+        # said whose it was: _mps_attribute)
+        if self.config.isolated_tenant and not self._mps_log_dir:
             record_engine_fault(self.config.state_dir, fault, self.config.isolated_tenant)
         if self.config.isolation_after_fault and not self.config.isolated_tenant \
                 and not self._mps_log_dir:
@@ -533,6 +535,11 @@ class Daemon:
                       if fault.known else "")
         if not mine:
             fault.suspects = []
+            fault.bystander = bool(culprits)
+            fault.culprit = ",".join(sorted({t for p in culprits
+                                             if (t := self.engines.tenant_of(p)) is not None}))
+        if self.config.isolated_tenant:  # the pilotd that started this engine exports it
+            record_engine_fault(self.config.state_dir, fault, self.config.isolated_tenant)
         if not self.config.isolation_after_fault or self.config.isolated_tenant:
             return
         if mine:

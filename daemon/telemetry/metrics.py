@@ -423,7 +423,12 @@ class PilotCollector(Collector):
         and those of the isolated tenants' pilotds it started (each restarted alone; their
         tenant is always known)."""
         counts: dict[tuple[str, str, str], int] = {}
+        teardowns: dict[tuple[str, str], int] = {}
         for f in [*faults, *engine_faults]:
+            if f.get("bystander"):  # another MPS client's fault ended this pilotd's work
+                key2 = (str(f["gpu"]), str(f.get("culprit") or "unknown"))
+                teardowns[key2] = teardowns.get(key2, 0) + 1
+                continue
             key = (str(f["gpu"]), str(f["error"]), str(f.get("tenant") or "unknown"))
             counts[key] = counts.get(key, 0) + 1
         total = _counter("pilot_gpu_faults", "Context-fatal GPU faults (a kernel's illegal address, "
@@ -434,6 +439,13 @@ class PilotCollector(Collector):
         for labels, n in sorted(counts.items()):
             total.add_metric(list(labels), n)
         yield total
+        torn = _counter("pilot_gpu_mps_teardowns", "Restarts of this pilotd because the MPS "
+                        "server tore every client down for another client's fault ([isolation] "
+                        "mps); culprit: that client's tenant, where it was an engine of this pilotd.",
+                        ["gpu", "culprit"])
+        for labels2, n in sorted(teardowns.items()):
+            torn.add_metric(list(labels2), n)
+        yield torn
         recovery = _gauge("pilot_gpu_fault_recovery_seconds",
                           "From the last fault noticed to serving again.", ["gpu"])
         for f in faults:

@@ -92,7 +92,39 @@ def test_this_processs_sessions_are_bystanders_of_an_engines_fault(
     notice(daemon)
     fault = daemon.faults[-1]
     assert fault.suspects == [] and not fault.known and fault.tenant == "unknown"
+    assert fault.bystander and fault.culprit == "user:a"  # counted apart, naming whose it was
     assert set(daemon.isolation.describe()["marked"]) == {"user:a"}
+
+
+def test_a_bystander_is_a_teardown_in_the_metrics_not_a_fault(daemon: Daemon) -> None:
+    from dataclasses import asdict
+
+    from pilot.daemon.telemetry.metrics import PilotCollector
+    server_logs(daemon, 1153)
+    notice(daemon)
+    own = {"gpu": 0, "error": ILLEGAL_ADDRESS, "tenant": "user:a"}  # user:a's engine, exported
+    families = {m.name: m for m in PilotCollector._fault_families(
+        [{**asdict(f), "tenant": f.tenant} for f in daemon.faults], [own])}
+    faults = {tuple(s.labels.values()): s.value for s in families["pilot_gpu_faults"].samples}
+    torn = {tuple(s.labels.values()): s.value for s in families["pilot_gpu_mps_teardowns"].samples}
+    assert faults == {("0", str(ILLEGAL_ADDRESS), "user:a"): 1}  # one fault, the culprit's
+    assert torn == {("0", "user:a"): 1}
+
+
+def test_a_bystander_engine_records_no_fault_of_its_tenant(
+        daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the H100 every client got error 700 (not 810): an engine torn down for another
+    client's fault must not export one of its own tenant (the culprit's engine exports it)."""
+    daemon.config = Config(state_dir=daemon.config.state_dir, isolation_tenants=("all",),
+                           isolation_mps=True, isolated_tenant="user:v")
+    os.makedirs(daemon.config.state_dir, exist_ok=True)
+    server_logs(daemon, 1153)
+    notice(daemon)
+    assert not (Path(daemon.config.state_dir) / "engine-faults.jsonl").exists()
+    server_logs(daemon, os.getpid())  # its own, next time: exported
+    notice(daemon)
+    lines = (Path(daemon.config.state_dir) / "engine-faults.jsonl").read_text().splitlines()
+    assert [json.loads(line)["tenant"] for line in lines] == ["user:v"]
 
 
 def test_its_own_fault_leaves_it_to_the_suspects(daemon: Daemon,
