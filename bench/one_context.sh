@@ -98,11 +98,9 @@ for mode in $MODES; do
             line=$(procs "$n" PILOT_SOCKET="$SOCK" ${CLIENT_ENV:-} "$PYTHON" -m pilot.cli.pilot run -- |
                 tee -a "$OUT/one_context.log" | summed) ;;
         confined)
-            export AS_USERS=1
-            PASS_SECS=1 procs "$n" PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- >/dev/null
-            line=$(procs "$n" PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- |
-                tee -a "$OUT/one_context.log" | summed)
-            unset AS_USERS ;;
+            AS_USERS=1 PASS_SECS=1 procs "$n" PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- >/dev/null
+            line=$(AS_USERS=1 procs "$n" PILOT_SOCKET="$SOCK" "$PYTHON" -m pilot.cli.pilot run -- |
+                tee -a "$OUT/one_context.log" | summed) ;;
         esac
         row "${LABEL:-$mode}" "$n" "$line"
     done

@@ -426,8 +426,8 @@ class PilotCollector(Collector):
         teardowns: dict[tuple[str, str], int] = {}
         for f in [*faults, *engine_faults]:
             if f.get("bystander"):  # another MPS client's fault ended this pilotd's work
-                key2 = (str(f["gpu"]), str(f.get("culprit") or "unknown"))
-                teardowns[key2] = teardowns.get(key2, 0) + 1
+                where = (str(f["gpu"]), str(f.get("culprit") or "unknown"))
+                teardowns[where] = teardowns.get(where, 0) + 1
                 continue
             key = (str(f["gpu"]), str(f["error"]), str(f.get("tenant") or "unknown"))
             counts[key] = counts.get(key, 0) + 1
@@ -443,8 +443,8 @@ class PilotCollector(Collector):
                         "server tore every client down for another client's fault ([isolation] "
                         "mps); culprit: that client's tenant, where it was an engine of this pilotd.",
                         ["gpu", "culprit"])
-        for labels2, n in sorted(teardowns.items()):
-            torn.add_metric(list(labels2), n)
+        for where, n in sorted(teardowns.items()):
+            torn.add_metric(list(where), n)
         yield torn
         recovery = _gauge("pilot_gpu_fault_recovery_seconds",
                           "From the last fault noticed to serving again.", ["gpu"])

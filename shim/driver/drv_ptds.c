@@ -22,18 +22,11 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int
                                                       unsigned int gz, unsigned int bx,
                                                       unsigned int by, unsigned int bz,
                                                       unsigned int shared, CUstream s,
-                                                      void **params, void **extra);
-PILOT_DRV_EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
-                                                      unsigned int gz, unsigned int bx,
-                                                      unsigned int by, unsigned int bz,
-                                                      unsigned int shared, CUstream s,
                                                       void **params, void **extra)
 {
     return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, PER_THREAD(s), params, extra);
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
-                                                        void **params, void **extra);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
                                                         void **params, void **extra)
 {
@@ -44,58 +37,47 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig *co
     return cuLaunchKernelEx(&c, f, params, extra);
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data)
 {
     return cuLaunchHostFunc(PER_THREAD(s), fn, data);
 }
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuStreamAddCallback_ptsz(CUstream s, CUstreamCallback cb,
-                                                           void *data, unsigned int flags);
-PILOT_DRV_EXPORT CUresult CUDAAPI cuStreamAddCallback_ptsz(CUstream s, CUstreamCallback cb,
                                                            void *data, unsigned int flags)
 {
     return cuStreamAddCallback(PER_THREAD(s), cb, data, flags);
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuEventRecord_ptsz(CUevent e, CUstream s);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuEventRecord_ptsz(CUevent e, CUstream s)
 {
     return cuEventRecord(e, PER_THREAD(s));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream s);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream s)
 {
     return cuStreamSynchronize(PER_THREAD(s));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuStreamQuery_ptsz(CUstream s);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuStreamQuery_ptsz(CUstream s)
 {
     return cuStreamQuery(PER_THREAD(s));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned int flags);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned int flags)
 {
     return cuStreamWaitEvent(PER_THREAD(s), e, flags);
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuStreamGetFlags_ptsz(CUstream s, unsigned int *flags);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuStreamGetFlags_ptsz(CUstream s, unsigned int *flags)
 {
     return cuStreamGetFlags(PER_THREAD(s), flags);
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuStreamGetPriority_ptsz(CUstream s, int *priority);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuStreamGetPriority_ptsz(CUstream s, int *priority)
 {
     return cuStreamGetPriority(PER_THREAD(s), priority);
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n,
-                                                     CUstream s);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n,
                                                      CUstream s)
 {
@@ -103,15 +85,11 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdevicept
 }
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src,
-                                                            size_t n, CUstream s);
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void *src,
                                                             size_t n, CUstream s)
 {
     return cuMemcpyHtoDAsync_v2(dst, src, n, PER_THREAD(s));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n,
-                                                            CUstream s);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdeviceptr src, size_t n,
                                                             CUstream s)
 {
@@ -119,21 +97,16 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2_ptsz(void *dst, CUdevicep
 }
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src,
-                                                            size_t n, CUstream s);
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src,
                                                             size_t n, CUstream s)
 {
     return cuMemcpyDtoDAsync_v2(dst, src, n, PER_THREAD(s));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *p, CUstream s);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D *p, CUstream s)
 {
     return cuMemcpy2DAsync_v2(p, PER_THREAD(s));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD8Async_ptsz(CUdeviceptr p, unsigned char v, size_t n,
-                                                       CUstream s);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD8Async_ptsz(CUdeviceptr p, unsigned char v, size_t n,
                                                        CUstream s)
 {
@@ -141,15 +114,11 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD8Async_ptsz(CUdeviceptr p, unsigned c
 }
 
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD16Async_ptsz(CUdeviceptr p, unsigned short v, size_t n,
-                                                        CUstream s);
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD16Async_ptsz(CUdeviceptr p, unsigned short v, size_t n,
                                                         CUstream s)
 {
     return cuMemsetD16Async(p, v, n, PER_THREAD(s));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD32Async_ptsz(CUdeviceptr p, unsigned int v, size_t n,
-                                                        CUstream s);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD32Async_ptsz(CUdeviceptr p, unsigned int v, size_t n,
                                                         CUstream s)
 {
@@ -158,55 +127,46 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD32Async_ptsz(CUdeviceptr p, unsigned 
 
 /* ---- synchronous, on the thread's stream (_ptds) ---- */
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
     return then_sync(cuMemcpyAsync(dst, src, n, CU_STREAM_PER_THREAD));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n)
 {
     return then_sync(cuMemcpyHtoDAsync_v2(dst, src, n, CU_STREAM_PER_THREAD));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n)
 {
     return then_sync(cuMemcpyDtoHAsync_v2(dst, src, n, CU_STREAM_PER_THREAD));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
     return then_sync(cuMemcpyDtoDAsync_v2(dst, src, n, CU_STREAM_PER_THREAD));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D *p);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D *p)
 {
     return then_sync(cuMemcpy2DAsync_v2(p, CU_STREAM_PER_THREAD));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D *p);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D *p)
 {
     return then_sync(cuMemcpy2DAsync_v2(p, CU_STREAM_PER_THREAD));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD8_v2_ptds(CUdeviceptr p, unsigned char v, size_t n);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD8_v2_ptds(CUdeviceptr p, unsigned char v, size_t n)
 {
     return then_sync(cuMemsetD8Async(p, v, n, CU_STREAM_PER_THREAD));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD16_v2_ptds(CUdeviceptr p, unsigned short v, size_t n);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD16_v2_ptds(CUdeviceptr p, unsigned short v, size_t n)
 {
     return then_sync(cuMemsetD16Async(p, v, n, CU_STREAM_PER_THREAD));
 }
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD32_v2_ptds(CUdeviceptr p, unsigned int v, size_t n);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD32_v2_ptds(CUdeviceptr p, unsigned int v, size_t n)
 {
     return then_sync(cuMemsetD32Async(p, v, n, CU_STREAM_PER_THREAD));
@@ -214,9 +174,6 @@ PILOT_DRV_EXPORT CUresult CUDAAPI cuMemsetD32_v2_ptds(CUdeviceptr p, unsigned in
 
 /* ---- cuGetProcAddress as a per-thread program names it ---- */
 
-PILOT_DRV_EXPORT CUresult CUDAAPI cuGetProcAddress_v2_ptsz(const char *symbol, void **pfn,
-                                                           int cudaVersion, cuuint64_t flags,
-                                                           CUdriverProcAddressQueryResult *status);
 PILOT_DRV_EXPORT CUresult CUDAAPI cuGetProcAddress_v2_ptsz(const char *symbol, void **pfn,
                                                            int cudaVersion, cuuint64_t flags,
                                                            CUdriverProcAddressQueryResult *status)

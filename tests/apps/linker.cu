@@ -8,16 +8,7 @@
 
 #include <cuda.h>
 
-#define CHECK(call)                                                                  \
-    do {                                                                             \
-        CUresult r_ = (call);                                                        \
-        if (r_ != CUDA_SUCCESS) {                                                    \
-            const char *name_ = nullptr;                                             \
-            cuGetErrorName(r_, &name_);                                              \
-            printf("%s: %s at line %d\n", #call, name_ ? name_ : "?", __LINE__);     \
-            return 1;                                                                \
-        }                                                                            \
-    } while (0)
+#include "drv_check.h"
 
 // extern "C" __global__ void link_scale(float *v, int n) { ... v[i] = link_twice(v[i]) + 1; }
 static const char kernel_ptx[] =
