@@ -105,6 +105,10 @@ class SalusSettings:
             raise ValueError("aging must be 0 or more")
 
 
+# Turns measured before a job's iteration time is the median of its turns (Job.iteration_s).
+WARM_TURNS = 3
+
+
 @dataclass(slots=True)
 class Job:
     session: SessionView
@@ -138,14 +142,20 @@ class Job:
 
     @property
     def iteration_s(self) -> float | None:
-        """Its iteration time in its turns after the first, a trimmed mean of the recent ones
-        (from 4 on, the shortest and the longest left out: one iteration slowed by a neighbour
-        or a page-in does not move the estimate); None before (SRTF then takes its declared
-        time, else the other jobs' pace)."""
+        """Its iteration time in its turns after the first: the lower median of the recent ones
+        (one slow iteration, a neighbour's or a page-in's, does not move it); None before (SRTF
+        then takes its declared time, else the other jobs' pace). A framework's warm-up lasts
+        more than one iteration (a PyTorch job's second step took 186 ms on the H100, its next
+        ones 8-10 ms), and a job is measured only in its turns: an estimate too high is never
+        corrected while the job is held for it. So while it has fewer than WARM_TURNS turns,
+        it is its fastest turn or its declared time, whichever is less (a job that ran is
+        re-measured at once; one estimated too low costs its neighbours a few iterations)."""
         t = sorted(self.turns)
-        if len(t) >= 4:
-            t = t[1:-1]
-        return sum(t) / len(t) if t else None
+        if not t:
+            return None
+        if len(t) < WARM_TURNS:
+            return min(t[0], self.declared.iteration_s or t[0])
+        return t[(len(t) - 1) // 2]
 
     def wants(self, now: float) -> None:
         """It asks for its turn (a launch, or scratch beyond its P)."""

@@ -37,6 +37,7 @@ class Script:
     frees: bool = True  # False: a caching allocator (never frees, never recognized)
     uses: int = 0  # the scratch it really allocates per iteration (0: `ephemeral`)
     first_s: float = 0.0  # its first iteration's time, if longer (modules, libraries: warm-up)
+    warm_s: tuple[float, ...] = ()  # the times of its next iterations, if longer (a framework's)
     pieces: int = 1  # scratch allocations, launches and frees per iteration (seen as iterations)
     declares_s: float | None = None  # the iteration time it declares (PILOT_SALUS_ITERATION_TIME)
     declares_n: int | None = None  # the iteration count it declares, if not `iterations`
@@ -149,7 +150,9 @@ def simulate(policy: Salus, scripts: list[Script], capacity: int, limit_s: float
                     continue
                 policy.launch_started(view)
                 r.attempts = 0
-                r.busy_until = now + (r.script.first_s if not r.iterations and r.script.first_s
+                n = len(r.iterations)
+                r.busy_until = now + (r.script.first_s if n == 0 and r.script.first_s
+                                      else r.script.warm_s[n - 1] if 0 < n <= len(r.script.warm_s)
                                       else r.script.iteration_s)
                 r.iterations.append((now, math.inf, policy.lanes[0].lane_of(r.sid)))
             else:
@@ -255,6 +258,20 @@ def test_srtf_does_not_count_a_first_iteration_s_warm_up_as_the_job_s_pace() -> 
                Script(1.0, 1 * GIB, 1 * GIB, 12, 0.1)]
     runs = simulate(declaring(salus("srtf"), scripts, sizes=False), scripts, 12 * GIB)
     assert [r.sid for r in sorted(runs, key=lambda r: r.finished)] == [2, 3, 1]
+    assert not any_overlap(runs)
+
+
+def test_srtf_does_not_hold_a_short_job_on_its_slow_second_iteration() -> None:
+    """As a PyTorch job on the H100 (2026-11-28, the Salus trace): its second step took 186 ms
+    (the optimizer's state, the backward's first kernels), the next ones 8-10 ms. W (12 left of
+    0.01 s iterations) runs its first three beside a long L; were its pace the mean of its turns
+    (0.07 s), its estimate (0.9 s) would be above L's and L would keep the GPU to its end while
+    W waits with a stale estimate (it is measured only in its turns): 10 s of a 1 s job in the
+    trace. The median of its turns (0.01 s) puts it ahead of L."""
+    scripts = [Script(0.0, 1 * GIB, 1 * GIB, 8, 0.1),
+               Script(0.02, 1 * GIB, 1 * GIB, 15, 0.01, warm_s=(0.2,), declares_s=0.01)]
+    runs = simulate(declaring(salus("srtf"), scripts, sizes=False), scripts, 12 * GIB)
+    assert [r.sid for r in sorted(runs, key=lambda r: r.finished)] == [2, 1]
     assert not any_overlap(runs)
 
 
