@@ -67,6 +67,13 @@ void pilot_srv_set_limits(int total, int per_uid);
 /* Connections the endpoint servers of this process refused (past those limits, or out of
  * descriptors) since it started, and the uid of the last one (UINT32_MAX: unknown). */
 void pilot_srv_refusals(uint64_t *count, uint32_t *last_uid);
+/* A session of `uid` began (+1) or ended (-1) in this process. The endpoint servers serve only
+ * sessions, so they accept connections only of uids that hold one (and root's): another user's
+ * connections are closed as they are accepted, before any handshake or frame reaches the thread
+ * that serves the tenants (issue 27: a flood of them on a vGPU's socket delayed its tenants'
+ * calls). Any thread. Returns the uid's sessions now, or -1 when the table is full (then every
+ * uid is accepted, as before: never a session refused its own endpoint). */
+int pilot_srv_session_uid(uint32_t uid, int delta);
 /* PILOT_SRV_CDEF_END */
 
 /* A filter of the messages wait() receives: it runs a message in C and says FAST_DONE, or leaves

@@ -881,6 +881,7 @@ class Daemon:
         self.priorities.place(session)
         self._next_session += 1
         group = SessionGroup(session, self.topology.position(vg.gpu), self.topology, selected, allowed)
+        lib.pilot_srv_session_uid(creds.uid, 1)  # its endpoints accept its uid (before the reply)
         vg.sessions[session.id] = session
         self._watched[session.id] = Watched(session, vg, pidfd, group, [])
         self.callbacks.open_session(session.id, group)

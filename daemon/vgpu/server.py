@@ -208,7 +208,8 @@ class VGpu(Dispatch):
         return True
 
     def _release(self, session: Session) -> None:
-        self.sessions.pop(session.id, None)
+        if self.sessions.pop(session.id, None) is not None:
+            lib.pilot_srv_session_uid(session.creds.uid, -1)
         if self.fast is not None:
             self.fast.forget(session)
         for conn in (session.identity, session.fault_identity):

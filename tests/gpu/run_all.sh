@@ -3,7 +3,7 @@
 #
 #   bash tests/gpu/run_all.sh [STAGE...]
 #
-# With STAGE names (smoke compare driver cublas cudnn ops charge freeasync faults confine graphs real bench rings um_tune um_flush sched preempt priority fig1 tenants salus) only those run, after wheels and
+# With STAGE names (smoke compare driver cublas cudnn ops charge freeasync faults confine flood graphs real bench rings um_tune um_flush sched preempt priority fig1 tenants salus) only those run, after wheels and
 # install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
@@ -30,6 +30,8 @@
 #      confine  tests/gpu/confine_check.py: a kernel reading another tenant's memory by address,
 #               shared vs the confined mode (engines over pilotd's MPS), MPS fault containment,
 #               PyTorch step overhead confined/shared; $OUT/confine/ (issue 27 item 10, ~2.5 min)
+#      flood    tests/gpu/flood_latency.py: a tenant's 4-byte copies (bench/roundtrip.cu) alone and
+#               while `nobody` floods every socket; p99 flooded/alone (issue 27's target <= 2x, ~1 min)
 #      real     tests/gpu/real_programs.sh --no-install: the public CUDA samples and Rodinia programs
 #               natively and under pilot (carry .realprogs, built by hack/build_real_programs.sh;
 #               skipped without it; REAL_DEADLINE seconds, default 330)
@@ -187,6 +189,7 @@ main() {
     stage freeasync timeout -k 10 240 "$PYTHON" tests/gpu/free_async_check.py
     stage faults timeout -k 10 180 "$PYTHON" tests/gpu/fault_check.py
     stage confine timeout -k 10 240 "$PYTHON" tests/gpu/confine_check.py --out "$OUT/confine"
+    stage flood timeout -k 10 180 "$PYTHON" tests/gpu/flood_latency.py
     stage graphs timeout -k 10 240 bash tests/gpu/graphs_compare.sh
     stage real real_programs
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
@@ -223,8 +226,8 @@ main() {
 }
 
 for wanted in "$@"; do
-    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | charge | freeasync | faults | confine | graphs | real | bench | rings | um_tune | um_flush | sched | preempt | priority | fig1 | tenants | salus) ;; *)
-        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops charge freeasync faults confine graphs real bench rings um_tune um_flush sched preempt priority fig1 tenants salus)" >&2
+    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | charge | freeasync | faults | confine | flood | graphs | real | bench | rings | um_tune | um_flush | sched | preempt | priority | fig1 | tenants | salus) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops charge freeasync faults confine flood graphs real bench rings um_tune um_flush sched preempt priority fig1 tenants salus)" >&2
         exit 2
     esac
 done
