@@ -118,6 +118,10 @@ def status(client: ControlClient, as_json: bool, measure: bool) -> None:
         click.echo(f"  vGPU {v['index']} on GPU {v['gpu']}: {v['sessions']} session(s)")
     _show_faults(doc.get("faults") or [])
     _show_engine_faults(doc.get("engine_faults") or [])
+    for tenant, b in sorted((doc.get("backing_off") or {}).items()):
+        click.echo(f"  {tenant}: {b['faults']} fault(s) of its engine in the last hour; its programs "
+                   f"are refused for {b['wait_s']:.0f} s more ([isolation] fault_backoff; "
+                   f"pilotctl isolate clear {tenant})")
     prio = doc.get("priorities") or {}
     if prio.get("tenants"):
         click.echo("priority classes:")

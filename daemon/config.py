@@ -61,6 +61,8 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     capacity = "8GiB"              # per GPU for each isolated tenant's process, withheld from the
                                    # shared one (default: the same capacity, nothing withheld)
     idle_exit = "5m"               # an isolated tenant's process with no session ends after this
+    fault_backoff = "10s"          # from the 2nd fault of a tenant's engine in an hour its programs wait
+    fault_backoff_max = "10m"      # this (0: off), doubled for each more, at most this
     mps = false                    # isolated tenants' processes (and pilotd) are clients of pilotd's
                                    # own MPS control daemon: each its own GPU address space, run at
                                    # once; with tenants = "all": the confined mode (docs/SECURITY.md)
@@ -334,6 +336,11 @@ class Config:
     isolation_after_fault: bool = True
     isolation_capacity: int | None = None  # per GPU, withheld; default: the same, not withheld
     isolation_idle_exit: float = 300.0
+    # from a tenant's engine's second fault in an hour its next session waits fault_backoff x
+    # 2^(k-2) s from its last, k its engine's faults in the last hour, at most
+    # fault_backoff_max (0: off; router/fault_backoff.py)
+    isolation_fault_backoff: float = 10.0
+    isolation_fault_backoff_max: float = 600.0
     isolated_tenant: str | None = None  # set in the process that serves one isolated tenant
     # MPS (router/mps.py): engines and pilotd are clients of pilotd's own MPS control daemon
     isolation_mps: bool = False
@@ -741,6 +748,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "isolation_after_fault": _flag,
     "isolation_capacity": _capacity,
     "isolation_idle_exit": parse_duration,
+    "isolation_fault_backoff": parse_duration,
+    "isolation_fault_backoff_max": parse_duration,
     "isolated_tenant": _optional_string,
     "isolation_mps": _flag,
     "isolation_mps_control": _program,
@@ -783,6 +792,8 @@ SECTIONS: dict[str, dict[str, str]] = {
     "slurm": {"job_tenants": "slurm_job_tenants"},
     "isolation": {"tenants": "isolation_tenants", "after_fault": "isolation_after_fault",
                   "capacity": "isolation_capacity", "idle_exit": "isolation_idle_exit",
+                  "fault_backoff": "isolation_fault_backoff",
+                  "fault_backoff_max": "isolation_fault_backoff_max",
                   "mps": "isolation_mps", "mps_control": "isolation_mps_control"},
     "metrics": {"address": "metrics_address", "kernel_time": "metrics_kernel_time",
                 "tenant_labels": "metrics_tenant_labels"},

@@ -192,6 +192,7 @@ def status(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, An
             "vgpus": snap["vgpus"], "sessions": len({s["session"] for s in snap["sessions"]}),
             "policy": daemon.config.policy, "scheduling": daemon.policy.describe(),
             "faults": snap["faults"], "engine_faults": snap.get("engine_faults", []),
+            "backing_off": snap.get("backing_off", {}),
             "isolation": snap["isolation"],
             "priorities": _visible_priorities(snap["priorities"], caller),
             "ipc": snap["ipc"] if caller.admin else None,  # daemon-wide counts: admins only
@@ -284,11 +285,13 @@ def isolate_set(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[st
 @command("isolate.clear", admin=True)
 def isolate_clear(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
     tenant = _tenant_arg(daemon, args["tenant"])
-    if not daemon.isolation.clear(tenant):
+    waiting = daemon.fault_backoff(tenant)[0] > 0
+    daemon.backoff_cleared[tenant] = time.time()  # its faults so far no longer back it off
+    if not daemon.isolation.clear(tenant) and not waiting:
         why = (" (it is isolated by [isolation] tenants in the config)"
                if daemon.isolation.isolated(tenant) else "")
         raise ControlError(f"{tenant} is not marked isolated{why}")
-    return {"tenant": tenant, "isolated": daemon.isolation.isolated(tenant)}
+    return {"tenant": tenant, "isolated": daemon.isolation.isolated(tenant), "backoff_cleared": waiting}
 
 
 # ---- compute shares (resources/shares.py) ----

@@ -61,6 +61,7 @@ from pilot.daemon.router.admission import (
     raise_nofile,
     read_endpoint_refusals,
 )
+from pilot.daemon.router.fault_backoff import backoff_wait
 from pilot.daemon.router.isolation import EngineError, Engines, IsolationList, confinement
 from pilot.daemon.router.mps import MpsControl
 from pilot.daemon.router.recovery import (
@@ -279,6 +280,8 @@ class Daemon:
             self._equip(vg)
         # Isolation (router/isolation.py): tenants served by a pilotd of their own
         self.isolation = IsolationList(config.state_dir, config.isolation_tenants)
+        self.backoff_cleared: dict[str, float] = {}  # tenant -> when an operator forgave its faults
+        self._backoff_logged: dict[str, float] = {}
         self.engines = Engines(socket_path, self.broker.budget, sorted(self.gpus),
                                config.isolation_capacity, mps=config.isolation_mps,
                                without_mps=self.isolation.without_mps)
@@ -841,6 +844,12 @@ class Daemon:
                         "%s alone", creds.pid, tenant, self.config.isolated_tenant)
             rep.hdr.err = CUDA_ERROR_INITIALIZATION
             return to_bytes(rep)
+        if self.config.isolated_tenant is None:
+            wait, faults = self.fault_backoff(tenant)
+            if wait > 0:
+                self._refuse_backing_off(tenant, creds, wait, faults)
+                rep.hdr.err = CUDA_ERROR_DEVICES_UNAVAILABLE
+                return to_bytes(rep)
         if self.config.isolated_tenant is None and self.isolation.isolated(tenant):
             return self._redirect(rep, tenant, creds)
         allowed = self._allowed(tenant)
@@ -892,6 +901,34 @@ class Daemon:
                  "" if selected is None else " (CUDA_VISIBLE_DEVICES)",
                  extra={"session": session.id, "tenant": tenant})
         return self._placed(rep, session, vg, 0)
+
+    def fault_backoff(self, tenant: str) -> tuple[float, int]:
+        """Seconds `tenant`'s next session must still wait after its engine's recent faults, and
+        how many counted (router/fault_backoff.py)."""
+        if self.config.isolation_fault_backoff <= 0:
+            return 0.0, 0
+        times = [f["detected"] for f in read_engine_faults(self.config.state_dir) if f["tenant"] == tenant]
+        return backoff_wait(times, time.time(), self.config.isolation_fault_backoff,
+                            self.config.isolation_fault_backoff_max, self.backoff_cleared.get(tenant, 0.0))
+
+    def backing_off(self) -> dict[str, dict[str, Any]]:
+        """The tenants whose sessions wait now after their engines' faults (pilotctl status)."""
+        now = time.time()
+        out = {}
+        for tenant in {f["tenant"] for f in read_engine_faults(self.config.state_dir)}:
+            wait, faults = self.fault_backoff(tenant)
+            if wait > 0:
+                out[tenant] = {"faults": faults, "wait_s": round(wait, 1), "until": round(now + wait, 1)}
+        return out
+
+    def _refuse_backing_off(self, tenant: str, creds: Credentials, wait: float, faults: int) -> None:
+        now = time.monotonic()
+        if now - self._backoff_logged.get(tenant, -60.0) >= 10.0:  # at most every 10 s a tenant
+            self._backoff_logged[tenant] = now
+            log.warning("router: session of pid %d refused: tenant %s's engine faulted %d time(s) in "
+                        "the last hour; its programs get the GPU again in %.1f s ([isolation] "
+                        "fault_backoff; pilotctl isolate clear %s to forgive)", creds.pid, tenant,
+                        faults, wait, tenant, extra={"tenant": tenant})
 
     def _redirect(self, rep: Any, tenant: str, creds: Credentials) -> bytes:
         """HELLO of an isolated tenant: say it again at its own pilotd (started if need be)."""
@@ -1040,6 +1077,7 @@ class Daemon:
             "faults": [{**asdict(f), "tenant": f.tenant} for f in self.faults],
             "engine_faults": ([] if self.config.isolated_tenant
                               else read_engine_faults(self.config.state_dir)),
+            "backing_off": {} if self.config.isolated_tenant else self.backing_off(),
             "connections": {"admitted": self.admission.connections(), "refused": self.admission.refused,
                             "limit": self.admission.total, "per_uid": self.admission.per_uid,
                             "endpoint_refused": read_endpoint_refusals()[0]},
