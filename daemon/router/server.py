@@ -1008,6 +1008,7 @@ class Daemon:
         part = w.group.add_part(ordinal, vg)
         self.shares.place(part)
         self.priorities.place(part)
+        lib.pilot_srv_session_uid(creds.uid, 1)  # released on its vGPU like a session
         vg.sessions[part.id] = part
         w.others.append((vg, part))
         self.policy.session_started(part)

@@ -203,6 +203,74 @@ def test_a_user_without_a_session_cannot_reach_the_endpoints_that_serve_sessions
         root.close()
 
 
+# nobody's programs for the count of its sessions: "join" holds a session with a second device
+# (a part on another vGPU) until stdin closes; "check" holds a plain one and, at each line on
+# stdin, says whether pilotd keeps a raw connection to its own vGPU's socket.
+_SESSION_COUNT = """
+import os, socket, sys
+sys.path.insert(0, {here!r})
+import rawzmtp
+from client import ProtoClient, body
+from pilot.daemon.protocol import ffi, lib
+os.setgroups([])
+os.setresgid(65534, 65534, 65534)
+os.setresuid(65534, 65534, 65534)
+c = ProtoClient(sys.argv[1])
+c.open()
+if sys.argv[2] == "join":
+    c.main.send_multipart([c.envelope(lib.PILOT_OP_DEVICE_JOIN), body("pilot_req_device", device=1)])
+    rep = ffi.new("pilot_rep_hello *")
+    ffi.memmove(rep, c.recv(c.main)[1], ffi.sizeof("pilot_rep_hello"))
+    print("joined", rep.hdr.err, flush=True)
+    sys.stdin.read()
+else:
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        s = rawzmtp.raw_connect(sys.argv[3], timeout=2)
+        try:
+            print("open" if s.recv(100) else "closed", flush=True)
+        except OSError:
+            print("closed", flush=True)
+        s.close()
+"""
+
+
+@needs_root
+def test_a_users_session_on_two_gpus_ending_leaves_its_other_sessions_served(tmp_path: Path) -> None:
+    """A session's part on a second GPU (DEVICE_JOIN) counts as one of its user's sessions, as
+    its release does: when nobody's two-GPU session ends, nobody's other session is still
+    served by the vGPU sockets (the part's release once took the other session's count away)."""
+    work = Path(tempfile.mkdtemp(prefix="pilot-h-", dir="/tmp"))
+    work.chmod(0o755)
+    d = start_daemon(work, "--sim-devices", "2")
+    sock = str(d.socket_path)
+    script = _SESSION_COUNT.format(here=str(HERE))
+    both = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    joined = subprocess.Popen([sys.executable, "-c", script, sock, "join"], **both)  # type: ignore[call-overload]
+    plain = subprocess.Popen([sys.executable, "-c", script, sock, "check", sock + ".vgpu0"], **both)  # type: ignore[call-overload]
+    try:
+        assert joined.stdout is not None and plain.stdout is not None and plain.stdin is not None
+        assert joined.stdout.readline().split() == ["joined", "0"]
+        assert plain.stdout.readline().strip() == "ready"
+        plain.stdin.write("\n")
+        plain.stdin.flush()
+        assert plain.stdout.readline().strip() == "open"
+        joined.communicate(timeout=30)  # its session and its part end
+        deadline = time.monotonic() + 10
+        while d.log().count(f"(pid {joined.pid}) released") < 2:
+            assert time.monotonic() < deadline, d.log()[-2000:]
+            time.sleep(0.05)
+        plain.stdin.write("\n")
+        plain.stdin.flush()
+        assert plain.stdout.readline().strip() == "open"
+    finally:
+        for p in (joined, plain):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        stop_daemon(d)
+
+
 _SESSIONS = """
 for _ in range(2):  # three processes (the same pid saying HELLO again would end its session)
     if os.fork() == 0:
