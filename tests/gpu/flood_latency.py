@@ -101,7 +101,7 @@ def main() -> int:
             assert attack.stdin is not None and attack.stdout is not None
             attack.stdin.close()
             try:
-                attacker_rounds.append(int(attack.stdout.readline() or 0))
+                attacker_rounds.append(int((attack.stdout.readline().split() or ["0"])[0]))
             except ValueError:
                 attacker_rounds.append(0)
             attack.wait(30)

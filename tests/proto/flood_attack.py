@@ -3,7 +3,7 @@
 connections to each socket given, plus one per socket that sends a 1 GiB frame header or random
 bytes; all closed at the end of the round. Prints the number of rounds when it stops.
 
-    python3 tests/proto/flood_attack.py [--uid UID] SOCKET...
+    python3 tests/proto/flood_attack.py [--uid UID] [--frames N] SOCKET...
 
 --uid: drop to that uid (and its own gid, no groups) after the imports, so root can run it as
 another user (tests/proto/test_hostile_users.py's soak, tests/gpu/flood_latency.py): the
@@ -23,6 +23,7 @@ import rawzmtp
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--uid", type=int)
+    ap.add_argument("--frames", type=int, default=1, help="hostile frames per socket per round")
     ap.add_argument("sockets", nargs="+")
     args = ap.parse_args()
     if args.uid is not None:
@@ -30,7 +31,7 @@ def main() -> int:
         os.setresgid(args.uid, args.uid, args.uid)
         os.setresuid(args.uid, args.uid, args.uid)
     rng = random.Random(27)
-    rounds = 0
+    rounds = frames = 0
     stdin = os.fdopen(0, "rb", 0)
     os.set_blocking(0, False)
     while True:
@@ -46,19 +47,21 @@ def main() -> int:
                     held.append(rawzmtp.connect(path, timeout=1))
                 except OSError:
                     pass
-            try:
-                s = rawzmtp.connect(path, timeout=1)
-                if rng.random() < 0.5:
-                    s.sendall(bytes([0x02]) + (1 << 30).to_bytes(8, "big") + b"\0" * 65536)
-                else:
-                    s.sendall(bytes(rng.getrandbits(8) for _ in range(rng.choice((3, 40, 300, 5000)))))
-                held.append(s)
-            except OSError:
-                pass
+            for _ in range(args.frames):
+                try:
+                    s = rawzmtp.connect(path, timeout=1)
+                    held.append(s)
+                    if rng.random() < 0.5:
+                        s.sendall(bytes([0x02]) + (1 << 30).to_bytes(8, "big") + b"\0" * 65536)
+                    else:
+                        s.sendall(bytes(rng.getrandbits(8) for _ in range(rng.choice((3, 40, 300, 5000)))))
+                    frames += 1
+                except OSError:
+                    pass
         for s in held:
             s.close()
         rounds += 1
-    print(rounds, flush=True)
+    print(rounds, frames, flush=True)
     return 0
 
 

@@ -443,12 +443,16 @@ def _rss_kib(pid: int) -> int:
 
 @needs_root
 def test_soak_flood_fuzz_and_busy_tenants_at_once(limited) -> None:
-    """Bounded soak (PILOT_SOAK_SECONDS, 10 s by default): `nobody` floods the main and
-    callback sockets with idle connections, 1 GiB frame headers and random frames while four
-    tenants copy and check data; pilotd stays up, no call is lost or wrong, its RSS stays
-    bounded, and a well-behaved tenant's round trips keep working (their p99 is reported)."""
+    """Bounded soak (PILOT_SOAK_SECONDS, 10 s by default): `nobody` floods the main, control,
+    callback and vGPU sockets with idle connections, 1 GiB frame headers and random frames
+    (PILOT_SOAK_FRAMES per socket per round, 1 by default) while PILOT_SOAK_TENANTS (4) tenants
+    copy and check data; pilotd stays up, no call is lost or wrong, its RSS stays bounded, and a
+    well-behaved tenant's round trips keep working (their p99 is reported). Issue 27's soak:
+    PILOT_SOAK_TENANTS=64 PILOT_SOAK_FRAMES=20 and seconds enough for 10^6 calls."""
     seconds = float(os.environ.get("PILOT_SOAK_SECONDS", "10"))
-    d = limited("[limits]\nconnections_per_uid = 64\n")
+    count = int(os.environ.get("PILOT_SOAK_TENANTS", "4"))
+    frames = int(os.environ.get("PILOT_SOAK_FRAMES", "1"))
+    d = limited(f"[limits]\nconnections_per_uid = {max(64, 2 * count + 16)}\n")
     sock = str(d.socket_path)
     probe = ProtoClient(sock)
     probe.open()
@@ -457,8 +461,9 @@ def test_soak_flood_fuzz_and_busy_tenants_at_once(limited) -> None:
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     tenants = [subprocess.Popen([sys.executable, "-c", _TENANT, sock], env=env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for _ in range(4)]
-    attack = subprocess.Popen([sys.executable, str(HERE / "flood_attack.py"), "--uid", "65534", sock,
+               for _ in range(count)]
+    attack = subprocess.Popen([sys.executable, str(HERE / "flood_attack.py"), "--uid", "65534",
+                               "--frames", str(frames), sock,
                                sock + ".callbacks", str(d.socket_path.parent / "control.sock"),
                                sock + ".vgpu0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -477,12 +482,13 @@ def test_soak_flood_fuzz_and_busy_tenants_at_once(limited) -> None:
             refusals = [line for line in d.log().splitlines() if "HELLO" in line or "ATTACH" in line]
             assert out.split(), (p.stderr.read()[-1000:], refusals[-5:])  # type: ignore[union-attr]
             results.append(tuple(map(int, out.split())))
-        rounds = int(attack.stdout.readline())  # type: ignore[union-attr]
+        rounds, fuzzed = map(int, attack.stdout.readline().split())  # type: ignore[union-attr]
         assert d.alive()
         assert all(calls > 0 and errors == 0 for calls, errors in results), results
         assert rounds > 0
         p99 = (quiet[int(len(quiet) * 0.99)], loaded[int(len(loaded) * 0.99)])
-        print(f"\nsoak {seconds:g} s: attacker rounds {rounds}, tenants' calls "
+        print(f"\nsoak {seconds:g} s: attacker rounds {rounds}, hostile frames {fuzzed}, "
+              f"{count} tenants' calls "
               f"{sum(c for c, _ in results)}, probe p99 {p99[0] * 1e3:.2f} ms quiet, "
               f"{p99[1] * 1e3:.2f} ms loaded ({p99[1] / p99[0]:.1f}x), pilotd RSS "
               f"{rss_before // 1024} -> {rss_peak // 1024} MiB")
