@@ -902,21 +902,25 @@ class Daemon:
                  extra={"session": session.id, "tenant": tenant})
         return self._placed(rep, session, vg, 0)
 
-    def fault_backoff(self, tenant: str) -> tuple[float, int]:
+    def fault_backoff(self, tenant: str, engine_faults: list[dict[str, Any]] | None = None
+                      ) -> tuple[float, int]:
         """Seconds `tenant`'s next session must still wait after its engine's recent faults, and
-        how many counted (router/fault_backoff.py)."""
+        how many counted (router/fault_backoff.py); `engine_faults`: read_engine_faults's list,
+        if the caller has it."""
         if self.config.isolation_fault_backoff <= 0:
             return 0.0, 0
-        times = [f["detected"] for f in read_engine_faults(self.config.state_dir) if f["tenant"] == tenant]
+        if engine_faults is None:
+            engine_faults = read_engine_faults(self.config.state_dir)
+        times = [f["detected"] for f in engine_faults if f["tenant"] == tenant]
         return backoff_wait(times, time.time(), self.config.isolation_fault_backoff,
                             self.config.isolation_fault_backoff_max, self.backoff_cleared.get(tenant, 0.0))
 
-    def backing_off(self) -> dict[str, dict[str, Any]]:
+    def backing_off(self, engine_faults: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """The tenants whose sessions wait now after their engines' faults (pilotctl status)."""
         now = time.time()
         out = {}
-        for tenant in {f["tenant"] for f in read_engine_faults(self.config.state_dir)}:
-            wait, faults = self.fault_backoff(tenant)
+        for tenant in {f["tenant"] for f in engine_faults}:
+            wait, faults = self.fault_backoff(tenant, engine_faults)
             if wait > 0:
                 out[tenant] = {"faults": faults, "wait_s": round(wait, 1), "until": round(now + wait, 1)}
         return out
@@ -1059,6 +1063,7 @@ class Daemon:
         """The daemon's state for pilotctl status and the metrics collector (any thread)."""
         readings = self._nvml.latest() if self._nvml is not None else {}
         budget, res, topo = self.broker.budget, self.broker.residency, self.topology
+        engine_faults = [] if self.config.isolated_tenant else read_engine_faults(self.config.state_dir)
         return {
             "sessions": self.part_summaries(),
             "gpus": [{"index": g, "capacity": budget.capacity(g), "used_by_pilot": budget.used(g),
@@ -1076,9 +1081,8 @@ class Daemon:
             "vgpus": [{"index": v.index, "gpu": v.gpu, "sessions": len(v.sessions)}
                       for v in self.vgpus],
             "faults": [{**asdict(f), "tenant": f.tenant} for f in self.faults],
-            "engine_faults": ([] if self.config.isolated_tenant
-                              else read_engine_faults(self.config.state_dir)),
-            "backing_off": {} if self.config.isolated_tenant else self.backing_off(),
+            "engine_faults": engine_faults,
+            "backing_off": self.backing_off(engine_faults),
             "connections": {"admitted": self.admission.connections(), "refused": self.admission.refused,
                             "limit": self.admission.total, "per_uid": self.admission.per_uid,
                             "endpoint_refused": read_endpoint_refusals()[0]},

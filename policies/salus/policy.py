@@ -145,7 +145,7 @@ class Job:
         """Its iteration time in its turns after the first: the lower median of the recent ones
         (one slow iteration, a neighbour's or a page-in's, does not move it); None before (SRTF
         then takes its declared time, else the other jobs' pace). A framework's warm-up lasts
-        more than one iteration (a PyTorch job's second step took 186 ms on the H100, its next
+        more than one iteration (a PyTorch job's second step took 186 ms on the H200, its next
         ones 8-10 ms), and a job is measured only in its turns: an estimate too high is never
         corrected while the job is held for it. So while it has fewer than WARM_TURNS turns,
         it is its fastest turn or its declared time, whichever is less (a job that ran is

@@ -262,7 +262,7 @@ def test_srtf_does_not_count_a_first_iteration_s_warm_up_as_the_job_s_pace() -> 
 
 
 def test_srtf_does_not_hold_a_short_job_on_its_slow_second_iteration() -> None:
-    """As a PyTorch job on the H100 (2026-11-28, the Salus trace): its second step took 186 ms
+    """As a PyTorch job on the H200 (2026-11-28, the Salus trace): its second step took 186 ms
     (the optimizer's state, the backward's first kernels), the next ones 8-10 ms. W (12 left of
     0.01 s iterations) runs its first three beside a long L; were its pace the mean of its turns
     (0.07 s), its estimate (0.9 s) would be above L's and L would keep the GPU to its end while
