@@ -75,11 +75,15 @@ class Daemon(PilotdProcess):
         from pilot.cli.client import ControlClient
         return ControlClient(self.control, timeout_ms=3000).call("status")
 
+    def scrape_text(self) -> str:
+        """The metrics page ("" without metrics)."""
+        if not self.metrics_address:
+            return ""
+        return urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10).read().decode()
+
     def scrape(self, name: str) -> float:
         """The sum of metric `name`'s samples (0 without metrics or samples)."""
-        if not self.metrics_address:
-            return 0.0
-        text = urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=10).read().decode()
+        text = self.scrape_text()
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith(name + "{") or line.startswith(name + " "))
 

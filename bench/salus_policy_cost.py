@@ -2,7 +2,8 @@
 """The salus policy's Python cost per event, on a replayed PyTorch-like job (no daemon, no GPU):
 the microseconds pilotd's scheduler lock is held per allocation (allocation_requested +
 allocated), per free (freed), per free that ends an iteration, and per watched launch
-(watches_launches + launch_requested + launch_started), as pilotd calls them.
+(watches_launches + launch_requested + launch_started), as pilotd calls them. Launches the policy
+does not watch are counted, as pilotd counts them, and reach it in AllocationView.launches.
 
     python3 bench/salus_policy_cost.py [--steps 3000] [--jobs 3] [--profile]
 
@@ -35,6 +36,7 @@ def replay(steps: int, jobs: int) -> dict[str, list[int]]:
         streams.append((s, job([64 * MIB, 16 * MIB], torch_like_step(), steps)))
     clock = time.perf_counter_ns
     lid = 0
+    launches = {s.id: 0 for s, _ in streams}  # pilotd's count per session
     live = list(streams)
     while live:
         for s, calls in list(live):
@@ -43,7 +45,7 @@ def replay(steps: int, jobs: int) -> dict[str, list[int]]:
                 live.remove((s, calls))
                 continue
             what, size = call
-            a = AllocationView(s.id, s.tenant, 0, "device", 0, size)
+            a = AllocationView(s.id, s.tenant, 0, "device", 0, size, launches=launches[s.id])
             if what == "alloc":
                 t0 = clock()
                 policy.allocation_requested(a)
@@ -56,6 +58,7 @@ def replay(steps: int, jobs: int) -> dict[str, list[int]]:
                 took = clock() - t0
                 cost["boundary" if policy.jobs[s.id].detector.boundaries != before else "free"].append(took)
             else:
+                launches[s.id] += 1
                 t0 = clock()
                 if policy.watches_launches(s.id) is not Watch.NONE:
                     lid += 1

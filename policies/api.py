@@ -46,6 +46,11 @@ class AllocationView:
     ptr: int
     size: int
     movable: bool = False  # the daemon can move it between the GPU and host memory (Controls)
+    # The kernels (and CUDA graphs) the session had launched when this happened, counted by
+    # the daemon whether or not the policy saw them (pilotd's fast path launches in C): a
+    # policy that only needs to know whether a session launched between two of its memory
+    # events reads this instead of watching launches (Policy.watches_launches).
+    launches: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -247,6 +247,7 @@ def graph_launch(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     stream = streams.stream_for_work(vg, s, req.stream)
     vg.backend.graph_launch(g.graph_exec, stream)
     s.work_in_flight = True
+    s.kernels += 1
     if vg.fast is not None:
         vg.fast.stream_used(s, req.stream)
 

@@ -229,6 +229,7 @@ def _launch_and_watch(vg: VGpu, s: Session, launch: Launch, info: FunctionInfo, 
             watch.unused(start)
         raise
     s.work_in_flight = True
+    s.kernels += 1
     shard = vg.shard
     shard.kernels += 1
     key = ("tenant_launches", (s.tenant,))

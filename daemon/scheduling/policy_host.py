@@ -279,10 +279,11 @@ class PolicyHost:
 
     def allocated(self, s: Session, kind: str, ptr: int, size: int, movable: bool = False) -> None:
         self._event(self.policy.allocated,
-                    AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable))
+                    AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable, s.kernels))
 
     def freed(self, s: Session, kind: str, ptr: int, size: int, movable: bool = False) -> None:
-        self._event(self.policy.freed, AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable))
+        self._event(self.policy.freed,
+                    AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable, s.kernels))
         self.wake()
 
     def nvml_reading(self, gpu: int, total: int, used: int, utilization: int | None) -> None:

@@ -141,6 +141,9 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     # Blocking streams with work issued since the legacy stream last joined them.
     dirty_blocking: dict[int, StreamState] = field(default_factory=dict)
     calls: int = 0
+    # Kernels and graphs it launched, through Python or C (folded): what a policy reads in
+    # AllocationView.launches instead of watching each launch (policies/salus).
+    kernels: int = 0
     # A launch the policy made wait (scheduling/waiting.py), and the calls held behind it.
     waiting: Any = None
     backlog: deque[Any] = field(default_factory=deque)

@@ -524,6 +524,7 @@ class FastLaunches:
                     if s.signals:  # it is active: lower tenants are gated (scheduling/priority.py)
                         board.touched(s, now)
                 s.legacy_gen += count.legacy
+                s.kernels += launches + graphs
                 if launches:
                     shard.kernels += launches
                     self._add(("tenant_launches", (s.tenant,)), launches)

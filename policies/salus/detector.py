@@ -109,6 +109,9 @@ class IterationDetector:
         self.boundaries = 0  # iterations reported (Boundary.iteration of the last)
         self.candidates = 0  # pieces ended
         self.period = 1  # pieces per iteration (1: not folded)
+        # Changes whenever P, E or `recognized` may have changed (not with `live` or `peak`):
+        # the policy reuses the sizes it counted while this and the peak stay as they were.
+        self.version = 0
         self._peaks: deque[int] = deque(maxlen=window)  # peak above the level per iteration
         self._times: deque[float] = deque(maxlen=window)
         self._window_e = 0  # max(self._peaks), kept (the policy reads E at every allocation)
@@ -182,12 +185,15 @@ class IterationDetector:
         if self.live > self._iter_peak:
             self._iter_peak = self.live
 
-    def launched(self, now: float | None = None) -> None:
+    def launched(self, now: float | None = None, count: int = 1) -> None:
+        """`count` launches; `now`: when the last was made, if the caller saw it (launches
+        counted by the daemon and read at the next memory event carry no time: the piece's gap
+        is then measured to that event)."""
         if now is not None:
             if self._gap is None:
                 self._gap = self._since_candidate(now)
             self._call_at = now
-        self._launches += 1
+        self._launches += count
 
     def freed(self, size: int, now: float) -> Boundary | None:
         """A free; the Boundary it completes, if it completes one."""
@@ -201,6 +207,7 @@ class IterationDetector:
         if self.live == 0 and self._launches == 0:
             return None  # it freed everything: its end (P and E stay what they were)
         if level is not None and self._launches == 0 and self.live < level:
+            self.version += 1
             self.level = self._iter_peak = self.live  # the same candidate, lower (freed in pieces)
             self._correct_last_peak(level)
             return None
@@ -211,6 +218,7 @@ class IterationDetector:
         if level is None or self.live <= level + self._tolerance(level):
             return self._candidate(now)
         if self._frees >= self.relearn:  # the level rose for good
+            self.version += 1
             self.level = self._lowest
             self._frees = 0
         return None
@@ -224,6 +232,7 @@ class IterationDetector:
 
     def _candidate(self, now: float) -> Boundary | None:
         """A piece ended: a Boundary unless the job is folded and this is not its phase."""
+        self.version += 1
         piece = Piece(self._allocations, self._piece_frees, max(0, self._iter_peak - self.live), self.live,
                       self._gap or 0.0, self._before)
         self._candidate_at, self._gap = now, None

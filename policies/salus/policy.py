@@ -139,6 +139,10 @@ class Job:
     refused: str = ""  # why it never gets a lane (P + E past C): its allocations and launches fail
     waited: float = 0.0  # seconds it wanted its turn and did not have it (SRTF's aging), ...
     waiting_since: float | None = None  # ... plus now less this, while it waits
+    launches: int = 0  # the session's launches the detector was told of (AllocationView.launches)
+    # (detector version, detector peak, P, E) of the sizes last counted for it in its lane while
+    # it ran: see counted_still
+    counted: tuple[int, int, int, int] | None = None
 
     @property
     def iteration_s(self) -> float | None:
@@ -156,6 +160,23 @@ class Job:
         if len(t) < WARM_TURNS:
             return min(t[0], self.declared.iteration_s or t[0])
         return t[(len(t) - 1) // 2]
+
+    def launched_since(self, total: int) -> None:
+        """The session had made `total` launches at a memory event (AllocationView.launches,
+        counted by pilotd, its fast path's included): the detector hears of those it was not
+        told of (launch_started tells it of the ones the policy sees)."""
+        if total > self.launches:
+            self.detector.launched(None, total - self.launches)
+            self.launches = total
+
+    def counted_still(self, persistent: int, ephemeral: int, extra: int = 0) -> bool:
+        """Whether sizes(extra) is (persistent, ephemeral), the sizes its lane counts, without
+        computing it (an allocation's hot path: a PyTorch step makes dozens). True only while it
+        runs, the detector's P, E and peak are as when those sizes were counted, and `extra`
+        bytes more stay within them: sizes() then depends on nothing else."""
+        det = self.detector
+        return (self.running and self.counted == (det.version, det.peak, persistent, ephemeral)
+                and det.live + extra - persistent <= ephemeral)
 
     def wants(self, now: float) -> None:
         """It asks for its turn (a launch, or scratch beyond its P)."""
@@ -273,6 +294,8 @@ class Salus(Policy):
             if not job.running:
                 job.gated = True
                 return Decision.wait(f"salus: {self._note_held(job)}")
+        if job.counted_still(m.persistent, m.ephemeral, a.size):
+            return RUN  # within what its lane counts already
         p, e = job.sizes(a.size)
         if (p <= m.persistent and e <= m.ephemeral) or lanes.fits(a.session, p, e):
             return RUN
@@ -284,12 +307,19 @@ class Salus(Policy):
         job = self.jobs.get(a.session)
         if job is None or a.kind in HOST_KINDS:
             return
+        job.launched_since(a.launches)
         job.detector.allocated(a.size, self.clock())
         lanes = self._lanes(job)
-        if a.session not in lanes:
+        m = lanes.members.get(a.session)
+        if m is None:
             lanes.hold_outside(a.session, job.detector.live)
             return
-        lanes.update(a.session, *job.sizes(), force=True)  # it holds it already
+        if job.counted_still(m.persistent, m.ephemeral):
+            return  # its lane counts it as it is
+        p, e = job.sizes()
+        lanes.update(a.session, p, e, force=True)  # it holds it already
+        det = job.detector
+        job.counted = (det.version, det.peak, p, e) if job.running else None
         if lanes.used > lanes.capacity:
             log.warning("salus: session %d holds more than it was admitted with: %s counted of C %s "
                         "(memory charged without asking the policy); nothing is admitted until "
@@ -303,6 +333,7 @@ class Salus(Policy):
             return
         now = self.clock()
         det = job.detector
+        job.launched_since(a.launches)
         pieces = det.candidates
         boundary = det.freed(a.size, now)
         if det.candidates != pieces and log.isEnabledFor(logging.DEBUG):
@@ -384,20 +415,24 @@ class Salus(Policy):
     def launch_started(self, l: LaunchView) -> None:  # noqa: E741
         job = self.jobs.get(l.session)
         if job is not None:
+            job.launches += 1  # counted in the next memory event's AllocationView.launches too
             job.detector.launched(self.clock())
 
     def watches_launches(self, session: int) -> Watch:
         """What of the session's launches must come to launch_requested now: all of them while
         it does not run (its launch asks for its turn and may wait; its calls may be held);
-        while it runs, its first launch after a boundary (the detector needs one launch per
-        iteration), and nothing more until its next boundary: it is never held within an
-        iteration, so pilotd's fast path runs its other launches (and its library calls,
-        copies and synchronizations) in C. A job is watched more again only in its own events
-        (the free that is its boundary), as the fast path requires."""
+        none while it runs: it is never held within an iteration, so pilotd's fast path runs
+        its launches (and its library calls, copies and synchronizations) in C. The detector
+        needs to know only whether the job launched between two of its returns to the level,
+        which it reads from the count pilotd keeps (AllocationView.launches) at the next
+        allocation or free; watching the first launch after each return made a PyTorch step,
+        which returns to its level about 11 times, pay 11 launches through Python. A job is
+        watched more again only in its own events (the free that is its boundary), as the fast
+        path requires."""
         job = self.jobs.get(session)
         if job is None or not job.running:
             return Watch.ALL
-        return Watch.NONE if job.detector.in_iteration else Watch.NEXT
+        return Watch.NONE
 
     # ---- internals ----
     def _reschedule(self, gpu: int) -> None:

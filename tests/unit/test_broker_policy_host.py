@@ -56,7 +56,7 @@ class Recorder(Policy):
 
 def session(sid: int = 1, tenant: str = "user:a", gpu: int = 0) -> Any:
     return SimpleNamespace(id=sid, tenant=tenant, device=gpu, vgpu=0, charged={}, packed_ranges=set(),
-                           creds=SimpleNamespace(pid=100 + sid))
+                           kernels=0, creds=SimpleNamespace(pid=100 + sid))
 
 
 def broker(hard: int | None = None, capacity: int = 100 * MiB, pinned: int | None = None,

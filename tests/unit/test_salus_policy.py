@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from salus_step_shapes import torch_like_step
 
 GIB = 1 << 30
+MIB = 1 << 20
 DT = 0.01
 STEP = 0.1 + 2 * DT  # an iteration of 0.1 s and its allocation and free, one step each
 
@@ -421,11 +422,10 @@ def test_srtf_aging_bounds_a_long_job_s_wait_behind_a_stream_of_short_ones(aging
         assert runs[0].finished < 0.2 + (3.6 - 0.36) / aging + 3.6 + 2.0
 
 
-def test_the_fast_path_serves_a_running_job_between_its_first_launch_and_its_boundary() -> None:
+def test_the_fast_path_serves_a_running_job_whole() -> None:
     """watches_launches: a job that does not run is watched whole (its launch asks for its
-    turn); a running one only until its first launch after a boundary (Watch.NEXT), then not
-    at all (NONE: pilotd's fast path runs the rest of its iteration in C); its boundary makes
-    it NEXT again (or ALL, if another job gets the turn)."""
+    turn); a running one not at all (NONE: pilotd's fast path runs its launches in C), also
+    right after a boundary that leaves it the turn; ALL again once another job gets it."""
     p = salus("fifo")
     now = 0.0
     p.clock = lambda: now
@@ -455,9 +455,48 @@ def test_the_fast_path_serves_a_running_job_between_its_first_launch_and_its_bou
     assert launch(2) is Verdict.WAIT and p.watches_launches(2) is Watch.ALL
     alloc(1, GIB)
     alloc(1, GIB, free=True)  # its first boundary; FIFO: it goes on
-    assert p.watches_launches(1) is Watch.NEXT
+    assert p.watches_launches(1) is Watch.NONE
     assert launch(1) is Verdict.RUN and p.watches_launches(1) is Watch.NONE
     assert p.watches_launches(3) is Watch.ALL  # not a job it knows
+
+
+def test_launches_counted_by_the_daemon_make_pieces_without_being_watched() -> None:
+    """A running job's launches run in C, unseen by the policy: the detector learns that the
+    job launched between two returns to its level from AllocationView.launches (pilotd's
+    count), so its iterations are found as when each launch was watched; a free with no
+    launch counted since the last return is no boundary."""
+    p = salus("fifo")
+    now = 0.0
+    p.clock = lambda: now
+    p.controls = Holds()
+    p.session_started(SessionView(1, "t1", 1001, 0, 0))
+    launches = 0
+
+    def event(size: int, free: bool = False) -> None:
+        a = AllocationView(1, "t1", 0, "device", 0, size, launches=launches)
+        if free:
+            p.freed(a)
+        else:
+            assert p.allocation_requested(a).verdict is Verdict.RUN
+            p.allocated(a)
+
+    event(GIB)  # its state
+    first = LaunchView(1, 1, "t1", 1001, 0, 0, "k", (1, 1, 1), (1, 1, 1), 0, (), now, now, 1)
+    assert p.launch_requested(first).verdict is Verdict.RUN  # the launch that asks for its turn
+    p.launch_started(first)
+    launches += 1
+    det = p.jobs[1].detector
+    for i in range(6):
+        now += 0.01
+        event(MIB << 6)
+        launches += 20  # in C: the policy is not asked
+        assert p.watches_launches(1) is Watch.NONE
+        event(MIB << 6, free=True)
+        assert det.boundaries == i + 1
+    event(MIB << 6)
+    event(MIB << 6, free=True)  # no launch since the last return: not a boundary
+    assert det.boundaries == 6 and det.recognized
+    assert det.persistent == GIB and det.ephemeral == MIB << 6
 
 
 def test_pack_runs_lanes_in_parallel_and_beats_fifo() -> None:

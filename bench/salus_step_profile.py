@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Why a PyTorch step is slower under salus than under `none` (issue 30): the same PyTorch job
+(bench/salus_torch_job.py, backend:cudaMallocAsync) natively, under pilotd with `none` and
+under pilotd with `salus`, each at the same log level (info; with --debug salus once more at
+debug, as the trace's timelines run it), in one run, round after round. Per run: the median
+step, the calls pilotd handled in Python by function and what its fast path (C) did, from the
+metrics; with --py-spy, a py-spy profile of pilotd during the `none` and `salus` runs of the
+first size in the first round, summarised by bench/profile_summary.py.
+
+    python3 bench/salus_step_profile.py --out DIR [--sizes small,medium] [--iterations 300]
+        [--rounds 2] [--debug] [--py-spy PATH]
+
+Needs PyTorch and a GPU (the sim has no PyTorch). Writes DIR/steps.md (the table and each run's
+counts and profile summaries) and DIR/runs.tgz (each run's pilotd log, metrics and raw
+profile): few files, as the GPU machine returns only so many."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from salus_bench import Daemon, clean_env  # noqa: E402
+from salus_experiments import step_ms  # noqa: E402
+
+COUNTED = ("pilot_calls_total", "pilot_fast_launches_total", "pilot_fast_copies_total",
+           "pilot_fast_syncs_total", "pilot_fast_library_calls_total", "pilot_tenant_launches_total",
+           "pilot_policy_decisions_total")
+
+
+def counts(text: str) -> dict[str, float]:
+    """The samples of COUNTED metrics in a scrape, by their full sample name."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(COUNTED) and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            if float(value):
+                found[name] = float(value)
+    return found
+
+
+def job(size: str, iterations: int, env: dict[str, str], under_pilot: bool) -> tuple[int, str]:
+    cmd = [sys.executable, str(BENCH / "salus_torch_job.py"), "--size", size,
+           "--iterations", str(iterations)]
+    if under_pilot:
+        cmd = [sys.executable, "-m", "pilot.cli.pilot", "run", "--", *cmd]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    return r.returncode, r.stdout + r.stderr
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--sizes", default="small,medium")
+    ap.add_argument("--iterations", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--debug", action="store_true", help="salus at log level debug too")
+    ap.add_argument("--py-spy", default="", help="py-spy to profile pilotd with (none: no profile)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="salus-steps-"))
+    base = {**clean_env(), "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
+    rows: list[str] = []
+    notes: list[str] = []
+    sizes = args.sizes.split(",")
+    for rnd, size in [(r, z) for r in range(1, args.rounds + 1) for z in sizes]:
+        rc, out = job(size, args.iterations, base, False)
+        native = step_ms(out)
+        rows.append(f"| {rnd} | {size} | native | - | {native} | 1.00 |")
+        if rc:
+            notes.append(f"native {size} failed (rc {rc}):\n```\n{out[-1500:]}\n```")
+        runs = [("none", "info"), ("salus", "info")] + ([("salus", "debug")] if args.debug else [])
+        for policy, level in runs:
+            name = f"r{rnd}-{size}-{policy}-{level}"
+            daemon = Daemon(work / name, "cuda", policy, "srtf", "12GiB", log_level=level,
+                            metrics=True)
+            spy = None
+            if args.py_spy and size == sizes[0] and level == "info" and rnd == 1:
+                spy = subprocess.Popen(
+                    [args.py_spy, "record", "-p", str(daemon.proc.pid), "--threads", "-f", "raw",
+                     "-r", "2000", "-d", "30", "-o", str(work / f"profile-{name}.txt"),
+                     "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                time.sleep(0.5)
+            try:
+                rc, out = job(size, args.iterations, {**base, "PILOT_SOCKET": daemon.socket}, True)
+                scrape = daemon.scrape_text()
+            finally:
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+                    spy.wait()
+                daemon.stop()
+            (work / name / "metrics.txt").write_text(scrape)
+            ms = step_ms(out)
+            ratio = f"{ms / native:.2f}" if ms and native else "-"
+            rows.append(f"| {rnd} | {size} | {policy} | {level} | {ms} | {ratio} |")
+            seen = counts(scrape)
+            notes.append(f"### {name}: rc {rc}, step {ms} ms\n\n" + "\n".join(
+                f"- {k}: {v:.0f} ({v / args.iterations:.1f} a step)" for k, v in sorted(seen.items())))
+            if rc:
+                notes.append(f"```\n{out[-1500:]}\n```")
+            profile = work / f"profile-{name}.txt"
+            if spy is not None and profile.exists():
+                summary = subprocess.run([sys.executable, str(BENCH / "profile_summary.py"), str(profile)],
+                                         capture_output=True, text=True).stdout
+                notes.append(f"```\n{summary[:6000]}\n```")
+            print(rows[-1], flush=True)
+    with tarfile.open(args.out / "runs.tgz", "w:gz") as tar:
+        tar.add(work, arcname="runs",
+                filter=lambda t: None if t.name.endswith(("/state", ".sock")) else t)
+    text = ("| round | size | run | log level | median step (ms) | / native |\n"
+            "| --- | --- | --- | --- | --- | --- |\n"
+            + "\n".join(rows) + "\n\n" + "\n\n".join(notes) + "\n")
+    (args.out / "steps.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())
