@@ -740,6 +740,8 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
         }
         return r;
     }
+    if (env.opcode == PILOT_OP_FREE_ASYNC && (env.flags & PILOT_F_NO_REPLY))
+        return FAST_LEARN; /* Python frees it; the launches posted after it may still run here */
     if (env.opcode != PILOT_OP_LAUNCH || !(env.flags & PILOT_F_NO_REPLY) ||
         m->len[1] < sizeof(pilot_req_launch))
         return FAST_PYTHON;

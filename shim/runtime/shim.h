@@ -148,6 +148,11 @@ int pilot_alloc_is_device(uint64_t ptr);
 int pilot_alloc_device(uint64_t ptr);
 /* The device whose part serves calls on ptr: the one it is on, as with UVA, else the current one. */
 int pilot_alloc_owner(uint64_t ptr);
+/* Streams pilotd accepted a cudaMallocAsync on and that still exist (stream_handles.c): a
+ * cudaFreeAsync on one is posted (api_memory.c); a destroyed one is forgotten. */
+int pilot_stream_known(uint64_t stream);
+void pilot_stream_accepted(uint64_t stream);
+void pilot_stream_forget(uint64_t stream);
 /* A module global's range (api_symbols.c): copies may use it, cudaFree refuses it. */
 void pilot_alloc_add_symbol(uint64_t base, uint64_t size);
 int pilot_alloc_is_symbol(uint64_t ptr);
@@ -155,6 +160,7 @@ void pilot_alloc_clear_symbols(void);
 #define PILOT_ALLOC_SYMBOL 1  /* a module global: cudaFree refuses it */
 #define PILOT_ALLOC_MANAGED 2 /* managed memory: the host may touch it too */
 #define PILOT_ALLOC_PACKED 4  /* a range small managed allocations are packed into (um_pack.c) */
+#define PILOT_ALLOC_IMPORTED 8 /* opened through CUDA IPC (api_ipc.c): closed, never freed */
 void pilot_alloc_add_flags(uint64_t base, uint64_t size, int flags);
 /* The flags of the range holding ptr (its base and size too), or -1 if none does. */
 int pilot_alloc_flags(uint64_t ptr, uint64_t *base, uint64_t *size);

@@ -185,7 +185,9 @@ enum pilot_op {
                                        * reuse a block the session freed on the same stream */
     PILOT_OP_FREE_ASYNC = 471,        /* pilot_req_free_async: the allocation leaves the session
                                        * at once; its memory is zeroed and freed in the order of
-                                       * `stream`, after the work issued there before; no wait */
+                                       * `stream`, after the work issued there before; no wait.
+                                       * Posted (no reply) for an allocation's start the shim
+                                       * knows; an error is then asynchronous */
     /* 472-479 reserved */
     /* 480-489: CUDA IPC between the processes of one tenant (shim/runtime/memory/api_ipc.c,
      * daemon/ops/ipc.py, daemon/resources/ipc.py) */

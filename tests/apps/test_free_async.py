@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from pilotd_metrics import run_scraped
 from test_apps import DaemonLog, RunUnderPilot, check_output  # pytest puts tests/apps on sys.path
 from test_scheduler_core import ME, nothing_held, wait_for
 
@@ -94,3 +96,20 @@ def test_the_charge_is_back_when_the_free_returns(start_pilotd: Callable[..., Ow
     check_output(run_under_pilot("free_async", env={"PILOT_SOCKET": daemon.socket, **NO_WAIT}),
                  FREE_ASYNC_OUTPUT, daemon.log_tail)
     wait_for("nothing charged after the exit", lambda: nothing_held(daemon), daemon)
+
+
+@pilot_only
+def test_a_free_pilotd_would_accept_is_posted(start_pilotd: Callable[..., OwnDaemon], shim_path: str,
+                                              app_binaries: dict[str, Path]) -> None:
+    """cudaFreeAsync of an allocation's start on a stream pilotd has accepted a cudaMallocAsync
+    on is posted: the program does not wait for pilotd (a PyTorch step with
+    backend:cudaMallocAsync makes dozens). Every free that natively fails at once (freed
+    twice, a host address, inside an allocation, a stream that does not exist) still waits for
+    pilotd's answer, with the same errors (REFUSED_OUTPUT). refused() makes 6 frees: `free` and
+    `free it` are posted, the 4 refused ones answered."""
+    out, metrics = run_scraped(start_pilotd, [str(app_binaries["free_async"]), "refused"],
+                               shim_path, None)
+    assert [line.strip() for line in out.splitlines() if line.strip()] == REFUSED_OUTPUT, out
+    frees = metrics.get('pilot_calls_total{function="free_async"}', 0)
+    answered = metrics.get('pilot_call_latency_seconds_count{function="free_async"}', 0)
+    assert (frees, answered) == (6, 4), (frees, answered)

@@ -41,7 +41,8 @@ PILOT_EXPORT cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t 
         PILOT_RETURN(err);
     uint64_t base = 0;
     if (pilot_alloc_flags(rep.value, &base, NULL) < 0 || base != rep.value)
-        pilot_alloc_add(rep.value, rep.value2); /* opened before: already in the table */
+        pilot_alloc_add_flags(rep.value, rep.value2, /* opened before: already in the table */
+                              PILOT_ALLOC_IMPORTED);
     *devPtr = (void *)(uintptr_t)rep.value;
     return cudaSuccess;
 }

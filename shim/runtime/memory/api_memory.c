@@ -20,6 +20,7 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
     return a < b ? a : b;
 }
 
+
 /* Host to device in messages of at most PILOT_INLINE_MAX bytes, none waited for: the daemon's
  * handler never waits for the stream, so this cannot block behind a host callback. */
 static cudaError_t posted_h2d(uint64_t dst, const uint8_t *src, uint64_t count, uint64_t stream)
@@ -52,6 +53,8 @@ static cudaError_t allocate(void **ptr, size_t size, const uint64_t *stream)
     if (err == cudaSuccess) {
         *ptr = (void *)(uintptr_t)rep.value;
         pilot_alloc_add(rep.value, size);
+        if (stream)
+            pilot_stream_accepted(*stream);
     }
     return err;
 }
@@ -121,8 +124,19 @@ int pilot_free_ordered(void *ptr, uint64_t stream, cudaError_t *err)
         pilot_handle_device(stream) != owner)
         return 0;
     pilot_req_free_async req = {.ptr = (uintptr_t)ptr, .stream = stream};
-    *err = pilot_call_on(owner, PILOT_OP_FREE_ASYNC, &req, sizeof req, NULL, 0, NULL, 0, NULL, 0,
-                         NULL);
+    uint64_t base = 0;
+    int flags = pilot_alloc_flags((uintptr_t)ptr, &base, NULL);
+    if (flags >= 0 && base == (uintptr_t)ptr && !(flags & PILOT_ALLOC_IMPORTED) &&
+        pilot_stream_known(stream)) {
+        /* The start of one of its allocations, on a stream pilotd accepts: posted, as natively
+         * cudaFreeAsync returns at once (a PyTorch step with backend:cudaMallocAsync makes
+         * dozens); what pilotd could still refuse is reported as an asynchronous error. */
+        *err = pilot_post_on(owner, PILOT_OP_FREE_ASYNC, &req, sizeof req, NULL, 0);
+    } else { /* pilotd's answer at once: not an allocation's start, memory opened through IPC,
+              * a stream it may not know */
+        *err = pilot_call_on(owner, PILOT_OP_FREE_ASYNC, &req, sizeof req, NULL, 0, NULL, 0, NULL,
+                             0, NULL);
+    }
     if (*err == cudaSuccess)
         forget_freed(ptr);
     return 1;

@@ -61,6 +61,7 @@ PILOT_EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream)
     uintptr_t v = (uintptr_t)stream;
     if (v == 0 || v == PILOT_STREAM_LEGACY || v == PILOT_STREAM_PER_THREAD)
         PILOT_RETURN(cudaErrorInvalidResourceHandle);
+    pilot_stream_forget(v); /* frees on it wait for pilotd's answer again */
     PILOT_RETURN(handle_call(pilot_handle_device(v), PILOT_OP_STREAM_DESTROY, v));
 }
 

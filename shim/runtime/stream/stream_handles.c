@@ -72,17 +72,75 @@ uint64_t pilot_thread_object(int kind, int device)
     return o->handle;
 }
 
+/* Streams pilotd has accepted a cudaMallocAsync on, which still exist (forgotten when destroyed,
+ * at a device reset and in a forked child): a cudaFreeAsync of an allocation on one of them (or
+ * on the legacy stream) is posted (api_memory.c), since pilotd would accept its stream too.
+ * Natively a free on a stream that does not exist fails at once
+ * (cudaErrorInvalidResourceHandle), so a free on any other stream waits for pilotd's answer. A
+ * full table only means more answers waited for. */
+#define KNOWN_STREAMS 64
+static pthread_mutex_t g_known_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t g_known[KNOWN_STREAMS];
+static int g_nknown;
+
+int pilot_stream_known(uint64_t stream)
+{
+    int found = stream == 0;
+    pthread_mutex_lock(&g_known_lock);
+    for (int i = 0; i < g_nknown && !found; i++)
+        found = g_known[i] == stream;
+    pthread_mutex_unlock(&g_known_lock);
+    return found;
+}
+
+void pilot_stream_accepted(uint64_t stream)
+{
+    if (stream == 0 || pilot_stream_known(stream))
+        return;
+    pthread_mutex_lock(&g_known_lock);
+    if (g_nknown < KNOWN_STREAMS)
+        g_known[g_nknown++] = stream;
+    pthread_mutex_unlock(&g_known_lock);
+}
+
+void pilot_stream_forget(uint64_t stream)
+{
+    pthread_mutex_lock(&g_known_lock);
+    for (int i = 0; i < g_nknown; i++) {
+        if (g_known[i] == stream) {
+            g_known[i] = g_known[--g_nknown];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_known_lock);
+}
+
+static void forget_streams_of(int device)
+{
+    pthread_mutex_lock(&g_known_lock);
+    for (int i = 0; i < g_nknown;) {
+        if (pilot_handle_device(g_known[i]) == device)
+            g_known[i] = g_known[--g_nknown];
+        else
+            i++;
+    }
+    pthread_mutex_unlock(&g_known_lock);
+}
+
 static void fork_child(void)
 {
     /* After fork: the parent's objects are not the child's (the forking thread's TLS is). */
     for (int d = 0; d < PILOT_MAX_DEVICES; d++)
         __atomic_add_fetch(&g_generation[d], 1, __ATOMIC_RELAXED);
     memset(t_objects, 0, sizeof t_objects);
+    pthread_mutex_init(&g_known_lock, NULL);
+    g_nknown = 0; /* nor are its streams */
 }
 
 static void reset_device(int device)
 {
     __atomic_add_fetch(&g_generation[device], 1, __ATOMIC_RELAXED);
+    forget_streams_of(device);
 }
 
 uint64_t pilot_stream_handle(cudaStream_t stream)
