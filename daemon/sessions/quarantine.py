@@ -18,13 +18,16 @@ there afterwards runs after the memset, and no other tenant ever sees the block.
 still to run, so until it has, a later free of the block (on any stream) counts it too: the
 block reaches no one else before every zeroing queued on it is done.
 
-Zeroed blocks of up to 64 MiB are kept a while (at most 16 blocks, 128 MiB per vGPU) and a cudaMalloc of
-exactly such a size takes one (`take`) instead of calling cuMemAlloc: a program that allocates
-and frees in a loop then pays neither cuMemAlloc nor cuMemFree, as with the driver's own
-caching. A block given out is zero, whoever had it before. An allocation that fails for want of
-memory while some is held or kept here is retried after `drain` (vgpu/dispatch.py), and
-cudaMemGetInfo drains what is not behind work first, so holding it never makes a program see
-less memory than the GPU would.
+Zeroed blocks of up to 64 MiB are kept a while (at most 256 blocks, 1 GiB per vGPU) and a
+cudaMalloc of exactly such a size takes one (`take`) instead of calling cuMemAlloc: a program
+that allocates and frees in a loop then pays neither cuMemAlloc nor cuMemFree, as with the
+driver's own caching. The bounds fit a training step's scratch: a PyTorch step with
+backend:cudaMallocAsync frees and allocates again 29-49 blocks, up to some 256 MiB in all,
+more than the 16 blocks and 128 MiB kept before (bench/RESULTS.md, fifteenth session). A block
+given out is zero, whoever had it before. An allocation that fails for want of memory while
+some is held or kept here is retried after `drain` (vgpu/dispatch.py), and cudaMemGetInfo
+drains what is not behind work first, so holding it never makes a program see less memory than
+the GPU would.
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ from pilot.daemon.backends.base import EVENT_DISABLE_TIMING, Backend
 log = logging.getLogger("pilot.session")
 
 SPARE_EVENTS = 16
-KEEP_BLOCKS = 16  # zeroed blocks kept for reuse, at most
-KEEP_BYTES = 128 << 20
+KEEP_BLOCKS = 256  # zeroed blocks kept for reuse, at most
+KEEP_BYTES = 1 << 30
 KEEP_BLOCK_MAX = 64 << 20  # larger ones are freed at once
 
 
@@ -73,7 +76,8 @@ class Quarantine:
         self._held: deque[_Zeroing] = deque()
         self._spare: list[Any] = []
         self.bytes = 0  # held, being zeroed
-        self._kept: deque[tuple[int, int]] = deque()  # zeroed blocks (ptr, size), oldest first
+        self._kept: dict[int, int] = {}  # zeroed blocks, ptr -> size, oldest first
+        self._kept_by_size: dict[int, list[int]] = {}  # the same, by size (take: no scan)
         self.kept_bytes = 0
         # blocks taken back before their zeroing ran -> the events after those zeroings
         self._reused: dict[int, tuple[Any, ...]] = {}
@@ -125,12 +129,14 @@ class Quarantine:
         never waited for here."""
         if self._held:
             self.poll()
-        kept = self._kept
-        for i, (ptr, n) in enumerate(kept):
-            if n == size:
-                del kept[i]
-                self.kept_bytes -= n
-                return ptr
+        same = self._kept_by_size.get(size)
+        if same:
+            ptr = same.pop()  # the latest kept of this size
+            if not same:
+                del self._kept_by_size[size]
+            del self._kept[ptr]
+            self.kept_bytes -= size
+            return ptr
         if session is not None:
             z = self._find(lambda z: z.size == size and z.reusable_by(session, stream))
             if z is not None:
@@ -169,8 +175,7 @@ class Quarantine:
             self._release_events(z.events)
             self._free(z.ptr, z.size)
         while self._kept:
-            ptr, size = self._kept.popleft()
-            self.kept_bytes -= size
+            ptr, size = self._pop_oldest_kept()
             self._free(ptr, size, held=False)
 
     def close(self) -> None:
@@ -218,12 +223,22 @@ class Quarantine:
         if z.size > KEEP_BLOCK_MAX:
             self._free(z.ptr, z.size, held=False)
             return
-        self._kept.append((z.ptr, z.size))
+        self._kept[z.ptr] = z.size
+        self._kept_by_size.setdefault(z.size, []).append(z.ptr)
         self.kept_bytes += z.size
         while len(self._kept) > KEEP_BLOCKS or self.kept_bytes > KEEP_BYTES:
-            old, n = self._kept.popleft()
-            self.kept_bytes -= n
+            old, n = self._pop_oldest_kept()
             self._free(old, n, held=False)
+
+    def _pop_oldest_kept(self) -> tuple[int, int]:
+        ptr, size = next(iter(self._kept.items()))
+        del self._kept[ptr]
+        same = self._kept_by_size[size]
+        same.remove(ptr)
+        if not same:
+            del self._kept_by_size[size]
+        self.kept_bytes -= size
+        return ptr, size
 
     def _free(self, ptr: int, size: int, held: bool = True) -> None:
         if held:
