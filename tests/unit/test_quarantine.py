@@ -73,7 +73,7 @@ def test_what_is_kept_for_reuse_is_bounded() -> None:
     q.free_later(0x100000000, big, "s")
     for i in range(KEEP_BLOCKS + 2):
         q.free_later(0x1000 * (i + 1), 4096, "s")
-    b.done.update(f"ev{i}" for i in range(1, 40))
+    b.done.update(f"ev{i}" for i in range(1, KEEP_BLOCKS + 10))
     b.calls.clear()
     q.poll()
     frees = [c[1] for c in b.calls if c[0] == "free"]
