@@ -22,18 +22,23 @@ Zeroed blocks of up to 64 MiB are kept a while (at most 256 blocks, 1 GiB per vG
 cudaMalloc of exactly such a size takes one (`take`) instead of calling cuMemAlloc: a program
 that allocates and frees in a loop then pays neither cuMemAlloc nor cuMemFree, as with the
 driver's own caching. The bounds fit a training step's scratch: a PyTorch step with
-backend:cudaMallocAsync frees and allocates again 29-49 blocks, up to some 256 MiB in all,
-more than the 16 blocks and 128 MiB kept before (bench/RESULTS.md, fifteenth session). A block
-given out is zero, whoever had it before. An allocation that fails for want of memory while
-some is held or kept here is retried after `drain` (vgpu/dispatch.py), and cudaMemGetInfo
-drains what is not behind work first, so holding it never makes a program see less memory than
-the GPU would.
+backend:cudaMallocAsync frees and allocates again 29-49 blocks, up to some 256 MiB in all, more
+than the 16 blocks and 128 MiB kept before (bench/RESULTS.md, fifteenth session). Kept blocks
+are in no tenant's charge, and only this vGPU's own allocations retry after draining them; so
+they are kept only while the GPU has room to spare (`room`: what it can still grant, more than
+KEEP_MARGIN beyond them), trimmed as that room shrinks, and all freed once the vGPU has kept
+nothing for KEEP_IDLE_S. A block given out is zero, whoever had it before. An allocation that
+fails for want of memory while some is held or kept here is retried after `drain`
+(vgpu/dispatch.py), and cudaMemGetInfo drains what is not behind work first, so holding it
+never makes a program see less memory than the GPU would.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +50,8 @@ SPARE_EVENTS = 16
 KEEP_BLOCKS = 256  # zeroed blocks kept for reuse, at most
 KEEP_BYTES = 1 << 30
 KEEP_BLOCK_MAX = 64 << 20  # larger ones are freed at once
+KEEP_MARGIN = 2 << 30  # kept blocks only within the GPU's ungranted memory less this
+KEEP_IDLE_S = 5.0  # kept blocks are freed once none was kept or taken for this long
 
 
 @dataclass(slots=True)
@@ -71,8 +78,11 @@ class _Zeroing:
 class Quarantine:
     """One vGPU thread's freed allocations whose zeroing is under way (oldest first)."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, room: Callable[[], int] | None = None) -> None:
         self.backend = backend
+        self.room = room  # bytes the GPU can still grant (its budget less what sessions hold)
+        self.clock = time.monotonic  # tests replace it
+        self._kept_at = 0.0  # when a block was last kept or taken from the kept ones
         self._held: deque[_Zeroing] = deque()
         self._spare: list[Any] = []
         self.bytes = 0  # held, being zeroed
@@ -83,8 +93,8 @@ class Quarantine:
         self._reused: dict[int, tuple[Any, ...]] = {}
 
     def __bool__(self) -> bool:
-        """Something is being zeroed (the vGPU thread polls while it is)."""
-        return bool(self._held or self._reused)
+        """Something is being zeroed, or kept (the vGPU thread polls while it is)."""
+        return bool(self._held or self._reused or self._kept)
 
     def holds_memory(self) -> bool:
         """Memory is held or kept here: a drain would give some back to the driver."""
@@ -118,6 +128,8 @@ class Quarantine:
             if all(self._event_done(ptr, e) for e in events):
                 del self._reused[ptr]
                 self._release_events(events)
+        if self._kept:
+            self._trim(idle=self.clock() - self._kept_at > KEEP_IDLE_S)
 
     def take(self, size: int, session: int | None = None, stream: Any = None) -> int | None:
         """A block of exactly `size` bytes for a new allocation, or None: a zeroed one; else
@@ -136,6 +148,7 @@ class Quarantine:
                 del self._kept_by_size[size]
             del self._kept[ptr]
             self.kept_bytes -= size
+            self._kept_at = self.clock()
             return ptr
         if session is not None:
             z = self._find(lambda z: z.size == size and z.reusable_by(session, stream))
@@ -226,9 +239,26 @@ class Quarantine:
         self._kept[z.ptr] = z.size
         self._kept_by_size.setdefault(z.size, []).append(z.ptr)
         self.kept_bytes += z.size
-        while len(self._kept) > KEEP_BLOCKS or self.kept_bytes > KEEP_BYTES:
+        self._kept_at = self.clock()
+        self._trim()
+
+    def _trim(self, idle: bool = False) -> None:
+        """Free the oldest kept blocks beyond the bounds, all of them when `idle`."""
+        limit = 0 if idle else self._keep_limit()
+        while self._kept and (len(self._kept) > KEEP_BLOCKS or self.kept_bytes > limit):
             old, n = self._pop_oldest_kept()
             self._free(old, n, held=False)
+
+    def _keep_limit(self) -> int:
+        """How many bytes may be kept now: KEEP_BYTES, less as the GPU's room nears KEEP_MARGIN."""
+        if self.room is None:
+            return KEEP_BYTES
+        try:
+            room = self.room()
+        except Exception as exc:  # the budget does not know the GPU: keep nothing
+            log.debug("quarantine: no room to read (%s); nothing kept", exc)
+            return 0
+        return max(0, min(KEEP_BYTES, room - KEEP_MARGIN))
 
     def _pop_oldest_kept(self) -> tuple[int, int]:
         ptr, size = next(iter(self._kept.items()))

@@ -69,7 +69,10 @@ class VGpu(Dispatch):
         self.fast_launch = True  # [daemon] fast_launch (set by the Daemon)
         self.fast: FastLaunches | None = None  # launches run in C (vgpu/fast.py), made in serve
         self.device_output: Any = None  # device_output.DeviceOutput (set by the Daemon)
-        self.quarantine = Quarantine(backend)  # freed memory being zeroed (sessions/quarantine.py)
+        # freed memory being zeroed, and zeroed blocks kept while the GPU has room to spare
+        # (sessions/quarantine.py)
+        budget, key = broker.budget, self.gpu  # the budget is by host GPU, as Session.device
+        self.quarantine = Quarantine(backend, lambda: budget.capacity(key) - budget.used(key))
         self.staging_spares: StagingSpares | None = None  # areas pinned ahead (set by the Daemon)
         self._partition: Any = None  # the SM partition current on this thread (dispatch.enter)
         self._info: DeviceInfo | None = None

@@ -7,7 +7,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from pilot.daemon.backends.base import CUDA_ERROR_MEMORY_ALLOCATION, BackendError
-from pilot.daemon.sessions.quarantine import KEEP_BLOCK_MAX, KEEP_BLOCKS, Quarantine
+from pilot.daemon.sessions.quarantine import (
+    KEEP_BLOCK_MAX,
+    KEEP_BLOCKS,
+    KEEP_IDLE_S,
+    KEEP_MARGIN,
+    Quarantine,
+)
 
 
 class FakeBackend:
@@ -57,7 +63,8 @@ def test_freed_only_after_its_zeroing_and_in_order() -> None:
     b.done.add("ev1")
     q.poll()
     # zeroed now: kept for a cudaMalloc of the same size, not freed yet
-    assert b.calls == [] and not q and q.bytes == 0 and q.kept_bytes == 768
+    # (kept blocks keep it truthy: the vGPU thread polls to trim them)
+    assert b.calls == [] and q and q.bytes == 0 and q.kept_bytes == 768
     assert q.take(512) == 0x2000 and q.take(512) is None and q.take(100) is None
     q.free_later(0x3000, 64, "s")  # events are reused
     assert b.made == 2
@@ -221,3 +228,60 @@ def test_a_drain_never_waits_behind_a_sessions_host_callback() -> None:
     b.calls.clear()
     q.drain(may_wait=lambda sid: sid != 1)
     assert b.calls == [("sync", "ev2"), ("free", 0x2000)] and q.bytes == 256
+
+
+def test_blocks_are_kept_only_while_the_gpu_has_room_to_spare() -> None:
+    """Kept blocks are in no tenant's charge and only this vGPU retries after draining them:
+    they are kept within the GPU's ungranted memory less KEEP_MARGIN, and trimmed (oldest
+    first) at the next poll once that room shrinks."""
+    b = FakeBackend()
+    room = [KEEP_MARGIN + 4096]
+    q = Quarantine(b, lambda: room[0])  # type: ignore[arg-type]
+    q.free_later(0x1000, 4096, "s")
+    q.free_later(0x2000, 4096, "s")
+    b.done.update({"ev1", "ev2"})
+    b.calls.clear()
+    q.poll()
+    assert [c[1] for c in b.calls if c[0] == "free"] == [0x1000]  # the older one: no room for two
+    assert q.kept_bytes == 4096 and q.take(4096) == 0x2000
+    q.free_later(0x3000, 4096, "s")
+    b.done.update({"ev1", "ev2"})  # whichever spare event it reused
+    q.poll()
+    assert q.kept_bytes == 4096
+    room[0] = KEEP_MARGIN  # another tenant took the rest
+    b.calls.clear()
+    q.poll()
+    assert b.calls == [("free", 0x3000)] and q.kept_bytes == 0 and not q
+
+
+def test_kept_blocks_go_back_to_the_driver_once_idle() -> None:
+    """An idle vGPU does not hold zeroed blocks for ever (nor poll for ever)."""
+    b = FakeBackend()
+    now = [100.0]
+    q = Quarantine(b, lambda: 64 << 30)  # type: ignore[arg-type]
+    q.clock = lambda: now[0]
+    q.free_later(0x1000, 4096, "s")
+    b.done.add("ev1")
+    q.poll()
+    assert q.kept_bytes == 4096 and q
+    now[0] += KEEP_IDLE_S / 2
+    q.poll()
+    assert q.kept_bytes == 4096
+    now[0] += KEEP_IDLE_S
+    b.calls.clear()
+    q.poll()
+    assert b.calls == [("free", 0x1000)] and q.kept_bytes == 0 and not q
+
+
+def test_a_budget_that_cannot_say_keeps_nothing() -> None:
+    b = FakeBackend()
+
+    def room() -> int:
+        raise KeyError(3)
+
+    q = Quarantine(b, room)  # type: ignore[arg-type]
+    q.free_later(0x1000, 4096, "s")
+    b.done.add("ev1")
+    b.calls.clear()
+    q.poll()
+    assert b.calls[-1] == ("free", 0x1000) and q.kept_bytes == 0
