@@ -167,6 +167,11 @@ class IterationDetector:
         return self._pieces[-1] if self._pieces else None
 
     @property
+    def launches(self) -> int:
+        """Launches made since the last candidate."""
+        return self._launches
+
+    @property
     def in_iteration(self) -> bool:
         """Launches were made since the last candidate (the policy lets it run unwatched until
         its next free at the level)."""

@@ -139,7 +139,9 @@ class Job:
     refused: str = ""  # why it never gets a lane (P + E past C): its allocations and launches fail
     waited: float = 0.0  # seconds it wanted its turn and did not have it (SRTF's aging), ...
     waiting_since: float | None = None  # ... plus now less this, while it waits
-    launches: int = 0  # the session's launches the detector was told of (AllocationView.launches)
+    # the session's launches the detector was told of, per GPU (AllocationView.launches is the
+    # count of the session's part on the event's GPU)
+    launches: dict[int, int] = field(default_factory=dict)
     # (detector version, detector peak, P, E) of the sizes last counted for it in its lane while
     # it ran: see counted_still
     counted: tuple[int, int, int, int] | None = None
@@ -161,13 +163,15 @@ class Job:
             return min(t[0], self.declared.iteration_s or t[0])
         return t[(len(t) - 1) // 2]
 
-    def launched_since(self, total: int) -> None:
-        """The session had made `total` launches at a memory event (AllocationView.launches,
-        counted by pilotd, its fast path's included): the detector hears of those it was not
-        told of (launch_started tells it of the ones the policy sees)."""
-        if total > self.launches:
-            self.detector.launched(None, total - self.launches)
-            self.launches = total
+    def launched_since(self, gpu: int, total: int) -> None:
+        """The session's part on `gpu` had made `total` launches at a memory event
+        (AllocationView.launches, counted by pilotd, its fast path's included): the detector
+        hears of those it was not told of (launch_started tells it of the ones the policy
+        sees)."""
+        told = self.launches.get(gpu, 0)
+        if total > told:
+            self.detector.launched(None, total - told)
+            self.launches[gpu] = total
 
     def counted_still(self, persistent: int, ephemeral: int, extra: int = 0) -> bool:
         """Whether sizes(extra) is (persistent, ephemeral), the sizes its lane counts, without
@@ -307,7 +311,7 @@ class Salus(Policy):
         job = self.jobs.get(a.session)
         if job is None or a.kind in HOST_KINDS:
             return
-        job.launched_since(a.launches)
+        job.launched_since(a.gpu, a.launches)
         job.detector.allocated(a.size, self.clock())
         lanes = self._lanes(job)
         m = lanes.members.get(a.session)
@@ -333,7 +337,7 @@ class Salus(Policy):
             return
         now = self.clock()
         det = job.detector
-        job.launched_since(a.launches)
+        job.launched_since(a.gpu, a.launches)
         pieces = det.candidates
         boundary = det.freed(a.size, now)
         if det.candidates != pieces and log.isEnabledFor(logging.DEBUG):
@@ -415,7 +419,8 @@ class Salus(Policy):
     def launch_started(self, l: LaunchView) -> None:  # noqa: E741
         job = self.jobs.get(l.session)
         if job is not None:
-            job.launches += 1  # counted in the next memory event's AllocationView.launches too
+            # counted in the next memory event's AllocationView.launches on its GPU too
+            job.launches[l.gpu] = job.launches.get(l.gpu, 0) + 1
             job.detector.launched(self.clock())
 
     def watches_launches(self, session: int) -> Watch:

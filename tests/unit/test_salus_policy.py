@@ -671,3 +671,21 @@ def test_a_job_that_leaves_its_lane_still_counts_what_it_holds() -> None:
     assert lanes.safe()
     lanes.hold_outside(1, 0)
     assert lanes.used == lanes.persistent + lanes.lane_bytes and lanes.safe()
+
+
+def test_launch_counts_of_a_session_s_parts_on_two_gpus_are_kept_apart() -> None:
+    """AllocationView.launches is the count of the session's part on the event's GPU: launches
+    made on its second GPU count at that GPU's events even when its first GPU's part has made
+    more (one shared count would have taken them for old ones)."""
+    p = salus("fifo")
+    p.clock = lambda: 0.0
+    p.controls = Holds()
+    p.session_started(SessionView(1, "t1", 1001, 0, 0))
+    job = p.jobs[1]
+    job.launched_since(0, 10)
+    assert job.detector.launches == 10
+    job.launched_since(1, 3)  # 3 launches on GPU 1, fewer than GPU 0's 10: new all the same
+    assert job.detector.launches == 13
+    job.launched_since(1, 3)
+    job.launched_since(0, 10)
+    assert job.detector.launches == 13  # told once each
