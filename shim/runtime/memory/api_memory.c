@@ -20,7 +20,6 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
     return a < b ? a : b;
 }
 
-
 /* Host to device in messages of at most PILOT_INLINE_MAX bytes, none waited for: the daemon's
  * handler never waits for the stream, so this cannot block behind a host callback. */
 static cudaError_t posted_h2d(uint64_t dst, const uint8_t *src, uint64_t count, uint64_t stream)

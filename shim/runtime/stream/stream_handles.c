@@ -35,6 +35,8 @@ static void thread_exit(void *unused)
             struct thread_object *o = &t_objects[kind][d];
             if (o->handle && o->generation == __atomic_load_n(&g_generation[d], __ATOMIC_RELAXED)) {
                 pilot_req_handle req = {.handle = o->handle};
+                if (kind == PILOT_PER_THREAD_STREAM)
+                    pilot_stream_forget(o->handle); /* out of the known streams (below) too */
                 pilot_post_on(d, g_destroy_op[kind], &req, sizeof req, NULL, 0);
             }
             o->handle = 0;
