@@ -229,8 +229,8 @@ class Quarantine:
         return z.ptr
 
     def _zeroed(self, z: _Zeroing) -> None:
-        """Its zeroing is done: keep it for reuse, or free it (and the oldest kept beyond the
-        limits)."""
+        """Its zeroing is done: keep it for reuse (poll trims what is kept beyond the bounds
+        once, after all of its zeroed blocks), or free it."""
         self._release_events(z.events)
         self.bytes -= z.size
         if z.size > KEEP_BLOCK_MAX:
@@ -240,7 +240,6 @@ class Quarantine:
         self._kept_by_size.setdefault(z.size, []).append(z.ptr)
         self.kept_bytes += z.size
         self._kept_at = self.clock()
-        self._trim()
 
     def _trim(self, idle: bool = False) -> None:
         """Free the oldest kept blocks beyond the bounds, all of them when `idle`."""
