@@ -171,12 +171,6 @@ class IterationDetector:
         """Launches made since the last candidate."""
         return self._launches
 
-    @property
-    def in_iteration(self) -> bool:
-        """Launches were made since the last candidate (the policy lets it run unwatched until
-        its next free at the level)."""
-        return self._launches > 0
-
     # ---- events ----
     def allocated(self, size: int, now: float | None = None) -> None:
         if now is not None:
