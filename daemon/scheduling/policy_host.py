@@ -91,6 +91,10 @@ class DaemonControls(Controls):
         return GpuView(gpu, budget.capacity(gpu), used, movable, resident,
                        bool(res is not None and res.enforced))
 
+    def capacity(self, gpu: int) -> int:
+        broker = self.broker
+        return broker.budget.capacity(gpu) if broker is not None else 0
+
     def _residency(self) -> Residency | None:
         broker = self.broker
         return broker.residency if broker is not None else None
@@ -184,6 +188,12 @@ class PolicyHost:
         self.controls = DaemonControls(self)
         policy.controls = self.controls
         self.sessions: dict[int, Session] = {}  # for hold_session (dict operations: GIL-atomic)
+        # The memory events it overrides (the others cost no lock and no view).
+        self.hears_allocated = type(policy).allocated is not Policy.allocated
+        self.hears_freed = type(policy).freed is not Policy.freed
+        # A vGPU thread's allocated and freed events wait here until its reply is sent
+        # (defer_memory_events); any question to the policy on that thread runs them first.
+        self._local = threading.local()
 
     # ---- the scheduler thread: ticks ----
     def start(self) -> None:
@@ -230,11 +240,48 @@ class PolicyHost:
                 self.nvml_reading(gpu, r.memory_total, r.memory_used, util)
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self.run_deferred()
         with self._lock:
             return fn(*args)
 
+    # ---- memory events after the reply (vGPU threads) ----
+    def defer_memory_events(self) -> None:
+        """From now on this thread's allocated and freed events wait until run_deferred: a vGPU
+        thread runs them once it has sent the call's reply, so the client does not wait for the
+        policy's bookkeeping (the detector, lane sizes), only for its decision. Nothing is
+        decided on stale state: every question this thread asks the policy (an allocation, a
+        launch, a session starting or ending) runs the waiting events first, in order."""
+        self._local.deferred = []
+
+    def run_deferred(self) -> None:
+        """The events this thread deferred, in order, under one hold of the lock."""
+        deferred = getattr(self._local, "deferred", None)
+        if not deferred:
+            return
+        events = deferred.copy()
+        deferred.clear()
+        freed = False
+        with self._lock:
+            for fn, view in events:
+                try:
+                    fn(view)
+                except Exception:
+                    log.exception("policy %s: %s failed", self.name, fn.__name__)
+                freed = freed or fn.__name__ == "freed"
+        if freed:
+            self.wake()
+
+    def _memory_event(self, fn: Callable[[AllocationView], None], view: AllocationView) -> bool:
+        """Deferred (True) on a thread that defers; else the caller runs it now."""
+        deferred = getattr(self._local, "deferred", None)
+        if deferred is None:
+            return False
+        deferred.append((fn, view))
+        return True
+
     def _event(self, fn: Callable[..., Any], *args: Any) -> None:
         """An event whose failure must not fail the CUDA call that caused it."""
+        self.run_deferred()
         try:
             with self._lock:
                 fn(*args)
@@ -258,6 +305,7 @@ class PolicyHost:
         if type(self.policy).allocation_requested is Policy.allocation_requested:
             return RUN  # the policy does not ask: no lock on the allocation path
         view = AllocationView(s.id, s.tenant, s.device, kind, 0, size, movable)
+        self.run_deferred()
         try:
             with self._lock:
                 decision = self.policy.allocation_requested(view)
@@ -278,13 +326,20 @@ class PolicyHost:
         return decision
 
     def allocated(self, s: Session, kind: str, ptr: int, size: int, movable: bool = False) -> None:
-        self._event(self.policy.allocated,
-                    AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable, s.kernels))
+        if not self.hears_allocated:
+            return
+        view = AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable, s.kernels)
+        if not self._memory_event(self.policy.allocated, view):
+            self._event(self.policy.allocated, view)
 
     def freed(self, s: Session, kind: str, ptr: int, size: int, movable: bool = False) -> None:
-        self._event(self.policy.freed,
-                    AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable, s.kernels))
-        self.wake()
+        if not self.hears_freed:
+            self.wake()  # memory came back: waiting launches may fit now
+            return
+        view = AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable, s.kernels)
+        if not self._memory_event(self.policy.freed, view):
+            self._event(self.policy.freed, view)
+            self.wake()
 
     def nvml_reading(self, gpu: int, total: int, used: int, utilization: int | None) -> None:
         self._event(self.policy.nvml_reading, NvmlView(gpu, total, used, utilization))
@@ -296,6 +351,7 @@ class PolicyHost:
     def launch_requested(self, view: LaunchView) -> Decision:
         """The policy's decision, logged and counted. A policy that fails answers RUN (the
         program must not fail because a policy has a bug), and the failure is logged."""
+        self.run_deferred()
         try:
             with self._lock:
                 decision = self.policy.launch_requested(view)
@@ -327,6 +383,7 @@ class PolicyHost:
     def watches_launches(self, session: int) -> Watch:
         """How much of the session's launches must reach the policy now (a policy that fails
         or answers something else: ALL, every launch through Python, logged)."""
+        self.run_deferred()
         try:
             with self._lock:
                 watch = self.policy.watches_launches(session)

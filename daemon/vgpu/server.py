@@ -133,6 +133,8 @@ class VGpu(Dispatch):
         finally:
             for session in list(self.sessions.values()):
                 self._release(session)
+            if self.policy is not None:
+                self.policy.run_deferred()
             self.kernel_watch.close()
             self.gate.close()
             self.quarantine.close()
@@ -156,6 +158,11 @@ class VGpu(Dispatch):
                 lib.pilot_srv_set_fast(srv, self.fast.ptr)
         output = self.device_output
         by_conn = self._by_conn
+        policy = self.policy
+        after_reply = None  # the policy's memory events, run once the call's reply is sent
+        if policy is not None and (policy.hears_allocated or policy.hears_freed):
+            policy.defer_memory_events()
+            after_reply = policy.run_deferred
         while True:
             # Something to look at again (waiting launches, running kernels, memory being
             # zeroed): wake up every tick.
@@ -173,6 +180,8 @@ class VGpu(Dispatch):
                     fast.output(output.fd, output.taken)
             for i in range(n):
                 handle(msgs[i])
+                if after_reply is not None:
+                    after_reply()
             if fast is not None and n:
                 for conn in {msgs[i].conn for i in range(n)}:
                     session = by_conn.get(conn)
@@ -192,6 +201,8 @@ class VGpu(Dispatch):
                     log.exception("vgpu-%d: control command failed", self.index)
             if board.enabled or gate.gated or gate.held:
                 gate.poll()
+            if after_reply is not None:  # those of held calls served again, releases
+                after_reply()
 
     def _control(self) -> bool:
         """Runs queued control commands; False once told to stop."""

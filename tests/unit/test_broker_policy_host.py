@@ -325,3 +325,53 @@ def test_a_policy_that_does_not_ask_costs_no_lock() -> None:
     host = PolicyHost(Recorder(), Metrics())
     host._lock = None  # type: ignore[assignment]  # would raise if taken
     assert host.allocation_requested(session(), "device", MiB) is RUN
+
+
+def test_a_vgpu_thread_hears_its_memory_events_after_the_reply_but_before_any_question() -> None:
+    """A vGPU thread defers allocated and freed (they run once the reply is sent); every
+    question the policy is asked on that thread (an allocation, a launch) first runs them, in
+    order, so no decision sees stale state. Other threads are not deferred."""
+    import threading
+
+    b, _ = broker()
+    s = session()
+    s.policy_hold = None
+    policy = Gatekeeper(RUN)
+    host = b.policy = PolicyHost(policy, Metrics())
+    woken: list[int] = []
+    host.wake = lambda: woken.append(1)
+    seen: list[Any] = []
+
+    def vgpu() -> None:
+        host.defer_memory_events()
+        b.allocate(s, "device", 4 * MiB, lambda: 0x1000)
+        b.release(s, "device", 4 * MiB, 0x1000)
+        seen.append(list(policy.events))  # the reply would be sent here
+        b.allocate(s, "device", 2 * MiB, lambda: 0x2000)  # asks first: both events run before
+        seen.append(list(policy.events))
+        host.run_deferred()
+        seen.append(list(policy.events))
+
+    t = threading.Thread(target=vgpu)
+    t.start()
+    t.join()
+    asked = ("requested", ("device", 4 * MiB, 0))
+    assert seen[0] == [asked]
+    assert seen[1] == [asked, ("allocated", ("device", 4 * MiB)), ("freed", ("device", 4 * MiB)),
+                       ("requested", ("device", 2 * MiB, 0))]
+    assert seen[2] == seen[1] + [("allocated", ("device", 2 * MiB))]
+    assert woken  # a freed event wakes waiting launches, deferred or not
+    b.release(s, "device", 2 * MiB, 0x2000)  # this thread does not defer: heard at once
+    assert policy.events[-1] == ("freed", ("device", 2 * MiB))
+
+
+def test_memory_events_a_policy_does_not_override_cost_nothing() -> None:
+    """`none` (no allocated/freed of its own): no view, no lock; a free still wakes waiting
+    launches."""
+    host = PolicyHost(Policy(), Metrics())
+    host._lock = None  # type: ignore[assignment]  # would raise if taken
+    woken: list[int] = []
+    host.wake = lambda: woken.append(1)
+    host.allocated(session(), "device", 0x1000, MiB)
+    host.freed(session(), "device", 0x1000, MiB)
+    assert woken == [1]
