@@ -244,8 +244,15 @@ class IterationDetector:
         self.candidates += 1
         pieces, streak, slack = self._pieces, self._streak, self.tolerance_bytes
         n = len(pieces)
+        allocations, frees, peak = piece.allocations, piece.frees, piece.peak
         for k in range(1, min(n, self.max_period + 1)):
-            streak[k] = streak[k] + 1 if piece.matches(pieces[n - 1 - k], slack) else 0
+            other = pieces[n - 1 - k]  # Piece.matches, inline: up to max_period per candidate
+            if other.allocations == allocations and other.frees == frees:
+                b = other.peak
+                alike = abs(peak - b) <= max(slack, (peak if peak > b else b) // 10)
+            else:
+                alike = False
+            streak[k] = streak[k] + 1 if alike else 0
         if self.period > 1:
             if self._streak[self.period] == 0:  # the period broke: every candidate again
                 self.period = 1

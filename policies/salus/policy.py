@@ -452,7 +452,7 @@ class Salus(Policy):
         for job in self.jobs.values():  # admitted at its start: it sets itself up now
             if job.gated and not job.wants_turn and job.session.gpu == gpu and job.session.id in lanes:
                 self._release(job)
-        chosen = runnable(self.settings.scheduler, self._states(gpu))
+        chosen = runnable(self.settings.scheduler, self._states(gpu, lanes))
         now = self.clock()
         for sid in chosen:
             job = self.jobs[sid]
@@ -550,7 +550,7 @@ class Salus(Policy):
         if lanes is None:
             lanes = self.lanes[gpu] = Lanes(0, self.settings.grow,
                                             shared=self.settings.scheduler in ONE_AT_A_TIME)
-        card = self.controls.gpu(gpu).capacity  # 0: not known (outside a daemon)
+        card = self.controls.capacity(gpu)  # 0: not known (outside a daemon)
         mine = self.settings.capacity
         lanes.capacity = min(mine, card) if mine and card else mine or card
         return lanes
@@ -578,8 +578,7 @@ class Salus(Policy):
                  for t in [j.iteration_s] if t is not None]
         return sum(times) / len(times) if times else None
 
-    def _states(self, gpu: int) -> list[JobState]:
-        lanes = self._gpu_lanes(gpu)
+    def _states(self, gpu: int, lanes: Lanes) -> list[JobState]:
         typical = self._typical_s(gpu) if self.settings.scheduler == "srtf" else None
         now = self.clock()
         return [self._state(j, lanes, typical, now) for j in self.jobs.values() if j.session.gpu == gpu]
