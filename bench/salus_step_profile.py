@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -57,6 +58,19 @@ def job(size: str, iterations: int, env: dict[str, str], under_pilot: bool) -> t
     return r.returncode, r.stdout + r.stderr
 
 
+def summary(steps: dict[tuple[str, str], dict[int, float]], sizes: list[str]) -> str:
+    """Per size: salus/none of each round (the two ran back to back) and their median: the
+    machine's pace drifts from round to round, so rounds are compared within, not across."""
+    lines = []
+    for size in sizes:
+        none, salus = steps.get((size, "none"), {}), steps.get((size, "salus"), {})
+        ratios = [salus[r] / none[r] for r in sorted(none) if r in salus]
+        if ratios:
+            lines.append(f"- {size}: salus/none per round {', '.join(f'{x:.2f}' for x in ratios)}; "
+                         f"median {statistics.median(ratios):.3f} over {len(ratios)} rounds")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -71,6 +85,7 @@ def main() -> int:
     base = {**clean_env(), "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
     rows: list[str] = []
     notes: list[str] = []
+    steps: dict[tuple[str, str], dict[int, float]] = {}  # (size, policy) -> round -> median step
     sizes = args.sizes.split(",")
     for rnd, size in [(r, z) for r in range(1, args.rounds + 1) for z in sizes]:
         rc, out = job(size, args.iterations, base, False)
@@ -78,7 +93,10 @@ def main() -> int:
         rows.append(f"| {rnd} | {size} | native | - | {native} | 1.00 |")
         if rc:
             notes.append(f"native {size} failed (rc {rc}):\n```\n{out[-1500:]}\n```")
-        runs = [("none", "info"), ("salus", "info")] + ([("salus", "debug")] if args.debug else [])
+        runs = [("none", "info"), ("salus", "info")]
+        if rnd % 2 == 0:  # every other round salus first: neither gets the warmer machine
+            runs.reverse()
+        runs += [("salus", "debug")] if args.debug else []
         for policy, level in runs:
             name = f"r{rnd}-{size}-{policy}-{level}"
             daemon = Daemon(work / name, "cuda", policy, "srtf", "12GiB", log_level=level,
@@ -100,6 +118,8 @@ def main() -> int:
                 daemon.stop()
             (work / name / "metrics.txt").write_text(scrape)
             ms = step_ms(out)
+            if ms and level == "info":
+                steps.setdefault((size, policy), {})[rnd] = ms
             ratio = f"{ms / native:.2f}" if ms and native else "-"
             rows.append(f"| {rnd} | {size} | {policy} | {level} | {ms} | {ratio} |")
             seen = counts(scrape)
@@ -118,9 +138,9 @@ def main() -> int:
                 filter=lambda t: None if t.name.endswith(("/state", ".sock")) else t)
     text = ("| round | size | run | log level | median step (ms) | / native |\n"
             "| --- | --- | --- | --- | --- | --- |\n"
-            + "\n".join(rows) + "\n\n" + "\n\n".join(notes) + "\n")
+            + "\n".join(rows) + "\n\n" + summary(steps, sizes) + "\n\n" + "\n\n".join(notes) + "\n")
     (args.out / "steps.md").write_text(text)
-    print(text)
+    print(summary(steps, sizes))
     return 0
 
 
