@@ -35,7 +35,7 @@ from salus_experiments import step_ms  # noqa: E402
 
 COUNTED = ("pilot_calls_total", "pilot_fast_launches_total", "pilot_fast_copies_total",
            "pilot_fast_syncs_total", "pilot_fast_library_calls_total", "pilot_tenant_launches_total",
-           "pilot_policy_decisions_total")
+           "pilot_policy_decisions_total", "pilot_policy_actions_total")
 
 
 def counts(text: str) -> dict[str, float]:
@@ -58,6 +58,20 @@ def job(size: str, iterations: int, env: dict[str, str], under_pilot: bool) -> t
     return r.returncode, r.stdout + r.stderr
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each of the process's threads so far, summed by thread name."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found[name] = found.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return found
+
+
 def summary(steps: dict[tuple[str, str], dict[int, float]], sizes: list[str]) -> str:
     """Per size: salus/none of each round (the two ran back to back) and their median: the
     machine's pace drifts from round to round, so rounds are compared within, not across."""
@@ -69,6 +83,14 @@ def summary(steps: dict[tuple[str, str], dict[int, float]], sizes: list[str]) ->
             lines.append(f"- {size}: salus/none per round {', '.join(f'{x:.2f}' for x in ratios)}; "
                          f"median {statistics.median(ratios):.3f} over {len(ratios)} rounds")
     return "\n".join(lines)
+
+
+def write(out: Path, rows: list[str], steps: dict[tuple[str, str], dict[int, float]],
+          sizes: list[str], notes: list[str]) -> None:
+    (out / "steps.md").write_text(
+        "| round | size | run | log level | median step (ms) | / native |\n"
+        "| --- | --- | --- | --- | --- | --- |\n"
+        + "\n".join(rows) + "\n\n" + summary(steps, sizes) + "\n\n" + "\n\n".join(notes) + "\n")
 
 
 def main() -> int:
@@ -111,6 +133,7 @@ def main() -> int:
             try:
                 rc, out = job(size, args.iterations, {**base, "PILOT_SOCKET": daemon.socket}, True)
                 scrape = daemon.scrape_text()
+                cpu = thread_cpu(daemon.proc.pid)
             finally:
                 if spy is not None:
                     spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
@@ -123,8 +146,14 @@ def main() -> int:
             ratio = f"{ms / native:.2f}" if ms and native else "-"
             rows.append(f"| {rnd} | {size} | {policy} | {level} | {ms} | {ratio} |")
             seen = counts(scrape)
+            busy = ", ".join(f"{k} {v * 1e3 / args.iterations:.2f}" for k, v in
+                             sorted(cpu.items(), key=lambda kv: -kv[1])[:6] if v)
             notes.append(f"### {name}: rc {rc}, step {ms} ms\n\n" + "\n".join(
-                f"- {k}: {v:.0f} ({v / args.iterations:.1f} a step)" for k, v in sorted(seen.items())))
+                f"- {k}: {v:.0f} ({v / args.iterations:.1f} a step)" for k, v in sorted(seen.items()))
+                + f"\n- pilotd's CPU ms a step (whole run / steps), by thread: {busy}")
+            print(f"  {name}: pilotd CPU ms a step by thread: {busy}; policy: " + ", ".join(
+                f"{k.split('{', 1)[1]} {v:.0f}" for k, v in sorted(seen.items())
+                if k.startswith(("pilot_policy", "pilot_fast_launches"))), flush=True)
             if rc:
                 notes.append(f"```\n{out[-1500:]}\n```")
             profile = work / f"profile-{name}.txt"
@@ -133,13 +162,11 @@ def main() -> int:
                                          capture_output=True, text=True).stdout
                 notes.append(f"```\n{summary[:6000]}\n```")
             print(rows[-1], flush=True)
+            write(args.out, rows, steps, sizes, notes)  # so far: a call cut short keeps it
     with tarfile.open(args.out / "runs.tgz", "w:gz") as tar:
         tar.add(work, arcname="runs",
                 filter=lambda t: None if t.name.endswith(("/state", ".sock")) else t)
-    text = ("| round | size | run | log level | median step (ms) | / native |\n"
-            "| --- | --- | --- | --- | --- | --- |\n"
-            + "\n".join(rows) + "\n\n" + summary(steps, sizes) + "\n\n" + "\n\n".join(notes) + "\n")
-    (args.out / "steps.md").write_text(text)
+    write(args.out, rows, steps, sizes, notes)
     print(summary(steps, sizes))
     return 0
 
