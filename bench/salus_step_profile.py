@@ -72,7 +72,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return found
 
 
-def summary(steps: dict[tuple[str, str], dict[int, float]], sizes: list[str]) -> str:
+def ratio_summary(steps: dict[tuple[str, str], dict[int, float]], sizes: list[str]) -> str:
     """Per size: salus/none of each round (the two ran back to back) and their median: the
     machine's pace drifts from round to round, so rounds are compared within, not across."""
     lines = []
@@ -90,7 +90,7 @@ def write(out: Path, rows: list[str], steps: dict[tuple[str, str], dict[int, flo
     (out / "steps.md").write_text(
         "| round | size | run | log level | median step (ms) | / native |\n"
         "| --- | --- | --- | --- | --- | --- |\n"
-        + "\n".join(rows) + "\n\n" + summary(steps, sizes) + "\n\n" + "\n\n".join(notes) + "\n")
+        + "\n".join(rows) + "\n\n" + ratio_summary(steps, sizes) + "\n\n" + "\n\n".join(notes) + "\n")
 
 
 def main() -> int:
@@ -167,7 +167,7 @@ def main() -> int:
         tar.add(work, arcname="runs",
                 filter=lambda t: None if t.name.endswith(("/state", ".sock")) else t)
     write(args.out, rows, steps, sizes, notes)
-    print(summary(steps, sizes))
+    print(ratio_summary(steps, sizes))
     return 0
 
 
