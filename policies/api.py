@@ -52,6 +52,17 @@ class AllocationView(NamedTuple):
     # policy that only needs to know whether a session launched between two of its memory
     # events reads this instead of watching launches (Policy.watches_launches).
     launches: int = 0
+    # The session's memory of GPU kinds (every kind but pinned) on this GPU as pilotd counts it,
+    # every allocation and free included, whether the policy heard of it or not (a policy that
+    # asks for quiet (Controls.quiet_memory) learns of the events it did not hear from these):
+    # its bytes after this event, its allocations and frees so far (this one included), the
+    # most bytes it held since the last event the policy heard and the least it held after a
+    # free since then (`live` if none; both with this event). All 0 in views not made by pilotd.
+    live: int = 0
+    allocations: int = 0
+    frees: int = 0
+    high: int = 0
+    low: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +201,16 @@ class Controls:
     def unadvise(self, session: int, ptr: int, size: int, prefetch: bool = True) -> None:
         """Lift advise_host on [ptr, ptr+size), and with `prefetch` move it to the GPU (on the
         H100, unsetting alone leaves the pages on the host)."""
+
+    def quiet_memory(self, session: int, gpu: int, ceiling: int = 0, floor: int = 0,
+                     limit: int = 0) -> None:
+        """Fewer memory events for a session's part on `gpu`, until called again: an allocation
+        of a GPU kind that leaves its bytes (AllocationView.live) at or below `ceiling` is made
+        without allocation_requested and without `allocated`, and a free that leaves them above
+        `floor` without `freed`, at most `limit` events in a row (the next is heard). The next
+        event heard carries what was not (AllocationView.allocations, frees, high, low). Only
+        for what the policy would answer RUN to and ignore: the daemon does not ask. `limit` 0
+        (the default): every event is heard again. Takes effect at once (not queued)."""
 
     def hold_session(self, session: int, reason: str) -> None:
         """Hold the session's next call, whatever it is (an allocation, a copy, a launch), and

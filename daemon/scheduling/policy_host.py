@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pilot import policies
+from pilot.daemon.resources.tenants import GPU_KINDS
 from pilot.daemon.telemetry.thread_names import NamedThread
 from pilot.policies import (
     RUN,
@@ -44,6 +45,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pilot.policy")
 TICK_S = 0.01
+
+
+@dataclasses.dataclass(slots=True)
+class MemoryCount:
+    """A session part's memory of GPU kinds as pilotd counts it for the policy (every
+    allocation and free, heard by the policy or not: AllocationView.live and the counts after
+    it), and the quiet band the policy set (Controls.quiet_memory)."""
+    live: int = 0
+    allocations: int = 0
+    frees: int = 0
+    high: int = 0  # since the last event the policy heard
+    low: int = -1  # since then, after a free (-1: none yet)
+    quiet: tuple[int, int, int] | None = None  # ceiling, floor, limit
+    run: int = 0  # events in a row the policy did not hear
 
 
 class PolicyStartError(Exception):
@@ -126,6 +141,11 @@ class DaemonControls(Controls):
     def unadvise(self, session: int, ptr: int, size: int, prefetch: bool = True) -> None:
         self._queue("unadvise", session, ptr, size, prefetch)
 
+    def quiet_memory(self, session: int, gpu: int, ceiling: int = 0, floor: int = 0,
+                     limit: int = 0) -> None:
+        count = self.host.memory_count(session, gpu)
+        count.quiet = (ceiling, floor, limit) if limit > 0 else None
+
     def hold_session(self, session: int, reason: str) -> None:
         s = self.host.sessions.get(session)
         if s is not None:
@@ -194,6 +214,10 @@ class PolicyHost:
         # A vGPU thread's allocated and freed events wait here until its reply is sent
         # (defer_memory_events); any question to the policy on that thread runs them first.
         self._local = threading.local()
+        # (session, gpu) -> its memory as counted for the policy, while the policy hears memory
+        # events (vGPU threads only; a session part is served by one vGPU thread)
+        self.counts: dict[tuple[int, int], MemoryCount] = {}
+        self.counts_memory = self.hears_allocated and self.hears_freed
 
     # ---- the scheduler thread: ticks ----
     def start(self) -> None:
@@ -295,6 +319,7 @@ class PolicyHost:
 
     def session_ended(self, s: Session) -> None:
         self.sessions.pop(s.id, None)
+        self.counts.pop((s.id, s.device), None)
         self._event(self.policy.session_ended, session_view(s))
         self.wake()
 
@@ -304,8 +329,13 @@ class PolicyHost:
         the call is then asked again. A policy that fails lets it be made (logged)."""
         if type(self.policy).allocation_requested is Policy.allocation_requested:
             return RUN  # the policy does not ask: no lock on the allocation path
-        view = AllocationView(s.id, s.tenant, s.device, kind, 0, size, movable)
         self.run_deferred()
+        count = self.counts.get((s.id, s.device))
+        if count is not None and count.quiet is not None and kind in GPU_KINDS:
+            ceiling, _, limit = count.quiet
+            if count.live + size <= ceiling and count.run < limit:
+                return RUN  # within the quiet band the policy set: it would answer RUN
+        view = AllocationView(s.id, s.tenant, s.device, kind, 0, size, movable)
         try:
             with self._lock:
                 decision = self.policy.allocation_requested(view)
@@ -325,10 +355,30 @@ class PolicyHost:
                      extra={"session": s.id, "tenant": s.tenant})
         return decision
 
+    def memory_count(self, session: int, gpu: int) -> MemoryCount:
+        count = self.counts.get((session, gpu))
+        if count is None:
+            count = self.counts[(session, gpu)] = MemoryCount()
+        return count
+
     def allocated(self, s: Session, kind: str, ptr: int, size: int, movable: bool = False) -> None:
         if not self.hears_allocated:
             return
-        view = AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable, s.kernels)
+        if self.counts_memory and kind in GPU_KINDS:
+            count = self.memory_count(s.id, s.device)
+            count.live += size
+            count.allocations += 1
+            if count.live > count.high:
+                count.high = count.live
+            if count.quiet is not None:
+                self.run_deferred()  # the band as the events before this one left it
+                quiet = count.quiet
+                if quiet is not None and count.live <= quiet[0] and count.run < quiet[2]:
+                    count.run += 1
+                    return
+            view = self._heard(s, kind, ptr, size, movable, count)
+        else:
+            view = self._view(s, kind, ptr, size, movable)
         if not self._memory_event(self.policy.allocated, view):
             self._event(self.policy.allocated, view)
 
@@ -336,10 +386,45 @@ class PolicyHost:
         if not self.hears_freed:
             self.wake()  # memory came back: waiting launches may fit now
             return
-        view = AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable, s.kernels)
+        if self.counts_memory and kind in GPU_KINDS:
+            count = self.memory_count(s.id, s.device)
+            count.live = max(0, count.live - size)
+            count.frees += 1
+            if count.low < 0 or count.live < count.low:
+                count.low = count.live
+            if count.quiet is not None:
+                self.run_deferred()
+                quiet = count.quiet
+                if quiet is not None and count.live > quiet[1] and count.run < quiet[2]:
+                    count.run += 1
+                    return  # nothing the policy would act on: nor do waiting launches
+            view = self._heard(s, kind, ptr, size, movable, count)
+        else:
+            view = self._view(s, kind, ptr, size, movable)
         if not self._memory_event(self.policy.freed, view):
             self._event(self.policy.freed, view)
             self.wake()
+
+    def _view(self, s: Session, kind: str, ptr: int, size: int, movable: bool) -> AllocationView:
+        """A view of host memory (or of a policy that does not count): its GPU kinds' counts
+        as they stand."""
+        count = self.counts.get((s.id, s.device))
+        if count is None:
+            return AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable, s.kernels)
+        return AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable, s.kernels,
+                              count.live, count.allocations, count.frees, count.live, count.live)
+
+    @staticmethod
+    def _heard(s: Session, kind: str, ptr: int, size: int, movable: bool,
+               count: MemoryCount) -> AllocationView:
+        """The view of an event the policy hears, with the counts; they start again from it."""
+        view = AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable, s.kernels,
+                              count.live, count.allocations, count.frees, count.high,
+                              count.low if count.low >= 0 else count.live)
+        count.high = count.live
+        count.low = -1
+        count.run = 0
+        return view
 
     def nvml_reading(self, gpu: int, total: int, used: int, utilization: int | None) -> None:
         self._event(self.policy.nvml_reading, NvmlView(gpu, total, used, utilization))

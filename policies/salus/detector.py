@@ -184,6 +184,24 @@ class IterationDetector:
         if self.live > self._iter_peak:
             self._iter_peak = self.live
 
+    def quiet(self, allocations: int, frees: int, live: int, high: int, low: int) -> None:
+        """Allocations and frees the policy did not hear one by one (pilotd kept them quiet:
+        none of them could end a piece), after which the job held `live` bytes, having held at
+        most `high` and, after a free, at least `low` in between. They count in the piece's
+        signature and peak as if heard; their times are not known (a piece's `gap` and
+        `before` are measured to the events heard, which matters only when a period is picked,
+        and the policy asks for quiet only once the job has settled)."""
+        self.live = max(0, live)
+        self._allocations += allocations
+        self._piece_frees += frees
+        if high > self.peak:
+            self.peak = high
+        if high > self._iter_peak:
+            self._iter_peak = high
+        if frees and self._launches:
+            self._lowest = min(self._lowest, low) if self._frees else low
+            self._frees += frees
+
     def launched(self, now: float | None = None, count: int = 1) -> None:
         """`count` launches; `now`: when the last was made, if the caller saw it (launches
         counted by the daemon and read at the next memory event carry no time: the piece's gap
@@ -214,7 +232,7 @@ class IterationDetector:
             return None
         self._frees += 1
         self._lowest = min(self._lowest, self.live) if self._frees > 1 else self.live
-        if level is None or self.live <= level + self._tolerance(level):
+        if level is None or self.live <= level + self.tolerance_of(level):
             return self._candidate(now)
         if self._frees >= self.relearn:  # the level rose for good
             self.version += 1
@@ -226,7 +244,8 @@ class IterationDetector:
     def _since_candidate(self, now: float) -> float:
         return now - self._candidate_at if self._candidate_at is not None else 0.0
 
-    def _tolerance(self, level: int) -> int:
+    def tolerance_of(self, level: int) -> int:
+        """How far above the level a free still returns to it (a candidate)."""
         return max(self.tolerance_bytes, int(level * self.tolerance))
 
     def _candidate(self, now: float) -> Boundary | None:

@@ -145,6 +145,10 @@ class Job:
     # (detector version, detector peak, P, E) of the sizes last counted for it in its lane while
     # it ran: see counted_still
     counted: tuple[int, int, int, int] | None = None
+    # per GPU: (allocations, frees, live) of its part as of the last memory event heard
+    # (AllocationView's counts): what came between was quiet (Salus._quiet)
+    heard: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    band: tuple[int, int, int] | None = None  # the quiet band last set for it (Controls.quiet_memory)
 
     @property
     def iteration_s(self) -> float | None:
@@ -311,6 +315,11 @@ class Salus(Policy):
         job = self.jobs.get(a.session)
         if job is None or a.kind in HOST_KINDS:
             return
+        self._catch_up(job, a, freed=False)
+        self._allocated(job, a)
+        self._quiet(job, a.gpu)
+
+    def _allocated(self, job: Job, a: AllocationView) -> None:
         job.launched_since(a.gpu, a.launches)
         job.detector.allocated(a.size, self.clock())
         lanes = self._lanes(job)
@@ -335,6 +344,11 @@ class Salus(Policy):
         job = self.jobs.get(a.session)
         if job is None or a.kind in HOST_KINDS:
             return
+        self._catch_up(job, a, freed=True)
+        self._freed(job, a)
+        self._quiet(job, a.gpu)
+
+    def _freed(self, job: Job, a: AllocationView) -> None:
         now = self.clock()
         det = job.detector
         job.launched_since(a.gpu, a.launches)
@@ -438,6 +452,51 @@ class Salus(Policy):
         if job is None or not job.running:
             return Watch.ALL
         return Watch.NONE
+
+    # ---- quiet memory events ----
+    def _catch_up(self, job: Job, a: AllocationView, freed: bool) -> None:
+        """The detector hears what pilotd kept quiet before this event (its counts since the
+        last event heard), then this event as usual."""
+        if not a.allocations and not a.frees:
+            return  # not counted by pilotd (a view made outside a daemon)
+        before = job.heard.get(a.gpu, (0, 0, 0))
+        job.heard[a.gpu] = (a.allocations, a.frees, a.live)
+        allocations = a.allocations - before[0] - (0 if freed else 1)
+        frees = a.frees - before[1] - (1 if freed else 0)
+        if allocations <= 0 and frees <= 0:
+            return
+        det = job.detector
+        others = det.live - before[2]  # its other GPUs' bytes, as the detector counts them
+        live = a.live + a.size if freed else a.live - a.size  # before this event
+        det.quiet(max(0, allocations), max(0, frees), others + live, others + a.high, others + a.low)
+
+    def _quiet(self, job: Job, gpu: int) -> None:
+        """While the job runs its recognized, settled iterations on one GPU, pilotd keeps quiet
+        what salus would only count: allocations within what its lane counts for it (P + E: the
+        answer is RUN, nothing changes) and frees that stay above its level's tolerance (not a
+        candidate: nothing to do). Every free that can end a piece or an iteration is heard;
+        at most half the detector's `relearn` events in a row are quiet. A PyTorch step of
+        30-50 allocations and as many frees then costs salus its dozen returns to the level."""
+        band = self._band(job, gpu)
+        if band != job.band:
+            job.band = band
+            if band is None:
+                self.controls.quiet_memory(job.session.id, gpu)
+            else:
+                self.controls.quiet_memory(job.session.id, gpu, *band)
+
+    def _band(self, job: Job, gpu: int) -> tuple[int, int, int] | None:
+        det = job.detector
+        heard = job.heard.get(gpu)
+        if not job.running or job.refused or heard is None or len(job.heard) != 1 \
+                or not det.recognized or not det.settled or det.level is None:
+            return None
+        m = self._lanes(job).members.get(job.session.id)
+        if m is None:
+            return None
+        others = det.live - heard[2]
+        return (m.persistent + m.ephemeral - others, det.level + det.tolerance_of(det.level) - others,
+                max(1, det.relearn // 2))
 
     # ---- internals ----
     def _reschedule(self, gpu: int) -> None:
