@@ -35,7 +35,8 @@ from salus_experiments import step_ms  # noqa: E402
 
 COUNTED = ("pilot_calls_total", "pilot_fast_launches_total", "pilot_fast_copies_total",
            "pilot_fast_syncs_total", "pilot_fast_library_calls_total", "pilot_tenant_launches_total",
-           "pilot_policy_decisions_total", "pilot_policy_actions_total")
+           "pilot_policy_decisions_total", "pilot_policy_actions_total",
+           "pilot_policy_memory_events_total")
 
 
 def counts(text: str) -> dict[str, float]:

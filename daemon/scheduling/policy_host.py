@@ -145,6 +145,9 @@ class DaemonControls(Controls):
                      limit: int = 0) -> None:
         count = self.host.memory_count(session, gpu)
         count.quiet = (ceiling, floor, limit) if limit > 0 else None
+        log.debug("policy %s: session %d on GPU %d: %s", self.host.name, session, gpu,
+                  f"allocations up to {ceiling} bytes and frees above {floor} quiet (at most "
+                  f"{limit} in a row)" if limit > 0 else "every memory event heard")
 
     def hold_session(self, session: int, reason: str) -> None:
         s = self.host.sessions.get(session)
@@ -375,6 +378,7 @@ class PolicyHost:
                 quiet = count.quiet
                 if quiet is not None and count.live <= quiet[0] and count.run < quiet[2]:
                     count.run += 1
+                    self.metrics.count("policy_memory_events", (self.name, s.tenant, "quiet"))
                     return
             view = self._heard(s, kind, ptr, size, movable, count)
         else:
@@ -397,6 +401,7 @@ class PolicyHost:
                 quiet = count.quiet
                 if quiet is not None and count.live > quiet[1] and count.run < quiet[2]:
                     count.run += 1
+                    self.metrics.count("policy_memory_events", (self.name, s.tenant, "quiet"))
                     return  # nothing the policy would act on: nor do waiting launches
             view = self._heard(s, kind, ptr, size, movable, count)
         else:
@@ -414,10 +419,10 @@ class PolicyHost:
         return AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable, s.kernels,
                               count.live, count.allocations, count.frees, count.live, count.live)
 
-    @staticmethod
-    def _heard(s: Session, kind: str, ptr: int, size: int, movable: bool,
+    def _heard(self, s: Session, kind: str, ptr: int, size: int, movable: bool,
                count: MemoryCount) -> AllocationView:
         """The view of an event the policy hears, with the counts; they start again from it."""
+        self.metrics.count("policy_memory_events", (self.name, s.tenant, "heard"))
         view = AllocationView(s.id, s.tenant, s.device, kind, ptr, size, movable, s.kernels,
                               count.live, count.allocations, count.frees, count.high,
                               count.low if count.low >= 0 else count.live)

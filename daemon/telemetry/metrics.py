@@ -93,6 +93,10 @@ LABELED_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                        "What the policy did to a tenant: hold, release, throttle, unthrottle, and the "
                        "memory moves it asked for (evict, advise_host, unadvise).",
                        ("policy", "tenant", "action")),
+    "policy_memory_events": ("pilot_policy_memory_events_total",
+                             "Allocations and frees of GPU memory a policy counts: heard (its events) "
+                             "or quiet (counted only, as the policy asked: Controls.quiet_memory).",
+                             ("policy", "tenant", "outcome")),
     "residency_evicted_bytes": ("pilot_residency_evicted_bytes_total",
                                 "Movable memory moved to host memory, by whose and why (capacity: "
                                 "the enforcer made room; policy: a policy asked).",

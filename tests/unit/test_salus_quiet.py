@@ -64,7 +64,8 @@ class Counting(Policy):
 
 def test_quiet_events_are_counted_and_handed_over_with_the_next_one_heard() -> None:
     policy = Counting()
-    host = PolicyHost(policy, Metrics())
+    metrics = Metrics()
+    host = PolicyHost(policy, metrics)
     b = ResourceBroker(Quotas(), Ledger(), GpuBudget({0: GIB}), Metrics())
     b.policy = host
     s = session(1)
@@ -91,6 +92,9 @@ def test_quiet_events_are_counted_and_handed_over_with_the_next_one_heard() -> N
     assert policy.heard[-1][1].live == 10 * MIB and len(policy.heard) == 5
     b.allocate(s, "pinned", MIB, lambda: 0x6000)       # host memory: not in the counts
     assert policy.heard[-1][1].live == 10 * MIB
+    events = {labels[2]: n for (key, labels), n in metrics.snapshot().labeled.items()
+              if key == "policy_memory_events"}
+    assert events == {"heard": 5, "quiet": 4}  # pinned memory is not counted
     host.session_ended(s)
     assert host.counts == {}
 
