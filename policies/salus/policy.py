@@ -148,7 +148,8 @@ class Job:
     # per GPU: (allocations, frees, live) of its part as of the last memory event heard
     # (AllocationView's counts): what came between was quiet (Salus._quiet)
     heard: dict[int, tuple[int, int, int]] = field(default_factory=dict)
-    band: tuple[int, int, int] | None = None  # the quiet band last set for it (Controls.quiet_memory)
+    # per GPU: the quiet band last set for its part there (Controls.quiet_memory)
+    bands: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
     @property
     def iteration_s(self) -> float | None:
@@ -477,18 +478,24 @@ class Salus(Policy):
         candidate: nothing to do). Every free that can end a piece or an iteration is heard;
         at most half the detector's `relearn` events in a row are quiet. A PyTorch step of
         30-50 allocations and as many frees then costs salus its dozen returns to the level."""
+        if len(job.heard) > 1:  # on several GPUs: every part heard in full
+            for other in list(job.bands):
+                del job.bands[other]
+                self.controls.quiet_memory(job.session.id, other)
+            return
         band = self._band(job, gpu)
-        if band != job.band:
-            job.band = band
+        if band != job.bands.get(gpu):
             if band is None:
+                del job.bands[gpu]
                 self.controls.quiet_memory(job.session.id, gpu)
             else:
+                job.bands[gpu] = band
                 self.controls.quiet_memory(job.session.id, gpu, *band)
 
     def _band(self, job: Job, gpu: int) -> tuple[int, int, int] | None:
         det = job.detector
         heard = job.heard.get(gpu)
-        if not job.running or job.refused or heard is None or len(job.heard) != 1 \
+        if not job.running or job.refused or heard is None \
                 or not det.recognized or not det.settled or det.level is None:
             return None
         m = self._lanes(job).members.get(job.session.id)

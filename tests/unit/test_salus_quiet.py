@@ -177,3 +177,38 @@ def test_salus_learns_the_same_with_quiet_events_and_hears_far_fewer() -> None:
     # this step's frees return to (or below) its level at 9 of its 13 (a PyTorch step: at
     # about 11 of 30-50): those are heard, and so are all of them while the job is learned
     assert quiet["heard"]["freed"] < loud["heard"]["freed"] * 0.8
+
+
+def test_a_job_on_a_second_gpu_is_heard_in_full_on_both() -> None:
+    """The detector counts a job's bytes over all its GPUs; a band is per GPU. Once the job
+    uses a second GPU, the band of the first is lifted."""
+    policy = Salus(SalusSettings(scheduler="pack", capacity=8 * GIB))
+    now = [0.0]
+    policy.clock = lambda: now[0]
+    host = PolicyHost(policy, Metrics())
+    b = ResourceBroker(Quotas(), Ledger(), GpuBudget({0: 64 * GIB, 1: 64 * GIB}), Metrics())
+    b.policy = host
+    s = session(1)
+    host.session_started(s)
+    held: dict[int, list[int]] = {}
+    addresses = itertools.count(0x10000, 0x10000)
+    for what, size in job([64 * MIB, 16 * MIB], torch_like_step(), 20):
+        now[0] += 1e-4
+        if what == "alloc":
+            ptr = next(addresses)
+            b.allocate(s, "device", size, lambda ptr=ptr: ptr)
+            held.setdefault(size, []).append(ptr)
+        elif what == "free":
+            b.release(s, "device", size, held[size].pop())
+        else:
+            s.kernels += 1
+            if host.watches_launches(s.id) is not Watch.NONE:
+                view = LaunchView(s.kernels, s.id, s.tenant, s.creds.pid, 0, 0, "k", (1, 1, 1),
+                                  (1, 1, 1), 0, (), 0.0, 0.0, 1)
+                assert host.launch_requested(view) is RUN
+                host.launch_started(view)
+    assert host.counts[(1, 0)].quiet is not None  # settled, running, one GPU: quiet
+    second = session(1)
+    second.device = 1
+    b.allocate(second, "device", MIB, lambda: 0x900000)
+    assert host.counts[(1, 0)].quiet is None and host.counts[(1, 1)].quiet is None
