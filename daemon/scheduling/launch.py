@@ -30,7 +30,7 @@ from pilot.daemon.backends.base import (
     LaunchAttrs,
 )
 from pilot.daemon.scheduling import streams
-from pilot.policies import KernelView, LaunchView, RangeView, Verdict
+from pilot.policies import KernelView, LaunchView, RangeView, Verdict, Watch
 
 if TYPE_CHECKING:
     from pilot.daemon.scheduling.policy_host import PolicyHost
@@ -154,7 +154,11 @@ def submit(vg: VGpu, s: Session, function: int, grid: Dim3, block: Dim3, shared_
         s.note_managed_launch(memoryview(args))
     host = vg.policy
     launch = Launch(function, grid, block, shared_bytes, stream, args, attrs, info)
-    if host is None or not host.decides_launches:
+    if host is None or not host.decides_launches or (
+            host.selective and host.watches_launches(s.id) is Watch.NONE):
+        # a policy that watches sessions one by one and not this one now: as C's fast path
+        # would, the launch runs unasked (it is counted in Session.kernels, which the policy
+        # reads at the session's next memory event)
         issue(vg, s, launch)
         return
     launch.view = make_view(vg, s, launch, info, host)

@@ -170,6 +170,29 @@ def test_a_running_job_s_launches_run_in_c(start_pilotd: Any, shim_path: str, sa
     assert launched - in_c <= 2, (launched, in_c)
 
 
+def test_a_settled_job_is_heard_at_its_returns_to_its_level(start_pilotd: Any, shim_path: str,
+                                                            torch_like: Path) -> None:
+    """Issue 30: once salus has learned a job's steps and the job runs, pilotd keeps quiet the
+    allocations within its lane and the frees that stay above its level
+    (Controls.quiet_memory): a PyTorch-shaped step of 13 allocations and 13 frees is heard at
+    its returns to the level. Nor is a launch of the running job asked about in Python (as in
+    C): the policy decides only the launch that asks for its turn."""
+    config = ('[policy]\nname = "salus"\nmax_wait = 0\n[policy.salus]\nscheduler = "fifo"\n'
+              'capacity = "1GiB"\n')
+    steps = 40
+    out, metrics = run_scraped(start_pilotd, [str(torch_like), "64", str(steps), "4", "2048", "0", "0"],
+                               shim_path, config)
+    assert f"steps {steps} ok" in out, out
+    events = {k: v for k, v in metrics.items() if k.startswith("pilot_policy_memory_events_total{")}
+    heard = sum(v for k, v in events.items() if 'outcome="heard"' in k)
+    quiet = sum(v for k, v in events.items() if 'outcome="quiet"' in k)
+    print(f"salus memory events: {heard:g} heard, {quiet:g} quiet; "
+          f"{total(metrics, 'pilot_policy_decisions_total'):g} launch decisions")
+    assert heard + quiet >= steps * 26  # every allocation and free of every step is counted
+    assert quiet > heard  # 17 of a step's 26 are quiet once it is learned (about 4 steps)
+    assert total(metrics, "pilot_policy_decisions_total") <= 2
+
+
 def test_a_pytorch_shaped_step_is_one_iteration(start_pilotd: Any, shim_path: str, torch_like: Path) -> None:
     """Issue 30: a PyTorch step with backend:cudaMallocAsync returns to its persistent level
     several times (between layers, after backward, after the optimizer), and the detector
