@@ -8,7 +8,7 @@ metrics; with --py-spy, a py-spy profile of pilotd during the `none` and `salus`
 first size in the first round, summarised by bench/profile_summary.py.
 
     python3 bench/salus_step_profile.py --out DIR [--sizes small,medium] [--iterations 300]
-        [--rounds 2] [--debug] [--py-spy PATH]
+        [--rounds 2] [--debug] [--py-spy PATH] [--spin-us N]
 
 Needs PyTorch and a GPU (the sim has no PyTorch). Writes DIR/steps.md (the table and each run's
 counts and profile summaries) and DIR/runs.tgz (each run's pilotd log, metrics and raw
@@ -102,10 +102,16 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--debug", action="store_true", help="salus at log level debug too")
     ap.add_argument("--py-spy", default="", help="py-spy to profile pilotd with (none: no profile)")
+    ap.add_argument("--spin-us", type=int, default=-1,
+                    help="how long the shim and pilotd's vGPU threads poll before they sleep "
+                         "(PILOT_SPIN_US and [daemon] spin_us; default: pilot's, 50): whether "
+                         "a round trip that outlasts the poll, and sleeps, is what a step waits for")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="salus-steps-"))
     base = {**clean_env(), "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
+    spin_env = {"PILOT_SPIN_US": str(args.spin_us)} if args.spin_us >= 0 else {}
+    spin_config = f"[daemon]\nspin_us = {args.spin_us}\n" if args.spin_us >= 0 else ""
     rows: list[str] = []
     notes: list[str] = []
     steps: dict[tuple[str, str], dict[int, float]] = {}  # (size, policy) -> round -> median step
@@ -123,7 +129,7 @@ def main() -> int:
         for policy, level in runs:
             name = f"r{rnd}-{size}-{policy}-{level}"
             daemon = Daemon(work / name, "cuda", policy, "srtf", "12GiB", log_level=level,
-                            metrics=True)
+                            metrics=True, config=spin_config)
             spy = None
             if args.py_spy and size == sizes[0] and level == "info" and rnd == 1:
                 spy = subprocess.Popen(
@@ -132,7 +138,8 @@ def main() -> int:
                      "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
                 time.sleep(0.5)
             try:
-                rc, out = job(size, args.iterations, {**base, "PILOT_SOCKET": daemon.socket}, True)
+                rc, out = job(size, args.iterations, {**base, **spin_env, "PILOT_SOCKET": daemon.socket},
+                              True)
                 scrape = daemon.scrape_text()
                 cpu = thread_cpu(daemon.proc.pid)
             finally:
