@@ -143,6 +143,8 @@ class DaemonControls(Controls):
 
     def quiet_memory(self, session: int, gpu: int, ceiling: int = 0, floor: int = 0,
                      limit: int = 0) -> None:
+        if session not in self.host.sessions:
+            return  # ended (or never started): nothing to count, and no entry left behind
         count = self.host.memory_count(session, gpu)
         count.quiet = (ceiling, floor, limit) if limit > 0 else None
         log.debug("policy %s: session %d on GPU %d: %s", self.host.name, session, gpu,

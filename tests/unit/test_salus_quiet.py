@@ -69,6 +69,7 @@ def test_quiet_events_are_counted_and_handed_over_with_the_next_one_heard() -> N
     b = ResourceBroker(Quotas(), Ledger(), GpuBudget({0: GIB}), Metrics())
     b.policy = host
     s = session(1)
+    host.session_started(s)
     b.allocate(s, "device", 10 * MIB, lambda: 0x1000)  # heard: no band yet
     # allocations up to 30 MiB and frees above 12 MiB quiet, at most 3 in a row
     policy.controls.quiet_memory(1, 0, 30 * MIB, 12 * MIB, 3)
@@ -96,6 +97,8 @@ def test_quiet_events_are_counted_and_handed_over_with_the_next_one_heard() -> N
               if key == "policy_memory_events"}
     assert events == {"heard": 5, "quiet": 4}  # pinned memory is not counted
     host.session_ended(s)
+    assert host.counts == {}
+    policy.controls.quiet_memory(1, 0, 30 * MIB, 12 * MIB, 3)  # too late: nothing is kept for it
     assert host.counts == {}
 
 
