@@ -147,9 +147,10 @@ class DaemonControls(Controls):
             return  # ended (or never started): nothing to count, and no entry left behind
         count = self.host.memory_count(session, gpu)
         count.quiet = (ceiling, floor, limit) if limit > 0 else None
-        log.debug("policy %s: session %d on GPU %d: %s", self.host.name, session, gpu,
-                  f"allocations up to {ceiling} bytes and frees above {floor} quiet (at most "
-                  f"{limit} in a row)" if limit > 0 else "every memory event heard")
+        if log.isEnabledFor(logging.DEBUG):  # at every change of the job's level: built only if read
+            log.debug("policy %s: session %d on GPU %d: %s", self.host.name, session, gpu,
+                      f"allocations up to {ceiling} bytes and frees above {floor} quiet (at most "
+                      f"{limit} in a row)" if limit > 0 else "every memory event heard")
 
     def hold_session(self, session: int, reason: str) -> None:
         s = self.host.sessions.get(session)
