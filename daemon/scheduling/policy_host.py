@@ -60,6 +60,17 @@ class MemoryCount:
     quiet: tuple[int, int, int] | None = None  # ceiling, floor, limit
     run: int = 0  # events in a row the policy did not hear
 
+    def hides_allocation(self, live: int) -> bool:
+        """Whether an allocation that leaves `live` bytes stays quiet (within the band, and not
+        yet `limit` quiet events in a row)."""
+        quiet = self.quiet
+        return quiet is not None and live <= quiet[0] and self.run < quiet[2]
+
+    def hides_free(self) -> bool:
+        """Whether the free just counted stays quiet (its bytes left above the floor)."""
+        quiet = self.quiet
+        return quiet is not None and self.live > quiet[1] and self.run < quiet[2]
+
 
 class PolicyStartError(Exception):
     """The configured policy cannot be used (unknown, not implemented, bad knobs, bad plugin)."""
@@ -290,23 +301,25 @@ class PolicyHost:
             return
         events = deferred.copy()
         deferred.clear()
-        freed = False
+        wake = False
         with self._lock:
-            for fn, view in events:
+            for fn, view, wakes in events:
                 try:
                     fn(view)
                 except Exception:
-                    log.exception("policy %s: %s failed", self.name, fn.__name__)
-                freed = freed or fn.__name__ == "freed"
-        if freed:
+                    log.exception("policy %s: %s failed", self.name, getattr(fn, "__name__", fn))
+                wake = wake or wakes
+        if wake:
             self.wake()
 
-    def _memory_event(self, fn: Callable[[AllocationView], None], view: AllocationView) -> bool:
-        """Deferred (True) on a thread that defers; else the caller runs it now."""
+    def _memory_event(self, fn: Callable[[AllocationView], None], view: AllocationView,
+                      wakes: bool) -> bool:
+        """Deferred (True) on a thread that defers; else the caller runs it now. `wakes`: waiting
+        launches are asked again once it has run (a free)."""
         deferred = getattr(self._local, "deferred", None)
         if deferred is None:
             return False
-        deferred.append((fn, view))
+        deferred.append((fn, view, wakes))
         return True
 
     def _event(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -337,10 +350,8 @@ class PolicyHost:
             return RUN  # the policy does not ask: no lock on the allocation path
         self.run_deferred()
         count = self.counts.get((s.id, s.device))
-        if count is not None and count.quiet is not None and kind in GPU_KINDS:
-            ceiling, _, limit = count.quiet
-            if count.live + size <= ceiling and count.run < limit:
-                return RUN  # within the quiet band the policy set: it would answer RUN
+        if count is not None and kind in GPU_KINDS and count.hides_allocation(count.live + size):
+            return RUN  # within the quiet band the policy set: it would answer RUN
         view = AllocationView(s.id, s.tenant, s.device, kind, 0, size, movable)
         try:
             with self._lock:
@@ -378,15 +389,13 @@ class PolicyHost:
                 count.high = count.live
             if count.quiet is not None:
                 self.run_deferred()  # the band as the events before this one left it
-                quiet = count.quiet
-                if quiet is not None and count.live <= quiet[0] and count.run < quiet[2]:
-                    count.run += 1
-                    self.metrics.count("policy_memory_events", (self.name, s.tenant, "quiet"))
+                if count.hides_allocation(count.live):
+                    self._kept_quiet(s, count)
                     return
             view = self._heard(s, kind, ptr, size, movable, count)
         else:
             view = self._view(s, kind, ptr, size, movable)
-        if not self._memory_event(self.policy.allocated, view):
+        if not self._memory_event(self.policy.allocated, view, False):
             self._event(self.policy.allocated, view)
 
     def freed(self, s: Session, kind: str, ptr: int, size: int, movable: bool = False) -> None:
@@ -401,17 +410,19 @@ class PolicyHost:
                 count.low = count.live
             if count.quiet is not None:
                 self.run_deferred()
-                quiet = count.quiet
-                if quiet is not None and count.live > quiet[1] and count.run < quiet[2]:
-                    count.run += 1
-                    self.metrics.count("policy_memory_events", (self.name, s.tenant, "quiet"))
+                if count.hides_free():
+                    self._kept_quiet(s, count)
                     return  # nothing the policy would act on: nor do waiting launches
             view = self._heard(s, kind, ptr, size, movable, count)
         else:
             view = self._view(s, kind, ptr, size, movable)
-        if not self._memory_event(self.policy.freed, view):
+        if not self._memory_event(self.policy.freed, view, True):
             self._event(self.policy.freed, view)
             self.wake()
+
+    def _kept_quiet(self, s: Session, count: MemoryCount) -> None:
+        count.run += 1
+        self.metrics.count("policy_memory_events", (self.name, s.tenant, "quiet"))
 
     def _view(self, s: Session, kind: str, ptr: int, size: int, movable: bool) -> AllocationView:
         """A view of host memory (or of a policy that does not count): its GPU kinds' counts
