@@ -84,12 +84,6 @@ class Piece:
     gap: float
     before: float
 
-    def matches(self, other: Piece, tolerance_bytes: int) -> bool:
-        if self.allocations != other.allocations or self.frees != other.frees:
-            return False
-        a, b = self.peak, other.peak
-        return abs(a - b) <= max(tolerance_bytes, (a if a > b else b) // 10)
-
 
 class IterationDetector:
     """One job's boundaries from its call stream; feed it allocated/freed/launched in order."""
@@ -265,7 +259,9 @@ class IterationDetector:
         n = len(pieces)
         allocations, frees, peak = piece.allocations, piece.frees, piece.peak
         for k in range(1, min(n, self.max_period + 1)):
-            other = pieces[n - 1 - k]  # Piece.matches, inline: up to max_period per candidate
+            # alike: the same allocations and frees, peaks within the larger of the slack and
+            # 10% (inline: up to max_period comparisons per candidate)
+            other = pieces[n - 1 - k]
             if other.allocations == allocations and other.frees == frees:
                 b = other.peak
                 alike = abs(peak - b) <= max(slack, (peak if peak > b else b) // 10)
