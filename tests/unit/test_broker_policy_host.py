@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from broker_fakes import Quotas, session
 
 from pilot.daemon.backends.base import BackendError
 from pilot.daemon.resources.broker import GpuBudget, ResourceBroker
@@ -17,17 +18,6 @@ from pilot.daemon.telemetry.metrics import Metrics
 from pilot.policies import RUN, Decision, LaunchView, Policy, Verdict, Watch
 
 MiB = 1 << 20
-
-
-class Quotas:
-    def __init__(self, hard: int | None = None) -> None:
-        self.hard = hard
-
-    def get(self, tenant: str, gpu: int) -> Any:
-        return SimpleNamespace(hard=self.hard, provisioned=None)
-
-    def provisioned_on(self, gpu: int) -> dict[str, int]:
-        return {}
 
 
 class Recorder(Policy):
@@ -52,11 +42,6 @@ class Recorder(Policy):
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
-
-
-def session(sid: int = 1, tenant: str = "user:a", gpu: int = 0) -> Any:
-    return SimpleNamespace(id=sid, tenant=tenant, device=gpu, vgpu=0, charged={}, packed_ranges=set(),
-                           kernels=0, creds=SimpleNamespace(pid=100 + sid))
 
 
 def broker(hard: int | None = None, capacity: int = 100 * MiB, pinned: int | None = None,

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from broker_fakes import Quotas
 
 from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_RESOURCE_HANDLE,
@@ -32,14 +33,6 @@ MiB = 1 << 20
 STREAM = 0x10
 INVALID_CONTEXT = 201
 EVENT_INTERPROCESS_NO_TIMING = 0x6
-
-
-class Quotas:
-    def get(self, tenant: str, gpu: int) -> Any:
-        return SimpleNamespace(hard=64 * MiB, provisioned=None)
-
-    def provisioned_on(self, gpu: int) -> dict[str, int]:
-        return {}
 
 
 class Heard:
@@ -84,7 +77,7 @@ def make_vgpu(broker: ResourceBroker | None = None, device: int = 0) -> Any:
     sim = CountingSim(KernelRegistry(), total_mem=128 * MiB)
     sim.bind_thread(0)
     if broker is None:
-        broker = ResourceBroker(Quotas(), Ledger(), GpuBudget({0: 128 * MiB, 1: 128 * MiB}),  # type: ignore[arg-type]
+        broker = ResourceBroker(Quotas(64 * MiB), Ledger(), GpuBudget({0: 128 * MiB, 1: 128 * MiB}),  # type: ignore[arg-type]
                                 Metrics())
         broker.policy = Heard()  # type: ignore[assignment]
     return SimpleNamespace(backend=sim, broker=broker, quarantine=Quarantine(sim), device=device,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,24 +21,11 @@ from pilot.policies import RUN, Decision, LaunchView, Policy, Watch
 from pilot.policies.salus.policy import Salus, SalusSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from broker_fakes import Quotas, session
 from salus_step_shapes import job, torch_like_step
 
 MIB = 1 << 20
 GIB = 1 << 30
-
-
-class Quotas:
-    def get(self, tenant: str, gpu: int) -> Any:
-        return SimpleNamespace(hard=None, provisioned=None)
-
-    def provisioned_on(self, gpu: int) -> dict[str, int]:
-        return {}
-
-
-def session(sid: int) -> Any:
-    return SimpleNamespace(id=sid, tenant=f"user:{sid}", device=0, vgpu=0, charged={},
-                           packed_ranges=set(), kernels=0, creds=SimpleNamespace(pid=100 + sid),
-                           policy_hold=None)
 
 
 class Counting(Policy):
@@ -68,7 +54,7 @@ def test_quiet_events_are_counted_and_handed_over_with_the_next_one_heard() -> N
     host = PolicyHost(policy, metrics)
     b = ResourceBroker(Quotas(), Ledger(), GpuBudget({0: GIB}), Metrics())
     b.policy = host
-    s = session(1)
+    s = session(1, "user:1")
     host.session_started(s)
     b.allocate(s, "device", 10 * MIB, lambda: 0x1000)  # heard: no band yet
     # allocations up to 30 MiB and frees above 12 MiB quiet, at most 3 in a row
@@ -102,6 +88,30 @@ def test_quiet_events_are_counted_and_handed_over_with_the_next_one_heard() -> N
     assert host.counts == {}
 
 
+def play(host: PolicyHost, b: ResourceBroker, s: Any, call: tuple[str, int],
+         held: dict[int, list[int]], addresses: Any) -> None:
+    """One call of a scripted job (bench/salus_step_shapes.py) through pilotd's broker and policy
+    host, as a vGPU serves it: a launch is counted, and asked about only while the policy
+    watches the session (as C's fast path does)."""
+    what, size = call
+    if what == "alloc":
+        ptr = next(addresses)
+        try:
+            b.allocate(s, "device", size, lambda: ptr)
+        except HoldForPolicy:
+            pytest.fail("an allocation was held: the lanes should fit every job")
+        held.setdefault(size, []).append(ptr)
+    elif what == "free":
+        b.release(s, "device", size, held[size].pop())
+    else:
+        s.kernels += 1
+        if host.watches_launches(s.id) is not Watch.NONE:
+            view = LaunchView(host.new_launch_id(), s.id, s.tenant, s.creds.pid, s.device, 0, "k",
+                              (1, 1, 1), (1, 1, 1), 0, (), 0.0, 0.0, 1)
+            assert host.launch_requested(view) is RUN
+            host.launch_started(view)
+
+
 def replay(quiet: bool, jobs: int = 2, steps: int = 40) -> dict[str, Any]:
     """PyTorch-like jobs (bench/salus_step_shapes.py) under salus through pilotd's policy host
     and broker, one call of each job in turn; with `quiet` off, every event is heard."""
@@ -125,10 +135,9 @@ def replay(quiet: bool, jobs: int = 2, steps: int = 40) -> dict[str, Any]:
     addresses = itertools.count(0x10000, 0x10000)
     streams = []
     for sid in range(1, jobs + 1):
-        s = session(sid)
+        s = session(sid, f"user:{sid}")
         host.session_started(s)
         streams.append((s, job([64 * MIB, 16 * MIB], torch_like_step(), steps), {}))
-    launch_ids = itertools.count(1)
     live = list(streams)
     while live:
         for entry in list(live):
@@ -137,24 +146,8 @@ def replay(quiet: bool, jobs: int = 2, steps: int = 40) -> dict[str, Any]:
             if call is None:
                 live.remove(entry)
                 continue
-            what, size = call
             now[0] += 1e-4
-            if what == "alloc":
-                ptr = next(addresses)
-                try:
-                    b.allocate(s, "device", size, lambda ptr=ptr: ptr)
-                except HoldForPolicy:
-                    pytest.fail("an allocation was held: the lanes should fit every job")
-                held.setdefault(size, []).append(ptr)
-            elif what == "free":
-                b.release(s, "device", size, held[size].pop())
-            else:
-                s.kernels += 1
-                if host.watches_launches(s.id) is not Watch.NONE:
-                    view = LaunchView(next(launch_ids), s.id, s.tenant, s.creds.pid, 0, 0, "k",
-                                      (1, 1, 1), (1, 1, 1), 0, (), 0.0, 0.0, 1)
-                    assert host.launch_requested(view) is RUN
-                    host.launch_started(view)
+            play(host, b, s, call, held, addresses)
             lanes = policy.lanes[0] if policy.lanes else None
             assert lanes is None or lanes.used <= capacity
             j = policy.jobs[s.id]
@@ -191,27 +184,15 @@ def test_a_job_on_a_second_gpu_is_heard_in_full_on_both() -> None:
     host = PolicyHost(policy, Metrics())
     b = ResourceBroker(Quotas(), Ledger(), GpuBudget({0: 64 * GIB, 1: 64 * GIB}), Metrics())
     b.policy = host
-    s = session(1)
+    s = session(1, "user:1")
     host.session_started(s)
     held: dict[int, list[int]] = {}
     addresses = itertools.count(0x10000, 0x10000)
-    for what, size in job([64 * MIB, 16 * MIB], torch_like_step(), 20):
+    for call in job([64 * MIB, 16 * MIB], torch_like_step(), 20):
         now[0] += 1e-4
-        if what == "alloc":
-            ptr = next(addresses)
-            b.allocate(s, "device", size, lambda ptr=ptr: ptr)
-            held.setdefault(size, []).append(ptr)
-        elif what == "free":
-            b.release(s, "device", size, held[size].pop())
-        else:
-            s.kernels += 1
-            if host.watches_launches(s.id) is not Watch.NONE:
-                view = LaunchView(s.kernels, s.id, s.tenant, s.creds.pid, 0, 0, "k", (1, 1, 1),
-                                  (1, 1, 1), 0, (), 0.0, 0.0, 1)
-                assert host.launch_requested(view) is RUN
-                host.launch_started(view)
+        play(host, b, s, call, held, addresses)
     assert host.counts[(1, 0)].quiet is not None  # settled, running, one GPU: quiet
-    second = session(1)
+    second = session(1, "user:1")
     second.device = 1
     b.allocate(second, "device", MIB, lambda: 0x900000)
     assert host.counts[(1, 0)].quiet is None and host.counts[(1, 1)].quiet is None

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from broker_fakes import Quotas
 
 from pilot.daemon.backends.base import (
     CUDA_ERROR_INVALID_RESOURCE_HANDLE,
@@ -55,14 +56,6 @@ class NoWaitSim(SimBackend):
         super().event_synchronize(event)
 
 
-class Quotas:
-    def get(self, tenant: str, gpu: int) -> Any:
-        return SimpleNamespace(hard=8 * MiB, provisioned=None)
-
-    def provisioned_on(self, gpu: int) -> dict[str, int]:
-        return {}
-
-
 class Heard:
     """What the policy hears of allocations (the broker's PolicyHost calls)."""
 
@@ -101,7 +94,7 @@ class HeldStream:
 def vg() -> Iterator[Any]:
     sim = NoWaitSim(KernelRegistry(), total_mem=64 * MiB)
     sim.bind_thread(0)
-    broker = ResourceBroker(Quotas(), Ledger(), GpuBudget({0: 64 * MiB}), Metrics())  # type: ignore[arg-type]
+    broker = ResourceBroker(Quotas(8 * MiB), Ledger(), GpuBudget({0: 64 * MiB}), Metrics())  # type: ignore[arg-type]
     broker.policy = Heard()  # type: ignore[assignment]
     yield SimpleNamespace(backend=sim, broker=broker, quarantine=Quarantine(sim),
                           stream=sim.stream_create(STREAM_NON_BLOCKING, 0))
