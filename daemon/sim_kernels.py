@@ -22,7 +22,7 @@ import math
 import struct
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -139,10 +139,10 @@ class SimLaunch:
         self._symbols = symbols or {}
         self._images = images
         self._printf = printf
-        # A preemptible launch (SimBackend.launch_preemptible): the logical blocks to run now.
-        self.blocks: range | None = None
+        # A preemptible variant (SimBackend._run_variant): the logical blocks it runs now.
+        self.blocks: Sequence[int] | None = None
 
-    def logical_blocks(self) -> range:
+    def logical_blocks(self) -> Sequence[int]:
         """The logical blocks this launch runs (a @blockwise emulation runs only these): all of
         the grid's, or those a preemptible launch claimed."""
         gx, gy, gz = self.grid
@@ -349,7 +349,7 @@ def sim_kernel(name: str) -> Callable[[SimFn], SimFn]:
 
 def blockwise(fn: SimFn) -> SimFn:
     """Mark an emulation that runs only `k.logical_blocks()`: it can run part of a grid, as a
-    preemptible launch does (SimBackend.launch_preemptible)."""
+    preemptible variant does (SimBackend._run_variant)."""
     fn.blockwise = True  # type: ignore[attr-defined]
     return fn
 

@@ -496,6 +496,14 @@ class Backend(Protocol):
         holds back later work until the gate's word reaches its target."""
     def kick(self) -> None:
         """A gate was opened from the host (the sim runs what the gate held back)."""
+    def stream_write_word(self, stream: Any, address: int, value: int) -> None:
+        """cuStreamWriteValue32: the u32 at device address `address` becomes `value` when
+        `stream` gets there (the preemption words, scheduling/preempt.py)."""
+        raise BackendError(CUDA_ERROR_NOT_SUPPORTED, "stream memory operations")
+    def stream_wait_word(self, stream: Any, address: int, value: int) -> None:
+        """cuStreamWaitValue32 (EQ): later work on `stream` waits until the u32 at device
+        address `address` equals `value`."""
+        raise BackendError(CUDA_ERROR_NOT_SUPPORTED, "stream memory operations")
 
     # CUDA math libraries (backends/libraries.py; cublas.py on a GPU, sim_blas.py on the sim).
     # Handles are the backend's objects, lent to one program handle at a time; library failures

@@ -1405,6 +1405,18 @@ class CudaBackend:
     def kick(self) -> None:
         """The GPU polls the gate words itself: nothing to do."""
 
+    def stream_write_word(self, stream: Any, address: int, value: int) -> None:
+        cu = self._cu
+        check(cu.cuStreamWriteValue32(stream, address, value,
+                                      cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT),
+              "cuStreamWriteValue32")
+
+    def stream_wait_word(self, stream: Any, address: int, value: int) -> None:
+        cu = self._cu
+        check(cu.cuStreamWaitValue32(stream, address, value,
+                                     cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ),
+              "cuStreamWaitValue32")
+
 
     # ---- SM partitions (green contexts; compute shares, resources/shares.py) -----------------
 

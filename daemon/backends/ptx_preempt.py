@@ -2,27 +2,32 @@
 logical block indices from a counter in device memory (Tally's preemptive PTB, issue 29).
 
 For each kernel `K` of a module the rewrite adds an entry `K__pilot_ptb` taking K's parameters
-and one more, a pointer to a control block (`Control`, 32 bytes of device memory):
+and these after them (`variant_params` packs them):
 
-    u32 next      logical blocks claimed so far (the atomic counter; the progress kept)
-    u32 retreat   non-zero: claim no more (the preemption request, written by the host)
-    u32 total     logical blocks of the original grid (gx * gy * gz)
+    u64 ctl     device address of a u32 counter: logical blocks claimed so far (the progress kept)
+    u64 flag    device address of a u32 retreat word (non-zero: claim no more); 0: never retreats
+    u32 total   logical blocks of the original grid (gx * gy * gz)
     u32 gx, gy, gz  the original grid
-    u32 chunk     logical blocks per claim (0 counts as 1)
+    u32 chunk   logical blocks per claim (0 counts as 1)
+    u32 first   blocks of this launch that run logical block blockIdx.x without claiming it
 
-Launched with any number of blocks (the GPU's resident maximum at most), each block loops:
-thread 0 reads `retreat` (volatile) and, when it is 0, claims `chunk` indices from `next` with
-atom.add; the block reads the claim through shared memory between two barriers and runs the
-chunk's logical blocks one after another (a barrier between two: the next one's threads must
-not overwrite shared memory the previous one still reads); an index >= total (or a retreat)
-ends the block. A larger chunk costs fewer atomics on one address, which matters for grids of
-many short blocks, and delays the retreat by up to chunk - 1 blocks: the daemon chooses it per
-kernel and grid. The block runs K's body with every `%ctaid` read mapped to the
-logical index (x fastest, as the hardware numbers blocks: `logical_ctaid`) and every `%nctaid`
-read to the original grid, and every `ret` / `exit` of the body goes back to the claim. A
-block that claimed an index finishes it, so every logical block runs exactly once whatever
-the moment of the retreat: after a preempted launch ends, `next` (at most `total`) blocks are
-done and a launch with the same control block (retreat cleared) runs only the rest.
+The counter must hold `first` when the launch starts (the host writes it on the launch's stream).
+Launched with any number of blocks (the GPU's resident maximum at most), blocks below `first`
+run their own index first (a launch's first wave starts at once, so it needs no atomic and no
+retreat check: it is running when any request could come), then each block loops: thread 0
+reads the retreat word (volatile) and, when it is 0, claims `chunk` indices with atom.add; the
+block reads the claim through one of two shared slots (alternating, so one barrier per claim
+suffices) and runs the chunk's logical blocks one after another (with a barrier between two
+when the kernel uses shared memory: the next one's threads must not overwrite what the previous
+one still reads); an index >= total (or a retreat) ends the block. Everything else a claim needs
+comes from parameters (the constant bank), read once per block. A larger chunk costs fewer
+atomics on one address, which matters for grids of many short blocks, and delays the retreat by
+up to chunk - 1 blocks. The block runs K's body with every `%ctaid` read mapped to the logical
+index (x fastest, as the hardware numbers blocks: `logical_ctaid`) and every `%nctaid` read to
+the original grid, and every `ret` / `exit` of the body goes back to the claim. A block that
+claimed an index finishes it, so every logical block runs exactly once whatever the moment of
+the retreat: after a preempted launch ends, the counter's blocks (at most `total`) are done and
+a launch with the same counter and `first` 0 runs only the rest (with `flag` 0, all of it).
 
 Kernels that are not rewritten, and why (`Rewrite.reason`):
 - grid-wide synchronization (cooperative groups' grid.sync reads the grid workspace through
@@ -53,9 +58,11 @@ import struct
 from dataclasses import dataclass
 
 SUFFIX = "__pilot_ptb"
-CONTROL_BYTES = 32
-CONTROL_WORDS = ("next", "retreat", "total", "gx", "gy", "gz", "chunk")
-VERSION = 1  # of the rewrite: part of the compiled-image cache key (ptx_cache.py)
+COUNTER_BYTES = 4  # the u32 a launch's `ctl` points at
+# The parameters the variant takes after K's own (name, PTX type, bytes), in this order.
+PARAMS = (("ctl", "u64", 8), ("flag", "u64", 8), ("total", "u32", 4), ("gx", "u32", 4),
+          ("gy", "u32", 4), ("gz", "u32", 4), ("chunk", "u32", 4), ("first", "u32", 4))
+VERSION = 2  # of the rewrite: part of the compiled-image cache key (ptx_cache.py)
 
 _COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _ENTRY = re.compile(r"^(\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+)([\w$]+)(\s*\()", re.M)
@@ -78,16 +85,35 @@ _R = "%__pilot_r"
 _MAP = {("", "x"): f"{_R}5", ("", "y"): f"{_R}6", ("", "z"): f"{_R}7",
         ("n", "x"): f"{_R}8", ("n", "y"): f"{_R}9", ("n", "z"): f"{_R}10"}
 
-DECLARATIONS = f"""\t.reg .b32 \t{_R}<15>;
-\t.reg .b64 \t%__pilot_rd<1>;
-\t.reg .pred \t%__pilot_p<2>;
-\t.shared .align 4 .u32 __pilot_blk;
+DECLARATIONS = f"""\t.reg .b32 \t{_R}<18>;
+\t.reg .b64 \t%__pilot_rd<2>;
+\t.reg .pred \t%__pilot_p<3>;
+\t.shared .align 8 .b32 __pilot_blk[2];
 """
 
-# The claim: thread 0 claims (or reads the retreat), the block reads the claim, then maps it.
+# Once per block: blocks below `first` run their own index, the others claim. Parameters are
+# read where they are used (the constant bank): nothing of the claim's stays live in registers
+# across the kernel's body but the claim itself, which keeps the variant's register count (and
+# so its occupancy) near the original's.
+PROLOGUE = f"""\tmov.u32 \t{_R}16, __pilot_blk;
+\tmov.u32 \t{_R}13, 0;
+\tmov.u32 \t{_R}12, 1;
+\tmov.u32 \t{_R}4, %ctaid.x;
+\tld.param.u32 \t{_R}3, [__pilot_first];
+\tsetp.lt.u32 \t%__pilot_p1, {_R}4, {_R}3;
+\t@%__pilot_p1 bra.uni \t$__pilot_map;
+"""
+
+# The claim: thread 0 claims (or sees the retreat), the block reads the claim, then maps it.
+# A launch whose first wave is the whole grid has nothing to claim.
 CLAIM = f"""$__pilot_claim:
-\tld.param.u64 \t%__pilot_rd0, [__pilot_ctl];
-\tcvta.to.global.u64 \t%__pilot_rd0, %__pilot_rd0;
+\tld.param.u32 \t{_R}3, [__pilot_first];
+\tld.param.u32 \t{_R}11, [__pilot_total];
+\tsetp.ge.u32 \t%__pilot_p1, {_R}3, {_R}11;
+\t@%__pilot_p1 bra.uni \t$__pilot_exit;
+\txor.b32 \t{_R}16, {_R}16, 4;
+\tld.param.u32 \t{_R}12, [__pilot_chunk];
+\tmax.u32 \t{_R}12, {_R}12, 1;
 \tmov.u32 \t{_R}0, %tid.x;
 \tmov.u32 \t{_R}1, %tid.y;
 \tor.b32 \t{_R}0, {_R}0, {_R}1;
@@ -95,45 +121,59 @@ CLAIM = f"""$__pilot_claim:
 \tor.b32 \t{_R}0, {_R}0, {_R}1;
 \tsetp.ne.u32 \t%__pilot_p0, {_R}0, 0;
 \t@%__pilot_p0 bra \t$__pilot_read;
-\tld.volatile.global.u32 \t{_R}2, [%__pilot_rd0+4];
-\tld.global.u32 \t{_R}4, [%__pilot_rd0+8];
-\tld.global.u32 \t{_R}12, [%__pilot_rd0+24];
-\tmax.u32 \t{_R}12, {_R}12, 1;
+\tld.param.u32 \t{_R}4, [__pilot_total];
+\tld.param.u64 \t%__pilot_rd1, [__pilot_flag];
+\tsetp.eq.u64 \t%__pilot_p2, %__pilot_rd1, 0;
+\t@%__pilot_p2 bra \t$__pilot_take;
+\tcvta.to.global.u64 \t%__pilot_rd1, %__pilot_rd1;
+\tld.volatile.global.u32 \t{_R}2, [%__pilot_rd1];
 \tsetp.ne.u32 \t%__pilot_p1, {_R}2, 0;
-\t@!%__pilot_p1 atom.global.add.u32 \t{_R}4, [%__pilot_rd0], {_R}12;
-\tst.shared.u32 \t[__pilot_blk], {_R}4;
+\t@%__pilot_p1 bra \t$__pilot_post;
+$__pilot_take:
+\tld.param.u64 \t%__pilot_rd0, [__pilot_ctl];
+\tcvta.to.global.u64 \t%__pilot_rd0, %__pilot_rd0;
+\tatom.global.add.u32 \t{_R}4, [%__pilot_rd0], {_R}12;
+$__pilot_post:
+\tst.shared.u32 \t[{_R}16], {_R}4;
 $__pilot_read:
 \tbar.sync \t0;
-\tld.shared.u32 \t{_R}4, [__pilot_blk];
-\tbar.sync \t0;
-\tld.global.u32 \t{_R}12, [%__pilot_rd0+24];
-\tmax.u32 \t{_R}12, {_R}12, 1;
+\tld.shared.u32 \t{_R}4, [{_R}16];
 \tmov.u32 \t{_R}13, 0;
-\tld.global.u32 \t{_R}11, [%__pilot_rd0+8];
-\tld.global.u32 \t{_R}8, [%__pilot_rd0+12];
-\tld.global.u32 \t{_R}9, [%__pilot_rd0+16];
-\tld.global.u32 \t{_R}10, [%__pilot_rd0+20];
 \tbra.uni \t$__pilot_map;
 $__pilot_more:
-\tbar.sync \t0;
-$__pilot_map:
+"""
+CHUNK_BARRIER = "\tbar.sync \t0;\n"  # between two blocks of a chunk, for kernels using shared memory
+MAP = f"""$__pilot_map:
 \tadd.u32 \t{_R}14, {_R}4, {_R}13;
+\tld.param.u32 \t{_R}11, [__pilot_total];
 \tsetp.ge.u32 \t%__pilot_p1, {_R}14, {_R}11;
-\t@%__pilot_p1 bra \t$__pilot_exit;
+\t@%__pilot_p1 bra.uni \t$__pilot_exit;
+\tld.param.u32 \t{_R}8, [__pilot_gx];
+\tld.param.u32 \t{_R}9, [__pilot_gy];
+\tld.param.u32 \t{_R}10, [__pilot_gz];
+\tmov.u32 \t{_R}5, {_R}14;
+\tmov.u32 \t{_R}6, 0;
+\tmov.u32 \t{_R}7, 0;
+\tsetp.eq.u32 \t%__pilot_p1, {_R}8, {_R}11;
+\t@%__pilot_p1 bra.uni \t$__pilot_body;
 \trem.u32 \t{_R}5, {_R}14, {_R}8;
-\tdiv.u32 \t{_R}3, {_R}14, {_R}8;
-\trem.u32 \t{_R}6, {_R}3, {_R}9;
-\tdiv.u32 \t{_R}7, {_R}3, {_R}9;
+\tdiv.u32 \t{_R}17, {_R}14, {_R}8;
+\trem.u32 \t{_R}6, {_R}17, {_R}9;
+\tdiv.u32 \t{_R}7, {_R}17, {_R}9;
+$__pilot_body:
 """
 
 EPILOGUE = """$__pilot_next:
 \tadd.u32 \t%__pilot_r13, %__pilot_r13, 1;
 \tsetp.lt.u32 \t%__pilot_p1, %__pilot_r13, %__pilot_r12;
-\t@%__pilot_p1 bra \t$__pilot_more;
+\t@%__pilot_p1 bra.uni \t$__pilot_more;
 \tbra.uni \t$__pilot_claim;
 $__pilot_exit:
 \tret;
 """
+
+# Whether an entry (or a device function it may call) touches shared memory.
+_SHARED = re.compile(r"\.shared\b|\bshared::|\b(?:ldmatrix|stmatrix|mbarrier|wgmma|tcgen05)\b")
 
 
 @dataclass(frozen=True)
@@ -163,23 +203,32 @@ def logical_ctaid(index: int, grid: tuple[int, int, int]) -> tuple[int, int, int
     return index % gx, index // gx % gy, index // gx // gy
 
 
-def control_words(grid: tuple[int, int, int], done: int = 0, chunk: int = 1) -> list[int]:
-    """The control block's words for a launch of `grid` of which `done` blocks already ran,
-    claiming `chunk` logical blocks at a time."""
+def variant_params(grid: tuple[int, int, int], ctl: int, flag: int = 0, chunk: int = 1,
+                   first: int = 0) -> bytes:
+    """The parameters a variant takes after its kernel's own (PARAMS), packed as a launch passes
+    them: `ctl` the counter's device address, `flag` the retreat word's (0: never retreats)."""
     gx, gy, gz = grid
-    return [done, 0, gx * gy * gz, gx, gy, gz, chunk, 0]
+    return struct.pack("<QQ6I", ctl, flag, gx * gy * gz, gx, gy, gz, chunk, first)
 
 
-def claim_range(control: memoryview | bytearray, run_blocks: int | None = None) -> range:
-    """What one launch of a variant runs, from its control block, as the claim loop does (the
-    sim's emulation of it): the logical blocks from `next` on, all of them or `run_blocks`
-    claims (the retreat seen after that many), none while `retreat` is set; `next` is advanced
-    past what runs."""
-    claimed, retreat, total = struct.unpack_from("<3I", control)
-    end = claimed if retreat else total if run_blocks is None else min(total, claimed + run_blocks)
-    end = max(end, claimed)
-    struct.pack_into("<I", control, 0, end)
-    return range(claimed, end)
+def variant_args(args: bytes, params: bytes) -> bytes:
+    """A launch's argument buffer for the variant: K's arguments, padding to 8 bytes, `params`."""
+    return bytes(args) + bytes(-len(args) % 8) + params
+
+
+def claimed(counter: int, total: int, retreat: bool, first: int = 0, chunk: int = 1,
+            claims: int | None = None) -> tuple[range, range, int]:
+    """What one launch of a variant runs, as the claim loop does (the sim's emulation of it):
+    the implicit first wave `range(first)`, then claims of `chunk` blocks from `counter` on: all
+    of them, or with the retreat word set `claims` of them (0: the retreat was there first).
+    Returns (first wave, claimed blocks, the counter after)."""
+    wave = range(min(first, total))
+    step = max(chunk, 1)
+    if retreat:
+        claims = claims or 0
+    end = total if claims is None else min(total, counter + step * claims)
+    end = max(end, counter)
+    return wave, range(counter, end), end
 
 
 def rewrite_module(ptx: str) -> Rewritten:
@@ -204,7 +253,7 @@ def rewrite_module(ptx: str) -> Rewritten:
             kernels[name] = Rewrite(name, None, reason)
         else:
             out.append("")
-            out.extend(_variant(entry, name))
+            out.extend(_variant(entry, name, lines))
             kernels[name] = Rewrite(name, name + SUFFIX)
         i = end + 1
     return Rewritten("\n".join(out) + "\n", kernels)
@@ -342,7 +391,23 @@ def _guard(line: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _variant(entry: list[str], name: str) -> list[str]:
+_SHARED_VARIABLE = re.compile(r"^\s*(?:\.extern\s+)?\.shared\b[^;]*?([\w$]+)\s*(?:\[[^\]]*\])*\s*;")
+
+
+def _uses_shared(text: str, lines: list[str]) -> bool:
+    """Whether an entry touches shared memory: in its body, through a module-scope shared
+    variable it names, or in a device function it may call (any of the module's, when it calls).
+    Its logical blocks then need a barrier between two."""
+    code = _code(text)
+    if _SHARED.search(code):
+        return True
+    names = {m.group(1) for line in lines if (m := _SHARED_VARIABLE.match(_code(line)))}
+    if any(re.search(rf"(?<![\w$]){re.escape(n)}(?![\w$])", code) for n in names):
+        return True
+    return bool(_CALL.search(code)) and bool(_SHARED.search(_code("\n".join(lines))))
+
+
+def _variant(entry: list[str], name: str, module_lines: list[str]) -> list[str]:
     """The preemptible copy of an entry (module docstring)."""
     text = "\n".join(entry)
     header_end = _body_start(entry)
@@ -350,7 +415,8 @@ def _variant(entry: list[str], name: str) -> list[str]:
     header = _ENTRY.sub(lambda m: m.group(1) + name + SUFFIX + m.group(3), header, count=1)
     close = header.rfind(")")
     params = header[header.find("(") + 1:close]
-    extra = ",\n\t.param .u64 __pilot_ctl\n" if params.strip() else "\n\t.param .u64 __pilot_ctl\n"
+    ours = ",\n".join(f"\t.param .{kind} __pilot_{param}" for param, kind, _ in PARAMS)
+    extra = (",\n" if params.strip() else "\n") + ours + "\n"
     header = header[:close].rstrip() + extra + header[close:]
     body = entry[header_end:-1]
     decls = 0
@@ -358,9 +424,9 @@ def _variant(entry: list[str], name: str) -> list[str]:
                                  or _code(body[decls]).strip().startswith((".reg", ".shared", ".local"))):
         decls += 1
     mapped = [_map_line(line) for line in body]
-    assert text  # the entry is not empty
-    return [header, *mapped[:decls], DECLARATIONS + CLAIM.rstrip("\n"), *mapped[decls:],
-            EPILOGUE.rstrip("\n"), entry[-1]]
+    barrier = CHUNK_BARRIER if _uses_shared(text, module_lines) else ""
+    return [header, *mapped[:decls], DECLARATIONS + PROLOGUE + CLAIM + barrier + MAP.rstrip("\n"),
+            *mapped[decls:], EPILOGUE.rstrip("\n"), entry[-1]]
 
 
 def _map_line(line: str) -> str:

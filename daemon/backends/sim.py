@@ -49,6 +49,7 @@ import itertools
 import logging
 import mmap
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -109,7 +110,8 @@ from pilot.daemon.backends.fatbin import (
 from pilot.daemon.backends.func_attrs import ImageFuncAttrs, image_function_attrs
 from pilot.daemon.backends.libraries import BlasSettings, GemmCall, LtCall
 from pilot.daemon.backends.linker import sim_link
-from pilot.daemon.backends.ptx_preempt import CONTROL_BYTES, claim_range
+from pilot.daemon.backends.ptx_preempt import COUNTER_BYTES, PARAMS, SUFFIX
+from pilot.daemon.backends.ptx_preempt import claimed as claimed_blocks
 from pilot.daemon.backends.sim_device import H100_ATTRS, h100_like_info
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.sim_kernels import (
@@ -940,6 +942,22 @@ class SimBackend:
         block.data[offset:offset + 4] = value.to_bytes(4, "little")
         written[0] = True
 
+    def stream_write_word(self, stream: Any, address: int, value: int) -> None:
+        with self._lock:
+            self._check_stream(stream)
+            self._device_range(address, 4)  # a bad address fails now
+            self._issue(stream, self._write_word, address, value)
+
+    def _write_word(self, address: int, value: int) -> None:
+        self._device_range(address, 4)[:] = value.to_bytes(4, "little")
+        self._pump()  # a stream waiting on the word may go on
+
+    def stream_wait_word(self, stream: Any, address: int, value: int) -> None:
+        with self._lock:
+            self._check_stream(stream)
+            self._device_range(address, 4)
+            self._hold(stream, lambda: int.from_bytes(self._device_range(address, 4), "little") == value)
+
     def map_host(self, address: int, size: int) -> None:
         """Nothing to pin; kernels and copies reach the range at a device address of its own."""
         with self._lock:
@@ -1356,27 +1374,45 @@ class SimBackend:
 
     def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared_bytes: int, stream: Any, args: bytes) -> None:
-        self._launch(function, grid, block, shared_bytes, stream, args, self._kernels.run)
+        name = getattr(getattr(function, "info", None), "name", "")
+        run = self._run_variant if name.endswith(SUFFIX) else self._kernels.run
+        self._launch(function, grid, block, shared_bytes, stream, args, run)
 
-    def launch_preemptible(self, function: Any, grid: tuple[int, int, int],
-                           block: tuple[int, int, int], shared_bytes: int, stream: Any, args: bytes,
-                           control: int, run_blocks: int | None = None) -> None:
-        """The preemptible persistent-block variant of `function` (ptx_preempt.py) as a GPU runs
-        it, for an emulation that runs by block (`sim_kernels.blockwise`): when the stream gets
-        there, the logical blocks from the control block's `next` on, in order, all of them or
-        `run_blocks` (a retreat seen after that many claims), none while `retreat` is set;
-        `next` then counts what ran. `grid` is the original grid. cudaErrorNotSupported for an
-        emulation that runs only whole grids."""
-        fn = self._kernels.get(getattr(getattr(function, "info", None), "name", ""))
+    # A test's stand-in for a retreat that comes while a variant runs: when the stream reaches a
+    # launch whose retreat word is set, its blocks still make this many claims first.
+    claims_before_retreat = 0
+
+    def _run_variant(self, launch: SimLaunch) -> None:
+        """A preemptible variant (ptx_preempt.py) as a GPU runs it, for the emulation of its
+        kernel: the first wave, then claims from its counter until the grid is done or, with
+        its retreat word set when the stream gets there, `claims_before_retreat` claims. An
+        emulation that runs only whole grids (not `sim_kernels.blockwise`) sees the retreat too
+        late: all of the rest runs (a GPU may do that as well)."""
+        ours = launch.params[-len(PARAMS):]
+        ctl, flag = (int.from_bytes(p, "little") for p in ours[:2])
+        total, gx, gy, gz, chunk, first = (int.from_bytes(p, "little") for p in ours[2:])
+        base = launch.name[:-len(SUFFIX)]
+        fn = self._kernels.get(base)
+        counter = struct.unpack("<I", self._device_range(ctl, COUNTER_BYTES))[0]
+        retreat = bool(flag) and struct.unpack("<I", self._device_range(flag, 4))[0] != 0
         if fn is not None and not getattr(fn, "blockwise", False):
-            raise BackendError(CUDA_ERROR_NOT_SUPPORTED, f"sim kernel {function.info.name} runs only "
-                               "whole grids (not @blockwise)")
-        self._launch(function, grid, block, shared_bytes, stream, args,
-                     lambda launch: self._run_claimed(launch, control, run_blocks))
-
-    def _run_claimed(self, launch: SimLaunch, control: int, run_blocks: int | None) -> None:
-        words = self._device_range(control, CONTROL_BYTES)
-        launch.blocks = claim_range(words, run_blocks)
+            retreat = False
+        wave, claimed, after = claimed_blocks(counter, total, retreat, first, chunk,
+                                              self.claims_before_retreat if retreat else None)
+        self._device_range(ctl, COUNTER_BYTES)[:] = struct.pack("<I", after)
+        launch.name, launch.grid, launch.params = base, (gx, gy, gz), launch.params[:-len(PARAMS)]
+        if wave.stop >= claimed.start:
+            launch.blocks = range(0, max(wave.stop, claimed.stop))
+        else:
+            launch.blocks = [*wave, *claimed]
+        if gx * gy * gz != total:
+            raise BackendError(CUDA_ERROR_INVALID_VALUE, f"{launch.name}: a variant's grid "
+                               f"{(gx, gy, gz)} is not its total {total}")
+        if not launch.blocks:
+            return  # nothing left: the blocks claim nothing and leave
+        if fn is not None and not getattr(fn, "blockwise", False) and launch.blocks != range(total):
+            raise BackendError(CUDA_ERROR_NOT_SUPPORTED, f"sim kernel {base} runs only whole grids "
+                               "(not @blockwise), not part of one")
         self._kernels.run(launch)
 
     def _launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import struct
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -83,7 +84,8 @@ def test_block_reads_are_mapped_and_returns_go_back_to_the_claim(modules: dict[s
         result = pp.rewrite_module(ptx)
         for kernel, variant in result.variants.items():
             original, body = _entry(ptx, kernel), _entry(result.ptx, variant)
-            assert not re.search(r"%n?ctaid\.", body), (name, kernel)
+            # the only real block index read is the prologue's (which block of the first wave)
+            assert re.findall(r"%n?ctaid\.\w", body) == ["%ctaid.x"], (name, kernel)
             assert body.count("__pilot_ctl") == 2  # the parameter and its load
             assert re.search(r"^\s*(@!?%\w+\s+)?(ret|exit)\b", body.split("$__pilot_exit:")[0],
                              re.M) is None, (name, kernel)
@@ -93,30 +95,43 @@ def test_block_reads_are_mapped_and_returns_go_back_to_the_claim(modules: dict[s
                 assert len(re.findall(rf"%__pilot_r{reg}\b", body)) >= reads
 
 
-def _run_mapping(base: int, j: int, control: list[int]) -> dict[str, int]:
-    """The claim's code as emitted (pp.CLAIM from the read of the claim on), run straight
-    through for the j-th block of the chunk claimed at `base` (branches are not taken: this
-    is the path of a block that runs)."""
-    regs: dict[str, int] = {}
-    code = pp.CLAIM.split("$__pilot_read:", 1)[1]
-    for line in filter(None, (x.strip().rstrip(";") for x in code.splitlines())):
-        if line == "$__pilot_map:":
-            regs["%__pilot_r13"] = j
-        if line.endswith(":") or line.startswith(("bar.sync", "bra", "@", "setp")):
+def _run(code: str, regs: dict[str, int], params: dict[str, int]) -> dict[str, int]:
+    """Run straight-line PTX of the rewrite (pp.MAP, pp.PROLOGUE) on one thread: the u32
+    instructions it emits, predicates and forward branches; it stops at a branch out of the
+    code (returns the label in regs["branch"]) or at its end."""
+    lines = [x.strip().rstrip(";") for x in code.splitlines() if x.strip()]
+    labels = {line[:-1]: i for i, line in enumerate(lines) if line.endswith(":")}
+    preds: dict[str, bool] = {}
+    i = 0
+    while i < len(lines):
+        line, i = lines[i], i + 1
+        if line.endswith(":"):
+            continue
+        guard = None
+        if line.startswith("@"):
+            guard, line = line.split(None, 1)
+        if guard is not None and preds[guard.lstrip("@!")] == guard.startswith("@!"):
             continue
         op, rest = line.split(None, 1)
         args = [a.strip() for a in rest.split(",")]
-        val = [regs[a] if a.startswith("%") else int(a) for a in args[1:]] if op.startswith(
-            ("rem", "div", "add", "max", "mov")) else []
-        if op == "ld.shared.u32":
-            regs[args[0]] = base
-        elif op == "ld.global.u32":
-            offset = int(re.fullmatch(r"\[%__pilot_rd0\+(\d+)\]", args[1]).group(1))  # type: ignore[union-attr]
-            regs[args[0]] = control[offset // 4]
+        if op.startswith("bra"):
+            if args[0] not in labels:
+                regs["branch"] = args[0]  # type: ignore[assignment]
+                return regs
+            i = labels[args[0]]
+            continue
+        if op == "ld.param.u32":
+            regs[args[0]] = params[args[1].strip("[]").removeprefix("__pilot_")]
+            continue
+        val = [regs[a] if a.startswith("%") else int(a) for a in args[1:]]
+        if op.startswith("setp."):
+            cmp = op.split(".")[1]
+            a, b = val
+            preds[args[0]] = {"eq": a == b, "ne": a != b, "lt": a < b, "ge": a >= b}[cmp]
         elif op in ("rem.u32", "div.u32", "add.u32", "max.u32"):
             a, b = val
-            regs[args[0]] = {"rem.u32": a % b if b else 0, "div.u32": a // b if b else 0,
-                             "add.u32": a + b, "max.u32": max(a, b)}[op]
+            regs[args[0]] = (a % b if op == "rem.u32" else a // b if op == "div.u32"
+                             else a + b if op == "add.u32" else max(a, b))
         elif op == "mov.u32":
             regs[args[0]] = val[0]
         else:
@@ -124,17 +139,26 @@ def _run_mapping(base: int, j: int, control: list[int]) -> dict[str, int]:
     return regs
 
 
+def _params(grid: tuple[int, int, int], chunk: int = 1, first: int = 0) -> dict[str, int]:
+    packed = pp.variant_params(grid, 0x1000, 0x2000, chunk, first)
+    values = struct.unpack("<QQ6I", packed)
+    return {name: value for (name, _kind, _size), value in zip(pp.PARAMS, values, strict=True)}
+
+
+def _run_mapping(base: int, j: int, grid: tuple[int, int, int]) -> dict[str, int]:
+    """The map as emitted, for the j-th block of the chunk claimed at `base`."""
+    return _run(pp.MAP, {"%__pilot_r4": base, "%__pilot_r13": j}, _params(grid))
+
+
 @pytest.mark.parametrize("grid", [(1, 1, 1), (7, 1, 1), (3, 5, 1), (4, 3, 6), (1, 9, 2), (65535, 2, 1)])
 @pytest.mark.parametrize("chunk", [1, 4])
 def test_logical_index_mapping(grid: tuple[int, int, int], chunk: int) -> None:
-    control = pp.control_words(grid, chunk=chunk)
-    total = control[2]
-    assert total == grid[0] * grid[1] * grid[2] and control[6] == chunk
+    total = grid[0] * grid[1] * grid[2]
     seen = []
     for index in sorted({*range(min(total, 200)), *range(max(0, total - 50), total)}):
         base, j = index - index % chunk, index % chunk  # the claim it is in, its place there
-        regs = _run_mapping(base, j, control)
-        assert regs["%__pilot_r12"] == chunk and regs["%__pilot_r14"] == index
+        regs = _run_mapping(base, j, grid)
+        assert "branch" not in regs and regs["%__pilot_r14"] == index
         mapped = (regs["%__pilot_r5"], regs["%__pilot_r6"], regs["%__pilot_r7"])
         assert mapped == pp.logical_ctaid(index, grid)
         assert (regs["%__pilot_r8"], regs["%__pilot_r9"], regs["%__pilot_r10"]) == grid
@@ -142,11 +166,38 @@ def test_logical_index_mapping(grid: tuple[int, int, int], chunk: int) -> None:
     # hardware order (x fastest), every block once
     if total <= 200:
         assert seen == [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
+    assert _run_mapping(total, 0, grid)["branch"] == "$__pilot_exit"  # past the grid: leave
 
 
-def test_a_chunk_of_zero_counts_as_one() -> None:
-    control = pp.control_words((5, 1, 1), chunk=0)
-    assert _run_mapping(3, 0, control)["%__pilot_r12"] == 1
+@pytest.mark.parametrize(("ctaid", "first", "claims"), [(0, 4, False), (3, 4, False), (4, 4, True),
+                                                        (0, 0, True)])
+def test_blocks_of_the_first_wave_run_their_own_index_without_a_claim(ctaid: int, first: int,
+                                                                       claims: bool) -> None:
+    prologue = pp.PROLOGUE.replace("%ctaid.x", str(ctaid)).replace("__pilot_blk", "0")
+    regs = _run(prologue, {}, _params((9, 1, 1), first=first))
+    assert regs.get("branch") == (None if claims else "$__pilot_map")
+    if not claims:  # the map then runs logical block blockIdx.x, one block
+        assert (regs["%__pilot_r4"], regs["%__pilot_r13"], regs["%__pilot_r12"]) == (ctaid, 0, 1)
+
+
+def test_variant_params_follow_the_kernels_own_arguments() -> None:
+    params = pp.variant_params((4, 3, 2), ctl=0xAB00, flag=0, chunk=0, first=7)
+    assert len(params) == sum(size for _n, _k, size in pp.PARAMS) == 40
+    args = pp.variant_args(b"\1\2\3\4\5", params)
+    assert args[:5] == b"\1\2\3\4\5" and args[5:8] == bytes(3) and args[8:] == params
+    assert struct.unpack_from("<QQ6I", args, 8) == (0xAB00, 0, 24, 4, 3, 2, 0, 7)
+
+
+@pytest.mark.parametrize(("counter", "retreat", "first", "chunk", "claims", "expect"), [
+    (4, False, 4, 1, None, (range(4), range(4, 30), 30)),
+    (4, True, 4, 2, 3, (range(4), range(4, 10), 10)),
+    (4, True, 4, 2, None, (range(4), range(4, 4), 4)),
+    (10, False, 0, 8, None, (range(0), range(10, 30), 30)),
+    (30, False, 0, 1, None, (range(0), range(30, 30), 30)),
+])
+def test_what_a_launch_runs(counter: int, retreat: bool, first: int, chunk: int, claims: int | None,
+                            expect: tuple[range, range, int]) -> None:
+    assert pp.claimed(counter, 30, retreat, first, chunk, claims) == expect
 
 
 # ---- refusals on small hand-written kernels ----
@@ -203,6 +254,22 @@ def test_a_call_into_a_function_that_exits_is_refused() -> None:
     module = calls.replace(HEADER, HEADER + func)
     assert pp.rewrite_module(module).kernels["k"].reason.startswith("calls device functions")
     assert pp.rewrite_module(module.replace("exit;", "ret;")).kernels["k"].variant is not None
+
+
+def _chunk_barrier(module: str) -> bool:
+    variant = _entry(pp.rewrite_module(module).ptx, "k" + pp.SUFFIX)
+    return "$__pilot_more:\n\tbar.sync" in variant
+
+
+def test_blocks_of_a_chunk_are_separated_by_a_barrier_only_when_shared_memory_is_used() -> None:
+    assert not _chunk_barrier(_kernel("\tret;"))
+    assert _chunk_barrier(_kernel("\tst.shared.u32 [%r1], %r2;\n\tret;"))
+    module_scope = HEADER + ".shared .align 4 .b8 tile[64];\n"
+    assert _chunk_barrier(_kernel("\tmov.u64 %rd1, tile;\n\tst.u32 [%rd1], %r2;\n\tret;").replace(
+        HEADER, module_scope))
+    func = ".func f()\n{\n\t.reg .b32 %q<2>;\n\tst.shared.u32 [%q0], %q1;\n\tret;\n}\n"
+    assert _chunk_barrier(_kernel("\tcall.uni f, ();\n\tret;").replace(HEADER, HEADER + func))
+    assert not _chunk_barrier(_kernel("\tret;").replace(HEADER, HEADER + func))  # never calls it
 
 
 @needs_nvcc

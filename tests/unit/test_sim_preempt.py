@@ -1,6 +1,6 @@
-"""The sim's emulation of a preemptible launch (SimBackend.launch_preemptible, ptx_preempt.py):
-the first k logical blocks, then the rest resumed from the control block's counter, every block
-exactly once."""
+"""The sim's emulation of a preemptible variant (ptx_preempt.py) launched as pilotd launches it:
+the first wave without a claim, claims from the counter, a retreat word that stops the claims,
+and a resume that runs only the rest, every logical block exactly once."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ from pilot.daemon.backends.base import CUDA_ERROR_NOT_SUPPORTED, BackendError
 from pilot.daemon.backends.sim import SimBackend
 from pilot.daemon.sim_kernels import KernelRegistry, SimLaunch, blockwise
 
-PTX = (".version 9.0\n.target sm_90\n.address_size 64\n"
-       + "".join(f".visible .entry {name}(\n\t.param .u64 {name}_param_0\n)\n{{\n\tret;\n}}\n"
-                 for name in ("bump", "whole")))
+PTX = pp.rewrite_module(
+    ".version 9.0\n.target sm_90\n.address_size 64\n"
+    + "".join(f".visible .entry {name}(\n\t.param .u64 {name}_param_0\n)\n{{\n\tret;\n}}\n"
+              for name in ("bump", "whole"))).ptx
 GRID, BLOCK = (5, 3, 2), (4, 1, 1)
 THREADS = 4
 BLOCKS = 30
+ONE, ZERO = struct.pack("<I", 1), struct.pack("<I", 0)
 
 
 def bump(k: SimLaunch) -> None:
@@ -36,62 +38,95 @@ def bump(k: SimLaunch) -> None:
 
 
 def whole(k: SimLaunch) -> None:
-    pass
+    out = np.frombuffer(k.view(k.ptr(0), 4), dtype=np.int32)
+    out[0] += 1
+
+
+class Rig:
+    def __init__(self) -> None:
+        registry = KernelRegistry()
+        registry.register("bump", blockwise(bump))
+        registry.register("whole", whole)
+        self.be = be = SimBackend(registry)
+        be.bind_thread(0)
+        module = be.module_load(PTX.encode())
+        self.bump = be.function_get(module, "bump" + pp.SUFFIX)
+        self.whole = be.function_get(module, "whole" + pp.SUFFIX)
+        self.out = be.mem_alloc(4 * BLOCKS * THREADS)
+        self.ctl = be.mem_alloc(pp.COUNTER_BYTES)
+        self.flag = be.mem_alloc(4)
+        be.memcpy_htod(self.out, bytes(4 * BLOCKS * THREADS), 4 * BLOCKS * THREADS, None)
+        self.stream = be.stream_create(1, 0)
+
+    def start(self, first: int) -> None:
+        """What pilotd queues before a variant's first launch: the counter at `first`."""
+        self.be.memcpy_htod(self.ctl, struct.pack("<I", first), 4, self.stream)
+
+    def retreat(self, word: bytes) -> None:
+        self.be.memcpy_htod(self.flag, word, 4, self.stream)
+
+    def launch(self, fn: Any, launched: int, first: int, chunk: int = 1, flag: bool = True) -> None:
+        args = pp.variant_args(struct.pack("<Q", self.out),
+                               pp.variant_params(GRID, self.ctl, self.flag if flag else 0, chunk, first))
+        self.be.launch(fn.handle, (launched, 1, 1), BLOCK, 0, self.stream, args)
+
+    def read(self, ptr: int, n: int) -> bytes:
+        buf = bytearray(n)
+        self.be.memcpy_dtoh(buf, ptr, n, None)
+        return bytes(buf)
+
+    def counts(self) -> list[int]:
+        data = self.read(self.out, 4 * BLOCKS * THREADS)
+        return [struct.unpack_from("<i", data, 4 * THREADS * b)[0] for b in range(BLOCKS)]
+
+    def claimed(self) -> int:
+        return struct.unpack("<I", self.read(self.ctl, 4))[0]
 
 
 @pytest.fixture
-def sim() -> Any:
-    registry = KernelRegistry()
-    registry.register("bump", blockwise(bump))
-    registry.register("whole", whole)
-    be = SimBackend(registry)
-    be.bind_thread(0)
-    module = be.module_load(PTX.encode())
-    out = be.mem_alloc(4 * BLOCKS * THREADS)
-    ctl = be.mem_alloc(pp.CONTROL_BYTES)
-    be.memcpy_htod(out, bytes(4 * BLOCKS * THREADS), 4 * BLOCKS * THREADS, None)
-    be.memcpy_htod(ctl, struct.pack("<8I", *pp.control_words(GRID)), pp.CONTROL_BYTES, None)
-    return be, be.function_get(module, "bump"), out, ctl, be.stream_create(1, 0)
+def rig() -> Rig:
+    return Rig()
 
 
-def _read(be: SimBackend, ptr: int, n: int) -> bytes:
-    buf = bytearray(n)
-    be.memcpy_dtoh(buf, ptr, n, None)
-    return bytes(buf)
+def test_the_first_wave_then_claims_then_only_the_rest(rig: Rig) -> None:
+    rig.start(first=4)
+    rig.retreat(ONE)
+    rig.be.claims_before_retreat = 3  # a retreat that came after three claims of chunk 2
+    rig.launch(rig.bump, launched=4, first=4, chunk=2)
+    assert rig.claimed() == 10 and rig.counts() == [1] * 10 + [0] * 20
+    rig.be.claims_before_retreat = 0
+    rig.launch(rig.bump, launched=4, first=0, chunk=2)  # still raised: claims nothing
+    assert rig.claimed() == 10 and rig.counts() == [1] * 10 + [0] * 20
+    rig.retreat(ZERO)
+    rig.launch(rig.bump, launched=4, first=0, chunk=2)  # resumed to the end
+    assert rig.claimed() == BLOCKS and rig.counts() == [1] * BLOCKS
+    rig.launch(rig.bump, launched=4, first=0)  # nothing left
+    assert rig.counts() == [1] * BLOCKS
 
 
-def _counts(be: SimBackend, out: int) -> list[int]:
-    data = _read(be, out, 4 * BLOCKS * THREADS)
-    return [struct.unpack_from("<i", data, 4 * THREADS * b)[0] for b in range(BLOCKS)]
+def test_a_launch_that_never_retreats_runs_everything(rig: Rig) -> None:
+    rig.start(first=8)
+    rig.retreat(ONE)  # not read: the launch's flag is 0
+    rig.launch(rig.bump, launched=8, first=8, flag=False)
+    assert rig.claimed() == BLOCKS and rig.counts() == [1] * BLOCKS
 
 
-def _claimed(be: SimBackend, ctl: int) -> int:
-    return struct.unpack("<I", _read(be, ctl, 4))[0]
+def test_a_retreat_before_the_launch_runs_only_the_first_wave(rig: Rig) -> None:
+    rig.start(first=6)
+    rig.retreat(ONE)
+    rig.launch(rig.bump, launched=6, first=6)
+    assert rig.claimed() == 6 and rig.counts() == [1] * 6 + [0] * 24
 
 
-def test_the_first_blocks_then_only_the_rest(sim: Any) -> None:
-    be, fn, out, ctl, stream = sim
-    args = struct.pack("<Q", out)
-    be.launch_preemptible(fn.handle, GRID, BLOCK, 0, stream, args, ctl, run_blocks=7)
-    assert _claimed(be, ctl) == 7 and _counts(be, out) == [1] * 7 + [0] * 23
-    be.launch_preemptible(fn.handle, GRID, BLOCK, 0, stream, args, ctl, run_blocks=10)
-    assert _claimed(be, ctl) == 17 and _counts(be, out) == [1] * 17 + [0] * 13
-    be.launch_preemptible(fn.handle, GRID, BLOCK, 0, stream, args, ctl)  # resumed to the end
-    assert _claimed(be, ctl) == BLOCKS and _counts(be, out) == [1] * BLOCKS
-    be.launch_preemptible(fn.handle, GRID, BLOCK, 0, stream, args, ctl)  # nothing left
-    assert _counts(be, out) == [1] * BLOCKS
-
-
-def test_a_retreat_before_any_claim_runs_nothing(sim: Any) -> None:
-    be, fn, out, ctl, stream = sim
-    be.memcpy_htod(ctl + 4, struct.pack("<I", 1), 4, None)
-    be.launch_preemptible(fn.handle, GRID, BLOCK, 0, stream, struct.pack("<Q", out), ctl)
-    assert _claimed(be, ctl) == 0 and _counts(be, out) == [0] * BLOCKS
-
-
-def test_an_emulation_of_whole_grids_cannot_be_preempted(sim: Any) -> None:
-    be, _fn, out, ctl, stream = sim
-    whole_fn = be.function_get(be.module_load(PTX.encode()), "whole")
+def test_an_emulation_of_whole_grids_runs_whole_or_not_at_all(rig: Rig) -> None:
+    rig.start(first=2)
+    rig.retreat(ONE)  # seen too late by an emulation that cannot run part of a grid
+    rig.launch(rig.whole, launched=2, first=2)
+    assert rig.claimed() == BLOCKS and struct.unpack("<i", rig.read(rig.out, 4))[0] == 1
+    rig.launch(rig.whole, launched=2, first=0)  # the rest: nothing
+    assert struct.unpack("<i", rig.read(rig.out, 4))[0] == 1
+    rig.start(first=0)
+    rig.be.memcpy_htod(rig.ctl, struct.pack("<I", 3), 4, rig.stream)  # part of it done: refused
     with pytest.raises(BackendError) as err:
-        be.launch_preemptible(whole_fn.handle, GRID, BLOCK, 0, stream, struct.pack("<Q", out), ctl)
+        rig.launch(rig.whole, launched=2, first=0)
     assert err.value.code == CUDA_ERROR_NOT_SUPPORTED
