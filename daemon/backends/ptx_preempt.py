@@ -41,6 +41,10 @@ Kernels that are not rewritten, and why (`Rewrite.reason`):
   of the real grid's blocks;
 - a call in a module where a device function executes `exit`: a thread that exits there would
   never reach the next claim's barrier;
+- module variables (`__device__`, `__constant__`, `__managed__`, texture references) read or
+  written by the kernel or by a device function it may call: the variants are loaded as a module
+  of their own, whose copies of the variables the program never set or reads (nvcc's printf
+  format strings, read-only, are the exception);
 - a CTA barrier that some threads could skip by a `ret` or a forward branch before it: in the
   original, threads that returned early have exited and barriers stop counting them; in the
   persistent loop they wait at the next claim's barrier instead, so the rewrite requires that
@@ -231,12 +235,30 @@ def claimed(counter: int, total: int, retreat: bool, first: int = 0, chunk: int 
     return wave, range(counter, end), end
 
 
+# A module-scope variable (`__device__`, `__constant__`, `__managed__`, texture references):
+# `.global` or `.const` outside every function. nvcc's printf strings (`$str`) are read-only.
+_MODULE_VARIABLE = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+|\.extern\s+)?\.(?:global|const)\b"
+                              r"[^;(]*?([\w$]+)\s*(?:\[[^\]]*\])*\s*(?:=[^;]*)?;")
+
+
+def _module_variables(lines: list[str]) -> set[str]:
+    names = {m.group(1) for line in lines if (m := _MODULE_VARIABLE.match(_code(line)))}
+    return {n for n in names if not n.startswith("$str")}
+
+
+def _touches(code: str, names: set[str]) -> bool:
+    return any(re.search(rf"(?<![\w$]){re.escape(n)}(?![\w$])", code) for n in names)
+
+
 def rewrite_module(ptx: str) -> Rewritten:
     """Every entry of the module gets its preemptible variant where it can (module docstring)."""
     lines = ptx.splitlines()
     out: list[str] = []
     kernels: dict[str, Rewrite] = {}
     exits_in_functions = _functions_exit(lines)
+    variables = _module_variables(lines)
+    functions_touch = bool(variables) and _touches(_code("\n".join(
+        line for line in lines if not _MODULE_VARIABLE.match(_code(line)))), variables)
     i = 0
     while i < len(lines):
         match = _ENTRY.match(lines[i])
@@ -248,7 +270,7 @@ def rewrite_module(ptx: str) -> Rewritten:
         entry = lines[i:end + 1]
         out.extend(entry)
         name = match.group(2)
-        reason = _refusal(entry, exits_in_functions)
+        reason = _refusal(entry, exits_in_functions) or _state_refusal(entry, variables, functions_touch)
         if reason:
             kernels[name] = Rewrite(name, None, reason)
         else:
@@ -257,6 +279,15 @@ def rewrite_module(ptx: str) -> Rewritten:
             kernels[name] = Rewrite(name, name + SUFFIX)
         i = end + 1
     return Rewritten("\n".join(out) + "\n", kernels)
+
+
+def _state_refusal(entry: list[str], variables: set[str], module_touches: bool) -> str:
+    """Why an entry that uses module variables has no variant: the variants are loaded as a
+    module of their own, with its own copy of every variable, which the program never set."""
+    code = _code("\n".join(entry))
+    if _touches(code, variables) or (module_touches and _CALL.search(code)):
+        return "uses module variables (__device__, __constant__): the variants' module has its own copy"
+    return ""
 
 
 def _code(line: str) -> str:

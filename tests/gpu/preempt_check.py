@@ -296,9 +296,10 @@ def check_results(r: Runner, c: Case, rnd: random.Random) -> dict[str, Any]:
                 preemptions += 1
         else:
             bad += 1  # never finished
-        r.be.stream_synchronize(r.side)
         if r.outputs(c) != reference:
             bad += 1
+    r.retreat(ZERO)
+    r.be.stream_synchronize(r.side)
     name = f"{c.module} {c.kernel} grid {c.grid}"
     report(bad == 0, f"{name}: identical after preemption",
            f"{runs} runs, {preemptions} preemptions, {blocks} persistent blocks, "
@@ -314,8 +315,11 @@ CHUNKS = (1, 8)  # logical blocks per claim whose overhead is measured
 
 
 def overhead(r: Runner, c: Case) -> tuple[float, list[float]]:
-    """The original's time and the variant's at each of CHUNKS, without preemption."""
+    """The original's time and the variant's at each of CHUNKS, without preemption (the retreat
+    word read at every claim, and clear)."""
     r.prepare(c)
+    r.retreat(ZERO)
+    r.be.stream_synchronize(r.side)
     native = r.timed(lambda: r.original(c))
     blocks = r.persistent_grid(c)
     start, end = r.be.event_create(0), r.be.event_create(0)
@@ -339,9 +343,9 @@ def overhead(r: Runner, c: Case) -> tuple[float, list[float]]:
 def latency(r: Runner, block_us: float) -> tuple[list[float], list[float]]:
     """Seconds from the retreat's write to the kernel's end, 30 requests (module docstring, 4):
     as the host sees it (from the call that enqueues the write to the end event's query), and
-    on the GPU's clock (an event recorded on the retreat's stream just before the write, to the
-    kernel's end event): the second is what a higher-priority kernel queued with the write
-    waits for the SMs."""
+    on the GPU's clock (an event recorded on the retreat's stream behind the write, so once it
+    landed, to the kernel's end event): the second is what a higher-priority kernel queued
+    behind the write waits for the SMs."""
     cycles = int(block_us * r.khz / 1e3)
     blocks = r.persistent_grid(Case("own", "spin", (r.sms * 64, 1, 1), (128, 1, 1), 0, [], [],
                                     lambda p: b""))
@@ -349,7 +353,7 @@ def latency(r: Runner, block_us: float) -> tuple[list[float], list[float]]:
     counts = r.be.mem_alloc(4 * total)
     spin = Case("own", "spin", (total, 1, 1), (128, 1, 1), 0, [], [],
                 lambda p: struct.pack("<qQ", cycles, counts), [counts])
-    asked, end = r.be.event_create(0), r.be.event_create(0)
+    landed, end = r.be.event_create(0), r.be.event_create(0)
     host, gpu = [], []
     for _ in range(30):
         r.retreat(ZERO)
@@ -359,13 +363,13 @@ def latency(r: Runner, block_us: float) -> tuple[list[float], list[float]]:
         r.be.event_record(end, r.stream)
         busy_wait(max(0.002, 3 * block_us / 1e6))
         t0 = time.perf_counter()
-        r.be.event_record(asked, r.side)
         r.retreat(ONE)
+        r.be.event_record(landed, r.side)  # behind the write: it has landed by then
         while not r.be.event_query(end):
             pass
         host.append(time.perf_counter() - t0)
         r.be.stream_synchronize(r.side)
-        gpu.append(r.be.event_elapsed_ms(asked, end) / 1e3)
+        gpu.append(r.be.event_elapsed_ms(landed, end) / 1e3)
     r.be.mem_free(counts)
     return host, gpu
 

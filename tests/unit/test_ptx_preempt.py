@@ -67,8 +67,11 @@ def test_every_kernel_is_rewritten_or_refused_and_assembles(modules: dict[str, s
     assert rewritten >= 60
     # the one cooperative kernel with grid.sync is refused for it; tiled GEMMs with their
     # uniform early exits past barriers, and printf with uniform loops, are rewritten
-    assert set(refused) == {"_Z10coop_shiftPiS_i"}
-    assert refused["_Z10coop_shiftPiS_i"].startswith("grid-wide synchronization")
+    assert refused.pop("_Z10coop_shiftPiS_i").startswith("grid-wide synchronization")
+    # the rest use __device__ / __constant__ variables (symbols.cu, multidev.cu, ...): the
+    # variants' module would have its own copies
+    assert {"_Z4polyPKfPfi", "_Z10big_updatev", "drv_bump"} <= set(refused)
+    assert all(r.startswith("uses module variables") for r in refused.values()), refused
     gemm = pp.rewrite_module(modules["matmul_tiled"]).variants
     assert set(gemm) == {"_Z7sgemm16PKfS0_Pfiii", "_Z7sgemm32PKfS0_Pfiii"}
 
@@ -246,6 +249,23 @@ $L_end:
 def test_refusals(body: str, directives: str, reason: str) -> None:
     r = pp.rewrite_module(_kernel(body, directives)).kernels["k"]
     assert r.reason.startswith(reason) if reason else r.variant == "k" + pp.SUFFIX
+
+
+def test_kernels_using_module_variables_are_refused_but_printf_strings_are_not() -> None:
+    device_var = HEADER + ".visible .global .align 4 .u32 counter;\n"
+    uses = _kernel("\tld.global.u32 %r1, [counter];\n\tret;").replace(HEADER, device_var)
+    assert pp.rewrite_module(uses).kernels["k"].reason.startswith("uses module variables")
+    other = _kernel("\tret;").replace(HEADER, device_var)  # never names it
+    assert pp.rewrite_module(other).kernels["k"].variant is not None
+    constant = HEADER + ".const .align 4 .b8 table[16];\n"
+    assert pp.rewrite_module(_kernel("\tmov.u64 %rd1, table;\n\tret;").replace(
+        HEADER, constant)).kernels["k"].variant is None
+    string = HEADER + ".global .align 1 .b8 $str[3] = {104, 105, 0};\n"
+    assert pp.rewrite_module(_kernel("\tmov.u64 %rd1, $str;\n\tret;").replace(
+        HEADER, string)).kernels["k"].variant is not None
+    func = ".func f()\n{\n\t.reg .b32 %q<2>;\n\tld.global.u32 %q0, [counter];\n\tret;\n}\n"
+    calls = _kernel("\tcall.uni f, ();\n\tret;").replace(HEADER, device_var + func)
+    assert pp.rewrite_module(calls).kernels["k"].reason.startswith("uses module variables")
 
 
 def test_a_call_into_a_function_that_exits_is_refused() -> None:
