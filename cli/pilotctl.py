@@ -639,6 +639,22 @@ def _show_priorities(r: dict[str, Any]) -> None:
                    f"session; active for {r['active_window_s'] * 1e3:g} ms after a call")
         for g, level in r["active"].items():
             click.echo(f"GPU {g}: highest class active: {level or 'none'}")
+    pre = r.get("preemption")
+    if r["enabled"] and pre:
+        click.echo(f"preemption: gated sessions' kernels run as preemptible variants (chunk "
+                   f"{pre['chunk']}): {pre['preemptible_kernels']} kernel(s) of {pre['modules']} "
+                   f"module(s) preemptible, {len(pre.get('kernels_not_preemptible', {}))} not; "
+                   f"JIT {pre['jit_seconds']:g} s")
+        for reason in pre["modules_without_variants"]:
+            click.echo(f"  a module without variants: {reason}")
+        for kernel, reason in sorted(pre.get("kernels_not_preemptible", {}).items())[:20]:
+            click.echo(f"  {kernel}: {reason}")
+        for g, w in pre["gpus"].items():
+            if w.get("usable"):
+                click.echo(f"  GPU {g}: retreat words raised {w['raises']} time(s), lowered "
+                           f"{w['clears']}")
+    elif r["enabled"] and "preemption" in r:
+        click.echo("preemption: off ([priority] preempt = false): the gate alone")
 
 
 if __name__ == "__main__":

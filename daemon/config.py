@@ -81,6 +81,8 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     [priority]
     gated_inflight = 2             # GPU work in flight per session gated by a higher tenant
     active_window = "100ms"        # a tenant is active this long after each call it makes
+    preempt = true                 # gated sessions' kernels run as preemptible variants
+    preempt_chunk = 1              # logical blocks a variant's block claims at a time
 
 Sizes are strings with a unit: KiB/MiB/GiB/TiB (powers of 1024, any case), KB/MB/GB/TB
 (powers of 1000, written so: "8GB" is 8e9 bytes, "8gb" is refused) or B; fractions round down
@@ -322,6 +324,8 @@ class Config:
     policy_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     priority_gated_inflight: int = 2
     priority_active_window: float = 0.1
+    priority_preempt: bool = True
+    priority_preempt_chunk: int = 1
     pinned_limit: int | None = None
     pinned_limit_per_tenant: int | None = None
     pinned_tenant_fraction: float = 0.25
@@ -735,6 +739,8 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "policy_settings": _policy_settings,
     "priority_gated_inflight": _int_range(1, 1024),
     "priority_active_window": parse_duration,
+    "priority_preempt": _flag,
+    "priority_preempt_chunk": _int_range(1, 64),
     "pinned_limit": _pinned_limit,
     "pinned_limit_per_tenant": _pinned_limit,
     "pinned_tenant_fraction": _fraction,

@@ -146,13 +146,15 @@ def _cdef_text(header: Path, marker: str) -> str:
 # pilot.shim._proto's C: the socket-path rule it shares with the shim, and the daemon's own C.
 PROTO_SOURCES = [str(TRANSPORT_DIR / "socket_path.c")] + [
     str(NATIVE_DIR / s) for s in ("vgpu_server.c", "fast_state.c", "fast_launch.c",
-                                  "fast_library.c", "fast_words.c", "gates.c", "spin_budget.c")]
+                                  "fast_library.c", "fast_words.c", "gates.c", "spin_budget.c",
+                                  "preempt_words.c")]
 
 
 def _make_ffi() -> FFI:
     ffi = FFI()
     ffi.cdef(_cdef_text(PROTO_HEADER, "PILOT_CDEF"))
     ffi.cdef(_cdef_text(NATIVE_DIR / "vgpu_server.h", "PILOT_SRV_CDEF"))
+    ffi.cdef(_cdef_text(NATIVE_DIR / "preempt_words.h", "PILOT_PREEMPT_CDEF"))
     ffi.cdef(_cdef_text(NATIVE_DIR / "fast_launch.h", "PILOT_FAST_CDEF"))
     ffi.cdef(_cdef_text(NATIVE_DIR / "gates.h", "PILOT_GATE_CDEF"))
     ffi.cdef(_cdef_text(NATIVE_DIR / "spin_budget.h", "PILOT_SPIN_CDEF"))
@@ -160,7 +162,8 @@ def _make_ffi() -> FFI:
     ffi.set_source(
         "pilot.shim._proto",
         '#include "pilot_proto.h"\n#include "socket_path.h"\n#include "vgpu_server.h"\n'
-        '#include "fast_launch.h"\n#include "gates.h"\n#include "spin_budget.h"\n',
+        '#include "preempt_words.h"\n#include "fast_launch.h"\n#include "gates.h"\n'
+        '#include "spin_budget.h"\n',
         sources=PROTO_SOURCES,
         include_dirs=[str(NATIVE_DIR), str(TRANSPORT_DIR)],
         extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra"],

@@ -32,12 +32,17 @@ arch is e_flags bits 8..15) or PTX text (read up to its NUL): `image_elves` and
 `kernel_infos_in_image` accept all three; PTX kernels' layouts come from their `.entry` parameter
 lists (natural alignment, `.align` where given), as ptxas would lay them out.
 
-Compressed entries are reported, not decompressed (no zstd in the standard library of 3.11).
+Compressed entries are reported, not decompressed (no zstd in the standard library of 3.11),
+except by `entry_bytes`, which asks the system's libzstd (through ctypes) where there is one:
+the preemptible variants need a fatbin's PTX, which nvcc 13 compresses by default.
 Every malformed input raises ValueError; no IndexError or struct.error escapes.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import re
 import struct
 from collections.abc import Iterator
@@ -531,3 +536,36 @@ def variable_names(image: bytes | memoryview) -> set[str]:
         elif entry.is_ptx and (text := ptx_text(entry.payload)) is not None:
             names |= set(ptx_globals(text).variables)
     return names
+
+
+@functools.cache
+def _zstd() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("zstd")
+    try:
+        lib = ctypes.CDLL(name or "libzstd.so.1")
+    except OSError:
+        return None
+    lib.ZSTD_decompress.restype = ctypes.c_size_t
+    lib.ZSTD_decompress.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t)
+    lib.ZSTD_isError.restype = ctypes.c_uint
+    lib.ZSTD_isError.argtypes = (ctypes.c_size_t,)
+    return lib
+
+
+MAX_DECOMPRESSED = 1 << 30  # an entry that claims more is not believed
+
+
+def entry_bytes(entry: FatbinEntry) -> bytes | None:
+    """An entry's bytes, decompressed when it is compressed (zstd, with the system's libzstd);
+    None when it cannot be: no libzstd, a size past MAX_DECOMPRESSED, or a bad frame."""
+    if not entry.compressed:
+        return entry.payload
+    lib = _zstd()
+    size = entry.decompressed_size
+    if lib is None or not 0 < size <= MAX_DECOMPRESSED:
+        return None
+    out = ctypes.create_string_buffer(size)
+    n = lib.ZSTD_decompress(out, size, entry.payload, len(entry.payload))
+    if lib.ZSTD_isError(n) or n > size:
+        return None
+    return out.raw[:n]

@@ -98,6 +98,8 @@ struct fconn {
     uint8_t *sync_dirty;
     int all_dirty;
     pilot_fast_count count;
+    struct pilot_preempt *preempt; /* the retreat words its kernels raise (preempt_words.h) */
+    uint32_t raises;               /* which of them; 0: none */
 };
 
 struct pilot_fast {

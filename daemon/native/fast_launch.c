@@ -121,6 +121,8 @@ int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabl
         fast_library_free_conn(c);
         c->staging = NULL;
         c->nsyncs = 0;
+        c->preempt = NULL;
+        c->raises = 0;
     }
     c->session = session;
     c->enabled = enabled;
@@ -128,6 +130,16 @@ int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabl
     c->legacy_slow = legacy_slow;
     c->deferred = deferred;
     c->context = context;
+    return 0;
+}
+
+int pilot_fast_raises(pilot_fast *f, uint32_t conn, pilot_preempt *p, uint32_t words)
+{
+    struct fconn *c = fast_find_conn(f, conn);
+    if (!c)
+        return -1;
+    c->preempt = words ? p : NULL;
+    c->raises = p ? words : 0;
     return 0;
 }
 
@@ -690,17 +702,18 @@ static int try_graph(pilot_fast *f, struct fconn *c, const pilot_srv_msg *m,
     uint64_t stream = fast_stream(c, req.stream);
     if (!g || !stream)
         return FAST_PYTHON;
+    typedef int (*graph_launch_fn)(uint64_t exec, uint64_t stream);
+    graph_launch_fn launch = (graph_launch_fn)f->libfns[PILOT_FAST_GRAPH_LAUNCH];
+    if (!f->generic_call && !launch)
+        return FAST_PYTHON;
     int err;
-    if (f->generic_call) {
+    pilot_preempt_enter(c->preempt, c->raises);
+    if (f->generic_call)
         err = f->generic_call(m->conn, PILOT_OP_GRAPH_LAUNCH, stream, &g->value, sizeof g->value,
                               NULL, 0);
-    } else {
-        typedef int (*graph_launch_fn)(uint64_t exec, uint64_t stream);
-        graph_launch_fn launch = (graph_launch_fn)f->libfns[PILOT_FAST_GRAPH_LAUNCH];
-        if (!launch)
-            return FAST_PYTHON;
+    else
         err = launch(g->value, stream);
-    }
+    pilot_preempt_leave(c->preempt);
     if (err)
         return FAST_PYTHON; /* Python launches it again and reports the error */
     c->count.graphs++;
@@ -732,7 +745,9 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
         env.opcode == PILOT_OP_DNN_BATCHNORM) {
         if (c->enabled != PILOT_FAST_ALL && c->enabled != PILOT_FAST_NEXT_LAUNCH)
             return FAST_PYTHON;
+        pilot_preempt_enter(c->preempt, c->raises);
         int r = fast_try_library(f, c, m, &env);
+        pilot_preempt_leave(c->preempt);
         if (r == FAST_DONE && (env.flags & PILOT_F_NO_REPLY) == 0) {
             pilot_rep_status rep = {{0, 0}};
             pilot_srv_send(srv, m->conn, m->frame[0], sizeof(pilot_envelope), &rep, sizeof rep,
@@ -774,6 +789,7 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
     fast_stream_dirty(c, stream);
     const void *args = arg_bytes ? m->frame[2] : NULL;
     int err;
+    pilot_preempt_enter(c->preempt, c->raises);
     if (f->cuda) {
         size_t size = (size_t)arg_bytes;
         void *extra[] = {LAUNCH_PARAM_BUFFER_POINTER, (void *)args, LAUNCH_PARAM_BUFFER_SIZE,
@@ -785,6 +801,7 @@ int pilot_fast_try(pilot_fast *f, pilot_srv *srv, const pilot_srv_msg *m)
         err = f->generic(fn->value, req.grid, req.block, req.shared_bytes, stream, args,
                          (uint32_t)arg_bytes);
     }
+    pilot_preempt_leave(c->preempt);
     /* A launch the driver refused put nothing on the stream: Python makes the same call again
      * and reports its error as it reports every posted call's. */
     if (err)

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "pilot_proto.h"
+#include "preempt_words.h"
 #include "vgpu_server.h"
 
 /* PILOT_FAST_CDEF_BEGIN */
@@ -149,6 +150,9 @@ int pilot_fast_sync_streams(pilot_fast *f, uint32_t conn, const uint64_t *stream
 /* Python handled a call of the connection's session: the next device synchronization C
  * answers waits for every stream (C knows only which streams its own work went to). */
 void pilot_fast_python_work(pilot_fast *f, uint32_t conn);
+/* The session on `conn` preempts: its launches, graph launches, library calls and memsets in C
+ * enter and leave `p` with these words (preempt_words.h); words 0 or p NULL: it does not. */
+int pilot_fast_raises(pilot_fast *f, uint32_t conn, pilot_preempt *p, uint32_t words);
 /* The file the kernels' printf output is captured in (daemon/vgpu/device_output.py; fd -1:
  * none) and how much of it Python has taken: a synchronization or copy after which the file is
  * longer goes to Python (which synchronizes again, a no-op, and sends the output with the

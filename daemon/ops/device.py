@@ -4,6 +4,7 @@ reset, limits, priorities, peer access."""
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.backends.base import (
@@ -129,12 +130,13 @@ def device_reset(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
         vg.broker.release(s, kind, s.remove_allocation(ptr), ptr)
     for ev in s.events.values():
         backend.event_destroy(ev)
-    for st in s.streams.values():
-        if st.join_event is not None:
-            backend.event_destroy(st.join_event)
-        backend.stream_destroy(st.obj)
+    with vg.preempt.streams_going(s) if vg.preempt is not None else nullcontext():
+        for st in s.streams.values():
+            if st.join_event is not None:
+                backend.event_destroy(st.join_event)
+            backend.stream_destroy(st.obj)
+        s.streams.clear()
     s.events.clear()
-    s.streams.clear()
     s.dirty_blocking.clear()
     s.deferred = 0
 

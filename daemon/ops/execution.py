@@ -55,6 +55,8 @@ def module_load(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     # zeroed before unload (teardown.py): every readable entry's, PTX declarations included
     s.module_variables[handle] = tuple(sorted(set(variables.variables) | _variable_names(image)))
     s.module_charges[handle] = charge
+    if vg.preempt is not None:  # its kernels' preemptible variants, should it be gated
+        vg.preempt.module_loaded(s, handle, image)
     return u64(handle)
 
 @OPS.handler(lib.PILOT_OP_MODULE_UNLOAD, "pilot_req_handle", synchronizing=True)
@@ -73,6 +75,8 @@ def module_unload(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
         del s.functions[handle]
     vg.backend.module_unload(module)
     vg.broker.release(s, "module", s.module_charges.pop(req.handle, 0))
+    if vg.preempt is not None:
+        vg.preempt.module_unloaded(s, req.handle)
 
 @OPS.handler(lib.PILOT_OP_FUNCTION_GET, "pilot_req_function_get")
 def function_get(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:

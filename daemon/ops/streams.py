@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.backends.base import (
@@ -39,13 +40,14 @@ def stream_create(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
 @OPS.handler(lib.PILOT_OP_STREAM_DESTROY, "pilot_req_handle")
 def stream_destroy(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:
     st = s.stream(req.handle)
-    del s.streams[req.handle]
-    s.dirty_blocking.pop(req.handle, None)
-    if vg.fast is not None:
-        vg.fast.stream_gone(s, req.handle)
-    if st.join_event is not None:
-        vg.backend.event_destroy(st.join_event)
-    vg.backend.stream_destroy(st.obj)
+    with vg.preempt.streams_going(s) if vg.preempt is not None else nullcontext():
+        del s.streams[req.handle]
+        s.dirty_blocking.pop(req.handle, None)
+        if vg.fast is not None:
+            vg.fast.stream_gone(s, req.handle)
+        if st.join_event is not None:
+            vg.backend.event_destroy(st.join_event)
+        vg.backend.stream_destroy(st.obj)
 
 @OPS.handler(lib.PILOT_OP_STREAM_SYNCHRONIZE, "pilot_req_handle", synchronizing=True)
 def stream_synchronize(vg: VGpu, s: Session, req: Any, payload: memoryview) -> None:

@@ -194,7 +194,7 @@ def status(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, An
             "faults": snap["faults"], "engine_faults": snap.get("engine_faults", []),
             "backing_off": snap.get("backing_off", {}),
             "isolation": snap["isolation"],
-            "priorities": _visible_priorities(snap["priorities"], caller),
+            "priorities": _visible_priorities(snap["priorities"], caller, snap["preemption"]),
             "ipc": snap["ipc"] if caller.admin else None,  # daemon-wide counts: admins only
             "you": {"tenant": caller.tenant, "admin": caller.admin}}
 
@@ -482,8 +482,13 @@ def job_end(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, A
 
 # ---- priority classes (resources/priorities.py, scheduling/priority.py) ----
 
-def _visible_priorities(report: dict[str, Any], caller: Caller) -> dict[str, Any]:
-    """The board's report; another tenant's class is for admins only."""
+def _visible_priorities(report: dict[str, Any], caller: Caller,
+                        preemption: dict[str, Any] | None) -> dict[str, Any]:
+    """The board's report and preemption's (scheduling/preempt.py; None: `[priority] preempt`
+    off); another tenant's class, and the names of kernels, are for admins only."""
+    if preemption is not None and not caller.admin:
+        preemption = {k: v for k, v in preemption.items() if k != "kernels_not_preemptible"}
+    report = {**report, "preemption": preemption}
     if caller.admin:
         return report
     return {**report, "tenants": {t: v for t, v in report["tenants"].items() if t == caller.tenant}}
@@ -493,7 +498,8 @@ def _visible_priorities(report: dict[str, Any], caller: Caller) -> dict[str, Any
 def priority_list(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, Any]:
     """Every tenant with a class set (config or pilotctl), the gate's settings, and the
     highest class active on each GPU now."""
-    return _visible_priorities(daemon.priorities.describe(), caller)
+    return _visible_priorities(daemon.priorities.describe(), caller,
+                               daemon.preemption.describe() if daemon.preemption is not None else None)
 
 
 @command("priority.set", admin=True)

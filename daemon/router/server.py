@@ -76,6 +76,7 @@ from pilot.daemon.router.recovery import (
 from pilot.daemon.scheduling.callbacks import CallbackHub
 from pilot.daemon.scheduling.placement import place_part, place_session
 from pilot.daemon.scheduling.policy_host import PolicyHost, load_policy
+from pilot.daemon.scheduling.preempt import Preemption, VGpuPreemption
 from pilot.daemon.scheduling.priority import PriorityBoard
 from pilot.daemon.sessions import visible
 from pilot.daemon.sessions.devices import SessionGroup, Topology
@@ -233,6 +234,10 @@ class Daemon:
         self.priorities = PriorityBoard(PriorityStore(config.state_dir, _priority_defaults(config)),
                                         self.vgpus, config.priority_active_window,
                                         config.priority_gated_inflight)
+        self.preemption = Preemption(config.priority_preempt_chunk,
+                                     os.path.join(config.state_dir, "ptx-cache"),
+                                     compile_ptx=self.backend.name != "sim") \
+            if config.priority_preempt else None
         self.policy = PolicyHost(policy, self.metrics, config.policy_max_wait)
         self.policy.controls.broker = self.broker
         self.policy.wake = self._wake_waiting
@@ -301,6 +306,7 @@ class Daemon:
         vg.report_fault = self.monitor.report
         vg.shares = self.shares
         vg.gate.board = self.priorities
+        vg.preempt = VGpuPreemption(vg, self.preemption) if self.preemption is not None else None
         vg.staging_spares = self.staging_spares
 
     def _topology(self) -> Topology:
@@ -1094,6 +1100,7 @@ class Daemon:
             # CUDA IPC: exports, grants, and memory kept for importers after its exporter's free
             "ipc": self.broker.ipc.counts(),
             "priorities": self.priorities.describe(),
+            "preemption": self.preemption.describe() if self.preemption is not None else None,
             "salus": self.policy.state() if self.policy.name == "salus" else {},
         }
 
@@ -1102,11 +1109,15 @@ class Daemon:
         self.engines.stop_all()
         self.policy.stop()
         self.callbacks.close_all()  # no vGPU may stay blocked behind a gate
+        if self.preemption is not None:
+            self.preemption.lower_all()  # nor behind a retreat word
         for vg in self.vgpus:
             vg.send_control(b"S")
         for vg in self.vgpus:
             vg.join(timeout=10)
         self.callbacks.stop()
+        if self.preemption is not None:
+            self.preemption.close()
         self.staging_spares.close()
         if self._nvml is not None:
             self._nvml.stop()

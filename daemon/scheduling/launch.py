@@ -223,8 +223,11 @@ def _launch_and_watch(vg: VGpu, s: Session, launch: Launch, info: FunctionInfo, 
     start = watch.start_event(stream) if vg.kernel_time else None  # [metrics] kernel_time
     try:
         if launch.attrs is None:
-            vg.backend.launch(info.handle, launch.grid, launch.block, launch.shared_bytes, stream,
-                              launch.args[:])
+            # a gated session's kernel as its preemptible variant where it has one
+            if not (s.gated and vg.preempt is not None and vg.preempt.launch(
+                    s, info, launch.grid, launch.block, launch.shared_bytes, stream, launch.args[:])):
+                vg.backend.launch(info.handle, launch.grid, launch.block, launch.shared_bytes, stream,
+                                  launch.args[:])
         else:
             vg.backend.launch_ex(info.handle, launch.grid, launch.block, launch.shared_bytes, stream,
                                  launch.args[:], launch.attrs)

@@ -289,17 +289,24 @@ class SessionGate:
         board = self.board
         now = time.monotonic()
         fast = self.vg.fast
+        preempt = self.vg.preempt
         gated = 0
+        changed = False
         for s in list(self.vg.sessions.values()):
             g = board.gated(s, now)
             gated += g
+            if preempt is not None:  # whether its launches raise lower classes' retreat words
+                preempt.update(s, fast)
             if g != s.gated:
                 s.gated = g
+                changed = True
                 if g:
                     self.vg.enter(s)  # its events go in its SM partition's context
                     self._mark(s)
                 if fast is not None:
                     fast.update(s)
+        if changed and preempt is not None:
+            preempt.arm()  # the retreat words this vGPU's gated sessions need armed
         self.gated = gated
         for s in list(self.held):
             if s.gated and not self.admit(s):

@@ -165,6 +165,10 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     gated: bool = False
     gate_held: float = 0.0
     gate_events: deque[Any] = field(default_factory=deque)
+    # Preemption (scheduling/preempt.py): the retreat words its launches raise (0: none), and
+    # its variants and counters (a SessionVariants, once it may be gated and loads a module).
+    preempt_raises: int = 0
+    preempt: Any = None
     device_bytes: int = 0
     # Unified memory (daemon/managed.py): managed allocations, the client's shadows of managed
     # ranges by base, and the ranges holding the session's __managed__ variables.

@@ -106,6 +106,9 @@ LABELED_COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                             "Times a session's work was held at the priority gate (it had [priority] "
                             "gated_inflight pieces in flight while a higher class was active), by "
                             "tenant and its class.", ("tenant", "priority")),
+    "preemptible_launches": ("pilot_preemptible_launches_total",
+                             "Launches of gated sessions run as preemptible variants (they retreat "
+                             "while a higher class needs the GPU), by tenant.", ("tenant",)),
     "priority_gate_wait_seconds": ("pilot_priority_gate_wait_seconds_total",
                                    "Seconds sessions' calls were held at the priority gate, by "
                                    "tenant and its class.", ("tenant", "priority")),

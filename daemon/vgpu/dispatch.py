@@ -56,6 +56,7 @@ class Dispatch:
     fast: Any = None  # vgpu/fast.py's FastLaunches, or None
     device_output: Any = None  # vgpu/device_output.py's DeviceOutput, or None
     quarantine: Any  # sessions/quarantine.py: freed memory being zeroed
+    preempt: Any = None  # scheduling/preempt.py's VGpuPreemption, or None
 
     def enter(self, session: Session) -> None:
         """Make the session's SM partition current on this thread (compute shares): what the
@@ -173,7 +174,10 @@ class Dispatch:
                     raise ProtocolError(f"body of {msg.len[1]} bytes, expected {prepared.size}")
                 req = _cast(prepared.ptr, msg.frame[1]) if prepared.ptr is not None else None
                 payload = _buffer(msg.frame[2], msg.len[2]) if msg.nframes > 2 else EMPTY
-                result = prepared.fn(self, session, req, payload)
+                if session.preempt_raises and opcode in _GATED_OPS:
+                    result = self._raising(prepared, session, req, payload)
+                else:
+                    result = prepared.fn(self, session, req, payload)
                 if gated:
                     self.gate.issued(session, opcode, req)
             except BackendError as exc:
@@ -237,6 +241,16 @@ class Dispatch:
             return False
         req = _cast(prepared.ptr, msg.frame[1]) if prepared.ptr is not None else None
         return would_wait(self, session, opcode, req, prepared.fields)  # type: ignore[arg-type]
+
+    def _raising(self, prepared: Any, session: Session, req: Any, payload: Any) -> Any:
+        """A call that puts kernels on the GPU, of a session whose launches preempt lower classes
+        (scheduling/preempt.py): it raises their retreat words first, as C's fast path does."""
+        words = self.preempt.enter(session)
+        try:
+            return prepared.fn(self, session, req, payload)
+        finally:
+            if words is not None:
+                lib.pilot_preempt_leave(words.ptr)
 
     def _refuse(self, msg: Any, env: Any, session: Session | None, no_reply: int) -> None:
         """Requests that get no handler: protocol version, attach, no session on the connection."""

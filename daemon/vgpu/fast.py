@@ -416,6 +416,8 @@ class FastLaunches:
             self._states[s.id] = state
             if lib.pilot_fast_session(self.ptr, *state[:1], s.id, *state[1:]) != 0:
                 raise MemoryError("pilot_fast_session")
+            if s.preempt_raises and self.vg.preempt is not None:  # C may have just met it
+                self.vg.preempt.tell_fast(s, self)
             if s.fast_ranges is None:  # from now on C knows the session's device memory
                 s.fast_ranges = self._ranges_of(conn)
                 for ptr, size in list(s.allocations.items()):

@@ -68,6 +68,7 @@ class VGpu(Dispatch):
         self.shares: Any = None  # shares.ComputeShares (set by the Daemon; None: no shares)
         self.fast_launch = True  # [daemon] fast_launch (set by the Daemon)
         self.fast: FastLaunches | None = None  # launches run in C (vgpu/fast.py), made in serve
+        self.preempt: Any = None  # preempt.VGpuPreemption (set by the Daemon; None: [priority] preempt off)
         self.device_output: Any = None  # device_output.DeviceOutput (set by the Daemon)
         # freed memory being zeroed, and zeroed blocks kept while the GPU has room to spare
         # (sessions/quarantine.py)
@@ -232,6 +233,8 @@ class VGpu(Dispatch):
                 lib.pilot_srv_disconnect(self._srv, conn)  # a live client sees EOF
         self.waits.drop(session)
         self.gate.forget(session)
+        if self.preempt is not None:
+            self.preempt.session_ends(session)
         self.kernel_watch.forget(session.id)
         self.enter(session)  # its modules and streams go in the context they were made in
         try:  # what it exported or opened through CUDA IPC (ops/ipc.py)
@@ -242,6 +245,8 @@ class VGpu(Dispatch):
         if self.broker.residency is not None:
             self.broker.residency.quiesce(session)
         session.release(self.backend, self.stream)
+        if self.preempt is not None:  # its work is synchronized: its variants and counters go
+            self.preempt.forget(session)
         if self.device_output is not None:  # printed after its last reply: pilotd's log
             self.device_output.drain()
             self.device_output.released(session.id)

@@ -13,7 +13,12 @@ seconds and prints kernels per second (4 s: about as long as the probe runs). Ro
 - alone: each program by itself (the baselines);
 - no priorities: both, every tenant normal;
 - gate K=2, gate K=1: root's tenant high ([tenants.infer] priority), `[priority] gated_inflight`
-  2 and 1.
+  2 and 1, `preempt = false` (the gate alone);
+- preempt K=2, preempt K=1: the same with `preempt = true`: the flood's kernels, gated, run as
+  preemptible variants that retreat while the probe's kernels need the GPU
+  (scheduling/preempt.py). Each of these rows then runs the flood once more in its checking
+  mode (a fixed number of kernels from known data) beside the probe: its checksum must equal the
+  one it printed natively, and its kernel must have had a variant.
 For each row: the probe's p50/p99 against alone (issue 29's target: p99 <= 1.10x) and the
 flood's throughput against alone (>= 0.5). PASS/FAIL says whether every run completed; the
 ratios are INFO lines and go to $OUT/priority.md.
@@ -36,12 +41,14 @@ from scheduler_check import OUT, Pilotd, check
 
 ARCH = os.environ.get("NVCC_ARCH", "sm_90")
 NOBODY = 65534
+CHECK_BATCHES = 200  # batches of 8 kernels of the flood's correctness run (about 2 s on an H100)
 
 KERNEL = r"""
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 __global__ void work(float *x, int n, int iters) {
@@ -102,20 +109,38 @@ int main(int argc, char **argv) {
 """
 
 BE = KERNEL + r"""
+/* be_flood SECONDS: kernels of about 500 us, 8 queued at a time, for SECONDS; prints kernels/s.
+ * be_flood BATCHES check: BATCHES x 8 kernels of a fixed length from known data; prints a
+ * checksum of the result's bits (the same natively and under pilot, preempted or not). */
 int main(int argc, char **argv) {
+    int check = argc > 2;
     double seconds = atof(argv[1]);
     int n = 132 * 2048 * 4;
     float *x;
     if (cudaMalloc(&x, n * sizeof(float)) != cudaSuccess) return 1;
-    int iters = calibrate(x, n, 500);
+    float *h = (float *)malloc(n * sizeof(float));
+    for (int i = 0; i < n; i++) h[i] = (i % 1000) * 0.001f;
+    if (cudaMemcpy(x, h, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) return 1;
+    int iters = check ? 40000 : calibrate(x, n, 500);
     long kernels = 0;
     double t0 = now_us();
-    while (now_us() - t0 < seconds * 1e6) {
+    while (check ? kernels < (long)seconds * 8 : now_us() - t0 < seconds * 1e6) {
         for (int k = 0; k < 8; k++) work<<<(n + 255) / 256, 256>>>(x, n, iters);
         if (cudaDeviceSynchronize() != cudaSuccess) return 2;
         kernels += 8;
     }
-    printf("kernels/s %.1f\n", kernels / ((now_us() - t0) / 1e6));
+    double dt = (now_us() - t0) / 1e6;
+    if (check) {
+        if (cudaMemcpy(h, x, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) return 3;
+        unsigned long long sum = 0;
+        for (int i = 0; i < n; i++) {
+            unsigned bits;
+            memcpy(&bits, &h[i], 4);
+            sum = sum * 1099511628211ull + bits;
+        }
+        printf("checksum %llu\n", sum);
+    }
+    printf("kernels/s %.1f\n", kernels / dt);
     return 0;
 }
 """
@@ -136,10 +161,11 @@ def as_nobody() -> None:
     os.setresuid(NOBODY, NOBODY, NOBODY)
 
 
-def run_row(d: Pilotd, hp: Path | None, be: Path | None) -> dict[str, float]:
+def run_row(d: Pilotd, hp: Path | None, be: Path | None, be_args: tuple[str, ...] = ("4",)
+            ) -> dict[str, float]:
     procs = {}
     if be is not None:
-        procs["be"] = subprocess.Popen([str(be), "4"], env=d.client_env, stdout=subprocess.PIPE,
+        procs["be"] = subprocess.Popen([str(be), *be_args], env=d.client_env, stdout=subprocess.PIPE,
                                        text=True, preexec_fn=as_nobody)
         time.sleep(0.5)  # the flood is running (the probe's 1,000 requests take about 2.5 s)
     if hp is not None:
@@ -151,7 +177,7 @@ def run_row(d: Pilotd, hp: Path | None, be: Path | None) -> dict[str, float]:
         check(p.returncode == 0, f"{name} finished (rc {p.returncode}): {text.strip()}")
         words = text.split()
         for key, value in zip(words[::2], words[1::2], strict=False):
-            out[f"{name} {key}"] = float(value)
+            out[f"{name} {key}"] = int(value) if value.isdigit() else float(value)
     return out
 
 
@@ -167,32 +193,54 @@ def main() -> int:
         hp, be = build(work, "hp_probe", HP), build(work, "be_flood", BE)
         plain = work / "plain.toml"
         plain.write_text("")
+        native = subprocess.run([str(be), str(CHECK_BATCHES), "check"], capture_output=True,
+                                text=True, timeout=120, env={k: v for k, v in os.environ.items()
+                                                             if k != "LD_PRELOAD"})
+        check(native.returncode == 0, f"be check natively (rc {native.returncode})")
+        reference = native.stdout.split()[1] if native.returncode == 0 else ""
         for name, config, programs in (
                 ("hp alone", plain, (hp, None)), ("be alone", plain, (None, be)),
                 ("no priorities", plain, (hp, be)),
-                ("gate K=2", "2", (hp, be)), ("gate K=1", "1", (hp, be))):
+                ("gate K=2", "2 false", (hp, be)), ("gate K=1", "1 false", (hp, be)),
+                ("preempt K=2", "2 true", (hp, be)), ("preempt K=1", "1 true", (hp, be))):
             if isinstance(config, str):
-                path = work / f"gate{config}.toml"
+                inflight, preempt = config.split()
+                path = work / f"gate{inflight}{preempt}.toml"
                 path.write_text(f'[tenants.infer]\nusers = ["{me}"]\npriority = "high"\n'
-                                f'[priority]\ngated_inflight = {config}\n')
+                                f'[priority]\ngated_inflight = {inflight}\npreempt = {preempt}\n')
                 config = path
             d = Pilotd(work, name.replace(" ", "-").replace("=", ""), "--config", str(config))
             try:
                 rows[name] = run_row(d, *programs)
+                if name.startswith("preempt"):
+                    # the flood's result beside the probe, preempted: identical to native's
+                    out = run_row(d, hp, be, (str(CHECK_BATCHES), "check"))
+                    got = str(out.get("be checksum", ""))
+                    pre = d.ctl("priority", "list").get("preemption") or {}
+                    gpu = (pre.get("gpus") or {}).get("0", {})
+                    check(got == reference,
+                          f"{name}: the flood's result under preemption is native's "
+                          f"({got[:12]}... vs {reference[:12]}...)")
+                    rows[name]["raises"] = gpu.get("raises", 0)
+                    rows[name]["preemptible kernels"] = pre.get("preemptible_kernels", 0)
+                    check(pre.get("preemptible_kernels", 0) > 0,
+                          f"{name}: the flood's kernel has a variant ({pre})")
+                    print(f"INFO {name}: retreat words raised {gpu.get('raises')} times, lowered "
+                          f"{gpu.get('clears')}; JIT {pre.get('jit_seconds')} s", flush=True)
             finally:
                 d.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base_hp, base_be = rows.get("hp alone", {}), rows.get("be alone", {})
-    lines = ["| row | hp p50 us | hp p99 us | p99 / alone | be kernels/s | be / alone |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| row | hp p50 us | hp p99 us | p99 / alone | be kernels/s | be / alone | raises |",
+             "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         p99 = r.get("hp p99")
         ks = r.get("be kernels/s")
         ratio = f"{p99 / base_hp['hp p99']:.2f}" if p99 and base_hp.get("hp p99") else "-"
         be_ratio = f"{ks / base_be['be kernels/s']:.2f}" if ks and base_be.get("be kernels/s") else "-"
         lines.append(f"| {name} | {r.get('hp p50', '-')} | {p99 or '-'} | {ratio} | {ks or '-'} | "
-                     f"{be_ratio} |")
+                     f"{be_ratio} | {r.get('raises', '-')} |")
     table = "\n".join(lines)
     print("INFO\n" + table)
     OUT.mkdir(parents=True, exist_ok=True)

@@ -201,7 +201,7 @@ main() {
     stage um_flush timeout -k 10 300 bash bench/um_flush_probe.sh
     stage sched timeout -k 10 180 "$PYTHON" tests/gpu/scheduler_check.py
     stage preempt timeout -k 10 200 "$PYTHON" tests/gpu/preempt_check.py --out "$OUT"
-    stage priority timeout -k 10 200 "$PYTHON" tests/gpu/priority_check.py
+    stage priority timeout -k 10 300 "$PYTHON" tests/gpu/priority_check.py
     mkdir -p "$OUT/fig1"
     stage fig1 timeout -k 20 450 "$PYTHON" bench/fig1.py --out "$OUT/fig1" --python "$PYTHON"
     mkdir -p "$OUT/tenants"

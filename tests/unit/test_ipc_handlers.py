@@ -80,8 +80,8 @@ def make_vgpu(broker: ResourceBroker | None = None, device: int = 0) -> Any:
         broker = ResourceBroker(Quotas(64 * MiB), Ledger(), GpuBudget({0: 128 * MiB, 1: 128 * MiB}),  # type: ignore[arg-type]
                                 Metrics())
         broker.policy = Heard()  # type: ignore[assignment]
-    return SimpleNamespace(backend=sim, broker=broker, quarantine=Quarantine(sim), device=device,
-                           stream=sim.stream_create(1, 0))
+    return SimpleNamespace(backend=sim, broker=broker, preempt=None, quarantine=Quarantine(sim),
+                           device=device, stream=sim.stream_create(1, 0))
 
 
 @pytest.fixture

@@ -47,6 +47,7 @@ NATIVE_LAYERS = {
     "transport/socket_path.c": 0,
     "native/gates.c": 0,
     "native/spin_budget.c": 0,       # how many threads may spin at once
+    "native/preempt_words.c": 0,     # retreat words raised and lowered (preemption)
     "native/vgpu_server.c": 0,       # the vGPU endpoint (ZMTP server)
     "native/fast_state.c": 0,        # the fast path's maps and tables
     "native/fast_library.c": 1,      # cuBLAS/cuDNN calls run in C

@@ -1,0 +1,568 @@
+"""Preempting a gated session's kernels (issue 29 item 2; docs/design/preemption.md).
+
+While a session is gated (a higher class is active on its GPU: scheduling/priority.py), a launch
+of a kernel that has a preemptible variant (backends/ptx_preempt.py) is four operations on the
+launch's own stream:
+
+1. its counter (a u32 of the session's slots) := `first`, the blocks launched;
+2. the variant over the resident grid, reading its class's retreat word;
+3. a wait until that word is 0 (cuStreamWaitValue32);
+4. the variant again with `first` 0 and no word: the blocks step 2 did not run, or none.
+
+Every logical block runs once whatever the moment of a retreat, and stream order is the
+program's: later work on the stream waits for step 4. Nothing is held in pilotd.
+
+**The words** (one u32 per victim class and GPU: low, normal) are raised by the launches of the
+sessions above a gated class, in C (daemon/native/preempt_words.c: `pilot_fast_raises` for the
+fast path) and in Python (`VGpuPreemption.raising` around a call that puts kernels on the GPU),
+with a stream write on the GPU's stream of the greatest priority. A class's word is *armed*
+(may be raised) while a session of that class is gated and has launched a variant. The GPU's
+helper thread `preempt-N` (GpuWords) lowers the words once the raising sessions' streams are
+idle, every CLEAR_MS while any is raised; it is a thread of its own because a vGPU thread may be
+waiting for the GPU in C, behind a stream that waits for a word.
+
+**The variants** of a module image are made once per image in the background (thread
+`pilot-jit`): the image's PTX (a PTX image, or the newest PTX entry of a fatbin not above the
+GPU's architecture, decompressed with the system's libzstd when nvcc compressed it) is
+rewritten, compiled with ptxas through the disk cache (ptx_cache.py, `state_dir/ptx-cache`)
+where ptxas is found, else handed to the driver's JIT. A session's module gets its variants'
+module (a module of its own, charged to the tenant like the program's) at its first gated launch
+after they are ready; until then, and for kernels without a variant, the original runs behind
+the gate. The chunk is `[priority] preempt_chunk`.
+
+Not preempted (the gate alone applies): launches with attributes (cooperative, clusters, a
+priority), sessions in an SM partition (green contexts), graph launches, library calls and
+memsets (SASS only), and kernels the rewrite refuses (their reasons: `pilotctl`'s priorities).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import math
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pilot.daemon.backends import fatbin
+from pilot.daemon.backends import ptx_preempt as pp
+from pilot.daemon.backends.base import BackendError
+from pilot.daemon.backends.ptx_cache import ImageCache, ptxas
+from pilot.daemon.protocol import ffi, lib
+from pilot.daemon.resources.priorities import LEVELS
+from pilot.daemon.telemetry.thread_names import NamedThread
+
+if TYPE_CHECKING:
+    from pilot.daemon.backends.base import FunctionInfo
+    from pilot.daemon.sessions.session import Session
+    from pilot.daemon.vgpu.server import VGpu
+
+log = logging.getLogger("pilot.scheduling")
+
+LOW, NORMAL, HIGH = LEVELS["low"], LEVELS["normal"], LEVELS["high"]
+WORD = {LOW: 0, NORMAL: 1}  # the retreat word a class's variants read
+RAISES = {LOW: 0, NORMAL: 1 << WORD[LOW], HIGH: (1 << WORD[LOW]) | (1 << WORD[NORMAL])}
+SEEN_BUSY = 0xFFFFFFFFFFFFFFFF  # pilot_preempt_seen: a raising launch is on its way
+CLEAR_MS = 0.5  # how often a GPU's helper looks at raised words
+IDLE_S = 0.05  # how long it sleeps while nothing is armed (an arm wakes it)
+ATTR_MAJOR, ATTR_MINOR, ATTR_SMS = 75, 76, 16  # cudaDevAttr: compute capability, SM count
+KEEP_IMAGE_BYTES = 16 << 20  # larger module images get no variants (their kernels are gated only)
+
+
+@dataclass
+class ModuleVariants:
+    """What became of one module image: its variants' image to load, or why none."""
+
+    ready: bool = False
+    image: bytes = b""  # a cubin, or PTX text for the driver's JIT (NUL-terminated)
+    kernels: dict[str, pp.Rewrite] = field(default_factory=dict)
+    reason: str = ""  # why the image has no variants
+    seconds: float = 0.0  # rewrite and compile (or the cache's read)
+    cached: bool = False
+
+
+@dataclass
+class SessionVariants:
+    """One session's part: its counters, the variants' modules loaded for its modules, and the
+    variant of each of its functions (None: none)."""
+
+    slots: int = 0  # device address of its counters
+    nslots: int = 0
+    next_slot: int = 0
+    images: dict[int, bytes] = field(default_factory=dict)  # module handle -> its image
+    modules: dict[int, tuple[Any, int]] = field(default_factory=dict)  # handle -> (module, charge)
+    # (module handle, kernel, threads per block, dynamic shared bytes) -> (variant, resident
+    # blocks) or None: none
+    functions: dict[tuple[int, str, int, int], tuple[Any, int] | None] = field(default_factory=dict)
+    launches: int = 0  # variants launched
+    used: bool = False  # has launched a variant while gated (its class's word is armed)
+
+
+def module_ptx(image: bytes, sm: int) -> str | None:
+    """The PTX the driver would JIT for `image` on an sm_`sm` GPU, if pilot can read it: a PTX
+    image, or the newest PTX entry of a fatbin not above `sm` (decompressed if need be)."""
+    text = fatbin.ptx_text(image)
+    if text is not None:
+        return text
+    if not fatbin.is_fatbin(image):
+        return None
+    try:
+        entries = fatbin.parse_entries(image)
+    except ValueError:
+        return None
+    ptx = [e for e in entries if e.is_ptx and e.arch <= sm]
+    if not ptx:
+        return None
+    data = fatbin.entry_bytes(max(ptx, key=lambda e: e.arch))  # nvcc 13 compresses it (zstd)
+    return fatbin.ptx_text(data) if data is not None else None
+
+
+class Preemption:
+    """One per daemon: the variants of every module image, and each GPU's words."""
+
+    def __init__(self, chunk: int = 1, cache_dir: str | None = None, compile_ptx: bool = True) -> None:
+        """compile_ptx: compile with ptxas where it is found (a GPU); the sim loads PTX text."""
+        self.chunk = chunk
+        self._cache = ImageCache(cache_dir) if cache_dir else None
+        self._ptxas = compile_ptx and shutil.which("ptxas") is not None
+        self._lock = threading.Lock()
+        self._images: dict[str, ModuleVariants] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._gpus: dict[int, GpuWords] = {}
+        self.jit_seconds = 0.0
+        self.jit_modules = 0
+
+    def variants(self, image: bytes, sm: int) -> ModuleVariants | None:
+        """The image's variants, or None while they are being made (started here)."""
+        key = hashlib.sha256(image).hexdigest() + f":{sm}"
+        with self._lock:
+            found = self._images.get(key)
+            if found is not None:
+                return found if found.ready or found.reason else None
+            self._images[key] = ModuleVariants()
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="pilot-jit")
+            self._pool.submit(self._make, key, image, sm)
+        return None
+
+    def _make(self, key: str, image: bytes, sm: int) -> None:
+        start = time.perf_counter()
+        out = ModuleVariants()
+        try:
+            ptx = module_ptx(image, sm)
+            if ptx is None:
+                out.reason = "no readable PTX in the image (SASS only, or compressed without libzstd)"
+            else:
+                rewritten = pp.rewrite_module(ptx)
+                out.kernels = rewritten.kernels
+                if not rewritten.variants:
+                    out.reason = "no kernel of the module can be rewritten"
+                elif self._ptxas and self._cache is not None:
+                    compiled = self._cache.compile(rewritten.ptx, f"sm_{sm}", ptxas)
+                    out.image, out.cached = compiled.image, compiled.hit
+                else:
+                    out.image = rewritten.ptx.encode() + b"\0"
+        except Exception as exc:  # a module pilot cannot rewrite runs as it is
+            out.reason = f"rewrite failed: {exc}"
+            log.warning("preemptible variants: %s", out.reason)
+        out.seconds = time.perf_counter() - start
+        out.ready = not out.reason
+        with self._lock:
+            self._images[key] = out
+            self.jit_seconds += out.seconds
+            self.jit_modules += 1
+
+    def gpu_words(self, vg: VGpu) -> GpuWords | None:
+        """The words of vg's GPU, made on first use (on vg's thread, its context current)."""
+        words = self._gpus.get(vg.gpu)
+        if words is not None:
+            return words if words.ptr != ffi.NULL else None
+        with self._lock:
+            words = self._gpus.get(vg.gpu)
+            if words is None:
+                try:
+                    words = GpuWords(vg)
+                except (BackendError, MemoryError, OSError) as exc:
+                    log.warning("vgpu-%d: no preemption on GPU %d: %s", vg.index, vg.gpu, exc)
+                    words = GpuWords.unusable(vg.gpu)
+                self._gpus[vg.gpu] = words
+        return words if words.ptr != ffi.NULL else None
+
+    def describe(self) -> dict[str, Any]:
+        """For `pilotctl status --json`: modules seen, which kernels are preemptible and why
+        others are not, the JIT time, and each GPU's words."""
+        with self._lock:
+            images = list(self._images.values())
+            gpus = dict(self._gpus)
+        refused: dict[str, str] = {}
+        preemptible = 0
+        for m in images:
+            for name, r in m.kernels.items():
+                if r.variant is not None:
+                    preemptible += 1
+                else:
+                    refused[name] = r.reason
+        return {"chunk": self.chunk, "modules": len(images),
+                "modules_without_variants": sorted({m.reason for m in images if m.reason}),
+                "preemptible_kernels": preemptible, "kernels_not_preemptible": refused,
+                "jit_modules": self.jit_modules, "jit_seconds": round(self.jit_seconds, 3),
+                "gpus": {str(g): w.describe() for g, w in gpus.items()}}
+
+    def lower_all(self) -> None:
+        """Every word down and nothing armed (the daemon stops: no stream may stay waiting)."""
+        for words in list(self._gpus.values()):
+            words.lower()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        for words in self._gpus.values():
+            words.close()
+
+
+class GpuWords:
+    """One GPU's retreat words: their device memory, the stream they are written on, the C
+    state (preempt_words.h) and the helper thread that lowers them."""
+
+    def __init__(self, vg: VGpu) -> None:
+        backend = vg.backend
+        self.gpu = vg.gpu
+        self.backend = backend
+        self.vgpus = vg.gate.board.vgpus
+        info = backend.device_info(vg.gpu)
+        self.sm = info.attrs.get(ATTR_MAJOR, 9) * 10 + info.attrs.get(ATTR_MINOR, 0)
+        self.sms = info.attrs.get(ATTR_SMS, 1)
+        self.address = backend.mem_alloc(4 * len(WORD))
+        backend.memcpy_htod(self.address, bytes(4 * len(WORD)), 4 * len(WORD), None)
+        self.stream = backend.stream_create(1, backend.stream_priority_range()[1])
+        native = getattr(backend, "native_word_functions", lambda: None)()
+        self._callback: Any = None
+        if native:
+            write = ffi.cast("pilot_write_word_fn", native[3])
+            raw = _native_stream(self.stream)
+        else:  # the sim: the write comes back to the backend
+            self._callback = ffi.callback("pilot_write_word_fn", self._sim_write)
+            write, raw = self._callback, 1
+        self.ptr = lib.pilot_preempt_new(write, raw, self.address, len(WORD))
+        if self.ptr == ffi.NULL:
+            raise MemoryError("pilot_preempt_new")
+        self._armed: dict[int, int] = {}  # vGPU index -> the words its sessions need armed
+        # held while the helper queries raising sessions' streams, and by a vGPU thread while
+        # it destroys one of their streams or stops a session raising (streams_going)
+        self.guard = threading.Lock()
+        self._cond = threading.Condition()
+        self._stop = False
+        self.clears_refused = 0
+        self._thread = NamedThread(target=self._run, name=f"preempt-{vg.gpu}", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def unusable(cls, gpu: int) -> GpuWords:
+        words = cls.__new__(cls)
+        words.gpu, words.ptr = gpu, ffi.NULL
+        return words
+
+    def _sim_write(self, stream: int, address: int, value: int, flags: int) -> int:
+        try:
+            self.backend.stream_write_word(self.stream, address, value)
+        except BackendError as exc:
+            return exc.code or 999
+        return 0
+
+    def word(self, level: int) -> int:
+        return self.address + 4 * WORD[level]
+
+    def arm(self, vgpu: int, words: int) -> None:
+        """vGPU `vgpu`'s sessions need these words armed (0: none); the GPU's is the union."""
+        if self._armed.get(vgpu, 0) == words:
+            return
+        with self._cond:
+            self._armed[vgpu] = words
+            union = 0
+            for w in self._armed.values():
+                union |= w
+            lib.pilot_preempt_arm(self.ptr, union)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        try:
+            self.backend.bind_thread(self.gpu)
+        except BackendError:
+            log.exception("preempt-%d: cannot bind to the GPU", self.gpu)
+        while True:
+            with self._cond:
+                if self._stop:
+                    return
+                idle = not lib.pilot_preempt_armed(self.ptr) and not lib.pilot_preempt_raised(self.ptr)
+                self._cond.wait(IDLE_S if idle else CLEAR_MS / 1000)
+                if self._stop:
+                    return
+            if lib.pilot_preempt_raised(self.ptr):
+                self.clear_if_idle()
+
+    def clear_if_idle(self) -> bool:
+        """Lower the words when no raising session has work on the GPU (True: lowered)."""
+        seen = lib.pilot_preempt_seen(self.ptr)
+        if seen == SEEN_BUSY:
+            return False  # a raising launch is on its way
+        query = self.backend.stream_query
+        with self.guard:  # no raising session's stream is destroyed meanwhile
+            for vg in list(self.vgpus):
+                if vg.gpu != self.gpu:
+                    continue
+                for s in list(vg.sessions.values()):
+                    if not s.preempt_raises:
+                        continue
+                    for stream in [s.legacy] + [st.obj for st in list(s.streams.values())]:
+                        if stream is None:
+                            continue
+                        try:
+                            if not query(stream):
+                                return False
+                        except BackendError:
+                            continue  # a failed stream has nothing running
+        rc = lib.pilot_preempt_clear(self.ptr, seen)
+        if rc < 0:
+            log.warning("preempt-%d: a retreat word could not be lowered; trying again", self.gpu)
+        self.clears_refused += rc == 0
+        return rc == 1
+
+    def lower(self) -> None:
+        if self.ptr == ffi.NULL:
+            return
+        lib.pilot_preempt_arm(self.ptr, 0)
+        for _ in range(100):
+            seen = lib.pilot_preempt_seen(self.ptr)
+            if seen != SEEN_BUSY and lib.pilot_preempt_clear(self.ptr, seen) == 1:
+                return
+            time.sleep(0.001)
+        log.error("preempt-%d: the retreat words could not be lowered", self.gpu)
+
+    def describe(self) -> dict[str, Any]:
+        if self.ptr == ffi.NULL:
+            return {"usable": False}
+        counts = ffi.new("uint64_t[3]")
+        lib.pilot_preempt_counts(self.ptr, counts, counts + 1, counts + 2)
+        return {"usable": True, "armed": lib.pilot_preempt_armed(self.ptr),
+                "raised": lib.pilot_preempt_raised(self.ptr), "raises": counts[0],
+                "clears": counts[1], "failed_writes": counts[2]}
+
+    def close(self) -> None:
+        if self.ptr == ffi.NULL:
+            return
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(1)
+        lib.pilot_preempt_free(self.ptr)
+        self.ptr = ffi.NULL
+
+
+class VGpuPreemption:
+    """A vGPU's side: which of its sessions raise, their variants, and gated launches."""
+
+    def __init__(self, vg: VGpu, daemon: Preemption) -> None:
+        self.vg = vg
+        self.daemon = daemon
+
+    def raises(self, s: Session) -> int:
+        """The words s's launches raise now (0: none)."""
+        if not self.vg.gate.board.enabled or s.partition is not None:
+            return 0
+        return RAISES.get(s.priority, 0)
+
+    def update(self, s: Session, fast: Any) -> None:
+        """s's class or placement may have changed: what it raises, in C too."""
+        mask = self.raises(s)
+        if mask == s.preempt_raises:
+            return
+        words = self.daemon.gpu_words(self.vg) if mask else None
+        if mask and words is None:
+            mask = 0
+        with self.streams_going(s):  # the helper may be looking at its streams
+            s.preempt_raises = mask
+        if fast is not None:
+            self.tell_fast(s, fast)
+
+    def tell_fast(self, s: Session, fast: Any) -> None:
+        """C's fast path raises for s as Python does (a connection C does not know yet is told
+        when C meets it: FastLaunches.update)."""
+        words = self.daemon.gpu_words(self.vg) if s.preempt_raises else None
+        if s.identity is not None:
+            lib.pilot_fast_raises(fast.ptr, s.identity, words.ptr if words is not None else ffi.NULL,
+                                  s.preempt_raises if words is not None else 0)
+
+    def enter(self, s: Session) -> Any:
+        """Around a call of a raising session that puts kernels on the GPU (Python's path)."""
+        words = self.daemon.gpu_words(self.vg)
+        if words is None:
+            return None
+        lib.pilot_preempt_enter(words.ptr, s.preempt_raises)
+        return words
+
+    def module_loaded(self, s: Session, handle: int, image: bytes) -> None:
+        """Keep the image of a module of a session that may be gated (its class is below high),
+        up to KEEP_IMAGE_BYTES: a framework's fatbins of hundreds of MiB are not kept twice."""
+        if self.vg.gate.board.enabled and s.priority < HIGH and len(image) <= KEEP_IMAGE_BYTES:
+            self._state(s).images[handle] = image
+
+    def module_unloaded(self, s: Session, handle: int) -> None:
+        """The program unloaded a module (its work finished first): its variants go too."""
+        state = s.preempt
+        if state is None:
+            return
+        state.images.pop(handle, None)
+        for key in [k for k in state.functions if k[0] == handle]:
+            del state.functions[key]
+        loaded = state.modules.pop(handle, None)
+        if loaded is not None:
+            self.vg.backend.module_unload(loaded[0])
+            self.vg.broker.release(s, "module", loaded[1])
+
+    def _state(self, s: Session) -> SessionVariants:
+        if s.preempt is None:
+            s.preempt = SessionVariants()
+        return s.preempt
+
+    def variant(self, s: Session, info: FunctionInfo, block: tuple[int, int, int],
+                shared: int) -> tuple[Any, int] | None:
+        """s's function's variant and its resident grid, or None (not (yet) preemptible)."""
+        state = s.preempt
+        if state is None:
+            return None
+        handle = info.module_handle
+        key = (handle, info.name, math.prod(block), shared)
+        if key in state.functions:
+            return state.functions[key]
+        image = state.images.get(handle)
+        words = self.daemon.gpu_words(self.vg)
+        if image is None or words is None:
+            state.functions[key] = None
+            return None
+        made = self.daemon.variants(image, words.sm)
+        if made is None:
+            return None  # being made: the original meanwhile, asked again next time
+        found: tuple[Any, int] | None = None
+        rewrite = made.kernels.get(info.name)
+        if made.ready and rewrite is not None and rewrite.variant is not None:
+            module = self._module(s, state, handle, made)
+            if module is not None:
+                fn = self.vg.backend.function_get(module, rewrite.variant)
+                per_sm = self.vg.backend.occupancy(fn.handle, math.prod(block), shared, 0)
+                if per_sm > 0:
+                    found = (fn, per_sm * words.sms)
+        state.functions[key] = found
+        return found
+
+    def _module(self, s: Session, state: SessionVariants, handle: int,
+                made: ModuleVariants) -> Any:
+        loaded = state.modules.get(handle)
+        if loaded is not None:
+            return loaded[0]
+        backend = self.vg.backend
+        try:
+            module = backend.module_load(made.image)
+        except BackendError as exc:
+            log.warning("session %d: variants not loaded: %s", s.id, exc)
+            state.images.pop(handle, None)
+            return None
+        charge = len(made.image)
+        try:
+            self.vg.broker.allocate(s, "module", charge, lambda: module, ptr_of=lambda _m: 0)
+        except BackendError:
+            backend.module_unload(module)
+            state.images.pop(handle, None)
+            return None
+        state.modules[handle] = (module, charge)
+        return module
+
+    def launch(self, s: Session, info: FunctionInfo, grid: tuple[int, int, int],
+               block: tuple[int, int, int], shared: int, stream: Any, args: bytes) -> bool:
+        """A gated session's launch as steps 1-4 (module docstring); False: launch the original."""
+        if s.partition is not None:
+            return False
+        found = self.variant(s, info, block, shared)
+        words = self.daemon.gpu_words(self.vg)
+        if found is None or words is None or s.priority not in WORD:
+            return False
+        fn, resident = found
+        total = grid[0] * grid[1] * grid[2]
+        blocks = min(total, resident)
+        state = s.preempt
+        assert state is not None
+        backend = self.vg.backend
+        if not state.slots:
+            state.nslots = max(4, self.vg.gate.board.inflight + 1)
+            state.slots = backend.mem_alloc(4 * state.nslots)
+        if self.vg.gate.board.inflight >= state.nslots:
+            return False  # more pieces may be in flight than it has counters
+        counter = state.slots + 4 * (state.next_slot % state.nslots)
+        state.next_slot += 1
+        if not state.used:
+            state.used = True
+            self.arm()
+        word = words.word(s.priority)
+        chunk = self.daemon.chunk
+        backend.stream_write_word(stream, counter, blocks)
+        backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream,
+                       pp.variant_args(args, pp.variant_params(grid, counter, word, chunk, blocks)))
+        backend.stream_wait_word(stream, word, 0)
+        backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream,
+                       pp.variant_args(args, pp.variant_params(grid, counter, 0, chunk, 0)))
+        state.launches += 1
+        self.vg.metrics.count("preemptible_launches", (s.tenant,))
+        return True
+
+    def arm(self) -> None:
+        """The words this vGPU's gated sessions that launched variants need armed."""
+        words = self.daemon.gpu_words(self.vg)
+        if words is None:
+            return
+        need = 0
+        for s in list(self.vg.sessions.values()):
+            if s.gated and s.preempt is not None and s.preempt.used and s.priority in WORD:
+                need |= 1 << WORD[s.priority]
+        words.arm(self.vg.index, need)
+
+    def streams_going(self, s: Session) -> Any:
+        """Held while a stream of s is destroyed, or s stops raising: the GPU's helper does not
+        query s's streams meanwhile."""
+        words = self.daemon._gpus.get(self.vg.gpu) if s.preempt_raises else None
+        return words.guard if words is not None and words.ptr != ffi.NULL else contextlib.nullcontext()
+
+    def session_ends(self, s: Session) -> None:
+        """Before its streams go: s raises no more (the helper stops looking at them)."""
+        with self.streams_going(s):
+            s.preempt_raises = 0
+
+    def forget(self, s: Session) -> None:
+        """The session ended, its work synchronized: its variants' modules and counters go."""
+        state = s.preempt
+        if state is None:
+            return
+        backend = self.vg.backend
+        for module, charge in state.modules.values():
+            try:
+                backend.module_unload(module)
+            except BackendError:
+                pass
+            self.vg.broker.release(s, "module", charge)
+        if state.slots:
+            try:
+                backend.mem_free(state.slots)
+            except BackendError:
+                pass
+        s.preempt = None
+
+
+def _native_stream(stream: Any) -> int:
+    """A cuda-python CUstream's value, the driver's pointer (as vgpu/fast.py reads it)."""
+    try:
+        from cuda.bindings.utils import get_cuda_native_handle
+    except ImportError:
+        return int(stream)
+    return int(get_cuda_native_handle(stream))

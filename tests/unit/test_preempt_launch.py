@@ -1,0 +1,207 @@
+"""pilotd launching preemptible variants (scheduling/preempt.py) on the sim, end to end: a low
+tenant's kernel, launched while a high tenant is active, runs its first wave, retreats while the
+high tenant's work holds the GPU, and runs only the rest once the retreat word comes down;
+every logical block runs once and the stream's later work waits for the rest. Plus the C side of
+the retreat words (daemon/native/preempt_words.c): raise once, clear only what no later launch
+relies on."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_priority import Harness, Msg, Slot, _until
+
+from pilot.daemon.backends import fatbin
+from pilot.daemon.ops import execution
+from pilot.daemon.protocol import ffi, lib
+from pilot.daemon.scheduling.preempt import Preemption, VGpuPreemption, module_ptx
+from pilot.daemon.sim_kernels import SimLaunch, blockwise
+
+# The program's module as the shim would send it: plain PTX, no variants.
+PTX = (".version 9.0\n.target sm_90\n.address_size 64\n"
+       ".visible .entry bump(\n\t.param .u64 bump_param_0\n)\n{\n\tret;\n}\n"
+       ".visible .global .align 4 .u32 counter;\n"
+       ".visible .entry uses_state(\n\t.param .u64 p_0\n)\n{\n\t.reg .b32 %r<2>;\n"
+       "\tld.global.u32 %r1, [counter];\n\tret;\n}\n")
+BLOCKS = 9000  # more than the sim GPU's resident blocks of 32 threads: a first wave, then claims
+
+
+def bump(k: SimLaunch) -> None:
+    out = np.frombuffer(k.view(k.ptr(0), 4 * BLOCKS), dtype=np.int32)
+    for index in k.logical_blocks():
+        out[index] += 1
+
+
+class Launches:
+    """Raw calls of one session through the vGPU's dispatch, as the endpoint hands them over."""
+
+    def __init__(self, h: Harness, s: Any) -> None:
+        self.h, self.s = h, s
+
+    def load(self, image: bytes) -> int:
+        req = ffi.new("pilot_req_module_load *")
+        req.image_size = len(image)
+        return execution.module_load(self.h.vg, self.s, req, memoryview(image)).value
+
+    def function(self, module: int, name: str) -> int:
+        req = ffi.new("pilot_req_function_get *")
+        req.module = module
+        rep, _params = execution.function_get(self.h.vg, self.s, req, memoryview(name.encode()))
+        return rep.function
+
+    def launch(self, function: int, grid: int, args: bytes) -> None:
+        req = ffi.new("pilot_req_launch *")
+        req.function, req.stream, req.arg_bytes = function, 0, len(args)
+        req.grid[0], req.grid[1], req.grid[2] = grid, 1, 1
+        req.block[0], req.block[1], req.block[2] = 32, 1, 1
+        buf = ffi.new("uint8_t[]", args)
+        msg = Msg(self.s.identity, self.s.id, lib.PILOT_OP_LAUNCH, req)
+        msg.nframes = 3
+        msg.frame.append(ffi.cast("void *", buf))
+        msg.len.append(len(args))
+        msg._keep += (buf,)  # type: ignore[attr-defined]
+        self.h.vg.handle(msg)  # type: ignore[arg-type]
+        self.h.vg.gate.poll()
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Any:
+    h = Harness(tmp_path, {"infer": "high", "train": "low"}, inflight=2)
+    h.be._kernels.register("bump", blockwise(bump))
+    h.be._kernels.register("uses_state", lambda k: None)
+    daemon = Preemption(chunk=1, cache_dir=None, compile_ptx=False)
+    h.vg.preempt = VGpuPreemption(h.vg, daemon)
+    slot = Slot()
+    yield h, daemon, slot
+    slot.close()
+    daemon.lower_all()
+    daemon.close()
+    h.close()
+
+
+def _counts(h: Harness, out: int) -> np.ndarray:
+    buf = bytearray(4 * BLOCKS)
+    h.be.memcpy_dtoh(buf, out, len(buf), None)
+    return np.frombuffer(bytes(buf), dtype=np.int32)
+
+
+def test_a_gated_kernel_retreats_while_the_high_tenant_runs_and_resumes_only_the_rest(rig: Any) -> None:
+    h, daemon, slot = rig
+    hi, lo = h.session(1, "infer"), h.session(2, "train")
+    out = h.be.mem_alloc(4 * BLOCKS)
+    h.be.memcpy_htod(out, bytes(4 * BLOCKS), 4 * BLOCKS, None)
+    lo.add_allocation(out, 4 * BLOCKS)
+    tenant = Launches(h, lo)
+    module = tenant.load(PTX.encode())
+    fn = tenant.function(module, "bump")
+    args = struct.pack("<Q", out)
+    h.memset(hi, 0, 1)  # infer is active: train is gated
+    assert lo.gated and hi.preempt_raises == 0b11 and lo.preempt_raises == 0
+    tenant.launch(fn, BLOCKS, args)  # the variants are being made: the original runs
+    assert _until(lambda: daemon.variants(PTX.encode(), 90) is not None)
+    assert (_counts(h, out) == 1).all()
+    tenant.launch(fn, BLOCKS, args)  # as its variant, nothing raised: all of it
+    assert (_counts(h, out) == 2).all()
+    assert h.metrics.snapshot().labeled.get(("preemptible_launches", ("train",))) == 1
+    words = daemon.gpu_words(h.vg)
+    assert lib.pilot_preempt_armed(words.ptr) == 0b01  # the low class's word may be raised now
+    h.be.gate(hi.legacy, slot.spec())  # infer's long kernel
+    h.memset(hi, 0, 2)  # an infer launch raises the word before its work
+    assert lib.pilot_preempt_raised(words.ptr) == 0b01
+    tenant.launch(fn, BLOCKS, args)  # the first wave runs; the claims see the word and stop
+    counts = _counts(h, out)
+    wave = int((counts == 3).sum())
+    assert 0 < wave < BLOCKS and (counts[:wave] == 3).all() and (counts[wave:] == 2).all()
+    memset = ffi.new("pilot_req_memset *")  # stream order: this waits for the rest
+    memset.ptr, memset.value, memset.count, memset.stream = out + 4 * (BLOCKS - 1), 5, 4, 0
+    h.vg.handle(Msg(lo.identity, lo.id, lib.PILOT_OP_MEMSET, memset))  # type: ignore[arg-type]
+    assert _counts(h, out)[-1] == 2  # held behind the retreat, with the rest
+    slot.open()
+    h.be.kick()  # infer's kernel ends: the GPU's helper lowers the word, the rest runs
+    assert _until(lambda: _counts(h, out)[-2] == 3)
+    counts = _counts(h, out)
+    assert (counts[:-1] == 3).all()  # every block once more, none twice
+    assert counts[-1] == 0x05050505  # the memset came after the rest's +1 (else 0x05050506)
+    assert lib.pilot_preempt_raised(words.ptr) == 0
+    described = daemon.describe()
+    assert described["preemptible_kernels"] == 1
+    assert described["kernels_not_preemptible"]["uses_state"].startswith("uses module variables")
+    assert described["gpus"]["0"]["raises"] == 1 and described["gpus"]["0"]["clears"] == 1
+
+
+def test_a_kernel_without_a_variant_runs_gated_as_before(rig: Any) -> None:
+    h, daemon, _slot = rig
+    hi, lo = h.session(1, "infer"), h.session(2, "train")
+    out = h.be.mem_alloc(4 * BLOCKS)
+    lo.add_allocation(out, 4 * BLOCKS)
+    tenant = Launches(h, lo)
+    module = tenant.load(PTX.encode())
+    fn = tenant.function(module, "uses_state")
+    h.memset(hi, 0, 1)
+    for _ in range(2):
+        tenant.launch(fn, 4, struct.pack("<Q", out))
+        _until(lambda: daemon.variants(PTX.encode(), 90) is not None)
+    assert ("preemptible_launches", ("train",)) not in h.metrics.snapshot().labeled
+    h.vg.preempt.forget(lo)  # the session ends: its counters and modules go
+    assert lo.preempt is None
+
+
+def test_the_ptx_pilot_reads_from_an_image(tmp_path: Path) -> None:
+    assert module_ptx(PTX.encode() + b"\0", 90) == PTX
+    assert module_ptx(b"\x7fELF" + bytes(60), 90) is None
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    src = tmp_path / "k.cu"
+    src.write_text("__global__ void work(float *x) { x[threadIdx.x] += 1; }\n")
+    subprocess.run([nvcc, "-fatbin", "-arch=sm_90", "-o", str(tmp_path / "k.fatbin"), str(src)],
+                   check=True, timeout=300)
+    image = (tmp_path / "k.fatbin").read_bytes()
+    ptx_entries = [e for e in fatbin.parse_entries(image) if e.is_ptx]
+    assert ptx_entries  # nvcc 13 compresses it (zstd): read through libzstd
+    text = module_ptx(image, 90)
+    assert text is not None and ".entry _Z4workPf(" in text
+    assert module_ptx(image, 80) is None  # the driver would not JIT sm_90 PTX for an sm_80 GPU
+
+
+def test_retreat_words_raise_once_and_clear_only_what_no_later_launch_relies_on() -> None:
+    writes: list[tuple[int, int]] = []
+
+    def write(stream: int, address: int, value: int, flags: int) -> int:
+        writes.append((address - 0x1000, value))
+        return 0
+
+    callback = ffi.callback("pilot_write_word_fn", write)
+    p = lib.pilot_preempt_new(callback, 1, 0x1000, 2)
+    try:
+        lib.pilot_preempt_enter(p, 0b11)  # nothing armed: nothing written
+        lib.pilot_preempt_leave(p)
+        assert writes == []
+        lib.pilot_preempt_arm(p, 0b01)
+        lib.pilot_preempt_enter(p, 0b11)
+        assert writes == [(0, 1)] and lib.pilot_preempt_seen(p) == 0xFFFFFFFFFFFFFFFF  # on its way
+        lib.pilot_preempt_leave(p)
+        lib.pilot_preempt_enter(p, 0b11)  # raised already: no second write
+        lib.pilot_preempt_leave(p)
+        assert writes == [(0, 1)]
+        seen = lib.pilot_preempt_seen(p)
+        lib.pilot_preempt_enter(p, 0b10)  # a launch after the look: the clear must not land
+        lib.pilot_preempt_leave(p)
+        assert lib.pilot_preempt_clear(p, seen) == 0 and lib.pilot_preempt_raised(p) == 0b01
+        assert lib.pilot_preempt_clear(p, lib.pilot_preempt_seen(p)) == 1
+        assert writes == [(0, 1), (0, 0)] and lib.pilot_preempt_raised(p) == 0
+        lib.pilot_preempt_arm(p, 0b11)
+        lib.pilot_preempt_enter(p, 0b10)  # only the words it preempts
+        lib.pilot_preempt_leave(p)
+        assert writes[-1] == (4, 1) and lib.pilot_preempt_raised(p) == 0b10
+        counts = ffi.new("uint64_t[3]")
+        lib.pilot_preempt_counts(p, counts, counts + 1, counts + 2)
+        assert list(counts) == [2, 1, 0]
+    finally:
+        lib.pilot_preempt_free(p)
