@@ -96,16 +96,16 @@ uint64_t pilot_preempt_seen(pilot_preempt *p)
     return entered == left ? entered : UINT64_MAX;
 }
 
-int pilot_preempt_clear(pilot_preempt *p, uint64_t seen)
+int pilot_preempt_clear(pilot_preempt *p, uint64_t seen, uint32_t words)
 {
     pthread_mutex_lock(&p->lock);
-    uint32_t raised = atomic_exchange(&p->raised, 0);
+    uint32_t raised = atomic_fetch_and(&p->raised, ~words) & words;
     if (!raised) {
         pthread_mutex_unlock(&p->lock);
         return 1;
     }
     if (atomic_load(&p->entered) != seen) { /* a launch entered since: it may rely on a word */
-        atomic_store(&p->raised, raised);
+        atomic_fetch_or(&p->raised, raised);
         pthread_mutex_unlock(&p->lock);
         return 0;
     }

@@ -10,9 +10,11 @@
  * preemptible launches of that class on the GPU (an unarmed class costs a raising launch one
  * atomic load).
  *
- * The words come down when the raising sessions have nothing left on the GPU: Python reads how
- * many raising launches entered (`seen`, only when each that entered also left), checks their
- * streams are idle, and asks to clear with that count. The clear takes the lock, marks nothing
+ * A word comes down when the sessions that preempt its class have nothing left on the GPU:
+ * Python reads how many raising launches entered (`seen`, only when each that entered also
+ * left), checks those sessions' streams are idle, and asks to clear that word with that count.
+ * (Only those sessions: a normal session raises the low word and is itself preempted by the
+ * high one, so its stream, waiting for the normal word, must not keep that word up.) The clear takes the lock, marks nothing
  * raised, and gives up (putting the marks back) if another launch entered since; otherwise it
  * writes 0 into each raised word on the same stream. A launch marks itself entered before it
  * reads what is raised, and a clear marks nothing raised before it reads the count, so one of
@@ -42,9 +44,9 @@ void pilot_preempt_enter(pilot_preempt *p, uint32_t words);
 void pilot_preempt_leave(pilot_preempt *p);
 /* Raising launches that entered so far, when every one of them also left; else UINT64_MAX. */
 uint64_t pilot_preempt_seen(pilot_preempt *p);
-/* Every raised word back to 0 unless a raising launch entered since `seen`: 1 cleared (or
- * nothing was raised), 0 not now, a negative CUresult when a write failed. */
-int pilot_preempt_clear(pilot_preempt *p, uint64_t seen);
+/* The raised words among `words` back to 0 unless a raising launch entered since `seen`: 1
+ * lowered (or none of them was raised), 0 not now, -1 when a write failed. */
+int pilot_preempt_clear(pilot_preempt *p, uint64_t seen, uint32_t words);
 uint32_t pilot_preempt_raised(pilot_preempt *p);
 /* Raises, clears, and writes the driver refused, since the words were made. */
 void pilot_preempt_counts(pilot_preempt *p, uint64_t *raises, uint64_t *clears, uint64_t *failed);

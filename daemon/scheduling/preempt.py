@@ -17,9 +17,11 @@ sessions above a gated class, in C (daemon/native/preempt_words.c: `pilot_fast_r
 fast path) and in Python (`VGpuPreemption.raising` around a call that puts kernels on the GPU),
 with a stream write on the GPU's stream of the greatest priority. A class's word is *armed*
 (may be raised) while a session of that class is gated and has launched a variant. The GPU's
-helper thread `preempt-N` (GpuWords) lowers the words once the raising sessions' streams are
-idle, every CLEAR_MS while any is raised; it is a thread of its own because a vGPU thread may be
-waiting for the GPU in C, behind a stream that waits for a word.
+helper thread `preempt-N` (GpuWords) lowers a word once the sessions of the classes above the
+word's have idle streams (looking every CLEAR_MS while any is raised), or once it has been up for
+MAX_RAISE_S (a lower class is never parked for good behind a busy tenant; the next raising
+launch raises it again). It is a thread of its own because a vGPU thread may be waiting for the
+GPU in C, behind a stream that waits for a word.
 
 **The variants** of a module image are made once per image in the background (thread
 `pilot-jit`): the image's PTX (a PTX image, or the newest PTX entry of a fatbin not above the
@@ -66,8 +68,12 @@ log = logging.getLogger("pilot.scheduling")
 LOW, NORMAL, HIGH = LEVELS["low"], LEVELS["normal"], LEVELS["high"]
 WORD = {LOW: 0, NORMAL: 1}  # the retreat word a class's variants read
 RAISES = {LOW: 0, NORMAL: 1 << WORD[LOW], HIGH: (1 << WORD[LOW]) | (1 << WORD[NORMAL])}
+ALL_WORDS = (1 << len(WORD)) - 1
 SEEN_BUSY = 0xFFFFFFFFFFFFFFFF  # pilot_preempt_seen: a raising launch is on its way
 CLEAR_MS = 0.5  # how often a GPU's helper looks at raised words
+# A word raised this long comes down even while a higher class still has work: a lower class's
+# stream is never parked for good behind a busy tenant (the next raising launch raises it again).
+MAX_RAISE_S = 0.25
 IDLE_S = 0.05  # how long it sleeps while nothing is armed (an arm wakes it)
 ATTR_MAJOR, ATTR_MINOR, ATTR_SMS = 75, 76, 16  # cudaDevAttr: compute capability, SM count
 KEEP_IMAGE_BYTES = 16 << 20  # larger module images get no variants (their kernels are gated only)
@@ -257,6 +263,8 @@ class GpuWords:
         self._cond = threading.Condition()
         self._stop = False
         self.clears_refused = 0
+        self.forced = 0  # words lowered after MAX_RAISE_S with the higher class still busy
+        self._raised_since = 0.0
         self._thread = NamedThread(target=self._run, name=f"preempt-{vg.gpu}", daemon=True)
         self._thread.start()
 
@@ -301,43 +309,70 @@ class GpuWords:
                 self._cond.wait(IDLE_S if idle else CLEAR_MS / 1000)
                 if self._stop:
                     return
-            if lib.pilot_preempt_raised(self.ptr):
-                self.clear_if_idle()
+            if not lib.pilot_preempt_raised(self.ptr):
+                self._raised_since = 0.0
+                continue
+            now = time.monotonic()
+            self._raised_since = self._raised_since or now
+            try:
+                if self.clear_if_idle(force=now - self._raised_since > MAX_RAISE_S):
+                    self._raised_since = 0.0
+            except Exception:  # the words must keep coming down: log, look again
+                log.exception("preempt-%d: lowering the retreat words failed", self.gpu)
 
-    def clear_if_idle(self) -> bool:
-        """Lower the words when no raising session has work on the GPU (True: lowered)."""
+    def clear_if_idle(self, force: bool = False) -> bool:
+        """Lower each raised word whose preempting sessions (those of a class above the word's)
+        have no work on the GPU, or every word (`force`: raised past MAX_RAISE_S, so a lower
+        class is never parked for good). True: every raised word lowered."""
         seen = lib.pilot_preempt_seen(self.ptr)
         if seen == SEEN_BUSY:
             return False  # a raising launch is on its way
+        raised = lib.pilot_preempt_raised(self.ptr)
+        if force:
+            self.forced += 1
+            return lib.pilot_preempt_clear(self.ptr, seen, raised) == 1
+        busy = -1  # the highest class with work on the GPU among raising sessions
         query = self.backend.stream_query
         with self.guard:  # no raising session's stream is destroyed meanwhile
             for vg in list(self.vgpus):
                 if vg.gpu != self.gpu:
                     continue
                 for s in list(vg.sessions.values()):
-                    if not s.preempt_raises:
+                    if not s.preempt_raises or s.priority <= busy:
                         continue
                     for stream in [s.legacy] + [st.obj for st in list(s.streams.values())]:
                         if stream is None:
                             continue
                         try:
                             if not query(stream):
-                                return False
+                                busy = s.priority
+                                break
                         except BackendError:
                             continue  # a failed stream has nothing running
-        rc = lib.pilot_preempt_clear(self.ptr, seen)
+        # a word of victim class c stays up while a session above c is busy
+        lowerable = 0
+        for level, bit in WORD.items():
+            if raised & (1 << bit) and busy <= level:
+                lowerable |= 1 << bit
+        if not lowerable:
+            return False
+        rc = lib.pilot_preempt_clear(self.ptr, seen, lowerable)
         if rc < 0:
             log.warning("preempt-%d: a retreat word could not be lowered; trying again", self.gpu)
         self.clears_refused += rc == 0
-        return rc == 1
+        return rc == 1 and lowerable == raised
 
     def lower(self) -> None:
         if self.ptr == ffi.NULL:
             return
         lib.pilot_preempt_arm(self.ptr, 0)
+        try:
+            self.backend.bind_thread(self.gpu)  # the caller's thread writes the words
+        except BackendError:
+            pass
         for _ in range(100):
             seen = lib.pilot_preempt_seen(self.ptr)
-            if seen != SEEN_BUSY and lib.pilot_preempt_clear(self.ptr, seen) == 1:
+            if seen != SEEN_BUSY and lib.pilot_preempt_clear(self.ptr, seen, ALL_WORDS) == 1:
                 return
             time.sleep(0.001)
         log.error("preempt-%d: the retreat words could not be lowered", self.gpu)
@@ -349,7 +384,7 @@ class GpuWords:
         lib.pilot_preempt_counts(self.ptr, counts, counts + 1, counts + 2)
         return {"usable": True, "armed": lib.pilot_preempt_armed(self.ptr),
                 "raised": lib.pilot_preempt_raised(self.ptr), "raises": counts[0],
-                "clears": counts[1], "failed_writes": counts[2]}
+                "clears": counts[1], "failed_writes": counts[2], "forced_clears": self.forced}
 
     def close(self) -> None:
         if self.ptr == ffi.NULL:

@@ -173,7 +173,7 @@ def run_row(d: Pilotd, hp: Path | None, be: Path | None, be_args: tuple[str, ...
                                        text=True)
     out: dict[str, float] = {}
     for name, p in procs.items():
-        text, _ = p.communicate(timeout=120)
+        text, _ = p.communicate(timeout=60)
         check(p.returncode == 0, f"{name} finished (rc {p.returncode}): {text.strip()}")
         words = text.split()
         for key, value in zip(words[::2], words[1::2], strict=False):

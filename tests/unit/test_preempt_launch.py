@@ -20,6 +20,7 @@ from test_priority import Harness, Msg, Slot, _until
 from pilot.daemon.backends import fatbin
 from pilot.daemon.ops import execution
 from pilot.daemon.protocol import ffi, lib
+from pilot.daemon.scheduling import preempt
 from pilot.daemon.scheduling.preempt import Preemption, VGpuPreemption, module_ptx
 from pilot.daemon.sim_kernels import SimLaunch, blockwise
 
@@ -70,9 +71,11 @@ class Launches:
         self.h.vg.gate.poll()
 
 
-@pytest.fixture
-def rig(tmp_path: Path) -> Any:
-    h = Harness(tmp_path, {"infer": "high", "train": "low"}, inflight=2)
+@pytest.fixture(params=["low", "normal"])
+def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    """train is low, or normal: then it raises the low class's word itself, and its own stream,
+    waiting for the normal word, must not keep that word up (the GPU run's first deadlock)."""
+    h = Harness(tmp_path, {"infer": "high", "train": request.param}, inflight=2)
     h.be._kernels.register("bump", blockwise(bump))
     h.be._kernels.register("uses_state", lambda k: None)
     daemon = Preemption(chunk=1, cache_dir=None, compile_ptx=False)
@@ -102,7 +105,8 @@ def test_a_gated_kernel_retreats_while_the_high_tenant_runs_and_resumes_only_the
     fn = tenant.function(module, "bump")
     args = struct.pack("<Q", out)
     h.memset(hi, 0, 1)  # infer is active: train is gated
-    assert lo.gated and hi.preempt_raises == 0b11 and lo.preempt_raises == 0
+    assert lo.gated and hi.preempt_raises == 0b11
+    assert lo.preempt_raises == (0 if lo.priority == 0 else 0b01)
     tenant.launch(fn, BLOCKS, args)  # the variants are being made: the original runs
     assert _until(lambda: daemon.variants(PTX.encode(), 90) is not None)
     assert (_counts(h, out) == 1).all()
@@ -110,10 +114,11 @@ def test_a_gated_kernel_retreats_while_the_high_tenant_runs_and_resumes_only_the
     assert (_counts(h, out) == 2).all()
     assert h.metrics.snapshot().labeled.get(("preemptible_launches", ("train",))) == 1
     words = daemon.gpu_words(h.vg)
-    assert lib.pilot_preempt_armed(words.ptr) == 0b01  # the low class's word may be raised now
+    word = 1 << lo.priority  # the word train's class reads
+    assert lib.pilot_preempt_armed(words.ptr) == word  # it may be raised now
     h.be.gate(hi.legacy, slot.spec())  # infer's long kernel
     h.memset(hi, 0, 2)  # an infer launch raises the word before its work
-    assert lib.pilot_preempt_raised(words.ptr) == 0b01
+    assert lib.pilot_preempt_raised(words.ptr) == word
     tenant.launch(fn, BLOCKS, args)  # the first wave runs; the claims see the word and stop
     counts = _counts(h, out)
     wave = int((counts == 3).sum())
@@ -133,6 +138,30 @@ def test_a_gated_kernel_retreats_while_the_high_tenant_runs_and_resumes_only_the
     assert described["preemptible_kernels"] == 1
     assert described["kernels_not_preemptible"]["uses_state"].startswith("uses module variables")
     assert described["gpus"]["0"]["raises"] == 1 and described["gpus"]["0"]["clears"] == 1
+
+
+def test_a_word_up_too_long_comes_down_while_the_high_tenant_is_still_busy(
+        rig: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    h, daemon, slot = rig
+    monkeypatch.setattr(preempt, "MAX_RAISE_S", 0.05)
+    hi, lo = h.session(1, "infer"), h.session(2, "train")
+    out = h.be.mem_alloc(4 * BLOCKS)
+    h.be.memcpy_htod(out, bytes(4 * BLOCKS), 4 * BLOCKS, None)
+    lo.add_allocation(out, 4 * BLOCKS)
+    tenant = Launches(h, lo)
+    fn = tenant.function(tenant.load(PTX.encode()), "bump")
+    h.memset(hi, 0, 1)
+    tenant.launch(fn, BLOCKS, struct.pack("<Q", out))
+    assert _until(lambda: daemon.variants(PTX.encode(), 90) is not None)
+    tenant.launch(fn, BLOCKS, struct.pack("<Q", out))  # arms the word
+    h.be.gate(hi.legacy, slot.spec())  # infer busy for good
+    h.memset(hi, 0, 2)
+    tenant.launch(fn, BLOCKS, struct.pack("<Q", out))
+    assert _until(lambda: (_counts(h, out) == 3).all())  # lowered after MAX_RAISE_S: the rest ran
+    words = daemon.gpu_words(h.vg)
+    assert words.describe()["forced_clears"] >= 1 and not lib.pilot_preempt_raised(words.ptr)
+    slot.open()
+    h.be.kick()
 
 
 def test_a_kernel_without_a_variant_runs_gated_as_before(rig: Any) -> None:
@@ -193,8 +222,8 @@ def test_retreat_words_raise_once_and_clear_only_what_no_later_launch_relies_on(
         seen = lib.pilot_preempt_seen(p)
         lib.pilot_preempt_enter(p, 0b10)  # a launch after the look: the clear must not land
         lib.pilot_preempt_leave(p)
-        assert lib.pilot_preempt_clear(p, seen) == 0 and lib.pilot_preempt_raised(p) == 0b01
-        assert lib.pilot_preempt_clear(p, lib.pilot_preempt_seen(p)) == 1
+        assert lib.pilot_preempt_clear(p, seen, 0b11) == 0 and lib.pilot_preempt_raised(p) == 0b01
+        assert lib.pilot_preempt_clear(p, lib.pilot_preempt_seen(p), 0b11) == 1
         assert writes == [(0, 1), (0, 0)] and lib.pilot_preempt_raised(p) == 0
         lib.pilot_preempt_arm(p, 0b11)
         lib.pilot_preempt_enter(p, 0b10)  # only the words it preempts
