@@ -81,7 +81,7 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     [priority]
     gated_inflight = 2             # GPU work in flight per session gated by a higher tenant
     active_window = "100ms"        # a tenant is active this long after each call it makes
-    preempt = true                 # gated sessions' kernels run as preemptible variants
+    preempt = false                # gated sessions' kernels run as preemptible variants
     preempt_chunk = 1              # logical blocks a variant's block claims at a time
 
 Sizes are strings with a unit: KiB/MiB/GiB/TiB (powers of 1024, any case), KB/MB/GB/TB
@@ -324,7 +324,7 @@ class Config:
     policy_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     priority_gated_inflight: int = 2
     priority_active_window: float = 0.1
-    priority_preempt: bool = True
+    priority_preempt: bool = False
     priority_preempt_chunk: int = 1
     pinned_limit: int | None = None
     pinned_limit_per_tenant: int | None = None

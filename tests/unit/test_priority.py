@@ -61,14 +61,14 @@ def test_store_refuses_a_bad_file(tmp_path: Path) -> None:
 def test_config_priority_of_a_tenant(tmp_path: Path) -> None:
     path = tmp_path / "pilotd.toml"
     path.write_text('[tenants.infer]\nusers = ["alice"]\npriority = "High"\n'
-                    '[priority]\ngated_inflight = 1\nactive_window = "50ms"\npreempt = false\n'
+                    '[priority]\ngated_inflight = 1\nactive_window = "50ms"\npreempt = true\n'
                     'preempt_chunk = 4\n')
     config = load_config(str(path))
     assert config.tenants["infer"].priority == "high"
     assert config.priority_gated_inflight == 1 and config.priority_active_window == 0.05
-    assert (config.priority_preempt, config.priority_preempt_chunk) == (False, 4)
+    assert (config.priority_preempt, config.priority_preempt_chunk) == (True, 4)
     (tmp_path / "empty.toml").write_text("")
-    assert load_config(str(tmp_path / "empty.toml")).priority_preempt  # on by default
+    assert not load_config(str(tmp_path / "empty.toml")).priority_preempt  # off by default
     path.write_text('[tenants.infer]\nusers = ["alice"]\npriority = "urgent"\n')
     with pytest.raises(ConfigError, match=r"tenants\.infer\.priority"):
         load_config(str(path))
