@@ -68,7 +68,7 @@ def fake_daemon() -> Any:
             **{str(g): {"used": 5, "by_kind": {"device": 5}} for g in gpus},
             "host": {"used": 0, "by_kind": {}, "limit": None}},
             budget=SimpleNamespace(capacity=lambda g: 80 << 30), managed=None),
-        session_summaries=lambda: sessions,
+        session_summaries=lambda: sessions, preemption=None,
         draining=set(), end_session=lambda sid, why: sid == 1,
         engines=SimpleNamespace(reread_quotas=lambda: None, stop_tenant=lambda tenant: []))
 
@@ -210,6 +210,14 @@ def test_priority_classes(tmp_path: Any) -> None:
     listed = call(d, ADMIN, "priority.list")["result"]
     assert listed["enabled"] and set(listed["tenants"]) == {"user:alice", "user:bob"}
     assert set(call(d, ALICE, "priority.list")["result"]["tenants"]) == {"user:alice"}
+    assert listed["preemption"] is None  # [priority] preempt off
+    d.preemption = SimpleNamespace(describe=lambda: {"chunk": 1, "preemptible_kernels": 1,
+                                                     "kernels_not_preemptible": {"k": "why"}})
+    assert call(d, ADMIN, "priority.list")["result"]["preemption"]["kernels_not_preemptible"] == {
+        "k": "why"}  # kernel names are other tenants' business: admins only
+    assert call(d, ALICE, "priority.list")["result"]["preemption"] == {"chunk": 1,
+                                                                       "preemptible_kernels": 1}
+    d.preemption = None
     assert call(d, ADMIN, "priority.unset", tenant="user:alice")["result"]["priority"] == "normal"
     assert not call(d, ADMIN, "priority.unset", tenant="user:alice")["ok"]
     assert call(d, ADMIN, "priority.unset", tenant="user:bob")["error"] == \
