@@ -264,6 +264,7 @@ class GpuWords:
         self._stop = False
         self.clears_refused = 0
         self.forced = 0  # words lowered after MAX_RAISE_S with the higher class still busy
+        self._warned = 0.0  # when a failed lowering was last logged
         self._raised_since = 0.0
         self._thread = NamedThread(target=self._run, name=f"preempt-{vg.gpu}", daemon=True)
         self._thread.start()
@@ -357,7 +358,9 @@ class GpuWords:
         if not lowerable:
             return False
         rc = lib.pilot_preempt_clear(self.ptr, seen, lowerable)
-        if rc < 0:
+        now = time.monotonic()
+        if rc < 0 and now - self._warned > 5:  # a GPU fault fails every write until the re-exec
+            self._warned = now
             log.warning("preempt-%d: a retreat word could not be lowered; trying again", self.gpu)
         self.clears_refused += rc == 0
         return rc == 1 and lowerable == raised

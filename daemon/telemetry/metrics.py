@@ -502,6 +502,37 @@ class PilotCollector(Collector):
         kept.add_metric([], ipc["kept_bytes"])
         yield kept
 
+    @staticmethod
+    def _preemption_families(pre: dict[str, Any] | None) -> Iterator[Metric]:
+        """[priority] preempt (scheduling/preempt.py): retreat words raised and lowered per GPU,
+        preemptible kernels, the JIT's time."""
+        if not pre:
+            return
+        raised = _counter("pilot_preempt_raises", "Times a retreat word was raised on a GPU "
+                          "(a higher class's launch while a lower class's preemptible kernels may "
+                          "run), by GPU.", ["gpu"])
+        lowered = _counter("pilot_preempt_clears", "Times raised retreat words were lowered, by "
+                           "GPU and why (idle: the higher classes had no work left; forced: up "
+                           "for longer than 0.25 s).", ["gpu", "why"])
+        for gpu, w in sorted((pre.get("gpus") or {}).items()):
+            if not w.get("usable"):
+                continue
+            raised.add_metric([gpu], int(w["raises"]))
+            forced = int(w.get("forced_clears", 0))
+            lowered.add_metric([gpu, "idle"], max(0, int(w["clears"]) - forced))
+            lowered.add_metric([gpu, "forced"], forced)
+        yield raised
+        yield lowered
+        f = _gauge("pilot_preemptible_kernels", "Kernels of the module images seen that have a "
+                   "preemptible variant (preemptible) or not (refused).", ["state"])
+        f.add_metric(["preemptible"], int(pre.get("preemptible_kernels", 0)))
+        f.add_metric(["refused"], len(pre.get("kernels_not_preemptible") or {}))
+        yield f
+        c = _counter("pilot_ptx_jit_seconds", "Seconds spent rewriting and compiling module images "
+                     "into preemptible variants (a disk cache hit costs a read).")
+        c.add_metric([], float(pre.get("jit_seconds", 0.0)))
+        yield c
+
     def _state_families(self, state: dict[str, Any]) -> Iterator[Metric]:
         sessions = list(state.get("sessions") or ())
         gpus = list(state.get("gpus") or ())
@@ -536,6 +567,7 @@ class PilotCollector(Collector):
         for v in vgpus:
             f.add_metric([str(v["gpu"]), str(v["index"])], int(v["sessions"]))
         yield f
+        yield from self._preemption_families(state.get("preemption"))
 
         tenant_families = [
             _gauge("pilot_tenant_sessions", "Sessions of a tenant on a GPU.", ["tenant", "gpu"]),

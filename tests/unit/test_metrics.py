@@ -242,6 +242,26 @@ def test_cuda_ipc_gauges() -> None:
     assert v("pilot_ipc_grants") == 5 and v("pilot_ipc_kept_bytes") == 2 * GiB
 
 
+def test_preemption_is_exported_when_on() -> None:
+    """[priority] preempt's report (scheduling/preempt.py describe) as counters and gauges."""
+    state = fake_state()
+    assert registry_for(Metrics()).get_sample_value("pilot_preempt_raises_total", {"gpu": "0"}) is None
+    state["preemption"] = {
+        "chunk": 1, "modules": 2, "modules_without_variants": [], "preemptible_kernels": 3,
+        "kernels_not_preemptible": {"k": "uses module variables"}, "jit_modules": 2,
+        "jit_seconds": 0.25,
+        "gpus": {"0": {"usable": True, "armed": 1, "raised": 0, "raises": 10, "clears": 9,
+                       "failed_writes": 0, "forced_clears": 2}, "1": {"usable": False}}}
+    v = registry_for(Metrics(), lambda: state).get_sample_value
+    assert v("pilot_preempt_raises_total", {"gpu": "0"}) == 10
+    assert v("pilot_preempt_clears_total", {"gpu": "0", "why": "idle"}) == 7
+    assert v("pilot_preempt_clears_total", {"gpu": "0", "why": "forced"}) == 2
+    assert v("pilot_preempt_raises_total", {"gpu": "1"}) is None
+    assert v("pilot_preemptible_kernels", {"state": "preemptible"}) == 3
+    assert v("pilot_preemptible_kernels", {"state": "refused"}) == 1
+    assert v("pilot_ptx_jit_seconds_total") == 0.25
+
+
 def test_the_spin_budget_is_exported() -> None:
     """The process's spin budget: its limit, and the waits that spun or slept."""
     from pilot.daemon.protocol import lib
