@@ -41,6 +41,8 @@ Kernels that are not rewritten, and why (`Rewrite.reason`):
   of the real grid's blocks;
 - a call in a module where a device function executes `exit`: a thread that exits there would
   never reach the next claim's barrier;
+- identifiers reserved for the rewrite (`__pilot...`): a body naming them would reach the
+  claim's parameters (pilotd's counter and retreat word) or jump into the claim;
 - module variables (`__device__`, `__constant__`, `__managed__`, texture references) read or
   written by the kernel or by a device function it may call: the variants are loaded as a module
   of their own, whose copies of the variables the program never set or reads (nvcc's printf
@@ -68,7 +70,6 @@ PARAMS = (("ctl", "u64", 8), ("flag", "u64", 8), ("total", "u32", 4), ("gx", "u3
           ("gy", "u32", 4), ("gz", "u32", 4), ("chunk", "u32", 4), ("first", "u32", 4))
 VERSION = 2  # of the rewrite: part of the compiled-image cache key (ptx_cache.py)
 
-_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _ENTRY = re.compile(r"^(\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+)([\w$]+)(\s*\()", re.M)
 _LABEL = re.compile(r"^\s*([$\w]+):")
 _BARRIER = re.compile(r"^\s*(?:@!?%\w+\s+)?(?:bar|barrier)(?:\.cta)?\.(?:sync|arrive|red)\b")
@@ -235,19 +236,35 @@ def claimed(counter: int, total: int, retreat: bool, first: int = 0, chunk: int 
     return wave, range(counter, end), end
 
 
-# A module-scope variable (`__device__`, `__constant__`, `__managed__`, texture references):
-# `.global` or `.const` outside every function. nvcc's printf strings (`$str`) are read-only.
-_MODULE_VARIABLE = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+|\.extern\s+)?\.(?:global|const)\b"
-                              r"[^;(]*?([\w$]+)\s*(?:\[[^\]]*\])*\s*(?:=[^;]*)?;")
+# Module-scope declarations: `.global` / `.const` variables (`__device__`, `__constant__`,
+# `__managed__`, texture references) and `.shared` ones. nvcc's printf strings (`$str`) are
+# read-only. Parsed without backtracking (the PTX is a tenant's).
+_DECLARATION = re.compile(r"\s*(?:\.(?:visible|weak|extern)\s+)*\.(global|const|shared)\b")
+_IDENTIFIER = re.compile(r"[A-Za-z_$%][\w$]*")
+
+
+def _declared(line: str, spaces: tuple[str, ...]) -> str | None:
+    """The variable a module-scope declaration line of one of `spaces` declares, or None."""
+    m = _DECLARATION.match(line)
+    if m is None or m.group(1) not in spaces or "(" in line:
+        return None  # not a variable (a function's .param lists have parentheses)
+    head = line.split("=", 1)[0].split(";", 1)[0].split("[", 1)[0]
+    names = _IDENTIFIER.findall(head)
+    return names[-1] if names else None
 
 
 def _module_variables(lines: list[str]) -> set[str]:
-    names = {m.group(1) for line in lines if (m := _MODULE_VARIABLE.match(_code(line)))}
-    return {n for n in names if not n.startswith("$str")}
+    names = {_declared(_code(line), ("global", "const")) for line in lines}
+    return {n for n in names if n is not None and not n.startswith("$str")}
 
 
 def _touches(code: str, names: set[str]) -> bool:
-    return any(re.search(rf"(?<![\w$]){re.escape(n)}(?![\w$])", code) for n in names)
+    """Whether `code` names any of `names` (one pass over its identifiers)."""
+    return bool(names) and not names.isdisjoint(_IDENTIFIER.findall(code))
+
+
+MAX_PTX_BYTES = 32 << 20  # a module's PTX past this is not rewritten
+MAX_LINE_BYTES = 1 << 16  # nor one with a line past this
 
 
 def rewrite_module(ptx: str) -> Rewritten:
@@ -255,10 +272,14 @@ def rewrite_module(ptx: str) -> Rewritten:
     lines = ptx.splitlines()
     out: list[str] = []
     kernels: dict[str, Rewrite] = {}
+    if len(ptx) > MAX_PTX_BYTES or any(len(line) > MAX_LINE_BYTES for line in lines):
+        reason = "the module's PTX is too large for the rewrite"
+        names = [m.group(2) for line in lines if len(line) <= MAX_LINE_BYTES and (m := _ENTRY.match(line))]
+        return Rewritten(ptx, {n: Rewrite(n, None, reason) for n in names})
     exits_in_functions = _functions_exit(lines)
     variables = _module_variables(lines)
     functions_touch = bool(variables) and _touches(_code("\n".join(
-        line for line in lines if not _MODULE_VARIABLE.match(_code(line)))), variables)
+        line for line in lines if _declared(_code(line), ("global", "const")) is None)), variables)
     i = 0
     while i < len(lines):
         match = _ENTRY.match(lines[i])
@@ -291,7 +312,30 @@ def _state_refusal(entry: list[str], variables: set[str], module_touches: bool) 
 
 
 def _code(line: str) -> str:
-    return _COMMENTS.sub(" ", line)
+    """`line` without its comments (`//` to the end, `/* */`; an unclosed `/*` runs to the end),
+    in one pass: the PTX is a tenant's, and a regex could be made to backtrack."""
+    if "/" not in line:
+        return line
+    out: list[str] = []
+    i, n = 0, len(line)
+    while i < n:
+        j = line.find("/", i)
+        if j < 0 or j + 1 >= n:
+            out.append(line[i:])
+            break
+        out.append(line[i:j])
+        if line[j + 1] == "/":
+            k = line.find("\n", j)
+            i = n if k < 0 else k
+            out.append(" ")
+        elif line[j + 1] == "*":
+            k = line.find("*/", j + 2)
+            out.append(" " + "\n" * line.count("\n", j, n if k < 0 else k))
+            i = n if k < 0 else k + 2
+        else:
+            out.append("/")
+            i = j + 1
+    return "".join(out)
 
 
 def _entry_end(lines: list[str], start: int) -> int:
@@ -334,6 +378,8 @@ def _functions_exit(lines: list[str]) -> bool:
 def _refusal(entry: list[str], exits_in_functions: bool = False) -> str:
     """Why the entry cannot be rewritten, or the empty string."""
     text = _code("\n".join(entry))
+    if "__pilot" in text:  # a body naming the rewrite's parameters, registers or labels
+        return "uses identifiers reserved for the rewrite (__pilot...)"
     if _GRID_DEPENDENCY.search(text):
         return "programmatic dependent launch (griddepcontrol) follows the real grid's blocks"
     if exits_in_functions and _CALL.search(text):
@@ -422,9 +468,6 @@ def _guard(line: str) -> str | None:
     return m.group(1) if m else None
 
 
-_SHARED_VARIABLE = re.compile(r"^\s*(?:\.extern\s+)?\.shared\b[^;]*?([\w$]+)\s*(?:\[[^\]]*\])*\s*;")
-
-
 def _uses_shared(text: str, lines: list[str]) -> bool:
     """Whether an entry touches shared memory: in its body, through a module-scope shared
     variable it names, or in a device function it may call (any of the module's, when it calls).
@@ -432,8 +475,8 @@ def _uses_shared(text: str, lines: list[str]) -> bool:
     code = _code(text)
     if _SHARED.search(code):
         return True
-    names = {m.group(1) for line in lines if (m := _SHARED_VARIABLE.match(_code(line)))}
-    if any(re.search(rf"(?<![\w$]){re.escape(n)}(?![\w$])", code) for n in names):
+    names = {_declared(_code(line), ("shared",)) for line in lines} - {None}
+    if _touches(code, names):  # type: ignore[arg-type]
         return True
     return bool(_CALL.search(code)) and bool(_SHARED.search(_code("\n".join(lines))))
 

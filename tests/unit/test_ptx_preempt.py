@@ -237,6 +237,8 @@ $L_end:
 
 
 @pytest.mark.parametrize(("body", "directives", "reason"), [
+    ("\tld.param.u64 %rd1, [__pilot_flag];\n\tret;", "", "uses identifiers reserved"),
+    ("\tbra.uni $__pilot_next;\n\tret;", "", "uses identifiers reserved"),
     (PER_THREAD_RETURN, "", "a branch jumps past a barrier on a per-thread condition"),
     (LOADED_CONDITION, "", "a branch jumps past a barrier on a per-thread condition"),
     ("\tmov.u32 %r1, %cluster_ctarank;\n\tret;", "", "thread block clusters"),
@@ -249,6 +251,18 @@ $L_end:
 def test_refusals(body: str, directives: str, reason: str) -> None:
     r = pp.rewrite_module(_kernel(body, directives)).kernels["k"]
     assert r.reason.startswith(reason) if reason else r.variant == "k" + pp.SUFFIX
+
+
+def test_comments_are_stripped_in_one_pass_and_hostile_modules_are_bounded() -> None:
+    assert pp._code("add.u32 %r1, %r2, 1; // x /* y") == "add.u32 %r1, %r2, 1;  "
+    assert pp._code("a /* b */ c / d /* open") == "a   c / d  "
+    hostile = "/* " * 200_000  # an unclosed comment opened over and over: one pass, not quadratic
+    assert pp._code(hostile) == " "
+    assert "/" not in pp._code("/*" * 200_000)
+    big = _kernel("\tret;") + "// " + "x" * (pp.MAX_LINE_BYTES + 1) + "\n"
+    assert pp.rewrite_module(big).kernels["k"].reason.startswith("the module's PTX is too large")
+    many = HEADER + "".join(f".global .u32 v{i};\n" for i in range(20_000))
+    assert pp.rewrite_module(many + _kernel("\tret;")[len(HEADER):]).kernels["k"].variant is not None
 
 
 def test_kernels_using_module_variables_are_refused_but_printf_strings_are_not() -> None:
