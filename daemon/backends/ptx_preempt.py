@@ -277,6 +277,7 @@ def rewrite_module(ptx: str) -> Rewritten:
         names = [m.group(2) for line in lines if len(line) <= MAX_LINE_BYTES and (m := _ENTRY.match(line))]
         return Rewritten(ptx, {n: Rewrite(n, None, reason) for n in names})
     exits_in_functions = _functions_exit(lines)
+    shared = _SharedUse.of(lines)
     variables = _module_variables(lines)
     functions_touch = bool(variables) and _touches(_code("\n".join(
         line for line in lines if _declared(_code(line), ("global", "const")) is None)), variables)
@@ -296,7 +297,7 @@ def rewrite_module(ptx: str) -> Rewritten:
             kernels[name] = Rewrite(name, None, reason)
         else:
             out.append("")
-            out.extend(_variant(entry, name, lines))
+            out.extend(_variant(entry, name, shared))
             kernels[name] = Rewrite(name, name + SUFFIX)
         i = end + 1
     return Rewritten("\n".join(out) + "\n", kernels)
@@ -451,14 +452,26 @@ def _varying_registers(body: list[str]) -> set[str]:
             base in _VARYING_OPS and not (op.startswith(("ld.param", "ld.const"))
                                           and "retval" not in operands))  # a call's result varies
         defs.append((dests, [r for r in sources if not _THREAD_SPECIAL.fullmatch(r)], varying))
+    # A worklist, linear in the body's size (the PTX is a tenant's): a definition is varying by
+    # itself or once one of its sources is; its destinations then are, and so on.
+    users: dict[str, list[int]] = {}
+    work = []
+    for i, (_dests, sources, varying) in enumerate(defs):
+        for r in sources:
+            users.setdefault(r, []).append(i)
+        if varying:
+            work.append(i)
     out: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for dests, sources, varying in defs:
-            if (varying or any(r in out for r in sources)) and not out.issuperset(dests):
-                out.update(dests)
-                changed = True
+    done: set[int] = set()
+    while work:
+        i = work.pop()
+        if i in done:
+            continue
+        done.add(i)
+        for d in defs[i][0]:
+            if d not in out:
+                out.add(d)
+                work.extend(users.get(d, ()))
     return out
 
 
@@ -468,20 +481,30 @@ def _guard(line: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _uses_shared(text: str, lines: list[str]) -> bool:
-    """Whether an entry touches shared memory: in its body, through a module-scope shared
-    variable it names, or in a device function it may call (any of the module's, when it calls).
-    Its logical blocks then need a barrier between two."""
-    code = _code(text)
-    if _SHARED.search(code):
-        return True
-    names = {_declared(_code(line), ("shared",)) for line in lines} - {None}
-    if _touches(code, names):  # type: ignore[arg-type]
-        return True
-    return bool(_CALL.search(code)) and bool(_SHARED.search(_code("\n".join(lines))))
+@dataclass(frozen=True)
+class _SharedUse:
+    """A module's shared memory, found once: its shared variables' names, and whether any of
+    its code touches shared memory (for entries that call its functions)."""
+
+    names: frozenset[str]
+    anywhere: bool
+
+    @classmethod
+    def of(cls, lines: list[str]) -> _SharedUse:
+        code = [_code(line) for line in lines]
+        names = frozenset(n for line in code if (n := _declared(line, ("shared",))) is not None)
+        return cls(names, any(_SHARED.search(line) for line in code))
+
+    def by(self, text: str) -> bool:
+        """Whether an entry touches shared memory: in its body, through a shared variable it
+        names, or in a device function it may call (any of the module's, when it calls). Its
+        logical blocks then need a barrier between two."""
+        code = _code(text)
+        return bool(_SHARED.search(code)) or _touches(code, set(self.names)) or \
+            (self.anywhere and bool(_CALL.search(code)))
 
 
-def _variant(entry: list[str], name: str, module_lines: list[str]) -> list[str]:
+def _variant(entry: list[str], name: str, shared: _SharedUse) -> list[str]:
     """The preemptible copy of an entry (module docstring)."""
     text = "\n".join(entry)
     header_end = _body_start(entry)
@@ -498,7 +521,7 @@ def _variant(entry: list[str], name: str, module_lines: list[str]) -> list[str]:
                                  or _code(body[decls]).strip().startswith((".reg", ".shared", ".local"))):
         decls += 1
     mapped = [_map_line(line) for line in body]
-    barrier = CHUNK_BARRIER if _uses_shared(text, module_lines) else ""
+    barrier = CHUNK_BARRIER if shared.by(text) else ""
     return [header, *mapped[:decls], DECLARATIONS + PROLOGUE + CLAIM + barrier + MAP.rstrip("\n"),
             *mapped[decls:], EPILOGUE.rstrip("\n"), entry[-1]]
 
