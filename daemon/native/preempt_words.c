@@ -117,6 +117,15 @@ int pilot_preempt_clear(pilot_preempt *p, uint64_t seen, uint32_t words)
     return done == raised ? 1 : -1;
 }
 
+int pilot_preempt_reassert(pilot_preempt *p)
+{
+    pthread_mutex_lock(&p->lock);
+    uint32_t down = ~atomic_load(&p->raised) & ((p->nwords == 32) ? ~0u : (1u << p->nwords) - 1);
+    uint32_t done = write_words(p, down, 0);
+    pthread_mutex_unlock(&p->lock);
+    return done == down ? 0 : -1;
+}
+
 uint32_t pilot_preempt_raised(pilot_preempt *p)
 {
     return atomic_load(&p->raised);

@@ -48,6 +48,9 @@ uint64_t pilot_preempt_seen(pilot_preempt *p);
  * lowered (or none of them was raised), 0 not now, -1 when a write failed. */
 int pilot_preempt_clear(pilot_preempt *p, uint64_t seen, uint32_t words);
 uint32_t pilot_preempt_raised(pilot_preempt *p);
+/* Writes 0 into every word not raised (a kernel of the shared context may have written one):
+ * 0, or -1 when a write failed. */
+int pilot_preempt_reassert(pilot_preempt *p);
 /* Raises, clears, and writes the driver refused, since the words were made. */
 void pilot_preempt_counts(pilot_preempt *p, uint64_t *raises, uint64_t *clears, uint64_t *failed);
 /* PILOT_PREEMPT_CDEF_END */

@@ -71,9 +71,11 @@ RAISES = {LOW: 0, NORMAL: 1 << WORD[LOW], HIGH: (1 << WORD[LOW]) | (1 << WORD[NO
 ALL_WORDS = (1 << len(WORD)) - 1
 SEEN_BUSY = 0xFFFFFFFFFFFFFFFF  # pilot_preempt_seen: a raising launch is on its way
 CLEAR_MS = 0.5  # how often a GPU's helper looks at raised words
+ARMED_MS = 2.0  # how often it looks whether an armed word was raised (C raises without a word)
 # A word raised this long comes down even while a higher class still has work: a lower class's
 # stream is never parked for good behind a busy tenant (the next raising launch raises it again).
 MAX_RAISE_S = 0.25
+REASSERT_S = 0.1  # how often, while armed, the words not raised are written 0 again
 IDLE_S = 0.05  # how long it sleeps while nothing is armed (an arm wakes it)
 ATTR_MAJOR, ATTR_MINOR, ATTR_SMS = 75, 76, 16  # cudaDevAttr: compute capability, SM count
 KEEP_IMAGE_BYTES = 16 << 20  # larger module images get no variants (their kernels are gated only)
@@ -265,6 +267,7 @@ class GpuWords:
         self.clears_refused = 0
         self.forced = 0  # words lowered after MAX_RAISE_S with the higher class still busy
         self._warned = 0.0  # when a failed lowering was last logged
+        self._reasserted = 0.0  # when the words not raised were last written 0 again
         self._raised_since = 0.0
         self._thread = NamedThread(target=self._run, name=f"preempt-{vg.gpu}", daemon=True)
         self._thread.start()
@@ -306,12 +309,19 @@ class GpuWords:
             with self._cond:
                 if self._stop:
                     return
-                idle = not lib.pilot_preempt_armed(self.ptr) and not lib.pilot_preempt_raised(self.ptr)
-                self._cond.wait(IDLE_S if idle else CLEAR_MS / 1000)
+                raised = lib.pilot_preempt_raised(self.ptr)
+                armed = lib.pilot_preempt_armed(self.ptr)
+                self._cond.wait(CLEAR_MS / 1000 if raised else ARMED_MS / 1000 if armed else IDLE_S)
                 if self._stop:
                     return
             if not lib.pilot_preempt_raised(self.ptr):
                 self._raised_since = 0.0
+                now = time.monotonic()
+                if lib.pilot_preempt_armed(self.ptr) and now - self._reasserted > REASSERT_S:
+                    # a kernel of the shared context can write any device memory, these words
+                    # too: one raised behind pilotd's back would park a class for good
+                    self._reasserted = now
+                    lib.pilot_preempt_reassert(self.ptr)
                 continue
             now = time.monotonic()
             self._raised_since = self._raised_since or now

@@ -232,5 +232,8 @@ def test_retreat_words_raise_once_and_clear_only_what_no_later_launch_relies_on(
         counts = ffi.new("uint64_t[3]")
         lib.pilot_preempt_counts(p, counts, counts + 1, counts + 2)
         assert list(counts) == [2, 1, 0]
+        del writes[:]
+        assert lib.pilot_preempt_reassert(p) == 0  # the words not raised are written 0 again
+        assert writes == [(0, 0)] and lib.pilot_preempt_raised(p) == 0b10
     finally:
         lib.pilot_preempt_free(p)
