@@ -46,13 +46,14 @@ import math
 import shutil
 import threading
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pilot.daemon.backends import fatbin
 from pilot.daemon.backends import ptx_preempt as pp
-from pilot.daemon.backends.base import BackendError
+from pilot.daemon.backends.base import EVENT_DISABLE_TIMING, BackendError
 from pilot.daemon.backends.ptx_cache import ImageCache, ptxas
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.resources.priorities import LEVELS
@@ -106,6 +107,9 @@ class SessionVariants:
     # (module handle, kernel, threads per block, dynamic shared bytes) -> (variant, resident
     # blocks) or None: none
     functions: dict[tuple[int, str, int, int], tuple[Any, int] | None] = field(default_factory=dict)
+    events: list[Any] = field(default_factory=list)  # per counter: recorded behind its last launch
+    recorded: dict[int, bool] = field(default_factory=lambda: defaultdict(bool))
+    dead: set[int] = field(default_factory=set)  # counters whose event could not be recorded
     launches: int = 0  # variants launched
     used: bool = False  # has launched a variant while gated (its class's word is armed)
 
@@ -496,11 +500,17 @@ class VGpuPreemption:
             return None  # being made: the original meanwhile, asked again next time
         found: tuple[Any, int] | None = None
         rewrite = made.kernels.get(info.name)
-        if made.ready and rewrite is not None and rewrite.variant is not None:
+        # past 48 KiB of dynamic shared memory a kernel needs an attribute the program set on
+        # the original function only: such launches keep the original
+        if made.ready and rewrite is not None and rewrite.variant is not None and shared <= 48 << 10:
             module = self._module(s, state, handle, made)
             if module is not None:
-                fn = self.vg.backend.function_get(module, rewrite.variant)
-                per_sm = self.vg.backend.occupancy(fn.handle, math.prod(block), shared, 0)
+                try:
+                    fn = self.vg.backend.function_get(module, rewrite.variant)
+                    per_sm = self.vg.backend.occupancy(fn.handle, math.prod(block), shared, 0)
+                except BackendError as exc:  # e.g. the variant's registers do not fit the block
+                    log.info("session %d: %s has no usable variant: %s", s.id, info.name, exc)
+                    per_sm = 0
                 if per_sm > 0:
                     found = (fn, per_sm * words.sms)
         state.functions[key] = found
@@ -543,27 +553,64 @@ class VGpuPreemption:
         state = s.preempt
         assert state is not None
         backend = self.vg.backend
-        if not state.slots:
-            state.nslots = max(4, self.vg.gate.board.inflight + 1)
-            state.slots = backend.mem_alloc(4 * state.nslots)
-        if self.vg.gate.board.inflight >= state.nslots:
-            return False  # more pieces may be in flight than it has counters
-        counter = state.slots + 4 * (state.next_slot % state.nslots)
-        state.next_slot += 1
+        try:
+            slot = self._free_slot(state)
+        except BackendError as exc:  # no device memory for the counters: the original
+            log.warning("session %d: no counters for preemptible launches: %s", s.id, exc)
+            return False
+        if slot < 0:
+            return False  # every counter is in use by a launch still running: the original
+        counter = state.slots + 4 * slot
         if not state.used:
             state.used = True
             self.arm()
         word = words.word(s.priority)
         chunk = self.daemon.chunk
         backend.stream_write_word(stream, counter, blocks)
-        backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream,
-                       pp.variant_args(args, pp.variant_params(grid, counter, word, chunk, blocks)))
-        backend.stream_wait_word(stream, word, 0)
+        try:
+            backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream,
+                           pp.variant_args(args, pp.variant_params(grid, counter, word, chunk, blocks)))
+        except BackendError as exc:  # nothing of it is on the stream: the original instead
+            log.warning("session %d: %s's variant refused (%s); the original runs", s.id, info.name, exc)
+            state.functions[(info.module_handle, info.name, math.prod(block), shared)] = None
+            return False
+        try:
+            backend.stream_wait_word(stream, word, 0)
+        except BackendError as exc:  # the rest then runs at once, behind the first part
+            log.warning("session %d: no wait on the retreat word: %s", s.id, exc)
         backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream,
                        pp.variant_args(args, pp.variant_params(grid, counter, 0, chunk, 0)))
+        try:  # the counter is free again once this has passed
+            backend.event_record(state.events[slot], stream)
+        except BackendError:
+            state.events[slot] = None  # never reused (a stream in error)
+            state.dead.add(slot)
         state.launches += 1
         self.vg.metrics.count("preemptible_launches", (s.tenant,))
         return True
+
+    def _free_slot(self, state: SessionVariants) -> int:
+        """A counter no launch still running uses (an event recorded behind each launch's rest
+        says so; the gate bounds the pieces in flight, but a launch a policy made wait and
+        replays is not counted there), or -1."""
+        backend = self.vg.backend
+        if not state.slots:
+            state.nslots = max(4, self.vg.gate.board.inflight + 2)
+            state.slots = backend.mem_alloc(4 * state.nslots)
+            state.events = [backend.event_create(EVENT_DISABLE_TIMING) for _ in range(state.nslots)]
+        for step in range(state.nslots):
+            slot = (state.next_slot + step) % state.nslots
+            if slot in state.dead:
+                continue
+            try:
+                free = not state.recorded[slot] or backend.event_query(state.events[slot])
+            except BackendError:
+                free = True  # a failed launch is finished too
+            if free:
+                state.next_slot = slot + 1
+                state.recorded[slot] = True
+                return slot
+        return -1
 
     def arm(self) -> None:
         """The words this vGPU's gated sessions that launched variants need armed."""
@@ -604,6 +651,12 @@ class VGpuPreemption:
                 backend.mem_free(state.slots)
             except BackendError:
                 pass
+        for ev in state.events:
+            if ev is not None:
+                try:
+                    backend.event_destroy(ev)
+                except BackendError:
+                    pass
         s.preempt = None
 
 

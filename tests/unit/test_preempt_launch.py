@@ -164,6 +164,33 @@ def test_a_word_up_too_long_comes_down_while_the_high_tenant_is_still_busy(
     h.be.kick()
 
 
+def test_a_counter_is_reused_only_once_the_launch_that_had_it_is_done(rig: Any) -> None:
+    """A launch replayed outside the gate's count (a policy made it wait) must not take a counter
+    a running variant still uses: with every counter busy, the original runs."""
+    h, daemon, slot = rig
+    hi, lo = h.session(1, "infer"), h.session(2, "train")
+    out = h.be.mem_alloc(4 * BLOCKS)
+    h.be.memcpy_htod(out, bytes(4 * BLOCKS), 4 * BLOCKS, None)
+    lo.add_allocation(out, 4 * BLOCKS)
+    tenant = Launches(h, lo)
+    fn = tenant.function(tenant.load(PTX.encode()), "bump")
+    h.memset(hi, 0, 1)
+    tenant.launch(fn, BLOCKS, struct.pack("<Q", out))
+    assert _until(lambda: daemon.variants(PTX.encode(), 90) is not None)
+    info = lo.functions[fn]
+    args = struct.pack("<Q", out)
+    h.be.gate(lo.legacy, slot.spec())  # nothing on train's stream finishes for now
+    took = [h.vg.preempt.launch(lo, info, (BLOCKS, 1, 1), (32, 1, 1), 0, lo.legacy, args)
+            for _ in range(6)]
+    nslots = lo.preempt.nslots
+    assert took == [True] * nslots + [False] * (6 - nslots)  # then the originals
+    slot.open()
+    h.be.kick()
+    assert (_counts(h, out) == 1 + nslots).all()  # each variant ran every block once (the caller
+    # launches the original for the others)
+    assert h.vg.preempt.launch(lo, info, (BLOCKS, 1, 1), (32, 1, 1), 0, lo.legacy, args)  # free again
+
+
 def test_a_kernel_without_a_variant_runs_gated_as_before(rig: Any) -> None:
     h, daemon, _slot = rig
     hi, lo = h.session(1, "infer"), h.session(2, "train")
