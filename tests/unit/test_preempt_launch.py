@@ -94,21 +94,41 @@ def _counts(h: Harness, out: int) -> np.ndarray:
     return np.frombuffer(bytes(buf), dtype=np.int32)
 
 
+class Scene:
+    """infer (high) and train (low or normal) on one vGPU; train has loaded PTX and has `out`
+    (a count per logical block of bump). `start` makes infer active (train gated) and waits for
+    bump's variants, after one launch of the original."""
+
+    def __init__(self, h: Harness, daemon: Preemption) -> None:
+        self.h, self.daemon = h, daemon
+        self.hi, self.lo = h.session(1, "infer"), h.session(2, "train")
+        self.out = h.be.mem_alloc(4 * BLOCKS)
+        h.be.memcpy_htod(self.out, bytes(4 * BLOCKS), 4 * BLOCKS, None)
+        self.lo.add_allocation(self.out, 4 * BLOCKS)
+        self.tenant = Launches(h, self.lo)
+        self.module = self.tenant.load(PTX.encode())
+        self.fn = self.tenant.function(self.module, "bump")
+        self.args = struct.pack("<Q", self.out)
+
+    def start(self) -> None:
+        self.h.memset(self.hi, 0, 1)  # infer is active: train is gated
+        self.bump()  # the variants are being made: the original runs
+        assert _until(lambda: self.daemon.variants(PTX.encode(), 90) is not None)
+
+    def bump(self) -> None:
+        self.tenant.launch(self.fn, BLOCKS, self.args)
+
+    def counts(self) -> np.ndarray:
+        return _counts(self.h, self.out)
+
+
 def test_a_gated_kernel_retreats_while_the_high_tenant_runs_and_resumes_only_the_rest(rig: Any) -> None:
     h, daemon, slot = rig
-    hi, lo = h.session(1, "infer"), h.session(2, "train")
-    out = h.be.mem_alloc(4 * BLOCKS)
-    h.be.memcpy_htod(out, bytes(4 * BLOCKS), 4 * BLOCKS, None)
-    lo.add_allocation(out, 4 * BLOCKS)
-    tenant = Launches(h, lo)
-    module = tenant.load(PTX.encode())
-    fn = tenant.function(module, "bump")
-    args = struct.pack("<Q", out)
-    h.memset(hi, 0, 1)  # infer is active: train is gated
+    sc = Scene(h, daemon)
+    hi, lo, tenant, fn, args, out = sc.hi, sc.lo, sc.tenant, sc.fn, sc.args, sc.out
+    sc.start()
     assert lo.gated and hi.preempt_raises == 0b11
     assert lo.preempt_raises == (0 if lo.priority == 0 else 0b01)
-    tenant.launch(fn, BLOCKS, args)  # the variants are being made: the original runs
-    assert _until(lambda: daemon.variants(PTX.encode(), 90) is not None)
     assert (_counts(h, out) == 1).all()
     tenant.launch(fn, BLOCKS, args)  # as its variant, nothing raised: all of it
     assert (_counts(h, out) == 2).all()
@@ -144,20 +164,13 @@ def test_a_word_up_too_long_comes_down_while_the_high_tenant_is_still_busy(
         rig: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     h, daemon, slot = rig
     monkeypatch.setattr(preempt, "MAX_RAISE_S", 0.05)
-    hi, lo = h.session(1, "infer"), h.session(2, "train")
-    out = h.be.mem_alloc(4 * BLOCKS)
-    h.be.memcpy_htod(out, bytes(4 * BLOCKS), 4 * BLOCKS, None)
-    lo.add_allocation(out, 4 * BLOCKS)
-    tenant = Launches(h, lo)
-    fn = tenant.function(tenant.load(PTX.encode()), "bump")
-    h.memset(hi, 0, 1)
-    tenant.launch(fn, BLOCKS, struct.pack("<Q", out))
-    assert _until(lambda: daemon.variants(PTX.encode(), 90) is not None)
-    tenant.launch(fn, BLOCKS, struct.pack("<Q", out))  # arms the word
-    h.be.gate(hi.legacy, slot.spec())  # infer busy for good
-    h.memset(hi, 0, 2)
-    tenant.launch(fn, BLOCKS, struct.pack("<Q", out))
-    assert _until(lambda: (_counts(h, out) == 3).all())  # lowered after MAX_RAISE_S: the rest ran
+    sc = Scene(h, daemon)
+    sc.start()
+    sc.bump()  # arms the word
+    h.be.gate(sc.hi.legacy, slot.spec())  # infer busy for good
+    h.memset(sc.hi, 0, 2)
+    sc.bump()
+    assert _until(lambda: (sc.counts() == 3).all())  # lowered after MAX_RAISE_S: the rest ran
     words = daemon.gpu_words(h.vg)
     assert words.describe()["forced_clears"] >= 1 and not lib.pilot_preempt_raised(words.ptr)
     slot.open()
@@ -168,17 +181,10 @@ def test_a_counter_is_reused_only_once_the_launch_that_had_it_is_done(rig: Any) 
     """A launch replayed outside the gate's count (a policy made it wait) must not take a counter
     a running variant still uses: with every counter busy, the original runs."""
     h, daemon, slot = rig
-    hi, lo = h.session(1, "infer"), h.session(2, "train")
-    out = h.be.mem_alloc(4 * BLOCKS)
-    h.be.memcpy_htod(out, bytes(4 * BLOCKS), 4 * BLOCKS, None)
-    lo.add_allocation(out, 4 * BLOCKS)
-    tenant = Launches(h, lo)
-    fn = tenant.function(tenant.load(PTX.encode()), "bump")
-    h.memset(hi, 0, 1)
-    tenant.launch(fn, BLOCKS, struct.pack("<Q", out))
-    assert _until(lambda: daemon.variants(PTX.encode(), 90) is not None)
-    info = lo.functions[fn]
-    args = struct.pack("<Q", out)
+    sc = Scene(h, daemon)
+    sc.start()
+    lo, out, args = sc.lo, sc.out, sc.args
+    info = lo.functions[sc.fn]
     h.be.gate(lo.legacy, slot.spec())  # nothing on train's stream finishes for now
     took = [h.vg.preempt.launch(lo, info, (BLOCKS, 1, 1), (32, 1, 1), 0, lo.legacy, args)
             for _ in range(6)]
@@ -193,19 +199,15 @@ def test_a_counter_is_reused_only_once_the_launch_that_had_it_is_done(rig: Any) 
 
 def test_a_kernel_without_a_variant_runs_gated_as_before(rig: Any) -> None:
     h, daemon, _slot = rig
-    hi, lo = h.session(1, "infer"), h.session(2, "train")
-    out = h.be.mem_alloc(4 * BLOCKS)
-    lo.add_allocation(out, 4 * BLOCKS)
-    tenant = Launches(h, lo)
-    module = tenant.load(PTX.encode())
-    fn = tenant.function(module, "uses_state")
-    h.memset(hi, 0, 1)
+    sc = Scene(h, daemon)
+    fn = sc.tenant.function(sc.module, "uses_state")
+    h.memset(sc.hi, 0, 1)
     for _ in range(2):
-        tenant.launch(fn, 4, struct.pack("<Q", out))
+        sc.tenant.launch(fn, 4, sc.args)
         _until(lambda: daemon.variants(PTX.encode(), 90) is not None)
     assert ("preemptible_launches", ("train",)) not in h.metrics.snapshot().labeled
-    h.vg.preempt.forget(lo)  # the session ends: its counters and modules go
-    assert lo.preempt is None
+    h.vg.preempt.forget(sc.lo)  # the session ends: its counters and modules go
+    assert sc.lo.preempt is None
 
 
 def test_the_ptx_pilot_reads_from_an_image(tmp_path: Path) -> None:
