@@ -139,7 +139,12 @@ class Preemption:
     def __init__(self, chunk: int = 1, cache_dir: str | None = None, compile_ptx: bool = True) -> None:
         """compile_ptx: compile with ptxas where it is found (a GPU); the sim loads PTX text."""
         self.chunk = chunk
-        self._cache = ImageCache(cache_dir) if cache_dir else None
+        self._cache: ImageCache | None = None
+        if cache_dir:
+            try:
+                self._cache = ImageCache(cache_dir)
+            except OSError as exc:  # variants are then JIT-compiled by the driver at each start
+                log.warning("no disk cache for preemptible variants (%s): %s", cache_dir, exc)
         self._ptxas = compile_ptx and shutil.which("ptxas") is not None
         self._lock = threading.Lock()
         self._images: dict[str, ModuleVariants] = {}
