@@ -12,6 +12,10 @@
 #   PILOT_SITE     install target, put first on PYTHONPATH (default /tmp/site, where the wheels
 #                  of .whl/ go too)
 #   PYTHON         interpreter (default python3)
+#   COMPARE_PREEMPT=1  (as root) pilotd runs with `[priority] preempt = true` and a high tenant
+#                  (`nobody`) that launches a short kernel every 0.5 ms all along: every program
+#                  runs gated, its kernels as preemptible variants (scheduling/preempt.py) that
+#                  retreat at the high tenant's launches; the retreat words' raises are reported
 #   COMPARE_SM_SHARE  a compute share (percent) set for this user's tenant before the programs
 #                  run, so that they all run in an SM partition (green context)
 #   NVCC_ARCH      default sm_90
@@ -169,9 +173,40 @@ mkdir -p "$SOCK_DIR"
 rm -f "$SOCK"
 daemon_args=(--backend "$PILOT_BACKEND" --socket "$SOCK")
 for f in $PILOT_SIM_KERNELS; do daemon_args+=(--sim-kernels "$f"); done
+HIGH_PID=
+if [ "${COMPARE_PREEMPT:-0}" = 1 ]; then
+    printf '[tenants.hp]\nusers = ["nobody"]\npriority = "high"\n[priority]\npreempt = true\n' \
+        >"$WORK/preempt.toml"
+    daemon_args+=(--config "$WORK/preempt.toml")
+    cat >"$WORK/high.cu" <<'CU'
+#include <cuda_runtime.h>
+#include <unistd.h>
+__global__ void spin(long long cycles) {
+    long long t = clock64();
+    while (clock64() - t < cycles) {}
+}
+int main(void) {  /* a high tenant's short kernel every 0.5 ms, until killed */
+    for (;;) {
+        spin<<<132, 128>>>(100000);
+        if (cudaDeviceSynchronize() != cudaSuccess) return 1;
+        usleep(500);
+    }
+}
+CU
+    "$NVCC" -cudart shared -O2 "-arch=$NVCC_ARCH" -o "$BIN/high" "$WORK/high.cu" >>"$LOG" 2>&1 || exit 2
+    chmod 755 "$WORK" "$BIN" "$BIN/high"
+fi
 say "starting pilotd ${daemon_args[*]}"
 pilotd_start "$DAEMON_LOG" "${daemon_args[@]}" || exit 2
 say "pilotd ready (pid $DAEMON_PID)"
+if [ "${COMPARE_PREEMPT:-0}" = 1 ]; then
+    setpriv --reuid=65534 --regid=65534 --clear-groups env PILOT_SOCKET="$SOCK" LD_PRELOAD="$SHIM" \
+        "$BIN/high" >>"$LOG" 2>&1 &
+    HIGH_PID=$!
+    sleep 1
+    kill -0 "$HIGH_PID" 2>/dev/null || { say "the high tenant did not start"; exit 2; }
+    say "the high tenant runs (pid $HIGH_PID): the programs run gated, as preemptible variants"
+fi
 if [ -n "${COMPARE_SM_SHARE:-}" ]; then
     # every program under pilot runs in an SM partition of this user's tenant (compute shares)
     "$PYTHON" -m pilot.cli.pilotctl --control-socket "$(dirname "$SOCK")/control.sock" \
@@ -417,6 +452,20 @@ PASS"
 if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
     say "pilotd died during the comparison"
     bad=1
+fi
+if [ -n "$HIGH_PID" ]; then
+    "$PYTHON" -m pilot.cli.pilotctl --control-socket "$(dirname "$SOCK")/control.sock" priority list \
+        --json >"$OUT/compare-preemption.json" 2>>"$LOG" || true
+    kill "$HIGH_PID" 2>/dev/null
+    wait "$HIGH_PID" 2>/dev/null
+    "$PYTHON" - "$OUT/compare-preemption.json" <<'PY' | tee -a "$LOG"
+import json, sys
+pre = (json.load(open(sys.argv[1])).get("preemption") or {}) if open(sys.argv[1]).read(1) else {}
+w = (pre.get("gpus") or {}).get("0", {})
+print(f"preemption: {pre.get('preemptible_kernels')} kernels preemptible, "
+      f"{len(pre.get('kernels_not_preemptible') or {})} refused; retreat words raised "
+      f"{w.get('raises')} times, lowered {w.get('clears')} ({w.get('forced_clears')} forced)")
+PY
 fi
 stop_daemon
 [ "$build_failed" = 1 ] && bad=1
