@@ -569,3 +569,26 @@ def entry_bytes(entry: FatbinEntry) -> bytes | None:
     if lib.ZSTD_isError(n) or n > size:
         return None
     return out.raw[:n]
+
+
+_PRINTS = (b"vprintf", b"__assertfail")
+
+
+def may_print(image: bytes) -> bool:
+    """Whether a module image's code may write into the printf FIFO: it names vprintf or
+    __assertfail (in its PTX, or its cubins' symbols), or pilot cannot read all of it (a
+    compressed entry without libzstd, an image it cannot parse): then it may."""
+    if any(name in image for name in _PRINTS):
+        return True
+    if not is_fatbin(image):
+        return False
+    try:
+        entries = parse_entries(image)
+    except ValueError:
+        return True
+    for entry in entries:
+        if entry.compressed:
+            data = entry_bytes(entry)
+            if data is None or any(name in data for name in _PRINTS):
+                return True
+    return False

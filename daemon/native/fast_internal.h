@@ -98,6 +98,7 @@ struct fconn {
     uint8_t *sync_dirty;
     int all_dirty;
     pilot_fast_count count;
+    int printer;                   /* it loaded code that may print (pilot_fast_printer) */
     struct pilot_preempt *preempt; /* the retreat words its kernels raise (preempt_words.h) */
     uint32_t raises;               /* which of them; 0: none */
 };

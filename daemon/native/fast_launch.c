@@ -123,6 +123,7 @@ int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabl
         c->nsyncs = 0;
         c->preempt = NULL;
         c->raises = 0;
+        c->printer = 0;
     }
     c->session = session;
     c->enabled = enabled;
@@ -130,6 +131,15 @@ int pilot_fast_session(pilot_fast *f, uint32_t conn, uint64_t session, int enabl
     c->legacy_slow = legacy_slow;
     c->deferred = deferred;
     c->context = context;
+    return 0;
+}
+
+int pilot_fast_printer(pilot_fast *f, uint32_t conn)
+{
+    struct fconn *c = fast_find_conn(f, conn);
+    if (!c)
+        return -1;
+    c->printer = 1;
     return 0;
 }
 
@@ -464,11 +474,12 @@ static void reply_pending(pilot_srv *srv, const pilot_srv_msg *m, uint32_t targe
 /* Whether a call may be answered by the completion word: the shim asked for it, and no printf
  * output of the session's kernels may wait to be printed at this synchronization (only Python
  * sends output with a reply, after a synchronization in the driver). Output is delivered only
- * to a session alone on pilotd: beside others it goes to pilotd's log whenever it comes. */
+ * to a session no other attached session could have printed beside: with two that may print it
+ * goes to pilotd's log whenever it comes; a session that cannot print has none. */
 static int word_asked(const pilot_fast *f, const struct fconn *c, const pilot_envelope *env)
 {
     return (env->flags & PILOT_F_GPU_WORD) &&
-           !(f->output_fd >= 0 && c->unflushed && g_output_sessions <= 1);
+           !(f->output_fd >= 0 && c->unflushed && c->printer && g_output_sessions <= 1);
 }
 
 /* cudaMemcpy D2H / H2D of the session's device memory, carried inline: done and answered here

@@ -158,10 +158,14 @@ int pilot_fast_raises(pilot_fast *f, uint32_t conn, pilot_preempt *p, uint32_t w
  * longer goes to Python (which synchronizes again, a no-op, and sends the output with the
  * reply), so the output reaches the program where the driver would have printed it. */
 void pilot_fast_output(pilot_fast *f, int fd, uint64_t taken);
-/* How many sessions are attached to this pilotd (device_output.py; any thread): with more than
- * one, the output goes to nobody, and a synchronization may be answered by the completion word
- * although kernels ran since the last one (PILOT_F_GPU_WORD). */
+/* How many sessions attached to this pilotd may print (device_output.py; any thread): with more
+ * than one, their output goes to nobody, and a synchronization may be answered by the completion
+ * word although kernels ran since the last one (PILOT_F_GPU_WORD). */
 void pilot_fast_output_sessions(int n);
+/* The connection's session loaded code that may print (vprintf, __assertfail): while it is the
+ * only such session attached, its synchronizations after launches go to Python, which sends the
+ * output with the reply. Sessions that cannot print are answered by the word beside it. */
+int pilot_fast_printer(pilot_fast *f, uint32_t conn);
 /* Python launched a kernel of the connection's session: its next blocking copy to the host
  * makes the driver print what kernels printed (C's own launches count themselves). */
 void pilot_fast_mark_launched(pilot_fast *f, uint32_t conn);

@@ -13,7 +13,7 @@ from pilot.daemon.backends.base import (
     BackendError,
     LaunchAttrs,
 )
-from pilot.daemon.backends.fatbin import readable_globals, variable_names
+from pilot.daemon.backends.fatbin import may_print, readable_globals, variable_names
 from pilot.daemon.ops.registry import OpTable
 from pilot.daemon.ops.replies import need_payload, u64
 from pilot.daemon.protocol import ffi, lib, new
@@ -57,6 +57,10 @@ def module_load(vg: VGpu, s: Session, req: Any, payload: memoryview) -> Any:
     s.module_charges[handle] = charge
     if vg.preempt is not None:  # its kernels' preemptible variants, should it be gated
         vg.preempt.module_loaded(s, handle, image)
+    if vg.device_output is not None and not vg.device_output.prints(s.id) and may_print(image):
+        vg.device_output.printer(s.id)  # whose kernels' printf output it may be
+        if vg.fast is not None and s.identity is not None:
+            lib.pilot_fast_printer(vg.fast.ptr, s.identity)  # -1 until C meets it: told then
     return u64(handle)
 
 @OPS.handler(lib.PILOT_OP_MODULE_UNLOAD, "pilot_req_handle", synchronizing=True)

@@ -7,9 +7,14 @@ memfd (a file: a large flush never blocks the driver, as a pipe could), the C li
 is made unbuffered so every flush reaches it at once, and Python's own `sys.stdout` keeps the
 original fd 1.
 
-The output is the program's data, so it goes to a session only when it cannot be another's: the
-session is the only one attached to this pilotd (tenants share one context per GPU, whose FIFO
-mixes their kernels' output). Otherwise it goes to pilotd's log, with a warning, and to nobody.
+The output is the program's data, so it goes to a session only when it cannot be another's: no
+other session attached to this pilotd may print (tenants share one context per GPU, whose FIFO
+mixes their kernels' output). A session may print once it loaded a module whose code names
+`vprintf` or `__assertfail` (a device-side assert prints too: backends/fatbin.py `may_print`);
+other sessions' kernels cannot write into the FIFO. Otherwise the output goes to pilotd's log,
+with a warning, and to nobody. C's fast path knows which of its sessions may print
+(pilot_fast_printer): it answers their synchronizations after launches by the completion word only
+while their output could not be delivered anyway.
 It is taken after each synchronizing call Python handles (vgpu/dispatch.py) and sent with that
 call's reply (PILOT_F_DEVICE_OUTPUT), which the shim writes to the program's stdout: in order
 with the program's own output, where the driver would have printed it natively. The C fast path
@@ -43,6 +48,7 @@ class DeviceOutput:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._attached: set[int] = set()  # session ids attached to any vGPU
+        self._printers: set[int] = set()  # sessions that loaded code that may print
         # Started with fd 1 closed, Python has no stdout and fd 1 may be anything pilotd opened
         # since: then nothing is captured (the Daemon logs why).
         if sys.stdout is None or sys.stdout.fileno() != 1:
@@ -65,20 +71,34 @@ class DeviceOutput:
     def attached(self, session_id: int) -> None:
         with self._lock:
             self._attached.add(session_id)
-            lib.pilot_fast_output_sessions(len(self._attached))
+            self._tell_c()
+
+    def printer(self, session_id: int) -> None:
+        """The session loaded code that may print."""
+        with self._lock:
+            if session_id not in self._printers:
+                self._printers.add(session_id)
+                self._tell_c()
+
+    def prints(self, session_id: int) -> bool:
+        return session_id in self._printers
 
     def released(self, session_id: int) -> None:
         with self._lock:
             self._attached.discard(session_id)
-            lib.pilot_fast_output_sessions(len(self._attached))
+            self._printers.discard(session_id)
+            self._tell_c()
+
+    def _tell_c(self) -> None:
+        lib.pilot_fast_output_sessions(len(self._attached & self._printers))
 
     # ---- output ----
     def pending(self) -> bool:
         return os.fstat(self.fd).st_size > self.taken
 
     def take(self, session_id: int) -> bytes:
-        """What the kernels printed since the last take, for session_id if it may have it (it is
-        the only session attached), else logged and b""."""
+        """What the kernels printed since the last take, for session_id if it may have it (no
+        other attached session may print), else logged and b""."""
         with self._lock:
             size = os.fstat(self.fd).st_size
             if size <= self.taken:
@@ -88,12 +108,12 @@ class DeviceOutput:
             if self.taken - self._punched >= _PUNCH_EVERY:
                 self._fallocate(self.fd, _PUNCH_HOLE, 0, self.taken)
                 self._punched = self.taken
-            attached = len(self._attached)
-            alone = self._attached == {session_id}
-        if alone:
+            others = len((self._attached & self._printers) - {session_id})
+            mine = session_id in self._attached and not others
+        if mine:
             return data
-        log.warning("kernel printf output of %d bytes not delivered (%d sessions attached, it "
-                    "could be any of theirs): %r", len(data), attached, data[:200])
+        log.warning("kernel printf output of %d bytes not delivered (%d other sessions attached "
+                    "may print: it could be any of theirs): %r", len(data), others, data[:200])
         return b""
 
     def drain(self) -> None:

@@ -418,6 +418,9 @@ class FastLaunches:
                 raise MemoryError("pilot_fast_session")
             if s.preempt_raises and self.vg.preempt is not None:  # C may have just met it
                 self.vg.preempt.tell_fast(s, self)
+            output = self.vg.device_output
+            if output is not None and output.prints(s.id):
+                lib.pilot_fast_printer(self.ptr, conn)
             if s.fast_ranges is None:  # from now on C knows the session's device memory
                 s.fast_ranges = self._ranges_of(conn)
                 for ptr, size in list(s.allocations.items()):

@@ -996,11 +996,14 @@ def test_kernel_printf_reaches_the_program(run_under_pilot: RunUnderPilot, daemo
     assert proc.stdout == DEVICE_PRINTF, f"{proc.stdout}\n{proc.stderr}\n{daemon_log()}"
 
 
-def test_kernel_printf_is_not_given_to_anyone_while_tenants_share(
+def test_kernel_printf_reaches_its_program_beside_a_tenant_that_cannot_print(
         run_under_pilot: RunUnderPilot, app_binaries: dict[str, Path],
         pilot_client_env: dict[str, str], daemon_log: DaemonLog) -> None:
-    """With another session attached, the output could be either tenant's (they share the
-    GPU's context and its printf FIFO): it goes to pilotd's log, not to a program."""
+    """Tenants share the GPU's context and its printf FIFO, but a session whose modules name
+    neither vprintf nor __assertfail cannot have written into it (fatbin.may_print): beside one
+    (pinned.cu, holding), the printing program still gets all of its output, in program order.
+    (Beside another session that may print, the output goes to pilotd's log:
+    tests/unit/test_device_output.py.)"""
     if NATIVE:
         pytest.skip("what pilot adds")
     other = subprocess.Popen([str(app_binaries["pinned"]), "hold"], env=pilot_client_env,
@@ -1010,7 +1013,5 @@ def test_kernel_printf_is_not_given_to_anyone_while_tenants_share(
         proc = run_under_pilot("device_printf")
     finally:
         other.communicate("\n", timeout=60)
-    host_only = "".join(line for line in DEVICE_PRINTF.splitlines(keepends=True)
-                        if line.startswith(("host", "done")))
-    assert proc.returncode == 0 and proc.stdout == host_only, proc.stdout + proc.stderr
-    assert "kernel printf output of" in daemon_log() and "hello from the GPU" in daemon_log()
+    assert proc.returncode == 0 and proc.stdout == DEVICE_PRINTF, proc.stdout + proc.stderr
+    assert "not delivered" not in daemon_log()

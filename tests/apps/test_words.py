@@ -60,14 +60,15 @@ def test_without_words_the_same(start_pilotd, app_binaries: dict[str, Path],
     assert total(values, ANSWERS) == 0
 
 
-def test_alone_after_launches_the_usual_way(start_pilotd, app_binaries: dict[str, Path],
-                                            shim_path: str) -> None:
-    """A program alone on pilotd gets its kernels' printf output where natively: a
-    synchronization after its launches is made in the driver (only copies and synchronizations
-    with no launch of its since the last one may be answered by the word)."""
+def test_alone_a_program_that_cannot_print_is_answered_by_the_word(
+        start_pilotd, app_binaries: dict[str, Path], shim_path: str) -> None:
+    """Alone on pilotd, a program whose modules cannot print (no vprintf, no __assertfail:
+    words.cu) has no kernel output to wait for, so its synchronizations after launches are
+    answered by the word too. (One that may print is answered in the driver, which prints its
+    output there: test_apps.py's kernel printf tests.)"""
     out, values = run_scraped(start_pilotd, [str(app_binaries["words"])], shim_path, None)
     assert out == WORDS_OUTPUT
-    assert total(values, ANSWERS) < 600, values
+    assert total(values, ANSWERS) >= 1000, values
 
 
 def _rings_mapped(pid: int) -> int:

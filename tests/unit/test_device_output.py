@@ -1,13 +1,17 @@
 """vgpu/device_output.py in a child process (it takes over that process's fd 1): what is written
 to fd 1 (as the driver writes kernels' printf output) is captured, not what Python prints; it
-goes to a session only while that session is the only one attached; `restore` gives fd 1
-back; a process without a stdout captures nothing."""
+goes to a session only while no other attached session may print; `restore` gives fd 1 back; a
+process without a stdout captures nothing. And which module images may print (fatbin.may_print)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
 
 CHILD = textwrap.dedent("""
     import os, sys
@@ -20,10 +24,16 @@ CHILD = textwrap.dedent("""
     got = out.take(7)
     assert got == b"kernel line 1\\n", got
     assert not out.pending() and out.take(7) == b""
-    out.attached(8)                               # two tenants: nobody gets it
+    out.attached(8)                               # a tenant that cannot print: still 7's
+    os.write(1, b"kernel line 1b\\n")
+    assert out.take(7) == b"kernel line 1b\\n"
+    out.printer(7)
+    out.printer(8)                                # two tenants that may print: nobody gets it
+    assert out.prints(8)
     os.write(1, b"kernel line 2\\n")
     assert out.take(7) == b"" and not out.pending()
     out.released(8)
+    assert not out.prints(8)
     os.write(1, b"x" * 3000000)                   # large: in pieces, each at most 1 MiB
     sizes = []
     while out.pending():
@@ -52,3 +62,23 @@ def test_no_capture_without_a_stdout() -> None:
                          stderr=subprocess.PIPE, text=True, timeout=60, close_fds=True,
                          preexec_fn=lambda: __import__("os").close(1))
     assert res.returncode == 0 and "without a standard output" in res.stderr, res.stderr
+
+
+def test_which_images_may_print(tmp_path: Path) -> None:
+    from pilot.daemon.backends.fatbin import may_print
+    assert may_print(b".version 9.0\n.extern .func (.param .b32 r) vprintf(...)\n")
+    assert may_print(b"... call.uni __assertfail, (...)")
+    assert not may_print(b".version 9.0\n.target sm_90\n.visible .entry k()\n{\n\tret;\n}\n")
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    images = {}
+    for name, body in (("prints", 'printf("%d", threadIdx.x);'), ("asserts", "assert(x[0] == 0);"),
+                       ("silent", "x[threadIdx.x] += 1;")):
+        src = tmp_path / f"{name}.cu"
+        src.write_text(f"#include <cassert>\n#include <cstdio>\n__global__ void k(int *x) {{ {body} }}\n")
+        out = tmp_path / f"{name}.fatbin"
+        subprocess.run([nvcc, "-fatbin", "-arch=sm_90", "-o", str(out), str(src)], check=True, timeout=300)
+        images[name] = out.read_bytes()
+    assert may_print(images["prints"]) and may_print(images["asserts"])
+    assert not may_print(images["silent"])
