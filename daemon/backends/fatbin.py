@@ -491,6 +491,11 @@ def driver_entry(image: bytes | memoryview, sm: int) -> FatbinEntry | None:
     elves = [e for e in entries if e.is_elf and e.arch // 10 == sm // 10 and e.arch <= sm]
     if elves:
         return max(elves, key=lambda e: e.arch)
+    return newest_ptx(entries, sm)
+
+
+def newest_ptx(entries: list[FatbinEntry], sm: int) -> FatbinEntry | None:
+    """The PTX entry the driver JIT-compiles on an sm_`sm` GPU: the newest not above it."""
     ptx = [e for e in entries if e.is_ptx and e.arch <= sm]
     return max(ptx, key=lambda e: e.arch) if ptx else None
 

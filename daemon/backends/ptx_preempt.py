@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 SUFFIX = "__pilot_ptb"
@@ -258,7 +259,7 @@ def _module_variables(lines: list[str]) -> set[str]:
     return {n for n in names if n is not None and not n.startswith("$str")}
 
 
-def _touches(code: str, names: set[str]) -> bool:
+def _touches(code: str, names: AbstractSet[str]) -> bool:
     """Whether `code` names any of `names` (one pass over its identifiers)."""
     return bool(names) and not names.isdisjoint(_IDENTIFIER.findall(code))
 
@@ -500,7 +501,7 @@ class _SharedUse:
         names, or in a device function it may call (any of the module's, when it calls). Its
         logical blocks then need a barrier between two."""
         code = _code(text)
-        return bool(_SHARED.search(code)) or _touches(code, set(self.names)) or \
+        return bool(_SHARED.search(code)) or _touches(code, self.names) or \
             (self.anywhere and bool(_CALL.search(code)))
 
 

@@ -46,7 +46,6 @@ import math
 import shutil
 import threading
 import time
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -91,7 +90,6 @@ class ModuleVariants:
     kernels: dict[str, pp.Rewrite] = field(default_factory=dict)
     reason: str = ""  # why the image has no variants
     seconds: float = 0.0  # rewrite and compile (or the cache's read)
-    cached: bool = False
 
 
 @dataclass
@@ -107,10 +105,10 @@ class SessionVariants:
     # (module handle, kernel, threads per block, dynamic shared bytes) -> (variant, resident
     # blocks) or None: none
     functions: dict[tuple[int, str, int, int], tuple[Any, int] | None] = field(default_factory=dict)
-    events: list[Any] = field(default_factory=list)  # per counter: recorded behind its last launch
-    recorded: dict[int, bool] = field(default_factory=lambda: defaultdict(bool))
+    # per counter: recorded behind its last launch (one never recorded counts as done, on a GPU
+    # as on the sim)
+    events: list[Any] = field(default_factory=list)
     dead: set[int] = field(default_factory=set)  # counters whose event could not be recorded
-    launches: int = 0  # variants launched
     used: bool = False  # has launched a variant while gated (its class's word is armed)
 
 
@@ -126,10 +124,10 @@ def module_ptx(image: bytes, sm: int) -> str | None:
         entries = fatbin.parse_entries(image)
     except ValueError:
         return None
-    ptx = [e for e in entries if e.is_ptx and e.arch <= sm]
-    if not ptx:
+    entry = fatbin.newest_ptx(entries, sm)
+    if entry is None:
         return None
-    data = fatbin.entry_bytes(max(ptx, key=lambda e: e.arch))  # nvcc 13 compresses it (zstd)
+    data = fatbin.entry_bytes(entry)  # nvcc 13 compresses it (zstd)
     return fatbin.ptx_text(data) if data is not None else None
 
 
@@ -180,7 +178,7 @@ class Preemption:
                     out.reason = "no kernel of the module can be rewritten"
                 elif self._ptxas and self._cache is not None:
                     compiled = self._cache.compile(rewritten.ptx, f"sm_{sm}", ptxas)
-                    out.image, out.cached = compiled.image, compiled.hit
+                    out.image = compiled.image
                 else:
                     out.image = rewritten.ptx.encode() + b"\0"
         except Exception as exc:  # a module pilot cannot rewrite runs as it is
@@ -273,7 +271,6 @@ class GpuWords:
         self.guard = threading.Lock()
         self._cond = threading.Condition()
         self._stop = False
-        self.clears_refused = 0
         self.forced = 0  # words lowered after MAX_RAISE_S with the higher class still busy
         self._warned = 0.0  # when a failed lowering was last logged
         self._reasserted = 0.0  # when the words not raised were last written 0 again
@@ -381,7 +378,6 @@ class GpuWords:
         if rc < 0 and now - self._warned > 5:  # a GPU fault fails every write until the re-exec
             self._warned = now
             log.warning("preempt-%d: a retreat word could not be lowered; trying again", self.gpu)
-        self.clears_refused += rc == 0
         return rc == 1 and lowerable == raised
 
     def lower(self) -> None:
@@ -492,7 +488,7 @@ class VGpuPreemption:
         if state is None:
             return None
         handle = info.module_handle
-        key = (handle, info.name, math.prod(block), shared)
+        key = _function_key(info, block, shared)
         if key in state.functions:
             return state.functions[key]
         image = state.images.get(handle)
@@ -577,7 +573,7 @@ class VGpuPreemption:
                            pp.variant_args(args, pp.variant_params(grid, counter, word, chunk, blocks)))
         except BackendError as exc:  # nothing of it is on the stream: the original instead
             log.warning("session %d: %s's variant refused (%s); the original runs", s.id, info.name, exc)
-            state.functions[(info.module_handle, info.name, math.prod(block), shared)] = None
+            state.functions[_function_key(info, block, shared)] = None
             return False
         try:
             backend.stream_wait_word(stream, word, 0)
@@ -588,9 +584,7 @@ class VGpuPreemption:
         try:  # the counter is free again once this has passed
             backend.event_record(state.events[slot], stream)
         except BackendError:
-            state.events[slot] = None  # never reused (a stream in error)
-            state.dead.add(slot)
-        state.launches += 1
+            state.dead.add(slot)  # never reused (a stream in error)
         self.vg.metrics.count("preemptible_launches", (s.tenant,))
         return True
 
@@ -608,12 +602,11 @@ class VGpuPreemption:
             if slot in state.dead:
                 continue
             try:
-                free = not state.recorded[slot] or backend.event_query(state.events[slot])
+                free = backend.event_query(state.events[slot])
             except BackendError:
                 free = True  # a failed launch is finished too
             if free:
                 state.next_slot = slot + 1
-                state.recorded[slot] = True
                 return slot
         return -1
 
@@ -657,12 +650,18 @@ class VGpuPreemption:
             except BackendError:
                 pass
         for ev in state.events:
-            if ev is not None:
-                try:
-                    backend.event_destroy(ev)
-                except BackendError:
-                    pass
+            try:
+                backend.event_destroy(ev)
+            except BackendError:
+                pass
         s.preempt = None
+
+
+def _function_key(info: FunctionInfo, block: tuple[int, int, int],
+                  shared: int) -> tuple[int, str, int, int]:
+    """What a variant and its resident grid depend on: the kernel, its block size, its dynamic
+    shared memory."""
+    return info.module_handle, info.name, math.prod(block), shared
 
 
 def _native_stream(stream: Any) -> int:
