@@ -653,6 +653,12 @@ def _show_priorities(r: dict[str, Any]) -> None:
             if w.get("usable"):
                 click.echo(f"  GPU {g}: retreat words raised {w['raises']} time(s), lowered "
                            f"{w['clears']}")
+        for tenant, t in pre.get("tenants", {}).items():
+            click.echo(f"  {tenant}: {t['preempted']} launch(es) preempted, "
+                       f"{t['blocks_deferred']} block(s) run after their retreat")
+        if pre.get("chaos_s"):
+            click.echo(f"  [priority] preempt_chaos = {pre['chaos_s']:g} s: words raised at random "
+                       "(a test setting)")
     elif r["enabled"] and "preemption" in r:
         click.echo("preemption: off ([priority] preempt = false): the gate alone")
 

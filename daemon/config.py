@@ -83,6 +83,10 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     active_window = "100ms"        # a tenant is active this long after each call it makes
     preempt = false                # gated sessions' kernels run as preemptible variants
     preempt_chunk = 1              # logical blocks a variant's block claims at a time
+    preempt_chaos = 0              # a test setting (tests/gpu): > 0 runs every session below high
+                                   # as gated, with its variants, and raises the retreat words at
+                                   # random moments (exponential gaps of this mean, each held up
+                                   # to as long); implies preempt; results must not change
 
 Sizes are strings with a unit: KiB/MiB/GiB/TiB (powers of 1024, any case), KB/MB/GB/TB
 (powers of 1000, written so: "8GB" is 8e9 bytes, "8gb" is refused) or B; fractions round down
@@ -326,6 +330,7 @@ class Config:
     priority_active_window: float = 0.1
     priority_preempt: bool = False
     priority_preempt_chunk: int = 1
+    priority_preempt_chaos: float = 0.0
     pinned_limit: int | None = None
     pinned_limit_per_tenant: int | None = None
     pinned_tenant_fraction: float = 0.25
@@ -741,6 +746,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "priority_active_window": parse_duration,
     "priority_preempt": _flag,
     "priority_preempt_chunk": _int_range(1, 64),
+    "priority_preempt_chaos": parse_duration,
     "pinned_limit": _pinned_limit,
     "pinned_limit_per_tenant": _pinned_limit,
     "pinned_tenant_fraction": _fraction,
@@ -790,7 +796,7 @@ SECTIONS: dict[str, dict[str, str]] = {
                            "managed_device_memory")},
     "policy": {"name": "policy", "max_wait": "policy_max_wait", "plugins": "policy_plugins"},
     "priority": {"gated_inflight": "priority_gated_inflight", "preempt": "priority_preempt",
-                 "preempt_chunk": "priority_preempt_chunk",
+                 "preempt_chunk": "priority_preempt_chunk", "preempt_chaos": "priority_preempt_chaos",
                  "active_window": "priority_active_window"},
     "pinned": {"limit": "pinned_limit", "limit_per_tenant": "pinned_limit_per_tenant",
                "tenant_fraction": "pinned_tenant_fraction"},

@@ -10,8 +10,25 @@ and these after them (`variant_params` packs them):
     u32 gx, gy, gz  the original grid
     u32 chunk   logical blocks per claim (0 counts as 1)
     u32 first   blocks of this launch that run logical block blockIdx.x without claiming it
+    u64 tally   device address of the session's tally (TALLY_BYTES, zeroed); 0: no accounting
 
-The counter must hold `first` when the launch starts (the host writes it on the launch's stream).
+`ctl` points at a slot of SLOT_BYTES: the u32 counter, the u32 count of blocks the launch's
+rest ran, then two u64 GPU clock readings (%globaltimer, ns) of the launch's retreat: when the
+first of its blocks saw the word raised and when the last did (0 before any retreat). The
+counter must hold `first` when the launch starts (the host writes it on the launch's stream).
+
+**The tally** (VERSION 3) is what the GPU says about preemption, read by pilotd at leisure
+(TALLY_BYTES: u64 preempted launches, u64 blocks deferred, u64 retreats, u32 per spread bucket):
+- block 0 of a launch's first part zeroes the slot's count of the rest's blocks;
+- a block that retreats (its thread 0 saw the word raised before a claim) stamps the slot's two
+  readings;
+- the launch that runs the rest (`flag` 0, `tally` set) adds each claim's blocks to the slot's
+  count and to the tally's blocks deferred; the claim that finds the slot's count 0 (the rest's
+  first) counts a preempted launch;
+- its block 0 first moves the slot's readings into the tally (a retreat, and its spread in a
+  log2 bucket of microseconds) and zeroes them for the slot's next launch.
+A retreat may find nothing left to claim: then it is counted as a retreat, not as a preempted
+launch. A launch no retreat touched costs a store and a load.
 Launched with any number of blocks (the GPU's resident maximum at most), blocks below `first`
 run their own index first (a launch's first wave starts at once, so it needs no atomic and no
 retreat check: it is running when any request could come), then each block loops: thread 0
@@ -59,17 +76,23 @@ Kernels that are not rewritten, and why (`Rewrite.reason`):
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 SUFFIX = "__pilot_ptb"
-COUNTER_BYTES = 4  # the u32 a launch's `ctl` points at
+COUNTER_BYTES = 4  # the u32 counter at the start of a launch's slot (`ctl`)
+SLOT_BYTES = 24  # a launch's slot: the counter, then the retreat's first and last readings (u64)
+SPREAD_BUCKETS = 16  # bucket 0: < 1.024 us; bucket k: [2^(k-1), 2^k) x 1.024 us; the last: above
+# the tally: u64 preempted launches, u64 blocks deferred, u64 retreats, u32 per spread bucket
+TALLY_BYTES = 24 + 4 * SPREAD_BUCKETS
 # The parameters the variant takes after K's own (name, PTX type, bytes), in this order.
 PARAMS = (("ctl", "u64", 8), ("flag", "u64", 8), ("total", "u32", 4), ("gx", "u32", 4),
-          ("gy", "u32", 4), ("gz", "u32", 4), ("chunk", "u32", 4), ("first", "u32", 4))
-VERSION = 2  # of the rewrite: part of the compiled-image cache key (ptx_cache.py)
+          ("gy", "u32", 4), ("gz", "u32", 4), ("chunk", "u32", 4), ("first", "u32", 4),
+          ("tally", "u64", 8))
+VERSION = 3  # of the rewrite: part of the compiled-image cache key (ptx_cache.py)
 
 _ENTRY = re.compile(r"^(\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+)([\w$]+)(\s*\()", re.M)
 _LABEL = re.compile(r"^\s*([$\w]+):")
@@ -93,6 +116,7 @@ _MAP = {("", "x"): f"{_R}5", ("", "y"): f"{_R}6", ("", "z"): f"{_R}7",
 
 DECLARATIONS = f"""\t.reg .b32 \t{_R}<18>;
 \t.reg .b64 \t%__pilot_rd<2>;
+\t.reg .b64 \t%__pilot_rt<4>;
 \t.reg .pred \t%__pilot_p<3>;
 \t.shared .align 8 .b32 __pilot_blk[2];
 """
@@ -107,7 +131,59 @@ PROLOGUE = f"""\tmov.u32 \t{_R}16, __pilot_blk;
 \tmov.u32 \t{_R}4, %ctaid.x;
 \tld.param.u32 \t{_R}3, [__pilot_first];
 \tsetp.lt.u32 \t%__pilot_p1, {_R}4, {_R}3;
-\t@%__pilot_p1 bra.uni \t$__pilot_map;
+\t@!%__pilot_p1 bra.uni \t$__pilot_account;
+\tsetp.ne.u32 \t%__pilot_p2, {_R}4, 0;
+\t@%__pilot_p2 bra.uni \t$__pilot_map;
+\tld.param.u64 \t%__pilot_rt0, [__pilot_tally];
+\tsetp.eq.u64 \t%__pilot_p2, %__pilot_rt0, 0;
+\t@%__pilot_p2 bra.uni \t$__pilot_map;
+\tld.param.u64 \t%__pilot_rt1, [__pilot_ctl];
+\tcvta.to.global.u64 \t%__pilot_rt1, %__pilot_rt1;
+\tst.global.u32 \t[%__pilot_rt1+4], 0;
+\tbra.uni \t$__pilot_map;
+"""
+
+# r0 := tid.x | tid.y | tid.z (0 in thread 0 only)
+NOT_THREAD0 = f"""\tmov.u32 \t{_R}0, %tid.x;
+\tmov.u32 \t{_R}1, %tid.y;
+\tor.b32 \t{_R}0, {_R}0, {_R}1;
+\tmov.u32 \t{_R}1, %tid.z;
+\tor.b32 \t{_R}0, {_R}0, {_R}1;
+"""
+
+# Once, by thread 0 of block 0 of a launch that resumes (no word, a tally): the retreat of its
+# first part (which ran before it on this slot), if any, into the tally; the readings zeroed.
+ACCOUNT = f"""$__pilot_account:
+\tsetp.ne.u32 \t%__pilot_p1, {_R}4, 0;
+\t@%__pilot_p1 bra.uni \t$__pilot_claim;
+\tld.param.u64 \t%__pilot_rt0, [__pilot_flag];
+\tsetp.ne.u64 \t%__pilot_p1, %__pilot_rt0, 0;
+\t@%__pilot_p1 bra.uni \t$__pilot_claim;
+\tld.param.u64 \t%__pilot_rt0, [__pilot_tally];
+\tsetp.eq.u64 \t%__pilot_p1, %__pilot_rt0, 0;
+\t@%__pilot_p1 bra.uni \t$__pilot_claim;
+{NOT_THREAD0}\tsetp.ne.u32 \t%__pilot_p1, {_R}0, 0;
+\t@%__pilot_p1 bra \t$__pilot_claim;
+\tld.param.u64 \t%__pilot_rt1, [__pilot_ctl];
+\tcvta.to.global.u64 \t%__pilot_rt1, %__pilot_rt1;
+\tld.volatile.global.u64 \t%__pilot_rt2, [%__pilot_rt1+16];
+\tsetp.eq.u64 \t%__pilot_p1, %__pilot_rt2, 0;
+\t@%__pilot_p1 bra \t$__pilot_claim;
+\tld.volatile.global.u64 \t%__pilot_rt3, [%__pilot_rt1+8];
+\tsub.u64 \t%__pilot_rt2, %__pilot_rt2, %__pilot_rt3;
+\tshr.u64 \t%__pilot_rt2, %__pilot_rt2, 10;
+\tmin.u64 \t%__pilot_rt2, %__pilot_rt2, 1073741824;
+\tcvt.u32.u64 \t{_R}2, %__pilot_rt2;
+\tbfind.u32 \t{_R}2, {_R}2;
+\tadd.u32 \t{_R}2, {_R}2, 1;
+\tmin.u32 \t{_R}2, {_R}2, {SPREAD_BUCKETS - 1};
+\tcvta.to.global.u64 \t%__pilot_rt0, %__pilot_rt0;
+\tred.global.add.u64 \t[%__pilot_rt0+16], 1;
+\tmul.wide.u32 \t%__pilot_rt3, {_R}2, 4;
+\tadd.u64 \t%__pilot_rt3, %__pilot_rt0, %__pilot_rt3;
+\tred.global.add.u32 \t[%__pilot_rt3+24], 1;
+\tst.volatile.global.u64 \t[%__pilot_rt1+8], 0;
+\tst.volatile.global.u64 \t[%__pilot_rt1+16], 0;
 """
 
 # The claim: thread 0 claims (or sees the retreat), the block reads the claim, then maps it.
@@ -120,12 +196,7 @@ CLAIM = f"""$__pilot_claim:
 \txor.b32 \t{_R}16, {_R}16, 4;
 \tld.param.u32 \t{_R}12, [__pilot_chunk];
 \tmax.u32 \t{_R}12, {_R}12, 1;
-\tmov.u32 \t{_R}0, %tid.x;
-\tmov.u32 \t{_R}1, %tid.y;
-\tor.b32 \t{_R}0, {_R}0, {_R}1;
-\tmov.u32 \t{_R}1, %tid.z;
-\tor.b32 \t{_R}0, {_R}0, {_R}1;
-\tsetp.ne.u32 \t%__pilot_p0, {_R}0, 0;
+{NOT_THREAD0}\tsetp.ne.u32 \t%__pilot_p0, {_R}0, 0;
 \t@%__pilot_p0 bra \t$__pilot_read;
 \tld.param.u32 \t{_R}4, [__pilot_total];
 \tld.param.u64 \t%__pilot_rd1, [__pilot_flag];
@@ -134,11 +205,37 @@ CLAIM = f"""$__pilot_claim:
 \tcvta.to.global.u64 \t%__pilot_rd1, %__pilot_rd1;
 \tld.volatile.global.u32 \t{_R}2, [%__pilot_rd1];
 \tsetp.ne.u32 \t%__pilot_p1, {_R}2, 0;
-\t@%__pilot_p1 bra \t$__pilot_post;
+\t@%__pilot_p1 bra \t$__pilot_retreat;
 $__pilot_take:
 \tld.param.u64 \t%__pilot_rd0, [__pilot_ctl];
 \tcvta.to.global.u64 \t%__pilot_rd0, %__pilot_rd0;
 \tatom.global.add.u32 \t{_R}4, [%__pilot_rd0], {_R}12;
+\t@!%__pilot_p2 bra \t$__pilot_post;
+\tld.param.u64 \t%__pilot_rt0, [__pilot_tally];
+\tsetp.eq.u64 \t%__pilot_p1, %__pilot_rt0, 0;
+\t@%__pilot_p1 bra \t$__pilot_post;
+\tld.param.u32 \t{_R}11, [__pilot_total];
+\tsetp.ge.u32 \t%__pilot_p1, {_R}4, {_R}11;
+\t@%__pilot_p1 bra \t$__pilot_post;
+\tsub.u32 \t{_R}2, {_R}11, {_R}4;
+\tmin.u32 \t{_R}2, {_R}2, {_R}12;
+\tcvt.u64.u32 \t%__pilot_rt1, {_R}2;
+\tcvta.to.global.u64 \t%__pilot_rt0, %__pilot_rt0;
+\tred.global.add.u64 \t[%__pilot_rt0+8], %__pilot_rt1;
+\tatom.global.add.u32 \t{_R}2, [%__pilot_rd0+4], {_R}2;
+\tsetp.ne.u32 \t%__pilot_p1, {_R}2, 0;
+\t@%__pilot_p1 bra \t$__pilot_post;
+\tred.global.add.u64 \t[%__pilot_rt0], 1;
+\tbra.uni \t$__pilot_post;
+$__pilot_retreat:
+\tld.param.u64 \t%__pilot_rt0, [__pilot_tally];
+\tsetp.eq.u64 \t%__pilot_p2, %__pilot_rt0, 0;
+\t@%__pilot_p2 bra \t$__pilot_post;
+\tld.param.u64 \t%__pilot_rt1, [__pilot_ctl];
+\tcvta.to.global.u64 \t%__pilot_rt1, %__pilot_rt1;
+\tmov.u64 \t%__pilot_rt2, %globaltimer;
+\tatom.global.cas.b64 \t%__pilot_rt3, [%__pilot_rt1+8], 0, %__pilot_rt2;
+\tatom.global.max.u64 \t%__pilot_rt3, [%__pilot_rt1+16], %__pilot_rt2;
 $__pilot_post:
 \tst.shared.u32 \t[{_R}16], {_R}4;
 $__pilot_read:
@@ -210,11 +307,12 @@ def logical_ctaid(index: int, grid: tuple[int, int, int]) -> tuple[int, int, int
 
 
 def variant_params(grid: tuple[int, int, int], ctl: int, flag: int = 0, chunk: int = 1,
-                   first: int = 0) -> bytes:
+                   first: int = 0, tally: int = 0) -> bytes:
     """The parameters a variant takes after its kernel's own (PARAMS), packed as a launch passes
-    them: `ctl` the counter's device address, `flag` the retreat word's (0: never retreats)."""
+    them: `ctl` the slot's device address, `flag` the retreat word's (0: never retreats),
+    `tally` the tally's (0: none)."""
     gx, gy, gz = grid
-    return struct.pack("<QQ6I", ctl, flag, gx * gy * gz, gx, gy, gz, chunk, first)
+    return struct.pack("<QQ6IQ", ctl, flag, gx * gy * gz, gx, gy, gz, chunk, first, tally)
 
 
 def variant_args(args: bytes, params: bytes) -> bytes:
@@ -235,6 +333,61 @@ def claimed(counter: int, total: int, retreat: bool, first: int = 0, chunk: int 
     end = total if claims is None else min(total, counter + step * claims)
     end = max(end, counter)
     return wave, range(counter, end), end
+
+
+def spread_bucket(ns: int) -> int:
+    """The tally's bucket of a retreat that took `ns` from its first block's sighting to its
+    last (bfind + 1 of the microseconds, as the variant computes it)."""
+    return min(SPREAD_BUCKETS - 1, min(ns >> 10, 1 << 30).bit_length())
+
+
+def bucket_bound_s(bucket: int) -> float:
+    """The upper bound of a spread bucket, in seconds (the last one's is infinite)."""
+    return math.inf if bucket >= SPREAD_BUCKETS - 1 else (1 << bucket) * 1.024e-6
+
+
+@dataclass(frozen=True)
+class Tally:
+    """A session's tally as the GPU left it (TALLY_BYTES, little-endian)."""
+
+    preempted: int = 0  # launches whose rest ran blocks (their retreat deferred some)
+    deferred: int = 0  # logical blocks run by the launches that resumed them
+    retreats: int = 0  # launches whose blocks saw the word raised (deferring blocks or not)
+    spread: tuple[int, ...] = (0,) * SPREAD_BUCKETS  # retreats per spread bucket
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Tally:
+        preempted, deferred, retreats = struct.unpack_from("<QQQ", raw)
+        return cls(preempted, deferred, retreats, struct.unpack_from(f"<{SPREAD_BUCKETS}I", raw, 24))
+
+
+def stamp_retreat(slot: bytearray | memoryview, now_ns: int) -> None:
+    """A block saw the word raised (the variant's `$__pilot_retreat`): the slot's first reading
+    if it has none, and its last."""
+    first, last = struct.unpack_from("<QQ", slot, 8)
+    struct.pack_into("<QQ", slot, 8, first or now_ns, max(last, now_ns))
+
+
+def start_first_part(slot: bytearray | memoryview) -> None:
+    """Block 0 of a launch's first part: the slot's count of the rest's blocks to 0."""
+    struct.pack_into("<I", slot, 4, 0)
+
+
+def account_resume(slot: bytearray | memoryview, tally: bytearray | memoryview, deferred: int) -> None:
+    """A resuming launch ran `deferred` blocks (ACCOUNT and the claims' tally): the slot's
+    retreat, if any, into the tally, and the slot's readings zeroed."""
+    first, last = struct.unpack_from("<QQ", slot, 8)
+    preempted, total, retreats = struct.unpack_from("<QQQ", tally)
+    if last:
+        retreats += 1
+        at = 24 + 4 * spread_bucket(last - first)
+        struct.pack_into("<I", tally, at, (struct.unpack_from("<I", tally, at)[0] + 1) & 0xFFFFFFFF)
+        struct.pack_into("<QQ", slot, 8, 0, 0)
+    if deferred:
+        ran = struct.unpack_from("<I", slot, 4)[0]
+        struct.pack_into("<I", slot, 4, (ran + deferred) & 0xFFFFFFFF)
+        preempted += ran == 0
+    struct.pack_into("<QQQ", tally, 0, preempted, total + deferred, retreats)
 
 
 # Module-scope declarations: `.global` / `.const` variables (`__device__`, `__constant__`,
@@ -523,7 +676,7 @@ def _variant(entry: list[str], name: str, shared: _SharedUse) -> list[str]:
         decls += 1
     mapped = [_map_line(line) for line in body]
     barrier = CHUNK_BARRIER if shared.by(text) else ""
-    return [header, *mapped[:decls], DECLARATIONS + PROLOGUE + CLAIM + barrier + MAP.rstrip("\n"),
+    return [header, *mapped[:decls], DECLARATIONS + PROLOGUE + ACCOUNT + CLAIM + barrier + MAP.rstrip("\n"),
             *mapped[decls:], EPILOGUE.rstrip("\n"), entry[-1]]
 
 

@@ -110,7 +110,16 @@ from pilot.daemon.backends.fatbin import (
 from pilot.daemon.backends.func_attrs import ImageFuncAttrs, image_function_attrs
 from pilot.daemon.backends.libraries import BlasSettings, GemmCall, LtCall
 from pilot.daemon.backends.linker import sim_link
-from pilot.daemon.backends.ptx_preempt import COUNTER_BYTES, PARAMS, SUFFIX
+from pilot.daemon.backends.ptx_preempt import (
+    COUNTER_BYTES,
+    PARAMS,
+    SLOT_BYTES,
+    SUFFIX,
+    TALLY_BYTES,
+    account_resume,
+    stamp_retreat,
+    start_first_part,
+)
 from pilot.daemon.backends.ptx_preempt import claimed as claimed_blocks
 from pilot.daemon.backends.sim_device import H100_ATTRS, h100_like_info
 from pilot.daemon.protocol import ffi, lib
@@ -1390,7 +1399,8 @@ class SimBackend:
         late: all of the rest runs (a GPU may do that as well)."""
         ours = launch.params[-len(PARAMS):]
         ctl, flag = (int.from_bytes(p, "little") for p in ours[:2])
-        total, gx, gy, gz, chunk, first = (int.from_bytes(p, "little") for p in ours[2:])
+        total, gx, gy, gz, chunk, first = (int.from_bytes(p, "little") for p in ours[2:8])
+        tally = int.from_bytes(ours[8], "little")
         base = launch.name[:-len(SUFFIX)]
         fn = self._kernels.get(base)
         counter = struct.unpack("<I", self._device_range(ctl, COUNTER_BYTES))[0]
@@ -1400,6 +1410,13 @@ class SimBackend:
         wave, claimed, after = claimed_blocks(counter, total, retreat, first, chunk,
                                               self.claims_before_retreat if retreat else None)
         self._device_range(ctl, COUNTER_BYTES)[:] = struct.pack("<I", after)
+        if tally and flag and first:
+            start_first_part(self._device_range(ctl, SLOT_BYTES))
+        if tally and flag and retreat:
+            stamp_retreat(self._device_range(ctl, SLOT_BYTES), time.monotonic_ns())
+        elif tally and not flag:
+            account_resume(self._device_range(ctl, SLOT_BYTES), self._device_range(tally, TALLY_BYTES),
+                           len(claimed))
         launch.name, launch.grid, launch.params = base, (gx, gy, gz), launch.params[:-len(PARAMS)]
         if wave.stop >= claimed.start:
             launch.blocks = range(0, max(wave.stop, claimed.stop))

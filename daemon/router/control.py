@@ -485,9 +485,13 @@ def job_end(daemon: Daemon, caller: Caller, args: dict[str, Any]) -> dict[str, A
 def _visible_priorities(report: dict[str, Any], caller: Caller,
                         preemption: dict[str, Any] | None) -> dict[str, Any]:
     """The board's report and preemption's (scheduling/preempt.py; None: `[priority] preempt`
-    off); another tenant's class, and the names of kernels, are for admins only."""
+    off); another tenant's class and preemptions, and the names of kernels, are for admins
+    only."""
     if preemption is not None and not caller.admin:
         preemption = {k: v for k, v in preemption.items() if k != "kernels_not_preemptible"}
+        if "tenants" in preemption:  # its own tenant's preemptions only
+            preemption["tenants"] = {t: v for t, v in preemption["tenants"].items()
+                                     if t == caller.tenant}
     report = {**report, "preemption": preemption}
     if caller.admin:
         return report

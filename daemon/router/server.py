@@ -231,13 +231,17 @@ class Daemon:
         self.endpoint_spin = EndpointSpin(config.endpoint_spin, lambda: (
             s for vg in list(self.vgpus) for s in list(vg.sessions.values())))
         # priority classes (resources/priorities.py) and their gate (scheduling/priority.py)
+        chaos = config.priority_preempt_chaos
         self.priorities = PriorityBoard(PriorityStore(config.state_dir, _priority_defaults(config)),
                                         self.vgpus, config.priority_active_window,
-                                        config.priority_gated_inflight)
+                                        config.priority_gated_inflight, force=chaos > 0)
         self.preemption = Preemption(config.priority_preempt_chunk,
                                      os.path.join(config.state_dir, "ptx-cache"),
-                                     compile_ptx=self.backend.name != "sim") \
-            if config.priority_preempt else None
+                                     compile_ptx=self.backend.name != "sim", chaos=chaos) \
+            if config.priority_preempt or chaos > 0 else None
+        if chaos > 0:
+            log.warning("[priority] preempt_chaos = %g s: every session below high runs gated, "
+                        "its kernels preempted at random moments (a test setting)", chaos)
         self.policy = PolicyHost(policy, self.metrics, config.policy_max_wait)
         self.policy.controls.broker = self.broker
         self.policy.wake = self._wake_waiting

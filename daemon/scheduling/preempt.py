@@ -43,6 +43,7 @@ import contextlib
 import hashlib
 import logging
 import math
+import random
 import shutil
 import threading
 import time
@@ -77,6 +78,7 @@ ARMED_MS = 2.0  # how often it looks whether an armed word was raised (C raises 
 MAX_RAISE_S = 0.25
 REASSERT_S = 0.1  # how often, while armed, the words not raised are written 0 again
 IDLE_S = 0.05  # how long it sleeps while nothing is armed (an arm wakes it)
+FOLD_S = 0.05  # how often, at most, it reads the sessions' tallies after lowering words
 ATTR_MAJOR, ATTR_MINOR, ATTR_SMS = 75, 76, 16  # cudaDevAttr: compute capability, SM count
 KEEP_IMAGE_BYTES = 16 << 20  # larger module images get no variants (their kernels are gated only)
 
@@ -94,10 +96,10 @@ class ModuleVariants:
 
 @dataclass
 class SessionVariants:
-    """One session's part: its counters, the variants' modules loaded for its modules, and the
-    variant of each of its functions (None: none)."""
+    """One session's part: its tally and slots, the variants' modules loaded for its modules,
+    and the variant of each of its functions (None: none)."""
 
-    slots: int = 0  # device address of its counters
+    slots: int = 0  # device address of its tally (TALLY_BYTES), then its slots (SLOT_BYTES each)
     nslots: int = 0
     next_slot: int = 0
     images: dict[int, bytes] = field(default_factory=dict)  # module handle -> its image
@@ -110,6 +112,12 @@ class SessionVariants:
     events: list[Any] = field(default_factory=list)
     dead: set[int] = field(default_factory=set)  # counters whose event could not be recorded
     used: bool = False  # has launched a variant while gated (its class's word is armed)
+    launches: int = 0  # preemptible launches made
+    tallied: pp.Tally = field(default_factory=pp.Tally)  # its tally when last read
+
+    def slot(self, index: int) -> int:
+        """The device address of slot `index` (its counter first)."""
+        return self.slots + pp.TALLY_BYTES + pp.SLOT_BYTES * index
 
 
 def module_ptx(image: bytes, sm: int) -> str | None:
@@ -134,9 +142,18 @@ def module_ptx(image: bytes, sm: int) -> str | None:
 class Preemption:
     """One per daemon: the variants of every module image, and each GPU's words."""
 
-    def __init__(self, chunk: int = 1, cache_dir: str | None = None, compile_ptx: bool = True) -> None:
-        """compile_ptx: compile with ptxas where it is found (a GPU); the sim loads PTX text."""
+    def __init__(self, chunk: int = 1, cache_dir: str | None = None, compile_ptx: bool = True,
+                 chaos: float = 0.0) -> None:
+        """compile_ptx: compile with ptxas where it is found (a GPU); the sim loads PTX text.
+        chaos: [priority] preempt_chaos, the mean gap in seconds between raises the helpers make
+        themselves (0: none)."""
         self.chunk = chunk
+        self.chaos = chaos
+        # what the GPUs' tallies said: tenant -> [preempted launches, blocks deferred], and
+        # retreats per spread bucket
+        self.tenants: dict[str, list[int]] = {}
+        self.spread = [0] * pp.SPREAD_BUCKETS
+        self._random = random.Random()
         self._cache: ImageCache | None = None
         if cache_dir:
             try:
@@ -200,7 +217,7 @@ class Preemption:
             words = self._gpus.get(vg.gpu)
             if words is None:
                 try:
-                    words = GpuWords(vg)
+                    words = GpuWords(vg, self)
                 except (BackendError, MemoryError, OSError) as exc:
                     log.warning("vgpu-%d: no preemption on GPU %d: %s", vg.index, vg.gpu, exc)
                     words = GpuWords.unusable(vg.gpu)
@@ -213,6 +230,8 @@ class Preemption:
         with self._lock:
             images = list(self._images.values())
             gpus = dict(self._gpus)
+            tenants = {t: list(v) for t, v in self.tenants.items()}
+            spread = list(self.spread)
         refused: dict[str, str] = {}
         preemptible = 0
         for m in images:
@@ -225,7 +244,30 @@ class Preemption:
                 "modules_without_variants": sorted({m.reason for m in images if m.reason}),
                 "preemptible_kernels": preemptible, "kernels_not_preemptible": refused,
                 "jit_modules": self.jit_modules, "jit_seconds": round(self.jit_seconds, 3),
+                "chaos_s": self.chaos,
+                "tenants": {t: {"preempted": v[0], "blocks_deferred": v[1]}
+                            for t, v in sorted(tenants.items())},
+                "retreat_spread": spread,
                 "gpus": {str(g): w.describe() for g, w in gpus.items()}}
+
+    def draw(self) -> bool:
+        """[priority] preempt_chaos: whether this launch is preempted from its start (half of
+        them; the helpers' random raises cut the others anywhere)."""
+        return self._random.random() < 0.5
+
+    def record(self, s: Session, state: SessionVariants, now: pp.Tally) -> None:
+        """Fold what s's tally gained since it was last read into the daemon's counts."""
+        before = state.tallied
+        state.tallied = now
+        preempted, deferred = now.preempted - before.preempted, now.deferred - before.deferred
+        if now == before:
+            return
+        with self._lock:
+            counts = self.tenants.setdefault(s.tenant, [0, 0])
+            counts[0] += max(0, preempted)
+            counts[1] += max(0, deferred)
+            for i, (a, b) in enumerate(zip(now.spread, before.spread, strict=True)):
+                self.spread[i] += max(0, a - b)
 
     def lower_all(self) -> None:
         """Every word down and nothing armed (the daemon stops: no stream may stay waiting)."""
@@ -243,8 +285,9 @@ class GpuWords:
     """One GPU's retreat words: their device memory, the stream they are written on, the C
     state (preempt_words.h) and the helper thread that lowers them."""
 
-    def __init__(self, vg: VGpu) -> None:
+    def __init__(self, vg: VGpu, owner: Preemption) -> None:
         backend = vg.backend
+        self.owner = owner
         self.gpu = vg.gpu
         self.backend = backend
         self.vgpus = vg.gate.board.vgpus
@@ -254,6 +297,9 @@ class GpuWords:
         self.address = backend.mem_alloc(4 * len(WORD))
         backend.memcpy_htod(self.address, bytes(4 * len(WORD)), 4 * len(WORD), None)
         self.stream = backend.stream_create(1, backend.stream_priority_range()[1])
+        self.reads = backend.stream_create(1, 0)  # tallies are read here, not behind raises
+        self.chaos_raises = 0
+        self._random = random.Random()
         native = getattr(backend, "native_word_functions", lambda: None)()
         self._callback: Any = None
         if native:
@@ -274,6 +320,7 @@ class GpuWords:
         self.forced = 0  # words lowered after MAX_RAISE_S with the higher class still busy
         self._warned = 0.0  # when a failed lowering was last logged
         self._reasserted = 0.0  # when the words not raised were last written 0 again
+        self._folded = 0.0  # when the tallies were last read
         self._raised_since = 0.0
         self._thread = NamedThread(target=self._run, name=f"preempt-{vg.gpu}", daemon=True)
         self._thread.start()
@@ -311,6 +358,9 @@ class GpuWords:
             self.backend.bind_thread(self.gpu)
         except BackendError:
             log.exception("preempt-%d: cannot bind to the GPU", self.gpu)
+        if self.owner.chaos > 0:
+            self._run_chaos(self.owner.chaos)
+            return
         while True:
             with self._cond:
                 if self._stop:
@@ -334,8 +384,58 @@ class GpuWords:
             try:
                 if self.clear_if_idle(force=now - self._raised_since > MAX_RAISE_S):
                     self._raised_since = 0.0
+                    self.fold(every=FOLD_S)
             except Exception:  # the words must keep coming down: log, look again
                 log.exception("preempt-%d: lowering the retreat words failed", self.gpu)
+
+    def raise_now(self) -> None:
+        """Raise every armed word now, as a higher class's launch would ([priority]
+        preempt_chaos); the helper lowers them."""
+        lib.pilot_preempt_enter(self.ptr, ALL_WORDS)
+        lib.pilot_preempt_leave(self.ptr)
+        self.chaos_raises += 1
+
+    def _pause(self, seconds: float) -> bool:
+        """Sleep, or less when the daemon stops (True then)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._stop, seconds)
+
+    def _run_chaos(self, mean: float) -> None:
+        """[priority] preempt_chaos: raise every armed word after a random gap (exponential, of
+        mean `mean`), hold it up to `mean`, lower it; a higher class's own raises come down here
+        too, once its sessions are idle."""
+        log.warning("preempt-%d: raising the retreat words at random (mean gap %g s)", self.gpu, mean)
+        while not self._pause(self._random.expovariate(1 / mean)):
+            try:
+                if lib.pilot_preempt_armed(self.ptr):
+                    self.raise_now()
+                    if self._pause(self._random.uniform(0, mean)):
+                        return
+                start = time.monotonic()
+                while lib.pilot_preempt_raised(self.ptr):
+                    if self.clear_if_idle(force=time.monotonic() - start > MAX_RAISE_S):
+                        break
+                    if self._pause(CLEAR_MS / 1000):
+                        return
+                self.fold(every=FOLD_S)
+            except Exception:
+                log.exception("preempt-%d: a random raise failed", self.gpu)
+
+    def fold(self, every: float = 0.0) -> None:
+        """Read the tallies of the sessions on this GPU that launched variants (at most once
+        per `every` seconds) into the daemon's counts."""
+        now = time.monotonic()
+        if now - self._folded < every:
+            return
+        self._folded = now
+        with self.guard:  # no session's slots are freed meanwhile (VGpuPreemption.forget)
+            for vg in list(self.vgpus):
+                if vg.gpu != self.gpu:
+                    continue
+                for s in list(vg.sessions.values()):
+                    state = s.preempt
+                    if state is not None and state.used and state.slots:
+                        read_tally(self.backend, self.owner, s, state, self.reads)
 
     def clear_if_idle(self, force: bool = False) -> bool:
         """Lower each raised word whose preempting sessions (those of a class above the word's)
@@ -402,7 +502,8 @@ class GpuWords:
         lib.pilot_preempt_counts(self.ptr, counts, counts + 1, counts + 2)
         return {"usable": True, "armed": lib.pilot_preempt_armed(self.ptr),
                 "raised": lib.pilot_preempt_raised(self.ptr), "raises": counts[0],
-                "clears": counts[1], "failed_writes": counts[2], "forced_clears": self.forced}
+                "clears": counts[1], "failed_writes": counts[2], "forced_clears": self.forced,
+                "chaos_raises": self.chaos_raises}
 
     def close(self) -> None:
         if self.ptr == ffi.NULL:
@@ -413,6 +514,8 @@ class GpuWords:
         self._thread.join(1)
         lib.pilot_preempt_free(self.ptr)
         self.ptr = ffi.NULL
+        with contextlib.suppress(BackendError):
+            self.backend.stream_destroy(self.reads)
 
 
 class VGpuPreemption:
@@ -561,16 +664,19 @@ class VGpuPreemption:
             return False
         if slot < 0:
             return False  # every counter is in use by a launch still running: the original
-        counter = state.slots + 4 * slot
+        counter = state.slot(slot)
         if not state.used:
             state.used = True
             self.arm()
         word = words.word(s.priority)
         chunk = self.daemon.chunk
+        if self.daemon.chaos and self.daemon.draw():
+            words.raise_now()  # [priority] preempt_chaos: this launch is cut after its first wave
         backend.stream_write_word(stream, counter, blocks)
         try:
             backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream,
-                           pp.variant_args(args, pp.variant_params(grid, counter, word, chunk, blocks)))
+                           pp.variant_args(args, pp.variant_params(grid, counter, word, chunk, blocks,
+                                                                   state.slots)))
         except BackendError as exc:  # nothing of it is on the stream: the original instead
             log.warning("session %d: %s's variant refused (%s); the original runs", s.id, info.name, exc)
             state.functions[_function_key(info, block, shared)] = None
@@ -580,11 +686,12 @@ class VGpuPreemption:
         except BackendError as exc:  # the rest then runs at once, behind the first part
             log.warning("session %d: no wait on the retreat word: %s", s.id, exc)
         backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream,
-                       pp.variant_args(args, pp.variant_params(grid, counter, 0, chunk, 0)))
+                       pp.variant_args(args, pp.variant_params(grid, counter, 0, chunk, 0, state.slots)))
         try:  # the counter is free again once this has passed
             backend.event_record(state.events[slot], stream)
         except BackendError:
             state.dead.add(slot)  # never reused (a stream in error)
+        state.launches += 1
         self.vg.metrics.count("preemptible_launches", (s.tenant,))
         return True
 
@@ -594,8 +701,15 @@ class VGpuPreemption:
         replays is not counted there), or -1."""
         backend = self.vg.backend
         if not state.slots:
-            state.nslots = max(4, self.vg.gate.board.inflight + 2)
-            state.slots = backend.mem_alloc(4 * state.nslots)
+            nslots = max(4, self.vg.gate.board.inflight + 2)
+            size = pp.TALLY_BYTES + pp.SLOT_BYTES * nslots
+            slots = backend.mem_alloc(size)
+            try:  # the tally and the slots' readings start at 0
+                backend.memcpy_htod(slots, bytes(size), size, None)
+            except BackendError:
+                backend.mem_free(slots)
+                raise
+            state.slots, state.nslots = slots, nslots
             state.events = [backend.event_create(EVENT_DISABLE_TIMING) for _ in range(state.nslots)]
         for step in range(state.nslots):
             slot = (state.next_slot + step) % state.nslots
@@ -633,20 +747,29 @@ class VGpuPreemption:
             s.preempt_raises = 0
 
     def forget(self, s: Session) -> None:
-        """The session ended, its work synchronized: its variants' modules and counters go."""
+        """The session ended, its work synchronized: its tally is read a last time, and its
+        variants' modules and slots go."""
         state = s.preempt
         if state is None:
             return
         backend = self.vg.backend
+        words = self.daemon._gpus.get(self.vg.gpu)
+        guard = words.guard if words is not None and words.ptr != ffi.NULL else contextlib.nullcontext()
+        with guard:  # the GPU's helper may be reading the tallies
+            if state.used and state.slots:
+                read_tally(backend, self.daemon, s, state, None)
+                log.info("session %d (%s): %d preemptible launches, %d preempted, %d blocks deferred",
+                         s.id, s.tenant, state.launches, state.tallied.preempted, state.tallied.deferred)
+            slots, state.slots = state.slots, 0
         for module, charge in state.modules.values():
             try:
                 backend.module_unload(module)
             except BackendError:
                 pass
             self.vg.broker.release(s, "module", charge)
-        if state.slots:
+        if slots:
             try:
-                backend.mem_free(state.slots)
+                backend.mem_free(slots)
             except BackendError:
                 pass
         for ev in state.events:
@@ -655,6 +778,18 @@ class VGpuPreemption:
             except BackendError:
                 pass
         s.preempt = None
+
+
+def read_tally(backend: Any, owner: Preemption, s: Session, state: SessionVariants,
+               stream: Any) -> None:
+    """Read s's tally from the GPU (on `stream`) into the daemon's counts."""
+    buf = bytearray(pp.TALLY_BYTES)
+    try:
+        backend.memcpy_dtoh(buf, state.slots, pp.TALLY_BYTES, stream)
+    except BackendError as exc:  # a GPU fault: the counts stay as they were
+        log.info("session %d: its preemption tally could not be read: %s", s.id, exc)
+        return
+    owner.record(s, state, pp.Tally.parse(bytes(buf)))
 
 
 def _function_key(info: FunctionInfo, block: tuple[int, int, int],

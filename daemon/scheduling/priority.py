@@ -49,7 +49,7 @@ log = logging.getLogger("pilot.scheduling")
 
 GATE_WAKE_MS = 1  # how often a vGPU with calls held at the gate looks again
 TOP_CACHE_S = 0.001  # how long a GPU's highest active class is reused
-LOW, NORMAL = LEVELS["low"], LEVELS["normal"]
+LOW, NORMAL, HIGH = LEVELS["low"], LEVELS["normal"], LEVELS["high"]
 
 
 def _stream(req: Any) -> int:
@@ -76,14 +76,16 @@ class PriorityBoard:
     """One per daemon, read by every vGPU thread: which class is active on each GPU."""
 
     def __init__(self, store: PriorityStore | None, vgpus: list[Any], active_window: float = 0.1,
-                 inflight: int = 2) -> None:
+                 inflight: int = 2, force: bool = False) -> None:
         """store None: every session is normal, no gate (a vGPU before the Daemon gives it
-        the daemon's board)."""
+        the daemon's board). force: every session below high is gated ([priority]
+        preempt_chaos, a test setting)."""
         self.store = store
         self.vgpus = vgpus  # the daemon's list (it grows with new vGPUs)
         self.active_window = active_window
         self.inflight = inflight
-        self.enabled = store is not None and not store.uniform()
+        self.force = force
+        self.enabled = force or (store is not None and not store.uniform())
         self._top: dict[int, tuple[float, int]] = {}  # gpu -> (when computed, class level)
 
     def place(self, s: Session) -> None:
@@ -94,7 +96,7 @@ class PriorityBoard:
     def refresh(self) -> None:
         """The classes changed (pilotctl, SIGHUP): every live session's class again, and every
         vGPU looks at its gates."""
-        self.enabled = self.store is not None and not self.store.uniform()
+        self.enabled = self.force or (self.store is not None and not self.store.uniform())
         for vg in list(self.vgpus):
             for s in list(vg.sessions.values()):
                 self.place(s)
@@ -118,6 +120,8 @@ class PriorityBoard:
         return top
 
     def gated(self, s: Session, now: float) -> bool:
+        if self.force and s.priority < HIGH:
+            return True
         return self.enabled and s.priority < self.top_active(s.device, now)
 
     def touched(self, s: Session, now: float) -> None:
@@ -136,7 +140,7 @@ class PriorityBoard:
     def describe(self) -> dict[str, Any]:
         now = time.monotonic()
         gpus = sorted({vg.gpu for vg in list(self.vgpus)})
-        return {"enabled": self.enabled, "gated_inflight": self.inflight,
+        return {"enabled": self.enabled, "forced": self.force, "gated_inflight": self.inflight,
                 "active_window_s": self.active_window,
                 "tenants": self.store.list() if self.store is not None else {},
                 "active": {str(g): NAMES.get(self.top_active(g, now)) for g in gpus}}

@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from pilot import __version__
+from pilot.daemon.backends import ptx_preempt as pp
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.telemetry.thread_names import NamedThread
 
@@ -532,6 +533,20 @@ class PilotCollector(Collector):
                      "into preemptible variants (a disk cache hit costs a read).")
         c.add_metric([], float(pre.get("jit_seconds", 0.0)))
         yield c
+        preempted = _counter("pilot_preempted_launches", "Preemptible launches whose blocks "
+                             "retreated (saw their class's retreat word raised before a claim), "
+                             "by tenant; counted by the GPU (the sessions' tallies, read when words "
+                             "come down and when a session ends).", ["tenant"])
+        deferred = _counter("pilot_preempt_blocks_deferred", "Logical blocks of preempted launches "
+                            "that ran after the retreat (their remainder), by tenant.", ["tenant"])
+        for tenant, t in sorted((pre.get("tenants") or {}).items()):
+            preempted.add_metric([tenant], int(t["preempted"]))
+            deferred.add_metric([tenant], int(t["blocks_deferred"]))
+        yield preempted
+        yield deferred
+        spread = [int(n) for n in pre.get("retreat_spread") or ()]
+        if spread:
+            yield _retreat_histogram(spread)
 
     def _state_families(self, state: dict[str, Any]) -> Iterator[Metric]:
         sessions = list(state.get("sessions") or ())
@@ -727,6 +742,25 @@ class PilotCollector(Collector):
                 nvml_reads.add_metric([], poller.reads_total)
                 nvml_errors.add_metric([], poller.errors_total)
         yield from families
+
+
+def _retreat_histogram(per_bucket: list[int]) -> HistogramMetricFamily:
+    """pilot_preempt_retreat_seconds from the GPU's counts per log2 bucket (ptx_preempt.py);
+    the sum is estimated from the buckets (the middle of each, the lower bound of the last)."""
+    h = HistogramMetricFamily(
+        "pilot_preempt_retreat_seconds", "Per preempted launch, GPU clock time from the first of its "
+        "blocks seeing the retreat word raised to the last one seeing it (the blocks still running "
+        "finish their logical block first; the request came at most one block's time before the "
+        "first sighting).")
+    cumulative, buckets, total = 0, [], 0.0
+    for k, n in enumerate(per_bucket):
+        cumulative += n
+        bound = pp.bucket_bound_s(k)
+        buckets.append((floatToGoString(bound), cumulative))
+        low = 0.0 if k == 0 else pp.bucket_bound_s(k - 1)
+        total += n * (low if math.isinf(bound) else (low + bound) / 2)
+    h.add_metric([], buckets, total)
+    return h
 
 
 class _Server(WSGIServer):

@@ -28,7 +28,7 @@ import struct
 
 import numpy as np
 
-from pilot.daemon.sim_kernels import SimLaunch, sim_kernel
+from pilot.daemon.sim_kernels import SimLaunch, blockwise, sim_kernel
 
 F32 = np.float32
 
@@ -55,14 +55,25 @@ def _f32_array(k: SimLaunch, addr: int, count: int) -> np.ndarray:
 # ---- vector_add.cu ----
 
 @sim_kernel("_Z4vaddPKfS0_Pfi")
+@blockwise
 def vadd(k: SimLaunch) -> None:
-    """c[i] = a[i] + b[i] for i < n covered by the grid."""
+    """c[i] = a[i] + b[i] for i < n covered by the grid; of the logical blocks run only (a
+    preemptible variant runs part of the grid at a time)."""
     a, b, c, n = k.ptr(0), k.ptr(1), k.ptr(2), k.i32(3)
     count = _one_per_element(k, n)
     if count == 0:
         return
-    out = _f32_array(k, c, count)
-    np.add(_f32_array(k, a, count), _f32_array(k, b, count), out=out)
+    x, y, out = _f32_array(k, a, count), _f32_array(k, b, count), _f32_array(k, c, count)
+    blocks = k.logical_blocks()
+    if isinstance(blocks, range) and blocks.start == 0 and blocks.step == 1:  # a prefix
+        end = min(count, blocks.stop * k.block[0] * k.block[1] * k.block[2])
+        np.add(x[:end], y[:end], out=out[:end])
+        return
+    threads = k.block[0] * k.block[1] * k.block[2]
+    for index in blocks:
+        lo, hi = index * threads, min(count, (index + 1) * threads)
+        if lo < hi:
+            np.add(x[lo:hi], y[lo:hi], out=out[lo:hi])
 
 
 # ---- kernel_args.cu ----

@@ -23,7 +23,11 @@ shared-memory histogram with atomics and a grid-stride loop over %nctaid):
 4. Preemption latency: a kernel whose blocks each spin 10 us .. 10 ms; the time from the flag's
    write (cuStreamWriteValue32 on a stream of the greatest priority, as pilotd raises it) to the
    kernel's end event, p50 and p99 over 30 requests, on the host's clock and on the GPU's
-   (target: p99 <= 50 us for blocks of <= 20 us).
+   (target: p99 <= 50 us for blocks of <= 20 us), beside the tally's spread histogram of the
+   same retreats (what pilot_preempt_retreat_seconds exports).
+5. The tally (VERSION 3): pilotd's four steps on four kernels, 60 launches each raised at a
+   random moment; the GPU's counts of preempted launches and deferred blocks must equal what
+   the counters say.
 Prints PASS/FAIL lines and INFO tables; writes preempt.md and preempt.json under --out; exits 1
 if any check failed. Asks for a few hundred MiB of device memory at most.
 """
@@ -165,9 +169,12 @@ class Runner:
         self.stream = self.be.stream_create(1, 0)
         greatest = self.be.stream_priority_range()[1]
         self.side = self.be.stream_create(1, greatest)  # the preemptor's
-        self.ctl = self.be.mem_alloc(pp.COUNTER_BYTES)  # the variant's counter
+        self.ctl = self.be.mem_alloc(pp.SLOT_BYTES)  # the variant's slot: its counter first
         self.flag = self.be.mem_alloc(4)  # its retreat word, written as pilotd writes it
+        self.tally = self.be.mem_alloc(pp.TALLY_BYTES)  # what the GPU counts of preemptions
         self.be.memcpy_htod(self.flag, ZERO, 4, self.stream)
+        self.be.memcpy_htod(self.ctl, bytes(pp.SLOT_BYTES), pp.SLOT_BYTES, self.stream)
+        self.reset_tally()
         self.cache = ImageCache(str(out_dir / "ptx-cache"))
         self.functions: dict[tuple[str, str], Any] = {}
         self.jit: dict[str, dict[str, float]] = {}
@@ -222,17 +229,28 @@ class Runner:
         per_sm = self.be.occupancy(fn.handle, math.prod(c.block), c.shared, 0)
         return max(1, min(math.prod(c.grid), per_sm * self.sms))
 
-    def variant(self, c: Case, blocks: int, chunk: int = 1, first: int = 0) -> None:
+    def variant(self, c: Case, blocks: int, chunk: int = 1, first: int = 0, tally: bool = False,
+                flag: bool = True) -> None:
         """The variant over `blocks` persistent blocks; the first `first` of them run their own
-        index without a claim (the counter must hold `first`: start())."""
-        args = pp.variant_args(c.scalars(c.ptrs), pp.variant_params(c.grid, self.ctl, self.flag,
-                                                                    chunk, first))
+        index without a claim (the counter must hold `first`: start()). tally: counted in the
+        tally as pilotd's launches are; flag False: a rest that never retreats."""
+        args = pp.variant_args(c.scalars(c.ptrs), pp.variant_params(
+            c.grid, self.ctl, self.flag if flag else 0, chunk, first, self.tally if tally else 0))
         self.be.launch(self.functions[(c.module, c.kernel + pp.SUFFIX)], (blocks, 1, 1), c.block,
                        c.shared, self.stream, args)
 
     def start(self, first: int) -> None:
         """The counter at `first`, on the launch's stream (what pilotd queues before a variant)."""
         self.be.stream_write_word(self.stream, self.ctl, first)
+
+    def reset_tally(self) -> None:
+        self.be.memcpy_htod(self.tally, bytes(pp.TALLY_BYTES), pp.TALLY_BYTES, self.stream)
+        self.be.stream_synchronize(self.stream)
+
+    def read_tally(self) -> pp.Tally:
+        buf = bytearray(pp.TALLY_BYTES)
+        self.be.memcpy_dtoh(buf, self.tally, len(buf), self.stream)
+        return pp.Tally.parse(bytes(buf))
 
     def counter(self) -> int:
         buf = bytearray(pp.COUNTER_BYTES)
@@ -311,6 +329,55 @@ def check_results(r: Runner, c: Case, rnd: random.Random) -> dict[str, Any]:
     return {"kernel": c.kernel, "grid": c.grid, "runs": runs, "preemptions": preemptions, "ok": bad == 0}
 
 
+TALLY_RUNS = 60
+
+
+def check_tally(r: Runner, c: Case, rnd: random.Random) -> dict[str, Any]:
+    """pilotd's four steps (scheduling/preempt.py) with the tally: the first part raised at a
+    random moment, the rest with no word. What the GPU counted must be what the counter says:
+    a preempted launch per first part that left blocks, and those blocks deferred; a retreat
+    per launch some block saw the word in (at least the preempted ones), one spread each."""
+    total = math.prod(c.grid)
+    r.prepare(c)
+    r.original(c)
+    reference = r.outputs(c)
+    blocks = r.persistent_grid(c)
+    first = min(blocks, total)
+    duration = r.timed(lambda: (r.start(first), r.variant(c, blocks, 1, first, tally=True)), 3)
+    r.reset_tally()
+    preempted = deferred = bad = 0
+    for _ in range(TALLY_RUNS):
+        r.prepare(c)
+        chunk = rnd.choice((1, 3, 8))
+        r.retreat(ZERO)
+        r.be.stream_synchronize(r.side)
+        r.start(first)
+        r.variant(c, blocks, chunk, first, tally=True)
+        busy_wait(rnd.random() * duration)
+        r.retreat(ONE)
+        r.be.stream_synchronize(r.stream)
+        left = total - min(r.counter(), total)
+        preempted += left > 0
+        deferred += left
+        r.retreat(ZERO)
+        r.be.stream_synchronize(r.side)
+        r.variant(c, blocks, chunk, 0, tally=True, flag=False)
+        r.be.stream_synchronize(r.stream)
+        bad += r.outputs(c) != reference
+    got = r.read_tally()
+    ok = (bad == 0 and (got.preempted, got.deferred) == (preempted, deferred)
+          and got.retreats >= got.preempted and sum(got.spread) == got.retreats)
+    name = f"{c.module} {c.kernel} grid {c.grid}"
+    report(ok, f"{name}: the GPU's tally matches the counters",
+           f"{TALLY_RUNS} launches: preempted {got.preempted} (counters: {preempted}), blocks "
+           f"deferred {got.deferred} ({deferred}), retreats {got.retreats}, spread buckets "
+           f"{list(got.spread)}; outputs wrong: {bad}")
+    r.free(c)
+    return {"kernel": c.kernel, "grid": c.grid, "preempted": got.preempted, "expected": preempted,
+            "deferred": got.deferred, "expected_deferred": deferred, "retreats": got.retreats,
+            "spread": list(got.spread), "ok": ok}
+
+
 CHUNKS = (1, 8)  # logical blocks per claim whose overhead is measured
 
 
@@ -330,7 +397,7 @@ def overhead(r: Runner, c: Case) -> tuple[float, list[float]]:
         for i in range(16):
             r.start(first)  # outside the timed span
             r.be.event_record(start, r.stream)
-            r.variant(c, blocks, chunk, first)
+            r.variant(c, blocks, chunk, first, tally=True)
             r.be.event_record(end, r.stream)
             r.be.event_synchronize(end)
             if i:
@@ -359,7 +426,7 @@ def latency(r: Runner, block_us: float) -> tuple[list[float], list[float]]:
         r.retreat(ZERO)
         r.be.stream_synchronize(r.side)
         r.start(blocks)
-        r.variant(spin, blocks, 1, blocks)
+        r.variant(spin, blocks, 1, blocks, tally=True)
         r.be.event_record(end, r.stream)
         busy_wait(max(0.002, 3 * block_us / 1e6))
         t0 = time.perf_counter()
@@ -370,6 +437,10 @@ def latency(r: Runner, block_us: float) -> tuple[list[float], list[float]]:
         host.append(time.perf_counter() - t0)
         r.be.stream_synchronize(r.side)
         gpu.append(r.be.event_elapsed_ms(landed, end) / 1e3)
+        r.retreat(ZERO)  # the rest, as pilotd runs it: the GPU's tally takes the retreat's spread
+        r.be.stream_synchronize(r.side)
+        r.variant(spin, blocks, 1, 0, tally=True, flag=False)
+        r.be.stream_synchronize(r.stream)
     r.be.mem_free(counts)
     return host, gpu
 
@@ -410,7 +481,12 @@ def main() -> int:
             per_size[size].append(variants[0] / native)
             best[size].append(min(variants) / native)  # the chunk the daemon would choose
             rows.append((size, c.kernel, c.grid, native, variants))
-    lat = {us: latency(r, us) for us in (10, 20, 100, 1000, 10000)}
+    tallies = [check_tally(r, c, rnd) for c in cases(1)[:4]]
+    lat, spreads = {}, {}
+    for us in (10, 20, 100, 1000, 10000):
+        r.reset_tally()
+        lat[us] = latency(r, us)
+        spreads[us] = list(r.read_tally().spread)  # the metric's histogram, 30 retreats
     names = ("small", "medium", "large")
     lines = ["| size | kernel | grid | native us | " + " | ".join(f"chunk {k} us (ratio)" for k in CHUNKS)
              + " |", "|---|---|---|---|" + "---|" * len(CHUNKS)]
@@ -418,19 +494,21 @@ def main() -> int:
               + " | ".join(f"{v * 1e6:.1f} ({v / n:.3f})" for v in vs) + " |" for s, k, g, n, vs in rows]
     lines += ["", "| size | geomean ratio, chunk 1 | geomean ratio, best chunk |", "|---|---|---|"]
     lines += [f"| {names[s]} | {geomean(v):.3f} | {geomean(best[s]):.3f} |" for s, v in per_size.items()]
-    lines += ["", "| block duration | host p50 us | host p99 us | GPU p50 us | GPU p99 us |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| block duration | host p50 us | host p99 us | GPU p50 us | GPU p99 us | "
+              "tally's spread buckets (us: retreats) |", "|---|---|---|---|---|---|"]
     for us, (host, gpu) in lat.items():
         qh, qg = statistics.quantiles(host, n=100), statistics.quantiles(gpu, n=100)
+        hist = ", ".join(f"<{pp.bucket_bound_s(k) * 1e6:.0f}: {n}" for k, n in enumerate(spreads[us]) if n)
         lines.append(f"| {us} us | {statistics.median(host) * 1e6:.1f} | {qh[98] * 1e6:.1f} | "
-                     f"{statistics.median(gpu) * 1e6:.1f} | {qg[98] * 1e6:.1f} |")
+                     f"{statistics.median(gpu) * 1e6:.1f} | {qg[98] * 1e6:.1f} | {hist} |")
     lines += ["", "| module | ptxas ms | second start ms |", "|---|---|---|"]
     lines += [f"| {m} | {j['first_s'] * 1e3:.0f} | {j['cached_s'] * 1e3:.2f} |" for m, j in r.jit.items()]
     table = "\n".join(lines)
     print("INFO\n" + table)
     (out_dir / "preempt.md").write_text(table + "\n")
     (out_dir / "preempt.json").write_text(json.dumps(
-        {"results": results, "overhead": rows, "latency_s": lat, "jit": r.jit}, indent=1, default=str))
+        {"results": results, "tallies": tallies, "overhead": rows, "latency_s": lat,
+         "spread_buckets": spreads, "jit": r.jit}, indent=1, default=str))
     for s, v in per_size.items():
         print(f"INFO overhead geomean ({names[s]}): chunk 1 {geomean(v):.3f}x, best chunk "
               f"{geomean(best[s]):.3f}x (target <= 1.05)")

@@ -19,6 +19,12 @@
 #                  high tenant's launches; the retreat words' raises of the last pilotd process
 #                  are reported. device_printf differs there: with two sessions attached pilotd
 #                  cannot tell whose printf output the driver printed, and drops it
+#   COMPARE_CHAOS=DURATION  (e.g. 1ms) pilotd runs with `[priority] preempt_chaos = DURATION`:
+#                  every program runs gated with its kernels as preemptible variants, and pilotd
+#                  raises the retreat words at random moments (exponential gaps of that mean),
+#                  so launches are cut at random points and resumed; COMPARE_REPEAT=N runs each
+#                  program N times under pilot (each output compared). The GPU's tallies, per
+#                  program (pilotd's log at each session's end), go to compare-chaos.md
 #   COMPARE_SM_SHARE  a compute share (percent) set for this user's tenant before the programs
 #                  run, so that they all run in an SM partition (green context)
 #   NVCC_ARCH      default sm_90
@@ -177,10 +183,17 @@ rm -f "$SOCK"
 daemon_args=(--backend "$PILOT_BACKEND" --socket "$SOCK")
 for f in $PILOT_SIM_KERNELS; do daemon_args+=(--sim-kernels "$f"); done
 HIGH_PID=
-if [ "${COMPARE_PREEMPT:-0}" = 1 ]; then
-    printf '[tenants.hp]\nusers = ["nobody"]\npriority = "high"\n[priority]\npreempt = true\n' \
-        >"$WORK/preempt.toml"
+COMPARE_CHAOS=${COMPARE_CHAOS:-}
+COMPARE_REPEAT=${COMPARE_REPEAT:-1}
+if [ "${COMPARE_PREEMPT:-0}" = 1 ] || [ -n "$COMPARE_CHAOS" ]; then
+    {
+        [ "${COMPARE_PREEMPT:-0}" = 1 ] && printf '[tenants.hp]\nusers = ["nobody"]\npriority = "high"\n'
+        printf '[daemon]\nlog_level = "info"\n[priority]\npreempt = true\n'
+        [ -n "$COMPARE_CHAOS" ] && printf 'preempt_chaos = "%s"\n' "$COMPARE_CHAOS"
+    } >"$WORK/preempt.toml"
     daemon_args+=(--config "$WORK/preempt.toml")
+fi
+if [ "${COMPARE_PREEMPT:-0}" = 1 ]; then
     cat >"$WORK/high.cu" <<'CU'
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -258,6 +271,12 @@ compare() {  # compare PROGRAM [ARGS...]
     nrc=$(run_prog "$tag.n.out" "$tag.n.err" "$native_pilot" "$exe" "$@")
     local t1=$SECONDS
     prc=$(run_prog "$tag.p.out" "$tag.p.err" 1 "$exe" "$@")
+    local repeat=1 again
+    while [ "$repeat" -lt "$COMPARE_REPEAT" ] && [ "$prc" = 0 ] && cmp -s "$tag.n.out" "$tag.p.out"; do
+        repeat=$((repeat + 1))  # again under pilot (COMPARE_REPEAT): the first difference stays
+        again=$(run_prog "$tag.p.out" "$tag.p.err" 1 "$exe" "$@")
+        [ "$again" = 0 ] || prc=$again
+    done
     local t2=$SECONDS
     log ""
     log "======== $prog${args:+ $args} (native rc $nrc in $((t1 - t0)) s, pilot rc $prc in $((t2 - t1)) s)"
@@ -477,6 +496,35 @@ PY
 fi
 stop_daemon
 [ "$build_failed" = 1 ] && bad=1
+if [ -n "$COMPARE_CHAOS" ]; then
+    # the GPU's tallies per program: pilotd logs each session's command line when it starts and
+    # its preemptible launches, preempted launches and deferred blocks when it ends
+    "$PYTHON" - "$DAEMON_LOG" "$COMPARE_CHAOS" "$COMPARE_REPEAT" >"$OUT/compare-chaos.md" <<'PY'
+import re, sys
+from collections import defaultdict
+start = re.compile(r"session (\d+): pid \d+ uid \d+ \((.*?)\) on vGPU")
+end = re.compile(r"session (\d+) \(([^)]*)\): (\d+) preemptible launches, (\d+) preempted, (\d+) blocks deferred")
+names, rows = {}, defaultdict(lambda: [0, 0, 0, 0])
+for line in open(sys.argv[1], errors="replace"):
+    if m := start.search(line):
+        words = m.group(2).split()
+        names[m.group(1)] = " ".join([words[0].rsplit("/", 1)[-1], *words[1:]]) if words else "?"
+    elif m := end.search(line):
+        row = rows[names.get(m.group(1), "?")]
+        row[0] += 1
+        for i in range(3):
+            row[i + 1] += int(m.group(i + 3))
+print(f"preemption forced at random (`[priority] preempt_chaos = \"{sys.argv[2]}\"`, each program "
+      f"{sys.argv[3]} time(s) under pilot): the GPU's tallies per program\n")
+print("| program | sessions | preemptible launches | preempted launches | blocks deferred |")
+print("| --- | --- | --- | --- | --- |")
+for name, (n, launches, pre, deferred) in sorted(rows.items()):
+    print(f"| {name} | {n} | {launches} | {pre} | {deferred} |")
+total = [sum(r[i] for r in rows.values()) for i in range(4)]
+print(f"| **all** | {total[0]} | {total[1]} | {total[2]} | {total[3]} |")
+PY
+    cat "$OUT/compare-chaos.md" | tee -a "$LOG"
+fi
 
 {
     printf 'pilot vs native on %s (%s backend%s): stdout compared byte for byte\n\n' \

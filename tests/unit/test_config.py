@@ -436,3 +436,11 @@ def test_isolation_mps_settings(tmp_path: Path) -> None:
                      ('mps_control = ""', "isolation.mps_control")):
         with pytest.raises(ConfigError, match=re.escape(key)):
             load_config(write(tmp_path, f"[isolation]\n{bad}\n"))
+
+
+def test_preempt_chaos_is_a_duration_and_off_by_default(tmp_path: Path) -> None:
+    assert load_config(None).priority_preempt_chaos == 0.0
+    c = load_config(write(tmp_path, '[priority]\npreempt_chaos = "2ms"\n'))
+    assert c.priority_preempt_chaos == pytest.approx(0.002)
+    with pytest.raises(ConfigError):
+        load_config(write(tmp_path, '[priority]\npreempt_chaos = "soon"\n'))

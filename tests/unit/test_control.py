@@ -212,11 +212,15 @@ def test_priority_classes(tmp_path: Any) -> None:
     assert set(call(d, ALICE, "priority.list")["result"]["tenants"]) == {"user:alice"}
     assert listed["preemption"] is None  # [priority] preempt off
     d.preemption = SimpleNamespace(describe=lambda: {"chunk": 1, "preemptible_kernels": 1,
-                                                     "kernels_not_preemptible": {"k": "why"}})
+                                                     "kernels_not_preemptible": {"k": "why"},
+                                                     "tenants": {"user:alice": {"preempted": 2},
+                                                                 "user:bob": {"preempted": 3}}})
     assert call(d, ADMIN, "priority.list")["result"]["preemption"]["kernels_not_preemptible"] == {
         "k": "why"}  # kernel names are other tenants' business: admins only
-    assert call(d, ALICE, "priority.list")["result"]["preemption"] == {"chunk": 1,
-                                                                       "preemptible_kernels": 1}
+    assert call(d, ALICE, "priority.list")["result"]["preemption"] == {
+        "chunk": 1, "preemptible_kernels": 1, "tenants": {"user:alice": {"preempted": 2}}}
+    assert set(call(d, ADMIN, "priority.list")["result"]["preemption"]["tenants"]) == {
+        "user:alice", "user:bob"}
     d.preemption = None
     assert call(d, ADMIN, "priority.unset", tenant="user:alice")["result"]["priority"] == "normal"
     assert not call(d, ADMIN, "priority.unset", tenant="user:alice")["ok"]

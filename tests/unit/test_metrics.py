@@ -250,6 +250,8 @@ def test_preemption_is_exported_when_on() -> None:
         "chunk": 1, "modules": 2, "modules_without_variants": [], "preemptible_kernels": 3,
         "kernels_not_preemptible": {"k": "uses module variables"}, "jit_modules": 2,
         "jit_seconds": 0.25,
+        "tenants": {"bob": {"preempted": 4, "blocks_deferred": 900}},
+        "retreat_spread": [1, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
         "gpus": {"0": {"usable": True, "armed": 1, "raised": 0, "raises": 10, "clears": 9,
                        "failed_writes": 0, "forced_clears": 2}, "1": {"usable": False}}}
     v = registry_for(Metrics(), lambda: state).get_sample_value
@@ -260,6 +262,13 @@ def test_preemption_is_exported_when_on() -> None:
     assert v("pilot_preemptible_kernels", {"state": "preemptible"}) == 3
     assert v("pilot_preemptible_kernels", {"state": "refused"}) == 1
     assert v("pilot_ptx_jit_seconds_total") == 0.25
+    assert v("pilot_preempted_launches_total", {"tenant": "bob"}) == 4
+    assert v("pilot_preempt_blocks_deferred_total", {"tenant": "bob"}) == 900
+    # the GPU's log2 buckets of microseconds, cumulative: 1 below 1.024 us, 3 below 32.8 us
+    assert v("pilot_preempt_retreat_seconds_bucket", {"le": "1.024e-06"}) == 1
+    assert v("pilot_preempt_retreat_seconds_bucket", {"le": "3.2768e-05"}) == 3
+    assert v("pilot_preempt_retreat_seconds_bucket", {"le": "+Inf"}) == 4
+    assert v("pilot_preempt_retreat_seconds_count") == 4
 
 
 def test_the_spin_budget_is_exported() -> None:

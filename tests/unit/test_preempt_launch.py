@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import struct
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,12 @@ def test_a_gated_kernel_retreats_while_the_high_tenant_runs_and_resumes_only_the
     assert described["preemptible_kernels"] == 1
     assert described["kernels_not_preemptible"]["uses_state"].startswith("uses module variables")
     assert described["gpus"]["0"]["raises"] == 1 and described["gpus"]["0"]["clears"] == 1
+    words.fold()  # the GPU's tally: one launch preempted, its rest ran what the first wave left
+    described = daemon.describe()
+    assert described["tenants"] == {"train": {"preempted": 1, "blocks_deferred": BLOCKS - wave}}
+    assert sum(described["retreat_spread"]) == 1
+    words.fold()  # read again: nothing new is counted twice
+    assert daemon.describe()["tenants"]["train"]["preempted"] == 1
 
 
 def test_a_word_up_too_long_comes_down_while_the_high_tenant_is_still_busy(
@@ -266,3 +273,49 @@ def test_retreat_words_raise_once_and_clear_only_what_no_later_launch_relies_on(
         assert writes == [(0, 0)] and lib.pilot_preempt_raised(p) == 0b10
     finally:
         lib.pilot_preempt_free(p)
+
+
+def test_chaos_preempts_at_random_and_every_block_still_runs_once(tmp_path: Path) -> None:
+    """[priority] preempt_chaos: no high tenant at all, every session below high runs gated
+    with its variants, and the GPU's helper raises the words at random moments; each launch
+    still runs every logical block exactly once, and the tallies count the preemptions."""
+    h = Harness(tmp_path, {"train": "normal"}, inflight=2)
+    h.board.force = True
+    h.board.enabled = True
+    h.be._kernels.register("bump", blockwise(bump))
+    daemon = Preemption(chunk=1, cache_dir=None, compile_ptx=False, chaos=0.002)
+    h.vg.preempt = VGpuPreemption(h.vg, daemon)
+    try:
+        lo = h.session(2, "train")
+        out = h.be.mem_alloc(4 * BLOCKS)
+        h.be.memcpy_htod(out, bytes(4 * BLOCKS), 4 * BLOCKS, None)
+        lo.add_allocation(out, 4 * BLOCKS)
+        tenant = Launches(h, lo)
+        fn = tenant.function(tenant.load(PTX.encode()), "bump")
+        args = struct.pack("<Q", out)
+        h.vg.gate.poll()
+        assert lo.gated  # forced: no higher tenant is active
+        tenant.launch(fn, BLOCKS, args)  # the variants are made meanwhile
+        assert _until(lambda: daemon.variants(PTX.encode(), 90) is not None)
+        h.be.claims_before_retreat = 3
+        words = daemon.gpu_words(h.vg)
+
+        def preempted() -> int:
+            words.fold()
+            return int(daemon.describe()["tenants"].get("train", {}).get("preempted", 0))
+
+        n, deadline = 1, time.monotonic() + 20
+        while preempted() < 5 and time.monotonic() < deadline:  # launches until 5 were cut
+            n += 1
+            tenant.launch(fn, BLOCKS, args)
+            assert _until(lambda n=n: (h.vg.gate.poll(), (_counts(h, out) == n).all())[1], 5.0), n
+        assert _until(lambda: not lib.pilot_preempt_raised(words.ptr))
+        got = daemon.describe()
+        assert got["gpus"]["0"]["chaos_raises"] > 0
+        assert lo.preempt is not None and lo.preempt.launches >= n - 2
+        assert 5 <= got["tenants"]["train"]["preempted"] < n
+        assert got["tenants"]["train"]["blocks_deferred"] >= 5
+    finally:
+        daemon.lower_all()
+        daemon.close()
+        h.close()

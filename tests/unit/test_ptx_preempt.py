@@ -89,7 +89,11 @@ def test_block_reads_are_mapped_and_returns_go_back_to_the_claim(modules: dict[s
             original, body = _entry(ptx, kernel), _entry(result.ptx, variant)
             # the only real block index read is the prologue's (which block of the first wave)
             assert re.findall(r"%n?ctaid\.\w", body) == ["%ctaid.x"], (name, kernel)
-            assert body.count("__pilot_ctl") == 2  # the parameter and its load
+            # the parameter and its loads: the claim's, the prologue's and the account's (the
+            # slot's tally fields), the retreat's stamp
+            assert body.count("__pilot_ctl") == 5
+            # read once more than the kernel does: by a block that retreats
+            assert body.count("%globaltimer") == original.count("%globaltimer") + 1
             assert re.search(r"^\s*(@!?%\w+\s+)?(ret|exit)\b", body.split("$__pilot_exit:")[0],
                              re.M) is None, (name, kernel)
             # each read of the original became a read of the register holding its logical value
@@ -123,8 +127,12 @@ def _run(code: str, regs: dict[str, int], params: dict[str, int]) -> dict[str, i
                 return regs
             i = labels[args[0]]
             continue
-        if op == "ld.param.u32":
+        if op in ("ld.param.u32", "ld.param.u64"):
             regs[args[0]] = params[args[1].strip("[]").removeprefix("__pilot_")]
+            continue
+        if op == "st.global.u32":  # recorded as (address, value)
+            base, _, off = args[0].strip("[]").partition("+")
+            regs.setdefault("stores", []).append((regs[base] + int(off or 0), int(args[1])))  # type: ignore[attr-defined]
             continue
         val = [regs[a] if a.startswith("%") else int(a) for a in args[1:]]
         if op.startswith("setp."):
@@ -135,7 +143,7 @@ def _run(code: str, regs: dict[str, int], params: dict[str, int]) -> dict[str, i
             a, b = val
             regs[args[0]] = (a % b if op == "rem.u32" else a // b if op == "div.u32"
                              else a + b if op == "add.u32" else max(a, b))
-        elif op == "mov.u32":
+        elif op in ("mov.u32", "cvta.to.global.u64"):
             regs[args[0]] = val[0]
         else:
             raise AssertionError(f"unexpected instruction {line!r}")
@@ -143,8 +151,8 @@ def _run(code: str, regs: dict[str, int], params: dict[str, int]) -> dict[str, i
 
 
 def _params(grid: tuple[int, int, int], chunk: int = 1, first: int = 0) -> dict[str, int]:
-    packed = pp.variant_params(grid, 0x1000, 0x2000, chunk, first)
-    values = struct.unpack("<QQ6I", packed)
+    packed = pp.variant_params(grid, 0x1000, 0x2000, chunk, first, 0x3000)
+    values = struct.unpack("<QQ6IQ", packed)
     return {name: value for (name, _kind, _size), value in zip(pp.PARAMS, values, strict=True)}
 
 
@@ -178,17 +186,20 @@ def test_blocks_of_the_first_wave_run_their_own_index_without_a_claim(ctaid: int
                                                                        claims: bool) -> None:
     prologue = pp.PROLOGUE.replace("%ctaid.x", str(ctaid)).replace("__pilot_blk", "0")
     regs = _run(prologue, {}, _params((9, 1, 1), first=first))
-    assert regs.get("branch") == (None if claims else "$__pilot_map")
+    # a block that claims goes by the tally's account (which only a resuming launch's block 0 does)
+    assert regs.get("branch") == ("$__pilot_account" if claims else "$__pilot_map")
     if not claims:  # the map then runs logical block blockIdx.x, one block
         assert (regs["%__pilot_r4"], regs["%__pilot_r13"], regs["%__pilot_r12"]) == (ctaid, 0, 1)
+    # block 0 of a first part zeroes the slot's count of blocks its rest runs (ctl + 4)
+    assert regs.get("stores", []) == ([(0x1000 + 4, 0)] if ctaid == 0 and first > 0 else [])
 
 
 def test_variant_params_follow_the_kernels_own_arguments() -> None:
-    params = pp.variant_params((4, 3, 2), ctl=0xAB00, flag=0, chunk=0, first=7)
-    assert len(params) == sum(size for _n, _k, size in pp.PARAMS) == 40
+    params = pp.variant_params((4, 3, 2), ctl=0xAB00, flag=0, chunk=0, first=7, tally=0xCD00)
+    assert len(params) == sum(size for _n, _k, size in pp.PARAMS) == 48
     args = pp.variant_args(b"\1\2\3\4\5", params)
     assert args[:5] == b"\1\2\3\4\5" and args[5:8] == bytes(3) and args[8:] == params
-    assert struct.unpack_from("<QQ6I", args, 8) == (0xAB00, 0, 24, 4, 3, 2, 0, 7)
+    assert struct.unpack_from("<QQ6IQ", args, 8) == (0xAB00, 0, 24, 4, 3, 2, 0, 7, 0xCD00)
 
 
 @pytest.mark.parametrize(("counter", "retreat", "first", "chunk", "claims", "expect"), [
@@ -330,3 +341,28 @@ def test_cache_compiles_once_per_content(tmp_path: Path) -> None:
     assert cache_key(ptx, "sm_90") != cache_key(ptx, "sm_80") != cache_key(ptx + "\n", "sm_80")
     (tmp_path / "cache" / f"{cache_key(ptx, 'sm_90')}.cubin").write_bytes(b"")  # damaged: a miss
     assert not cache.compile(ptx, "sm_90", compiler).hit and len(calls) == 2
+
+
+@pytest.mark.parametrize(("ns", "bucket"), [(0, 0), (1023, 0), (1024, 1), (2047, 1), (2048, 2),
+                                            (40_000, 6), (10**9, 15), (2**62, 15)])
+def test_spread_buckets_are_log2_microseconds_as_the_variant_computes_them(ns: int, bucket: int) -> None:
+    assert pp.spread_bucket(ns) == bucket
+    assert ns < pp.bucket_bound_s(bucket) * 1e9 or bucket == pp.SPREAD_BUCKETS - 1
+
+
+def test_a_resume_moves_the_slots_retreat_into_the_tally_once() -> None:
+    slot, tally = bytearray(pp.SLOT_BYTES), bytearray(pp.TALLY_BYTES)
+    pp.account_resume(slot, tally, 0)
+    assert pp.Tally.parse(bytes(tally)) == pp.Tally()
+    pp.stamp_retreat(slot, 5_000)
+    pp.stamp_retreat(slot, 45_000)
+    pp.stamp_retreat(slot, 9_000)  # a later block seeing it earlier does not move the ends
+    assert struct.unpack_from("<QQ", slot, 8) == (5_000, 45_000)
+    pp.account_resume(slot, tally, 7)  # the rest's claims: one of 4 blocks, then one of 3
+    pp.account_resume(slot, tally, 0)  # the next launch on the slot: no retreat of its own
+    got = pp.Tally.parse(bytes(tally))
+    assert (got.preempted, got.deferred, got.retreats) == (1, 7, 1)
+    assert got.spread[pp.spread_bucket(40_000)] == 1
+    pp.start_first_part(slot)  # a later launch on the slot, deferring blocks again: counted
+    pp.account_resume(slot, tally, 2)
+    assert pp.Tally.parse(bytes(tally)).preempted == 2

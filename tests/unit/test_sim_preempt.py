@@ -53,7 +53,10 @@ class Rig:
         self.bump = be.function_get(module, "bump" + pp.SUFFIX)
         self.whole = be.function_get(module, "whole" + pp.SUFFIX)
         self.out = be.mem_alloc(4 * BLOCKS * THREADS)
-        self.ctl = be.mem_alloc(pp.COUNTER_BYTES)
+        self.ctl = be.mem_alloc(pp.SLOT_BYTES)
+        self.tally = be.mem_alloc(pp.TALLY_BYTES)
+        be.memcpy_htod(self.ctl, bytes(pp.SLOT_BYTES), pp.SLOT_BYTES, None)
+        be.memcpy_htod(self.tally, bytes(pp.TALLY_BYTES), pp.TALLY_BYTES, None)
         self.flag = be.mem_alloc(4)
         be.memcpy_htod(self.out, bytes(4 * BLOCKS * THREADS), 4 * BLOCKS * THREADS, None)
         self.stream = be.stream_create(1, 0)
@@ -65,9 +68,11 @@ class Rig:
     def retreat(self, word: bytes) -> None:
         self.be.memcpy_htod(self.flag, word, 4, self.stream)
 
-    def launch(self, fn: Any, launched: int, first: int, chunk: int = 1, flag: bool = True) -> None:
+    def launch(self, fn: Any, launched: int, first: int, chunk: int = 1, flag: bool = True,
+               tally: bool = False) -> None:
         args = pp.variant_args(struct.pack("<Q", self.out),
-                               pp.variant_params(GRID, self.ctl, self.flag if flag else 0, chunk, first))
+                               pp.variant_params(GRID, self.ctl, self.flag if flag else 0, chunk, first,
+                                                 self.tally if tally else 0))
         self.be.launch(fn.handle, (launched, 1, 1), BLOCK, 0, self.stream, args)
 
     def read(self, ptr: int, n: int) -> bytes:
@@ -130,3 +135,39 @@ def test_an_emulation_of_whole_grids_runs_whole_or_not_at_all(rig: Rig) -> None:
     with pytest.raises(BackendError) as err:
         rig.launch(rig.whole, launched=2, first=0)
     assert err.value.code == CUDA_ERROR_NOT_SUPPORTED
+
+
+def test_the_tally_counts_preempted_launches_and_the_blocks_their_rest_ran(rig: Rig) -> None:
+    def tally() -> pp.Tally:
+        return pp.Tally.parse(rig.read(rig.tally, pp.TALLY_BYTES))
+
+    # not preempted: the rest finds nothing to run and nothing to tally
+    rig.start(first=8)
+    rig.launch(rig.bump, launched=8, first=8, tally=True)
+    rig.launch(rig.bump, launched=8, first=0, flag=False, tally=True)
+    assert tally() == pp.Tally() and rig.counts() == [1] * BLOCKS
+    # preempted after two claims: 8 + 2 ran, the rest runs the 20 deferred blocks
+    rig.be.memcpy_htod(rig.out, bytes(4 * BLOCKS * THREADS), 4 * BLOCKS * THREADS, None)
+    rig.start(first=8)
+    rig.retreat(ONE)
+    rig.be.claims_before_retreat = 2
+    rig.launch(rig.bump, launched=8, first=8, tally=True)
+    slot = rig.read(rig.ctl, pp.SLOT_BYTES)
+    first_ns, last_ns = struct.unpack_from("<QQ", slot, 8)
+    assert 0 < first_ns <= last_ns and tally() == pp.Tally()  # stamped, not yet accounted
+    rig.retreat(ZERO)
+    rig.launch(rig.bump, launched=8, first=0, flag=False, tally=True)
+    got = tally()
+    assert (got.preempted, got.deferred, got.retreats) == (1, BLOCKS - 10, 1) and sum(got.spread) == 1
+    assert rig.counts() == [1] * BLOCKS
+    assert struct.unpack_from("<QQ", rig.read(rig.ctl, pp.SLOT_BYTES), 8) == (0, 0)  # for the next launch
+    # a retreat with nothing left to claim is a preemption that deferred nothing
+    rig.start(first=8)
+    rig.be.claims_before_retreat = 0
+    rig.launch(rig.bump, launched=8, first=8, tally=True)  # the word down: ran it all
+    rig.retreat(ONE)
+    rig.launch(rig.bump, launched=8, first=0, tally=True)  # saw the word: stamps
+    rig.retreat(ZERO)
+    rig.launch(rig.bump, launched=8, first=0, flag=False, tally=True)
+    got = tally()  # counted as a retreat, not as a preempted launch
+    assert (got.preempted, got.deferred, got.retreats) == (1, BLOCKS - 10, 2) and sum(got.spread) == 2

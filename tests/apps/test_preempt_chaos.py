@@ -1,0 +1,47 @@
+"""Kernels preempted at random moments (`[priority] preempt_chaos`, scheduling/preempt.py), end
+to end on the sim: vector_add.cu under the shim against a pilotd that runs every session gated,
+its kernels as preemptible variants, and raises the retreat words at random. Its first launch
+(4,096 blocks, more than the sim GPU holds at once) runs as the variant from the second run on
+(the variants are made in the background at the first), so a raise cuts it after its first wave
+and the rest runs once the word is down. Output must be the native one every time; pilotd's log
+at each session's end gives the GPU's tally (the sim's emulation of it), and some runs must have
+been cut."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from apps_daemons import NATIVE, StartPilotd
+from test_apps import expected_vector_add
+
+if NATIVE:
+    pytest.skip("needs pilot's sim daemon", allow_module_level=True)
+
+CONFIG = '[daemon]\nlog_level = "info"\n[priority]\npreempt_chaos = "1ms"\n'
+TALLY = re.compile(r"session \d+ \([^)]*\): (\d+) preemptible launches, (\d+) preempted, "
+                   r"(\d+) blocks deferred")
+MAX_RUNS = 25
+
+
+def test_vector_add_is_exact_while_its_kernels_are_cut_at_random(
+        start_pilotd: StartPilotd, app_binaries: dict[str, Path], shim_path: str) -> None:
+    daemon = start_pilotd(config=CONFIG)
+    env = {**daemon.env(), "LD_PRELOAD": shim_path}
+    want = expected_vector_add()
+    tallies: list[tuple[int, int, int]] = []
+    for run in range(MAX_RUNS):
+        proc = subprocess.run([str(app_binaries["vector_add"])], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout.splitlines() == want, (
+            f"run {run}: rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{daemon.log_tail()}")
+        tallies = [tuple(map(int, m.groups())) for m in TALLY.finditer(daemon.log())]  # type: ignore[misc]
+        if sum(t[1] for t in tallies) >= 2:
+            break
+    assert "raising the retreat words at random" in daemon.log()
+    assert sum(t[0] for t in tallies) > 0, daemon.log_tail()  # launched as variants
+    assert sum(t[1] for t in tallies) >= 2, (tallies, daemon.log_tail())  # cut and resumed
+    assert sum(t[2] for t in tallies) > 0
+    assert daemon.alive()
