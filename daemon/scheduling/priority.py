@@ -222,7 +222,12 @@ class SessionGate:
         self._free: dict[int, list[Any]] = {}
 
     def admit(self, s: Session) -> bool:
-        """Whether one more piece of s's work may go to the GPU now."""
+        """Whether one more piece of s's work may go to the GPU now. Always while one of s's
+        host callbacks is pending: its unfinished pieces may be queued behind that callback,
+        which may wait for what the program's other threads do next (as native CUDA never
+        makes an asynchronous call wait for the GPU, holding those calls could deadlock the
+        program; seen with ptds.cu under preempt_chaos). The bound is off until the callback
+        returned; a lower tenant's kernels still retreat under [priority] preempt."""
         events = s.gate_events
         query = self.vg.backend.event_query
         while events:
@@ -233,7 +238,7 @@ class SessionGate:
             if not done:
                 break
             self._pool(s).append(events.popleft())
-        return len(events) < self.board.inflight
+        return len(events) < self.board.inflight or s.callback_gates > 0
 
     def issued(self, s: Session, opcode: int, req: Any) -> None:
         """An admitted piece of work went to its stream: an event after it."""
