@@ -649,6 +649,11 @@ def _show_priorities(r: dict[str, Any]) -> None:
             click.echo(f"  a module without variants: {reason}")
         for kernel, reason in sorted(pre.get("kernels_not_preemptible", {}).items())[:20]:
             click.echo(f"  {kernel}: {reason}")
+        if pre.get("choices"):
+            click.echo("  how gated kernels run (per kernel and grid, measured): " + ", ".join(
+                f"{how} {n}" for how, n in sorted(pre["choices"].items())))
+        for kernel, how in sorted(pre.get("kernel_choices", {}).items())[:20]:
+            click.echo(f"  {kernel}: {how}")
         for g, w in pre["gpus"].items():
             if w.get("usable"):
                 click.echo(f"  GPU {g}: retreat words raised {w['raises']} time(s), lowered "

@@ -82,7 +82,9 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     gated_inflight = 2             # GPU work in flight per session gated by a higher tenant
     active_window = "100ms"        # a tenant is active this long after each call it makes
     preempt = false                # gated sessions' kernels run as preemptible variants
-    preempt_chunk = 1              # logical blocks a variant's block claims at a time
+    preempt_chunk = "auto"         # logical blocks a variant's block claims at a time (1..64),
+                                   # or "auto": per kernel and grid, the original or chunk 1 or 8,
+                                   # whichever measured fastest (scheduling/preempt_choice.py)
     preempt_chaos = 0              # a test setting (tests/gpu): > 0 runs every session below high
                                    # as gated, with its variants, and raises the retreat words at
                                    # random moments (exponential gaps of this mean, each held up
@@ -329,7 +331,7 @@ class Config:
     priority_gated_inflight: int = 2
     priority_active_window: float = 0.1
     priority_preempt: bool = False
-    priority_preempt_chunk: int = 1
+    priority_preempt_chunk: int = 0  # 0: "auto"
     priority_preempt_chaos: float = 0.0
     pinned_limit: int | None = None
     pinned_limit_per_tenant: int | None = None
@@ -462,6 +464,16 @@ def _int_range(lo: int, hi: int) -> Callable[[Any], int]:
         return value
 
     return convert
+
+
+def _chunk(value: Any) -> int:
+    """[priority] preempt_chunk: "auto" (0, the default) or 1..64."""
+    if value == "auto" or (value == 0 and not isinstance(value, bool)):
+        return 0
+    try:
+        return _int_range(1, 64)(value)
+    except ValueError as exc:
+        raise ValueError(f'{exc} (or "auto")') from None
 
 
 def _spinners(value: Any) -> int | str:
@@ -745,7 +757,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "priority_gated_inflight": _int_range(1, 1024),
     "priority_active_window": parse_duration,
     "priority_preempt": _flag,
-    "priority_preempt_chunk": _int_range(1, 64),
+    "priority_preempt_chunk": _chunk,
     "priority_preempt_chaos": parse_duration,
     "pinned_limit": _pinned_limit,
     "pinned_limit_per_tenant": _pinned_limit,

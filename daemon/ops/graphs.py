@@ -152,6 +152,7 @@ def capture(vg: VGpu, s: Session, stream_token: int, records: list[tuple[int, me
     stream = streams.stream_for_work(vg, s, stream_token)
     backend = vg.backend
     backend.stream_begin_capture(stream)
+    vg.capturing = True  # no preemptible variants in a graph: their slots are per launch
     try:
         for fn, req, payload in calls:
             fn(vg, s, req, payload)
@@ -166,6 +167,8 @@ def capture(vg: VGpu, s: Session, stream_token: int, records: list[tuple[int, me
     except BaseException:
         _end_quietly(vg, stream)
         raise
+    finally:
+        vg.capturing = False
     try:
         return backend.graph_instantiate(backend.stream_end_capture(stream))
     except BackendError as exc:

@@ -488,7 +488,8 @@ def _visible_priorities(report: dict[str, Any], caller: Caller,
     off); another tenant's class and preemptions, and the names of kernels, are for admins
     only."""
     if preemption is not None and not caller.admin:
-        preemption = {k: v for k, v in preemption.items() if k != "kernels_not_preemptible"}
+        preemption = {k: v for k, v in preemption.items()
+                      if k not in ("kernels_not_preemptible", "kernel_choices")}
         if "tenants" in preemption:  # its own tenant's preemptions only
             preemption["tenants"] = {t: v for t, v in preemption["tenants"].items()
                                      if t == caller.tenant}

@@ -30,7 +30,8 @@ rewritten, compiled with ptxas through the disk cache (ptx_cache.py, `state_dir/
 where ptxas is found, else handed to the driver's JIT. A session's module gets its variants'
 module (a module of its own, charged to the tenant like the program's) at its first gated launch
 after they are ready; until then, and for kernels without a variant, the original runs behind
-the gate. The chunk is `[priority] preempt_chunk`.
+the gate. The chunk is `[priority] preempt_chunk`, or with "auto" (the default) chosen per kernel
+and grid from measured times, the original included (preempt_choice.py).
 
 Not preempted (the gate alone applies): launches with attributes (cooperative, clusters, a
 priority), sessions in an SM partition (green contexts), graph launches, library calls and
@@ -57,6 +58,7 @@ from pilot.daemon.backends.base import EVENT_DISABLE_TIMING, BackendError
 from pilot.daemon.backends.ptx_cache import ImageCache, ptxas
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.resources.priorities import LEVELS
+from pilot.daemon.scheduling import preempt_choice as pc
 from pilot.daemon.telemetry.thread_names import NamedThread
 
 if TYPE_CHECKING:
@@ -79,6 +81,7 @@ MAX_RAISE_S = 0.25
 REASSERT_S = 0.1  # how often, while armed, the words not raised are written 0 again
 IDLE_S = 0.05  # how long it sleeps while nothing is armed (an arm wakes it)
 FOLD_S = 0.05  # how often, at most, it reads the sessions' tallies after lowering words
+MAX_TIMINGS = 16  # measured launches of a session not yet seen done (preempt_choice.py)
 ATTR_MAJOR, ATTR_MINOR, ATTR_SMS = 75, 76, 16  # cudaDevAttr: compute capability, SM count
 KEEP_IMAGE_BYTES = 16 << 20  # larger module images get no variants (their kernels are gated only)
 
@@ -92,6 +95,15 @@ class ModuleVariants:
     kernels: dict[str, pp.Rewrite] = field(default_factory=dict)
     reason: str = ""  # why the image has no variants
     seconds: float = 0.0  # rewrite and compile (or the cache's read)
+    # how each kernel runs while gated, per block size and grid (preempt_choice.py)
+    choices: dict[tuple[str, int, int, int], pc.Choice] = field(default_factory=dict)
+
+    def choice(self, key: tuple[str, int, int, int]) -> pc.Choice | None:
+        """The key's choice (made on first use; None past MAX_CHOICES: not measured)."""
+        found = self.choices.get(key)
+        if found is None and len(self.choices) < pc.MAX_CHOICES:
+            found = self.choices.setdefault(key, pc.Choice())
+        return found
 
 
 @dataclass
@@ -113,6 +125,9 @@ class SessionVariants:
     dead: set[int] = field(default_factory=set)  # counters whose event could not be recorded
     used: bool = False  # has launched a variant while gated (its class's word is armed)
     launches: int = 0  # preemptible launches made
+    made: dict[int, ModuleVariants] = field(default_factory=dict)  # module handle -> its variants
+    timings: list[pc.Timing] = field(default_factory=list)  # measured launches not yet seen done
+    spare: list[Any] = field(default_factory=list)  # timing events to reuse
     tallied: pp.Tally = field(default_factory=pp.Tally)  # its tally when last read
 
     def slot(self, index: int) -> int:
@@ -144,10 +159,13 @@ class Preemption:
 
     def __init__(self, chunk: int = 1, cache_dir: str | None = None, compile_ptx: bool = True,
                  chaos: float = 0.0) -> None:
-        """compile_ptx: compile with ptxas where it is found (a GPU); the sim loads PTX text.
-        chaos: [priority] preempt_chaos, the mean gap in seconds between raises the helpers make
-        themselves (0: none)."""
-        self.chunk = chunk
+        """chunk: 0 chooses per kernel and grid from measured times (preempt_choice.py; not
+        with chaos, whose point is to run every kernel preemptible). compile_ptx: compile with
+        ptxas where it is found (a GPU); the sim loads PTX text. chaos: [priority]
+        preempt_chaos, the mean gap in seconds between raises the helpers make themselves (0:
+        none)."""
+        self.measures = chunk == 0 and not chaos
+        self.chunk = chunk or pc.FALLBACK_CHUNK
         self.chaos = chaos
         # what the GPUs' tallies said: tenant -> [preempted launches, blocks deferred], and
         # retreats per spread bucket
@@ -240,7 +258,16 @@ class Preemption:
                     preemptible += 1
                 else:
                     refused[name] = r.reason
-        return {"chunk": self.chunk, "modules": len(images),
+        chosen: dict[str, str] = {}
+        for m in images:
+            for (kernel, threads, shared, size), c in list(m.choices.items()):
+                chosen[f"{kernel} ({threads} threads, {shared} B shared, <= {1 << size} blocks)"] = \
+                    c.describe()
+        outcomes: dict[str, int] = {}
+        for how in chosen.values():
+            outcomes[how] = outcomes.get(how, 0) + 1
+        return {"chunk": "auto" if self.measures else self.chunk, "modules": len(images),
+                "choices": outcomes, "kernel_choices": chosen,
                 "modules_without_variants": sorted({m.reason for m in images if m.reason}),
                 "preemptible_kernels": preemptible, "kernels_not_preemptible": refused,
                 "jit_modules": self.jit_modules, "jit_seconds": round(self.jit_seconds, 3),
@@ -387,6 +414,12 @@ class GpuWords:
                     self.fold(every=FOLD_S)
             except Exception:  # the words must keep coming down: log, look again
                 log.exception("preempt-%d: lowering the retreat words failed", self.gpu)
+
+    def raises(self) -> int:
+        """Words raised on this GPU so far (a word already up is not raised again)."""
+        counts = ffi.new("uint64_t[3]")
+        lib.pilot_preempt_counts(self.ptr, counts, counts + 1, counts + 2)
+        return int(counts[0])
 
     def raise_now(self) -> None:
         """Raise every armed word now, as a higher class's launch would ([priority]
@@ -572,6 +605,7 @@ class VGpuPreemption:
         if state is None:
             return
         state.images.pop(handle, None)
+        state.made.pop(handle, None)
         for key in [k for k in state.functions if k[0] == handle]:
             del state.functions[key]
         loaded = state.modules.pop(handle, None)
@@ -617,6 +651,7 @@ class VGpuPreemption:
                     per_sm = 0
                 if per_sm > 0:
                     found = (fn, per_sm * words.sms)
+                    state.made[handle] = made
         state.functions[key] = found
         return found
 
@@ -644,18 +679,52 @@ class VGpuPreemption:
 
     def launch(self, s: Session, info: FunctionInfo, grid: tuple[int, int, int],
                block: tuple[int, int, int], shared: int, stream: Any, args: bytes) -> bool:
-        """A gated session's launch as steps 1-4 (module docstring); False: launch the original."""
-        if s.partition is not None:
+        """A gated session's launch as steps 1-4 (module docstring), or the original when it was
+        chosen for this kernel (preempt_choice.py) and is being measured; False: the caller
+        launches the original (also while pilotd captures a graph: a variant's slot and events
+        belong to one launch, not to every replay of a graph)."""
+        if s.partition is not None or self.vg.capturing:
             return False
         found = self.variant(s, info, block, shared)
         words = self.daemon.gpu_words(self.vg)
         if found is None or words is None or s.priority not in WORD:
             return False
         fn, resident = found
-        total = grid[0] * grid[1] * grid[2]
-        blocks = min(total, resident)
         state = s.preempt
         assert state is not None
+        total = grid[0] * grid[1] * grid[2]
+        chunk = self.daemon.chunk
+        choice = None
+        if self.daemon.measures:
+            self._collect(state, words)
+            made = state.made.get(info.module_handle)
+            choice = made.choice(pc.key(info.name, math.prod(block), shared, total)) if made else None
+            if choice is not None:
+                choice.expire()
+                if choice.decided == pc.ORIGINAL:
+                    return False
+                if choice.decided is not None:
+                    chunk = choice.decided
+                elif (len(state.timings) < MAX_TIMINGS
+                      and not lib.pilot_preempt_raised(words.ptr) & (1 << WORD[s.priority])):
+                    chunk = choice.next()  # measured: the word is down as it is queued
+                else:
+                    choice = None  # not measured now: the fallback chunk, preemptible
+        timing = self._start_timing(state, words, choice, chunk, stream) if choice is not None else None
+        if chunk == pc.ORIGINAL:
+            self.vg.backend.launch(info.handle, grid, block, shared, stream, args)
+        elif not self._launch_variant(s, state, words, info, fn, min(total, resident), grid, block,
+                                      shared, stream, args, chunk):
+            if timing is not None:  # nothing of it is on the stream
+                state.spare += [timing.start, timing.end]
+            return False
+        if timing is not None:
+            self._end_timing(state, timing, stream)
+        return True
+
+    def _launch_variant(self, s: Session, state: SessionVariants, words: GpuWords, info: FunctionInfo,
+                        fn: Any, blocks: int, grid: tuple[int, int, int], block: tuple[int, int, int],
+                        shared: int, stream: Any, args: bytes, chunk: int) -> bool:
         backend = self.vg.backend
         try:
             slot = self._free_slot(state)
@@ -669,7 +738,6 @@ class VGpuPreemption:
             state.used = True
             self.arm()
         word = words.word(s.priority)
-        chunk = self.daemon.chunk
         if self.daemon.chaos and self.daemon.draw():
             words.raise_now()  # [priority] preempt_chaos: this launch is cut after its first wave
         backend.stream_write_word(stream, counter, blocks)
@@ -694,6 +762,45 @@ class VGpuPreemption:
         state.launches += 1
         self.vg.metrics.count("preemptible_launches", (s.tenant,))
         return True
+
+    def _start_timing(self, state: SessionVariants, words: GpuWords, choice: pc.Choice,
+                      candidate: int, stream: Any) -> pc.Timing | None:
+        backend = self.vg.backend
+        try:
+            while len(state.spare) < 2:
+                state.spare.append(backend.event_create(0))
+            start, end = state.spare.pop(), state.spare.pop()
+            backend.event_record(start, stream)
+        except BackendError:
+            return None  # not measured; the launch goes on
+        return pc.Timing(choice, candidate, start, end, words.raises())
+
+    def _end_timing(self, state: SessionVariants, timing: pc.Timing, stream: Any) -> None:
+        try:
+            self.vg.backend.event_record(timing.end, stream)
+        except BackendError:
+            state.spare += [timing.start, timing.end]
+            return
+        state.timings.append(timing)
+
+    def _collect(self, state: SessionVariants, words: GpuWords) -> None:
+        """The measured launches seen done give their times (if no word went up meanwhile)."""
+        if not state.timings:
+            return
+        backend = self.vg.backend
+        raises = words.raises()
+        waiting = []
+        for t in state.timings:
+            try:
+                if not backend.event_query(t.end):
+                    waiting.append(t)
+                    continue
+                if raises == t.raises:
+                    t.choice.add(t.candidate, backend.event_elapsed_ms(t.start, t.end) / 1e3)
+            except BackendError:
+                pass  # a failed launch measures nothing
+            state.spare += [t.start, t.end]
+        state.timings = waiting
 
     def _free_slot(self, state: SessionVariants) -> int:
         """A counter no launch still running uses (an event recorded behind each launch's rest
@@ -758,8 +865,9 @@ class VGpuPreemption:
         with guard:  # the GPU's helper may be reading the tallies
             if state.used and state.slots:
                 read_tally(backend, self.daemon, s, state, None)
-                log.info("session %d (%s): %d preemptible launches, %d preempted, %d blocks deferred",
-                         s.id, s.tenant, state.launches, state.tallied.preempted, state.tallied.deferred)
+                t = state.tallied
+                log.info("session %d (%s): %d preemptible launches, %d preempted, %d blocks deferred, "
+                         "%d retreats", s.id, s.tenant, state.launches, t.preempted, t.deferred, t.retreats)
             slots, state.slots = state.slots, 0
         for module, charge in state.modules.values():
             try:
@@ -772,7 +880,7 @@ class VGpuPreemption:
                 backend.mem_free(slots)
             except BackendError:
                 pass
-        for ev in state.events:
+        for ev in [*state.events, *state.spare, *(e for t in state.timings for e in (t.start, t.end))]:
             try:
                 backend.event_destroy(ev)
             except BackendError:

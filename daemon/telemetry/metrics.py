@@ -529,6 +529,12 @@ class PilotCollector(Collector):
         f.add_metric(["preemptible"], int(pre.get("preemptible_kernels", 0)))
         f.add_metric(["refused"], len(pre.get("kernels_not_preemptible") or {}))
         yield f
+        chosen = _gauge("pilot_preempt_choices", "Kernels at a block size and grid size class, by "
+                        "how they run while gated ([priority] preempt_chunk = \"auto\"): measuring, "
+                        "original (every variant measured more than 5% slower), chunk N.", ["choice"])
+        for how, n in sorted((pre.get("choices") or {}).items()):
+            chosen.add_metric([how], int(n))
+        yield chosen
         c = _counter("pilot_ptx_jit_seconds", "Seconds spent rewriting and compiling module images "
                      "into preemptible variants (a disk cache hit costs a read).")
         c.add_metric([], float(pre.get("jit_seconds", 0.0)))

@@ -69,6 +69,7 @@ class VGpu(Dispatch):
         self.fast_launch = True  # [daemon] fast_launch (set by the Daemon)
         self.fast: FastLaunches | None = None  # launches run in C (vgpu/fast.py), made in serve
         self.preempt: Any = None  # preempt.VGpuPreemption (set by the Daemon; None: [priority] preempt off)
+        self.capturing = False  # ops/graphs.py is capturing a program's graph on this thread
         self.device_output: Any = None  # device_output.DeviceOutput (set by the Daemon)
         # freed memory being zeroed, and zeroed blocks kept while the GPU has room to spare
         # (sessions/quarantine.py)

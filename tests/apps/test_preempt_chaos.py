@@ -5,7 +5,9 @@ its kernels as preemptible variants, and raises the retreat words at random. Its
 (the variants are made in the background at the first), so a raise cuts it after its first wave
 and the rest runs once the word is down. Output must be the native one every time; pilotd's log
 at each session's end gives the GPU's tally (the sim's emulation of it), and some runs must have
-been cut."""
+been cut. ptds.cu too: a gated session whose stream waits behind its own host callback, which
+waits for what the program's other threads do next, must not have those calls held at the
+priority gate (it deadlocked until the callback timed out)."""
 
 from __future__ import annotations
 
@@ -16,13 +18,14 @@ from pathlib import Path
 import pytest
 from apps_daemons import NATIVE, StartPilotd
 from test_apps import expected_vector_add
+from test_streams_devices import expected_ptds
 
 if NATIVE:
     pytest.skip("needs pilot's sim daemon", allow_module_level=True)
 
 CONFIG = '[daemon]\nlog_level = "info"\n[priority]\npreempt_chaos = "1ms"\n'
 TALLY = re.compile(r"session \d+ \([^)]*\): (\d+) preemptible launches, (\d+) preempted, "
-                   r"(\d+) blocks deferred")
+                   r"(\d+) blocks deferred, (\d+) retreats")
 MAX_RUNS = 25
 
 
@@ -31,7 +34,7 @@ def test_vector_add_is_exact_while_its_kernels_are_cut_at_random(
     daemon = start_pilotd(config=CONFIG)
     env = {**daemon.env(), "LD_PRELOAD": shim_path}
     want = expected_vector_add()
-    tallies: list[tuple[int, int, int]] = []
+    tallies: list[tuple[int, int, int, int]] = []
     for run in range(MAX_RUNS):
         proc = subprocess.run([str(app_binaries["vector_add"])], env=env, capture_output=True,
                               text=True, timeout=120)
@@ -44,4 +47,18 @@ def test_vector_add_is_exact_while_its_kernels_are_cut_at_random(
     assert sum(t[0] for t in tallies) > 0, daemon.log_tail()  # launched as variants
     assert sum(t[1] for t in tallies) >= 2, (tallies, daemon.log_tail())  # cut and resumed
     assert sum(t[2] for t in tallies) > 0
+    assert sum(t[3] for t in tallies) >= sum(t[1] for t in tallies)  # each preempted one retreated
     assert daemon.alive()
+
+
+def test_a_host_callback_that_waits_for_other_threads_does_not_deadlock_the_gate(
+        start_pilotd: StartPilotd, app_binaries: dict[str, Path], shim_path: str) -> None:
+    # a deadlock ends the session when its callback times out: after 10 s, not 60
+    daemon = start_pilotd(config=CONFIG.replace("[daemon]\n", '[daemon]\ncallback_timeout = "10s"\n'))
+    env = {**daemon.env(), "LD_PRELOAD": shim_path}
+    for program in ("ptds", "ptds_per_thread"):
+        proc = subprocess.run([str(app_binaries[program])], env=env, capture_output=True, text=True,
+                              timeout=90)
+        assert proc.returncode == 0 and proc.stdout.splitlines() == expected_ptds(), (
+            f"{program}: rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{daemon.log_tail()}")
+    assert "unanswered" not in daemon.log()

@@ -18,16 +18,19 @@ shared-memory histogram with atomics and a grid-stride loop over %nctaid):
    reference byte for byte (PASS/FAIL per kernel, with the count of preemptions).
 3. Overhead: the variant without preemption against the original (CUDA events, median of 15),
    at three input sizes, claiming 1 and 8 logical blocks at a time (the control block's
-   chunk); the geomean per size for chunk 1 and for the better chunk of each kernel (issue 29's
-   target: <= 1.05x at every size). The random preemptions of 2 use chunks of 1, 3 and 8.
+   chunk), alone and as pilotd's four steps (counter, variant, wait on the word, rest); the
+   geomean per size for chunk 1, for the better chunk of each kernel, and for what
+   `preempt_chunk = "auto"` keeps (the better chunk's four steps, or the original when that
+   costs more than 5%) (issue 29's target: <= 1.05x at every size). The random preemptions
+   of 2 use chunks of 1, 3 and 8.
 4. Preemption latency: a kernel whose blocks each spin 10 us .. 10 ms; the time from the flag's
    write (cuStreamWriteValue32 on a stream of the greatest priority, as pilotd raises it) to the
    kernel's end event, p50 and p99 over 30 requests, on the host's clock and on the GPU's
    (target: p99 <= 50 us for blocks of <= 20 us), beside the tally's spread histogram of the
    same retreats (what pilot_preempt_retreat_seconds exports).
-5. The tally (VERSION 3): pilotd's four steps on four kernels, 60 launches each raised at a
-   random moment; the GPU's counts of preempted launches and deferred blocks must equal what
-   the counters say.
+5. The tally (VERSION 3): pilotd's four steps on four kernels, 60 launches each, half of them
+   raised before the launch (as preempt_chaos does), the others at a random moment; the GPU's
+   counts of preempted launches and deferred blocks must equal what the counters say.
 Prints PASS/FAIL lines and INFO tables; writes preempt.md and preempt.json under --out; exits 1
 if any check failed. Asks for a few hundred MiB of device memory at most.
 """
@@ -54,6 +57,7 @@ from typing import Any
 from pilot.daemon.backends import ptx_preempt as pp
 from pilot.daemon.backends.cuda import CudaBackend, check
 from pilot.daemon.backends.ptx_cache import ImageCache, ptxas
+from pilot.daemon.scheduling.preempt_choice import TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]
 MIN_PREEMPTIONS = 100
@@ -333,10 +337,11 @@ TALLY_RUNS = 60
 
 
 def check_tally(r: Runner, c: Case, rnd: random.Random) -> dict[str, Any]:
-    """pilotd's four steps (scheduling/preempt.py) with the tally: the first part raised at a
-    random moment, the rest with no word. What the GPU counted must be what the counter says:
-    a preempted launch per first part that left blocks, and those blocks deferred; a retreat
-    per launch some block saw the word in (at least the preempted ones), one spread each."""
+    """pilotd's four steps (scheduling/preempt.py) with the tally: the first part raised before
+    it starts or at a random moment, the rest with no word. What the GPU counted must be what
+    the counters say: a preempted launch per first part that left blocks, and those blocks
+    deferred; a retreat per launch some block saw the word in (at least the preempted ones),
+    one spread each."""
     total = math.prod(c.grid)
     r.prepare(c)
     r.original(c)
@@ -349,12 +354,14 @@ def check_tally(r: Runner, c: Case, rnd: random.Random) -> dict[str, Any]:
     for _ in range(TALLY_RUNS):
         r.prepare(c)
         chunk = rnd.choice((1, 3, 8))
-        r.retreat(ZERO)
+        early = rnd.random() < 0.5  # raised before the launch: its first wave only, then the
+        r.retreat(ONE if early else ZERO)  # rest; else at a random moment of its run
         r.be.stream_synchronize(r.side)
         r.start(first)
         r.variant(c, blocks, chunk, first, tally=True)
-        busy_wait(rnd.random() * duration)
-        r.retreat(ONE)
+        if not early:
+            busy_wait(rnd.random() * duration)
+            r.retreat(ONE)
         r.be.stream_synchronize(r.stream)
         left = total - min(r.counter(), total)
         preempted += left > 0
@@ -381,17 +388,25 @@ def check_tally(r: Runner, c: Case, rnd: random.Random) -> dict[str, Any]:
 CHUNKS = (1, 8)  # logical blocks per claim whose overhead is measured
 
 
-def overhead(r: Runner, c: Case) -> tuple[float, list[float]]:
-    """The original's time and the variant's at each of CHUNKS, without preemption (the retreat
-    word read at every claim, and clear)."""
+def overhead(r: Runner, c: Case) -> tuple[float, list[float], list[float]]:
+    """The original's time and, at each of CHUNKS without preemption: the variant's alone (the
+    retreat word read at every claim, and clear), and pilotd's four steps (the counter written,
+    the variant, the wait on the word, the rest: what a gated launch costs)."""
     r.prepare(c)
     r.retreat(ZERO)
     r.be.stream_synchronize(r.side)
     native = r.timed(lambda: r.original(c))
     blocks = r.persistent_grid(c)
     start, end = r.be.event_create(0), r.be.event_create(0)
-    variants = []
+    variants, steps = [], []
     first = min(blocks, math.prod(c.grid))
+
+    def four(chunk: int) -> None:
+        r.start(first)
+        r.variant(c, blocks, chunk, first, tally=True)
+        r.be.stream_wait_word(r.stream, r.flag, 0)
+        r.variant(c, blocks, chunk, 0, tally=True, flag=False)
+
     for chunk in CHUNKS:
         times = []
         for i in range(16):
@@ -403,8 +418,16 @@ def overhead(r: Runner, c: Case) -> tuple[float, list[float]]:
             if i:
                 times.append(r.be.event_elapsed_ms(start, end) / 1e3)
         variants.append(statistics.median(times))
+        steps.append(r.timed(lambda chunk=chunk: four(chunk)))
     r.free(c)
-    return native, variants
+    return native, variants, steps
+
+
+def auto_ratio(native: float, steps: list[float]) -> tuple[float, bool]:
+    """What `preempt_chunk = "auto"` would cost (preempt_choice.decide on these medians): the
+    best chunk's four steps over the original, or 1 with the original kept."""
+    best = min(steps)
+    return (1.0, True) if best > TOLERANCE * native else (best / native, False)
 
 
 def latency(r: Runner, block_us: float) -> tuple[list[float], list[float]]:
@@ -475,12 +498,16 @@ def main() -> int:
                      lambda p: struct.pack("<qQ", int(20 * r.khz / 1e3), p[0]))
     results.append(check_results(r, spin_case, rnd))
     rows, per_size, best = [], {0: [], 1: [], 2: []}, {0: [], 1: [], 2: []}
+    best_steps: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    auto: dict[int, list[tuple[float, bool]]] = {0: [], 1: [], 2: []}
     for size in (0, 1, 2):
         for c in cases(size):
-            native, variants = overhead(r, c)
+            native, variants, steps = overhead(r, c)
             per_size[size].append(variants[0] / native)
-            best[size].append(min(variants) / native)  # the chunk the daemon would choose
-            rows.append((size, c.kernel, c.grid, native, variants))
+            best[size].append(min(variants) / native)
+            best_steps[size].append(min(steps) / native)
+            auto[size].append(auto_ratio(native, steps))
+            rows.append((size, c.kernel, c.grid, native, variants, steps))
     tallies = [check_tally(r, c, rnd) for c in cases(1)[:4]]
     lat, spreads = {}, {}
     for us in (10, 20, 100, 1000, 10000):
@@ -488,12 +515,19 @@ def main() -> int:
         lat[us] = latency(r, us)
         spreads[us] = list(r.read_tally().spread)  # the metric's histogram, 30 retreats
     names = ("small", "medium", "large")
-    lines = ["| size | kernel | grid | native us | " + " | ".join(f"chunk {k} us (ratio)" for k in CHUNKS)
-             + " |", "|---|---|---|---|" + "---|" * len(CHUNKS)]
+    lines = ["| size | kernel | grid | native us | "
+             + " | ".join(f"chunk {k} us (ratio)" for k in CHUNKS) + " | "
+             + " | ".join(f"four steps, chunk {k} (ratio)" for k in CHUNKS) + " |",
+             "|---|---|---|---|" + "---|" * (2 * len(CHUNKS))]
     lines += [f"| {names[s]} | {k} | {g} | {n * 1e6:.1f} | "
-              + " | ".join(f"{v * 1e6:.1f} ({v / n:.3f})" for v in vs) + " |" for s, k, g, n, vs in rows]
-    lines += ["", "| size | geomean ratio, chunk 1 | geomean ratio, best chunk |", "|---|---|---|"]
-    lines += [f"| {names[s]} | {geomean(v):.3f} | {geomean(best[s]):.3f} |" for s, v in per_size.items()]
+              + " | ".join(f"{v * 1e6:.1f} ({v / n:.3f})" for v in vs) + " | "
+              + " | ".join(f"{v * 1e6:.1f} ({v / n:.3f})" for v in st) + " |"
+              for s, k, g, n, vs, st in rows]
+    lines += ["", "| size | geomean ratio, chunk 1 | best chunk | four steps, best chunk | "
+              "four steps, auto (originals kept) |", "|---|---|---|---|---|"]
+    lines += [f"| {names[s]} | {geomean(v):.3f} | {geomean(best[s]):.3f} | {geomean(best_steps[s]):.3f} | "
+              f"{geomean([a for a, _ in auto[s]]):.3f} ({sum(k for _, k in auto[s])} of {len(auto[s])}) |"
+              for s, v in per_size.items()]
     lines += ["", "| block duration | host p50 us | host p99 us | GPU p50 us | GPU p99 us | "
               "tally's spread buckets (us: retreats) |", "|---|---|---|---|---|---|"]
     for us, (host, gpu) in lat.items():
@@ -511,7 +545,9 @@ def main() -> int:
          "spread_buckets": spreads, "jit": r.jit}, indent=1, default=str))
     for s, v in per_size.items():
         print(f"INFO overhead geomean ({names[s]}): chunk 1 {geomean(v):.3f}x, best chunk "
-              f"{geomean(best[s]):.3f}x (target <= 1.05)")
+              f"{geomean(best[s]):.3f}x; pilotd's four steps at the best chunk "
+              f"{geomean(best_steps[s]):.3f}x, auto {geomean([a for a, _ in auto[s]]):.3f}x "
+              f"({sum(k for _, k in auto[s])} kernels keep the original) (target <= 1.05)")
     for i, clock in enumerate(("host", "GPU")):
         small = [x for us in (10, 20) for x in lat[us][i]]
         print(f"INFO preemption p99 for blocks <= 20 us ({clock}): "

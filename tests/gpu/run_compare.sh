@@ -503,8 +503,8 @@ if [ -n "$COMPARE_CHAOS" ]; then
 import re, sys
 from collections import defaultdict
 start = re.compile(r"session (\d+): pid \d+ uid \d+ \((.*?)\) on vGPU")
-end = re.compile(r"session (\d+) \(([^)]*)\): (\d+) preemptible launches, (\d+) preempted, (\d+) blocks deferred")
-names, rows = {}, defaultdict(lambda: [0, 0, 0, 0])
+end = re.compile(r"session (\d+) \(([^)]*)\): (\d+) preemptible launches, (\d+) preempted, (\d+) blocks deferred, (\d+) retreats")
+names, rows = {}, defaultdict(lambda: [0, 0, 0, 0, 0])
 for line in open(sys.argv[1], errors="replace"):
     if m := start.search(line):
         words = m.group(2).split()
@@ -512,16 +512,18 @@ for line in open(sys.argv[1], errors="replace"):
     elif m := end.search(line):
         row = rows[names.get(m.group(1), "?")]
         row[0] += 1
-        for i in range(3):
+        for i in range(4):
             row[i + 1] += int(m.group(i + 3))
 print(f"preemption forced at random (`[priority] preempt_chaos = \"{sys.argv[2]}\"`, each program "
       f"{sys.argv[3]} time(s) under pilot): the GPU's tallies per program\n")
-print("| program | sessions | preemptible launches | preempted launches | blocks deferred |")
-print("| --- | --- | --- | --- | --- |")
-for name, (n, launches, pre, deferred) in sorted(rows.items()):
-    print(f"| {name} | {n} | {launches} | {pre} | {deferred} |")
-total = [sum(r[i] for r in rows.values()) for i in range(4)]
-print(f"| **all** | {total[0]} | {total[1]} | {total[2]} | {total[3]} |")
+print("(retreats: launches whose blocks saw the word raised; preempted: those of them that left "
+      "blocks to their rest, which only a grid larger than the GPU holds at once can)\n")
+print("| program | sessions | preemptible launches | retreats | preempted launches | blocks deferred |")
+print("| --- | --- | --- | --- | --- | --- |")
+for name, (n, launches, pre, deferred, retreats) in sorted(rows.items()):
+    print(f"| {name} | {n} | {launches} | {retreats} | {pre} | {deferred} |")
+t = [sum(r[i] for r in rows.values()) for i in range(5)]
+print(f"| **all** | {t[0]} | {t[1]} | {t[4]} | {t[2]} | {t[3]} |")
 PY
     cat "$OUT/compare-chaos.md" | tee -a "$LOG"
 fi

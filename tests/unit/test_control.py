@@ -213,6 +213,7 @@ def test_priority_classes(tmp_path: Any) -> None:
     assert listed["preemption"] is None  # [priority] preempt off
     d.preemption = SimpleNamespace(describe=lambda: {"chunk": 1, "preemptible_kernels": 1,
                                                      "kernels_not_preemptible": {"k": "why"},
+                                                     "kernel_choices": {"k (256 threads)": "chunk 8"},
                                                      "tenants": {"user:alice": {"preempted": 2},
                                                                  "user:bob": {"preempted": 3}}})
     assert call(d, ADMIN, "priority.list")["result"]["preemption"]["kernels_not_preemptible"] == {

@@ -251,6 +251,7 @@ def test_preemption_is_exported_when_on() -> None:
         "kernels_not_preemptible": {"k": "uses module variables"}, "jit_modules": 2,
         "jit_seconds": 0.25,
         "tenants": {"bob": {"preempted": 4, "blocks_deferred": 900}},
+        "choices": {"chunk 8": 2, "original": 1},
         "retreat_spread": [1, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
         "gpus": {"0": {"usable": True, "armed": 1, "raised": 0, "raises": 10, "clears": 9,
                        "failed_writes": 0, "forced_clears": 2}, "1": {"usable": False}}}
@@ -269,6 +270,8 @@ def test_preemption_is_exported_when_on() -> None:
     assert v("pilot_preempt_retreat_seconds_bucket", {"le": "3.2768e-05"}) == 3
     assert v("pilot_preempt_retreat_seconds_bucket", {"le": "+Inf"}) == 4
     assert v("pilot_preempt_retreat_seconds_count") == 4
+    assert v("pilot_preempt_choices", {"choice": "chunk 8"}) == 2
+    assert v("pilot_preempt_choices", {"choice": "original"}) == 1
 
 
 def test_the_spin_budget_is_exported() -> None:

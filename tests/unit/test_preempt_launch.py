@@ -22,6 +22,7 @@ from pilot.daemon.backends import fatbin
 from pilot.daemon.ops import execution
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.scheduling import preempt
+from pilot.daemon.scheduling import preempt_choice as pc
 from pilot.daemon.scheduling.preempt import Preemption, VGpuPreemption, module_ptx
 from pilot.daemon.sim_kernels import SimLaunch, blockwise
 
@@ -319,3 +320,70 @@ def test_chaos_preempts_at_random_and_every_block_still_runs_once(tmp_path: Path
         daemon.lower_all()
         daemon.close()
         h.close()
+
+
+@pytest.mark.parametrize(("times", "kept"), [({0: 1.0, 1: 1.3, 8: 1.02}, 8),
+                                             ({0: 1.0, 1: 1.3, 8: 1.2}, pc.ORIGINAL)])
+def test_auto_chunk_measures_each_way_then_keeps_the_fastest_or_the_original(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, times: dict[int, float], kept: int) -> None:
+    """`preempt_chunk = "auto"`: the first gated launches of a kernel alternate the original,
+    chunk 1 and chunk 8 between timing events (here the times are scripted per candidate); then
+    the fastest variant runs, or the original when every variant costs more than 5%. Every
+    launch, measured or not, runs every block once."""
+    h = Harness(tmp_path, {"infer": "high", "train": "low"}, inflight=2)
+    h.be._kernels.register("bump", blockwise(bump))
+    daemon = Preemption(chunk=0, cache_dir=None, compile_ptx=False)
+    h.vg.preempt = VGpuPreemption(h.vg, daemon)
+    try:
+        sc = Scene(h, daemon)
+        sc.start()
+        state = sc.lo.preempt
+        assert state is not None
+
+        def elapsed(start: Any, end: Any) -> float:  # ms, by the candidate the launch measured
+            return next(times[t.candidate] for t in state.timings if t.start is start) * 1e3
+
+        monkeypatch.setattr(h.be, "event_elapsed_ms", elapsed)
+        runs = 1
+
+        def decided() -> int | None:
+            made = state.made.get(sc.module)
+            return None if made is None or not made.choices else next(iter(made.choices.values())).decided
+
+        while decided() is None and runs < pc.MAX_TRIES:  # a launch seen done after a raise
+            # (infer's memset, which keeps it active and train gated) measures nothing
+            if runs % 4 == 0:
+                h.memset(sc.hi, 0, 1)
+            assert _until(lambda: not lib.pilot_preempt_raised(daemon.gpu_words(h.vg).ptr))
+            sc.bump()
+            runs += 1
+            assert sc.lo.gated and _until(lambda runs=runs: (sc.counts() == runs).all())
+        (choice,) = state.made[sc.module].choices.values()
+        assert choice.decided == kept, choice.samples
+        assert all(len(v) == pc.SAMPLES for v in choice.samples.values())
+        before = h.metrics.snapshot().labeled.get(("preemptible_launches", ("train",)), 0)
+        sc.bump()
+        assert _until(lambda: (sc.counts() == runs + 1).all())
+        after = h.metrics.snapshot().labeled.get(("preemptible_launches", ("train",)), 0)
+        assert after == before + (0 if kept == pc.ORIGINAL else 1)
+        shown = daemon.describe()
+        assert shown["chunk"] == "auto"
+        assert list(shown["kernel_choices"].values()) == [choice.describe()]
+    finally:
+        daemon.lower_all()
+        daemon.close()
+        h.close()
+
+
+def test_no_variant_goes_into_a_graph_pilotd_captures(rig: Any) -> None:
+    """A variant's slot and events belong to one launch: a launch captured into a graph (every
+    replay would share them) runs the original (the capture was seen on the H200 under
+    preempt_chaos)."""
+    h, daemon, _slot = rig
+    sc = Scene(h, daemon)
+    sc.start()
+    info = sc.lo.functions[sc.fn]
+    h.vg.capturing = True
+    assert not h.vg.preempt.launch(sc.lo, info, (BLOCKS, 1, 1), (32, 1, 1), 0, sc.lo.legacy, sc.args)
+    h.vg.capturing = False
+    assert h.vg.preempt.launch(sc.lo, info, (BLOCKS, 1, 1), (32, 1, 1), 0, sc.lo.legacy, sc.args)
