@@ -282,6 +282,14 @@ class Preemption:
         them; the helpers' random raises cut the others anywhere)."""
         return self._random.random() < 0.5
 
+    def shape(self, blocks: int, chunk: int) -> tuple[int, int]:
+        """[priority] preempt_chaos: a random persistent grid (1 up to the resident one) and
+        chunk (1, 3 or 8), so that even a grid the GPU holds at once has blocks claiming, which
+        a retreat can cut (a test of the claim and the resume; not for speed)."""
+        if not self.chaos:
+            return blocks, chunk
+        return self._random.randint(1, max(1, blocks)), self._random.choice((1, 3, 8))
+
     def record(self, s: Session, state: SessionVariants, now: pp.Tally) -> None:
         """Fold what s's tally gained since it was last read into the daemon's counts."""
         before = state.tallied
@@ -738,6 +746,7 @@ class VGpuPreemption:
             state.used = True
             self.arm()
         word = words.word(s.priority)
+        blocks, chunk = self.daemon.shape(blocks, chunk)
         if self.daemon.chaos and self.daemon.draw():
             words.raise_now()  # [priority] preempt_chaos: this launch is cut after its first wave
         backend.stream_write_word(stream, counter, blocks)

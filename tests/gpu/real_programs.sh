@@ -54,6 +54,9 @@
 #   REAL_LOG_ALL    1: log every program, not only the ones that did not match
 #   PILOT_LOG       the shim's log level for the pilot runs (default warn: unsupported calls
 #                   are named on stderr, which the note column reports)
+#   REAL_CHAOS      a duration (e.g. 1ms): pilotd runs with `[priority] preempt_chaos` set to it
+#                   (every program gated, its kernels preemptible and preempted at random); the
+#                   GPU's tallies per program go to $OUT/real_chaos.md (tests/gpu/chaos_tallies.py)
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -129,6 +132,11 @@ start_daemon() {
     DAEMON_N=$((DAEMON_N + 1))
     DAEMON_LOG=$WORK/pilotd.$DAEMON_N.log
     for f in $PILOT_SIM_KERNELS; do args+=(--sim-kernels "$f"); done
+    if [ -n "${REAL_CHAOS:-}" ]; then
+        printf '[daemon]\nlog_level = "info"\n[priority]\npreempt_chaos = "%s"\n' "$REAL_CHAOS" \
+            >"$WORK/chaos.toml"
+        args+=(--config "$WORK/chaos.toml")
+    fi
     mkdir -p "$SOCK_DIR"
     rm -f "$SOCK"
     pilotd_start "$DAEMON_LOG" "${args[@]}"
@@ -482,6 +490,13 @@ for i in $(seq "$DAEMON_N"); do
     log "================ pilotd log, daemon $i of $DAEMON_N"
     dump_file "pilotd log" "$f" "$([ "$DAEMON_N" -gt 10 ] && echo 40 || echo 120)"
 done
+
+if [ -n "${REAL_CHAOS:-}" ]; then  # what the GPU counted of the preemptions, per program
+    logs=()
+    for i in $(seq "$DAEMON_N"); do [ -f "$WORK/pilotd.$i.log" ] && logs+=("$WORK/pilotd.$i.log"); done
+    [ ${#logs[@]} -gt 0 ] && "$PYTHON" "$REPO/tests/gpu/chaos_tallies.py" --chaos "$REAL_CHAOS" \
+        "${logs[@]}" >"$OUT/real_chaos.md" && cat "$OUT/real_chaos.md"
+fi
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
 {

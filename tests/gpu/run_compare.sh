@@ -499,32 +499,8 @@ stop_daemon
 if [ -n "$COMPARE_CHAOS" ]; then
     # the GPU's tallies per program: pilotd logs each session's command line when it starts and
     # its preemptible launches, preempted launches and deferred blocks when it ends
-    "$PYTHON" - "$DAEMON_LOG" "$COMPARE_CHAOS" "$COMPARE_REPEAT" >"$OUT/compare-chaos.md" <<'PY'
-import re, sys
-from collections import defaultdict
-start = re.compile(r"session (\d+): pid \d+ uid \d+ \((.*?)\) on vGPU")
-end = re.compile(r"session (\d+) \(([^)]*)\): (\d+) preemptible launches, (\d+) preempted, (\d+) blocks deferred, (\d+) retreats")
-names, rows = {}, defaultdict(lambda: [0, 0, 0, 0, 0])
-for line in open(sys.argv[1], errors="replace"):
-    if m := start.search(line):
-        words = m.group(2).split()
-        names[m.group(1)] = " ".join([words[0].rsplit("/", 1)[-1], *words[1:]]) if words else "?"
-    elif m := end.search(line):
-        row = rows[names.get(m.group(1), "?")]
-        row[0] += 1
-        for i in range(4):
-            row[i + 1] += int(m.group(i + 3))
-print(f"preemption forced at random (`[priority] preempt_chaos = \"{sys.argv[2]}\"`, each program "
-      f"{sys.argv[3]} time(s) under pilot): the GPU's tallies per program\n")
-print("(retreats: launches whose blocks saw the word raised; preempted: those of them that left "
-      "blocks to their rest, which only a grid larger than the GPU holds at once can)\n")
-print("| program | sessions | preemptible launches | retreats | preempted launches | blocks deferred |")
-print("| --- | --- | --- | --- | --- | --- |")
-for name, (n, launches, pre, deferred, retreats) in sorted(rows.items()):
-    print(f"| {name} | {n} | {launches} | {retreats} | {pre} | {deferred} |")
-t = [sum(r[i] for r in rows.values()) for i in range(5)]
-print(f"| **all** | {t[0]} | {t[1]} | {t[4]} | {t[2]} | {t[3]} |")
-PY
+    "$PYTHON" "$REPO/tests/gpu/chaos_tallies.py" --chaos "$COMPARE_CHAOS" --runs "$COMPARE_REPEAT" \
+        "$DAEMON_LOG" >"$OUT/compare-chaos.md"
     cat "$OUT/compare-chaos.md" | tee -a "$LOG"
 fi
 
