@@ -24,14 +24,15 @@ launch raises it again). It is a thread of its own because a vGPU thread may be 
 GPU in C, behind a stream that waits for a word.
 
 **The variants** of a module image are made once per image in the background (thread
-`pilot-jit`): the image's PTX (a PTX image, or the newest PTX entry of a fatbin not above the
-GPU's architecture, decompressed with the system's libzstd when nvcc compressed it) is
-rewritten, compiled with ptxas through the disk cache (ptx_cache.py, `state_dir/ptx-cache`)
-where ptxas is found, else handed to the driver's JIT. A session's module gets its variants'
-module (a module of its own, charged to the tenant like the program's) at its first gated launch
-after they are ready; until then, and for kernels without a variant, the original runs behind
-the gate. The chunk is `[priority] preempt_chunk`, or with "auto" (the default) chosen per kernel
-and grid from measured times, the original included (preempt_choice.py).
+`pilot-jit`), from the module's load on: the image's PTX (a PTX image, or the newest PTX entry
+of a fatbin not above the GPU's architecture, decompressed with the system's libzstd when nvcc
+compressed it) is rewritten, compiled with ptxas through the disk cache (ptx_cache.py,
+`state_dir/ptx-cache`) where ptxas is found, else handed to the driver's JIT. A session's module
+gets its variants' module (a module of its own, charged to the tenant like the program's) at its
+first gated launch after they are ready; until then, and for kernels without a variant, the
+original runs behind the gate. The chunk is `[priority] preempt_chunk`, or with "auto" (the
+default) chosen per kernel and grid from measured times, the original included
+(preempt_choice.py).
 
 Not preempted (the gate alone applies): launches with attributes (cooperative, clusters, a
 priority), sessions in an SM partition (green contexts), graph launches, library calls and
@@ -603,9 +604,14 @@ class VGpuPreemption:
 
     def module_loaded(self, s: Session, handle: int, image: bytes) -> None:
         """Keep the image of a module of a session that may be gated (its class is below high),
-        up to KEEP_IMAGE_BYTES: a framework's fatbins of hundreds of MiB are not kept twice."""
+        up to KEEP_IMAGE_BYTES: a framework's fatbins of hundreds of MiB are not kept twice;
+        and have its variants made now, in the background, so that they are ready when the
+        session is first gated (a short program is otherwise done before they are)."""
         if self.vg.gate.board.enabled and s.priority < HIGH and len(image) <= KEEP_IMAGE_BYTES:
             self._state(s).images[handle] = image
+            words = self.daemon.gpu_words(self.vg)
+            if words is not None:
+                self.daemon.variants(image, words.sm)
 
     def module_unloaded(self, s: Session, handle: int) -> None:
         """The program unloaded a module (its work finished first): its variants go too."""
