@@ -115,7 +115,8 @@ class SessionVariants:
     slots: int = 0  # device address of its tally (TALLY_BYTES), then its slots (SLOT_BYTES each)
     nslots: int = 0
     next_slot: int = 0
-    images: dict[int, bytes] = field(default_factory=dict)  # module handle -> its image
+    # module handle -> its image and the image's digest (image_digest: hashed once, at its load)
+    images: dict[int, tuple[bytes, str]] = field(default_factory=dict)
     modules: dict[int, tuple[Any, int]] = field(default_factory=dict)  # handle -> (module, charge)
     # (module handle, kernel, threads per block, dynamic shared bytes) -> (variant, resident
     # blocks) or None: none
@@ -187,9 +188,10 @@ class Preemption:
         self.jit_seconds = 0.0
         self.jit_modules = 0
 
-    def variants(self, image: bytes, sm: int) -> ModuleVariants | None:
-        """The image's variants, or None while they are being made (started here)."""
-        key = hashlib.sha256(image).hexdigest() + f":{sm}"
+    def variants(self, image: bytes, sm: int, digest: str | None = None) -> ModuleVariants | None:
+        """The image's variants, or None while they are being made (started here). digest:
+        the image's SHA-256 (hex) when the caller has it already."""
+        key = (digest or image_digest(image)) + f":{sm}"
         with self._lock:
             found = self._images.get(key)
             if found is not None:
@@ -294,10 +296,10 @@ class Preemption:
     def record(self, s: Session, state: SessionVariants, now: pp.Tally) -> None:
         """Fold what s's tally gained since it was last read into the daemon's counts."""
         before = state.tallied
-        state.tallied = now
-        preempted, deferred = now.preempted - before.preempted, now.deferred - before.deferred
         if now == before:
             return
+        state.tallied = now
+        preempted, deferred = now.preempted - before.preempted, now.deferred - before.deferred
         with self._lock:
             counts = self.tenants.setdefault(s.tenant, [0, 0])
             counts[0] += max(0, preempted)
@@ -424,11 +426,15 @@ class GpuWords:
             except Exception:  # the words must keep coming down: log, look again
                 log.exception("preempt-%d: lowering the retreat words failed", self.gpu)
 
-    def raises(self) -> int:
-        """Words raised on this GPU so far (a word already up is not raised again)."""
+    def counts(self) -> tuple[int, int, int]:
+        """Raises (a word already up is not raised again), clears, and writes the driver
+        refused, on this GPU so far."""
         counts = ffi.new("uint64_t[3]")
         lib.pilot_preempt_counts(self.ptr, counts, counts + 1, counts + 2)
-        return int(counts[0])
+        return int(counts[0]), int(counts[1]), int(counts[2])
+
+    def raises(self) -> int:
+        return self.counts()[0]
 
     def raise_now(self) -> None:
         """Raise every armed word now, as a higher class's launch would ([priority]
@@ -540,8 +546,7 @@ class GpuWords:
     def describe(self) -> dict[str, Any]:
         if self.ptr == ffi.NULL:
             return {"usable": False}
-        counts = ffi.new("uint64_t[3]")
-        lib.pilot_preempt_counts(self.ptr, counts, counts + 1, counts + 2)
+        counts = self.counts()
         return {"usable": True, "armed": lib.pilot_preempt_armed(self.ptr),
                 "raised": lib.pilot_preempt_raised(self.ptr), "raises": counts[0],
                 "clears": counts[1], "failed_writes": counts[2], "forced_clears": self.forced,
@@ -608,10 +613,10 @@ class VGpuPreemption:
         and have its variants made now, in the background, so that they are ready when the
         session is first gated (a short program is otherwise done before they are)."""
         if self.vg.gate.board.enabled and s.priority < HIGH and len(image) <= KEEP_IMAGE_BYTES:
-            self._state(s).images[handle] = image
+            kept = self._state(s).images[handle] = (image, image_digest(image))
             words = self.daemon.gpu_words(self.vg)
             if words is not None:
-                self.daemon.variants(image, words.sm)
+                self.daemon.variants(kept[0], words.sm, kept[1])
 
     def module_unloaded(self, s: Session, handle: int) -> None:
         """The program unloaded a module (its work finished first): its variants go too."""
@@ -642,12 +647,12 @@ class VGpuPreemption:
         key = _function_key(info, block, shared)
         if key in state.functions:
             return state.functions[key]
-        image = state.images.get(handle)
+        kept = state.images.get(handle)
         words = self.daemon.gpu_words(self.vg)
-        if image is None or words is None:
+        if kept is None or words is None:
             state.functions[key] = None
             return None
-        made = self.daemon.variants(image, words.sm)
+        made = self.daemon.variants(kept[0], words.sm, kept[1])
         if made is None:
             return None  # being made: the original meanwhile, asked again next time
         found: tuple[Any, int] | None = None
@@ -860,7 +865,11 @@ class VGpuPreemption:
     def streams_going(self, s: Session) -> Any:
         """Held while a stream of s is destroyed, or s stops raising: the GPU's helper does not
         query s's streams meanwhile."""
-        words = self.daemon._gpus.get(self.vg.gpu) if s.preempt_raises else None
+        return self._helper_guard() if s.preempt_raises else contextlib.nullcontext()
+
+    def _helper_guard(self) -> Any:
+        """The lock the GPU's helper holds while it looks at sessions (a no-op without one)."""
+        words = self.daemon._gpus.get(self.vg.gpu)
         return words.guard if words is not None and words.ptr != ffi.NULL else contextlib.nullcontext()
 
     def session_ends(self, s: Session) -> None:
@@ -875,9 +884,7 @@ class VGpuPreemption:
         if state is None:
             return
         backend = self.vg.backend
-        words = self.daemon._gpus.get(self.vg.gpu)
-        guard = words.guard if words is not None and words.ptr != ffi.NULL else contextlib.nullcontext()
-        with guard:  # the GPU's helper may be reading the tallies
+        with self._helper_guard():  # the GPU's helper may be reading the tallies
             if state.used and state.slots:
                 read_tally(backend, self.daemon, s, state, None)
                 t = state.tallied
@@ -901,6 +908,11 @@ class VGpuPreemption:
             except BackendError:
                 pass
         s.preempt = None
+
+
+def image_digest(image: bytes) -> str:
+    """What identifies a module image among the variants made (SHA-256, hex)."""
+    return hashlib.sha256(image).hexdigest()
 
 
 def read_tally(backend: Any, owner: Preemption, s: Session, state: SessionVariants,

@@ -1,22 +1,24 @@
-"""Kernels preempted at random moments (`[priority] preempt_chaos`, scheduling/preempt.py), end
-to end on the sim: vector_add.cu under the shim against a pilotd that runs every session gated,
-its kernels as preemptible variants, and raises the retreat words at random. Its first launch
-(4,096 blocks, more than the sim GPU holds at once) runs as the variant from the second run on
-(the variants are made in the background at the first), so a raise cuts it after its first wave
-and the rest runs once the word is down. Output must be the native one every time; pilotd's log
-at each session's end gives the GPU's tally (the sim's emulation of it), and some runs must have
-been cut. ptds.cu too: a gated session whose stream waits behind its own host callback, which
-waits for what the program's other threads do next, must not have those calls held at the
-priority gate (it deadlocked until the callback timed out)."""
+"""Kernels preempted at random moments (`[priority] preempt_chaos`, scheduling/preempt.py), end to
+end on the sim: vector_add.cu under the shim against a pilotd that runs every session gated, its
+kernels as preemptible variants, and raises the retreat words at random. Its first launch (4,096
+blocks, more than the sim GPU holds at once) runs as the variant once its variants are made (in
+the background from the module's load), so a raise cuts it after its first wave and the rest
+runs once the word is down. Output must be the native one every time; pilotd's log at each
+session's end gives the GPU's tally (the sim's emulation of it), read by the GPU runs' own
+tests/gpu/chaos_tallies.py, and some runs must have been cut. ptds.cu too: a gated session whose
+stream waits behind its own host callback, which waits for what the program's other threads do
+next, must not have those calls held at the priority gate (it deadlocked until the callback
+timed out)."""
 
 from __future__ import annotations
 
-import re
+import importlib.util
 import subprocess
 from pathlib import Path
+from types import ModuleType
 
 import pytest
-from apps_daemons import NATIVE, StartPilotd
+from apps_daemons import GPU_DIR, NATIVE, StartPilotd
 from test_apps import expected_vector_add
 from test_streams_devices import expected_ptds
 
@@ -24,9 +26,16 @@ if NATIVE:
     pytest.skip("needs pilot's sim daemon", allow_module_level=True)
 
 CONFIG = '[daemon]\nlog_level = "info"\n[priority]\npreempt_chaos = "1ms"\n'
-TALLY = re.compile(r"session \d+ \([^)]*\): (\d+) preemptible launches, (\d+) preempted, "
-                   r"(\d+) blocks deferred, (\d+) retreats")
 MAX_RUNS = 25
+
+
+def _chaos_tallies() -> ModuleType:
+    """tests/gpu/chaos_tallies.py, which reads pilotd's session lines for the GPU runs."""
+    spec = importlib.util.spec_from_file_location("chaos_tallies", GPU_DIR / "chaos_tallies.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_vector_add_is_exact_while_its_kernels_are_cut_at_random(
@@ -34,20 +43,22 @@ def test_vector_add_is_exact_while_its_kernels_are_cut_at_random(
     daemon = start_pilotd(config=CONFIG)
     env = {**daemon.env(), "LD_PRELOAD": shim_path}
     want = expected_vector_add()
-    tallies: list[tuple[int, int, int, int]] = []
+    read = _chaos_tallies().tallies
+    # [sessions, preemptible launches, preempted launches, blocks deferred, retreats]
+    row = [0, 0, 0, 0, 0]
     for run in range(MAX_RUNS):
         proc = subprocess.run([str(app_binaries["vector_add"])], env=env, capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 0 and proc.stdout.splitlines() == want, (
             f"run {run}: rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{daemon.log_tail()}")
-        tallies = [tuple(map(int, m.groups())) for m in TALLY.finditer(daemon.log())]  # type: ignore[misc]
-        if sum(t[1] for t in tallies) >= 2:
+        row = read([str(daemon.log_path)]).get("vector_add", row)
+        if row[2] >= 2:
             break
     assert "raising the retreat words at random" in daemon.log()
-    assert sum(t[0] for t in tallies) > 0, daemon.log_tail()  # launched as variants
-    assert sum(t[1] for t in tallies) >= 2, (tallies, daemon.log_tail())  # cut and resumed
-    assert sum(t[2] for t in tallies) > 0
-    assert sum(t[3] for t in tallies) >= sum(t[1] for t in tallies)  # each preempted one retreated
+    assert row[1] > 0, daemon.log_tail()  # launched as variants
+    assert row[2] >= 2, (row, daemon.log_tail())  # cut and resumed
+    assert row[3] > 0
+    assert row[4] >= row[2]  # each preempted one retreated
     assert daemon.alive()
 
 
