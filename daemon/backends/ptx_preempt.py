@@ -373,12 +373,14 @@ def start_first_part(slot: bytearray | memoryview) -> None:
     struct.pack_into("<I", slot, 4, 0)
 
 
-def account_resume(slot: bytearray | memoryview, tally: bytearray | memoryview, deferred: int) -> None:
-    """A resuming launch ran `deferred` blocks (ACCOUNT and the claims' tally): the slot's
-    retreat, if any, into the tally, and the slot's readings zeroed."""
+def account_resume(slot: bytearray | memoryview, tally: bytearray | memoryview, deferred: int,
+                   account: bool = True) -> None:
+    """A launch without a word ran `deferred` blocks by claims (the claims' tally) and, with
+    `account` (its block 0 claims: `first` 0, ACCOUNT runs), moved the slot's retreat, if any,
+    into the tally and zeroed the slot's readings."""
     first, last = struct.unpack_from("<QQ", slot, 8)
     preempted, total, retreats = struct.unpack_from("<QQQ", tally)
-    if last:
+    if last and account:
         retreats += 1
         at = 24 + 4 * spread_bucket(last - first)
         struct.pack_into("<I", tally, at, (struct.unpack_from("<I", tally, at)[0] + 1) & 0xFFFFFFFF)

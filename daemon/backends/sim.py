@@ -1410,13 +1410,16 @@ class SimBackend:
         wave, claimed, after = claimed_blocks(counter, total, retreat, first, chunk,
                                               self.claims_before_retreat if retreat else None)
         self._device_range(ctl, COUNTER_BYTES)[:] = struct.pack("<I", after)
-        if tally and flag and first:
+        # as the variant does (ptx_preempt.py): block 0 of a first wave zeroes the slot's count
+        # of the rest's blocks; without a word, block 0 (when it claims) accounts the retreat
+        # and every claim counts its blocks
+        if tally and first:
             start_first_part(self._device_range(ctl, SLOT_BYTES))
         if tally and flag and retreat:
             stamp_retreat(self._device_range(ctl, SLOT_BYTES), time.monotonic_ns())
         elif tally and not flag:
             account_resume(self._device_range(ctl, SLOT_BYTES), self._device_range(tally, TALLY_BYTES),
-                           len(claimed))
+                           len(claimed), account=not first)
         launch.name, launch.grid, launch.params = base, (gx, gy, gz), launch.params[:-len(PARAMS)]
         if wave.stop >= claimed.start:
             launch.blocks = range(0, max(wave.stop, claimed.stop))

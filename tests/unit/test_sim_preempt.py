@@ -146,6 +146,15 @@ def test_the_tally_counts_preempted_launches_and_the_blocks_their_rest_ran(rig: 
     rig.launch(rig.bump, launched=8, first=8, tally=True)
     rig.launch(rig.bump, launched=8, first=0, flag=False, tally=True)
     assert tally() == pp.Tally() and rig.counts() == [1] * BLOCKS
+    # a launch without a word but with a first wave (pilotd makes none) counts its claims, as
+    # the variant does, and leaves the slot's readings to a launch whose block 0 claims
+    rig.be.memcpy_htod(rig.ctl + 8, struct.pack("<QQ", 5, 9), 16, None)
+    rig.start(first=8)
+    rig.launch(rig.bump, launched=8, first=8, flag=False, tally=True)
+    assert (tally().preempted, tally().deferred, tally().retreats) == (1, BLOCKS - 8, 0)
+    assert struct.unpack_from("<QQ", rig.read(rig.ctl, pp.SLOT_BYTES), 8) == (5, 9)
+    rig.be.memcpy_htod(rig.ctl, bytes(pp.SLOT_BYTES), pp.SLOT_BYTES, None)
+    rig.be.memcpy_htod(rig.tally, bytes(pp.TALLY_BYTES), pp.TALLY_BYTES, None)
     # preempted after two claims: 8 + 2 ran, the rest runs the 20 deferred blocks
     rig.be.memcpy_htod(rig.out, bytes(4 * BLOCKS * THREADS), 4 * BLOCKS * THREADS, None)
     rig.start(first=8)
