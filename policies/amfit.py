@@ -4,9 +4,13 @@
   into, once), per owner, as the daemon observes it from launch footprints and kernel ends.
 - Owners: each process, or with `per = "tenant"` each tenant.
 - When the active memory of the owners not held exceeds the GPU's room (capacity less fixed
-  allocations), the owner with the most active memory is held: its further launches wait, and
-  its idle movable memory (not used by its running kernels) is evicted to host memory. This
-  repeats while the others still overflow and more than one owner is active.
+  allocations), the owner with the most active memory is held: its further launches wait, its
+  idle movable memory (not used by its running kernels) is evicted to host memory, and, with
+  `[priority] preempt`, its running kernels are stopped at their next block boundary
+  (Controls.preempt; what is left of each waits on its stream, and runs at its resume). This
+  repeats while the others still overflow and more than one owner is active. So that there are
+  kernels to stop, the sessions on a GPU launch preemptible variants while its active memory
+  is above `preemptible_above` of the room, or an owner is held (Controls.preemptible).
 - A held owner resumes when enough capacity frees (what the others use plus what it used when
   held fits in the room), or after `resume_after` (so an owner is never starved; 0: only when
   capacity frees), oldest hold first.
@@ -30,10 +34,14 @@ from .tracking import FootprintPolicy, check_owner, size_text
 class AMFitSettings:
     resume_after: Seconds = 2.0  # a held owner resumes after this long at most; 0: no limit
     per: str = "process"  # what is held: each process, or a whole tenant ("tenant")
+    # active memory, as a fraction of the room, above which kernels launch preemptible
+    preemptible_above: float = 0.5
 
     def __post_init__(self) -> None:
         if self.resume_after < 0:
             raise ValueError("resume_after must be 0 or more")
+        if not 0 <= self.preemptible_above <= 1:
+            raise ValueError("preemptible_above must be between 0 and 1")
         check_owner(self.per)
 
 
@@ -108,7 +116,9 @@ class AMFit(FootprintPolicy):
 
     def _rebalance(self, gpu: int, rerank: bool = False) -> None:
         room = self.controls.gpu(gpu).room
-        if not self.holds and self.running.gpu_bytes(gpu) <= room:
+        used = self.running.gpu_bytes(gpu)
+        if not self.holds and used <= room:
+            self._arm(gpu, room, used)
             if rerank:  # nobody to hold or resume: only the order may change
                 self._rerank(gpu)
             return
@@ -127,6 +137,7 @@ class AMFit(FootprintPolicy):
                 released = True
                 self.released[owner] = self.now
                 self.controls.report("release", h.tenant_of_owner(owner))
+                self.resume_owner(owner, gpu)
         # Hold: the owner with the most active memory, while the unheld overflow. An owner
         # released within resume_after is not held again (it would never get to run).
         limit = self.settings.resume_after
@@ -138,10 +149,17 @@ class AMFit(FootprintPolicy):
             owner = max(unheld, key=lambda t: (unheld[t], t))
             self.holds[owner] = Hold(gpu, self.now, unheld[owner])
             self.controls.report("hold", h.tenant_of_owner(owner))
+            self.preempt_owner(owner, gpu)
             for session in h.sessions_of(owner, gpu):
                 self.controls.evict(session, keep=self.running.pointers_of(session))
         if rerank or len(self.holds) != holds or released:
             self._rerank(gpu)
+        self._arm(gpu, room, used)
+
+    def _arm(self, gpu: int, room: int, used: int) -> None:
+        """Preemptible launches while the GPU's active memory is high or an owner is held."""
+        self.set_preemptible(gpu, used > room * self.settings.preemptible_above
+                             or any(h.gpu == gpu for h in self.holds.values()))
 
     def session_status(self, session: int) -> tuple[str, str] | None:
         owner = self.holdings.owner_of_session(session)

@@ -130,6 +130,22 @@ class KernelView:
 
 
 @dataclass(frozen=True, slots=True)
+class PreemptionView:
+    """A session's preemption in progress (Controls.preempt .. resume). `cut`: its preemptible
+    launches on the GPU when its retreat word went up; `drained_at`: when pilotd saw the last of
+    them leave the SMs (None: not yet); monotonic times."""
+    session: int
+    requested_at: float
+    cut: int
+    drained_at: float | None
+
+    @property
+    def latency_s(self) -> float | None:
+        """From the request to the last cut launch's blocks leaving, as pilotd observed it."""
+        return None if self.drained_at is None else self.drained_at - self.requested_at
+
+
+@dataclass(frozen=True, slots=True)
 class NvmlView:
     """One NVML reading of a GPU (the whole card, every process); bytes and percent."""
     gpu: int
@@ -221,6 +237,37 @@ class Controls:
     def release_session(self, session: int) -> None:
         """Lift hold_session: the held calls run, in order, at the vGPU's next look (a tick)."""
 
+    def can_preempt(self) -> bool:
+        """Whether pilotd can stop a running kernel (`[priority] preempt` on, and the policy
+        declares Policy.preempts_kernels). Without it preempt only counts."""
+        return False
+
+    def preemptible(self, session: int, on: bool = True) -> None:
+        """From the session's next launch on, run its kernels that have a preemptible variant (PTX the
+        daemon could rewrite; not library kernels, graphs, cooperative or cluster launches) as that
+        variant, so that preempt can cut them; `on` False: as they are again. (Launches pilotd's
+        fast path makes in C, for a session the policy does not watch, Policy.watches_launches,
+        follow from its next call handled in Python.) A variant costs a few microseconds per launch
+        (docs/architecture/priorities.md): make sessions preemptible while a preemption is likely,
+        not for good. Takes effect at once (not queued)."""
+
+    def preempt(self, session: int) -> None:
+        """Stop the session's preemptible launches running on the GPU: their blocks finish the
+        logical blocks they claimed and claim no more; what is left of each (its *rest*) waits
+        on its stream, and so does everything the program queued behind it (stream order is
+        kept). Launches it makes while preempted wait likewise. Does not hold its calls (answer
+        WAIT, or hold_session, for that). The extents its cut kernels use count as idle for the
+        capacity enforcer once they have left. Queued; preemption() shows its progress."""
+
+    def resume(self, session: int) -> None:
+        """Lift preempt: the rests run (after the memory the enforcer evicted from under them is
+        brought back), then what waited behind them. Queued, after any preempt before it."""
+
+    def preemption(self, session: int) -> PreemptionView | None:
+        """The session's preemption in progress (None: not preempted, or the request still
+        queued)."""
+        return None
+
     def report(self, action: str, tenant: str) -> None:
         """Count a policy action of its own (`hold`, `release`, `throttle`, `unthrottle`) in
         pilot_policy_actions_total{policy,tenant,action}."""
@@ -297,6 +344,9 @@ class Policy:
     # The enforcer moves a launch's movable memory that is not on the GPU onto it before the
     # kernel (bulk copies), instead of the kernel faulting it in while it holds its SMs.
     prefetches_footprint: ClassVar[bool] = False
+    # It calls Controls.preemptible / preempt / resume: pilotd keeps the module images of every
+    # session for their preemptible variants, whatever its priority class.
+    preempts_kernels: ClassVar[bool] = False
     Settings: ClassVar[type | None] = None    # frozen dataclass of knobs ([policy.<name>])
 
     def __init__(self, settings: Any = None) -> None:

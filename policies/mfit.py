@@ -19,11 +19,16 @@ rank below everyone. The rank says who yields to whom:
   program must not wait behind a big one's piece): the wait limit guards the waiting one.
 - **Preemption.** When a launch has waited `preempt_after`, the owners ranked above it that keep
   memory on the GPU are preempted, most memory held first, until what they keep would make it
-  fit. Until pilot can stop a running kernel, *preempt* means: the owner's further launches on
-  that GPU wait (it is *held*) and its idle movable memory (not used by its running kernels) is
-  evicted to host memory. The holds last while the preempting session keeps the GPU busy (a
+  fit. *Preempt* means: the owner's further launches on that GPU wait (it is *held*), its idle
+  movable memory (not used by its running kernels) is evicted to host memory, and, with
+  `[priority] preempt`, its running kernels are stopped at their next block boundary
+  (Controls.preempt: what is left of each waits on its stream; the enforcer may then evict the
+  memory they used, and brings it back before they resume). So that there are kernels to stop,
+  the sessions on a GPU launch preemptible variants while a launch waits there
+  (Controls.preemptible). The holds last while the preempting session keeps the GPU busy (a
   kernel running or waiting within `preempt_after`), and at most `max_hold`, so that owners
-  take turns instead of one starving; they are lifted too when it ends or gives up waiting.
+  take turns instead of one starving; they are lifted (the owners resumed) when it ends or
+  gives up waiting.
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ class MFit(FootprintPolicy):
         self._release(s.id)
         self.released_at.pop(s.id, None)
         self._rerank(s.gpu)
+        self._calm(s.gpu)
 
     def allocated(self, a: Any) -> None:
         super().allocated(a)
@@ -129,13 +135,13 @@ class MFit(FootprintPolicy):
         me = self.holdings.owner_of(launch)
         held_for = self.holds.get((gpu, me))
         if held_for is not None:
-            queue.pop(launch.id, None)
+            self._left(queue, launch)
             return Decision.wait(f"held: preempted for session {held_for}")
         if not self.running.owners_on(gpu):
-            queue.pop(launch.id, None)
+            self._left(queue, launch)
             return Decision.run("nothing else running") if launch.attempts > 1 else RUN
         if not launch.movable_bytes:
-            queue.pop(launch.id, None)
+            self._left(queue, launch)
             return RUN
         mine = self.running.owner_pointers(gpu, me)
         need = self.running.owner_bytes(gpu, me) + \
@@ -144,14 +150,26 @@ class MFit(FootprintPolicy):
         room = self.controls.gpu(gpu).room
         free = max(room - sum(self._kept(gpu, o) for o in above), self._guaranteed(launch, me, room))
         if need <= free:
-            queue.pop(launch.id, None)
+            self._left(queue, launch)
             return RUN
+        if not queue:
+            self.set_preemptible(gpu, True)  # a launch waits here: a preemption may follow
         queue[launch.id] = launch
         waited = launch.now - max(launch.requested_at, self.released_at.get(launch.session, 0.0))
         if self.settings.preempt_after and waited >= self.settings.preempt_after \
                 and launch.id not in self.preempted_for:
             self._preempt(launch, above, need - free)
         return Decision.wait(f"needs {size_text(need)}, {size_text(max(0, free))} free")
+
+    def _left(self, queue: dict[int, LaunchView], launch: LaunchView) -> None:
+        """The launch does not wait (any more); with none waiting, the GPU's sessions launch
+        their originals again."""
+        if queue.pop(launch.id, None) is not None and not queue:
+            self._calm(launch.gpu)
+
+    def _calm(self, gpu: int) -> None:
+        if not self.waiting.get(gpu) and not any(g == gpu for g, _o in self.holds):
+            self.set_preemptible(gpu, False)
 
     def _guaranteed(self, launch: LaunchView, me: str, room: int) -> int:
         """What the launch's tenant is provisioned on the GPU (at most the room), less what its
@@ -180,6 +198,7 @@ class MFit(FootprintPolicy):
                 continue
             self.holds[(gpu, owner)] = launch.session
             self.controls.report("hold", h.tenant_of_owner(owner))
+            self.preempt_owner(owner, gpu)
             for session in h.sessions_of(owner, gpu):
                 self.controls.evict(session, keep=self.running.pointers_of(session))
             short -= kept
@@ -196,6 +215,7 @@ class MFit(FootprintPolicy):
             self.preempted_for.discard(launch.id)
             self._release(launch.session)
             self._rerank(launch.gpu)
+        self._calm(launch.gpu)
 
     def kernel_finished(self, k: KernelView) -> None:
         self.running.finished(k.launch)
@@ -235,6 +255,8 @@ class MFit(FootprintPolicy):
         for key in [k for k, s in self.holds.items() if s == session]:
             del self.holds[key]
             self.controls.report("release", self.holdings.tenant_of_owner(key[1]))
+            self.resume_owner(key[1], key[0])
+            self._calm(key[0])
         for queue in self.waiting.values():  # its waiting launches may preempt again later
             self.preempted_for.difference_update(i for i, lv in queue.items() if lv.session == session)
 

@@ -225,6 +225,9 @@ class FootprintPolicy(Policy):
     # then copies it in bulk instead of faulting page by page with its kernel on the SMs
     # (measured: bench/RESULTS.md).
     prefetches_footprint = True
+    # A held owner's running kernels are preempted too, where pilotd can (Controls.preempt;
+    # `[priority] preempt`): as PILOT stops the kernels of the process it preempts.
+    preempts_kernels = True
 
     def __init__(self, settings: Any = None) -> None:
         super().__init__(settings)
@@ -232,6 +235,33 @@ class FootprintPolicy(Policy):
         self.running = RunningKernels(self.holdings.owner_of)
         self.now = 0.0
         self._orders: dict[int, tuple[int, ...]] = {}  # gpu -> the eviction order last set
+        self._preemptible: dict[int, bool] = {}  # gpu -> its sessions launch preemptible variants
+        self.preempted: set[int] = set()  # sessions preempted (Controls.preempt), not resumed
+
+    def set_preemptible(self, gpu: int, on: bool) -> None:
+        """The sessions on `gpu` launch their kernels as preemptible variants (on: a preemption
+        may come soon), or as they are, if that changed (Controls.preemptible)."""
+        if self._preemptible.get(gpu, False) == on or not self.controls.can_preempt():
+            return
+        self._preemptible[gpu] = on
+        for s in self.holdings.sessions.values():
+            if s.gpu == gpu:
+                self.controls.preemptible(s.id, on)
+
+    def preempt_owner(self, owner: str, gpu: int) -> None:
+        """Stop the owner's running kernels on `gpu` where pilotd can (Controls.preempt)."""
+        if not self.controls.can_preempt():
+            return
+        for sid in self.holdings.sessions_of(owner, gpu):
+            if sid not in self.preempted:
+                self.preempted.add(sid)
+                self.controls.preempt(sid)
+
+    def resume_owner(self, owner: str, gpu: int) -> None:
+        for sid in self.holdings.sessions_of(owner, gpu):
+            if sid in self.preempted:
+                self.preempted.discard(sid)
+                self.controls.resume(sid)
 
     def set_order(self, gpu: int, owners: list[str]) -> None:
         """Give the enforcer these owners' sessions as its eviction order on `gpu` (the first
@@ -243,10 +273,13 @@ class FootprintPolicy(Policy):
 
     def session_started(self, s: SessionView) -> None:
         self.holdings.session_started(s)
+        if self._preemptible.get(s.gpu):
+            self.controls.preemptible(s.id, True)
 
     def session_ended(self, s: SessionView) -> None:
         self.holdings.session_ended(s)
         self.running.drop_session(s.id)
+        self.preempted.discard(s.id)  # pilotd lowers its word as it ends
 
     def allocated(self, a: AllocationView) -> None:
         self.holdings.allocated(a)

@@ -11,6 +11,8 @@ and these after them (`variant_params` packs them):
     u32 chunk   logical blocks per claim (0 counts as 1)
     u32 first   blocks of this launch that run logical block blockIdx.x without claiming it
     u64 tally   device address of the session's tally (TALLY_BYTES, zeroed); 0: no accounting
+    u64 sflag   device address of a second retreat word, read with `flag` (VERSION 4: a word of
+                the session's own, which a policy raises to preempt the session); 0: none
 
 `ctl` points at a slot of SLOT_BYTES: the u32 counter, the u32 count of blocks the launch's
 rest ran, then two u64 GPU clock readings (%globaltimer, ns) of the launch's retreat: when the
@@ -32,19 +34,20 @@ launch. A launch no retreat touched costs a store and a load.
 Launched with any number of blocks (the GPU's resident maximum at most), blocks below `first`
 run their own index first (a launch's first wave starts at once, so it needs no atomic and no
 retreat check: it is running when any request could come), then each block loops: thread 0
-reads the retreat word (volatile) and, when it is 0, claims `chunk` indices with atom.add; the
-block reads the claim through one of two shared slots (alternating, so one barrier per claim
-suffices) and runs the chunk's logical blocks one after another (with a barrier between two
-when the kernel uses shared memory: the next one's threads must not overwrite what the previous
-one still reads); an index >= total (or a retreat) ends the block. Everything else a claim needs
-comes from parameters (the constant bank), read once per block. A larger chunk costs fewer
-atomics on one address, which matters for grids of many short blocks, and delays the retreat by
-up to chunk - 1 blocks. The block runs K's body with every `%ctaid` read mapped to the logical
-index (x fastest, as the hardware numbers blocks: `logical_ctaid`) and every `%nctaid` read to
-the original grid, and every `ret` / `exit` of the body goes back to the claim. A block that
-claimed an index finishes it, so every logical block runs exactly once whatever the moment of
-the retreat: after a preempted launch ends, the counter's blocks (at most `total`) are done and
-a launch with the same counter and `first` 0 runs only the rest (with `flag` 0, all of it).
+reads the retreat word (volatile; and `sflag`'s, when set) and, when both are 0, claims `chunk`
+indices with atom.add; the block reads the claim through one of two shared slots (alternating,
+so one barrier per claim suffices) and runs the chunk's logical blocks one after another (with
+a barrier between two when the kernel uses shared memory: the next one's threads must not
+overwrite what the previous one still reads); an index >= total (or a retreat) ends the block.
+Everything else a claim needs comes from parameters (the constant bank), read once per block. A
+larger chunk costs fewer atomics on one address, which matters for grids of many short blocks,
+and delays the retreat by up to chunk - 1 blocks. The block runs K's body with every `%ctaid`
+read mapped to the logical index (x fastest, as the hardware numbers blocks: `logical_ctaid`)
+and every `%nctaid` read to the original grid, and every `ret` / `exit` of the body goes back
+to the claim. A block that claimed an index finishes it, so every logical block runs exactly
+once whatever the moment of the retreat: after a preempted launch ends, the counter's blocks
+(at most `total`) are done and a launch with the same counter and `first` 0 runs only the rest
+(with `flag` 0, all of it).
 
 Kernels that are not rewritten, and why (`Rewrite.reason`):
 - grid-wide synchronization (cooperative groups' grid.sync reads the grid workspace through
@@ -91,8 +94,8 @@ TALLY_BYTES = 24 + 4 * SPREAD_BUCKETS
 # The parameters the variant takes after K's own (name, PTX type, bytes), in this order.
 PARAMS = (("ctl", "u64", 8), ("flag", "u64", 8), ("total", "u32", 4), ("gx", "u32", 4),
           ("gy", "u32", 4), ("gz", "u32", 4), ("chunk", "u32", 4), ("first", "u32", 4),
-          ("tally", "u64", 8))
-VERSION = 3  # of the rewrite: part of the compiled-image cache key (ptx_cache.py)
+          ("tally", "u64", 8), ("sflag", "u64", 8))
+VERSION = 4  # of the rewrite: part of the compiled-image cache key (ptx_cache.py)
 
 _ENTRY = re.compile(r"^(\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+)([\w$]+)(\s*\()", re.M)
 _LABEL = re.compile(r"^\s*([$\w]+):")
@@ -204,6 +207,13 @@ CLAIM = f"""$__pilot_claim:
 \t@%__pilot_p2 bra \t$__pilot_take;
 \tcvta.to.global.u64 \t%__pilot_rd1, %__pilot_rd1;
 \tld.volatile.global.u32 \t{_R}2, [%__pilot_rd1];
+\tld.param.u64 \t%__pilot_rd1, [__pilot_sflag];
+\tsetp.eq.u64 \t%__pilot_p1, %__pilot_rd1, 0;
+\t@%__pilot_p1 bra \t$__pilot_check;
+\tcvta.to.global.u64 \t%__pilot_rd1, %__pilot_rd1;
+\tld.volatile.global.u32 \t{_R}1, [%__pilot_rd1];
+\tor.b32 \t{_R}2, {_R}2, {_R}1;
+$__pilot_check:
 \tsetp.ne.u32 \t%__pilot_p1, {_R}2, 0;
 \t@%__pilot_p1 bra \t$__pilot_retreat;
 $__pilot_take:
@@ -307,12 +317,15 @@ def logical_ctaid(index: int, grid: tuple[int, int, int]) -> tuple[int, int, int
 
 
 def variant_params(grid: tuple[int, int, int], ctl: int, flag: int = 0, chunk: int = 1,
-                   first: int = 0, tally: int = 0) -> bytes:
+                   first: int = 0, tally: int = 0, sflag: int = 0) -> bytes:
     """The parameters a variant takes after its kernel's own (PARAMS), packed as a launch passes
-    them: `ctl` the slot's device address, `flag` the retreat word's (0: never retreats),
-    `tally` the tally's (0: none)."""
+    them: `ctl` the slot's device address, `flag` the retreat word's (0: never retreats: the
+    rest of a launch), `tally` the tally's (0: none), `sflag` a second word's (0: none; read
+    only with `flag`)."""
+    if sflag and not flag:
+        raise ValueError("sflag is read only with flag (a launch without flag is a rest)")
     gx, gy, gz = grid
-    return struct.pack("<QQ6IQ", ctl, flag, gx * gy * gz, gx, gy, gz, chunk, first, tally)
+    return struct.pack("<QQ6IQQ", ctl, flag, gx * gy * gz, gx, gy, gz, chunk, first, tally, sflag)
 
 
 def variant_args(args: bytes, params: bytes) -> bytes:

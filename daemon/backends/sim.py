@@ -1394,17 +1394,20 @@ class SimBackend:
     def _run_variant(self, launch: SimLaunch) -> None:
         """A preemptible variant (ptx_preempt.py) as a GPU runs it, for the emulation of its
         kernel: the first wave, then claims from its counter until the grid is done or, with
-        its retreat word set when the stream gets there, `claims_before_retreat` claims. An
+        its retreat word or its second one (`sflag`) set when the stream gets there,
+        `claims_before_retreat` claims. An
         emulation that runs only whole grids (not `sim_kernels.blockwise`) sees the retreat too
         late: all of the rest runs (a GPU may do that as well)."""
         ours = launch.params[-len(PARAMS):]
         ctl, flag = (int.from_bytes(p, "little") for p in ours[:2])
         total, gx, gy, gz, chunk, first = (int.from_bytes(p, "little") for p in ours[2:8])
-        tally = int.from_bytes(ours[8], "little")
+        tally, sflag = (int.from_bytes(p, "little") for p in ours[8:10])
         base = launch.name[:-len(SUFFIX)]
         fn = self._kernels.get(base)
         counter = struct.unpack("<I", self._device_range(ctl, COUNTER_BYTES))[0]
-        retreat = bool(flag) and struct.unpack("<I", self._device_range(flag, 4))[0] != 0
+        # both words are read only with flag (a launch without one is a rest: it never retreats)
+        retreat = bool(flag) and any(struct.unpack("<I", self._device_range(w, 4))[0] != 0
+                                     for w in (flag, sflag) if w)
         if fn is not None and not getattr(fn, "blockwise", False):
             retreat = False
         wave, claimed, after = claimed_blocks(counter, total, retreat, first, chunk,

@@ -214,6 +214,11 @@ class Residency:
         self.gpus = {g: GpuResidency(g, d) for g, d in devices.items()}
         self.sessions: dict[int, GpuResidency] = {}  # session id -> its GPU's (tracked memory only)
         self.tenants: dict[int, str] = {}  # session id -> tenant, for metrics of requests
+        # Sessions a policy preempted (Controls.preempt) -> the events after their cut launches'
+        # first parts. Their running kernels' extents count as idle and leave after those events,
+        # not after their last kernel, which waits for the resume (scheduling/preempt.py).
+        # Replaced whole, never changed in place (read without a lock).
+        self.preempted: dict[int, tuple[Any, ...]] = {}
 
     # ---- allocations (broker) ----
     def track(self, s: Session, ptr: int, size: int, span: int = 0) -> None:
@@ -247,6 +252,8 @@ class Residency:
                 del g.by_session[s.id]
                 self.sessions.pop(s.id, None)
                 self.tenants.pop(s.id, None)
+                if s.id in self.preempted:
+                    self.preempted = {k: v for k, v in self.preempted.items() if k != s.id}
         return extents
 
     def untrack(self, s: Session, ptr: int) -> None:
@@ -471,14 +478,19 @@ class Residency:
             return True
         resident = self._evictable(g, spare, session)
         rank = g.evict_rank
+        preempted = self.preempted
+
+        def busy(e: Extent) -> bool:  # a kernel running uses it (a preempted one is not running)
+            return e.active > 0 and e.session not in preempted
+
         if rank:  # cold memory, then a policy's order: idle memory by rank, then the session's own,
             last = len(rank)  # then others' busy
             cold = time.monotonic() - COLD_S
             candidates = sorted(resident, key=lambda e: (
-                e.active > 0 and e.session != session, e.active > 0 or e.used_s > cold,
-                rank.get(e.session, last), e.active > 0, e.used_at))
+                busy(e) and e.session != session, busy(e) or e.used_s > cold,
+                rank.get(e.session, last), busy(e), e.used_at))
         else:
-            candidates = sorted(resident, key=lambda e: (e.active > 0, e.used_at))
+            candidates = sorted(resident, key=lambda e: (busy(e), e.used_at))
         own, on_stream = None, False
         for e in candidates:
             if over <= 0:
@@ -488,7 +500,13 @@ class Residency:
                 on_stream = True
             else:
                 own = own or self._stream(g)
-                if e.active and e.busy_until is not None:
+                cut = preempted.get(e.session) if e.active else None
+                if cut is not None:
+                    # its kernels were preempted: it leaves once they have left the SMs (their
+                    # rests wait for the resume, which brings it back first)
+                    for done in cut:
+                        moves.wait(own, done)
+                elif e.active and e.busy_until is not None:
                     # Another session's kernel uses it: move it only once that kernel is done,
                     # or the kernel would fault it back and the GPU would hold more than C.
                     moves.wait(own, e.busy_until)
@@ -562,6 +580,36 @@ class Residency:
     def _own_stream(self, g: GpuResidency) -> Any:
         self.backend.bind_thread(g.device)
         return self._stream(g)
+
+    def preempted_session(self, session: int, cut: list[Any]) -> None:
+        """A policy preempted the session; `cut`: the events after its cut launches' first parts
+        (scheduling/preempt.py). Until resumed_session, its running kernels' extents count as
+        idle, and leave after those events."""
+        self.preempted = {**self.preempted, session: tuple(cut)}
+
+    def resumed_session(self, session: int) -> Any:
+        """The session is resumed: the extents of its preempted kernels that were evicted come
+        back in (making room as a launch would), on pilot's stream of its GPU. Returns that
+        stream, for the resume to go behind the moves (its rests then find their memory on the
+        GPU, counted); None: nothing moved."""
+        if session in self.preempted:
+            self.preempted = {k: v for k, v in self.preempted.items() if k != session}
+        g = self.sessions.get(session)
+        if g is None:
+            return None
+        moves = Moves()
+        with g.lock:
+            extents = [e for base in sorted(g.by_session.get(session, ())) for e in g.allocs[base]
+                       if e.active and not e.resident and not e.advised]
+            if not extents:
+                return None
+            stream = self._own_stream(g)
+            incoming = self._bring_in(g, extents, stream, moves)
+            if incoming and self.enforced:
+                self._prefetch_in(g, incoming, stream, moves)
+            self._take_turn(g, moves)
+        self._issue(g, moves)
+        return stream
 
     def evict_session(self, session: int, keep: tuple[int, ...] = ()) -> int:
         """Move the session's resident movable memory to host, but the allocations in `keep`;

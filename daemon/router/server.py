@@ -244,6 +244,12 @@ class Daemon:
                         "its kernels preempted at random moments (a test setting)", chaos)
         self.policy = PolicyHost(policy, self.metrics, config.policy_max_wait)
         self.policy.controls.broker = self.broker
+        self.policy.controls.vgpus = self.vgpus
+        if self.preemption is not None and policy.preempts_kernels:  # Controls.preempt cuts kernels
+            self.policy.controls.preempts = self.preemption.for_policy = True
+        elif policy.preempts_kernels:
+            log.info("policy %s preempts kernels only with [priority] preempt = true; until then "
+                     "its preemptions only hold launches", policy.name)
         self.policy.wake = self._wake_waiting
         self.broker.policy = self.policy
         # kernels' printf output, captured from the driver's stdout (vgpu/device_output.py)
@@ -1115,6 +1121,10 @@ class Daemon:
         self.callbacks.close_all()  # no vGPU may stay blocked behind a gate
         if self.preemption is not None:
             self.preemption.lower_all()  # nor behind a retreat word
+            for vg in self.vgpus:  # a policy's preemptions too
+                for s in list(vg.sessions.values()):
+                    if s.preemption is not None and vg.preempt is not None:
+                        vg.preempt.resume(s)
         for vg in self.vgpus:
             vg.send_control(b"S")
         for vg in self.vgpus:

@@ -223,8 +223,9 @@ def _launch_and_watch(vg: VGpu, s: Session, launch: Launch, info: FunctionInfo, 
     start = watch.start_event(stream) if vg.kernel_time else None  # [metrics] kernel_time
     try:
         if launch.attrs is None:
-            # a gated session's kernel as its preemptible variant where it has one
-            if not (s.gated and vg.preempt is not None and vg.preempt.launch(
+            # a gated session's kernel (or one a policy made preemptible) as its preemptible
+            # variant where it has one
+            if not ((s.gated or s.preemptible) and vg.preempt is not None and vg.preempt.launch(
                     s, info, launch.grid, launch.block, launch.shared_bytes, stream, launch.args[:])):
                 vg.backend.launch(info.handle, launch.grid, launch.block, launch.shared_bytes, stream,
                                   launch.args[:])

@@ -31,6 +31,7 @@ from pilot.policies import (
     LaunchView,
     NvmlView,
     Policy,
+    PreemptionView,
     SessionView,
     Verdict,
     Watch,
@@ -103,6 +104,10 @@ class DaemonControls(Controls):
     def __init__(self, host: PolicyHost) -> None:
         self.host = host
         self.broker: ResourceBroker | None = None  # set by the Daemon
+        # the vGPUs (a session's preemption is its vGPU's), and whether pilotd can cut kernels
+        # ([priority] preempt and Policy.preempts_kernels); set by the Daemon
+        self.vgpus: list[Any] = []
+        self.preempts = False
         self.pending: list[tuple[str, tuple[Any, ...]]] = []
         self._pending_lock = threading.Lock()
 
@@ -177,12 +182,61 @@ class DaemonControls(Controls):
     def report(self, action: str, tenant: str) -> None:
         self.host.metrics.count("policy_actions", (self.host.name, tenant, action))
 
+    # ---- preemption (scheduling/preempt.py) ----
+    def can_preempt(self) -> bool:
+        return self.preempts
+
+    def preemptible(self, session: int, on: bool = True) -> None:
+        s = self.host.sessions.get(session)
+        if s is not None and self.preempts:
+            s.preemptible = bool(on)
+
+    def preempt(self, session: int) -> None:
+        self._queue("preempt", session, time.monotonic())
+
+    def resume(self, session: int) -> None:
+        self._queue("resume", session)
+
+    def preemption(self, session: int) -> PreemptionView | None:
+        s = self.host.sessions.get(session)
+        p = s.preemption if s is not None else None
+        if p is None:
+            return None
+        return PreemptionView(session, p.requested_at, p.cut, p.drained_at)
+
+    def _preemption(self, what: str, args: tuple[Any, ...]) -> None:
+        """Carry out a preempt or resume (scheduler thread)."""
+        s = self.host.sessions.get(args[0])
+        vg = self.vgpus[s.vgpu] if s is not None and 0 <= s.vgpu < len(self.vgpus) else None
+        preempt = vg.preempt if vg is not None and self.preempts else None
+        if s is None or preempt is None:
+            return
+        res = self._residency()
+        if what == "preempt":
+            p = preempt.preempt(s, args[1])
+            if res is not None:  # its cut kernels' memory may be evicted once they have left
+                res.preempted_session(s.id, list(p.waiting))
+            preempt.daemon.policy_counts[0] += 1
+            self.host.metrics.count("policy_actions", (self.host.name, s.tenant, "preempt"))
+        else:
+            # the memory evicted from under its cut kernels comes back before their rests
+            stream = res.resumed_session(s.id) if res is not None else None
+            preempt.resume(s, stream)
+            preempt.daemon.policy_counts[1] += 1
+            self.host.metrics.count("policy_actions", (self.host.name, s.tenant, "resume"))
+
     def run_pending(self) -> None:
         """Carry out the queued requests (scheduler thread). One that fails is logged."""
         with self._pending_lock:
             pending, self.pending = self.pending, []
         res = self._residency()
         for what, args in pending:
+            if what in ("preempt", "resume"):
+                try:
+                    self._preemption(what, args)
+                except Exception:
+                    log.exception("policy %s: %s%r failed", self.host.name, what, args)
+                continue
             if res is None:
                 continue
             try:

@@ -85,6 +85,10 @@ FOLD_S = 0.05  # how often, at most, it reads the sessions' tallies after loweri
 MAX_TIMINGS = 16  # measured launches of a session not yet seen done (preempt_choice.py)
 ATTR_MAJOR, ATTR_MINOR, ATTR_SMS = 75, 76, 16  # cudaDevAttr: compute capability, SM count
 KEEP_IMAGE_BYTES = 16 << 20  # larger module images get no variants (their kernels are gated only)
+# A session's device memory for preemption: its tally, then its own retreat word (u32, raised by
+# a policy's Controls.preempt; 4 bytes of padding keep the slots 8-aligned), then its slots.
+WORD_AT = pp.TALLY_BYTES
+HEADER_BYTES = pp.TALLY_BYTES + 8
 
 
 @dataclass
@@ -112,7 +116,7 @@ class SessionVariants:
     """One session's part: its tally and slots, the variants' modules loaded for its modules,
     and the variant of each of its functions (None: none)."""
 
-    slots: int = 0  # device address of its tally (TALLY_BYTES), then its slots (SLOT_BYTES each)
+    slots: int = 0  # device address of its tally, its own word, then its slots (HEADER_BYTES)
     nslots: int = 0
     next_slot: int = 0
     # module handle -> its image and the image's digest (image_digest: hashed once, at its load)
@@ -131,10 +135,30 @@ class SessionVariants:
     timings: list[pc.Timing] = field(default_factory=list)  # measured launches not yet seen done
     spare: list[Any] = field(default_factory=list)  # timing events to reuse
     tallied: pp.Tally = field(default_factory=pp.Tally)  # its tally when last read
+    # per slot, an event recorded behind its launch's first part (sessions a policy made
+    # preemptible): once done, that launch has no block left on the GPU until its rest
+    cuts: list[Any] = field(default_factory=list)
+    cut_recorded: set[int] = field(default_factory=set)  # slots whose launch in flight recorded it
 
     def slot(self, index: int) -> int:
         """The device address of slot `index` (its counter first)."""
-        return self.slots + pp.TALLY_BYTES + pp.SLOT_BYTES * index
+        return self.slots + HEADER_BYTES + pp.SLOT_BYTES * index
+
+    @property
+    def word(self) -> int:
+        """The device address of the session's own retreat word (0: no slots yet)."""
+        return self.slots + WORD_AT if self.slots else 0
+
+
+@dataclass
+class SessionPreemption:
+    """A policy's preemption of one session (Controls.preempt), from its request on."""
+
+    requested_at: float  # time.monotonic() of the policy's call
+    raised: bool = False  # the session's word was written 1 (it had slots)
+    cut: int = 0  # its preemptible launches on the GPU when the word went up
+    waiting: list[Any] = field(default_factory=list)  # their cut events not yet seen done
+    drained_at: float | None = None  # when pilotd saw the last of them leave the SMs
 
 
 def module_ptx(image: bytes, sm: int) -> str | None:
@@ -187,6 +211,12 @@ class Preemption:
         self._gpus: dict[int, GpuWords] = {}
         self.jit_seconds = 0.0
         self.jit_modules = 0
+        # the policy preempts sessions (Policy.preempts_kernels): every session's module images
+        # get variants, whatever its class (set by the Daemon)
+        self.for_policy = False
+        # policy preemptions: made, resumed, and their drain times per log2 bucket (as spreads)
+        self.policy_counts = [0, 0]
+        self.drains = [0] * pp.SPREAD_BUCKETS
 
     def variants(self, image: bytes, sm: int, digest: str | None = None) -> ModuleVariants | None:
         """The image's variants, or None while they are being made (started here). digest:
@@ -278,6 +308,8 @@ class Preemption:
                 "tenants": {t: {"preempted": v[0], "blocks_deferred": v[1]}
                             for t, v in sorted(tenants.items())},
                 "retreat_spread": spread,
+                "policy_preemptions": self.policy_counts[0], "policy_resumes": self.policy_counts[1],
+                "drain": list(self.drains),
                 "gpus": {str(g): w.describe() for g, w in gpus.items()}}
 
     def draw(self) -> bool:
@@ -306,6 +338,10 @@ class Preemption:
             counts[1] += max(0, deferred)
             for i, (a, b) in enumerate(zip(now.spread, before.spread, strict=True)):
                 self.spread[i] += max(0, a - b)
+
+    def drained(self, seconds: float) -> None:
+        with self._lock:
+            self.drains[pp.spread_bucket(int(seconds * 1e9))] += 1
 
     def lower_all(self) -> None:
         """Every word down and nothing armed (the daemon stops: no stream may stay waiting)."""
@@ -337,6 +373,9 @@ class GpuWords:
         self.stream = backend.stream_create(1, backend.stream_priority_range()[1])
         self.reads = backend.stream_create(1, 0)  # tallies are read here, not behind raises
         self.chaos_raises = 0
+        self.session_raises = 0  # sessions' own words raised (Controls.preempt)
+        # sessions preempted whose cut launches are not yet seen done: id -> Session
+        self.draining: dict[int, Session] = {}
         self._random = random.Random()
         native = getattr(backend, "native_word_functions", lambda: None)()
         self._callback: Any = None
@@ -405,9 +444,12 @@ class GpuWords:
                     return
                 raised = lib.pilot_preempt_raised(self.ptr)
                 armed = lib.pilot_preempt_armed(self.ptr)
-                self._cond.wait(CLEAR_MS / 1000 if raised else ARMED_MS / 1000 if armed else IDLE_S)
+                self._cond.wait(CLEAR_MS / 1000 if raised or self.draining
+                                else ARMED_MS / 1000 if armed else IDLE_S)
                 if self._stop:
                     return
+            if self.draining:
+                self.poll_drains()
             if not lib.pilot_preempt_raised(self.ptr):
                 self._raised_since = 0.0
                 now = time.monotonic()
@@ -434,7 +476,36 @@ class GpuWords:
         return int(counts[0]), int(counts[1]), int(counts[2])
 
     def raises(self) -> int:
-        return self.counts()[0]
+        """Words raised so far, the sessions' own included (a timing that saw one is void)."""
+        return self.counts()[0] + self.session_raises
+
+    def watch_drain(self, s: Session) -> None:
+        """Look at s's cut launches until they are done (the helper, every CLEAR_MS)."""
+        with self._cond:
+            self.draining[s.id] = s
+            self._cond.notify()
+
+    def poll_drains(self) -> None:
+        """The preempted sessions whose cut launches are all done now: drained."""
+        query = self.backend.event_query
+        with self.guard:  # no session's events are destroyed meanwhile (VGpuPreemption.forget)
+            for sid, s in list(self.draining.items()):
+                p = s.preemption
+                if p is None or p.drained_at is not None:
+                    self.draining.pop(sid, None)
+                    continue
+                left = []
+                for ev in p.waiting:
+                    try:
+                        if not query(ev):
+                            left.append(ev)
+                    except BackendError:
+                        pass  # a failed launch has no block running
+                p.waiting = left
+                if not left:
+                    p.drained_at = time.monotonic()
+                    self.owner.drained(p.drained_at - p.requested_at)
+                    self.draining.pop(sid, None)
 
     def raise_now(self) -> None:
         """Raise every armed word now, as a higher class's launch would ([priority]
@@ -608,11 +679,13 @@ class VGpuPreemption:
         return words
 
     def module_loaded(self, s: Session, handle: int, image: bytes) -> None:
-        """Keep the image of a module of a session that may be gated (its class is below high),
-        up to KEEP_IMAGE_BYTES: a framework's fatbins of hundreds of MiB are not kept twice;
-        and have its variants made now, in the background, so that they are ready when the
-        session is first gated (a short program is otherwise done before they are)."""
-        if self.vg.gate.board.enabled and s.priority < HIGH and len(image) <= KEEP_IMAGE_BYTES:
+        """Keep the image of a module of a session that may be gated (its class is below high)
+        or preempted by the policy (Policy.preempts_kernels), up to KEEP_IMAGE_BYTES: a
+        framework's fatbins of hundreds of MiB are not kept twice; and have its variants made
+        now, in the background, so that they are ready when the session is first gated (a
+        short program is otherwise done before they are)."""
+        if ((self.vg.gate.board.enabled and s.priority < HIGH) or self.daemon.for_policy) \
+                and len(image) <= KEEP_IMAGE_BYTES:
             kept = self._state(s).images[handle] = (image, image_digest(image))
             words = self.daemon.gpu_words(self.vg)
             if words is not None:
@@ -704,9 +777,12 @@ class VGpuPreemption:
         belong to one launch, not to every replay of a graph)."""
         if s.partition is not None or self.vg.capturing:
             return False
+        class_word = s.gated and s.priority in WORD
+        if not (class_word or s.preemptible):
+            return False
         found = self.variant(s, info, block, shared)
         words = self.daemon.gpu_words(self.vg)
-        if found is None or words is None or s.priority not in WORD:
+        if found is None or words is None:
             return False
         fn, resident = found
         state = s.preempt
@@ -724,16 +800,16 @@ class VGpuPreemption:
                     return False
                 if choice.decided is not None:
                     chunk = choice.decided
-                elif (len(state.timings) < MAX_TIMINGS
-                      and not lib.pilot_preempt_raised(words.ptr) & (1 << WORD[s.priority])):
-                    chunk = choice.next()  # measured: the word is down as it is queued
+                elif len(state.timings) < MAX_TIMINGS and s.preemption is None and not (
+                        class_word and lib.pilot_preempt_raised(words.ptr) & (1 << WORD[s.priority])):
+                    chunk = choice.next()  # measured: the words are down as it is queued
                 else:
                     choice = None  # not measured now: the fallback chunk, preemptible
         timing = self._start_timing(state, words, choice, chunk, stream) if choice is not None else None
         if chunk == pc.ORIGINAL:
             self.vg.backend.launch(info.handle, grid, block, shared, stream, args)
         elif not self._launch_variant(s, state, words, info, fn, min(total, resident), grid, block,
-                                      shared, stream, args, chunk):
+                                      shared, stream, args, chunk, class_word):
             if timing is not None:  # nothing of it is on the stream
                 state.spare += [timing.start, timing.end]
             return False
@@ -743,36 +819,54 @@ class VGpuPreemption:
 
     def _launch_variant(self, s: Session, state: SessionVariants, words: GpuWords, info: FunctionInfo,
                         fn: Any, blocks: int, grid: tuple[int, int, int], block: tuple[int, int, int],
-                        shared: int, stream: Any, args: bytes, chunk: int) -> bool:
+                        shared: int, stream: Any, args: bytes, chunk: int, class_word: bool) -> bool:
+        """Steps 1-4 (module docstring). The first part reads its class's word (a gated
+        session's) and the session's own (one a policy made preemptible, or preempts), or the
+        session's alone; the rest waits for each to be 0."""
         backend = self.vg.backend
         try:
-            slot = self._free_slot(state)
+            slot = self._free_slot(s, state)
         except BackendError as exc:  # no device memory for the counters: the original
             log.warning("session %d: no counters for preemptible launches: %s", s.id, exc)
             return False
         if slot < 0:
             return False  # every counter is in use by a launch still running: the original
         counter = state.slot(slot)
-        if not state.used:
+        own = state.word if s.preemptible or s.preemption is not None else 0
+        if class_word and not state.used:
             state.used = True
             self.arm()
-        word = words.word(s.priority)
+        elif not state.used and own:
+            state.used = True  # its tally is read like a gated session's
+        flag, sflag = (words.word(s.priority), own) if class_word else (own, 0)
         blocks, chunk = self.daemon.shape(blocks, chunk)
         if self.daemon.chaos and self.daemon.draw():
             words.raise_now()  # [priority] preempt_chaos: this launch is cut after its first wave
-        backend.stream_write_word(stream, counter, blocks)
+        # preempted already (a policy let it launch): not even a first wave runs now
+        first = 0 if s.preemption is not None else blocks
+        backend.stream_write_word(stream, counter, first)
         try:
             backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream,
-                           pp.variant_args(args, pp.variant_params(grid, counter, word, chunk, blocks,
-                                                                   state.slots)))
+                           pp.variant_args(args, pp.variant_params(grid, counter, flag, chunk, first,
+                                                                   state.slots, sflag)))
         except BackendError as exc:  # nothing of it is on the stream: the original instead
             log.warning("session %d: %s's variant refused (%s); the original runs", s.id, info.name, exc)
             state.functions[_function_key(info, block, shared)] = None
             return False
-        try:
-            backend.stream_wait_word(stream, word, 0)
-        except BackendError as exc:  # the rest then runs at once, behind the first part
-            log.warning("session %d: no wait on the retreat word: %s", s.id, exc)
+        state.cut_recorded.discard(slot)
+        if s.preemptible:
+            try:  # done: none of its blocks is on the GPU any more until the rest
+                backend.event_record(state.cuts[slot], stream)
+                state.cut_recorded.add(slot)
+            except BackendError:
+                pass
+        for word in (flag, sflag):
+            if not word:
+                continue
+            try:
+                backend.stream_wait_word(stream, word, 0)
+            except BackendError as exc:  # the rest then runs at once, behind the first part
+                log.warning("session %d: no wait on a retreat word: %s", s.id, exc)
         backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream,
                        pp.variant_args(args, pp.variant_params(grid, counter, 0, chunk, 0, state.slots)))
         try:  # the counter is free again once this has passed
@@ -822,22 +916,31 @@ class VGpuPreemption:
             state.spare += [t.start, t.end]
         state.timings = waiting
 
-    def _free_slot(self, state: SessionVariants) -> int:
+    def _free_slot(self, s: Session, state: SessionVariants) -> int:
         """A counter no launch still running uses (an event recorded behind each launch's rest
         says so; the gate bounds the pieces in flight, but a launch a policy made wait and
         replays is not counted there), or -1."""
         backend = self.vg.backend
         if not state.slots:
             nslots = max(4, self.vg.gate.board.inflight + 2)
-            size = pp.TALLY_BYTES + pp.SLOT_BYTES * nslots
+            size = HEADER_BYTES + pp.SLOT_BYTES * nslots
             slots = backend.mem_alloc(size)
-            try:  # the tally and the slots' readings start at 0
-                backend.memcpy_htod(slots, bytes(size), size, None)
-            except BackendError:
-                backend.mem_free(slots)
-                raise
-            state.slots, state.nslots = slots, nslots
-            state.events = [backend.event_create(EVENT_DISABLE_TIMING) for _ in range(state.nslots)]
+            events = [backend.event_create(EVENT_DISABLE_TIMING) for _ in range(2 * nslots)]
+            header = bytearray(size)  # the tally and the slots' readings start at 0
+            with self._helper_guard():  # a policy's preempt or resume of s sees one state
+                p = s.preemption
+                header[WORD_AT] = 1 if p is not None else 0  # preempted before it had a word
+                try:
+                    backend.memcpy_htod(slots, bytes(header), size, None)
+                except BackendError:
+                    backend.mem_free(slots)
+                    for ev in events:
+                        backend.event_destroy(ev)
+                    raise
+                state.slots, state.nslots = slots, nslots
+                state.events, state.cuts = events[:nslots], events[nslots:]
+                if p is not None:
+                    p.raised = True  # resume lowers it
         for step in range(state.nslots):
             slot = (state.next_slot + step) % state.nslots
             if slot in state.dead:
@@ -873,9 +976,65 @@ class VGpuPreemption:
         return words.guard if words is not None and words.ptr != ffi.NULL else contextlib.nullcontext()
 
     def session_ends(self, s: Session) -> None:
-        """Before its streams go: s raises no more (the helper stops looking at them)."""
+        """Before its streams go: s raises no more (the helper stops looking at them), and its
+        own word comes down (its work is synchronized next: no rest may stay waiting)."""
         with self.streams_going(s):
             s.preempt_raises = 0
+        if s.preemption is not None:
+            self.resume(s)
+
+    # ---- a policy's preemption (Controls.preemptible / preempt / resume) ----
+    def preempt(self, s: Session, requested_at: float) -> SessionPreemption:
+        """Raise s's own word: its preemptible launches on the GPU retreat at their next claim
+        (the blocks running finish their logical blocks), their rests wait on their streams,
+        and so does what the program queued behind them. The cut launches are watched until
+        done (SessionPreemption.drained_at). Called on the policy's scheduler thread."""
+        found = s.preemption
+        if found is not None:
+            return found
+        p = SessionPreemption(requested_at)
+        s.preemption = p  # from here its launches start without a first wave
+        words = self.daemon._gpus.get(self.vg.gpu)
+        if words is None or words.ptr == ffi.NULL:
+            p.drained_at = time.monotonic()  # nothing of it can be on the GPU preemptible
+            self.daemon.drained(p.drained_at - requested_at)
+            return p
+        backend = self.vg.backend
+        with words.guard:
+            state = s.preempt
+            if state is None or not state.slots:  # its first slots will start raised
+                p.drained_at = time.monotonic()
+                self.daemon.drained(p.drained_at - requested_at)
+                return p
+            backend.bind_thread(self.vg.gpu)
+            backend.stream_write_word(words.stream, state.word, 1)
+            p.raised = True
+            words.session_raises += 1
+            for slot in sorted(state.cut_recorded.copy()):  # the vGPU thread may add one
+                try:
+                    if not backend.event_query(state.events[slot]):  # its launch is in flight
+                        p.waiting.append(state.cuts[slot])
+                except BackendError:
+                    pass
+        p.cut = len(p.waiting)
+        words.watch_drain(s)
+        return p
+
+    def resume(self, s: Session, stream: Any = None) -> None:
+        """Lower s's own word (on `stream`, e.g. behind the moves that bring its memory back,
+        else on the words' stream): its rests run, then what waited behind them."""
+        words = self.daemon._gpus.get(self.vg.gpu)
+        with self._helper_guard():
+            p, s.preemption = s.preemption, None
+            state = s.preempt
+            if p is None or not p.raised or state is None or not state.slots or words is None:
+                return
+            backend = self.vg.backend
+            try:
+                backend.bind_thread(self.vg.gpu)
+                backend.stream_write_word(stream if stream is not None else words.stream, state.word, 0)
+            except BackendError as exc:  # a GPU fault: the session's streams fail anyway
+                log.warning("session %d: its retreat word could not be lowered: %s", s.id, exc)
 
     def forget(self, s: Session) -> None:
         """The session ended, its work synchronized: its tally is read a last time, and its
@@ -902,7 +1061,8 @@ class VGpuPreemption:
                 backend.mem_free(slots)
             except BackendError:
                 pass
-        for ev in [*state.events, *state.spare, *(e for t in state.timings for e in (t.start, t.end))]:
+        for ev in [*state.events, *state.cuts, *state.spare,
+                   *(e for t in state.timings for e in (t.start, t.end))]:
             try:
                 backend.event_destroy(ev)
             except BackendError:

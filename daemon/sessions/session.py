@@ -169,6 +169,12 @@ class Session(MemoryTables, UnifiedMemory, Teardown):
     # its variants and counters (a SessionVariants, once it may be gated and loads a module).
     preempt_raises: int = 0
     preempt: Any = None
+    # A policy's preemption (Controls.preemptible / preempt): whether its kernels launch as
+    # preemptible variants whatever its class, and its preemption in progress (a
+    # preempt.SessionPreemption; None: its own retreat word is down). Written by the policy's
+    # scheduler thread, read by its vGPU's (one attribute each: atomic under the GIL).
+    preemptible: bool = False
+    preemption: Any = None
     device_bytes: int = 0
     # Unified memory (daemon/managed.py): managed allocations, the client's shadows of managed
     # ranges by base, and the ranges holding the session's __managed__ variables.

@@ -552,7 +552,22 @@ class PilotCollector(Collector):
         yield deferred
         spread = [int(n) for n in pre.get("retreat_spread") or ()]
         if spread:
-            yield _retreat_histogram(spread)
+            yield _log2_histogram(
+                "pilot_preempt_retreat_seconds", "Per preempted launch, GPU clock time from the "
+                "first of its blocks seeing the retreat word raised to the last one seeing it (the "
+                "blocks still running finish their logical block first; the request came at most "
+                "one block's time before the first sighting).", spread)
+        drain = [int(n) for n in pre.get("drain") or ()]
+        if any(drain):
+            yield _log2_histogram(
+                "pilot_policy_preempt_drain_seconds", "Per session a policy preempted "
+                "(Controls.preempt), from the request to pilotd seeing the last of its cut launches "
+                "leave the SMs (polled every 0.5 ms).", drain)
+        made = _counter("pilot_policy_preemptions", "Sessions a policy preempted (Controls.preempt) "
+                        "and resumed.", ["what"])
+        made.add_metric(["preempt"], int(pre.get("policy_preemptions", 0)))
+        made.add_metric(["resume"], int(pre.get("policy_resumes", 0)))
+        yield made
 
     def _state_families(self, state: dict[str, Any]) -> Iterator[Metric]:
         sessions = list(state.get("sessions") or ())
@@ -750,14 +765,10 @@ class PilotCollector(Collector):
         yield from families
 
 
-def _retreat_histogram(per_bucket: list[int]) -> HistogramMetricFamily:
-    """pilot_preempt_retreat_seconds from the GPU's counts per log2 bucket (ptx_preempt.py);
-    the sum is estimated from the buckets (the middle of each, the lower bound of the last)."""
-    h = HistogramMetricFamily(
-        "pilot_preempt_retreat_seconds", "Per preempted launch, GPU clock time from the first of its "
-        "blocks seeing the retreat word raised to the last one seeing it (the blocks still running "
-        "finish their logical block first; the request came at most one block's time before the "
-        "first sighting).")
+def _log2_histogram(name: str, doc: str, per_bucket: list[int]) -> HistogramMetricFamily:
+    """A histogram from counts per log2 bucket of microseconds (ptx_preempt.spread_bucket); the
+    sum is estimated from the buckets (the middle of each, the lower bound of the last)."""
+    h = HistogramMetricFamily(name, doc)
     cumulative, buckets, total = 0, [], 0.0
     for k, n in enumerate(per_bucket):
         cumulative += n

@@ -404,7 +404,7 @@ class FastLaunches:
         host = self.vg.policy
         watch = host.watches_launches(s.id) if host is not None and host.selective else Watch.NONE
         enabled = 0 if (s.sticky or s.waiting is not None or s.gated or s.gate_held
-                        or s.policy_hold is not None or watch is Watch.ALL
+                        or s.policy_hold is not None or watch is Watch.ALL or s.preemptible
                         or (res is not None and s.id in res.sessions)) \
             else lib.PILOT_FAST_NEXT_LAUNCH if watch is Watch.NEXT else lib.PILOT_FAST_ALL
         if not enabled and s.id not in self._states:

@@ -40,6 +40,7 @@ class Recording(Controls):
         self.kept: dict[int, int] = {}  # session -> resident bytes, as each test sets them
         self.orders: dict[int, tuple[int, ...]] = {}  # gpu -> the eviction order last set
         self.guaranteed: dict[str, int] = {}  # tenant -> provisioned bytes (every GPU)
+        self.preemption: list[tuple[Any, ...]] = []
 
     def gpu(self, gpu: int) -> GpuView:
         return GpuView(gpu, self.capacity, self.used, enforced=True)
@@ -64,6 +65,26 @@ class Recording(Controls):
 
     def report(self, action: str, tenant: str) -> None:
         self.calls.append(("report", action, tenant))
+
+    # preemption: off unless a test turns it on (then recorded apart from `calls`)
+    preempts = False
+
+    def can_preempt(self) -> bool:
+        return self.preempts
+
+    def preemptible(self, session: int, on: bool = True) -> None:
+        self.preemption.append(("preemptible", session, on))
+
+    def preempt(self, session: int) -> None:
+        self.preemption.append(("preempt", session))
+
+    def resume(self, session: int) -> None:
+        self.preemption.append(("resume", session))
+
+    def taken(self) -> list[tuple[Any, ...]]:
+        """The preemption requests since the last call."""
+        out, self.preemption = self.preemption, []
+        return out
 
     def take(self) -> list[tuple[Any, ...]]:
         """The calls since the last take."""
@@ -429,6 +450,32 @@ def test_mfit_holds_lift_when_the_preempting_launch_goes(how: str) -> None:
     assert d.verdict is Verdict.RUN
 
 
+@pytest.mark.parametrize("preempts", [True, False])
+def test_mfit_stops_the_held_owners_kernels_and_resumes_them_with_its_holds(
+        preempts: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With pilotd able to cut kernels, a launch that waits makes the GPU's sessions launch
+    preemptible variants; a hold stops the held owner's kernels (both of a's sessions), its
+    release resumes them, and with nothing waiting the sessions launch their originals again.
+    Without, nothing of it is asked."""
+    monkeypatch.setattr(Recording, "preempts", preempts)
+    w, head = preempt_world()
+    if not preempts:
+        head, _d = w.ask(head, 12.0)
+        w.p.launch_dropped(head, "timeout")
+        assert w.c.taken() == []
+        return
+    assert w.c.taken() == [("preemptible", sid, True) for sid in (1, 2, 3, 4, 5)]
+    w.session(6, "e")  # a session that comes while a launch waits is preemptible at once
+    assert w.c.taken() == [("preemptible", 6, True)]
+    head, _d = w.ask(head, 12.0)
+    assert w.c.taken() == [("preempt", 1), ("preempt", 5)]
+    head, _d = w.ask(head, 12.5)  # asked again: nothing preempted twice
+    assert w.c.taken() == []
+    w.p.launch_dropped(head, "timeout")
+    assert w.c.taken() == [("resume", 1), ("resume", 5)] + \
+        [("preemptible", sid, False) for sid in (1, 2, 3, 4, 5, 6)]
+
+
 def test_mfit_never_preempts_with_preempt_after_0() -> None:
     w, head = preempt_world(preempt_after=0)
     for now in (12.0, 100.0, 10_000.0):
@@ -513,6 +560,20 @@ def test_amfit_holds_the_tenant_with_most_active_memory() -> None:
     assert w.p.session_status(2) is None
     assert w.p.state()["held"]["a"]["active"] == 60 * MiB
     check_reports(w.p)
+
+
+def test_amfit_stops_the_held_owners_kernels_and_resumes_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above half the room active, the sessions launch preemptible variants; the owner held for
+    the overflow has its kernels stopped, and resumed with the hold's end."""
+    monkeypatch.setattr(Recording, "preempts", True)
+    w = amfit()
+    la = w.run(w.launch(1, 0xA000_00000, at=10.0))  # 60 of 100 active: above half
+    assert w.c.taken() == [("preemptible", sid, True) for sid in (1, 2, 3)]
+    lb = w.run(w.launch(2, 0xB000_00000, at=10.0))  # 110 > 100: a held
+    assert w.c.taken() == [("preempt", 1)]
+    w.finish(la, at=10.1)
+    w.finish(lb, at=10.2)  # nothing active: a resumes; below half, originals again
+    assert w.c.taken() == [("resume", 1)] + [("preemptible", sid, False) for sid in (1, 2, 3)]
 
 
 def test_amfit_eviction_order_held_first_then_most_active_memory_seen() -> None:

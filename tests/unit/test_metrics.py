@@ -253,6 +253,8 @@ def test_preemption_is_exported_when_on() -> None:
         "tenants": {"bob": {"preempted": 4, "blocks_deferred": 900}},
         "choices": {"chunk 8": 2, "original": 1},
         "retreat_spread": [1, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+        "policy_preemptions": 5, "policy_resumes": 4,
+        "drain": [0, 0, 0, 0, 0, 1, 3, 0, 0, 0, 0, 0, 0, 0, 0, 1],
         "gpus": {"0": {"usable": True, "armed": 1, "raised": 0, "raises": 10, "clears": 9,
                        "failed_writes": 0, "forced_clears": 2}, "1": {"usable": False}}}
     v = registry_for(Metrics(), lambda: state).get_sample_value
@@ -272,6 +274,12 @@ def test_preemption_is_exported_when_on() -> None:
     assert v("pilot_preempt_retreat_seconds_count") == 4
     assert v("pilot_preempt_choices", {"choice": "chunk 8"}) == 2
     assert v("pilot_preempt_choices", {"choice": "original"}) == 1
+    # a policy's preemptions (Controls.preempt) and their drain times, in the same buckets
+    assert v("pilot_policy_preemptions_total", {"what": "preempt"}) == 5
+    assert v("pilot_policy_preemptions_total", {"what": "resume"}) == 4
+    assert v("pilot_policy_preempt_drain_seconds_bucket", {"le": "3.2768e-05"}) == 1
+    assert v("pilot_policy_preempt_drain_seconds_bucket", {"le": "6.5536e-05"}) == 4
+    assert v("pilot_policy_preempt_drain_seconds_count") == 5
 
 
 def test_the_spin_budget_is_exported() -> None:

@@ -134,6 +134,9 @@ def _run(code: str, regs: dict[str, int], params: dict[str, int]) -> dict[str, i
             base, _, off = args[0].strip("[]").partition("+")
             regs.setdefault("stores", []).append((regs[base] + int(off or 0), int(args[1])))  # type: ignore[attr-defined]
             continue
+        if op == "ld.volatile.global.u32":  # from regs["memory"], {address: value}
+            regs[args[0]] = regs["memory"][regs[args[1].strip("[]")]]  # type: ignore[index]
+            continue
         val = [regs[a] if a.startswith("%") else int(a) for a in args[1:]]
         if op.startswith("setp."):
             cmp = op.split(".")[1]
@@ -145,6 +148,8 @@ def _run(code: str, regs: dict[str, int], params: dict[str, int]) -> dict[str, i
                              else a + b if op == "add.u32" else max(a, b))
         elif op in ("mov.u32", "cvta.to.global.u64"):
             regs[args[0]] = val[0]
+        elif op == "or.b32":
+            regs[args[0]] = val[0] | val[1]
         else:
             raise AssertionError(f"unexpected instruction {line!r}")
     return regs
@@ -152,7 +157,7 @@ def _run(code: str, regs: dict[str, int], params: dict[str, int]) -> dict[str, i
 
 def _params(grid: tuple[int, int, int], chunk: int = 1, first: int = 0) -> dict[str, int]:
     packed = pp.variant_params(grid, 0x1000, 0x2000, chunk, first, 0x3000)
-    values = struct.unpack("<QQ6IQ", packed)
+    values = struct.unpack("<QQ6IQQ", packed)
     return {name: value for (name, _kind, _size), value in zip(pp.PARAMS, values, strict=True)}
 
 
@@ -196,10 +201,35 @@ def test_blocks_of_the_first_wave_run_their_own_index_without_a_claim(ctaid: int
 
 def test_variant_params_follow_the_kernels_own_arguments() -> None:
     params = pp.variant_params((4, 3, 2), ctl=0xAB00, flag=0, chunk=0, first=7, tally=0xCD00)
-    assert len(params) == sum(size for _n, _k, size in pp.PARAMS) == 48
+    assert len(params) == sum(size for _n, _k, size in pp.PARAMS) == 56
     args = pp.variant_args(b"\1\2\3\4\5", params)
     assert args[:5] == b"\1\2\3\4\5" and args[5:8] == bytes(3) and args[8:] == params
-    assert struct.unpack_from("<QQ6IQ", args, 8) == (0xAB00, 0, 24, 4, 3, 2, 0, 7, 0xCD00)
+    assert struct.unpack_from("<QQ6IQQ", args, 8) == (0xAB00, 0, 24, 4, 3, 2, 0, 7, 0xCD00, 0)
+    with_session = pp.variant_params((1, 1, 1), ctl=1, flag=2, tally=3, sflag=0xEF00)
+    assert struct.unpack_from("<Q", with_session, 48) == (0xEF00,)
+    with pytest.raises(ValueError, match="sflag"):  # a rest (no flag) never reads a second word
+        pp.variant_params((1, 1, 1), ctl=1, flag=0, sflag=2)
+
+
+def _word_check() -> str:
+    """The claim's thread-0 look at the retreat words, up to where it takes a claim."""
+    start = pp.CLAIM.index("\tld.param.u64 \t%__pilot_rd1, [__pilot_flag]")
+    return pp.CLAIM[start:pp.CLAIM.index("$__pilot_take:")]
+
+
+@pytest.mark.parametrize(("flag", "sflag", "memory", "branch"), [
+    (0, 0, {}, "$__pilot_take"),  # a rest: no word is read
+    (0x2000, 0, {0x2000: 0}, None),  # the class word down: it claims
+    (0x2000, 0, {0x2000: 1}, "$__pilot_retreat"),
+    (0x2000, 0x4000, {0x2000: 0, 0x4000: 0}, None),  # both down
+    (0x2000, 0x4000, {0x2000: 0, 0x4000: 1}, "$__pilot_retreat"),  # the session's word up
+    (0x2000, 0x4000, {0x2000: 3, 0x4000: 0}, "$__pilot_retreat"),
+])
+def test_a_claim_retreats_when_either_word_is_raised(flag: int, sflag: int, memory: dict[int, int],
+                                                     branch: str | None) -> None:
+    params = {**_params((9, 1, 1)), "flag": flag, "sflag": sflag}
+    regs = _run(_word_check(), {"memory": memory}, params)  # type: ignore[dict-item]
+    assert regs.get("branch") == branch
 
 
 @pytest.mark.parametrize(("counter", "retreat", "first", "chunk", "claims", "expect"), [

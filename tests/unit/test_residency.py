@@ -639,6 +639,39 @@ def test_another_sessions_active_extent_leaves_after_its_kernel() -> None:
     assert all(e.busy_until is None for e in env.g.allocs[A])  # its event may be recycled now
 
 
+def test_a_preempted_sessions_running_memory_leaves_after_the_cut_and_comes_back_first() -> None:
+    """A policy preempted session 1 (Controls.preempt): its kernel's rest waits for the resume,
+    so waiting for the event after it would hold the new launch until then. Its memory leaves
+    once the cut part has (the events after the first parts), before another session's busy
+    memory; the resume brings it back (making room, on pilot's stream) before the rest runs."""
+    env = Env(capacity=100 * MiB)
+    env.track(1, A, 60 * MiB)
+    env.track(2, B, 30 * MiB)
+    env.track(3, C, 50 * MiB)
+    cut_kernel = env.launch(1, A)
+    env.res.launched(env.s[1], cut_kernel, "event-after-rest")  # type: ignore[arg-type]
+    other = env.launch(2, B)
+    env.res.launched(env.s[2], other, "event-after-b")  # type: ignore[arg-type]
+    env.res.preempted_session(1, ["cut-1", "cut-2"])
+    env.backend.take()
+    env.launch(3, C)  # 50 more than the 10 free: A goes (idle now), not B (busy)
+    calls = env.backend.take()
+    own = next(c[1] for c in calls if c[0] == "stream_wait_event" and c[2] == "cut-1")
+    assert ("stream_wait_event", own, "cut-2") in calls
+    assert not any(c[0] == "stream_wait_event" and c[2] in ("event-after-rest", "event-after-b")
+                   for c in calls)
+    evicted = [c[1] for c in calls if c[0] == "mem_prefetch" and c[3] == LOCATION_HOST]
+    assert evicted and all(A <= p < A + 60 * MiB for p in evicted)
+    assert sum(e.size for e in env.g.allocs[B] if e.resident) == 30 * MiB
+    stream = env.res.resumed_session(1)  # A comes back: busy memory of B and C makes room
+    calls = env.backend.take()
+    assert stream == own and 1 not in env.res.preempted
+    brought = [c for c in calls if c[0] == "mem_prefetch" and c[3] == LOCATION_DEVICE]
+    assert sum(c[2] for c in brought) == 60 * MiB and all(c[-1] == own for c in brought)
+    assert all(e.resident for e in env.g.allocs[A]) and env.resident() <= env.room()
+    assert env.res.resumed_session(1) is None  # nothing left to bring
+
+
 def test_a_split_extent_keeps_the_event_of_the_kernel_that_uses_it() -> None:
     """advise_host splitting an extent while a kernel uses it: the tail too waits for that
     kernel before another session may evict it (it lost `busy_until` before)."""
