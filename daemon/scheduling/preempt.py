@@ -89,6 +89,10 @@ KEEP_IMAGE_BYTES = 16 << 20  # larger module images get no variants (their kerne
 # a policy's Controls.preempt; 4 bytes of padding keep the slots 8-aligned), then its slots.
 WORD_AT = pp.TALLY_BYTES
 HEADER_BYTES = pp.TALLY_BYTES + 8
+# A session's launches in flight that can run preemptible at once (a slot each; more run as
+# their originals). The gate keeps a gated session's pieces in flight below this; a session a
+# policy made preemptible may queue many launches (a framework queues hundreds).
+SLOTS = 64
 
 
 @dataclass
@@ -922,7 +926,7 @@ class VGpuPreemption:
         replays is not counted there), or -1."""
         backend = self.vg.backend
         if not state.slots:
-            nslots = max(4, self.vg.gate.board.inflight + 2)
+            nslots = max(SLOTS, self.vg.gate.board.inflight + 2)
             size = HEADER_BYTES + pp.SLOT_BYTES * nslots
             slots = backend.mem_alloc(size)
             events = [backend.event_create(EVENT_DISABLE_TIMING) for _ in range(2 * nslots)]

@@ -7,9 +7,10 @@ resume, scheduling/preempt.py), about a minute:
 pilotd runs the test policy tests/gpu/preempt_probe_policy.py (`[priority] preempt = true`,
 `preempt_chunk = 1`): every session's kernels launch as preemptible variants, and every 50 ms a
 session that launched is preempted (its own retreat word raised), held 10 ms once pilotd saw
-its cut launches leave the SMs, and resumed. The program (built here) launches a kernel whose
-blocks each spin BLOCK_US on the GPU clock and count their runs, LAUNCHES times, each launch
-about 20 ms of GPU time, then checks every block ran exactly LAUNCHES times.
+its cut launches leave the SMs, and resumed. The program (built here) launches a kernel once
+and sleeps 0.3 s (pilotd makes the variants from the module's load meanwhile), then queues a
+kernel whose blocks each spin BLOCK_US on the GPU clock and count their runs, LAUNCHES times,
+each launch about 20 ms of GPU time, and checks every block ran exactly LAUNCHES times.
 
 For block times of 20 us, 200 us and 2 ms: the program's check (PASS: every block once per
 launch, whatever the preemptions), preemptions made and drained (at least 5 each), the drain
@@ -43,6 +44,7 @@ SPIN = r"""
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 __global__ void spin(unsigned *count, unsigned long long ns) {
     unsigned long long start, now;
@@ -59,6 +61,9 @@ int main(int argc, char **argv) {
     int blocks = atoi(argv[2]), launches = atoi(argv[3]);
     unsigned *d = NULL;
     if (cudaMalloc(&d, (size_t)blocks * 4) != cudaSuccess) return 3;
+    spin<<<1, 128>>>(d, 0);  // the module is loaded: pilotd makes its variants meanwhile
+    cudaDeviceSynchronize();
+    usleep(300000);
     cudaMemset(d, 0, (size_t)blocks * 4);
     for (int i = 0; i < launches; i++) spin<<<blocks, 128>>>(d, (unsigned long long)(block_us * 1000));
     cudaError_t e = cudaDeviceSynchronize();

@@ -196,9 +196,9 @@ def test_a_counter_is_reused_only_once_the_launch_that_had_it_is_done(rig: Any) 
     info = lo.functions[sc.fn]
     h.be.gate(lo.legacy, slot.spec())  # nothing on train's stream finishes for now
     took = [h.vg.preempt.launch(lo, info, (BLOCKS, 1, 1), (32, 1, 1), 0, lo.legacy, args)
-            for _ in range(6)]
+            for _ in range(preempt.SLOTS + 2)]
     nslots = lo.preempt.nslots
-    assert took == [True] * nslots + [False] * (6 - nslots)  # then the originals
+    assert nslots == preempt.SLOTS and took == [True] * nslots + [False] * 2  # then the originals
     slot.open()
     h.be.kick()
     assert (_counts(h, out) == 1 + nslots).all()  # each variant ran every block once (the caller
