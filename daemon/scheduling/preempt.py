@@ -139,10 +139,15 @@ class SessionVariants:
     timings: list[pc.Timing] = field(default_factory=list)  # measured launches not yet seen done
     spare: list[Any] = field(default_factory=list)  # timing events to reuse
     tallied: pp.Tally = field(default_factory=pp.Tally)  # its tally when last read
-    # per slot, an event recorded behind its launch's first part (sessions a policy made
-    # preemptible): once done, that launch has no block left on the GPU until its rest
+    # Sessions a policy made preemptible, per slot: events recorded behind its launch's first
+    # part (`cuts`: done, none of its blocks is on the GPU until its rest) and behind the waits
+    # on the words (`passes`: done, its rest runs), the launch's stream and its place in the
+    # session's order; `cut_recorded`: the slots whose launch in flight recorded them.
     cuts: list[Any] = field(default_factory=list)
-    cut_recorded: set[int] = field(default_factory=set)  # slots whose launch in flight recorded it
+    passes: list[Any] = field(default_factory=list)
+    streams: list[Any] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)
+    cut_recorded: set[int] = field(default_factory=set)
 
     def slot(self, index: int) -> int:
         """The device address of slot `index` (its counter first)."""
@@ -160,8 +165,9 @@ class SessionPreemption:
 
     requested_at: float  # time.monotonic() of the policy's call
     raised: bool = False  # the session's word was written 1 (it had slots)
-    cut: int = 0  # its preemptible launches on the GPU when the word went up
-    waiting: list[Any] = field(default_factory=list)  # their cut events not yet seen done
+    cut: int = 0  # its watched launches that were to leave the GPU when the word went up
+    # what says they have (frontier): for the enforcer, whose moves of their memory wait for it
+    waiting: list[Any] = field(default_factory=list)
     drained_at: float | None = None  # when pilotd saw the last of them leave the SMs
 
 
@@ -378,8 +384,9 @@ class GpuWords:
         self.reads = backend.stream_create(1, 0)  # tallies are read here, not behind raises
         self.chaos_raises = 0
         self.session_raises = 0  # sessions' own words raised (Controls.preempt)
-        # sessions preempted whose cut launches are not yet seen done: id -> Session
-        self.draining: dict[int, Session] = {}
+        # sessions preempted not yet seen to have left the GPU: id -> (the session, its
+        # preemption, an event behind the raise of its word)
+        self.draining: dict[int, tuple[Session, SessionPreemption, Any]] = {}
         self._random = random.Random()
         native = getattr(backend, "native_word_functions", lambda: None)()
         self._callback: Any = None
@@ -483,33 +490,32 @@ class GpuWords:
         """Words raised so far, the sessions' own included (a timing that saw one is void)."""
         return self.counts()[0] + self.session_raises
 
-    def watch_drain(self, s: Session) -> None:
-        """Look at s's cut launches until they are done (the helper, every CLEAR_MS)."""
+    def watch_drain(self, s: Session, p: SessionPreemption, raised: Any) -> None:
+        """Look at s's launches until it has left the GPU (the helper, every CLEAR_MS);
+        `raised`: an event recorded behind the word's raise."""
         with self._cond:
-            self.draining[s.id] = s
+            self.draining[s.id] = (s, p, raised)
             self._cond.notify()
 
     def poll_drains(self) -> None:
-        """The preempted sessions whose cut launches are all done now: drained."""
-        query = self.backend.event_query
+        """The preempted sessions that have left the GPU now (frontier): drained."""
+        backend = self.backend
         with self.guard:  # no session's events are destroyed meanwhile (VGpuPreemption.forget)
-            for sid, s in list(self.draining.items()):
-                p = s.preemption
-                if p is None or p.drained_at is not None:
-                    self.draining.pop(sid, None)
-                    continue
-                left = []
-                for ev in p.waiting:
-                    try:
-                        if not query(ev):
-                            left.append(ev)
+            for sid, (s, p, raised) in list(self.draining.items()):
+                if s.preemption is p:
+                    try:  # the word is up on the GPU, then the frontier says
+                        if not backend.event_query(raised):
+                            continue
                     except BackendError:
-                        pass  # a failed launch has no block running
-                p.waiting = left
-                if not left:
+                        pass
+                    state = s.preempt
+                    if state is not None and state.slots and not frontier(backend, state)[0]:
+                        continue
                     p.drained_at = time.monotonic()
                     self.owner.drained(p.drained_at - p.requested_at)
-                    self.draining.pop(sid, None)
+                del self.draining[sid]  # drained, or resumed (or ended) first
+                with contextlib.suppress(BackendError):
+                    backend.event_destroy(raised)
 
     def raise_now(self) -> None:
         """Raise every armed word now, as a higher class's launch would ([priority]
@@ -858,12 +864,12 @@ class VGpuPreemption:
             state.functions[_function_key(info, block, shared)] = None
             return False
         state.cut_recorded.discard(slot)
-        if s.preemptible:
+        watched = s.preemptible
+        if watched:
             try:  # done: none of its blocks is on the GPU any more until the rest
                 backend.event_record(state.cuts[slot], stream)
-                state.cut_recorded.add(slot)
             except BackendError:
-                pass
+                watched = False
         for word in (flag, sflag):
             if not word:
                 continue
@@ -871,6 +877,13 @@ class VGpuPreemption:
                 backend.stream_wait_word(stream, word, 0)
             except BackendError as exc:  # the rest then runs at once, behind the first part
                 log.warning("session %d: no wait on a retreat word: %s", s.id, exc)
+        if watched:
+            try:  # done: the stream went past the words, the rest runs
+                backend.event_record(state.passes[slot], stream)
+                state.streams[slot], state.order[slot] = stream, state.launches
+                state.cut_recorded.add(slot)
+            except BackendError:
+                pass
         backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream,
                        pp.variant_args(args, pp.variant_params(grid, counter, 0, chunk, 0, state.slots)))
         try:  # the counter is free again once this has passed
@@ -929,7 +942,7 @@ class VGpuPreemption:
             nslots = max(SLOTS, self.vg.gate.board.inflight + 2)
             size = HEADER_BYTES + pp.SLOT_BYTES * nslots
             slots = backend.mem_alloc(size)
-            events = [backend.event_create(EVENT_DISABLE_TIMING) for _ in range(2 * nslots)]
+            events = [backend.event_create(EVENT_DISABLE_TIMING) for _ in range(3 * nslots)]
             header = bytearray(size)  # the tally and the slots' readings start at 0
             with self._helper_guard():  # a policy's preempt or resume of s sees one state
                 p = s.preemption
@@ -942,7 +955,9 @@ class VGpuPreemption:
                         backend.event_destroy(ev)
                     raise
                 state.slots, state.nslots = slots, nslots
-                state.events, state.cuts = events[:nslots], events[nslots:]
+                state.events, state.cuts = events[:nslots], events[nslots:2 * nslots]
+                state.passes = events[2 * nslots:]
+                state.streams, state.order = [None] * nslots, [0] * nslots
                 if p is not None:
                     p.raised = True  # resume lowers it
         for step in range(state.nslots):
@@ -1014,14 +1029,11 @@ class VGpuPreemption:
             backend.stream_write_word(words.stream, state.word, 1)
             p.raised = True
             words.session_raises += 1
-            for slot in sorted(state.cut_recorded.copy()):  # the vGPU thread may add one
-                try:
-                    if not backend.event_query(state.events[slot]):  # its launch is in flight
-                        p.waiting.append(state.cuts[slot])
-                except BackendError:
-                    pass
+            raised = backend.event_create(EVENT_DISABLE_TIMING)
+            backend.event_record(raised, words.stream)
+            _drained, p.waiting = frontier(backend, state)
         p.cut = len(p.waiting)
-        words.watch_drain(s)
+        words.watch_drain(s, p, raised)
         return p
 
     def resume(self, s: Session, stream: Any = None) -> None:
@@ -1065,13 +1077,46 @@ class VGpuPreemption:
                 backend.mem_free(slots)
             except BackendError:
                 pass
-        for ev in [*state.events, *state.cuts, *state.spare,
+        for ev in [*state.events, *state.cuts, *state.passes, *state.spare,
                    *(e for t in state.timings for e in (t.start, t.end))]:
             try:
                 backend.event_destroy(ev)
             except BackendError:
                 pass
         s.preempt = None
+
+
+def frontier(backend: Any, state: SessionVariants) -> tuple[bool, list[Any]]:
+    """Whether a preempted session has left the GPU, and the events that say it will have:
+    per stream, its watched launches in flight in their order: one whose first part is not done
+    (it runs, or runs its first wave next, then retreats; the rest waits for the word), stop;
+    one whose stream went past the words before they were raised (its rest runs to the end:
+    its end), go on; one whose rest waits: stop (nothing after it starts). Drained: every
+    stream stopped at a rest that waits (or has nothing in flight). Launches not watched (made
+    before the session was preemptible, originals, library calls) are not counted."""
+
+    def done(event: Any) -> bool:
+        try:
+            return bool(backend.event_query(event))
+        except BackendError:
+            return True  # a failed launch runs nothing
+
+    by_stream: dict[int, list[int]] = {}
+    for slot in state.cut_recorded.copy():  # the vGPU thread may add one
+        if not done(state.events[slot]):
+            by_stream.setdefault(id(state.streams[slot]), []).append(slot)
+    drained, wait = True, []
+    for slots in by_stream.values():
+        for slot in sorted(slots, key=lambda i: state.order[i]):
+            if not done(state.cuts[slot]):
+                drained = False
+                wait.append(state.cuts[slot])
+                break
+            if not done(state.passes[slot]):
+                break  # its rest waits for the word
+            drained = False
+            wait.append(state.events[slot])
+    return drained, wait
 
 
 def image_digest(image: bytes) -> str:

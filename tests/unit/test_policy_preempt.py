@@ -155,3 +155,27 @@ def test_without_preempt_controls_only_count(rig: Rig) -> None:
     assert c.preemption(s.id) is None
     rig.bump()
     assert (rig.counts() == 1).all()
+
+
+def test_launches_queued_behind_a_cut_one_do_not_hold_the_drain(rig: Rig) -> None:
+    """Three launches queued: the first is cut, its rest waits for the word, and the two behind
+    it cannot start before the resume: the session has left the GPU once the first has (the
+    H200 run before this: each preemption waited for launches that had not started)."""
+    c, s = rig.controls, rig.s
+    c.preemptible(s.id)
+    rig.h.be.gate(s.legacy, rig.slot.spec())
+    for _ in range(3):
+        rig.bump()
+    c.preempt(s.id)
+    c.run_pending()
+    view = c.preemption(s.id)
+    assert view is not None and view.cut == 1  # the one whose first part comes next
+    rig.slot.open()
+    rig.h.be.kick()
+    assert _until(lambda: (v := c.preemption(s.id)) is not None and v.drained_at is not None)
+    counts = rig.counts()
+    wave = int((counts == 1).sum())
+    assert 0 < wave < BLOCKS and (counts[wave:] == 0).all()  # the first wave, nothing behind it
+    c.resume(s.id)
+    c.run_pending()
+    assert _until(lambda: (rig.counts() == 3).all())
