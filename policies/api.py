@@ -138,6 +138,7 @@ class PreemptionView:
     requested_at: float
     cut: int
     drained_at: float | None
+    inflight: int = 0  # its preemptible launches in flight (running or queued) then
 
     @property
     def latency_s(self) -> float | None:

@@ -202,7 +202,7 @@ class DaemonControls(Controls):
         p = s.preemption if s is not None else None
         if p is None:
             return None
-        return PreemptionView(session, p.requested_at, p.cut, p.drained_at)
+        return PreemptionView(session, p.requested_at, p.cut, p.drained_at, p.inflight)
 
     def _preemption(self, what: str, args: tuple[Any, ...]) -> None:
         """Carry out a preempt or resume (scheduler thread)."""

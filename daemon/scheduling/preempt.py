@@ -75,6 +75,10 @@ RAISES = {LOW: 0, NORMAL: 1 << WORD[LOW], HIGH: (1 << WORD[LOW]) | (1 << WORD[NO
 ALL_WORDS = (1 << len(WORD)) - 1
 SEEN_BUSY = 0xFFFFFFFFFFFFFFFF  # pilot_preempt_seen: a raising launch is on its way
 CLEAR_MS = 0.5  # how often a GPU's helper looks at raised words
+# how often it looks whether a preempted session has left the GPU: every DRAIN_MS at first,
+# then every tenth of the time since the request (at most CLEAR_MS): the observed latency is
+# that fine, and a session that takes long is not polled 20,000 times a second
+DRAIN_MS = 0.05
 ARMED_MS = 2.0  # how often it looks whether an armed word was raised (C raises without a word)
 # A word raised this long comes down even while a higher class still has work: a lower class's
 # stream is never parked for good behind a busy tenant (the next raising launch raises it again).
@@ -166,6 +170,7 @@ class SessionPreemption:
     requested_at: float  # time.monotonic() of the policy's call
     raised: bool = False  # the session's word was written 1 (it had slots)
     cut: int = 0  # its watched launches that were to leave the GPU when the word went up
+    inflight: int = 0  # its watched launches in flight then (running, or queued)
     # what says they have (frontier): for the enforcer, whose moves of their memory wait for it
     waiting: list[Any] = field(default_factory=list)
     drained_at: float | None = None  # when pilotd saw the last of them leave the SMs
@@ -455,7 +460,7 @@ class GpuWords:
                     return
                 raised = lib.pilot_preempt_raised(self.ptr)
                 armed = lib.pilot_preempt_armed(self.ptr)
-                self._cond.wait(CLEAR_MS / 1000 if raised or self.draining
+                self._cond.wait(self._drain_poll() if self.draining else CLEAR_MS / 1000 if raised
                                 else ARMED_MS / 1000 if armed else IDLE_S)
                 if self._stop:
                     return
@@ -496,6 +501,12 @@ class GpuWords:
         with self._cond:
             self.draining[s.id] = (s, p, raised)
             self._cond.notify()
+
+    def _drain_poll(self) -> float:
+        """Seconds until the next look at the sessions draining (DRAIN_MS)."""
+        oldest = min((p.requested_at for _s, p, _e in list(self.draining.values())), default=0.0)
+        since = time.monotonic() - oldest
+        return min(CLEAR_MS / 1000, max(DRAIN_MS / 1000, since / 10))
 
     def poll_drains(self) -> None:
         """The preempted sessions that have left the GPU now (frontier): drained."""
@@ -1031,7 +1042,7 @@ class VGpuPreemption:
             words.session_raises += 1
             raised = backend.event_create(EVENT_DISABLE_TIMING)
             backend.event_record(raised, words.stream)
-            _drained, p.waiting = frontier(backend, state)
+            _drained, p.waiting, p.inflight = frontier(backend, state)
         p.cut = len(p.waiting)
         words.watch_drain(s, p, raised)
         return p
@@ -1086,8 +1097,9 @@ class VGpuPreemption:
         s.preempt = None
 
 
-def frontier(backend: Any, state: SessionVariants) -> tuple[bool, list[Any]]:
-    """Whether a preempted session has left the GPU, and the events that say it will have:
+def frontier(backend: Any, state: SessionVariants) -> tuple[bool, list[Any], int]:
+    """Whether a preempted session has left the GPU, the events that say it will have, and its
+    watched launches in flight:
     per stream, its watched launches in flight in their order: one whose first part is not done
     (it runs, or runs its first wave next, then retreats; the rest waits for the word), stop;
     one whose stream went past the words before they were raised (its rest runs to the end:
@@ -1116,7 +1128,7 @@ def frontier(backend: Any, state: SessionVariants) -> tuple[bool, list[Any]]:
                 break  # its rest waits for the word
             drained = False
             wait.append(state.events[slot])
-    return drained, wait
+    return drained, wait, sum(len(slots) for slots in by_stream.values())
 
 
 def image_digest(image: bytes) -> str:

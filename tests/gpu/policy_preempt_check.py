@@ -113,9 +113,11 @@ def main() -> int:
                 log = d.log()
             finally:
                 d.stop()
-            drained = re.findall(r"preempt_probe: session \d+ cut (\d+) latency_us ([\d.]+)", log)
-            lat = [float(us) for _cut, us in drained]
-            cuts = [int(cut) for cut, _us in drained]
+            drained = re.findall(r"preempt_probe: session \d+ cut (\d+) latency_us ([\d.]+) inflight (\d+)",
+                                 log)
+            lat = [float(us) for _cut, us, _n in drained]
+            cuts = [int(cut) for cut, _us, _n in drained]
+            inflight = [int(n) for _cut, _us, n in drained]
             stuck = len(re.findall(r"preempt_probe: .* not drained", log))
             tally = (pre.get("tenants") or {})
             preempted = sum(t.get("preempted", 0) for t in tally.values())
@@ -133,6 +135,7 @@ def main() -> int:
                    "max_us": round(max(cut_lat), 1) if cut_lat else None,
                    "mean_us": round(statistics.fmean(cut_lat), 1) if cut_lat else None,
                    "gpu_preempted": preempted, "gpu_deferred": deferred,
+                   "inflight_median": statistics.median(inflight) if inflight else None,
                    "jit_s": pre.get("jit_seconds")}
             rows.append(row)
             print("INFO", row, flush=True)

@@ -69,8 +69,8 @@ class PreemptProbe(Policy):
             drained = view.drained_at is not None
             if (drained and now - p.since >= self.settings.hold) or now - p.since > GIVE_UP_S:
                 if drained:
-                    log.warning("preempt_probe: session %d cut %d latency_us %.1f", sid, view.cut,
-                                (view.latency_s or 0.0) * 1e6)
+                    log.warning("preempt_probe: session %d cut %d latency_us %.1f inflight %d", sid,
+                                view.cut, (view.latency_s or 0.0) * 1e6, view.inflight)
                 else:
                     log.warning("preempt_probe: session %d cut %d not drained after %.1f s", sid,
                                 view.cut, GIVE_UP_S)
