@@ -9,8 +9,10 @@
   `[priority] preempt`, its running kernels are stopped at their next block boundary
   (Controls.preempt; what is left of each waits on its stream, and runs at its resume). This
   repeats while the others still overflow and more than one owner is active. So that there are
-  kernels to stop, the sessions on a GPU launch preemptible variants while its active memory
-  is above `preemptible_above` of the room, or an owner is held (Controls.preemptible).
+  kernels to stop, the sessions on a GPU launch preemptible variants while an owner is held
+  there and for `preemptible_for` after a hold (Controls.preemptible): programs that overflow
+  the GPU once tend to again, and each preemptible launch costs a few microseconds, which a
+  GPU that never overflows should not pay (measured: bench/RESULTS.md, nineteenth session).
 - A held owner resumes when enough capacity frees (what the others use plus what it used when
   held fits in the room), or after `resume_after` (so an owner is never starved; 0: only when
   capacity frees), oldest hold first.
@@ -34,14 +36,14 @@ from .tracking import FootprintPolicy, check_owner, size_text
 class AMFitSettings:
     resume_after: Seconds = 2.0  # a held owner resumes after this long at most; 0: no limit
     per: str = "process"  # what is held: each process, or a whole tenant ("tenant")
-    # active memory, as a fraction of the room, above which kernels launch preemptible
-    preemptible_above: float = 0.5
+    # after a hold on a GPU, its sessions launch preemptible variants this long; 0: never
+    preemptible_for: Seconds = 10.0
 
     def __post_init__(self) -> None:
         if self.resume_after < 0:
             raise ValueError("resume_after must be 0 or more")
-        if not 0 <= self.preemptible_above <= 1:
-            raise ValueError("preemptible_above must be between 0 and 1")
+        if self.preemptible_for < 0:
+            raise ValueError("preemptible_for must be 0 or more")
         check_owner(self.per)
 
 
@@ -63,6 +65,7 @@ class AMFit(FootprintPolicy):
         self.holds: dict[str, Hold] = {}
         self.released: dict[str, float] = {}  # owner -> when its last hold ended
         self.peak_active: dict[str, int] = {}  # owner -> the most active memory it has had
+        self.last_hold: dict[int, float] = {}  # gpu -> when an owner was last held (or released)
 
     def session_started(self, s: SessionView) -> None:
         super().session_started(s)
@@ -99,7 +102,7 @@ class AMFit(FootprintPolicy):
 
     def tick(self, now: float) -> None:
         self.now = now
-        for gpu in {h.gpu for h in self.holds.values()}:
+        for gpu in {h.gpu for h in self.holds.values()} | set(self.last_hold):
             self._rebalance(gpu)
 
     def _rerank(self, gpu: int) -> None:
@@ -118,7 +121,7 @@ class AMFit(FootprintPolicy):
         room = self.controls.gpu(gpu).room
         used = self.running.gpu_bytes(gpu)
         if not self.holds and used <= room:
-            self._arm(gpu, room, used)
+            self._arm(gpu)
             if rerank:  # nobody to hold or resume: only the order may change
                 self._rerank(gpu)
             return
@@ -138,6 +141,7 @@ class AMFit(FootprintPolicy):
                 self.released[owner] = self.now
                 self.controls.report("release", h.tenant_of_owner(owner))
                 self.resume_owner(owner, gpu)
+                self.last_hold[gpu] = self.now
         # Hold: the owner with the most active memory, while the unheld overflow. An owner
         # released within resume_after is not held again (it would never get to run).
         limit = self.settings.resume_after
@@ -154,12 +158,17 @@ class AMFit(FootprintPolicy):
                 self.controls.evict(session, keep=self.running.pointers_of(session))
         if rerank or len(self.holds) != holds or released:
             self._rerank(gpu)
-        self._arm(gpu, room, used)
+        self._arm(gpu)
 
-    def _arm(self, gpu: int, room: int, used: int) -> None:
-        """Preemptible launches while the GPU's active memory is high or an owner is held."""
-        self.set_preemptible(gpu, used > room * self.settings.preemptible_above
-                             or any(h.gpu == gpu for h in self.holds.values()))
+    def _arm(self, gpu: int) -> None:
+        """Preemptible launches while an owner is held on the GPU and preemptible_for after."""
+        if any(h.gpu == gpu for h in self.holds.values()):
+            self.last_hold[gpu] = self.now
+        last = self.last_hold.get(gpu)
+        on = last is not None and self.now - last < self.settings.preemptible_for
+        if not on:
+            self.last_hold.pop(gpu, None)
+        self.set_preemptible(gpu, on)
 
     def session_status(self, session: int) -> tuple[str, str] | None:
         owner = self.holdings.owner_of_session(session)

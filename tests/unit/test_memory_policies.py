@@ -563,17 +563,22 @@ def test_amfit_holds_the_tenant_with_most_active_memory() -> None:
 
 
 def test_amfit_stops_the_held_owners_kernels_and_resumes_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Above half the room active, the sessions launch preemptible variants; the owner held for
-    the overflow has its kernels stopped, and resumed with the hold's end."""
+    """The owner held for an overflow has its kernels stopped, and resumed with the hold's end;
+    from the hold on, and preemptible_for after it, the GPU's sessions launch preemptible
+    variants (a GPU that never overflows does not pay for them)."""
     monkeypatch.setattr(Recording, "preempts", True)
     w = amfit()
-    la = w.run(w.launch(1, 0xA000_00000, at=10.0))  # 60 of 100 active: above half
-    assert w.c.taken() == [("preemptible", sid, True) for sid in (1, 2, 3)]
+    la = w.run(w.launch(1, 0xA000_00000, at=10.0))  # 60 of 100 active: no overflow, no variants
+    assert w.c.taken() == []
     lb = w.run(w.launch(2, 0xB000_00000, at=10.0))  # 110 > 100: a held
-    assert w.c.taken() == [("preempt", 1)]
+    assert w.c.taken() == [("preempt", 1)] + [("preemptible", sid, True) for sid in (1, 2, 3)]
     w.finish(la, at=10.1)
-    w.finish(lb, at=10.2)  # nothing active: a resumes; below half, originals again
-    assert w.c.taken() == [("resume", 1)] + [("preemptible", sid, False) for sid in (1, 2, 3)]
+    w.finish(lb, at=10.2)  # nothing active: a resumes; still preemptible (it may overflow again)
+    assert w.c.taken() == [("resume", 1)]
+    w.p.tick(20.1)
+    assert w.c.taken() == []
+    w.p.tick(20.2)  # 10 s (preemptible_for) after the hold ended: originals again
+    assert w.c.taken() == [("preemptible", sid, False) for sid in (1, 2, 3)]
 
 
 def test_amfit_eviction_order_held_first_then_most_active_memory_seen() -> None:
