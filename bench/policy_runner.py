@@ -247,9 +247,14 @@ def policy_config(args: argparse.Namespace, policy: str) -> str:
         "amfit": f'resume_after = "{args.amfit_resume_after}"',
         "madvise": f'budget = "{args.madvise_budget}"\nper = "process"',
     }
+    if args.preempt_kernels:  # MFit and AMFit stop held owners' kernels ([priority] preempt)
+        for name in ("mfit", "amfit"):
+            knobs[name] += "\npreempt_kernels = true"
     text = "# written by bench/policy_runner.py\n"
     if policy in knobs:
         text += f"[policy.{policy}]\n{knobs[policy]}\n"
+    if args.preempt_kernels:
+        text += "[priority]\npreempt = true\n"
     return text + (Path(args.pilotd_config).read_text() if args.pilotd_config else "")
 
 
@@ -792,6 +797,9 @@ def main(argv: list[str] | None = None) -> int:
                     "manifest.tsv); programs that need them are skipped without it")
     ap.add_argument("--mfit-preempt-after", default="1s", help="[policy.mfit] preempt_after (1s)")
     ap.add_argument("--amfit-resume-after", default="2s", help="[policy.amfit] resume_after (2s)")
+    ap.add_argument("--preempt-kernels", action="store_true",
+                    help="MFit and AMFit preempt held owners' running kernels ([policy.mfit] and "
+                         "[policy.amfit] preempt_kernels, [priority] preempt)")
     ap.add_argument("--madvise-budget", default=None,
                     help="[policy.madvise] budget per process (default: C / 2)")
     ap.add_argument("--pilotd-config", metavar="FILE", help="TOML appended to every run's config")
@@ -893,7 +901,8 @@ def policies(args: argparse.Namespace) -> int:
             + ("\nfailed runs:\n\n" + "\n".join(f"- {f}" for f in failed) + "\n" if failed else ""))
         config = {k: v for k, v in vars(args).items() if k in (
             "capacity", "fractions", "policies", "programs", "pairs", "pair_policies", "backend",
-            "timeout", "budget", "mfit_preempt_after", "amfit_resume_after", "madvise_budget",
+            "timeout", "budget", "mfit_preempt_after", "amfit_resume_after", "preempt_kernels",
+            "madvise_budget",
             "pilotd_arg", "arch")}
         (args.out_dir / "policies.json").write_text(json.dumps({
             "config": config, "gpu": asdict(gpu) if gpu else None, "verdicts": lines,

@@ -6,7 +6,7 @@
 - When the active memory of the owners not held exceeds the GPU's room (capacity less fixed
   allocations), the owner with the most active memory is held: its further launches wait, its
   idle movable memory (not used by its running kernels) is evicted to host memory, and, with
-  `[priority] preempt`, its running kernels are stopped at their next block boundary
+  `preempt_kernels` and `[priority] preempt`, its running kernels are stopped at their next block boundary
   (Controls.preempt; what is left of each waits on its stream, and runs at its resume). This
   repeats while the others still overflow and more than one owner is active. So that there are
   kernels to stop, the sessions on a GPU launch preemptible variants while an owner is held
@@ -36,6 +36,7 @@ from .tracking import FootprintPolicy, check_owner, size_text
 class AMFitSettings:
     resume_after: Seconds = 2.0  # a held owner resumes after this long at most; 0: no limit
     per: str = "process"  # what is held: each process, or a whole tenant ("tenant")
+    preempt_kernels: bool = False  # stop a held owner's running kernels too ([priority] preempt)
     # after a hold on a GPU, its sessions launch preemptible variants this long; 0: never
     preemptible_for: Seconds = 10.0
 

@@ -21,7 +21,7 @@ rank below everyone. The rank says who yields to whom:
   memory on the GPU are preempted, most memory held first, until what they keep would make it
   fit. *Preempt* means: the owner's further launches on that GPU wait (it is *held*), its idle
   movable memory (not used by its running kernels) is evicted to host memory, and, with
-  `[priority] preempt`, its running kernels are stopped at their next block boundary
+  `preempt_kernels` and `[priority] preempt`, its running kernels are stopped at their next block boundary
   (Controls.preempt: what is left of each waits on its stream; the enforcer may then evict the
   memory they used, and brings it back before they resume). So that there are kernels to stop,
   the sessions on a GPU launch preemptible variants while a launch waits there
@@ -46,6 +46,7 @@ class MFitSettings:
     preempt_after: Seconds = 2.0  # a launch waiting this long preempts others; 0: never
     max_hold: Seconds = 10.0  # holds made for one session last at most this long; 0: no limit
     per: str = "process"  # what is ranked and preempted: each process, or a whole tenant ("tenant")
+    preempt_kernels: bool = False  # stop a held owner's running kernels too ([priority] preempt)
 
     def __post_init__(self) -> None:
         if self.preempt_after < 0:

@@ -225,12 +225,14 @@ class FootprintPolicy(Policy):
     # then copies it in bulk instead of faulting page by page with its kernel on the SMs
     # (measured: bench/RESULTS.md).
     prefetches_footprint = True
-    # A held owner's running kernels are preempted too, where pilotd can (Controls.preempt;
-    # `[priority] preempt`): as PILOT stops the kernels of the process it preempts.
-    preempts_kernels = True
 
     def __init__(self, settings: Any = None) -> None:
         super().__init__(settings)
+        # With `preempt_kernels` (and `[priority] preempt`), a held owner's running kernels are
+        # preempted too (Controls.preempt), as PILOT stops the kernels of the process it
+        # preempts. Off by default: on the H200 it gained nothing clear and cost gather's time
+        # under AMFit (bench/RESULTS.md, nineteenth session).
+        self.preempts_kernels = bool(getattr(self.settings, "preempt_kernels", False))
         self.holdings = Holdings(self.settings.per)
         self.running = RunningKernels(self.holdings.owner_of)
         self.now = 0.0
@@ -241,7 +243,8 @@ class FootprintPolicy(Policy):
     def set_preemptible(self, gpu: int, on: bool) -> None:
         """The sessions on `gpu` launch their kernels as preemptible variants (on: a preemption
         may come soon), or as they are, if that changed (Controls.preemptible)."""
-        if self._preemptible.get(gpu, False) == on or not self.controls.can_preempt():
+        if self._preemptible.get(gpu, False) == on or not self.preempts_kernels \
+                or not self.controls.can_preempt():
             return
         self._preemptible[gpu] = on
         for s in self.holdings.sessions.values():
@@ -250,7 +253,7 @@ class FootprintPolicy(Policy):
 
     def preempt_owner(self, owner: str, gpu: int) -> None:
         """Stop the owner's running kernels on `gpu` where pilotd can (Controls.preempt)."""
-        if not self.controls.can_preempt():
+        if not (self.preempts_kernels and self.controls.can_preempt()):
             return
         for sid in self.holdings.sessions_of(owner, gpu):
             if sid not in self.preempted:

@@ -214,9 +214,9 @@ def test_knobs_parse_and_default() -> None:
 # ---- MFit ----
 
 def mfit(preempt_after: float = 2.0, capacity: int = 100 * MiB, used: int = 0, per: str = "tenant",
-         max_hold: float = 0.0) -> World:
-    w = World(MFit(MFit.parse_settings({"preempt_after": preempt_after, "per": per, "max_hold": max_hold})),
-              capacity, used)
+         max_hold: float = 0.0, preempt_kernels: bool = False) -> World:
+    w = World(MFit(MFit.parse_settings({"preempt_after": preempt_after, "per": per, "max_hold": max_hold,
+                                        "preempt_kernels": preempt_kernels})), capacity, used)
     for sid, tenant in ((1, "a"), (2, "b"), (3, "c"), (4, "d")):
         w.session(sid, tenant)
     return w
@@ -357,11 +357,12 @@ def test_mfit_queues_are_per_gpu() -> None:
     assert w.c.orders[1] == (5,)
 
 
-def preempt_world(preempt_after: float = 2.0, max_hold: float = 0.0) -> tuple[World, LaunchView]:
+def preempt_world(preempt_after: float = 2.0, max_hold: float = 0.0,
+                  preempt_kernels: bool = False) -> tuple[World, LaunchView]:
     """Held on GPU 0: b 70, a 40 (two sessions, 1 and 5), d 40, c 35: ranking b, d, a, c. a, b
     and c run a kernel each; a keeps 30, c 35, b 40. d's launch of 40 MiB waits: above it a
     and c keep 65, 35 MiB free, 5 short. Requested at 10.0."""
-    w = mfit(preempt_after, max_hold=max_hold)
+    w = mfit(preempt_after, max_hold=max_hold, preempt_kernels=preempt_kernels)
     w.session(5, "a")  # a second session of tenant a, idle
     w.allocs((1, 0xA000_00000, 30), (5, 0xA100_00000, 10), (2, 0xB000_00000, 10), (2, 0xB100_00000, 60),
              (3, 0xC000_00000, 35), (4, 0xD000_00000, 40))
@@ -450,16 +451,16 @@ def test_mfit_holds_lift_when_the_preempting_launch_goes(how: str) -> None:
     assert d.verdict is Verdict.RUN
 
 
-@pytest.mark.parametrize("preempts", [True, False])
+@pytest.mark.parametrize(("preempts", "asked"), [(True, True), (False, True), (True, False)])
 def test_mfit_stops_the_held_owners_kernels_and_resumes_them_with_its_holds(
-        preempts: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With pilotd able to cut kernels, a launch that waits makes the GPU's sessions launch
-    preemptible variants; a hold stops the held owner's kernels (both of a's sessions), its
-    release resumes them, and with nothing waiting the sessions launch their originals again.
-    Without, nothing of it is asked."""
+        preempts: bool, asked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With pilotd able to cut kernels and preempt_kernels set, a launch that waits makes the
+    GPU's sessions launch preemptible variants; a hold stops the held owner's kernels (both of
+    a's sessions), its release resumes them, and with nothing waiting the sessions launch their
+    originals again. Without either, nothing of it is asked."""
     monkeypatch.setattr(Recording, "preempts", preempts)
-    w, head = preempt_world()
-    if not preempts:
+    w, head = preempt_world(preempt_kernels=asked)
+    if not (preempts and asked):
         head, _d = w.ask(head, 12.0)
         w.p.launch_dropped(head, "timeout")
         assert w.c.taken() == []
@@ -530,8 +531,10 @@ def test_mfit_per_process_ranks_processes_of_one_tenant() -> None:
 
 # ---- AMFit ----
 
-def amfit(resume_after: float = 2.0, capacity: int = 100 * MiB, per: str = "tenant") -> World:
-    w = World(AMFit(AMFit.parse_settings({"resume_after": resume_after, "per": per})), capacity)
+def amfit(resume_after: float = 2.0, capacity: int = 100 * MiB, per: str = "tenant",
+          preempt_kernels: bool = False) -> World:
+    w = World(AMFit(AMFit.parse_settings({"resume_after": resume_after, "per": per,
+                                          "preempt_kernels": preempt_kernels})), capacity)
     for sid, tenant in ((1, "a"), (2, "b"), (3, "c")):
         w.session(sid, tenant)
     w.allocs((1, 0xA000_00000, 60), (1, 0xA100_00000, 5), (2, 0xB000_00000, 50), (3, 0xC000_00000, 10))
@@ -567,7 +570,7 @@ def test_amfit_stops_the_held_owners_kernels_and_resumes_them(monkeypatch: pytes
     from the hold on, and preemptible_for after it, the GPU's sessions launch preemptible
     variants (a GPU that never overflows does not pay for them)."""
     monkeypatch.setattr(Recording, "preempts", True)
-    w = amfit()
+    w = amfit(preempt_kernels=True)
     la = w.run(w.launch(1, 0xA000_00000, at=10.0))  # 60 of 100 active: no overflow, no variants
     assert w.c.taken() == []
     lb = w.run(w.launch(2, 0xB000_00000, at=10.0))  # 110 > 100: a held
