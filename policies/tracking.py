@@ -230,8 +230,8 @@ class FootprintPolicy(Policy):
         super().__init__(settings)
         # With `preempt_kernels` (and `[priority] preempt`), a held owner's running kernels are
         # preempted too (Controls.preempt), as PILOT stops the kernels of the process it
-        # preempts. Off by default: on the H200 it gained nothing clear and cost gather's time
-        # under AMFit (bench/RESULTS.md, nineteenth session).
+        # preempts. Off by default: on the H200 it gained nothing clear, and gather under AMFit
+        # at 1.5x C was killed at 15 s in two runs of four (bench/RESULTS.md, nineteenth session).
         self.preempts_kernels = bool(getattr(self.settings, "preempt_kernels", False))
         self.holdings = Holdings(self.settings.per)
         self.running = RunningKernels(self.holdings.owner_of)
