@@ -666,6 +666,16 @@ def _show_priorities(r: dict[str, Any]) -> None:
                        "(a test setting)")
     elif r["enabled"] and "preemption" in r:
         click.echo("preemption: off ([priority] preempt = false): the gate alone")
+    if pre and pre.get("policy_preemptions"):
+        drains = [int(n) for n in pre.get("drain") or ()]
+        shown = ", ".join(f"<{_bucket_us(k)} us: {n}" for k, n in enumerate(drains) if n)
+        click.echo(f"policy preemptions: {pre['policy_preemptions']} made, "
+                   f"{pre.get('policy_resumes', 0)} resumed; drains {shown or 'none yet'}")
+
+
+def _bucket_us(bucket: int) -> str:
+    """The upper bound of a log2 bucket of microseconds (ptx_preempt.spread_bucket), shown."""
+    return "inf" if bucket >= 15 else f"{(1 << bucket) * 1.024:.0f}"
 
 
 if __name__ == "__main__":

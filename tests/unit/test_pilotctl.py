@@ -84,6 +84,11 @@ def test_priority_commands(replies: dict[str, Any]) -> None:
                                 "tenants": {}, "active": {}}
     assert run("priority", "list").output == "every tenant is normal: no priority gating\n"
     assert run("priority", "list", "--json").output.startswith('{"enabled": false')
+    # a policy's preemptions show without priorities too (drains in log2 buckets of us)
+    replies["priority.list"]["preemption"] = {"policy_preemptions": 3, "policy_resumes": 2,
+                                              "drain": [0] * 9 + [2, 1] + [0] * 5}
+    assert run("priority", "list").output.splitlines()[-1] == \
+        "policy preemptions: 3 made, 2 resumed; drains <524 us: 2, <1049 us: 1"
 
 
 def test_sessions_show_a_class_and_the_gate(replies: dict[str, Any]) -> None:

@@ -179,3 +179,47 @@ def test_launches_queued_behind_a_cut_one_do_not_hold_the_drain(rig: Rig) -> Non
     c.resume(s.id)
     c.run_pending()
     assert _until(lambda: (rig.counts() == 3).all())
+
+
+def test_a_gated_session_preempted_by_its_policy_waits_for_both_words(tmp_path: Path) -> None:
+    """A low tenant gated by a high one's work and preempted by the policy: its launch reads
+    both words; once the high tenant is idle and its class's word comes down, the rest still
+    waits for the session's own word, and runs at the resume, every block once."""
+    from test_preempt_launch import Scene
+
+    h = Harness(tmp_path, {"infer": "high", "train": "low"}, inflight=2)
+    h.be._kernels.register("bump", blockwise(bump))
+    h.be._kernels.register("uses_state", lambda k: None)
+    daemon = Preemption(chunk=1, cache_dir=None, compile_ptx=False)
+    daemon.for_policy = True
+    h.vg.preempt = VGpuPreemption(h.vg, daemon)
+    host = PolicyHost(Policy(), h.metrics)
+    c = host.controls
+    c.vgpus, c.preempts = [h.vg], True
+    slot = Slot()
+    try:
+        sc = Scene(h, daemon)
+        host.sessions[sc.lo.id] = sc.lo
+        sc.start()  # train gated; bump ran once as its variant
+        c.preemptible(sc.lo.id)
+        h.be.gate(sc.hi.legacy, slot.spec())  # infer busy
+        h.memset(sc.hi, 0, 2)  # its class's word goes up
+        c.preempt(sc.lo.id)
+        c.run_pending()
+        sc.bump()  # preempted: not even a first wave
+        assert (sc.counts() == 1).all()
+        slot.open()
+        h.be.kick()  # infer idle: the helper lowers the class's word
+        words = daemon.gpu_words(h.vg)
+        assert _until(lambda: not lib.pilot_preempt_raised(words.ptr))
+        assert not _until(lambda: (sc.counts() == 2).any(), timeout=0.3)  # its own word is up
+        c.resume(sc.lo.id)
+        c.run_pending()
+        assert _until(lambda: (sc.counts() == 2).all())
+    finally:
+        slot.open()
+        h.be.kick()
+        slot.close()
+        daemon.lower_all()
+        daemon.close()
+        h.close()
