@@ -512,7 +512,8 @@ class GpuWords:
         """The preempted sessions that have left the GPU now (frontier): drained."""
         backend = self.backend
         with self.guard:  # no session's events are destroyed meanwhile (VGpuPreemption.forget)
-            for sid, (s, p, raised) in list(self.draining.items()):
+            for sid, entry in list(self.draining.items()):
+                s, p, raised = entry
                 if s.preemption is p:
                     try:  # the word is up on the GPU, then the frontier says
                         if not backend.event_query(raised):
@@ -524,7 +525,9 @@ class GpuWords:
                         continue
                     p.drained_at = time.monotonic()
                     self.owner.drained(p.drained_at - p.requested_at)
-                del self.draining[sid]  # drained, or resumed (or ended) first
+                with self._cond:  # drained, or resumed (or ended) first; a new preemption of
+                    if self.draining.get(sid) is entry:  # the session since stays watched
+                        del self.draining[sid]
                 with contextlib.suppress(BackendError):
                     backend.event_destroy(raised)
 
