@@ -1,0 +1,85 @@
+"""tests/gpu/preempt_probe_policy.py (the GPU check's test policy) as a plugin, driven with a
+recording Controls: it makes every session preemptible, preempts one that launched every
+`period`, resumes it `hold` after pilotd saw it drained, and gives up on a drain after 2 s."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pilot.policies import Controls, LaunchView, PreemptionView, SessionView, create, load_plugin
+from pilot.policies import registry as reg
+
+PLUGIN = Path(__file__).resolve().parents[1] / "gpu" / "preempt_probe_policy.py"
+
+
+class Recording(Controls):
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.views: dict[int, PreemptionView] = {}
+
+    def can_preempt(self) -> bool:
+        return True
+
+    def preemptible(self, session: int, on: bool = True) -> None:
+        self.calls.append(("preemptible", session, on))
+
+    def preempt(self, session: int) -> None:
+        self.calls.append(("preempt", session))
+
+    def resume(self, session: int) -> None:
+        self.calls.append(("resume", session))
+        self.views.pop(session, None)
+
+    def preemption(self, session: int) -> PreemptionView | None:
+        return self.views.get(session)
+
+
+@pytest.fixture(autouse=True)
+def registry_restored() -> Iterator[None]:
+    """The plugin's policy is registered for this test only."""
+    saved, saved_plugins = dict(reg._registry), dict(reg._plugin_modules)
+    yield
+    reg._registry.clear()
+    reg._registry.update(saved)
+    reg._plugin_modules.clear()
+    reg._plugin_modules.update(saved_plugins)
+
+
+def _launch(session: int, now: float) -> LaunchView:
+    return LaunchView(1, session, "t", 1, 0, 0, "k", (1, 1, 1), (32, 1, 1), 0, (), now, now, 1)
+
+
+def test_the_probe_preempts_on_its_schedule_and_resumes_once_drained() -> None:
+    assert "preempt_probe" in load_plugin(str(PLUGIN))
+    p = create("preempt_probe", {"period": "50ms", "hold": "10ms"})
+    c = p.controls = Recording()
+    assert p.preempts_kernels and p.decides_launches
+    p.session_started(SessionView(7, "t", 1, 0, 0))
+    assert c.calls == [("preemptible", 7, True)]
+    p.launch_started(_launch(7, 1.0))
+    p.tick(1.04)
+    assert c.calls[1:] == []  # not yet its period
+    p.tick(1.05)
+    assert c.calls[1:] == [("preempt", 7)]
+    p.tick(1.07)  # the request is still queued (no view): nothing
+    c.views[7] = PreemptionView(7, 1.05, 1, None, 2)
+    p.tick(1.08)  # not drained
+    assert c.calls[2:] == []
+    c.views[7] = PreemptionView(7, 1.05, 1, 1.0505, 2)
+    p.tick(1.09)  # drained, held 40 ms >= hold: resumed
+    assert c.calls[2:] == [("resume", 7)]
+    assert p.state() == {"preempted": []}
+    p.tick(1.13)
+    assert c.calls[3:] == []  # the next one a period after the resume
+    p.tick(1.15)
+    assert c.calls[3:] == [("preempt", 7)]
+    c.views[7] = PreemptionView(7, 1.15, 1, None, 1)
+    p.tick(3.16)  # never drained: given up after 2 s, resumed
+    assert c.calls[4:] == [("resume", 7)]
+    p.session_ended(SessionView(7, "t", 1, 0, 0))
+    p.tick(10.0)
+    assert c.calls[5:] == []
