@@ -1,16 +1,18 @@
-"""Shared fixture: compile CUDA sources with the real nvcc and hand back their fatbin images."""
+"""Shared fixtures: compile CUDA sources with the real nvcc and hand back their fatbin images;
+keep the policy registry as it was around a test that loads plugins."""
 
 from __future__ import annotations
 
 import hashlib
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from pilot.daemon.backends.fatbin import elf_sections, iter_images
+from pilot.policies import registry as reg
 
 NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists()
                                 else None)
@@ -38,3 +40,15 @@ def compile_cuda(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list
         return cache[key]
 
     return compile_
+
+
+@pytest.fixture
+def own_registry() -> Iterator[None]:
+    """What the test registers (plugins it loads) is gone after it (as tests/unit/
+    test_policies.py's tests expect)."""
+    saved, saved_plugins = dict(reg._registry), dict(reg._plugin_modules)
+    yield
+    reg._registry.clear()
+    reg._registry.update(saved)
+    reg._plugin_modules.clear()
+    reg._plugin_modules.update(saved_plugins)

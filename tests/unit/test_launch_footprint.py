@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +17,6 @@ from pilot.daemon.scheduling.launch import Launch, allocation_at, footprint, mak
 from pilot.daemon.sessions.pinned import PinnedRange
 from pilot.daemon.sessions.session import Credentials, Session
 from pilot.policies import AllocationView, LaunchView, RangeView, create, load_plugin
-from pilot.policies import registry as reg
 
 RECORD_PLUGIN = Path(__file__).resolve().parents[1] / "policies_examples" / "record_launches.py"
 
@@ -169,17 +167,6 @@ def test_launch_view_footprint_only_when_asked(session: Session) -> None:
     assert (view.id, view.session, view.tenant, view.pid, view.vgpu, view.kernel, view.attempts) == (
         99, 7, "t", 4242, 3, "k", 1)
     assert _view(session, False, args).footprint == ()
-
-
-@pytest.fixture
-def own_registry() -> Iterator[None]:
-    """What the test registers is gone after it (as tests/unit/test_policies.py's tests expect)."""
-    saved, saved_plugins = dict(reg._registry), dict(reg._plugin_modules)
-    yield
-    reg._registry.clear()
-    reg._registry.update(saved)
-    reg._plugin_modules.clear()
-    reg._plugin_modules.update(saved_plugins)
 
 
 def test_record_launches_plugin(tmp_path: Path, session: Session, own_registry: None) -> None:

@@ -4,14 +4,10 @@ recording Controls: it makes every session preemptible, preempts one that launch
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from pilot.policies import Controls, LaunchView, PreemptionView, SessionView, create, load_plugin
-from pilot.policies import registry as reg
 
 PLUGIN = Path(__file__).resolve().parents[1] / "gpu" / "preempt_probe_policy.py"
 
@@ -38,22 +34,11 @@ class Recording(Controls):
         return self.views.get(session)
 
 
-@pytest.fixture(autouse=True)
-def registry_restored() -> Iterator[None]:
-    """The plugin's policy is registered for this test only."""
-    saved, saved_plugins = dict(reg._registry), dict(reg._plugin_modules)
-    yield
-    reg._registry.clear()
-    reg._registry.update(saved)
-    reg._plugin_modules.clear()
-    reg._plugin_modules.update(saved_plugins)
-
-
 def _launch(session: int, now: float) -> LaunchView:
     return LaunchView(1, session, "t", 1, 0, 0, "k", (1, 1, 1), (32, 1, 1), 0, (), now, now, 1)
 
 
-def test_the_probe_preempts_on_its_schedule_and_resumes_once_drained() -> None:
+def test_the_probe_preempts_on_its_schedule_and_resumes_once_drained(own_registry: None) -> None:
     assert "preempt_probe" in load_plugin(str(PLUGIN))
     p = create("preempt_probe", {"period": "50ms", "hold": "10ms"})
     c = p.controls = Recording()
