@@ -10,6 +10,8 @@ Workloads (own models, small enough that one step takes a few milliseconds on an
   cnn          a small residual CNN (4 stages, 32x32 inputs, batch 64), SGD with momentum
   graph        inference of an MLP (4 layers of 1024, batch 64) compiled with
                torch.compile(mode="reduce-overhead"): every call is one CUDA graph launch
+  infer        inference of the transformer above (batch 4, sequence 128, bf16, no grad): one
+               request of bench/priority_tally.py's latency-critical tenant
 
 Protocol on stdin/stdout (one line each):
   -> "ready"                                   once every workload is built and warmed
@@ -17,6 +19,11 @@ Protocol on stdin/stdout (one line each):
                                                in seconds
   -> "result WORKLOAD STEPS T1 T2 ..."         the steps completed inside the measured window and
                                                each one's time in ms (synchronized per step)
+  <- "serve WORKLOAD START DURATION GAP SEED"  requests arriving from START for DURATION s at
+                                               exponential gaps of mean GAP ms (seeded), each
+                                               one step served in arrival order
+  -> "served WORKLOAD N L1 L2 ..."             each request's latency in ms: from its arrival to
+                                               its step's end (its wait behind earlier ones too)
   <- "quit"
 Errors go to stderr and end the process with a non-zero status.
 """
@@ -24,6 +31,7 @@ Errors go to stderr and end the process with a non-zero status.
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -132,8 +140,39 @@ def graph_step(dev: torch.device) -> Step:
     return step
 
 
+def infer_step(dev: torch.device) -> Step:
+    model = Gpt().to(dev).eval()
+    gen = torch.Generator(device=dev).manual_seed(1)
+    tokens = torch.randint(0, 4096, (4, 128), device=dev, generator=gen)
+
+    def step() -> None:
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            model(tokens)
+    return step
+
+
 BUILDERS: dict[str, Callable[[torch.device], Step]] = {
-    "transformer": transformer_step, "cnn": cnn_step, "graph": graph_step}
+    "transformer": transformer_step, "cnn": cnn_step, "graph": graph_step, "infer": infer_step}
+
+
+def serve(step: Step, start: float, duration: float, gap_ms: float, seed: int) -> list[float]:
+    """Requests at exponential gaps (mean gap_ms) from `start` for `duration`, served one at a
+    time in arrival order: each one's latency from its arrival to its step's end, in ms."""
+    rnd = random.Random(seed)
+    arrivals, t = [], start
+    while True:
+        t += rnd.expovariate(1e3 / gap_ms)
+        if t > start + duration:
+            break
+        arrivals.append(t)
+    latencies = []
+    for arrival in arrivals:
+        while time.time() < arrival:
+            time.sleep(min(0.0005, max(0.0, arrival - time.time())))
+        step()
+        torch.cuda.synchronize()
+        latencies.append((time.time() - arrival) * 1e3)
+    return latencies
 
 
 def window(step: Step, start: float, warm: float, measure: float) -> list[float]:
@@ -171,6 +210,10 @@ def main() -> int:
         words = line.split()
         if not words or words[0] == "quit":
             break
+        if words[0] == "serve" and len(words) == 6 and words[1] in steps:
+            lat = serve(steps[words[1]], float(words[2]), float(words[3]), float(words[4]), int(words[5]))
+            print("served", words[1], len(lat), " ".join(f"{t:.3f}" for t in lat), flush=True)
+            continue
         if words[0] != "run" or len(words) != 5 or words[1] not in steps:
             print(f"tenant_worker: bad command {line.strip()!r}", file=sys.stderr, flush=True)
             return 2

@@ -3,7 +3,7 @@
 #
 #   bash tests/gpu/run_all.sh [STAGE...]
 #
-# With STAGE names (smoke compare driver cublas cudnn ops charge freeasync faults confine flood graphs real bench rings um_tune um_flush sched preempt policy_preempt priority fig1 tenants salus) only those run, after wheels and
+# With STAGE names (smoke compare driver cublas cudnn ops charge freeasync faults confine flood graphs real bench rings um_tune um_flush sched preempt policy_preempt priority tally fig1 tenants salus) only those run, after wheels and
 # install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
@@ -50,6 +50,8 @@
 #               the policies' API every 50 ms: results exact, drain latency per block time
 #      priority tests/gpu/priority_check.py: a high tenant's latency probe beside another tenant's
 #               flood, without priorities and with the gate at K=2 and K=1 (issue 29)
+#      tally    bench/priority_tally.py: Tally's experiment (transformer inference at half load beside
+#               transformer training) under time-slicing, MPS, MPS priority and pilot's three ways
 #   9. fig1     bench/fig1.py: PILOT Fig. 1, bare CUDA vs MPS vs pilot (default configuration)
 #  10. tenants  bench/tenants.py: N PyTorch training / CUDA-graph inference processes at once under
 #               time-slicing, MPS and pilot (TENANTS_ARGS, e.g. "--rounds 1 --ns 1,4,8")
@@ -205,6 +207,8 @@ main() {
     stage preempt timeout -k 10 200 "$PYTHON" tests/gpu/preempt_check.py --out "$OUT"
     stage policy_preempt timeout -k 10 200 "$PYTHON" tests/gpu/policy_preempt_check.py
     stage priority timeout -k 10 300 "$PYTHON" tests/gpu/priority_check.py
+    mkdir -p "$OUT/tally"
+    stage tally timeout -k 20 420 "$PYTHON" bench/priority_tally.py --out "$OUT/tally" --python "$PYTHON"
     mkdir -p "$OUT/fig1"
     stage fig1 timeout -k 20 450 "$PYTHON" bench/fig1.py --out "$OUT/fig1" --python "$PYTHON"
     mkdir -p "$OUT/tenants"
@@ -214,7 +218,7 @@ main() {
     stage salus timeout -k 20 660 bash tests/gpu/salus_gpu.sh
 
     printf '\n==================== results\n\n'
-    for f in compare.md confine/confine.md real_programs.md bench.md ring_on.md ring_off.md um_tune.md preempt.md policy_preempt.md priority.md fig1/fig1.md tenants/tenants.md salus.md; do
+    for f in compare.md confine/confine.md real_programs.md bench.md ring_on.md ring_off.md um_tune.md preempt.md policy_preempt.md priority.md tally/priority_tally.md fig1/fig1.md tenants/tenants.md salus.md; do
         if [ -f "$OUT/$f" ]; then
             cat "$OUT/$f"
         else
@@ -229,8 +233,8 @@ main() {
 }
 
 for wanted in "$@"; do
-    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | charge | freeasync | faults | confine | flood | graphs | real | bench | rings | um_tune | um_flush | sched | preempt | policy_preempt | priority | fig1 | tenants | salus) ;; *)
-        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops charge freeasync faults confine flood graphs real bench rings um_tune um_flush sched preempt policy_preempt priority fig1 tenants salus)" >&2
+    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | charge | freeasync | faults | confine | flood | graphs | real | bench | rings | um_tune | um_flush | sched | preempt | policy_preempt | priority | tally | fig1 | tenants | salus) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops charge freeasync faults confine flood graphs real bench rings um_tune um_flush sched preempt policy_preempt priority tally fig1 tenants salus)" >&2
         exit 2
     esac
 done

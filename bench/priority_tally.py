@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Tally's experiment, our way (issue 29's benchmark): a latency-critical inference tenant beside
+a best-effort training job, under every way of sharing the GPU. Run as root from the repository
+root, pilot installed (PYTHONPATH=/tmp/site after run_all.sh's install), about 3 minutes:
+
+    python3 bench/priority_tally.py --out DIR [--modes ...] [--measure 6] [--load 0.5]
+
+Tenants (bench/tenant_worker.py, our own models): `hp` serves requests of transformer inference
+(`infer`: batch 4, sequence 128, bf16) arriving at random (exponential gaps) at --load of what it
+can serve alone; `be` trains the transformer (`transformer`). The service time is measured first
+(hp alone, natively), and the gap's mean is service / load.
+
+Rows, each with fresh processes:
+- alone: hp by itself, then be by itself (native, no MPS): the baselines;
+- timeslice: both, natively (the driver's time-slicing);
+- mps: both under a private MPS control daemon;
+- mps_priority: the same, be with CUDA_MPS_CLIENT_PRIORITY=1 (below normal);
+- pilot: both under pilotd's default configuration;
+- pilot_gate: hp's tenant high (`[tenants.infer]`), `[priority] preempt = false`: the gate;
+- pilot_preempt: the same with `preempt = true`: be's kernels preemptible.
+Under pilot, hp runs as root (tenant infer) and be as `nobody` (a tenant is a Unix user); the
+others run both as root. Per row: hp's request latency p50 and p99 (ms) and its p99 over alone's
+(target <= 1.10), be's steps/s over alone's (target >= 0.5). Writes DIR/priority_tally.md and
+.json, the workers' and daemons' logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fig1 import Mps, Pilotd, as_user, clean_env, user_env  # bench/fig1.py: MPS, pilotd, uids
+from tenants import Worker  # bench/tenants.py: a worker process and its protocol
+
+BENCH = Path(__file__).resolve().parent
+WORKER = BENCH / "tenant_worker.py"
+MODES = ("timeslice", "mps", "mps_priority", "pilot", "pilot_gate", "pilot_preempt")
+NOBODY = 65534
+READY_S = 300.0
+GATE_CONFIG = ('[tenants.infer]\nusers = ["root"]\npriority = "high"\n'
+               "[priority]\npreempt = {preempt}\n")
+
+
+def log(msg: str) -> None:
+    print(f"[priority_tally] {msg}", file=sys.stderr, flush=True)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+class Row:
+    """The two tenants of one row: their commands, environments and users."""
+
+    def __init__(self, args: argparse.Namespace, work: Path, out: Path, mode: str) -> None:
+        self.args, self.work, self.out, self.mode = args, work, out, mode
+        self.env = {**clean_env(), "PYTHONUNBUFFERED": "1"}
+        self.prefix: list[str] = []
+        self.daemon: Pilotd | None = None
+        self.mps: Mps | None = None
+        self.be_env: dict[str, str] = {}
+        self.be_user: Callable[[], None] | None = None
+
+    def __enter__(self) -> Row:
+        mode, args = self.mode, self.args
+        if mode.startswith("pilot"):
+            config = "# pilotd's defaults\n" if mode == "pilot" else \
+                GATE_CONFIG.format(preempt="true" if mode == "pilot_preempt" else "false")
+            workdir = self.work / mode
+            workdir.mkdir()
+            self.daemon = Pilotd(args.python, args.backend, workdir, self.out / f"pilotd-{mode}.log",
+                                 [], config_text=config)
+            self.daemon.wait_ready(120)
+            os.chmod(workdir, 0o755)
+            self.env["PILOT_SOCKET"] = self.daemon.socket
+            self.prefix = [args.python, "-m", "pilot.cli.pilot", "run", "--"]
+            home = self.work / "home-nobody"
+            home.mkdir(exist_ok=True)
+            os.chown(home, NOBODY, NOBODY)
+            self.be_env, self.be_user = user_env(NOBODY, home), as_user(NOBODY)
+        elif mode.startswith("mps"):
+            workdir = self.work / mode
+            workdir.mkdir()
+            self.mps = Mps(shutil.which(args.mps_control) or args.mps_control, workdir)
+            self.mps.start()
+            self.env.update(self.mps.env)
+            if mode == "mps_priority":
+                self.be_env = {"CUDA_MPS_CLIENT_PRIORITY": "1"}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.daemon is not None:
+            self.daemon.stop()
+        if self.mps is not None:
+            self.mps.stop()
+            self.mps.copy_logs(self.out)
+
+    def worker(self, name: str, workload: str) -> Worker:
+        env = {**self.env, **(self.be_env if name == "be" else {})}
+        cmd = [*self.prefix, self.args.python, str(WORKER), "--workloads", workload]
+        return Worker(cmd, env, self.out / f"worker-{self.mode}-{name}.log",
+                      preexec_fn=self.be_user if name == "be" else None)
+
+
+def service_ms(args: argparse.Namespace, work: Path, out: Path) -> float:
+    """hp's time per request alone (median of a window of back-to-back requests)."""
+    with Row(args, work, out, "native") as row:
+        hp = row.worker("hp", "infer")
+        try:
+            hp.expect("ready", READY_S)
+            hp.send(f"run infer {time.time() + 1:.3f} 1 2")
+            times = [float(t) for t in hp.expect("result", 60).split()[3:]]
+        finally:
+            hp.stop()
+    return statistics.median(times)
+
+
+def run_row(args: argparse.Namespace, work: Path, out: Path, mode: str, gap_ms: float,
+            hp_on: bool = True, be_on: bool = True) -> dict[str, Any]:
+    measure = args.measure
+    result: dict[str, Any] = {"mode": mode}
+    with Row(args, work, out, "native" if mode == "alone" else mode) as row:
+        workers = {}
+        try:
+            if be_on:
+                workers["be"] = row.worker("be", "transformer")
+            if hp_on:
+                workers["hp"] = row.worker("hp", "infer")
+            for w in workers.values():
+                w.expect("ready", READY_S)
+            if row.mps is not None and not row.mps.servers():
+                raise RuntimeError("MPS: no server running: the workers did not use MPS")
+            start = time.time() + 2.0
+            warm = 1.0
+            if "be" in workers:  # be trains through the whole window, hp's included
+                workers["be"].send(f"run transformer {start:.3f} {warm} {measure}")
+            if "hp" in workers:
+                workers["hp"].send(f"serve infer {start + warm:.3f} {measure} {gap_ms:.3f} {args.seed}")
+            if "hp" in workers:
+                lat = [float(t) for t in workers["hp"].expect("served", measure + 120).split()[3:]]
+                result.update(hp_requests=len(lat), hp_p50_ms=pct(lat, 0.5), hp_p99_ms=pct(lat, 0.99))
+            if "be" in workers:
+                steps = workers["be"].expect("result", measure + 120).split()[3:]
+                result["be_steps_s"] = len(steps) / measure
+        finally:
+            for w in workers.values():
+                w.stop()
+    log(f"{mode}: {result}")
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--modes", default=",".join(MODES), help=f"of {','.join(MODES)}")
+    ap.add_argument("--measure", type=float, default=6.0, help="seconds measured per row (6)")
+    ap.add_argument("--load", type=float, default=0.5, help="hp's offered load, of what it serves alone")
+    ap.add_argument("--seed", type=int, default=29)
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--mps-control", default="nvidia-cuda-mps-control")
+    ap.add_argument("--backend", choices=("cuda", "sim"), default="cuda",
+                    help="pilotd's backend (sim: for checking this script without a GPU)")
+    args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if any(m not in MODES for m in modes):
+        ap.error(f"--modes: of {', '.join(MODES)}")
+    if os.geteuid() != 0:
+        log("needs root (be runs as nobody under pilot; MPS is started privately)")
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="pilot-tally-", dir="/tmp"))
+    work.chmod(0o755)
+    rows: list[dict[str, Any]] = []
+    try:
+        service = service_ms(args, work, args.out)
+        gap = service / args.load
+        log(f"hp alone: {service:.3f} ms a request; requests every {gap:.3f} ms on average")
+        alone = {**run_row(args, work, args.out, "alone", gap, be_on=False),
+                 **{k: v for k, v in run_row(args, work, args.out, "alone", gap, hp_on=False).items()
+                    if k.startswith("be")}}
+        rows.append(alone)
+        for mode in modes:
+            try:
+                rows.append(run_row(args, work, args.out, mode, gap))
+            except (RuntimeError, OSError) as exc:
+                log(f"{mode}: failed: {exc}")
+                rows.append({"mode": mode, "error": str(exc)})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    base_p99, base_be = alone.get("hp_p99_ms"), alone.get("be_steps_s")
+    lines = [f"hp: transformer inference, {service:.2f} ms a request alone, offered {args.load:g} of "
+             f"that; be: transformer training; {args.measure:g} s measured per row", "",
+             "| row | hp p50 ms | hp p99 ms | p99 / alone | be steps/s | be / alone |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['mode']} | failed: {r['error'][:80]} | | | | |")
+            continue
+        p99, be = r.get("hp_p99_ms"), r.get("be_steps_s")
+        lines.append(f"| {r['mode']} | {r.get('hp_p50_ms', float('nan')):.2f} | {p99:.2f} | "
+                     f"{p99 / base_p99:.2f} | {be:.1f} | {be / base_be:.2f} |")
+    table = "\n".join(lines)
+    print(table)
+    (args.out / "priority_tally.md").write_text("# Tally's experiment (bench/priority_tally.py)\n\n"
+                                                + table + "\n\nTargets: p99 / alone <= 1.10, "
+                                                "be / alone >= 0.5.\n")
+    (args.out / "priority_tally.json").write_text(json.dumps({"service_ms": service, "rows": rows},
+                                                             indent=1))
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
