@@ -12,7 +12,7 @@
   kernels to stop, the sessions on a GPU launch preemptible variants while an owner is held
   there and for `preemptible_for` after a hold (Controls.preemptible): programs that overflow
   the GPU once tend to again, and each preemptible launch costs a few microseconds, which a
-  GPU that never overflows should not pay (measured: bench/RESULTS.md, nineteenth session).
+  GPU that never overflows should not pay.
 - A held owner resumes when enough capacity frees (what the others use plus what it used when
   held fits in the room), or after `resume_after` (so an owner is never starved; 0: only when
   capacity frees), oldest hold first.

@@ -240,11 +240,14 @@ class FootprintPolicy(Policy):
         self._preemptible: dict[int, bool] = {}  # gpu -> its sessions launch preemptible variants
         self.preempted: set[int] = set()  # sessions preempted (Controls.preempt), not resumed
 
+    def _cuts_kernels(self) -> bool:
+        """preempt_kernels is set and pilotd can stop kernels for this policy."""
+        return self.preempts_kernels and self.controls.can_preempt()
+
     def set_preemptible(self, gpu: int, on: bool) -> None:
         """The sessions on `gpu` launch their kernels as preemptible variants (on: a preemption
         may come soon), or as they are, if that changed (Controls.preemptible)."""
-        if self._preemptible.get(gpu, False) == on or not self.preempts_kernels \
-                or not self.controls.can_preempt():
+        if self._preemptible.get(gpu, False) == on or not self._cuts_kernels():
             return
         self._preemptible[gpu] = on
         for s in self.holdings.sessions.values():
@@ -253,7 +256,7 @@ class FootprintPolicy(Policy):
 
     def preempt_owner(self, owner: str, gpu: int) -> None:
         """Stop the owner's running kernels on `gpu` where pilotd can (Controls.preempt)."""
-        if not (self.preempts_kernels and self.controls.can_preempt()):
+        if not self._cuts_kernels():
             return
         for sid in self.holdings.sessions_of(owner, gpu):
             if sid not in self.preempted:

@@ -252,8 +252,7 @@ class Residency:
                 del g.by_session[s.id]
                 self.sessions.pop(s.id, None)
                 self.tenants.pop(s.id, None)
-                if s.id in self.preempted:
-                    self.preempted = {k: v for k, v in self.preempted.items() if k != s.id}
+                self._not_preempted(s.id)
         return extents
 
     def untrack(self, s: Session, ptr: int) -> None:
@@ -587,13 +586,17 @@ class Residency:
         idle, and leave after those events."""
         self.preempted = {**self.preempted, session: tuple(cut)}
 
+    def _not_preempted(self, session: int) -> None:
+        """The session's entry out of `preempted` (replaced whole: read without a lock)."""
+        if session in self.preempted:
+            self.preempted = {k: v for k, v in self.preempted.items() if k != session}
+
     def resumed_session(self, session: int) -> Any:
         """The session is resumed: the extents of its preempted kernels that were evicted come
         back in (making room as a launch would), on pilot's stream of its GPU. Returns that
         stream, for the resume to go behind the moves (its rests then find their memory on the
         GPU, counted); None: nothing moved."""
-        if session in self.preempted:
-            self.preempted = {k: v for k, v in self.preempted.items() if k != session}
+        self._not_preempted(session)
         g = self.sessions.get(session)
         if g is None:
             return None

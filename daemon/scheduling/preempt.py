@@ -354,9 +354,11 @@ class Preemption:
             for i, (a, b) in enumerate(zip(now.spread, before.spread, strict=True)):
                 self.spread[i] += max(0, a - b)
 
-    def drained(self, seconds: float) -> None:
+    def drained(self, p: SessionPreemption) -> None:
+        """The preempted session has left the GPU now: its drain time, counted per bucket."""
+        p.drained_at = time.monotonic()
         with self._lock:
-            self.drains[pp.spread_bucket(int(seconds * 1e9))] += 1
+            self.drains[pp.spread_bucket(int((p.drained_at - p.requested_at) * 1e9))] += 1
 
     def lower_all(self) -> None:
         """Every word down and nothing armed (the daemon stops: no stream may stay waiting)."""
@@ -515,16 +517,12 @@ class GpuWords:
             for sid, entry in list(self.draining.items()):
                 s, p, raised = entry
                 if s.preemption is p:
-                    try:  # the word is up on the GPU, then the frontier says
-                        if not backend.event_query(raised):
-                            continue
-                    except BackendError:
-                        pass
+                    if not event_done(backend, raised):  # the word is up on the GPU first
+                        continue
                     state = s.preempt
                     if state is not None and state.slots and not frontier(backend, state)[0]:
                         continue
-                    p.drained_at = time.monotonic()
-                    self.owner.drained(p.drained_at - p.requested_at)
+                    self.owner.drained(p)
                 with self._cond:  # drained, or resumed (or ended) first; a new preemption of
                     if self.draining.get(sid) is entry:  # the session since stays watched
                         del self.draining[sid]
@@ -709,8 +707,7 @@ class VGpuPreemption:
         have its variants made now, in the background, so that they are ready when it is first
         gated (a short program is otherwise done before they are). For a policy's, at its first
         launch made preemptible: the rewrite holds pilotd's GIL for a while, which a program
-        never preempted should not pay (on the H200, lud beside pageDoS ran 1.8-2.0x its time
-        alone with the variants of every module made at load, 1.1-1.6x without)."""
+        never preempted should not pay."""
         gated = self.vg.gate.board.enabled and s.priority < HIGH
         if (gated or self.daemon.for_policy) and len(image) <= KEEP_IMAGE_BYTES:
             kept = self._state(s).images[handle] = (image, image_digest(image))
@@ -981,11 +978,7 @@ class VGpuPreemption:
             slot = (state.next_slot + step) % state.nslots
             if slot in state.dead:
                 continue
-            try:
-                free = backend.event_query(state.events[slot])
-            except BackendError:
-                free = True  # a failed launch is finished too
-            if free:
+            if event_done(backend, state.events[slot]):
                 state.next_slot = slot + 1
                 return slot
         return -1
@@ -1032,15 +1025,13 @@ class VGpuPreemption:
         s.preemption = p  # from here its launches start without a first wave
         words = self.daemon._gpus.get(self.vg.gpu)
         if words is None or words.ptr == ffi.NULL:
-            p.drained_at = time.monotonic()  # nothing of it can be on the GPU preemptible
-            self.daemon.drained(p.drained_at - requested_at)
+            self.daemon.drained(p)  # nothing of it can be on the GPU preemptible
             return p
         backend = self.vg.backend
         with words.guard:
             state = s.preempt
             if state is None or not state.slots:  # its first slots will start raised
-                p.drained_at = time.monotonic()
-                self.daemon.drained(p.drained_at - requested_at)
+                self.daemon.drained(p)
                 return p
             backend.bind_thread(self.vg.gpu)
             backend.stream_write_word(words.stream, state.word, 1)
@@ -1103,6 +1094,15 @@ class VGpuPreemption:
         s.preempt = None
 
 
+def event_done(backend: Any, event: Any) -> bool:
+    """Whether the GPU is past `event` (one whose stream failed counts as past: its work runs
+    no more)."""
+    try:
+        return bool(backend.event_query(event))
+    except BackendError:
+        return True
+
+
 def frontier(backend: Any, state: SessionVariants) -> tuple[bool, list[Any], int]:
     """Whether a preempted session has left the GPU, the events that say it will have, and its
     watched launches in flight:
@@ -1113,24 +1113,18 @@ def frontier(backend: Any, state: SessionVariants) -> tuple[bool, list[Any], int
     stream stopped at a rest that waits (or has nothing in flight). Launches not watched (made
     before the session was preemptible, originals, library calls) are not counted."""
 
-    def done(event: Any) -> bool:
-        try:
-            return bool(backend.event_query(event))
-        except BackendError:
-            return True  # a failed launch runs nothing
-
     by_stream: dict[int, list[int]] = {}
     for slot in state.cut_recorded.copy():  # the vGPU thread may add one
-        if not done(state.events[slot]):
+        if not event_done(backend, state.events[slot]):
             by_stream.setdefault(id(state.streams[slot]), []).append(slot)
     drained, wait = True, []
     for slots in by_stream.values():
         for slot in sorted(slots, key=lambda i: state.order[i]):
-            if not done(state.cuts[slot]):
+            if not event_done(backend, state.cuts[slot]):
                 drained = False
                 wait.append(state.cuts[slot])
                 break
-            if not done(state.passes[slot]):
+            if not event_done(backend, state.passes[slot]):
                 break  # its rest waits for the word
             drained = False
             wait.append(state.events[slot])

@@ -40,7 +40,7 @@ class Recording(Controls):
         self.kept: dict[int, int] = {}  # session -> resident bytes, as each test sets them
         self.orders: dict[int, tuple[int, ...]] = {}  # gpu -> the eviction order last set
         self.guaranteed: dict[str, int] = {}  # tenant -> provisioned bytes (every GPU)
-        self.preemption: list[tuple[Any, ...]] = []
+        self.asked: list[tuple[Any, ...]] = []  # preemptible, preempt, resume, in order
 
     def gpu(self, gpu: int) -> GpuView:
         return GpuView(gpu, self.capacity, self.used, enforced=True)
@@ -66,24 +66,24 @@ class Recording(Controls):
     def report(self, action: str, tenant: str) -> None:
         self.calls.append(("report", action, tenant))
 
-    # preemption: off unless a test turns it on (then recorded apart from `calls`)
+    # preemption: off unless a test turns it on (then recorded in `asked`, apart from `calls`)
     preempts = False
 
     def can_preempt(self) -> bool:
         return self.preempts
 
     def preemptible(self, session: int, on: bool = True) -> None:
-        self.preemption.append(("preemptible", session, on))
+        self.asked.append(("preemptible", session, on))
 
     def preempt(self, session: int) -> None:
-        self.preemption.append(("preempt", session))
+        self.asked.append(("preempt", session))
 
     def resume(self, session: int) -> None:
-        self.preemption.append(("resume", session))
+        self.asked.append(("resume", session))
 
     def taken(self) -> list[tuple[Any, ...]]:
         """The preemption requests since the last call."""
-        out, self.preemption = self.preemption, []
+        out, self.asked = self.asked, []
         return out
 
     def take(self) -> list[tuple[Any, ...]]:

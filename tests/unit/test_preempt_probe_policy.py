@@ -5,29 +5,26 @@ recording Controls: it makes every session preemptible, preempts one that launch
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from pilot.policies import Controls, LaunchView, PreemptionView, SessionView, create, load_plugin
+import test_memory_policies
+
+from pilot.policies import LaunchView, PreemptionView, SessionView, create, load_plugin
 
 PLUGIN = Path(__file__).resolve().parents[1] / "gpu" / "preempt_probe_policy.py"
 
 
-class Recording(Controls):
+class Recording(test_memory_policies.Recording):
+    """The memory policies' recording Controls (preemption requests in `asked`), able to
+    preempt, with the views a test sets (a resume drops the session's)."""
+
+    preempts = True
+
     def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
+        super().__init__()
         self.views: dict[int, PreemptionView] = {}
 
-    def can_preempt(self) -> bool:
-        return True
-
-    def preemptible(self, session: int, on: bool = True) -> None:
-        self.calls.append(("preemptible", session, on))
-
-    def preempt(self, session: int) -> None:
-        self.calls.append(("preempt", session))
-
     def resume(self, session: int) -> None:
-        self.calls.append(("resume", session))
+        super().resume(session)
         self.views.pop(session, None)
 
     def preemption(self, session: int) -> PreemptionView | None:
@@ -44,27 +41,27 @@ def test_the_probe_preempts_on_its_schedule_and_resumes_once_drained(own_registr
     c = p.controls = Recording()
     assert p.preempts_kernels and p.decides_launches
     p.session_started(SessionView(7, "t", 1, 0, 0))
-    assert c.calls == [("preemptible", 7, True)]
+    assert c.asked == [("preemptible", 7, True)]
     p.launch_started(_launch(7, 1.0))
     p.tick(1.04)
-    assert c.calls[1:] == []  # not yet its period
+    assert c.asked[1:] == []  # not yet its period
     p.tick(1.05)
-    assert c.calls[1:] == [("preempt", 7)]
+    assert c.asked[1:] == [("preempt", 7)]
     p.tick(1.07)  # the request is still queued (no view): nothing
     c.views[7] = PreemptionView(7, 1.05, 1, None, 2)
     p.tick(1.08)  # not drained
-    assert c.calls[2:] == []
+    assert c.asked[2:] == []
     c.views[7] = PreemptionView(7, 1.05, 1, 1.0505, 2)
     p.tick(1.09)  # drained, held 40 ms >= hold: resumed
-    assert c.calls[2:] == [("resume", 7)]
+    assert c.asked[2:] == [("resume", 7)]
     assert p.state() == {"preempted": []}
     p.tick(1.13)
-    assert c.calls[3:] == []  # the next one a period after the resume
+    assert c.asked[3:] == []  # the next one a period after the resume
     p.tick(1.15)
-    assert c.calls[3:] == [("preempt", 7)]
+    assert c.asked[3:] == [("preempt", 7)]
     c.views[7] = PreemptionView(7, 1.15, 1, None, 1)
     p.tick(3.16)  # never drained: given up after 2 s, resumed
-    assert c.calls[4:] == [("resume", 7)]
+    assert c.asked[4:] == [("resume", 7)]
     p.session_ended(SessionView(7, "t", 1, 0, 0))
     p.tick(10.0)
-    assert c.calls[5:] == []
+    assert c.asked[5:] == []
