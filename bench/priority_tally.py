@@ -3,12 +3,15 @@
 a best-effort training job, under every way of sharing the GPU. Run as root from the repository
 root, pilot installed (PYTHONPATH=/tmp/site after run_all.sh's install), about 3 minutes:
 
-    python3 bench/priority_tally.py --out DIR [--modes ...] [--measure 6] [--load 0.5]
+    python3 bench/priority_tally.py --out DIR [--modes ...] [--measure 6] [--load 0.5] [--calibrate 3]
 
 Tenants (bench/tenant_worker.py, our own models): `hp` serves requests of transformer inference
 (`infer`: batch 4, sequence 128, bf16) arriving at random (exponential gaps) at --load of what it
-can serve alone; `be` trains the transformer (`transformer`). The service time is measured first
-(hp alone, natively), and the gap's mean is service / load.
+can serve alone; `be` trains the transformer (`transformer`). The service time is measured first,
+hp alone and natively: a window of back-to-back requests, then --calibrate s of serving requests
+(tenant_worker.py's `serve`, as in the rows) at a low load, a gap of 4x that window's median; the
+median of the served requests' service times (a step's start to its end) is the service time, and
+the rows' mean gap is service / load. Both medians are reported.
 
 Rows, each with fresh processes:
 - alone: hp by itself, then be by itself (native, no MPS): the baselines;
@@ -19,15 +22,18 @@ Rows, each with fresh processes:
 - pilot_gate: hp's tenant high (`[tenants.infer]`), `[priority] preempt = false`: the gate;
 - pilot_preempt: the same with `preempt = true`: be's kernels preemptible.
 Under pilot, hp runs as root (tenant infer) and be as `nobody` (a tenant is a Unix user); the
-others run both as root. Per row: hp's request latency p50 and p99 (ms) and its p99 over alone's
-(target <= 1.10), be's steps/s over alone's (target >= 0.5). Writes DIR/priority_tally.md and
-.json, the workers' and daemons' logs.
+others run both as root. Per row: hp's requests served and their median service time (ms), their
+latency (arrival to end) p50 and p99 (ms) and the p99 over alone's (target <= 1.10), be's steps/s
+over alone's (target >= 0.5). If alone's p50 latency is more than 3x its median service time, the
+queue was not stable at --load (the ratios to alone mean nothing) and the table says so. Writes
+DIR/priority_tally.md and .json, the workers' and daemons' logs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -47,6 +53,9 @@ WORKER = BENCH / "tenant_worker.py"
 MODES = ("timeslice", "mps", "mps_priority", "pilot", "pilot_gate", "pilot_preempt")
 NOBODY = 65534
 READY_S = 300.0
+CALIBRATE_GAP = 4.0  # the calibration's gap, in back-to-back medians (a load of 1/4)
+SERVICE_LINE_S = 5.0  # how long a `service` line is awaited after `served` (older workers: none)
+UNSTABLE = 3.0  # alone's p50 latency over its median service time above which the queue was unstable
 GATE_CONFIG = ('[tenants.infer]\nusers = ["root"]\npriority = "high"\n'
                "[priority]\npreempt = {preempt}\n")
 
@@ -113,17 +122,43 @@ class Row:
                       preexec_fn=self.be_user if name == "be" else None)
 
 
-def service_ms(args: argparse.Namespace, work: Path, out: Path) -> float:
-    """hp's time per request alone (median of a window of back-to-back requests)."""
+def fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None or math.isnan(value) else format(value, spec)
+
+
+def ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value is not None and base else None
+
+
+def read_serve(worker: Worker, timeout: float) -> tuple[list[float], list[float] | None]:
+    """A `serve` command's reply: the requests' latencies (ms, the `served` line) and service times
+    (ms, the `service` line right after it; None from a worker that does not send it)."""
+    latencies = [float(t) for t in worker.expect("served", timeout).split()[3:]]
+    try:
+        services: list[float] | None = [float(t) for t in
+                                        worker.expect("service", SERVICE_LINE_S).split()[3:]]
+    except RuntimeError:
+        services = None
+    return latencies, services
+
+
+def calibrate(args: argparse.Namespace, work: Path, out: Path) -> dict[str, Any]:
+    """hp alone, natively, one process: the median of a window of back-to-back requests
+    (`b2b_ms`), then args.calibrate s of `serve` at a gap of CALIBRATE_GAP x that: its requests'
+    median service time (`serve_ms`, None from a worker without `service` lines) and latency."""
     with Row(args, work, out, "native") as row:
         hp = row.worker("hp", "infer")
         try:
             hp.expect("ready", READY_S)
             hp.send(f"run infer {time.time() + 1:.3f} 1 2")
-            times = [float(t) for t in hp.expect("result", 60).split()[3:]]
+            b2b = statistics.median(float(t) for t in hp.expect("result", 60).split()[3:])
+            gap = CALIBRATE_GAP * b2b
+            hp.send(f"serve infer {time.time() + 1:.3f} {args.calibrate:g} {gap:.3f} {args.seed + 1}")
+            lat, svc = read_serve(hp, args.calibrate + 60)
         finally:
             hp.stop()
-    return statistics.median(times)
+    return {"b2b_ms": b2b, "gap_ms": gap, "requests": len(lat), "p50_ms": pct(lat, 0.5),
+            "serve_ms": statistics.median(svc) if svc else None}
 
 
 def run_row(args: argparse.Namespace, work: Path, out: Path, mode: str, gap_ms: float,
@@ -148,8 +183,10 @@ def run_row(args: argparse.Namespace, work: Path, out: Path, mode: str, gap_ms: 
             if "hp" in workers:
                 workers["hp"].send(f"serve infer {start + warm:.3f} {measure} {gap_ms:.3f} {args.seed}")
             if "hp" in workers:
-                lat = [float(t) for t in workers["hp"].expect("served", measure + 120).split()[3:]]
-                result.update(hp_requests=len(lat), hp_p50_ms=pct(lat, 0.5), hp_p99_ms=pct(lat, 0.99))
+                lat, svc = read_serve(workers["hp"], measure + 120)
+                result.update(hp_requests=len(lat), hp_p50_ms=pct(lat, 0.5), hp_p99_ms=pct(lat, 0.99),
+                              hp_service_ms=statistics.median(svc) if svc else None,
+                              hp_service_p99_ms=pct(svc, 0.99) if svc else None)
             if "be" in workers:
                 steps = workers["be"].expect("result", measure + 120).split()[3:]
                 result["be_steps_s"] = len(steps) / measure
@@ -166,6 +203,8 @@ def main() -> int:
     ap.add_argument("--modes", default=",".join(MODES), help=f"of {','.join(MODES)}")
     ap.add_argument("--measure", type=float, default=6.0, help="seconds measured per row (6)")
     ap.add_argument("--load", type=float, default=0.5, help="hp's offered load, of what it serves alone")
+    ap.add_argument("--calibrate", type=float, default=3.0,
+                    help="seconds hp serves alone at a low load to measure its service time (3)")
     ap.add_argument("--seed", type=int, default=29)
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--mps-control", default="nvidia-cuda-mps-control")
@@ -183,9 +222,14 @@ def main() -> int:
     work.chmod(0o755)
     rows: list[dict[str, Any]] = []
     try:
-        service = service_ms(args, work, args.out)
+        cal = calibrate(args, work, args.out)
+        service = cal["serve_ms"] if cal["serve_ms"] is not None else cal["b2b_ms"]
         gap = service / args.load
-        log(f"hp alone: {service:.3f} ms a request; requests every {gap:.3f} ms on average")
+        log(f"hp alone: {cal['b2b_ms']:.3f} ms a request back to back, {fmt(cal['serve_ms'], '.3f')} ms "
+            f"served at a gap of {cal['gap_ms']:.3f} ms ({cal['requests']} requests, p50 latency "
+            f"{fmt(cal['p50_ms'], '.3f')} ms); requests every {gap:.3f} ms on average")
+        if cal["serve_ms"] is None:
+            log("the worker sent no service times: the gap is from the back-to-back median")
         alone = {**run_row(args, work, args.out, "alone", gap, be_on=False),
                  **{k: v for k, v in run_row(args, work, args.out, "alone", gap, hp_on=False).items()
                     if k.startswith("be")}}
@@ -199,24 +243,40 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base_p99, base_be = alone.get("hp_p99_ms"), alone.get("be_steps_s")
-    lines = [f"hp: transformer inference, {service:.2f} ms a request alone, offered {args.load:g} of "
-             f"that; be: transformer training; {args.measure:g} s measured per row", "",
-             "| row | hp p50 ms | hp p99 ms | p99 / alone | be steps/s | be / alone |",
-             "|---|---|---|---|---|---|"]
+    serve_how = (f"the median service time of {cal['requests']} requests served alone at a gap of "
+                 f"{cal['gap_ms']:.2f} ms" if cal["serve_ms"] is not None else
+                 "the back-to-back median: the worker sent no service times")
+    lines = [f"hp: transformer inference, {service:.2f} ms a request alone ({serve_how}; "
+             f"{cal['b2b_ms']:.2f} ms back to back), offered {args.load:g} of that: a request every "
+             f"{gap:.2f} ms on average; be: transformer training; {args.measure:g} s measured per row",
+             ""]
+    alone_p50, alone_svc = alone.get("hp_p50_ms"), alone.get("hp_service_ms") or service
+    stable = not (alone_p50 is not None and alone_p50 > UNSTABLE * alone_svc)
+    if not stable:
+        warning = (f"**Warning: hp's queue was not stable at --load {args.load:g}**: alone, its p50 "
+                   f"latency ({alone_p50:.2f} ms) is more than {UNSTABLE:g}x its median service time "
+                   f"({alone_svc:.2f} ms), so the offered load was probably near or above 1 and the "
+                   "ratios to alone mean nothing; run again with a lower --load.")
+        log(warning)
+        lines += [warning, ""]
+    lines += ["| row | hp requests | hp service ms | hp p50 ms | hp p99 ms | p99 / alone | be steps/s "
+              "| be / alone |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['mode']} | failed: {r['error'][:80]} | | | | |")
+            lines.append(f"| {r['mode']} | failed: {r['error'][:80]} | | | | | | |")
             continue
         p99, be = r.get("hp_p99_ms"), r.get("be_steps_s")
-        lines.append(f"| {r['mode']} | {r.get('hp_p50_ms', float('nan')):.2f} | {p99:.2f} | "
-                     f"{p99 / base_p99:.2f} | {be:.1f} | {be / base_be:.2f} |")
+        lines.append(f"| {r['mode']} | {r.get('hp_requests', '-')} | {fmt(r.get('hp_service_ms'))} | "
+                     f"{fmt(r.get('hp_p50_ms'))} | {fmt(p99)} | {fmt(ratio(p99, base_p99))} | "
+                     f"{fmt(be, '.1f')} | {fmt(ratio(be, base_be))} |")
     table = "\n".join(lines)
     print(table)
     (args.out / "priority_tally.md").write_text("# Tally's experiment (bench/priority_tally.py)\n\n"
                                                 + table + "\n\nTargets: p99 / alone <= 1.10, "
                                                 "be / alone >= 0.5.\n")
-    (args.out / "priority_tally.json").write_text(json.dumps({"service_ms": service, "rows": rows},
-                                                             indent=1))
+    (args.out / "priority_tally.json").write_text(json.dumps(
+        {"service_ms": service, "gap_ms": gap, "load": args.load, "calibration": cal, "stable": stable,
+         "rows": rows}, indent=1))
     return 1 if any("error" in r for r in rows) else 0
 
 

@@ -19,11 +19,16 @@ Protocol on stdin/stdout (one line each):
                                                in seconds
   -> "result WORKLOAD STEPS T1 T2 ..."         the steps completed inside the measured window and
                                                each one's time in ms (synchronized per step)
-  <- "serve WORKLOAD START DURATION GAP SEED"  requests arriving from START for DURATION s at
-                                               exponential gaps of mean GAP ms (seeded), each
-                                               one step served in arrival order
+  <- "serve WORKLOAD START DURATION GAP SEED"  requests arriving from START (a time.time()) for
+                                               DURATION s at exponential gaps of mean GAP ms
+                                               (seeded), each one step served in arrival order;
+                                               a few unmeasured steps first if there is time
+                                               before START, and each arrival awaited by a sleep
+                                               to ~1 ms before it, then a spin
   -> "served WORKLOAD N L1 L2 ..."             each request's latency in ms: from its arrival to
                                                its step's end (its wait behind earlier ones too)
+  -> "service WORKLOAD N S1 S2 ..."            right after: each request's service time in ms,
+                                               from its step's start to its end (synchronized)
   <- "quit"
 Errors go to stderr and end the process with a non-zero status.
 """
@@ -41,6 +46,8 @@ import torch.nn.functional as F
 from torch import nn
 
 Step = Callable[[], None]
+SPIN_S = 0.001  # serve: an arrival is awaited by a sleep to this much before it, then a spin
+WARM_S, WARM_STEPS, WARM_MARGIN_S = 0.5, 20, 0.1  # serve: warm-up steps in the last WARM_S before START
 
 
 class Block(nn.Module):
@@ -155,24 +162,58 @@ BUILDERS: dict[str, Callable[[torch.device], Step]] = {
     "transformer": transformer_step, "cnn": cnn_step, "graph": graph_step, "infer": infer_step}
 
 
-def serve(step: Step, start: float, duration: float, gap_ms: float, seed: int) -> list[float]:
-    """Requests at exponential gaps (mean gap_ms) from `start` for `duration`, served one at a
-    time in arrival order: each one's latency from its arrival to its step's end, in ms."""
+def serve(step: Step, start: float, duration: float, gap_ms: float,
+          seed: int) -> tuple[list[float], list[float]]:
+    """Requests at exponential gaps (mean gap_ms) from `start` (a time.time()) for `duration`,
+    served one at a time in arrival order: each one's latency (from its arrival to its step's end)
+    and service time (from its step's start to its end), in ms.
+
+    Before `start`, if there is time, a few unmeasured steps (caches and clocks warm after the
+    idle wait for this command). Each arrival is awaited by sleeping until ~1 ms before it, then
+    spinning, so that a sleeping thread's wake-up is neither in the latency nor, by a cold CPU,
+    in the service time. Intervals are on time.perf_counter(), `start` mapped onto it once."""
     rnd = random.Random(seed)
-    arrivals, t = [], start
+    offsets, t = [], 0.0
     while True:
         t += rnd.expovariate(1e3 / gap_ms)
-        if t > start + duration:
+        if t > duration:
             break
-        arrivals.append(t)
-    latencies = []
-    for arrival in arrivals:
-        while time.time() < arrival:
-            time.sleep(min(0.0005, max(0.0, arrival - time.time())))
+        offsets.append(t)
+    p0 = time.perf_counter()
+    wall = time.time()
+    origin = (p0 + time.perf_counter()) / 2 + (start - wall)  # `start` on the perf_counter clock
+    # warm-up: up to WARM_STEPS steps, each begun only if twice the slowest so far fits before
+    # WARM_MARGIN_S before start
+    warm_from = origin - WARM_S
+    sleep_until(warm_from)
+    step_s = 0.0
+    for _ in range(WARM_STEPS):
+        t0 = time.perf_counter()
+        if t0 + 2 * step_s + WARM_MARGIN_S > origin:
+            break
         step()
         torch.cuda.synchronize()
-        latencies.append((time.time() - arrival) * 1e3)
-    return latencies
+        step_s = max(step_s, time.perf_counter() - t0)
+    latencies, services = [], []
+    for offset in offsets:
+        arrival = origin + offset
+        sleep_until(arrival)
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        latencies.append((t1 - arrival) * 1e3)
+        services.append((t1 - t0) * 1e3)
+    return latencies, services
+
+
+def sleep_until(when: float) -> None:
+    """Until time.perf_counter() reaches `when`: a sleep to SPIN_S before it, then a spin."""
+    left = when - time.perf_counter() - SPIN_S
+    if left > 0:
+        time.sleep(left)
+    while time.perf_counter() < when:
+        pass
 
 
 def window(step: Step, start: float, warm: float, measure: float) -> list[float]:
@@ -211,8 +252,10 @@ def main() -> int:
         if not words or words[0] == "quit":
             break
         if words[0] == "serve" and len(words) == 6 and words[1] in steps:
-            lat = serve(steps[words[1]], float(words[2]), float(words[3]), float(words[4]), int(words[5]))
+            lat, svc = serve(steps[words[1]], float(words[2]), float(words[3]), float(words[4]),
+                             int(words[5]))
             print("served", words[1], len(lat), " ".join(f"{t:.3f}" for t in lat), flush=True)
+            print("service", words[1], len(svc), " ".join(f"{t:.3f}" for t in svc), flush=True)
             continue
         if words[0] != "run" or len(words) != 5 or words[1] not in steps:
             print(f"tenant_worker: bad command {line.strip()!r}", file=sys.stderr, flush=True)
