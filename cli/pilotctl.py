@@ -660,7 +660,15 @@ def _show_priorities(r: dict[str, Any]) -> None:
                            f"{w['clears']}")
         for tenant, t in pre.get("tenants", {}).items():
             click.echo(f"  {tenant}: {t['preempted']} launch(es) preempted, "
-                       f"{t['blocks_deferred']} block(s) run after their retreat")
+                       f"{t['blocks_deferred']} block(s) run after their retreat"
+                       + (f", {t['blocks_abandoned']} abandoned inside and run again"
+                          if t.get("blocks_abandoned") else ""))
+        if pre.get("loop_tenants") or pre.get("loop_programs"):
+            click.echo("  loop-level preemption (idempotent kernels only) for: " + ", ".join(
+                [*(f"tenant {t}" for t in pre.get("loop_tenants", [])),
+                 *(f"program {p}" for p in pre.get("loop_programs", []))]))
+            for kernel, how in sorted(pre.get("loop_level", {}).items())[:20]:
+                click.echo(f"    {kernel}: {how}")
         if pre.get("chaos_s"):
             click.echo(f"  [priority] preempt_chaos = {pre['chaos_s']:g} s: words raised at random "
                        "(a test setting)")

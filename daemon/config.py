@@ -78,6 +78,9 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     groups = ["ml"]
     sm_share = 25                  # % of each GPU's SMs its kernels may use (default: all)
     priority = "high"              # high, normal (default) or low (scheduling/priority.py)
+    loop_preempt = false           # its kernels may also be preempted inside a block, at an outer
+                                   # loop's back edge, the block run again from its start later:
+                                   # correct for idempotent kernels only (docs/POLICIES.md)
     [priority]
     gated_inflight = 2             # GPU work in flight per session gated by a higher tenant
     active_window = "100ms"        # a tenant is active this long after each call it makes
@@ -89,6 +92,8 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
                                    # as gated, with its variants, and raises the retreat words at
                                    # random moments (exponential gaps of this mean, each held up
                                    # to as long); implies preempt; results must not change
+    loop_preempt_programs = []     # programs (argv[0] or its base name) whose kernels get
+                                   # loop-level preemption too, as [tenants.X] loop_preempt
 
 Sizes are strings with a unit: KiB/MiB/GiB/TiB (powers of 1024, any case), KB/MB/GB/TB
 (powers of 1000, written so: "8GB" is 8e9 bytes, "8gb" is refused) or B; fractions round down
@@ -293,6 +298,7 @@ class TenantDef:
     groups: tuple[str, ...] = ()
     sm_share: int | None = None  # percent of each GPU's SMs (resources/shares.py); None: no cap
     priority: str | None = None  # high, normal or low (resources/priorities.py); None: normal
+    loop_preempt: bool = False  # loop-level preemption for its kernels (idempotent ones only)
 
 
 @dataclass(frozen=True)
@@ -333,6 +339,7 @@ class Config:
     priority_preempt: bool = False
     priority_preempt_chunk: int = 0  # 0: "auto"
     priority_preempt_chaos: float = 0.0
+    priority_loop_preempt_programs: tuple[str, ...] = ()
     pinned_limit: int | None = None
     pinned_limit_per_tenant: int | None = None
     pinned_tenant_fraction: float = 0.25
@@ -664,7 +671,7 @@ def _names(value: Any, what: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-_TENANT_KEYS = ("users", "groups", "sm_share", "priority")
+_TENANT_KEYS = ("users", "groups", "sm_share", "priority", "loop_preempt")
 
 
 def _tenants(value: Any) -> dict[str, TenantDef]:
@@ -697,7 +704,7 @@ def _tenant(name: Any, spec: Any, owner: dict[tuple[str, str], str]) -> TenantDe
         if spec.name != name:
             raise _Invalid(f"TenantDef named {spec.name!r} under key {name!r}", sub=name)
         spec = {"users": spec.users, "groups": spec.groups, "sm_share": spec.sm_share,
-                "priority": spec.priority}
+                "priority": spec.priority, "loop_preempt": spec.loop_preempt}
     if not isinstance(spec, Mapping):
         raise _Invalid(f"{spec!r} is not a table with users and groups", sub=name)
     found = [_Invalid("", sub=f"{name}.{key}", choices=_TENANT_KEYS)
@@ -725,8 +732,11 @@ def _tenant(name: Any, spec: Any, owner: dict[tuple[str, str], str]) -> TenantDe
             priority = check_priority(priority)
         except ValueError as exc:
             found.append(_Invalid(str(exc), sub=f"{name}.priority"))
+    loop = spec.get("loop_preempt", False)
+    if not isinstance(loop, bool):
+        found.append(_Invalid(f"{loop!r} is not true or false", sub=f"{name}.loop_preempt"))
     _all_of(found)
-    return TenantDef(name, members["users"], members["groups"], share, priority)
+    return TenantDef(name, members["users"], members["groups"], share, priority, loop is True)
 
 
 _CONVERT: dict[str, Callable[[Any], Any]] = {
@@ -759,6 +769,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "priority_preempt": _flag,
     "priority_preempt_chunk": _chunk,
     "priority_preempt_chaos": parse_duration,
+    "priority_loop_preempt_programs": lambda v: _names(v, "program"),
     "pinned_limit": _pinned_limit,
     "pinned_limit_per_tenant": _pinned_limit,
     "pinned_tenant_fraction": _fraction,
@@ -809,7 +820,8 @@ SECTIONS: dict[str, dict[str, str]] = {
     "policy": {"name": "policy", "max_wait": "policy_max_wait", "plugins": "policy_plugins"},
     "priority": {"gated_inflight": "priority_gated_inflight", "preempt": "priority_preempt",
                  "preempt_chunk": "priority_preempt_chunk", "preempt_chaos": "priority_preempt_chaos",
-                 "active_window": "priority_active_window"},
+                 "active_window": "priority_active_window",
+                 "loop_preempt_programs": "priority_loop_preempt_programs"},
     "pinned": {"limit": "pinned_limit", "limit_per_tenant": "pinned_limit_per_tenant",
                "tenant_fraction": "pinned_tenant_fraction"},
     "limits": {k: k for k in ("sessions_per_uid", "connections", "connections_per_uid", "max_frame")},

@@ -89,13 +89,19 @@ SUFFIX = "__pilot_ptb"
 COUNTER_BYTES = 4  # the u32 counter at the start of a launch's slot (`ctl`)
 SLOT_BYTES = 24  # a launch's slot: the counter, then the retreat's first and last readings (u64)
 SPREAD_BUCKETS = 16  # bucket 0: < 1.024 us; bucket k: [2^(k-1), 2^k) x 1.024 us; the last: above
-# the tally: u64 preempted launches, u64 blocks deferred, u64 retreats, u32 per spread bucket
-TALLY_BYTES = 24 + 4 * SPREAD_BUCKETS
+# the tally: u64 preempted launches, u64 blocks deferred, u64 retreats, u32 per spread bucket,
+# u64 blocks abandoned (loop-level retreats: run again from their start)
+ABANDONED_AT = 24 + 4 * SPREAD_BUCKETS
+TALLY_BYTES = ABANDONED_AT + 8
+LOOP_SUFFIX = "__pilot_loop"  # the loop-level variant (loops=True): also retreats inside a block
+REDO_HEADER = 8  # a slot's redo list: u32 entries made, u32 entries taken, then the entries
+REDO_ENTRY = 8  # u32 first logical block, u32 blocks
 # The parameters the variant takes after K's own (name, PTX type, bytes), in this order.
 PARAMS = (("ctl", "u64", 8), ("flag", "u64", 8), ("total", "u32", 4), ("gx", "u32", 4),
           ("gy", "u32", 4), ("gz", "u32", 4), ("chunk", "u32", 4), ("first", "u32", 4),
-          ("tally", "u64", 8), ("sflag", "u64", 8))
-VERSION = 4  # of the rewrite: part of the compiled-image cache key (ptx_cache.py)
+          ("tally", "u64", 8), ("sflag", "u64", 8), ("redo", "u64", 8))
+PACKING = "<QQ6IQQQ"  # PARAMS as struct packs them
+VERSION = 5  # of the rewrite: part of the compiled-image cache key (ptx_cache.py)
 
 _ENTRY = re.compile(r"^(\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+)([\w$]+)(\s*\()", re.M)
 _LABEL = re.compile(r"^\s*([$\w]+):")
@@ -117,11 +123,12 @@ _R = "%__pilot_r"
 _MAP = {("", "x"): f"{_R}5", ("", "y"): f"{_R}6", ("", "z"): f"{_R}7",
         ("n", "x"): f"{_R}8", ("n", "y"): f"{_R}9", ("n", "z"): f"{_R}10"}
 
-DECLARATIONS = f"""\t.reg .b32 \t{_R}<18>;
+DECLARATIONS = f"""\t.reg .b32 \t{_R}<21>;
 \t.reg .b64 \t%__pilot_rd<2>;
 \t.reg .b64 \t%__pilot_rt<4>;
 \t.reg .pred \t%__pilot_p<3>;
-\t.shared .align 8 .b32 __pilot_blk[2];
+\t.reg .pred \t%__pilot_q<1>;
+\t.shared .align 8 .b32 __pilot_blk[4];
 """
 
 # Once per block: blocks below `first` run their own index, the others claim. Parameters are
@@ -189,18 +196,20 @@ ACCOUNT = f"""$__pilot_account:
 \tst.volatile.global.u64 \t[%__pilot_rt1+16], 0;
 """
 
-# The claim: thread 0 claims (or sees the retreat), the block reads the claim, then maps it.
-# A launch whose first wave is the whole grid has nothing to claim.
+# The claim: thread 0 claims (or sees the retreat), the block reads the claim (its first logical
+# block and how many) through shared memory, then maps it. A launch whose first wave is the
+# whole grid has nothing to claim. A rest (no word) of a loop-level variant first takes the
+# entries of its slot's redo list (the blocks its first part abandoned), then claims.
 CLAIM = f"""$__pilot_claim:
 \tld.param.u32 \t{_R}3, [__pilot_first];
 \tld.param.u32 \t{_R}11, [__pilot_total];
 \tsetp.ge.u32 \t%__pilot_p1, {_R}3, {_R}11;
 \t@%__pilot_p1 bra.uni \t$__pilot_exit;
-\txor.b32 \t{_R}16, {_R}16, 4;
-\tld.param.u32 \t{_R}12, [__pilot_chunk];
-\tmax.u32 \t{_R}12, {_R}12, 1;
+\txor.b32 \t{_R}16, {_R}16, 8;
 {NOT_THREAD0}\tsetp.ne.u32 \t%__pilot_p0, {_R}0, 0;
 \t@%__pilot_p0 bra \t$__pilot_read;
+\tld.param.u32 \t{_R}12, [__pilot_chunk];
+\tmax.u32 \t{_R}12, {_R}12, 1;
 \tld.param.u32 \t{_R}4, [__pilot_total];
 \tld.param.u64 \t%__pilot_rd1, [__pilot_flag];
 \tsetp.eq.u64 \t%__pilot_p2, %__pilot_rd1, 0;
@@ -219,7 +228,26 @@ $__pilot_check:
 $__pilot_take:
 \tld.param.u64 \t%__pilot_rd0, [__pilot_ctl];
 \tcvta.to.global.u64 \t%__pilot_rd0, %__pilot_rd0;
+\t@!%__pilot_p2 bra \t$__pilot_main;
+\tld.param.u64 \t%__pilot_rt0, [__pilot_redo];
+\tsetp.eq.u64 \t%__pilot_p1, %__pilot_rt0, 0;
+\t@%__pilot_p1 bra \t$__pilot_main;
+\tcvta.to.global.u64 \t%__pilot_rt0, %__pilot_rt0;
+\tld.volatile.global.u32 \t{_R}1, [%__pilot_rt0];
+\tld.volatile.global.u32 \t{_R}2, [%__pilot_rt0+4];
+\tsetp.ge.u32 \t%__pilot_p1, {_R}2, {_R}1;
+\t@%__pilot_p1 bra \t$__pilot_main;
+\tatom.global.add.u32 \t{_R}2, [%__pilot_rt0+4], 1;
+\tsetp.ge.u32 \t%__pilot_p1, {_R}2, {_R}1;
+\t@%__pilot_p1 bra \t$__pilot_main;
+\tmul.wide.u32 \t%__pilot_rt1, {_R}2, {REDO_ENTRY};
+\tadd.u64 \t%__pilot_rt1, %__pilot_rt0, %__pilot_rt1;
+\tld.global.u32 \t{_R}4, [%__pilot_rt1+{REDO_HEADER}];
+\tld.global.u32 \t{_R}12, [%__pilot_rt1+{REDO_HEADER + 4}];
+\tbra.uni \t$__pilot_count;
+$__pilot_main:
 \tatom.global.add.u32 \t{_R}4, [%__pilot_rd0], {_R}12;
+$__pilot_count:
 \t@!%__pilot_p2 bra \t$__pilot_post;
 \tld.param.u64 \t%__pilot_rt0, [__pilot_tally];
 \tsetp.eq.u64 \t%__pilot_p1, %__pilot_rt0, 0;
@@ -248,9 +276,11 @@ $__pilot_retreat:
 \tatom.global.max.u64 \t%__pilot_rt3, [%__pilot_rt1+16], %__pilot_rt2;
 $__pilot_post:
 \tst.shared.u32 \t[{_R}16], {_R}4;
+\tst.shared.u32 \t[{_R}16+4], {_R}12;
 $__pilot_read:
 \tbar.sync \t0;
 \tld.shared.u32 \t{_R}4, [{_R}16];
+\tld.shared.u32 \t{_R}12, [{_R}16+4];
 \tmov.u32 \t{_R}13, 0;
 \tbra.uni \t$__pilot_map;
 $__pilot_more:
@@ -285,6 +315,179 @@ $__pilot_exit:
 \tret;
 """
 
+# ---- loop-level retreats (the loop-level variant, LOOP_SUFFIX) ----
+
+
+# A loop-level variant looks at the words every LOOP_CHECK_EVERY passes of a checked back edge
+# (r18 counts them), and reads them without waiting: the value a check tests is the one read
+# at the check before (r19: flag's, r20: sflag's), so the load's latency hides behind the
+# loop's work; a raise is seen within 2 x LOOP_CHECK_EVERY passes.
+LOOP_CHECK_EVERY = 16
+LOOP_START = f"""\tmov.u32 \t{_R}18, 0;
+\tmov.u32 \t{_R}19, 0;
+\tmov.u32 \t{_R}20, 0;
+\tmov.pred \t%__pilot_q0, 0;
+"""
+
+
+def _issue_read(skip: str) -> str:
+    """r19, r20 := the retreat words (flag's, sflag's; volatile), 0 when the launch has no
+    word (a rest), no second word, or no redo list (it then never abandons a block)."""
+    return f"""\tmov.u32 \t{_R}19, 0;
+\tmov.u32 \t{_R}20, 0;
+\tld.param.u64 \t%__pilot_rd1, [__pilot_redo];
+\tsetp.eq.u64 \t%__pilot_p1, %__pilot_rd1, 0;
+\t@%__pilot_p1 bra \t{skip};
+\tld.param.u64 \t%__pilot_rd1, [__pilot_flag];
+\tsetp.eq.u64 \t%__pilot_p1, %__pilot_rd1, 0;
+\t@%__pilot_p1 bra \t{skip};
+\tcvta.to.global.u64 \t%__pilot_rd1, %__pilot_rd1;
+\tld.volatile.global.u32 \t{_R}19, [%__pilot_rd1];
+\tld.param.u64 \t%__pilot_rd1, [__pilot_sflag];
+\tsetp.eq.u64 \t%__pilot_p1, %__pilot_rd1, 0;
+\t@%__pilot_p1 bra \t{skip};
+\tcvta.to.global.u64 \t%__pilot_rd1, %__pilot_rd1;
+\tld.volatile.global.u32 \t{_R}20, [%__pilot_rd1];
+"""
+
+
+def _every(go: str, uniform: bool) -> str:
+    """Count a pass; on to `go` but every LOOP_CHECK_EVERY-th."""
+    return f"""\tadd.u32 \t{_R}18, {_R}18, 1;
+\tand.b32 \t{_R}1, {_R}18, {LOOP_CHECK_EVERY - 1};
+\tsetp.ne.u32 \t%__pilot_p1, {_R}1, 0;
+\t@%__pilot_p1 bra{'.uni' if uniform else ''} \t{go};
+\tor.b32 \t{_R}1, {_R}19, {_R}20;
+"""
+
+
+def uniform_check(n: int) -> str:
+    """Before the back edge of a loop every thread of a block reaches together (UNIFORM): what
+    thread 0 read goes to every thread by a barrier reduction, all of them abandon the block
+    together (so no barrier of the body can wait for a thread that left), and thread 0 reads
+    the words again."""
+    go = f"$__pilot_go{n}"
+    return _every(go, True) + f"""\tsetp.ne.u32 \t%__pilot_p1, {_R}1, 0;
+\tbarrier.red.or.pred \t%__pilot_p2, 0, %__pilot_p1;
+\t@%__pilot_p2 bra.uni \t$__pilot_abandon;
+{NOT_THREAD0}\tsetp.ne.u32 \t%__pilot_p0, {_R}0, 0;
+\t@%__pilot_p0 bra \t{go};
+""" + _issue_read(go) + f"{go}:\n"
+
+
+def thread_check(n: int) -> str:
+    """Before the back edge of an outer loop of a kernel whose body has no barrier, no warp
+    collective and no call (PER_THREAD): a thread that read a raised word leaves its logical
+    block at once, as a return would, and reads again otherwise; the barrier at the block's end
+    (THREAD_NEXT) has every thread of the block abandon it if any did."""
+    go = f"$__pilot_go{n}"
+    return _every(go, False) + f"""\tsetp.ne.u32 \t%__pilot_q0, {_R}1, 0;
+\t@%__pilot_q0 bra \t$__pilot_next;
+""" + _issue_read(go) + f"{go}:\n"
+
+
+THREAD_NEXT = """$__pilot_next:
+\tbarrier.red.or.pred \t%__pilot_p1, 0, %__pilot_q0;
+\t@%__pilot_p1 bra.uni \t$__pilot_abandon;
+"""
+
+# Every thread of a block that abandons its logical block comes here together. Thread 0 puts the
+# rest of the block's claim (the abandoned block and those of its chunk not yet run) on the
+# slot's redo list for the launch's rest, counts them in the tally and stamps the retreat's
+# readings as a claim's retreat does; then the block leaves. The list holds one entry per
+# block of the launch at most: a block abandons once, and leaves.
+ABANDON = f"""$__pilot_abandon:
+{NOT_THREAD0}\tsetp.ne.u32 \t%__pilot_p0, {_R}0, 0;
+\t@%__pilot_p0 bra \t$__pilot_exit;
+\tld.param.u64 \t%__pilot_rt0, [__pilot_redo];
+\tcvta.to.global.u64 \t%__pilot_rt0, %__pilot_rt0;
+\tatom.global.add.u32 \t{_R}1, [%__pilot_rt0], 1;
+\tmul.wide.u32 \t%__pilot_rt1, {_R}1, {REDO_ENTRY};
+\tadd.u64 \t%__pilot_rt1, %__pilot_rt0, %__pilot_rt1;
+\tadd.u32 \t{_R}14, {_R}4, {_R}13;
+\tadd.u32 \t{_R}2, {_R}4, {_R}12;
+\tld.param.u32 \t{_R}11, [__pilot_total];
+\tmin.u32 \t{_R}2, {_R}2, {_R}11;
+\tsub.u32 \t{_R}2, {_R}2, {_R}14;
+\tst.global.u32 \t[%__pilot_rt1+{REDO_HEADER}], {_R}14;
+\tst.global.u32 \t[%__pilot_rt1+{REDO_HEADER + 4}], {_R}2;
+\tld.param.u64 \t%__pilot_rt0, [__pilot_tally];
+\tsetp.eq.u64 \t%__pilot_p1, %__pilot_rt0, 0;
+\t@%__pilot_p1 bra \t$__pilot_exit;
+\tcvta.to.global.u64 \t%__pilot_rt0, %__pilot_rt0;
+\tcvt.u64.u32 \t%__pilot_rt2, {_R}2;
+\tred.global.add.u64 \t[%__pilot_rt0+{ABANDONED_AT}], %__pilot_rt2;
+\tld.param.u64 \t%__pilot_rt1, [__pilot_ctl];
+\tcvta.to.global.u64 \t%__pilot_rt1, %__pilot_rt1;
+\tmov.u64 \t%__pilot_rt2, %globaltimer;
+\tatom.global.cas.b64 \t%__pilot_rt3, [%__pilot_rt1+8], 0, %__pilot_rt2;
+\tatom.global.max.u64 \t%__pilot_rt3, [%__pilot_rt1+16], %__pilot_rt2;
+\tbra.uni \t$__pilot_exit;
+"""
+
+UNIFORM, PER_THREAD = "uniform", "per-thread"
+_SIMPLE_BARRIER = re.compile(r"^\s*(?:bar|barrier)(?:\.cta)?\.sync(?:\.aligned)?\s+0\s*;")
+_WARP_COLLECTIVE = re.compile(r"\b(?:shfl|vote|match|redux|wmma|mma|ldmatrix|stmatrix|elect|wgmma|"
+                              r"tcgen05|activemask)\b|\bbar\.warp\b|\bbarrier\.warp\b")
+
+
+@dataclass(frozen=True)
+class LoopPlan:
+    """Where a kernel's loop-level variant checks the words: before the back edges at these
+    lines of its body, in one of two modes (UNIFORM, PER_THREAD); or why it has none."""
+
+    mode: str = ""
+    back_edges: tuple[int, ...] = ()
+    reason: str = ""
+
+
+def loop_plan(body: list[str]) -> LoopPlan:
+    """The outer loops of a kernel's body (its lines after the opening brace, comments removed)
+    whose back edge may abandon the logical block:
+    - UNIFORM: the back edge's branch is block-uniform and no per-thread branch or return
+      crosses the loop's bounds (one either stays inside the loop's body or outside the loop):
+      every thread of the block reaches the back edge as often as the others, so a barrier
+      there cannot wait for a thread that is elsewhere;
+    - PER_THREAD, for kernels whose body has no barrier, no warp collective and no call: each
+      thread may leave on its own (any loop, per-thread trip counts included).
+    A kernel with named or counted barriers, or barriers under a guard, gets neither."""
+    labels = {m.group(1): j for j, line in enumerate(body) if (m := _LABEL.match(line))}
+    end = len(body)
+    jumps: list[tuple[int, int, str | None]] = []  # (line, target line, guard)
+    for j, line in enumerate(body):
+        if (m := _BRANCH.match(line)) is not None and m.group(1) in labels:
+            jumps.append((j, labels[m.group(1)], _guard(line)))
+        elif _RETURN.match(line):
+            jumps.append((j, end, _guard(line)))
+    loops = [(t, j, g) for j, t, g in jumps if t <= j]
+    if not loops:
+        return LoopPlan(reason="no loop")
+    barriers = [line for line in body if _BARRIER.match(line)]
+    if any(not _SIMPLE_BARRIER.match(line) for line in barriers):
+        return LoopPlan(reason="named, counted or guarded barriers")
+    varying = _varying_registers(body)
+    crossing = [(min(j, t), max(j, t)) for j, t, g in jumps if g is not None and g in varying]
+
+    def uniform(h: int, b: int, guard: str | None) -> bool:
+        return (guard is None or guard not in varying) and all(
+            (h < lo and hi < b) or hi < h or lo > b for lo, hi in crossing)
+
+    chosen = [(h, b) for h, b, g in loops if uniform(h, b, g)]
+    if chosen:
+        return LoopPlan(UNIFORM, _outermost(chosen))
+    code = "\n".join(body)
+    if barriers or _WARP_COLLECTIVE.search(code) or _CALL.search(code):
+        return LoopPlan(reason="no loop whose back edge every thread of a block reaches together, "
+                               "and the kernel synchronizes its threads")
+    return LoopPlan(PER_THREAD, _outermost([(h, b) for h, b, _g in loops]))
+
+
+def _outermost(loops: list[tuple[int, int]]) -> tuple[int, ...]:
+    """The back edges of the loops no other of `loops` contains."""
+    return tuple(sorted({b for h, b in loops
+                         if not any(h2 <= h and b <= b2 and (h2, b2) != (h, b) for h2, b2 in loops)}))
+
+
 # Whether an entry (or a device function it may call) touches shared memory.
 _SHARED = re.compile(r"\.shared\b|\bshared::|\b(?:ldmatrix|stmatrix|mbarrier|wgmma|tcgen05)\b")
 
@@ -296,6 +499,9 @@ class Rewrite:
     kernel: str
     variant: str | None
     reason: str = ""
+    loop: str | None = None  # the loop-level variant's name (rewrite_module(loops=True))
+    loop_mode: str = ""  # UNIFORM or PER_THREAD
+    loop_reason: str = ""  # why it has none
 
 
 @dataclass(frozen=True)
@@ -317,15 +523,16 @@ def logical_ctaid(index: int, grid: tuple[int, int, int]) -> tuple[int, int, int
 
 
 def variant_params(grid: tuple[int, int, int], ctl: int, flag: int = 0, chunk: int = 1,
-                   first: int = 0, tally: int = 0, sflag: int = 0) -> bytes:
+                   first: int = 0, tally: int = 0, sflag: int = 0, redo: int = 0) -> bytes:
     """The parameters a variant takes after its kernel's own (PARAMS), packed as a launch passes
     them: `ctl` the slot's device address, `flag` the retreat word's (0: never retreats: the
     rest of a launch), `tally` the tally's (0: none), `sflag` a second word's (0: none; read
-    only with `flag`)."""
+    only with `flag`), `redo` the slot's redo list's (a loop-level variant's; 0: none, and a
+    loop-level variant then never retreats inside a block)."""
     if sflag and not flag:
         raise ValueError("sflag is read only with flag (a launch without flag is a rest)")
     gx, gy, gz = grid
-    return struct.pack("<QQ6IQQ", ctl, flag, gx * gy * gz, gx, gy, gz, chunk, first, tally, sflag)
+    return struct.pack(PACKING, ctl, flag, gx * gy * gz, gx, gy, gz, chunk, first, tally, sflag, redo)
 
 
 def variant_args(args: bytes, params: bytes) -> bytes:
@@ -367,11 +574,13 @@ class Tally:
     deferred: int = 0  # logical blocks run by the launches that resumed them
     retreats: int = 0  # launches whose blocks saw the word raised (deferring blocks or not)
     spread: tuple[int, ...] = (0,) * SPREAD_BUCKETS  # retreats per spread bucket
+    abandoned: int = 0  # logical blocks loop-level retreats left to run again from their start
 
     @classmethod
     def parse(cls, raw: bytes) -> Tally:
         preempted, deferred, retreats = struct.unpack_from("<QQQ", raw)
-        return cls(preempted, deferred, retreats, struct.unpack_from(f"<{SPREAD_BUCKETS}I", raw, 24))
+        return cls(preempted, deferred, retreats, struct.unpack_from(f"<{SPREAD_BUCKETS}I", raw, 24),
+                   struct.unpack_from("<Q", raw, ABANDONED_AT)[0])
 
 
 def stamp_retreat(slot: bytearray | memoryview, now_ns: int) -> None:
@@ -405,6 +614,32 @@ def account_resume(slot: bytearray | memoryview, tally: bytearray | memoryview, 
     struct.pack_into("<QQQ", tally, 0, preempted, total + deferred, retreats)
 
 
+def abandon(redo: bytearray | memoryview, tally: bytearray | memoryview | None, first: int,
+            count: int) -> None:
+    """A block abandoned logical blocks first .. first + count - 1 (the variant's
+    `$__pilot_abandon`): an entry on the slot's redo list, counted in the tally (if any)."""
+    made = struct.unpack_from("<I", redo)[0]
+    struct.pack_into("<II", redo, REDO_HEADER + REDO_ENTRY * made, first, count)
+    struct.pack_into("<I", redo, 0, made + 1)
+    if tally is not None:
+        at = ABANDONED_AT
+        struct.pack_into("<Q", tally, at, struct.unpack_from("<Q", tally, at)[0] + count)
+
+
+def take_redo(redo: bytearray | memoryview) -> list[range]:
+    """What a rest runs first: the entries of the slot's redo list not taken yet (all taken now)."""
+    made, taken = struct.unpack_from("<II", redo)
+    out = [range(f, f + n) for f, n in (struct.unpack_from("<II", redo, REDO_HEADER + REDO_ENTRY * i)
+                                        for i in range(taken, made))]
+    struct.pack_into("<I", redo, 4, max(made, taken))
+    return out
+
+
+def redo_bytes(blocks: int) -> int:
+    """A slot's redo list for a launch of `blocks` persistent blocks (each abandons once)."""
+    return REDO_HEADER + REDO_ENTRY * blocks
+
+
 # Module-scope declarations: `.global` / `.const` variables (`__device__`, `__constant__`,
 # `__managed__`, texture references) and `.shared` ones. nvcc's printf strings (`$str`) are
 # read-only. Parsed without backtracking (the PTX is a tenant's).
@@ -436,8 +671,10 @@ MAX_PTX_BYTES = 32 << 20  # a module's PTX past this is not rewritten
 MAX_LINE_BYTES = 1 << 16  # nor one with a line past this
 
 
-def rewrite_module(ptx: str) -> Rewritten:
-    """Every entry of the module gets its preemptible variant where it can (module docstring)."""
+def rewrite_module(ptx: str, loops: bool = False) -> Rewritten:
+    """Every entry of the module gets its preemptible variant where it can (module docstring);
+    with `loops`, also its loop-level variant where it has a loop that can take the check
+    (loop_plan)."""
     lines = ptx.splitlines()
     out: list[str] = []
     kernels: dict[str, Rewrite] = {}
@@ -468,6 +705,14 @@ def rewrite_module(ptx: str) -> Rewritten:
             out.append("")
             out.extend(_variant(entry, name, shared))
             kernels[name] = Rewrite(name, name + SUFFIX)
+            if loops:
+                plan = loop_plan([_code(line) for line in entry[_body_start(entry):-1]])
+                if plan.mode:
+                    out.append("")
+                    out.extend(_variant(entry, name, shared, plan))
+                    kernels[name] = Rewrite(name, name + SUFFIX, "", name + LOOP_SUFFIX, plan.mode)
+                else:
+                    kernels[name] = Rewrite(name, name + SUFFIX, "", None, "", plan.reason)
         i = end + 1
     return Rewritten("\n".join(out) + "\n", kernels)
 
@@ -673,12 +918,13 @@ class _SharedUse:
             (self.anywhere and bool(_CALL.search(code)))
 
 
-def _variant(entry: list[str], name: str, shared: _SharedUse) -> list[str]:
-    """The preemptible copy of an entry (module docstring)."""
+def _variant(entry: list[str], name: str, shared: _SharedUse, plan: LoopPlan | None = None) -> list[str]:
+    """The preemptible copy of an entry (module docstring); with `plan`, its loop-level one."""
     text = "\n".join(entry)
     header_end = _body_start(entry)
     header = "\n".join(entry[:header_end])
-    header = _ENTRY.sub(lambda m: m.group(1) + name + SUFFIX + m.group(3), header, count=1)
+    suffix = SUFFIX if plan is None else LOOP_SUFFIX
+    header = _ENTRY.sub(lambda m: m.group(1) + name + suffix + m.group(3), header, count=1)
     close = header.rfind(")")
     params = header[header.find("(") + 1:close]
     ours = ",\n".join(f"\t.param .{kind} __pilot_{param}" for param, kind, _ in PARAMS)
@@ -691,8 +937,17 @@ def _variant(entry: list[str], name: str, shared: _SharedUse) -> list[str]:
         decls += 1
     mapped = [_map_line(line) for line in body]
     barrier = CHUNK_BARRIER if shared.by(text) else ""
-    return [header, *mapped[:decls], DECLARATIONS + PROLOGUE + ACCOUNT + CLAIM + barrier + MAP.rstrip("\n"),
-            *mapped[decls:], EPILOGUE.rstrip("\n"), entry[-1]]
+    start, epilogue = "", EPILOGUE
+    if plan is not None:
+        check = uniform_check if plan.mode == UNIFORM else thread_check
+        for n, b in enumerate(plan.back_edges):
+            mapped[b] = check(n) + mapped[b]
+        start = LOOP_START
+        if plan.mode == PER_THREAD:
+            epilogue = THREAD_NEXT + EPILOGUE.removeprefix("$__pilot_next:\n")
+        epilogue = epilogue.replace("$__pilot_exit:", ABANDON + "$__pilot_exit:")
+    return [header, *mapped[:decls], DECLARATIONS + start + PROLOGUE + ACCOUNT + CLAIM + barrier
+            + MAP.rstrip("\n"), *mapped[decls:], epilogue.rstrip("\n"), entry[-1]]
 
 
 def _map_line(line: str) -> str:

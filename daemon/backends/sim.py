@@ -112,13 +112,17 @@ from pilot.daemon.backends.libraries import BlasSettings, GemmCall, LtCall
 from pilot.daemon.backends.linker import sim_link
 from pilot.daemon.backends.ptx_preempt import (
     COUNTER_BYTES,
+    LOOP_SUFFIX,
     PARAMS,
     SLOT_BYTES,
     SUFFIX,
     TALLY_BYTES,
+    abandon,
     account_resume,
+    redo_bytes,
     stamp_retreat,
     start_first_part,
+    take_redo,
 )
 from pilot.daemon.backends.ptx_preempt import claimed as claimed_blocks
 from pilot.daemon.backends.sim_device import H100_ATTRS, h100_like_info
@@ -1384,12 +1388,17 @@ class SimBackend:
     def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared_bytes: int, stream: Any, args: bytes) -> None:
         name = getattr(getattr(function, "info", None), "name", "")
-        run = self._run_variant if name.endswith(SUFFIX) else self._kernels.run
+        run = self._run_variant if name.endswith((SUFFIX, LOOP_SUFFIX)) else self._kernels.run
         self._launch(function, grid, block, shared_bytes, stream, args, run)
 
     # A test's stand-in for a retreat that comes while a variant runs: when the stream reaches a
     # launch whose retreat word is set, its blocks still make this many claims first.
     claims_before_retreat = 0
+    # And a loop-level variant's blocks (LOOP_SUFFIX) then abandon this many of the logical
+    # blocks they ran last (one per persistent block at most): those ran, as far as the sim
+    # knows, whole (what an idempotent kernel's run to any point leaves behind is then what
+    # its run again makes), and go on the slot's redo list for the rest.
+    abandons_on_retreat = 0
 
     def _run_variant(self, launch: SimLaunch) -> None:
         """A preemptible variant (ptx_preempt.py) as a GPU runs it, for the emulation of its
@@ -1401,8 +1410,9 @@ class SimBackend:
         ours = launch.params[-len(PARAMS):]
         ctl, flag = (int.from_bytes(p, "little") for p in ours[:2])
         total, gx, gy, gz, chunk, first = (int.from_bytes(p, "little") for p in ours[2:8])
-        tally, sflag = (int.from_bytes(p, "little") for p in ours[8:10])
-        base = launch.name[:-len(SUFFIX)]
+        tally, sflag, redo = (int.from_bytes(p, "little") for p in ours[8:11])
+        loop = launch.name.endswith(LOOP_SUFFIX)
+        base = launch.name.removesuffix(LOOP_SUFFIX if loop else SUFFIX)
         fn = self._kernels.get(base)
         counter = struct.unpack("<I", self._device_range(ctl, COUNTER_BYTES))[0]
         # both words are read only with flag (a launch without one is a rest: it never retreats)
@@ -1418,13 +1428,27 @@ class SimBackend:
         # and every claim counts its blocks
         if tally and first:
             start_first_part(self._device_range(ctl, SLOT_BYTES))
+        again: list[int] = []  # a rest's blocks from the redo list
+        if loop and redo and not flag:
+            made = struct.unpack("<I", self._device_range(redo, 4))[0]
+            again = [b for r in take_redo(self._device_range(redo, redo_bytes(made))) for b in r]
+        ran = [*wave, *claimed]
+        abandoned = ran[-min(self.abandons_on_retreat, launch.grid[0]):] \
+            if loop and redo and flag and retreat and self.abandons_on_retreat else []
+        if abandoned:
+            made = struct.unpack("<I", self._device_range(redo, 4))[0]
+            for b in abandoned:  # the list holds a launch's persistent blocks' entries
+                abandon(self._device_range(redo, redo_bytes(made + len(abandoned))),
+                        self._device_range(tally, TALLY_BYTES) if tally else None, b, 1)
         if tally and flag and retreat:
             stamp_retreat(self._device_range(ctl, SLOT_BYTES), time.monotonic_ns())
         elif tally and not flag:
             account_resume(self._device_range(ctl, SLOT_BYTES), self._device_range(tally, TALLY_BYTES),
-                           len(claimed), account=not first)
+                           len(claimed) + len(again), account=not first)
         launch.name, launch.grid, launch.params = base, (gx, gy, gz), launch.params[:-len(PARAMS)]
-        if wave.stop >= claimed.start:
+        if again:
+            launch.blocks = [*again, *claimed]
+        elif wave.stop >= claimed.start:
             launch.blocks = range(0, max(wave.stop, claimed.stop))
         else:
             launch.blocks = [*wave, *claimed]

@@ -237,7 +237,10 @@ class Daemon:
                                         config.priority_gated_inflight, force=chaos > 0)
         self.preemption = Preemption(config.priority_preempt_chunk,
                                      os.path.join(config.state_dir, "ptx-cache"),
-                                     compile_ptx=self.backend.name != "sim", chaos=chaos) \
+                                     compile_ptx=self.backend.name != "sim", chaos=chaos,
+                                     loop_tenants=frozenset(t.name for t in config.tenants.values()
+                                                            if t.loop_preempt),
+                                     loop_programs=frozenset(config.priority_loop_preempt_programs)) \
             if config.priority_preempt or chaos > 0 else None
         if chaos > 0:
             log.warning("[priority] preempt_chaos = %g s: every session below high runs gated, "

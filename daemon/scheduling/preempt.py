@@ -93,6 +93,9 @@ KEEP_IMAGE_BYTES = 16 << 20  # larger module images get no variants (their kerne
 # a policy's Controls.preempt; 4 bytes of padding keep the slots 8-aligned), then its slots.
 WORD_AT = pp.TALLY_BYTES
 HEADER_BYTES = pp.TALLY_BYTES + 8
+# Resident blocks a multiprocessor holds at most (32 on sm_80 and sm_90): the redo lists of a
+# session's loop-level launches have room for a persistent grid of this many per SM.
+REDO_BLOCKS_PER_SM = 32
 # A session's launches in flight that can run preemptible at once (a slot each; more run as
 # their originals). The gate keeps a gated session's pieces in flight below this; a session a
 # policy made preemptible may queue many launches (a framework queues hundreds).
@@ -132,7 +135,7 @@ class SessionVariants:
     modules: dict[int, tuple[Any, int]] = field(default_factory=dict)  # handle -> (module, charge)
     # (module handle, kernel, threads per block, dynamic shared bytes) -> (variant, resident
     # blocks) or None: none
-    functions: dict[tuple[int, str, int, int], tuple[Any, int] | None] = field(default_factory=dict)
+    functions: dict[tuple[int, str, int, int], tuple[Any, int, bool] | None] = field(default_factory=dict)
     # per counter: recorded behind its last launch (one never recorded counts as done, on a GPU
     # as on the sim)
     events: list[Any] = field(default_factory=list)
@@ -143,6 +146,9 @@ class SessionVariants:
     timings: list[pc.Timing] = field(default_factory=list)  # measured launches not yet seen done
     spare: list[Any] = field(default_factory=list)  # timing events to reuse
     tallied: pp.Tally = field(default_factory=pp.Tally)  # its tally when last read
+    loops: bool = False  # its launches use loop-level variants where a kernel has one
+    redo: int = 0  # device address of its slots' redo lists (loop-level variants; 0: none yet)
+    redo_blocks: int = 0  # persistent blocks a launch may have: each slot's list holds as many
     # Sessions a policy made preemptible, per slot: events recorded behind its launch's first
     # part (`cuts`: done, none of its blocks is on the GPU until its rest) and behind the waits
     # on the words (`passes`: done, its rest runs), the launch's stream and its place in the
@@ -156,6 +162,10 @@ class SessionVariants:
     def slot(self, index: int) -> int:
         """The device address of slot `index` (its counter first)."""
         return self.slots + HEADER_BYTES + pp.SLOT_BYTES * index
+
+    def redo_list(self, index: int) -> int:
+        """The device address of slot `index`'s redo list (loop-level variants)."""
+        return self.redo + pp.redo_bytes(self.redo_blocks) * index
 
     @property
     def word(self) -> int:
@@ -199,13 +209,16 @@ class Preemption:
     """One per daemon: the variants of every module image, and each GPU's words."""
 
     def __init__(self, chunk: int = 1, cache_dir: str | None = None, compile_ptx: bool = True,
-                 chaos: float = 0.0) -> None:
+                 chaos: float = 0.0, loop_tenants: frozenset[str] = frozenset(),
+                 loop_programs: frozenset[str] = frozenset()) -> None:
         """chunk: 0 chooses per kernel and grid from measured times (preempt_choice.py; not
         with chaos, whose point is to run every kernel preemptible). compile_ptx: compile with
         ptxas where it is found (a GPU); the sim loads PTX text. chaos: [priority]
         preempt_chaos, the mean gap in seconds between raises the helpers make themselves (0:
-        none)."""
+        none). loop_tenants, loop_programs: whose sessions get loop-level variants (loops()).
+        """
         self.measures = chunk == 0 and not chaos
+        self.loop_tenants, self.loop_programs = loop_tenants, loop_programs
         self.chunk = chunk or pc.FALLBACK_CHUNK
         self.chaos = chaos
         # what the GPUs' tallies said: tenant -> [preempted launches, blocks deferred], and
@@ -233,10 +246,22 @@ class Preemption:
         self.policy_counts = [0, 0]
         self.drains = [0] * pp.SPREAD_BUCKETS
 
-    def variants(self, image: bytes, sm: int, digest: str | None = None) -> ModuleVariants | None:
-        """The image's variants, or None while they are being made (started here). digest:
-        the image's SHA-256 (hex) when the caller has it already."""
-        key = (digest or image_digest(image)) + f":{sm}"
+    def loops(self, s: Session) -> bool:
+        """Whether s's launches use loop-level variants ([tenants.X] loop_preempt, [priority]
+        loop_preempt_programs: the base name of its argv[0], or argv[0] itself). They are
+        correct for idempotent kernels only: a block abandoned inside runs again from its
+        start."""
+        if s.tenant in self.loop_tenants:
+            return True
+        argv0 = s.cmdline.split(" ", 1)[0] if s.cmdline else ""
+        return bool(argv0) and (argv0 in self.loop_programs or argv0.rsplit("/", 1)[-1] in self.loop_programs)
+
+    def variants(self, image: bytes, sm: int, digest: str | None = None,
+                 loops: bool = False) -> ModuleVariants | None:
+        """The image's variants (with loops, its loop-level ones too), or None while they are
+        being made (started here). digest: the image's SHA-256 (hex) when the caller has it
+        already."""
+        key = (digest or image_digest(image)) + f":{sm}" + (":loops" if loops else "")
         with self._lock:
             found = self._images.get(key)
             if found is not None:
@@ -244,10 +269,10 @@ class Preemption:
             self._images[key] = ModuleVariants()
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="pilot-jit")
-            self._pool.submit(self._make, key, image, sm)
+            self._pool.submit(self._make, key, image, sm, loops)
         return None
 
-    def _make(self, key: str, image: bytes, sm: int) -> None:
+    def _make(self, key: str, image: bytes, sm: int, loops: bool) -> None:
         start = time.perf_counter()
         out = ModuleVariants()
         try:
@@ -255,7 +280,7 @@ class Preemption:
             if ptx is None:
                 out.reason = "no readable PTX in the image (SASS only, or compressed without libzstd)"
             else:
-                rewritten = pp.rewrite_module(ptx)
+                rewritten = pp.rewrite_module(ptx, loops)
                 out.kernels = rewritten.kernels
                 if not rewritten.variants:
                     out.reason = "no kernel of the module can be rewritten"
@@ -299,6 +324,7 @@ class Preemption:
             tenants = {t: list(v) for t, v in self.tenants.items()}
             spread = list(self.spread)
         refused: dict[str, str] = {}
+        loop_level: dict[str, str] = {}  # kernel -> its loop-level mode, or why it has none
         preemptible = 0
         for m in images:
             for name, r in m.kernels.items():
@@ -306,6 +332,8 @@ class Preemption:
                     preemptible += 1
                 else:
                     refused[name] = r.reason
+                if r.loop_mode or r.loop_reason:
+                    loop_level[name] = r.loop_mode or f"none: {r.loop_reason}"
         chosen: dict[str, str] = {}
         for m in images:
             for (kernel, threads, shared, size), c in list(m.choices.items()):
@@ -318,9 +346,11 @@ class Preemption:
                 "choices": outcomes, "kernel_choices": chosen,
                 "modules_without_variants": sorted({m.reason for m in images if m.reason}),
                 "preemptible_kernels": preemptible, "kernels_not_preemptible": refused,
+                "loop_level": loop_level, "loop_tenants": sorted(self.loop_tenants),
+                "loop_programs": sorted(self.loop_programs),
                 "jit_modules": self.jit_modules, "jit_seconds": round(self.jit_seconds, 3),
                 "chaos_s": self.chaos,
-                "tenants": {t: {"preempted": v[0], "blocks_deferred": v[1]}
+                "tenants": {t: {"preempted": v[0], "blocks_deferred": v[1], "blocks_abandoned": v[2]}
                             for t, v in sorted(tenants.items())},
                 "retreat_spread": spread,
                 "policy_preemptions": self.policy_counts[0], "policy_resumes": self.policy_counts[1],
@@ -348,9 +378,10 @@ class Preemption:
         state.tallied = now
         preempted, deferred = now.preempted - before.preempted, now.deferred - before.deferred
         with self._lock:
-            counts = self.tenants.setdefault(s.tenant, [0, 0])
+            counts = self.tenants.setdefault(s.tenant, [0, 0, 0])
             counts[0] += max(0, preempted)
             counts[1] += max(0, deferred)
+            counts[2] += max(0, now.abandoned - before.abandoned)
             for i, (a, b) in enumerate(zip(now.spread, before.spread, strict=True)):
                 self.spread[i] += max(0, a - b)
 
@@ -710,10 +741,11 @@ class VGpuPreemption:
         never preempted should not pay."""
         gated = self.vg.gate.board.enabled and s.priority < HIGH
         if (gated or self.daemon.for_policy) and len(image) <= KEEP_IMAGE_BYTES:
-            kept = self._state(s).images[handle] = (image, image_digest(image))
+            state = self._state(s)
+            kept = state.images[handle] = (image, image_digest(image))
             words = self.daemon.gpu_words(self.vg) if gated else None
             if words is not None:
-                self.daemon.variants(kept[0], words.sm, kept[1])
+                self.daemon.variants(kept[0], words.sm, kept[1], state.loops)
 
     def module_unloaded(self, s: Session, handle: int) -> None:
         """The program unloaded a module (its work finished first): its variants go too."""
@@ -731,12 +763,13 @@ class VGpuPreemption:
 
     def _state(self, s: Session) -> SessionVariants:
         if s.preempt is None:
-            s.preempt = SessionVariants()
+            s.preempt = SessionVariants(loops=self.daemon.loops(s))
         return s.preempt
 
     def variant(self, s: Session, info: FunctionInfo, block: tuple[int, int, int],
-                shared: int) -> tuple[Any, int] | None:
-        """s's function's variant and its resident grid, or None (not (yet) preemptible)."""
+                shared: int) -> tuple[Any, int, bool] | None:
+        """s's function's variant, its resident grid and whether it is the loop-level one, or
+        None (not (yet) preemptible)."""
         state = s.preempt
         if state is None:
             return None
@@ -749,24 +782,25 @@ class VGpuPreemption:
         if kept is None or words is None:
             state.functions[key] = None
             return None
-        made = self.daemon.variants(kept[0], words.sm, kept[1])
+        made = self.daemon.variants(kept[0], words.sm, kept[1], state.loops)
         if made is None:
             return None  # being made: the original meanwhile, asked again next time
-        found: tuple[Any, int] | None = None
+        found: tuple[Any, int, bool] | None = None
         rewrite = made.kernels.get(info.name)
         # past 48 KiB of dynamic shared memory a kernel needs an attribute the program set on
         # the original function only: such launches keep the original
         if made.ready and rewrite is not None and rewrite.variant is not None and shared <= 48 << 10:
             module = self._module(s, state, handle, made)
             if module is not None:
+                loop = state.loops and rewrite.loop is not None
                 try:
-                    fn = self.vg.backend.function_get(module, rewrite.variant)
+                    fn = self.vg.backend.function_get(module, rewrite.loop if loop else rewrite.variant)
                     per_sm = self.vg.backend.occupancy(fn.handle, math.prod(block), shared, 0)
                 except BackendError as exc:  # e.g. the variant's registers do not fit the block
                     log.info("session %d: %s has no usable variant: %s", s.id, info.name, exc)
                     per_sm = 0
                 if per_sm > 0:
-                    found = (fn, per_sm * words.sms)
+                    found = (fn, per_sm * words.sms, loop)
                     state.made[handle] = made
         state.functions[key] = found
         return found
@@ -808,7 +842,7 @@ class VGpuPreemption:
         words = self.daemon.gpu_words(self.vg)
         if found is None or words is None:
             return False
-        fn, resident = found
+        fn, resident, loop = found
         state = s.preempt
         assert state is not None
         total = grid[0] * grid[1] * grid[2]
@@ -833,7 +867,7 @@ class VGpuPreemption:
         if chunk == pc.ORIGINAL:
             self.vg.backend.launch(info.handle, grid, block, shared, stream, args)
         elif not self._launch_variant(s, state, words, info, fn, min(total, resident), grid, block,
-                                      shared, stream, args, chunk, class_word):
+                                      shared, stream, args, chunk, class_word, loop):
             if timing is not None:  # nothing of it is on the stream
                 state.spare += [timing.start, timing.end]
             return False
@@ -843,10 +877,12 @@ class VGpuPreemption:
 
     def _launch_variant(self, s: Session, state: SessionVariants, words: GpuWords, info: FunctionInfo,
                         fn: Any, blocks: int, grid: tuple[int, int, int], block: tuple[int, int, int],
-                        shared: int, stream: Any, args: bytes, chunk: int, class_word: bool) -> bool:
+                        shared: int, stream: Any, args: bytes, chunk: int, class_word: bool,
+                        loop: bool = False) -> bool:
         """Steps 1-4 (module docstring). The first part reads its class's word (a gated
         session's) and the session's own (one a policy made preemptible, or preempts), or the
-        session's alone; the rest waits for each to be 0."""
+        session's alone; the rest waits for each to be 0. loop: fn is a loop-level variant,
+        whose first part may leave blocks on the slot's redo list for the rest."""
         backend = self.vg.backend
         try:
             slot = self._free_slot(s, state)
@@ -855,6 +891,14 @@ class VGpuPreemption:
             return False
         if slot < 0:
             return False  # every counter is in use by a launch still running: the original
+        redo = 0
+        if loop:
+            try:
+                redo = self._redo_list(state, words, slot)
+            except BackendError as exc:  # no memory for the lists: the original
+                log.warning("session %d: no redo lists for loop-level variants: %s", s.id, exc)
+                return False
+            blocks = min(blocks, state.redo_blocks)
         counter = state.slot(slot)
         own = state.word if s.preemptible or s.preemption is not None else 0
         if class_word and not state.used:
@@ -864,6 +908,9 @@ class VGpuPreemption:
             state.used = True  # its tally is read like a gated session's
         flag, sflag = (words.word(s.priority), own) if class_word else (own, 0)
         blocks, chunk = self.daemon.shape(blocks, chunk)
+        if redo:  # the list empty (made, taken) before the first part
+            backend.stream_write_word(stream, redo, 0)
+            backend.stream_write_word(stream, redo + 4, 0)
         if self.daemon.chaos and self.daemon.draw():
             words.raise_now()  # [priority] preempt_chaos: this launch is cut after its first wave
         # preempted already (a policy let it launch): not even a first wave runs now
@@ -872,7 +919,7 @@ class VGpuPreemption:
         try:
             backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream,
                            pp.variant_args(args, pp.variant_params(grid, counter, flag, chunk, first,
-                                                                   state.slots, sflag)))
+                                                                   state.slots, sflag, redo)))
         except BackendError as exc:  # nothing of it is on the stream: the original instead
             log.warning("session %d: %s's variant refused (%s); the original runs", s.id, info.name, exc)
             state.functions[_function_key(info, block, shared)] = None
@@ -899,7 +946,8 @@ class VGpuPreemption:
             except BackendError:
                 pass
         backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream,
-                       pp.variant_args(args, pp.variant_params(grid, counter, 0, chunk, 0, state.slots)))
+                       pp.variant_args(args, pp.variant_params(grid, counter, 0, chunk, 0, state.slots,
+                                                               0, redo)))
         try:  # the counter is free again once this has passed
             backend.event_record(state.events[slot], stream)
         except BackendError:
@@ -982,6 +1030,16 @@ class VGpuPreemption:
                 state.next_slot = slot + 1
                 return slot
         return -1
+
+    def _redo_list(self, state: SessionVariants, words: GpuWords, slot: int) -> int:
+        """Slot's redo list, the lists made at the session's first loop-level launch: one per
+        slot, for as many persistent blocks as the GPU holds at most (REDO_BLOCKS_PER_SM a
+        multiprocessor: a launch's grid is cut to it)."""
+        if not state.redo:
+            blocks = REDO_BLOCKS_PER_SM * words.sms
+            state.redo = self.vg.backend.mem_alloc(pp.redo_bytes(blocks) * state.nslots)
+            state.redo_blocks = blocks
+        return state.redo_list(slot)
 
     def arm(self) -> None:
         """The words this vGPU's gated sessions that launched variants need armed."""
@@ -1072,7 +1130,8 @@ class VGpuPreemption:
                 read_tally(backend, self.daemon, s, state, None)
                 t = state.tallied
                 log.info("session %d (%s): %d preemptible launches, %d preempted, %d blocks deferred, "
-                         "%d retreats", s.id, s.tenant, state.launches, t.preempted, t.deferred, t.retreats)
+                         "%d retreats, %d blocks abandoned", s.id, s.tenant, state.launches, t.preempted,
+                         t.deferred, t.retreats, t.abandoned)
             slots, state.slots = state.slots, 0
         for module, charge in state.modules.values():
             try:
@@ -1080,11 +1139,13 @@ class VGpuPreemption:
             except BackendError:
                 pass
             self.vg.broker.release(s, "module", charge)
-        if slots:
-            try:
-                backend.mem_free(slots)
-            except BackendError:
-                pass
+        for block in (slots, state.redo):
+            if block:
+                try:
+                    backend.mem_free(block)
+                except BackendError:
+                    pass
+        state.redo = 0
         for ev in [*state.events, *state.cuts, *state.passes, *state.spare,
                    *(e for t in state.timings for e in (t.start, t.end))]:
             try:

@@ -545,11 +545,16 @@ class PilotCollector(Collector):
                              "come down and when a session ends).", ["tenant"])
         deferred = _counter("pilot_preempt_blocks_deferred", "Logical blocks of preempted launches "
                             "that ran after the retreat (their remainder), by tenant.", ["tenant"])
+        abandoned = _counter("pilot_preempt_blocks_abandoned", "Logical blocks that loop-level "
+                             "retreats ([tenants.X] loop_preempt) left inside and that ran again "
+                             "from their start, by tenant.", ["tenant"])
         for tenant, t in sorted((pre.get("tenants") or {}).items()):
             preempted.add_metric([tenant], int(t["preempted"]))
             deferred.add_metric([tenant], int(t["blocks_deferred"]))
+            abandoned.add_metric([tenant], int(t.get("blocks_abandoned", 0)))
         yield preempted
         yield deferred
+        yield abandoned
         spread = [int(n) for n in pre.get("retreat_spread") or ()]
         if spread:
             yield _log2_histogram(

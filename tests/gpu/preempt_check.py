@@ -479,12 +479,17 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def main() -> int:
+def out_dir_arg() -> Path:
+    """--out (default $OUT or /tmp/pilot-gpu-out), made."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/pilot-gpu-out"))
-    args = parser.parse_args()
-    out_dir = Path(args.out)
+    out_dir = Path(parser.parse_args().out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir
+
+
+def main() -> int:
+    out_dir = out_dir_arg()
     r = Runner(out_dir)
     rnd = random.Random(29)
     with tempfile.TemporaryDirectory() as tmp:

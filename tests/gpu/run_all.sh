@@ -3,7 +3,7 @@
 #
 #   bash tests/gpu/run_all.sh [STAGE...]
 #
-# With STAGE names (smoke compare driver cublas cudnn ops charge freeasync faults confine flood graphs real bench rings um_tune um_flush sched preempt policy_preempt priority tally fig1 tenants salus) only those run, after wheels and
+# With STAGE names (smoke compare driver cublas cudnn ops charge freeasync faults confine flood graphs real bench rings um_tune um_flush sched preempt loop_preempt policy_preempt priority tally fig1 tenants salus) only those run, after wheels and
 # install.
 # Stages, each run even when an earlier one failed (each failure is reported; the exit status is
 # non-zero if any stage failed):
@@ -46,6 +46,8 @@
 #   8. sched    tests/gpu/scheduler_check.py: the resource broker and launches that wait, on the GPU
 #      preempt  tests/gpu/preempt_check.py: preemptible persistent-block kernels (issue 29): results
 #               identical under forced preemption, overhead without it, preemption latency
+#      loop_preempt tests/gpu/loop_preempt_check.py: loop-level preemption (idempotent kernels
+#               abandoned inside a block, run again): results, overhead, latency, pilotd end to end
 #      policy_preempt tests/gpu/policy_preempt_check.py: a test policy preempting sessions through
 #               the policies' API every 50 ms: results exact, drain latency per block time
 #      priority tests/gpu/priority_check.py: a high tenant's latency probe beside another tenant's
@@ -205,6 +207,7 @@ main() {
     stage um_flush timeout -k 10 300 bash bench/um_flush_probe.sh
     stage sched timeout -k 10 180 "$PYTHON" tests/gpu/scheduler_check.py
     stage preempt timeout -k 10 200 "$PYTHON" tests/gpu/preempt_check.py --out "$OUT"
+    stage loop_preempt timeout -k 10 240 "$PYTHON" tests/gpu/loop_preempt_check.py --out "$OUT"
     stage policy_preempt timeout -k 10 200 "$PYTHON" tests/gpu/policy_preempt_check.py
     stage priority timeout -k 10 300 "$PYTHON" tests/gpu/priority_check.py
     mkdir -p "$OUT/tally"
@@ -218,7 +221,7 @@ main() {
     stage salus timeout -k 20 660 bash tests/gpu/salus_gpu.sh
 
     printf '\n==================== results\n\n'
-    for f in compare.md confine/confine.md real_programs.md bench.md ring_on.md ring_off.md um_tune.md preempt.md policy_preempt.md priority.md tally/priority_tally.md fig1/fig1.md tenants/tenants.md salus.md; do
+    for f in compare.md confine/confine.md real_programs.md bench.md ring_on.md ring_off.md um_tune.md preempt.md loop_preempt.md policy_preempt.md priority.md tally/priority_tally.md fig1/fig1.md tenants/tenants.md salus.md; do
         if [ -f "$OUT/$f" ]; then
             cat "$OUT/$f"
         else
@@ -233,8 +236,8 @@ main() {
 }
 
 for wanted in "$@"; do
-    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | charge | freeasync | faults | confine | flood | graphs | real | bench | rings | um_tune | um_flush | sched | preempt | policy_preempt | priority | tally | fig1 | tenants | salus) ;; *)
-        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops charge freeasync faults confine flood graphs real bench rings um_tune um_flush sched preempt policy_preempt priority tally fig1 tenants salus)" >&2
+    case "$wanted" in smoke | compare | driver | cublas | cudnn | ops | charge | freeasync | faults | confine | flood | graphs | real | bench | rings | um_tune | um_flush | sched | preempt | loop_preempt | policy_preempt | priority | tally | fig1 | tenants | salus) ;; *)
+        echo "run_all.sh: unknown stage '$wanted' (smoke compare driver cublas cudnn ops charge freeasync faults confine flood graphs real bench rings um_tune um_flush sched preempt loop_preempt policy_preempt priority tally fig1 tenants salus)" >&2
         exit 2
     esac
 done

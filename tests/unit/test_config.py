@@ -333,6 +333,19 @@ def test_shares_over_100_percent_of_a_gpu_are_refused(tmp_path: Path) -> None:
     assert load_config(write(tmp_path, text.format(100))).tenants["b"].sm_share == 100  # no cap
 
 
+def test_loop_level_preemption_is_chosen_per_tenant_or_program(tmp_path: Path) -> None:
+    c = load_config(write(tmp_path, "[tenants.sim]\nusers = ['x']\nloop_preempt = true\n"
+                                    "[tenants.web]\nusers = ['y']\n"
+                                    "[priority]\nloop_preempt_programs = ['jacobi', '/opt/bin/lbm']\n"))
+    assert (c.tenants["sim"].loop_preempt, c.tenants["web"].loop_preempt) == (True, False)
+    assert c.priority_loop_preempt_programs == ("jacobi", "/opt/bin/lbm")
+    assert load_config(None).priority_loop_preempt_programs == ()  # off by default
+    with pytest.raises(ConfigError, match=r"tenants.sim.loop_preempt: 'yes' is not true or false"):
+        load_config(write(tmp_path, "[tenants.sim]\nusers = ['x']\nloop_preempt = 'yes'\n"))
+    with pytest.raises(ConfigError, match=r"priority.loop_preempt_programs: 'lbm' is not a list"):
+        load_config(write(tmp_path, "[priority]\nloop_preempt_programs = 'lbm'\n"))
+
+
 @pytest.mark.parametrize("name", ["MFit", "mfit", "MADVISE", "AMFit"])
 def test_policy_names_take_any_case(tmp_path: Path, name: str) -> None:
     c = load_config(write(tmp_path, f"[policy]\nname = '{name}'\n"), {"policy": None})

@@ -12,6 +12,7 @@ import struct
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -101,21 +102,21 @@ class Scene:
     (a count per logical block of bump). `start` makes infer active (train gated), waits for
     bump's variants (made since the module's load) and launches bump once."""
 
-    def __init__(self, h: Harness, daemon: Preemption) -> None:
-        self.h, self.daemon = h, daemon
+    def __init__(self, h: Harness, daemon: Preemption, ptx: str = PTX, loops: bool = False) -> None:
+        self.h, self.daemon, self.ptx, self.loops = h, daemon, ptx, loops
         self.hi, self.lo = h.session(1, "infer"), h.session(2, "train")
         self.out = h.be.mem_alloc(4 * BLOCKS)
         h.be.memcpy_htod(self.out, bytes(4 * BLOCKS), 4 * BLOCKS, None)
         self.lo.add_allocation(self.out, 4 * BLOCKS)
         self.tenant = Launches(h, self.lo)
-        self.module = self.tenant.load(PTX.encode())
+        self.module = self.tenant.load(ptx.encode())
         self.fn = self.tenant.function(self.module, "bump")
         self.args = struct.pack("<Q", self.out)
 
     def start(self) -> None:
         self.h.memset(self.hi, 0, 1)  # infer is active: train is gated
         # the variants are made in the background from the module's load on
-        assert _until(lambda: self.daemon.variants(PTX.encode(), 90) is not None)
+        assert _until(lambda: self.daemon.variants(self.ptx.encode(), 90, loops=self.loops) is not None)
         self.bump()
 
     def bump(self) -> None:
@@ -163,10 +164,52 @@ def test_a_gated_kernel_retreats_while_the_high_tenant_runs_and_resumes_only_the
     assert described["gpus"]["0"]["raises"] == 1 and described["gpus"]["0"]["clears"] == 1
     words.fold()  # the GPU's tally: one launch preempted, its rest ran what the first wave left
     described = daemon.describe()
-    assert described["tenants"] == {"train": {"preempted": 1, "blocks_deferred": BLOCKS - wave}}
+    assert described["tenants"] == {"train": {"preempted": 1, "blocks_deferred": BLOCKS - wave,
+                                              "blocks_abandoned": 0}}
     assert sum(described["retreat_spread"]) == 1
     words.fold()  # read again: nothing new is counted twice
     assert daemon.describe()["tenants"]["train"]["preempted"] == 1
+
+
+# bump with a loop every thread of a block runs as often: its loop-level variant checks there
+LOOP_PTX = PTX.replace("{\n\tret;\n}\n", "{\n\t.reg .b32 %r<3>;\n\t.reg .pred %p<2>;\n\tmov.u32 %r1, 0;\n"
+                       "$L__loop:\n\tadd.u32 %r1, %r1, 1;\n\tsetp.lt.u32 %p1, %r1, 4;\n"
+                       "\t@%p1 bra $L__loop;\n\tret;\n}\n", 1)
+
+
+def test_a_loop_preempt_tenants_blocks_abandoned_inside_run_again_in_the_rest(tmp_path: Path) -> None:
+    h = Harness(tmp_path, {"infer": "high", "train": "low"}, inflight=2)
+    h.be._kernels.register("bump", blockwise(bump))
+    h.be._kernels.register("uses_state", lambda k: None)
+    daemon = Preemption(chunk=1, cache_dir=None, compile_ptx=False, loop_tenants=frozenset({"train"}))
+    h.vg.preempt = VGpuPreemption(h.vg, daemon)
+    slot = Slot()
+    try:
+        sc = Scene(h, daemon, LOOP_PTX, loops=True)
+        sc.start()  # nothing raised: every block once
+        assert (sc.counts() == 1).all() and sc.lo.preempt.loops and sc.lo.preempt.redo
+        h.be.gate(sc.hi.legacy, slot.spec())  # infer's long kernel
+        h.memset(sc.hi, 0, 2)  # the word goes up
+        h.be.abandons_on_retreat = 2  # two blocks of the first wave leave their loop
+        sc.bump()
+        counts = sc.counts()
+        wave = int((counts == 2).sum())
+        assert 2 < wave < BLOCKS
+        slot.open()
+        h.be.kick()  # the word comes down: the rest runs the two again, then the unclaimed
+        assert _until(lambda: (sc.counts() >= 2).all())
+        counts = sc.counts()
+        # bump is not idempotent (+1): the two abandoned blocks show their second run
+        assert list(counts[wave - 2:wave]) == [3, 3] and (np.delete(counts, [wave - 2, wave - 1]) == 2).all()
+        daemon.gpu_words(h.vg).fold()
+        described = daemon.describe()
+        assert described["tenants"]["train"]["blocks_abandoned"] == 2
+        assert described["loop_level"]["bump"] == "uniform" and described["loop_tenants"] == ["train"]
+    finally:
+        slot.close()
+        daemon.lower_all()
+        daemon.close()
+        h.close()
 
 
 def test_a_word_up_too_long_comes_down_while_the_high_tenant_is_still_busy(
@@ -386,3 +429,20 @@ def test_no_variant_goes_into_a_graph_pilotd_captures(rig: Any) -> None:
     assert not h.vg.preempt.launch(sc.lo, info, (BLOCKS, 1, 1), (32, 1, 1), 0, sc.lo.legacy, sc.args)
     h.vg.capturing = False
     assert h.vg.preempt.launch(sc.lo, info, (BLOCKS, 1, 1), (32, 1, 1), 0, sc.lo.legacy, sc.args)
+
+
+@pytest.mark.parametrize(("tenant", "cmdline", "loops"), [
+    ("sim", "/usr/bin/python3 train.py", True),  # the tenant's
+    ("web", "/home/a/bin/jacobi -n 4", True),  # the program's base name
+    ("web", "/opt/bin/lbm", True),  # its path
+    ("web", "/tmp/opt/bin/lbm", False),  # another path: the base name is not listed
+    ("web", "./jacobi2", False),
+    ("web", "", False),
+])
+def test_loop_level_sessions_by_tenant_or_program(tenant: str, cmdline: str, loops: bool) -> None:
+    daemon = Preemption(chunk=1, cache_dir=None, compile_ptx=False, loop_tenants=frozenset({"sim"}),
+                        loop_programs=frozenset({"jacobi", "/opt/bin/lbm"}))
+    try:
+        assert daemon.loops(SimpleNamespace(tenant=tenant, cmdline=cmdline)) is loops  # type: ignore[arg-type]
+    finally:
+        daemon.close()

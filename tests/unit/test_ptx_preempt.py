@@ -49,22 +49,30 @@ def test_every_kernel_is_rewritten_or_refused_and_assembles(modules: dict[str, s
                                                             tmp_path: Path) -> None:
     refused: dict[str, str] = {}
     rewritten = 0
+    modes: dict[str, int] = {}
     for name, ptx in modules.items():
-        result = pp.rewrite_module(ptx)
+        result = pp.rewrite_module(ptx, loops=True)  # the loop-level variants too
         entries = re.findall(r"\.entry\s+([\w$]+)\s*\(", ptx)
         assert sorted(result.kernels) == sorted(entries), name
         for kernel, r in result.kernels.items():
             assert (r.variant is None) == bool(r.reason), (name, kernel)
             if r.variant is None:
                 refused[kernel] = r.reason
+                assert r.loop is None
             else:
                 rewritten += 1
                 assert f".entry {r.variant}(" in result.ptx
+                assert (r.loop is None) == bool(r.loop_reason) and bool(r.loop) == bool(r.loop_mode)
+                modes[r.loop_mode or r.loop_reason] = modes.get(r.loop_mode or r.loop_reason, 0) + 1
+                if r.loop is not None:
+                    assert f".entry {r.loop}(" in result.ptx
         try:
             ptxas(result.ptx, "sm_90")
         except RuntimeError as exc:
             pytest.fail(f"{name}: the rewritten module does not assemble: {exc}")
     assert rewritten >= 60
+    # loops of both kinds are found in the test programs (modes: kernels per mode or reason)
+    assert modes.get(pp.UNIFORM, 0) >= 3 and modes.get(pp.PER_THREAD, 0) >= 10, modes
     # the one cooperative kernel with grid.sync is refused for it; tiled GEMMs with their
     # uniform early exits past barriers, and printf with uniform loops, are rewritten
     assert refused.pop("_Z10coop_shiftPiS_i").startswith("grid-wide synchronization")
@@ -157,7 +165,7 @@ def _run(code: str, regs: dict[str, int], params: dict[str, int]) -> dict[str, i
 
 def _params(grid: tuple[int, int, int], chunk: int = 1, first: int = 0) -> dict[str, int]:
     packed = pp.variant_params(grid, 0x1000, 0x2000, chunk, first, 0x3000)
-    values = struct.unpack("<QQ6IQQ", packed)
+    values = struct.unpack(pp.PACKING, packed)
     return {name: value for (name, _kind, _size), value in zip(pp.PARAMS, values, strict=True)}
 
 
@@ -201,10 +209,10 @@ def test_blocks_of_the_first_wave_run_their_own_index_without_a_claim(ctaid: int
 
 def test_variant_params_follow_the_kernels_own_arguments() -> None:
     params = pp.variant_params((4, 3, 2), ctl=0xAB00, flag=0, chunk=0, first=7, tally=0xCD00)
-    assert len(params) == sum(size for _n, _k, size in pp.PARAMS) == 56
+    assert len(params) == sum(size for _n, _k, size in pp.PARAMS) == 64
     args = pp.variant_args(b"\1\2\3\4\5", params)
     assert args[:5] == b"\1\2\3\4\5" and args[5:8] == bytes(3) and args[8:] == params
-    assert struct.unpack_from("<QQ6IQQ", args, 8) == (0xAB00, 0, 24, 4, 3, 2, 0, 7, 0xCD00, 0)
+    assert struct.unpack_from(pp.PACKING, args, 8) == (0xAB00, 0, 24, 4, 3, 2, 0, 7, 0xCD00, 0, 0)
     with_session = pp.variant_params((1, 1, 1), ctl=1, flag=2, tally=3, sflag=0xEF00)
     assert struct.unpack_from("<Q", with_session, 48) == (0xEF00,)
     with pytest.raises(ValueError, match="sflag"):  # a rest (no flag) never reads a second word
@@ -396,3 +404,91 @@ def test_a_resume_moves_the_slots_retreat_into_the_tally_once() -> None:
     pp.start_first_part(slot)  # a later launch on the slot, deferring blocks again: counted
     pp.account_resume(slot, tally, 2)
     assert pp.Tally.parse(bytes(tally)).preempted == 2
+
+
+# ---- loop-level variants: where the words are checked inside a block (loop_plan) ----
+
+UNIFORM_LOOP = """\tld.param.u32 %r2, [k_param_1];
+\tmov.u32 %r1, 0;
+$L_top:
+\tbar.sync 0;
+\tadd.u32 %r1, %r1, 1;
+\tsetp.lt.u32 %p1, %r1, %r2;
+\t@%p1 bra $L_top;
+\tret;"""
+THREAD_LOOP = """\tmov.u32 %r1, %tid.x;
+$L_top:
+\tadd.u32 %r1, %r1, 32;
+\tsetp.lt.u32 %p1, %r1, 1000;
+\t@%p1 bra $L_top;
+\tret;"""
+NESTED = """\tld.param.u32 %r2, [k_param_1];
+\tmov.u32 %r1, 0;
+$L_outer:
+\tmov.u32 %r3, 0;
+$L_inner:
+\tbar.sync 0;
+\tadd.u32 %r3, %r3, 1;
+\tsetp.lt.u32 %p2, %r3, 8;
+\t@%p2 bra $L_inner;
+\tadd.u32 %r1, %r1, 1;
+\tsetp.lt.u32 %p1, %r1, %r2;
+\t@%p1 bra $L_outer;
+\tret;"""
+# a uniform loop that only some threads reach (a per-thread branch skips it), in a kernel that
+# synchronizes its threads before
+SKIPPED = """\tbar.sync 0;
+\tmov.u32 %r4, %tid.x;
+\tsetp.ge.u32 %p2, %r4, 16;
+\t@%p2 bra $L_end;
+""" + UNIFORM_LOOP.replace("\tbar.sync 0;\n", "").replace("\tret;", "$L_end:\n\tret;")
+# a uniform loop that some threads leave early
+LEFT = UNIFORM_LOOP.replace("\tbar.sync 0;", "\tbar.sync 0;\n\tmov.u32 %r4, %tid.x;\n"
+                            "\tsetp.eq.u32 %p2, %r4, 3;\n\t@%p2 bra $L_out;").replace(
+    "\tret;", "$L_out:\n\tret;")
+
+
+@pytest.mark.parametrize(("body", "mode", "reason"), [
+    (UNIFORM_LOOP, pp.UNIFORM, ""),
+    (THREAD_LOOP, pp.PER_THREAD, ""),  # no barrier: each thread may leave by itself
+    (NESTED, pp.UNIFORM, ""),  # the outer loop's back edge only
+    (SKIPPED, "", "no loop whose back edge every thread"),
+    (LEFT, "", "no loop whose back edge every thread"),
+    (THREAD_LOOP.replace("$L_top:", "$L_top:\n\tbar.sync 0;"), "", "no loop whose back edge every thread"),
+    (THREAD_LOOP.replace("$L_top:", "$L_top:\n\tshfl.sync.bfly.b32 %r5, %r1, 1, 31, -1;"), "",
+     "no loop whose back edge every thread"),  # a warp collective: lanes must not leave alone
+    (UNIFORM_LOOP.replace("bar.sync 0;", "bar.sync 1, 64;"), "", "named, counted or guarded barriers"),
+    (UNIFORM_RETURN, "", "no loop"),
+])
+def test_loop_plans(body: str, mode: str, reason: str) -> None:
+    r = pp.rewrite_module(_kernel(body), loops=True).kernels["k"]
+    assert (r.loop_mode, r.loop is not None) == (mode, bool(mode))
+    assert r.loop_reason.startswith(reason) if reason else not r.loop_reason
+
+
+def test_the_checks_go_before_the_outer_back_edges_only() -> None:
+    body = [pp._code(line) for line in _kernel(NESTED).splitlines()]
+    body = body[next(j for j, line in enumerate(body) if line.strip() == "{") + 1:-1]
+    plan = pp.loop_plan(body)
+    assert plan.mode == pp.UNIFORM and [body[b].strip() for b in plan.back_edges] == ["@%p1 bra $L_outer;"]
+    variant = _entry(pp.rewrite_module(_kernel(NESTED), loops=True).ptx, "k" + pp.LOOP_SUFFIX)
+    check = variant.index("barrier.red.or.pred \t%__pilot_p2, 0, %__pilot_p1;")
+    assert variant.index("@%p2 bra $L_inner;") < check < variant.index("@%p1 bra $L_outer;")
+    assert variant.count("barrier.red.or.pred") == 1 and "$__pilot_abandon:" in variant
+    # without loops=True (pilotd's default) no loop-level variant is made
+    assert pp.rewrite_module(_kernel(NESTED)).kernels["k"].loop is None
+
+
+@needs_nvcc
+@pytest.mark.parametrize("body", [UNIFORM_LOOP, THREAD_LOOP, NESTED])
+def test_loop_level_variants_assemble(body: str) -> None:
+    ptxas(pp.rewrite_module(_kernel(body), loops=True).ptx, "sm_90")
+
+
+def test_redo_lists_as_the_variant_keeps_them() -> None:
+    redo, tally = bytearray(pp.redo_bytes(4)), bytearray(pp.TALLY_BYTES)
+    pp.abandon(redo, tally, 7, 1)
+    pp.abandon(redo, tally, 12, 3)  # a block of chunk 4 left inside its second logical block
+    assert pp.Tally.parse(bytes(tally)).abandoned == 4
+    assert pp.take_redo(redo) == [range(7, 8), range(12, 15)]
+    assert pp.take_redo(redo) == []  # taken once

@@ -180,3 +180,85 @@ def test_the_tally_counts_preempted_launches_and_the_blocks_their_rest_ran(rig: 
     rig.launch(rig.bump, launched=8, first=0, flag=False, tally=True)
     got = tally()  # counted as a retreat, not as a preempted launch
     assert (got.preempted, got.deferred, got.retreats) == (1, BLOCKS - 10, 2) and sum(got.spread) == 2
+
+
+# ---- loop-level variants (LOOP_SUFFIX): blocks abandoned inside, run again by the rest ----
+
+LOOP_BODY = """\t.reg .b32 \t%r<3>;
+\t.reg .pred \t%p<2>;
+\tmov.u32 \t%r1, 0;
+$L__loop:
+\tadd.u32 \t%r1, %r1, 1;
+\tsetp.lt.u32 \t%p1, %r1, 4;
+\t@%p1 bra \t$L__loop;
+\tret;
+"""
+LOOP_PTX = pp.rewrite_module(
+    ".version 9.0\n.target sm_90\n.address_size 64\n"
+    + "".join(f".visible .entry {name}(\n\t.param .u64 {name}_param_0\n)\n{{\n{LOOP_BODY}}}\n"
+              for name in ("bump", "mark")), loops=True).ptx
+
+
+def mark(k: SimLaunch) -> None:
+    """out[block * threads + t] = 1 for each logical block run: idempotent."""
+    out = np.frombuffer(k.view(k.ptr(0), 4 * BLOCKS * THREADS), dtype=np.int32)
+    for index in k.logical_blocks():
+        out[index * THREADS:(index + 1) * THREADS] = 1
+
+
+class LoopRig(Rig):
+    def __init__(self) -> None:
+        super().__init__()
+        self.be._kernels.register("mark", blockwise(mark))
+        module = self.be.module_load(LOOP_PTX.encode())
+        self.bump = self.be.function_get(module, "bump" + pp.LOOP_SUFFIX)
+        self.mark = self.be.function_get(module, "mark" + pp.LOOP_SUFFIX)
+        self.redo = self.be.mem_alloc(pp.redo_bytes(8))
+        self.be.memcpy_htod(self.redo, bytes(pp.redo_bytes(8)), pp.redo_bytes(8), None)
+
+    def launch(self, fn: Any, launched: int, first: int, chunk: int = 1, flag: bool = True,
+               tally: bool = False) -> None:
+        args = pp.variant_args(struct.pack("<Q", self.out),
+                               pp.variant_params(GRID, self.ctl, self.flag if flag else 0, chunk, first,
+                                                 self.tally if tally else 0, 0, self.redo))
+        self.be.launch(fn.handle, (launched, 1, 1), BLOCK, 0, self.stream, args)
+
+
+@pytest.mark.parametrize(("kernel", "expect"), [
+    ("mark", [1] * BLOCKS),  # idempotent: the same as a run never preempted
+    ("bump", [1] * 7 + [2] * 3 + [1] * 20),  # not idempotent: the abandoned blocks ran twice
+])
+def test_blocks_abandoned_inside_run_again_from_their_start_in_the_rest(kernel: str,
+                                                                         expect: list[int]) -> None:
+    rig = LoopRig()
+    fn = getattr(rig, kernel)
+    rig.start(first=8)
+    rig.retreat(ONE)
+    rig.be.claims_before_retreat = 2  # the first wave (0..7) and two claims (8, 9) ran ...
+    rig.be.abandons_on_retreat = 3  # ... and the blocks running 7, 8 and 9 left them inside
+    rig.launch(fn, launched=8, first=8, tally=True)
+    made, taken = struct.unpack("<II", rig.read(rig.redo, 8))
+    entries = [struct.unpack_from("<II", rig.read(rig.redo, pp.redo_bytes(8)), pp.REDO_HEADER + 8 * i)
+               for i in range(made)]
+    assert (made, taken) == (3, 0) and entries == [(7, 1), (8, 1), (9, 1)]
+    tally = pp.Tally.parse(rig.read(rig.tally, pp.TALLY_BYTES))
+    assert tally.abandoned == 3 and tally.preempted == 0  # the rest accounts the preemption
+    rig.retreat(ZERO)
+    rig.be.claims_before_retreat = rig.be.abandons_on_retreat = 0
+    rig.launch(fn, launched=8, first=0, flag=False, tally=True)  # the redo list, then the counter
+    assert rig.counts() == expect and rig.claimed() == BLOCKS
+    assert struct.unpack("<II", rig.read(rig.redo, 8)) == (3, 3)  # every entry taken
+    tally = pp.Tally.parse(rig.read(rig.tally, pp.TALLY_BYTES))
+    assert (tally.preempted, tally.deferred, tally.retreats, tally.abandoned) == (1, 3 + 20, 1, 3)
+
+
+def test_a_loop_level_variant_without_a_redo_list_abandons_nothing() -> None:
+    rig = LoopRig()
+    rig.redo = 0  # pilotd passes none: the variant then retreats only between claims
+    rig.start(first=8)
+    rig.retreat(ONE)
+    rig.be.abandons_on_retreat = 3
+    rig.launch(rig.bump, launched=8, first=8)
+    rig.retreat(ZERO)
+    rig.launch(rig.bump, launched=8, first=0, flag=False)
+    assert rig.counts() == [1] * BLOCKS
