@@ -128,7 +128,7 @@ DECLARATIONS = f"""\t.reg .b32 \t{_R}<21>;
 \t.reg .b64 \t%__pilot_rt<4>;
 \t.reg .pred \t%__pilot_p<3>;
 \t.reg .pred \t%__pilot_q<1>;
-\t.shared .align 8 .b32 __pilot_blk[4];
+\t.shared .align 8 .b32 __pilot_blk[2];
 """
 
 # Once per block: blocks below `first` run their own index, the others claim. Parameters are
@@ -196,20 +196,24 @@ ACCOUNT = f"""$__pilot_account:
 \tst.volatile.global.u64 \t[%__pilot_rt1+16], 0;
 """
 
-# The claim: thread 0 claims (or sees the retreat), the block reads the claim (its first logical
-# block and how many) through shared memory, then maps it. A launch whose first wave is the
-# whole grid has nothing to claim. A rest (no word) of a loop-level variant first takes the
-# entries of its slot's redo list (the blocks its first part abandoned), then claims.
+# The claim: thread 0 claims (or sees the retreat), the block reads the claim through shared
+# memory, then maps it. A launch whose first wave is the whole grid has nothing to claim. A rest
+# (no word) of a loop-level variant first takes the entries of its slot's redo list (the blocks
+# its first part abandoned, one each: loop-level launches claim one block at a time), then
+# claims. (Only the claim's first block goes through shared memory: a version that passed the
+# claim's count there too gave wrong results on the H200 for a kernel whose long blocks
+# synchronize, with a grid of persistent blocks the GPU held at once; the cause was not found,
+# bench/RESULTS.md, twentieth session.)
 CLAIM = f"""$__pilot_claim:
 \tld.param.u32 \t{_R}3, [__pilot_first];
 \tld.param.u32 \t{_R}11, [__pilot_total];
 \tsetp.ge.u32 \t%__pilot_p1, {_R}3, {_R}11;
 \t@%__pilot_p1 bra.uni \t$__pilot_exit;
-\txor.b32 \t{_R}16, {_R}16, 8;
-{NOT_THREAD0}\tsetp.ne.u32 \t%__pilot_p0, {_R}0, 0;
-\t@%__pilot_p0 bra \t$__pilot_read;
+\txor.b32 \t{_R}16, {_R}16, 4;
 \tld.param.u32 \t{_R}12, [__pilot_chunk];
 \tmax.u32 \t{_R}12, {_R}12, 1;
+{NOT_THREAD0}\tsetp.ne.u32 \t%__pilot_p0, {_R}0, 0;
+\t@%__pilot_p0 bra \t$__pilot_read;
 \tld.param.u32 \t{_R}4, [__pilot_total];
 \tld.param.u64 \t%__pilot_rd1, [__pilot_flag];
 \tsetp.eq.u64 \t%__pilot_p2, %__pilot_rd1, 0;
@@ -243,7 +247,6 @@ $__pilot_take:
 \tmul.wide.u32 \t%__pilot_rt1, {_R}2, {REDO_ENTRY};
 \tadd.u64 \t%__pilot_rt1, %__pilot_rt0, %__pilot_rt1;
 \tld.global.u32 \t{_R}4, [%__pilot_rt1+{REDO_HEADER}];
-\tld.global.u32 \t{_R}12, [%__pilot_rt1+{REDO_HEADER + 4}];
 \tbra.uni \t$__pilot_count;
 $__pilot_main:
 \tatom.global.add.u32 \t{_R}4, [%__pilot_rd0], {_R}12;
@@ -276,11 +279,9 @@ $__pilot_retreat:
 \tatom.global.max.u64 \t%__pilot_rt3, [%__pilot_rt1+16], %__pilot_rt2;
 $__pilot_post:
 \tst.shared.u32 \t[{_R}16], {_R}4;
-\tst.shared.u32 \t[{_R}16+4], {_R}12;
 $__pilot_read:
 \tbar.sync \t0;
 \tld.shared.u32 \t{_R}4, [{_R}16];
-\tld.shared.u32 \t{_R}12, [{_R}16+4];
 \tmov.u32 \t{_R}13, 0;
 \tbra.uni \t$__pilot_map;
 $__pilot_more:
@@ -323,6 +324,9 @@ $__pilot_exit:
 # at the check before (r19: flag's, r20: sflag's), so the load's latency hides behind the
 # loop's work; a raise is seen within 2 x LOOP_CHECK_EVERY passes.
 LOOP_CHECK_EVERY = 16
+# The named barrier of the UNIFORM checks' reduction: not 0, which the body's __syncthreads use
+# (a kernel with other named barriers gets no loop-level variant).
+LOOP_BARRIER = 1
 LOOP_START = f"""\tmov.u32 \t{_R}18, 0;
 \tmov.u32 \t{_R}19, 0;
 \tmov.u32 \t{_R}20, 0;
@@ -332,20 +336,21 @@ LOOP_START = f"""\tmov.u32 \t{_R}18, 0;
 
 def _issue_read(skip: str) -> str:
     """r19, r20 := the retreat words (flag's, sflag's; volatile), 0 when the launch has no
-    word (a rest), no second word, or no redo list (it then never abandons a block)."""
+    word (a rest), no second word, or no redo list (it then never abandons a block). The
+    branches test parameters: the same in every thread."""
     return f"""\tmov.u32 \t{_R}19, 0;
 \tmov.u32 \t{_R}20, 0;
 \tld.param.u64 \t%__pilot_rd1, [__pilot_redo];
 \tsetp.eq.u64 \t%__pilot_p1, %__pilot_rd1, 0;
-\t@%__pilot_p1 bra \t{skip};
+\t@%__pilot_p1 bra.uni \t{skip};
 \tld.param.u64 \t%__pilot_rd1, [__pilot_flag];
 \tsetp.eq.u64 \t%__pilot_p1, %__pilot_rd1, 0;
-\t@%__pilot_p1 bra \t{skip};
+\t@%__pilot_p1 bra.uni \t{skip};
 \tcvta.to.global.u64 \t%__pilot_rd1, %__pilot_rd1;
 \tld.volatile.global.u32 \t{_R}19, [%__pilot_rd1];
 \tld.param.u64 \t%__pilot_rd1, [__pilot_sflag];
 \tsetp.eq.u64 \t%__pilot_p1, %__pilot_rd1, 0;
-\t@%__pilot_p1 bra \t{skip};
+\t@%__pilot_p1 bra.uni \t{skip};
 \tcvta.to.global.u64 \t%__pilot_rd1, %__pilot_rd1;
 \tld.volatile.global.u32 \t{_R}20, [%__pilot_rd1];
 """
@@ -362,16 +367,15 @@ def _every(go: str, uniform: bool) -> str:
 
 
 def uniform_check(n: int) -> str:
-    """Before the back edge of a loop every thread of a block reaches together (UNIFORM): what
-    thread 0 read goes to every thread by a barrier reduction, all of them abandon the block
-    together (so no barrier of the body can wait for a thread that left), and thread 0 reads
-    the words again."""
+    """Before the back edge of a loop every thread of a block reaches together (UNIFORM): a
+    barrier reduction of what the threads read (each reads the words, so no thread's path
+    differs from another's: the warps stay converged, as the body's own barriers want) has all
+    of them abandon the block together, so no barrier of the body can wait for a thread that
+    left; then each reads the words again."""
     go = f"$__pilot_go{n}"
     return _every(go, True) + f"""\tsetp.ne.u32 \t%__pilot_p1, {_R}1, 0;
-\tbarrier.red.or.pred \t%__pilot_p2, 0, %__pilot_p1;
+\tbar.red.or.pred \t%__pilot_p2, {LOOP_BARRIER}, %__pilot_p1;
 \t@%__pilot_p2 bra.uni \t$__pilot_abandon;
-{NOT_THREAD0}\tsetp.ne.u32 \t%__pilot_p0, {_R}0, 0;
-\t@%__pilot_p0 bra \t{go};
 """ + _issue_read(go) + f"{go}:\n"
 
 

@@ -908,7 +908,8 @@ class VGpuPreemption:
             state.used = True  # its tally is read like a gated session's
         flag, sflag = (words.word(s.priority), own) if class_word else (own, 0)
         blocks, chunk = self.daemon.shape(blocks, chunk)
-        if redo:  # the list empty (made, taken) before the first part
+        if redo:  # one block per claim (ptx_preempt.CLAIM); the list empty before the first part
+            chunk = 1
             backend.stream_write_word(stream, redo, 0)
             backend.stream_write_word(stream, redo + 4, 0)
         if self.daemon.chaos and self.daemon.draw():

@@ -24,6 +24,12 @@ Part 2, pilotd end to end: a program of these kernels (built here), natively, th
 under pilotd with `[priority] preempt_chaos = "1ms"` and `loop_preempt_programs` naming it:
 its output must be the native one each time, and pilotd's log must count blocks abandoned.
 Writes loop_preempt.md and loop_preempt.json under --out; exits 1 if a check failed.
+
+`--diagnose KERNEL` (smooth, hashloop or _Z7sgemm16PKfS0_Pfiii; DIAGNOSE_RUNS, DIAGNOSE_ONLY a
+regular expression of the cases' labels, SMOOTH_REPS) runs the variants in a dozen ways (no
+raise, raised, a rest alone from main claims or from a full redo list, a first part from 0 at
+full occupancy) and prints, per way, the runs whose output differs and where: how the twentieth
+session found that passing a claim's count through shared memory broke kernels like `smooth`.
 """
 
 from __future__ import annotations
@@ -166,7 +172,7 @@ def cases(sms: int) -> list[Case]:
     mat = pc._pattern(pc._f32([rnd.randrange(-16, 17) / 8 for _ in range(4099)]), 4 * dim * dim)
     return [
         Case("own", "smooth", (blocks, 1, 1), (256, 1, 1), 0, [floats, bytes(4 * n)], [1],
-             lambda p: struct.pack("<QQi", p[0], p[1], 3000)),
+             lambda p: struct.pack("<QQi", p[0], p[1], int(os.environ.get("SMOOTH_REPS", "3000")))),
         Case("own", "hashloop", (blocks, 1, 1), (256, 1, 1), 0, [words, bytes(4 * n)], [1],
              lambda p: struct.pack("<QQii", p[0], p[1], n - 77, 400000)),
         Case("matmul_tiled", "_Z7sgemm16PKfS0_Pfiii", (dim // 16, dim // 16, 1), (16, 16, 1), 0,
@@ -311,7 +317,109 @@ def end_to_end(tmp: Path, out_dir: Path) -> dict[str, Any]:
             "deferred": totals[2], "retreats": totals[3], "abandoned": totals[4]}
 
 
+def diagnose(r: LoopRunner, c: Case, runs: int, rnd: random.Random) -> None:
+    """--diagnose KERNEL: which elements differ, in which logical blocks, against which redo
+    entries; without a raise, with one for the loop-level variant, and for the block-level one."""
+    r.prepare(c)
+    r.original(c)
+    reference = r.outputs(c)
+    blocks = r.grid_of(c, pp.LOOP_SUFFIX)
+    duration = r.timed(lambda: r.steps(c, pp.LOOP_SUFFIX), 3)
+    per_block = len(reference) // math.prod(c.grid)
+    for label, suffix, raise_it, grid in (("loop, no raise", pp.LOOP_SUFFIX, False, blocks),
+                                          ("block-level, 100 blocks, no raise", pp.SUFFIX, False, 100),
+                                          ("loop, 100 blocks, no raise", pp.LOOP_SUFFIX, False, 100),
+                                          ("block-level, 100 blocks, first 0", pp.SUFFIX, False, -100),
+                                          ("block-level, raised", pp.SUFFIX, True, blocks),
+                                          ("loop, raised", pp.LOOP_SUFFIX, True, blocks)):
+        if os.environ.get("DIAGNOSE_ONLY") and not re.search(os.environ["DIAGNOSE_ONLY"], label):
+            continue
+        bad = []
+        first = max(grid, 0)
+        for _ in range(runs):
+            r.prepare(c)
+            r.retreat(ZERO)
+            r.be.stream_synchronize(r.side)
+            r.start(first)
+            r.part(c, suffix, abs(grid), first)
+            if raise_it:
+                busy_wait(rnd.random() * duration)
+                r.retreat(ONE)
+            r.be.stream_synchronize(r.stream)
+            redo = bytearray(pp.redo_bytes(blocks))
+            r.be.memcpy_dtoh(redo, r.redo, len(redo), r.stream)
+            made = struct.unpack_from("<I", redo)[0]
+            pairs = [struct.unpack_from("<II", redo, 8 + 8 * i) for i in range(made)]
+            entries = {f for f, n in pairs for f in range(f, f + n)}
+            odd = [p for p in pairs if p[1] != 1 or p[0] >= math.prod(c.grid)]
+            r.retreat(ZERO)
+            r.be.stream_synchronize(r.side)
+            r.part(c, suffix, abs(grid), 0, flag=False)
+            r.be.stream_synchronize(r.stream)
+            got = r.outputs(c)
+            wrong = sorted({i // per_block for i in range(0, len(got), 4)
+                            if got[i:i + 4] != reference[i:i + 4]})
+            if wrong:
+                bad.append((len(wrong), len(entries), sum(1 for b in wrong if b in entries), wrong[:6]))
+                if len(bad) <= 3:
+                    b = wrong[0] * per_block
+                    words = sum(1 for i in range(b, b + per_block, 4) if got[i:i + 4] != reference[i:i + 4])
+                    print(f"INFO diagnose detail: block {wrong[0]}: reference "
+                          f"{struct.unpack_from('<4f', reference, b)} got "
+                          f"{struct.unpack_from('<4f', got, b)}; "
+                          f"{made} entries, {len(pairs) - len(set(pairs))} repeated, odd {odd[:4]}; "
+                          f"wrong words in the block {words}", flush=True)
+        print(f"INFO diagnose {c.kernel} {label}: {len(bad)} of {runs} runs wrong; (blocks wrong, "
+              f"redo entries, wrong blocks among them, first wrong) {bad[:8]}", flush=True)
+    total = math.prod(c.grid)
+    for label, suffix, redo, flag, tally in (
+            ("rest only, main claims, block-level", pp.SUFFIX, False, False, True),
+            ("rest only, main claims, block-level, no tally", pp.SUFFIX, False, False, False),
+            ("first part from 0, word down, block-level, tally", pp.SUFFIX, False, True, True),
+            ("first part from 0, word down, block-level, no tally", pp.SUFFIX, False, True, False),
+            ("rest only, redo entries, loop", pp.LOOP_SUFFIX, True, False, True)):
+        if os.environ.get("DIAGNOSE_ONLY") and not re.search(os.environ["DIAGNOSE_ONLY"], label):
+            continue
+        wrong_runs = []
+        for _ in range(runs):
+            r.prepare(c)
+            r.reset_tally()
+            r.be.stream_write_word(r.stream, r.ctl, total if redo else 0)
+            listed = struct.pack("<II", total if redo else 0, 0) + b"".join(
+                struct.pack("<II", x, 1) for x in (range(total) if redo else ()))
+            r.be.memcpy_htod(r.redo, listed, len(listed), r.stream)
+            args = pp.variant_args(c.scalars(c.ptrs), pp.variant_params(
+                c.grid, r.ctl, r.flag if flag else 0, 1, 0, r.tally if tally else 0, 0,
+                r.redo if suffix == pp.LOOP_SUFFIX else 0))
+            r.be.launch(r.functions[(c.module, c.kernel + suffix)], (blocks, 1, 1), c.block, c.shared,
+                        r.stream, args)
+            r.be.stream_synchronize(r.stream)
+            got = r.outputs(c)
+            wrong = [i // per_block for i in range(0, len(got), per_block) if got[i:i + per_block]
+                     != reference[i:i + per_block]]
+            if wrong:
+                wrong_runs.append((len(wrong), wrong[:4]))
+        print(f"INFO diagnose {c.kernel} {label}: {len(wrong_runs)} of {runs} runs wrong {wrong_runs[:6]}",
+              flush=True)
+    r.free(c)
+
+
 def main() -> int:
+    if "--diagnose" in sys.argv:
+        at = sys.argv.index("--diagnose")
+        kernel = sys.argv[at + 1]
+        del sys.argv[at:at + 2]
+        out_dir = pc.out_dir_arg()
+        r = LoopRunner(out_dir)
+        with tempfile.TemporaryDirectory() as tmp:
+            own = Path(tmp) / "own.cu"
+            own.write_text(KERNELS)
+            r.load("own", pc.ptx_of(own, Path(tmp)))
+            r.load("matmul_tiled", pc.ptx_of(REPO / "tests/gpu/matmul_tiled.cu", Path(tmp)))
+            for c in cases(r.sms):
+                if c.kernel == kernel:
+                    diagnose(r, c, int(os.environ.get("DIAGNOSE_RUNS", "30")), random.Random(5))
+        return 0
     out_dir = pc.out_dir_arg()
     r = LoopRunner(out_dir)
     rnd = random.Random(293)

@@ -472,9 +472,9 @@ def test_the_checks_go_before_the_outer_back_edges_only() -> None:
     plan = pp.loop_plan(body)
     assert plan.mode == pp.UNIFORM and [body[b].strip() for b in plan.back_edges] == ["@%p1 bra $L_outer;"]
     variant = _entry(pp.rewrite_module(_kernel(NESTED), loops=True).ptx, "k" + pp.LOOP_SUFFIX)
-    check = variant.index("barrier.red.or.pred \t%__pilot_p2, 0, %__pilot_p1;")
+    check = variant.index(f"bar.red.or.pred \t%__pilot_p2, {pp.LOOP_BARRIER}, %__pilot_p1;")
     assert variant.index("@%p2 bra $L_inner;") < check < variant.index("@%p1 bra $L_outer;")
-    assert variant.count("barrier.red.or.pred") == 1 and "$__pilot_abandon:" in variant
+    assert variant.count("bar.red.or.pred") == 1 and "$__pilot_abandon:" in variant
     # without loops=True (pilotd's default) no loop-level variant is made
     assert pp.rewrite_module(_kernel(NESTED)).kernels["k"].loop is None
 
@@ -492,3 +492,13 @@ def test_redo_lists_as_the_variant_keeps_them() -> None:
     assert pp.Tally.parse(bytes(tally)).abandoned == 4
     assert pp.take_redo(redo) == [range(7, 8), range(12, 15)]
     assert pp.take_redo(redo) == []  # taken once
+
+
+def test_only_the_claims_first_block_goes_through_shared_memory() -> None:
+    """The H200 (2026-11-29): a claim that also passed its count through the shared slot gave
+    wrong results for a kernel whose long blocks synchronize (tests/gpu/loop_preempt_check.py
+    --diagnose smooth), where the count read from the parameters by every thread did not; the
+    count stays in the parameters (loop-level launches claim one block at a time)."""
+    assert pp.CLAIM.count("st.shared") == 1 and pp.CLAIM.count("ld.shared") == 1
+    assert "[__pilot_chunk]" in pp.CLAIM[:pp.CLAIM.index("bra \t$__pilot_read;")]  # every thread's
+    assert "[%__pilot_r16+4]" not in pp.CLAIM and "__pilot_blk[2]" in pp.DECLARATIONS
