@@ -49,6 +49,17 @@ once whatever the moment of the retreat: after a preempted launch ends, the coun
 (at most `total`) are done and a launch with the same counter and `first` 0 runs only the rest
 (with `flag` 0, all of it).
 
+**Loop-level variants** (`rewrite_module(loops=True)`, an entry `K__pilot_loop`; `u64 redo`, the
+launch slot's redo list: u32 entries made, u32 taken, a (u32 logical block, u32 1) per entry).
+The same claim loop, and before the back edge of each outer loop of the body (`loop_plan`) a
+look at the words every LOOP_CHECK_EVERY passes, testing what the look before read. UNIFORM
+loops (reached as often by every thread of a block) decide by a barrier reduction, PER_THREAD
+ones (bodies without barriers, warp collectives or calls) in each thread, the block deciding at
+its end. A block that leaves puts its logical block on the redo list (`$__pilot_abandon`, counted
+in the tally's u64 at ABANDONED_AT) and exits; the launch's rest takes the list's entries before
+it claims, and runs each whole: correct for idempotent kernels only. Launches of these variants
+claim one block at a time. A launch without a redo list never leaves inside a block.
+
 Kernels that are not rewritten, and why (`Rewrite.reason`):
 - grid-wide synchronization (cooperative groups' grid.sync reads the grid workspace through
   `%envreg1`/`%envreg2`): its blocks must all be resident at once, which a persistent grid that

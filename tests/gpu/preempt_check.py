@@ -5,9 +5,11 @@ or as run_all.sh's `preempt` stage (under 3 minutes on an H100):
     PYTHONPATH=<dir holding the pilot package> python3 tests/gpu/preempt_check.py [--out DIR]
 
 For each kernel (vadd of tests/apps/vector_add.cu, sgemm16 and sgemm32 of
-tests/gpu/matmul_tiled.cu, and four of its own: a 3D-grid stamp of every block's index and the
+tests/gpu/matmul_tiled.cu, and five of its own: a 3D-grid stamp of every block's index and the
 grid, a read-modify-write and a spinning kernel that a block run twice would change, a
-shared-memory histogram with atomics and a grid-stride loop over %nctaid):
+shared-memory histogram with atomics and a grid-stride loop over %nctaid, and a shared-memory
+stencil whose long blocks synchronize, four waves of them, added after the twentieth session
+and not yet run here):
 1. JIT: the module's PTX rewritten and compiled with ptxas through the image cache, twice (the
    second is the cache's hit: what a second start costs).
 2. Results: the original kernel once (the reference), then the preemptible variant with the
@@ -87,6 +89,20 @@ extern "C" __global__ void histogram(const unsigned *in, unsigned *bins, int n) 
     __syncthreads();
     for (int i = threadIdx.x; i < 256; i += blockDim.x) atomicAdd(&bins[i], local[i]);
 }
+extern "C" __global__ void smooth(const float *in, float *out, int reps) {
+    __shared__ float tile[258];
+    int i = blockIdx.x * 256 + threadIdx.x;
+    tile[threadIdx.x + 1] = in[i];
+    if (threadIdx.x == 0) { tile[0] = 0.f; tile[257] = 0.f; }
+    __syncthreads();
+    for (int r = 0; r < reps; r++) {
+        float v = 0.25f * tile[threadIdx.x] + 0.5f * tile[threadIdx.x + 1] + 0.25f * tile[threadIdx.x + 2];
+        __syncthreads();
+        tile[threadIdx.x + 1] = v + 1e-3f * (float)(r & 7);
+        __syncthreads();
+    }
+    out[i] = tile[threadIdx.x + 1];
+}
 extern "C" __global__ void spin(long long cycles, unsigned *out) {
     long long start = clock64();
     while (clock64() - start < cycles) {}
@@ -156,6 +172,13 @@ def cases(size: int) -> list[Case]:
     out.append(Case("own", "histogram", (max(1, n // 4096), 1, 1), (256, 1, 1), 0,
                     [rnd.randbytes(4 * n), bytes(4 * 256)], [1],
                     lambda p: struct.pack("<QQi", p[0], p[1], n)))
+    # long blocks that synchronize, four waves of an H100/H200: blocks claim at full occupancy
+    # (what broke the first VERSION 5 claim: bench/RESULTS.md, twentieth session)
+    sblocks = 132 * 8 * 4
+    out.append(Case("own", "smooth", (sblocks, 1, 1), (256, 1, 1), 0,
+                    [_pattern(_f32([rnd.random() for _ in range(4093)]), 4 * 256 * sblocks),
+                     bytes(4 * 256 * sblocks)], [1],
+                    lambda p: struct.pack("<QQi", p[0], p[1], (30, 300, 3000)[size])))
     return out
 
 
