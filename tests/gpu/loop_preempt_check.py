@@ -59,21 +59,7 @@ REPO = Path(__file__).resolve().parents[2]
 MIN_ABANDONING_RUNS = 100
 BUDGET_S = 12.0  # per kernel for the random preemptions
 
-KERNELS = r"""
-extern "C" __global__ void smooth(const float *in, float *out, int reps) {
-    __shared__ float tile[258];
-    int i = blockIdx.x * 256 + threadIdx.x;
-    tile[threadIdx.x + 1] = in[i];
-    if (threadIdx.x == 0) { tile[0] = 0.f; tile[257] = 0.f; }
-    __syncthreads();
-    for (int r = 0; r < reps; r++) {
-        float v = 0.25f * tile[threadIdx.x] + 0.5f * tile[threadIdx.x + 1] + 0.25f * tile[threadIdx.x + 2];
-        __syncthreads();
-        tile[threadIdx.x + 1] = v + 1e-3f * (float)(r & 7);
-        __syncthreads();
-    }
-    out[i] = tile[threadIdx.x + 1];
-}
+KERNELS = pc.SMOOTH + r"""
 extern "C" __global__ void hashloop(const unsigned *in, unsigned *out, int n, int reps) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;

@@ -66,7 +66,25 @@ MIN_PREEMPTIONS = 100
 BUDGET_S = 10.0  # per kernel for the random preemptions
 ONE, ZERO = struct.pack("<I", 1), struct.pack("<I", 0)
 
-OWN = r"""
+# a shared-memory stencil whose long blocks synchronize (also loop_preempt_check.py's)
+SMOOTH = r"""
+extern "C" __global__ void smooth(const float *in, float *out, int reps) {
+    __shared__ float tile[258];
+    int i = blockIdx.x * 256 + threadIdx.x;
+    tile[threadIdx.x + 1] = in[i];
+    if (threadIdx.x == 0) { tile[0] = 0.f; tile[257] = 0.f; }
+    __syncthreads();
+    for (int r = 0; r < reps; r++) {
+        float v = 0.25f * tile[threadIdx.x] + 0.5f * tile[threadIdx.x + 1] + 0.25f * tile[threadIdx.x + 2];
+        __syncthreads();
+        tile[threadIdx.x + 1] = v + 1e-3f * (float)(r & 7);
+        __syncthreads();
+    }
+    out[i] = tile[threadIdx.x + 1];
+}
+"""
+
+OWN = SMOOTH + r"""
 extern "C" __global__ void stamp(unsigned *out) {
     unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     unsigned t = threadIdx.x + blockDim.x * threadIdx.y;
@@ -88,20 +106,6 @@ extern "C" __global__ void histogram(const unsigned *in, unsigned *bins, int n) 
         atomicAdd(&local[(in[i] * 2654435761u) >> 24], 1u);
     __syncthreads();
     for (int i = threadIdx.x; i < 256; i += blockDim.x) atomicAdd(&bins[i], local[i]);
-}
-extern "C" __global__ void smooth(const float *in, float *out, int reps) {
-    __shared__ float tile[258];
-    int i = blockIdx.x * 256 + threadIdx.x;
-    tile[threadIdx.x + 1] = in[i];
-    if (threadIdx.x == 0) { tile[0] = 0.f; tile[257] = 0.f; }
-    __syncthreads();
-    for (int r = 0; r < reps; r++) {
-        float v = 0.25f * tile[threadIdx.x] + 0.5f * tile[threadIdx.x + 1] + 0.25f * tile[threadIdx.x + 2];
-        __syncthreads();
-        tile[threadIdx.x + 1] = v + 1e-3f * (float)(r & 7);
-        __syncthreads();
-    }
-    out[i] = tile[threadIdx.x + 1];
 }
 extern "C" __global__ void spin(long long cycles, unsigned *out) {
     long long start = clock64();
