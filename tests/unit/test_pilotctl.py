@@ -91,6 +91,21 @@ def test_priority_commands(replies: dict[str, Any]) -> None:
         "policy preemptions: 3 made, 2 resumed; drains <524 us: 2, <1049 us: 1"
 
 
+def test_priority_list_shows_loop_level_preemption(replies: dict[str, Any]) -> None:
+    replies["priority.list"] = {
+        "enabled": True, "gated_inflight": 2, "active_window_s": 0.1, "tenants": {}, "active": {},
+        "preemption": {"chunk": 1, "preemptible_kernels": 2, "modules": 1, "jit_seconds": 0.2,
+                       "modules_without_variants": [], "kernels_not_preemptible": {}, "gpus": {},
+                       "tenants": {"sim": {"preempted": 4, "blocks_deferred": 90, "blocks_abandoned": 7}},
+                       "loop_tenants": ["sim"], "loop_programs": ["jacobi"],
+                       "loop_level": {"smooth": "uniform", "gather": "none: no loop"}}}
+    lines = run("priority", "list").output.splitlines()
+    assert "  sim: 4 launch(es) preempted, 90 block(s) run after their retreat, 7 abandoned inside " \
+           "and run again" in lines
+    at = lines.index("  loop-level preemption (idempotent kernels only) for: tenant sim, program jacobi")
+    assert lines[at + 1:at + 3] == ["    gather: none: no loop", "    smooth: uniform"]
+
+
 def test_sessions_show_a_class_and_the_gate(replies: dict[str, Any]) -> None:
     row = {"session": 3, "tenant": "user:bob", "pid": 42, "device": 0, "device_bytes": 0,
            "managed_bytes": 0, "calls": 7, "state": "gated", "cmdline": "train", "priority": "low",
