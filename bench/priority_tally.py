@@ -15,6 +15,8 @@ the rows' mean gap is service / load. Both medians are reported.
 
 Rows, each with fresh processes:
 - alone: hp by itself, then be by itself (native, no MPS): the baselines;
+- alone_pilot: hp by itself under pilotd's defaults (pilot serves an eager model faster than
+  native does): the pilot rows' p99 over it is a second column;
 - timeslice: both, natively (the driver's time-slicing);
 - mps: both under a private MPS control daemon;
 - mps_priority: the same, be with CUDA_MPS_CLIENT_PRIORITY=1 (below normal);
@@ -86,8 +88,7 @@ class Row:
         if mode.startswith("pilot"):
             config = "# pilotd's defaults\n" if mode == "pilot" else \
                 GATE_CONFIG.format(preempt="true" if mode == "pilot_preempt" else "false")
-            workdir = self.work / mode
-            workdir.mkdir()
+            workdir = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=self.work))
             self.daemon = Pilotd(args.python, args.backend, workdir, self.out / f"pilotd-{mode}.log",
                                  [], config_text=config)
             self.daemon.wait_ready(120)
@@ -99,8 +100,7 @@ class Row:
             os.chown(home, NOBODY, NOBODY)
             self.be_env, self.be_user = user_env(NOBODY, home), as_user(NOBODY)
         elif mode.startswith("mps"):
-            workdir = self.work / mode
-            workdir.mkdir()
+            workdir = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=self.work))
             self.mps = Mps(shutil.which(args.mps_control) or args.mps_control, workdir)
             self.mps.start()
             self.env.update(self.mps.env)
@@ -234,6 +234,8 @@ def main() -> int:
                  **{k: v for k, v in run_row(args, work, args.out, "alone", gap, hp_on=False).items()
                     if k.startswith("be")}}
         rows.append(alone)
+        if "pilot" in modes:  # hp alone under pilotd's defaults: the pilot rows' own baseline
+            rows.append({**run_row(args, work, args.out, "pilot", gap, be_on=False), "mode": "alone_pilot"})
         for mode in modes:
             try:
                 rows.append(run_row(args, work, args.out, mode, gap))
@@ -259,15 +261,17 @@ def main() -> int:
                    "ratios to alone mean nothing; run again with a lower --load.")
         log(warning)
         lines += [warning, ""]
-    lines += ["| row | hp requests | hp service ms | hp p50 ms | hp p99 ms | p99 / alone | be steps/s "
-              "| be / alone |", "|---|---|---|---|---|---|---|---|"]
+    pilot_p99 = next((r.get("hp_p99_ms") for r in rows if r["mode"] == "alone_pilot"), None)
+    lines += ["| row | hp requests | hp service ms | hp p50 ms | hp p99 ms | p99 / alone | p99 / alone "
+              "under pilot | be steps/s | be / alone |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['mode']} | failed: {r['error'][:80]} | | | | | | |")
+            lines.append(f"| {r['mode']} | failed: {r['error'][:80]} | | | | | | | |")
             continue
         p99, be = r.get("hp_p99_ms"), r.get("be_steps_s")
+        own = ratio(p99, pilot_p99) if r["mode"].startswith("pilot") else None
         lines.append(f"| {r['mode']} | {r.get('hp_requests', '-')} | {fmt(r.get('hp_service_ms'))} | "
-                     f"{fmt(r.get('hp_p50_ms'))} | {fmt(p99)} | {fmt(ratio(p99, base_p99))} | "
+                     f"{fmt(r.get('hp_p50_ms'))} | {fmt(p99)} | {fmt(ratio(p99, base_p99))} | {fmt(own)} | "
                      f"{fmt(be, '.1f')} | {fmt(ratio(be, base_be))} |")
     table = "\n".join(lines)
     print(table)
