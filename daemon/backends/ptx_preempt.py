@@ -106,7 +106,7 @@ ABANDONED_AT = 24 + 4 * SPREAD_BUCKETS
 TALLY_BYTES = ABANDONED_AT + 8
 LOOP_SUFFIX = "__pilot_loop"  # the loop-level variant (loops=True): also retreats inside a block
 REDO_HEADER = 8  # a slot's redo list: u32 entries made, u32 entries taken, then the entries
-REDO_ENTRY = 8  # u32 first logical block, u32 blocks
+REDO_ENTRY = 8  # u32 logical block, u32 blocks (1: loop-level launches claim one block at a time)
 # The parameters the variant takes after K's own (name, PTX type, bytes), in this order.
 PARAMS = (("ctl", "u64", 8), ("flag", "u64", 8), ("total", "u32", 4), ("gx", "u32", 4),
           ("gy", "u32", 4), ("gz", "u32", 4), ("chunk", "u32", 4), ("first", "u32", 4),
