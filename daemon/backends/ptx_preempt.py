@@ -207,6 +207,15 @@ ACCOUNT = f"""$__pilot_account:
 \tst.volatile.global.u64 \t[%__pilot_rt1+16], 0;
 """
 
+# A block saw the word raised (a claim's retreat, or a loop-level abandon): the slot's first
+# reading of the GPU clock if it has none, and its last (stamp_retreat is the sim's).
+STAMP = """\tld.param.u64 \t%__pilot_rt1, [__pilot_ctl];
+\tcvta.to.global.u64 \t%__pilot_rt1, %__pilot_rt1;
+\tmov.u64 \t%__pilot_rt2, %globaltimer;
+\tatom.global.cas.b64 \t%__pilot_rt3, [%__pilot_rt1+8], 0, %__pilot_rt2;
+\tatom.global.max.u64 \t%__pilot_rt3, [%__pilot_rt1+16], %__pilot_rt2;
+"""
+
 # The claim: thread 0 claims (or sees the retreat), the block reads the claim through shared
 # memory, then maps it. A launch whose first wave is the whole grid has nothing to claim. A rest
 # (no word) of a loop-level variant first takes the entries of its slot's redo list (the blocks
@@ -283,12 +292,7 @@ $__pilot_retreat:
 \tld.param.u64 \t%__pilot_rt0, [__pilot_tally];
 \tsetp.eq.u64 \t%__pilot_p2, %__pilot_rt0, 0;
 \t@%__pilot_p2 bra \t$__pilot_post;
-\tld.param.u64 \t%__pilot_rt1, [__pilot_ctl];
-\tcvta.to.global.u64 \t%__pilot_rt1, %__pilot_rt1;
-\tmov.u64 \t%__pilot_rt2, %globaltimer;
-\tatom.global.cas.b64 \t%__pilot_rt3, [%__pilot_rt1+8], 0, %__pilot_rt2;
-\tatom.global.max.u64 \t%__pilot_rt3, [%__pilot_rt1+16], %__pilot_rt2;
-$__pilot_post:
+{STAMP}$__pilot_post:
 \tst.shared.u32 \t[{_R}16], {_R}4;
 $__pilot_read:
 \tbar.sync \t0;
@@ -407,10 +411,11 @@ THREAD_NEXT = """$__pilot_next:
 """
 
 # Every thread of a block that abandons its logical block comes here together. Thread 0 puts the
-# rest of the block's claim (the abandoned block and those of its chunk not yet run) on the
-# slot's redo list for the launch's rest, counts them in the tally and stamps the retreat's
-# readings as a claim's retreat does; then the block leaves. The list holds one entry per
-# block of the launch at most: a block abandons once, and leaves.
+# block on the slot's redo list for the launch's rest (an entry of its claim's blocks from this
+# one on: one, as loop-level launches claim one block at a time, and the rest runs an entry's
+# first block only), counts it in the tally and stamps the retreat's readings as a claim's
+# retreat does; then the block leaves. The list holds one entry per block of the launch at
+# most: a block abandons once, and leaves.
 ABANDON = f"""$__pilot_abandon:
 {NOT_THREAD0}\tsetp.ne.u32 \t%__pilot_p0, {_R}0, 0;
 \t@%__pilot_p0 bra \t$__pilot_exit;
@@ -432,12 +437,7 @@ ABANDON = f"""$__pilot_abandon:
 \tcvta.to.global.u64 \t%__pilot_rt0, %__pilot_rt0;
 \tcvt.u64.u32 \t%__pilot_rt2, {_R}2;
 \tred.global.add.u64 \t[%__pilot_rt0+{ABANDONED_AT}], %__pilot_rt2;
-\tld.param.u64 \t%__pilot_rt1, [__pilot_ctl];
-\tcvta.to.global.u64 \t%__pilot_rt1, %__pilot_rt1;
-\tmov.u64 \t%__pilot_rt2, %globaltimer;
-\tatom.global.cas.b64 \t%__pilot_rt3, [%__pilot_rt1+8], 0, %__pilot_rt2;
-\tatom.global.max.u64 \t%__pilot_rt3, [%__pilot_rt1+16], %__pilot_rt2;
-\tbra.uni \t$__pilot_exit;
+{STAMP}\tbra.uni \t$__pilot_exit;
 """
 
 UNIFORM, PER_THREAD = "uniform", "per-thread"

@@ -1435,11 +1435,12 @@ class SimBackend:
         ran = [*wave, *claimed]
         abandoned = ran[-min(self.abandons_on_retreat, launch.grid[0]):] \
             if loop and redo and flag and retreat and self.abandons_on_retreat else []
-        if abandoned:
+        if abandoned:  # the list holds a launch's persistent blocks' entries
             made = struct.unpack("<I", self._device_range(redo, 4))[0]
-            for b in abandoned:  # the list holds a launch's persistent blocks' entries
-                abandon(self._device_range(redo, redo_bytes(made + len(abandoned))),
-                        self._device_range(tally, TALLY_BYTES) if tally else None, b, 1)
+            listed = self._device_range(redo, redo_bytes(made + len(abandoned)))
+            counted = self._device_range(tally, TALLY_BYTES) if tally else None
+            for b in abandoned:
+                abandon(listed, counted, b, 1)
         if tally and flag and retreat:
             stamp_retreat(self._device_range(ctl, SLOT_BYTES), time.monotonic_ns())
         elif tally and not flag:
