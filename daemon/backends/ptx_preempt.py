@@ -13,24 +13,32 @@ and these after them (`variant_params` packs them):
     u64 tally   device address of the session's tally (TALLY_BYTES, zeroed); 0: no accounting
     u64 sflag   device address of a second retreat word, read with `flag` (VERSION 4: a word of
                 the session's own, which a policy raises to preempt the session); 0: none
+    u64 redo    (loop-level variants, below)
+    u32 part    which part of one launch this is (VERSION 6): 0 the first; k > 0 a part that
+                resumes what the parts before it left, itself preemptible when it has a `flag`
+                (a chain of preemptible parts), the last one without
 
-`ctl` points at a slot of SLOT_BYTES: the u32 counter, the u32 count of blocks the launch's
-rest ran, then two u64 GPU clock readings (%globaltimer, ns) of the launch's retreat: when the
-first of its blocks saw the word raised and when the last did (0 before any retreat). The
-counter must hold `first` when the launch starts (the host writes it on the launch's stream).
+A launch (of the original grid) runs as parts on one slot, one after another on its stream: the
+first with `first` blocks that run their own index, the later ones (`first` 0) claiming only.
+`ctl` points at the slot (SLOT_BYTES): the u32 counter, a u32 count per part parity of the
+blocks its claims resumed (RAN_AT), then per part parity two u64 GPU clock readings
+(%globaltimer, ns) of the part's retreat (PAIR_AT): when the first of its blocks saw the word
+raised and when the last did (0 before any retreat). The counter must hold `first` when the
+first part starts (the host writes it on the launch's stream).
 
 **The tally** (VERSION 3) is what the GPU says about preemption, read by pilotd at leisure
-(TALLY_BYTES: u64 preempted launches, u64 blocks deferred, u64 retreats, u32 per spread bucket):
-- block 0 of a launch's first part zeroes the slot's count of the rest's blocks;
-- a block that retreats (its thread 0 saw the word raised before a claim) stamps the slot's two
-  readings;
-- the launch that runs the rest (`flag` 0, `tally` set) adds each claim's blocks to the slot's
-  count and to the tally's blocks deferred; the claim that finds the slot's count 0 (the rest's
-  first) counts a preempted launch;
-- its block 0 first moves the slot's readings into the tally (a retreat, and its spread in a
-  log2 bucket of microseconds) and zeroes them for the slot's next launch.
-A retreat may find nothing left to claim: then it is counted as a retreat, not as a preempted
-launch. A launch no retreat touched costs a store and a load.
+(TALLY_BYTES: u64 preemptions, u64 blocks deferred, u64 retreats, u32 per spread bucket):
+- block 0 of each part zeroes the count of the next part's parity;
+- a block that retreats (its thread 0 saw the word raised before a claim) stamps its part's
+  parity's readings;
+- a part after the first (`tally` set) adds each claim's blocks to its parity's count and to
+  the tally's blocks deferred; the claim that finds the count 0 (the part's first that ran a
+  block) counts a preemption: the part before it retreated with blocks left;
+- its block 0 first moves the readings of the part before into the tally (a retreat, and its
+  spread in a log2 bucket of microseconds) and zeroes them. (The parities keep a part's own
+  retreat apart from the one it accounts: a raise can come while block 0 accounts.)
+A retreat may find nothing left to claim: then it is counted as a retreat, not as a
+preemption. A part no retreat touched costs a store and a load.
 Launched with any number of blocks (the GPU's resident maximum at most), blocks below `first`
 run their own index first (a launch's first wave starts at once, so it needs no atomic and no
 retreat check: it is running when any request could come), then each block loops: thread 0
@@ -46,7 +54,7 @@ read mapped to the logical index (x fastest, as the hardware numbers blocks: `lo
 and every `%nctaid` read to the original grid, and every `ret` / `exit` of the body goes back
 to the claim. A block that claimed an index finishes it, so every logical block runs exactly
 once whatever the moment of the retreat: after a preempted launch ends, the counter's blocks
-(at most `total`) are done and a launch with the same counter and `first` 0 runs only the rest
+(at most `total`) are done and a part with the same counter and `first` 0 runs only the rest
 (with `flag` 0, all of it).
 
 **Loop-level variants** (`rewrite_module(loops=True)`, an entry `K__pilot_loop`; `u64 redo`, the
@@ -58,7 +66,8 @@ ones (bodies without barriers, warp collectives or calls) in each thread, the bl
 its end. A block that leaves puts its logical block on the redo list (`$__pilot_abandon`, counted
 in the tally's u64 at ABANDONED_AT) and exits; the launch's rest takes the list's entries before
 it claims, and runs each whole: correct for idempotent kernels only. Launches of these variants
-claim one block at a time. A launch without a redo list never leaves inside a block.
+claim one block at a time, in two parts (the list holds one entry per block of a part). A
+launch without a redo list never leaves inside a block.
 
 Kernels that are not rewritten, and why (`Rewrite.reason`):
 - grid-wide synchronization (cooperative groups' grid.sync reads the grid workspace through
@@ -98,9 +107,15 @@ from dataclasses import dataclass
 
 SUFFIX = "__pilot_ptb"
 COUNTER_BYTES = 4  # the u32 counter at the start of a launch's slot (`ctl`)
-SLOT_BYTES = 24  # a launch's slot: the counter, then the retreat's first and last readings (u64)
+# A launch's slot: the u32 counter, a u32 count of blocks resumed per part parity (RAN_AT), then
+# per part parity (PAIR_AT) the u64 readings of its retreat: when its first block saw the word
+# raised and when its last did. A part stamps its parity's readings and counts its blocks in its
+# parity's count, so the part after it can account them while stamping and counting its own.
+SLOT_BYTES = 48
+RAN_AT = 4  # + 4 x parity
+PAIR_AT = 16  # + 16 x parity
 SPREAD_BUCKETS = 16  # bucket 0: < 1.024 us; bucket k: [2^(k-1), 2^k) x 1.024 us; the last: above
-# the tally: u64 preempted launches, u64 blocks deferred, u64 retreats, u32 per spread bucket,
+# the tally: u64 preemptions, u64 blocks deferred, u64 retreats, u32 per spread bucket,
 # u64 blocks abandoned (loop-level retreats: run again from their start)
 ABANDONED_AT = 24 + 4 * SPREAD_BUCKETS
 TALLY_BYTES = ABANDONED_AT + 8
@@ -110,9 +125,9 @@ REDO_ENTRY = 8  # u32 logical block, u32 blocks (1: loop-level launches claim on
 # The parameters the variant takes after K's own (name, PTX type, bytes), in this order.
 PARAMS = (("ctl", "u64", 8), ("flag", "u64", 8), ("total", "u32", 4), ("gx", "u32", 4),
           ("gy", "u32", 4), ("gz", "u32", 4), ("chunk", "u32", 4), ("first", "u32", 4),
-          ("tally", "u64", 8), ("sflag", "u64", 8), ("redo", "u64", 8))
-PACKING = "<QQ6IQQQ"  # PARAMS as struct packs them
-VERSION = 5  # of the rewrite: part of the compiled-image cache key (ptx_cache.py)
+          ("tally", "u64", 8), ("sflag", "u64", 8), ("redo", "u64", 8), ("part", "u32", 4))
+PACKING = "<QQ6IQQQI"  # PARAMS as struct packs them
+VERSION = 6  # of the rewrite: part of the compiled-image cache key (ptx_cache.py)
 
 _ENTRY = re.compile(r"^(\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+)([\w$]+)(\s*\()", re.M)
 _LABEL = re.compile(r"^\s*([$\w]+):")
@@ -137,7 +152,7 @@ _MAP = {("", "x"): f"{_R}5", ("", "y"): f"{_R}6", ("", "z"): f"{_R}7",
 DECLARATIONS = f"""\t.reg .b32 \t{_R}<21>;
 \t.reg .b64 \t%__pilot_rd<2>;
 \t.reg .b64 \t%__pilot_rt<4>;
-\t.reg .pred \t%__pilot_p<3>;
+\t.reg .pred \t%__pilot_p<4>;
 \t.reg .pred \t%__pilot_q<1>;
 \t.shared .align 8 .b32 __pilot_blk[2];
 """
@@ -160,7 +175,7 @@ PROLOGUE = f"""\tmov.u32 \t{_R}16, __pilot_blk;
 \t@%__pilot_p2 bra.uni \t$__pilot_map;
 \tld.param.u64 \t%__pilot_rt1, [__pilot_ctl];
 \tcvta.to.global.u64 \t%__pilot_rt1, %__pilot_rt1;
-\tst.global.u32 \t[%__pilot_rt1+4], 0;
+\tst.global.u32 \t[%__pilot_rt1+{RAN_AT + 4}], 0;
 \tbra.uni \t$__pilot_map;
 """
 
@@ -172,13 +187,12 @@ NOT_THREAD0 = f"""\tmov.u32 \t{_R}0, %tid.x;
 \tor.b32 \t{_R}0, {_R}0, {_R}1;
 """
 
-# Once, by thread 0 of block 0 of a launch that resumes (no word, a tally): the retreat of its
-# first part (which ran before it on this slot), if any, into the tally; the readings zeroed.
+# Once, by thread 0 of block 0 of a launch that claims from its start (`first` 0; a tally):
+# the count of the next part's parity zeroed (the part before this one used it; the next
+# counts in it); in a part after the first (`part` > 0), the retreat of the part before (the
+# same parity), if any, into the tally and its readings zeroed.
 ACCOUNT = f"""$__pilot_account:
 \tsetp.ne.u32 \t%__pilot_p1, {_R}4, 0;
-\t@%__pilot_p1 bra.uni \t$__pilot_claim;
-\tld.param.u64 \t%__pilot_rt0, [__pilot_flag];
-\tsetp.ne.u64 \t%__pilot_p1, %__pilot_rt0, 0;
 \t@%__pilot_p1 bra.uni \t$__pilot_claim;
 \tld.param.u64 \t%__pilot_rt0, [__pilot_tally];
 \tsetp.eq.u64 \t%__pilot_p1, %__pilot_rt0, 0;
@@ -187,10 +201,20 @@ ACCOUNT = f"""$__pilot_account:
 \t@%__pilot_p1 bra \t$__pilot_claim;
 \tld.param.u64 \t%__pilot_rt1, [__pilot_ctl];
 \tcvta.to.global.u64 \t%__pilot_rt1, %__pilot_rt1;
-\tld.volatile.global.u64 \t%__pilot_rt2, [%__pilot_rt1+16];
+\tld.param.u32 \t{_R}1, [__pilot_part];
+\tadd.u32 \t{_R}2, {_R}1, 1;
+\tand.b32 \t{_R}2, {_R}2, 1;
+\tmul.wide.u32 \t%__pilot_rt3, {_R}2, 4;
+\tadd.u64 \t%__pilot_rt3, %__pilot_rt1, %__pilot_rt3;
+\tst.global.u32 \t[%__pilot_rt3+{RAN_AT}], 0;
+\tsetp.eq.u32 \t%__pilot_p1, {_R}1, 0;
+\t@%__pilot_p1 bra \t$__pilot_claim;
+\tmul.wide.u32 \t%__pilot_rt3, {_R}2, 16;
+\tadd.u64 \t%__pilot_rt1, %__pilot_rt1, %__pilot_rt3;
+\tld.volatile.global.u64 \t%__pilot_rt2, [%__pilot_rt1+{PAIR_AT + 8}];
 \tsetp.eq.u64 \t%__pilot_p1, %__pilot_rt2, 0;
 \t@%__pilot_p1 bra \t$__pilot_claim;
-\tld.volatile.global.u64 \t%__pilot_rt3, [%__pilot_rt1+8];
+\tld.volatile.global.u64 \t%__pilot_rt3, [%__pilot_rt1+{PAIR_AT}];
 \tsub.u64 \t%__pilot_rt2, %__pilot_rt2, %__pilot_rt3;
 \tshr.u64 \t%__pilot_rt2, %__pilot_rt2, 10;
 \tmin.u64 \t%__pilot_rt2, %__pilot_rt2, 1073741824;
@@ -203,24 +227,28 @@ ACCOUNT = f"""$__pilot_account:
 \tmul.wide.u32 \t%__pilot_rt3, {_R}2, 4;
 \tadd.u64 \t%__pilot_rt3, %__pilot_rt0, %__pilot_rt3;
 \tred.global.add.u32 \t[%__pilot_rt3+24], 1;
-\tst.volatile.global.u64 \t[%__pilot_rt1+8], 0;
-\tst.volatile.global.u64 \t[%__pilot_rt1+16], 0;
+\tst.volatile.global.u64 \t[%__pilot_rt1+{PAIR_AT}], 0;
+\tst.volatile.global.u64 \t[%__pilot_rt1+{PAIR_AT + 8}], 0;
 """
 
-# A block saw the word raised (a claim's retreat, or a loop-level abandon): the slot's first
-# reading of the GPU clock if it has none, and its last (stamp_retreat is the sim's).
-STAMP = """\tld.param.u64 \t%__pilot_rt1, [__pilot_ctl];
+# A block saw the word raised (a claim's retreat, or a loop-level abandon): the first reading of
+# the GPU clock of its part's parity if it has none, and its last (stamp_retreat is the sim's).
+STAMP = f"""\tld.param.u32 \t{_R}1, [__pilot_part];
+\tand.b32 \t{_R}1, {_R}1, 1;
+\tmul.wide.u32 \t%__pilot_rt3, {_R}1, 16;
+\tld.param.u64 \t%__pilot_rt1, [__pilot_ctl];
 \tcvta.to.global.u64 \t%__pilot_rt1, %__pilot_rt1;
+\tadd.u64 \t%__pilot_rt1, %__pilot_rt1, %__pilot_rt3;
 \tmov.u64 \t%__pilot_rt2, %globaltimer;
-\tatom.global.cas.b64 \t%__pilot_rt3, [%__pilot_rt1+8], 0, %__pilot_rt2;
-\tatom.global.max.u64 \t%__pilot_rt3, [%__pilot_rt1+16], %__pilot_rt2;
+\tatom.global.cas.b64 \t%__pilot_rt3, [%__pilot_rt1+{PAIR_AT}], 0, %__pilot_rt2;
+\tatom.global.max.u64 \t%__pilot_rt3, [%__pilot_rt1+{PAIR_AT + 8}], %__pilot_rt2;
 """
 
 # The claim: thread 0 claims (or sees the retreat), the block reads the claim through shared
-# memory, then maps it. A launch whose first wave is the whole grid has nothing to claim. A rest
-# (no word) of a loop-level variant first takes the entries of its slot's redo list (the blocks
-# its first part abandoned, one each: loop-level launches claim one block at a time), then
-# claims. (Only the claim's first block goes through shared memory: a version that passed the
+# memory, then maps it. A launch whose first wave is the whole grid has nothing to claim. A part
+# after the first of a loop-level variant first takes the entries of its slot's redo list (the
+# blocks the first part abandoned, one each: loop-level launches claim one block at a time),
+# then claims. (Only the claim's first block goes through shared memory: a version that passed the
 # claim's count there too gave wrong results on the H200 for a kernel whose long blocks
 # synchronize, with a grid of persistent blocks the GPU held at once; the cause was not found,
 # bench/RESULTS.md, twentieth session.)
@@ -252,7 +280,9 @@ $__pilot_check:
 $__pilot_take:
 \tld.param.u64 \t%__pilot_rd0, [__pilot_ctl];
 \tcvta.to.global.u64 \t%__pilot_rd0, %__pilot_rd0;
-\t@!%__pilot_p2 bra \t$__pilot_main;
+\tld.param.u32 \t{_R}1, [__pilot_part];
+\tsetp.eq.u32 \t%__pilot_p3, {_R}1, 0;
+\t@%__pilot_p3 bra \t$__pilot_main;
 \tld.param.u64 \t%__pilot_rt0, [__pilot_redo];
 \tsetp.eq.u64 \t%__pilot_p1, %__pilot_rt0, 0;
 \t@%__pilot_p1 bra \t$__pilot_main;
@@ -271,7 +301,7 @@ $__pilot_take:
 $__pilot_main:
 \tatom.global.add.u32 \t{_R}4, [%__pilot_rd0], {_R}12;
 $__pilot_count:
-\t@!%__pilot_p2 bra \t$__pilot_post;
+\t@%__pilot_p3 bra \t$__pilot_post;
 \tld.param.u64 \t%__pilot_rt0, [__pilot_tally];
 \tsetp.eq.u64 \t%__pilot_p1, %__pilot_rt0, 0;
 \t@%__pilot_p1 bra \t$__pilot_post;
@@ -283,7 +313,11 @@ $__pilot_count:
 \tcvt.u64.u32 \t%__pilot_rt1, {_R}2;
 \tcvta.to.global.u64 \t%__pilot_rt0, %__pilot_rt0;
 \tred.global.add.u64 \t[%__pilot_rt0+8], %__pilot_rt1;
-\tatom.global.add.u32 \t{_R}2, [%__pilot_rd0+4], {_R}2;
+\tld.param.u32 \t{_R}1, [__pilot_part];
+\tand.b32 \t{_R}1, {_R}1, 1;
+\tmul.wide.u32 \t%__pilot_rt1, {_R}1, 4;
+\tadd.u64 \t%__pilot_rt1, %__pilot_rd0, %__pilot_rt1;
+\tatom.global.add.u32 \t{_R}2, [%__pilot_rt1+{RAN_AT}], {_R}2;
 \tsetp.ne.u32 \t%__pilot_p1, {_R}2, 0;
 \t@%__pilot_p1 bra \t$__pilot_post;
 \tred.global.add.u64 \t[%__pilot_rt0], 1;
@@ -538,16 +572,21 @@ def logical_ctaid(index: int, grid: tuple[int, int, int]) -> tuple[int, int, int
 
 
 def variant_params(grid: tuple[int, int, int], ctl: int, flag: int = 0, chunk: int = 1,
-                   first: int = 0, tally: int = 0, sflag: int = 0, redo: int = 0) -> bytes:
+                   first: int = 0, tally: int = 0, sflag: int = 0, redo: int = 0,
+                   part: int = 0) -> bytes:
     """The parameters a variant takes after its kernel's own (PARAMS), packed as a launch passes
     them: `ctl` the slot's device address, `flag` the retreat word's (0: never retreats: the
-    rest of a launch), `tally` the tally's (0: none), `sflag` a second word's (0: none; read
-    only with `flag`), `redo` the slot's redo list's (a loop-level variant's; 0: none, and a
-    loop-level variant then never retreats inside a block)."""
+    last part of a launch), `tally` the tally's (0: none), `sflag` a second word's (0: none;
+    read only with `flag`), `redo` the slot's redo list's (a loop-level variant's; 0: none, and
+    a loop-level variant then never retreats inside a block), `part` which part of the launch
+    this is (0 the first; a later one claims only, so its `first` is 0)."""
     if sflag and not flag:
         raise ValueError("sflag is read only with flag (a launch without flag is a rest)")
+    if part and first:
+        raise ValueError("a part after the first claims only (first 0)")
     gx, gy, gz = grid
-    return struct.pack(PACKING, ctl, flag, gx * gy * gz, gx, gy, gz, chunk, first, tally, sflag, redo)
+    return struct.pack(PACKING, ctl, flag, gx * gy * gz, gx, gy, gz, chunk, first, tally, sflag, redo,
+                       part)
 
 
 def variant_args(args: bytes, params: bytes) -> bytes:
@@ -585,9 +624,9 @@ def bucket_bound_s(bucket: int) -> float:
 class Tally:
     """A session's tally as the GPU left it (TALLY_BYTES, little-endian)."""
 
-    preempted: int = 0  # launches whose rest ran blocks (their retreat deferred some)
-    deferred: int = 0  # logical blocks run by the launches that resumed them
-    retreats: int = 0  # launches whose blocks saw the word raised (deferring blocks or not)
+    preempted: int = 0  # preemptions: parts that retreated with blocks left, which a later part ran
+    deferred: int = 0  # logical blocks run by the later parts that resumed them
+    retreats: int = 0  # parts whose blocks saw the word raised (deferring blocks or not)
     spread: tuple[int, ...] = (0,) * SPREAD_BUCKETS  # retreats per spread bucket
     abandoned: int = 0  # logical blocks loop-level retreats left to run again from their start
 
@@ -598,35 +637,43 @@ class Tally:
                    struct.unpack_from("<Q", raw, ABANDONED_AT)[0])
 
 
-def stamp_retreat(slot: bytearray | memoryview, now_ns: int) -> None:
-    """A block saw the word raised (the variant's `$__pilot_retreat`): the slot's first reading
-    if it has none, and its last."""
-    first, last = struct.unpack_from("<QQ", slot, 8)
-    struct.pack_into("<QQ", slot, 8, first or now_ns, max(last, now_ns))
+def stamp_retreat(slot: bytearray | memoryview, now_ns: int, part: int = 0) -> None:
+    """A block of part `part` saw the word raised (the variant's `$__pilot_retreat`): its
+    parity's first reading if it has none, and its last."""
+    at = PAIR_AT + 16 * (part & 1)
+    first, last = struct.unpack_from("<QQ", slot, at)
+    struct.pack_into("<QQ", slot, at, first or now_ns, max(last, now_ns))
 
 
-def start_first_part(slot: bytearray | memoryview) -> None:
-    """Block 0 of a launch's first part: the slot's count of the rest's blocks to 0."""
-    struct.pack_into("<I", slot, 4, 0)
+def start_part(slot: bytearray | memoryview, tally: bytearray | memoryview, part: int) -> None:
+    """Block 0 of part `part` starts (ACCOUNT, or the first wave's block 0): the count of the
+    next part's parity to 0; after the first part, the retreat of the part before (if any) into
+    the tally, its readings zeroed."""
+    struct.pack_into("<I", slot, RAN_AT + 4 * ((part + 1) & 1), 0)
+    if not part:
+        return
+    at = PAIR_AT + 16 * ((part + 1) & 1)
+    first, last = struct.unpack_from("<QQ", slot, at)
+    if not last:
+        return
+    retreats = struct.unpack_from("<Q", tally, 16)[0]
+    struct.pack_into("<Q", tally, 16, retreats + 1)
+    bucket = 24 + 4 * spread_bucket(last - first)
+    struct.pack_into("<I", tally, bucket, (struct.unpack_from("<I", tally, bucket)[0] + 1) & 0xFFFFFFFF)
+    struct.pack_into("<QQ", slot, at, 0, 0)
 
 
-def account_resume(slot: bytearray | memoryview, tally: bytearray | memoryview, deferred: int,
-                   account: bool = True) -> None:
-    """A launch without a word ran `deferred` blocks by claims (the claims' tally) and, with
-    `account` (its block 0 claims: `first` 0, ACCOUNT runs), moved the slot's retreat, if any,
-    into the tally and zeroed the slot's readings."""
-    first, last = struct.unpack_from("<QQ", slot, 8)
-    preempted, total, retreats = struct.unpack_from("<QQQ", tally)
-    if last and account:
-        retreats += 1
-        at = 24 + 4 * spread_bucket(last - first)
-        struct.pack_into("<I", tally, at, (struct.unpack_from("<I", tally, at)[0] + 1) & 0xFFFFFFFF)
-        struct.pack_into("<QQ", slot, 8, 0, 0)
-    if deferred:
-        ran = struct.unpack_from("<I", slot, 4)[0]
-        struct.pack_into("<I", slot, 4, (ran + deferred) & 0xFFFFFFFF)
-        preempted += ran == 0
-    struct.pack_into("<QQQ", tally, 0, preempted, total + deferred, retreats)
+def count_resumed(slot: bytearray | memoryview, tally: bytearray | memoryview, part: int,
+                  blocks: int) -> None:
+    """Part `part` (> 0) ran `blocks` blocks by claims: each claim's blocks into its parity's
+    count and the tally's blocks deferred; the first that found the count 0 a preemption."""
+    if not blocks:
+        return
+    at = RAN_AT + 4 * (part & 1)
+    ran = struct.unpack_from("<I", slot, at)[0]
+    struct.pack_into("<I", slot, at, (ran + blocks) & 0xFFFFFFFF)
+    preempted, deferred = struct.unpack_from("<QQ", tally)
+    struct.pack_into("<QQ", tally, 0, preempted + (ran == 0), deferred + blocks)
 
 
 def abandon(redo: bytearray | memoryview, tally: bytearray | memoryview | None, first: int,

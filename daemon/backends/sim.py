@@ -118,10 +118,10 @@ from pilot.daemon.backends.ptx_preempt import (
     SUFFIX,
     TALLY_BYTES,
     abandon,
-    account_resume,
+    count_resumed,
     redo_bytes,
     stamp_retreat,
-    start_first_part,
+    start_part,
     take_redo,
 )
 from pilot.daemon.backends.ptx_preempt import claimed as claimed_blocks
@@ -1410,12 +1410,13 @@ class SimBackend:
         ours = launch.params[-len(PARAMS):]
         ctl, flag = (int.from_bytes(p, "little") for p in ours[:2])
         total, gx, gy, gz, chunk, first = (int.from_bytes(p, "little") for p in ours[2:8])
-        tally, sflag, redo = (int.from_bytes(p, "little") for p in ours[8:11])
+        tally, sflag, redo, part = (int.from_bytes(p, "little") for p in ours[8:12])
         loop = launch.name.endswith(LOOP_SUFFIX)
         base = launch.name.removesuffix(LOOP_SUFFIX if loop else SUFFIX)
         fn = self._kernels.get(base)
         counter = struct.unpack("<I", self._device_range(ctl, COUNTER_BYTES))[0]
-        # both words are read only with flag (a launch without one is a rest: it never retreats)
+        # both words are read only with flag (a launch without one is a last part: it never
+        # retreats)
         retreat = bool(flag) and any(struct.unpack("<I", self._device_range(w, 4))[0] != 0
                                      for w in (flag, sflag) if w)
         if fn is not None and not getattr(fn, "blockwise", False):
@@ -1423,13 +1424,13 @@ class SimBackend:
         wave, claimed, after = claimed_blocks(counter, total, retreat, first, chunk,
                                               self.claims_before_retreat if retreat else None)
         self._device_range(ctl, COUNTER_BYTES)[:] = struct.pack("<I", after)
-        # as the variant does (ptx_preempt.py): block 0 of a first wave zeroes the slot's count
-        # of the rest's blocks; without a word, block 0 (when it claims) accounts the retreat
-        # and every claim counts its blocks
-        if tally and first:
-            start_first_part(self._device_range(ctl, SLOT_BYTES))
-        again: list[int] = []  # a rest's blocks from the redo list
-        if loop and redo and not flag:
+        # as the variant does (ptx_preempt.py): block 0 of each part zeroes the next part's
+        # count and accounts the retreat of the part before; a later part's claims count their
+        # blocks; a block that retreats stamps its part's readings
+        if tally:
+            start_part(self._device_range(ctl, SLOT_BYTES), self._device_range(tally, TALLY_BYTES), part)
+        again: list[int] = []  # a later part's blocks from the redo list
+        if loop and redo and part:
             made = struct.unpack("<I", self._device_range(redo, 4))[0]
             again = [b for r in take_redo(self._device_range(redo, redo_bytes(made))) for b in r]
         ran = [*wave, *claimed]
@@ -1441,11 +1442,11 @@ class SimBackend:
             counted = self._device_range(tally, TALLY_BYTES) if tally else None
             for b in abandoned:
                 abandon(listed, counted, b, 1)
-        if tally and flag and retreat:
-            stamp_retreat(self._device_range(ctl, SLOT_BYTES), time.monotonic_ns())
-        elif tally and not flag:
-            account_resume(self._device_range(ctl, SLOT_BYTES), self._device_range(tally, TALLY_BYTES),
-                           len(claimed) + len(again), account=not first)
+        if tally and part:
+            count_resumed(self._device_range(ctl, SLOT_BYTES), self._device_range(tally, TALLY_BYTES),
+                          part, len(claimed) + len(again))
+        if tally and retreat:
+            stamp_retreat(self._device_range(ctl, SLOT_BYTES), time.monotonic_ns(), part)
         launch.name, launch.grid, launch.params = base, (gx, gy, gz), launch.params[:-len(PARAMS)]
         if again:
             launch.blocks = [*again, *claimed]

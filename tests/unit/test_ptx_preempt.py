@@ -110,13 +110,29 @@ def test_block_reads_are_mapped_and_returns_go_back_to_the_claim(modules: dict[s
                 assert len(re.findall(rf"%__pilot_r{reg}\b", body)) >= reads
 
 
+_MASK = {"u32": 0xFFFFFFFF, "b32": 0xFFFFFFFF, "s32": 0xFFFFFFFF, "u64": (1 << 64) - 1,
+         "b64": (1 << 64) - 1}
+_BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "and": lambda a, b: a & b,
+           "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b, "shl": lambda a, b: a << b,
+           "shr": lambda a, b: a >> b, "min": min, "max": max, "rem": lambda a, b: a % b,
+           "div": lambda a, b: a // b, "mul": lambda a, b: a * b}
+
+
+def _address(regs: dict[str, int], operand: str) -> int:
+    base, _, off = operand.strip("[]").partition("+")
+    return regs[base] + int(off or 0)
+
+
 def _run(code: str, regs: dict[str, int], params: dict[str, int]) -> dict[str, int]:
-    """Run straight-line PTX of the rewrite (pp.MAP, pp.PROLOGUE) on one thread: the u32
-    instructions it emits, predicates and forward branches; it stops at a branch out of the
-    code (returns the label in regs["branch"]) or at its end."""
+    """Run straight-line PTX of the rewrite (pp.MAP, pp.PROLOGUE, pp.ACCOUNT, the claim) on
+    one thread: the integer instructions it emits, predicates, forward branches, and global
+    memory as regs["memory"] ({address: value}, one value per address whatever its width); it
+    stops at a branch out of the code (returns the label in regs["branch"]) or at its end.
+    Stores to global memory are also listed in regs["stores"] as (address, value)."""
     lines = [x.strip().rstrip(";") for x in code.splitlines() if x.strip()]
     labels = {line[:-1]: i for i, line in enumerate(lines) if line.endswith(":")}
     preds: dict[str, bool] = {}
+    memory: dict[int, int] = regs.setdefault("memory", {})  # type: ignore[assignment, arg-type]
     i = 0
     while i < len(lines):
         line, i = lines[i], i + 1
@@ -129,35 +145,53 @@ def _run(code: str, regs: dict[str, int], params: dict[str, int]) -> dict[str, i
             continue
         op, rest = line.split(None, 1)
         args = [a.strip() for a in rest.split(",")]
-        if op.startswith("bra"):
+        parts = op.split(".")
+        width = _MASK.get(parts[-1], (1 << 64) - 1)
+        if parts[0] == "bra":
             if args[0] not in labels:
                 regs["branch"] = args[0]  # type: ignore[assignment]
                 return regs
             i = labels[args[0]]
             continue
-        if op in ("ld.param.u32", "ld.param.u64"):
+        if op.startswith("ld.param."):
             regs[args[0]] = params[args[1].strip("[]").removeprefix("__pilot_")]
             continue
-        if op == "st.global.u32":  # recorded as (address, value)
-            base, _, off = args[0].strip("[]").partition("+")
-            regs.setdefault("stores", []).append((regs[base] + int(off or 0), int(args[1])))  # type: ignore[attr-defined]
+        if parts[0] == "ld":
+            regs[args[0]] = memory.get(_address(regs, args[1]), 0)
             continue
-        if op == "ld.volatile.global.u32":  # from regs["memory"], {address: value}
-            regs[args[0]] = regs["memory"][regs[args[1].strip("[]")]]  # type: ignore[index]
+        if parts[0] == "st":
+            address = _address(regs, args[0])
+            value = regs[args[1]] if args[1].startswith("%") else int(args[1])
+            memory[address] = value
+            regs.setdefault("stores", []).append((address, value))  # type: ignore[attr-defined]
+            continue
+        if parts[0] in ("red", "atom"):
+            address = _address(regs, args[1] if parts[0] == "atom" else args[0])
+            value = regs[args[-1]] if args[-1].startswith("%") else int(args[-1])
+            old = memory.get(address, 0)
+            if parts[2] == "cas":  # atom.cas d, [a], compare, new
+                compare = regs[args[2]] if args[2].startswith("%") else int(args[2])
+                memory[address] = value if old == compare else old
+            else:
+                assert parts[2] in ("add", "max"), line
+                memory[address] = (old + value) & width if parts[2] == "add" else max(old, value)
+            if parts[0] == "atom":
+                regs[args[0]] = old
             continue
         val = [regs[a] if a.startswith("%") else int(a) for a in args[1:]]
-        if op.startswith("setp."):
-            cmp = op.split(".")[1]
+        if parts[0] == "setp":
             a, b = val
-            preds[args[0]] = {"eq": a == b, "ne": a != b, "lt": a < b, "ge": a >= b}[cmp]
-        elif op in ("rem.u32", "div.u32", "add.u32", "max.u32"):
-            a, b = val
-            regs[args[0]] = (a % b if op == "rem.u32" else a // b if op == "div.u32"
-                             else a + b if op == "add.u32" else max(a, b))
-        elif op in ("mov.u32", "cvta.to.global.u64"):
+            preds[args[0]] = {"eq": a == b, "ne": a != b, "lt": a < b, "ge": a >= b}[parts[1]]
+        elif op == "mul.wide.u32":
+            regs[args[0]] = val[0] * val[1]
+        elif parts[0] in _BINARY:
+            regs[args[0]] = _BINARY[parts[0]](val[0], val[1]) & width
+        elif parts[0] in ("mov", "cvta"):
             regs[args[0]] = val[0]
-        elif op == "or.b32":
-            regs[args[0]] = val[0] | val[1]
+        elif parts[0] == "cvt":
+            regs[args[0]] = val[0] & _MASK[parts[1]]
+        elif op == "bfind.u32":
+            regs[args[0]] = val[0].bit_length() - 1 if val[0] else 0xFFFFFFFF
         else:
             raise AssertionError(f"unexpected instruction {line!r}")
     return regs
@@ -203,16 +237,20 @@ def test_blocks_of_the_first_wave_run_their_own_index_without_a_claim(ctaid: int
     assert regs.get("branch") == ("$__pilot_account" if claims else "$__pilot_map")
     if not claims:  # the map then runs logical block blockIdx.x, one block
         assert (regs["%__pilot_r4"], regs["%__pilot_r13"], regs["%__pilot_r12"]) == (ctaid, 0, 1)
-    # block 0 of a first part zeroes the slot's count of blocks its rest runs (ctl + 4)
-    assert regs.get("stores", []) == ([(0x1000 + 4, 0)] if ctaid == 0 and first > 0 else [])
+    # block 0 of a first part zeroes the count of the blocks part 1 resumes (parity 1's)
+    assert regs.get("stores", []) == ([(0x1000 + pp.RAN_AT + 4, 0)] if ctaid == 0 and first > 0 else [])
 
 
 def test_variant_params_follow_the_kernels_own_arguments() -> None:
     params = pp.variant_params((4, 3, 2), ctl=0xAB00, flag=0, chunk=0, first=7, tally=0xCD00)
-    assert len(params) == sum(size for _n, _k, size in pp.PARAMS) == 64
+    assert len(params) == sum(size for _n, _k, size in pp.PARAMS) == 68
     args = pp.variant_args(b"\1\2\3\4\5", params)
     assert args[:5] == b"\1\2\3\4\5" and args[5:8] == bytes(3) and args[8:] == params
-    assert struct.unpack_from(pp.PACKING, args, 8) == (0xAB00, 0, 24, 4, 3, 2, 0, 7, 0xCD00, 0, 0)
+    assert struct.unpack_from(pp.PACKING, args, 8) == (0xAB00, 0, 24, 4, 3, 2, 0, 7, 0xCD00, 0, 0, 0)
+    resumed = pp.variant_params((1, 1, 1), ctl=1, flag=2, part=3)
+    assert struct.unpack_from("<I", resumed, 64) == (3,)
+    with pytest.raises(ValueError, match="claims only"):  # a later part has no first wave
+        pp.variant_params((1, 1, 1), ctl=1, first=1, part=1)
     with_session = pp.variant_params((1, 1, 1), ctl=1, flag=2, tally=3, sflag=0xEF00)
     assert struct.unpack_from("<Q", with_session, 48) == (0xEF00,)
     with pytest.raises(ValueError, match="sflag"):  # a rest (no flag) never reads a second word
@@ -388,22 +426,102 @@ def test_spread_buckets_are_log2_microseconds_as_the_variant_computes_them(ns: i
     assert ns < pp.bucket_bound_s(bucket) * 1e9 or bucket == pp.SPREAD_BUCKETS - 1
 
 
-def test_a_resume_moves_the_slots_retreat_into_the_tally_once() -> None:
+def test_each_part_accounts_the_retreat_of_the_part_before_it() -> None:
     slot, tally = bytearray(pp.SLOT_BYTES), bytearray(pp.TALLY_BYTES)
-    pp.account_resume(slot, tally, 0)
-    assert pp.Tally.parse(bytes(tally)) == pp.Tally()
-    pp.stamp_retreat(slot, 5_000)
-    pp.stamp_retreat(slot, 45_000)
-    pp.stamp_retreat(slot, 9_000)  # a later block seeing it earlier does not move the ends
-    assert struct.unpack_from("<QQ", slot, 8) == (5_000, 45_000)
-    pp.account_resume(slot, tally, 7)  # the rest's claims: one of 4 blocks, then one of 3
-    pp.account_resume(slot, tally, 0)  # the next launch on the slot: no retreat of its own
+    pp.start_part(slot, tally, 0)
+    pp.stamp_retreat(slot, 5_000, part=0)
+    pp.stamp_retreat(slot, 45_000, part=0)
+    pp.stamp_retreat(slot, 9_000, part=0)  # a later block seeing it earlier does not move the ends
+    assert struct.unpack_from("<QQ", slot, pp.PAIR_AT) == (5_000, 45_000)
+    pp.start_part(slot, tally, 1)  # part 1 accounts part 0's retreat...
+    pp.stamp_retreat(slot, 50_000, part=1)  # ...while its own blocks retreat into parity 1
+    pp.count_resumed(slot, tally, 1, 4)  # its claims: 4 blocks, then 3
+    pp.count_resumed(slot, tally, 1, 3)
+    pp.stamp_retreat(slot, 102_000, part=1)
     got = pp.Tally.parse(bytes(tally))
     assert (got.preempted, got.deferred, got.retreats) == (1, 7, 1)
     assert got.spread[pp.spread_bucket(40_000)] == 1
-    pp.start_first_part(slot)  # a later launch on the slot, deferring blocks again: counted
-    pp.account_resume(slot, tally, 2)
-    assert pp.Tally.parse(bytes(tally)).preempted == 2
+    pp.start_part(slot, tally, 2)  # the last part: part 1's retreat (a 52 us spread)
+    pp.count_resumed(slot, tally, 2, 2)  # its claims: a second preemption
+    got = pp.Tally.parse(bytes(tally))
+    assert (got.preempted, got.deferred, got.retreats) == (2, 9, 2)
+    assert got.spread[pp.spread_bucket(52_000)] == 1 + (pp.spread_bucket(52_000) == pp.spread_bucket(40_000))
+    assert struct.unpack_from("<QQQQ", slot, pp.PAIR_AT) == (0, 0, 0, 0)
+    pp.start_part(slot, tally, 0)  # the slot's next launch: parity 1's count zeroed for its part 1
+    pp.count_resumed(slot, tally, 1, 1)
+    assert pp.Tally.parse(bytes(tally)).preempted == 3
+
+
+SLOT, TALLY = 0x1000, 0x3000
+
+
+@pytest.mark.parametrize("part", [0, 1, 2, 5])
+def test_a_retreat_stamps_its_parts_readings(part: int) -> None:
+    """STAMP as emitted writes the readings stamp_retreat (the sim's) does: its part's parity."""
+    slot = bytearray(pp.SLOT_BYTES)
+    struct.pack_into("<QQ", slot, pp.PAIR_AT + 16 * ((part + 1) & 1), 11, 22)  # the other's
+    regs = {"%globaltimer": 5_000, "memory": _memory(slot, bytes(pp.TALLY_BYTES))}
+    got = _run(pp.STAMP, regs, {"ctl": SLOT, "part": part})  # type: ignore[arg-type]
+    regs2 = {**got, "%globaltimer": 9_000}
+    got = _run(pp.STAMP, regs2, {"ctl": SLOT, "part": part})  # type: ignore[arg-type]
+    pp.stamp_retreat(slot, 5_000, part)
+    pp.stamp_retreat(slot, 9_000, part)
+    assert got["memory"] == _memory(slot, bytes(pp.TALLY_BYTES))  # type: ignore[comparison-overlap]
+
+
+def _memory(slot: bytes, tally: bytes) -> dict[int, int]:
+    """The slot and the tally as _run's memory: the u32 and u64 fields the rewrite reads."""
+    memory = {SLOT + at: struct.unpack_from("<I", slot, at)[0] for at in range(0, pp.PAIR_AT, 4)}
+    memory |= {SLOT + at: struct.unpack_from("<Q", slot, at)[0] for at in range(pp.PAIR_AT, pp.SLOT_BYTES, 8)}
+    memory |= {TALLY + at: struct.unpack_from("<Q", tally, at)[0] for at in (0, 8, 16)}
+    memory |= {TALLY + 24 + 4 * b: struct.unpack_from("<I", tally, 24 + 4 * b)[0]
+               for b in range(pp.SPREAD_BUCKETS)}
+    return memory
+
+
+@pytest.mark.parametrize("part", [1, 2, 3, 6])
+@pytest.mark.parametrize("spread_ns", [0, 700, 40_000, 3_000_000_000])
+def test_the_variants_account_is_the_sims(part: int, spread_ns: int) -> None:
+    """ACCOUNT as emitted (thread 0 of block 0 of a part that claims from its start) does what
+    start_part, the sim's, does: the next parity's count zeroed, the part before's retreat
+    moved into the tally."""
+    slot, tally = bytearray(pp.SLOT_BYTES), bytearray(pp.TALLY_BYTES)
+    struct.pack_into("<II", slot, pp.RAN_AT, 5, 6)
+    before = pp.PAIR_AT + 16 * ((part - 1) & 1)
+    struct.pack_into("<QQ", slot, before, 1_000, 1_000 + spread_ns)
+    struct.pack_into("<QQ", slot, pp.PAIR_AT + 16 * (part & 1), 77, 88)  # this part's own, kept
+    struct.pack_into("<QQQ", tally, 0, 1, 2, 3)
+    params = {**_params((9, 1, 1)), "ctl": SLOT, "tally": TALLY, "part": part}
+    regs = {"%__pilot_r4": 0, "%tid.x": 0, "%tid.y": 0, "%tid.z": 0, "memory": _memory(slot, tally)}
+    got = _run(pp.ACCOUNT, regs, params)  # type: ignore[arg-type]
+    assert "branch" not in got  # it falls through to the claim
+    pp.start_part(slot, tally, part)
+    assert got["memory"] == _memory(slot, tally)  # type: ignore[comparison-overlap]
+
+
+def _count() -> str:
+    """The claim from where thread 0 takes it to where it posts it (no redo list)."""
+    start = pp.CLAIM.index("$__pilot_take:")
+    return pp.CLAIM[start:pp.CLAIM.index("$__pilot_retreat:")]
+
+
+@pytest.mark.parametrize(("part", "ran", "counter", "chunk"), [
+    (0, 0, 4, 3), (1, 0, 4, 3), (1, 2, 4, 3), (2, 0, 28, 3), (3, 9, 4, 8), (1, 0, 30, 1)])
+def test_the_variants_claim_counts_as_the_sim(part: int, ran: int, counter: int, chunk: int) -> None:
+    """A later part's claim adds its blocks to its parity's count and the tally's deferred, and
+    counts a preemption at the first; the first part's claims count nothing."""
+    slot, tally = bytearray(pp.SLOT_BYTES), bytearray(pp.TALLY_BYTES)
+    struct.pack_into("<I", slot, 0, counter)
+    struct.pack_into("<I", slot, pp.RAN_AT + 4 * (part & 1), ran)
+    params = {**_params((30, 1, 1), chunk=chunk), "ctl": SLOT, "tally": TALLY, "part": part,
+              "flag": 0, "redo": 0}
+    regs = {"%__pilot_r12": chunk, "memory": _memory(slot, tally)}
+    got = _run(_count(), regs, params)  # type: ignore[arg-type]
+    assert got["branch"] == "$__pilot_post" and got["%__pilot_r4"] == counter
+    struct.pack_into("<I", slot, 0, counter + chunk)
+    if part:
+        pp.count_resumed(slot, tally, part, max(0, min(chunk, 30 - counter)))
+    assert got["memory"] == _memory(slot, tally)  # type: ignore[comparison-overlap]
 
 
 # ---- loop-level variants: where the words are checked inside a block (loop_plan) ----

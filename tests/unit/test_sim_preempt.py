@@ -69,10 +69,10 @@ class Rig:
         self.be.memcpy_htod(self.flag, word, 4, self.stream)
 
     def launch(self, fn: Any, launched: int, first: int, chunk: int = 1, flag: bool = True,
-               tally: bool = False) -> None:
+               tally: bool = False, part: int = 0) -> None:
         args = pp.variant_args(struct.pack("<Q", self.out),
                                pp.variant_params(GRID, self.ctl, self.flag if flag else 0, chunk, first,
-                                                 self.tally if tally else 0))
+                                                 self.tally if tally else 0, part=part))
         self.be.launch(fn.handle, (launched, 1, 1), BLOCK, 0, self.stream, args)
 
     def read(self, ptr: int, n: int) -> bytes:
@@ -137,49 +137,57 @@ def test_an_emulation_of_whole_grids_runs_whole_or_not_at_all(rig: Rig) -> None:
     assert err.value.code == CUDA_ERROR_NOT_SUPPORTED
 
 
-def test_the_tally_counts_preempted_launches_and_the_blocks_their_rest_ran(rig: Rig) -> None:
+def test_the_tally_counts_each_preemption_and_the_blocks_later_parts_ran(rig: Rig) -> None:
     def tally() -> pp.Tally:
         return pp.Tally.parse(rig.read(rig.tally, pp.TALLY_BYTES))
 
-    # not preempted: the rest finds nothing to run and nothing to tally
+    # not preempted: the later part finds nothing to run and nothing to tally
     rig.start(first=8)
     rig.launch(rig.bump, launched=8, first=8, tally=True)
-    rig.launch(rig.bump, launched=8, first=0, flag=False, tally=True)
+    rig.launch(rig.bump, launched=8, first=0, flag=False, tally=True, part=1)
     assert tally() == pp.Tally() and rig.counts() == [1] * BLOCKS
-    # a launch without a word but with a first wave (pilotd makes none) counts its claims, as
-    # the variant does, and leaves the slot's readings to a launch whose block 0 claims
-    rig.be.memcpy_htod(rig.ctl + 8, struct.pack("<QQ", 5, 9), 16, None)
-    rig.start(first=8)
-    rig.launch(rig.bump, launched=8, first=8, flag=False, tally=True)
-    assert (tally().preempted, tally().deferred, tally().retreats) == (1, BLOCKS - 8, 0)
-    assert struct.unpack_from("<QQ", rig.read(rig.ctl, pp.SLOT_BYTES), 8) == (5, 9)
-    rig.be.memcpy_htod(rig.ctl, bytes(pp.SLOT_BYTES), pp.SLOT_BYTES, None)
-    rig.be.memcpy_htod(rig.tally, bytes(pp.TALLY_BYTES), pp.TALLY_BYTES, None)
-    # preempted after two claims: 8 + 2 ran, the rest runs the 20 deferred blocks
     rig.be.memcpy_htod(rig.out, bytes(4 * BLOCKS * THREADS), 4 * BLOCKS * THREADS, None)
+    # preempted after two claims (8 + 2 ran), resumed and preempted again after five (15
+    # ran), the last part runs the 15 left
     rig.start(first=8)
     rig.retreat(ONE)
     rig.be.claims_before_retreat = 2
     rig.launch(rig.bump, launched=8, first=8, tally=True)
     slot = rig.read(rig.ctl, pp.SLOT_BYTES)
-    first_ns, last_ns = struct.unpack_from("<QQ", slot, 8)
+    first_ns, last_ns = struct.unpack_from("<QQ", slot, pp.PAIR_AT)
     assert 0 < first_ns <= last_ns and tally() == pp.Tally()  # stamped, not yet accounted
-    rig.retreat(ZERO)
-    rig.launch(rig.bump, launched=8, first=0, flag=False, tally=True)
+    rig.be.claims_before_retreat = 5
+    rig.launch(rig.bump, launched=8, first=0, tally=True, part=1)
     got = tally()
-    assert (got.preempted, got.deferred, got.retreats) == (1, BLOCKS - 10, 1) and sum(got.spread) == 1
+    assert (got.preempted, got.deferred, got.retreats) == (1, 5, 1) and rig.claimed() == 15
+    assert struct.unpack_from("<QQ", rig.read(rig.ctl, pp.SLOT_BYTES), pp.PAIR_AT) == (0, 0)
+    assert struct.unpack_from("<Q", rig.read(rig.ctl, pp.SLOT_BYTES), pp.PAIR_AT + 24)[0] > 0
+    rig.retreat(ZERO)
+    rig.launch(rig.bump, launched=8, first=0, flag=False, tally=True, part=2)
+    got = tally()
+    assert (got.preempted, got.deferred, got.retreats) == (2, BLOCKS - 10, 2) and sum(got.spread) == 2
     assert rig.counts() == [1] * BLOCKS
-    assert struct.unpack_from("<QQ", rig.read(rig.ctl, pp.SLOT_BYTES), 8) == (0, 0)  # for the next launch
-    # a retreat with nothing left to claim is a preemption that deferred nothing
+    assert struct.unpack_from("<QQQQ", rig.read(rig.ctl, pp.SLOT_BYTES), pp.PAIR_AT) == (0,) * 4
+    # a retreat with nothing left to claim is counted as a retreat, not as a preemption
     rig.start(first=8)
     rig.be.claims_before_retreat = 0
     rig.launch(rig.bump, launched=8, first=8, tally=True)  # the word down: ran it all
     rig.retreat(ONE)
-    rig.launch(rig.bump, launched=8, first=0, tally=True)  # saw the word: stamps
+    rig.launch(rig.bump, launched=8, first=0, tally=True, part=1)  # saw the word: stamps
     rig.retreat(ZERO)
-    rig.launch(rig.bump, launched=8, first=0, flag=False, tally=True)
-    got = tally()  # counted as a retreat, not as a preempted launch
-    assert (got.preempted, got.deferred, got.retreats) == (1, BLOCKS - 10, 2) and sum(got.spread) == 2
+    rig.launch(rig.bump, launched=8, first=0, flag=False, tally=True, part=2)
+    got = tally()
+    assert (got.preempted, got.deferred, got.retreats) == (2, BLOCKS - 10, 3) and sum(got.spread) == 3
+    # a first part with no first wave (a launch preempted before it starts) zeroes the count its
+    # part 1 uses too: the slot's last launch left it at 20
+    rig.start(first=0)
+    rig.retreat(ONE)
+    rig.launch(rig.bump, launched=8, first=0, tally=True)
+    rig.retreat(ZERO)
+    rig.launch(rig.bump, launched=8, first=0, flag=False, tally=True, part=1)
+    got = tally()
+    assert (got.preempted, got.deferred, got.retreats) == (3, 2 * BLOCKS - 10, 4)
+    assert rig.counts() == [3] * BLOCKS  # (the launch before ran every block too)
 
 
 # ---- loop-level variants (LOOP_SUFFIX): blocks abandoned inside, run again by the rest ----
@@ -217,10 +225,10 @@ class LoopRig(Rig):
         self.be.memcpy_htod(self.redo, bytes(pp.redo_bytes(8)), pp.redo_bytes(8), None)
 
     def launch(self, fn: Any, launched: int, first: int, chunk: int = 1, flag: bool = True,
-               tally: bool = False) -> None:
+               tally: bool = False, part: int = 0) -> None:
         args = pp.variant_args(struct.pack("<Q", self.out),
                                pp.variant_params(GRID, self.ctl, self.flag if flag else 0, chunk, first,
-                                                 self.tally if tally else 0, 0, self.redo))
+                                                 self.tally if tally else 0, 0, self.redo, part))
         self.be.launch(fn.handle, (launched, 1, 1), BLOCK, 0, self.stream, args)
 
 
@@ -245,7 +253,7 @@ def test_blocks_abandoned_inside_run_again_from_their_start_in_the_rest(kernel: 
     assert tally.abandoned == 3 and tally.preempted == 0  # the rest accounts the preemption
     rig.retreat(ZERO)
     rig.be.claims_before_retreat = rig.be.abandons_on_retreat = 0
-    rig.launch(fn, launched=8, first=0, flag=False, tally=True)  # the redo list, then the counter
+    rig.launch(fn, launched=8, first=0, flag=False, tally=True, part=1)  # the redo list, then the counter
     assert rig.counts() == expect and rig.claimed() == BLOCKS
     assert struct.unpack("<II", rig.read(rig.redo, 8)) == (3, 3)  # every entry taken
     tally = pp.Tally.parse(rig.read(rig.tally, pp.TALLY_BYTES))
@@ -260,5 +268,5 @@ def test_a_loop_level_variant_without_a_redo_list_abandons_nothing() -> None:
     rig.be.abandons_on_retreat = 3
     rig.launch(rig.bump, launched=8, first=8)
     rig.retreat(ZERO)
-    rig.launch(rig.bump, launched=8, first=0, flag=False)
+    rig.launch(rig.bump, launched=8, first=0, flag=False, part=1)
     assert rig.counts() == [1] * BLOCKS
