@@ -642,7 +642,8 @@ def _show_priorities(r: dict[str, Any]) -> None:
     pre = r.get("preemption")
     if r["enabled"] and pre:
         click.echo(f"preemption: gated sessions' kernels run as preemptible variants (chunk "
-                   f"{pre['chunk']}): {pre['preemptible_kernels']} kernel(s) of {pre['modules']} "
+                   f"{pre['chunk']}, up to {pre.get('parts', 1)} preemptible part(s) a launch): "
+                   f"{pre['preemptible_kernels']} kernel(s) of {pre['modules']} "
                    f"module(s) preemptible, {len(pre.get('kernels_not_preemptible', {}))} not; "
                    f"JIT {pre['jit_seconds']:g} s")
         for reason in pre["modules_without_variants"]:
@@ -659,7 +660,7 @@ def _show_priorities(r: dict[str, Any]) -> None:
                 click.echo(f"  GPU {g}: retreat words raised {w['raises']} time(s), lowered "
                            f"{w['clears']}")
         for tenant, t in pre.get("tenants", {}).items():
-            click.echo(f"  {tenant}: {t['preempted']} launch(es) preempted, "
+            click.echo(f"  {tenant}: {t['preempted']} preemption(s), "
                        f"{t['blocks_deferred']} block(s) run after their retreat"
                        + (f", {t['blocks_abandoned']} abandoned inside and run again"
                           if t.get("blocks_abandoned") else ""))

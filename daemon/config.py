@@ -88,6 +88,10 @@ and every value is converted and checked here. Layout (deploy/pilotd.toml docume
     preempt_chunk = "auto"         # logical blocks a variant's block claims at a time (1..64),
                                    # or "auto": per kernel and grid, the original or chunk 1 or 8,
                                    # whichever measured fastest (scheduling/preempt_choice.py)
+    preempt_parts = 1              # a launch's preemptible parts (1..16): with more than 1, a
+                                   # resumed launch can be preempted again, up to this many parts
+                                   # in all (each costs a wait and a launch, about 7.5 us on an
+                                   # H200); the last part runs to the end
     preempt_chaos = 0              # a test setting (tests/gpu): > 0 runs every session below high
                                    # as gated, with its variants, and raises the retreat words at
                                    # random moments (exponential gaps of this mean, each held up
@@ -338,6 +342,7 @@ class Config:
     priority_active_window: float = 0.1
     priority_preempt: bool = False
     priority_preempt_chunk: int = 0  # 0: "auto"
+    priority_preempt_parts: int = 1
     priority_preempt_chaos: float = 0.0
     priority_loop_preempt_programs: tuple[str, ...] = ()
     pinned_limit: int | None = None
@@ -768,6 +773,7 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "priority_active_window": parse_duration,
     "priority_preempt": _flag,
     "priority_preempt_chunk": _chunk,
+    "priority_preempt_parts": _int_range(1, 16),
     "priority_preempt_chaos": parse_duration,
     "priority_loop_preempt_programs": lambda v: _names(v, "program"),
     "pinned_limit": _pinned_limit,
@@ -820,6 +826,7 @@ SECTIONS: dict[str, dict[str, str]] = {
     "policy": {"name": "policy", "max_wait": "policy_max_wait", "plugins": "policy_plugins"},
     "priority": {"gated_inflight": "priority_gated_inflight", "preempt": "priority_preempt",
                  "preempt_chunk": "priority_preempt_chunk", "preempt_chaos": "priority_preempt_chaos",
+                 "preempt_parts": "priority_preempt_parts",
                  "active_window": "priority_active_window",
                  "loop_preempt_programs": "priority_loop_preempt_programs"},
     "pinned": {"limit": "pinned_limit", "limit_per_tenant": "pinned_limit_per_tenant",

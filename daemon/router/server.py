@@ -240,7 +240,8 @@ class Daemon:
                                      compile_ptx=self.backend.name != "sim", chaos=chaos,
                                      loop_tenants=frozenset(t.name for t in config.tenants.values()
                                                             if t.loop_preempt),
-                                     loop_programs=frozenset(config.priority_loop_preempt_programs)) \
+                                     loop_programs=frozenset(config.priority_loop_preempt_programs),
+                                     parts=config.priority_preempt_parts) \
             if config.priority_preempt or chaos > 0 else None
         if chaos > 0:
             log.warning("[priority] preempt_chaos = %g s: every session below high runs gated, "

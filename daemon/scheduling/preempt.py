@@ -9,8 +9,11 @@ launch's own stream:
 3. a wait until that word is 0 (cuStreamWaitValue32);
 4. the variant again with `first` 0 and no word: the blocks step 2 did not run, or none.
 
-Every logical block runs once whatever the moment of a retreat, and stream order is the
-program's: later work on the stream waits for step 4. Nothing is held in pilotd.
+With `[priority] preempt_parts` P > 1, steps 3 and 2 repeat P - 1 times before step 4 (the
+variant with `first` 0 and the word: a resumed launch can be preempted again), P parts in all
+that may leave blocks to the next. Every logical block runs once whatever the moment of a
+retreat, and stream order is the program's: later work on the stream waits for step 4. Nothing
+is held in pilotd.
 
 **The words** (one u32 per victim class and GPU: low, normal) are raised by the launches of the
 sessions above a gated class, in C (daemon/native/preempt_words.c: `pilot_fast_raises` for the
@@ -49,7 +52,7 @@ import random
 import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +103,13 @@ REDO_BLOCKS_PER_SM = 32
 # their originals). The gate keeps a gated session's pieces in flight below this; a session a
 # policy made preemptible may queue many launches (a framework queues hundreds).
 SLOTS = 64
+# [priority] preempt_chaos: a session's first gated launch of a module waits this long at most
+# for its variants (a test wants every launch preemptible; a short program is otherwise done
+# before ptxas is)
+JIT_WAIT_S = 30.0
+# [priority] preempt_chaos: a launch that may have several preemptible parts gets 1 up to this
+# many (each resumed part raised or not at random like the first)
+CHAOS_PARTS = 6
 
 
 @dataclass
@@ -143,6 +153,7 @@ class SessionVariants:
     used: bool = False  # has launched a variant while gated (its class's word is armed)
     launches: int = 0  # preemptible launches made
     made: dict[int, ModuleVariants] = field(default_factory=dict)  # module handle -> its variants
+    waited: set[int] = field(default_factory=set)  # modules whose variants a launch waited for
     timings: list[pc.Timing] = field(default_factory=list)  # measured launches not yet seen done
     spare: list[Any] = field(default_factory=list)  # timing events to reuse
     tallied: pp.Tally = field(default_factory=pp.Tally)  # its tally when last read
@@ -210,18 +221,21 @@ class Preemption:
 
     def __init__(self, chunk: int = 1, cache_dir: str | None = None, compile_ptx: bool = True,
                  chaos: float = 0.0, loop_tenants: frozenset[str] = frozenset(),
-                 loop_programs: frozenset[str] = frozenset()) -> None:
+                 loop_programs: frozenset[str] = frozenset(), parts: int = 1) -> None:
         """chunk: 0 chooses per kernel and grid from measured times (preempt_choice.py; not
         with chaos, whose point is to run every kernel preemptible). compile_ptx: compile with
         ptxas where it is found (a GPU); the sim loads PTX text. chaos: [priority]
         preempt_chaos, the mean gap in seconds between raises the helpers make themselves (0:
         none). loop_tenants, loop_programs: whose sessions get loop-level variants (loops()).
+        parts: [priority] preempt_parts, the preemptible parts of a launch (the module
+        docstring).
         """
+        self.parts = parts
         self.measures = chunk == 0 and not chaos
         self.loop_tenants, self.loop_programs = loop_tenants, loop_programs
         self.chunk = chunk or pc.FALLBACK_CHUNK
         self.chaos = chaos
-        # what the GPUs' tallies said: tenant -> [preempted launches, blocks deferred], and
+        # what the GPUs' tallies said: tenant -> [preemptions, blocks deferred, abandoned], and
         # retreats per spread bucket
         self.tenants: dict[str, list[int]] = {}
         self.spread = [0] * pp.SPREAD_BUCKETS
@@ -235,6 +249,7 @@ class Preemption:
         self._ptxas = compile_ptx and shutil.which("ptxas") is not None
         self._lock = threading.Lock()
         self._images: dict[str, ModuleVariants] = {}
+        self._making: dict[str, Future[None]] = {}  # images whose variants are being made
         self._pool: ThreadPoolExecutor | None = None
         self._gpus: dict[int, GpuWords] = {}
         self.jit_seconds = 0.0
@@ -257,19 +272,28 @@ class Preemption:
         return bool(argv0) and (argv0 in self.loop_programs or argv0.rsplit("/", 1)[-1] in self.loop_programs)
 
     def variants(self, image: bytes, sm: int, digest: str | None = None,
-                 loops: bool = False) -> ModuleVariants | None:
+                 loops: bool = False, wait: bool = False) -> ModuleVariants | None:
         """The image's variants (with loops, its loop-level ones too), or None while they are
         being made (started here). digest: the image's SHA-256 (hex) when the caller has it
-        already."""
+        already. wait: until they are made (up to JIT_WAIT_S)."""
         key = (digest or image_digest(image)) + f":{sm}" + (":loops" if loops else "")
         with self._lock:
             found = self._images.get(key)
-            if found is not None:
-                return found if found.ready or found.reason else None
-            self._images[key] = ModuleVariants()
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="pilot-jit")
-            self._pool.submit(self._make, key, image, sm, loops)
+            if found is not None and (found.ready or found.reason):
+                return found
+            making = self._making.get(key)
+            if making is None:
+                self._images[key] = ModuleVariants()
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="pilot-jit")
+                making = self._making[key] = self._pool.submit(self._make, key, image, sm, loops)
+        if wait:
+            with contextlib.suppress(Exception):  # _make logs its own failures
+                making.result(JIT_WAIT_S)
+            with self._lock:
+                found = self._images.get(key)
+            if found is not None and (found.ready or found.reason):
+                return found
         return None
 
     def _make(self, key: str, image: bytes, sm: int, loops: bool) -> None:
@@ -296,6 +320,7 @@ class Preemption:
         out.ready = not out.reason
         with self._lock:
             self._images[key] = out
+            self._making.pop(key, None)
             self.jit_seconds += out.seconds
             self.jit_modules += 1
 
@@ -342,7 +367,8 @@ class Preemption:
         outcomes: dict[str, int] = {}
         for how in chosen.values():
             outcomes[how] = outcomes.get(how, 0) + 1
-        return {"chunk": "auto" if self.measures else self.chunk, "modules": len(images),
+        return {"chunk": "auto" if self.measures else self.chunk, "parts": self.parts,
+                "modules": len(images),
                 "choices": outcomes, "kernel_choices": chosen,
                 "modules_without_variants": sorted({m.reason for m in images if m.reason}),
                 "preemptible_kernels": preemptible, "kernels_not_preemptible": refused,
@@ -362,13 +388,18 @@ class Preemption:
         them; the helpers' random raises cut the others anywhere)."""
         return self._random.random() < 0.5
 
-    def shape(self, blocks: int, chunk: int) -> tuple[int, int]:
-        """[priority] preempt_chaos: a random persistent grid (1 up to the resident one) and
-        chunk (1, 3 or 8), so that even a grid the GPU holds at once has blocks claiming, which
-        a retreat can cut (a test of the claim and the resume; not for speed)."""
+    def shape(self, blocks: int, chunk: int, chained: bool) -> tuple[int, int, int, bool]:
+        """The persistent grid, chunk and preemptible parts of a launch (chained: it may have
+        more than one), and whether its first part runs no first wave. Under [priority]
+        preempt_chaos: a random grid (1 up to the resident one), chunk (1, 3 or 8) and parts (1
+        up to CHAOS_PARTS), and a quarter of the launches with no first wave, so that even a
+        grid the GPU holds at once has blocks claiming, which a retreat can cut (a test of the
+        claim and the resume; not for speed)."""
         if not self.chaos:
-            return blocks, chunk
-        return self._random.randint(1, max(1, blocks)), self._random.choice((1, 3, 8))
+            return blocks, chunk, self.parts if chained else 1, False
+        rnd = self._random
+        return (rnd.randint(1, max(1, blocks)), rnd.choice((1, 3, 8)),
+                rnd.randint(1, CHAOS_PARTS) if chained else 1, rnd.random() < 0.25)
 
     def record(self, s: Session, state: SessionVariants, now: pp.Tally) -> None:
         """Fold what s's tally gained since it was last read into the daemon's counts."""
@@ -450,6 +481,11 @@ class GpuWords:
         self._raised_since = 0.0
         self._thread = NamedThread(target=self._run, name=f"preempt-{vg.gpu}", daemon=True)
         self._thread.start()
+        # the tallies are read on a thread of their own: a read may wait behind a stream that
+        # waits for a word (a shared hardware queue), which the helper must stay free to lower
+        self._fold_wanted = threading.Event()
+        self._folder = NamedThread(target=self._run_folds, name=f"preempt-fold-{vg.gpu}", daemon=True)
+        self._folder.start()
 
     @classmethod
     def unusable(cls, gpu: int) -> GpuWords:
@@ -513,7 +549,7 @@ class GpuWords:
             try:
                 if self.clear_if_idle(force=now - self._raised_since > MAX_RAISE_S):
                     self._raised_since = 0.0
-                    self.fold(every=FOLD_S)
+                    self._fold_wanted.set()
             except Exception:  # the words must keep coming down: log, look again
                 log.exception("preempt-%d: lowering the retreat words failed", self.gpu)
 
@@ -589,9 +625,24 @@ class GpuWords:
                         break
                     if self._pause(CLEAR_MS / 1000):
                         return
-                self.fold(every=FOLD_S)
+                self._fold_wanted.set()
             except Exception:
                 log.exception("preempt-%d: a random raise failed", self.gpu)
+
+    def _run_folds(self) -> None:
+        """The fold thread: the tallies read after words came down (at most every FOLD_S)."""
+        try:
+            self.backend.bind_thread(self.gpu)
+        except BackendError:
+            log.exception("preempt-fold-%d: cannot bind to the GPU", self.gpu)
+        while not self._stop:
+            if not self._fold_wanted.wait(IDLE_S):
+                continue
+            self._fold_wanted.clear()
+            try:
+                self.fold(every=FOLD_S)
+            except Exception:
+                log.exception("preempt-fold-%d: reading the tallies failed", self.gpu)
 
     def fold(self, every: float = 0.0) -> None:
         """Read the tallies of the sessions on this GPU that launched variants (at most once
@@ -682,9 +733,12 @@ class GpuWords:
         with self._cond:
             self._stop = True
             self._cond.notify()
+        self._fold_wanted.set()
         self._thread.join(1)
+        self._folder.join(1)
         lib.pilot_preempt_free(self.ptr)
         self.ptr = ffi.NULL
+
         with contextlib.suppress(BackendError):
             self.backend.stream_destroy(self.reads)
 
@@ -782,8 +836,14 @@ class VGpuPreemption:
         if kept is None or words is None:
             state.functions[key] = None
             return None
-        made = self.daemon.variants(kept[0], words.sm, kept[1], state.loops)
+        # under chaos a session's first launch of a module waits for its variants, once
+        wait = self.daemon.chaos > 0 and handle not in state.waited
+        state.waited.add(handle)
+        made = self.daemon.variants(kept[0], words.sm, kept[1], state.loops, wait=wait)
         if made is None:
+            if wait:
+                log.warning("session %d: the variants of module %#x were not ready after %g s; "
+                            "its originals run meanwhile", s.id, handle, JIT_WAIT_S)
             return None  # being made: the original meanwhile, asked again next time
         found: tuple[Any, int, bool] | None = None
         rewrite = made.kernels.get(info.name)
@@ -907,15 +967,20 @@ class VGpuPreemption:
         elif not state.used and own:
             state.used = True  # its tally is read like a gated session's
         flag, sflag = (words.word(s.priority), own) if class_word else (own, 0)
-        blocks, chunk = self.daemon.shape(blocks, chunk)
+        # a launch the policy's preemptions watch, or one that may abandon blocks to a redo
+        # list (which holds one part's), has one preemptible part (frontier() watches the
+        # first part's end; the list holds one entry per block of a part)
+        watched = s.preemptible
+        blocks, chunk, parts, cold = self.daemon.shape(blocks, chunk, chained=not (watched or redo))
         if redo:  # one block per claim (ptx_preempt.CLAIM); the list empty before the first part
             chunk = 1
             backend.stream_write_word(stream, redo, 0)
             backend.stream_write_word(stream, redo + 4, 0)
         if self.daemon.chaos and self.daemon.draw():
-            words.raise_now()  # [priority] preempt_chaos: this launch is cut after its first wave
+            words.raise_now()  # [priority] preempt_chaos: this launch is cut after its first wave,
+            # or before it starts (cold)
         # preempted already (a policy let it launch): not even a first wave runs now
-        first = 0 if s.preemption is not None else blocks
+        first = 0 if s.preemption is not None or cold else blocks
         backend.stream_write_word(stream, counter, first)
         try:
             backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream,
@@ -926,29 +991,30 @@ class VGpuPreemption:
             state.functions[_function_key(info, block, shared)] = None
             return False
         state.cut_recorded.discard(slot)
-        watched = s.preemptible
         if watched:
             try:  # done: none of its blocks is on the GPU any more until the rest
                 backend.event_record(state.cuts[slot], stream)
             except BackendError:
                 watched = False
-        for word in (flag, sflag):
-            if not word:
-                continue
-            try:
-                backend.stream_wait_word(stream, word, 0)
-            except BackendError as exc:  # the rest then runs at once, behind the first part
-                log.warning("session %d: no wait on a retreat word: %s", s.id, exc)
-        if watched:
-            try:  # done: the stream went past the words, the rest runs
-                backend.event_record(state.passes[slot], stream)
-                state.streams[slot], state.order[slot] = stream, state.launches
-                state.cut_recorded.add(slot)
-            except BackendError:
-                pass
-        backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream,
-                       pp.variant_args(args, pp.variant_params(grid, counter, 0, chunk, 0, state.slots,
-                                                               0, redo)))
+        for part in range(1, parts + 1):
+            for word in (flag, sflag):
+                if not word:
+                    continue
+                try:
+                    backend.stream_wait_word(stream, word, 0)
+                except BackendError as exc:  # the next part then runs at once, behind this one
+                    log.warning("session %d: no wait on a retreat word: %s", s.id, exc)
+            if watched:
+                try:  # done: the stream went past the words, the rest runs
+                    backend.event_record(state.passes[slot], stream)
+                    state.streams[slot], state.order[slot] = stream, state.launches
+                    state.cut_recorded.add(slot)
+                except BackendError:
+                    pass
+            last = part == parts  # the last part has no word: it runs all that is left
+            backend.launch(fn.handle, (blocks, 1, 1), block, shared, stream, pp.variant_args(
+                args, pp.variant_params(grid, counter, 0 if last else flag, chunk, 0, state.slots,
+                                        0 if last else sflag, redo, part)))
         try:  # the counter is free again once this has passed
             backend.event_record(state.events[slot], stream)
         except BackendError:
@@ -1130,7 +1196,7 @@ class VGpuPreemption:
             if state.used and state.slots:
                 read_tally(backend, self.daemon, s, state, None)
                 t = state.tallied
-                log.info("session %d (%s): %d preemptible launches, %d preempted, %d blocks deferred, "
+                log.info("session %d (%s): %d preemptible launches, %d preemptions, %d blocks deferred, "
                          "%d retreats, %d blocks abandoned", s.id, s.tenant, state.launches, t.preempted,
                          t.deferred, t.retreats, t.abandoned)
             slots, state.slots = state.slots, 0

@@ -539,12 +539,14 @@ class PilotCollector(Collector):
                      "into preemptible variants (a disk cache hit costs a read).")
         c.add_metric([], float(pre.get("jit_seconds", 0.0)))
         yield c
-        preempted = _counter("pilot_preempted_launches", "Preemptible launches whose blocks "
-                             "retreated (saw their class's retreat word raised before a claim), "
-                             "by tenant; counted by the GPU (the sessions' tallies, read when words "
-                             "come down and when a session ends).", ["tenant"])
+        preempted = _counter("pilot_preemptions", "Preemptions: parts of preemptible launches whose "
+                             "blocks retreated (saw a retreat word raised before a claim) with "
+                             "blocks left, which a later part of the launch ran; a launch of "
+                             "several parts can be preempted more than once. By tenant; counted "
+                             "by the GPU (the sessions' tallies, read when words come down and "
+                             "when a session ends).", ["tenant"])
         deferred = _counter("pilot_preempt_blocks_deferred", "Logical blocks of preempted launches "
-                            "that ran after the retreat (their remainder), by tenant.", ["tenant"])
+                            "that ran after a retreat (by a later part), by tenant.", ["tenant"])
         abandoned = _counter("pilot_preempt_blocks_abandoned", "Logical blocks that loop-level "
                              "retreats ([tenants.X] loop_preempt) left inside and that ran again "
                              "from their start, by tenant.", ["tenant"])

@@ -136,7 +136,7 @@ class LoopRunner(pc.Runner):
             self.be.stream_write_word(self.stream, self.redo + 4, 0)
         args = pp.variant_args(c.scalars(c.ptrs), pp.variant_params(
             c.grid, self.ctl, self.flag if flag else 0, 1, first, self.tally, 0,
-            self.redo if loop else 0))
+            self.redo if loop else 0, 0 if flag else 1))
         self.be.launch(self.functions[(c.module, c.kernel + suffix)], (blocks, 1, 1), c.block, c.shared,
                        self.stream, args)
 
@@ -293,11 +293,11 @@ def end_to_end(tmp: Path, out_dir: Path) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             daemon.kill()
     log = log_path.read_text()
-    ends = re.findall(r"(\d+) preemptible launches, (\d+) preempted, (\d+) blocks deferred, (\d+) retreats, "
-                      r"(\d+) blocks abandoned", log)
+    ends = re.findall(r"(\d+) preemptible launches, (\d+) preemptions, (\d+) blocks deferred, "
+                      r"(\d+) retreats, (\d+) blocks abandoned", log)
     totals = [sum(int(e[i]) for e in ends) for i in range(5)]
     report(totals[4] > 0, "pilotd counted blocks abandoned inside and run again",
-           f"{totals[0]} preemptible launches, {totals[1]} preempted, {totals[2]} blocks deferred, "
+           f"{totals[0]} preemptible launches, {totals[1]} preemptions, {totals[2]} blocks deferred, "
            f"{totals[3]} retreats, {totals[4]} blocks abandoned over {len(ends)} sessions")
     return {"native": native.stdout.strip(), "pilot": outputs, "launches": totals[0], "preempted": totals[1],
             "deferred": totals[2], "retreats": totals[3], "abandoned": totals[4]}
@@ -376,7 +376,7 @@ def diagnose(r: LoopRunner, c: Case, runs: int, rnd: random.Random) -> None:
             r.be.memcpy_htod(r.redo, listed, len(listed), r.stream)
             args = pp.variant_args(c.scalars(c.ptrs), pp.variant_params(
                 c.grid, r.ctl, r.flag if flag else 0, 1, 0, r.tally if tally else 0, 0,
-                r.redo if suffix == pp.LOOP_SUFFIX else 0))
+                r.redo if suffix == pp.LOOP_SUFFIX else 0, 0 if flag else 1))
             r.be.launch(r.functions[(c.module, c.kernel + suffix)], (blocks, 1, 1), c.block, c.shared,
                         r.stream, args)
             r.be.stream_synchronize(r.stream)

@@ -20,19 +20,21 @@ and not yet run here):
    reference byte for byte (PASS/FAIL per kernel, with the count of preemptions).
 3. Overhead: the variant without preemption against the original (CUDA events, median of 15),
    at three input sizes, claiming 1 and 8 logical blocks at a time (the control block's
-   chunk), alone and as pilotd's four steps (counter, variant, wait on the word, rest); the
+   chunk), alone and as pilotd's four steps (counter, variant, wait on the word, rest), and
+   pilotd's steps with 4 preemptible parts (three more waits and launches); the
    geomean per size for chunk 1, for the better chunk of each kernel, and for what
-   `preempt_chunk = "auto"` keeps (the better chunk's four steps, or the original when that
-   costs more than 5%) (issue 29's target: <= 1.05x at every size). The random preemptions
-   of 2 use chunks of 1, 3 and 8.
+   `preempt_chunk = "auto"` keeps with `preempt_parts = 1`, the default (the better chunk's four
+   steps, or the original when that costs more than 5%) (issue 29's target: <= 1.05x at every
+   size). The random preemptions of 2 use chunks of 1, 3 and 8.
 4. Preemption latency: a kernel whose blocks each spin 10 us .. 10 ms; the time from the flag's
    write (cuStreamWriteValue32 on a stream of the greatest priority, as pilotd raises it) to the
    kernel's end event, p50 and p99 over 30 requests, on the host's clock and on the GPU's
    (target: p99 <= 50 us for blocks of <= 20 us), beside the tally's spread histogram of the
    same retreats (what pilot_preempt_retreat_seconds exports).
-5. The tally (VERSION 3): pilotd's four steps on four kernels, 60 launches each, half of them
-   raised before the launch (as preempt_chaos does), the others at a random moment; the GPU's
-   counts of preempted launches and deferred blocks must equal what the counters say.
+5. The tally (VERSION 3; VERSION 6's parts): pilotd's steps on four kernels, 60 launches each
+   of 1 to 4 preemptible parts and a last one, each part raised before it starts (as
+   preempt_chaos does) or at a random moment; the GPU's counts of preemptions and deferred
+   blocks must equal what the counters say.
 Prints PASS/FAIL lines and INFO tables; writes preempt.md and preempt.json under --out; exits 1
 if any check failed. Asks for a few hundred MiB of device memory at most.
 """
@@ -261,12 +263,15 @@ class Runner:
         return max(1, min(math.prod(c.grid), per_sm * self.sms))
 
     def variant(self, c: Case, blocks: int, chunk: int = 1, first: int = 0, tally: bool = False,
-                flag: bool = True) -> None:
+                flag: bool = True, part: int | None = None) -> None:
         """The variant over `blocks` persistent blocks; the first `first` of them run their own
         index without a claim (the counter must hold `first`: start()). tally: counted in the
-        tally as pilotd's launches are; flag False: a rest that never retreats."""
+        tally as pilotd's launches are; flag False: a last part that never retreats; part: which
+        part of the launch (default: 0 with a flag, 1 without)."""
+        part = (0 if flag else 1) if part is None else part
         args = pp.variant_args(c.scalars(c.ptrs), pp.variant_params(
-            c.grid, self.ctl, self.flag if flag else 0, chunk, first, self.tally if tally else 0))
+            c.grid, self.ctl, self.flag if flag else 0, chunk, first, self.tally if tally else 0,
+            part=part))
         self.be.launch(self.functions[(c.module, c.kernel + pp.SUFFIX)], (blocks, 1, 1), c.block,
                        c.shared, self.stream, args)
 
@@ -361,14 +366,16 @@ def check_results(r: Runner, c: Case, rnd: random.Random) -> dict[str, Any]:
 
 
 TALLY_RUNS = 60
+TALLY_PARTS = 4  # a launch of check_tally has 1 up to this many preemptible parts
 
 
 def check_tally(r: Runner, c: Case, rnd: random.Random) -> dict[str, Any]:
-    """pilotd's four steps (scheduling/preempt.py) with the tally: the first part raised before
-    it starts or at a random moment, the rest with no word. What the GPU counted must be what
-    the counters say: a preempted launch per first part that left blocks, and those blocks
-    deferred; a retreat per launch some block saw the word in (at least the preempted ones),
-    one spread each."""
+    """pilotd's steps (scheduling/preempt.py) with the tally, as a chain of 1 up to TALLY_PARTS
+    preemptible parts (`[priority] preempt_parts`) and a last one without a word: each
+    preemptible part raised before it starts or at a random moment. What the GPU counted must
+    be what the counters say: a preemption per later part that ran blocks (a retreat before it
+    left them), the blocks the later parts ran deferred; a retreat per part some block saw the
+    word in (at least one per preemption), one spread each."""
     total = math.prod(c.grid)
     r.prepare(c)
     r.original(c)
@@ -377,48 +384,59 @@ def check_tally(r: Runner, c: Case, rnd: random.Random) -> dict[str, Any]:
     first = min(blocks, total)
     duration = r.timed(lambda: (r.start(first), r.variant(c, blocks, 1, first, tally=True)), 3)
     r.reset_tally()
-    preempted = deferred = bad = 0
+    preempted = deferred = bad = chained = 0
     for _ in range(TALLY_RUNS):
         r.prepare(c)
         chunk = rnd.choice((1, 3, 8))
-        early = rnd.random() < 0.5  # raised before the launch: its first wave only, then the
-        r.retreat(ONE if early else ZERO)  # rest; else at a random moment of its run
-        r.be.stream_synchronize(r.side)
+        parts = rnd.randint(1, TALLY_PARTS)
+        chained += parts > 1
         r.start(first)
-        r.variant(c, blocks, chunk, first, tally=True)
-        if not early:
-            busy_wait(rnd.random() * duration)
-            r.retreat(ONE)
-        r.be.stream_synchronize(r.stream)
-        left = total - min(r.counter(), total)
-        preempted += left > 0
-        deferred += left
+        done = first
+        for part in range(parts + 1):
+            last = part == parts
+            early = not last and rnd.random() < 0.5  # raised before the part: a first wave
+            r.retreat(ONE if early else ZERO)  # only, or nothing; else at a random moment
+            r.be.stream_synchronize(r.side)
+            r.variant(c, blocks, chunk, first if part == 0 else 0, tally=True, flag=not last, part=part)
+            if not early and not last:
+                busy_wait(rnd.random() * duration)
+                r.retreat(ONE)
+            r.be.stream_synchronize(r.stream)
+            now = r.counter()
+            if part == 0:
+                deferred += total - min(now, total)
+            elif done < total and now > done:
+                preempted += 1  # a later part ran blocks a retreat left
+            done = now
         r.retreat(ZERO)
         r.be.stream_synchronize(r.side)
-        r.variant(c, blocks, chunk, 0, tally=True, flag=False)
-        r.be.stream_synchronize(r.stream)
         bad += r.outputs(c) != reference
     got = r.read_tally()
     ok = (bad == 0 and (got.preempted, got.deferred) == (preempted, deferred)
           and got.retreats >= got.preempted and sum(got.spread) == got.retreats)
     name = f"{c.module} {c.kernel} grid {c.grid}"
     report(ok, f"{name}: the GPU's tally matches the counters",
-           f"{TALLY_RUNS} launches: preempted {got.preempted} (counters: {preempted}), blocks "
-           f"deferred {got.deferred} ({deferred}), retreats {got.retreats}, spread buckets "
-           f"{list(got.spread)}; outputs wrong: {bad}")
+           f"{TALLY_RUNS} launches ({chained} of several preemptible parts): preemptions "
+           f"{got.preempted} (counters: {preempted}), blocks deferred {got.deferred} ({deferred}), "
+           f"retreats {got.retreats}, spread buckets {list(got.spread)}; outputs wrong: {bad}")
     r.free(c)
     return {"kernel": c.kernel, "grid": c.grid, "preempted": got.preempted, "expected": preempted,
             "deferred": got.deferred, "expected_deferred": deferred, "retreats": got.retreats,
-            "spread": list(got.spread), "ok": ok}
+            "spread": list(got.spread), "chained": chained, "ok": ok}
 
 
 CHUNKS = (1, 8)  # logical blocks per claim whose overhead is measured
 
 
-def overhead(r: Runner, c: Case) -> tuple[float, list[float], list[float]]:
+PARTS = 4  # [priority] preempt_parts: the chained steps' cost is measured at 4 parts
+
+
+def overhead(r: Runner, c: Case) -> tuple[float, list[float], list[float], float]:
     """The original's time and, at each of CHUNKS without preemption: the variant's alone (the
     retreat word read at every claim, and clear), and pilotd's four steps (the counter written,
-    the variant, the wait on the word, the rest: what a gated launch costs)."""
+    the variant, the wait on the word, the rest: what a gated launch costs); and pilotd's steps
+    with PARTS preemptible parts (each later one a wait and a launch that finds nothing left)
+    at the better chunk."""
     r.prepare(c)
     r.retreat(ZERO)
     r.be.stream_synchronize(r.side)
@@ -428,11 +446,12 @@ def overhead(r: Runner, c: Case) -> tuple[float, list[float], list[float]]:
     variants, steps = [], []
     first = min(blocks, math.prod(c.grid))
 
-    def four(chunk: int) -> None:
+    def four(chunk: int, parts: int = 1) -> None:
         r.start(first)
         r.variant(c, blocks, chunk, first, tally=True)
-        r.be.stream_wait_word(r.stream, r.flag, 0)
-        r.variant(c, blocks, chunk, 0, tally=True, flag=False)
+        for part in range(1, parts + 1):
+            r.be.stream_wait_word(r.stream, r.flag, 0)
+            r.variant(c, blocks, chunk, 0, tally=True, flag=part < parts, part=part)
 
     for chunk in CHUNKS:
         times = []
@@ -446,8 +465,10 @@ def overhead(r: Runner, c: Case) -> tuple[float, list[float], list[float]]:
                 times.append(r.be.event_elapsed_ms(start, end) / 1e3)
         variants.append(statistics.median(times))
         steps.append(r.timed(lambda chunk=chunk: four(chunk)))
+    better = CHUNKS[steps.index(min(steps))]
+    chained = r.timed(lambda: four(better, PARTS))
     r.free(c)
-    return native, variants, steps
+    return native, variants, steps, chained
 
 
 def auto_ratio(native: float, steps: list[float]) -> tuple[float, bool]:
@@ -531,15 +552,17 @@ def main() -> int:
     results.append(check_results(r, spin_case, rnd))
     rows, per_size, best = [], {0: [], 1: [], 2: []}, {0: [], 1: [], 2: []}
     best_steps: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    chained_steps: dict[int, list[float]] = {0: [], 1: [], 2: []}
     auto: dict[int, list[tuple[float, bool]]] = {0: [], 1: [], 2: []}
     for size in (0, 1, 2):
         for c in cases(size):
-            native, variants, steps = overhead(r, c)
+            native, variants, steps, chained = overhead(r, c)
+            chained_steps[size].append(chained / native)
             per_size[size].append(variants[0] / native)
             best[size].append(min(variants) / native)
             best_steps[size].append(min(steps) / native)
-            auto[size].append(auto_ratio(native, steps))
-            rows.append((size, c.kernel, c.grid, native, variants, steps))
+            auto[size].append(auto_ratio(native, steps))  # preempt_parts = 1, the default
+            rows.append((size, c.kernel, c.grid, native, variants, steps, chained))
     tallies = [check_tally(r, c, rnd) for c in cases(1)[:4]]
     lat, spreads = {}, {}
     for us in (10, 20, 100, 1000, 10000):
@@ -549,15 +572,19 @@ def main() -> int:
     names = ("small", "medium", "large")
     lines = ["| size | kernel | grid | native us | "
              + " | ".join(f"chunk {k} us (ratio)" for k in CHUNKS) + " | "
-             + " | ".join(f"four steps, chunk {k} (ratio)" for k in CHUNKS) + " |",
-             "|---|---|---|---|" + "---|" * (2 * len(CHUNKS))]
+             + " | ".join(f"four steps, chunk {k} (ratio)" for k in CHUNKS)
+             + f" | {PARTS} parts, better chunk (ratio) |",
+             "|---|---|---|---|" + "---|" * (2 * len(CHUNKS) + 1)]
     lines += [f"| {names[s]} | {k} | {g} | {n * 1e6:.1f} | "
               + " | ".join(f"{v * 1e6:.1f} ({v / n:.3f})" for v in vs) + " | "
-              + " | ".join(f"{v * 1e6:.1f} ({v / n:.3f})" for v in st) + " |"
-              for s, k, g, n, vs, st in rows]
+              + " | ".join(f"{v * 1e6:.1f} ({v / n:.3f})" for v in st)
+              + f" | {ch * 1e6:.1f} ({ch / n:.3f}) |"
+              for s, k, g, n, vs, st, ch in rows]
     lines += ["", "| size | geomean ratio, chunk 1 | best chunk | four steps, best chunk | "
-              "four steps, auto (originals kept) |", "|---|---|---|---|---|"]
+              f"steps with {PARTS} parts, better chunk | four steps, auto (originals kept) |",
+              "|---|---|---|---|---|---|"]
     lines += [f"| {names[s]} | {geomean(v):.3f} | {geomean(best[s]):.3f} | {geomean(best_steps[s]):.3f} | "
+              f"{geomean(chained_steps[s]):.3f} | "
               f"{geomean([a for a, _ in auto[s]]):.3f} ({sum(k for _, k in auto[s])} of {len(auto[s])}) |"
               for s, v in per_size.items()]
     lines += ["", "| block duration | host p50 us | host p99 us | GPU p50 us | GPU p99 us | "

@@ -206,7 +206,7 @@ main() {
     stage um_tune um_tune
     stage um_flush timeout -k 10 300 bash bench/um_flush_probe.sh
     stage sched timeout -k 10 180 "$PYTHON" tests/gpu/scheduler_check.py
-    stage preempt timeout -k 10 200 "$PYTHON" tests/gpu/preempt_check.py --out "$OUT"
+    stage preempt timeout -k 10 260 "$PYTHON" tests/gpu/preempt_check.py --out "$OUT"
     stage loop_preempt timeout -k 10 240 "$PYTHON" tests/gpu/loop_preempt_check.py --out "$OUT"
     stage policy_preempt timeout -k 10 200 "$PYTHON" tests/gpu/policy_preempt_check.py
     stage priority timeout -k 10 300 "$PYTHON" tests/gpu/priority_check.py

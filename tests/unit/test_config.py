@@ -346,6 +346,14 @@ def test_loop_level_preemption_is_chosen_per_tenant_or_program(tmp_path: Path) -
         load_config(write(tmp_path, "[priority]\nloop_preempt_programs = 'lbm'\n"))
 
 
+def test_preemptible_parts_of_a_launch(tmp_path: Path) -> None:
+    assert load_config(None).priority_preempt_parts == 1  # preempted once, the rest runs
+    assert load_config(write(tmp_path, "[priority]\npreempt_parts = 4\n")).priority_preempt_parts == 4
+    for bad in ("0", "17", "'many'"):
+        with pytest.raises(ConfigError, match=r"priority.preempt_parts"):
+            load_config(write(tmp_path, f"[priority]\npreempt_parts = {bad}\n"))
+
+
 @pytest.mark.parametrize("name", ["MFit", "mfit", "MADVISE", "AMFit"])
 def test_policy_names_take_any_case(tmp_path: Path, name: str) -> None:
     c = load_config(write(tmp_path, f"[policy]\nname = '{name}'\n"), {"policy": None})

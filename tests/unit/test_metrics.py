@@ -265,7 +265,7 @@ def test_preemption_is_exported_when_on() -> None:
     assert v("pilot_preemptible_kernels", {"state": "preemptible"}) == 3
     assert v("pilot_preemptible_kernels", {"state": "refused"}) == 1
     assert v("pilot_ptx_jit_seconds_total") == 0.25
-    assert v("pilot_preempted_launches_total", {"tenant": "bob"}) == 4
+    assert v("pilot_preemptions_total", {"tenant": "bob"}) == 4
     assert v("pilot_preempt_blocks_deferred_total", {"tenant": "bob"}) == 900
     # the GPU's log2 buckets of microseconds, cumulative: 1 below 1.024 us, 3 below 32.8 us
     assert v("pilot_preempt_retreat_seconds_bucket", {"le": "1.024e-06"}) == 1

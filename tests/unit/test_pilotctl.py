@@ -94,13 +94,15 @@ def test_priority_commands(replies: dict[str, Any]) -> None:
 def test_priority_list_shows_loop_level_preemption(replies: dict[str, Any]) -> None:
     replies["priority.list"] = {
         "enabled": True, "gated_inflight": 2, "active_window_s": 0.1, "tenants": {}, "active": {},
-        "preemption": {"chunk": 1, "preemptible_kernels": 2, "modules": 1, "jit_seconds": 0.2,
+        "preemption": {"chunk": 1, "parts": 4, "preemptible_kernels": 2, "modules": 1, "jit_seconds": 0.2,
                        "modules_without_variants": [], "kernels_not_preemptible": {}, "gpus": {},
                        "tenants": {"sim": {"preempted": 4, "blocks_deferred": 90, "blocks_abandoned": 7}},
                        "loop_tenants": ["sim"], "loop_programs": ["jacobi"],
                        "loop_level": {"smooth": "uniform", "gather": "none: no loop"}}}
     lines = run("priority", "list").output.splitlines()
-    assert "  sim: 4 launch(es) preempted, 90 block(s) run after their retreat, 7 abandoned inside " \
+    assert any(line.startswith("preemption: gated sessions' kernels run as preemptible variants "
+                               "(chunk 1, up to 4 preemptible part(s) a launch)") for line in lines)
+    assert "  sim: 4 preemption(s), 90 block(s) run after their retreat, 7 abandoned inside " \
            "and run again" in lines
     at = lines.index("  loop-level preemption (idempotent kernels only) for: tenant sim, program jacobi")
     assert lines[at + 1:at + 3] == ["    gather: none: no loop", "    smooth: uniform"]

@@ -20,11 +20,12 @@ import pytest
 from test_priority import Harness, Msg, Slot, _until
 
 from pilot.daemon.backends import fatbin
+from pilot.daemon.backends import ptx_preempt as pp
 from pilot.daemon.ops import execution
 from pilot.daemon.protocol import ffi, lib
 from pilot.daemon.scheduling import preempt
 from pilot.daemon.scheduling import preempt_choice as pc
-from pilot.daemon.scheduling.preempt import Preemption, VGpuPreemption, module_ptx
+from pilot.daemon.scheduling.preempt import CHAOS_PARTS, Preemption, VGpuPreemption, module_ptx
 from pilot.daemon.sim_kernels import SimLaunch, blockwise
 
 # The program's module as the shim would send it: plain PTX, no variants.
@@ -169,6 +170,54 @@ def test_a_gated_kernel_retreats_while_the_high_tenant_runs_and_resumes_only_the
     assert sum(described["retreat_spread"]) == 1
     words.fold()  # read again: nothing new is counted twice
     assert daemon.describe()["tenants"]["train"]["preempted"] == 1
+
+
+def test_a_launch_runs_as_parts_each_preemptible_but_the_last(tmp_path: Path) -> None:
+    """[priority] preempt_parts = 3: the first part, then after a wait on the word two more
+    that claim only; the first two read the word, the last does not. Preempted while the
+    high tenant runs, the launch's next part runs the rest once the word comes down."""
+    h = Harness(tmp_path, {"infer": "high", "train": "low"}, inflight=2)
+    h.be._kernels.register("bump", blockwise(bump))
+    daemon = Preemption(chunk=1, cache_dir=None, compile_ptx=False, parts=3)
+    h.vg.preempt = VGpuPreemption(h.vg, daemon)
+    slot = Slot()
+    try:
+        sc = Scene(h, daemon)
+        sc.start()
+        queued: list[tuple[str, tuple[int, ...]]] = []
+        launch, wait = h.be.launch, h.be.stream_wait_word
+
+        def recording_launch(fn: Any, grid: Any, block: Any, shared: int, stream: Any, args: bytes) -> None:
+            ours = struct.unpack(pp.PACKING, bytes(args[-struct.calcsize(pp.PACKING):]))
+            queued.append(("launch", (ours[1], ours[7], ours[11])))  # flag, first, part
+            launch(fn, grid, block, shared, stream, args)
+
+        def recording_wait(stream: Any, address: int, value: int) -> None:
+            queued.append(("wait", (address,)))
+            wait(stream, address, value)
+
+        h.be.launch, h.be.stream_wait_word = recording_launch, recording_wait  # type: ignore[method-assign]
+        words = daemon.gpu_words(h.vg)
+        h.be.gate(sc.hi.legacy, slot.spec())  # infer's long kernel keeps the word up
+        h.memset(sc.hi, 0, 2)
+        h.be.claims_before_retreat = 2
+        sc.bump()
+        word, wave = words.word(0), queued[0][1][1]  # the first wave: the resident grid
+        assert 0 < wave < BLOCKS
+        assert queued == [("launch", (word, wave, 0)), ("wait", (word,)), ("launch", (word, 0, 1)),
+                          ("wait", (word,)), ("launch", (word, 0, 2)), ("wait", (word,)),
+                          ("launch", (0, 0, 3))]
+        slot.open()
+        h.be.kick()  # the word comes down: part 1 runs the rest, part 2 finds nothing
+        assert _until(lambda: (sc.counts() == 2).all())
+        words.fold()
+        got = daemon.describe()["tenants"]["train"]
+        assert got["preempted"] == 1 and got["blocks_deferred"] == BLOCKS - wave - 2
+    finally:
+        slot.close()
+        daemon.lower_all()
+        daemon.close()
+        h.close()
 
 
 # bump with a loop every thread of a block runs as often: its loop-level variant checks there
@@ -328,7 +377,7 @@ def test_chaos_preempts_at_random_and_every_block_still_runs_once(tmp_path: Path
     h.board.force = True
     h.board.enabled = True
     h.be._kernels.register("bump", blockwise(bump))
-    daemon = Preemption(chunk=1, cache_dir=None, compile_ptx=False, chaos=0.002)
+    daemon = Preemption(chunk=1, cache_dir=None, compile_ptx=False, chaos=0.002, parts=4)
     h.vg.preempt = VGpuPreemption(h.vg, daemon)
     try:
         lo = h.session(2, "train")
@@ -358,7 +407,8 @@ def test_chaos_preempts_at_random_and_every_block_still_runs_once(tmp_path: Path
         got = daemon.describe()
         assert got["gpus"]["0"]["chaos_raises"] > 0
         assert lo.preempt is not None and lo.preempt.launches >= n - 2
-        assert 5 <= got["tenants"]["train"]["preempted"] < n
+        # a launch of several parts may be preempted more than once
+        assert 5 <= got["tenants"]["train"]["preempted"] <= n * CHAOS_PARTS
         assert got["tenants"]["train"]["blocks_deferred"] >= 5
     finally:
         daemon.lower_all()
