@@ -707,13 +707,19 @@ def redo_bytes(blocks: int) -> int:
 # read-only. Parsed without backtracking (the PTX is a tenant's).
 _DECLARATION = re.compile(r"\s*(?:\.(?:visible|weak|extern)\s+)*\.(global|const|shared)\b")
 _IDENTIFIER = re.compile(r"[A-Za-z_$%][\w$]*")
+# `.attribute(.managed)` (a `__managed__` variable; also `.unified(...)`): not a parameter list
+_ATTRIBUTE = re.compile(r"\.attribute\s*\([^()]*\)")
 
 
 def _declared(line: str, spaces: tuple[str, ...]) -> str | None:
     """The variable a module-scope declaration line of one of `spaces` declares, or None."""
     m = _DECLARATION.match(line)
-    if m is None or m.group(1) not in spaces or "(" in line:
-        return None  # not a variable (a function's .param lists have parentheses)
+    if m is None or m.group(1) not in spaces:
+        return None
+    if "(" in line:
+        line = _ATTRIBUTE.sub(" ", line)
+        if "(" in line:
+            return None  # not a variable (a function's .param lists have parentheses)
     head = line.split("=", 1)[0].split(";", 1)[0].split("[", 1)[0]
     names = _IDENTIFIER.findall(head)
     return names[-1] if names else None
@@ -784,7 +790,8 @@ def _state_refusal(entry: list[str], variables: set[str], module_touches: bool) 
     module of their own, with its own copy of every variable, which the program never set."""
     code = _code("\n".join(entry))
     if _touches(code, variables) or (module_touches and _CALL.search(code)):
-        return "uses module variables (__device__, __constant__): the variants' module has its own copy"
+        return ("uses module variables (__device__, __constant__, __managed__): the variants' module "
+                "has its own copy")
     return ""
 
 

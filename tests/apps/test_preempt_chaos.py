@@ -1,14 +1,14 @@
 """Kernels preempted at random moments (`[priority] preempt_chaos`, scheduling/preempt.py), end to
 end on the sim: vector_add.cu under the shim against a pilotd that runs every session gated, its
-kernels as preemptible variants, and raises the retreat words at random. Its first launch (4,096
-blocks, more than the sim GPU holds at once) runs as the variant once its variants are made (in
-the background from the module's load), so a raise cuts it after its first wave and the rest
-runs once the word is down. Output must be the native one every time; pilotd's log at each
-session's end gives the GPU's tally (the sim's emulation of it), read by the GPU runs' own
-tests/gpu/chaos_tallies.py, and some runs must have been cut. ptds.cu too: a gated session whose
-stream waits behind its own host callback, which waits for what the program's other threads do
-next, must not have those calls held at the priority gate (it deadlocked until the callback
-timed out)."""
+kernels as preemptible variants (its first gated launch waits for them, under chaos), and raises
+the retreat words at random. A launch runs as up to CHAOS_PARTS parts over a random persistent
+grid, so a raise cuts it after its first wave, or before it starts, and a later part runs the
+rest once the word is down (and may be cut again). Output must be the native one every time;
+pilotd's log at each session's end gives the GPU's tally (the sim's emulation of it), read by
+the GPU runs' own tests/gpu/chaos_tallies.py, and some runs must have been cut. ptds.cu too: a
+gated session whose stream waits behind its own host callback, which waits for what the
+program's other threads do next, must not have those calls held at the priority gate (it
+deadlocked until the callback timed out)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_vector_add_is_exact_while_its_kernels_are_cut_at_random(
     env = {**daemon.env(), "LD_PRELOAD": shim_path}
     want = expected_vector_add()
     read = _chaos_tallies().tallies
-    # [sessions, preemptible launches, preempted launches, blocks deferred, retreats]
+    # [sessions, preemptible launches, preemptions, blocks deferred, retreats]
     row = [0, 0, 0, 0, 0]
     for run in range(MAX_RUNS):
         proc = subprocess.run([str(app_binaries["vector_add"])], env=env, capture_output=True,
@@ -73,3 +73,21 @@ def test_a_host_callback_that_waits_for_other_threads_does_not_deadlock_the_gate
         assert proc.returncode == 0 and proc.stdout.splitlines() == expected_ptds(), (
             f"{program}: rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{daemon.log_tail()}")
     assert "unanswered" not in daemon.log()
+
+
+def test_managed_variables_keep_their_kernels_original_under_chaos(
+        start_pilotd: StartPilotd, app_binaries: dict[str, Path], shim_path: str) -> None:
+    """managed.cu: its kernels run as variants (the first gated launch waits for them under
+    chaos), but um_counter, which updates __managed__ variables, has none: a variant would
+    update the variants' module's own copy (the GPU run of the twenty-first session printed
+    `variables FAIL 5 5 40 300`; the sim faults on it)."""
+    daemon = start_pilotd(config=CONFIG.replace('"1ms"', '"300us"'))
+    env = {**daemon.env(), "LD_PRELOAD": shim_path}
+    for run in range(2):
+        proc = subprocess.run([str(app_binaries["managed"])], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0 and "FAIL" not in proc.stdout, (
+            f"run {run}: rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}\n{daemon.log_tail()}")
+    row = _chaos_tallies().tallies([str(daemon.log_path)]).get("managed", [0] * 5)
+    assert row[0] >= 1 and row[1] > 0, (row, daemon.log_tail())  # launched as variants
+    assert "context-fatal" not in daemon.log()

@@ -76,9 +76,9 @@ def test_every_kernel_is_rewritten_or_refused_and_assembles(modules: dict[str, s
     # the one cooperative kernel with grid.sync is refused for it; tiled GEMMs with their
     # uniform early exits past barriers, and printf with uniform loops, are rewritten
     assert refused.pop("_Z10coop_shiftPiS_i").startswith("grid-wide synchronization")
-    # the rest use __device__ / __constant__ variables (symbols.cu, multidev.cu, ...): the
-    # variants' module would have its own copies
-    assert {"_Z4polyPKfPfi", "_Z10big_updatev", "drv_bump"} <= set(refused)
+    # the rest use __device__ / __constant__ / __managed__ variables (symbols.cu, multidev.cu,
+    # managed.cu, ...): the variants' module would have its own copies
+    assert {"_Z4polyPKfPfi", "_Z10big_updatev", "drv_bump", "_Z10um_counterv"} <= set(refused)
     assert all(r.startswith("uses module variables") for r in refused.values()), refused
     gemm = pp.rewrite_module(modules["matmul_tiled"]).variants
     assert set(gemm) == {"_Z7sgemm16PKfS0_Pfiii", "_Z7sgemm32PKfS0_Pfiii"}
@@ -367,6 +367,11 @@ def test_kernels_using_module_variables_are_refused_but_printf_strings_are_not()
     func = ".func f()\n{\n\t.reg .b32 %q<2>;\n\tld.global.u32 %q0, [counter];\n\tret;\n}\n"
     calls = _kernel("\tcall.uni f, ();\n\tret;").replace(HEADER, device_var + func)
     assert pp.rewrite_module(calls).kernels["k"].reason.startswith("uses module variables")
+    # __managed__ variables (nvcc: `.attribute(.managed)`, parentheses that are no parameter
+    # list): a variant would update its own module's copy (managed.cu's um_counter on the GPU)
+    managed = HEADER + ".global .attribute(.managed) .align 4 .u32 counter = 5;\n"
+    assert pp.rewrite_module(uses.replace(device_var, managed)).kernels["k"].reason.startswith(
+        "uses module variables")
 
 
 def test_a_call_into_a_function_that_exits_is_refused() -> None:
