@@ -23,8 +23,11 @@
 #                  every program runs gated with its kernels as preemptible variants, and pilotd
 #                  raises the retreat words at random moments (exponential gaps of that mean),
 #                  so launches are cut at random points and resumed; COMPARE_REPEAT=N runs each
-#                  program N times under pilot (each output compared). The GPU's tallies, per
-#                  program (pilotd's log at each session's end), go to compare-chaos.md
+#                  program up to N times under pilot (each output compared; CHAOS_NEED=M stops
+#                  once pilotd's log counts M preemptions for the program). The GPU's tallies,
+#                  per program (pilotd's log at each session's end), go to compare-chaos.md
+#   COMPARE_DUMP_AFTER=S  a pilot run still going after S seconds gets py-spy's dump of pilotd's
+#                  threads in $OUT/hang-PROGRAM-N.txt (py-spy carried in .whl)
 #   COMPARE_SM_SHARE  a compute share (percent) set for this user's tenant before the programs
 #                  run, so that they all run in an SM partition (green context)
 #   NVCC_ARCH      default sm_90
@@ -242,6 +245,23 @@ bad=0
 run_prog() {
     local out=$1 err=$2 pilot=$3
     shift 3
+    if [ "$pilot" = 1 ] && [ -n "${COMPARE_DUMP_AFTER:-}" ]; then
+        # a run still going after COMPARE_DUMP_AFTER s: py-spy's dump of pilotd's threads (native
+        # frames too) into $OUT/hang-N.txt, once per run, to see what it waits for
+        timeout -k 5 "$RUN_TIMEOUT" env LD_PRELOAD="$SHIM" PILOT_SOCKET="$SOCK" "$@" >"$out" 2>"$err" &
+        local prog=$! waited=0
+        while kill -0 "$prog" 2>/dev/null && [ "$waited" -lt "$COMPARE_DUMP_AFTER" ]; do
+            sleep 1
+            waited=$((waited + 1))
+        done
+        if kill -0 "$prog" 2>/dev/null && [ -n "${DAEMON_PID:-}" ]; then
+            { echo "$* still running after $waited s"; py-spy dump --native --pid "$DAEMON_PID"; } \
+                >"$OUT/hang-${1##*/}-$BASHPID.txt" 2>&1
+        fi
+        wait "$prog"
+        echo $?
+        return
+    fi
     if [ "$pilot" = 1 ]; then
         timeout -k 5 "$RUN_TIMEOUT" env LD_PRELOAD="$SHIM" PILOT_SOCKET="$SOCK" "$@" >"$out" 2>"$err"
     else
@@ -253,6 +273,13 @@ run_prog() {
 dump() {  # dump TITLE FILE
     log "--- $1"
     cat "$2" >>"$LOG"
+}
+
+# chaos_preemptions KEY: the preemptions pilotd's log so far counted for a program (KEY: its
+# name and arguments, as tests/gpu/chaos_tallies.py names it)
+chaos_preemptions() {
+    sleep 0.2  # the session's end is logged once pilotd has seen the program go
+    "$PYTHON" "$REPO/tests/gpu/chaos_tallies.py" --count "$1" "$DAEMON_LOG" 2>/dev/null || echo 0
 }
 
 compare() {  # compare PROGRAM [ARGS...]
@@ -271,8 +298,12 @@ compare() {  # compare PROGRAM [ARGS...]
     nrc=$(run_prog "$tag.n.out" "$tag.n.err" "$native_pilot" "$exe" "$@")
     local t1=$SECONDS
     prc=$(run_prog "$tag.p.out" "$tag.p.err" 1 "$exe" "$@")
-    local repeat=1 again
-    while [ "$repeat" -lt "$COMPARE_REPEAT" ] && [ "$prc" = 0 ] && cmp -s "$tag.n.out" "$tag.p.out"; do
+    local repeat=1 again key="$prog${args:+ $args}" repeats=$COMPARE_REPEAT
+    # the fault program's GPU fault once only: a second within the hour puts its tenant under
+    # [isolation] fault_backoff, which refuses the programs after it for a while
+    [ "$prog" = fault ] && repeats=1
+    while [ "$repeat" -lt "$repeats" ] && [ "$prc" = 0 ] && cmp -s "$tag.n.out" "$tag.p.out" \
+            && { [ -z "$COMPARE_CHAOS" ] || [ "$(chaos_preemptions "$key")" -lt "${CHAOS_NEED:-1000000000}" ]; }; do
         repeat=$((repeat + 1))  # again under pilot (COMPARE_REPEAT): the first difference stays
         again=$(run_prog "$tag.p.out" "$tag.p.err" 1 "$exe" "$@")
         [ "$again" = 0 ] || prc=$again
@@ -499,8 +530,8 @@ stop_daemon
 if [ -n "$COMPARE_CHAOS" ]; then
     # the GPU's tallies per program: pilotd logs each session's command line when it starts and
     # its preemptible launches, preempted launches and deferred blocks when it ends
-    "$PYTHON" "$REPO/tests/gpu/chaos_tallies.py" --chaos "$COMPARE_CHAOS" --runs "$COMPARE_REPEAT" \
-        "$DAEMON_LOG" >"$OUT/compare-chaos.md"
+    "$PYTHON" "$REPO/tests/gpu/chaos_tallies.py" --chaos "$COMPARE_CHAOS" --runs "up to $COMPARE_REPEAT" \
+        --need "${CHAOS_NEED:-100}" "$DAEMON_LOG" >"$OUT/compare-chaos.md"
     cat "$OUT/compare-chaos.md" | tee -a "$LOG"
 fi
 
