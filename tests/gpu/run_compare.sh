@@ -529,7 +529,7 @@ stop_daemon
 [ "$build_failed" = 1 ] && bad=1
 if [ -n "$COMPARE_CHAOS" ]; then
     # the GPU's tallies per program: pilotd logs each session's command line when it starts and
-    # its preemptible launches, preempted launches and deferred blocks when it ends
+    # its preemptible launches, preemptions and deferred blocks when it ends
     "$PYTHON" "$REPO/tests/gpu/chaos_tallies.py" --chaos "$COMPARE_CHAOS" --runs "up to $COMPARE_REPEAT" \
         --need "${CHAOS_NEED:-100}" "$DAEMON_LOG" >"$OUT/compare-chaos.md"
     cat "$OUT/compare-chaos.md" | tee -a "$LOG"
