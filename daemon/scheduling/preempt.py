@@ -470,8 +470,13 @@ class GpuWords:
             raise MemoryError("pilot_preempt_new")
         self._armed: dict[int, int] = {}  # vGPU index -> the words its sessions need armed
         # held while the helper queries raising sessions' streams, and by a vGPU thread while
-        # it destroys one of their streams or stops a session raising (streams_going)
+        # it destroys one of their streams or stops a session raising (streams_going). Never
+        # across a call that waits for the GPU: the helper must stay free to lower the words
+        # that GPU work may be waiting for
         self.guard = threading.Lock()
+        # held while a tally is read (a copy that returns once the data is there, which may
+        # queue behind a stream that waits for a word) and while a session's slots are freed
+        self.tally_lock = threading.Lock()
         self._cond = threading.Condition()
         self._stop = False
         self.forced = 0  # words lowered after MAX_RAISE_S with the higher class still busy
@@ -651,7 +656,7 @@ class GpuWords:
         if now - self._folded < every:
             return
         self._folded = now
-        with self.guard:  # no session's slots are freed meanwhile (VGpuPreemption.forget)
+        with self.tally_lock:  # no session's slots are freed meanwhile (VGpuPreemption.forget)
             for vg in list(self.vgpus):
                 if vg.gpu != self.gpu:
                     continue
@@ -1192,9 +1197,16 @@ class VGpuPreemption:
         if state is None:
             return
         backend = self.vg.backend
-        with self._helper_guard():  # the GPU's helper may be reading the tallies
+        # the fold thread may be reading the tallies; not the helper's guard: the read may wait
+        # for the GPU, and the helper must stay free to lower the words it may wait behind
+        words = self.daemon._gpus.get(self.vg.gpu)
+        lock: Any = contextlib.nullcontext()
+        reads = None
+        if words is not None and words.ptr != ffi.NULL:
+            lock, reads = words.tally_lock, words.reads
+        with lock:
             if state.used and state.slots:
-                read_tally(backend, self.daemon, s, state, None)
+                read_tally(backend, self.daemon, s, state, reads)
                 t = state.tallied
                 log.info("session %d (%s): %d preemptible launches, %d preemptions, %d blocks deferred, "
                          "%d retreats, %d blocks abandoned", s.id, s.tenant, state.launches, t.preempted,

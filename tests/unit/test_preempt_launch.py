@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -218,6 +219,42 @@ def test_a_launch_runs_as_parts_each_preemptible_but_the_last(tmp_path: Path) ->
         daemon.lower_all()
         daemon.close()
         h.close()
+
+
+def test_reading_tallies_never_holds_the_helper_guard(rig: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tally read is a copy that returns once the data is there, and on a GPU it can queue
+    behind a stream that waits for a retreat word (streams share hardware queues): neither the
+    fold thread's read nor a session end's may hold the guard the helper needs to lower that
+    word (a deadlock otherwise)."""
+    h, daemon, _slot = rig
+    sc = Scene(h, daemon)
+    sc.start()  # a variant launched: the session's tally is read from now on
+    words = daemon.gpu_words(h.vg)
+    reading, release = threading.Event(), threading.Event()
+    real = preempt.read_tally
+
+    def waiting_read(*args: Any) -> None:
+        reading.set()
+        release.wait(10)
+        real(*args)
+
+    monkeypatch.setattr(preempt, "read_tally", waiting_read)
+    folding = threading.Thread(target=words.fold)
+    folding.start()
+    try:
+        assert reading.wait(5)
+        assert words.guard.acquire(timeout=2)  # the helper could look at streams and lower
+        words.guard.release()
+    finally:
+        release.set()
+        folding.join(10)
+    monkeypatch.setattr(preempt, "read_tally", real)
+    with words.guard:  # the helper busy: a session's end still reads its tally and goes on
+        ending = threading.Thread(target=h.vg.preempt.forget, args=(sc.lo,))
+        ending.start()
+        ending.join(5)
+        assert not ending.is_alive()
+    assert sc.lo.preempt is None
 
 
 # bump with a loop every thread of a block runs as often: its loop-level variant checks there
