@@ -1427,8 +1427,11 @@ class SimBackend:
         # as the variant does (ptx_preempt.py): block 0 of each part zeroes the next part's
         # count and accounts the retreat of the part before; a later part's claims count their
         # blocks; a block that retreats stamps its part's readings
-        if tally:
-            start_part(self._device_range(ctl, SLOT_BYTES), self._device_range(tally, TALLY_BYTES), part)
+        # the slot's and the tally's views, taken once (a launch without a tally has neither)
+        views = (self._device_range(ctl, SLOT_BYTES), self._device_range(tally, TALLY_BYTES)) \
+            if tally else None
+        if views is not None:
+            start_part(*views, part)
         again: list[int] = []  # a later part's blocks from the redo list
         if loop and redo and part:
             made = struct.unpack("<I", self._device_range(redo, 4))[0]
@@ -1439,14 +1442,12 @@ class SimBackend:
         if abandoned:  # the list holds a launch's persistent blocks' entries
             made = struct.unpack("<I", self._device_range(redo, 4))[0]
             listed = self._device_range(redo, redo_bytes(made + len(abandoned)))
-            counted = self._device_range(tally, TALLY_BYTES) if tally else None
             for b in abandoned:
-                abandon(listed, counted, b, 1)
-        if tally and part:
-            count_resumed(self._device_range(ctl, SLOT_BYTES), self._device_range(tally, TALLY_BYTES),
-                          part, len(claimed) + len(again))
-        if tally and retreat:
-            stamp_retreat(self._device_range(ctl, SLOT_BYTES), time.monotonic_ns(), part)
+                abandon(listed, views[1] if views is not None else None, b, 1)
+        if views is not None and part:
+            count_resumed(*views, part, len(claimed) + len(again))
+        if views is not None and retreat:
+            stamp_retreat(views[0], time.monotonic_ns(), part)
         launch.name, launch.grid, launch.params = base, (gx, gy, gz), launch.params[:-len(PARAMS)]
         if again:
             launch.blocks = [*again, *claimed]

@@ -743,7 +743,6 @@ class GpuWords:
         self._folder.join(1)
         lib.pilot_preempt_free(self.ptr)
         self.ptr = ffi.NULL
-
         with contextlib.suppress(BackendError):
             self.backend.stream_destroy(self.reads)
 
@@ -1129,10 +1128,16 @@ class VGpuPreemption:
         query s's streams meanwhile."""
         return self._helper_guard() if s.preempt_raises else contextlib.nullcontext()
 
+    def _made_words(self) -> GpuWords | None:
+        """This GPU's words if they were made and are usable (unlike Preemption.gpu_words,
+        which makes them)."""
+        words = self.daemon._gpus.get(self.vg.gpu)
+        return words if words is not None and words.ptr != ffi.NULL else None
+
     def _helper_guard(self) -> Any:
         """The lock the GPU's helper holds while it looks at sessions (a no-op without one)."""
-        words = self.daemon._gpus.get(self.vg.gpu)
-        return words.guard if words is not None and words.ptr != ffi.NULL else contextlib.nullcontext()
+        words = self._made_words()
+        return words.guard if words is not None else contextlib.nullcontext()
 
     def session_ends(self, s: Session) -> None:
         """Before its streams go: s raises no more (the helper stops looking at them), and its
@@ -1153,8 +1158,8 @@ class VGpuPreemption:
             return found
         p = SessionPreemption(requested_at)
         s.preemption = p  # from here its launches start without a first wave
-        words = self.daemon._gpus.get(self.vg.gpu)
-        if words is None or words.ptr == ffi.NULL:
+        words = self._made_words()
+        if words is None:
             self.daemon.drained(p)  # nothing of it can be on the GPU preemptible
             return p
         backend = self.vg.backend
@@ -1177,7 +1182,7 @@ class VGpuPreemption:
     def resume(self, s: Session, stream: Any = None) -> None:
         """Lower s's own word (on `stream`, e.g. behind the moves that bring its memory back,
         else on the words' stream): its rests run, then what waited behind them."""
-        words = self.daemon._gpus.get(self.vg.gpu)
+        words = self._made_words()
         with self._helper_guard():
             p, s.preemption = s.preemption, None
             state = s.preempt
@@ -1199,10 +1204,10 @@ class VGpuPreemption:
         backend = self.vg.backend
         # the fold thread may be reading the tallies; not the helper's guard: the read may wait
         # for the GPU, and the helper must stay free to lower the words it may wait behind
-        words = self.daemon._gpus.get(self.vg.gpu)
+        words = self._made_words()
         lock: Any = contextlib.nullcontext()
         reads = None
-        if words is not None and words.ptr != ffi.NULL:
+        if words is not None:
             lock, reads = words.tally_lock, words.reads
         with lock:
             if state.used and state.slots:

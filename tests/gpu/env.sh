@@ -18,6 +18,8 @@
 #                         --upgrade afterwards replaces PILOT_SITE/bin; none: nothing to do
 #   install_site_pilot    installs pilot from this tree into PILOT_SITE
 #                         (tests/gpu/run_compare.sh --install-only)
+#   chaos_preemptions KEY LOG...  the preemptions pilotd's logs count for a program so far
+#                         (tests/gpu/chaos_tallies.py --count; 0 without a log)
 #
 # Nothing else: exporting OUT, PYTHON or PYTHONUNBUFFERED, making directories and traps stay with
 # each script.
@@ -55,6 +57,15 @@ install_site_wheels() {
 # shellcheck disable=SC2317  # called by the sourcing scripts
 install_site_pilot() {
     bash "$REPO/tests/gpu/run_compare.sh" --install-only
+}
+
+# shellcheck disable=SC2317  # called by the sourcing scripts
+chaos_preemptions() {  # KEY LOG...: the preemptions pilotd's logs so far counted for a program
+    local key=$1       # (KEY: its executable's base name and arguments, as chaos_tallies.py names it)
+    shift
+    [ $# -gt 0 ] || { echo 0; return; }
+    sleep 0.2  # the session's end is logged once pilotd has seen the program go
+    "$PYTHON" "$REPO/tests/gpu/chaos_tallies.py" --count "$key" "$@" 2>/dev/null || echo 0
 }
 
 # shellcheck source=tests/gpu/pilotd.sh

@@ -229,14 +229,11 @@ apply_filter() {
 
 # ---- running one side ----
 
-# chaos_preemptions KEY: the preemptions pilotd's logs so far counted for a program (KEY: its
-# executable's base name and arguments, as tests/gpu/chaos_tallies.py names it)
-chaos_preemptions() {
+# program_preemptions KEY: chaos_preemptions (env.sh) over every pilotd log of this run
+program_preemptions() {
     local logs=()
     for f in "$WORK"/pilotd.*.log; do [ -f "$f" ] && logs+=("$f"); done
-    [ ${#logs[@]} -gt 0 ] || { echo 0; return; }
-    sleep 0.2  # the session's end is logged once pilotd has seen the program go
-    "$PYTHON" "$REPO/tests/gpu/chaos_tallies.py" --count "$1" "${logs[@]}" 2>/dev/null || echo 0
+    chaos_preemptions "$1" "${logs[@]}"
 }
 
 # run_side TAG MODE(native|pilot) EXE DATA ARGS...: runs in $WORK/TAG.cwd for at most $RUN_T
@@ -409,7 +406,7 @@ while IFS=$'\t' read -r -u 3 name exe args data filter expect suite note; do
     if [ -n "${REAL_CHAOS:-}" ] && [ ${#diffs[@]} = 0 ] && [ "$need_daemon" = 1 ]; then
         key="$(basename "$exe")${args:+ $args}"
         while [ "$runs" -lt "${REAL_REPEAT:-1}" ] && [ $((DEADLINE - SECONDS - 10)) -gt "$RUN_T" ] \
-                && [ "$(chaos_preemptions "$key")" -lt "${CHAOS_NEED:-1000000000}" ]; do
+                && [ "$(program_preemptions "$key")" -lt "${CHAOS_NEED:-1000000000}" ]; do
             runs=$((runs + 1))  # again under pilot: every run compared, the first difference stays
             # shellcheck disable=SC2086
             run_side p "$pilot_mode" "$exe" "$data" $args
@@ -420,7 +417,7 @@ while IFS=$'\t' read -r -u 3 name exe args data filter expect suite note; do
             if [ "${filter%%;*}" != rc ] && ! cmp -s "$WORK/n.files" "$WORK/p.files"; then diffs+=("output files"); fi
             if [ ${#diffs[@]} -gt 0 ]; then notes+=("pilot run $runs differed"); break; fi
         done
-        [ "$runs" -gt 1 ] && notes+=("$runs runs under pilot, $(chaos_preemptions "$key") preemptions")
+        [ "$runs" -gt 1 ] && notes+=("$runs runs under pilot, $(program_preemptions "$key") preemptions")
     fi
     unsupported=$(grep -ho '[A-Za-z_0-9]* is not supported by pilot yet' "$WORK/p.err" 2>/dev/null \
         | awk '{ print $1 }' | sort -u | paste -sd, - | sed 's/,/, /g')

@@ -275,13 +275,6 @@ dump() {  # dump TITLE FILE
     cat "$2" >>"$LOG"
 }
 
-# chaos_preemptions KEY: the preemptions pilotd's log so far counted for a program (KEY: its
-# name and arguments, as tests/gpu/chaos_tallies.py names it)
-chaos_preemptions() {
-    sleep 0.2  # the session's end is logged once pilotd has seen the program go
-    "$PYTHON" "$REPO/tests/gpu/chaos_tallies.py" --count "$1" "$DAEMON_LOG" 2>/dev/null || echo 0
-}
-
 compare() {  # compare PROGRAM [ARGS...]
     local prog=$1
     shift
@@ -303,7 +296,7 @@ compare() {  # compare PROGRAM [ARGS...]
     # [isolation] fault_backoff, which refuses the programs after it for a while
     [ "$prog" = fault ] && repeats=1
     while [ "$repeat" -lt "$repeats" ] && [ "$prc" = 0 ] && cmp -s "$tag.n.out" "$tag.p.out" \
-            && { [ -z "$COMPARE_CHAOS" ] || [ "$(chaos_preemptions "$key")" -lt "${CHAOS_NEED:-1000000000}" ]; }; do
+            && { [ -z "$COMPARE_CHAOS" ] || [ "$(chaos_preemptions "$key" "$DAEMON_LOG")" -lt "${CHAOS_NEED:-1000000000}" ]; }; do
         repeat=$((repeat + 1))  # again under pilot (COMPARE_REPEAT): the first difference stays
         again=$(run_prog "$tag.p.out" "$tag.p.err" 1 "$exe" "$@")
         [ "$again" = 0 ] || prc=$again
