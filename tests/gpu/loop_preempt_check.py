@@ -112,12 +112,8 @@ class LoopRunner(pc.Runner):
         compiled = self.cache.compile(rewritten.ptx, "sm_90", ptxas)
         self.jit[module] = {"first_s": compiled.seconds, "cached_s": 0.0, "first_hit": compiled.hit,
                             "second_hit": False}
-        handle = self.be.module_load(compiled.image)
+        self.load_image(module, compiled.image, rewritten)
         for kernel, r in rewritten.kernels.items():
-            self.functions[(module, kernel)] = self.be.function_get(handle, kernel)
-            for name in (r.variant, r.loop):
-                if name is not None:
-                    self.functions[(module, name)] = self.be.function_get(handle, name)
             self.modes[kernel] = r.loop_mode or f"none ({r.loop_reason or r.reason})"
             print(f"INFO {module} {kernel}: loop-level {self.modes[kernel]}")
         return rewritten

@@ -222,14 +222,20 @@ class Runner:
         report(second.hit and first.image == second.image, f"{module}: image cache",
                f"ptxas {first.seconds * 1e3:.0f} ms{' (already cached)' if first.hit else ''}, "
                f"second start {second.seconds * 1e3:.2f} ms")
-        handle = self.be.module_load(first.image)
+        self.load_image(module, first.image, rewritten)
         for kernel, r in rewritten.kernels.items():
-            self.functions[(module, kernel)] = self.be.function_get(handle, kernel)
-            if r.variant is not None:
-                self.functions[(module, r.variant)] = self.be.function_get(handle, r.variant)
-            else:
+            if r.variant is None:
                 print(f"INFO {module} {kernel}: not rewritten: {r.reason}")
         return rewritten
+
+    def load_image(self, module: str, image: bytes, rewritten: pp.Rewritten) -> None:
+        """The compiled module: each kernel's original and its variants (block-level, and
+        loop-level where the rewrite made one) by name."""
+        handle = self.be.module_load(image)
+        for kernel, r in rewritten.kernels.items():
+            for name in (kernel, r.variant, r.loop):
+                if name is not None:
+                    self.functions[(module, name)] = self.be.function_get(handle, name)
 
     # ---- buffers ----
     def prepare(self, c: Case) -> None:
